@@ -1,0 +1,99 @@
+//! The list of files to load: explicit paths or a directory walked once, with sizes.
+
+use crate::error::{Error, Result};
+use std::path::{Path, PathBuf};
+
+/// One file and the size it had when the list was built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileEntry {
+    /// Path as given (or as found by the directory walk).
+    pub path: PathBuf,
+    /// Size in bytes at listing time; a different size at read time is an error.
+    pub len: u64,
+}
+
+/// An ordered list of regular files. Sizes are taken once, up front, because
+/// batch packing needs them before any byte is read.
+#[derive(Debug, Clone, Default)]
+pub struct FileList {
+    entries: Vec<FileEntry>,
+}
+
+impl FileList {
+    /// Uses `paths` in the given order. Each path must exist and be a regular
+    /// file (symlinks are followed); the error names the first that is not.
+    pub fn from_paths<I, P>(paths: I) -> Result<Self>
+    where
+        I: IntoIterator<Item = P>,
+        P: Into<PathBuf>,
+    {
+        let entries = paths
+            .into_iter()
+            .map(|p| stat_file(p.into()))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(FileList { entries })
+    }
+
+    /// Walks `dir` recursively once and lists its regular files sorted by path,
+    /// so that every rank and every run sees the same order.
+    pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
+        let mut paths = Vec::new();
+        walk(dir.as_ref(), &mut paths)?;
+        paths.sort();
+        Self::from_paths(paths)
+    }
+
+    /// Number of files.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when there are no files.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The files, in list order.
+    pub fn entries(&self) -> &[FileEntry] {
+        &self.entries
+    }
+
+    /// Sum of all file sizes.
+    pub fn total_bytes(&self) -> u64 {
+        self.entries.iter().map(|e| e.len).sum()
+    }
+}
+
+fn stat_file(path: PathBuf) -> Result<FileEntry> {
+    let meta = std::fs::metadata(&path).map_err(|e| Error::io(&path, "stat", e))?;
+    if !meta.is_file() {
+        return Err(Error::NotAFile { path });
+    }
+    Ok(FileEntry { len: meta.len(), path })
+}
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
+    let rd = std::fs::read_dir(dir).map_err(|e| Error::io(dir, "read directory", e))?;
+    for entry in rd {
+        let entry = entry.map_err(|e| Error::io(dir, "read directory", e))?;
+        let path = entry.path();
+        // file_type() does not follow symlinks; metadata() does, so links to
+        // files are included and links to directories are walked.
+        let meta = std::fs::metadata(&path).map_err(|e| Error::io(&path, "stat", e))?;
+        if meta.is_dir() {
+            walk(&path, out)?;
+        } else if meta.is_file() {
+            out.push(path);
+        }
+        // Sockets, fifos and devices are skipped: they are not training data.
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+impl FileList {
+    /// Builds a list without touching the file system (planning tests).
+    pub(crate) fn from_entries_for_test(entries: Vec<FileEntry>) -> Self {
+        FileList { entries }
+    }
+}

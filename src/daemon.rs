@@ -1,0 +1,228 @@
+//! `stagefs mount`: fork, index, mount, report readiness through a pipe, serve until unmounted.
+//!
+//! The parent returns only when the child says the mount answers ("ok") or failed (the
+//! error, with its exit code), so a script can rely on "command returned ⇒ mount usable".
+//! The daemon unmounts itself on SIGTERM, SIGINT and SIGHUP, and ignores SIGCONT (which
+//! slurmstepd sends before SIGTERM).
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::unistd::ForkResult;
+
+use crate::archive::{Archive, OpenError};
+use crate::error::Failure;
+use crate::fs::Fs;
+use crate::mountpoint::{self, MountpointError};
+use crate::registry::{self, Record};
+
+/// What `stagefs mount` was asked to do.
+#[derive(Debug, Clone)]
+pub struct MountRequest {
+    pub archive: PathBuf,
+    pub mountpoint: PathBuf,
+    pub foreground: bool,
+    pub threads: usize,
+    /// Where the background daemon logs once detached (default: nowhere).
+    pub log_file: Option<PathBuf>,
+}
+
+/// Mounts as requested; in the background case returns in the parent once the mount is live.
+pub fn mount(request: &MountRequest) -> Result<(), Failure> {
+    let archive = request
+        .archive
+        .canonicalize()
+        .map_err(|source| Failure::from(OpenError::Io { path: request.archive.clone(), source }))?;
+    let mountpoint = mountpoint::resolve(&request.mountpoint)?;
+    let created = mountpoint::prepare(&mountpoint)?;
+    let result = if request.foreground {
+        serve(&archive, &mountpoint, request, &mut None)
+    } else {
+        spawn_daemon(&archive, &mountpoint, request)
+    };
+    if result.is_err() && created {
+        let _ = std::fs::remove_dir(&mountpoint);
+    }
+    result
+}
+
+/// Forks the daemon and waits for its verdict on the readiness pipe.
+fn spawn_daemon(archive: &Path, mountpoint: &Path, request: &MountRequest) -> Result<(), Failure> {
+    let (read_end, write_end) = nix::unistd::pipe().map_err(|e| Failure::other(format!("cannot create a pipe: {e}")))?;
+    // SAFETY: called before this process starts any thread, so the child may run Rust code.
+    match unsafe { nix::unistd::fork() }.map_err(|e| Failure::other(format!("cannot fork: {e}")))? {
+        ForkResult::Parent { child } => {
+            drop(write_end);
+            let mut verdict = String::new();
+            let _ = File::from(read_end).read_to_string(&mut verdict);
+            match verdict.split_once(' ') {
+                Some(("ok", _)) => Ok(()),
+                Some((code, message)) => Err(Failure::new(code.parse().unwrap_or(1), message.to_string())),
+                None => {
+                    let status = nix::sys::wait::waitpid(child, None);
+                    Err(Failure::other(format!("the mount daemon exited before the mount was ready ({status:?})")))
+                }
+            }
+        }
+        ForkResult::Child => {
+            drop(read_end);
+            let _ = nix::unistd::setsid();
+            let mut ready = Some(File::from(write_end));
+            let code = match serve(archive, mountpoint, request, &mut ready) {
+                Ok(()) => 0,
+                Err(failure) => {
+                    if let Some(mut pipe) = ready.take() {
+                        let _ = write!(pipe, "{} {}", failure.code, failure.message);
+                    } else {
+                        tracing::error!("{}", failure.message);
+                    }
+                    failure.code
+                }
+            };
+            std::process::exit(code.into());
+        }
+    }
+}
+
+/// Indexes the archive, mounts it, signals readiness, and serves until unmounted.
+fn serve(archive_path: &Path, mountpoint: &Path, request: &MountRequest, ready: &mut Option<File>) -> Result<(), Failure> {
+    let started = Instant::now();
+    let archive = Archive::open(archive_path)?;
+    let archive_bytes = std::fs::metadata(archive_path).map(|m| m.len()).unwrap_or(0);
+    let index = &archive.index;
+    tracing::info!(
+        archive = %archive_path.display(),
+        format = ?archive.format,
+        entries = index.dirents.len(),
+        inodes = index.inodes.len(),
+        index_bytes = index.heap_bytes(),
+        bytes_per_entry = index.heap_bytes() / index.dirents.len().max(1),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "indexed"
+    );
+    check_fuse_available()?;
+    let fs = Arc::new(Fs::new(archive, archive_bytes));
+    let session = crate::fuse::mount(fs.clone(), mountpoint, request.threads).map_err(|e| mount_failure(mountpoint, e))?;
+    if let Err(e) = wait_until_live(mountpoint) {
+        let _ = mountpoint::unmount(mountpoint, true);
+        return Err(e);
+    }
+    let record = Record { pid: std::process::id(), archive: archive_path.to_owned(), mountpoint: mountpoint.to_owned(), started: registry::now() };
+    if let Err(e) = registry::write(&record) {
+        tracing::warn!("cannot record the mount in {}: {e}", registry::runtime_dir().display());
+    }
+    unmount_on_signals(mountpoint.to_owned())?;
+    tracing::info!(mountpoint = %mountpoint.display(), pid = record.pid, "mounted");
+    if let Some(mut pipe) = ready.take() {
+        detach_stdio(request.log_file.as_deref());
+        let _ = pipe.write_all(b"ok ");
+    }
+    let result = session.join();
+    registry::remove(mountpoint);
+    tracing::info!(reads = fs.reads_served(), "unmounted; daemon exiting");
+    result.map_err(|e| Failure::other(format!("FUSE session ended with an error: {e}")))
+}
+
+/// Fails early, with advice, where FUSE cannot work at all.
+fn check_fuse_available() -> Result<(), Failure> {
+    if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse") {
+        return Err(Failure::no_fuse(format!(
+            "FUSE is not available: cannot open /dev/fuse ({e}); load the fuse kernel module or ask the cluster admins to enable FUSE"
+        )));
+    }
+    if !nix::unistd::geteuid().is_root() && which("fusermount3").is_none() {
+        return Err(Failure::no_fuse(
+            "FUSE mounts by non-root users need fusermount3 on PATH; install the fuse3 package (Debian/Ubuntu: apt install fuse3)".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(program)).find(|p| p.is_file())
+}
+
+fn mount_failure(mountpoint: &Path, e: std::io::Error) -> Failure {
+    match e.raw_os_error() {
+        Some(libc::EBUSY) => MountpointError::AlreadyMounted(mountpoint.to_owned(), None).into(),
+        _ => Failure::no_fuse(format!("cannot mount {}: {e}", mountpoint.display())),
+    }
+}
+
+/// Waits until the mountpoint shows our root: then any process can use it.
+fn wait_until_live(mountpoint: &Path) -> Result<(), Failure> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if std::fs::metadata(mountpoint).is_ok_and(|m| m.ino() == 1) && mountpoint::is_live_mount(mountpoint) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Err(Failure::other(format!("{}: the mount did not answer within 10 s", mountpoint.display())))
+}
+
+/// SIGTERM, SIGINT or SIGHUP detach the mount; the session then ends once no process
+/// uses it, and the daemon exits. SIGCONT keeps its default (harmless) action.
+fn unmount_on_signals(mountpoint: PathBuf) -> Result<(), Failure> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])
+        .map_err(|e| Failure::other(format!("cannot install signal handlers: {e}")))?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            for signal in signals.forever() {
+                tracing::info!(signal, "signal received; unmounting");
+                match mountpoint::unmount(&mountpoint, true) {
+                    Ok(()) | Err(MountpointError::NotMounted(_)) => {}
+                    Err(e) => tracing::error!("{e}"),
+                }
+            }
+        })
+        .map_err(|e| Failure::other(format!("cannot start the signal thread: {e}")))?;
+    Ok(())
+}
+
+/// Points stdin/stdout/stderr away from the terminal that launched us.
+fn detach_stdio(log_file: Option<&Path>) {
+    let null = File::options().read(true).write(true).open("/dev/null");
+    let log = log_file.and_then(|p| File::options().create(true).append(true).open(p).ok());
+    if let Ok(null) = null {
+        let out: OwnedFd = log.map(OwnedFd::from).unwrap_or_else(|| null.try_clone().expect("dup /dev/null").into());
+        let _ = nix::unistd::dup2_stdin(&null);
+        let _ = nix::unistd::dup2_stdout(&out);
+        let _ = nix::unistd::dup2_stderr(&out);
+    }
+}
+
+/// `stagefs umount`: unmount, then wait for the daemon (if we know it) to exit.
+pub fn umount(path: &Path, lazy: bool) -> Result<(), Failure> {
+    let mountpoint = mountpoint::resolve(path)?;
+    let record = registry::read(&mountpoint);
+    if mountpoint::mounted_fstype(&mountpoint).is_none() {
+        return Err(MountpointError::NotMounted(mountpoint).into());
+    }
+    mountpoint::unmount(&mountpoint, lazy)?;
+    if let Some(record) = record {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while registry::process_alive(record.pid) {
+            if Instant::now() > deadline {
+                if lazy {
+                    tracing::warn!(pid = record.pid, "detached; the daemon exits once the last open file inside is closed");
+                    return Ok(());
+                }
+                return Err(Failure::other(format!(
+                    "{} is unmounted but its daemon (pid {}) is still running after 10 s (files still open after a lazy unmount?)",
+                    mountpoint.display(),
+                    record.pid
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    Ok(())
+}

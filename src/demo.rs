@@ -1,0 +1,153 @@
+//! `stagefs demo`: builds an ImageNet-like tar, mounts it, reads it with parallel readers, reports throughput.
+
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use crate::daemon::{self, MountRequest};
+use crate::error::Failure;
+
+const CLASSES: usize = 20;
+
+/// A tiny deterministic generator (xorshift64*): the demo needs repeatable, incompressible bytes.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545F4914F6CDD1D)
+    }
+}
+
+/// FNV-1a, to check every byte read through the mount against what was written.
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+}
+
+pub fn run(files: usize, readers: usize, dir: Option<PathBuf>) -> Result<(), Failure> {
+    let io = |what: &str, e: std::io::Error| Failure::other(format!("demo: {what}: {e}"));
+    let work = dir.unwrap_or_else(|| std::env::temp_dir().join(format!("stagefs-demo-{}", std::process::id())));
+    std::fs::create_dir_all(&work).map_err(|e| io("cannot create the work directory", e))?;
+    let archive = work.join("imagenet-like.tar");
+    let mountpoint = work.join("mnt");
+
+    let started = Instant::now();
+    let expected = write_archive(&archive, files).map_err(|e| io("cannot write the archive", e))?;
+    let total: u64 = expected.iter().map(|(_, len, _)| *len).sum();
+    println!(
+        "built {} ({} files in {CLASSES} classes, {:.1} MB) in {:.2} s",
+        archive.display(),
+        files,
+        total as f64 / 1e6,
+        started.elapsed().as_secs_f64()
+    );
+
+    let started = Instant::now();
+    // Mounting forks the daemon; no thread of ours exists yet, as fork requires.
+    daemon::mount(&MountRequest {
+        archive: archive.clone(),
+        mountpoint: mountpoint.clone(),
+        foreground: false,
+        threads: crate::cli::default_threads(),
+        log_file: None,
+    })?;
+    println!("mounted at {} in {:.3} s", mountpoint.display(), started.elapsed().as_secs_f64());
+
+    let result = (|| {
+        for epoch in 1..=2 {
+            let (secs, bad) = read_epoch(&mountpoint, &expected, readers, epoch);
+            if bad > 0 {
+                return Err(Failure::other(format!("demo: {bad} files read back wrong bytes")));
+            }
+            println!(
+                "epoch {epoch} ({}): {} files by {readers} readers in {:.3} s = {:.0} files/s, {:.0} MB/s",
+                if epoch == 1 { "first read" } else { "page cache warm" },
+                files,
+                secs,
+                files as f64 / secs,
+                total as f64 / 1e6 / secs
+            );
+        }
+        Ok(())
+    })();
+    daemon::umount(&mountpoint, false)?;
+    println!("unmounted; all bytes verified");
+    let _ = std::fs::remove_file(&archive);
+    let _ = std::fs::remove_dir(&mountpoint);
+    let _ = std::fs::remove_dir(&work);
+    result
+}
+
+/// Writes `files` members of 20-200 KB in class folders; returns (path, size, hash) of each.
+fn write_archive(path: &Path, files: usize) -> std::io::Result<Vec<(String, u64, u64)>> {
+    let mut out = BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+    let mut rng = Rng(0x5eed);
+    let mut expected = Vec::with_capacity(files);
+    for class in 0..CLASSES {
+        write_header(&mut out, &format!("train/n{class:08}/"), b'5', 0)?;
+    }
+    let mut data = Vec::new();
+    for i in 0..files {
+        let name = format!("train/n{:08}/img_{i:07}.JPEG", i % CLASSES);
+        let len = 20_000 + (rng.next() % 180_000) as usize;
+        data.clear();
+        data.extend((0..len.div_ceil(8)).flat_map(|_| rng.next().to_le_bytes()));
+        data.truncate(len);
+        write_header(&mut out, &name, b'0', len as u64)?;
+        out.write_all(&data)?;
+        out.write_all(&vec![0; len.next_multiple_of(512) - len])?;
+        expected.push((name, len as u64, fnv(&data)));
+    }
+    out.write_all(&[0; 1024])?;
+    out.flush()?;
+    Ok(expected)
+}
+
+fn write_header(out: &mut impl Write, name: &str, typeflag: u8, size: u64) -> std::io::Result<()> {
+    let mut h = [0u8; 512];
+    h[..name.len()].copy_from_slice(name.as_bytes());
+    h[100..107].copy_from_slice(if typeflag == b'5' { b"0000755" } else { b"0000644" });
+    h[108..115].copy_from_slice(b"0000000");
+    h[116..123].copy_from_slice(b"0000000");
+    h[124..135].copy_from_slice(format!("{size:011o}").as_bytes());
+    h[136..147].copy_from_slice(b"14700000000");
+    h[156] = typeflag;
+    h[257..263].copy_from_slice(b"ustar\0");
+    h[263..265].copy_from_slice(b"00");
+    h[148..156].fill(b' ');
+    let sum: u32 = h.iter().map(|&b| b as u32).sum();
+    h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+    out.write_all(&h)
+}
+
+/// Reads every file once in a shuffled order with `readers` threads; returns seconds and
+/// the number of files whose bytes differed.
+fn read_epoch(mountpoint: &Path, expected: &[(String, u64, u64)], readers: usize, epoch: u64) -> (f64, usize) {
+    let mut order: Vec<usize> = (0..expected.len()).collect();
+    let mut rng = Rng(0x9e3779b97f4a7c15 ^ epoch);
+    for i in (1..order.len()).rev() {
+        order.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+    }
+    let next = AtomicUsize::new(0);
+    let bad = AtomicUsize::new(0);
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..readers.max(1) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&file) = order.get(i) else { break };
+                let (name, len, hash) = &expected[file];
+                match std::fs::read(mountpoint.join(name)) {
+                    Ok(bytes) if bytes.len() as u64 == *len && fnv(&bytes) == *hash => {}
+                    _ => {
+                        bad.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    (started.elapsed().as_secs_f64(), bad.load(Ordering::Relaxed))
+}

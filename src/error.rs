@@ -1,0 +1,54 @@
+//! Failures as the command line reports them: a message and an exit code scripts can rely on.
+
+use crate::archive::OpenError;
+use crate::mountpoint::MountpointError;
+
+/// Exit codes (documented in the README).
+pub mod code {
+    pub const OTHER: u8 = 1;
+    pub const USAGE: u8 = 2;
+    pub const BAD_ARCHIVE: u8 = 3;
+    pub const MOUNTPOINT: u8 = 4;
+    pub const BUSY: u8 = 5;
+    pub const NOT_MOUNTED: u8 = 6;
+    pub const NO_FUSE: u8 = 7;
+}
+
+/// A failed command: what to print and how to exit.
+#[derive(Debug)]
+pub struct Failure {
+    pub code: u8,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(code: u8, message: String) -> Failure {
+        Failure { code, message }
+    }
+
+    pub fn other(message: String) -> Failure {
+        Failure::new(code::OTHER, message)
+    }
+
+    pub fn no_fuse(message: String) -> Failure {
+        Failure::new(code::NO_FUSE, message)
+    }
+}
+
+impl From<OpenError> for Failure {
+    fn from(e: OpenError) -> Failure {
+        Failure::new(code::BAD_ARCHIVE, e.to_string())
+    }
+}
+
+impl From<MountpointError> for Failure {
+    fn from(e: MountpointError) -> Failure {
+        let code = match e {
+            MountpointError::Busy(_) => code::BUSY,
+            MountpointError::NotMounted(_) => code::NOT_MOUNTED,
+            MountpointError::Unmount { .. } => code::OTHER,
+            _ => code::MOUNTPOINT,
+        };
+        Failure::new(code, e.to_string())
+    }
+}

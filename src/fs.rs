@@ -1,0 +1,305 @@
+//! Filesystem core: lookup, getattr, read, readdir, xattrs over an [`Archive`], in plain Rust types.
+//!
+//! This is the whole behaviour of the mount; `fuse.rs` only translates it to `fuser`
+//! replies, so every rule here is tested without FUSE in the loop. FUSE inode numbers
+//! are index positions plus one (see `index.rs`).
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crate::archive::{Archive, Bytes, ReadError};
+use crate::index::{Data, Inode, InodeId, ROOT};
+
+/// Why a request failed; `errno` is the single place these become kernel error codes.
+#[derive(Debug, thiserror::Error)]
+pub enum FsError {
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("not a directory")]
+    NotDir,
+    #[error("is a directory")]
+    IsDir,
+    #[error("not a symbolic link")]
+    NotSymlink,
+    #[error("no such extended attribute")]
+    NoXattr,
+    #[error("buffer too small")]
+    Range,
+    #[error(transparent)]
+    Corrupt(#[from] ReadError),
+}
+
+impl FsError {
+    pub fn errno(&self) -> i32 {
+        match self {
+            FsError::NotFound => libc::ENOENT,
+            FsError::NotDir => libc::ENOTDIR,
+            FsError::IsDir => libc::EISDIR,
+            FsError::NotSymlink => libc::EINVAL,
+            FsError::NoXattr => libc::ENODATA,
+            FsError::Range => libc::ERANGE,
+            FsError::Corrupt(_) => libc::EIO,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, FsError>;
+
+/// What `stat` shows for an inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: u64,
+    /// `st_mode`: type and permission bits.
+    pub mode: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub mtime: i64,
+    pub mtime_nsec: u32,
+    pub rdev: u32,
+}
+
+/// One directory listing entry; `next` is the offset to resume after it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct DirEntry<'a> {
+    pub ino: u64,
+    pub next: u64,
+    pub mode: u32,
+    pub name: &'a [u8],
+}
+
+/// Totals for `statfs`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct FsStats {
+    pub bytes: u64,
+    pub files: u64,
+}
+
+/// The read-only filesystem over one archive.
+pub struct Fs {
+    archive: Archive,
+    archive_bytes: u64,
+    reads: AtomicU64,
+    /// Inodes whose damaged data was already logged, so a retry loop cannot flood the log.
+    logged_damage: Mutex<HashSet<InodeId>>,
+}
+
+pub fn ino_of(id: InodeId) -> u64 {
+    id as u64 + 1
+}
+
+impl Fs {
+    pub fn new(archive: Archive, archive_bytes: u64) -> Fs {
+        Fs { archive, archive_bytes, reads: AtomicU64::new(0), logged_damage: Mutex::new(HashSet::new()) }
+    }
+
+    /// Read requests served so far.
+    pub fn reads_served(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
+    }
+
+    fn node(&self, ino: u64) -> Result<(InodeId, &Inode)> {
+        let id = ino.checked_sub(1).and_then(|i| InodeId::try_from(i).ok()).ok_or(FsError::NotFound)?;
+        self.archive.index.inode(id).map(|n| (id, n)).ok_or(FsError::NotFound)
+    }
+
+    fn attr(&self, id: InodeId, inode: &Inode) -> Attr {
+        let a = &inode.attrs;
+        Attr {
+            ino: ino_of(id),
+            mode: a.mode,
+            nlink: inode.nlink.max(1),
+            uid: a.uid,
+            gid: a.gid,
+            size: a.size,
+            mtime: a.mtime,
+            mtime_nsec: a.mtime_nsec,
+            rdev: if let Data::Device(rdev) = inode.data { rdev } else { 0 },
+        }
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        let (id, inode) = self.node(ino)?;
+        Ok(self.attr(id, inode))
+    }
+
+    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+        let (_, dir) = self.node(parent)?;
+        if !dir.attrs.is_dir() {
+            return Err(FsError::NotDir);
+        }
+        let id = self.archive.index.lookup(dir, name).ok_or(FsError::NotFound)?;
+        self.getattr(ino_of(id))
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<&[u8]> {
+        match self.node(ino)?.1.data {
+            Data::Symlink(target) => Ok(self.archive.index.bytes(target)),
+            _ => Err(FsError::NotSymlink),
+        }
+    }
+
+    /// Reads file content; a damaged block fails this read only, logged once per file.
+    pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Bytes<'_>> {
+        let (id, inode) = self.node(ino)?;
+        if inode.attrs.is_dir() {
+            return Err(FsError::IsDir);
+        }
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.archive.read(inode, offset, size).map_err(|err| {
+            if self.logged_damage.lock().map(|mut seen| seen.insert(id)).unwrap_or(true) {
+                tracing::error!(path = %self.path_of(id), file_offset = offset, "{err}; returning EIO for reads of this range");
+            }
+            FsError::Corrupt(err)
+        })
+    }
+
+    /// Lists a directory from `offset`: 0 is ".", 1 is "..", then the children in order.
+    pub fn readdir(&self, ino: u64, offset: u64) -> Result<impl Iterator<Item = DirEntry<'_>>> {
+        let (id, dir) = self.node(ino)?;
+        let Data::Dir { parent, .. } = dir.data else { return Err(FsError::NotDir) };
+        let index = &self.archive.index;
+        let dots = [(b".".as_slice(), id), (b"..".as_slice(), parent)]
+            .into_iter()
+            .map(move |(name, id)| (name, id, libc::S_IFDIR));
+        let children = index.children(dir).iter().map(move |d| (index.bytes(d.name), d.inode, index.inodes[d.inode as usize].attrs.mode));
+        Ok(dots.chain(children).enumerate().skip(offset as usize).map(|(i, (name, id, mode))| DirEntry {
+            ino: ino_of(id),
+            next: i as u64 + 1,
+            mode,
+            name,
+        }))
+    }
+
+    pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<&[u8]> {
+        let (_, inode) = self.node(ino)?;
+        let index = &self.archive.index;
+        index
+            .xattrs_of(inode)
+            .iter()
+            .find(|x| index.bytes(x.name) == name)
+            .map(|x| index.bytes(x.value))
+            .ok_or(FsError::NoXattr)
+    }
+
+    /// Extended attribute names, each followed by a NUL, as `listxattr(2)` returns them.
+    pub fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
+        let (_, inode) = self.node(ino)?;
+        let index = &self.archive.index;
+        let mut out = Vec::new();
+        for x in index.xattrs_of(inode) {
+            out.extend_from_slice(index.bytes(x.name));
+            out.push(0);
+        }
+        Ok(out)
+    }
+
+    pub fn statfs(&self) -> FsStats {
+        FsStats { bytes: self.archive_bytes, files: self.archive.index.inodes.len() as u64 }
+    }
+
+    /// The path of an inode, for log lines (a linear search: only used on error paths).
+    fn path_of(&self, id: InodeId) -> String {
+        let index = &self.archive.index;
+        let mut parts = Vec::new();
+        let mut current = id;
+        while current != ROOT && parts.len() < 4096 {
+            let Some(pos) = index.dirents.iter().position(|d| d.inode == current) else { break };
+            parts.push(String::from_utf8_lossy(index.bytes(index.dirents[pos].name)).into_owned());
+            // The directory holding dirent `pos` is the one whose child range contains it.
+            let holder = index.inodes.iter().position(|n| match n.data {
+                Data::Dir { first, count, .. } => (first as usize..(first + count) as usize).contains(&pos),
+                _ => false,
+            });
+            match holder {
+                Some(h) => current = h as InodeId,
+                None => break,
+            }
+        }
+        parts.reverse();
+        format!("/{}", parts.join("/"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// Builds a small tar with GNU tar's layout by hand and opens it through the real reader.
+    fn sample_fs() -> Fs {
+        let dir = std::env::temp_dir().join(format!("stagefs-fs-test-{}-{:?}", std::process::id(), std::thread::current().id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.tar");
+        let mut bytes = Vec::new();
+        for (name, typeflag, data, link) in [
+            ("dir/", b'5', &b""[..], ""),
+            ("dir/hello.txt", b'0', b"hello world", ""),
+            ("dir/link", b'2', b"", "hello.txt"),
+            ("hard", b'1', b"", "dir/hello.txt"),
+        ] {
+            let mut h = [0u8; 512];
+            h[..name.len()].copy_from_slice(name.as_bytes());
+            h[100..107].copy_from_slice(b"0000644");
+            h[108..115].copy_from_slice(b"0001750");
+            h[116..123].copy_from_slice(b"0001750");
+            h[124..135].copy_from_slice(format!("{:011o}", data.len()).as_bytes());
+            h[136..147].copy_from_slice(b"14000000000");
+            h[156] = typeflag;
+            h[157..157 + link.len()].copy_from_slice(link.as_bytes());
+            h[257..263].copy_from_slice(b"ustar\0");
+            h[148..156].copy_from_slice(b"        ");
+            let sum: u32 = h.iter().map(|&b| b as u32).sum();
+            h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+            bytes.extend_from_slice(&h);
+            bytes.extend_from_slice(data);
+            bytes.resize(bytes.len().div_ceil(512) * 512, 0);
+        }
+        bytes.resize(bytes.len() + 1024, 0);
+        std::fs::File::create(&path).unwrap().write_all(&bytes).unwrap();
+        let archive = Archive::open(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        Fs::new(archive, bytes.len() as u64)
+    }
+
+    #[test]
+    fn lookup_getattr_read() {
+        let fs = sample_fs();
+        let dir = fs.lookup(1, b"dir").unwrap();
+        assert_eq!(dir.mode & libc::S_IFMT, libc::S_IFDIR);
+        let file = fs.lookup(dir.ino, b"hello.txt").unwrap();
+        assert_eq!((file.size, file.uid, file.mtime, file.nlink), (11, 1000, 0o14000000000, 2));
+        assert_eq!(&*fs.read(file.ino, 6, 100).unwrap(), b"world");
+        assert_eq!(&*fs.read(file.ino, 11, 100).unwrap(), b"");
+        assert_eq!(fs.lookup(1, b"hard").unwrap().ino, file.ino);
+        assert_eq!(fs.readlink(fs.lookup(dir.ino, b"link").unwrap().ino).unwrap(), b"hello.txt");
+        assert_eq!(fs.reads_served(), 2);
+    }
+
+    #[test]
+    fn errors_map_to_errno() {
+        let fs = sample_fs();
+        let file = fs.lookup(2, b"hello.txt").unwrap();
+        assert_eq!(fs.lookup(1, b"missing").unwrap_err().errno(), libc::ENOENT);
+        assert_eq!(fs.lookup(file.ino, b"x").unwrap_err().errno(), libc::ENOTDIR);
+        assert_eq!(fs.readlink(file.ino).unwrap_err().errno(), libc::EINVAL);
+        assert_eq!(fs.read(1, 0, 10).unwrap_err().errno(), libc::EISDIR);
+        assert_eq!(fs.getxattr(file.ino, b"user.x").unwrap_err().errno(), libc::ENODATA);
+        assert_eq!(fs.getattr(0).unwrap_err().errno(), libc::ENOENT);
+        assert_eq!(fs.getattr(u64::MAX).unwrap_err().errno(), libc::ENOENT);
+        assert_eq!(FsError::Range.errno(), libc::ERANGE);
+    }
+
+    #[test]
+    fn readdir_resumes_at_offset() {
+        let fs = sample_fs();
+        let names: Vec<_> = fs.readdir(1, 0).unwrap().map(|e| (e.name.to_vec(), e.next)).collect();
+        assert_eq!(names, [(b".".to_vec(), 1), (b"..".to_vec(), 2), (b"dir".to_vec(), 3), (b"hard".to_vec(), 4)]);
+        let rest: Vec<_> = fs.readdir(1, 3).unwrap().map(|e| e.name.to_vec()).collect();
+        assert_eq!(rest, [b"hard".to_vec()]);
+        assert!(fs.readdir(1, 99).unwrap().next().is_none());
+        assert_eq!(fs.path_of(3), "/dir/link");
+    }
+}

@@ -1,0 +1,222 @@
+//! The only file that imports `fuser`: translates kernel requests to [`Fs`] calls and back.
+//!
+//! The archive never changes while mounted, so every entry, attribute and negative
+//! lookup is cached by the kernel "forever" and file pages stay cached across opens.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
+    MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyXattr, Request, Session,
+};
+
+use crate::fs::{Attr, Fs, FsError};
+
+/// How long the kernel may trust what we tell it: the archive is immutable.
+const TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+/// Largest read the kernel sends us, and how far it reads ahead.
+const MAX_READ: u32 = 1 << 20;
+const BLKSIZE: u32 = 128 * 1024;
+
+/// Mounts `fs` at `mountpoint` and starts serving on `threads` threads. Returns once the
+/// kernel's INIT handshake is done; the mount then lives until it is unmounted.
+pub fn mount(fs: Arc<Fs>, mountpoint: &Path, threads: usize) -> std::io::Result<fuser::BackgroundSession> {
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::RO,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::DefaultPermissions,
+        MountOption::FSName("stagefs".into()),
+        MountOption::Subtype("stagefs".into()),
+        MountOption::CUSTOM(format!("max_read={MAX_READ}")),
+    ];
+    config.n_threads = Some(threads.max(1));
+    config.clone_fd = true;
+    Session::new(FuseAdapter { fs }, mountpoint, &config)?.spawn()
+}
+
+struct FuseAdapter {
+    fs: Arc<Fs>,
+}
+
+fn errno(err: &FsError) -> Errno {
+    Errno::from_i32(err.errno())
+}
+
+fn file_type(mode: u32) -> FileType {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFSOCK => FileType::Socket,
+        _ => FileType::RegularFile,
+    }
+}
+
+fn to_system_time(secs: i64, nsec: u32) -> SystemTime {
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::new(secs as u64, nsec)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs()) + Duration::from_nanos(nsec as u64)
+    }
+}
+
+fn file_attr(a: &Attr) -> FileAttr {
+    let mtime = to_system_time(a.mtime, a.mtime_nsec);
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.size.div_ceil(512),
+        atime: mtime,
+        mtime,
+        ctime: mtime,
+        crtime: mtime,
+        kind: file_type(a.mode),
+        perm: (a.mode & 0o7777) as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: BLKSIZE,
+        flags: 0,
+    }
+}
+
+impl Filesystem for FuseAdapter {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Each setting is best effort: an older kernel caps or refuses it, which only
+        // costs speed, never correctness.
+        let _ = config.set_max_readahead(MAX_READ);
+        let _ = config.set_max_background(64);
+        let _ = config.set_congestion_threshold(48);
+        for flag in [
+            InitFlags::FUSE_DO_READDIRPLUS,
+            InitFlags::FUSE_READDIRPLUS_AUTO,
+            InitFlags::FUSE_CACHE_SYMLINKS,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+        ] {
+            let _ = config.add_capabilities(flag);
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.fs.lookup(parent.0, name.as_bytes()) {
+            Ok(attr) => reply.entry(&TTL, &file_attr(&attr), Generation(0)),
+            // A negative entry (inode 0) makes the kernel cache "not found" too.
+            Err(FsError::NotFound) => {
+                let mut none = file_attr(&Attr { ino: 0, mode: 0, nlink: 0, uid: 0, gid: 0, size: 0, mtime: 0, mtime_nsec: 0, rdev: 0 });
+                none.ino = INodeNo(0);
+                reply.entry(&TTL, &none, Generation(0))
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(ino.0) {
+            Ok(attr) => reply.attr(&TTL, &file_attr(&attr)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(ino.0) {
+            Ok(target) => reply.data(target),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.fs.read(ino.0, offset, size) {
+            Ok(bytes) => reply.data(&bytes),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR);
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        match self.fs.readdir(ino.0, offset) {
+            Ok(entries) => {
+                for e in entries {
+                    if reply.add(INodeNo(e.ino), e.next, file_type(e.mode), OsStr::from_bytes(e.name)) {
+                        break; // Reply buffer full: the kernel asks again from `next`.
+                    }
+                }
+                reply.ok()
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        match self.fs.readdir(ino.0, offset) {
+            Ok(entries) => {
+                for e in entries {
+                    let Ok(attr) = self.fs.getattr(e.ino) else { continue };
+                    if reply.add(INodeNo(e.ino), e.next, OsStr::from_bytes(e.name), &TTL, &file_attr(&attr), Generation(0)) {
+                        break;
+                    }
+                }
+                reply.ok()
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let stats = self.fs.statfs();
+        let blocks = stats.bytes.div_ceil(BLKSIZE as u64);
+        reply.statfs(blocks, 0, 0, stats.files, 0, BLKSIZE, 255, BLKSIZE);
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.fs.getxattr(ino.0, name.as_bytes()) {
+            Ok(value) => xattr_reply(value, size, reply),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.fs.listxattr(ino.0) {
+            Ok(names) => xattr_reply(&names, size, reply),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+}
+
+/// xattr calls first ask for the size (size 0), then for the bytes.
+fn xattr_reply(value: &[u8], size: u32, reply: ReplyXattr) {
+    if size == 0 {
+        reply.size(value.len() as u32);
+    } else if value.len() > size as usize {
+        reply.error(errno(&FsError::Range));
+    } else {
+        reply.data(value);
+    }
+}

@@ -1,0 +1,16 @@
+//! stagefs: mount tar and SquashFS archives read-only with FUSE, for HPC deep-learning jobs.
+//!
+//! Layers, each usable alone: [`archive`] parses formats into an [`index::Index`] with no
+//! FUSE types; [`fs`] is the filesystem behaviour; `fuse` (private) adapts it to the kernel;
+//! [`daemon`] and [`mountpoint`] manage the mount's life.
+
+pub mod archive;
+pub mod cli;
+pub mod daemon;
+pub mod demo;
+pub mod error;
+pub mod fs;
+mod fuse;
+pub mod index;
+pub mod mountpoint;
+pub mod registry;

@@ -1,0 +1,175 @@
+//! Mountpoint checks: create, detect live or stale mounts, unmount (as root or via fusermount3).
+
+use std::io::ErrorKind;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Problems with the mountpoint itself, each telling the user what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum MountpointError {
+    #[error("{}: mountpoint is not empty; choose an empty or new directory", .0.display())]
+    NotEmpty(PathBuf),
+    #[error("{}: already mounted{}; run `stagefs umount {}` first", .0.display(), describe(.1), .0.display())]
+    AlreadyMounted(PathBuf, Option<String>),
+    #[error("{}: not a directory", .0.display())]
+    NotADirectory(PathBuf),
+    #[error("{}: mount is busy (a process has a file open or its working directory inside); stop it, or use `stagefs umount --lazy`", .0.display())]
+    Busy(PathBuf),
+    #[error("{}: not mounted", .0.display())]
+    NotMounted(PathBuf),
+    #[error("{}: {what}: {source}", path.display())]
+    Io { path: PathBuf, what: &'static str, source: std::io::Error },
+    #[error("cannot unmount {}: {message}", path.display())]
+    Unmount { path: PathBuf, message: String },
+}
+
+fn describe(fstype: &Option<String>) -> String {
+    fstype.as_ref().map(|t| format!(" (by a {t} filesystem)")).unwrap_or_default()
+}
+
+/// Makes `path` absolute with its parent's symlinks resolved; the last component is not
+/// resolved, because stat on a dead FUSE mount fails.
+pub fn resolve(path: &Path) -> Result<PathBuf, MountpointError> {
+    let absolute = std::path::absolute(path).map_err(|source| MountpointError::Io {
+        path: path.to_owned(),
+        what: "cannot make the path absolute",
+        source,
+    })?;
+    match (absolute.parent(), absolute.file_name()) {
+        (Some(parent), Some(name)) => match parent.canonicalize() {
+            Ok(parent) => Ok(parent.join(name)),
+            Err(_) => Ok(absolute),
+        },
+        _ => Ok(absolute),
+    }
+}
+
+/// Gets `path` ready to mount on: creates it (0700) if missing, recovers a stale FUSE
+/// mount, refuses a live mount or a non-empty directory. Returns whether it was created.
+pub fn prepare(path: &Path) -> Result<bool, MountpointError> {
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(path).map_err(|source| MountpointError::Io {
+                path: path.to_owned(),
+                what: "cannot create the mountpoint",
+                source,
+            })?;
+            return Ok(true);
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+            tracing::warn!(mountpoint = %path.display(), "found a stale mount (its daemon died); unmounting it");
+            unmount(path, true)?;
+        }
+        Err(source) => return Err(MountpointError::Io { path: path.to_owned(), what: "cannot inspect the mountpoint", source }),
+        Ok(meta) if !meta.is_dir() => return Err(MountpointError::NotADirectory(path.to_owned())),
+        Ok(_) => {}
+    }
+    if let Some(fstype) = mounted_fstype(path) {
+        return Err(MountpointError::AlreadyMounted(path.to_owned(), Some(fstype)));
+    }
+    let mut entries = std::fs::read_dir(path).map_err(|source| MountpointError::Io {
+        path: path.to_owned(),
+        what: "cannot list the mountpoint",
+        source,
+    })?;
+    if entries.next().is_some() {
+        return Err(MountpointError::NotEmpty(path.to_owned()));
+    }
+    Ok(false)
+}
+
+/// The filesystem type mounted exactly at `path`, from `/proc/self/mountinfo`.
+pub fn mounted_fstype(path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let wanted = path.as_os_str().as_encoded_bytes();
+    text.lines().rev().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        let mount_point = left.split(' ').nth(4)?;
+        (unescape(mount_point) == wanted).then(|| right.split(' ').next().unwrap_or("unknown").to_string())
+    })
+}
+
+/// Decodes the octal escapes (`\040` for a space) that mountinfo uses.
+fn unescape(field: &str) -> Vec<u8> {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// True when `path` is the root of a mount that answers (not stale).
+pub fn is_live_mount(path: &Path) -> bool {
+    let (Ok(meta), Some(parent)) = (std::fs::metadata(path), path.parent()) else { return false };
+    std::fs::metadata(parent).is_ok_and(|p| p.dev() != meta.dev()) || mounted_fstype(path).is_some()
+}
+
+/// Unmounts `path`; `lazy` detaches it even while busy. Root calls umount2(2) directly;
+/// other users go through `fusermount3`, which is setuid for this purpose.
+pub fn unmount(path: &Path, lazy: bool) -> Result<(), MountpointError> {
+    if nix::unistd::geteuid().is_root() {
+        let flags = if lazy { nix::mount::MntFlags::MNT_DETACH } else { nix::mount::MntFlags::empty() };
+        return match nix::mount::umount2(path, flags) {
+            Ok(()) => Ok(()),
+            Err(nix::errno::Errno::EBUSY) => Err(MountpointError::Busy(path.to_owned())),
+            Err(nix::errno::Errno::EINVAL) => Err(MountpointError::NotMounted(path.to_owned())),
+            Err(e) => Err(MountpointError::Unmount { path: path.to_owned(), message: e.desc().to_string() }),
+        };
+    }
+    let mut command = Command::new("fusermount3");
+    command.arg("-u").arg("-q");
+    if lazy {
+        command.arg("-z");
+    }
+    let output = command.arg(path).output().map_err(|e| MountpointError::Unmount {
+        path: path.to_owned(),
+        message: format!("cannot run fusermount3 ({e}); install the fuse3 package"),
+    })?;
+    if output.status.success() {
+        return Ok(());
+    }
+    let message = String::from_utf8_lossy(&output.stderr).trim().to_string();
+    if message.contains("busy") {
+        Err(MountpointError::Busy(path.to_owned()))
+    } else if message.contains("not found in") || message.contains("Invalid argument") {
+        Err(MountpointError::NotMounted(path.to_owned()))
+    } else {
+        Err(MountpointError::Unmount { path: path.to_owned(), message })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes_decode() {
+        assert_eq!(unescape(r"/a\040b"), b"/a b");
+        assert_eq!(unescape(r"/plain"), b"/plain");
+        assert_eq!(unescape(r"/trail\04"), br"/trail\04");
+    }
+
+    #[test]
+    fn prepare_creates_private_dirs_and_rejects_non_empty_ones() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!("stagefs-mp-test-{}", std::process::id()));
+        let new = base.join("a/b");
+        assert!(prepare(&new).unwrap());
+        assert_eq!(std::fs::metadata(&new).unwrap().permissions().mode() & 0o777, 0o700);
+        assert!(!prepare(&new).unwrap());
+        std::fs::write(new.join("x"), b"x").unwrap();
+        assert!(matches!(prepare(&new), Err(MountpointError::NotEmpty(_))));
+        assert!(matches!(prepare(&new.join("x")), Err(MountpointError::NotADirectory(_))));
+        assert!(matches!(prepare(Path::new("/proc")), Err(MountpointError::AlreadyMounted(..))));
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+}

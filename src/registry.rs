@@ -1,0 +1,107 @@
+//! Records of running daemons (pid, archive, mountpoint), one small file per mountpoint.
+//!
+//! They live in a node-local, per-user directory so that `umount` can wait for the
+//! right daemon and `status` can list mounts; a daemon removes its record on exit, and
+//! a record whose pid is gone is treated as absent.
+
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// A running daemon as recorded at mount time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub pid: u32,
+    pub archive: PathBuf,
+    pub mountpoint: PathBuf,
+    pub started: u64,
+}
+
+/// `$STAGEFS_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/stagefs`, else `/tmp/stagefs-<uid>`.
+pub fn runtime_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("STAGEFS_RUNTIME_DIR") {
+        return PathBuf::from(dir);
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from) {
+        Some(xdg) if xdg.is_dir() => xdg.join("stagefs"),
+        _ => PathBuf::from(format!("/tmp/stagefs-{}", nix::unistd::geteuid())),
+    }
+}
+
+/// A stable file name for a mountpoint (FNV-1a of its path).
+fn record_path(mountpoint: &Path) -> PathBuf {
+    let hash = mountpoint
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3));
+    runtime_dir().join(format!("{hash:016x}.mount"))
+}
+
+pub fn write(record: &Record) -> std::io::Result<()> {
+    let path = record_path(&record.mountpoint);
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    }
+    let text = format!(
+        "pid={}\narchive={}\nmountpoint={}\nstarted={}\n",
+        record.pid,
+        record.archive.display(),
+        record.mountpoint.display(),
+        record.started
+    );
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(tmp, path)
+}
+
+pub fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// The record for `mountpoint`, if its daemon is still alive.
+pub fn read(mountpoint: &Path) -> Option<Record> {
+    let text = std::fs::read_to_string(record_path(mountpoint)).ok()?;
+    let field = |key: &str| text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix('='));
+    let record = Record {
+        pid: field("pid")?.parse().ok()?,
+        archive: field("archive")?.into(),
+        mountpoint: field("mountpoint")?.into(),
+        started: field("started")?.parse().ok()?,
+    };
+    (record.mountpoint == mountpoint && process_alive(record.pid)).then_some(record)
+}
+
+pub fn remove(mountpoint: &Path) {
+    let _ = std::fs::remove_file(record_path(mountpoint));
+}
+
+/// True while `pid` exists and is not a zombie.
+pub fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state letter follows the parenthesised command name.
+        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_die_with_their_process() {
+        let dir = std::env::temp_dir().join(format!("stagefs-reg-test-{}", std::process::id()));
+        std::env::set_var("STAGEFS_RUNTIME_DIR", &dir);
+        let mountpoint = PathBuf::from("/some/where");
+        let mine = Record { pid: std::process::id(), archive: "/a.tar".into(), mountpoint: mountpoint.clone(), started: 5 };
+        write(&mine).unwrap();
+        assert_eq!(read(&mountpoint), Some(mine.clone()));
+        assert_eq!(read(Path::new("/other")), None);
+        write(&Record { pid: u32::MAX - 1, ..mine }).unwrap();
+        assert_eq!(read(&mountpoint), None, "a dead pid's record is ignored");
+        remove(&mountpoint);
+        assert!(!record_path(&mountpoint).exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
