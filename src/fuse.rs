@@ -38,11 +38,14 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, threads: usize) -> std::io::Result<
     ];
     config.n_threads = Some(threads.max(1));
     config.clone_fd = true;
-    Session::new(FuseAdapter { fs }, mountpoint, &config)?.spawn()
+    Session::new(FuseAdapter { fs, no_open: false, no_opendir: false }, mountpoint, &config)?.spawn()
 }
 
 struct FuseAdapter {
     fs: Arc<Fs>,
+    /// The kernel supports zero-message open/opendir (set during INIT).
+    no_open: bool,
+    no_opendir: bool,
 }
 
 fn errno(err: &FsError) -> Errno {
@@ -97,6 +100,8 @@ impl Filesystem for FuseAdapter {
         let _ = config.set_max_readahead(MAX_READ);
         let _ = config.set_max_background(64);
         let _ = config.set_congestion_threshold(48);
+        self.no_open = config.add_capabilities(InitFlags::FUSE_NO_OPEN_SUPPORT).is_ok();
+        self.no_opendir = config.add_capabilities(InitFlags::FUSE_NO_OPENDIR_SUPPORT).is_ok();
         for flag in [
             InitFlags::FUSE_DO_READDIRPLUS,
             InitFlags::FUSE_READDIRPLUS_AUTO,
@@ -135,8 +140,20 @@ impl Filesystem for FuseAdapter {
         }
     }
 
+    /// Zero-message open: ENOSYS tells the kernel (which advertised FUSE_NO_OPEN_SUPPORT)
+    /// to stop sending open and release at all; it then keeps page cache across opens,
+    /// as FOPEN_KEEP_CACHE would. Older kernels get a normal open with KEEP_CACHE.
     fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
+        if self.no_open {
+            reply.error(Errno::ENOSYS);
+        } else {
+            reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
+        }
+    }
+
+    /// Nothing to flush in a read-only filesystem; ENOSYS stops the kernel sending flush on close.
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _owner: fuser::LockOwner, reply: fuser::ReplyEmpty) {
+        reply.error(Errno::ENOSYS);
     }
 
     fn read(
@@ -157,7 +174,11 @@ impl Filesystem for FuseAdapter {
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR);
+        if self.no_opendir {
+            reply.error(Errno::ENOSYS);
+        } else {
+            reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR);
+        }
     }
 
     fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {

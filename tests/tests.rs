@@ -1,1 +1,10 @@
-// placeholder
+//! The integration test binary: one binary, one module per area (ripgrep
+//! style), all sharing `util`.
+//!
+//! These tests mount for real. They need root, /dev/fuse and the tools that
+//! .ci/run installs; a missing tool fails the test with what to install.
+
+mod compare;
+mod errors;
+mod formats;
+mod util;

@@ -1,0 +1,561 @@
+//! Every archive format and producing tool: extract the archive with the
+//! real tool (GNU tar, unsquashfs), mount it with stagefs, compare the two
+//! trees entry by entry. One test per format/tool, so a failure names it.
+//!
+//! The committed fixtures come from tests/fixtures/make-fixtures.sh; the
+//! big and sparse archives are generated at test time (`runtime_*`).
+//!
+//! Before comparing, each reference extraction is checked against what the
+//! fixture script put in (`check_reference_*`), so a broken fixture or
+//! extraction cannot make two empty trees "match".
+
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::thread;
+
+use crate::compare::{assert_trees_equal, count_entries, xattrs, Options};
+use crate::util::{
+    extract_squashfs, extract_tar, fixture, pseudo_random, read, require_root, run_tool, Mounted, TempDir,
+};
+
+// ---------------------------------------------------------------------------
+// What the fixture trees contain (see make-fixtures.sh)
+
+const T_DEFAULT: i64 = 1_623_760_496;
+const T_OLD: i64 = 315_705_600;
+const T_FUTURE: i64 = 2_208_988_800;
+
+/// Which parts of the fixture tree an archive can hold.
+#[derive(Clone, Copy)]
+struct Holds {
+    /// Names/targets longer than 100 bytes and the fifo (not in ustar/v7).
+    full: bool,
+    /// user.* xattrs (pax written by GNU tar or bsdtar, SquashFS).
+    xattrs: bool,
+    /// Sub-second mtimes: Some(exact ns) or None (seconds only).
+    ns: Option<u32>,
+}
+
+const GNU: Holds = Holds { full: true, xattrs: false, ns: None };
+const REDUCED: Holds = Holds { full: false, xattrs: false, ns: None };
+const PAX_XATTRS: Holds = Holds { full: true, xattrs: true, ns: Some(123_456_789) };
+const SQUASHFS: Holds = Holds { full: true, xattrs: true, ns: None };
+
+fn meta(root: &Path, rel: &str) -> fs::Metadata {
+    fs::symlink_metadata(root.join(rel))
+        .unwrap_or_else(|e| panic!("reference tree {}: {rel}: {e}", root.display()))
+}
+
+/// Checks that an extracted fixture tree holds what make-fixtures.sh built.
+fn check_reference_full(root: &Path, holds: Holds) {
+    let n = count_entries(root);
+    assert!(n >= 50, "reference tree {} has only {n} entries", root.display());
+    let m = |rel: &str| meta(root, rel);
+
+    assert_eq!(read(&root.join("a/b/c/d/deep.txt")), b"deep file\n");
+    assert_eq!(m("empty-file").len(), 0);
+    assert!(m("empty-dir").is_dir());
+    assert_eq!(fs::read_dir(root.join("empty-dir")).unwrap().count(), 0);
+    for size in [1u64, 511, 512, 513, 4095, 4096, 4097, 12000] {
+        let name = if size == 12000 { "sizes/medium.bin".to_string() } else { format!("sizes/{size}") };
+        assert_eq!(m(&name).len(), size, "{name}");
+    }
+    assert_eq!(read(&root.join("ünïcödé/日本語 ファイル.txt")), b"unicode name\n");
+    assert_eq!(read(&root.join("emoji-🙂.txt")), b"emoji\n");
+    assert_eq!(fs::read_link(root.join("links/rel")).unwrap(), Path::new("../a/b/c/d/deep.txt"));
+    assert_eq!(fs::read_link(root.join("links/dangling")).unwrap(), Path::new("does/not/exist"));
+    assert_eq!(m("hard/one").ino(), m("hard/two").ino(), "hard/one and hard/two must be hardlinked");
+    assert_eq!(m("hard/one").ino(), m("a/hardlink-three").ino());
+    assert_eq!(m("hard/one").nlink(), 3);
+    assert_eq!((m("owned/by-1234").uid(), m("owned/by-1234").gid()), (1234, 5678));
+    assert_eq!((m("owned/dir-1234").uid(), m("owned/dir-1234").gid()), (1234, 5678));
+    assert_eq!(m("modes/suid").mode() & 0o7777, 0o4755);
+    assert_eq!(m("modes/sgid").mode() & 0o7777, 0o2755);
+    assert_eq!(m("modes/sticky-dir").mode() & 0o7777, 0o1777);
+    assert_eq!(m("modes/none").mode() & 0o7777, 0o0000);
+    assert_eq!(m("modes/dir-0700").mode() & 0o7777, 0o0700);
+    assert_eq!(m("times/old").mtime(), T_OLD);
+    assert_eq!(m("times/future").mtime(), T_FUTURE);
+    assert_eq!(m("text").mtime(), T_DEFAULT, "directory mtimes must be restored");
+    assert_eq!(m("times/ns").mtime(), T_DEFAULT);
+    match holds.ns {
+        Some(ns) => assert_eq!(m("times/ns").mtime_nsec(), ns as i64, "times/ns nanoseconds"),
+        None => assert_eq!(m("times/ns").mtime_nsec(), 0, "times/ns nanoseconds"),
+    }
+    if holds.full {
+        assert!(m("fifo").file_type().is_fifo(), "fifo");
+        let long = fs::read_link(root.join("links/long")).unwrap();
+        assert!(long.as_os_str().len() > 100);
+        assert!(root.join("links").join(&long).is_file(), "links/long must resolve to the long file");
+    } else {
+        assert!(!root.join("fifo").exists() && !root.join("long").exists());
+    }
+    let xa = xattrs(&root.join("xattr/colored")).unwrap();
+    if holds.xattrs {
+        assert_eq!(xa.get(OsStr::new("user.color")).map(|v| &v[..]), Some(&b"blue"[..]), "{xa:?}");
+        assert_eq!(xa.get(OsStr::new("user.binary")).map(|v| &v[..]), Some(&b"\x00\xff\x0a\x00"[..]), "{xa:?}");
+        assert_eq!(xa.get(OsStr::new("user.empty")).map(|v| &v[..]), Some(&b""[..]), "{xa:?}");
+        let xd = xattrs(&root.join("xattr/dir")).unwrap();
+        assert_eq!(xd.get(OsStr::new("user.on-a-dir")).map(|v| &v[..]), Some(&b"yes"[..]), "{xd:?}");
+    } else {
+        assert!(xa.is_empty(), "this format holds no xattrs, yet extraction gave {xa:?}");
+    }
+}
+
+const MIB: u64 = 1024 * 1024;
+
+/// Checks an extracted sparse fixture tree.
+fn check_reference_sparse(root: &Path) {
+    let holes = read(&root.join("sparse/holes.bin"));
+    assert_eq!(holes.len() as u64, 8 * MIB);
+    assert_eq!(&holes[holes.len() - 13..], b"END-OF-SPARSE");
+    assert!(holes[..(4 * MIB - 1000) as usize].iter().all(|b| *b == 0));
+    assert!(holes[(4 * MIB - 1000) as usize..(4 * MIB + 4000) as usize].iter().any(|b| *b != 0));
+    let leading = read(&root.join("sparse/leading.bin"));
+    assert_eq!(leading.len() as u64, 2 * MIB);
+    assert!(leading[10000..].iter().all(|b| *b == 0));
+    let all = read(&root.join("sparse/all-hole.bin"));
+    assert_eq!(all.len() as u64, MIB);
+    assert!(all.iter().all(|b| *b == 0));
+    assert_eq!(read(&root.join("plain.txt")), b"not sparse\n");
+}
+
+// ---------------------------------------------------------------------------
+// Drivers
+
+/// Extract with GNU tar, mount with stagefs, compare.
+fn tar_case(name: &str, opts: Options, check: impl FnOnce(&Path)) {
+    require_root();
+    let archive = fixture(name);
+    let tmp = TempDir::new(name);
+    let expected = tmp.join("expected");
+    extract_tar(&archive, &expected);
+    check(&expected);
+    let mnt = Mounted::new(&archive, &tmp.join("mnt"));
+    assert_trees_equal(&expected, mnt.path(), &opts);
+}
+
+/// Extract with unsquashfs, mount with stagefs, compare.
+fn squashfs_case(name: &str, opts: Options, check: impl FnOnce(&Path)) {
+    require_root();
+    let image = fixture(name);
+    let tmp = TempDir::new(name);
+    let expected = tmp.join("expected");
+    extract_squashfs(&image, &expected);
+    check(&expected);
+    let mnt = Mounted::new(&image, &tmp.join("mnt"));
+    assert_trees_equal(&expected, mnt.path(), &opts);
+}
+
+/// Tar archives made from a list of top-level names have no member for the
+/// root directory: its attributes are not the archive's to compare.
+fn tar_opts() -> Options {
+    Options::default().root(false)
+}
+
+// ---------------------------------------------------------------------------
+// GNU tar formats
+
+#[test]
+fn tar_gnu() {
+    tar_case("gnu.tar", tar_opts(), |r| check_reference_full(r, GNU));
+}
+
+#[test]
+fn tar_oldgnu() {
+    tar_case("oldgnu.tar", tar_opts(), |r| check_reference_full(r, GNU));
+}
+
+#[test]
+fn tar_posix_pax_with_xattrs() {
+    tar_case("posix.tar", tar_opts(), |r| check_reference_full(r, PAX_XATTRS));
+}
+
+#[test]
+fn tar_ustar() {
+    tar_case("ustar.tar", tar_opts(), |r| check_reference_full(r, REDUCED));
+}
+
+#[test]
+fn tar_v7() {
+    tar_case("v7.tar", tar_opts(), |r| check_reference_full(r, REDUCED));
+}
+
+// ---------------------------------------------------------------------------
+// Sparse members
+
+#[test]
+fn tar_sparse_gnu() {
+    tar_case("sparse-gnu.tar", tar_opts(), check_reference_sparse);
+}
+
+#[test]
+fn tar_sparse_oldgnu() {
+    tar_case("sparse-oldgnu.tar", tar_opts(), check_reference_sparse);
+}
+
+#[test]
+fn tar_sparse_pax_0_0() {
+    tar_case("sparse-posix-0.0.tar", tar_opts(), check_reference_sparse);
+}
+
+#[test]
+fn tar_sparse_pax_0_1() {
+    tar_case("sparse-posix-0.1.tar", tar_opts(), check_reference_sparse);
+}
+
+#[test]
+fn tar_sparse_pax_1_0() {
+    tar_case("sparse-posix-1.0.tar", tar_opts(), check_reference_sparse);
+}
+
+// ---------------------------------------------------------------------------
+// Other producers
+
+#[test]
+fn tar_bsdtar_pax_with_xattrs() {
+    tar_case("bsdtar-pax.tar", tar_opts(), |r| check_reference_full(r, PAX_XATTRS));
+}
+
+#[test]
+fn tar_python_gnu() {
+    tar_case("python-gnu.tar", tar_opts(), |r| check_reference_full(r, GNU));
+}
+
+#[test]
+fn tar_python_pax() {
+    // Python writes the mtime as a float ("1623760496.1234567"): tar and
+    // stagefs must agree on the same (rounded) nanoseconds.
+    tar_case("python-pax.tar", tar_opts(), |r| {
+        check_reference_full(r, Holds { full: true, xattrs: false, ns: Some(123_456_700) })
+    });
+}
+
+// ---------------------------------------------------------------------------
+// Odd layouts
+
+#[test]
+fn tar_implicit_parent_dirs() {
+    // Only a/b/c/d has a member (after its own child); the other
+    // directories exist only as parents of members.
+    let opts = tar_opts().skip_dir_attrs(["a", "a/b", "a/b/c", "hard", "links", "ünïcödé"]);
+    tar_case("implicit-dirs.tar", opts, |r| {
+        assert_eq!(count_entries(r), 14, "implicit-dirs reference tree");
+        assert_eq!(read(&r.join("a/b/c/d/deep.txt")), b"deep file\n");
+        assert_eq!(meta(r, "a/b/c/d").mtime(), T_DEFAULT);
+        assert_eq!(meta(r, "hard/one").ino(), meta(r, "hard/two").ino());
+    });
+    // And the implicit directories must be usable directories in the mount.
+    let tmp = TempDir::new("implicit-dirs-modes");
+    let mnt = Mounted::new(&fixture("implicit-dirs.tar"), &tmp.join("mnt"));
+    for d in ["a", "a/b", "a/b/c", "hard", "links"] {
+        let md = fs::symlink_metadata(mnt.path().join(d)).unwrap();
+        assert!(md.is_dir(), "{d} must be a directory");
+        assert_eq!(md.mode() & 0o555, 0o555, "implicit directory {d} must be readable and searchable, mode {:o}", md.mode());
+    }
+}
+
+#[test]
+fn tar_duplicate_member_later_wins() {
+    tar_case("duplicate.tar", tar_opts(), |r| {
+        assert_eq!(read(&r.join("dup/grow.txt")), b"second version, now much longer than the first\n");
+        assert_eq!(read(&r.join("dup/shrink.txt")), b"second\n");
+        assert_eq!(read(&r.join("dup/other.txt")), b"unchanged\n");
+        assert_eq!(meta(r, "dup/grow.txt").mode() & 0o7777, 0o600);
+        assert_eq!(meta(r, "dup/grow.txt").mtime(), 1_700_000_000);
+    });
+    // Also directly, in case tar and stagefs are wrong the same way.
+    let tmp = TempDir::new("duplicate-direct");
+    let mnt = Mounted::new(&fixture("duplicate.tar"), &tmp.join("mnt"));
+    assert_eq!(read(&mnt.path().join("dup/grow.txt")), b"second version, now much longer than the first\n");
+    assert_eq!(read(&mnt.path().join("dup/shrink.txt")), b"second\n");
+    let names: Vec<_> = fs::read_dir(mnt.path().join("dup")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names.len(), 3, "a duplicate member must appear once in readdir: {names:?}");
+}
+
+#[test]
+fn tar_concatenated_with_tar_a() {
+    tar_case("concat.tar", tar_opts(), |r| {
+        // Both halves present.
+        assert_eq!(read(&r.join("a/b/c/d/deep.txt")), b"deep file\n");
+        assert_eq!(meta(r, "sizes/medium.bin").len(), 12000);
+        assert!(r.join("text/lorem.txt").is_file() && r.join("hard/one").is_file());
+    });
+}
+
+#[test]
+fn tar_dot_slash_prefixes() {
+    // Members are "./", "./a/", ...: the "./" member describes the root.
+    tar_case("dot-prefix.tar", Options::default(), |r| {
+        check_reference_full(r, GNU);
+        assert_eq!(meta(r, "").mtime(), T_DEFAULT);
+    });
+}
+
+#[test]
+fn tar_absolute_names() {
+    // GNU tar strips the leading "/" when extracting; stagefs must too.
+    tar_case("absolute.tar", tar_opts(), |r| {
+        assert_eq!(read(&r.join("stagefs-abs/a/b/c/d/deep.txt")), b"deep file\n");
+        assert_eq!(meta(r, "stagefs-abs/hard/one").ino(), meta(r, "stagefs-abs/hard/two").ino());
+        assert_eq!(fs::read_dir(r).unwrap().count(), 1);
+    });
+}
+
+// ---------------------------------------------------------------------------
+// SquashFS
+
+fn sq(name: &str) {
+    squashfs_case(name, Options::default(), |r| check_reference_full(r, SQUASHFS));
+}
+
+#[test]
+fn squashfs_gzip() {
+    sq("sqfs-gzip.sqfs");
+}
+
+#[test]
+fn squashfs_xz() {
+    sq("sqfs-xz.sqfs");
+}
+
+#[test]
+fn squashfs_lz4() {
+    sq("sqfs-lz4.sqfs");
+}
+
+#[test]
+fn squashfs_zstd() {
+    sq("sqfs-zstd.sqfs");
+}
+
+#[test]
+fn squashfs_lzo() {
+    sq("sqfs-lzo.sqfs");
+}
+
+#[test]
+fn squashfs_uncompressed() {
+    sq("sqfs-uncompressed.sqfs");
+}
+
+#[test]
+fn squashfs_block_4k() {
+    sq("sqfs-block4k.sqfs");
+}
+
+#[test]
+fn squashfs_block_1m() {
+    sq("sqfs-block1m.sqfs");
+}
+
+#[test]
+fn squashfs_sparse_blocks() {
+    squashfs_case("sqfs-sparse.sqfs", Options::default(), check_reference_sparse);
+}
+
+#[test]
+fn squashfs_gensquashfs() {
+    sq("sqfs-gensquashfs.sqfs");
+}
+
+#[test]
+fn squashfs_tar2sqfs() {
+    // Made from posix.tar, which has no root member: tar2sqfs gives the
+    // root default attributes, which unsquashfs and stagefs must agree on.
+    squashfs_case("sqfs-tar2sqfs.sqfs", Options::default(), |r| check_reference_full(r, PAX_XATTRS_SECONDS));
+}
+
+/// tar2sqfs keeps the pax xattrs but SquashFS stores whole seconds.
+const PAX_XATTRS_SECONDS: Holds = Holds { full: true, xattrs: true, ns: None };
+
+// ---------------------------------------------------------------------------
+// Archives generated at test time: big, sparse, compressible
+
+const BIG_LEN: usize = 3 * 1024 * 1024 + 17;
+const SPARSE_LEN: u64 = 8 * MIB;
+const SPARSE_DATA_AT: u64 = 4 * MIB - 1000;
+
+fn big_content() -> Vec<u8> {
+    pseudo_random(42, BIG_LEN)
+}
+
+fn text_content() -> Vec<u8> {
+    let mut v = Vec::new();
+    let mut i = 0u64;
+    while v.len() < 1536 * 1024 {
+        v.extend_from_slice(format!("record {i:08}: compressible text for the block codecs\n").as_bytes());
+        i += 1;
+    }
+    v
+}
+
+/// Builds the runtime source tree: a 3 MiB random file, an 8 MiB sparse file
+/// with data in the middle and at the end, a 1 MiB hole-only file, 1.5 MiB of
+/// compressible text, a few small files.
+fn make_runtime_tree(root: &Path) {
+    fs::create_dir_all(root.join("data/nested")).unwrap();
+    fs::write(root.join("data/big.bin"), big_content()).unwrap();
+    fs::write(root.join("data/text.txt"), text_content()).unwrap();
+    fs::write(root.join("data/nested/small.txt"), b"small\n").unwrap();
+    let f = fs::File::create(root.join("data/sparse.bin")).unwrap();
+    f.set_len(SPARSE_LEN).unwrap();
+    f.write_all_at(&pseudo_random(7, 5000), SPARSE_DATA_AT).unwrap();
+    f.write_all_at(b"END", SPARSE_LEN - 3).unwrap();
+    drop(f);
+    fs::File::create(root.join("data/hole-only.bin")).unwrap().set_len(MIB).unwrap();
+}
+
+/// Reads at awkward offsets and lengths (block boundaries ±1, across the
+/// end) and compares with the generated bytes, also from several threads.
+fn check_random_access(mnt: &Path) {
+    let big = big_content();
+    let path = mnt.join("data/big.bin");
+    let f = fs::File::open(&path).unwrap();
+    let mut errors = Vec::new();
+    let mut offsets = vec![0u64, 1, 511, 512, 4095, 4096, 4097, 65535, 65536, 131071, 131072, 131073];
+    offsets.extend([MIB - 1, MIB, MIB + 1, 2 * MIB + 12345, BIG_LEN as u64 - 4097, BIG_LEN as u64 - 1]);
+    for &off in &offsets {
+        for len in [1usize, 100, 4096, 4097, 131072, 300_000] {
+            let mut buf = vec![0u8; len];
+            let mut got = 0;
+            while got < len {
+                match f.read_at(&mut buf[got..], off + got as u64) {
+                    Ok(0) => break,
+                    Ok(n) => got += n,
+                    Err(e) => {
+                        errors.push(format!("read_at({off}, {len}): {e}"));
+                        break;
+                    }
+                }
+            }
+            let want_end = (off as usize + len).min(big.len());
+            let want = &big[off as usize..want_end];
+            if &buf[..got] != want {
+                errors.push(format!("read_at({off}, {len}): got {got} bytes, expected {}; content differs", want.len()));
+            }
+        }
+    }
+    let mut past = [0u8; 10];
+    match f.read_at(&mut past, BIG_LEN as u64 + 10) {
+        Ok(0) => {}
+        other => errors.push(format!("read past EOF: expected Ok(0), got {other:?}")),
+    }
+    assert!(errors.is_empty(), "random access into {} failed:\n  {}", path.display(), errors.join("\n  "));
+
+    // Concurrent readers of different files and regions.
+    let sparse_path = mnt.join("data/sparse.bin");
+    let text_path = mnt.join("data/text.txt");
+    let handles: Vec<_> = (0..4)
+        .map(|t| {
+            let (p, sp, tp) = (path.clone(), sparse_path.clone(), text_path.clone());
+            thread::spawn(move || -> Result<(), String> {
+                let big = big_content();
+                let text = text_content();
+                let f = fs::File::open(&p).map_err(|e| e.to_string())?;
+                for i in 0..20u64 {
+                    let off = (i * 150_001 + t * 37_003) % (BIG_LEN as u64 - 70_000);
+                    let mut buf = vec![0u8; 65_536 + 3];
+                    f.read_exact_at(&mut buf, off).map_err(|e| format!("big.bin at {off}: {e}"))?;
+                    if buf[..] != big[off as usize..off as usize + buf.len()] {
+                        return Err(format!("thread {t}: big.bin differs at offset {off}"));
+                    }
+                }
+                let s = fs::read(&sp).map_err(|e| e.to_string())?;
+                if s.len() as u64 != SPARSE_LEN || &s[s.len() - 3..] != b"END" {
+                    return Err(format!("thread {t}: sparse.bin wrong (len {})", s.len()));
+                }
+                if fs::read(&tp).map_err(|e| e.to_string())? != text {
+                    return Err(format!("thread {t}: text.txt differs"));
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    let errs: Vec<String> = handles.into_iter().filter_map(|h| h.join().unwrap().err()).collect();
+    assert!(errs.is_empty(), "concurrent reads failed:\n  {}", errs.join("\n  "));
+}
+
+/// Packs the runtime tree with `pack`, then extract/mount/compare, plus the
+/// direct content checks.
+fn runtime_case(label: &str, squashfs: bool, pack: impl FnOnce(&Path, &Path)) {
+    require_root();
+    let tmp = TempDir::new(label);
+    let src = tmp.join("src");
+    make_runtime_tree(&src);
+    let archive = tmp.join(if squashfs { "archive.sqfs" } else { "archive.tar" });
+    pack(&src, &archive);
+    let expected = tmp.join("expected");
+    if squashfs {
+        extract_squashfs(&archive, &expected);
+    } else {
+        extract_tar(&archive, &expected);
+    }
+    assert_eq!(read(&expected.join("data/big.bin")), big_content(), "reference extraction of big.bin");
+    let mnt = Mounted::new(&archive, &tmp.join("mnt"));
+    let opts = if squashfs { Options::default() } else { Options::default().root(false) };
+    assert_trees_equal(&expected, mnt.path(), &opts);
+    // The source tree too (content, sizes, types): catches a bug shared by
+    // the extracting tool and stagefs.
+    for rel in ["data/big.bin", "data/text.txt", "data/sparse.bin", "data/hole-only.bin", "data/nested/small.txt"] {
+        let (a, b) = (read(&src.join(rel)), read(&mnt.path().join(rel)));
+        assert!(a == b, "{rel}: mount differs from the source file (len {} vs {})", a.len(), b.len());
+    }
+    check_random_access(mnt.path());
+}
+
+fn tar_args(src: &Path, archive: &Path, extra: &[&str]) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = extra.iter().map(PathBuf::from).collect();
+    v.extend([PathBuf::from("-C"), src.to_path_buf(), PathBuf::from("-cf"), archive.to_path_buf(), PathBuf::from("data")]);
+    v
+}
+
+#[test]
+fn runtime_big_gnu_tar() {
+    runtime_case("runtime-gnu", false, |src, a| {
+        run_tool("tar", tar_args(src, a, &["--format=gnu"]));
+    });
+}
+
+#[test]
+fn runtime_big_gnu_tar_sparse() {
+    runtime_case("runtime-gnu-sparse", false, |src, a| {
+        run_tool("tar", tar_args(src, a, &["--format=gnu", "--sparse"]));
+        let len = fs::metadata(a).unwrap().len();
+        assert!(len < 6 * MIB, "the sparse archive should not store the holes (size {len})");
+    });
+}
+
+#[test]
+fn runtime_big_pax_tar_sparse() {
+    runtime_case("runtime-pax-sparse", false, |src, a| {
+        run_tool("tar", tar_args(src, a, &["--format=posix", "--sparse"]));
+    });
+}
+
+#[test]
+fn runtime_big_squashfs_gzip() {
+    runtime_case("runtime-sqfs-gzip", true, |src, a| {
+        run_tool("mksquashfs", [src, a, Path::new("-noappend"), Path::new("-quiet"), Path::new("-no-progress")]);
+    });
+}
+
+#[test]
+fn runtime_big_squashfs_zstd_4k() {
+    runtime_case("runtime-sqfs-zstd-4k", true, |src, a| {
+        let args: Vec<&OsStr> = vec![
+            src.as_os_str(),
+            a.as_os_str(),
+            OsStr::new("-noappend"),
+            OsStr::new("-quiet"),
+            OsStr::new("-no-progress"),
+            OsStr::new("-comp"),
+            OsStr::new("zstd"),
+            OsStr::new("-b"),
+            OsStr::new("4K"),
+        ];
+        run_tool("mksquashfs", args);
+    });
+}

@@ -1,0 +1,645 @@
+//! Shared helpers for the integration tests: temporary directories, running
+//! commands with a time limit, a `Mounted` guard around `stagefs mount`, and
+//! helpers to inspect mounts and processes through /proc.
+//!
+//! Nothing here skips a test: a missing tool is a panic that says what to
+//! install.
+
+#![allow(dead_code)]
+
+use std::ffi::{OsStr, OsString};
+use std::fs;
+use std::io::Read;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// How long one `stagefs mount`/`stagefs umount` may take before the test
+/// fails (instead of hanging the suite).
+pub const CMD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a `Mounted` may live before its watchdog kills the daemon, so
+/// that a request stuck in the FUSE server fails the test instead of hanging
+/// it forever.
+pub const MOUNT_WATCHDOG: Duration = Duration::from_secs(300);
+
+/// The `stagefs` binary Cargo built for this test run.
+pub fn stagefs_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_stagefs"))
+}
+
+/// The directory holding the committed fixture archives.
+pub fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("fixtures")
+}
+
+/// A committed fixture archive; panics (with how to regenerate) if missing.
+pub fn fixture(name: &str) -> PathBuf {
+    let p = fixtures_dir().join(name);
+    assert!(
+        p.is_file(),
+        "fixture {} is missing; regenerate with: sudo tests/fixtures/make-fixtures.sh",
+        p.display()
+    );
+    p
+}
+
+// ---------------------------------------------------------------------------
+// Tools
+
+/// Debian package providing a tool, for the panic message.
+fn package_of(tool: &str) -> &'static str {
+    match tool {
+        "mksquashfs" | "unsquashfs" => "squashfs-tools",
+        "gensquashfs" | "tar2sqfs" | "sqfs2tar" => "squashfs-tools-ng",
+        "bsdtar" => "libarchive-tools",
+        "setfattr" | "getfattr" => "attr",
+        "fuser" => "psmisc",
+        "fusermount3" => "fuse3",
+        "python3" => "python3",
+        "tar" => "tar",
+        "umount" | "mount" => "mount",
+        "sleep" | "truncate" => "coreutils",
+        _ => "(unknown package)",
+    }
+}
+
+/// Panics unless `tool` is an executable on PATH. Tests never skip silently.
+pub fn require_tool(tool: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        let candidate = dir.join(tool);
+        if let Ok(meta) = fs::metadata(&candidate) {
+            if meta.is_file() && meta.mode() & 0o111 != 0 {
+                return candidate;
+            }
+        }
+    }
+    panic!(
+        "required tool `{tool}` is not installed (Debian package `{}`); install it, \
+         e.g. by running .ci/run — these tests never skip",
+        package_of(tool)
+    );
+}
+
+/// Panics unless the tests run as root (they mount, chown, and extract with
+/// the archived owners).
+pub fn require_root() {
+    let uid = unsafe { libc::geteuid() };
+    assert_eq!(uid, 0, "the integration tests must run as root (they mount FUSE file systems and extract archives with their owners)");
+    assert!(
+        Path::new("/dev/fuse").exists(),
+        "/dev/fuse is missing: the integration tests need FUSE"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Temporary directories
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// A unique directory under `std::env::temp_dir()`, removed on drop (after
+/// lazily unmounting anything a failed test left mounted below it).
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    pub fn new(label: &str) -> TempDir {
+        let base = std::env::temp_dir();
+        let base = base.canonicalize().unwrap_or(base);
+        let label: String = label
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+            .collect();
+        loop {
+            let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+            let path = base.join(format!("stagefs-test-{label}-{}-{n}", std::process::id()));
+            match fs::create_dir(&path) {
+                Ok(()) => return TempDir { path },
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => panic!("cannot create temp dir {}: {e}", path.display()),
+            }
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn join<P: AsRef<Path>>(&self, p: P) -> PathBuf {
+        self.path.join(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        // Never recurse into a live mount: unmount leftovers first.
+        for m in mounts().iter().rev() {
+            if m.mount_point.starts_with(&self.path) {
+                eprintln!(
+                    "TempDir cleanup: {} is still mounted; lazily unmounting it",
+                    m.mount_point.display()
+                );
+                let _ = Command::new("umount").arg("-l").arg(&m.mount_point).status();
+            }
+        }
+        if let Err(e) = fs::remove_dir_all(&self.path) {
+            eprintln!("TempDir cleanup: cannot remove {}: {e}", self.path.display());
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Running commands
+
+/// Exit status and captured output of a finished command.
+#[derive(Debug)]
+pub struct CmdOutput {
+    pub command: String,
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl CmdOutput {
+    pub fn success(&self) -> bool {
+        self.status.success()
+    }
+
+    pub fn code(&self) -> Option<i32> {
+        self.status.code()
+    }
+
+    /// For assertion messages.
+    pub fn describe(&self) -> String {
+        format!(
+            "command: {}\nstatus: {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.command, self.status, self.stdout, self.stderr
+        )
+    }
+
+    /// Panics with the full output unless the command succeeded.
+    pub fn assert_success(&self) -> &Self {
+        assert!(self.success(), "command failed:\n{}", self.describe());
+        self
+    }
+
+    /// Panics with the full output unless the command failed cleanly (a
+    /// non-zero exit, not a signal such as a crash).
+    pub fn assert_failure(&self) -> &Self {
+        match self.status.code() {
+            Some(0) => panic!("command unexpectedly succeeded:\n{}", self.describe()),
+            Some(_) => self,
+            None => panic!("command was killed by a signal (crash?):\n{}", self.describe()),
+        }
+    }
+}
+
+pub fn describe_command(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for a in cmd.get_args() {
+        s.push(' ');
+        let a = a.to_string_lossy();
+        if a.is_empty() || a.contains(|c: char| c.is_whitespace() || c == '\'' || c == '"') {
+            s.push_str(&format!("'{}'", a.replace('\'', "'\\''")));
+        } else {
+            s.push_str(&a);
+        }
+    }
+    s
+}
+
+/// Runs a command to completion with a time limit, capturing stdout and
+/// stderr. Output goes through files, not pipes, so that a daemon child
+/// which keeps them open cannot make this hang (a separate test checks that
+/// `stagefs mount` does not do that).
+pub fn run_cmd(cmd: &mut Command, timeout: Duration) -> CmdOutput {
+    let scratch = TempDir::new("cmd-output");
+    let out_path = scratch.join("stdout");
+    let err_path = scratch.join("stderr");
+    let out = fs::File::create(&out_path).unwrap();
+    let err = fs::File::create(&err_path).unwrap();
+    let command = describe_command(cmd);
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start `{command}`: {e}"));
+    let status = wait_timeout(&mut child, timeout);
+    let stdout = String::from_utf8_lossy(&fs::read(&out_path).unwrap()).into_owned();
+    let stderr = String::from_utf8_lossy(&fs::read(&err_path).unwrap()).into_owned();
+    match status {
+        Some(status) => CmdOutput { command, status, stdout, stderr },
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "`{command}` did not finish within {timeout:?}; killed it\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
+            );
+        }
+    }
+}
+
+/// Waits for a child up to `timeout`; `None` if it is still running.
+pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs `stagefs ARGS...` with the default time limit.
+pub fn stagefs<I, S>(args: I) -> CmdOutput
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut cmd = Command::new(stagefs_bin());
+    cmd.args(args);
+    run_cmd(&mut cmd, CMD_TIMEOUT)
+}
+
+/// Runs an external tool (checked with `require_tool`) and panics unless it
+/// succeeds.
+pub fn run_tool<I, S>(tool: &str, args: I) -> CmdOutput
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let path = require_tool(tool);
+    let mut cmd = Command::new(path);
+    cmd.args(args);
+    let out = run_cmd(&mut cmd, Duration::from_secs(300));
+    out.assert_success();
+    out
+}
+
+/// A child process killed (and reaped) on drop.
+pub struct KillOnDrop(pub Child);
+
+impl KillOnDrop {
+    pub fn id(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Mounts and processes
+
+/// One line of /proc/self/mountinfo.
+#[derive(Debug, Clone)]
+pub struct MountInfo {
+    pub major_minor: String,
+    pub mount_point: PathBuf,
+    pub fs_type: String,
+    pub source: String,
+    pub options: String,
+}
+
+/// Undoes the octal escapes (`\040` for a space) of /proc mount tables.
+fn unescape_mount_field(s: &str) -> OsString {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            let v = (b[i + 1] - b'0') as u32 * 64 + (b[i + 2] - b'0') as u32 * 8 + (b[i + 3] - b'0') as u32;
+            out.push(v as u8);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    OsStr::from_bytes(&out).to_os_string()
+}
+
+/// The current mount table of this process's mount namespace.
+pub fn mounts() -> Vec<MountInfo> {
+    let text = fs::read_to_string("/proc/self/mountinfo").expect("read /proc/self/mountinfo");
+    let mut v = Vec::new();
+    for line in text.lines() {
+        // id parent major:minor root mount_point options [optional...] - type source super_options
+        let (left, right) = match line.split_once(" - ") {
+            Some(x) => x,
+            None => continue,
+        };
+        let l: Vec<&str> = left.split(' ').collect();
+        let r: Vec<&str> = right.split(' ').collect();
+        if l.len() < 6 || r.len() < 2 {
+            continue;
+        }
+        v.push(MountInfo {
+            major_minor: l[2].to_string(),
+            mount_point: PathBuf::from(unescape_mount_field(l[4])),
+            fs_type: r[0].to_string(),
+            source: unescape_mount_field(r[1]).to_string_lossy().into_owned(),
+            options: l[5].to_string(),
+        });
+    }
+    v
+}
+
+/// Mounts whose mount point is exactly `p`.
+pub fn mounts_at(p: &Path) -> Vec<MountInfo> {
+    mounts().into_iter().filter(|m| m.mount_point == p).collect()
+}
+
+pub fn is_mounted(p: &Path) -> bool {
+    !mounts_at(p).is_empty()
+}
+
+/// True if the process exists and is not a zombie.
+pub fn process_alive(pid: i32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            // "pid (comm) S ...": the state follows the last ')'.
+            let state = stat.rsplit_once(')').map(|(_, r)| r.trim_start().chars().next());
+            !matches!(state, Some(Some('Z')) | Some(Some('X')) | None)
+        }
+        Err(_) => false,
+    }
+}
+
+/// Live `stagefs` processes (other than this test binary) with `needle`
+/// among their arguments: the daemon serving a mount point, found by the
+/// mount point or archive path it was started with.
+pub fn stagefs_pids(needle: &Path) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let needle = needle.as_os_str().as_bytes();
+    let mut pids = Vec::new();
+    for entry in fs::read_dir("/proc").unwrap().flatten() {
+        let pid: i32 = match entry.file_name().to_str().and_then(|s| s.parse().ok()) {
+            Some(p) => p,
+            None => continue,
+        };
+        if pid == me {
+            continue;
+        }
+        let cmdline = match fs::read(format!("/proc/{pid}/cmdline")) {
+            Ok(c) => c,
+            Err(_) => continue,
+        };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let is_stagefs = args
+            .first()
+            .map(|a0| Path::new(OsStr::from_bytes(a0)).file_name() == Some(OsStr::new("stagefs")))
+            .unwrap_or(false);
+        if is_stagefs && args.iter().any(|a| *a == needle) && process_alive(pid) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Polls `cond` every 20 ms until it is true or `timeout` passes.
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Panics unless nothing is mounted at `mp` and no stagefs process started
+/// for `mp` is left (allowing the daemon up to 5 s to finish exiting).
+pub fn assert_nothing_left(mp: &Path, context: &str) {
+    let gone = wait_until(Duration::from_secs(5), || !is_mounted(mp) && stagefs_pids(mp).is_empty());
+    assert!(
+        gone,
+        "{context}: left behind: mounts at {}: {:?}; stagefs processes: {:?}",
+        mp.display(),
+        mounts_at(mp),
+        stagefs_pids(mp)
+    );
+}
+
+// ---------------------------------------------------------------------------
+// The mount guard
+
+/// A live `stagefs mount ARCHIVE MOUNTPOINT`, unmounted on drop (also when
+/// the test panicked): `stagefs umount`, falling back to `umount -l`.
+pub struct Mounted {
+    archive: PathBuf,
+    mountpoint: PathBuf,
+    armed: bool,
+    watchdog: Option<(mpsc::Sender<()>, thread::JoinHandle<()>)>,
+}
+
+impl Mounted {
+    /// Mounts and checks the contract "exit 0 ⇒ the mount is live".
+    /// Panics with stagefs's stderr if the mount fails.
+    pub fn new(archive: &Path, mountpoint: &Path) -> Mounted {
+        Self::with_args(&[], archive, mountpoint)
+    }
+
+    pub fn with_args(extra: &[&str], archive: &Path, mountpoint: &Path) -> Mounted {
+        require_root();
+        let mut args: Vec<OsString> = vec!["mount".into()];
+        args.extend(extra.iter().map(OsString::from));
+        args.push(archive.into());
+        args.push(mountpoint.into());
+        let out = stagefs(&args);
+        assert!(out.success(), "stagefs mount failed:\n{}", out.describe());
+        let m = Mounted::adopt(archive, mountpoint);
+        let live = mounts_at(mountpoint);
+        assert!(
+            live.iter().any(|m| m.fs_type.starts_with("fuse")),
+            "`stagefs mount` exited 0 but no FUSE mount is at {} (mounts there: {live:?})\n{}",
+            mountpoint.display(),
+            out.describe()
+        );
+        m
+    }
+
+    /// Takes responsibility for a mount made some other way (e.g. a
+    /// foreground `stagefs mount -f`).
+    pub fn adopt(archive: &Path, mountpoint: &Path) -> Mounted {
+        let (tx, rx) = mpsc::channel::<()>();
+        let mp = mountpoint.to_path_buf();
+        let handle = thread::spawn(move || {
+            if let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(MOUNT_WATCHDOG) {
+                eprintln!(
+                    "WATCHDOG: mount at {} lived longer than {MOUNT_WATCHDOG:?}; killing its daemon so stuck requests fail",
+                    mp.display()
+                );
+                for pid in stagefs_pids(&mp) {
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+                let _ = Command::new("umount").arg("-l").arg(&mp).status();
+            }
+        });
+        Mounted {
+            archive: archive.to_path_buf(),
+            mountpoint: mountpoint.to_path_buf(),
+            armed: true,
+            watchdog: Some((tx, handle)),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    pub fn archive(&self) -> &Path {
+        &self.archive
+    }
+
+    /// PIDs of the daemon serving this mount.
+    pub fn daemon_pids(&self) -> Vec<i32> {
+        stagefs_pids(&self.mountpoint)
+    }
+
+    /// Unmounts with `stagefs umount` now and returns its output; the guard
+    /// does nothing more on drop.
+    pub fn unmount(mut self) -> CmdOutput {
+        self.armed = false;
+        stagefs([OsStr::new("umount"), self.mountpoint.as_os_str()])
+    }
+
+    /// Stop managing the mount (somebody else unmounts it).
+    pub fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Some((tx, handle)) = self.watchdog.take() {
+            let _ = tx.send(());
+            let _ = handle.join();
+        }
+        if !self.armed || !is_mounted(&self.mountpoint) {
+            return;
+        }
+        let mut cmd = Command::new(stagefs_bin());
+        cmd.arg("umount").arg(&self.mountpoint);
+        // Not run_cmd: it panics on timeout, and we may already be panicking.
+        let ok = match cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn() {
+            Ok(mut child) => match wait_timeout(&mut child, CMD_TIMEOUT) {
+                Some(st) if st.success() => true,
+                Some(st) => {
+                    let mut err = String::new();
+                    if let Some(mut e) = child.stderr.take() {
+                        let _ = e.read_to_string(&mut err);
+                    }
+                    eprintln!(
+                        "Mounted drop: `stagefs umount {}` failed ({st}): {err}",
+                        self.mountpoint.display()
+                    );
+                    false
+                }
+                None => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    eprintln!("Mounted drop: `stagefs umount {}` timed out", self.mountpoint.display());
+                    false
+                }
+            },
+            Err(e) => {
+                eprintln!("Mounted drop: cannot run stagefs umount: {e}");
+                false
+            }
+        };
+        if !ok || is_mounted(&self.mountpoint) {
+            eprintln!("Mounted drop: falling back to `umount -l {}`", self.mountpoint.display());
+            let _ = Command::new("umount").arg("-l").arg(&self.mountpoint).status();
+            for pid in stagefs_pids(&self.mountpoint) {
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Deterministic data
+
+/// `len` pseudo-random bytes from `seed` (xorshift64*), for content that
+/// catches offset mistakes (no short period).
+pub fn pseudo_random(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        v.extend_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+/// 64-bit FNV-1a, for compact content fingerprints in messages.
+pub fn fnv1a(data: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in data {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// Reads a whole file, panicking with the path on error.
+pub fn read(p: &Path) -> Vec<u8> {
+    fs::read(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
+}
+
+/// Extracts a tar archive with GNU tar as root: owners (numeric), modes,
+/// times, xattrs.
+pub fn extract_tar(archive: &Path, dest: &Path) {
+    fs::create_dir_all(dest).unwrap();
+    run_tool(
+        "tar",
+        [
+            OsStr::new("-x"),
+            OsStr::new("--xattrs"),
+            OsStr::new("--xattrs-include=*"),
+            OsStr::new("--numeric-owner"),
+            OsStr::new("--same-owner"),
+            OsStr::new("--same-permissions"),
+            OsStr::new("-f"),
+            archive.as_os_str(),
+            OsStr::new("-C"),
+            dest.as_os_str(),
+        ],
+    );
+}
+
+/// Extracts a SquashFS image with unsquashfs (dest must not exist).
+pub fn extract_squashfs(image: &Path, dest: &Path) {
+    run_tool(
+        "unsquashfs",
+        [
+            OsStr::new("-no-progress"),
+            OsStr::new("-quiet"),
+            OsStr::new("-d"),
+            dest.as_os_str(),
+            image.as_os_str(),
+        ],
+    );
+}
