@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+use crate::stage::StageMode;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "stagefs",
@@ -54,6 +56,13 @@ the mount then lives exactly as long as the step, and SIGTERM unmounts it.")]
         /// Once detached, append the daemon's log to this file (default: discard)
         #[arg(long, value_name = "FILE")]
         log_file: Option<PathBuf>,
+        /// Copy the archive into RAM first: auto (when on a network filesystem and it fits), ram, none.
+        /// Compressed tars (.gz .bz2 .xz .zst .lz4) are always decompressed into RAM.
+        #[arg(long, value_enum, default_value_t = StageMode::Auto)]
+        stage: StageMode,
+        /// Most RAM staging may use, e.g. 64G (default: free memory less a margin)
+        #[arg(long, value_name = "SIZE", value_parser = crate::stage::parse_size)]
+        max_ram: Option<u64>,
     },
     /// Unmount and wait until the daemon has exited
     Umount {
@@ -62,6 +71,8 @@ the mount then lives exactly as long as the step, and SIGTERM unmounts it.")]
         #[arg(short = 'z', long)]
         lazy: bool,
     },
+    /// List this user's mounts on this node: archive, staged RAM, daemon pid, uptime, reads served
+    Status,
     /// Build a small ImageNet-like archive, mount it, read it with parallel readers, print throughput
     Demo {
         /// Number of files (20-200 KB each, in 20 class folders)

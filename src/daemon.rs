@@ -20,6 +20,7 @@ use crate::error::Failure;
 use crate::fs::Fs;
 use crate::mountpoint::{self, MountpointError};
 use crate::registry::{self, Record};
+use crate::stage::{self, StageMode};
 
 /// What `stagefs mount` was asked to do.
 #[derive(Debug, Clone)]
@@ -30,6 +31,8 @@ pub struct MountRequest {
     pub threads: usize,
     /// Where the background daemon logs once detached (default: nowhere).
     pub log_file: Option<PathBuf>,
+    pub stage: StageMode,
+    pub max_ram: Option<u64>,
 }
 
 /// Mounts as requested; in the background case returns in the parent once the mount is live.
@@ -91,9 +94,10 @@ fn spawn_daemon(archive: &Path, mountpoint: &Path, request: &MountRequest) -> Re
 
 /// Indexes the archive, mounts it, signals readiness, and serves until unmounted.
 fn serve(archive_path: &Path, mountpoint: &Path, request: &MountRequest, ready: &mut Option<File>) -> Result<(), Failure> {
+    let loaded = stage::load(archive_path, request.stage, request.max_ram)?;
+    let archive_bytes = loaded.backing.len() as u64;
     let started = Instant::now();
-    let archive = Archive::open(archive_path)?;
-    let archive_bytes = std::fs::metadata(archive_path).map(|m| m.len()).unwrap_or(0);
+    let archive = Archive::from_backing(archive_path, loaded.backing)?;
     let index = &archive.index;
     tracing::info!(
         archive = %archive_path.display(),
@@ -112,11 +116,19 @@ fn serve(archive_path: &Path, mountpoint: &Path, request: &MountRequest, ready: 
         let _ = mountpoint::unmount(mountpoint, true);
         return Err(e);
     }
-    let record = Record { pid: std::process::id(), archive: archive_path.to_owned(), mountpoint: mountpoint.to_owned(), started: registry::now() };
+    let record = Record {
+        pid: std::process::id(),
+        archive: archive_path.to_owned(),
+        mountpoint: mountpoint.to_owned(),
+        started: registry::now(),
+        staged_bytes: loaded.staged_bytes,
+        reads: 0,
+    };
     if let Err(e) = registry::write(&record) {
         tracing::warn!("cannot record the mount in {}: {e}", registry::runtime_dir().display());
     }
     unmount_on_signals(mountpoint.to_owned())?;
+    publish_stats(record.clone(), fs.clone());
     tracing::info!(mountpoint = %mountpoint.display(), pid = record.pid, "mounted");
     if let Some(mut pipe) = ready.take() {
         detach_stdio(request.log_file.as_deref());
@@ -126,6 +138,18 @@ fn serve(archive_path: &Path, mountpoint: &Path, request: &MountRequest, ready: 
     registry::remove(mountpoint);
     tracing::info!(reads = fs.reads_served(), "unmounted; daemon exiting");
     result.map_err(|e| Failure::other(format!("FUSE session ended with an error: {e}")))
+}
+
+/// Refreshes the read counter in the mount's record for `stagefs status`.
+fn publish_stats(mut record: Record, fs: Arc<Fs>) {
+    let _ = std::thread::Builder::new().name("stats".into()).spawn(move || loop {
+        std::thread::sleep(Duration::from_secs(2));
+        let reads = fs.reads_served();
+        if reads != record.reads && registry::read(&record.mountpoint).is_some() {
+            record.reads = reads;
+            let _ = registry::write(&record);
+        }
+    });
 }
 
 /// Fails early, with advice, where FUSE cannot work at all.
@@ -223,6 +247,29 @@ pub fn umount(path: &Path, lazy: bool) -> Result<(), Failure> {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+    Ok(())
+}
+
+/// `stagefs status`: this user's mounts on this node, one line each.
+pub fn status() -> Result<(), Failure> {
+    let records = registry::list();
+    if records.is_empty() {
+        println!("no stagefs mounts for this user on this node");
+        return Ok(());
+    }
+    println!("{:<40} {:>10} {:>8} {:>9} {:>10}  ARCHIVE", "MOUNTPOINT", "STAGED", "PID", "UPTIME", "READS");
+    for r in records {
+        let up = registry::now().saturating_sub(r.started);
+        println!(
+            "{:<40} {:>10} {:>8} {:>9} {:>10}  {}",
+            r.mountpoint.display(),
+            if r.staged_bytes == 0 { "-".to_string() } else { stage::human(r.staged_bytes) },
+            r.pid,
+            format!("{}:{:02}:{:02}", up / 3600, up / 60 % 60, up % 60),
+            r.reads,
+            r.archive.display()
+        );
     }
     Ok(())
 }

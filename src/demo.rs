@@ -58,6 +58,8 @@ pub fn run(files: usize, readers: usize, dir: Option<PathBuf>) -> Result<(), Fai
         foreground: false,
         threads: crate::cli::default_threads(),
         log_file: None,
+        stage: crate::stage::StageMode::Auto,
+        max_ram: None,
     })?;
     println!("mounted at {} in {:.3} s", mountpoint.display(), started.elapsed().as_secs_f64());
 

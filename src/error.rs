@@ -2,6 +2,7 @@
 
 use crate::archive::OpenError;
 use crate::mountpoint::MountpointError;
+use crate::stage::StageError;
 
 /// Exit codes (documented in the README).
 pub mod code {
@@ -12,6 +13,7 @@ pub mod code {
     pub const BUSY: u8 = 5;
     pub const NOT_MOUNTED: u8 = 6;
     pub const NO_FUSE: u8 = 7;
+    pub const NO_ROOM: u8 = 8;
 }
 
 /// A failed command: what to print and how to exit.
@@ -49,6 +51,13 @@ impl From<MountpointError> for Failure {
             MountpointError::Unmount { .. } => code::OTHER,
             _ => code::MOUNTPOINT,
         };
+        Failure::new(code, e.to_string())
+    }
+}
+
+impl From<StageError> for Failure {
+    fn from(e: StageError) -> Failure {
+        let code = if matches!(e, StageError::NoRoom { .. }) { code::NO_ROOM } else { code::BAD_ARCHIVE };
         Failure::new(code, e.to_string())
     }
 }

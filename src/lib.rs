@@ -14,3 +14,4 @@ mod fuse;
 pub mod index;
 pub mod mountpoint;
 pub mod registry;
+pub mod stage;

@@ -21,14 +21,17 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> Result<(), Failure> {
     match command {
-        Command::Mount { archive, mountpoint, foreground, threads, log_file } => daemon::mount(&MountRequest {
+        Command::Mount { archive, mountpoint, foreground, threads, log_file, stage, max_ram } => daemon::mount(&MountRequest {
             archive,
             mountpoint,
             foreground,
             threads: threads.unwrap_or_else(default_threads),
             log_file,
+            stage,
+            max_ram,
         }),
         Command::Umount { mountpoint, lazy } => daemon::umount(&mountpoint, lazy),
+        Command::Status => daemon::status(),
         Command::Demo { files, readers, dir } => stagefs::demo::run(files, readers, dir),
     }
 }

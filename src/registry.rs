@@ -15,6 +15,10 @@ pub struct Record {
     pub archive: PathBuf,
     pub mountpoint: PathBuf,
     pub started: u64,
+    /// Bytes of the archive held in staged RAM (0 when served in place).
+    pub staged_bytes: u64,
+    /// FUSE read requests served, refreshed by the daemon every few seconds.
+    pub reads: u64,
 }
 
 /// `$STAGEFS_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/stagefs`, else `/tmp/stagefs-<uid>`.
@@ -44,11 +48,13 @@ pub fn write(record: &Record) -> std::io::Result<()> {
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
     }
     let text = format!(
-        "pid={}\narchive={}\nmountpoint={}\nstarted={}\n",
+        "pid={}\narchive={}\nmountpoint={}\nstarted={}\nstaged_bytes={}\nreads={}\n",
         record.pid,
         record.archive.display(),
         record.mountpoint.display(),
-        record.started
+        record.started,
+        record.staged_bytes,
+        record.reads
     );
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, text)?;
@@ -61,15 +67,33 @@ pub fn now() -> u64 {
 
 /// The record for `mountpoint`, if its daemon is still alive.
 pub fn read(mountpoint: &Path) -> Option<Record> {
-    let text = std::fs::read_to_string(record_path(mountpoint)).ok()?;
+    parse(&std::fs::read_to_string(record_path(mountpoint)).ok()?).filter(|r| r.mountpoint == mountpoint)
+}
+
+/// Every live daemon of this user on this node, by mountpoint.
+pub fn list() -> Vec<Record> {
+    let Ok(entries) = std::fs::read_dir(runtime_dir()) else { return Vec::new() };
+    let mut records: Vec<Record> = entries
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "mount"))
+        .filter_map(|e| parse(&std::fs::read_to_string(e.path()).ok()?))
+        .collect();
+    records.sort_by(|a, b| a.mountpoint.cmp(&b.mountpoint));
+    records
+}
+
+/// Parses a record; `None` if malformed or its daemon is gone.
+fn parse(text: &str) -> Option<Record> {
     let field = |key: &str| text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix('='));
     let record = Record {
         pid: field("pid")?.parse().ok()?,
         archive: field("archive")?.into(),
         mountpoint: field("mountpoint")?.into(),
         started: field("started")?.parse().ok()?,
+        staged_bytes: field("staged_bytes")?.parse().ok()?,
+        reads: field("reads")?.parse().ok()?,
     };
-    (record.mountpoint == mountpoint && process_alive(record.pid)).then_some(record)
+    process_alive(record.pid).then_some(record)
 }
 
 pub fn remove(mountpoint: &Path) {
@@ -94,10 +118,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("stagefs-reg-test-{}", std::process::id()));
         std::env::set_var("STAGEFS_RUNTIME_DIR", &dir);
         let mountpoint = PathBuf::from("/some/where");
-        let mine = Record { pid: std::process::id(), archive: "/a.tar".into(), mountpoint: mountpoint.clone(), started: 5 };
+        let mine = Record { pid: std::process::id(), archive: "/a.tar".into(), mountpoint: mountpoint.clone(), started: 5, staged_bytes: 7, reads: 9 };
         write(&mine).unwrap();
         assert_eq!(read(&mountpoint), Some(mine.clone()));
         assert_eq!(read(Path::new("/other")), None);
+        assert_eq!(list(), vec![mine.clone()]);
         write(&Record { pid: u32::MAX - 1, ..mine }).unwrap();
         assert_eq!(read(&mountpoint), None, "a dead pid's record is ignored");
         remove(&mountpoint);

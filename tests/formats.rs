@@ -242,7 +242,7 @@ fn tar_implicit_parent_dirs() {
     // directories exist only as parents of members.
     let opts = tar_opts().skip_dir_attrs(["a", "a/b", "a/b/c", "hard", "links", "ünïcödé"]);
     tar_case("implicit-dirs.tar", opts, |r| {
-        assert_eq!(count_entries(r), 14, "implicit-dirs reference tree");
+        assert_eq!(count_entries(r), 13, "implicit-dirs reference tree");
         assert_eq!(read(&r.join("a/b/c/d/deep.txt")), b"deep file\n");
         assert_eq!(meta(r, "a/b/c/d").mtime(), T_DEFAULT);
         assert_eq!(meta(r, "hard/one").ino(), meta(r, "hard/two").ino());
@@ -297,7 +297,8 @@ fn tar_dot_slash_prefixes() {
 #[test]
 fn tar_absolute_names() {
     // GNU tar strips the leading "/" when extracting; stagefs must too.
-    tar_case("absolute.tar", tar_opts(), |r| {
+    // /stagefs-abs itself has no member.
+    tar_case("absolute.tar", tar_opts().skip_dir_attrs(["stagefs-abs"]), |r| {
         assert_eq!(read(&r.join("stagefs-abs/a/b/c/d/deep.txt")), b"deep file\n");
         assert_eq!(meta(r, "stagefs-abs/hard/one").ino(), meta(r, "stagefs-abs/hard/two").ino());
         assert_eq!(fs::read_dir(r).unwrap().count(), 1);

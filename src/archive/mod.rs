@@ -35,6 +35,15 @@ impl std::ops::Deref for Bytes<'_> {
     }
 }
 
+/// Maps a file read-only for random access (FUSE reads jump between members).
+pub fn map_file(file: &std::fs::File) -> std::io::Result<Backing> {
+    // SAFETY: the map is read-only; a file truncated underneath raises SIGBUS (see
+    // doc/guarantees.md). Staged archives live in memory only stagefs holds.
+    let map = unsafe { memmap2::Mmap::map(file) }?;
+    let _ = map.advise(memmap2::Advice::Random);
+    Ok(Arc::new(map))
+}
+
 /// Damage found while opening or indexing an archive: fatal for the mount.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
@@ -93,15 +102,11 @@ enum Reader {
 }
 
 impl Archive {
-    /// Maps `path` and indexes it.
+    /// Maps `path` in place and indexes it.
     pub fn open(path: &Path) -> Result<Archive, OpenError> {
         let io_err = |source| OpenError::Io { path: path.to_owned(), source };
         let file = std::fs::File::open(path).map_err(io_err)?;
-        // SAFETY: the map is read-only; a file truncated underneath raises SIGBUS
-        // (see doc/guarantees.md). Staged archives live in memory only stagefs holds.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err)?;
-        let _ = map.advise(memmap2::Advice::Random);
-        Archive::from_backing(path, Arc::new(map))
+        Archive::from_backing(path, map_file(&file).map_err(io_err)?)
     }
 
     /// Indexes an archive whose bytes are already mapped.

@@ -89,7 +89,11 @@ impl Error {
     }
 
     pub(crate) fn io(path: &Path, op: &'static str, source: io::Error) -> Self {
-        Error::Io { path: path.to_path_buf(), op, source }
+        Error::Io {
+            path: path.to_path_buf(),
+            op,
+            source,
+        }
     }
 }
 

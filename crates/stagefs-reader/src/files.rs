@@ -69,7 +69,10 @@ fn stat_file(path: PathBuf) -> Result<FileEntry> {
     if !meta.is_file() {
         return Err(Error::NotAFile { path });
     }
-    Ok(FileEntry { len: meta.len(), path })
+    Ok(FileEntry {
+        len: meta.len(),
+        path,
+    })
 }
 
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {

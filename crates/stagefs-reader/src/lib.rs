@@ -66,3 +66,8 @@ pub use stats::Stats;
 /// name `CudaStream`, `CudaView` and friends without a version mismatch.
 #[cfg(feature = "cuda")]
 pub use cudarc;
+
+// Compiles the README's example as a doctest so it cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -51,7 +51,11 @@ fn sizes(n: usize) -> Vec<usize> {
 }
 
 fn host() -> Config {
-    Config::default().backend(BackendChoice::Host).slot_bytes(3000).depth(3).io_threads(3)
+    Config::default()
+        .backend(BackendChoice::Host)
+        .slot_bytes(3000)
+        .depth(3)
+        .io_threads(3)
 }
 
 /// Runs a loader to the end and returns, per batch, (epoch, file indices);
@@ -63,11 +67,17 @@ fn drain(loader: &mut Loader) -> Vec<(usize, Vec<usize>)> {
         assert_eq!(b.seq(), expect_seq, "batches out of order");
         expect_seq += 1;
         #[allow(irrefutable_let_patterns)] // without the `cuda` feature Host is the only variant
-        let DeviceBuffer::Host(bytes) = b.device().unwrap() else { panic!("host backend expected") };
+        let DeviceBuffer::Host(bytes) = b.device().unwrap() else {
+            panic!("host backend expected")
+        };
         assert_eq!(bytes.len() as u64, b.total_bytes());
         for ((&f, &off), &len) in b.file_indices().iter().zip(b.offsets()).zip(b.lengths()) {
             let got = &bytes[off as usize..(off + len) as usize];
-            assert!(got == content(f, len as usize).as_slice(), "file {f} corrupted in batch {}", b.seq());
+            assert!(
+                got == content(f, len as usize).as_slice(),
+                "file {f} corrupted in batch {}",
+                b.seq()
+            );
         }
         out.push((b.epoch(), b.file_indices().to_vec()));
     }
@@ -88,7 +98,10 @@ fn pipeline_delivers_all_files_in_order_with_correct_bytes() {
     assert_eq!(s.batches, got.len() as u64);
     assert_eq!(s.bytes_read, sizes(60).iter().sum::<usize>() as u64);
     assert_eq!(s.bytes_uploaded, s.bytes_read);
-    assert!(l.next_batch().unwrap().is_none(), "finished loader must stay finished");
+    assert!(
+        l.next_batch().unwrap().is_none(),
+        "finished loader must stay finished"
+    );
 }
 
 #[test]
@@ -116,7 +129,11 @@ fn ranks_read_disjoint_shards_that_cover_the_epoch() {
         let cfg = host().shuffle(Some(5)).shard(rank, world);
         let mut l = Loader::new(FileList::from_paths(&t.files).unwrap(), cfg).unwrap();
         let mine: Vec<usize> = drain(&mut l).into_iter().flat_map(|(_, f)| f).collect();
-        assert_eq!(mine, shard(&epoch_order(31, Some(5), 0), rank, world), "rank {rank}");
+        assert_eq!(
+            mine,
+            shard(&epoch_order(31, Some(5), 0), rank, world),
+            "rank {rank}"
+        );
         union.extend(mine);
     }
     union.sort_unstable();
@@ -169,14 +186,20 @@ fn run_with_log(skip_wait: bool) -> (Vec<SlotEvent>, usize) {
 fn ring_slot_is_not_reused_before_its_upload_completed() {
     let (log, batches) = run_with_log(false);
     assert!(batches > 4);
-    let fills = log.iter().filter(|e| matches!(e, SlotEvent::FillStart { .. })).count();
+    let fills = log
+        .iter()
+        .filter(|e| matches!(e, SlotEvent::FillStart { .. }))
+        .count();
     assert_eq!(fills, batches);
     let v = reuse_violations(&log);
     assert!(v.is_empty(), "{v:#?}");
     // Each upload was submitted before it completed, once.
     for ev in &log {
         if let SlotEvent::UploadComplete { slot, seq } = *ev {
-            let sub = log.iter().position(|e| *e == SlotEvent::UploadSubmitted { slot, seq }).unwrap();
+            let sub = log
+                .iter()
+                .position(|e| *e == SlotEvent::UploadSubmitted { slot, seq })
+                .unwrap();
             let done = log.iter().position(|e| e == ev).unwrap();
             assert!(sub < done);
         }
@@ -187,7 +210,10 @@ fn ring_slot_is_not_reused_before_its_upload_completed() {
 fn reuse_check_catches_a_refill_without_waiting() {
     // Negative control: proves the log-based check above can fail.
     let (log, _) = run_with_log(true);
-    assert!(!reuse_violations(&log).is_empty(), "the checker saw no violation without the wait");
+    assert!(
+        !reuse_violations(&log).is_empty(),
+        "the checker saw no violation without the wait"
+    );
 }
 
 #[test]
@@ -196,7 +222,10 @@ fn holding_every_slot_is_an_error_not_a_hang() {
     let mut l = Loader::new(FileList::from_paths(&t.files).unwrap(), host().depth(2)).unwrap();
     let a = l.next_batch().unwrap().unwrap();
     let b = l.next_batch().unwrap().unwrap();
-    assert!(matches!(l.next_batch(), Err(Error::RingExhausted { depth: 2 })));
+    assert!(matches!(
+        l.next_batch(),
+        Err(Error::RingExhausted { depth: 2 })
+    ));
     drop(a);
     let c = l.next_batch().unwrap().unwrap();
     assert_eq!(c.seq(), b.seq() + 1);
@@ -212,7 +241,11 @@ fn dropping_the_loader_mid_epoch_joins_every_thread() {
     assert_eq!(shared.live_workers.load(Ordering::SeqCst), 4);
     let held = l.next_batch().unwrap().unwrap();
     drop(l);
-    assert_eq!(shared.live_workers.load(Ordering::SeqCst), 0, "I/O threads still running");
+    assert_eq!(
+        shared.live_workers.load(Ordering::SeqCst),
+        0,
+        "I/O threads still running"
+    );
     // The copy thread is gone too: new uploads are refused.
     assert!(matches!(shared.ring.upload(0, 1, 99), Err(Error::Stopped)));
     // A batch that outlives the loader still reads its data.
@@ -246,7 +279,10 @@ fn missing_driver_falls_back_to_host_for_auto() {
     cfg.assume_no_driver = true;
     let mut l = Loader::new(FileList::from_paths(&t.files).unwrap(), cfg).unwrap();
     assert_eq!(l.backend(), Backend::Host);
-    assert_eq!(drain(&mut l).iter().map(|(_, f)| f.len()).sum::<usize>(), 20);
+    assert_eq!(
+        drain(&mut l).iter().map(|(_, f)| f.len()).sum::<usize>(),
+        20
+    );
 }
 
 #[test]

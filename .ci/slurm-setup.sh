@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# A real one-node SLURM on loopback for the tests: no systemd, everything under one dir.
+#
+#   .ci/slurm-setup.sh start [DIR]   install if needed, start munged/slurmctld/slurmd, wait idle
+#   .ci/slurm-setup.sh stop  [DIR]   kill the daemons started from DIR, by their pid files
+#
+# DIR defaults to /tmp/stagefs-slurm. `start` writes DIR/env (export SLURM_CONF=...) for
+# the tests to source, and is a no-op if that cluster already answers. Must run as root.
+set -euo pipefail
+
+mode=${1:-start}
+dir=${2:-/tmp/stagefs-slurm}
+node=$(hostname -s)
+
+log() { echo "slurm-setup: $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+install_packages() {
+    command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null \
+        && command -v munged >/dev/null && return 0
+    log "installing slurmctld slurmd slurm-client munge"
+    # Keep the packages from starting services with their stock configuration.
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+    chmod 755 /usr/sbin/policy-rc.d
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null
+    rm -f /usr/sbin/policy-rc.d
+    trap - EXIT
+}
+
+# Kills the daemon whose pid file is $1 (only if that pid still runs the expected program $2).
+stop_daemon() {
+    local pidfile=$1 name=$2 pid
+    [[ -s $pidfile ]] || return 0
+    pid=$(<"$pidfile")
+    if [[ -r /proc/$pid/comm && $(</proc/"$pid"/comm) == "$name"* ]]; then
+        kill "$pid" 2>/dev/null || true
+        for _ in $(seq 50); do [[ -e /proc/$pid ]] || break; sleep 0.1; done
+        [[ -e /proc/$pid ]] && kill -9 "$pid" 2>/dev/null || true
+    fi
+    rm -f "$pidfile"
+}
+
+stop() {
+    stop_daemon "$dir/run/slurmd.pid" slurmd
+    stop_daemon "$dir/run/slurmctld.pid" slurmctld
+    stop_daemon "$dir/run/munged.pid" munged
+    log "stopped the daemons of $dir"
+}
+
+write_config() {
+    mkdir -p "$dir"/{run,log,state,spool,munge}
+    chmod 0755 "$dir/munge"  # munged refuses a socket directory of mode 0700
+    if [[ ! -s $dir/munge.key ]]; then
+        head -c 1024 /dev/urandom >"$dir/munge.key"
+        chmod 0400 "$dir/munge.key"
+    fi
+    cat >"$dir/slurm.conf" <<CONF
+ClusterName=stagefs
+SlurmctldHost=$node(127.0.0.1)
+SlurmUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$dir/munge/munge.socket
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool
+SlurmctldPidFile=$dir/run/slurmctld.pid
+SlurmdPidFile=$dir/run/slurmd.pid
+SlurmctldLogFile=$dir/log/slurmctld.log
+SlurmdLogFile=$dir/log/slurmd.log
+SlurmctldPort=6817
+SlurmdPort=6818
+KillWait=5
+MinJobAge=2
+ReturnToService=2
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+JobAcctGatherType=jobacct_gather/none
+MailProg=/bin/true
+NodeName=$node NodeAddr=127.0.0.1 CPUs=8 State=UNKNOWN
+PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP
+CONF
+    printf 'export SLURM_CONF=%q\nexport STAGEFS_SLURM_DIR=%q\nexport STAGEFS_SLURM_NODE=%q\n' \
+        "$dir/slurm.conf" "$dir" "$node" >"$dir/env"
+}
+
+wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
+    local limit=$1 what=$2; shift 2
+    for _ in $(seq $((limit * 10))); do "$@" >/dev/null 2>&1 && return 0; sleep 0.1; done
+    die "$what did not happen within ${limit}s (logs: $dir/log)"
+}
+
+node_idle() { [[ $(sinfo -h -n "$node" -o %t 2>/dev/null) == idle ]]; }
+
+start() {
+    [[ $(id -u) == 0 ]] || die "must run as root"
+    if [[ -s $dir/env ]] && SLURM_CONF=$dir/slurm.conf node_idle; then
+        log "already running ($dir)"; return 0
+    fi
+    install_packages
+    stop  # leftovers from an earlier run of this dir
+    write_config
+    export SLURM_CONF=$dir/slurm.conf
+    munged --key-file="$dir/munge.key" --socket="$dir/munge/munge.socket" \
+        --pid-file="$dir/run/munged.pid" --log-file="$dir/log/munged.log" --seed-file="$dir/munge/seed"
+    wait_for 10 "munge round trip" bash -c "munge -S '$dir/munge/munge.socket' -n | unmunge -S '$dir/munge/munge.socket'"
+    slurmctld -f "$SLURM_CONF"
+    wait_for 30 "slurmctld answering" bash -c "scontrol ping | grep -q UP"
+    slurmd -f "$SLURM_CONF" -N "$node"
+    for _ in $(seq 300); do
+        node_idle && break
+        case $(sinfo -h -n "$node" -o %t 2>/dev/null) in
+            down*|drain*) scontrol update NodeName="$node" State=RESUME 2>/dev/null || true ;;
+        esac
+        sleep 0.1
+    done
+    node_idle || die "node $node is not idle after 30s: $(sinfo -h -n "$node" -o '%t %E' 2>&1) (logs: $dir/log)"
+    log "SLURM is up: node $node idle; source $dir/env"
+}
+
+case $mode in
+    start) start ;;
+    stop) stop ;;
+    *) die "usage: $0 start|stop [DIR]" ;;
+esac

@@ -1,0 +1,403 @@
+//! Staging: copy or decompress an archive into anonymous memory (a memfd) that dies with the daemon.
+//!
+//! A memfd has no name in any filesystem, so there is nothing to clean up after any
+//! exit, SIGKILL included: the kernel frees the pages when the last mapping goes. Its
+//! pages count against the job's memory (cgroup) like any RAM, which is why the budget
+//! check looks at both `MemAvailable` and the cgroup limit before a byte is copied.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::archive::Backing;
+
+/// Whether to copy the archive into RAM before serving it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum StageMode {
+    /// Stage when the archive is on a network or parallel filesystem and fits the RAM budget
+    Auto,
+    /// Always stage (fail if it does not fit)
+    Ram,
+    /// Serve from the archive in place (compressed tars are still decompressed into RAM)
+    None,
+}
+
+/// Compressions a tar may come in, detected by magic bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compression {
+    Gzip,
+    Bzip2,
+    Xz,
+    Zstd,
+    Lz4,
+}
+
+impl Compression {
+    pub fn detect(head: &[u8]) -> Option<Compression> {
+        if head.starts_with(&[0x1f, 0x8b]) {
+            Some(Compression::Gzip)
+        } else if head.starts_with(b"BZh") {
+            Some(Compression::Bzip2)
+        } else if head.starts_with(&[0xfd, b'7', b'z', b'X', b'Z', 0]) {
+            Some(Compression::Xz)
+        } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+            Some(Compression::Zstd)
+        } else if head.starts_with(&[0x04, 0x22, 0x4d, 0x18]) {
+            Some(Compression::Lz4)
+        } else {
+            None
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Compression::Gzip => "gzip",
+            Compression::Bzip2 => "bzip2",
+            Compression::Xz => "xz",
+            Compression::Zstd => "zstd",
+            Compression::Lz4 => "lz4",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    #[error("{}: {what}: {source}", path.display())]
+    Io { path: PathBuf, what: String, source: std::io::Error },
+    #[error("not enough RAM to stage {}: it needs {}, the budget is {} ({budget_reason}); free memory, raise --max-ram, or use --stage none to serve it in place", path.display(), human(*needed), human(*budget))]
+    NoRoom { path: PathBuf, needed: u64, budget: u64, budget_reason: String },
+    #[error("{}: corrupt {kind} stream near compressed byte {offset}: {message}", path.display())]
+    CorruptStream { path: PathBuf, kind: &'static str, offset: u64, message: String },
+}
+
+/// The bytes to serve and how many of them live in staged RAM.
+pub struct Loaded {
+    pub backing: Backing,
+    pub staged_bytes: u64,
+    pub compression: Option<Compression>,
+}
+
+/// Opens `path` per `mode`: maps it in place, copies it into RAM, or decompresses it into RAM.
+pub fn load(path: &Path, mode: StageMode, max_ram: Option<u64>) -> Result<Loaded, StageError> {
+    let io = |what: &str| {
+        let what = what.to_string();
+        move |source| StageError::Io { path: path.to_owned(), what, source }
+    };
+    let file = File::open(path).map_err(io("cannot open"))?;
+    let size = file.metadata().map_err(io("cannot stat"))?.len();
+    let mut head = [0u8; 6];
+    let n = file.read_at(&mut head, 0).map_err(io("cannot read"))?;
+    let budget = RamBudget::measure(max_ram);
+    if let Some(compression) = Compression::detect(&head[..n]) {
+        let backing = decompress(path, file, compression, &budget)?;
+        let staged_bytes = backing.len() as u64;
+        return Ok(Loaded { backing, staged_bytes, compression: Some(compression) });
+    }
+    let stage = match mode {
+        StageMode::Ram => true,
+        StageMode::None => false,
+        StageMode::Auto => {
+            let remote = is_network_filesystem(path);
+            let fits = size <= budget.bytes;
+            if remote && !fits {
+                tracing::warn!("{} is on a network filesystem but does not fit the RAM budget; serving it in place", path.display());
+            }
+            remote && fits
+        }
+    };
+    if !stage {
+        let backing = crate::archive::map_file(&file).map_err(io("cannot map"))?;
+        return Ok(Loaded { backing, staged_bytes: 0, compression: None });
+    }
+    budget.check(path, size)?;
+    let backing = copy_to_ram(path, &file, size)?;
+    Ok(Loaded { backing, staged_bytes: size, compression: None })
+}
+
+/// How many bytes may be staged, and why that number.
+#[derive(Debug)]
+struct RamBudget {
+    bytes: u64,
+    reason: String,
+}
+
+impl RamBudget {
+    /// The smallest of `--max-ram`, MemAvailable and the cgroup's headroom, less a margin
+    /// (512 MiB + 5 % of RAM) so that training itself still has room.
+    fn measure(max_ram: Option<u64>) -> RamBudget {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let field = |key: &str| -> Option<u64> {
+            let line = meminfo.lines().find(|l| l.starts_with(key))?;
+            Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+        };
+        let total = field("MemTotal:").unwrap_or(0);
+        let margin = (512 << 20) + total / 20;
+        let mut limits = vec![(field("MemAvailable:").unwrap_or(0).saturating_sub(margin), "MemAvailable less a margin".to_string())];
+        if let Some(free) = cgroup_headroom() {
+            limits.push((free.saturating_sub(margin), "the job's cgroup memory limit less a margin".to_string()));
+        }
+        if let Some(max) = max_ram {
+            limits.push((max, "--max-ram".to_string()));
+        }
+        let (bytes, reason) = limits.into_iter().min_by_key(|(b, _)| *b).expect("at least one limit");
+        RamBudget { bytes, reason }
+    }
+
+    fn check(&self, path: &Path, needed: u64) -> Result<(), StageError> {
+        if needed > self.bytes {
+            return Err(StageError::NoRoom { path: path.to_owned(), needed, budget: self.bytes, budget_reason: self.reason.clone() });
+        }
+        Ok(())
+    }
+}
+
+/// Free bytes under this process's cgroup v2 memory limit, if it has one.
+fn cgroup_headroom() -> Option<u64> {
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let rel = cgroup.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let dir = Path::new("/sys/fs/cgroup").join(rel.trim_start_matches('/'));
+    let max: u64 = std::fs::read_to_string(dir.join("memory.max")).ok()?.trim().parse().ok()?;
+    let current: u64 = std::fs::read_to_string(dir.join("memory.current")).ok()?.trim().parse().ok()?;
+    Some(max.saturating_sub(current))
+}
+
+/// Network and parallel filesystems, where staging pays off (statfs magic numbers).
+fn is_network_filesystem(path: &Path) -> bool {
+    const REMOTE: &[i64] = &[
+        0x6969,     // NFS
+        0x0BD00BD0, // Lustre
+        0x47504653, // GPFS / Spectrum Scale
+        0xFF534D42, // CIFS
+        0xFE534D42, // SMB2
+        0x19830326, // BeeGFS
+        0x00C36400, // CephFS
+        0x20030528, // OrangeFS
+        0x5346414F, // AFS
+        0x65735546, // FUSE (sshfs, s3fs, ...)
+    ];
+    nix::sys::statfs::statfs(path).is_ok_and(|s| REMOTE.contains(&(s.filesystem_type().0 as i64)))
+}
+
+/// An anonymous memory file, sized to `len`, named after the archive for `/proc/PID/maps`.
+fn memfd(path: &Path, len: u64) -> Result<File, StageError> {
+    let name = format!("stagefs:{}", path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
+    let fd = nix::sys::memfd::memfd_create(name.as_str(), nix::sys::memfd::MFdFlags::MFD_CLOEXEC).map_err(|e| StageError::Io {
+        path: path.to_owned(),
+        what: "cannot create anonymous memory (memfd)".into(),
+        source: e.into(),
+    })?;
+    let file = File::from(fd);
+    file.set_len(len).map_err(|source| StageError::Io { path: path.to_owned(), what: "cannot size the staging memory".into(), source })?;
+    Ok(file)
+}
+
+fn progress(len: Option<u64>, verb: &str) -> ProgressBar {
+    // indicatif draws nothing when stderr is not a terminal.
+    let bar = match len {
+        Some(len) => ProgressBar::new(len).with_style(
+            ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+                .expect("valid template")
+                .progress_chars("=> "),
+        ),
+        None => ProgressBar::new_spinner()
+            .with_style(ProgressStyle::with_template("{msg} {spinner} {bytes} {bytes_per_sec}").expect("valid template")),
+    };
+    bar.with_message(verb.to_string())
+}
+
+fn map_staged(path: &Path, file: &File) -> Result<Backing, StageError> {
+    // SAFETY: only this process holds the memfd and nothing writes it after staging.
+    let map = unsafe { memmap2::Mmap::map(file) }
+        .map_err(|source| StageError::Io { path: path.to_owned(), what: "cannot map the staged copy".into(), source })?;
+    Ok(Arc::new(map))
+}
+
+fn summary(verb: &str, path: &Path, bytes: u64, started: Instant) {
+    let secs = started.elapsed().as_secs_f64().max(1e-9);
+    let line = format!("{verb} {} into RAM: {} in {secs:.2} s ({:.0} MB/s)", path.display(), human(bytes), bytes as f64 / 1e6 / secs);
+    tracing::info!("{line}");
+    if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        eprintln!("stagefs: {line}");
+    }
+}
+
+/// Copies with several large reads in flight: parallel filesystems serve one stream slowly.
+fn copy_to_ram(path: &Path, source: &File, len: u64) -> Result<Backing, StageError> {
+    const CHUNK: u64 = 8 << 20;
+    const STREAMS: u64 = 4;
+    let started = Instant::now();
+    let target = memfd(path, len)?;
+    let bar = progress(Some(len), "staging");
+    let next = AtomicU64::new(0);
+    let result = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..STREAMS)
+            .map(|_| {
+                s.spawn(|| -> Result<(), StageError> {
+                    let mut buf = vec![0u8; CHUNK as usize];
+                    loop {
+                        let offset = next.fetch_add(CHUNK, Ordering::Relaxed);
+                        if offset >= len {
+                            return Ok(());
+                        }
+                        let n = CHUNK.min(len - offset) as usize;
+                        source.read_exact_at(&mut buf[..n], offset).map_err(|e| StageError::Io {
+                            path: path.to_owned(),
+                            what: format!("read failed at byte {offset} while staging"),
+                            source: e,
+                        })?;
+                        target.write_all_at(&buf[..n], offset).map_err(|e| StageError::Io {
+                            path: path.to_owned(),
+                            what: format!("out of staging memory at byte {offset}"),
+                            source: e,
+                        })?;
+                        bar.inc(n as u64);
+                    }
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().expect("staging thread panicked")).collect::<Result<Vec<()>, _>>()
+    });
+    bar.finish_and_clear();
+    result?;
+    summary("staged", path, len, started);
+    map_staged(path, &target)
+}
+
+/// Counts compressed bytes consumed, so a corrupt stream can be located.
+struct Counting<R> {
+    inner: R,
+    count: Arc<AtomicU64>,
+}
+
+impl<R: Read> Read for Counting<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+/// Decompresses the whole stream into RAM, checking the budget as it grows (the final
+/// size of most compressed streams is unknown until the end).
+fn decompress(path: &Path, file: File, kind: Compression, budget: &RamBudget) -> Result<Backing, StageError> {
+    let started = Instant::now();
+    let consumed = Arc::new(AtomicU64::new(0));
+    let input = std::io::BufReader::with_capacity(1 << 20, Counting { inner: file, count: consumed.clone() });
+    let mut decoder: Box<dyn Read> = match kind {
+        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(input)),
+        Compression::Bzip2 => Box::new(bzip2::read::MultiBzDecoder::new(input)),
+        Compression::Xz => Box::new(liblzma::read::XzDecoder::new_multi_decoder(input)),
+        Compression::Zstd => Box::new(
+            zstd::stream::read::Decoder::with_buffer(input)
+                .map_err(|source| StageError::Io { path: path.to_owned(), what: "cannot start zstd".into(), source })?,
+        ),
+        Compression::Lz4 => Box::new(lz4_flex::frame::FrameDecoder::new(input)),
+    };
+    // A memfd's size costs nothing until written: size it to the budget, trim at the end.
+    let target = memfd(path, budget.bytes)?;
+    let bar = progress(None, &format!("decompressing {}", kind.name()));
+    let mut buf = vec![0u8; 8 << 20];
+    let mut written = 0u64;
+    loop {
+        let n = match decoder.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                bar.finish_and_clear();
+                return Err(StageError::CorruptStream {
+                    path: path.to_owned(),
+                    kind: kind.name(),
+                    offset: consumed.load(Ordering::Relaxed),
+                    message: e.to_string(),
+                });
+            }
+        };
+        budget.check(path, written + n as u64).inspect_err(|_| bar.finish_and_clear())?;
+        target.write_all_at(&buf[..n], written).map_err(|source| StageError::Io {
+            path: path.to_owned(),
+            what: format!("out of staging memory at byte {written}"),
+            source,
+        })?;
+        written += n as u64;
+        bar.set_position(written);
+    }
+    bar.finish_and_clear();
+    target
+        .set_len(written)
+        .map_err(|source| StageError::Io { path: path.to_owned(), what: "cannot trim the staging memory".into(), source })?;
+    summary(&format!("decompressed ({})", kind.name()), path, written, started);
+    map_staged(path, &target)
+}
+
+/// Sizes for people: 1.5 GiB, 12.0 MiB.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// Parses sizes like `8G`, `512M`, `1.5T`, `1000000` (bytes); binary units.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number.parse().map_err(|_| format!("not a size: {text:?} (try 8G or 512M)"))?;
+    let scale = match unit.trim().to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+        "" => 1u64,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        other => return Err(format!("unknown size unit {other:?} in {text:?} (use K, M, G or T)")),
+    };
+    Ok((value * scale as f64) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_and_print() {
+        assert_eq!(parse_size("8G").unwrap(), 8 << 30);
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("1.5k").unwrap(), 1536);
+        assert_eq!(parse_size("42").unwrap(), 42);
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("5X").is_err());
+        assert_eq!(human(1536), "1.5 KiB");
+        assert_eq!(human(12), "12 B");
+    }
+
+    #[test]
+    fn compression_magic() {
+        assert_eq!(Compression::detect(&[0x1f, 0x8b, 8]), Some(Compression::Gzip));
+        assert_eq!(Compression::detect(b"BZh91AY"), Some(Compression::Bzip2));
+        assert_eq!(Compression::detect(&[0x28, 0xb5, 0x2f, 0xfd]), Some(Compression::Zstd));
+        assert_eq!(Compression::detect(b"ustar"), None);
+    }
+
+    #[test]
+    fn budget_refuses_before_copying() {
+        let budget = RamBudget { bytes: 100, reason: "--max-ram".into() };
+        let err = budget.check(Path::new("/x.tar"), 1000).unwrap_err().to_string();
+        assert!(err.contains("needs 1000 B") && err.contains("budget is 100 B") && err.contains("--max-ram"), "{err}");
+        assert!(RamBudget::measure(Some(5)).bytes <= 5);
+    }
+}
