@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use nix::unistd::ForkResult;
 
 use crate::archive::{Archive, OpenError};
+use crate::index_cache;
 use crate::error::Failure;
 use crate::fs::Fs;
 use crate::mountpoint::{self, MountpointError};
@@ -94,23 +95,10 @@ fn spawn_daemon(archive: &Path, mountpoint: &Path, request: &MountRequest) -> Re
 
 /// Indexes the archive, mounts it, signals readiness, and serves until unmounted.
 fn serve(archive_path: &Path, mountpoint: &Path, request: &MountRequest, ready: &mut Option<File>) -> Result<(), Failure> {
-    let loaded = stage::load(archive_path, request.stage, request.max_ram)?;
-    let archive_bytes = loaded.backing.len() as u64;
-    let started = Instant::now();
-    let archive = Archive::from_backing(archive_path, loaded.backing)?;
-    let index = &archive.index;
-    tracing::info!(
-        archive = %archive_path.display(),
-        format = ?archive.format,
-        entries = index.dirents.len(),
-        inodes = index.inodes.len(),
-        index_bytes = index.heap_bytes(),
-        bytes_per_entry = index.heap_bytes() / index.dirents.len().max(1),
-        elapsed_ms = started.elapsed().as_millis() as u64,
-        "indexed"
-    );
-    check_fuse_available()?;
+    let (archive, staged_bytes) = open_archive(archive_path, request.stage, request.max_ram, false)?;
+    let archive_bytes = archive.len();
     let fs = Arc::new(Fs::new(archive, archive_bytes));
+    check_fuse_available()?;
     let session = crate::fuse::mount(fs.clone(), mountpoint, request.threads).map_err(|e| mount_failure(mountpoint, e))?;
     if let Err(e) = wait_until_live(mountpoint) {
         let _ = mountpoint::unmount(mountpoint, true);
@@ -121,7 +109,7 @@ fn serve(archive_path: &Path, mountpoint: &Path, request: &MountRequest, ready: 
         archive: archive_path.to_owned(),
         mountpoint: mountpoint.to_owned(),
         started: registry::now(),
-        staged_bytes: loaded.staged_bytes,
+        staged_bytes,
         reads: 0,
     };
     if let Err(e) = registry::write(&record) {
@@ -138,6 +126,42 @@ fn serve(archive_path: &Path, mountpoint: &Path, request: &MountRequest, ready: 
     registry::remove(mountpoint);
     tracing::info!(reads = fs.reads_served(), "unmounted; daemon exiting");
     result.map_err(|e| Failure::other(format!("FUSE session ended with an error: {e}")))
+}
+
+/// Loads (staging per `mode`) and indexes an archive, reusing a saved index when one
+/// matches. Saves the index when scanning was costly, or always with `force_save`.
+/// Returns the archive and the bytes staged in RAM.
+pub fn open_archive(path: &Path, mode: StageMode, max_ram: Option<u64>, force_save: bool) -> Result<(Archive, u64), Failure> {
+    let key = index_cache::Key::of(path).map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
+    let loaded = stage::load(path, mode, max_ram)?;
+    if !force_save {
+        if let Some(archive) = index_cache::load(path, &key, &loaded.backing) {
+            return Ok((archive, loaded.staged_bytes));
+        }
+    }
+    let started = Instant::now();
+    let archive = Archive::from_backing(path, loaded.backing)?;
+    let elapsed = started.elapsed();
+    let index = &archive.index;
+    tracing::info!(
+        archive = %path.display(),
+        format = ?archive.format,
+        entries = index.dirents.len(),
+        index_bytes = index.heap_bytes(),
+        bytes_per_entry = index.heap_bytes() / index.dirents.len().max(1),
+        elapsed_ms = elapsed.as_millis() as u64,
+        "indexed"
+    );
+    // Small archives index in milliseconds: a saved index would only litter.
+    let worth_saving = index.dirents.len() >= 10_000 || elapsed >= Duration::from_millis(200);
+    if archive.tar_reader().is_some() && (force_save || worth_saving) {
+        match index_cache::save(path, &key, &archive) {
+            Ok(saved) => tracing::info!(index = %saved.display(), "saved the index for faster remounts"),
+            Err(e) if force_save => return Err(Failure::other(format!("cannot save the index of {}: {e}", path.display()))),
+            Err(e) => tracing::debug!("not saving the index: {e}"),
+        }
+    }
+    Ok((archive, loaded.staged_bytes))
 }
 
 /// Refreshes the read counter in the mount's record for `stagefs status`.
@@ -221,55 +245,4 @@ fn detach_stdio(log_file: Option<&Path>) {
         let _ = nix::unistd::dup2_stdout(&out);
         let _ = nix::unistd::dup2_stderr(&out);
     }
-}
-
-/// `stagefs umount`: unmount, then wait for the daemon (if we know it) to exit.
-pub fn umount(path: &Path, lazy: bool) -> Result<(), Failure> {
-    let mountpoint = mountpoint::resolve(path)?;
-    let record = registry::read(&mountpoint);
-    if mountpoint::mounted_fstype(&mountpoint).is_none() {
-        return Err(MountpointError::NotMounted(mountpoint).into());
-    }
-    mountpoint::unmount(&mountpoint, lazy)?;
-    if let Some(record) = record {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while registry::process_alive(record.pid) {
-            if Instant::now() > deadline {
-                if lazy {
-                    tracing::warn!(pid = record.pid, "detached; the daemon exits once the last open file inside is closed");
-                    return Ok(());
-                }
-                return Err(Failure::other(format!(
-                    "{} is unmounted but its daemon (pid {}) is still running after 10 s (files still open after a lazy unmount?)",
-                    mountpoint.display(),
-                    record.pid
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-    Ok(())
-}
-
-/// `stagefs status`: this user's mounts on this node, one line each.
-pub fn status() -> Result<(), Failure> {
-    let records = registry::list();
-    if records.is_empty() {
-        println!("no stagefs mounts for this user on this node");
-        return Ok(());
-    }
-    println!("{:<40} {:>10} {:>8} {:>9} {:>10}  ARCHIVE", "MOUNTPOINT", "STAGED", "PID", "UPTIME", "READS");
-    for r in records {
-        let up = registry::now().saturating_sub(r.started);
-        println!(
-            "{:<40} {:>10} {:>8} {:>9} {:>10}  {}",
-            r.mountpoint.display(),
-            if r.staged_bytes == 0 { "-".to_string() } else { stage::human(r.staged_bytes) },
-            r.pid,
-            format!("{}:{:02}:{:02}", up / 3600, up / 60 % 60, up % 60),
-            r.reads,
-            r.archive.display()
-        );
-    }
-    Ok(())
 }

@@ -80,7 +80,7 @@ pub fn run(files: usize, readers: usize, dir: Option<PathBuf>) -> Result<(), Fai
         }
         Ok(())
     })();
-    daemon::umount(&mountpoint, false)?;
+    crate::commands::umount(&mountpoint, false)?;
     println!("unmounted; all bytes verified");
     let _ = std::fs::remove_file(&archive);
     let _ = std::fs::remove_dir(&mountpoint);

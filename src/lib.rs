@@ -6,12 +6,14 @@
 
 pub mod archive;
 pub mod cli;
+pub mod commands;
 pub mod daemon;
 pub mod demo;
 pub mod error;
 pub mod fs;
 mod fuse;
 pub mod index;
+pub mod index_cache;
 pub mod mountpoint;
 pub mod registry;
 pub mod stage;

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use stagefs::cli::{default_threads, Cli, Command};
+use stagefs::commands;
 use stagefs::daemon::{self, MountRequest};
 use stagefs::error::Failure;
 
@@ -30,8 +31,9 @@ fn run(command: Command) -> Result<(), Failure> {
             stage,
             max_ram,
         }),
-        Command::Umount { mountpoint, lazy } => daemon::umount(&mountpoint, lazy),
-        Command::Status => daemon::status(),
+        Command::Umount { mountpoint, lazy } => commands::umount(&mountpoint, lazy),
+        Command::Status => commands::status(),
+        Command::Index { archive } => commands::index(&archive),
         Command::Demo { files, readers, dir } => stagefs::demo::run(files, readers, dir),
     }
 }

@@ -128,6 +128,27 @@ impl Archive {
         }
     }
 
+    /// Size of the archive's bytes as served (decompressed, for compressed tars).
+    pub fn len(&self) -> u64 {
+        match &self.reader {
+            Reader::Tar(r) => r.backing_len(),
+            Reader::SquashFs(r) => r.backing_len(),
+        }
+    }
+
+    /// Reassembles a tar archive from a saved index (see `index_cache`).
+    pub fn from_saved_tar(index: Index, reader: tar::TarReader) -> Archive {
+        Archive { index, format: Format::Tar, reader: Reader::Tar(reader) }
+    }
+
+    /// The tar reader's own tables, for saving the index.
+    pub fn tar_reader(&self) -> Option<&tar::TarReader> {
+        match &self.reader {
+            Reader::Tar(r) => Some(r),
+            Reader::SquashFs(_) => None,
+        }
+    }
+
     /// Reads up to `len` bytes of a regular file's content starting at `offset`; short
     /// only at end of file.
     pub fn read(&self, inode: &Inode, offset: u64, len: u32) -> Result<Bytes<'_>, ReadError> {

@@ -12,6 +12,10 @@ pub fn open(path: &Path, _backing: Backing) -> Result<(Index, SquashReader), Ope
 }
 
 impl SquashReader {
+    pub fn backing_len(&self) -> u64 {
+        0
+    }
+
     pub fn read(&self, _handle: u32, _size: u64, offset: u64, _len: usize) -> Result<Bytes<'_>, ReadError> {
         Err(ReadError { offset, what: "unsupported".into() })
     }

@@ -21,21 +21,21 @@ pub struct TarReader {
     extents: Vec<Extent>,
 }
 
-/// A sparse member: its stored data starts at `data` and holds `extents[first..first+count]`.
-#[derive(Debug)]
-struct SparseFile {
-    first: u32,
-    count: u32,
+/// A sparse member's data runs: `extents[first..first + count]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SparseFile {
+    pub first: u32,
+    pub count: u32,
 }
 
 /// One run of real data in a sparse file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Extent {
+pub struct Extent {
     /// Offset in the file as extracted.
-    file_offset: u64,
-    len: u64,
+    pub file_offset: u64,
+    pub len: u64,
     /// Offset of these bytes in the archive.
-    archive_offset: u64,
+    pub archive_offset: u64,
 }
 
 /// True if `head` starts with a plausible tar header (valid checksum, or the ustar magic),
@@ -62,6 +62,25 @@ pub fn open(path: &Path, backing: Backing) -> Result<(Index, TarReader), OpenErr
 }
 
 impl TarReader {
+    /// A reader over tables saved earlier (see `index_cache`), checked against the archive.
+    pub fn from_parts(backing: Backing, sparse_files: Vec<SparseFile>, extents: Vec<Extent>) -> Option<TarReader> {
+        let in_bounds = sparse_files.iter().all(|f| (f.first as usize).checked_add(f.count as usize).is_some_and(|end| end <= extents.len()))
+            && extents.iter().all(|e| e.archive_offset.checked_add(e.len).is_some_and(|end| end <= backing.len() as u64));
+        in_bounds.then_some(TarReader { backing, sparse_files, extents })
+    }
+
+    pub fn backing_len(&self) -> u64 {
+        self.backing.len() as u64
+    }
+
+    pub fn sparse_files(&self) -> &[SparseFile] {
+        &self.sparse_files
+    }
+
+    pub fn extents(&self) -> &[Extent] {
+        &self.extents
+    }
+
     pub fn read(&self, data: Data, _size: u64, offset: u64, len: usize) -> Result<Bytes<'_>, ReadError> {
         match data {
             Data::Slice { offset: start } => {

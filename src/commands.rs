@@ -1,0 +1,76 @@
+//! The short commands: umount, status and index.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::daemon::open_archive;
+use crate::error::Failure;
+use crate::mountpoint::{self, MountpointError};
+use crate::registry;
+use crate::stage::{self, StageMode};
+
+/// `stagefs umount`: unmount, then wait for the daemon (if we know it) to exit.
+pub fn umount(path: &Path, lazy: bool) -> Result<(), Failure> {
+    let mountpoint = mountpoint::resolve(path)?;
+    let record = registry::read(&mountpoint);
+    if mountpoint::mounted_fstype(&mountpoint).is_none() {
+        return Err(MountpointError::NotMounted(mountpoint).into());
+    }
+    mountpoint::unmount(&mountpoint, lazy)?;
+    if let Some(record) = record {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while registry::process_alive(record.pid) {
+            if Instant::now() > deadline {
+                if lazy {
+                    tracing::warn!(pid = record.pid, "detached; the daemon exits once the last open file inside is closed");
+                    return Ok(());
+                }
+                return Err(Failure::other(format!(
+                    "{} is unmounted but its daemon (pid {}) is still running after 10 s (files still open after a lazy unmount?)",
+                    mountpoint.display(),
+                    record.pid
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    Ok(())
+}
+
+/// `stagefs status`: this user's mounts on this node, one line each.
+pub fn status() -> Result<(), Failure> {
+    let records = registry::list();
+    if records.is_empty() {
+        println!("no stagefs mounts for this user on this node");
+        return Ok(());
+    }
+    println!("{:<40} {:>10} {:>8} {:>9} {:>10}  ARCHIVE", "MOUNTPOINT", "STAGED", "PID", "UPTIME", "READS");
+    for r in records {
+        let up = registry::now().saturating_sub(r.started);
+        println!(
+            "{:<40} {:>10} {:>8} {:>9} {:>10}  {}",
+            r.mountpoint.display(),
+            if r.staged_bytes == 0 { "-".to_string() } else { stage::human(r.staged_bytes) },
+            r.pid,
+            format!("{}:{:02}:{:02}", up / 3600, up / 60 % 60, up % 60),
+            r.reads,
+            r.archive.display()
+        );
+    }
+    Ok(())
+}
+
+/// `stagefs index`: builds and saves an archive's index ahead of time (on a login node).
+pub fn index(path: &Path) -> Result<(), Failure> {
+    let started = Instant::now();
+    let (archive, _) = open_archive(path, StageMode::None, None, true)?;
+    let entries = archive.index.dirents.len();
+    println!(
+        "indexed {} in {:.2} s: {entries} entries, {} in memory ({} bytes per entry)",
+        path.display(),
+        started.elapsed().as_secs_f64(),
+        stage::human(archive.index.heap_bytes() as u64),
+        archive.index.heap_bytes() / entries.max(1)
+    );
+    Ok(())
+}

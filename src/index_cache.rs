@@ -1,0 +1,384 @@
+//! Saved tar indexes, so later mounts of the same archive (on every node of a job) skip the scan.
+//!
+//! The file is keyed by the archive's size, mtime and a content fingerprint (samples
+//! from the start, the end and evenly in between), so a changed archive is never served
+//! with a stale index. It ends with a checksum, and every number in it is checked on
+//! load, so a damaged file is ignored (with a warning) rather than trusted.
+//! Saved next to the archive when that directory is writable, else in
+//! `$XDG_CACHE_HOME/stagefs` (default `~/.cache/stagefs`).
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use crate::archive::tar::{Extent, SparseFile, TarReader};
+use crate::archive::{Archive, Backing};
+use crate::index::{Attrs, Data, Dirent, Index, Inode, Span, Xattr};
+
+const MAGIC: &[u8; 16] = b"STAGEFS-INDEX\0v1";
+
+/// Identifies one version of an archive's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Key {
+    size: u64,
+    mtime: i64,
+    mtime_nsec: i64,
+    fingerprint: u64,
+}
+
+impl Key {
+    /// Reads 64 KiB at each end and 16 samples of 4 KiB in between.
+    pub fn of(path: &Path) -> std::io::Result<Key> {
+        let file = File::open(path)?;
+        let meta = file.metadata()?;
+        let size = meta.len();
+        let mut hash = Hasher::default();
+        let mut buf = vec![0u8; 64 << 10];
+        let mut sample = |offset: u64, len: usize| -> std::io::Result<()> {
+            let len = len.min(size.saturating_sub(offset) as usize);
+            file.read_exact_at(&mut buf[..len], offset)?;
+            hash.write(&buf[..len]);
+            Ok(())
+        };
+        sample(0, 64 << 10)?;
+        for i in 1..=16 {
+            sample(size / 17 * i, 4 << 10)?;
+        }
+        sample(size.saturating_sub(64 << 10), 64 << 10)?;
+        Ok(Key { size, mtime: meta.mtime(), mtime_nsec: meta.mtime_nsec(), fingerprint: hash.0 })
+    }
+}
+
+/// A word-at-a-time FNV-style hash: fast, and enough to notice a changed archive or a damaged file.
+#[derive(Debug)]
+struct Hasher(u64);
+
+impl Default for Hasher {
+    fn default() -> Self {
+        Hasher(0xcbf29ce484222325)
+    }
+}
+
+impl Hasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut words = bytes.chunks_exact(8);
+        for w in words.by_ref() {
+            self.0 = (self.0 ^ u64::from_le_bytes(w.try_into().expect("8 bytes"))).wrapping_mul(0x100000001b3);
+        }
+        for &b in words.remainder() {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x100000001b3);
+        }
+    }
+}
+
+/// Where an index for `archive` may live, preferred first.
+fn candidates(archive: &Path) -> Vec<PathBuf> {
+    let name = archive.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut paths = vec![archive.with_file_name(format!("{name}.stagefs-index"))];
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")));
+    if let Some(cache) = cache {
+        let mut hash = Hasher::default();
+        hash.write(archive.as_os_str().as_encoded_bytes());
+        paths.push(cache.join("stagefs").join(format!("{:016x}-{name}.index", hash.0)));
+    }
+    paths
+}
+
+/// Loads a saved index for `archive` if one matches `key`; warns about damaged ones.
+pub fn load(archive: &Path, key: &Key, backing: &Backing) -> Option<Archive> {
+    for path in candidates(archive) {
+        let Ok(bytes) = std::fs::read(&path) else { continue };
+        match decode(&bytes, key, backing) {
+            Ok(archive) => {
+                tracing::info!(index = %path.display(), "using saved index");
+                return Some(archive);
+            }
+            Err(why) => tracing::warn!(index = %path.display(), "ignoring saved index: {why}; rebuilding it"),
+        }
+    }
+    None
+}
+
+/// Saves the index of a tar archive; returns where it went. SquashFS images carry their
+/// own on-disk index, so they are not saved.
+pub fn save(archive_path: &Path, key: &Key, archive: &Archive) -> std::io::Result<PathBuf> {
+    let Some(reader) = archive.tar_reader() else {
+        return Err(std::io::Error::other("only tar indexes are saved (SquashFS has its own)"));
+    };
+    let bytes = encode(key, &archive.index, reader);
+    let mut last_error = std::io::Error::other("no place to save the index");
+    for path in candidates(archive_path) {
+        match write_atomically(&path, &bytes) {
+            Ok(()) => return Ok(path),
+            Err(e) => last_error = e,
+        }
+    }
+    Err(last_error)
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let result = File::create(&tmp).and_then(|mut f| f.write_all(bytes)).and_then(|()| std::fs::rename(&tmp, path));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Little-endian writer for the index file.
+#[derive(Default)]
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+}
+
+fn encode(key: &Key, index: &Index, reader: &TarReader) -> Vec<u8> {
+    let mut w = Writer::default();
+    w.0.extend_from_slice(MAGIC);
+    for v in [key.size, key.mtime as u64, key.mtime_nsec as u64, key.fingerprint] {
+        w.u64(v);
+    }
+    let counts = [index.inodes.len(), index.dirents.len(), index.xattrs.len(), index.arena.len(), reader.sparse_files().len(), reader.extents().len()];
+    for c in counts {
+        w.u64(c as u64);
+    }
+    for inode in &index.inodes {
+        let a = &inode.attrs;
+        w.u32(a.mode);
+        w.u32(a.uid);
+        w.u32(a.gid);
+        w.u64(a.mtime as u64);
+        w.u32(a.mtime_nsec);
+        w.u64(a.size);
+        let (tag, x, y, z) = match inode.data {
+            Data::None => (0, 0, 0, 0),
+            Data::Slice { offset } => (1, offset, 0, 0),
+            Data::Extern(h) => (2, 0, h, 0),
+            Data::Dir { first, count, parent } => (3, parent as u64, first, count),
+            Data::Symlink(span) => (4, 0, span.offset, span.len),
+            Data::Device(rdev) => (5, 0, rdev, 0),
+        };
+        w.u32(tag);
+        w.u64(x);
+        w.u32(y);
+        w.u32(z);
+        w.u32(inode.nlink);
+        w.u32(inode.xattr_first);
+        w.u32(inode.xattr_count);
+    }
+    for d in &index.dirents {
+        w.u32(d.name.offset);
+        w.u32(d.name.len);
+        w.u32(d.inode);
+    }
+    for x in &index.xattrs {
+        for v in [x.name.offset, x.name.len, x.value.offset, x.value.len] {
+            w.u32(v);
+        }
+    }
+    w.0.extend_from_slice(&index.arena);
+    for f in reader.sparse_files() {
+        w.u32(f.first);
+        w.u32(f.count);
+    }
+    for e in reader.extents() {
+        w.u64(e.file_offset);
+        w.u64(e.len);
+        w.u64(e.archive_offset);
+    }
+    let mut hash = Hasher::default();
+    hash.write(&w.0);
+    w.u64(hash.0);
+    w.0
+}
+
+/// Little-endian reader that fails instead of panicking on a short file.
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], String> {
+        if self.0.len() < n {
+            return Err("file is truncated".into());
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+    fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+    /// A count of records of `size` bytes each, bounded by what is left in the file.
+    fn count(&mut self, size: usize) -> Result<usize, String> {
+        let n = self.u64()?;
+        usize::try_from(n).ok().filter(|&n| n.saturating_mul(size) <= self.0.len()).ok_or_else(|| format!("count {n} exceeds the file"))
+    }
+}
+
+const INODE_BYTES: usize = 4 * 3 + 8 + 4 + 8 + 4 + 8 + 4 * 5;
+
+fn decode(bytes: &[u8], key: &Key, backing: &Backing) -> Result<Archive, String> {
+    let body_len = bytes.len().checked_sub(8).ok_or("file is truncated")?;
+    let (body, stored_hash) = bytes.split_at(body_len);
+    let mut hash = Hasher::default();
+    hash.write(body);
+    if stored_hash != hash.0.to_le_bytes() {
+        return Err("checksum mismatch (damaged file)".into());
+    }
+    let mut r = Reader(body);
+    if r.take(MAGIC.len())? != MAGIC {
+        return Err("not a stagefs index of this version".into());
+    }
+    let saved = Key { size: r.u64()?, mtime: r.u64()? as i64, mtime_nsec: r.u64()? as i64, fingerprint: r.u64()? };
+    if saved != *key {
+        return Err("the archive changed since the index was saved".into());
+    }
+    let n_inodes = r.count(INODE_BYTES)?;
+    let n_dirents = r.count(12)?;
+    let n_xattrs = r.count(16)?;
+    let n_arena = r.count(1)?;
+    let n_sparse = r.count(8)?;
+    let n_extents = r.count(24)?;
+    let mut index = Index::default();
+    for _ in 0..n_inodes {
+        let attrs = Attrs { mode: r.u32()?, uid: r.u32()?, gid: r.u32()?, mtime: r.u64()? as i64, mtime_nsec: r.u32()?, size: r.u64()? };
+        let (tag, x, y, z) = (r.u32()?, r.u64()?, r.u32()?, r.u32()?);
+        let data = match tag {
+            0 => Data::None,
+            1 => Data::Slice { offset: x },
+            2 => Data::Extern(y),
+            3 => Data::Dir { first: y, count: z, parent: u32::try_from(x).map_err(|_| "bad parent")? },
+            4 => Data::Symlink(Span { offset: y, len: z }),
+            5 => Data::Device(y),
+            _ => return Err(format!("unknown data tag {tag}")),
+        };
+        index.inodes.push(Inode { attrs, data, nlink: r.u32()?, xattr_first: r.u32()?, xattr_count: r.u32()? });
+    }
+    for _ in 0..n_dirents {
+        index.dirents.push(Dirent { name: Span { offset: r.u32()?, len: r.u32()? }, inode: r.u32()? });
+    }
+    for _ in 0..n_xattrs {
+        index.xattrs.push(Xattr { name: Span { offset: r.u32()?, len: r.u32()? }, value: Span { offset: r.u32()?, len: r.u32()? } });
+    }
+    index.arena = r.take(n_arena)?.to_vec();
+    let mut sparse = Vec::with_capacity(n_sparse);
+    for _ in 0..n_sparse {
+        sparse.push(SparseFile { first: r.u32()?, count: r.u32()? });
+    }
+    let mut extents = Vec::with_capacity(n_extents);
+    for _ in 0..n_extents {
+        extents.push(Extent { file_offset: r.u64()?, len: r.u64()?, archive_offset: r.u64()? });
+    }
+    if !r.0.is_empty() {
+        return Err("trailing bytes".into());
+    }
+    check_bounds(&index, sparse.len(), backing.len() as u64)?;
+    let reader = TarReader::from_parts(backing.clone(), sparse, extents).ok_or("sparse table out of bounds")?;
+    Ok(Archive::from_saved_tar(index, reader))
+}
+
+/// Every reference in the index must point inside it (and file data inside the archive),
+/// so that nothing read from disk can make the request path index out of bounds.
+fn check_bounds(index: &Index, n_sparse: usize, archive_len: u64) -> Result<(), String> {
+    let span_ok = |s: Span| (s.offset as u64 + s.len as u64) <= index.arena.len() as u64;
+    let range_ok = |first: u32, count: u32, len: usize| (first as u64 + count as u64) <= len as u64;
+    if index.inodes.is_empty() || !index.inodes[0].attrs.is_dir() {
+        return Err("no root directory".into());
+    }
+    for inode in &index.inodes {
+        let ok = range_ok(inode.xattr_first, inode.xattr_count, index.xattrs.len())
+            && match inode.data {
+                Data::Slice { offset } => offset.checked_add(inode.attrs.size).is_some_and(|end| end <= archive_len),
+                Data::Extern(h) => (h as usize) < n_sparse,
+                Data::Dir { first, count, parent } => {
+                    inode.attrs.is_dir() && range_ok(first, count, index.dirents.len()) && (parent as usize) < index.inodes.len()
+                }
+                Data::Symlink(span) => span_ok(span),
+                Data::None | Data::Device(_) => true,
+            };
+        if !ok {
+            return Err("an inode points outside the index or archive".into());
+        }
+    }
+    let dirents_ok = index.dirents.iter().all(|d| span_ok(d.name) && (d.inode as usize) < index.inodes.len());
+    let xattrs_ok = index.xattrs.iter().all(|x| span_ok(x.name) && span_ok(x.value));
+    if !dirents_ok || !xattrs_ok {
+        return Err("an entry points outside the index".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample_archive(dir: &Path) -> PathBuf {
+        let path = dir.join("a.tar");
+        let src = dir.join("src");
+        std::fs::create_dir_all(src.join("d")).unwrap();
+        std::fs::write(src.join("d/f.txt"), b"indexed content").unwrap();
+        std::os::unix::fs::symlink("d/f.txt", src.join("l")).unwrap();
+        let status = std::process::Command::new("tar").arg("-cf").arg(&path).arg("-C").arg(&src).arg(".").status().expect("GNU tar must be installed");
+        assert!(status.success());
+        path
+    }
+
+    #[test]
+    fn round_trip_and_rejections() {
+        let dir = std::env::temp_dir().join(format!("stagefs-idx-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = sample_archive(&dir);
+        let key = Key::of(&path).unwrap();
+        let fresh = Archive::open(&path).unwrap();
+        let saved_at = save(&path, &key, &fresh).unwrap();
+        assert_eq!(saved_at, dir.join("a.tar.stagefs-index"));
+        let backing = crate::archive::map_file(&File::open(&path).unwrap()).unwrap();
+        let loaded = load(&path, &key, &backing).expect("a matching index loads");
+        assert_eq!(loaded.index.inodes, fresh.index.inodes);
+        assert_eq!(loaded.index.dirents, fresh.index.dirents);
+        assert_eq!(loaded.index.arena, fresh.index.arena);
+
+        // A changed archive: different key, index ignored.
+        let mut other = key;
+        other.fingerprint ^= 1;
+        assert!(load(&path, &other, &backing).is_none());
+        // Every single-byte corruption is caught by the checksum or the bounds checks.
+        let bytes = std::fs::read(&saved_at).unwrap();
+        for i in (0..bytes.len()).step_by(7) {
+            let mut damaged = bytes.clone();
+            damaged[i] ^= 0x5a;
+            assert!(decode(&damaged, &key, &backing).is_err(), "corruption at byte {i} was accepted");
+        }
+        assert!(decode(&bytes[..bytes.len() / 2], &key, &backing).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn key_changes_with_content() {
+        let dir = std::env::temp_dir().join(format!("stagefs-key-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("x");
+        std::fs::write(&path, vec![1u8; 300_000]).unwrap();
+        let a = Key::of(&path).unwrap();
+        let mut bytes = vec![1u8; 300_000];
+        bytes[299_999] = 2;
+        std::fs::write(&path, &bytes).unwrap();
+        let b = Key::of(&path).unwrap();
+        assert_ne!(a.fingerprint, b.fingerprint);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
