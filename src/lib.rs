@@ -15,5 +15,6 @@ mod fuse;
 pub mod index;
 pub mod index_cache;
 pub mod mountpoint;
+pub mod node;
 pub mod registry;
 pub mod stage;

@@ -48,7 +48,10 @@ pub fn resolve(path: &Path) -> Result<PathBuf, MountpointError> {
 /// Gets `path` ready to mount on: creates it (0700) if missing, recovers a stale FUSE
 /// mount, refuses a live mount or a non-empty directory. Returns whether it was created.
 pub fn prepare(path: &Path) -> Result<bool, MountpointError> {
-    match std::fs::metadata(path) {
+    // statfs always reaches the filesystem; stat may be answered from the kernel's cache
+    // even after a FUSE daemon died, hiding the stale mount.
+    let probe = nix::sys::statfs::statfs(path).err().map(std::io::Error::from).map_or_else(|| std::fs::metadata(path), Err);
+    match probe {
         Err(e) if e.kind() == ErrorKind::NotFound => {
             std::fs::DirBuilder::new().recursive(true).mode(0o700).create(path).map_err(|source| MountpointError::Io {
                 path: path.to_owned(),

@@ -27,7 +27,7 @@ pub struct Options {
     /// Compare extended attributes.
     pub xattrs: bool,
     /// Compare st_nlink of directories (2 + number of subdirectories on
-    /// Linux file systems).
+    /// Linux file systems; SquashFS stores the same).
     pub dir_nlink: bool,
     /// Directories (relative paths, "" for the root) whose mode, owner and
     /// mtime are not compared: implicit directories of an archive that has no
@@ -38,7 +38,7 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Options { nanos: true, root: true, xattrs: true, dir_nlink: false, skip_dir_attrs: BTreeSet::new() }
+        Options { nanos: true, root: true, xattrs: true, dir_nlink: true, skip_dir_attrs: BTreeSet::new() }
     }
 }
 
@@ -282,7 +282,9 @@ pub fn diff_trees(expected: &Path, actual: &Path, opts: &Options) -> Vec<String>
             continue;
         }
         let is_dir = lm.is_dir();
-        let attrs = !(is_root && !opts.root) && !(is_dir && opts.skip_dir_attrs.contains(rel));
+        let skipped_root = is_root && !opts.root;
+        let skipped_dir = is_dir && opts.skip_dir_attrs.contains(rel);
+        let attrs = !skipped_root && !skipped_dir;
 
         if attrs {
             if lm.mode() & 0o7777 != rm.mode() & 0o7777 {
@@ -495,6 +497,15 @@ mod tests {
             set_mtime(&b.join("d"), 1_600_000_000, 5);
         });
         expect("nlink", &o, "st_nlink", |b| fs::hard_link(b.join("d/other"), b.join("d/e/other2")).unwrap());
+        expect("dir nlink", &o, "st_nlink", |b| {
+            fs::create_dir(b.join("d/e/sub")).unwrap();
+        });
+        assert!(
+            !diffs_after(&o.clone().dir_nlink(false), |b| fs::create_dir(b.join("d/e/sub")).unwrap())
+                .iter()
+                .any(|l| l.contains("st_nlink")),
+            "dir_nlink(false) must ignore directory link counts"
+        );
         expect("dir mode", &o, "mode", |b| fs::set_permissions(b.join("d/e"), fs::Permissions::from_mode(0o700)).unwrap());
         assert!(diffs_after(&o.clone().skip_dir_attrs(["d/e"]), |b| {
             fs::set_permissions(b.join("d/e"), fs::Permissions::from_mode(0o700)).unwrap()

@@ -405,7 +405,7 @@ pub fn stagefs_pids(needle: &Path) -> Vec<i32> {
             .first()
             .map(|a0| Path::new(OsStr::from_bytes(a0)).file_name() == Some(OsStr::new("stagefs")))
             .unwrap_or(false);
-        if is_stagefs && args.iter().any(|a| *a == needle) && process_alive(pid) {
+        if is_stagefs && args.contains(&needle) && process_alive(pid) {
             pids.push(pid);
         }
     }

@@ -700,8 +700,9 @@ fn parse_pax(mut data: &[u8], out: &mut HashMap<Vec<u8>, Vec<u8>>) -> Result<(),
             }
             k => k.to_vec(),
         };
-        if value.is_empty() {
-            out.remove(&key); // An empty value deletes the keyword (POSIX).
+        let is_xattr = key.starts_with(b"SCHILY.xattr.") || key.starts_with(b"LIBARCHIVE.xattr.");
+        if value.is_empty() && !is_xattr {
+            out.remove(&key); // An empty value deletes the keyword (POSIX); xattrs may be empty.
         } else {
             out.insert(key, value.to_vec());
         }

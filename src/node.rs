@@ -1,0 +1,156 @@
+//! Per-node coordination: one mounter per node and mountpoint, waiting, `run`, idle unmount.
+//!
+//! Files, per user and per mountpoint, in [`registry::runtime_dir`] (node-local):
+//! - `<hash>.lock`: the election lock. Whoever mounts holds an exclusive `flock` on it, and
+//!   the daemon inherits it across its fork, so "locked" means "a mounter is alive". The
+//!   file's content is the leader's status (mounting, or failed with its error), which
+//!   waiters read without locking. The daemon deletes it when it exits cleanly.
+//! - `<hash>.users`: `stagefs run` tasks hold a shared `flock` on it while their command
+//!   runs; the task that mounted waits for the exclusive lock before it unmounts.
+//!
+//! Under SLURM the task with `SLURM_LOCALID=0` leads and the others only wait, so they
+//! never contend; elsewhere every caller is a candidate and the `flock` decides.
+
+mod duration;
+mod elect;
+mod lock;
+mod run;
+mod watch;
+
+use std::path::{Path, PathBuf};
+
+pub use duration::parse_duration;
+pub use elect::{elect, mount, wait, Election, Lease};
+pub use run::{run, RunRequest};
+pub use watch::{daemon_exiting, set_owner, spawn_watchdog};
+
+use crate::registry;
+
+/// Where SLURM says this process sits; all `None` outside a job.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SlurmTask {
+    pub local_id: Option<u32>,
+    pub job: Option<String>,
+    pub step: Option<String>,
+    /// How many tasks of this step run on this node.
+    pub local_tasks: Option<u32>,
+}
+
+impl SlurmTask {
+    /// Reads `SLURM_LOCALID`, `SLURM_JOB_ID`, `SLURM_STEP_ID`, `SLURM_STEP_TASKS_PER_NODE`.
+    pub fn from_env() -> SlurmTask {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let node_id: usize = var("SLURM_NODEID").and_then(|v| v.parse().ok()).unwrap_or(0);
+        SlurmTask {
+            local_id: var("SLURM_LOCALID").and_then(|v| v.parse().ok()),
+            job: var("SLURM_JOB_ID"),
+            step: var("SLURM_STEP_ID"),
+            local_tasks: var("SLURM_STEP_TASKS_PER_NODE").and_then(|v| tasks_on_node(&v, node_id)),
+        }
+    }
+
+    /// `job.step`, the tag that tells this step's records from older ones.
+    fn step_tag(&self) -> Option<String> {
+        Some(format!("{}.{}", self.job.as_deref()?, self.step.as_deref().unwrap_or("batch")))
+    }
+}
+
+/// Decodes SLURM's compressed per-node task counts (`"4(x2),3"`) for node `index`.
+fn tasks_on_node(spec: &str, index: usize) -> Option<u32> {
+    let mut node = 0usize;
+    for part in spec.split(',') {
+        let (count, repeat) = match part.split_once("(x") {
+            Some((c, r)) => (c.parse().ok()?, r.trim_end_matches(')').parse::<usize>().ok()?),
+            None => (part.parse().ok()?, 1),
+        };
+        if index < node + repeat {
+            return Some(count);
+        }
+        node += repeat;
+    }
+    None
+}
+
+/// The per-mountpoint coordination files (see the module docs).
+#[derive(Debug, Clone)]
+pub struct NodeFiles {
+    pub lock: PathBuf,
+    pub users: PathBuf,
+}
+
+impl NodeFiles {
+    pub fn for_mountpoint(mountpoint: &Path) -> NodeFiles {
+        let hash = mountpoint
+            .as_os_str()
+            .as_encoded_bytes()
+            .iter()
+            .fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3));
+        let dir = registry::runtime_dir();
+        NodeFiles { lock: dir.join(format!("{hash:016x}.lock")), users: dir.join(format!("{hash:016x}.users")) }
+    }
+}
+
+/// `/dev/shm/$USER/stagefs/<archive stem>`: node-local, private, gone at reboot.
+pub fn default_mountpoint(archive: &Path) -> PathBuf {
+    PathBuf::from("/dev/shm").join(user_name()).join("stagefs").join(archive_stem(archive))
+}
+
+/// The user's name from the password database (`$USER` is unset in some SLURM steps).
+fn user_name() -> String {
+    let uid = nix::unistd::geteuid();
+    nix::unistd::User::from_uid(uid)
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .or_else(|| std::env::var("USER").ok().filter(|u| !u.is_empty()))
+        .unwrap_or_else(|| uid.to_string())
+}
+
+/// `imagenet.tar.zst` → `imagenet`: the file name without its archive extensions.
+fn archive_stem(archive: &Path) -> String {
+    const EXTENSIONS: &[&str] =
+        &["tar", "gz", "tgz", "zst", "tzst", "xz", "txz", "bz2", "tbz2", "lz4", "sqsh", "sqfs", "squashfs", "sfs", "img"];
+    let mut name = archive.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    while let Some((stem, ext)) = name.rsplit_once('.') {
+        if stem.is_empty() || !EXTENSIONS.contains(&ext.to_ascii_lowercase().as_str()) {
+            break;
+        }
+        name = stem.to_string();
+    }
+    if name.is_empty() {
+        "archive".into()
+    } else {
+        name
+    }
+}
+
+/// Canonical archive path, so that two spellings of one archive compare equal.
+fn canonical_archive(archive: &Path) -> Result<PathBuf, crate::error::Failure> {
+    archive.canonicalize().map_err(|source| {
+        crate::error::Failure::from(crate::archive::OpenError::Io { path: archive.to_owned(), source })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_counts_decode_per_node() {
+        assert_eq!(tasks_on_node("4", 0), Some(4));
+        assert_eq!(tasks_on_node("4(x2),3", 1), Some(4));
+        assert_eq!(tasks_on_node("4(x2),3", 2), Some(3));
+        assert_eq!(tasks_on_node("4(x2),3", 3), None);
+        assert_eq!(tasks_on_node("junk", 0), None);
+    }
+
+    #[test]
+    fn stems_drop_archive_extensions_only() {
+        assert_eq!(archive_stem(Path::new("/d/imagenet.sqsh")), "imagenet");
+        assert_eq!(archive_stem(Path::new("data.tar.zst")), "data");
+        assert_eq!(archive_stem(Path::new("v1.2.tar")), "v1.2");
+        assert_eq!(archive_stem(Path::new(".tar")), ".tar");
+        assert!(default_mountpoint(Path::new("x.tar")).starts_with("/dev/shm"));
+        assert!(default_mountpoint(Path::new("x.tar")).ends_with("stagefs/x"));
+    }
+}

@@ -1,0 +1,209 @@
+//! `flock`ed coordination files that may be deleted while in use, and the status they carry.
+//!
+//! Deleting a lock file races with processes that opened it just before: they would lock
+//! a deleted inode while newcomers lock a new file. So every acquisition re-checks that
+//! the path still names the locked inode, and retries if not; only a holder deletes.
+
+use std::fs::File;
+use std::io::{self, ErrorKind};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// An open coordination file; dropping it closes this process's descriptor only (a forked
+/// daemon that shares it keeps the lock: that is how the lock outlives `stagefs mount`).
+#[derive(Debug)]
+pub(crate) struct LockFile {
+    file: File,
+    path: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Shared,
+    Exclusive,
+}
+
+impl LockFile {
+    /// Opens `path` and locks it without blocking, retrying while the path is swapped under
+    /// us. `Ok(None)`: someone holds a conflicting lock.
+    pub(crate) fn try_acquire(path: &Path, mode: Mode) -> io::Result<Option<LockFile>> {
+        loop {
+            let lock = LockFile::open(path)?;
+            if !lock.try_lock(mode)? {
+                return Ok(None);
+            }
+            if lock.is_current() {
+                return Ok(Some(lock));
+            }
+        }
+    }
+
+    fn open(path: &Path) -> io::Result<LockFile> {
+        if let Some(dir) = path.parent() {
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+        }
+        let file = File::options().read(true).write(true).create(true).truncate(false).mode(0o600).open(path)?;
+        Ok(LockFile { file, path: path.to_owned() })
+    }
+
+    /// Non-blocking `flock`; also converts a held lock between shared and exclusive.
+    pub(crate) fn try_lock(&self, mode: Mode) -> io::Result<bool> {
+        let op = match mode {
+            Mode::Shared => libc::LOCK_SH,
+            Mode::Exclusive => libc::LOCK_EX,
+        };
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(self.file.as_raw_fd(), op | libc::LOCK_NB) } == 0 {
+            return Ok(true);
+        }
+        match io::Error::last_os_error() {
+            e if e.kind() == ErrorKind::WouldBlock => Ok(false),
+            e if e.raw_os_error() == Some(libc::EINTR) => Ok(false),
+            e => Err(io::Error::new(e.kind(), format!("cannot lock {}: {e}", self.path.display()))),
+        }
+    }
+
+    /// Releases the lock for every process sharing this open file (a forked daemon too).
+    pub(crate) fn unlock(&self) {
+        // SAFETY: flock on a descriptor we own.
+        unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
+    }
+
+    /// Whether the path still names the file we hold.
+    pub(crate) fn is_current(&self) -> bool {
+        match (self.file.metadata(), std::fs::metadata(&self.path)) {
+            (Ok(held), Ok(named)) => held.dev() == named.dev() && held.ino() == named.ino(),
+            _ => false,
+        }
+    }
+
+    /// (device, inode) of the held file, to recognise it later from a forked daemon.
+    pub(crate) fn identity(&self) -> Option<(u64, u64)> {
+        self.file.metadata().ok().map(|m| (m.dev(), m.ino()))
+    }
+
+    /// Deletes the file if it is still the one at the path (call only while locked).
+    pub(crate) fn remove(&self) {
+        if self.is_current() {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+
+    /// Replaces the file's content with `status`.
+    pub(crate) fn write_status(&self, status: &Status) {
+        let text = status.to_text();
+        let _ = self.file.set_len(0);
+        if let Err(e) = self.file.write_all_at(text.as_bytes(), 0) {
+            tracing::warn!("cannot write status to {}: {e}", self.path.display());
+        }
+    }
+
+    /// Appends a line (O_APPEND is not needed: holders of a shared lock append one line each,
+    /// and a short write at the end is atomic enough for a tally read by one process).
+    pub(crate) fn append_line(&self, line: &str) -> io::Result<()> {
+        let end = self.file.metadata()?.len();
+        self.file.write_all_at(format!("{line}\n").as_bytes(), end)
+    }
+
+    pub(crate) fn read_text(&self) -> String {
+        std::fs::read_to_string(&self.path).unwrap_or_default()
+    }
+}
+
+/// What a leader last said about its mount attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Status {
+    pub failed: bool,
+    pub pid: u32,
+    /// The SLURM `job.step` of the leader, if any.
+    pub tag: Option<String>,
+    pub at_ms: u64,
+    pub code: u8,
+    pub message: String,
+}
+
+impl Status {
+    pub(crate) fn mounting(tag: Option<String>) -> Status {
+        Status { failed: false, pid: std::process::id(), tag, at_ms: now_ms(), code: 0, message: String::new() }
+    }
+
+    fn to_text(&self) -> String {
+        let state = if self.failed { "failed" } else { "mounting" };
+        let tag = self.tag.as_deref().unwrap_or("-");
+        // The message goes last and may contain anything but a newline.
+        let message = self.message.replace('\n', " ");
+        format!("state={state}\npid={}\ntag={tag}\nat_ms={}\ncode={}\nmessage={message}\n", self.pid, self.at_ms, self.code)
+    }
+
+    pub(crate) fn parse(text: &str) -> Option<Status> {
+        let field = |key: &str| text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix('='));
+        Some(Status {
+            failed: field("state")? == "failed",
+            pid: field("pid")?.parse().ok()?,
+            tag: field("tag").filter(|t| *t != "-").map(str::to_owned),
+            at_ms: field("at_ms")?.parse().ok()?,
+            code: field("code")?.parse().ok()?,
+            message: field("message")?.to_owned(),
+        })
+    }
+
+    /// The status in the file at `path`, if it exists and parses.
+    pub(crate) fn read(path: &Path) -> Option<Status> {
+        Status::parse(&std::fs::read_to_string(path).ok()?)
+    }
+}
+
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("stagefs-lock-test-{}-{name}", std::process::id()))
+    }
+
+    #[test]
+    fn status_round_trips() {
+        let mut s = Status::mounting(Some("7.0".into()));
+        s.failed = true;
+        s.code = 4;
+        s.message = "bad\nthing".into();
+        let back = Status::parse(&s.to_text()).unwrap();
+        assert_eq!(back.message, "bad thing");
+        assert_eq!(Status { message: "bad thing".into(), ..s }, back);
+        assert_eq!(Status::parse("garbage"), None);
+    }
+
+    #[test]
+    fn exclusive_excludes_and_a_removed_file_is_not_reused() {
+        let path = temp("excl");
+        let a = LockFile::try_acquire(&path, Mode::Exclusive).unwrap().unwrap();
+        assert!(LockFile::try_acquire(&path, Mode::Exclusive).unwrap().is_none());
+        assert!(LockFile::try_acquire(&path, Mode::Shared).unwrap().is_none());
+        // A process that opened the old file before its removal must not count as holder.
+        let stale = LockFile::open(&path).unwrap();
+        a.remove();
+        drop(a);
+        assert!(stale.try_lock(Mode::Exclusive).unwrap());
+        assert!(!stale.is_current());
+        let b = LockFile::try_acquire(&path, Mode::Exclusive).unwrap().unwrap();
+        assert!(b.is_current());
+        b.remove();
+    }
+
+    #[test]
+    fn shared_holders_block_the_exclusive_upgrade() {
+        let path = temp("shared");
+        let a = LockFile::try_acquire(&path, Mode::Shared).unwrap().unwrap();
+        let b = LockFile::try_acquire(&path, Mode::Shared).unwrap().unwrap();
+        assert!(!a.try_lock(Mode::Exclusive).unwrap(), "b still shares it");
+        drop(b);
+        assert!(a.try_lock(Mode::Exclusive).unwrap());
+        a.remove();
+    }
+}
