@@ -78,13 +78,13 @@ SlurmdLogFile=$dir/log/slurmd.log
 SlurmctldPort=6817
 SlurmdPort=6818
 KillWait=5
-MinJobAge=2
+MinJobAge=300
 ReturnToService=2
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 JobAcctGatherType=jobacct_gather/none
 MailProg=/bin/true
-NodeName=$node NodeAddr=127.0.0.1 CPUs=8 State=UNKNOWN
+NodeName=$node NodeAddr=127.0.0.1 CPUs=32 State=UNKNOWN
 PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP
 CONF
     printf 'export SLURM_CONF=%q\nexport STAGEFS_SLURM_DIR=%q\nexport STAGEFS_SLURM_NODE=%q\n' \

@@ -40,13 +40,17 @@ pub enum Command {
 A missing MOUNTPOINT is created (mode 0700). A mountpoint left behind by a killed daemon
 (\"Transport endpoint is not connected\") is cleaned up and reused.
 
+When several processes mount the same archive on the same mountpoint (srun tasks of one
+node, SLURM_LOCALID=0 leads), one mounts and the others wait for it and exit 0.
+
 In a SLURM job step that must stay attached (srun --overlap ... &), use --foreground:
 the mount then lives exactly as long as the step, and SIGTERM unmounts it.")]
     Mount {
         /// The archive: tar (GNU, pax, ustar, v7) or SquashFS 4.0
         archive: PathBuf,
-        /// Directory to mount on (created if missing; must be empty)
-        mountpoint: PathBuf,
+        /// Directory to mount on (created if missing; must be empty).
+        /// Default: /dev/shm/$USER/stagefs/<archive name without extensions>
+        mountpoint: Option<PathBuf>,
         /// Stay in the foreground and log to stderr instead of daemonizing
         #[arg(short, long)]
         foreground: bool,
@@ -63,7 +67,14 @@ the mount then lives exactly as long as the step, and SIGTERM unmounts it.")]
         /// Most RAM staging may use, e.g. 64G (default: free memory less a margin)
         #[arg(long, value_name = "SIZE", value_parser = crate::stage::parse_size)]
         max_ram: Option<u64>,
+        /// Unmount after no reads for this long (e.g. 30m, 2h)
+        #[arg(long, value_name = "DURATION", value_parser = crate::node::parse_duration)]
+        idle_timeout: Option<std::time::Duration>,
     },
+    /// Mount once per node, run a command with the mount, unmount after the node's last task
+    Run(crate::node::RunArgs),
+    /// Wait until a mountpoint is a live stagefs mount, or report why its mount failed
+    Wait(crate::node::WaitArgs),
     /// Unmount and wait until the daemon has exited
     Umount {
         mountpoint: PathBuf,

@@ -116,6 +116,10 @@ fn serve(archive_path: &Path, mountpoint: &Path, request: &MountRequest, ready: 
         tracing::warn!("cannot record the mount in {}: {e}", registry::runtime_dir().display());
     }
     unmount_on_signals(mountpoint.to_owned())?;
+    crate::node::spawn_watchdog(mountpoint.to_owned(), {
+        let fs = fs.clone();
+        move || fs.reads_served()
+    });
     publish_stats(record.clone(), fs.clone());
     tracing::info!(mountpoint = %mountpoint.display(), pid = record.pid, "mounted");
     if let Some(mut pipe) = ready.take() {
@@ -124,6 +128,7 @@ fn serve(archive_path: &Path, mountpoint: &Path, request: &MountRequest, ready: 
     }
     let result = session.join();
     registry::remove(mountpoint);
+    crate::node::daemon_exiting(mountpoint);
     tracing::info!(reads = fs.reads_served(), "unmounted; daemon exiting");
     result.map_err(|e| Failure::other(format!("FUSE session ended with an error: {e}")))
 }

@@ -5,7 +5,8 @@ use std::process::ExitCode;
 use clap::Parser;
 use stagefs::cli::{default_threads, Cli, Command};
 use stagefs::commands;
-use stagefs::daemon::{self, MountRequest};
+use stagefs::daemon::MountRequest;
+use stagefs::node;
 use stagefs::error::Failure;
 
 fn main() -> ExitCode {
@@ -22,15 +23,16 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> Result<(), Failure> {
     match command {
-        Command::Mount { archive, mountpoint, foreground, threads, log_file, stage, max_ram } => daemon::mount(&MountRequest {
-            archive,
-            mountpoint,
-            foreground,
-            threads: threads.unwrap_or_else(default_threads),
-            log_file,
-            stage,
-            max_ram,
-        }),
+        Command::Mount { archive, mountpoint, foreground, threads, log_file, stage, max_ram, idle_timeout } => {
+            let mountpoint = mountpoint.unwrap_or_else(|| node::default_mountpoint(&archive));
+            let request = MountRequest { archive, mountpoint, foreground, threads: threads.unwrap_or_else(default_threads), log_file, stage, max_ram };
+            node::mount(&request, node::DEFAULT_WAIT, idle_timeout).map(|_| ())
+        }
+        Command::Run(args) => {
+            let code = args.execute()?;
+            std::process::exit(code.into())
+        }
+        Command::Wait(args) => args.execute(),
         Command::Umount { mountpoint, lazy } => commands::umount(&mountpoint, lazy),
         Command::Status => commands::status(),
         Command::Index { archive } => commands::index(&archive),

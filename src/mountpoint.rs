@@ -60,7 +60,8 @@ pub fn prepare(path: &Path) -> Result<bool, MountpointError> {
             })?;
             return Ok(true);
         }
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => {
+        // ENOTCONN: the daemon is gone; ECONNABORTED: it died while a request was in flight.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED)) => {
             tracing::warn!(mountpoint = %path.display(), "found a stale mount (its daemon died); unmounting it");
             unmount(path, true)?;
         }

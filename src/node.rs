@@ -11,6 +11,7 @@
 //! Under SLURM the task with `SLURM_LOCALID=0` leads and the others only wait, so they
 //! never contend; elsewhere every caller is a candidate and the `flock` decides.
 
+mod args;
 mod duration;
 mod elect;
 mod lock;
@@ -19,10 +20,11 @@ mod watch;
 
 use std::path::{Path, PathBuf};
 
+pub use args::{RunArgs, WaitArgs, DEFAULT_WAIT};
 pub use duration::parse_duration;
 pub use elect::{elect, mount, wait, Election, Lease};
 pub use run::{run, RunRequest};
-pub use watch::{daemon_exiting, set_owner, spawn_watchdog};
+pub use watch::{daemon_exiting, set_idle_timeout, set_owner, spawn_watchdog};
 
 use crate::registry;
 

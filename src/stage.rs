@@ -283,6 +283,28 @@ impl<R: Read> Read for Counting<R> {
     }
 }
 
+/// Reads concatenated LZ4 frames (`cat a.lz4 b.lz4`, or lz4 appending), which
+/// `lz4_flex`'s decoder stops after the first of.
+struct Lz4Frames<R: std::io::BufRead> {
+    decoder: Option<lz4_flex::frame::FrameDecoder<R>>,
+}
+
+impl<R: std::io::BufRead> Read for Lz4Frames<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while let Some(decoder) = self.decoder.as_mut() {
+            let n = decoder.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+            let mut input = self.decoder.take().expect("checked above").into_inner();
+            if !input.fill_buf()?.is_empty() {
+                self.decoder = Some(lz4_flex::frame::FrameDecoder::new(input));
+            }
+        }
+        Ok(0)
+    }
+}
+
 /// Decompresses the whole stream into RAM, checking the budget as it grows (the final
 /// size of most compressed streams is unknown until the end).
 fn decompress(path: &Path, file: File, kind: Compression, budget: &RamBudget) -> Result<Backing, StageError> {
@@ -297,7 +319,7 @@ fn decompress(path: &Path, file: File, kind: Compression, budget: &RamBudget) ->
             zstd::stream::read::Decoder::with_buffer(input)
                 .map_err(|source| StageError::Io { path: path.to_owned(), what: "cannot start zstd".into(), source })?,
         ),
-        Compression::Lz4 => Box::new(lz4_flex::frame::FrameDecoder::new(input)),
+        Compression::Lz4 => Box::new(Lz4Frames { decoder: Some(lz4_flex::frame::FrameDecoder::new(input)) }),
     };
     // A memfd's size costs nothing until written: size it to the budget, trim at the end.
     let target = memfd(path, budget.bytes)?;

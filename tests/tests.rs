@@ -7,4 +7,6 @@
 mod compare;
 mod errors;
 mod formats;
+mod slurm;
+mod staging;
 mod util;

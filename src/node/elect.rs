@@ -46,36 +46,45 @@ impl Lease {
 /// Gives up after `timeout` with an error saying what it waited for.
 pub fn elect(archive: &Path, mountpoint: &Path, task: &SlurmTask, timeout: Duration) -> Result<Election, Failure> {
     let files = NodeFiles::for_mountpoint(mountpoint);
+    let what = format!("{} on {}", archive.display(), mountpoint.display());
+    elect_with(&files.lock, task, timeout, &what, &|| is_mounted(archive, mountpoint))
+}
+
+/// [`elect`] with the lock file and the "is it mounted?" probe given, for tests.
+fn elect_with(
+    lock_path: &Path,
+    task: &SlurmTask,
+    timeout: Duration,
+    what: &str,
+    mounted: &dyn Fn() -> Result<bool, Failure>,
+) -> Result<Election, Failure> {
     let started_ms = now_ms();
     let deadline = Instant::now() + timeout;
     let candidate = task.local_id.is_none_or(|id| id == 0);
     loop {
-        if is_mounted(archive, mountpoint)? {
+        if mounted()? {
             return Ok(Election::AlreadyMounted);
         }
-        if let Some(failure) = leader_failure(&files.lock, task, started_ms) {
+        if let Some(failure) = leader_failure(lock_path, task, started_ms) {
             return Err(failure);
         }
         if candidate {
-            let lock = LockFile::try_acquire(&files.lock, Mode::Exclusive)
-                .map_err(|e| Failure::other(format!("cannot take the mount lock {}: {e}", files.lock.display())))?;
+            let lock = LockFile::try_acquire(lock_path, Mode::Exclusive)
+                .map_err(|e| Failure::other(format!("cannot take the mount lock {}: {e}", lock_path.display())))?;
             if let Some(lock) = lock {
                 // A leader may have finished between our check and our lock.
-                if is_mounted(archive, mountpoint)? {
+                if mounted()? {
                     return Ok(Election::AlreadyMounted);
                 }
                 let tag = task.step_tag();
                 lock.write_status(&Status::mounting(tag.clone()));
-                watch::remember_lease(&lock, &files.lock);
+                watch::remember_lease(&lock, lock_path);
                 return Ok(Election::Leader(Lease { lock, tag }));
             }
         }
         if Instant::now() >= deadline {
             let who = if candidate { "the process holding the mount lock" } else { "this node's leader (the task with SLURM_LOCALID=0)" };
-            return Err(Failure::new(
-                code::NOT_MOUNTED,
-                format!("timed out after {timeout:?} waiting for {who} to mount {} on {}", archive.display(), mountpoint.display()),
-            ));
+            return Err(Failure::new(code::NOT_MOUNTED, format!("timed out after {timeout:?} waiting for {who} to mount {what}")));
         }
         std::thread::sleep(POLL);
     }
@@ -92,7 +101,7 @@ fn is_mounted(archive: &Path, mountpoint: &Path) -> Result<bool, Failure> {
         return Err(Failure::new(
             code::MOUNTPOINT,
             format!(
-                "{} already has another archive mounted ({}, daemon pid {}); unmount it with `stagefs umount {}` or choose another mountpoint with -m",
+                "{} is already mounted with another archive ({}, daemon pid {}); unmount it with `stagefs umount {}` or choose another mountpoint with -m",
                 mountpoint.display(),
                 record.archive.display(),
                 record.pid,
@@ -138,9 +147,10 @@ fn is_locked(path: &Path) -> bool {
     }
 }
 
-/// `stagefs mount` with election: mounts if elected, else waits until the leader's mount
-/// is usable. Returns whether this process mounted.
-pub fn mount(request: &MountRequest, timeout: Duration) -> Result<bool, Failure> {
+/// `stagefs mount` with election: mounts if elected, else waits (at most `timeout`) until
+/// the leader's mount is usable. Returns whether this process mounted. `idle` unmounts
+/// after that long without reads.
+pub fn mount(request: &MountRequest, timeout: Duration, idle: Option<Duration>) -> Result<bool, Failure> {
     let archive = canonical_archive(&request.archive)?;
     let mountpoint = mountpoint::resolve(&request.mountpoint)?;
     let task = SlurmTask::from_env();
@@ -151,6 +161,7 @@ pub fn mount(request: &MountRequest, timeout: Duration) -> Result<bool, Failure>
         }
         Election::Leader(lease) => {
             let request = MountRequest { archive, mountpoint, ..request.clone() };
+            watch::set_idle_timeout(idle);
             daemon::mount(&request).inspect_err(|failure| lease.failed(failure))?;
             Ok(true)
         }
@@ -190,5 +201,105 @@ pub fn wait(mountpoint: &Path, timeout: Duration) -> Result<(), Failure> {
             ));
         }
         std::thread::sleep(POLL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    fn lock_path(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("stagefs-elect-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{name}.lock"));
+        let _ = std::fs::remove_file(&path);
+        path
+    }
+
+    fn slurm(local_id: u32, step: &str) -> SlurmTask {
+        SlurmTask { local_id: Some(local_id), job: Some("42".into()), step: Some(step.into()), local_tasks: Some(4) }
+    }
+
+    /// Runs `tasks` concurrently; the leader "mounts" after 50 ms (or fails when `fail`).
+    /// Returns (leaders, already-mounted, errors).
+    fn contend(path: &Path, tasks: Vec<SlurmTask>, fail: bool) -> (usize, usize, Vec<String>) {
+        let mounted = AtomicBool::new(false);
+        let (leaders, followers) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let errors = std::sync::Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            for task in &tasks {
+                s.spawn(|| {
+                    let probe = || Ok(mounted.load(Ordering::SeqCst));
+                    match elect_with(path, task, Duration::from_secs(5), "test", &probe) {
+                        Ok(Election::Leader(lease)) => {
+                            leaders.fetch_add(1, Ordering::SeqCst);
+                            std::thread::sleep(Duration::from_millis(50));
+                            if fail {
+                                lease.failed(&Failure::new(3, "corrupt archive /x.tar".into()));
+                            } else {
+                                mounted.store(true, Ordering::SeqCst);
+                            }
+                        }
+                        Ok(Election::AlreadyMounted) => drop(followers.fetch_add(1, Ordering::SeqCst)),
+                        Err(f) => errors.lock().unwrap().push(format!("{} {}", f.code, f.message)),
+                    }
+                });
+            }
+        });
+        (leaders.into_inner(), followers.into_inner(), errors.into_inner().unwrap())
+    }
+
+    #[test]
+    fn flock_elects_exactly_one_among_contenders() {
+        let path = lock_path("flock");
+        let (leaders, followers, errors) = contend(&path, vec![SlurmTask::default(); 8], false);
+        assert_eq!((leaders, followers), (1, 7), "{errors:?}");
+    }
+
+    #[test]
+    fn flock_waiters_see_the_leaders_error() {
+        let path = lock_path("flock-fail");
+        let (leaders, _, errors) = contend(&path, vec![SlurmTask::default(); 4], true);
+        assert_eq!(leaders, 1);
+        assert_eq!(errors.len(), 3);
+        assert!(errors.iter().all(|e| e.starts_with("3 ") && e.contains("corrupt archive /x.tar")), "{errors:?}");
+    }
+
+    #[test]
+    fn localid_zero_leads_even_when_it_comes_last() {
+        let path = lock_path("localid");
+        let tasks = (0..4).rev().map(|id| slurm(id, "0")).collect();
+        let (leaders, followers, errors) = contend(&path, tasks, false);
+        assert_eq!((leaders, followers), (1, 3), "{errors:?}");
+        assert!(Status::read(&path).unwrap().tag.as_deref() == Some("42.0"));
+    }
+
+    #[test]
+    fn localid_followers_get_the_leaders_error_not_a_timeout() {
+        let path = lock_path("localid-fail");
+        let (leaders, _, errors) = contend(&path, (0..4).map(|id| slurm(id, "1")).collect(), true);
+        assert_eq!(leaders, 1);
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        assert!(errors.iter().all(|e| e.contains("corrupt archive")), "{errors:?}");
+    }
+
+    #[test]
+    fn a_stale_failure_of_another_step_is_ignored() {
+        let path = lock_path("stale");
+        contend(&path, vec![slurm(0, "1")], true);
+        // A follower of step 2 must not take step 1's failure for its leader's.
+        let err = elect_with(&path, &slurm(1, "2"), Duration::from_millis(100), "test", &|| Ok(false)).unwrap_err();
+        assert!(err.message.contains("timed out") && err.message.contains("SLURM_LOCALID=0"), "{}", err.message);
+        // And a new candidate outside SLURM retries instead of failing.
+        assert!(matches!(elect_with(&path, &SlurmTask::default(), Duration::from_secs(1), "t", &|| Ok(false)), Ok(Election::Leader(_))));
+    }
+
+    #[test]
+    fn a_leader_that_died_while_mounting_is_reported() {
+        let path = lock_path("died");
+        std::fs::write(&path, format!("state=mounting\npid={}\ntag=42.3\nat_ms=0\ncode=0\nmessage=\n", u32::MAX - 1)).unwrap();
+        let err = elect_with(&path, &slurm(2, "3"), Duration::from_secs(5), "test", &|| Ok(false)).unwrap_err();
+        assert!(err.message.contains("died before its mount was ready"), "{}", err.message);
     }
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use super::lock::{LockFile, Mode};
 use super::{canonical_archive, elect, watch, NodeFiles, SlurmTask};
-use crate::daemon::{self, MountRequest};
+use crate::daemon::MountRequest;
 use crate::error::Failure;
 use crate::mountpoint;
 use crate::registry;
@@ -77,7 +77,7 @@ fn join(mount: &MountRequest, task: &SlurmTask, timeout: Duration) -> Result<(Lo
     let mut task = task.clone();
     loop {
         watch::set_owner(Some(std::process::id()));
-        let leader = elect::mount(mount, timeout);
+        let leader = elect::mount(mount, timeout, None);
         watch::set_owner(None);
         let leader = leader?;
         let users = loop {
@@ -106,7 +106,7 @@ fn teardown(users: &LockFile, mountpoint: &Path, task: &SlurmTask, signalled: bo
     let tag = task.step_tag();
     let expected = if signalled { None } else { task.local_tasks };
     loop {
-        let joined = tag.as_ref().map_or(0, |tag| users.read_text().lines().filter(|l| l.split(' ').next() == Some(tag)).count());
+        let joined = tag.as_deref().map_or(0, |tag| joined(&users.read_text(), tag));
         let all_joined = expected.is_none_or(|n| joined >= n as usize) || started.elapsed() > JOIN_GRACE;
         match users.try_lock(Mode::Exclusive) {
             Ok(true) if all_joined => break,
@@ -126,6 +126,7 @@ fn teardown(users: &LockFile, mountpoint: &Path, task: &SlurmTask, signalled: bo
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    let daemon = registry::read(mountpoint).map(|r| r.pid);
     let result = match crate::commands::umount(mountpoint, false) {
         Err(f) if f.code == crate::error::code::BUSY => crate::commands::umount(mountpoint, true),
         other => other,
@@ -135,7 +136,16 @@ fn teardown(users: &LockFile, mountpoint: &Path, task: &SlurmTask, signalled: bo
         Err(f) if f.code == crate::error::code::NOT_MOUNTED => {}
         Err(f) => eprintln!("stagefs: warning: {}", f.message),
     }
+    // The daemon was forked from this process: reap it so no zombie outlives the job.
+    if let Some(pid) = daemon {
+        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid as i32), Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+    }
     users.remove();
+}
+
+/// How many tasks of step `tag` have joined, from the users file's "tag pid" lines.
+fn joined(users: &str, tag: &str) -> usize {
+    users.lines().filter(|l| l.split(' ').next() == Some(tag)).count()
 }
 
 /// Replaces `$STAGEFS_MOUNT`, `${STAGEFS_MOUNT}` and `{mount}` in an argument.
@@ -243,5 +253,11 @@ mod tests {
         assert_eq!(e("{mount}"), "/dev/shm/u/stagefs/x");
         assert_eq!(e("$STAGEFS_MOUNTED"), "$STAGEFS_MOUNTED");
         assert_eq!(e("plain"), "plain");
+    }
+
+    #[test]
+    fn only_this_steps_tasks_count_as_joined() {
+        assert_eq!(joined("7.0 10\n7.0 11\n6.0 9\n7.1 12\n", "7.0"), 2);
+        assert_eq!(joined("", "7.0"), 0);
     }
 }

@@ -17,6 +17,9 @@ static LEASE: Mutex<Option<(u64, u64, PathBuf)>> = Mutex::new(None);
 /// The `stagefs run` process whose death must unmount (0: none).
 static OWNER: AtomicU32 = AtomicU32::new(0);
 
+/// `--idle-timeout` for the next daemon this process forks or becomes.
+static IDLE: Mutex<Option<Duration>> = Mutex::new(None);
+
 pub(super) fn remember_lease(lock: &LockFile, path: &Path) {
     if let (Some((dev, ino)), Ok(mut lease)) = (lock.identity(), LEASE.lock()) {
         *lease = Some((dev, ino, path.to_owned()));
@@ -26,6 +29,13 @@ pub(super) fn remember_lease(lock: &LockFile, path: &Path) {
 /// Ties the next daemon this process forks to `pid`: when it dies, the daemon unmounts.
 pub fn set_owner(pid: Option<u32>) {
     OWNER.store(pid.unwrap_or(0), Ordering::SeqCst);
+}
+
+/// Sets the idle timeout the next daemon started by this process applies.
+pub fn set_idle_timeout(idle: Option<Duration>) {
+    if let Ok(mut slot) = IDLE.lock() {
+        *slot = idle;
+    }
 }
 
 /// For the daemon, after its session ended: deletes the election lock it held, so nothing
@@ -61,11 +71,12 @@ impl IdleTimer {
     }
 }
 
-/// For the daemon, once mounted: starts a thread that unmounts `mountpoint` after
-/// `idle` without a change of `accesses()`, or as soon as the owner set with [`set_owner`]
-/// has exited. Unmounting ends the FUSE session, so the daemon then exits as usual.
-pub fn spawn_watchdog(mountpoint: PathBuf, idle: Option<Duration>, accesses: impl Fn() -> u64 + Send + 'static) {
+/// For the daemon, once mounted: starts a thread that unmounts `mountpoint` after the
+/// [`set_idle_timeout`] without a change of `accesses()`, or as soon as the owner set with
+/// [`set_owner`] has exited. Unmounting ends the FUSE session; the daemon then exits as usual.
+pub fn spawn_watchdog(mountpoint: PathBuf, accesses: impl Fn() -> u64 + Send + 'static) {
     let owner = OWNER.load(Ordering::SeqCst);
+    let idle = IDLE.lock().ok().and_then(|i| *i);
     if idle.is_none() && owner == 0 {
         return;
     }

@@ -1,0 +1,171 @@
+//! Indexing: walks the directory tree from the root inode and fills the [`IndexBuilder`].
+
+use std::collections::HashMap;
+
+use super::data::Layouts;
+use super::directory::read_listing;
+use super::inode::{self, Kind, RawInode, NO_XATTRS};
+use super::metadata::{Cursor, MetaReader};
+use super::superblock::Superblock;
+use super::xattr::XattrTable;
+use super::Fault;
+use crate::index::{Attrs, Data, Index, IndexBuilder, InodeId, ROOT};
+
+/// A directory whose listing is still to be read.
+struct PendingDir {
+    id: InodeId,
+    listing: Cursor,
+    len: u32,
+}
+
+struct Walk<'a> {
+    sb: &'a Superblock,
+    meta: MetaReader<'a>,
+    ids: Vec<u8>,
+    xattrs: Option<XattrTable>,
+    builder: IndexBuilder,
+    layouts: Layouts,
+    /// SquashFS inode number -> index inode, for directories (to refuse loops) and for
+    /// files with several names (so hardlinks share one inode). Single-name files, the
+    /// vast majority, are left out to keep this map small.
+    seen: HashMap<u32, InodeId>,
+    pending: Vec<PendingDir>,
+}
+
+/// Indexes the image (`image` is already cut to `bytes_used`).
+pub(super) fn index(image: &[u8], sb: &Superblock) -> Result<(Index, Layouts), Fault> {
+    let mut meta = MetaReader::new(image, sb.compressor);
+    let ids = meta.lookup_table(sb.id_table, sb.id_count.into(), 4, "id table")?;
+    let xattrs = XattrTable::load(&mut meta, sb)?;
+    let layouts = Layouts::new(&mut meta, sb.block_size, sb.bytes_used, sb.fragment_table, sb.fragment_count)?;
+    let mut walk = Walk {
+        sb,
+        meta,
+        ids,
+        xattrs,
+        builder: IndexBuilder::new(),
+        layouts,
+        seen: HashMap::new(),
+        pending: Vec::new(),
+    };
+    walk.root()?;
+    while let Some(dir) = walk.pending.pop() {
+        walk.directory(dir)?;
+    }
+    let index = walk.builder.finish()?;
+    tracing::debug!(
+        inodes = index.inodes.len(),
+        bytes = sb.bytes_used,
+        block_size = sb.block_size,
+        compressor = ?sb.compressor,
+        "indexed SquashFS image"
+    );
+    Ok((index, walk.layouts))
+}
+
+impl Walk<'_> {
+    fn root(&mut self) -> Result<(), Fault> {
+        let root = inode::parse(&mut self.meta, Cursor::from_ref(self.sb.inode_table, self.sb.root_inode)?)?;
+        if !matches!(root.kind, Kind::Dir { .. }) {
+            return Err(Fault::corrupt(
+                self.sb.inode_table,
+                format!("root inode is a {:?}, expected a directory", root.kind),
+            ));
+        }
+        let (attrs, data) = self.describe(&root)?;
+        self.builder.set_inode(ROOT, attrs, data);
+        self.add_xattrs(ROOT, root.xattr)?;
+        self.remember(ROOT, &root)
+    }
+
+    fn directory(&mut self, dir: PendingDir) -> Result<(), Fault> {
+        for entry in read_listing(&mut self.meta, dir.listing, dir.len)? {
+            if let Some(&known) = self.seen.get(&entry.inode_number) {
+                if self.builder.attrs(known).is_dir() {
+                    return Err(Fault::corrupt(
+                        dir.listing.block,
+                        format!(
+                            "directory {:?} is listed twice (a loop in the tree)",
+                            String::from_utf8_lossy(&entry.name)
+                        ),
+                    ));
+                }
+                self.builder.link(dir.id, &entry.name, known)?;
+                continue;
+            }
+            let at = Cursor::at(self.sb.inode_table, entry.inode_block.into(), entry.inode_offset)?;
+            let raw = inode::parse(&mut self.meta, at)?;
+            if raw.common.number != entry.inode_number {
+                return Err(Fault::corrupt(
+                    at.block,
+                    format!(
+                        "directory entry names inode {}, the inode there is {}",
+                        entry.inode_number, raw.common.number
+                    ),
+                ));
+            }
+            let (attrs, data) = self.describe(&raw)?;
+            let id = self.builder.add_inode(attrs, data)?;
+            self.add_xattrs(id, raw.xattr)?;
+            self.builder.link(dir.id, &entry.name, id)?;
+            self.remember(id, &raw)?;
+        }
+        Ok(())
+    }
+
+    /// Records directories (and queues their listing) and multiply-linked files.
+    fn remember(&mut self, id: InodeId, raw: &RawInode) -> Result<(), Fault> {
+        if let Kind::Dir { start_block, offset, listing_len } = raw.kind {
+            let listing = Cursor::at(self.sb.directory_table, start_block.into(), offset)?;
+            self.pending.push(PendingDir { id, listing, len: listing_len });
+        } else if raw.nlink <= 1 {
+            return Ok(());
+        }
+        self.seen.insert(raw.common.number, id);
+        Ok(())
+    }
+
+    fn describe(&mut self, raw: &RawInode) -> Result<(Attrs, Data), Fault> {
+        let (size, data) = match &raw.kind {
+            Kind::Dir { listing_len, .. } => (u64::from(*listing_len) + 3, Data::None),
+            Kind::File(file) if file.size == 0 => (0, Data::None),
+            Kind::File(file) => (file.size, Data::Extern(self.layouts.add_file(&mut self.meta, file)?)),
+            Kind::Symlink { target } => (target.len() as u64, Data::Symlink(self.builder.intern(target)?)),
+            Kind::BlockDevice { rdev } | Kind::CharDevice { rdev } => (0, Data::Device(*rdev)),
+            Kind::Fifo | Kind::Socket => (0, Data::None),
+        };
+        let attrs = Attrs {
+            mode: raw.type_bits() | u32::from(raw.common.permissions & 0o7777),
+            uid: self.id(raw.common.uid_index)?,
+            gid: self.id(raw.common.gid_index)?,
+            mtime: raw.common.mtime.into(),
+            mtime_nsec: 0,
+            size,
+        };
+        Ok((attrs, data))
+    }
+
+    /// A uid or gid from the id table.
+    fn id(&self, index: u16) -> Result<u32, Fault> {
+        let at = usize::from(index) * 4;
+        self.ids.get(at..at + 4).map(|raw| u32::from_le_bytes(raw.try_into().unwrap_or_default())).ok_or_else(|| {
+            Fault::corrupt(self.sb.id_table, format!("id index {index}, the id table has {} ids", self.sb.id_count))
+        })
+    }
+
+    fn add_xattrs(&mut self, id: InodeId, index: u32) -> Result<(), Fault> {
+        if index == NO_XATTRS {
+            return Ok(());
+        }
+        let Some(table) = &self.xattrs else {
+            return Err(Fault::corrupt(
+                self.sb.xattr_id_table,
+                format!("an inode has xattr set {index}, but the image has no xattr table"),
+            ));
+        };
+        let pairs = table.pairs(&mut self.meta, index)?;
+        let borrowed: Vec<(&[u8], &[u8])> = pairs.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
+        self.builder.set_xattrs(id, &borrowed)?;
+        Ok(())
+    }
+}

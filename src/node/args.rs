@@ -1,0 +1,95 @@
+//! Command-line arguments of `stagefs run` and `stagefs wait`, and what they execute.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{default_mountpoint, parse_duration, run, wait, RunRequest};
+use crate::daemon::MountRequest;
+use crate::error::Failure;
+use crate::stage::StageMode;
+
+/// How long a task waits for this node's mount unless told (staging a large archive
+/// from a parallel filesystem can take many minutes).
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(3600);
+
+/// Mount (once per node), run a command with the mount, unmount after the node's last task
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Each task elects a mounter (SLURM_LOCALID=0 under srun, a lock elsewhere), mounts
+or waits for the mount, runs CMD with STAGEFS_MOUNT set, and exits with CMD's exit code.
+The mounting task unmounts once every task on the node has finished its CMD.
+Literal $STAGEFS_MOUNT, ${STAGEFS_MOUNT} and {mount} in CMD are replaced by the mountpoint,
+so single quotes are enough:
+
+  srun stagefs run imagenet.sqsh -- python train.py --data-root '$STAGEFS_MOUNT'
+  srun stagefs run imagenet.sqsh -- bash -c 'python train.py --data-root \"$STAGEFS_MOUNT\"'
+
+SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 are forwarded to CMD; the mount is still
+cleaned up. Default mountpoint: /dev/shm/$USER/stagefs/<archive name without extensions>.")]
+pub struct RunArgs {
+    /// The archive: tar or SquashFS
+    archive: PathBuf,
+    /// Mountpoint (default: /dev/shm/$USER/stagefs/<archive stem>)
+    #[arg(short, long, value_name = "DIR")]
+    mountpoint: Option<PathBuf>,
+    /// How long a task waits for the node's mount before failing
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1h")]
+    timeout: Duration,
+    /// Copy the archive into RAM first: auto, ram, none (see `stagefs mount --help`)
+    #[arg(long, value_enum, default_value_t = StageMode::Auto)]
+    stage: StageMode,
+    /// Most RAM staging may use, e.g. 64G
+    #[arg(long, value_name = "SIZE", value_parser = crate::stage::parse_size)]
+    max_ram: Option<u64>,
+    /// FUSE request threads (default: 2 per core, at most 16)
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Append the daemon's log to this file
+    #[arg(long, value_name = "FILE")]
+    log_file: Option<PathBuf>,
+    /// The command to run, after `--`
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<OsString>,
+}
+
+impl RunArgs {
+    /// Runs it; the result is the command's exit code.
+    pub fn execute(self) -> Result<u8, Failure> {
+        let mountpoint = self.mountpoint.unwrap_or_else(|| default_mountpoint(&self.archive));
+        run(&RunRequest {
+            mount: MountRequest {
+                archive: self.archive,
+                mountpoint,
+                foreground: false,
+                threads: self.threads.unwrap_or_else(crate::cli::default_threads),
+                log_file: self.log_file,
+                stage: self.stage,
+                max_ram: self.max_ram,
+            },
+            command: self.command,
+            timeout: self.timeout,
+        })
+    }
+}
+
+/// Wait until a mountpoint is a live stagefs mount (or its mounter failed)
+#[derive(Debug, clap::Args)]
+#[command(after_help = "For job scripts that mount in one step and read in another:
+
+  srun --overlap --ntasks-per-node=1 stagefs mount -f data.sqsh /dev/shm/$USER/data &
+  srun --ntasks-per-node=1 stagefs wait /dev/shm/$USER/data
+
+Exits 0 once the mount answers; non-zero with the mounter's own error if it failed,
+or with exit code 6 at the timeout.")]
+pub struct WaitArgs {
+    mountpoint: PathBuf,
+    /// Give up after this long (e.g. 90, 30s, 10m, 1h)
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10m")]
+    timeout: Duration,
+}
+
+impl WaitArgs {
+    pub fn execute(self) -> Result<(), Failure> {
+        wait(&self.mountpoint, self.timeout)
+    }
+}

@@ -1,0 +1,267 @@
+//! The slurm/ job-script templates on a real one-node SLURM (started by .ci/slurm-setup.sh
+//! if none answers; a SLURM that cannot start fails the test). Every template runs with 4
+//! tasks per node and ends three ways: normally, by scancel, and at its time limit. Each
+//! time all 4 tasks must read the right bytes through exactly one daemon, and afterwards
+//! no mount, no daemon, and no lock, status or record file may remain.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::util::{mounts, pseudo_random, require_root, require_tool, run_cmd, stagefs_bin, TempDir};
+
+const TEMPLATES: [&str; 4] = ["1-mount-wait-train", "2-run-one-liner", "3-multi-node", "4-stage-from-scratch"];
+const TASKS: usize = 4;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A SLURM cluster for this test; stops its daemons on drop if this test started them.
+struct Cluster {
+    dir: PathBuf,
+    conf: String,
+    started_here: bool,
+}
+
+impl Cluster {
+    fn up() -> Cluster {
+        let dir = PathBuf::from("/tmp/stagefs-slurm");
+        let script = repo().join(".ci/slurm-setup.sh");
+        let running = dir.join("env").exists() && sinfo_idle(&dir.join("slurm.conf"));
+        if !running {
+            let out = run_cmd(Command::new(&script).arg("start").arg(&dir), Duration::from_secs(300));
+            assert!(out.success(), "SLURM could not be started by {} (this test never skips):\n{}", script.display(), out.describe());
+        }
+        let conf = dir.join("slurm.conf").to_string_lossy().into_owned();
+        Cluster { dir, conf, started_here: !running }
+    }
+
+    fn cmd(&self, program: &str) -> Command {
+        let mut c = Command::new(program);
+        c.env("SLURM_CONF", &self.conf);
+        c
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.started_here {
+            let _ = Command::new(repo().join(".ci/slurm-setup.sh")).arg("stop").arg(&self.dir).status();
+        }
+    }
+}
+
+fn sinfo_idle(conf: &Path) -> bool {
+    Command::new("sinfo").args(["-h", "-o", "%t"]).env("SLURM_CONF", conf).output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "idle")
+}
+
+/// Reads every file of the source tree through the mount, records the verdict and how many
+/// daemons serve this archive, then keeps a file open while it sleeps (scancel/timeout jobs).
+const READER: &str = r#"
+import os, sys, time
+root = sys.argv[sys.argv.index('--data-root') + 1]
+expect, out, archive = os.environ['STAGEFS_TEST_EXPECT'], os.environ['STAGEFS_TEST_OUT'], os.environ['ARCHIVE']
+bad, n, last = [], 0, None
+for d, _, files in os.walk(expect):
+    for f in files:
+        rel = os.path.relpath(os.path.join(d, f), expect)
+        n += 1
+        last = os.path.join(root, rel)
+        try:
+            if open(last, 'rb').read() != open(os.path.join(expect, rel), 'rb').read():
+                bad.append(rel)
+        except OSError as e:
+            bad.append(f'{rel}: {e}')
+def daemons():
+    count = 0
+    for pid in filter(str.isdigit, os.listdir('/proc')):
+        try:
+            if archive.encode() in open(f'/proc/{pid}/cmdline', 'rb').read() and any(
+                    os.readlink(f'/proc/{pid}/fd/{fd}') == '/dev/fuse' for fd in os.listdir(f'/proc/{pid}/fd')):
+                count += 1
+        except OSError:
+            pass
+    return count
+verdict = 'ok' if n and not bad else 'bad:' + ';'.join(bad[:3])
+node, task = os.environ.get('SLURMD_NODENAME', '?'), os.environ.get('SLURM_LOCALID', '?')
+with open(os.path.join(out, f'{node}.{task}.{os.getpid()}'), 'w') as fh:
+    fh.write(f'{verdict} files={n} daemons={daemons()} root={root}\n')
+held = open(last, 'rb')
+time.sleep(float(os.environ.get('STAGEFS_TEST_SLEEP', '0')))
+sys.exit(0 if verdict == 'ok' else 1)
+"#;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum End {
+    Normal,
+    Scancel,
+    TimeLimit,
+}
+
+/// One submitted job and what it must leave behind.
+struct Job {
+    name: String,
+    id: String,
+    end: End,
+    archive: PathBuf,
+    out: PathBuf,
+    runtime: PathBuf,
+    log: PathBuf,
+}
+
+impl Job {
+    fn results(&self) -> Vec<String> {
+        let mut lines: Vec<String> = fs::read_dir(&self.out)
+            .map(|d| d.flatten().filter_map(|e| fs::read_to_string(e.path()).ok()).collect())
+            .unwrap_or_default();
+        lines.sort();
+        lines
+    }
+
+    fn context(&self) -> String {
+        format!("job {} ({}, {:?})\nresults: {:#?}\nlog:\n{}", self.id, self.name, self.end, self.results(), fs::read_to_string(&self.log).unwrap_or_default())
+    }
+}
+
+#[test]
+fn slurm_templates_mount_once_per_node_and_clean_up() {
+    require_root();
+    require_tool("python3");
+    let shellcheck = require_tool("shellcheck");
+    let templates: Vec<PathBuf> = TEMPLATES.iter().map(|t| repo().join("slurm").join(format!("{t}.sbatch"))).collect();
+    let out = run_cmd(Command::new(shellcheck).args(&templates), Duration::from_secs(60));
+    assert!(out.success(), "the templates must be shellcheck clean:\n{}", out.describe());
+
+    let cluster = Cluster::up();
+    let tmp = TempDir::new("slurm");
+    let tree = tmp.join("tree");
+    for (i, size) in [0usize, 1, 4096, 100_000, 1 << 20].iter().enumerate() {
+        fs::create_dir_all(tree.join(format!("class{}", i % 2))).unwrap();
+        fs::write(tree.join(format!("class{}/f{i}.bin", i % 2)), pseudo_random(i as u64, *size)).unwrap();
+    }
+    let base = tmp.join("base.tar");
+    let out = run_cmd(Command::new("tar").arg("-C").arg(&tree).arg("-cf").arg(&base).arg("."), Duration::from_secs(60));
+    out.assert_success();
+    fs::write(tmp.join("reader.py"), READER).unwrap();
+    let bin_dir = stagefs_bin().parent().unwrap().to_owned();
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+
+    let started = Instant::now();
+    let mut jobs = Vec::new();
+    for (template, file) in TEMPLATES.iter().zip(&templates) {
+        for end in [End::Normal, End::Scancel, End::TimeLimit] {
+            let name = format!("{template}-{end:?}").to_lowercase();
+            // A distinct archive name per job: distinct default mountpoints, so jobs run side by side.
+            let archive = tmp.join(format!("{name}.tar"));
+            fs::hard_link(&base, &archive).unwrap();
+            let (out, runtime, log) = (tmp.join(format!("out-{name}")), tmp.join(format!("rt-{name}")), tmp.join(format!("{name}.log")));
+            fs::create_dir_all(&out).unwrap();
+            let time = if end == End::TimeLimit { "1" } else { "5" };
+            let sleep = if end == End::Normal { "1" } else { "600" };
+            let mut sbatch = cluster.cmd("sbatch");
+            sbatch
+                .args(["--parsable", "--nodes=1", "--ntasks-per-node=4", "--time", time, "--output"])
+                .arg(&log)
+                .arg(file)
+                .current_dir(tmp.path())
+                .env("PATH", &path)
+                .env("ARCHIVE", &archive)
+                .env("SCRATCH", tmp.path())
+                .env("TRAIN_SCRIPT", tmp.join("reader.py"))
+                .env("STAGEFS_RUNTIME_DIR", &runtime)
+                .env("STAGEFS_TEST_EXPECT", &tree)
+                .env("STAGEFS_TEST_OUT", &out)
+                .env("STAGEFS_TEST_SLEEP", sleep);
+            let submitted = run_cmd(&mut sbatch, Duration::from_secs(30));
+            assert!(submitted.success(), "sbatch {name}:\n{}", submitted.describe());
+            let id = submitted.stdout.trim().split(';').next().unwrap().to_string();
+            jobs.push(Job { name, id, end, archive, out, runtime, log });
+        }
+    }
+
+    // Cancel the scancel jobs once all their tasks have read the archive.
+    for job in jobs.iter().filter(|j| j.end == End::Scancel) {
+        let ok = wait_for(Duration::from_secs(90), || job.results().len() >= TASKS);
+        assert!(ok, "tasks of a job to cancel did not all report:\n{}", job.context());
+        run_cmd(cluster.cmd("scancel").arg(&job.id), Duration::from_secs(30)).assert_success();
+    }
+
+    // Time limits are enforced by slurmctld's periodic check: up to ~1.5 min after the minute.
+    let mut states = BTreeMap::new();
+    for job in &jobs {
+        let ok = wait_for(Duration::from_secs(240), || {
+            let state = job_state(&cluster, &job.id);
+            let done = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"].contains(&state.as_str());
+            states.insert(job.id.clone(), state);
+            done
+        });
+        assert!(ok, "job did not end (state {:?}):\n{}", states.get(&job.id), job.context());
+    }
+
+    // Check every job before failing, so one run shows all problems.
+    let mut problems = Vec::new();
+    for job in &jobs {
+        let expected = match job.end {
+            End::Normal => "COMPLETED",
+            End::Scancel => "CANCELLED",
+            End::TimeLimit => "TIMEOUT",
+        };
+        let results = job.results();
+        let root = results.first().and_then(|r| r.trim().rsplit_once("root=")).map(|(_, r)| PathBuf::from(r));
+        let clean = root.as_ref().is_some_and(|root| wait_for(Duration::from_secs(20), || leftovers(job, root).is_empty()));
+        let mut wrong = Vec::new();
+        if states[&job.id] != expected {
+            wrong.push(format!("state {} instead of {expected}", states[&job.id]));
+        }
+        if results.len() != TASKS || !results.iter().all(|l| l.starts_with("ok ") && l.contains(" daemons=1 ")) {
+            wrong.push(format!("want {TASKS} tasks reading the right bytes through exactly one daemon"));
+        }
+        if !clean {
+            wrong.push(format!("left behind: {:?}", root.map(|r| leftovers(job, &r))));
+        }
+        if !wrong.is_empty() {
+            problems.push(format!("{}\n{}", wrong.join("; "), job.context()));
+        }
+    }
+    assert!(problems.is_empty(), "{} of {} jobs went wrong:\n\n{}", problems.len(), jobs.len(), problems.join("\n\n"));
+    eprintln!("slurm: {} jobs checked in {:.0?}", jobs.len(), started.elapsed());
+    drop(cluster);
+}
+
+/// Mounts, processes and coordination files a finished job must not leave.
+fn leftovers(job: &Job, root: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    for m in mounts().iter().filter(|m| m.mount_point == root) {
+        found.push(format!("mount {} ({})", m.mount_point.display(), m.fs_type));
+    }
+    let needle = job.archive.as_os_str().as_encoded_bytes();
+    for entry in fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if cmdline.windows(needle.len()).any(|w| w == needle) {
+            found.push(format!("process {}: {}", entry.file_name().to_string_lossy(), String::from_utf8_lossy(&cmdline).replace('\0', " ")));
+        }
+    }
+    for entry in fs::read_dir(&job.runtime).into_iter().flatten().flatten() {
+        found.push(format!("file {}", entry.path().display()));
+    }
+    found
+}
+
+fn job_state(cluster: &Cluster, id: &str) -> String {
+    let out = cluster.cmd("scontrol").args(["show", "job", "-o", id]).output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+    out.split_whitespace().find_map(|w| w.strip_prefix("JobState=")).unwrap_or("UNKNOWN").to_string()
+}
+
+fn wait_for(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    done()
+}
