@@ -68,8 +68,14 @@ fn spawn_daemon(archive: &Path, mountpoint: &Path, request: &MountRequest) -> Re
                 Some(("ok", _)) => Ok(()),
                 Some((code, message)) => Err(Failure::new(code.parse().unwrap_or(1), message.to_string())),
                 None => {
-                    let status = nix::sys::wait::waitpid(child, None);
-                    Err(Failure::other(format!("the mount daemon exited before the mount was ready ({status:?})")))
+                    use nix::sys::{signal::Signal, wait::WaitStatus};
+                    Err(Failure::other(match nix::sys::wait::waitpid(child, None) {
+                        Ok(WaitStatus::Signaled(_, Signal::SIGBUS, _)) => format!(
+                            "{} changed (was truncated) while it was being indexed; mount it once it is complete",
+                            archive.display()
+                        ),
+                        status => format!("the mount daemon exited before the mount was ready ({status:?})"),
+                    }))
                 }
             }
         }

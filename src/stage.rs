@@ -215,7 +215,7 @@ fn map_staged(path: &Path, file: &File) -> Result<Backing, StageError> {
     // SAFETY: only this process holds the memfd and nothing writes it after staging.
     let map = unsafe { memmap2::Mmap::map(file) }
         .map_err(|source| StageError::Io { path: path.to_owned(), what: "cannot map the staged copy".into(), source })?;
-    Ok(Arc::new(map))
+    Ok(Arc::new(crate::archive::Source::private(map)))
 }
 
 fn summary(verb: &str, path: &Path, bytes: u64, started: Instant) {

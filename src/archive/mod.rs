@@ -12,8 +12,75 @@ use std::sync::Arc;
 
 use crate::index::{Data, Index, Inode};
 
-/// The archive's bytes: a read-only memory map shared by all request threads.
-pub type Backing = Arc<memmap2::Mmap>;
+/// The archive's bytes, shared by all request threads.
+pub type Backing = Arc<Source>;
+
+/// A read-only map of the archive. Indexing reads the map directly (through `Deref`);
+/// the request path uses [`Source::read_at`], which never faults: a file served in place
+/// is read with `pread` and checked to be unchanged, because a truncated file under a map
+/// raises SIGBUS and a rewritten one would serve wrong bytes. Staged copies (memfds that
+/// only this process holds) are served straight from the map.
+#[derive(Debug)]
+pub struct Source {
+    map: memmap2::Mmap,
+    in_place: Option<InPlace>,
+}
+
+/// The archive file as it was when mounted.
+#[derive(Debug)]
+struct InPlace {
+    file: std::fs::File,
+    size: u64,
+    mtime: (i64, i64),
+}
+
+impl InPlace {
+    fn unchanged(&self) -> Result<(), ReadError> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = self.file.metadata().map_err(|e| ReadError { offset: 0, what: format!("cannot stat the archive: {e}") })?;
+        if meta.len() != self.size || (meta.mtime(), meta.mtime_nsec()) != self.mtime {
+            return Err(ReadError {
+                offset: 0,
+                what: format!(
+                    "the archive file changed since it was mounted (size {} -> {}); remount to serve the new version",
+                    self.size,
+                    meta.len()
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Source {
+    /// Bytes only this process holds (a staged memfd, or memory in tests).
+    pub fn private(map: memmap2::Mmap) -> Source {
+        Source { map, in_place: None }
+    }
+
+    /// `len` bytes at `offset`, or an error if they lie past the end or the archive
+    /// file changed underneath.
+    pub fn read_at(&self, offset: u64, len: usize) -> Result<std::borrow::Cow<'_, [u8]>, ReadError> {
+        let past_end = || ReadError { offset, what: format!("{len} bytes run past the end of the archive ({} bytes)", self.map.len()) };
+        let end = offset.checked_add(len as u64).filter(|&e| e <= self.map.len() as u64).ok_or_else(past_end)?;
+        let Some(in_place) = &self.in_place else {
+            return Ok(std::borrow::Cow::Borrowed(&self.map[offset as usize..end as usize]));
+        };
+        use std::os::unix::fs::FileExt;
+        let mut buf = vec![0u8; len];
+        in_place.file.read_exact_at(&mut buf, offset).map_err(|e| ReadError { offset, what: format!("cannot read the archive: {e}") })?;
+        // Checked after the read: a writer updates mtime before it changes data.
+        in_place.unchanged()?;
+        Ok(std::borrow::Cow::Owned(buf))
+    }
+}
+
+impl std::ops::Deref for Source {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.map
+    }
+}
 
 /// Bytes returned by a read: borrowed from the map, shared from the block cache, or
 /// assembled (sparse files, reads spanning SquashFS blocks).
@@ -22,6 +89,15 @@ pub enum Bytes<'a> {
     Borrowed(&'a [u8]),
     Shared(Arc<[u8]>, Range<usize>),
     Owned(Vec<u8>),
+}
+
+impl<'a> From<std::borrow::Cow<'a, [u8]>> for Bytes<'a> {
+    fn from(cow: std::borrow::Cow<'a, [u8]>) -> Bytes<'a> {
+        match cow {
+            std::borrow::Cow::Borrowed(b) => Bytes::Borrowed(b),
+            std::borrow::Cow::Owned(v) => Bytes::Owned(v),
+        }
+    }
 }
 
 impl std::ops::Deref for Bytes<'_> {
@@ -35,13 +111,16 @@ impl std::ops::Deref for Bytes<'_> {
     }
 }
 
-/// Maps a file read-only for random access (FUSE reads jump between members).
+/// Maps a file to serve in place (see [`Source`] for why reads then use pread).
 pub fn map_file(file: &std::fs::File) -> std::io::Result<Backing> {
-    // SAFETY: the map is read-only; a file truncated underneath raises SIGBUS (see
-    // doc/guarantees.md). Staged archives live in memory only stagefs holds.
+    use std::os::unix::fs::MetadataExt;
+    let meta = file.metadata()?;
+    // SAFETY: read-only; only indexing touches the map directly, and a truncation during
+    // indexing is reported as such by the parent (SIGBUS); see doc/guarantees.md.
     let map = unsafe { memmap2::Mmap::map(file) }?;
     let _ = map.advise(memmap2::Advice::Random);
-    Ok(Arc::new(map))
+    let in_place = InPlace { file: file.try_clone()?, size: meta.len(), mtime: (meta.mtime(), meta.mtime_nsec()) };
+    Ok(Arc::new(Source { map, in_place: Some(in_place) }))
 }
 
 /// Damage found while opening or indexing an archive: fatal for the mount.

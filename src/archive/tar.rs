@@ -83,13 +83,7 @@ impl TarReader {
 
     pub fn read(&self, data: Data, _size: u64, offset: u64, len: usize) -> Result<Bytes<'_>, ReadError> {
         match data {
-            Data::Slice { offset: start } => {
-                let from = (start + offset) as usize;
-                self.backing
-                    .get(from..from + len)
-                    .map(Bytes::Borrowed)
-                    .ok_or(ReadError { offset: start, what: "member runs past the end of the archive".into() })
-            }
+            Data::Slice { offset: start } => Ok(self.backing.read_at(start + offset, len)?.into()),
             Data::Extern(handle) => self.read_sparse(handle, offset, len),
             other => Err(ReadError { offset: 0, what: format!("not a regular file ({other:?})") }),
         }
@@ -106,12 +100,8 @@ impl TarReader {
         for e in extents[start..].iter().take_while(|e| e.file_offset < end) {
             let from = e.file_offset.max(offset);
             let to = (e.file_offset + e.len).min(end);
-            let src = (e.archive_offset + (from - e.file_offset)) as usize;
-            let bytes = self.backing.get(src..src + (to - from) as usize).ok_or(ReadError {
-                offset: e.archive_offset,
-                what: "sparse extent runs past the end of the archive".into(),
-            })?;
-            out[(from - offset) as usize..(to - offset) as usize].copy_from_slice(bytes);
+            let bytes = self.backing.read_at(e.archive_offset + (from - e.file_offset), (to - from) as usize)?;
+            out[(from - offset) as usize..(to - offset) as usize].copy_from_slice(&bytes);
         }
         Ok(Bytes::Owned(out))
     }
@@ -828,7 +818,7 @@ mod tests {
     fn open_bytes(bytes: &[u8]) -> Result<(Index, TarReader), OpenError> {
         let mut map = memmap2::MmapMut::map_anon(bytes.len().max(1)).unwrap();
         map[..bytes.len()].copy_from_slice(bytes);
-        open(Path::new("t.tar"), std::sync::Arc::new(map.make_read_only().unwrap()))
+        open(Path::new("t.tar"), std::sync::Arc::new(crate::archive::Source::private(map.make_read_only().unwrap())))
     }
 
     #[test]
@@ -872,7 +862,7 @@ mod tests {
         let backing = {
             let mut m = memmap2::MmapMut::map_anon(16).unwrap();
             m[..8].copy_from_slice(b"AAAABBBB");
-            std::sync::Arc::new(m.make_read_only().unwrap())
+            std::sync::Arc::new(crate::archive::Source::private(m.make_read_only().unwrap()))
         };
         let reader = TarReader {
             backing,

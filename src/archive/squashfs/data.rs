@@ -280,12 +280,14 @@ impl SquashReader {
             what: format!("block holds {len} bytes, the read needs bytes {from}..{}", from + n),
         };
         if size & STORED_BIT != 0 {
-            let block = self.raw_block(at, stored)?;
-            return block.get(from..from + n).map(Bytes::Borrowed).ok_or_else(|| short(block.len()));
+            if from + n > stored {
+                return Err(short(stored));
+            }
+            return Ok(self.backing.read_at(at + from as u64, n)?.into());
         }
         let block = self.cache.get_or_insert_with(&at, || {
-            let input = self.raw_block(at, stored)?;
-            self.compressor.decompress_shared(input, self.layouts.block_size as usize).map_err(|e| ReadError {
+            let input = self.backing.read_at(at, stored)?;
+            self.compressor.decompress_shared(&input, self.layouts.block_size as usize).map_err(|e| ReadError {
                 offset: at,
                 what: format!("{:?} data block does not decompress: {e}", self.compressor),
             })
@@ -294,11 +296,5 @@ impl SquashReader {
             return Err(short(block.len()));
         }
         Ok(Bytes::Shared(block, from..from + n))
-    }
-
-    fn raw_block(&self, at: u64, stored: usize) -> Result<&[u8], ReadError> {
-        usize::try_from(at).ok().and_then(|start| self.backing.get(start..start.checked_add(stored)?)).ok_or_else(
-            || ReadError { offset: at, what: format!("{stored}-byte block runs past the end of the image") },
-        )
     }
 }

@@ -139,13 +139,14 @@ fn make_tree(root: &Path) {
 
 fn map_file(path: &Path) -> Backing {
     let file = fs::File::open(path).unwrap();
-    Arc::new(unsafe { memmap2::Mmap::map(&file) }.unwrap())
+    // Served like a staged copy (straight from the map), so zero-copy reads can be checked.
+    Arc::new(crate::archive::Source::private(unsafe { memmap2::Mmap::map(&file) }.unwrap()))
 }
 
 fn map_bytes(bytes: &[u8]) -> Backing {
     let mut map = memmap2::MmapMut::map_anon(bytes.len().max(1)).unwrap();
     map[..bytes.len()].copy_from_slice(bytes);
-    Arc::new(map.make_read_only().unwrap())
+    Arc::new(crate::archive::Source::private(map.make_read_only().unwrap()))
 }
 
 /// Reads a whole file through the reader in `chunk`-sized requests.
