@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
+use crate::archive::tar::ustar_header;
 use crate::daemon::{self, MountRequest};
 use crate::error::Failure;
 
@@ -94,7 +95,7 @@ fn write_archive(path: &Path, files: usize) -> std::io::Result<Vec<(String, u64,
     let mut rng = Rng(0x5eed);
     let mut expected = Vec::with_capacity(files);
     for class in 0..CLASSES {
-        write_header(&mut out, &format!("train/n{class:08}/"), b'5', 0)?;
+        out.write_all(&ustar_header(&format!("train/n{class:08}/"), b'5', 0o755, 0, ""))?;
     }
     let mut data = Vec::new();
     for i in 0..files {
@@ -103,7 +104,7 @@ fn write_archive(path: &Path, files: usize) -> std::io::Result<Vec<(String, u64,
         data.clear();
         data.extend((0..len.div_ceil(8)).flat_map(|_| rng.next().to_le_bytes()));
         data.truncate(len);
-        write_header(&mut out, &name, b'0', len as u64)?;
+        out.write_all(&ustar_header(&name, b'0', 0o644, len as u64, ""))?;
         out.write_all(&data)?;
         out.write_all(&vec![0; len.next_multiple_of(512) - len])?;
         expected.push((name, len as u64, fnv(&data)));
@@ -111,23 +112,6 @@ fn write_archive(path: &Path, files: usize) -> std::io::Result<Vec<(String, u64,
     out.write_all(&[0; 1024])?;
     out.flush()?;
     Ok(expected)
-}
-
-fn write_header(out: &mut impl Write, name: &str, typeflag: u8, size: u64) -> std::io::Result<()> {
-    let mut h = [0u8; 512];
-    h[..name.len()].copy_from_slice(name.as_bytes());
-    h[100..107].copy_from_slice(if typeflag == b'5' { b"0000755" } else { b"0000644" });
-    h[108..115].copy_from_slice(b"0000000");
-    h[116..123].copy_from_slice(b"0000000");
-    h[124..135].copy_from_slice(format!("{size:011o}").as_bytes());
-    h[136..147].copy_from_slice(b"14700000000");
-    h[156] = typeflag;
-    h[257..263].copy_from_slice(b"ustar\0");
-    h[263..265].copy_from_slice(b"00");
-    h[148..156].fill(b' ');
-    let sum: u32 = h.iter().map(|&b| b as u32).sum();
-    h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
-    out.write_all(&h)
 }
 
 /// Reads every file once in a shuffled order with `readers` threads; returns seconds and

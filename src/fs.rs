@@ -228,7 +228,7 @@ mod tests {
     use super::*;
     use std::io::Write;
 
-    /// Builds a small tar with GNU tar's layout by hand and opens it through the real reader.
+    /// Builds a small tar header by header and opens it through the real reader.
     fn sample_fs() -> Fs {
         let dir = std::env::temp_dir().join(format!("stagefs-fs-test-{}-{:?}", std::process::id(), std::thread::current().id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -240,19 +240,7 @@ mod tests {
             ("dir/link", b'2', b"", "hello.txt"),
             ("hard", b'1', b"", "dir/hello.txt"),
         ] {
-            let mut h = [0u8; 512];
-            h[..name.len()].copy_from_slice(name.as_bytes());
-            h[100..107].copy_from_slice(b"0000644");
-            h[108..115].copy_from_slice(b"0001750");
-            h[116..123].copy_from_slice(b"0001750");
-            h[124..135].copy_from_slice(format!("{:011o}", data.len()).as_bytes());
-            h[136..147].copy_from_slice(b"14000000000");
-            h[156] = typeflag;
-            h[157..157 + link.len()].copy_from_slice(link.as_bytes());
-            h[257..263].copy_from_slice(b"ustar\0");
-            h[148..156].copy_from_slice(b"        ");
-            let sum: u32 = h.iter().map(|&b| b as u32).sum();
-            h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+            let h = crate::archive::tar::ustar_header(name, typeflag, 0o644, data.len() as u64, link);
             bytes.extend_from_slice(&h);
             bytes.extend_from_slice(data);
             bytes.resize(bytes.len().div_ceil(512) * 512, 0);
@@ -270,7 +258,7 @@ mod tests {
         let dir = fs.lookup(1, b"dir").unwrap();
         assert_eq!(dir.mode & libc::S_IFMT, libc::S_IFDIR);
         let file = fs.lookup(dir.ino, b"hello.txt").unwrap();
-        assert_eq!((file.size, file.uid, file.mtime, file.nlink), (11, 1000, 0o14000000000, 2));
+        assert_eq!((file.size, file.uid, file.mtime, file.nlink), (11, 0, 0o14700000000, 2));
         assert_eq!(&*fs.read(file.ino, 6, 100).unwrap(), b"world");
         assert_eq!(&*fs.read(file.ino, 11, 100).unwrap(), b"");
         assert_eq!(fs.lookup(1, b"hard").unwrap().ino, file.ino);

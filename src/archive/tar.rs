@@ -560,6 +560,32 @@ impl Scan<'_> {
     }
 }
 
+/// Encodes one ustar header (names and link targets up to 100 bytes, owner 0:0, a fixed
+/// mtime): `stagefs demo` writes its archive with it, and tests craft archives with it.
+pub fn ustar_header(name: &str, typeflag: u8, mode: u32, size: u64, link: &str) -> [u8; BLOCK] {
+    let mut h = [0u8; BLOCK];
+    let (name, link) = (name.as_bytes(), link.as_bytes());
+    h[..name.len().min(100)].copy_from_slice(&name[..name.len().min(100)]);
+    h[157..157 + link.len().min(100)].copy_from_slice(&link[..link.len().min(100)]);
+    h[100..107].copy_from_slice(format!("{:07o}", mode & 0o7777).as_bytes());
+    h[108..115].copy_from_slice(b"0000000");
+    h[116..123].copy_from_slice(b"0000000");
+    if size < 1 << 33 {
+        h[124..135].copy_from_slice(format!("{size:011o}").as_bytes());
+    } else {
+        h[124] = 0x80; // GNU base-256 for sizes octal cannot hold.
+        h[128..136].copy_from_slice(&size.to_be_bytes());
+    }
+    h[136..147].copy_from_slice(b"14700000000");
+    h[156] = typeflag;
+    h[257..263].copy_from_slice(b"ustar\0");
+    h[263..265].copy_from_slice(b"00");
+    h[148..156].fill(b' ');
+    let sum: u32 = h.iter().map(|&b| b as u32).sum();
+    h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+    h
+}
+
 /// The key under which `parse_pax` keeps the n-th repeated pax 0.0 sparse keyword.
 fn sparse_key(what: &str, n: usize) -> Vec<u8> {
     format!("GNU.sparse.{what}#{n}").into_bytes()
@@ -787,27 +813,10 @@ mod tests {
         assert!(base64_decode(b"!!!!").is_none());
     }
 
-    fn header(name: &str, typeflag: u8, size: u64) -> Vec<u8> {
-        let mut h = vec![0u8; BLOCK];
-        h[..name.len()].copy_from_slice(name.as_bytes());
-        h[100..107].copy_from_slice(b"0000644");
-        h[108..115].copy_from_slice(b"0000000");
-        h[116..123].copy_from_slice(b"0000000");
-        h[124..135].copy_from_slice(format!("{size:011o}").as_bytes());
-        h[136..147].copy_from_slice(b"14000000000");
-        h[156] = typeflag;
-        h[257..263].copy_from_slice(b"ustar\0");
-        h[263..265].copy_from_slice(b"00");
-        h[148..156].copy_from_slice(b"        ");
-        let sum: u32 = h.iter().map(|&b| b as u32).sum();
-        h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
-        h
-    }
-
     fn archive(members: &[(&str, u8, &[u8])]) -> Vec<u8> {
         let mut out = Vec::new();
         for (name, t, data) in members {
-            out.extend(header(name, *t, data.len() as u64));
+            out.extend(ustar_header(name, *t, 0o644, data.len() as u64, ""));
             out.extend_from_slice(data);
             out.resize(out.len().div_ceil(BLOCK) * BLOCK, 0);
         }
