@@ -38,7 +38,7 @@ stop_daemon() {
     if [[ -r /proc/$pid/comm && $(</proc/"$pid"/comm) == "$name"* ]]; then
         kill "$pid" 2>/dev/null || true
         for _ in $(seq 50); do [[ -e /proc/$pid ]] || break; sleep 0.1; done
-        [[ -e /proc/$pid ]] && kill -9 "$pid" 2>/dev/null || true
+        if [[ -e /proc/$pid ]]; then kill -9 "$pid" 2>/dev/null || true; fi
     fi
     rm -f "$pidfile"
 }

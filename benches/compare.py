@@ -49,6 +49,7 @@ READ_WORKLOADS = ["cold_1", "warm_1", "cold_N", "warm_N"]
 BATCH = 64          # files per DataLoader batch handed to a worker
 PREFIX = 16         # bytes of every file checked during timed reads
 UNSUPPORTED = "not yet supported"
+REMOUNT = {"ratarmount", "stagefs-tar-none", "stagefs-tar-ram", "stagefs-sqsh-none", "stagefs-sqsh-ram"}
 
 
 def log(msg):
@@ -162,8 +163,10 @@ def run(cmd, timeout=None, env=None, check=True):
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                        timeout=timeout, env=env)
     if check and p.returncode != 0:
-        err = (p.stderr.strip() or p.stdout.strip())[-600:]
-        raise BenchError(f"`{' '.join(cmd)}` exited {p.returncode}: {err}")
+        lines = (p.stderr.strip() or p.stdout.strip()).splitlines()
+        err = " / ".join([ln for ln in lines if "error" in ln.lower()] or lines)[-600:]
+        raise BenchError(f"{os.path.basename(cmd[0])} {cmd[1] if len(cmd) > 1 else ''} "
+                         f"exited {p.returncode}: {err}")
     return p
 
 
@@ -292,10 +295,17 @@ def _noop(_):
     return None
 
 
+def _worker_init():
+    # The pool is stopped with SIGTERM; Ctrl-C is for the parent, which then stops the pool.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def run_workers(fn, tasks, workers, timeout):
     """Fork `workers` processes, then time only the work itself (workers are persistent)."""
     ctx = multiprocessing.get_context("fork")
-    pool = ctx.Pool(workers)
+    pool = ctx.Pool(workers, initializer=_worker_init)
     try:
         pool.map(_noop, range(workers))
         t = time.perf_counter()
@@ -366,7 +376,7 @@ class Mounts:
         os.makedirs(self.mnt_root, exist_ok=True)
         self.env = dict(os.environ, XDG_CACHE_HOME=os.path.join(args.work, "xdg-cache"))
 
-    def mount(self, system, ddir, dataset, manifest):
+    def mount(self, system, ddir, dataset, manifest, fresh=True):
         fmt = "tar" if system in ("tmpfs", "ratarmount") or "-tar-" in system else "sqsh"
         archive = os.path.join(ddir, f"{dataset}.{fmt}")
         timeout = self.args.timeout
@@ -382,7 +392,7 @@ class Mounts:
             raise BenchError(f"{mnt} is still mounted from an earlier step")
         os.makedirs(mnt, exist_ok=True)
         # First mount: no saved index from an earlier mount of the same archive.
-        for p in (archive + ".stagefs-index", os.path.join(self.args.work, "xdg-cache"),
+        for p in () if not fresh else (archive + ".stagefs-index", os.path.join(self.args.work, "xdg-cache"),
                   os.path.join(self.args.work, "ratarmount.index.sqlite")):
             if os.path.isdir(p):
                 shutil.rmtree(p)
@@ -508,28 +518,44 @@ def bench_system(m, system, dataset, ddir, manifest, args, record):
             # Untimed: every file read once more and compared by sha1 with the generator.
             epoch(mnt, manifest, args.workers, args.seed, True, to)
         rss, npids = m.daemon_rss(system, mnt)
-        for k in ("VmRSS", "RssAnon", "RssShmem"):
+        for k in ("VmRSS", "RssAnon", "RssShmem", "RssFile"):
             record(k, rss[k] / 2**20, "MiB")
         log(f"{dataset:8} {system}: done ({nfiles} files verified; {npids} daemon process(es), "
             f"RSS {rss['VmRSS'] / 2**20:.0f} MiB = anon {rss['RssAnon'] / 2**20:.0f} + "
             f"shmem {rss['RssShmem'] / 2**20:.0f} + file {rss['RssFile'] / 2**20:.0f})")
     finally:
         m.unmount(system, mnt)
+    if system in REMOUNT:
+        # Second mount of the same archive: ratarmount and stagefs reuse their saved index.
+        drop_caches()
+        mnt, dt = m.mount(system, ddir, dataset, manifest, fresh=False)
+        try:
+            record("remount", dt, "s")
+            log(f"{dataset:8} {system}: remount usable after {dt:.2f} s")
+        finally:
+            m.unmount(system, mnt)
 
 
 # --------------------------------------------------------------------------- reporting
 
 COLS = {
-    "read": [("mount", "mount s"), ("walk", "find+stat s"), ("cold_1", "cold×1 files/s"),
+    "read": [("mount", "mount s"), ("remount", "remount s"), ("walk", "find+stat s"), ("cold_1", "cold×1 files/s"),
              ("warm_1", "warm×1 files/s"), ("cold_N", "cold×N files/s"),
              ("warm_N", "warm×N files/s"), ("cold_N_mib", "cold×N MiB/s"),
-             ("VmRSS", "RSS MiB"), ("RssAnon", "anon MiB"), ("RssShmem", "shmem MiB")],
-    "large": [("mount", "mount s"), ("seq_cold", "seq cold MiB/s"),
+             ("VmRSS", "RSS MiB"), ("RssAnon", "anon MiB"), ("RssShmem", "shmem MiB"),
+             ("RssFile", "file MiB")],
+    "large": [("mount", "mount s"), ("remount", "remount s"), ("seq_cold", "seq cold MiB/s"),
               ("seq_warm", "seq warm MiB/s"), ("VmRSS", "RSS MiB"), ("RssAnon", "anon MiB"),
-              ("RssShmem", "shmem MiB")],
+              ("RssShmem", "shmem MiB"), ("RssFile", "file MiB")],
 }
-TIME_METRICS = {"mount", "walk"}
-NO_RATIO = {"VmRSS", "RssAnon", "RssShmem", "walk_rate"}
+TIME_METRICS = {"mount", "remount", "walk"}
+NO_RATIO = {"VmRSS", "RssAnon", "RssShmem", "RssFile", "walk_rate"}
+
+
+def ref_value(val, ds, ref, metric):
+    # A reference without a saved index has one kind of mount: remounts compare with it.
+    got = val.get((ds, ref, metric))
+    return val.get((ds, ref, "mount")) if got is None and metric == "remount" else got
 
 
 def speed_ratio(metric, v, ref):
@@ -557,7 +583,7 @@ def report(results, status, manifests, args, meta, datasets, systems):
     for r in results:
         row = dict(r)
         for ref in REFS:
-            ratio = speed_ratio(r["metric"], r["value"], val.get((r["dataset"], ref, r["metric"])))
+            ratio = speed_ratio(r["metric"], r["value"], ref_value(val, r["dataset"], ref, r["metric"]))
             row[f"vs_{ref}"] = "" if ratio is None else f"{ratio:.3f}"
         rows.append(row)
     for (ds, sy), (st, err) in status.items():
@@ -576,7 +602,9 @@ def report(results, status, manifests, args, meta, datasets, systems):
     md = [f"# stagefs side-by-side benchmark ({args.profile})", "",
           f"{meta['date']} · {meta['uname']} · {meta['cpus']} CPUs · {meta['mem_gib']:.0f} GiB RAM · "
           f"N = {args.workers} workers · load average before {meta['load_before']}, "
-          f"after {meta['load_after']}", "",
+          f"after {meta['load_after']} · {meta['elapsed_s']} s", "",
+          f"stagefs binary {meta['stagefs']} built {meta['stagefs_mtime']} (sha1 {meta['stagefs_sha1']}); "
+          + ", ".join(f"{k} `{v}`" for k, v in meta["versions"].items() if k != "stagefs"), "",
           "Speed ratios: > 1 means faster than the reference (rates: value/ref; times: ref/value). "
           "See doc/benchmarks.md for what each column measures.", ""]
     for ds in datasets:
@@ -590,7 +618,8 @@ def report(results, status, manifests, args, meta, datasets, systems):
         for sy in systems:
             st, err = status.get((ds, sy), ("not run", ""))
             if st != "ok":
-                md.append(f"| {sy} | **{st}**: {err[:150].replace('|', '/')} |" + " |" * (len(cols) - 1))
+                md.append(f"| {sy} | **{st}**: {err[:160].replace('|', '/').replace(chr(10), ' ')} |"
+                          + " |" * (len(cols) - 1))
                 continue
             md.append(f"| {sy} | " + " | ".join(fmt(val.get((ds, sy, c))) for c, _ in cols) + " |")
         md.append("")
@@ -603,7 +632,7 @@ def report(results, status, manifests, args, meta, datasets, systems):
                     continue
                 cells = []
                 for c, _ in rc:
-                    r = speed_ratio(c, val.get((ds, sy, c)), val.get((ds, ref, c)))
+                    r = speed_ratio(c, val.get((ds, sy, c)), ref_value(val, ds, ref, c))
                     cells.append("–" if r is None else f"{r:.2f}")
                 md.append(f"| {sy} | " + " | ".join(cells) + " |")
             md.append("")
@@ -634,13 +663,15 @@ def chart(val, status, datasets, systems, path, args):
         for i, sy in enumerate(systems):
             ys = [val.get((ds, sy, m)) or 0 for m, _ in metrics]
             xs = [k + i * width for k in range(len(metrics))]
-            ax.bar(xs, ys, width, label=sy + ("" if status.get((ds, sy), ("",))[0] == "ok" else " (failed)"))
+            st = status.get((ds, sy), ("not run",))[0]
+            ax.bar(xs, ys, width, label=sy + ("" if st == "ok" else f" ({st})"))
         ax.set_xticks([k + 0.4 - width / 2 for k in range(len(metrics))], [lbl for _, lbl in metrics])
-        ax.set_yscale("log")
+        if any(val.get((ds, sy, m_)) for sy in systems for m_, _ in metrics):
+            ax.set_yscale("log")
         ax.set_ylabel(unit)
         ax.set_title(f"{ds} ({args.profile})")
         ax.grid(axis="y", alpha=0.3)
-    axes[0, 0].legend(ncol=4, fontsize=8)
+    axes[0, 0].legend(ncol=4, fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.12))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     log(f"chart: {path}")
@@ -689,14 +720,22 @@ def main():
     # SIGTERM/SIGHUP behave like Ctrl-C so the finally block below always cleans up.
     def _interrupt(sig, _frame):
         raise KeyboardInterrupt(f"signal {sig}")
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGHUP, _interrupt)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
 
     os.makedirs(args.work, exist_ok=True)
+    # Benchmark a private copy: a rebuild of target/release during the run must not swap
+    # binaries between rows.
+    src_stagefs = args.stagefs
+    args.stagefs = os.path.join(args.work, "stagefs")
+    shutil.copy2(src_stagefs, args.stagefs)
     meta = dict(date=time.strftime("%Y-%m-%d %H:%M"), uname=" ".join(os.uname()[2:3]),
                 cpus=os.cpu_count(), mem_gib=os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30,
                 load_before=" ".join(open("/proc/loadavg").read().split()[:3]), profile=args.profile,
-                workers=args.workers, seed=args.seed, stagefs=args.stagefs, datasets={})
+                workers=args.workers, seed=args.seed, stagefs=src_stagefs,
+                stagefs_mtime=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(os.path.getmtime(src_stagefs))),
+                stagefs_sha1=hashlib.sha1(open(src_stagefs, "rb").read()).hexdigest()[:12], datasets={})
+    meta["versions"] = versions(args)
     m = Mounts(args)
     results, status = [], {}
     t_start = time.perf_counter()
@@ -726,13 +765,21 @@ def main():
         log(f"interrupted ({e}); cleaning up")
     finally:
         m.cleanup()
+        try:
+            os.unlink(args.stagefs)
+        except OSError:
+            pass
         if ddir and not args.keep_data:
             shutil.rmtree(ddir, ignore_errors=True)
+            for d in (os.path.dirname(ddir), args.work):
+                try:
+                    os.rmdir(d)     # only if nothing else is kept there
+                except OSError:
+                    pass
     if interrupted:
         sys.exit(130)
     meta["load_after"] = " ".join(open("/proc/loadavg").read().split()[:3])
     meta["elapsed_s"] = round(time.perf_counter() - t_start)
-    meta["versions"] = versions(args)
     report(results, status, manifests, args, meta, datasets, systems)
     bad = {k: v for k, v in status.items() if v[0] not in ("ok", "unsupported")}
     unsup = [k for k, v in status.items() if v[0] == "unsupported"]

@@ -173,6 +173,22 @@ impl Filesystem for FuseAdapter {
         }
     }
 
+    /// No ioctls: ENOTTY is what `isatty` and friends expect (and it keeps fuser quiet).
+    #[allow(clippy::too_many_arguments)]
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY);
+    }
+
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         if self.no_opendir {
             reply.error(Errno::ENOSYS);

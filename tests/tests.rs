@@ -7,6 +7,8 @@
 mod compare;
 mod errors;
 mod formats;
+mod hostile;
 mod slurm;
 mod staging;
+mod stress;
 mod util;

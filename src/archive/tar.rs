@@ -181,7 +181,7 @@ impl Scan<'_> {
             let size = self.number(&header[124..136], at, "size")?;
             let data_start = pos + BLOCK;
             let content = |s: &Self| -> Result<&[u8], OpenError> {
-                let end = data_start as u64 + size;
+                let end = (data_start as u64).saturating_add(size);
                 if end > s.map.len() as u64 {
                     return Err(s.truncated(at, format!("extension header claims {size} bytes but the archive ends at byte {}", s.map.len())));
                 }
@@ -196,7 +196,9 @@ impl Scan<'_> {
                     parse_pax(content(self)?, &mut global).map_err(|e| self.corrupt(at, e))?;
                     self.global_pax = global;
                 }
-                b'V' => {} // Volume label: not a file.
+                b'V' => {
+                    content(self)?; // Volume label: not a file, but its size must fit.
+                }
                 b'M' => {
                     return Err(OpenError::Unsupported {
                         path: self.path.to_owned(),
@@ -236,7 +238,7 @@ impl Scan<'_> {
                 }
             }
             // Extension headers: the next header follows their padded content.
-            pos = data_start + round_up(size);
+            pos = data_start.saturating_add(round_up(size));
         }
         Ok(())
     }
@@ -391,9 +393,10 @@ impl Scan<'_> {
                 .ok_or_else(|| self.corrupt(at, format!("sparse map {what} is not a number")))
         };
         let count = next("count")?;
-        // Each entry takes at least 4 bytes of text, which bounds the count by the data.
-        if count > stored_size / 4 {
-            return Err(self.corrupt(at, format!("sparse map claims {count} extents in {stored_size} bytes")));
+        // Each entry takes at least 4 bytes of text, which bounds the count by the data
+        // actually present (the size field may claim more than the archive holds).
+        if count > data.len() as u64 / 4 {
+            return Err(self.corrupt(at, format!("sparse map claims {count} extents in {} bytes", data.len())));
         }
         let mut map = Vec::with_capacity(count as usize);
         for _ in 0..count {
@@ -597,7 +600,7 @@ fn stores_data(typeflag: u8) -> bool {
 }
 
 fn round_up(n: u64) -> usize {
-    n.div_ceil(BLOCK as u64) as usize * BLOCK
+    (n.div_ceil(BLOCK as u64) as usize).saturating_mul(BLOCK)
 }
 
 /// Splits a member name into components the way GNU tar extracts it: leading `/` and

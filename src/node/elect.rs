@@ -12,6 +12,8 @@ use crate::registry;
 
 /// How often waiters look again; mounting takes from milliseconds to minutes.
 const POLL: Duration = Duration::from_millis(20);
+/// `stagefs wait` outside SLURM reports a failure at most this old when it starts.
+const RECENT_MS: u64 = 10_000;
 
 /// The outcome of an election for one mountpoint.
 #[derive(Debug)]
@@ -183,7 +185,8 @@ pub fn wait(mountpoint: &Path, timeout: Duration) -> Result<(), Failure> {
         // `wait` usually runs in another step than the mount: any failure of our job counts.
         if let Some(status) = Status::read(&files.lock).filter(|s| s.failed) {
             let same_job = job.is_some() && status.tag.as_deref().and_then(|t| t.split('.').next()) == job.as_deref();
-            if same_job || status.at_ms >= started_ms {
+            // Outside SLURM: a failure from just before we started is the one we wait for.
+            if same_job || status.at_ms + RECENT_MS >= started_ms {
                 return Err(Failure::new(
                     status.code,
                     format!("mounting {} failed (pid {}): {}", mountpoint.display(), status.pid, status.message),

@@ -140,6 +140,8 @@ fn teardown(users: &LockFile, mountpoint: &Path, task: &SlurmTask, signalled: bo
     if let Some(pid) = daemon {
         let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid as i32), Some(nix::sys::wait::WaitPidFlag::WNOHANG));
     }
+    // Leave no empty mountpoint behind in /dev/shm (fails harmlessly if anything is in it).
+    let _ = std::fs::remove_dir(mountpoint);
     users.remove();
 }
 

@@ -5,7 +5,7 @@ use super::metadata::{Cursor, MetaReader};
 use super::Fault;
 
 /// mksquashfs never puts more than 256 entries under one header; the kernel rejects more.
-const MAX_RUN: u32 = 256;
+const MAX_RUN: u64 = 256;
 /// Bytes of a run header and of an entry before its name.
 const HEADER_LEN: u64 = 12;
 const ENTRY_LEN: u64 = 8;
@@ -35,7 +35,8 @@ pub(super) fn read_listing(meta: &mut MetaReader, mut cursor: Cursor, len: u32) 
     };
     while left > 0 {
         consume(&mut left, HEADER_LEN, "a header")?;
-        let count = meta.u32(&mut cursor)?.wrapping_add(1);
+        // Stored as count - 1; widened so that 0xffffffff means 2^32 entries, not 0.
+        let count = u64::from(meta.u32(&mut cursor)?) + 1;
         let inode_block = meta.u32(&mut cursor)?;
         let base_number = meta.u32(&mut cursor)?;
         if count > MAX_RUN {

@@ -172,10 +172,21 @@ impl<'a> MetaReader<'a> {
             ));
         }
         let mut table = Vec::new();
+        let mut previous = None;
         for i in 0..blocks {
             let pointer_at = (index_at + i * 8) as usize;
             let pointer = self.image.get(pointer_at..pointer_at + 8).unwrap_or(&[0; 8]);
-            let mut cursor = Cursor { block: u64::from_le_bytes(pointer.try_into().unwrap_or([0; 8])), offset: 0 };
+            let block = u64::from_le_bytes(pointer.try_into().unwrap_or([0; 8]));
+            // A table's blocks follow each other in the image; an index naming one block
+            // many times would inflate a small image into a huge table.
+            if previous.is_some_and(|previous| block <= previous) {
+                return Err(Fault::corrupt(
+                    index_at,
+                    format!("{what}: block {i} at {block} does not follow block {} at {}", i - 1, previous.unwrap_or(0)),
+                ));
+            }
+            previous = Some(block);
+            let mut cursor = Cursor { block, offset: 0 };
             let want = (total - i * METADATA_BLOCK as u64).min(METADATA_BLOCK as u64) as usize;
             let start = table.len();
             table.resize(start + want, 0);

@@ -1,0 +1,482 @@
+//! Hostile inputs and resource faults:
+//!
+//! - the fuzz regression corpus (`fuzz/regressions/<target>/`) replayed through the
+//!   fuzz targets' own code path (`fuzz/src/exercise.rs`), so CI replays every input the
+//!   fuzzers ever broke stagefs with, without cargo-fuzz;
+//! - hand-crafted archives whose fields claim absurd sizes and counts: each must be
+//!   rejected quickly, with a clear error, without allocating what the field claims
+//!   (checked in a child process limited to 1 GiB of address space);
+//! - resource faults: a killed daemon, no /dev/fuse, no fusermount3, an archive
+//!   truncated while mounted.
+
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use stagefs::archive::tar::ustar_header;
+use stagefs::archive::{Archive, OpenError};
+
+use crate::util::*;
+
+#[path = "../fuzz/src/exercise.rs"]
+mod exercise;
+
+// ---------------------------------------------------------------------------
+// Fuzz regressions
+
+fn regressions_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz").join("regressions")
+}
+
+/// Every file under `fuzz/regressions/<target>/`, through that target's code path. A
+/// panic here is the bug the fuzzer found; each input must also finish promptly.
+#[test]
+fn fuzz_regressions_replay() {
+    let scratch = TempDir::new("fuzz-replay");
+    let mut replayed = 0;
+    let Ok(targets) = fs::read_dir(regressions_dir()) else { return };
+    for target in targets.flatten() {
+        let name = target.file_name().to_string_lossy().into_owned();
+        let mut inputs: Vec<PathBuf> = fs::read_dir(target.path()).unwrap().flatten().map(|e| e.path()).collect();
+        inputs.sort();
+        for input in inputs.iter().filter(|p| p.is_file()) {
+            let data = fs::read(input).unwrap();
+            let started = Instant::now();
+            let outcome = match name.as_str() {
+                "tar" => exercise::tar(&data),
+                "squashfs" => exercise::squashfs(&data),
+                "index_cache" => exercise::index_cache(&data),
+                "decompress" => exercise::decompress(&data, &scratch.join("input")),
+                other => panic!("fuzz/regressions/{other}: no such fuzz target"),
+            };
+            let took = started.elapsed();
+            eprintln!("replayed {}: {:?} in {took:?}", input.display(), outcome.as_ref().map_err(|e| e.chars().take(160).collect::<String>()));
+            assert!(took < Duration::from_secs(10), "{} took {took:?}", input.display());
+            replayed += 1;
+        }
+    }
+    eprintln!("replayed {replayed} fuzz regression inputs");
+}
+
+// ---------------------------------------------------------------------------
+// Absurd sizes and counts
+
+/// Runs the body in a child copy of this test binary whose address space is capped at
+/// 1 GiB, so an allocation sized by an archive field fails there (abort) instead of
+/// taking the machine or the rest of the test suite with it.
+fn in_bounded_child(test: &str, body: fn()) {
+    const CHILD: &str = "STAGEFS_HOSTILE_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        return body();
+    }
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([test, "--exact", "--test-threads=1", "--nocapture"]).env(CHILD, "1");
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit { rlim_cur: 1 << 30, rlim_max: 1 << 30 };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = run_cmd(&mut cmd, Duration::from_secs(60));
+    assert!(
+        out.success() && out.stdout.contains("1 passed"),
+        "hostile cases failed in the 1 GiB child:\n{}",
+        out.describe()
+    );
+}
+
+/// Opens `bytes` as an archive; it must fail within a second.
+fn open_fails(bytes: &[u8], case: &str) -> OpenError {
+    let started = Instant::now();
+    let result = Archive::from_backing(Path::new("hostile"), exercise::backing(bytes));
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(1), "{case}: took {took:?}");
+    match result {
+        Ok(_) => panic!("{case}: accepted"),
+        Err(e) => {
+            eprintln!("{case}: {e}");
+            e
+        }
+    }
+}
+
+fn expect_corrupt(bytes: &[u8], case: &str, needle: &str) {
+    match open_fails(bytes, case) {
+        OpenError::Corrupt { what, .. } if what.contains(needle) => {}
+        other => panic!("{case}: expected a Corrupt error mentioning {needle:?}, got: {other}"),
+    }
+}
+
+fn expect_truncated(bytes: &[u8], case: &str, needle: &str) {
+    match open_fails(bytes, case) {
+        OpenError::Truncated { what, .. } if what.contains(needle) => {}
+        other => panic!("{case}: expected a Truncated error mentioning {needle:?}, got: {other}"),
+    }
+}
+
+/// A header with a GNU base-256 size (any u64).
+fn header_with_size(name: &str, typeflag: u8, size: u64) -> Vec<u8> {
+    let mut h = ustar_header(name, typeflag, 0o644, 0, "");
+    h[124..136].fill(0);
+    h[124] = 0x80;
+    h[128..136].copy_from_slice(&size.to_be_bytes());
+    reseal(&mut h);
+    h.to_vec()
+}
+
+/// Recomputes a header's checksum after editing it.
+fn reseal(h: &mut [u8]) {
+    h[148..156].fill(b' ');
+    let sum: u32 = h[..512].iter().map(|&b| b as u32).sum();
+    h[148..155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+}
+
+/// Pads to a block and appends the end-of-archive marker.
+fn finish(mut tar: Vec<u8>) -> Vec<u8> {
+    tar.resize(tar.len().div_ceil(512) * 512 + 1024, 0);
+    tar
+}
+
+/// A pax extended header ('x') holding `records`, then a member.
+fn pax_then_member(records: &[u8], member: &[u8], content: &[u8]) -> Vec<u8> {
+    let mut tar = ustar_header("PaxHeaders/m", b'x', 0o644, records.len() as u64, "").to_vec();
+    tar.extend_from_slice(records);
+    tar.resize(tar.len().div_ceil(512) * 512, 0);
+    tar.extend_from_slice(member);
+    tar.extend_from_slice(content);
+    finish(tar)
+}
+
+fn pax_record(key: &str, value: &str) -> Vec<u8> {
+    let body = format!(" {key}={value}\n");
+    let mut len = body.len() + 1;
+    while format!("{len}{body}").len() != len {
+        len += 1;
+    }
+    format!("{len}{body}").into_bytes()
+}
+
+fn hostile_tar_cases() {
+    // GNU 'L' long name claiming 2^60 bytes, and one claiming 2^64-1 (overflowed
+    // `data_start + size` before: a panic in debug builds, a bad slice in release).
+    for size in [1u64 << 60, u64::MAX] {
+        let mut tar = header_with_size("././@LongLink", b'L', size);
+        tar.extend_from_slice(&ustar_header("f", b'0', 0o644, 0, ""));
+        expect_truncated(&finish(tar), &format!("GNU long name of {size} bytes"), &format!("claims {size} bytes"));
+    }
+    // A GNU volume label ('V') claiming 2^64-1 bytes: skipped without a size check
+    // before, the next header position wrapped around.
+    let mut tar = header_with_size("label", b'V', u64::MAX - 511);
+    tar.extend_from_slice(&ustar_header("f", b'0', 0o644, 0, ""));
+    expect_truncated(&finish(tar), "volume label of 2^64-512 bytes", "claims");
+
+    // pax record whose length field is huge.
+    for length in ["1152921504606846976", "99999999999999999999999"] {
+        let records = format!("{length} path=x\n").into_bytes();
+        let member = ustar_header("f", b'0', 0o644, 0, "");
+        expect_corrupt(&pax_then_member(&records, &member, b""), &format!("pax record length {length}"), "pax record length");
+    }
+    // pax size keyword claiming 2^60 bytes of content.
+    let records = pax_record("size", &(1u64 << 60).to_string());
+    let member = ustar_header("f", b'0', 0o644, 0, "");
+    expect_truncated(&pax_then_member(&records, &member, b""), "pax size 2^60", "needs 1152921504606846976 bytes");
+
+    // Old GNU sparse member ('S'): the map continues in extension blocks that are not
+    // there (each block holds 21 extents: a billion would need 24 GB of archive).
+    let mut h = ustar_header("sparse", b'S', 0o644, 10, "");
+    h[386..398].copy_from_slice(b"00000000000\0");
+    h[398..410].copy_from_slice(b"00000000012\0");
+    h[482] = 1; // isextended
+    h[483..495].copy_from_slice(b"77777777777\0");
+    reseal(&mut h);
+    expect_truncated(&finish(h.to_vec())[..1024], "old GNU sparse without its extension blocks", "sparse extension header");
+    // ... and one whose extents claim far more data than is stored.
+    let mut h = ustar_header("sparse", b'S', 0o644, 10, "");
+    h[386..398].copy_from_slice(b"00000000000\0");
+    h[398..410].copy_from_slice(b"77777777777\0");
+    h[483..495].copy_from_slice(b"77777777777\0");
+    reseal(&mut h);
+    let mut tar = h.to_vec();
+    tar.extend_from_slice(&[1; 10]);
+    expect_corrupt(&finish(tar), "old GNU sparse extent of 8 GiB with 10 bytes stored", "sparse map needs more data");
+
+    // pax 1.0 sparse map claiming a billion extents; with the member's size claiming
+    // 2^40 bytes the count was checked against the claim, and 16 GB were reserved.
+    for stored in [1u64 << 40, 100] {
+        let mut records = Vec::new();
+        records.extend(pax_record("GNU.sparse.major", "1"));
+        records.extend(pax_record("GNU.sparse.minor", "0"));
+        records.extend(pax_record("GNU.sparse.name", "sparse"));
+        records.extend(pax_record("GNU.sparse.realsize", &(1u64 << 50).to_string()));
+        records.extend(pax_record("size", &stored.to_string()));
+        let member = ustar_header("GNUSparseFile.0/sparse", b'0', 0o644, 100, "");
+        let mut content = b"1000000000\n0\n1\n".to_vec();
+        content.resize(100, b'\n');
+        expect_corrupt(
+            &pax_then_member(&records, &member, &content),
+            &format!("pax 1.0 sparse map of a billion extents, size {stored}"),
+            "sparse map claims 1000000000 extents",
+        );
+    }
+    // pax 0.1 sparse map with huge numbers: an extent past the real size.
+    let mut records = Vec::new();
+    records.extend(pax_record("GNU.sparse.size", "100"));
+    records.extend(pax_record("GNU.sparse.map", &format!("0,{}", u64::MAX)));
+    let member = ustar_header("s", b'0', 0o644, 0, "");
+    expect_corrupt(&pax_then_member(&records, &member, b""), "pax 0.1 extent of 2^64-1 bytes", "exceeds the file size");
+}
+
+#[test]
+fn hostile_tar_fields_are_rejected_in_bounded_memory() {
+    in_bounded_child("hostile::hostile_tar_fields_are_rejected_in_bounded_memory", hostile_tar_cases);
+}
+
+/// A committed SquashFS image with uncompressed metadata, and where things are in it.
+struct Image {
+    bytes: Vec<u8>,
+    inode_table: usize,
+    directory_table: usize,
+    fragment_table: usize,
+}
+
+fn le_u64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+
+fn image() -> Image {
+    let bytes = fs::read(fixture("sqfs-uncompressed.sqfs")).unwrap();
+    let (inode_table, directory_table) = (le_u64(&bytes, 64) as usize, le_u64(&bytes, 72) as usize);
+    let fragment_table = le_u64(&bytes, 80) as usize;
+    for table in [inode_table, directory_table] {
+        assert!(bytes[table + 1] & 0x80 != 0, "the fixture's metadata must be stored uncompressed");
+    }
+    Image { bytes, inode_table, directory_table, fragment_table }
+}
+
+impl Image {
+    /// Image offset of the root directory's first listing header (basic or extended
+    /// directory inode, listing in the table's first metadata block).
+    fn root_listing(&self) -> usize {
+        let b = &self.bytes;
+        let root = le_u64(b, 32);
+        let inode = self.inode_table + (root >> 16) as usize + 2 + (root & 0xffff) as usize;
+        let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as usize;
+        let u16_at = |at: usize| u16::from_le_bytes(b[at..at + 2].try_into().unwrap()) as usize;
+        let (start, offset) = match u16_at(inode) {
+            1 => (u32_at(inode + 16), u16_at(inode + 26)),
+            8 => (u32_at(inode + 24), u16_at(inode + 34)),
+            other => panic!("root inode type {other}"),
+        };
+        assert_eq!(start, 0, "root listing outside the first directory block");
+        self.directory_table + 2 + offset
+    }
+}
+
+fn hostile_squashfs_cases() {
+    // The fixture itself opens.
+    let base = image();
+    Archive::from_backing(Path::new("ok.sqfs"), exercise::backing(&base.bytes)).expect("the fixture opens");
+
+    // Directory header claiming 2^32 entries (count - 1 = 0xffffffff): wrapped to 0 and
+    // was silently taken as an empty run before.
+    for (count_minus_one, shown) in [(u32::MAX, "4294967296"), (0x7fff_ffff, "2147483648"), (256, "257")] {
+        let mut img = image();
+        let at = img.root_listing();
+        img.bytes[at..at + 4].copy_from_slice(&count_minus_one.to_le_bytes());
+        expect_corrupt(&img.bytes, &format!("directory header of {shown} entries"), &format!("lists {shown} entries"));
+    }
+
+    // Superblock counts far beyond the image.
+    let mut img = image();
+    img.bytes[16..20].copy_from_slice(&u32::MAX.to_le_bytes()); // fragment count
+    expect_corrupt(&img.bytes, "fragment count 2^32-1", "fragment table");
+    let mut img = image();
+    img.bytes[26..28].copy_from_slice(&u16::MAX.to_le_bytes()); // id count
+    open_fails(&img.bytes, "id count 65535");
+    // The inode count (bytes 4..8) is not used to size anything: an absurd one is
+    // harmless (opens at once, or fails cleanly).
+    let mut img = image();
+    img.bytes[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+    let started = Instant::now();
+    let _ = Archive::from_backing(Path::new("inodes.sqfs"), exercise::backing(&img.bytes));
+    assert!(started.elapsed() < Duration::from_secs(1));
+
+    // A lookup-table index naming one metadata block many times: a fragment count of
+    // 2^26 (a 1 GiB table) whose 131072 block pointers all repeat the first block,
+    // appended to the image so that the index fits.
+    let mut img = image();
+    let first_block = le_u64(&img.bytes, img.fragment_table);
+    let index_at = img.bytes.len();
+    for _ in 0..(1u64 << 26) * 16 / 8192 {
+        img.bytes.extend_from_slice(&first_block.to_le_bytes());
+    }
+    let used = img.bytes.len() as u64;
+    img.bytes[40..48].copy_from_slice(&used.to_le_bytes());
+    img.bytes[80..88].copy_from_slice(&(index_at as u64).to_le_bytes());
+    img.bytes[16..20].copy_from_slice(&(1u32 << 26).to_le_bytes());
+    expect_corrupt(&img.bytes, "fragment index repeating one block", "does not follow block");
+}
+
+#[test]
+fn hostile_squashfs_fields_are_rejected_in_bounded_memory() {
+    in_bounded_child("hostile::hostile_squashfs_fields_are_rejected_in_bounded_memory", hostile_squashfs_cases);
+}
+
+// ---------------------------------------------------------------------------
+// Resource faults
+
+/// `stagefs umount` on a mount whose daemon was SIGKILLed: the stale mount is removed
+/// and the command says so (exit 0), leaving nothing behind. (Mounting again over a
+/// stale mountpoint is tests/errors.rs `stale_mountpoint_is_cleaned_and_reused`.)
+#[test]
+fn umount_of_a_killed_daemons_mount_cleans_it() {
+    let tmp = TempDir::new("umount-stale");
+    let mp = tmp.join("mnt");
+    let m = Mounted::new(&fixture("gnu.tar"), &mp);
+    let pids = m.daemon_pids();
+    assert!(!pids.is_empty());
+    for pid in &pids {
+        assert_eq!(unsafe { libc::kill(*pid, libc::SIGKILL) }, 0);
+    }
+    assert!(wait_until(Duration::from_secs(10), || stagefs_pids(&mp).is_empty()), "daemon did not die");
+    assert!(is_mounted(&mp));
+    let out = stagefs([OsStr::new("umount"), mp.as_os_str()]);
+    m.disarm();
+    assert!(out.success(), "umount of a stale mount must clean it:\n{}", out.describe());
+    assert_nothing_left(&mp, "after umount of a stale mount");
+    // A second umount: not mounted (exit 6), named.
+    let again = stagefs([OsStr::new("umount"), mp.as_os_str()]);
+    assert_eq!(again.code(), Some(6), "{}", again.describe());
+    assert!(again.stderr.contains(&*mp.to_string_lossy()), "{}", again.describe());
+}
+
+/// `stagefs mount` in a private mount namespace where /dev/fuse is /dev/null: exit 7,
+/// naming /dev/fuse.
+#[test]
+fn mount_without_dev_fuse_fails_with_code_7() {
+    require_root();
+    let unshare = require_tool("unshare");
+    let tmp = TempDir::new("no-dev-fuse");
+    let mp = tmp.join("mnt");
+    let script = format!(
+        "mount --bind /dev/null /dev/fuse && exec {} mount {} {}",
+        stagefs_bin().display(),
+        fixture("gnu.tar").display(),
+        mp.display()
+    );
+    let mut cmd = Command::new(unshare);
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c", &script]);
+    let out = run_cmd(&mut cmd, CMD_TIMEOUT);
+    assert_eq!(out.code(), Some(7), "{}", out.describe());
+    assert!(out.stderr.contains("/dev/fuse"), "the message must name /dev/fuse:\n{}", out.describe());
+    assert_nothing_left(&mp, "after a mount without /dev/fuse");
+}
+
+/// A non-root user without fusermount3 on PATH: exit 7, naming fusermount3.
+#[test]
+fn mount_as_user_without_fusermount3_fails_with_code_7() {
+    require_root();
+    let setpriv = require_tool("setpriv");
+    let tmp = TempDir::new("no-fusermount");
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    let archive = tmp.join("a.tar");
+    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    fs::set_permissions(&archive, fs::Permissions::from_mode(0o644)).unwrap();
+    // The binary must be reachable by nobody: copy it next to the archive.
+    let bin = tmp.join("stagefs");
+    fs::copy(stagefs_bin(), &bin).unwrap();
+    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
+    let mp = tmp.join("mnt");
+    let empty_path = tmp.join("empty-path");
+    fs::create_dir(&empty_path).unwrap();
+    let mut cmd = Command::new(setpriv);
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(&bin)
+        .args([OsStr::new("mount"), archive.as_os_str(), mp.as_os_str()])
+        .env_clear()
+        .env("PATH", &empty_path)
+        .env("HOME", tmp.path())
+        .env("XDG_RUNTIME_DIR", tmp.path());
+    let out = run_cmd(&mut cmd, CMD_TIMEOUT);
+    assert_eq!(out.code(), Some(7), "{}", out.describe());
+    assert!(out.stderr.contains("fusermount3"), "the message must name fusermount3:\n{}", out.describe());
+    assert!(!is_mounted(&mp));
+}
+
+/// A tar of files with known content, for the truncation tests.
+fn truncation_tar(tmp: &TempDir) -> (PathBuf, Vec<(String, Vec<u8>)>) {
+    let mut tar = Vec::new();
+    let mut files = Vec::new();
+    for i in 0..8u64 {
+        let name = format!("f{i}.bin");
+        let data = pseudo_random(100 + i, 200_000);
+        tar.extend_from_slice(&ustar_header(&name, b'0', 0o644, data.len() as u64, ""));
+        tar.extend_from_slice(&data);
+        tar.resize(tar.len().div_ceil(512) * 512, 0);
+        files.push((name, data));
+    }
+    tar.resize(tar.len() + 1024, 0);
+    let path = tmp.join("t.tar");
+    fs::write(&path, &tar).unwrap();
+    (path, files)
+}
+
+fn truncate_to_half(path: &Path) {
+    let len = fs::metadata(path).unwrap().len();
+    fs::OpenOptions::new().write(true).open(path).unwrap().set_len(len / 2).unwrap();
+}
+
+/// An in-place archive truncated while mounted: uncached files read EIO (never other
+/// bytes, never SIGBUS), the daemon lives, and metadata keeps working.
+#[test]
+fn in_place_archive_truncated_while_mounted_reads_eio() {
+    let tmp = TempDir::new("truncate-in-place");
+    let (archive, files) = truncation_tar(&tmp);
+    let mp = tmp.join("mnt");
+    let m = Mounted::with_args(&["--stage", "none"], &archive, &mp);
+    let pids = m.daemon_pids();
+    // Read one file fully before: it may stay served from the page cache.
+    assert_eq!(read(&mp.join(&files[0].0)), files[0].1);
+    truncate_to_half(&archive);
+    let mut eio = 0;
+    for (name, data) in &files[1..] {
+        match fs::read(mp.join(name)) {
+            Ok(got) => assert_eq!(&got, data, "{name}: wrong bytes after truncation"),
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::EIO), "{name}: {e}");
+                eio += 1;
+            }
+        }
+    }
+    assert!(eio >= 3, "reads past the truncation point must fail with EIO (got {eio})");
+    // The daemon lives; stat and listings still work.
+    assert!(pids.iter().all(|&p| process_alive(p)), "the daemon died");
+    let names: Vec<String> = fs::read_dir(&mp).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(names.len(), files.len(), "{names:?}");
+    assert_eq!(fs::metadata(mp.join(&files[7].0)).unwrap().len(), 200_000);
+    m.unmount().assert_success();
+    assert_nothing_left(&mp, "after unmounting the truncated archive");
+}
+
+/// A staged (`--stage ram`) archive truncated while mounted keeps serving correct bytes.
+#[test]
+fn staged_archive_truncated_while_mounted_keeps_serving() {
+    let tmp = TempDir::new("truncate-staged");
+    let (archive, files) = truncation_tar(&tmp);
+    let mp = tmp.join("mnt");
+    let m = Mounted::with_args(&["--stage", "ram"], &archive, &mp);
+    truncate_to_half(&archive);
+    fs::write(&archive, b"overwritten").unwrap();
+    for (name, data) in &files {
+        assert_eq!(&read(&mp.join(name)), data, "{name}");
+    }
+    m.unmount().assert_success();
+    assert_nothing_left(&mp, "after unmounting the staged archive");
+}

@@ -1,0 +1,340 @@
+//! Stress: a few hundred files of random sizes (some sparse) in a tar and a SquashFS-zstd
+//! image, read at random offsets and lengths by many threads and several child processes
+//! at once, every byte compared with the source tree; then the mount goes away (lazy
+//! `stagefs umount` for the tar, SIGTERM to the daemon for SquashFS) while the readers are
+//! still reading. No read may ever return a wrong byte; after the unmount, reads may
+//! fail (EIO, ENOTCONN, ENOENT, ECONNABORTED) but never hang; the daemon must exit and
+//! the mount leave the mount table.
+
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::util::*;
+
+const FILES: usize = 300;
+const MIB: u64 = 1 << 20;
+/// Readers run this long in all; the mount goes away after `UNMOUNT_AFTER`.
+const RUN_FOR: Duration = Duration::from_secs(16);
+const UNMOUNT_AFTER: Duration = Duration::from_secs(12);
+const THREADS: usize = 6;
+const PROCESSES: usize = 3;
+const THREADS_PER_PROCESS: usize = 2;
+const CHILD_ENV: &str = "STAGEFS_STRESS_CHILD";
+
+/// xorshift64*: deterministic per seed.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next() % n
+        }
+    }
+}
+
+/// Writes the source tree: mostly small files, some up to 3 MiB, every tenth sparse
+/// (random runs of data between holes). Returns the relative paths.
+fn make_tree(root: &Path) -> Vec<String> {
+    let mut rng = Rng::new(7);
+    let mut names = Vec::new();
+    for i in 0..FILES {
+        let size = match rng.below(100) {
+            0..=79 => rng.below(64 << 10),
+            80..=94 => rng.below(512 << 10),
+            _ => rng.below(3 * MIB),
+        };
+        let name = format!("d{}/f{i:03}.bin", i % 10);
+        let path = root.join(&name);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        if i % 10 == 3 {
+            let size = size.max(256 << 10);
+            let f = fs::File::create(&path).unwrap();
+            f.set_len(size).unwrap();
+            for run in 0..4u64 {
+                let at = rng.below(size / 4096) * 4096;
+                let len = (rng.below(20_000) + 1).min(size - at);
+                f.write_all_at(&pseudo_random(i as u64 * 16 + run, len as usize), at).unwrap();
+            }
+        } else {
+            fs::write(&path, pseudo_random(i as u64, size as usize)).unwrap();
+        }
+        names.push(name);
+    }
+    names
+}
+
+/// What one reader saw.
+#[derive(Default, Debug)]
+struct Tally {
+    reads: u64,
+    bytes: u64,
+    /// Errors after the unmount began (allowed).
+    errors_after: u64,
+    /// Wrong bytes, or errors before the unmount / of an unexpected kind.
+    failures: Vec<String>,
+}
+
+/// Fills `buf` from `offset` until it is full or the file ends.
+fn pread_full(f: &fs::File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match f.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// Reads random pieces of random files under `mp` until `deadline` or the first error
+/// after the unmount began (`marker` exists), comparing each with the same piece of
+/// the source file under `src`.
+fn reader(seed: u64, mp: &Path, src: &Path, names: &[String], marker: &Path, deadline: Instant) -> Tally {
+    let mut rng = Rng::new(seed);
+    let mut tally = Tally::default();
+    let mut buf = vec![0u8; 2 * MIB as usize];
+    let mut want = vec![0u8; 2 * MIB as usize];
+    let unmounting = || marker.exists();
+    let mut fail = |tally: &mut Tally, what: String| -> bool {
+        let allowed = [libc::EIO, libc::ENOTCONN, libc::ENOENT, libc::ECONNABORTED];
+        if unmounting() && allowed.iter().any(|e| what.contains(&format!("(os error {e})"))) {
+            tally.errors_after += 1;
+            return true; // this reader is done
+        }
+        tally.failures.push(what);
+        tally.failures.len() > 20
+    };
+    'files: while Instant::now() < deadline {
+        let name = &names[rng.below(names.len() as u64) as usize];
+        let expected = fs::File::open(src.join(name)).unwrap();
+        let size = expected.metadata().unwrap().len();
+        let file = match fs::File::open(mp.join(name)) {
+            Ok(f) => f,
+            Err(e) => {
+                if fail(&mut tally, format!("open {name}: {e}")) {
+                    break;
+                }
+                continue;
+            }
+        };
+        // Several reads per open, so that open files span the unmount.
+        for _ in 0..rng.below(8) + 1 {
+            let len = match rng.below(10) {
+                0..=5 => rng.below(8192) + 1,
+                6..=8 => rng.below(256 << 10) + 1,
+                _ => rng.below(3 * MIB / 2) + 1,
+            } as usize;
+            let offset = match rng.below(10) {
+                0 => size.saturating_sub(rng.below(4096)),
+                1 => size + rng.below(100),
+                _ => rng.below(size + 1),
+            };
+            let got = match pread_full(&file, &mut buf[..len], offset) {
+                Ok(n) => n,
+                Err(e) => {
+                    if fail(&mut tally, format!("pread {name} {len}@{offset}: {e}")) {
+                        break 'files;
+                    }
+                    continue 'files;
+                }
+            };
+            let n = pread_full(&expected, &mut want[..len], offset).unwrap();
+            tally.reads += 1;
+            tally.bytes += got as u64;
+            if got != n || buf[..got] != want[..n] {
+                let first = buf[..got.min(n)].iter().zip(&want[..n]).position(|(a, b)| a != b);
+                tally.failures.push(format!(
+                    "WRONG BYTES: {name} (size {size}) {len}@{offset}: got {got} bytes, expected {n}; first difference at {first:?}"
+                ));
+            }
+            if Instant::now() >= deadline {
+                break 'files;
+            }
+        }
+    }
+    tally
+}
+
+/// The child-process side: runs `THREADS_PER_PROCESS` readers with the parameters the
+/// parent passed in the environment and reports one line per reader on stdout.
+#[test]
+fn stress_reader_child() {
+    let Ok(params) = std::env::var(CHILD_ENV) else { return };
+    let parts: Vec<&str> = params.split('\n').collect();
+    let (mp, src, marker) = (PathBuf::from(parts[0]), PathBuf::from(parts[1]), PathBuf::from(parts[2]));
+    let seed: u64 = parts[3].parse().unwrap();
+    let run_ms: u64 = parts[4].parse().unwrap();
+    let names: Vec<String> = parts[5..].iter().map(|s| s.to_string()).collect();
+    let deadline = Instant::now() + Duration::from_millis(run_ms);
+    let handles: Vec<_> = (0..THREADS_PER_PROCESS as u64)
+        .map(|t| {
+            let (mp, src, marker, names) = (mp.clone(), src.clone(), marker.clone(), names.clone());
+            thread::spawn(move || reader(seed * 100 + t, &mp, &src, &names, &marker, deadline))
+        })
+        .collect();
+    for h in handles {
+        let t = h.join().unwrap();
+        println!("STRESS-READER reads={} bytes={} errors_after={} failures={}", t.reads, t.bytes, t.errors_after, t.failures.len());
+        for f in &t.failures {
+            println!("STRESS-FAILURE {f}");
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Unmount {
+    Lazy,
+    Sigterm,
+}
+
+fn stress(label: &str, build: impl FnOnce(&Path, &Path), how: Unmount) {
+    require_root();
+    let started = Instant::now();
+    let tmp = TempDir::new(label);
+    let src = tmp.join("src");
+    let names = make_tree(&src);
+    let archive = tmp.join("archive");
+    build(&src, &archive);
+    let mp = tmp.join("mnt");
+    let marker = tmp.join("unmounting");
+    let m = Mounted::new(&archive, &mp);
+    let pids = m.daemon_pids();
+    assert!(!pids.is_empty(), "no daemon for {}", mp.display());
+    eprintln!("{label}: {} files, archive {} bytes, set up in {:?}", names.len(), fs::metadata(&archive).unwrap().len(), started.elapsed());
+
+    let t0 = Instant::now();
+    let deadline = t0 + RUN_FOR;
+    let (tx, rx) = mpsc::channel();
+    for t in 0..THREADS as u64 {
+        let (mp, src, marker, names, tx) = (mp.clone(), src.clone(), marker.clone(), names.clone(), tx.clone());
+        thread::spawn(move || {
+            let _ = tx.send(reader(t + 1, &mp, &src, &names, &marker, deadline));
+        });
+    }
+    drop(tx);
+    let mut children = Vec::new();
+    for p in 0..PROCESSES {
+        let params = [mp.to_str().unwrap(), src.to_str().unwrap(), marker.to_str().unwrap(), &(p + 10).to_string(), &RUN_FOR.as_millis().to_string()]
+            .into_iter()
+            .map(String::from)
+            .chain(names.iter().cloned())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let out = tmp.join(format!("child{p}.out"));
+        let child = Command::new(std::env::current_exe().unwrap())
+            .args(["stress::stress_reader_child", "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, params)
+            .stdin(Stdio::null())
+            .stdout(fs::File::create(&out).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        children.push((KillOnDrop(child), out));
+    }
+
+    thread::sleep(UNMOUNT_AFTER.saturating_sub(t0.elapsed()));
+    fs::write(&marker, b"").unwrap();
+    let unmounter = match how {
+        Unmount::Lazy => Some(KillOnDrop(
+            Command::new(stagefs_bin())
+                .args([OsStr::new("umount"), OsStr::new("--lazy"), mp.as_os_str()])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        )),
+        Unmount::Sigterm => {
+            for pid in &pids {
+                assert_eq!(unsafe { libc::kill(*pid, libc::SIGTERM) }, 0);
+            }
+            None
+        }
+    };
+    m.disarm();
+
+    // Every wait is bounded: a reader stuck in a request fails the test here.
+    let mut tallies = Vec::new();
+    let limit = Instant::now() + Duration::from_secs(30);
+    for _ in 0..THREADS {
+        let left = limit.saturating_duration_since(Instant::now());
+        tallies.push(rx.recv_timeout(left).unwrap_or_else(|_| panic!("{label}: a reader thread hung after the unmount")));
+    }
+    let mut child_lines = Vec::new();
+    for (mut child, out) in children {
+        let left = limit.saturating_duration_since(Instant::now());
+        let status = wait_timeout(&mut child.0, left).unwrap_or_else(|| panic!("{label}: a reader process hung after the unmount"));
+        let text = fs::read_to_string(&out).unwrap();
+        assert!(status.success(), "{label}: reader process failed ({status}):\n{text}");
+        child_lines.extend(text.lines().filter(|l| l.starts_with("STRESS-")).map(String::from));
+    }
+    if let Some(mut u) = unmounter {
+        let status = wait_timeout(&mut u.0, Duration::from_secs(30)).unwrap_or_else(|| panic!("{label}: stagefs umount --lazy hung"));
+        assert!(status.success(), "{label}: stagefs umount --lazy failed: {status}");
+    }
+
+    let reads: u64 = tallies.iter().map(|t| t.reads).sum();
+    let bytes: u64 = tallies.iter().map(|t| t.bytes).sum();
+    let after: u64 = tallies.iter().map(|t| t.errors_after).sum();
+    let failures: Vec<&String> = tallies.iter().flat_map(|t| &t.failures).collect();
+    let child_failures: Vec<&String> = child_lines.iter().filter(|l| l.starts_with("STRESS-FAILURE")).collect();
+    eprintln!(
+        "{label}: threads: {reads} reads, {} MiB, {after} errors after the unmount; processes: {:?}; total {:?}",
+        bytes >> 20,
+        child_lines.iter().filter(|l| l.starts_with("STRESS-READER")).collect::<Vec<_>>(),
+        started.elapsed()
+    );
+    assert!(failures.is_empty() && child_failures.is_empty(), "{label}: {failures:#?}\n{child_failures:#?}");
+    assert!(reads > 100, "{label}: only {reads} reads in {RUN_FOR:?}");
+    assert!(
+        wait_until(Duration::from_secs(15), || pids.iter().all(|&p| !process_alive(p))),
+        "{label}: the daemon (pids {pids:?}) is still running after the unmount"
+    );
+    let proc_mounts = fs::read_to_string("/proc/mounts").unwrap();
+    assert!(!proc_mounts.contains(mp.to_str().unwrap()), "{label}: {} still in /proc/mounts", mp.display());
+    assert_nothing_left(&mp, label);
+}
+
+#[test]
+fn stress_tar_lazy_umount_under_load() {
+    stress(
+        "stress-tar",
+        |src, archive| {
+            run_tool("tar", [OsStr::new("--sparse"), OsStr::new("--format=posix"), OsStr::new("-C"), src.as_os_str(), OsStr::new("-cf"), archive.as_os_str(), OsStr::new(".")]);
+        },
+        Unmount::Lazy,
+    );
+}
+
+#[test]
+fn stress_squashfs_zstd_sigterm_under_load() {
+    stress(
+        "stress-sqfs",
+        |src, archive| {
+            run_tool(
+                "mksquashfs",
+                [src.as_os_str(), archive.as_os_str(), OsStr::new("-comp"), OsStr::new("zstd"), OsStr::new("-noappend"), OsStr::new("-quiet"), OsStr::new("-no-progress")],
+            );
+        },
+        Unmount::Sigterm,
+    );
+}
