@@ -57,7 +57,10 @@ impl From<MountpointError> for Failure {
 
 impl From<StageError> for Failure {
     fn from(e: StageError) -> Failure {
-        let code = if matches!(e, StageError::NoRoom { .. }) { code::NO_ROOM } else { code::BAD_ARCHIVE };
+        let code = match e {
+            StageError::NoRoom { .. } | StageError::NoRoomDecompressing { .. } => code::NO_ROOM,
+            _ => code::BAD_ARCHIVE,
+        };
         Failure::new(code, e.to_string())
     }
 }

@@ -72,7 +72,9 @@ pub enum StageError {
     Io { path: PathBuf, what: String, source: std::io::Error },
     #[error("not enough RAM to stage {}: it needs {}, the budget is {} ({budget_reason}); free memory, raise --max-ram, or use --stage none to serve it in place", path.display(), human(*needed), human(*budget))]
     NoRoom { path: PathBuf, needed: u64, budget: u64, budget_reason: String },
-    #[error("{}: corrupt {kind} stream near compressed byte {offset}: {message}", path.display())]
+    #[error("not enough RAM to decompress {}: it needs more than {}, the budget is {} ({budget_reason}); free memory or raise --max-ram (compressed tars are always decompressed into RAM)", path.display(), human(*so_far), human(*budget))]
+    NoRoomDecompressing { path: PathBuf, so_far: u64, budget: u64, budget_reason: String },
+    #[error("{}: corrupt {kind} stream at or before compressed byte {offset}: {message}", path.display())]
     CorruptStream { path: PathBuf, kind: &'static str, offset: u64, message: String },
 }
 
@@ -310,7 +312,8 @@ impl<R: std::io::BufRead> Read for Lz4Frames<R> {
 fn decompress(path: &Path, file: File, kind: Compression, budget: &RamBudget) -> Result<Backing, StageError> {
     let started = Instant::now();
     let consumed = Arc::new(AtomicU64::new(0));
-    let input = std::io::BufReader::with_capacity(1 << 20, Counting { inner: file, count: consumed.clone() });
+    // A small buffer keeps the reported offset of a corrupt stream close to the damage.
+    let input = std::io::BufReader::with_capacity(64 << 10, Counting { inner: file, count: consumed.clone() });
     let mut decoder: Box<dyn Read> = match kind {
         Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(input)),
         Compression::Bzip2 => Box::new(bzip2::read::MultiBzDecoder::new(input)),
@@ -341,7 +344,15 @@ fn decompress(path: &Path, file: File, kind: Compression, budget: &RamBudget) ->
                 });
             }
         };
-        budget.check(path, written + n as u64).inspect_err(|_| bar.finish_and_clear())?;
+        if written + n as u64 > budget.bytes {
+            bar.finish_and_clear();
+            return Err(StageError::NoRoomDecompressing {
+                path: path.to_owned(),
+                so_far: written + n as u64,
+                budget: budget.bytes,
+                budget_reason: budget.reason.clone(),
+            });
+        }
         target.write_all_at(&buf[..n], written).map_err(|source| StageError::Io {
             path: path.to_owned(),
             what: format!("out of staging memory at byte {written}"),
