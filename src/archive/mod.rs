@@ -118,7 +118,8 @@ pub fn map_file(file: &std::fs::File) -> std::io::Result<Backing> {
     // SAFETY: read-only; only indexing touches the map directly, and a truncation during
     // indexing is reported as such by the parent (SIGBUS); see doc/guarantees.md.
     let map = unsafe { memmap2::Mmap::map(file) }?;
-    let _ = map.advise(memmap2::Advice::Random);
+    // The map serves the index scan, which is sequential for tar: let the kernel read ahead.
+    let _ = map.advise(memmap2::Advice::Sequential);
     let in_place = InPlace { file: file.try_clone()?, size: meta.len(), mtime: (meta.mtime(), meta.mtime_nsec()) };
     Ok(Arc::new(Source { map, in_place: Some(in_place) }))
 }
