@@ -143,6 +143,7 @@ fn serve(archive_path: &Path, mountpoint: &Path, request: &MountRequest, ready: 
 /// matches. Saves the index when scanning was costly, or always with `force_save`.
 /// Returns the archive and the bytes staged in RAM.
 pub fn open_archive(path: &Path, mode: StageMode, max_ram: Option<u64>, force_save: bool) -> Result<(Archive, u64), Failure> {
+    check_format(path)?;
     let key = index_cache::Key::of(path).map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
     let loaded = stage::load(path, mode, max_ram)?;
     if !force_save {
@@ -175,6 +176,18 @@ pub fn open_archive(path: &Path, mode: StageMode, max_ram: Option<u64>, force_sa
     Ok((archive, loaded.staged_bytes))
 }
 
+/// Refuses an unknown format before any byte is staged.
+fn check_format(path: &Path) -> Result<(), OpenError> {
+    use std::os::unix::fs::FileExt;
+    let mut head = [0u8; 512];
+    let n = File::open(path).and_then(|f| f.read_at(&mut head, 0)).map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
+    let head = &head[..n];
+    if stage::Compression::detect(head).is_some() || crate::archive::Format::detect(head).is_some() {
+        return Ok(());
+    }
+    Err(OpenError::unknown_format(path, head))
+}
+
 /// Refreshes the read counter in the mount's record for `stagefs status`.
 fn publish_stats(mut record: Record, fs: Arc<Fs>) {
     let _ = std::thread::Builder::new().name("stats".into()).spawn(move || loop {
@@ -189,9 +202,20 @@ fn publish_stats(mut record: Record, fs: Arc<Fs>) {
 
 /// Fails early, with advice, where FUSE cannot work at all.
 fn check_fuse_available() -> Result<(), Failure> {
-    if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse") {
+    let device = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse").and_then(|f| f.metadata());
+    let device = match device {
+        Err(e) => Err(e.to_string()),
+        // Containers sometimes bind /dev/null (or nothing usable) over /dev/fuse.
+        Ok(meta) if !std::os::unix::fs::FileTypeExt::is_char_device(&meta.file_type())
+            || std::os::unix::fs::MetadataExt::rdev(&meta) != libc::makedev(10, 229) =>
+        {
+            Err("it is not the FUSE device (char 10:229)".to_string())
+        }
+        Ok(_) => Ok(()),
+    };
+    if let Err(why) = device {
         return Err(Failure::no_fuse(format!(
-            "FUSE is not available: cannot open /dev/fuse ({e}); load the fuse kernel module or ask the cluster admins to enable FUSE"
+            "FUSE is not available: cannot use /dev/fuse ({why}); load the fuse kernel module or ask the cluster admins to enable FUSE"
         )));
     }
     if !nix::unistd::geteuid().is_root() && which("fusermount3").is_none() {

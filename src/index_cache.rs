@@ -330,9 +330,16 @@ fn check_bounds(index: &Index, n_sparse: usize, archive_len: u64) -> Result<(), 
         }
     }
     let dirents_ok = index.dirents.iter().all(|d| span_ok(d.name) && (d.inode as usize) < index.inodes.len());
-    let xattrs_ok = index.xattrs.iter().all(|x| span_ok(x.name) && span_ok(x.value));
+    // listxattr separates names with NUL: a name must be non-empty and NUL-free.
+    let name_ok = |s: Span| span_ok(s) && s.len > 0 && !index.bytes(s).contains(&0);
+    let xattrs_ok = index.xattrs.iter().all(|x| name_ok(x.name) && span_ok(x.value));
     if !dirents_ok || !xattrs_ok {
         return Err("an entry points outside the index".into());
+    }
+    // Lookups search a directory's entries by binary search: strictly sorted names.
+    let sorted = |dir: &Inode| index.children(dir).windows(2).all(|w| index.bytes(w[0].name) < index.bytes(w[1].name));
+    if !index.inodes.iter().all(sorted) {
+        return Err("a directory's entries are not sorted".into());
     }
     Ok(())
 }

@@ -129,7 +129,7 @@ pub fn map_file(file: &std::fs::File) -> std::io::Result<Backing> {
 pub enum OpenError {
     #[error("cannot read {}: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
-    #[error("{}: not a tar or SquashFS archive (first bytes: {magic}); stagefs mounts tar (plain) and SquashFS 4.0 images", path.display())]
+    #[error("{}: not a tar or SquashFS archive (first bytes: {magic}); stagefs mounts tar (plain, or compressed with gzip, bzip2, xz, zstd or lz4) and SquashFS 4.0 images", path.display())]
     UnknownFormat { path: PathBuf, magic: String },
     #[error("{}: corrupt archive at byte {offset}: {what}", path.display())]
     Corrupt { path: PathBuf, offset: u64, what: String },
@@ -139,6 +139,14 @@ pub enum OpenError {
     Unsupported { path: PathBuf, what: String },
     #[error("{}: {source}", path.display())]
     Index { path: PathBuf, source: crate::index::BuildError },
+}
+
+impl OpenError {
+    /// The error for bytes that are no archive stagefs knows, showing the first of them.
+    pub fn unknown_format(path: &Path, head: &[u8]) -> OpenError {
+        let magic = head.iter().take(8).map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ");
+        OpenError::UnknownFormat { path: path.to_owned(), magic }
+    }
 }
 
 /// Damage found while serving a read: that read fails with EIO, the mount lives on.
@@ -201,10 +209,7 @@ impl Archive {
                 let (index, reader) = squashfs::open(path, backing)?;
                 Ok(Archive { index, format: Format::SquashFs, reader: Reader::SquashFs(reader) })
             }
-            None => Err(OpenError::UnknownFormat {
-                path: path.to_owned(),
-                magic: head.iter().take(8).map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" "),
-            }),
+            None => Err(OpenError::unknown_format(path, head)),
         }
     }
 

@@ -26,9 +26,18 @@ pub use data::SquashReader;
 use super::{Backing, OpenError};
 use crate::index::{BuildError, Index};
 
-/// Indexes the SquashFS image in `backing`, with the default 64 MiB block cache.
+/// Indexes the SquashFS image in `backing`, with a block cache sized for the image.
 pub fn open(path: &Path, backing: Backing) -> Result<(Index, SquashReader), OpenError> {
-    open_with_cache(path, backing, data::DEFAULT_CACHE_BYTES)
+    let cache = cache_bytes_for(backing.len() as u64);
+    open_with_cache(path, backing, cache)
+}
+
+/// Block cache size: enough for four times the image (data compresses about that well),
+/// between 64 MiB and 1 GiB. Small files share fragment blocks, so a shuffled first epoch
+/// would otherwise decompress each fragment block once per file in it; the cache only
+/// grows as blocks are read.
+fn cache_bytes_for(image_bytes: u64) -> u64 {
+    image_bytes.saturating_mul(4).clamp(data::DEFAULT_CACHE_BYTES, 1 << 30)
 }
 
 /// Indexes the SquashFS image in `backing`; decompressed blocks are cached up to `cache_bytes`.

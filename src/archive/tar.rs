@@ -66,7 +66,15 @@ impl TarReader {
     pub fn from_parts(backing: Backing, sparse_files: Vec<SparseFile>, extents: Vec<Extent>) -> Option<TarReader> {
         let in_bounds = sparse_files.iter().all(|f| (f.first as usize).checked_add(f.count as usize).is_some_and(|end| end <= extents.len()))
             && extents.iter().all(|e| e.archive_offset.checked_add(e.len).is_some_and(|end| end <= backing.len() as u64));
-        in_bounds.then_some(TarReader { backing, sparse_files, extents })
+        // The read path relies on each file's extents being sorted and not overlapping,
+        // as `sparse` builds them.
+        let sorted = in_bounds
+            && sparse_files.iter().all(|f| {
+                let runs = &extents[f.first as usize..f.first as usize + f.count as usize];
+                let ends_ok = runs.iter().all(|e| e.file_offset.checked_add(e.len).is_some());
+                ends_ok && runs.windows(2).all(|w| w[0].file_offset + w[0].len <= w[1].file_offset)
+            });
+        sorted.then_some(TarReader { backing, sparse_files, extents })
     }
 
     pub fn backing_len(&self) -> u64 {
@@ -340,12 +348,23 @@ impl Scan<'_> {
                     sparse_map = numbers.chunks(2).map(|c| (c[0], c[1])).collect();
                 }
                 _ => {
+                    // listxattr separates names with NUL: a name that is empty or holds
+                    // one could not be listed or read, so it is skipped.
+                    let servable = |name: &[u8]| {
+                        let ok = !name.is_empty() && !name.contains(&0);
+                        if !ok {
+                            tracing::warn!(offset = at, "skipping an xattr whose name is empty or contains a NUL byte");
+                        }
+                        ok
+                    };
                     if let Some(name) = key.strip_prefix(b"SCHILY.xattr.") {
-                        m.xattrs.push((name.to_vec(), value.clone()));
+                        if servable(name) {
+                            m.xattrs.push((name.to_vec(), value.clone()));
+                        }
                     } else if let Some(name) = key.strip_prefix(b"LIBARCHIVE.xattr.") {
                         let name = percent_decode(name);
                         let value = base64_decode(value).ok_or_else(|| self.corrupt(at, "LIBARCHIVE.xattr value is not base64"))?;
-                        if !m.xattrs.iter().any(|(n, _)| *n == name) {
+                        if servable(&name) && !m.xattrs.iter().any(|(n, _)| *n == name) {
                             m.xattrs.push((name, value));
                         }
                     }
