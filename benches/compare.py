@@ -686,7 +686,7 @@ def main():
                    help="tiny datasets, ~1-2 minutes (the CI check; default)")
     g.add_argument("--full", dest="profile", action="store_const", const="full",
                    help="10,000 images + 100,000 small files + 1 GiB file")
-    ap.add_argument("--out", help="results directory (default bench-results/<profile>-<time>)")
+    ap.add_argument("--out", help="results directory (default target/bench-results/<profile>-<time>)")
     ap.add_argument("--work", default="/var/tmp/stagefs-bench",
                     help="where archives and mountpoints go; must not be tmpfs (default %(default)s)")
     ap.add_argument("--stagefs", default="target/release/stagefs")
@@ -696,14 +696,17 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep-data", action="store_true",
                     help="keep the generated archives in --work for the next run (reused when identical)")
+    ap.add_argument("--prepare", action="store_true",
+                    help="only generate the archives into --work (implies --keep-data), measure nothing")
     ap.set_defaults(profile="smoke")
     args = ap.parse_args()
     prof = PROFILES[args.profile]
+    args.keep_data = args.keep_data or args.prepare
     args.timeout = prof["timeout"]
     args.stagefs = os.path.abspath(args.stagefs)
     args.work = os.path.abspath(args.work)
     args.out = os.path.abspath(args.out or os.path.join(
-        "bench-results", f"{args.profile}-{time.strftime('%Y%m%d-%H%M%S')}"))
+        "target", "bench-results", f"{args.profile}-{time.strftime('%Y%m%d-%H%M%S')}"))
     systems = args.systems.split(",") if args.systems else [s for s, _ in SYSTEMS]
     datasets = args.datasets.split(",") if args.datasets else DATASETS
     for s in systems:
@@ -743,6 +746,9 @@ def main():
     ddir = None
     try:
         ddir, manifests = ensure_datasets(args, prof, datasets)
+        if args.prepare:
+            log(f"archives ready in {ddir}")
+            return
         for ds in datasets:
             meta["datasets"][ds] = {k: v for k, v in manifests[ds].items() if k != "files"}
             for sy in systems:

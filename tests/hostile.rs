@@ -196,7 +196,7 @@ fn hostile_tar_cases() {
     h[482] = 1; // isextended
     h[483..495].copy_from_slice(b"77777777777\0");
     reseal(&mut h);
-    expect_truncated(&finish(h.to_vec())[..1024], "old GNU sparse without its extension blocks", "sparse extension header");
+    expect_truncated(&h, "old GNU sparse without its extension blocks", "sparse extension header");
     // ... and one whose extents claim far more data than is stored.
     let mut h = ustar_header("sparse", b'S', 0o644, 10, "");
     h[386..398].copy_from_slice(b"00000000000\0");
@@ -243,7 +243,6 @@ struct Image {
     bytes: Vec<u8>,
     inode_table: usize,
     directory_table: usize,
-    fragment_table: usize,
 }
 
 fn le_u64(b: &[u8], at: usize) -> u64 {
@@ -253,11 +252,10 @@ fn le_u64(b: &[u8], at: usize) -> u64 {
 fn image() -> Image {
     let bytes = fs::read(fixture("sqfs-uncompressed.sqfs")).unwrap();
     let (inode_table, directory_table) = (le_u64(&bytes, 64) as usize, le_u64(&bytes, 72) as usize);
-    let fragment_table = le_u64(&bytes, 80) as usize;
     for table in [inode_table, directory_table] {
         assert!(bytes[table + 1] & 0x80 != 0, "the fixture's metadata must be stored uncompressed");
     }
-    Image { bytes, inode_table, directory_table, fragment_table }
+    Image { bytes, inode_table, directory_table }
 }
 
 impl Image {
@@ -309,13 +307,15 @@ fn hostile_squashfs_cases() {
     assert!(started.elapsed() < Duration::from_secs(1));
 
     // A lookup-table index naming one metadata block many times: a fragment count of
-    // 2^26 (a 1 GiB table) whose 131072 block pointers all repeat the first block,
-    // appended to the image so that the index fits.
+    // 2^26 (a 1 GiB table) whose 131072 block pointers all name one full 8 KiB block,
+    // appended to the image with the index. Read as given, the table filled 1 GiB.
     let mut img = image();
-    let first_block = le_u64(&img.bytes, img.fragment_table);
+    let block_at = img.bytes.len() as u64;
+    img.bytes.extend_from_slice(&(0x8000u16 | 8192).to_le_bytes());
+    img.bytes.extend_from_slice(&[0; 8192]);
     let index_at = img.bytes.len();
     for _ in 0..(1u64 << 26) * 16 / 8192 {
-        img.bytes.extend_from_slice(&first_block.to_le_bytes());
+        img.bytes.extend_from_slice(&block_at.to_le_bytes());
     }
     let used = img.bytes.len() as u64;
     img.bytes[40..48].copy_from_slice(&used.to_le_bytes());
@@ -357,54 +357,70 @@ fn umount_of_a_killed_daemons_mount_cleans_it() {
     assert!(again.stderr.contains(&*mp.to_string_lossy()), "{}", again.describe());
 }
 
-/// `stagefs mount` in a private mount namespace where /dev/fuse is /dev/null: exit 7,
-/// naming /dev/fuse.
+/// Runs `script` (sh) in a private mount namespace, with `STAGEFS` and `ARCHIVE` set.
+fn in_private_namespace(script: &str, archive: &Path) -> CmdOutput {
+    let unshare = require_tool("unshare");
+    let mut cmd = Command::new(unshare);
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c", script])
+        .env("STAGEFS", stagefs_bin())
+        .env("ARCHIVE", archive);
+    run_cmd(&mut cmd, CMD_TIMEOUT)
+}
+
+/// No usable /dev/fuse (in a private mount namespace: /dev without fuse, or /dev/null
+/// bound over /dev/fuse as some containers do): exit 7, naming /dev/fuse.
 #[test]
 fn mount_without_dev_fuse_fails_with_code_7() {
     require_root();
-    let unshare = require_tool("unshare");
     let tmp = TempDir::new("no-dev-fuse");
     let mp = tmp.join("mnt");
-    let script = format!(
-        "mount --bind /dev/null /dev/fuse && exec {} mount {} {}",
-        stagefs_bin().display(),
-        fixture("gnu.tar").display(),
-        mp.display()
-    );
-    let mut cmd = Command::new(unshare);
-    cmd.args(["--mount", "--propagation", "private", "sh", "-c", &script]);
-    let out = run_cmd(&mut cmd, CMD_TIMEOUT);
-    assert_eq!(out.code(), Some(7), "{}", out.describe());
-    assert!(out.stderr.contains("/dev/fuse"), "the message must name /dev/fuse:\n{}", out.describe());
-    assert_nothing_left(&mp, "after a mount without /dev/fuse");
+    let cases = [
+        ("no /dev/fuse", "mount -t tmpfs none /dev && mknod -m 666 /dev/null c 1 3 && exec \"$STAGEFS\" mount \"$ARCHIVE\" \"$MP\""),
+        ("/dev/null over /dev/fuse", "mount --bind /dev/null /dev/fuse && exec \"$STAGEFS\" mount \"$ARCHIVE\" \"$MP\""),
+    ];
+    for (case, script) in cases {
+        let script = format!("MP='{}'; {script}", mp.display());
+        let out = in_private_namespace(&script, &fixture("gnu.tar"));
+        assert_eq!(out.code(), Some(7), "{case}: {}", out.describe());
+        assert!(out.stderr.contains("/dev/fuse"), "{case}: the message must name /dev/fuse:\n{}", out.describe());
+        assert_nothing_left(&mp, case);
+    }
 }
 
-/// A non-root user without fusermount3 on PATH: exit 7, naming fusermount3.
+/// A non-root user without fusermount3 on PATH (and a usable /dev/fuse, bound in a
+/// private namespace as a 0666 copy of the device): exit 7, naming fusermount3.
 #[test]
 fn mount_as_user_without_fusermount3_fails_with_code_7() {
     require_root();
-    let setpriv = require_tool("setpriv");
+    require_tool("setpriv");
     let tmp = TempDir::new("no-fusermount");
-    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
     let archive = tmp.join("a.tar");
     fs::copy(fixture("gnu.tar"), &archive).unwrap();
     fs::set_permissions(&archive, fs::Permissions::from_mode(0o644)).unwrap();
-    // The binary must be reachable by nobody: copy it next to the archive.
-    let bin = tmp.join("stagefs");
-    fs::copy(stagefs_bin(), &bin).unwrap();
-    fs::set_permissions(&bin, fs::Permissions::from_mode(0o755)).unwrap();
-    let mp = tmp.join("mnt");
-    let empty_path = tmp.join("empty-path");
-    fs::create_dir(&empty_path).unwrap();
-    let mut cmd = Command::new(setpriv);
-    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-        .arg(&bin)
-        .args([OsStr::new("mount"), archive.as_os_str(), mp.as_os_str()])
-        .env_clear()
-        .env("PATH", &empty_path)
-        .env("HOME", tmp.path())
-        .env("XDG_RUNTIME_DIR", tmp.path());
-    let out = run_cmd(&mut cmd, CMD_TIMEOUT);
+    // Everything `nobody` needs lives in directories it may use.
+    let bin = tmp.join("bin");
+    fs::create_dir(&bin).unwrap();
+    fs::copy(stagefs_bin(), bin.join("stagefs")).unwrap();
+    let home = tmp.join("home");
+    fs::create_dir(&home).unwrap();
+    let chown = |p: &Path| {
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
+    };
+    chown(&home);
+    let mp = home.join("mnt");
+    let script = format!(
+        "mknod -m 666 '{dev}' c 10 229 && mount --bind '{dev}' /dev/fuse && \
+         exec setpriv --reuid=65534 --regid=65534 --clear-groups env -i PATH='{bin}' HOME='{home}' XDG_RUNTIME_DIR='{home}' \
+         '{bin}/stagefs' mount '{archive}' '{mp}'",
+        dev = tmp.join("fuse").display(),
+        bin = bin.display(),
+        home = home.display(),
+        archive = archive.display(),
+        mp = mp.display(),
+    );
+    let out = in_private_namespace(&script, &archive);
     assert_eq!(out.code(), Some(7), "{}", out.describe());
     assert!(out.stderr.contains("fusermount3"), "the message must name fusermount3:\n{}", out.describe());
     assert!(!is_mounted(&mp));
@@ -479,4 +495,23 @@ fn staged_archive_truncated_while_mounted_keeps_serving() {
     }
     m.unmount().assert_success();
     assert_nothing_left(&mp, "after unmounting the staged archive");
+}
+
+/// pax xattrs whose names are empty or hold a NUL byte (SCHILY raw, LIBARCHIVE as %00)
+/// cannot be listed by listxattr (NUL-separated): they are skipped, the rest served.
+/// Found by the index_cache fuzz target (fuzz/regressions/index_cache/xattr-name-with-nul).
+#[test]
+fn tar_xattr_names_that_cannot_be_listed_are_skipped() {
+    let mut records = Vec::new();
+    records.extend(pax_record("SCHILY.xattr.user.a\0b", "1"));
+    records.extend(pax_record("SCHILY.xattr.", "2"));
+    records.extend(pax_record("LIBARCHIVE.xattr.user.c%00d", "Mw=="));
+    records.extend(pax_record("SCHILY.xattr.user.ok", "4"));
+    let member = ustar_header("f", b'0', 0o644, 0, "");
+    let tar = pax_then_member(&records, &member, b"");
+    exercise::tar(&tar).expect("the archive opens");
+    let (index, _) = stagefs::archive::tar::open(Path::new("x.tar"), exercise::backing(&tar)).unwrap();
+    let f = index.lookup(&index.inodes[0], b"f").unwrap();
+    let names: Vec<&[u8]> = index.xattrs_of(&index.inodes[f as usize]).iter().map(|x| index.bytes(x.name)).collect();
+    assert_eq!(names, [&b"user.ok"[..]]);
 }

@@ -114,7 +114,7 @@ fn reader(seed: u64, mp: &Path, src: &Path, names: &[String], marker: &Path, dea
     let mut buf = vec![0u8; 2 * MIB as usize];
     let mut want = vec![0u8; 2 * MIB as usize];
     let unmounting = || marker.exists();
-    let mut fail = |tally: &mut Tally, what: String| -> bool {
+    let fail = |tally: &mut Tally, what: String| -> bool {
         let allowed = [libc::EIO, libc::ENOTCONN, libc::ENOENT, libc::ECONNABORTED];
         if unmounting() && allowed.iter().any(|e| what.contains(&format!("(os error {e})"))) {
             tally.errors_after += 1;
@@ -285,7 +285,8 @@ fn stress(label: &str, build: impl FnOnce(&Path, &Path), how: Unmount) {
         let status = wait_timeout(&mut child.0, left).unwrap_or_else(|| panic!("{label}: a reader process hung after the unmount"));
         let text = fs::read_to_string(&out).unwrap();
         assert!(status.success(), "{label}: reader process failed ({status}):\n{text}");
-        child_lines.extend(text.lines().filter(|l| l.starts_with("STRESS-")).map(String::from));
+        // libtest prints "test ... " on the same line as the first report.
+        child_lines.extend(text.lines().filter_map(|l| l.find("STRESS-").map(|i| l[i..].to_string())));
     }
     if let Some(mut u) = unmounter {
         let status = wait_timeout(&mut u.0, Duration::from_secs(30)).unwrap_or_else(|| panic!("{label}: stagefs umount --lazy hung"));
@@ -304,6 +305,8 @@ fn stress(label: &str, build: impl FnOnce(&Path, &Path), how: Unmount) {
         started.elapsed()
     );
     assert!(failures.is_empty() && child_failures.is_empty(), "{label}: {failures:#?}\n{child_failures:#?}");
+    let child_readers = child_lines.iter().filter(|l| l.starts_with("STRESS-READER")).count();
+    assert_eq!(child_readers, PROCESSES * THREADS_PER_PROCESS, "{label}: reader processes reported {child_lines:#?}");
     assert!(reads > 100, "{label}: only {reads} reads in {RUN_FOR:?}");
     assert!(
         wait_until(Duration::from_secs(15), || pids.iter().all(|&p| !process_alive(p))),
