@@ -20,8 +20,8 @@ pub(super) struct Entry {
     pub(super) inode_number: u32,
 }
 
-/// Reads the `len`-byte listing at `cursor`.
-pub(super) fn read_listing(meta: &mut MetaReader, mut cursor: Cursor, len: u32) -> Result<Vec<Entry>, Fault> {
+/// Reads the `len`-byte listing at `cursor`; returns its entries and where it ends.
+pub(super) fn read_listing(meta: &mut MetaReader, mut cursor: Cursor, len: u32) -> Result<(Vec<Entry>, Cursor), Fault> {
     let at = cursor.block;
     let mut left = u64::from(len);
     let mut entries = Vec::new();
@@ -62,7 +62,7 @@ pub(super) fn read_listing(meta: &mut MetaReader, mut cursor: Cursor, len: u32) 
             });
         }
     }
-    Ok(entries)
+    Ok((entries, cursor))
 }
 
 /// A name must be one path component, or the tree we build could escape its parent.

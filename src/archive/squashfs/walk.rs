@@ -1,6 +1,6 @@
 //! Indexing: walks the directory tree from the root inode and fills the [`IndexBuilder`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::data::Layouts;
 use super::directory::read_listing;
@@ -30,6 +30,29 @@ struct Walk<'a> {
     /// vast majority, are left out to keep this map small.
     seen: HashMap<u32, InodeId>,
     pending: Vec<PendingDir>,
+    listings: ListingRanges,
+}
+
+/// Byte ranges of the listings read so far, as (block, offset) start -> end. mksquashfs
+/// gives every directory a listing of its own; refusing overlaps keeps a crafted image
+/// from making many directories share one listing and blow the index up quadratically.
+#[derive(Default)]
+struct ListingRanges(BTreeMap<(u64, usize), (u64, usize)>);
+
+impl ListingRanges {
+    /// Records `[start, end)`; false if it overlaps a range already recorded.
+    fn claim(&mut self, start: (u64, usize), end: (u64, usize)) -> bool {
+        if start == end {
+            return true; // Empty directories have no listing.
+        }
+        let before = self.0.range(..=start).next_back().is_some_and(|(_, &e)| e > start);
+        let after = self.0.range(start..).next().is_some_and(|(&s, _)| s < end);
+        if before || after {
+            return false;
+        }
+        self.0.insert(start, end);
+        true
+    }
 }
 
 /// Indexes the image (`image` is already cut to `bytes_used`).
@@ -47,6 +70,7 @@ pub(super) fn index(image: &[u8], sb: &Superblock) -> Result<(Index, Layouts), F
         layouts,
         seen: HashMap::new(),
         pending: Vec::new(),
+        listings: ListingRanges::default(),
     };
     walk.root()?;
     while let Some(dir) = walk.pending.pop() {
@@ -79,7 +103,9 @@ impl Walk<'_> {
     }
 
     fn directory(&mut self, dir: PendingDir) -> Result<(), Fault> {
-        for entry in read_listing(&mut self.meta, dir.listing, dir.len)? {
+        let (entries, end) = read_listing(&mut self.meta, dir.listing, dir.len)?;
+        self.claim_listing(dir.listing, end)?;
+        for entry in entries {
             if let Some(&known) = self.seen.get(&entry.inode_number) {
                 if self.builder.attrs(known).is_dir() {
                     return Err(Fault::corrupt(
@@ -111,6 +137,14 @@ impl Walk<'_> {
             self.remember(id, &raw)?;
         }
         Ok(())
+    }
+
+    /// Records the listing `[start, end)`, refusing one that overlaps a listing already read.
+    fn claim_listing(&mut self, start: Cursor, end: Cursor) -> Result<(), Fault> {
+        if self.listings.claim((start.block, start.offset), (end.block, end.offset)) {
+            return Ok(());
+        }
+        Err(Fault::corrupt(start.block, "two directories share one directory listing".to_string()))
     }
 
     /// Records directories (and queues their listing) and multiply-linked files.
@@ -167,5 +201,23 @@ impl Walk<'_> {
         let borrowed: Vec<(&[u8], &[u8])> = pairs.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
         self.builder.set_xattrs(id, &borrowed)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ListingRanges;
+
+    #[test]
+    fn overlapping_listings_are_refused() {
+        let mut ranges = ListingRanges::default();
+        assert!(ranges.claim((0, 10), (0, 50)));
+        assert!(ranges.claim((0, 50), (1, 0)), "adjacent listings are fine");
+        assert!(ranges.claim((0, 5), (0, 5)), "empty listings claim nothing");
+        assert!(!ranges.claim((0, 10), (0, 50)), "the same listing twice");
+        assert!(!ranges.claim((0, 20), (0, 30)), "inside another");
+        assert!(!ranges.claim((0, 0), (0, 11)), "overlapping its start");
+        assert!(!ranges.claim((0, 49), (2, 0)), "overlapping its end");
+        assert!(ranges.claim((1, 0), (1, 8)));
     }
 }
