@@ -130,19 +130,21 @@ struct RamBudget {
 }
 
 impl RamBudget {
-    /// The smallest of `--max-ram`, MemAvailable and the cgroup's headroom, less a margin
-    /// (512 MiB + 5 % of RAM) so that training itself still has room.
+    /// The smallest of `--max-ram`, MemAvailable and the cgroup's headroom, the last two
+    /// less a margin (512 MiB + 5 % of the total they come from).
     fn measure(max_ram: Option<u64>) -> RamBudget {
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         let field = |key: &str| -> Option<u64> {
             let line = meminfo.lines().find(|l| l.starts_with(key))?;
             Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
         };
+        // Each limit keeps a margin scaled to its own size, so training still has room.
+        let margin = |total: u64| (512 << 20) + total / 20;
         let total = field("MemTotal:").unwrap_or(0);
-        let margin = (512 << 20) + total / 20;
-        let mut limits = vec![(field("MemAvailable:").unwrap_or(0).saturating_sub(margin), "MemAvailable less a margin".to_string())];
-        if let Some(free) = cgroup_headroom() {
-            limits.push((free.saturating_sub(margin), "the job's cgroup memory limit less a margin".to_string()));
+        let available = field("MemAvailable:").unwrap_or(0).saturating_sub(margin(total));
+        let mut limits = vec![(available, "MemAvailable less a margin".to_string())];
+        if let Some((max, used)) = cgroup_limit() {
+            limits.push((max.saturating_sub(used).saturating_sub(margin(max)), "the job's cgroup memory limit less a margin".to_string()));
         }
         if let Some(max) = max_ram {
             limits.push((max, "--max-ram".to_string()));
@@ -159,14 +161,28 @@ impl RamBudget {
     }
 }
 
-/// Free bytes under this process's cgroup v2 memory limit, if it has one.
-fn cgroup_headroom() -> Option<u64> {
+/// This process's cgroup memory limit and usage, if it has a limit: cgroup v2
+/// (`memory.max`) or v1 (`memory.limit_in_bytes`, still common on SLURM clusters).
+fn cgroup_limit() -> Option<(u64, u64)> {
     let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let rel = cgroup.lines().find_map(|l| l.strip_prefix("0::"))?;
-    let dir = Path::new("/sys/fs/cgroup").join(rel.trim_start_matches('/'));
-    let max: u64 = std::fs::read_to_string(dir.join("memory.max")).ok()?.trim().parse().ok()?;
-    let current: u64 = std::fs::read_to_string(dir.join("memory.current")).ok()?.trim().parse().ok()?;
-    Some(max.saturating_sub(current))
+    let read = |path: PathBuf| -> Option<u64> { std::fs::read_to_string(path).ok()?.trim().parse().ok() };
+    for line in cgroup.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(rel)) = (fields.next(), fields.next(), fields.next()) else { continue };
+        let rel = rel.trim_start_matches('/');
+        let (dir, limit, usage) = match controllers {
+            "" => (Path::new("/sys/fs/cgroup").join(rel), "memory.max", "memory.current"),
+            c if c.split(',').any(|c| c == "memory") => (Path::new("/sys/fs/cgroup/memory").join(rel), "memory.limit_in_bytes", "memory.usage_in_bytes"),
+            _ => continue,
+        };
+        // "max" (v2) does not parse, and v1 reports "no limit" as a huge number: both mean none.
+        if let (Some(max), Some(used)) = (read(dir.join(limit)), read(dir.join(usage))) {
+            if max < 1 << 60 {
+                return Some((max, used));
+            }
+        }
+    }
+    None
 }
 
 /// Network and parallel filesystems, where staging pays off (statfs magic numbers).

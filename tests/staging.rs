@@ -975,3 +975,60 @@ fn saved_index_goes_to_xdg_cache_when_the_archive_dir_is_read_only() {
     let log = fg.finish();
     assert_logged(&log, &["using saved index", &saved[0].to_string_lossy()], "index in the cache directory");
 }
+
+// ---------------------------------------------------------------------------
+// 6. The job's cgroup memory limit
+
+/// A memory cgroup (v2 where the machine has it, else v1, as on many SLURM clusters)
+/// limited to `limit` bytes; removed on drop.
+struct MemoryCgroup {
+    dir: PathBuf,
+}
+
+impl MemoryCgroup {
+    fn new(label: &str, limit: u64) -> MemoryCgroup {
+        let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+        let (root, file) =
+            if v2 { ("/sys/fs/cgroup", "memory.max") } else { ("/sys/fs/cgroup/memory", "memory.limit_in_bytes") };
+        let dir = Path::new(root).join(format!("stagefs-test-{label}-{}", std::process::id()));
+        fs::create_dir(&dir).unwrap_or_else(|e| panic!("cannot create the memory cgroup {}: {e}", dir.display()));
+        fs::write(dir.join(file), limit.to_string()).unwrap_or_else(|e| panic!("cannot limit {}: {e}", dir.display()));
+        MemoryCgroup { dir }
+    }
+
+    /// `stagefs ARGS...` run inside the cgroup (the shell moves itself in, then execs).
+    fn stagefs(&self, args: &[&OsStr]) -> CmdOutput {
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c").arg("echo $$ > \"$1\"/cgroup.procs && shift && exec \"$@\"").arg("sh").arg(&self.dir);
+        cmd.arg(stagefs_bin()).args(args);
+        run_cmd(&mut cmd, Duration::from_secs(120))
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        // The processes have exited by now; an empty cgroup directory is removed with rmdir.
+        let _ = wait_until(Duration::from_secs(5), || fs::remove_dir(&self.dir).is_ok());
+    }
+}
+
+#[test]
+fn staging_respects_the_cgroup_memory_limit() {
+    require_root();
+    let tmp = TempDir::new("cgroup-budget");
+    let src = tmp.join("src");
+    make_tree(&src, 61);
+    let tar = tmp.join("a.tar");
+    pack(&src, &tar);
+    let mp = tmp.join("mnt");
+    // 256 MiB, less usage and the margin (512 MiB + 5 %), leaves no room at all.
+    let cgroup = MemoryCgroup::new("budget", 256 << 20);
+    let out = cgroup.stagefs(&[OsStr::new("mount"), OsStr::new("--stage"), OsStr::new("ram"), tar.as_os_str(), mp.as_os_str()]);
+    assert_eq!(out.code(), Some(8), "staging beyond the job's cgroup limit must be refused before copying\n{}", out.describe());
+    assert!(out.stderr.contains("cgroup memory limit"), "the message must say which limit applied\n{}", out.describe());
+    assert_nothing_left(&mp, "after the cgroup budget error");
+    // The same mount outside the cgroup works: the limit, not the archive, refused it.
+    let mounted = Mounted::with_args(&["--stage", "ram"], &tar, &mp);
+    let file = "data/nested/deeper/small.txt";
+    assert_eq!(read(&mounted.path().join(file)), read(&src.join(file)));
+}
