@@ -13,8 +13,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::util::{
-    assert_nothing_left, fixture, is_mounted, mounts_at, pseudo_random, read, require_root, require_tool, run_cmd,
-    run_tool, stagefs, stagefs_bin, stagefs_pids, wait_timeout, wait_until, CmdOutput, KillOnDrop, Mounted, TempDir,
+    assert_nothing_left, fixture, is_mounted, mounts_at, pack_tar, pseudo_random, read, require_root, require_tool,
+    run_cmd, run_tool, stagefs, stagefs_bin, stagefs_pids, wait_timeout, wait_until, CmdOutput, KillOnDrop, Mounted, TempDir,
 };
 
 // ---------------------------------------------------------------------------
@@ -82,18 +82,7 @@ fn two_member_tar(tmp: &TempDir) -> (PathBuf, u64) {
     fs::write(src.join("big.bin"), pseudo_random(1, 100_000)).unwrap();
     fs::write(src.join("small.txt"), b"small\n").unwrap();
     let archive = tmp.join("two.tar");
-    run_tool(
-        "tar",
-        [
-            OsStr::new("--format=gnu"),
-            OsStr::new("-C"),
-            src.as_os_str(),
-            OsStr::new("-cf"),
-            archive.as_os_str(),
-            OsStr::new("big.bin"),
-            OsStr::new("small.txt"),
-        ],
-    );
+    pack_tar(&src, &archive, &["big.bin", "small.txt"]);
     let second = 512 + 100_000u64.div_ceil(512) * 512;
     let bytes = read(&archive);
     assert_eq!(&bytes[second as usize..second as usize + 9], b"small.txt", "layout of the test tar");

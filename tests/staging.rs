@@ -27,10 +27,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use stagefs::stage::human;
+
 use crate::compare::{assert_trees_equal, count_entries, Options};
 use crate::util::{
     assert_nothing_left, extract_tar, is_mounted, mounts_at, process_alive, pseudo_random, read, require_root,
-    require_tool, run_cmd, run_tool, stagefs, stagefs_bin, stagefs_pids, wait_timeout, wait_until, CmdOutput,
+    pack_tar, require_tool, run_cmd, run_tool, stagefs, stagefs_bin, stagefs_pids, wait_timeout, wait_until, CmdOutput,
     KillOnDrop, Mounted, TempDir,
 };
 
@@ -63,17 +65,7 @@ fn make_tree(root: &Path, seed: u64) {
 
 /// `tar --format=gnu -C src -cf archive data`.
 fn pack(src: &Path, archive: &Path) {
-    run_tool(
-        "tar",
-        [
-            OsStr::new("--format=gnu"),
-            OsStr::new("-C"),
-            src.as_os_str(),
-            OsStr::new("-cf"),
-            archive.as_os_str(),
-            OsStr::new("data"),
-        ],
-    );
+    pack_tar(src, archive, &["data"]);
 }
 
 /// Runs `tool ARGS... INPUT` (each tool writes to stdout with `-c`) into
@@ -165,21 +157,6 @@ fn page_size() -> u64 {
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) as u64 }
 }
 
-/// stagefs's size format (stage::human): "12 B", "1.5 KiB", "128.0 MiB".
-fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
 
 // ---------------------------------------------------------------------------
 // Daemon, memory and status inspection

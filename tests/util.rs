@@ -287,6 +287,13 @@ where
     out
 }
 
+/// `tar --format=gnu -C src -cf archive MEMBERS...` with GNU tar.
+pub fn pack_tar(src: &Path, archive: &Path, members: &[&str]) {
+    let mut args = vec![OsStr::new("--format=gnu"), OsStr::new("-C"), src.as_os_str(), OsStr::new("-cf"), archive.as_os_str()];
+    args.extend(members.iter().map(OsStr::new));
+    run_tool("tar", args);
+}
+
 /// A child process killed (and reaped) on drop.
 pub struct KillOnDrop(pub Child);
 
