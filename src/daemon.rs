@@ -102,7 +102,7 @@ fn spawn_daemon(archive: &Path, mountpoint: &Path, request: &MountRequest) -> Re
 /// Indexes the archive, mounts it, signals readiness, and serves until unmounted.
 fn serve(archive_path: &Path, mountpoint: &Path, request: &MountRequest, ready: &mut Option<File>) -> Result<(), Failure> {
     let (archive, staged_bytes) = open_archive(archive_path, request.stage, request.max_ram, false)?;
-    let archive_bytes = archive.len();
+    let archive_bytes = archive.size();
     let fs = Arc::new(Fs::new(archive, archive_bytes));
     check_fuse_available()?;
     let session = crate::fuse::mount(fs.clone(), mountpoint, request.threads).map_err(|e| mount_failure(mountpoint, e))?;

@@ -199,7 +199,10 @@ fn is_network_filesystem(path: &Path) -> bool {
         0x5346414F, // AFS
         0x65735546, // FUSE (sshfs, s3fs, ...)
     ];
-    nix::sys::statfs::statfs(path).is_ok_and(|s| REMOTE.contains(&(s.filesystem_type().0 as i64)))
+    // f_type is i64 on x86-64 but narrower on some targets.
+    #[allow(clippy::unnecessary_cast)]
+    let remote = nix::sys::statfs::statfs(path).is_ok_and(|s| REMOTE.contains(&(s.filesystem_type().0 as i64)));
+    remote
 }
 
 /// An anonymous memory file, sized to `len`, named after the archive for `/proc/PID/maps`.

@@ -214,7 +214,7 @@ impl Archive {
     }
 
     /// Size of the archive's bytes as served (decompressed, for compressed tars).
-    pub fn len(&self) -> u64 {
+    pub fn size(&self) -> u64 {
         match &self.reader {
             Reader::Tar(r) => r.backing_len(),
             Reader::SquashFs(r) => r.backing_len(),
