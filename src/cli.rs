@@ -21,8 +21,11 @@ page-cache speed instead of hammering the parallel filesystem's metadata servers
 
   stagefs demo                                    # build a small archive, mount it, measure reads
 
+In a SLURM job (one task per node mounts, all run the command, the last one out unmounts):
+  srun stagefs run data.sqsh -- python train.py --data-root '{mount}'
+
 Exit codes: 0 ok, 1 other error, 2 usage, 3 bad archive, 4 mountpoint problem,
-5 mount busy, 6 not mounted, 7 FUSE unavailable."
+5 mount busy, 6 not mounted, 7 FUSE unavailable, 8 not enough RAM to stage."
 )]
 pub struct Cli {
     /// More log output: -v info, -vv debug, -vvv trace (RUST_LOG overrides)
@@ -46,7 +49,7 @@ node, SLURM_LOCALID=0 leads), one mounts and the others wait for it and exit 0.
 In a SLURM job step that must stay attached (srun --overlap ... &), use --foreground:
 the mount then lives exactly as long as the step, and SIGTERM unmounts it.")]
     Mount {
-        /// The archive: tar (GNU, pax, ustar, v7) or SquashFS 4.0
+        /// The archive: tar (GNU, pax, ustar, v7; plain or gzip/bzip2/xz/zstd/lz4-compressed) or SquashFS 4.0
         archive: PathBuf,
         /// Directory to mount on (created if missing; must be empty).
         /// Default: /dev/shm/$USER/stagefs/<archive name without extensions>
