@@ -96,6 +96,17 @@ fn parse(text: &str) -> Option<Record> {
     process_alive(record.pid).then_some(record)
 }
 
+/// Deletes the records in `dir` of daemons that died without removing their own (SIGKILL).
+pub fn sweep_dead_in(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for path in entries.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "mount")) {
+        let alive = std::fs::read_to_string(&path).ok().and_then(|text| parse(&text)).is_some();
+        if !alive {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
 pub fn remove(mountpoint: &Path) {
     let _ = std::fs::remove_file(record_path(mountpoint));
 }

@@ -126,6 +126,23 @@ fn truncated_tar_fails_with_offset() {
 }
 
 #[test]
+fn failed_mount_leaves_no_lock_or_status_behind() {
+    // Outside SLURM a failed mounter removes its status once the processes already
+    // waiting could read it: nothing may stay in the runtime directory.
+    require_root();
+    let tmp = TempDir::new("no-lock-left");
+    let (archive, _) = two_member_tar(&tmp);
+    let cut = write_with(&tmp.join("cut.tar"), &read(&archive)[..50_000]);
+    let runtime = tmp.join("runtime");
+    let mut cmd = Command::new(stagefs_bin());
+    cmd.env("STAGEFS_RUNTIME_DIR", &runtime).env_remove("SLURM_LOCALID").arg("mount").arg(&cut).arg(tmp.join("mnt"));
+    let out = run_cmd(&mut cmd, Duration::from_secs(60));
+    assert_eq!(out.code(), Some(3), "a truncated archive must fail the mount\n{}", out.describe());
+    let left: Vec<_> = fs::read_dir(&runtime).map(|d| d.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
+    assert!(left.is_empty(), "the failed mount left {left:?} in {}", runtime.display());
+}
+
+#[test]
 fn tar_header_checksum_mismatch_fails_with_offset() {
     let tmp = TempDir::new("bad-checksum");
     let (archive, second) = two_member_tar(&tmp);

@@ -31,14 +31,48 @@ pub enum Election {
 pub struct Lease {
     lock: LockFile,
     tag: Option<String>,
+    /// Whether followers exist that never lead (SLURM tasks with LOCALID > 0).
+    followers_wait: bool,
 }
 
 impl Lease {
-    /// Publishes the leader's failure to the waiters.
+    /// Publishes the leader's failure to the waiters. SLURM followers cannot lead and may
+    /// still be starting, so there the status outlives this process (stale ones are swept
+    /// by `sweep_stale`). Elsewhere only processes already waiting need it (a later one
+    /// ignores old failures and leads itself), so it is removed after a few of their polls.
     pub fn failed(&self, failure: &Failure) {
         let status = Status { failed: true, code: failure.code, message: failure.message.clone(), ..Status::mounting(self.tag.clone()) };
         self.lock.write_status(&status);
+        if !self.followers_wait {
+            std::thread::sleep(POLL * 5);
+            self.lock.remove();
+        }
     }
+}
+
+/// How long a failed leader's status stays for SLURM followers still starting up.
+const FAILURE_KEPT_MS: u64 = 60_000;
+
+/// Removes what dead mounters left in the runtime directory: lock files nobody holds
+/// (a live leader, or the daemon it forked, always holds its lock), except failures
+/// younger than `FAILURE_KEPT_MS`, and records of daemons that are gone.
+pub fn sweep_stale() {
+    sweep_stale_in(&registry::runtime_dir());
+}
+
+fn sweep_stale_in(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for path in entries.flatten().map(|e| e.path()) {
+        if path.extension().is_some_and(|x| x == "lock") {
+            let recent_failure = Status::read(&path).is_some_and(|s| s.failed && now_ms().saturating_sub(s.at_ms) <= FAILURE_KEPT_MS);
+            if !recent_failure {
+                if let Ok(Some(lock)) = LockFile::try_acquire(&path, Mode::Exclusive) {
+                    lock.remove();
+                }
+            }
+        }
+    }
+    registry::sweep_dead_in(dir);
 }
 
 /// Decides whether this process mounts `archive` (canonical) on `mountpoint` (resolved).
@@ -47,6 +81,7 @@ impl Lease {
 /// their leader's error; elsewhere (or without LOCALID) everyone competes for the lock.
 /// Gives up after `timeout` with an error saying what it waited for.
 pub fn elect(archive: &Path, mountpoint: &Path, task: &SlurmTask, timeout: Duration) -> Result<Election, Failure> {
+    sweep_stale();
     let files = NodeFiles::for_mountpoint(mountpoint);
     let what = format!("{} on {}", archive.display(), mountpoint.display());
     elect_with(&files.lock, task, timeout, &what, &|| is_mounted(archive, mountpoint))
@@ -81,7 +116,7 @@ fn elect_with(
                 let tag = task.step_tag();
                 lock.write_status(&Status::mounting(tag.clone()));
                 watch::remember_lease(&lock, lock_path);
-                return Ok(Election::Leader(Lease { lock, tag }));
+                return Ok(Election::Leader(Lease { lock, tag, followers_wait: task.local_id.is_some() }));
             }
         }
         if Instant::now() >= deadline {
@@ -258,6 +293,35 @@ mod tests {
         let path = lock_path("flock");
         let (leaders, followers, errors) = contend(&path, vec![SlurmTask::default(); 8], false);
         assert_eq!((leaders, followers), (1, 7), "{errors:?}");
+    }
+
+    #[test]
+    fn stale_failures_and_dead_records_are_swept() {
+        let dir = lock_path("sweep").with_extension("d");
+        std::fs::create_dir_all(&dir).unwrap();
+        let failed = |age_ms: u64| Status {
+            failed: true,
+            code: 3,
+            message: "bad".into(),
+            at_ms: now_ms() - age_ms,
+            ..Status::mounting(Some("1.0".into()))
+        };
+        let write = |name: &str, status: &Status| {
+            let lock = LockFile::try_acquire(&dir.join(name), Mode::Exclusive).unwrap().unwrap();
+            lock.write_status(status);
+            lock
+        };
+        drop(write("old.lock", &failed(FAILURE_KEPT_MS + 1_000)));
+        drop(write("recent.lock", &failed(1_000)));
+        let held = write("held.lock", &failed(FAILURE_KEPT_MS + 1_000));
+        drop(write("mounting.lock", &Status::mounting(None)));
+        std::fs::write(dir.join("dead.mount"), "pid=4294967294\narchive=/a\nmountpoint=/m\nstarted=1\nstaged_bytes=0\nreads=0\n").unwrap();
+        sweep_stale_in(&dir);
+        let mut left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        left.sort();
+        assert_eq!(left, ["held.lock", "recent.lock"], "an unheld 'mounting' status is a dead mounter's");
+        drop(held);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
