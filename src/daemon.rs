@@ -44,19 +44,28 @@ pub fn mount(request: &MountRequest) -> Result<(), Failure> {
         .map_err(|source| Failure::from(OpenError::Io { path: request.archive.clone(), source }))?;
     let mountpoint = mountpoint::resolve(&request.mountpoint)?;
     let created = mountpoint::prepare(&mountpoint)?;
-    let result = if request.foreground {
-        serve(&archive, &mountpoint, request, &mut None)
-    } else {
-        spawn_daemon(&archive, &mountpoint, request)
-    };
-    if result.is_err() && created {
-        let _ = std::fs::remove_dir(&mountpoint);
+    if request.foreground {
+        let result = serve(&archive, &mountpoint, request, &mut None);
+        remove_if_created(&mountpoint, created);
+        return result;
+    }
+    let result = spawn_daemon(&archive, &mountpoint, request, created);
+    if result.is_err() {
+        remove_if_created(&mountpoint, created);
     }
     result
 }
 
+/// A mountpoint directory stagefs created goes away with the mount (if still empty), so
+/// jobs leave no trail of directories under /dev/shm; one the user made stays.
+fn remove_if_created(mountpoint: &Path, created: bool) {
+    if created {
+        let _ = std::fs::remove_dir(mountpoint);
+    }
+}
+
 /// Forks the daemon and waits for its verdict on the readiness pipe.
-fn spawn_daemon(archive: &Path, mountpoint: &Path, request: &MountRequest) -> Result<(), Failure> {
+fn spawn_daemon(archive: &Path, mountpoint: &Path, request: &MountRequest, created: bool) -> Result<(), Failure> {
     let (read_end, write_end) = nix::unistd::pipe().map_err(|e| Failure::other(format!("cannot create a pipe: {e}")))?;
     // SAFETY: called before this process starts any thread, so the child may run Rust code.
     match unsafe { nix::unistd::fork() }.map_err(|e| Failure::other(format!("cannot fork: {e}")))? {
@@ -83,7 +92,11 @@ fn spawn_daemon(archive: &Path, mountpoint: &Path, request: &MountRequest) -> Re
             drop(read_end);
             let _ = nix::unistd::setsid();
             let mut ready = Some(File::from(write_end));
-            let code = match serve(archive, mountpoint, request, &mut ready) {
+            let result = serve(archive, mountpoint, request, &mut ready);
+            if result.is_ok() {
+                remove_if_created(mountpoint, created); // On failure the parent removes it.
+            }
+            let code = match result {
                 Ok(()) => 0,
                 Err(failure) => {
                     if let Some(mut pipe) = ready.take() {

@@ -266,17 +266,28 @@ fn mount_over_mounted_mountpoint_fails() {
 }
 
 #[test]
-fn missing_mountpoint_is_created_0700() {
+fn missing_mountpoint_is_created_0700_and_removed_with_the_mount() {
     let tmp = TempDir::new("create-mp");
-    let mp = tmp.join("new-mountpoint");
-    assert!(!mp.exists());
+    let parent = tmp.join("made/by-stagefs");
+    let mp = parent.join("new-mountpoint");
+    assert!(!tmp.join("made").exists());
     let m = Mounted::new(&fixture("gnu.tar"), &mp);
     assert_eq!(read(&m.path().join("a/b/c/d/deep.txt")), b"deep file\n");
+    // The mountpoint itself is hidden under the mount; its created parents show the mode.
+    for dir in [tmp.join("made"), parent.clone()] {
+        let md = fs::symlink_metadata(&dir).unwrap();
+        assert_eq!(md.mode() & 0o7777, 0o700, "{} was created with mode {:o}", dir.display(), md.mode() & 0o7777);
+    }
     m.unmount().assert_success();
     assert!(!is_mounted(&mp));
-    let md = fs::symlink_metadata(&mp).expect("the created mount point must remain after umount");
-    assert!(md.is_dir());
-    assert_eq!(md.mode() & 0o7777, 0o700, "created mount point mode: {:o}", md.mode() & 0o7777);
+    assert!(!mp.exists(), "a mountpoint stagefs created must go away with the mount");
+    assert!(parent.is_dir(), "only the mountpoint itself is removed, not its parents");
+
+    // A mountpoint the user made stays.
+    let own = tmp.join("own");
+    fs::create_dir(&own).unwrap();
+    Mounted::new(&fixture("gnu.tar"), &own).unmount().assert_success();
+    assert!(own.is_dir(), "a mountpoint the user created must stay after umount");
 }
 
 #[test]
