@@ -114,10 +114,10 @@ fn spawn_daemon(archive: &Path, mountpoint: &Path, request: &MountRequest, creat
 
 /// Indexes the archive, mounts it, signals readiness, and serves until unmounted.
 fn serve(archive_path: &Path, mountpoint: &Path, request: &MountRequest, ready: &mut Option<File>) -> Result<(), Failure> {
-    let (archive, staged_bytes) = open_archive(archive_path, request.stage, request.max_ram, false)?;
-    let archive_bytes = archive.size();
-    let fs = Arc::new(Fs::new(archive, archive_bytes));
+    // Before staging: no point copying a large archive into RAM only to find no FUSE.
     check_fuse_available()?;
+    let (archive, staged_bytes) = open_archive(archive_path, request.stage, request.max_ram, false)?;
+    let fs = Arc::new(Fs::new(archive));
     let session = crate::fuse::mount(fs.clone(), mountpoint, request.threads).map_err(|e| mount_failure(mountpoint, e))?;
     if let Err(e) = wait_until_live(mountpoint) {
         let _ = mountpoint::unmount(mountpoint, true);

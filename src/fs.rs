@@ -80,7 +80,6 @@ pub struct FsStats {
 /// The read-only filesystem over one archive.
 pub struct Fs {
     archive: Archive,
-    archive_bytes: u64,
     reads: AtomicU64,
     /// Inodes whose damaged data was already logged, so a retry loop cannot flood the log.
     logged_damage: Mutex<HashSet<InodeId>>,
@@ -91,8 +90,8 @@ pub fn ino_of(id: InodeId) -> u64 {
 }
 
 impl Fs {
-    pub fn new(archive: Archive, archive_bytes: u64) -> Fs {
-        Fs { archive, archive_bytes, reads: AtomicU64::new(0), logged_damage: Mutex::new(HashSet::new()) }
+    pub fn new(archive: Archive) -> Fs {
+        Fs { archive, reads: AtomicU64::new(0), logged_damage: Mutex::new(HashSet::new()) }
     }
 
     /// Read requests served so far.
@@ -197,7 +196,7 @@ impl Fs {
     }
 
     pub fn statfs(&self) -> FsStats {
-        FsStats { bytes: self.archive_bytes, files: self.archive.index.inodes.len() as u64 }
+        FsStats { bytes: self.archive.size(), files: self.archive.index.inodes.len() as u64 }
     }
 
     /// The path of an inode, for log lines (a linear search: only used on error paths).
@@ -249,7 +248,7 @@ mod tests {
         std::fs::File::create(&path).unwrap().write_all(&bytes).unwrap();
         let archive = Archive::open(&path).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
-        Fs::new(archive, bytes.len() as u64)
+        Fs::new(archive)
     }
 
     #[test]

@@ -32,7 +32,7 @@ pub fn tar(data: &[u8]) -> Result<(), String> {
     }
     let backing = backing(data);
     let (index, reader) = stagefs::archive::tar::open(Path::new("fuzz.tar"), backing).map_err(|e| e.to_string())?;
-    serve(Archive::from_saved_tar(index, reader), data.len() as u64);
+    serve(Archive::from_saved_tar(index, reader));
     Ok(())
 }
 
@@ -43,7 +43,7 @@ pub fn squashfs(data: &[u8]) -> Result<(), String> {
     let n = image.len().min(4);
     image[..n].copy_from_slice(&b"hsqs"[..n]);
     let archive = Archive::from_backing(Path::new("fuzz.sqfs"), backing(&image)).map_err(|e| e.to_string())?;
-    serve(archive, image.len() as u64);
+    serve(archive);
     Ok(())
 }
 
@@ -55,7 +55,7 @@ pub fn index_cache(data: &[u8]) -> Result<(), String> {
         backing(&bytes)
     });
     let decoded = stagefs::index_cache::decode_for_fuzz(data, archive)?;
-    serve(decoded, archive.len() as u64);
+    serve(decoded);
     Ok(())
 }
 
@@ -66,17 +66,16 @@ pub fn decompress(data: &[u8], scratch: &Path) -> Result<(), String> {
     std::fs::write(scratch, data).map_err(|e| format!("cannot write {}: {e}", scratch.display()))?;
     let loaded = stagefs::stage::load(scratch, stagefs::stage::StageMode::None, Some(256 << 20));
     let loaded = loaded.map_err(|e| e.to_string())?;
-    let len = loaded.backing.len() as u64;
     let archive = Archive::from_backing(scratch, loaded.backing).map_err(|e| e.to_string())?;
-    serve(archive, len);
+    serve(archive);
     Ok(())
 }
 
 /// Issues the requests the kernel would: getattr, readdir + lookup, readlink,
 /// listxattr + getxattr and reads (whole small files, pieces of big ones) on every inode.
-pub fn serve(archive: Archive, archive_bytes: u64) {
+pub fn serve(archive: Archive) {
     let inodes = archive.index.inodes.len() as u64;
-    let fs = Fs::new(archive, archive_bytes);
+    let fs = Fs::new(archive);
     let mut budget = READ_BUDGET;
     for ino in 1..=inodes {
         let attr = fs.getattr(ino).expect("getattr of an indexed inode");
