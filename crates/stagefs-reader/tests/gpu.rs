@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{content, sizes, Tree};
+use common::{check_batch, sizes, Tree};
 use stagefs_reader::{cuda_driver_present, Backend, BackendChoice, Config, DeviceBuffer, Loader};
 
 fn gpu_cfg() -> Config {
@@ -45,17 +45,7 @@ fn gpu_epochs_round_trip_through_device_memory() {
         assert!(matches!(b.device().unwrap(), DeviceBuffer::Cuda(_)));
         assert!(b.cuda_stream().is_some() && b.upload_event().is_some());
         let bytes = b.to_vec().unwrap();
-        for ((p, &off), &len) in b.paths().zip(b.offsets()).zip(b.lengths()) {
-            let i: usize = p.file_stem().unwrap().to_str().unwrap()[1..]
-                .parse()
-                .unwrap();
-            assert_eq!(
-                &bytes[off as usize..][..len as usize],
-                content(i, len as usize).as_slice(),
-                "{}",
-                p.display()
-            );
-        }
+        check_batch(&b, &bytes);
         files += b.len();
     }
     assert_eq!(files, 600);

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{content, sizes, Tree};
+use common::{check_batch, sizes, Tree};
 use stagefs_reader::{
     cuda_driver_present, Backend, BackendChoice, Config, DeviceBuffer, Error, FileList, Loader,
 };
@@ -28,14 +28,7 @@ fn full_epoch_without_libcuda_falls_back_to_host() {
             panic!("expected host buffer")
         };
         assert_eq!(b.to_vec().unwrap(), bytes);
-        for ((p, &off), &len) in b.paths().zip(b.offsets()).zip(b.lengths()) {
-            let i: usize = p.file_stem().unwrap().to_str().unwrap()[1..]
-                .parse()
-                .unwrap();
-            assert_eq!(
-                &bytes[off as usize..][..len as usize],
-                content(i, len as usize).as_slice()
-            );
+        for i in check_batch(&b, &bytes) {
             seen[i] += 1;
         }
     }

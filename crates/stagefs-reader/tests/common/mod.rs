@@ -8,6 +8,18 @@ pub fn content(i: usize, len: usize) -> Vec<u8> {
     (0..len).map(|j| (i * 37 + j * 11) as u8).collect()
 }
 
+/// Checks every file of a batch against its index-derived content (files are named
+/// `f{i}`); returns the indices seen, in batch order.
+pub fn check_batch(batch: &stagefs_reader::Batch, bytes: &[u8]) -> Vec<usize> {
+    let mut seen = Vec::new();
+    for ((p, &off), &len) in batch.paths().zip(batch.offsets()).zip(batch.lengths()) {
+        let i: usize = p.file_stem().unwrap().to_str().unwrap()[1..].parse().unwrap();
+        assert_eq!(&bytes[off as usize..][..len as usize], content(i, len as usize).as_slice(), "{}", p.display());
+        seen.push(i);
+    }
+    seen
+}
+
 pub struct Tree {
     pub dir: PathBuf,
     pub files: Vec<PathBuf>,
