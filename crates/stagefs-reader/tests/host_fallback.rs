@@ -28,7 +28,7 @@ fn full_epoch_without_libcuda_falls_back_to_host() {
             panic!("expected host buffer")
         };
         assert_eq!(b.to_vec().unwrap(), bytes);
-        for i in check_batch(&b, &bytes) {
+        for i in check_batch(&b, bytes) {
             seen[i] += 1;
         }
     }
