@@ -8,6 +8,7 @@ use std::time::Instant;
 use crate::archive::tar::ustar_header;
 use crate::daemon::{self, MountRequest};
 use crate::error::Failure;
+use crate::hash::hash;
 
 const CLASSES: usize = 20;
 
@@ -21,16 +22,6 @@ impl Rng {
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545F4914F6CDD1D)
     }
-}
-
-/// A word-at-a-time FNV-style hash, to check every byte read through the mount against
-/// what was written without the check costing more than the read.
-fn fnv(bytes: &[u8]) -> u64 {
-    let mut words = bytes.chunks_exact(8);
-    let h = words.by_ref().fold(0xcbf29ce484222325u64, |h, w| {
-        (h ^ u64::from_le_bytes(w.try_into().expect("8-byte chunk"))).wrapping_mul(0x100000001b3)
-    });
-    words.remainder().iter().fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
 }
 
 pub fn run(files: usize, readers: usize, dir: Option<PathBuf>) -> Result<(), Failure> {
@@ -107,7 +98,7 @@ fn write_archive(path: &Path, files: usize) -> std::io::Result<Vec<(String, u64,
         out.write_all(&ustar_header(&name, b'0', 0o644, len as u64, ""))?;
         out.write_all(&data)?;
         out.write_all(&vec![0; len.next_multiple_of(512) - len])?;
-        expected.push((name, len as u64, fnv(&data)));
+        expected.push((name, len as u64, hash(&data)));
     }
     out.write_all(&[0; 1024])?;
     out.flush()?;
@@ -132,10 +123,10 @@ fn read_epoch(mountpoint: &Path, expected: &[(String, u64, u64)], readers: usize
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(&file) = order.get(i) else { break };
-                    let (name, len, hash) = &expected[file];
+                    let (name, len, expected_hash) = &expected[file];
                     buf.clear();
                     let read = std::fs::File::open(mountpoint.join(name)).and_then(|mut f| f.read_to_end(&mut buf));
-                    if !matches!(read, Ok(n) if n as u64 == *len && fnv(&buf) == *hash) {
+                    if !matches!(read, Ok(n) if n as u64 == *len && hash(&buf) == *expected_hash) {
                         bad.fetch_add(1, Ordering::Relaxed);
                     }
                 }

@@ -13,6 +13,7 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use crate::archive::tar::{Extent, SparseFile, TarReader};
+use crate::hash::{self, Hasher};
 use crate::archive::{Archive, Backing};
 use crate::index::{Attrs, Data, Dirent, Index, Inode, Span, Xattr};
 
@@ -33,12 +34,12 @@ impl Key {
         let file = File::open(path)?;
         let meta = file.metadata()?;
         let size = meta.len();
-        let mut hash = Hasher::default();
+        let mut samples = Hasher::default();
         let mut buf = vec![0u8; 64 << 10];
         let mut sample = |offset: u64, len: usize| -> std::io::Result<()> {
             let len = len.min(size.saturating_sub(offset) as usize);
             file.read_exact_at(&mut buf[..len], offset)?;
-            hash.write(&buf[..len]);
+            samples.write(&buf[..len]);
             Ok(())
         };
         sample(0, 64 << 10)?;
@@ -46,29 +47,7 @@ impl Key {
             sample(size / 17 * i, 4 << 10)?;
         }
         sample(size.saturating_sub(64 << 10), 64 << 10)?;
-        Ok(Key { size, mtime: meta.mtime(), mtime_nsec: meta.mtime_nsec(), fingerprint: hash.0 })
-    }
-}
-
-/// A word-at-a-time FNV-style hash: fast, and enough to notice a changed archive or a damaged file.
-#[derive(Debug)]
-struct Hasher(u64);
-
-impl Default for Hasher {
-    fn default() -> Self {
-        Hasher(0xcbf29ce484222325)
-    }
-}
-
-impl Hasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut words = bytes.chunks_exact(8);
-        for w in words.by_ref() {
-            self.0 = (self.0 ^ u64::from_le_bytes(w.try_into().expect("8 bytes"))).wrapping_mul(0x100000001b3);
-        }
-        for &b in words.remainder() {
-            self.0 = (self.0 ^ b as u64).wrapping_mul(0x100000001b3);
-        }
+        Ok(Key { size, mtime: meta.mtime(), mtime_nsec: meta.mtime_nsec(), fingerprint: samples.finish() })
     }
 }
 
@@ -80,9 +59,8 @@ fn candidates(archive: &Path) -> Vec<PathBuf> {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")));
     if let Some(cache) = cache {
-        let mut hash = Hasher::default();
-        hash.write(archive.as_os_str().as_encoded_bytes());
-        paths.push(cache.join("stagefs").join(format!("{:016x}-{name}.index", hash.0)));
+        let path_hash = hash::hash(archive.as_os_str().as_encoded_bytes());
+        paths.push(cache.join("stagefs").join(format!("{path_hash:016x}-{name}.index")));
     }
     paths
 }
@@ -198,9 +176,7 @@ fn encode(key: &Key, index: &Index, reader: &TarReader) -> Vec<u8> {
         w.u64(e.len);
         w.u64(e.archive_offset);
     }
-    let mut hash = Hasher::default();
-    hash.write(&w.0);
-    w.u64(hash.0);
+    w.u64(hash::hash(&w.0));
     w.0
 }
 
@@ -213,9 +189,7 @@ pub fn decode_for_fuzz(tables: &[u8], backing: &Backing) -> Result<Archive, Stri
     let mut bytes = MAGIC.to_vec();
     bytes.extend_from_slice(&[0; 32]);
     bytes.extend_from_slice(tables);
-    let mut hash = Hasher::default();
-    hash.write(&bytes);
-    bytes.extend_from_slice(&hash.0.to_le_bytes());
+    bytes.extend_from_slice(&hash::hash(&bytes).to_le_bytes());
     decode(&bytes, &key, backing)
 }
 
@@ -249,9 +223,7 @@ const INODE_BYTES: usize = 4 * 3 + 8 + 4 + 8 + 4 + 8 + 4 * 5;
 fn decode(bytes: &[u8], key: &Key, backing: &Backing) -> Result<Archive, String> {
     let body_len = bytes.len().checked_sub(8).ok_or("file is truncated")?;
     let (body, stored_hash) = bytes.split_at(body_len);
-    let mut hash = Hasher::default();
-    hash.write(body);
-    if stored_hash != hash.0.to_le_bytes() {
+    if stored_hash != hash::hash(body).to_le_bytes() {
         return Err("checksum mismatch (damaged file)".into());
     }
     let mut r = Reader(body);

@@ -11,6 +11,7 @@ pub mod daemon;
 pub mod demo;
 pub mod error;
 pub mod fs;
+pub mod hash;
 mod fuse;
 pub mod index;
 pub mod index_cache;

@@ -82,13 +82,7 @@ pub struct NodeFiles {
 
 impl NodeFiles {
     pub fn for_mountpoint(mountpoint: &Path) -> NodeFiles {
-        let hash = mountpoint
-            .as_os_str()
-            .as_encoded_bytes()
-            .iter()
-            .fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3));
-        let dir = registry::runtime_dir();
-        NodeFiles { lock: dir.join(format!("{hash:016x}.lock")), users: dir.join(format!("{hash:016x}.users")) }
+        NodeFiles { lock: registry::mountpoint_file(mountpoint, "lock"), users: registry::mountpoint_file(mountpoint, "users") }
     }
 }
 

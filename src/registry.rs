@@ -32,14 +32,15 @@ pub fn runtime_dir() -> PathBuf {
     }
 }
 
-/// A stable file name for a mountpoint (FNV-1a of its path).
+/// The runtime file `<hash of the mountpoint path>.<extension>`: every per-mountpoint
+/// file (record, lock, users) is named this way.
+pub fn mountpoint_file(mountpoint: &Path, extension: &str) -> PathBuf {
+    let hash = crate::hash::hash(mountpoint.as_os_str().as_encoded_bytes());
+    runtime_dir().join(format!("{hash:016x}.{extension}"))
+}
+
 fn record_path(mountpoint: &Path) -> PathBuf {
-    let hash = mountpoint
-        .as_os_str()
-        .as_encoded_bytes()
-        .iter()
-        .fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3));
-    runtime_dir().join(format!("{hash:016x}.mount"))
+    mountpoint_file(mountpoint, "mount")
 }
 
 pub fn write(record: &Record) -> std::io::Result<()> {
