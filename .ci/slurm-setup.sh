@@ -43,10 +43,30 @@ stop_daemon() {
     rm -f "$pidfile"
 }
 
+# Kills what the cluster of DIR left running: job steps outlive a killed slurmd, and
+# recovered by a new slurmd they would hold the node allocated. They are found by the
+# SLURM_CONF they inherited (slurmd was started with it exported).
+stop_job_processes() {
+    local env pid pids=()
+    for env in /proc/[0-9]*/environ; do
+        pid=${env#/proc/}; pid=${pid%/environ}
+        [[ $pid == "$$" || $pid == "$BASHPID" ]] && continue
+        if tr '\0' '\n' 2>/dev/null <"$env" | grep -qxF "SLURM_CONF=$dir/slurm.conf"; then
+            pids+=("$pid")
+        fi
+    done
+    (( ${#pids[@]} )) || return 0
+    log "killing ${#pids[@]} leftover job processes"
+    kill "${pids[@]}" 2>/dev/null || true
+    sleep 1
+    kill -9 "${pids[@]}" 2>/dev/null || true
+}
+
 stop() {
     stop_daemon "$dir/run/slurmd.pid" slurmd
     stop_daemon "$dir/run/slurmctld.pid" slurmctld
     stop_daemon "$dir/run/munged.pid" munged
+    stop_job_processes
     log "stopped the daemons of $dir"
 }
 
@@ -106,6 +126,9 @@ start() {
     fi
     install_packages
     stop  # leftovers from an earlier run of this dir
+    # A fresh cluster: jobs recovered from an old state dir (say, a machine image taken
+    # while tests ran) would hold the node allocated and never finish.
+    rm -rf "${dir:?}/state" "${dir:?}/spool"
     write_config
     export SLURM_CONF=$dir/slurm.conf
     munged --key-file="$dir/munge.key" --socket="$dir/munge/munge.socket" \
