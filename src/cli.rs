@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 use crate::stage::StageMode;
+use crate::warm::WarmMode;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -67,9 +68,16 @@ the mount then lives exactly as long as the step, and SIGTERM unmounts it.")]
         /// Compressed tars (.gz .bz2 .xz .zst .lz4) are always decompressed into RAM.
         #[arg(long, value_enum, default_value_t = StageMode::Auto)]
         stage: StageMode,
-        /// Most RAM staging may use, e.g. 64G (default: free memory less a margin)
+        /// Most RAM staging and the page-cache warm-up may use together, e.g. 64G
+        /// (default: free memory less a margin)
         #[arg(long, value_name = "SIZE", value_parser = crate::stage::parse_size)]
         max_ram: Option<u64>,
+        /// Before returning, push every file into the kernel's page cache, so the first
+        /// epoch reads at page-cache speed instead of one FUSE round trip per file:
+        /// auto (when the archive was staged into RAM), yes (also in place: reads it all once), no.
+        /// Skipped with a warning when the RAM is not there; the cache stays reclaimable.
+        #[arg(long, value_enum, default_value_t = WarmMode::Auto)]
+        warm: WarmMode,
         /// Unmount after no reads for this long (e.g. 30m, 2h)
         #[arg(long, value_name = "DURATION", value_parser = crate::node::parse_duration)]
         idle_timeout: Option<std::time::Duration>,

@@ -22,6 +22,7 @@ use crate::fs::Fs;
 use crate::mountpoint::{self, MountpointError};
 use crate::registry::{self, Record};
 use crate::stage::{self, StageMode};
+use crate::warm::{self, WarmMode};
 
 /// What `stagefs mount` was asked to do.
 #[derive(Debug, Clone)]
@@ -34,6 +35,7 @@ pub struct MountRequest {
     pub log_file: Option<PathBuf>,
     pub stage: StageMode,
     pub max_ram: Option<u64>,
+    pub warm: WarmMode,
 }
 
 /// Mounts as requested; in the background case returns in the parent once the mount is live.
@@ -123,6 +125,9 @@ fn serve(archive_path: &Path, mountpoint: &Path, request: &MountRequest, ready: 
         let _ = mountpoint::unmount(mountpoint, true);
         return Err(e);
     }
+    if request.warm.wanted(staged_bytes > 0) {
+        warm_page_cache(&fs, mountpoint, crate::fuse::page_cache_store(&session), request, staged_bytes);
+    }
     let record = Record {
         pid: std::process::id(),
         archive: archive_path.to_owned(),
@@ -150,6 +155,30 @@ fn serve(archive_path: &Path, mountpoint: &Path, request: &MountRequest, ready: 
     crate::node::daemon_exiting(mountpoint);
     tracing::info!(reads = fs.reads_served(), "unmounted; daemon exiting");
     result.map_err(|e| Failure::other(format!("FUSE session ended with an error: {e}")))
+}
+
+/// Fills the page cache before the mount is reported ready, when the RAM it takes is
+/// there (the same limits as staging; `--max-ram` covers both). Never fails the mount.
+fn warm_page_cache(fs: &Fs, mountpoint: &Path, store: impl Fn(u64, u64, &[u8]) -> std::io::Result<()> + Sync, request: &MountRequest, staged: u64) {
+    let needed = warm::bytes_to_warm(fs);
+    let (headroom, limit) = stage::headroom(request.max_ram, staged);
+    if needed > headroom {
+        tracing::warn!(
+            "not warming the page cache: the files need {} but {limit} leaves {}; the first epoch reads through FUSE",
+            stage::human(needed),
+            stage::human(headroom)
+        );
+        return;
+    }
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).min(8);
+    let warmed = warm::warm(fs, mountpoint, threads, store);
+    tracing::info!(
+        files = warmed.files,
+        left_cold = warmed.skipped,
+        "page cache warmed: {} in {:.2} s",
+        stage::human(warmed.bytes),
+        warmed.elapsed.as_secs_f64()
+    );
 }
 
 /// Loads (staging per `mode`) and indexes an archive, reusing a saved index when one

@@ -52,6 +52,7 @@ pub fn run(files: usize, readers: usize, dir: Option<PathBuf>) -> Result<(), Fai
         log_file: None,
         stage: crate::stage::StageMode::Auto,
         max_ram: None,
+        warm: crate::warm::WarmMode::Auto,
     })?;
     println!("mounted at {} in {:.3} s", mountpoint.display(), started.elapsed().as_secs_f64());
 

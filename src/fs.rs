@@ -94,6 +94,14 @@ impl Fs {
         Fs { archive, reads: AtomicU64::new(0), logged_damage: Mutex::new(HashSet::new()) }
     }
 
+    /// Non-empty regular files in index order, each inode once: (ino, size).
+    pub fn files(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let inodes = self.archive.index.inodes.iter().enumerate();
+        inodes
+            .filter(|(_, n)| n.attrs.file_type() == libc::S_IFREG && n.attrs.size > 0)
+            .map(|(id, n)| (ino_of(id as InodeId), n.attrs.size))
+    }
+
     /// Read requests served so far.
     pub fn reads_served(&self) -> u64 {
         self.reads.load(Ordering::Relaxed)
@@ -140,13 +148,19 @@ impl Fs {
         }
     }
 
-    /// Reads file content; a damaged block fails this read only, logged once per file.
+    /// Reads file content for a request; a damaged block fails this read only, logged
+    /// once per file.
     pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Bytes<'_>> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.content(ino, offset, size)
+    }
+
+    /// Reads file content without counting a served request (the page-cache warm-up).
+    pub fn content(&self, ino: u64, offset: u64, size: u32) -> Result<Bytes<'_>> {
         let (id, inode) = self.node(ino)?;
         if inode.attrs.is_dir() {
             return Err(FsError::IsDir);
         }
-        self.reads.fetch_add(1, Ordering::Relaxed);
         self.archive.read(inode, offset, size).map_err(|err| {
             if self.logged_damage.lock().map(|mut seen| seen.insert(id)).unwrap_or(true) {
                 tracing::error!(path = %self.path_of(id), file_offset = offset, "{err}; returning EIO for reads of this range");

@@ -41,6 +41,13 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, threads: usize) -> std::io::Result<
     Session::new(FuseAdapter { fs, no_open: false, no_opendir: false }, mountpoint, &config)?.spawn()
 }
 
+/// Puts file bytes into the kernel's page cache for an inode it knows (FUSE_NOTIFY_STORE):
+/// what the warm-up calls for each chunk, from any thread.
+pub fn page_cache_store(session: &fuser::BackgroundSession) -> impl Fn(u64, u64, &[u8]) -> std::io::Result<()> + Sync {
+    let notifier = session.notifier();
+    move |ino, offset, data| notifier.store(INodeNo(ino), offset, data)
+}
+
 struct FuseAdapter {
     fs: Arc<Fs>,
     /// The kernel supports zero-message open/opendir (set during INIT).

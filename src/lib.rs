@@ -12,6 +12,7 @@ pub mod demo;
 pub mod error;
 pub mod fs;
 pub mod hash;
+pub mod warm;
 mod fuse;
 pub mod index;
 pub mod index_cache;

@@ -23,9 +23,9 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> Result<(), Failure> {
     match command {
-        Command::Mount { archive, mountpoint, foreground, threads, log_file, stage, max_ram, idle_timeout } => {
+        Command::Mount { archive, mountpoint, foreground, threads, log_file, stage, max_ram, warm, idle_timeout } => {
             let mountpoint = mountpoint.unwrap_or_else(|| node::default_mountpoint(&archive));
-            let request = MountRequest { archive, mountpoint, foreground, threads: threads.unwrap_or_else(default_threads), log_file, stage, max_ram };
+            let request = MountRequest { archive, mountpoint, foreground, threads: threads.unwrap_or_else(default_threads), log_file, stage, max_ram, warm };
             node::mount(&request, node::DEFAULT_WAIT, idle_timeout).map(|_| ())
         }
         Command::Run(args) => {

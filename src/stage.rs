@@ -122,6 +122,13 @@ pub fn load(path: &Path, mode: StageMode, max_ram: Option<u64>) -> Result<Loaded
     Ok(Loaded { backing, staged_bytes: size, compression: None })
 }
 
+/// RAM still free to fill once `staged` bytes are staged, and what limits it: the same
+/// limits as staging, with `--max-ram` covering the staged copy and the page-cache warm-up.
+pub fn headroom(max_ram: Option<u64>, staged: u64) -> (u64, String) {
+    let budget = RamBudget::measure(max_ram.map(|max| max.saturating_sub(staged)));
+    (budget.bytes, budget.reason)
+}
+
 /// How many bytes may be staged, and why that number.
 #[derive(Debug)]
 struct RamBudget {
@@ -218,7 +225,7 @@ fn memfd(path: &Path, len: u64) -> Result<File, StageError> {
     Ok(file)
 }
 
-fn progress(len: Option<u64>, verb: &str) -> ProgressBar {
+pub(crate) fn progress(len: Option<u64>, verb: &str) -> ProgressBar {
     // indicatif draws nothing when stderr is not a terminal.
     let bar = match len {
         Some(len) => ProgressBar::new(len).with_style(

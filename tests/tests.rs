@@ -12,3 +12,4 @@ mod slurm;
 mod staging;
 mod stress;
 mod util;
+mod warm;

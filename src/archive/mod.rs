@@ -75,6 +75,20 @@ impl Source {
     }
 }
 
+impl Source {
+    /// After the index scan of a file served in place: drops the pages the scan mapped
+    /// (for a tar, with fault-around, most of the archive) from this process, so they
+    /// stop counting in the daemon's RSS. They stay in the page cache, shared and
+    /// reclaimable; the request path reads with pread and never needs them mapped.
+    fn unmap_scanned(&self) {
+        if self.in_place.is_some() {
+            // SAFETY: a read-only shared file map: DONTNEED only drops page-table entries,
+            // and a later access faults the same file bytes back in.
+            let _ = unsafe { self.map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+        }
+    }
+}
+
 impl std::ops::Deref for Source {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
@@ -200,17 +214,19 @@ impl Archive {
     /// Indexes an archive whose bytes are already mapped.
     pub fn from_backing(path: &Path, backing: Backing) -> Result<Archive, OpenError> {
         let head = &backing[..backing.len().min(512)];
-        match Format::detect(head) {
+        let archive = match Format::detect(head) {
             Some(Format::Tar) => {
-                let (index, reader) = tar::open(path, backing)?;
-                Ok(Archive { index, format: Format::Tar, reader: Reader::Tar(reader) })
+                let (index, reader) = tar::open(path, backing.clone())?;
+                Archive { index, format: Format::Tar, reader: Reader::Tar(reader) }
             }
             Some(Format::SquashFs) => {
-                let (index, reader) = squashfs::open(path, backing)?;
-                Ok(Archive { index, format: Format::SquashFs, reader: Reader::SquashFs(reader) })
+                let (index, reader) = squashfs::open(path, backing.clone())?;
+                Archive { index, format: Format::SquashFs, reader: Reader::SquashFs(reader) }
             }
-            None => Err(OpenError::unknown_format(path, head)),
-        }
+            None => return Err(OpenError::unknown_format(path, head)),
+        };
+        backing.unmap_scanned();
+        Ok(archive)
     }
 
     /// Size of the archive's bytes as served (decompressed, for compressed tars).

@@ -8,6 +8,7 @@ use super::{default_mountpoint, parse_duration, run, wait, RunRequest};
 use crate::daemon::MountRequest;
 use crate::error::Failure;
 use crate::stage::StageMode;
+use crate::warm::WarmMode;
 
 /// How long a task waits for this node's mount unless told (staging a large archive
 /// from a parallel filesystem can take many minutes).
@@ -38,9 +39,12 @@ pub struct RunArgs {
     /// Copy the archive into RAM first: auto, ram, none (see `stagefs mount --help`)
     #[arg(long, value_enum, default_value_t = StageMode::Auto)]
     stage: StageMode,
-    /// Most RAM staging may use, e.g. 64G
+    /// Most RAM staging and the page-cache warm-up may use, e.g. 64G
     #[arg(long, value_name = "SIZE", value_parser = crate::stage::parse_size)]
     max_ram: Option<u64>,
+    /// Fill the page cache before the command starts: auto (when staged), yes, no
+    #[arg(long, value_enum, default_value_t = WarmMode::Auto)]
+    warm: WarmMode,
     /// FUSE request threads (default: 2 per core, at most 16)
     #[arg(long)]
     threads: Option<usize>,
@@ -65,6 +69,7 @@ impl RunArgs {
                 log_file: self.log_file,
                 stage: self.stage,
                 max_ram: self.max_ram,
+                warm: self.warm,
             },
             command: self.command,
             timeout: self.timeout,

@@ -1,0 +1,118 @@
+//! Page-cache warm-up: push every file's bytes into the kernel's cache right after mounting.
+//!
+//! Without it the first epoch pays a FUSE round trip (and a second copy) per file read,
+//! about a third of tmpfs speed; with it the first epoch reads at page-cache speed, as
+//! every later epoch does. The kernel accepts pushed data only for inodes it knows, so
+//! the tree is listed first (READDIRPLUS brings in every entry), then each regular file
+//! is stored in index order, which for tar is archive order. Best effort throughout: a
+//! file the kernel evicted, a damaged member or a refused store only leaves that file to
+//! be read on demand as usual.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::fs::Fs;
+
+/// Whether `stagefs mount` fills the page cache before returning.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum WarmMode {
+    /// Warm when the archive was staged into RAM (its bytes are in memory anyway)
+    Auto,
+    /// Always warm, also an archive served in place (reads all of it once)
+    Yes,
+    /// Never: files enter the page cache as they are first read
+    No,
+}
+
+impl WarmMode {
+    pub fn wanted(self, staged: bool) -> bool {
+        match self {
+            WarmMode::Auto => staged,
+            WarmMode::Yes => true,
+            WarmMode::No => false,
+        }
+    }
+}
+
+/// What a warm-up did.
+#[derive(Debug, Default)]
+pub struct Warmed {
+    pub files: u64,
+    pub bytes: u64,
+    /// Files left cold because a read or the kernel refused (logged at debug level).
+    pub skipped: u64,
+    pub elapsed: Duration,
+}
+
+/// Bytes one store carries: the largest read the kernel would send us anyway.
+const CHUNK: u64 = 1 << 20;
+/// Files a thread claims at a time: neighbours in the archive, so reads stay sequential.
+const BATCH: usize = 64;
+
+/// Total size of the regular files, i.e. the page cache a warm-up fills.
+pub fn bytes_to_warm(fs: &Fs) -> u64 {
+    fs.files().map(|(_, size)| size).sum()
+}
+
+/// Lists the tree under `mountpoint`, then stores every regular file's bytes with `store`
+/// (inode, offset, data) on `threads` threads.
+pub fn warm<S>(fs: &Fs, mountpoint: &Path, threads: usize, store: S) -> Warmed
+where
+    S: Fn(u64, u64, &[u8]) -> std::io::Result<()> + Sync,
+{
+    let started = Instant::now();
+    list_tree(mountpoint);
+    let files: Vec<(u64, u64)> = fs.files().collect();
+    let bar = crate::stage::progress(Some(files.iter().map(|(_, size)| size).sum()), "warming the page cache");
+    let (next, bytes, skipped) = (AtomicUsize::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    std::thread::scope(|scope| {
+        for _ in 0..threads.max(1) {
+            scope.spawn(|| loop {
+                let first = next.fetch_add(BATCH, Ordering::Relaxed);
+                let Some(batch) = files.get(first..files.len().min(first + BATCH)).filter(|b| !b.is_empty()) else { break };
+                for &(ino, size) in batch {
+                    match store_file(fs, ino, size, &store) {
+                        Ok(()) => {
+                            bytes.fetch_add(size, Ordering::Relaxed);
+                            bar.inc(size);
+                        }
+                        Err(err) => {
+                            tracing::debug!(ino, "left cold: {err}");
+                            skipped.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    bar.finish_and_clear();
+    let skipped = skipped.into_inner();
+    Warmed { files: files.len() as u64 - skipped, bytes: bytes.into_inner(), skipped, elapsed: started.elapsed() }
+}
+
+fn store_file<S>(fs: &Fs, ino: u64, size: u64, store: &S) -> Result<(), String>
+where
+    S: Fn(u64, u64, &[u8]) -> std::io::Result<()>,
+{
+    let mut offset = 0;
+    while offset < size {
+        let data = fs.content(ino, offset, (size - offset).min(CHUNK) as u32).map_err(|e| e.to_string())?;
+        if data.is_empty() {
+            return Err(format!("no data at offset {offset} of {size}"));
+        }
+        store(ino, offset, &data).map_err(|e| format!("the kernel refused the data: {e}"))?;
+        offset += data.len() as u64;
+    }
+    Ok(())
+}
+
+/// Reads every directory under `dir`, so the kernel holds an inode for every entry.
+fn list_tree(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            list_tree(&entry.path());
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! The page-cache warm-up (`--warm`): after `stagefs mount` returns, every regular file's
+//! pages are already in the kernel's page cache, and they hold the right bytes.
+//!
+//! Residency is read with mmap + mincore, which looks at the page cache without reading
+//! (a read would fetch the pages and prove nothing). The counter-tests (`--warm no`, and a
+//! `--max-ram` that leaves no room) show the same check sees cold files as cold.
+
+use std::fs;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use crate::util::{extract_squashfs, extract_tar, fixture, read, require_root, stagefs, Mounted, TempDir};
+
+/// Pages of `path` in the page cache, and the file's pages in total.
+fn cached_pages(path: &Path) -> (usize, usize) {
+    let file = fs::File::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    let len = file.metadata().unwrap().len() as usize;
+    let page = 4096;
+    let pages = len.div_ceil(page);
+    if pages == 0 {
+        return (0, 0);
+    }
+    // SAFETY: a private read-only map of `len` bytes that is never dereferenced; mincore
+    // only reports which of its pages are resident.
+    unsafe {
+        let map = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0);
+        assert_ne!(map, libc::MAP_FAILED, "mmap {}: {}", path.display(), std::io::Error::last_os_error());
+        let mut vec = vec![0u8; pages];
+        let rc = libc::mincore(map, len, vec.as_mut_ptr());
+        let err = std::io::Error::last_os_error();
+        libc::munmap(map, len);
+        assert_eq!(rc, 0, "mincore {}: {err}", path.display());
+        (vec.iter().filter(|&&v| v & 1 != 0).count(), pages)
+    }
+}
+
+/// Regular files under `root`, relative to it.
+fn regular_files(root: &Path, rel: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(root.join(rel)).unwrap() {
+        let entry = entry.unwrap();
+        let ty = entry.file_type().unwrap();
+        let rel = rel.join(entry.file_name());
+        if ty.is_dir() {
+            regular_files(root, &rel, out);
+        } else if ty.is_file() {
+            out.push(rel);
+        }
+    }
+}
+
+/// Files (relative paths) of `mnt` with pages missing from the page cache, as "path: k/n".
+fn cold_files(mnt: &Path, files: &[PathBuf]) -> Vec<String> {
+    files
+        .iter()
+        .filter_map(|rel| {
+            let (cached, pages) = cached_pages(&mnt.join(rel));
+            (cached < pages).then(|| format!("{}: {cached}/{pages} pages cached", rel.display()))
+        })
+        .collect()
+}
+
+/// Checks every non-empty file of the mount is fully cached (or, with `expect_warm`
+/// false, that none is), then that every file reads back as in `expected`.
+fn check_warm(mnt: &Path, expected: &Path, expect_warm: bool) {
+    let mut files = Vec::new();
+    regular_files(expected, Path::new(""), &mut files);
+    let nonempty: Vec<PathBuf> = files.iter().filter(|f| fs::metadata(expected.join(f)).unwrap().len() > 0).cloned().collect();
+    assert!(nonempty.len() >= 3, "{}: too few files to test with", expected.display());
+    let cold = cold_files(mnt, &nonempty);
+    if expect_warm {
+        assert!(cold.is_empty(), "files not in the page cache after mounting:\n{}", cold.join("\n"));
+    } else {
+        assert_eq!(cold.len(), nonempty.len(), "files cached without being read: {cold:?}");
+    }
+    for rel in &files {
+        assert!(read(&mnt.join(rel)) == read(&expected.join(rel)), "{} differs from the extracted copy", rel.display());
+    }
+}
+
+fn tar_case(name: &str, args: &[&str], expect_warm: bool) {
+    require_root();
+    let tmp = TempDir::new(&format!("warm-{name}"));
+    let expected = tmp.join("expected");
+    extract_tar(&fixture(name), &expected);
+    let m = Mounted::with_args(args, &fixture(name), &tmp.join("mnt"));
+    check_warm(m.path(), &expected, expect_warm);
+}
+
+fn squashfs_case(name: &str, args: &[&str], expect_warm: bool) {
+    require_root();
+    let tmp = TempDir::new(&format!("warm-{name}"));
+    let expected = tmp.join("expected");
+    extract_squashfs(&fixture(name), &expected);
+    let m = Mounted::with_args(args, &fixture(name), &tmp.join("mnt"));
+    check_warm(m.path(), &expected, expect_warm);
+}
+
+#[test]
+fn staged_tar_is_warm_on_return() {
+    // Hard links, long names, several directories.
+    tar_case("gnu.tar", &["--stage", "ram"], true);
+}
+
+#[test]
+fn staged_sparse_tar_is_warm_with_holes_as_zeros() {
+    tar_case("sparse-posix-1.0.tar", &["--stage", "ram"], true);
+}
+
+#[test]
+fn staged_squashfs_with_fragments_is_warm() {
+    squashfs_case("sqfs-zstd.sqfs", &["--stage", "ram"], true);
+}
+
+#[test]
+fn in_place_warms_only_when_asked() {
+    tar_case("posix.tar", &["--stage", "none"], false);
+    tar_case("posix.tar", &["--stage", "none", "--warm", "yes"], true);
+}
+
+#[test]
+fn warm_no_leaves_staged_files_cold() {
+    squashfs_case("sqfs-gzip.sqfs", &["--stage", "ram", "--warm", "no"], false);
+}
+
+#[test]
+fn warm_is_skipped_with_a_warning_when_max_ram_leaves_no_room() {
+    require_root();
+    let name = "bsdtar-pax.tar";
+    let tmp = TempDir::new("warm-no-room");
+    let expected = tmp.join("expected");
+    extract_tar(&fixture(name), &expected);
+    // Room for the staged copy, not for a second copy in the page cache.
+    let size = fs::metadata(fixture(name)).unwrap().len();
+    let mnt = tmp.join("mnt");
+    let max_ram = format!("{}", size + 4096);
+    let out = stagefs(["mount", "--stage", "ram", "--max-ram", &max_ram, fixture(name).to_str().unwrap(), mnt.to_str().unwrap()]);
+    assert!(out.success(), "the mount must succeed without warming:\n{}", out.describe());
+    let _m = Mounted::adopt(&fixture(name), &mnt);
+    assert!(out.stderr.contains("not warming the page cache"), "stagefs mount does not say why it did not warm:\n{}", out.describe());
+    check_warm(&mnt, &expected, false);
+}
