@@ -172,6 +172,11 @@ fn warm_page_cache(fs: &Fs, mountpoint: &Path, store: impl Fn(u64, u64, &[u8]) -
     }
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).min(8);
     let warmed = warm::warm(fs, mountpoint, threads, store);
+    // The warm-up decompressed every SquashFS block once, in order; the kernel now holds
+    // the files, so the block cache would only pin memory. Give it back to the system.
+    fs.release_caches();
+    // SAFETY: malloc_trim only returns free heap pages to the kernel.
+    unsafe { libc::malloc_trim(0) };
     tracing::info!(
         files = warmed.files,
         left_cold = warmed.skipped,

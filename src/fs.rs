@@ -102,6 +102,11 @@ impl Fs {
             .map(|(id, n)| (ino_of(id as InodeId), n.attrs.size))
     }
 
+    /// Frees the archive readers' caches (see [`Archive::release_caches`]).
+    pub fn release_caches(&self) {
+        self.archive.release_caches();
+    }
+
     /// Read requests served so far.
     pub fn reads_served(&self) -> u64 {
         self.reads.load(Ordering::Relaxed)

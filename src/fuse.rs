@@ -109,9 +109,13 @@ impl Filesystem for FuseAdapter {
         let _ = config.set_congestion_threshold(48);
         self.no_open = config.add_capabilities(InitFlags::FUSE_NO_OPEN_SUPPORT).is_ok();
         self.no_opendir = config.add_capabilities(InitFlags::FUSE_NO_OPENDIR_SUPPORT).is_ok();
+        // Always READDIRPLUS, not the adaptive READDIRPLUS_AUTO: listing a directory then
+        // gives the kernel every entry's inode, so the opens that follow (ImageFolder
+        // lists, then the loader opens) need no LOOKUP, and the warm-up can store into
+        // every file. AUTO falls back to plain READDIR after the first buffer (~1,000
+        // entries), which left the first epoch of a 100k-file tree at a third of tmpfs.
         for flag in [
             InitFlags::FUSE_DO_READDIRPLUS,
-            InitFlags::FUSE_READDIRPLUS_AUTO,
             InitFlags::FUSE_CACHE_SYMLINKS,
             InitFlags::FUSE_PARALLEL_DIROPS,
         ] {

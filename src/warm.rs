@@ -40,7 +40,9 @@ impl WarmMode {
 pub struct Warmed {
     pub files: u64,
     pub bytes: u64,
-    /// Files left cold because a read or the kernel refused (logged at debug level).
+    /// Files left cold because a read failed or the kernel refused (logged at debug
+    /// level). An inode the kernel no longer holds is not counted: fuser reports that
+    /// refusal (ENOENT) as success, since the inode may have been evicted at any time.
     pub skipped: u64,
     pub elapsed: Duration,
 }

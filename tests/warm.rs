@@ -9,7 +9,7 @@ use std::fs;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use crate::util::{extract_squashfs, extract_tar, fixture, read, require_root, stagefs, Mounted, TempDir};
+use crate::util::{extract_squashfs, extract_tar, fixture, pack_tar, read, require_root, stagefs, Mounted, TempDir};
 
 /// Pages of `path` in the page cache, and the file's pages in total.
 fn cached_pages(path: &Path) -> (usize, usize) {
@@ -138,4 +138,22 @@ fn warm_is_skipped_with_a_warning_when_max_ram_leaves_no_room() {
     let _m = Mounted::adopt(&fixture(name), &mnt);
     assert!(out.stderr.contains("not warming the page cache"), "stagefs mount does not say why it did not warm:\n{}", out.describe());
     check_warm(&mnt, &expected, false);
+}
+
+#[test]
+fn staged_tar_with_a_large_directory_is_warm() {
+    // More entries than one directory listing buffer holds: every one of them must get
+    // an inode in the kernel (READDIRPLUS on every listing call), or stores to the later
+    // ones are silently dropped and they stay cold.
+    require_root();
+    let tmp = TempDir::new("warm-large-dir");
+    let expected = tmp.join("expected");
+    fs::create_dir_all(expected.join("class")).unwrap();
+    for i in 0..3000 {
+        fs::write(expected.join(format!("class/sample-with-a-longish-name-{i:05}.txt")), format!("sample {i}\n").repeat(i % 7 + 1)).unwrap();
+    }
+    let tar = tmp.join("large-dir.tar");
+    pack_tar(&expected, &tar, &["class"]);
+    let m = Mounted::with_args(&["--stage", "ram"], &tar, &tmp.join("mnt"));
+    check_warm(m.path(), &expected, true);
 }

@@ -229,6 +229,13 @@ impl Archive {
         Ok(archive)
     }
 
+    /// Frees what the readers cache for speed (SquashFS blocks); later reads refill it.
+    pub fn release_caches(&self) {
+        if let Reader::SquashFs(r) = &self.reader {
+            r.clear_cache();
+        }
+    }
+
     /// Size of the archive's bytes as served (decompressed, for compressed tars).
     pub fn size(&self) -> u64 {
         match &self.reader {

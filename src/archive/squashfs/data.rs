@@ -200,6 +200,11 @@ impl SquashReader {
         }
     }
 
+    /// Empties the block cache (its blocks are freed once no reply holds them).
+    pub fn clear_cache(&self) {
+        self.cache.clear();
+    }
+
     /// Length of the image file as mapped.
     pub fn backing_len(&self) -> u64 {
         self.backing.len() as u64
