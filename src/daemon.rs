@@ -119,6 +119,8 @@ fn serve(archive_path: &Path, mountpoint: &Path, request: &MountRequest, ready: 
     // Before staging: no point copying a large archive into RAM only to find no FUSE.
     check_fuse_available()?;
     let (archive, staged_bytes) = open_archive(archive_path, request.stage, request.max_ram, false)?;
+    // Building the index peaks well above what the finished index keeps.
+    return_free_memory();
     let fs = Arc::new(Fs::new(archive));
     let session = crate::fuse::mount(fs.clone(), mountpoint, request.threads).map_err(|e| mount_failure(mountpoint, e))?;
     if let Err(e) = wait_until_live(mountpoint) {
@@ -175,8 +177,7 @@ fn warm_page_cache(fs: &Fs, mountpoint: &Path, store: impl Fn(u64, u64, &[u8]) -
     // The warm-up decompressed every SquashFS block once, in order; the kernel now holds
     // the files, so the block cache would only pin memory. Give it back to the system.
     fs.release_caches();
-    // SAFETY: malloc_trim only returns free heap pages to the kernel.
-    unsafe { libc::malloc_trim(0) };
+    return_free_memory();
     tracing::info!(
         files = warmed.files,
         left_cold = warmed.skipped,
@@ -184,6 +185,13 @@ fn warm_page_cache(fs: &Fs, mountpoint: &Path, store: impl Fn(u64, u64, &[u8]) -
         stage::human(warmed.bytes),
         warmed.elapsed.as_secs_f64()
     );
+}
+
+/// Hands memory the allocator holds but no longer uses back to the system, so a daemon
+/// that lives for the whole job keeps only what it serves from.
+fn return_free_memory() {
+    // SAFETY: malloc_trim only releases free heap pages; it touches no live allocation.
+    unsafe { libc::malloc_trim(0) };
 }
 
 /// Loads (staging per `mode`) and indexes an archive, reusing a saved index when one
