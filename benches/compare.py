@@ -8,6 +8,7 @@ drop_caches). Exits non-zero when a system that should work fails or returns wro
 
 import argparse
 import csv
+import fcntl
 import hashlib
 import json
 import multiprocessing
@@ -732,6 +733,12 @@ def main():
         signal.signal(sig, _interrupt)
 
     os.makedirs(args.work, exist_ok=True)
+    # One run per work directory: two would unmount and overwrite each other's mounts.
+    lock = open(os.path.join(args.work, ".lock"), "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        sys.exit(f"compare.py: another benchmark is running in {args.work}; wait for it, or pass another --work")
     # Benchmark a private copy: a rebuild of target/release during the run must not swap
     # binaries between rows.
     src_stagefs = args.stagefs
