@@ -98,9 +98,7 @@ the mount then lives exactly as long as the step, and SIGTERM unmounts it.")]
 writable, else in $XDG_CACHE_HOME/stagefs. It is keyed by the archive's size, mtime and a
 content fingerprint: a changed archive is never served with a stale index. Mounts save
 the index by themselves when scanning took long (10,000+ entries).")]
-    Index {
-        archive: PathBuf,
-    },
+    Index { archive: PathBuf },
     /// List this user's mounts on this node: archive, staged RAM, daemon pid, uptime, reads served
     Status,
     /// Build a small ImageNet-like archive, mount it, read it with parallel readers, print throughput

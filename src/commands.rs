@@ -22,7 +22,10 @@ pub fn umount(path: &Path, lazy: bool) -> Result<(), Failure> {
         while registry::process_alive(record.pid) {
             if Instant::now() > deadline {
                 if lazy {
-                    tracing::warn!(pid = record.pid, "detached; the daemon exits once the last open file inside is closed");
+                    tracing::warn!(
+                        pid = record.pid,
+                        "detached; the daemon exits once the last open file inside is closed"
+                    );
                     return Ok(());
                 }
                 return Err(Failure::other(format!(

@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use nix::unistd::ForkResult;
 
 use crate::archive::{Archive, OpenError};
-use crate::index_cache;
 use crate::error::Failure;
 use crate::fs::Fs;
+use crate::index_cache;
 use crate::mountpoint::{self, MountpointError};
 use crate::registry::{self, Record};
 use crate::stage::{self, StageMode};
@@ -68,7 +68,8 @@ fn remove_if_created(mountpoint: &Path, created: bool) {
 
 /// Forks the daemon and waits for its verdict on the readiness pipe.
 fn spawn_daemon(archive: &Path, mountpoint: &Path, request: &MountRequest, created: bool) -> Result<(), Failure> {
-    let (read_end, write_end) = nix::unistd::pipe().map_err(|e| Failure::other(format!("cannot create a pipe: {e}")))?;
+    let (read_end, write_end) =
+        nix::unistd::pipe().map_err(|e| Failure::other(format!("cannot create a pipe: {e}")))?;
     // SAFETY: called before this process starts any thread, so the child may run Rust code.
     match unsafe { nix::unistd::fork() }.map_err(|e| Failure::other(format!("cannot fork: {e}")))? {
         ForkResult::Parent { child } => {
@@ -115,14 +116,20 @@ fn spawn_daemon(archive: &Path, mountpoint: &Path, request: &MountRequest, creat
 }
 
 /// Indexes the archive, mounts it, signals readiness, and serves until unmounted.
-fn serve(archive_path: &Path, mountpoint: &Path, request: &MountRequest, ready: &mut Option<File>) -> Result<(), Failure> {
+fn serve(
+    archive_path: &Path,
+    mountpoint: &Path,
+    request: &MountRequest,
+    ready: &mut Option<File>,
+) -> Result<(), Failure> {
     // Before staging: no point copying a large archive into RAM only to find no FUSE.
     check_fuse_available()?;
     let (archive, staged_bytes) = open_archive(archive_path, request.stage, request.max_ram, false)?;
     // Building the index peaks well above what the finished index keeps.
     return_free_memory();
     let fs = Arc::new(Fs::new(archive));
-    let session = crate::fuse::mount(fs.clone(), mountpoint, request.threads).map_err(|e| mount_failure(mountpoint, e))?;
+    let session =
+        crate::fuse::mount(fs.clone(), mountpoint, request.threads).map_err(|e| mount_failure(mountpoint, e))?;
     if let Err(e) = wait_until_live(mountpoint) {
         let _ = mountpoint::unmount(mountpoint, true);
         return Err(e);
@@ -161,7 +168,13 @@ fn serve(archive_path: &Path, mountpoint: &Path, request: &MountRequest, ready: 
 
 /// Fills the page cache before the mount is reported ready, when the RAM it takes is
 /// there (the same limits as staging; `--max-ram` covers both). Never fails the mount.
-fn warm_page_cache(fs: &Fs, mountpoint: &Path, store: impl Fn(u64, u64, &[u8]) -> std::io::Result<()> + Sync, request: &MountRequest, staged: u64) {
+fn warm_page_cache(
+    fs: &Fs,
+    mountpoint: &Path,
+    store: impl Fn(u64, u64, &[u8]) -> std::io::Result<()> + Sync,
+    request: &MountRequest,
+    staged: u64,
+) {
     let needed = warm::bytes_to_warm(fs);
     let (headroom, limit) = stage::headroom(request.max_ram, staged);
     if needed > headroom {
@@ -197,7 +210,12 @@ fn return_free_memory() {
 /// Loads (staging per `mode`) and indexes an archive, reusing a saved index when one
 /// matches. Saves the index when scanning was costly, or always with `force_save`.
 /// Returns the archive and the bytes staged in RAM.
-pub fn open_archive(path: &Path, mode: StageMode, max_ram: Option<u64>, force_save: bool) -> Result<(Archive, u64), Failure> {
+pub fn open_archive(
+    path: &Path,
+    mode: StageMode,
+    max_ram: Option<u64>,
+    force_save: bool,
+) -> Result<(Archive, u64), Failure> {
     check_format(path)?;
     let key = index_cache::Key::of(path).map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
     let loaded = stage::load(path, mode, max_ram)?;
@@ -224,7 +242,9 @@ pub fn open_archive(path: &Path, mode: StageMode, max_ram: Option<u64>, force_sa
     if archive.tar_reader().is_some() && (force_save || worth_saving) {
         match index_cache::save(path, &key, &archive) {
             Ok(saved) => tracing::info!(index = %saved.display(), "saved the index for faster remounts"),
-            Err(e) if force_save => return Err(Failure::other(format!("cannot save the index of {}: {e}", path.display()))),
+            Err(e) if force_save => {
+                return Err(Failure::other(format!("cannot save the index of {}: {e}", path.display())))
+            }
             Err(e) => tracing::debug!("not saving the index: {e}"),
         }
     }
@@ -235,7 +255,9 @@ pub fn open_archive(path: &Path, mode: StageMode, max_ram: Option<u64>, force_sa
 fn check_format(path: &Path) -> Result<(), OpenError> {
     use std::os::unix::fs::FileExt;
     let mut head = [0u8; 512];
-    let n = File::open(path).and_then(|f| f.read_at(&mut head, 0)).map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
+    let n = File::open(path)
+        .and_then(|f| f.read_at(&mut head, 0))
+        .map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
     let head = &head[..n];
     if stage::Compression::detect(head).is_some() || crate::archive::Format::detect(head).is_some() {
         return Ok(());
@@ -261,8 +283,9 @@ fn check_fuse_available() -> Result<(), Failure> {
     let device = match device {
         Err(e) => Err(e.to_string()),
         // Containers sometimes bind /dev/null (or nothing usable) over /dev/fuse.
-        Ok(meta) if !std::os::unix::fs::FileTypeExt::is_char_device(&meta.file_type())
-            || std::os::unix::fs::MetadataExt::rdev(&meta) != libc::makedev(10, 229) =>
+        Ok(meta)
+            if !std::os::unix::fs::FileTypeExt::is_char_device(&meta.file_type())
+                || std::os::unix::fs::MetadataExt::rdev(&meta) != libc::makedev(10, 229) =>
         {
             Err("it is not the FUSE device (char 10:229)".to_string())
         }

@@ -182,7 +182,10 @@ impl Fs {
         let dots = [(b".".as_slice(), id), (b"..".as_slice(), parent)]
             .into_iter()
             .map(move |(name, id)| (name, id, libc::S_IFDIR));
-        let children = index.children(dir).iter().map(move |d| (index.bytes(d.name), d.inode, index.inodes[d.inode as usize].attrs.mode));
+        let children = index
+            .children(dir)
+            .iter()
+            .map(move |d| (index.bytes(d.name), d.inode, index.inodes[d.inode as usize].attrs.mode));
         Ok(dots.chain(children).enumerate().skip(offset as usize).map(|(i, (name, id, mode))| DirEntry {
             ino: ino_of(id),
             next: i as u64 + 1,
@@ -248,7 +251,11 @@ mod tests {
 
     /// Builds a small tar header by header and opens it through the real reader.
     fn sample_fs() -> Fs {
-        let dir = std::env::temp_dir().join(format!("stagefs-fs-test-{}-{:?}", std::process::id(), std::thread::current().id()));
+        let dir = std::env::temp_dir().join(format!(
+            "stagefs-fs-test-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("t.tar");
         let mut bytes = Vec::new();

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
-    MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyXattr, Request, Session,
+    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEntry,
+    ReplyOpen, ReplyStatfs, ReplyXattr, Request, Session,
 };
 
 use crate::fs::{Attr, Fs, FsError};
@@ -114,11 +114,7 @@ impl Filesystem for FuseAdapter {
         // lists, then the loader opens) need no LOOKUP, and the warm-up can store into
         // every file. AUTO falls back to plain READDIR after the first buffer (~1,000
         // entries), which left the first epoch of a 100k-file tree at a third of tmpfs.
-        for flag in [
-            InitFlags::FUSE_DO_READDIRPLUS,
-            InitFlags::FUSE_CACHE_SYMLINKS,
-            InitFlags::FUSE_PARALLEL_DIROPS,
-        ] {
+        for flag in [InitFlags::FUSE_DO_READDIRPLUS, InitFlags::FUSE_CACHE_SYMLINKS, InitFlags::FUSE_PARALLEL_DIROPS] {
             let _ = config.add_capabilities(flag);
         }
         Ok(())
@@ -129,7 +125,17 @@ impl Filesystem for FuseAdapter {
             Ok(attr) => reply.entry(&TTL, &file_attr(&attr), Generation(0)),
             // A negative entry (inode 0) makes the kernel cache "not found" too.
             Err(FsError::NotFound) => {
-                let mut none = file_attr(&Attr { ino: 0, mode: 0, nlink: 0, uid: 0, gid: 0, size: 0, mtime: 0, mtime_nsec: 0, rdev: 0 });
+                let mut none = file_attr(&Attr {
+                    ino: 0,
+                    mode: 0,
+                    nlink: 0,
+                    uid: 0,
+                    gid: 0,
+                    size: 0,
+                    mtime: 0,
+                    mtime_nsec: 0,
+                    rdev: 0,
+                });
                 none.ino = INodeNo(0);
                 reply.entry(&TTL, &none, Generation(0))
             }
@@ -163,7 +169,14 @@ impl Filesystem for FuseAdapter {
     }
 
     /// Nothing to flush in a read-only filesystem; ENOSYS stops the kernel sending flush on close.
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _owner: fuser::LockOwner, reply: fuser::ReplyEmpty) {
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _owner: fuser::LockOwner,
+        reply: fuser::ReplyEmpty,
+    ) {
         reply.error(Errno::ENOSYS);
     }
 
@@ -227,7 +240,14 @@ impl Filesystem for FuseAdapter {
             Ok(entries) => {
                 for e in entries {
                     let Ok(attr) = self.fs.getattr(e.ino) else { continue };
-                    if reply.add(INodeNo(e.ino), e.next, OsStr::from_bytes(e.name), &TTL, &file_attr(&attr), Generation(0)) {
+                    if reply.add(
+                        INodeNo(e.ino),
+                        e.next,
+                        OsStr::from_bytes(e.name),
+                        &TTL,
+                        &file_attr(&attr),
+                        Generation(0),
+                    ) {
                         break;
                     }
                 }

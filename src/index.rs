@@ -133,10 +133,7 @@ impl Index {
     /// Finds `name` in directory `dir` by binary search.
     pub fn lookup(&self, dir: &Inode, name: &[u8]) -> Option<InodeId> {
         let children = self.children(dir);
-        children
-            .binary_search_by(|d| self.bytes(d.name).cmp(name))
-            .ok()
-            .map(|i| children[i].inode)
+        children.binary_search_by(|d| self.bytes(d.name).cmp(name)).ok().map(|i| children[i].inode)
     }
 
     pub fn xattrs_of(&self, inode: &Inode) -> &[Xattr] {

@@ -13,8 +13,8 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use crate::archive::tar::{Extent, SparseFile, TarReader};
-use crate::hash::{self, Hasher};
 use crate::archive::{Archive, Backing};
+use crate::hash::{self, Hasher};
 use crate::index::{Attrs, Data, Dirent, Index, Inode, Span, Xattr};
 
 const MAGIC: &[u8; 16] = b"STAGEFS-INDEX\0v1";
@@ -128,7 +128,14 @@ fn encode(key: &Key, index: &Index, reader: &TarReader) -> Vec<u8> {
     for v in [key.size, key.mtime as u64, key.mtime_nsec as u64, key.fingerprint] {
         w.u64(v);
     }
-    let counts = [index.inodes.len(), index.dirents.len(), index.xattrs.len(), index.arena.len(), reader.sparse_files().len(), reader.extents().len()];
+    let counts = [
+        index.inodes.len(),
+        index.dirents.len(),
+        index.xattrs.len(),
+        index.arena.len(),
+        reader.sparse_files().len(),
+        reader.extents().len(),
+    ];
     for c in counts {
         w.u64(c as u64);
     }
@@ -214,7 +221,10 @@ impl Reader<'_> {
     /// A count of records of `size` bytes each, bounded by what is left in the file.
     fn count(&mut self, size: usize) -> Result<usize, String> {
         let n = self.u64()?;
-        usize::try_from(n).ok().filter(|&n| n.saturating_mul(size) <= self.0.len()).ok_or_else(|| format!("count {n} exceeds the file"))
+        usize::try_from(n)
+            .ok()
+            .filter(|&n| n.saturating_mul(size) <= self.0.len())
+            .ok_or_else(|| format!("count {n} exceeds the file"))
     }
 }
 
@@ -242,7 +252,14 @@ fn decode(bytes: &[u8], key: &Key, backing: &Backing) -> Result<Archive, String>
     let n_extents = r.count(24)?;
     let mut index = Index::default();
     for _ in 0..n_inodes {
-        let attrs = Attrs { mode: r.u32()?, uid: r.u32()?, gid: r.u32()?, mtime: r.u64()? as i64, mtime_nsec: r.u32()?, size: r.u64()? };
+        let attrs = Attrs {
+            mode: r.u32()?,
+            uid: r.u32()?,
+            gid: r.u32()?,
+            mtime: r.u64()? as i64,
+            mtime_nsec: r.u32()?,
+            size: r.u64()?,
+        };
         let (tag, x, y, z) = (r.u32()?, r.u64()?, r.u32()?, r.u32()?);
         let data = match tag {
             0 => Data::None,
@@ -259,7 +276,10 @@ fn decode(bytes: &[u8], key: &Key, backing: &Backing) -> Result<Archive, String>
         index.dirents.push(Dirent { name: Span { offset: r.u32()?, len: r.u32()? }, inode: r.u32()? });
     }
     for _ in 0..n_xattrs {
-        index.xattrs.push(Xattr { name: Span { offset: r.u32()?, len: r.u32()? }, value: Span { offset: r.u32()?, len: r.u32()? } });
+        index.xattrs.push(Xattr {
+            name: Span { offset: r.u32()?, len: r.u32()? },
+            value: Span { offset: r.u32()?, len: r.u32()? },
+        });
     }
     index.arena = r.take(n_arena)?.to_vec();
     let mut sparse = Vec::with_capacity(n_sparse);
@@ -292,7 +312,9 @@ fn check_bounds(index: &Index, n_sparse: usize, archive_len: u64) -> Result<(), 
                 Data::Slice { offset } => offset.checked_add(inode.attrs.size).is_some_and(|end| end <= archive_len),
                 Data::Extern(h) => (h as usize) < n_sparse,
                 Data::Dir { first, count, parent } => {
-                    inode.attrs.is_dir() && range_ok(first, count, index.dirents.len()) && (parent as usize) < index.inodes.len()
+                    inode.attrs.is_dir()
+                        && range_ok(first, count, index.dirents.len())
+                        && (parent as usize) < index.inodes.len()
                 }
                 Data::Symlink(span) => span_ok(span),
                 Data::None | Data::Device(_) => true,
@@ -326,7 +348,14 @@ mod tests {
         std::fs::create_dir_all(src.join("d")).unwrap();
         std::fs::write(src.join("d/f.txt"), b"indexed content").unwrap();
         std::os::unix::fs::symlink("d/f.txt", src.join("l")).unwrap();
-        let status = std::process::Command::new("tar").arg("-cf").arg(&path).arg("-C").arg(&src).arg(".").status().expect("GNU tar must be installed");
+        let status = std::process::Command::new("tar")
+            .arg("-cf")
+            .arg(&path)
+            .arg("-C")
+            .arg(&src)
+            .arg(".")
+            .status()
+            .expect("GNU tar must be installed");
         assert!(status.success());
         path
     }

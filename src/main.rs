@@ -6,8 +6,8 @@ use clap::Parser;
 use stagefs::cli::{default_threads, Cli, Command};
 use stagefs::commands;
 use stagefs::daemon::MountRequest;
-use stagefs::node;
 use stagefs::error::Failure;
+use stagefs::node;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -25,7 +25,16 @@ fn run(command: Command) -> Result<(), Failure> {
     match command {
         Command::Mount { archive, mountpoint, foreground, threads, log_file, stage, max_ram, warm, idle_timeout } => {
             let mountpoint = mountpoint.unwrap_or_else(|| node::default_mountpoint(&archive));
-            let request = MountRequest { archive, mountpoint, foreground, threads: threads.unwrap_or_else(default_threads), log_file, stage, max_ram, warm };
+            let request = MountRequest {
+                archive,
+                mountpoint,
+                foreground,
+                threads: threads.unwrap_or_else(default_threads),
+                log_file,
+                stage,
+                max_ram,
+                warm,
+            };
             node::mount(&request, node::DEFAULT_WAIT, idle_timeout).map(|_| ())
         }
         Command::Run(args) => {
@@ -47,8 +56,11 @@ fn init_logging(verbose: u8) {
         2 => "debug",
         _ => "trace",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr)
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .init();

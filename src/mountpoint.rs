@@ -50,13 +50,12 @@ pub fn resolve(path: &Path) -> Result<PathBuf, MountpointError> {
 pub fn prepare(path: &Path) -> Result<bool, MountpointError> {
     // statfs always reaches the filesystem; stat may be answered from the kernel's cache
     // even after a FUSE daemon died, hiding the stale mount.
-    let probe = nix::sys::statfs::statfs(path).err().map(std::io::Error::from).map_or_else(|| std::fs::metadata(path), Err);
+    let probe =
+        nix::sys::statfs::statfs(path).err().map(std::io::Error::from).map_or_else(|| std::fs::metadata(path), Err);
     match probe {
         Err(e) if e.kind() == ErrorKind::NotFound => {
-            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(path).map_err(|source| MountpointError::Io {
-                path: path.to_owned(),
-                what: "cannot create the mountpoint",
-                source,
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(path).map_err(|source| {
+                MountpointError::Io { path: path.to_owned(), what: "cannot create the mountpoint", source }
             })?;
             return Ok(true);
         }
@@ -65,7 +64,9 @@ pub fn prepare(path: &Path) -> Result<bool, MountpointError> {
             tracing::warn!(mountpoint = %path.display(), "found a stale mount (its daemon died); unmounting it");
             unmount(path, true)?;
         }
-        Err(source) => return Err(MountpointError::Io { path: path.to_owned(), what: "cannot inspect the mountpoint", source }),
+        Err(source) => {
+            return Err(MountpointError::Io { path: path.to_owned(), what: "cannot inspect the mountpoint", source })
+        }
         Ok(meta) if !meta.is_dir() => return Err(MountpointError::NotADirectory(path.to_owned())),
         Ok(_) => {}
     }

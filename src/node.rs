@@ -82,7 +82,10 @@ pub struct NodeFiles {
 
 impl NodeFiles {
     pub fn for_mountpoint(mountpoint: &Path) -> NodeFiles {
-        NodeFiles { lock: registry::mountpoint_file(mountpoint, "lock"), users: registry::mountpoint_file(mountpoint, "users") }
+        NodeFiles {
+            lock: registry::mountpoint_file(mountpoint, "lock"),
+            users: registry::mountpoint_file(mountpoint, "users"),
+        }
     }
 }
 
@@ -104,8 +107,9 @@ fn user_name() -> String {
 
 /// `imagenet.tar.zst` → `imagenet`: the file name without its archive extensions.
 fn archive_stem(archive: &Path) -> String {
-    const EXTENSIONS: &[&str] =
-        &["tar", "gz", "tgz", "zst", "tzst", "xz", "txz", "bz2", "tbz2", "lz4", "sqsh", "sqfs", "squashfs", "sfs", "img"];
+    const EXTENSIONS: &[&str] = &[
+        "tar", "gz", "tgz", "zst", "tzst", "xz", "txz", "bz2", "tbz2", "lz4", "sqsh", "sqfs", "squashfs", "sfs", "img",
+    ];
     let mut name = archive.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     while let Some((stem, ext)) = name.rsplit_once('.') {
         if stem.is_empty() || !EXTENSIONS.contains(&ext.to_ascii_lowercase().as_str()) {

@@ -130,7 +130,14 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("stagefs-reg-test-{}", std::process::id()));
         std::env::set_var("STAGEFS_RUNTIME_DIR", &dir);
         let mountpoint = PathBuf::from("/some/where");
-        let mine = Record { pid: std::process::id(), archive: "/a.tar".into(), mountpoint: mountpoint.clone(), started: 5, staged_bytes: 7, reads: 9 };
+        let mine = Record {
+            pid: std::process::id(),
+            archive: "/a.tar".into(),
+            mountpoint: mountpoint.clone(),
+            started: 5,
+            staged_bytes: 7,
+            reads: 9,
+        };
         write(&mine).unwrap();
         assert_eq!(read(&mountpoint), Some(mine.clone()));
         assert_eq!(read(Path::new("/other")), None);

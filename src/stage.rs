@@ -108,7 +108,10 @@ pub fn load(path: &Path, mode: StageMode, max_ram: Option<u64>) -> Result<Loaded
             let remote = is_network_filesystem(path);
             let fits = size <= budget.bytes;
             if remote && !fits {
-                tracing::warn!("{} is on a network filesystem but does not fit the RAM budget; serving it in place", path.display());
+                tracing::warn!(
+                    "{} is on a network filesystem but does not fit the RAM budget; serving it in place",
+                    path.display()
+                );
             }
             remote && fits
         }
@@ -151,7 +154,10 @@ impl RamBudget {
         let available = field("MemAvailable:").unwrap_or(0).saturating_sub(margin(total));
         let mut limits = vec![(available, "MemAvailable less a margin".to_string())];
         if let Some((max, used)) = cgroup_limit() {
-            limits.push((max.saturating_sub(used).saturating_sub(margin(max)), "the job's cgroup memory limit less a margin".to_string()));
+            limits.push((
+                max.saturating_sub(used).saturating_sub(margin(max)),
+                "the job's cgroup memory limit less a margin".to_string(),
+            ));
         }
         if let Some(max) = max_ram {
             limits.push((max, "--max-ram".to_string()));
@@ -162,7 +168,12 @@ impl RamBudget {
 
     fn check(&self, path: &Path, needed: u64) -> Result<(), StageError> {
         if needed > self.bytes {
-            return Err(StageError::NoRoom { path: path.to_owned(), needed, budget: self.bytes, budget_reason: self.reason.clone() });
+            return Err(StageError::NoRoom {
+                path: path.to_owned(),
+                needed,
+                budget: self.bytes,
+                budget_reason: self.reason.clone(),
+            });
         }
         Ok(())
     }
@@ -179,7 +190,9 @@ fn cgroup_limit() -> Option<(u64, u64)> {
         let rel = rel.trim_start_matches('/');
         let (dir, limit, usage) = match controllers {
             "" => (Path::new("/sys/fs/cgroup").join(rel), "memory.max", "memory.current"),
-            c if c.split(',').any(|c| c == "memory") => (Path::new("/sys/fs/cgroup/memory").join(rel), "memory.limit_in_bytes", "memory.usage_in_bytes"),
+            c if c.split(',').any(|c| c == "memory") => {
+                (Path::new("/sys/fs/cgroup/memory").join(rel), "memory.limit_in_bytes", "memory.usage_in_bytes")
+            }
             _ => continue,
         };
         // "max" (v2) does not parse, and v1 reports "no limit" as a huge number: both mean none.
@@ -215,13 +228,19 @@ fn is_network_filesystem(path: &Path) -> bool {
 /// An anonymous memory file, sized to `len`, named after the archive for `/proc/PID/maps`.
 fn memfd(path: &Path, len: u64) -> Result<File, StageError> {
     let name = format!("stagefs:{}", path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
-    let fd = nix::sys::memfd::memfd_create(name.as_str(), nix::sys::memfd::MFdFlags::MFD_CLOEXEC).map_err(|e| StageError::Io {
-        path: path.to_owned(),
-        what: "cannot create anonymous memory (memfd)".into(),
-        source: e.into(),
+    let fd = nix::sys::memfd::memfd_create(name.as_str(), nix::sys::memfd::MFdFlags::MFD_CLOEXEC).map_err(|e| {
+        StageError::Io {
+            path: path.to_owned(),
+            what: "cannot create anonymous memory (memfd)".into(),
+            source: e.into(),
+        }
     })?;
     let file = File::from(fd);
-    file.set_len(len).map_err(|source| StageError::Io { path: path.to_owned(), what: "cannot size the staging memory".into(), source })?;
+    file.set_len(len).map_err(|source| StageError::Io {
+        path: path.to_owned(),
+        what: "cannot size the staging memory".into(),
+        source,
+    })?;
     Ok(file)
 }
 
@@ -233,22 +252,31 @@ pub(crate) fn progress(len: Option<u64>, verb: &str) -> ProgressBar {
                 .expect("valid template")
                 .progress_chars("=> "),
         ),
-        None => ProgressBar::new_spinner()
-            .with_style(ProgressStyle::with_template("{msg} {spinner} {bytes} {bytes_per_sec}").expect("valid template")),
+        None => ProgressBar::new_spinner().with_style(
+            ProgressStyle::with_template("{msg} {spinner} {bytes} {bytes_per_sec}").expect("valid template"),
+        ),
     };
     bar.with_message(verb.to_string())
 }
 
 fn map_staged(path: &Path, file: &File) -> Result<Backing, StageError> {
     // SAFETY: only this process holds the memfd and nothing writes it after staging.
-    let map = unsafe { memmap2::Mmap::map(file) }
-        .map_err(|source| StageError::Io { path: path.to_owned(), what: "cannot map the staged copy".into(), source })?;
+    let map = unsafe { memmap2::Mmap::map(file) }.map_err(|source| StageError::Io {
+        path: path.to_owned(),
+        what: "cannot map the staged copy".into(),
+        source,
+    })?;
     Ok(Arc::new(crate::archive::Source::private(map)))
 }
 
 fn summary(verb: &str, path: &Path, bytes: u64, started: Instant) {
     let secs = started.elapsed().as_secs_f64().max(1e-9);
-    let line = format!("{verb} {} into RAM: {} in {secs:.2} s ({:.0} MB/s)", path.display(), human(bytes), bytes as f64 / 1e6 / secs);
+    let line = format!(
+        "{verb} {} into RAM: {} in {secs:.2} s ({:.0} MB/s)",
+        path.display(),
+        human(bytes),
+        bytes as f64 / 1e6 / secs
+    );
     tracing::info!("{line}");
     if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         eprintln!("stagefs: {line}");
@@ -340,16 +368,16 @@ fn decompress(path: &Path, file: File, kind: Compression, budget: &RamBudget) ->
     let consumed = Arc::new(AtomicU64::new(0));
     // A small buffer keeps the reported offset of a corrupt stream close to the damage.
     let input = std::io::BufReader::with_capacity(64 << 10, Counting { inner: file, count: consumed.clone() });
-    let mut decoder: Box<dyn Read> = match kind {
-        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(input)),
-        Compression::Bzip2 => Box::new(bzip2::read::MultiBzDecoder::new(input)),
-        Compression::Xz => Box::new(liblzma::read::XzDecoder::new_multi_decoder(input)),
-        Compression::Zstd => Box::new(
-            zstd::stream::read::Decoder::with_buffer(input)
-                .map_err(|source| StageError::Io { path: path.to_owned(), what: "cannot start zstd".into(), source })?,
-        ),
-        Compression::Lz4 => Box::new(Lz4Frames { decoder: Some(lz4_flex::frame::FrameDecoder::new(input)) }),
-    };
+    let mut decoder: Box<dyn Read> =
+        match kind {
+            Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(input)),
+            Compression::Bzip2 => Box::new(bzip2::read::MultiBzDecoder::new(input)),
+            Compression::Xz => Box::new(liblzma::read::XzDecoder::new_multi_decoder(input)),
+            Compression::Zstd => Box::new(zstd::stream::read::Decoder::with_buffer(input).map_err(|source| {
+                StageError::Io { path: path.to_owned(), what: "cannot start zstd".into(), source }
+            })?),
+            Compression::Lz4 => Box::new(Lz4Frames { decoder: Some(lz4_flex::frame::FrameDecoder::new(input)) }),
+        };
     // A memfd's size costs nothing until written: size it to the budget, trim at the end.
     let target = memfd(path, budget.bytes)?;
     let bar = progress(None, &format!("decompressing {}", kind.name()));
@@ -388,9 +416,11 @@ fn decompress(path: &Path, file: File, kind: Compression, budget: &RamBudget) ->
         bar.set_position(written);
     }
     bar.finish_and_clear();
-    target
-        .set_len(written)
-        .map_err(|source| StageError::Io { path: path.to_owned(), what: "cannot trim the staging memory".into(), source })?;
+    target.set_len(written).map_err(|source| StageError::Io {
+        path: path.to_owned(),
+        what: "cannot trim the staging memory".into(),
+        source,
+    })?;
     summary(&format!("decompressed ({})", kind.name()), path, written, started);
     map_staged(path, &target)
 }

@@ -72,7 +72,9 @@ where
         for _ in 0..threads.max(1) {
             scope.spawn(|| loop {
                 let first = next.fetch_add(BATCH, Ordering::Relaxed);
-                let Some(batch) = files.get(first..files.len().min(first + BATCH)).filter(|b| !b.is_empty()) else { break };
+                let Some(batch) = files.get(first..files.len().min(first + BATCH)).filter(|b| !b.is_empty()) else {
+                    break;
+                };
                 for &(ino, size) in batch {
                     match store_file(fs, ino, size, &store) {
                         Ok(()) => {

@@ -288,10 +288,20 @@ pub fn diff_trees(expected: &Path, actual: &Path, opts: &Options) -> Vec<String>
 
         if attrs {
             if lm.mode() & 0o7777 != rm.mode() & 0o7777 {
-                diffs.push(format!("{here}: mode: expected {:04o}, actual {:04o}", lm.mode() & 0o7777, rm.mode() & 0o7777));
+                diffs.push(format!(
+                    "{here}: mode: expected {:04o}, actual {:04o}",
+                    lm.mode() & 0o7777,
+                    rm.mode() & 0o7777
+                ));
             }
             if lm.uid() != rm.uid() || lm.gid() != rm.gid() {
-                diffs.push(format!("{here}: owner: expected {}:{}, actual {}:{}", lm.uid(), lm.gid(), rm.uid(), rm.gid()));
+                diffs.push(format!(
+                    "{here}: owner: expected {}:{}, actual {}:{}",
+                    lm.uid(),
+                    lm.gid(),
+                    rm.uid(),
+                    rm.gid()
+                ));
             }
             if lm.mtime() != rm.mtime() {
                 diffs.push(format!("{here}: mtime: expected {}, actual {}", lm.mtime(), rm.mtime()));
@@ -410,7 +420,8 @@ mod tests {
     fn set_xattr(p: &Path, name: &str, value: &[u8]) {
         let c = cstr(p);
         let n = CString::new(name).unwrap();
-        let r = unsafe { libc::lsetxattr(c.as_ptr(), n.as_ptr(), value.as_ptr() as *const libc::c_void, value.len(), 0) };
+        let r =
+            unsafe { libc::lsetxattr(c.as_ptr(), n.as_ptr(), value.as_ptr() as *const libc::c_void, value.len(), 0) };
         assert_eq!(r, 0, "lsetxattr {}: {}", p.display(), io::Error::last_os_error());
     }
 
@@ -506,7 +517,9 @@ mod tests {
                 .any(|l| l.contains("st_nlink")),
             "dir_nlink(false) must ignore directory link counts"
         );
-        expect("dir mode", &o, "mode", |b| fs::set_permissions(b.join("d/e"), fs::Permissions::from_mode(0o700)).unwrap());
+        expect("dir mode", &o, "mode", |b| {
+            fs::set_permissions(b.join("d/e"), fs::Permissions::from_mode(0o700)).unwrap()
+        });
         assert!(diffs_after(&o.clone().skip_dir_attrs(["d/e"]), |b| {
             fs::set_permissions(b.join("d/e"), fs::Permissions::from_mode(0o700)).unwrap()
         })

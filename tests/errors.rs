@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use crate::util::{
     assert_nothing_left, fixture, is_mounted, mounts_at, pack_tar, pseudo_random, read, require_root, require_tool,
-    run_cmd, run_tool, stagefs, stagefs_bin, stagefs_pids, wait_timeout, wait_until, CmdOutput, KillOnDrop, Mounted, TempDir,
+    run_cmd, run_tool, stagefs, stagefs_bin, stagefs_pids, wait_timeout, wait_until, CmdOutput, KillOnDrop, Mounted,
+    TempDir,
 };
 
 // ---------------------------------------------------------------------------
@@ -381,9 +382,8 @@ fn umount_of_busy_mount_fails_then_lazy_succeeds() {
 
     // --lazy with a process still inside: succeeds, the mount point is free
     // at once, the daemon exits once the last user is gone.
-    let child = KillOnDrop(
-        Command::new(&sleep).arg("300").current_dir(mp.join("a")).stdin(Stdio::null()).spawn().unwrap(),
-    );
+    let child =
+        KillOnDrop(Command::new(&sleep).arg("300").current_dir(mp.join("a")).stdin(Stdio::null()).spawn().unwrap());
     let mut cmd = Command::new(stagefs_bin());
     cmd.arg("umount").arg("--lazy").arg(&mp);
     let out = run_cmd(&mut cmd, Duration::from_secs(20));
@@ -456,7 +456,9 @@ fn writes_fail_with_erofs() {
         ),
         (
             "removexattr",
-            libc_result(unsafe { libc::lremovexattr(c(&root.join("xattr/colored")).as_ptr(), c(Path::new("user.color")).as_ptr()) }),
+            libc_result(unsafe {
+                libc::lremovexattr(c(&root.join("xattr/colored")).as_ptr(), c(Path::new("user.color")).as_ptr())
+            }),
         ),
     ];
     let mut wrong = Vec::new();

@@ -48,8 +48,7 @@ const PAX_XATTRS: Holds = Holds { full: true, xattrs: true, ns: Some(123_456_789
 const SQUASHFS: Holds = Holds { full: true, xattrs: true, ns: None, hardlinks: true, empty_xattr: true };
 
 fn meta(root: &Path, rel: &str) -> fs::Metadata {
-    fs::symlink_metadata(root.join(rel))
-        .unwrap_or_else(|e| panic!("reference tree {}: {rel}: {e}", root.display()))
+    fs::symlink_metadata(root.join(rel)).unwrap_or_else(|e| panic!("reference tree {}: {rel}: {e}", root.display()))
 }
 
 /// Checks that an extracted fixture tree holds what make-fixtures.sh built.
@@ -240,7 +239,10 @@ fn tar_python_pax() {
     // Python writes the mtime as a float ("1623760496.1234567"): tar and
     // stagefs must agree on the same (rounded) nanoseconds.
     tar_case("python-pax.tar", tar_opts(), |r| {
-        check_reference_full(r, Holds { full: true, xattrs: false, ns: Some(123_456_700), hardlinks: true, empty_xattr: true })
+        check_reference_full(
+            r,
+            Holds { full: true, xattrs: false, ns: Some(123_456_700), hardlinks: true, empty_xattr: true },
+        )
     });
 }
 
@@ -264,7 +266,12 @@ fn tar_implicit_parent_dirs() {
     for d in ["a", "a/b", "a/b/c", "hard", "links"] {
         let md = fs::symlink_metadata(mnt.path().join(d)).unwrap();
         assert!(md.is_dir(), "{d} must be a directory");
-        assert_eq!(md.mode() & 0o555, 0o555, "implicit directory {d} must be readable and searchable, mode {:o}", md.mode());
+        assert_eq!(
+            md.mode() & 0o555,
+            0o555,
+            "implicit directory {d} must be readable and searchable, mode {:o}",
+            md.mode()
+        );
     }
 }
 
@@ -451,7 +458,8 @@ fn check_random_access(mnt: &Path) {
             let want_end = (off as usize + len).min(big.len());
             let want = &big[off as usize..want_end];
             if &buf[..got] != want {
-                errors.push(format!("read_at({off}, {len}): got {got} bytes, expected {}; content differs", want.len()));
+                errors
+                    .push(format!("read_at({off}, {len}): got {got} bytes, expected {}; content differs", want.len()));
             }
         }
     }
@@ -525,7 +533,13 @@ fn runtime_case(label: &str, squashfs: bool, pack: impl FnOnce(&Path, &Path)) {
 
 fn tar_args(src: &Path, archive: &Path, extra: &[&str]) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = extra.iter().map(PathBuf::from).collect();
-    v.extend([PathBuf::from("-C"), src.to_path_buf(), PathBuf::from("-cf"), archive.to_path_buf(), PathBuf::from("data")]);
+    v.extend([
+        PathBuf::from("-C"),
+        src.to_path_buf(),
+        PathBuf::from("-cf"),
+        archive.to_path_buf(),
+        PathBuf::from("data"),
+    ]);
     v
 }
 

@@ -54,7 +54,11 @@ fn fuzz_regressions_replay() {
                 other => panic!("fuzz/regressions/{other}: no such fuzz target"),
             };
             let took = started.elapsed();
-            eprintln!("replayed {}: {:?} in {took:?}", input.display(), outcome.as_ref().map_err(|e| e.chars().take(160).collect::<String>()));
+            eprintln!(
+                "replayed {}: {:?} in {took:?}",
+                input.display(),
+                outcome.as_ref().map_err(|e| e.chars().take(160).collect::<String>())
+            );
             assert!(took < Duration::from_secs(10), "{} took {took:?}", input.display());
             replayed += 1;
         }
@@ -181,7 +185,11 @@ fn hostile_tar_cases() {
     for length in ["1152921504606846976", "99999999999999999999999"] {
         let records = format!("{length} path=x\n").into_bytes();
         let member = ustar_header("f", b'0', 0o644, 0, "");
-        expect_corrupt(&pax_then_member(&records, &member, b""), &format!("pax record length {length}"), "pax record length");
+        expect_corrupt(
+            &pax_then_member(&records, &member, b""),
+            &format!("pax record length {length}"),
+            "pax record length",
+        );
     }
     // pax size keyword claiming 2^60 bytes of content.
     let records = pax_record("size", &(1u64 << 60).to_string());
@@ -375,8 +383,14 @@ fn mount_without_dev_fuse_fails_with_code_7() {
     let tmp = TempDir::new("no-dev-fuse");
     let mp = tmp.join("mnt");
     let cases = [
-        ("no /dev/fuse", "mount -t tmpfs none /dev && mknod -m 666 /dev/null c 1 3 && exec \"$STAGEFS\" mount \"$ARCHIVE\" \"$MP\""),
-        ("/dev/null over /dev/fuse", "mount --bind /dev/null /dev/fuse && exec \"$STAGEFS\" mount \"$ARCHIVE\" \"$MP\""),
+        (
+            "no /dev/fuse",
+            "mount -t tmpfs none /dev && mknod -m 666 /dev/null c 1 3 && exec \"$STAGEFS\" mount \"$ARCHIVE\" \"$MP\"",
+        ),
+        (
+            "/dev/null over /dev/fuse",
+            "mount --bind /dev/null /dev/fuse && exec \"$STAGEFS\" mount \"$ARCHIVE\" \"$MP\"",
+        ),
     ];
     for (case, script) in cases {
         let script = format!("MP='{}'; {script}", mp.display());
@@ -474,7 +488,8 @@ fn in_place_archive_truncated_while_mounted_reads_eio() {
     assert!(eio >= 3, "reads past the truncation point must fail with EIO (got {eio})");
     // The daemon lives; stat and listings still work.
     assert!(pids.iter().all(|&p| process_alive(p)), "the daemon died");
-    let names: Vec<String> = fs::read_dir(&mp).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let names: Vec<String> =
+        fs::read_dir(&mp).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert_eq!(names.len(), files.len(), "{names:?}");
     assert_eq!(fs::metadata(mp.join(&files[7].0)).unwrap().len(), 200_000);
     m.unmount().assert_success();

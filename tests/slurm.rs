@@ -33,7 +33,12 @@ impl Cluster {
         let running = dir.join("env").exists() && sinfo_idle(&dir.join("slurm.conf"));
         if !running {
             let out = run_cmd(Command::new(&script).arg("start").arg(&dir), Duration::from_secs(300));
-            assert!(out.success(), "SLURM could not be started by {} (this test never skips):\n{}", script.display(), out.describe());
+            assert!(
+                out.success(),
+                "SLURM could not be started by {} (this test never skips):\n{}",
+                script.display(),
+                out.describe()
+            );
         }
         let conf = dir.join("slurm.conf").to_string_lossy().into_owned();
         Cluster { dir, conf, started_here: !running }
@@ -55,7 +60,11 @@ impl Drop for Cluster {
 }
 
 fn sinfo_idle(conf: &Path) -> bool {
-    Command::new("sinfo").args(["-h", "-o", "%t"]).env("SLURM_CONF", conf).output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "idle")
+    Command::new("sinfo")
+        .args(["-h", "-o", "%t"])
+        .env("SLURM_CONF", conf)
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "idle")
 }
 
 /// Reads every file of the source tree through the mount, records the verdict and how many
@@ -122,7 +131,14 @@ impl Job {
     }
 
     fn context(&self) -> String {
-        format!("job {} ({}, {:?})\nresults: {:#?}\nlog:\n{}", self.id, self.name, self.end, self.results(), fs::read_to_string(&self.log).unwrap_or_default())
+        format!(
+            "job {} ({}, {:?})\nresults: {:#?}\nlog:\n{}",
+            self.id,
+            self.name,
+            self.end,
+            self.results(),
+            fs::read_to_string(&self.log).unwrap_or_default()
+        )
     }
 }
 
@@ -157,7 +173,8 @@ fn slurm_templates_mount_once_per_node_and_clean_up() {
             // A distinct archive name per job: distinct default mountpoints, so jobs run side by side.
             let archive = tmp.join(format!("{name}.tar"));
             fs::hard_link(&base, &archive).unwrap();
-            let (out, runtime, log) = (tmp.join(format!("out-{name}")), tmp.join(format!("rt-{name}")), tmp.join(format!("{name}.log")));
+            let (out, runtime, log) =
+                (tmp.join(format!("out-{name}")), tmp.join(format!("rt-{name}")), tmp.join(format!("{name}.log")));
             fs::create_dir_all(&out).unwrap();
             let time = if end == End::TimeLimit { "1" } else { "5" };
             let sleep = if end == End::Normal { "1" } else { "600" };
@@ -194,7 +211,8 @@ fn slurm_templates_mount_once_per_node_and_clean_up() {
     for job in &jobs {
         let ok = wait_for(Duration::from_secs(240), || {
             let state = job_state(&cluster, &job.id);
-            let done = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"].contains(&state.as_str());
+            let done =
+                ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"].contains(&state.as_str());
             states.insert(job.id.clone(), state);
             done
         });
@@ -211,7 +229,8 @@ fn slurm_templates_mount_once_per_node_and_clean_up() {
         };
         let results = job.results();
         let root = results.first().and_then(|r| r.trim().rsplit_once("root=")).map(|(_, r)| PathBuf::from(r));
-        let clean = root.as_ref().is_some_and(|root| wait_for(Duration::from_secs(20), || leftovers(job, root).is_empty()));
+        let clean =
+            root.as_ref().is_some_and(|root| wait_for(Duration::from_secs(20), || leftovers(job, root).is_empty()));
         let mut wrong = Vec::new();
         if states[&job.id] != expected {
             wrong.push(format!("state {} instead of {expected}", states[&job.id]));
@@ -241,7 +260,11 @@ fn leftovers(job: &Job, root: &Path) -> Vec<String> {
     for entry in fs::read_dir("/proc").unwrap().flatten() {
         let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
         if cmdline.windows(needle.len()).any(|w| w == needle) {
-            found.push(format!("process {}: {}", entry.file_name().to_string_lossy(), String::from_utf8_lossy(&cmdline).replace('\0', " ")));
+            found.push(format!(
+                "process {}: {}",
+                entry.file_name().to_string_lossy(),
+                String::from_utf8_lossy(&cmdline).replace('\0', " ")
+            ));
         }
     }
     for entry in fs::read_dir(&job.runtime).into_iter().flatten().flatten() {
@@ -251,7 +274,12 @@ fn leftovers(job: &Job, root: &Path) -> Vec<String> {
 }
 
 fn job_state(cluster: &Cluster, id: &str) -> String {
-    let out = cluster.cmd("scontrol").args(["show", "job", "-o", id]).output().map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+    let out = cluster
+        .cmd("scontrol")
+        .args(["show", "job", "-o", id])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
     out.split_whitespace().find_map(|w| w.strip_prefix("JobState=")).unwrap_or("UNKNOWN").to_string()
 }
 

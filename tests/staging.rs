@@ -31,9 +31,9 @@ use stagefs::stage::human;
 
 use crate::compare::{assert_trees_equal, count_entries, Options};
 use crate::util::{
-    assert_nothing_left, extract_tar, is_mounted, mounts_at, process_alive, pseudo_random, read, require_root,
-    pack_tar, require_tool, run_cmd, run_tool, stagefs, stagefs_bin, stagefs_pids, wait_timeout, wait_until, CmdOutput,
-    KillOnDrop, Mounted, TempDir,
+    assert_nothing_left, extract_tar, is_mounted, mounts_at, pack_tar, process_alive, pseudo_random, read,
+    require_root, require_tool, run_cmd, run_tool, stagefs, stagefs_bin, stagefs_pids, wait_timeout, wait_until,
+    CmdOutput, KillOnDrop, Mounted, TempDir,
 };
 
 const MIB: usize = 1 << 20;
@@ -156,7 +156,6 @@ fn round_up(n: u64, to: u64) -> u64 {
 fn page_size() -> u64 {
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) as u64 }
 }
-
 
 // ---------------------------------------------------------------------------
 // Daemon, memory and status inspection
@@ -494,12 +493,7 @@ fn stage_ram_plain_tar_sigterm_unmounts_and_frees() {
     let sent = Instant::now();
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
     let gone = wait_until(Duration::from_secs(5), || !is_mounted(&mp) && !process_alive(pid));
-    assert!(
-        gone,
-        "5 s after SIGTERM: mounted={} daemon alive={}",
-        is_mounted(&mp),
-        process_alive(pid)
-    );
+    assert!(gone, "5 s after SIGTERM: mounted={} daemon alive={}", is_mounted(&mp), process_alive(pid));
     eprintln!("SIGTERM: mount gone and daemon exited after {:?}", sent.elapsed());
     m.disarm();
     assert!(proc_mounts_naming(&mp).is_empty(), "still in /proc/mounts: {:?}", proc_mounts_naming(&mp));
@@ -551,7 +545,10 @@ fn stage_auto_stages_an_archive_on_a_fuse_filesystem() {
     fs::create_dir_all(&outer_src).unwrap();
     fs::rename(&inner, outer_src.join("inner.tar")).unwrap();
     let outer = tmp.join("outer.tar");
-    run_tool("tar", [OsStr::new("-C"), outer_src.as_os_str(), OsStr::new("-cf"), outer.as_os_str(), OsStr::new("inner.tar")]);
+    run_tool(
+        "tar",
+        [OsStr::new("-C"), outer_src.as_os_str(), OsStr::new("-cf"), outer.as_os_str(), OsStr::new("inner.tar")],
+    );
     let expected = tmp.join("expected");
     extract_tar(&outer_src.join("inner.tar"), &expected);
 
@@ -604,7 +601,12 @@ fn stage_ram_over_budget_fails_with_code_8() {
     pack(&src, &tar);
     let len = fs::metadata(&tar).unwrap().len();
     let out = expect_no_room(&["--stage", "ram", "--max-ram", "1K"], &tar, &tmp.join("new-mp"));
-    assert!(out.stderr.contains(&format!("needs {}", human(len))), "the message must name the archive size {}\n{}", human(len), out.describe());
+    assert!(
+        out.stderr.contains(&format!("needs {}", human(len))),
+        "the message must name the archive size {}\n{}",
+        human(len),
+        out.describe()
+    );
 }
 
 #[test]
@@ -632,7 +634,11 @@ fn compressed_over_budget_fails_with_code_8() {
     let gz = compress("gzip", &[], &tar, Split::Whole, &tmp);
     let out = expect_no_room(&["--stage", "none", "--max-ram", "1K"], &gz, &tmp.join("new-mp"));
     // The final size of a stream is unknown until its end: the message gives a lower bound.
-    assert!(out.stderr.contains("not enough RAM to decompress") && out.stderr.contains("needs more than"), "{}", out.describe());
+    assert!(
+        out.stderr.contains("not enough RAM to decompress") && out.stderr.contains("needs more than"),
+        "{}",
+        out.describe()
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -650,10 +656,7 @@ fn expect_corrupt_stream(archive: &Path, kind: &str, range: std::ops::RangeInclu
     }
     assert_eq!(out.code(), Some(3), "a corrupt archive exits with 3\n{}", out.describe());
     let prefix = format!("{}: corrupt {kind} stream at or before compressed byte ", archive.display());
-    let at = out
-        .stderr
-        .find(&prefix)
-        .unwrap_or_else(|| panic!("the message must say {prefix:?}N\n{}", out.describe()));
+    let at = out.stderr.find(&prefix).unwrap_or_else(|| panic!("the message must say {prefix:?}N\n{}", out.describe()));
     let digits: String = out.stderr[at + prefix.len()..].chars().take_while(char::is_ascii_digit).collect();
     let n: u64 = digits.parse().unwrap_or_else(|_| panic!("no byte offset after {prefix:?}\n{}", out.describe()));
     assert!(range.contains(&n), "offset {n} should be in {range:?}\n{}", out.describe());
@@ -773,7 +776,8 @@ impl Foreground {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let child = KillOnDrop(cmd.stdin(Stdio::null()).stdout(file.try_clone().unwrap()).stderr(file).spawn().unwrap());
+        let child =
+            KillOnDrop(cmd.stdin(Stdio::null()).stdout(file.try_clone().unwrap()).stderr(file).spawn().unwrap());
         let mut fg = Foreground { child, guard: None, log: log.to_path_buf() };
         let up = wait_until(Duration::from_secs(30), || is_mounted(mp) || !matches!(fg.child.0.try_wait(), Ok(None)));
         fg.guard = Some(Mounted::adopt(archive, mp));
@@ -791,7 +795,10 @@ impl Foreground {
         assert!(out.success(), "stagefs umount of a foreground mount\n{}", out.describe());
         let status = wait_timeout(&mut self.child.0, Duration::from_secs(10));
         let log = self.log();
-        assert!(matches!(status, Some(s) if s.success()), "foreground stagefs must exit 0 after umount: {status:?}; log:\n{log}");
+        assert!(
+            matches!(status, Some(s) if s.success()),
+            "foreground stagefs must exit 0 after umount: {status:?}; log:\n{log}"
+        );
         log
     }
 }
@@ -854,7 +861,11 @@ fn saved_index_is_reused_and_rejected_when_stale_or_damaged() {
     fs::write(&archive, read(&new_tar)).unwrap(); // rewrite in place, same inode
     run_tool("touch", [OsStr::new("-r"), reference.as_os_str(), archive.as_os_str()]);
     let after = fs::metadata(&archive).unwrap();
-    assert_eq!((before.len(), before.mtime(), before.mtime_nsec()), (after.len(), after.mtime(), after.mtime_nsec()), "test setup: only the content may differ");
+    assert_eq!(
+        (before.len(), before.mtime(), before.mtime_nsec()),
+        (after.len(), after.mtime(), after.mtime_nsec()),
+        "test setup: only the content may differ"
+    );
     assert!(read(&new_tar) != old_bytes, "test setup: the content must differ");
     let expected_b = tmp.join("expected-b");
     extract_tar(&archive, &expected_b);
@@ -938,9 +949,8 @@ fn saved_index_goes_to_xdg_cache_when_the_archive_dir_is_read_only() {
     cmd.arg("index").arg(&archive).env("XDG_CACHE_HOME", &cache);
     run_cmd(&mut cmd, Duration::from_secs(60)).assert_success();
     assert!(!index_path(&archive).exists() && !index_path(&dir.join("ds.tar")).exists());
-    let saved: Vec<PathBuf> = fs::read_dir(cache.join("stagefs"))
-        .map(|rd| rd.flatten().map(|e| e.path()).collect())
-        .unwrap_or_default();
+    let saved: Vec<PathBuf> =
+        fs::read_dir(cache.join("stagefs")).map(|rd| rd.flatten().map(|e| e.path()).collect()).unwrap_or_default();
     assert!(
         saved.len() == 1 && saved[0].to_string_lossy().ends_with("-ds.tar.index"),
         "expected one <hash>-ds.tar.index in {}/stagefs, found {saved:?}",
@@ -1000,8 +1010,19 @@ fn staging_respects_the_cgroup_memory_limit() {
     let mp = tmp.join("mnt");
     // 256 MiB, less usage and the margin (512 MiB + 5 %), leaves no room at all.
     let cgroup = MemoryCgroup::new("budget", 256 << 20);
-    let out = cgroup.stagefs(&[OsStr::new("mount"), OsStr::new("--stage"), OsStr::new("ram"), tar.as_os_str(), mp.as_os_str()]);
-    assert_eq!(out.code(), Some(8), "staging beyond the job's cgroup limit must be refused before copying\n{}", out.describe());
+    let out = cgroup.stagefs(&[
+        OsStr::new("mount"),
+        OsStr::new("--stage"),
+        OsStr::new("ram"),
+        tar.as_os_str(),
+        mp.as_os_str(),
+    ]);
+    assert_eq!(
+        out.code(),
+        Some(8),
+        "staging beyond the job's cgroup limit must be refused before copying\n{}",
+        out.describe()
+    );
     assert!(out.stderr.contains("cgroup memory limit"), "the message must say which limit applied\n{}", out.describe());
     assert_nothing_left(&mp, "after the cgroup budget error");
     // The same mount outside the cgroup works: the limit, not the archive, refused it.

@@ -193,7 +193,13 @@ fn stress_reader_child() {
         .collect();
     for h in handles {
         let t = h.join().unwrap();
-        println!("STRESS-READER reads={} bytes={} errors_after={} failures={}", t.reads, t.bytes, t.errors_after, t.failures.len());
+        println!(
+            "STRESS-READER reads={} bytes={} errors_after={} failures={}",
+            t.reads,
+            t.bytes,
+            t.errors_after,
+            t.failures.len()
+        );
         for f in &t.failures {
             println!("STRESS-FAILURE {f}");
         }
@@ -219,7 +225,12 @@ fn stress(label: &str, build: impl FnOnce(&Path, &Path), how: Unmount) {
     let m = Mounted::new(&archive, &mp);
     let pids = m.daemon_pids();
     assert!(!pids.is_empty(), "no daemon for {}", mp.display());
-    eprintln!("{label}: {} files, archive {} bytes, set up in {:?}", names.len(), fs::metadata(&archive).unwrap().len(), started.elapsed());
+    eprintln!(
+        "{label}: {} files, archive {} bytes, set up in {:?}",
+        names.len(),
+        fs::metadata(&archive).unwrap().len(),
+        started.elapsed()
+    );
 
     let t0 = Instant::now();
     let deadline = t0 + RUN_FOR;
@@ -233,12 +244,18 @@ fn stress(label: &str, build: impl FnOnce(&Path, &Path), how: Unmount) {
     drop(tx);
     let mut children = Vec::new();
     for p in 0..PROCESSES {
-        let params = [mp.to_str().unwrap(), src.to_str().unwrap(), marker.to_str().unwrap(), &(p + 10).to_string(), &RUN_FOR.as_millis().to_string()]
-            .into_iter()
-            .map(String::from)
-            .chain(names.iter().cloned())
-            .collect::<Vec<_>>()
-            .join("\n");
+        let params = [
+            mp.to_str().unwrap(),
+            src.to_str().unwrap(),
+            marker.to_str().unwrap(),
+            &(p + 10).to_string(),
+            &RUN_FOR.as_millis().to_string(),
+        ]
+        .into_iter()
+        .map(String::from)
+        .chain(names.iter().cloned())
+        .collect::<Vec<_>>()
+        .join("\n");
         let out = tmp.join(format!("child{p}.out"));
         let child = Command::new(std::env::current_exe().unwrap())
             .args(["stress::stress_reader_child", "--exact", "--nocapture", "--test-threads=1"])
@@ -277,19 +294,22 @@ fn stress(label: &str, build: impl FnOnce(&Path, &Path), how: Unmount) {
     let limit = Instant::now() + Duration::from_secs(30);
     for _ in 0..THREADS {
         let left = limit.saturating_duration_since(Instant::now());
-        tallies.push(rx.recv_timeout(left).unwrap_or_else(|_| panic!("{label}: a reader thread hung after the unmount")));
+        tallies
+            .push(rx.recv_timeout(left).unwrap_or_else(|_| panic!("{label}: a reader thread hung after the unmount")));
     }
     let mut child_lines = Vec::new();
     for (mut child, out) in children {
         let left = limit.saturating_duration_since(Instant::now());
-        let status = wait_timeout(&mut child.0, left).unwrap_or_else(|| panic!("{label}: a reader process hung after the unmount"));
+        let status = wait_timeout(&mut child.0, left)
+            .unwrap_or_else(|| panic!("{label}: a reader process hung after the unmount"));
         let text = fs::read_to_string(&out).unwrap();
         assert!(status.success(), "{label}: reader process failed ({status}):\n{text}");
         // libtest prints "test ... " on the same line as the first report.
         child_lines.extend(text.lines().filter_map(|l| l.find("STRESS-").map(|i| l[i..].to_string())));
     }
     if let Some(mut u) = unmounter {
-        let status = wait_timeout(&mut u.0, Duration::from_secs(30)).unwrap_or_else(|| panic!("{label}: stagefs umount --lazy hung"));
+        let status = wait_timeout(&mut u.0, Duration::from_secs(30))
+            .unwrap_or_else(|| panic!("{label}: stagefs umount --lazy hung"));
         assert!(status.success(), "{label}: stagefs umount --lazy failed: {status}");
     }
 
@@ -322,7 +342,18 @@ fn stress_tar_lazy_umount_under_load() {
     stress(
         "stress-tar",
         |src, archive| {
-            run_tool("tar", [OsStr::new("--sparse"), OsStr::new("--format=posix"), OsStr::new("-C"), src.as_os_str(), OsStr::new("-cf"), archive.as_os_str(), OsStr::new(".")]);
+            run_tool(
+                "tar",
+                [
+                    OsStr::new("--sparse"),
+                    OsStr::new("--format=posix"),
+                    OsStr::new("-C"),
+                    src.as_os_str(),
+                    OsStr::new("-cf"),
+                    archive.as_os_str(),
+                    OsStr::new("."),
+                ],
+            );
         },
         Unmount::Lazy,
     );
@@ -335,7 +366,15 @@ fn stress_squashfs_zstd_sigterm_under_load() {
         |src, archive| {
             run_tool(
                 "mksquashfs",
-                [src.as_os_str(), archive.as_os_str(), OsStr::new("-comp"), OsStr::new("zstd"), OsStr::new("-noappend"), OsStr::new("-quiet"), OsStr::new("-no-progress")],
+                [
+                    src.as_os_str(),
+                    archive.as_os_str(),
+                    OsStr::new("-comp"),
+                    OsStr::new("zstd"),
+                    OsStr::new("-noappend"),
+                    OsStr::new("-quiet"),
+                    OsStr::new("-no-progress"),
+                ],
             );
         },
         Unmount::Sigterm,

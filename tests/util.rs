@@ -41,11 +41,7 @@ pub fn fixtures_dir() -> PathBuf {
 /// A committed fixture archive; panics (with how to regenerate) if missing.
 pub fn fixture(name: &str) -> PathBuf {
     let p = fixtures_dir().join(name);
-    assert!(
-        p.is_file(),
-        "fixture {} is missing; regenerate with: sudo tests/fixtures/make-fixtures.sh",
-        p.display()
-    );
+    assert!(p.is_file(), "fixture {} is missing; regenerate with: sudo tests/fixtures/make-fixtures.sh", p.display());
     p
 }
 
@@ -91,11 +87,11 @@ pub fn require_tool(tool: &str) -> PathBuf {
 /// the archived owners).
 pub fn require_root() {
     let uid = unsafe { libc::geteuid() };
-    assert_eq!(uid, 0, "the integration tests must run as root (they mount FUSE file systems and extract archives with their owners)");
-    assert!(
-        Path::new("/dev/fuse").exists(),
-        "/dev/fuse is missing: the integration tests need FUSE"
+    assert_eq!(
+        uid, 0,
+        "the integration tests must run as root (they mount FUSE file systems and extract archives with their owners)"
     );
+    assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: the integration tests need FUSE");
 }
 
 // ---------------------------------------------------------------------------
@@ -113,10 +109,8 @@ impl TempDir {
     pub fn new(label: &str) -> TempDir {
         let base = std::env::temp_dir();
         let base = base.canonicalize().unwrap_or(base);
-        let label: String = label
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
-            .collect();
+        let label: String =
+            label.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
         loop {
             let n = COUNTER.fetch_add(1, Ordering::SeqCst);
             let path = base.join(format!("stagefs-test-{label}-{}-{n}", std::process::id()));
@@ -142,10 +136,7 @@ impl Drop for TempDir {
         // Never recurse into a live mount: unmount leftovers first.
         for m in mounts().iter().rev() {
             if m.mount_point.starts_with(&self.path) {
-                eprintln!(
-                    "TempDir cleanup: {} is still mounted; lazily unmounting it",
-                    m.mount_point.display()
-                );
+                eprintln!("TempDir cleanup: {} is still mounted; lazily unmounting it", m.mount_point.display());
                 let _ = Command::new("umount").arg("-l").arg(&m.mount_point).status();
             }
         }
@@ -289,7 +280,8 @@ where
 
 /// `tar --format=gnu -C src -cf archive MEMBERS...` with GNU tar.
 pub fn pack_tar(src: &Path, archive: &Path, members: &[&str]) {
-    let mut args = vec![OsStr::new("--format=gnu"), OsStr::new("-C"), src.as_os_str(), OsStr::new("-cf"), archive.as_os_str()];
+    let mut args =
+        vec![OsStr::new("--format=gnu"), OsStr::new("-C"), src.as_os_str(), OsStr::new("-cf"), archive.as_os_str()];
     args.extend(members.iter().map(OsStr::new));
     run_tool("tar", args);
 }
@@ -555,10 +547,7 @@ impl Drop for Mounted {
                     if let Some(mut e) = child.stderr.take() {
                         let _ = e.read_to_string(&mut err);
                     }
-                    eprintln!(
-                        "Mounted drop: `stagefs umount {}` failed ({st}): {err}",
-                        self.mountpoint.display()
-                    );
+                    eprintln!("Mounted drop: `stagefs umount {}` failed ({st}): {err}", self.mountpoint.display());
                     false
                 }
                 None => {
@@ -641,12 +630,6 @@ pub fn extract_tar(archive: &Path, dest: &Path) {
 pub fn extract_squashfs(image: &Path, dest: &Path) {
     run_tool(
         "unsquashfs",
-        [
-            OsStr::new("-no-progress"),
-            OsStr::new("-quiet"),
-            OsStr::new("-d"),
-            dest.as_os_str(),
-            image.as_os_str(),
-        ],
+        [OsStr::new("-no-progress"), OsStr::new("-quiet"), OsStr::new("-d"), dest.as_os_str(), image.as_os_str()],
     );
 }

@@ -64,7 +64,8 @@ fn cold_files(mnt: &Path, files: &[PathBuf]) -> Vec<String> {
 fn check_warm(mnt: &Path, expected: &Path, expect_warm: bool) {
     let mut files = Vec::new();
     regular_files(expected, Path::new(""), &mut files);
-    let nonempty: Vec<PathBuf> = files.iter().filter(|f| fs::metadata(expected.join(f)).unwrap().len() > 0).cloned().collect();
+    let nonempty: Vec<PathBuf> =
+        files.iter().filter(|f| fs::metadata(expected.join(f)).unwrap().len() > 0).cloned().collect();
     assert!(nonempty.len() >= 3, "{}: too few files to test with", expected.display());
     let cold = cold_files(mnt, &nonempty);
     if expect_warm {
@@ -133,10 +134,22 @@ fn warm_is_skipped_with_a_warning_when_max_ram_leaves_no_room() {
     let size = fs::metadata(fixture(name)).unwrap().len();
     let mnt = tmp.join("mnt");
     let max_ram = format!("{}", size + 4096);
-    let out = stagefs(["mount", "--stage", "ram", "--max-ram", &max_ram, fixture(name).to_str().unwrap(), mnt.to_str().unwrap()]);
+    let out = stagefs([
+        "mount",
+        "--stage",
+        "ram",
+        "--max-ram",
+        &max_ram,
+        fixture(name).to_str().unwrap(),
+        mnt.to_str().unwrap(),
+    ]);
     assert!(out.success(), "the mount must succeed without warming:\n{}", out.describe());
     let _m = Mounted::adopt(&fixture(name), &mnt);
-    assert!(out.stderr.contains("not warming the page cache"), "stagefs mount does not say why it did not warm:\n{}", out.describe());
+    assert!(
+        out.stderr.contains("not warming the page cache"),
+        "stagefs mount does not say why it did not warm:\n{}",
+        out.describe()
+    );
     check_warm(&mnt, &expected, false);
 }
 
@@ -150,7 +163,11 @@ fn staged_tar_with_a_large_directory_is_warm() {
     let expected = tmp.join("expected");
     fs::create_dir_all(expected.join("class")).unwrap();
     for i in 0..3000 {
-        fs::write(expected.join(format!("class/sample-with-a-longish-name-{i:05}.txt")), format!("sample {i}\n").repeat(i % 7 + 1)).unwrap();
+        fs::write(
+            expected.join(format!("class/sample-with-a-longish-name-{i:05}.txt")),
+            format!("sample {i}\n").repeat(i % 7 + 1),
+        )
+        .unwrap();
     }
     let tar = tmp.join("large-dir.tar");
     pack_tar(&expected, &tar, &["class"]);

@@ -108,7 +108,8 @@ pub fn serve(archive: Archive) {
 /// Reads a file's start, its end, a piece across its middle and past its end,
 /// checking that every successful read has exactly the length the size promises.
 fn read_file(fs: &Fs, ino: u64, size: u64, budget: &mut u64) {
-    let mut offsets = vec![(0, MAX_READ), (size / 2 - (size / 2).min(4099), 8193), (size.saturating_sub(5000), 5000), (size, 10)];
+    let mut offsets =
+        vec![(0, MAX_READ), (size / 2 - (size / 2).min(4099), 8193), (size.saturating_sub(5000), 5000), (size, 10)];
     if size <= 4 * u64::from(MAX_READ) {
         offsets.extend((u64::from(MAX_READ)..size).step_by(MAX_READ as usize).map(|o| (o, MAX_READ)));
     }

@@ -37,7 +37,8 @@ struct InPlace {
 impl InPlace {
     fn unchanged(&self) -> Result<(), ReadError> {
         use std::os::unix::fs::MetadataExt;
-        let meta = self.file.metadata().map_err(|e| ReadError { offset: 0, what: format!("cannot stat the archive: {e}") })?;
+        let meta =
+            self.file.metadata().map_err(|e| ReadError { offset: 0, what: format!("cannot stat the archive: {e}") })?;
         if meta.len() != self.size || (meta.mtime(), meta.mtime_nsec()) != self.mtime {
             return Err(ReadError {
                 offset: 0,
@@ -61,21 +62,25 @@ impl Source {
     /// `len` bytes at `offset`, or an error if they lie past the end or the archive
     /// file changed underneath.
     pub fn read_at(&self, offset: u64, len: usize) -> Result<std::borrow::Cow<'_, [u8]>, ReadError> {
-        let past_end = || ReadError { offset, what: format!("{len} bytes run past the end of the archive ({} bytes)", self.map.len()) };
+        let past_end = || ReadError {
+            offset,
+            what: format!("{len} bytes run past the end of the archive ({} bytes)", self.map.len()),
+        };
         let end = offset.checked_add(len as u64).filter(|&e| e <= self.map.len() as u64).ok_or_else(past_end)?;
         let Some(in_place) = &self.in_place else {
             return Ok(std::borrow::Cow::Borrowed(&self.map[offset as usize..end as usize]));
         };
         use std::os::unix::fs::FileExt;
         let mut buf = vec![0u8; len];
-        in_place.file.read_exact_at(&mut buf, offset).map_err(|e| ReadError { offset, what: format!("cannot read the archive: {e}") })?;
+        in_place
+            .file
+            .read_exact_at(&mut buf, offset)
+            .map_err(|e| ReadError { offset, what: format!("cannot read the archive: {e}") })?;
         // Checked after the read: a writer updates mtime before it changes data.
         in_place.unchanged()?;
         Ok(std::borrow::Cow::Owned(buf))
     }
-}
 
-impl Source {
     /// After the index scan of a file served in place: drops the pages the scan mapped
     /// (for a tar, with fault-around, most of the archive) from this process, so they
     /// stop counting in the daemon's RSS. They stay in the page cache, shared and

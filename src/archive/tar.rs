@@ -64,8 +64,12 @@ pub fn open(path: &Path, backing: Backing) -> Result<(Index, TarReader), OpenErr
 impl TarReader {
     /// A reader over tables saved earlier (see `index_cache`), checked against the archive.
     pub fn from_parts(backing: Backing, sparse_files: Vec<SparseFile>, extents: Vec<Extent>) -> Option<TarReader> {
-        let in_bounds = sparse_files.iter().all(|f| (f.first as usize).checked_add(f.count as usize).is_some_and(|end| end <= extents.len()))
-            && extents.iter().all(|e| e.archive_offset.checked_add(e.len).is_some_and(|end| end <= backing.len() as u64));
+        let in_bounds = sparse_files
+            .iter()
+            .all(|f| (f.first as usize).checked_add(f.count as usize).is_some_and(|end| end <= extents.len()))
+            && extents
+                .iter()
+                .all(|e| e.archive_offset.checked_add(e.len).is_some_and(|end| end <= backing.len() as u64));
         // The read path relies on each file's extents being sorted and not overlapping,
         // as `sparse` builds them.
         let sorted = in_bounds
@@ -191,7 +195,10 @@ impl Scan<'_> {
             let content = |s: &Self| -> Result<&[u8], OpenError> {
                 let end = (data_start as u64).saturating_add(size);
                 if end > s.map.len() as u64 {
-                    return Err(s.truncated(at, format!("extension header claims {size} bytes but the archive ends at byte {}", s.map.len())));
+                    return Err(s.truncated(
+                        at,
+                        format!("extension header claims {size} bytes but the archive ends at byte {}", s.map.len()),
+                    ));
                 }
                 Ok(&s.map[data_start..end as usize])
             };
@@ -227,7 +234,8 @@ impl Scan<'_> {
                     let mut ext = self.global_pax.clone();
                     ext.extend(pax.drain());
                     self.apply_pax(&mut member, &ext)?;
-                    let end = member.data_offset.checked_add(member.stored_size).filter(|&e| e <= self.map.len() as u64);
+                    let end =
+                        member.data_offset.checked_add(member.stored_size).filter(|&e| e <= self.map.len() as u64);
                     let Some(end) = end else {
                         return Err(self.truncated(
                             at,
@@ -275,7 +283,11 @@ impl Scan<'_> {
         let gid = self.number(&h[116..124], at, "gid")? as u32;
         let mtime = parse_signed(&h[136..148]).ok_or_else(|| self.corrupt(at, "header field mtime is not a number"))?;
         let dev = |field: &[u8]| parse_number(field).unwrap_or(0) as u32;
-        let rdev = if matches!(typeflag, b'3' | b'4') { libc::makedev(dev(&h[329..337]), dev(&h[337..345])) as u32 } else { 0 };
+        let rdev = if matches!(typeflag, b'3' | b'4') {
+            libc::makedev(dev(&h[329..337]), dev(&h[337..345])) as u32
+        } else {
+            0
+        };
         let kind = match typeflag {
             b'0' | b'\0' | b'7' | b'S' if path.ends_with(b"/") => libc::S_IFDIR, // v7 directories
             b'0' | b'\0' | b'7' | b'S' | b'1' => libc::S_IFREG,
@@ -304,10 +316,9 @@ impl Scan<'_> {
         let at = m.header_offset;
         let attrs = m.attrs.as_mut().expect("member() always sets attrs");
         let num = |key: &str, v: &[u8]| -> Result<u64, OpenError> {
-            std::str::from_utf8(v)
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-                .ok_or_else(|| self.corrupt(at, format!("pax keyword {key} is not a number: {:?}", String::from_utf8_lossy(v))))
+            std::str::from_utf8(v).ok().and_then(|s| s.trim().parse().ok()).ok_or_else(|| {
+                self.corrupt(at, format!("pax keyword {key} is not a number: {:?}", String::from_utf8_lossy(v)))
+            })
         };
         let mut sparse_map: Vec<(u64, u64)> = Vec::new();
         let mut sparse_offsets: Vec<u64> = Vec::new();
@@ -338,10 +349,8 @@ impl Scan<'_> {
                 b"GNU.sparse.major" => sparse_major = Some(num("GNU.sparse.major", value)?),
                 b"GNU.sparse.name" => sparse_name = Some(value.clone()),
                 b"GNU.sparse.map" => {
-                    let numbers = value
-                        .split(|&b| b == b',')
-                        .map(|n| num("GNU.sparse.map", n))
-                        .collect::<Result<Vec<_>, _>>()?;
+                    let numbers =
+                        value.split(|&b| b == b',').map(|n| num("GNU.sparse.map", n)).collect::<Result<Vec<_>, _>>()?;
                     if numbers.len() % 2 != 0 {
                         return Err(self.corrupt(at, "GNU.sparse.map has an odd count of numbers"));
                     }
@@ -363,7 +372,8 @@ impl Scan<'_> {
                         }
                     } else if let Some(name) = key.strip_prefix(b"LIBARCHIVE.xattr.") {
                         let name = percent_decode(name);
-                        let value = base64_decode(value).ok_or_else(|| self.corrupt(at, "LIBARCHIVE.xattr value is not base64"))?;
+                        let value = base64_decode(value)
+                            .ok_or_else(|| self.corrupt(at, "LIBARCHIVE.xattr value is not base64"))?;
                         if servable(&name) && !m.xattrs.iter().any(|(n, _)| *n == name) {
                             m.xattrs.push((name, value));
                         }
@@ -447,7 +457,8 @@ impl Scan<'_> {
         let mut extended = header[482] != 0;
         let mut pos = at as usize + BLOCK;
         while extended {
-            let block = self.map.get(pos..pos + BLOCK).ok_or_else(|| self.truncated(pos as u64, "sparse extension header"))?;
+            let block =
+                self.map.get(pos..pos + BLOCK).ok_or_else(|| self.truncated(pos as u64, "sparse extension header"))?;
             for i in 0..21 {
                 push(self, &block[i * 24..(i + 1) * 24])?;
             }
@@ -525,7 +536,8 @@ impl Scan<'_> {
             dir = match self.builder.child(dir, name) {
                 Some(id) if self.builder.attrs(id).is_dir() => id,
                 _ => {
-                    let id = self.builder.add_inode(Attrs::implicit_dir(), Data::None).map_err(|e| self.index_err(e))?;
+                    let id =
+                        self.builder.add_inode(Attrs::implicit_dir(), Data::None).map_err(|e| self.index_err(e))?;
                     self.builder.link(dir, name, id).map_err(|e| self.index_err(e))?;
                     id
                 }
@@ -567,10 +579,15 @@ impl Scan<'_> {
         for (file_offset, len) in map.into_iter().filter(|&(_, len)| len > 0) {
             let end = file_offset.checked_add(len).filter(|&e| e <= real_size && file_offset >= last_end);
             let Some(end) = end else {
-                return Err(self.corrupt(at, format!("sparse extent {file_offset}+{len} overlaps or exceeds the file size {real_size}")));
+                return Err(self.corrupt(
+                    at,
+                    format!("sparse extent {file_offset}+{len} overlaps or exceeds the file size {real_size}"),
+                ));
             };
             if stored + len > m.stored_size {
-                return Err(self.corrupt(at, format!("sparse map needs more data than the {} bytes stored", m.stored_size)));
+                return Err(
+                    self.corrupt(at, format!("sparse map needs more data than the {} bytes stored", m.stored_size))
+                );
             }
             self.extents.push(Extent { file_offset, len, archive_offset: m.data_offset + stored });
             stored += len;
@@ -854,7 +871,8 @@ mod tests {
 
     #[test]
     fn indexes_members_and_implicit_dirs() {
-        let bytes = archive(&[("a/b/file.txt", b'0', b"hello"), ("a/b/file.txt", b'0', b"second"), ("link", b'1', b"")]);
+        let bytes =
+            archive(&[("a/b/file.txt", b'0', b"hello"), ("a/b/file.txt", b'0', b"second"), ("link", b'1', b"")]);
         let (index, reader) = open_bytes(&bytes).unwrap();
         let root = &index.inodes[0];
         let a = index.lookup(root, b"a").unwrap();

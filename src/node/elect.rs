@@ -41,7 +41,12 @@ impl Lease {
     /// by `sweep_stale`). Elsewhere only processes already waiting need it (a later one
     /// ignores old failures and leads itself), so it is removed after a few of their polls.
     pub fn failed(&self, failure: &Failure) {
-        let status = Status { failed: true, code: failure.code, message: failure.message.clone(), ..Status::mounting(self.tag.clone()) };
+        let status = Status {
+            failed: true,
+            code: failure.code,
+            message: failure.message.clone(),
+            ..Status::mounting(self.tag.clone())
+        };
         self.lock.write_status(&status);
         if !self.followers_wait {
             std::thread::sleep(POLL * 5);
@@ -64,7 +69,8 @@ fn sweep_stale_in(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for path in entries.flatten().map(|e| e.path()) {
         if path.extension().is_some_and(|x| x == "lock") {
-            let recent_failure = Status::read(&path).is_some_and(|s| s.failed && now_ms().saturating_sub(s.at_ms) <= FAILURE_KEPT_MS);
+            let recent_failure =
+                Status::read(&path).is_some_and(|s| s.failed && now_ms().saturating_sub(s.at_ms) <= FAILURE_KEPT_MS);
             if !recent_failure {
                 if let Ok(Some(lock)) = LockFile::try_acquire(&path, Mode::Exclusive) {
                     lock.remove();
@@ -120,8 +126,15 @@ fn elect_with(
             }
         }
         if Instant::now() >= deadline {
-            let who = if candidate { "the process holding the mount lock" } else { "this node's leader (the task with SLURM_LOCALID=0)" };
-            return Err(Failure::new(code::NOT_MOUNTED, format!("timed out after {timeout:?} waiting for {who} to mount {what}")));
+            let who = if candidate {
+                "the process holding the mount lock"
+            } else {
+                "this node's leader (the task with SLURM_LOCALID=0)"
+            };
+            return Err(Failure::new(
+                code::NOT_MOUNTED,
+                format!("timed out after {timeout:?} waiting for {who} to mount {what}"),
+            ));
         }
         std::thread::sleep(POLL);
     }
@@ -161,7 +174,10 @@ fn leader_failure(lock_path: &Path, task: &SlurmTask, started_ms: u64) -> Option
         return None;
     }
     if status.failed {
-        return Some(Failure::new(status.code, format!("the mount leader (pid {}) failed: {}", status.pid, status.message)));
+        return Some(Failure::new(
+            status.code,
+            format!("the mount leader (pid {}) failed: {}", status.pid, status.message),
+        ));
     }
     // Killed while mounting: dead, never wrote a verdict, and no daemon holds the lock.
     if task.local_id.is_some_and(|id| id != 0) && !registry::process_alive(status.pid) && !is_locked(lock_path) {
@@ -315,9 +331,14 @@ mod tests {
         drop(write("recent.lock", &failed(1_000)));
         let held = write("held.lock", &failed(FAILURE_KEPT_MS + 1_000));
         drop(write("mounting.lock", &Status::mounting(None)));
-        std::fs::write(dir.join("dead.mount"), "pid=4294967294\narchive=/a\nmountpoint=/m\nstarted=1\nstaged_bytes=0\nreads=0\n").unwrap();
+        std::fs::write(
+            dir.join("dead.mount"),
+            "pid=4294967294\narchive=/a\nmountpoint=/m\nstarted=1\nstaged_bytes=0\nreads=0\n",
+        )
+        .unwrap();
         sweep_stale_in(&dir);
-        let mut left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        let mut left: Vec<_> =
+            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
         left.sort();
         assert_eq!(left, ["held.lock", "recent.lock"], "an unheld 'mounting' status is a dead mounter's");
         drop(held);
@@ -359,13 +380,17 @@ mod tests {
         let err = elect_with(&path, &slurm(1, "2"), Duration::from_millis(100), "test", &|| Ok(false)).unwrap_err();
         assert!(err.message.contains("timed out") && err.message.contains("SLURM_LOCALID=0"), "{}", err.message);
         // And a new candidate outside SLURM retries instead of failing.
-        assert!(matches!(elect_with(&path, &SlurmTask::default(), Duration::from_secs(1), "t", &|| Ok(false)), Ok(Election::Leader(_))));
+        assert!(matches!(
+            elect_with(&path, &SlurmTask::default(), Duration::from_secs(1), "t", &|| Ok(false)),
+            Ok(Election::Leader(_))
+        ));
     }
 
     #[test]
     fn a_leader_that_died_while_mounting_is_reported() {
         let path = lock_path("died");
-        std::fs::write(&path, format!("state=mounting\npid={}\ntag=42.3\nat_ms=0\ncode=0\nmessage=\n", u32::MAX - 1)).unwrap();
+        std::fs::write(&path, format!("state=mounting\npid={}\ntag=42.3\nat_ms=0\ncode=0\nmessage=\n", u32::MAX - 1))
+            .unwrap();
         let err = elect_with(&path, &slurm(2, "3"), Duration::from_secs(5), "test", &|| Ok(false)).unwrap_err();
         assert!(err.message.contains("died before its mount was ready"), "{}", err.message);
     }

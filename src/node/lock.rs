@@ -134,7 +134,10 @@ impl Status {
         let tag = self.tag.as_deref().unwrap_or("-");
         // The message goes last and may contain anything but a newline.
         let message = self.message.replace('\n', " ");
-        format!("state={state}\npid={}\ntag={tag}\nat_ms={}\ncode={}\nmessage={message}\n", self.pid, self.at_ms, self.code)
+        format!(
+            "state={state}\npid={}\ntag={tag}\nat_ms={}\ncode={}\nmessage={message}\n",
+            self.pid, self.at_ms, self.code
+        )
     }
 
     pub(crate) fn parse(text: &str) -> Option<Status> {

@@ -48,7 +48,12 @@ pub fn run(request: &RunRequest) -> Result<u8, Failure> {
     let archive = canonical_archive(&request.mount.archive)?;
     let mountpoint = mountpoint::resolve(&request.mount.mountpoint)?;
     let task = SlurmTask::from_env();
-    let mount = MountRequest { archive: archive.clone(), mountpoint: mountpoint.clone(), foreground: false, ..request.mount.clone() };
+    let mount = MountRequest {
+        archive: archive.clone(),
+        mountpoint: mountpoint.clone(),
+        foreground: false,
+        ..request.mount.clone()
+    };
     let (users, leader) = join(&mount, &task, request.timeout)?;
 
     let signals = Forwarder::install()?;
@@ -87,7 +92,9 @@ fn join(mount: &MountRequest, task: &SlurmTask, timeout: Duration) -> Result<(Lo
                 Err(e) => return Err(Failure::other(format!("cannot use {}: {e}", files.users.display()))),
             }
         };
-        if registry::read(&mount.mountpoint).is_some_and(|r| r.archive == mount.archive) && mountpoint::is_live_mount(&mount.mountpoint) {
+        if registry::read(&mount.mountpoint).is_some_and(|r| r.archive == mount.archive)
+            && mountpoint::is_live_mount(&mount.mountpoint)
+        {
             let line = format!("{} {}", task.step_tag().unwrap_or_else(|| "-".into()), std::process::id());
             if let Err(e) = users.append_line(&line) {
                 tracing::warn!("cannot record this task in {}: {e}", files.users.display());
@@ -138,7 +145,8 @@ fn teardown(users: &LockFile, mountpoint: &Path, task: &SlurmTask, signalled: bo
     }
     // The daemon was forked from this process: reap it so no zombie outlives the job.
     if let Some(pid) = daemon {
-        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid as i32), Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+        let _ =
+            nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid as i32), Some(nix::sys::wait::WaitPidFlag::WNOHANG));
     }
     // Leave no empty mountpoint behind in /dev/shm (fails harmlessly if anything is in it).
     let _ = std::fs::remove_dir(mountpoint);

@@ -80,7 +80,8 @@ pub fn spawn_watchdog(mountpoint: PathBuf, accesses: impl Fn() -> u64 + Send + '
     if idle.is_none() && owner == 0 {
         return;
     }
-    let tick = idle.map_or(Duration::from_millis(500), |t| (t / 4).clamp(Duration::from_millis(10), Duration::from_millis(500)));
+    let tick = idle
+        .map_or(Duration::from_millis(500), |t| (t / 4).clamp(Duration::from_millis(10), Duration::from_millis(500)));
     let spawned = std::thread::Builder::new().name("watchdog".into()).spawn(move || {
         let mut timer = idle.map(|t| IdleTimer::new(t, accesses(), Instant::now()));
         loop {

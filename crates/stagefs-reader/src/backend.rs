@@ -41,9 +41,7 @@ impl std::str::FromStr for BackendChoice {
             "auto" => Ok(BackendChoice::Auto),
             "host" => Ok(BackendChoice::Host),
             "cuda" => Ok(BackendChoice::Cuda),
-            _ => Err(Error::Config(format!(
-                "unknown backend {s:?} (auto, host, cuda)"
-            ))),
+            _ => Err(Error::Config(format!("unknown backend {s:?} (auto, host, cuda)"))),
         }
     }
 }
@@ -71,31 +69,21 @@ pub(crate) type CudaHandle = std::convert::Infallible;
 /// Opens device `ordinal` if the driver is present (`driver_present` is a
 /// parameter so tests can simulate a machine without libcuda).
 #[cfg(feature = "cuda")]
-pub(crate) fn open_cuda(
-    ordinal: usize,
-    driver_present: bool,
-) -> std::result::Result<CudaHandle, String> {
+pub(crate) fn open_cuda(ordinal: usize, driver_present: bool) -> std::result::Result<CudaHandle, String> {
     use cudarc::driver::CudaContext;
     if !driver_present {
         return Err("libcuda.so not found (no NVIDIA driver on this machine)".into());
     }
     match CudaContext::device_count() {
         Ok(0) => Err("the CUDA driver reports no devices".into()),
-        Ok(n) if ordinal >= n as usize => {
-            Err(format!("device {ordinal} requested but only {n} present"))
-        }
-        Ok(_) => {
-            CudaContext::new(ordinal).map_err(|e| format!("cannot open device {ordinal}: {e}"))
-        }
+        Ok(n) if ordinal >= n as usize => Err(format!("device {ordinal} requested but only {n} present")),
+        Ok(_) => CudaContext::new(ordinal).map_err(|e| format!("cannot open device {ordinal}: {e}")),
         Err(e) => Err(format!("CUDA driver unusable: {e}")),
     }
 }
 
 #[cfg(not(feature = "cuda"))]
-pub(crate) fn open_cuda(
-    _ordinal: usize,
-    _driver_present: bool,
-) -> std::result::Result<CudaHandle, String> {
+pub(crate) fn open_cuda(_ordinal: usize, _driver_present: bool) -> std::result::Result<CudaHandle, String> {
     Err("built without the `cuda` feature".into())
 }
 
@@ -147,10 +135,7 @@ mod tests {
 
     #[test]
     fn backend_choice_parses() {
-        assert_eq!(
-            "host".parse::<BackendChoice>().unwrap(),
-            BackendChoice::Host
-        );
+        assert_eq!("host".parse::<BackendChoice>().unwrap(), BackendChoice::Host);
         assert!("gpu".parse::<BackendChoice>().is_err());
     }
 }

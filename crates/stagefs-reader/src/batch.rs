@@ -32,12 +32,7 @@ pub struct Batch {
 
 impl Batch {
     pub(crate) fn new(shared: Arc<Shared>, slot: usize, seq: u64, plan: PlannedBatch) -> Self {
-        Batch {
-            shared,
-            slot,
-            seq,
-            plan,
-        }
+        Batch { shared, slot, seq, plan }
     }
 
     /// Epoch this batch belongs to (0-based).
@@ -83,10 +78,7 @@ impl Batch {
     /// Path of each file.
     pub fn paths(&self) -> impl Iterator<Item = &Path> + '_ {
         let entries = self.shared.files.entries();
-        self.plan
-            .files
-            .iter()
-            .map(move |&i| entries[i].path.as_path())
+        self.plan.files.iter().map(move |&i| entries[i].path.as_path())
     }
 
     /// Blocks until the upload of this batch has completed.
@@ -107,9 +99,7 @@ impl Batch {
     /// Copies the device buffer back into host memory (for checks and tests;
     /// a training loop would consume the device buffer directly).
     pub fn to_vec(&self) -> Result<Vec<u8>> {
-        self.shared
-            .ring
-            .device_to_vec(self.slot, self.plan.total as usize)
+        self.shared.ring.device_to_vec(self.slot, self.plan.total as usize)
     }
 
     /// The stream the upload was queued on; work queued here after receiving
@@ -147,10 +137,6 @@ impl std::fmt::Debug for Batch {
 
 impl Drop for Batch {
     fn drop(&mut self) {
-        self.shared
-            .free
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(self.slot);
+        self.shared.free.lock().unwrap_or_else(|p| p.into_inner()).push(self.slot);
     }
 }

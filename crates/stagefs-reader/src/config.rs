@@ -141,10 +141,7 @@ impl Config {
             return bad("batch_files must be >= 1");
         }
         if self.world_size == 0 || self.rank >= self.world_size {
-            return Err(Error::Config(format!(
-                "rank {} not in world size {}",
-                self.rank, self.world_size
-            )));
+            return Err(Error::Config(format!("rank {} not in world size {}", self.rank, self.world_size)));
         }
         Ok(())
     }

@@ -89,11 +89,7 @@ impl Error {
     }
 
     pub(crate) fn io(path: &Path, op: &'static str, source: io::Error) -> Self {
-        Error::Io {
-            path: path.to_path_buf(),
-            op,
-            source,
-        }
+        Error::Io { path: path.to_path_buf(), op, source }
     }
 }
 
@@ -113,18 +109,15 @@ impl fmt::Display for Error {
                  more than one ring slot ({slot_bytes} bytes); raise the slot size or lower batch_files",
                 first.display()
             ),
-            Error::SizeChanged { path, listed, actual } => write!(
-                f,
-                "{} changed size since it was listed ({listed} -> {actual} bytes)",
-                path.display()
-            ),
+            Error::SizeChanged { path, listed, actual } => {
+                write!(f, "{} changed size since it was listed ({listed} -> {actual} bytes)", path.display())
+            }
             Error::Config(msg) => write!(f, "invalid configuration: {msg}"),
             Error::CudaUnavailable(msg) => write!(f, "CUDA backend unavailable: {msg}"),
             Error::Cuda(msg) => write!(f, "CUDA error: {msg}"),
-            Error::RingExhausted { depth } => write!(
-                f,
-                "all {depth} ring slots are held by live batches; drop a Batch before requesting the next"
-            ),
+            Error::RingExhausted { depth } => {
+                write!(f, "all {depth} ring slots are held by live batches; drop a Batch before requesting the next")
+            }
             Error::WorkerPanicked(msg) => write!(f, "I/O worker panicked: {msg}"),
             Error::Stopped => write!(f, "the loader was stopped by an earlier error"),
         }

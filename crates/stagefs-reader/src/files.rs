@@ -27,10 +27,7 @@ impl FileList {
         I: IntoIterator<Item = P>,
         P: Into<PathBuf>,
     {
-        let entries = paths
-            .into_iter()
-            .map(|p| stat_file(p.into()))
-            .collect::<Result<Vec<_>>>()?;
+        let entries = paths.into_iter().map(|p| stat_file(p.into())).collect::<Result<Vec<_>>>()?;
         Ok(FileList { entries })
     }
 
@@ -69,10 +66,7 @@ fn stat_file(path: PathBuf) -> Result<FileEntry> {
     if !meta.is_file() {
         return Err(Error::NotAFile { path });
     }
-    Ok(FileEntry {
-        len: meta.len(),
-        path,
-    })
+    Ok(FileEntry { len: meta.len(), path })
 }
 
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {

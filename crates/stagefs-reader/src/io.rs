@@ -78,12 +78,7 @@ fn worker_loop(shared: &Shared, jobs: &Mutex<mpsc::Receiver<Job>>, done: &mpsc::
             && !b.failed.load(Ordering::Acquire)
             && !shared.cancel.load(Ordering::Acquire)
         {
-            let _ = done.send(
-                shared
-                    .ring
-                    .upload(b.slot, b.total as usize, b.seq)
-                    .map(|()| b.seq),
-            );
+            let _ = done.send(shared.ring.upload(b.slot, b.total as usize, b.seq).map(|()| b.seq));
         }
     }
 }
@@ -100,26 +95,18 @@ fn read_one(shared: &Shared, job: &Job) -> Result<()> {
     // The slot range was sized from the listing; reading a different amount
     // would either truncate the file or overrun into the next one.
     if meta.len() != entry.len {
-        return Err(Error::SizeChanged {
-            path: path.clone(),
-            listed: entry.len,
-            actual: meta.len(),
-        });
+        return Err(Error::SizeChanged { path: path.clone(), listed: entry.len, actual: meta.len() });
     }
     // SAFETY: the slot belongs to this batch (its previous upload completed
     // before it was handed out) and file ranges within a batch are disjoint
     // and inside slot_bytes (checked by the planner).
     let dst = unsafe {
         std::slice::from_raw_parts_mut(
-            shared
-                .ring
-                .staging_ptr(job.batch.slot)
-                .add(job.offset as usize),
+            shared.ring.staging_ptr(job.batch.slot).add(job.offset as usize),
             job.len as usize,
         )
     };
-    file.read_exact_at(dst, 0)
-        .map_err(|e| Error::io(path, "read", e))?;
+    file.read_exact_at(dst, 0).map_err(|e| Error::io(path, "read", e))?;
     shared.read.add(job.len, t0.elapsed());
     Ok(())
 }

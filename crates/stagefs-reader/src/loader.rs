@@ -81,27 +81,14 @@ impl Loader {
     pub fn new(files: FileList, config: Config) -> Result<Self> {
         config.validate()?;
         // Fail before allocating anything if some file can never fit a slot.
-        if let Some(e) = files
-            .entries()
-            .iter()
-            .find(|e| e.len > config.slot_bytes as u64)
-        {
-            return Err(Error::FileTooLarge {
-                path: e.path.clone(),
-                len: e.len,
-                slot_bytes: config.slot_bytes,
-            });
+        if let Some(e) = files.entries().iter().find(|e| e.len > config.slot_bytes as u64) {
+            return Err(Error::FileTooLarge { path: e.path.clone(), len: e.len, slot_bytes: config.slot_bytes });
         }
         let driver = !config.assume_no_driver && backend::cuda_driver_present();
         let (backend, ctx) = backend::select(config.backend, config.device, driver)?;
         let log: SlotLog = config.record_slot_events.then(Default::default);
         let ring = match ctx {
-            None => Ring::Host(HostRing::new(
-                config.depth,
-                config.slot_bytes,
-                log.clone(),
-                config.upload_delay,
-            )?),
+            None => Ring::Host(HostRing::new(config.depth, config.slot_bytes, log.clone(), config.upload_delay)?),
             #[cfg(feature = "cuda")]
             Some(ctx) => Ring::Cuda(crate::ring::CudaRing::new(
                 ctx,
@@ -133,11 +120,7 @@ impl Loader {
             jobs: Some(jobs_tx),
             done: done_rx,
             workers,
-            planner: Planner {
-                next_epoch: 0,
-                queued: VecDeque::new(),
-                done: false,
-            },
+            planner: Planner { next_epoch: 0, queued: VecDeque::new(), done: false },
             plan_error: None,
             in_flight: VecDeque::new(),
             ready: BTreeSet::new(),
@@ -185,19 +168,12 @@ impl Loader {
                     self.finish();
                     return Ok(None);
                 }
-                return Err(Error::RingExhausted {
-                    depth: self.config.depth,
-                });
+                return Err(Error::RingExhausted { depth: self.config.depth });
             };
             if self.ready.remove(&front.seq) {
                 let d = self.in_flight.pop_front().expect("front exists");
                 self.delivered += 1;
-                return Ok(Some(Batch::new(
-                    Arc::clone(&self.shared),
-                    d.slot,
-                    d.seq,
-                    d.plan,
-                )));
+                return Ok(Some(Batch::new(Arc::clone(&self.shared), d.slot, d.seq, d.plan)));
             }
             // Something is in flight, so a message will come: every dispatched
             // batch ends in an upload report or an error report.
@@ -206,9 +182,7 @@ impl Loader {
                     self.ready.insert(seq);
                 }
                 Ok(Err(e)) => return Err(self.fail(e)),
-                Err(_) => {
-                    return Err(self.fail(Error::WorkerPanicked("all I/O threads exited".into())))
-                }
+                Err(_) => return Err(self.fail(Error::WorkerPanicked("all I/O threads exited".into()))),
             }
         }
     }
@@ -231,16 +205,9 @@ impl Loader {
     /// running: `reps` full-slot uploads. Returns (bytes, seconds).
     /// Requires an idle ring: every batch dropped and none in flight.
     pub fn measure_h2d(&mut self, reps: usize) -> Result<(u64, Duration)> {
-        let free = self
-            .shared
-            .free
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .len();
+        let free = self.shared.free.lock().unwrap_or_else(|p| p.into_inner()).len();
         if free != self.config.depth || !self.in_flight.is_empty() || self.state == State::Failed {
-            return Err(Error::Config(
-                "measure_h2d needs an idle ring: finish or drop all batches first".into(),
-            ));
+            return Err(Error::Config("measure_h2d needs an idle ring: finish or drop all batches first".into()));
         }
         self.shared.ring.measure_h2d(reps.max(1))
     }
@@ -248,23 +215,13 @@ impl Loader {
     /// Hands free slots to the planner's next batches.
     fn dispatch(&mut self) -> Result<()> {
         while self.plan_error.is_none() && !self.planner.done {
-            let Some(slot) = self
-                .shared
-                .free
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .pop()
-            else {
+            let Some(slot) = self.shared.free.lock().unwrap_or_else(|p| p.into_inner()).pop() else {
                 return Ok(());
             };
             match self.next_plan() {
                 Ok(Some(plan)) => self.start_fill(slot, plan)?,
                 other => {
-                    self.shared
-                        .free
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(slot);
+                    self.shared.free.lock().unwrap_or_else(|p| p.into_inner()).push(slot);
                     if let Err(e) = other {
                         self.plan_error = Some(e);
                     }
@@ -286,19 +243,8 @@ impl Loader {
             let epoch = self.planner.next_epoch;
             self.planner.next_epoch += 1;
             let c = &self.config;
-            let order = shard(
-                &epoch_order(self.shared.files.len(), c.shuffle_seed, epoch),
-                c.rank,
-                c.world_size,
-            );
-            self.planner.queued = plan_epoch(
-                &self.shared.files,
-                &order,
-                c.slot_bytes,
-                c.batch_files,
-                epoch,
-            )?
-            .into();
+            let order = shard(&epoch_order(self.shared.files.len(), c.shuffle_seed, epoch), c.rank, c.world_size);
+            self.planner.queued = plan_epoch(&self.shared.files, &order, c.slot_bytes, c.batch_files, epoch)?.into();
         }
     }
 
@@ -324,14 +270,8 @@ impl Loader {
         });
         let jobs = self.jobs.as_ref().ok_or(Error::Stopped)?;
         for ((&file, &offset), &len) in plan.files.iter().zip(&plan.offsets).zip(&plan.lengths) {
-            let job = Job {
-                batch: Arc::clone(&batch),
-                file,
-                offset,
-                len,
-            };
-            jobs.send(job)
-                .map_err(|_| Error::WorkerPanicked("I/O threads gone".into()))?;
+            let job = Job { batch: Arc::clone(&batch), file, offset, len };
+            jobs.send(job).map_err(|_| Error::WorkerPanicked("I/O threads gone".into()))?;
         }
         self.in_flight.push_back(Dispatched { seq, slot, plan });
         Ok(())

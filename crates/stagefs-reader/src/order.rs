@@ -60,16 +60,8 @@ pub fn epoch_order(n: usize, shuffle_seed: Option<u64>, epoch: usize) -> Vec<usi
 /// Shards of different ranks are disjoint and together cover `order`; their
 /// sizes differ by at most one.
 pub fn shard(order: &[usize], rank: usize, world_size: usize) -> Vec<usize> {
-    assert!(
-        world_size > 0 && rank < world_size,
-        "rank {rank} out of world size {world_size}"
-    );
-    order
-        .iter()
-        .copied()
-        .skip(rank)
-        .step_by(world_size)
-        .collect()
+    assert!(world_size > 0 && rank < world_size, "rank {rank} out of world size {world_size}");
+    order.iter().copied().skip(rank).step_by(world_size).collect()
 }
 
 #[cfg(test)]
@@ -83,10 +75,7 @@ mod tests {
 
     #[test]
     fn same_seed_same_epoch_same_order() {
-        assert_eq!(
-            epoch_order(1000, Some(42), 7),
-            epoch_order(1000, Some(42), 7)
-        );
+        assert_eq!(epoch_order(1000, Some(42), 7), epoch_order(1000, Some(42), 7));
     }
 
     #[test]

@@ -31,22 +31,11 @@ pub(crate) fn plan_epoch(
     let entries = files.entries();
     let slot = slot_bytes as u64;
     let mut batches = Vec::new();
-    let mut cur = PlannedBatch {
-        epoch,
-        index: 0,
-        files: vec![],
-        offsets: vec![],
-        lengths: vec![],
-        total: 0,
-    };
+    let mut cur = PlannedBatch { epoch, index: 0, files: vec![], offsets: vec![], lengths: vec![], total: 0 };
     for &i in order {
         let len = entries[i].len;
         if len > slot {
-            return Err(Error::FileTooLarge {
-                path: entries[i].path.clone(),
-                len,
-                slot_bytes,
-            });
+            return Err(Error::FileTooLarge { path: entries[i].path.clone(), len, slot_bytes });
         }
         let full = match batch_files {
             Some(n) => cur.files.len() == n,
@@ -56,14 +45,7 @@ pub(crate) fn plan_epoch(
             let index = cur.index + 1;
             batches.push(std::mem::replace(
                 &mut cur,
-                PlannedBatch {
-                    epoch,
-                    index,
-                    files: vec![],
-                    offsets: vec![],
-                    lengths: vec![],
-                    total: 0,
-                },
+                PlannedBatch { epoch, index, files: vec![], offsets: vec![], lengths: vec![], total: 0 },
             ));
         }
         cur.files.push(i);
@@ -95,14 +77,7 @@ mod tests {
 
     fn list(sizes: &[u64]) -> FileList {
         FileList::from_entries_for_test(
-            sizes
-                .iter()
-                .enumerate()
-                .map(|(i, &len)| FileEntry {
-                    path: format!("/data/f{i}").into(),
-                    len,
-                })
-                .collect(),
+            sizes.iter().enumerate().map(|(i, &len)| FileEntry { path: format!("/data/f{i}").into(), len }).collect(),
         )
     }
 
@@ -117,10 +92,7 @@ mod tests {
         assert_eq!(b[0].lengths, vec![40, 30, 30]);
         assert_eq!(b[0].total, 100);
         assert_eq!(b[1].offsets, vec![0, 50]);
-        assert!(b
-            .iter()
-            .enumerate()
-            .all(|(k, b)| b.index == k && b.epoch == 3));
+        assert!(b.iter().enumerate().all(|(k, b)| b.index == k && b.epoch == 3));
     }
 
     #[test]
@@ -146,14 +118,7 @@ mod tests {
         let files = list(&[60, 60, 10, 10]);
         let err = plan_epoch(&files, &[2, 3, 0, 1], 100, Some(2), 4).unwrap_err();
         match &err {
-            Error::BatchTooLarge {
-                epoch: 4,
-                index: 1,
-                first,
-                files: 2,
-                bytes: 120,
-                slot_bytes: 100,
-            } => {
+            Error::BatchTooLarge { epoch: 4, index: 1, first, files: 2, bytes: 120, slot_bytes: 100 } => {
                 assert_eq!(first.to_str(), Some("/data/f0"))
             }
             other => panic!("unexpected {other:?}"),
@@ -171,8 +136,6 @@ mod tests {
 
     #[test]
     fn empty_order_gives_no_batches() {
-        assert!(plan_epoch(&list(&[]), &[], 100, None, 0)
-            .unwrap()
-            .is_empty());
+        assert!(plan_epoch(&list(&[]), &[], 100, None, 0).unwrap().is_empty());
     }
 }

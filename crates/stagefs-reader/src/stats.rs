@@ -32,7 +32,6 @@ impl ReadCounters {
     pub fn add(&self, bytes: u64, busy: Duration) {
         self.files.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(bytes, Ordering::Relaxed);
-        self.busy_ns
-            .fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
+        self.busy_ns.fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
     }
 }

@@ -51,11 +51,7 @@ fn sizes(n: usize) -> Vec<usize> {
 }
 
 fn host() -> Config {
-    Config::default()
-        .backend(BackendChoice::Host)
-        .slot_bytes(3000)
-        .depth(3)
-        .io_threads(3)
+    Config::default().backend(BackendChoice::Host).slot_bytes(3000).depth(3).io_threads(3)
 }
 
 /// Runs a loader to the end and returns, per batch, (epoch, file indices);
@@ -73,11 +69,7 @@ fn drain(loader: &mut Loader) -> Vec<(usize, Vec<usize>)> {
         assert_eq!(bytes.len() as u64, b.total_bytes());
         for ((&f, &off), &len) in b.file_indices().iter().zip(b.offsets()).zip(b.lengths()) {
             let got = &bytes[off as usize..(off + len) as usize];
-            assert!(
-                got == content(f, len as usize).as_slice(),
-                "file {f} corrupted in batch {}",
-                b.seq()
-            );
+            assert!(got == content(f, len as usize).as_slice(), "file {f} corrupted in batch {}", b.seq());
         }
         out.push((b.epoch(), b.file_indices().to_vec()));
     }
@@ -98,10 +90,7 @@ fn pipeline_delivers_all_files_in_order_with_correct_bytes() {
     assert_eq!(s.batches, got.len() as u64);
     assert_eq!(s.bytes_read, sizes(60).iter().sum::<usize>() as u64);
     assert_eq!(s.bytes_uploaded, s.bytes_read);
-    assert!(
-        l.next_batch().unwrap().is_none(),
-        "finished loader must stay finished"
-    );
+    assert!(l.next_batch().unwrap().is_none(), "finished loader must stay finished");
 }
 
 #[test]
@@ -129,11 +118,7 @@ fn ranks_read_disjoint_shards_that_cover_the_epoch() {
         let cfg = host().shuffle(Some(5)).shard(rank, world);
         let mut l = Loader::new(FileList::from_paths(&t.files).unwrap(), cfg).unwrap();
         let mine: Vec<usize> = drain(&mut l).into_iter().flat_map(|(_, f)| f).collect();
-        assert_eq!(
-            mine,
-            shard(&epoch_order(31, Some(5), 0), rank, world),
-            "rank {rank}"
-        );
+        assert_eq!(mine, shard(&epoch_order(31, Some(5), 0), rank, world), "rank {rank}");
         union.extend(mine);
     }
     union.sort_unstable();
@@ -151,7 +136,9 @@ fn reuse_violations(log: &[SlotEvent]) -> Vec<String> {
             SlotEvent::FillStart { slot, seq } => {
                 if let Some(prev) = last_fill.insert(slot, seq) {
                     if !completed.contains(&prev) {
-                        bad.push(format!("slot {slot} refilled for batch {seq} before upload of batch {prev} completed"));
+                        bad.push(format!(
+                            "slot {slot} refilled for batch {seq} before upload of batch {prev} completed"
+                        ));
                     }
                 }
             }
@@ -186,20 +173,14 @@ fn run_with_log(skip_wait: bool) -> (Vec<SlotEvent>, usize) {
 fn ring_slot_is_not_reused_before_its_upload_completed() {
     let (log, batches) = run_with_log(false);
     assert!(batches > 4);
-    let fills = log
-        .iter()
-        .filter(|e| matches!(e, SlotEvent::FillStart { .. }))
-        .count();
+    let fills = log.iter().filter(|e| matches!(e, SlotEvent::FillStart { .. })).count();
     assert_eq!(fills, batches);
     let v = reuse_violations(&log);
     assert!(v.is_empty(), "{v:#?}");
     // Each upload was submitted before it completed, once.
     for ev in &log {
         if let SlotEvent::UploadComplete { slot, seq } = *ev {
-            let sub = log
-                .iter()
-                .position(|e| *e == SlotEvent::UploadSubmitted { slot, seq })
-                .unwrap();
+            let sub = log.iter().position(|e| *e == SlotEvent::UploadSubmitted { slot, seq }).unwrap();
             let done = log.iter().position(|e| e == ev).unwrap();
             assert!(sub < done);
         }
@@ -210,10 +191,7 @@ fn ring_slot_is_not_reused_before_its_upload_completed() {
 fn reuse_check_catches_a_refill_without_waiting() {
     // Negative control: proves the log-based check above can fail.
     let (log, _) = run_with_log(true);
-    assert!(
-        !reuse_violations(&log).is_empty(),
-        "the checker saw no violation without the wait"
-    );
+    assert!(!reuse_violations(&log).is_empty(), "the checker saw no violation without the wait");
 }
 
 #[test]
@@ -222,10 +200,7 @@ fn holding_every_slot_is_an_error_not_a_hang() {
     let mut l = Loader::new(FileList::from_paths(&t.files).unwrap(), host().depth(2)).unwrap();
     let a = l.next_batch().unwrap().unwrap();
     let b = l.next_batch().unwrap().unwrap();
-    assert!(matches!(
-        l.next_batch(),
-        Err(Error::RingExhausted { depth: 2 })
-    ));
+    assert!(matches!(l.next_batch(), Err(Error::RingExhausted { depth: 2 })));
     drop(a);
     let c = l.next_batch().unwrap().unwrap();
     assert_eq!(c.seq(), b.seq() + 1);
@@ -241,11 +216,7 @@ fn dropping_the_loader_mid_epoch_joins_every_thread() {
     assert_eq!(shared.live_workers.load(Ordering::SeqCst), 4);
     let held = l.next_batch().unwrap().unwrap();
     drop(l);
-    assert_eq!(
-        shared.live_workers.load(Ordering::SeqCst),
-        0,
-        "I/O threads still running"
-    );
+    assert_eq!(shared.live_workers.load(Ordering::SeqCst), 0, "I/O threads still running");
     // The copy thread is gone too: new uploads are refused.
     assert!(matches!(shared.ring.upload(0, 1, 99), Err(Error::Stopped)));
     // A batch that outlives the loader still reads its data.
@@ -279,10 +250,7 @@ fn missing_driver_falls_back_to_host_for_auto() {
     cfg.assume_no_driver = true;
     let mut l = Loader::new(FileList::from_paths(&t.files).unwrap(), cfg).unwrap();
     assert_eq!(l.backend(), Backend::Host);
-    assert_eq!(
-        drain(&mut l).iter().map(|(_, f)| f.len()).sum::<usize>(),
-        20
-    );
+    assert_eq!(drain(&mut l).iter().map(|(_, f)| f.len()).sum::<usize>(), 20);
 }
 
 #[test]

@@ -7,11 +7,7 @@ use stagefs_reader::{BackendChoice, Config, Error, FileList, Loader};
 use std::path::Path;
 
 fn cfg() -> Config {
-    Config::default()
-        .backend(BackendChoice::Host)
-        .slot_bytes(8 << 10)
-        .depth(2)
-        .io_threads(2)
+    Config::default().backend(BackendChoice::Host).slot_bytes(8 << 10).depth(2).io_threads(2)
 }
 
 /// Runs the loader until its first error.
@@ -21,10 +17,7 @@ fn first_error(mut l: Loader) -> Error {
             Ok(Some(_)) => {}
             Ok(None) => panic!("loader finished without an error"),
             Err(e) => {
-                assert!(
-                    matches!(l.next_batch(), Err(Error::Stopped)),
-                    "pipeline not stopped after {e}"
-                );
+                assert!(matches!(l.next_batch(), Err(Error::Stopped)), "pipeline not stopped after {e}");
                 return e;
             }
         }
@@ -33,10 +26,7 @@ fn first_error(mut l: Loader) -> Error {
 
 fn assert_names(err: &Error, path: &Path) {
     assert_eq!(err.path(), Some(path), "{err:?}");
-    assert!(
-        err.to_string().contains(&*path.to_string_lossy()),
-        "message lacks path: {err}"
-    );
+    assert!(err.to_string().contains(&*path.to_string_lossy()), "message lacks path: {err}");
 }
 
 #[test]
@@ -54,14 +44,7 @@ fn missing_path_error_names_the_path() {
 fn file_larger_than_a_slot_is_rejected_naming_it() {
     let t = Tree::new(&[100, 9000, 100]);
     let err = Loader::from_dir(&t.dir, cfg()).unwrap_err();
-    assert!(matches!(
-        err,
-        Error::FileTooLarge {
-            len: 9000,
-            slot_bytes: 8192,
-            ..
-        }
-    ));
+    assert!(matches!(err, Error::FileTooLarge { len: 9000, slot_bytes: 8192, .. }));
     assert_names(&err, &t.files[1]);
 }
 
@@ -70,18 +53,7 @@ fn fixed_count_batch_larger_than_a_slot_names_its_first_file() {
     let t = Tree::new(&[3000, 3000, 3000, 3000]);
     let l = Loader::from_dir(&t.dir, cfg().batch_files(Some(3))).unwrap();
     let err = first_error(l);
-    assert!(
-        matches!(
-            err,
-            Error::BatchTooLarge {
-                index: 0,
-                files: 3,
-                bytes: 9000,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, Error::BatchTooLarge { index: 0, files: 3, bytes: 9000, .. }), "{err}");
     assert_names(&err, &t.files[0]);
 }
 
@@ -134,13 +106,7 @@ fn directory_given_as_a_file_is_rejected() {
 #[test]
 fn invalid_configs_are_rejected() {
     let t = Tree::new(&sizes(2));
-    for c in [
-        cfg().depth(1),
-        cfg().io_threads(0),
-        cfg().slot_bytes(0),
-        cfg().shard(2, 2),
-        cfg().batch_files(Some(0)),
-    ] {
+    for c in [cfg().depth(1), cfg().io_threads(0), cfg().slot_bytes(0), cfg().shard(2, 2), cfg().batch_files(Some(0))] {
         assert!(matches!(Loader::from_dir(&t.dir, c), Err(Error::Config(_))));
     }
 }

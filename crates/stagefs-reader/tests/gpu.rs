@@ -8,18 +8,11 @@ use common::{check_batch, sizes, Tree};
 use stagefs_reader::{cuda_driver_present, Backend, BackendChoice, Config, DeviceBuffer, Loader};
 
 fn gpu_cfg() -> Config {
-    Config::default()
-        .backend(BackendChoice::Cuda)
-        .slot_bytes(64 << 10)
-        .depth(3)
-        .io_threads(4)
+    Config::default().backend(BackendChoice::Cuda).slot_bytes(64 << 10).depth(3).io_threads(4)
 }
 
 fn require_gpu() {
-    assert!(
-        cuda_driver_present(),
-        "feature `gpu-tests` is on but libcuda.so cannot be loaded: these tests need a GPU"
-    );
+    assert!(cuda_driver_present(), "feature `gpu-tests` is on but libcuda.so cannot be loaded: these tests need a GPU");
 }
 
 #[test]
@@ -27,11 +20,7 @@ fn gpu_backend_is_selected_automatically() {
     require_gpu();
     let t = Tree::new(&sizes(5));
     let l = Loader::from_dir(&t.dir, Config::default().slot_bytes(1 << 20)).unwrap();
-    assert_eq!(
-        l.backend(),
-        Backend::Cuda,
-        "Auto must pick CUDA when a GPU is present"
-    );
+    assert_eq!(l.backend(), Backend::Cuda, "Auto must pick CUDA when a GPU is present");
 }
 
 #[test]
@@ -63,10 +52,7 @@ fn gpu_h2d_probe_reports_a_plausible_bandwidth() {
     let (bytes, dt) = l.measure_h2d(10).unwrap();
     let gbps = bytes as f64 / dt.as_secs_f64() / 1e9;
     eprintln!("H2D {gbps:.1} GB/s");
-    assert!(
-        gbps > 1.0,
-        "H2D {gbps} GB/s is implausibly low for pinned memory"
-    );
+    assert!(gbps > 1.0, "H2D {gbps} GB/s is implausibly low for pinned memory");
 }
 
 #[test]

@@ -3,9 +3,7 @@
 mod common;
 
 use common::{check_batch, sizes, Tree};
-use stagefs_reader::{
-    cuda_driver_present, Backend, BackendChoice, Config, DeviceBuffer, Error, FileList, Loader,
-};
+use stagefs_reader::{cuda_driver_present, Backend, BackendChoice, Config, DeviceBuffer, Error, FileList, Loader};
 
 #[test]
 fn full_epoch_without_libcuda_falls_back_to_host() {
@@ -15,18 +13,12 @@ fn full_epoch_without_libcuda_falls_back_to_host() {
         return;
     }
     let t = Tree::new(&sizes(120));
-    let cfg = Config::default()
-        .slot_bytes(64 << 10)
-        .depth(3)
-        .io_threads(4)
-        .epochs(2);
+    let cfg = Config::default().slot_bytes(64 << 10).depth(3).io_threads(4).epochs(2);
     let mut l = Loader::from_dir(&t.dir, cfg).unwrap();
     assert_eq!(l.backend(), Backend::Host);
     let mut seen = vec![0usize; 120];
     while let Some(b) = l.next_batch().unwrap() {
-        let DeviceBuffer::Host(bytes) = b.device().unwrap() else {
-            panic!("expected host buffer")
-        };
+        let DeviceBuffer::Host(bytes) = b.device().unwrap() else { panic!("expected host buffer") };
         assert_eq!(b.to_vec().unwrap(), bytes);
         for i in check_batch(&b, bytes) {
             seen[i] += 1;
@@ -51,22 +43,13 @@ fn directory_walk_is_sorted_and_recursive() {
     let t = Tree::new(&sizes(25));
     let list = FileList::from_dir(&t.dir).unwrap();
     let got: Vec<_> = list.entries().iter().map(|e| e.path.clone()).collect();
-    assert_eq!(
-        got, t.files,
-        "walk must find d0/.., d1/.., d2/.. in sorted order"
-    );
+    assert_eq!(got, t.files, "walk must find d0/.., d1/.., d2/.. in sorted order");
 }
 
 #[test]
 fn host_backend_can_be_forced() {
     let t = Tree::new(&sizes(10));
-    let mut l = Loader::from_dir(
-        &t.dir,
-        Config::default()
-            .backend(BackendChoice::Host)
-            .slot_bytes(1 << 20),
-    )
-    .unwrap();
+    let mut l = Loader::from_dir(&t.dir, Config::default().backend(BackendChoice::Host).slot_bytes(1 << 20)).unwrap();
     assert_eq!(l.backend(), Backend::Host);
     let b = l.next_batch().unwrap().unwrap();
     assert_eq!(b.len(), 10);

@@ -182,7 +182,11 @@ impl<'a> MetaReader<'a> {
             if previous.is_some_and(|previous| block <= previous) {
                 return Err(Fault::corrupt(
                     index_at,
-                    format!("{what}: block {i} at {block} does not follow block {} at {}", i - 1, previous.unwrap_or(0)),
+                    format!(
+                        "{what}: block {i} at {block} does not follow block {} at {}",
+                        i - 1,
+                        previous.unwrap_or(0)
+                    ),
                 ));
             }
             previous = Some(block);

@@ -25,8 +25,8 @@ impl AlignedBuf {
             .map_err(|e| Error::Config(format!("buffer of {len} bytes: {e}")))?;
         // SAFETY: layout has non-zero size.
         let ptr = unsafe { alloc(layout) };
-        let ptr = NonNull::new(ptr)
-            .ok_or_else(|| Error::Config(format!("cannot allocate a {len}-byte host buffer")))?;
+        let ptr =
+            NonNull::new(ptr).ok_or_else(|| Error::Config(format!("cannot allocate a {len}-byte host buffer")))?;
         // Touch every page now, like pinning does, so that page faults do not
         // land inside the first epoch's reads and skew measurements.
         // SAFETY: ptr is valid for layout.size() bytes.

@@ -3,9 +3,7 @@
 use super::{log_event, SlotEvent, SlotLog, UploadTotals};
 use crate::error::Result;
 use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
-use cudarc::driver::{
-    result, CudaContext, CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtr, PinnedHostSlice,
-};
+use cudarc::driver::{result, CudaContext, CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtr, PinnedHostSlice};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -54,11 +52,7 @@ impl CudaRing {
         let stream = ctx.new_stream()?;
         // Write-combined memory is fast for the CPU to fill but very slow for
         // it to read back, so ordinary pinned memory is the default.
-        let flags = if write_combined {
-            cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED
-        } else {
-            0
-        };
+        let flags = if write_combined { cudarc::driver::sys::CU_MEMHOSTALLOC_WRITECOMBINED } else { 0 };
         let mut slots = Vec::with_capacity(depth);
         for _ in 0..depth {
             // SAFETY: contents are uninitialised until written, and we only
@@ -136,8 +130,7 @@ impl CudaRing {
         s.done.synchronize()?;
         if let Some((seq, len)) = s.pending.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let ms = s.start.elapsed_ms(&s.done)?;
-            self.busy_ns
-                .fetch_add((ms as f64 * 1e6) as u64, Ordering::Relaxed);
+            self.busy_ns.fetch_add((ms as f64 * 1e6) as u64, Ordering::Relaxed);
             self.bytes.fetch_add(len as u64, Ordering::Relaxed);
             log_event(&self.log, SlotEvent::UploadComplete { slot, seq });
         }
@@ -150,13 +143,7 @@ impl CudaRing {
         if len > 0 {
             self.ctx.bind_to_thread()?;
             // SAFETY: dev_ptr is valid for slot_bytes >= len.
-            unsafe {
-                result::memcpy_dtoh_async(
-                    &mut out,
-                    self.slots[slot].dev_ptr,
-                    self.stream.cu_stream(),
-                )?
-            };
+            unsafe { result::memcpy_dtoh_async(&mut out, self.slots[slot].dev_ptr, self.stream.cu_stream())? };
             self.stream.synchronize()?;
         }
         Ok(out)
@@ -166,9 +153,7 @@ impl CudaRing {
         self.wait_upload(0)?;
         let s = &self.slots[0];
         let start = self.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        let end = self
-            .ctx
-            .new_event(Some(CUevent_flags::CU_EVENT_BLOCKING_SYNC))?;
+        let end = self.ctx.new_event(Some(CUevent_flags::CU_EVENT_BLOCKING_SYNC))?;
         let _guard = self.submit.lock().unwrap_or_else(|p| p.into_inner());
         self.ctx.bind_to_thread()?;
         let t0 = Instant::now();

@@ -60,25 +60,15 @@ impl HostRing {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let inner = Arc::new(Inner {
-            slots,
-            slot_bytes,
-            log,
-            delay,
-            bytes: AtomicU64::new(0),
-            busy_ns: AtomicU64::new(0),
-        });
+        let inner =
+            Arc::new(Inner { slots, slot_bytes, log, delay, bytes: AtomicU64::new(0), busy_ns: AtomicU64::new(0) });
         let (tx, rx) = mpsc::channel::<CopyOp>();
         let worker = Arc::clone(&inner);
         let thread = std::thread::Builder::new()
             .name("stagefs-reader-upload".into())
             .spawn(move || copy_loop(&worker, rx))
             .map_err(|e| Error::Config(format!("cannot spawn upload thread: {e}")))?;
-        Ok(HostRing {
-            inner,
-            tx: Mutex::new(Some(tx)),
-            thread: Mutex::new(Some(thread)),
-        })
+        Ok(HostRing { inner, tx: Mutex::new(Some(tx)), thread: Mutex::new(Some(thread)) })
     }
 
     pub fn staging_ptr(&self, slot: usize) -> *mut u8 {
@@ -96,14 +86,7 @@ impl HostRing {
         let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
         let tx = tx.as_ref().ok_or(Error::Stopped)?;
         let ticket = t.queued + 1;
-        tx.send(CopyOp {
-            slot,
-            len,
-            ticket,
-            seq,
-            counted,
-        })
-        .map_err(|_| Error::Stopped)?;
+        tx.send(CopyOp { slot, len, ticket, seq, counted }).map_err(|_| Error::Stopped)?;
         // Only a copy that is really queued may raise `queued`, otherwise a
         // waiter would wait for a copy that never runs.
         t.queued = ticket;
@@ -175,18 +158,10 @@ fn copy_loop(inner: &Inner, rx: mpsc::Receiver<CopyOp>) {
         // upload is pending (the pipeline waits on the ticket before refilling).
         unsafe { std::ptr::copy_nonoverlapping(s.staging.as_ptr(), s.device.as_ptr(), op.len) };
         if op.counted {
-            inner
-                .busy_ns
-                .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            inner.busy_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
             inner.bytes.fetch_add(op.len as u64, Ordering::Relaxed);
             // Logged before signalling, so the log order matches reality.
-            log_event(
-                &inner.log,
-                SlotEvent::UploadComplete {
-                    slot: op.slot,
-                    seq: op.seq,
-                },
-            );
+            log_event(&inner.log, SlotEvent::UploadComplete { slot: op.slot, seq: op.seq });
         }
         let mut t = s.tickets.lock().unwrap_or_else(|p| p.into_inner());
         t.done = op.ticket;

@@ -30,11 +30,7 @@ impl Args {
                 return Err(format!("unexpected argument {a:?}"));
             }
         }
-        Ok(Args {
-            dir: dir.ok_or("missing DIR")?,
-            opts,
-            flags,
-        })
+        Ok(Args { dir: dir.ok_or("missing DIR")?, opts, flags })
     }
 
     pub fn flag(&self, name: &str) -> bool {
@@ -87,10 +83,7 @@ mod tests {
 
     #[test]
     fn parses_dir_options_and_switches() {
-        let v: Vec<String> = ["/d", "--threads", "8", "--baseline"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let v: Vec<String> = ["/d", "--threads", "8", "--baseline"].iter().map(|s| s.to_string()).collect();
         let a = Args::parse(&v).unwrap();
         assert_eq!(a.dir, PathBuf::from("/d"));
         assert_eq!(a.size("threads", 1).unwrap(), 8);

@@ -5,17 +5,8 @@ use stagefs_reader::order::{epoch_order, shard};
 use stagefs_reader::{Backend, BackendChoice, Config, FileList, Loader};
 use std::time::{Duration, Instant};
 
-const KNOWN: &[&str] = &[
-    "batch-bytes",
-    "threads",
-    "depth",
-    "shuffle",
-    "epochs",
-    "backend",
-    "h2d-reps",
-    "rank",
-    "world",
-];
+const KNOWN: &[&str] =
+    &["batch-bytes", "threads", "depth", "shuffle", "epochs", "backend", "h2d-reps", "rank", "world"];
 
 fn gbps(bytes: u64, t: Duration) -> f64 {
     bytes as f64 / t.as_secs_f64().max(1e-9) / 1e9
@@ -23,15 +14,8 @@ fn gbps(bytes: u64, t: Duration) -> f64 {
 
 pub fn run(a: &Args) -> Result<(), String> {
     a.check_known(KNOWN)?;
-    let shuffle = a
-        .str("shuffle")
-        .map(|s| s.parse::<u64>().map_err(|e| format!("--shuffle: {e}")))
-        .transpose()?;
-    let backend: BackendChoice = a
-        .str("backend")
-        .unwrap_or("auto")
-        .parse()
-        .map_err(|e| format!("{e}"))?;
+    let shuffle = a.str("shuffle").map(|s| s.parse::<u64>().map_err(|e| format!("--shuffle: {e}"))).transpose()?;
+    let backend: BackendChoice = a.str("backend").unwrap_or("auto").parse().map_err(|e| format!("{e}"))?;
     let (rank, world) = (a.size("rank", 0)? as usize, a.size("world", 1)? as usize);
     let epochs = a.size("epochs", 1)? as usize;
     let cfg = Config::default()
@@ -56,11 +40,7 @@ pub fn run(a: &Args) -> Result<(), String> {
     println!(
         "backend: {}{}\nring: {} slots x {:.1} MiB, {} I/O threads",
         loader.backend(),
-        if host {
-            " (no usable GPU: 'uploads' are memcpys into host buffers)"
-        } else {
-            ""
-        },
+        if host { " (no usable GPU: 'uploads' are memcpys into host buffers)" } else { "" },
         cfg.get_depth(),
         cfg.get_slot_bytes() as f64 / (1 << 20) as f64,
         cfg.get_io_threads()
@@ -104,15 +84,8 @@ pub fn run(a: &Args) -> Result<(), String> {
     } else {
         "H2D from the pinned ring slot, alone"
     };
-    println!(
-        "{label}: {:.2} GB/s ({reps} x {:.1} MiB)",
-        h2d,
-        cfg.get_slot_bytes() as f64 / (1 << 20) as f64
-    );
-    println!(
-        "  pipeline upload rate = {:.0}% of that",
-        100.0 * gbps(s.bytes_uploaded, wall) / h2d
-    );
+    println!("{label}: {:.2} GB/s ({reps} x {:.1} MiB)", h2d, cfg.get_slot_bytes() as f64 / (1 << 20) as f64);
+    println!("  pipeline upload rate = {:.0}% of that", 100.0 * gbps(s.bytes_uploaded, wall) / h2d);
 
     if a.flag("--baseline") {
         baseline(&files, shuffle, epochs, rank, world)?;
@@ -142,13 +115,7 @@ fn drain(loader: &mut Loader) -> Result<(Duration, EpochTally), String> {
 }
 
 /// The same files in the same order through `std::fs::read`, one at a time.
-fn baseline(
-    files: &FileList,
-    shuffle: Option<u64>,
-    epochs: usize,
-    rank: usize,
-    world: usize,
-) -> Result<(), String> {
+fn baseline(files: &FileList, shuffle: Option<u64>, epochs: usize, rank: usize, world: usize) -> Result<(), String> {
     let t0 = Instant::now();
     let (mut n, mut bytes) = (0u64, 0u64);
     for epoch in 0..epochs {

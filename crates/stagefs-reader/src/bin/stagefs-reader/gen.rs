@@ -19,20 +19,14 @@ pub fn run(a: &Args) -> Result<(), String> {
         let sub = a.dir.join(format!("{:04}", i / 100));
         std::fs::create_dir_all(&sub).map_err(|e| format!("{}: {e}", sub.display()))?;
         let len = min + rng.below(max - min + 1);
-        let data: Vec<u8> = (0..len.div_ceil(8))
-            .flat_map(|_| rng.next_u64().to_le_bytes())
-            .take(len as usize)
-            .collect();
+        let data: Vec<u8> =
+            (0..len.div_ceil(8)).flat_map(|_| rng.next_u64().to_le_bytes()).take(len as usize).collect();
         let path = sub.join(format!("{i:07}.bin"));
         std::fs::File::create(&path)
             .and_then(|mut f| f.write_all(&data))
             .map_err(|e| format!("{}: {e}", path.display()))?;
         total += len;
     }
-    println!(
-        "wrote {files} files, {:.1} MB, under {}",
-        total as f64 / 1e6,
-        a.dir.display()
-    );
+    println!("wrote {files} files, {:.1} MB, under {}", total as f64 / 1e6, a.dir.display());
     Ok(())
 }
