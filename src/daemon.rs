@@ -191,13 +191,13 @@ fn warm_page_cache(
     // the files, so the block cache would only pin memory. Give it back to the system.
     fs.release_caches();
     return_free_memory();
-    tracing::info!(
-        files = warmed.files,
-        left_cold = warmed.skipped,
-        "page cache warmed: {} in {:.2} s",
+    stage::report_done(&format!(
+        "warmed the page cache: {} files, {} in {:.2} s{}",
+        warmed.files,
         stage::human(warmed.bytes),
-        warmed.elapsed.as_secs_f64()
-    );
+        warmed.elapsed.as_secs_f64(),
+        if warmed.skipped > 0 { format!(" ({} left cold, see -vv)", warmed.skipped) } else { String::new() }
+    ));
 }
 
 /// Hands memory the allocator holds but no longer uses back to the system, so a daemon

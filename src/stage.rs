@@ -277,6 +277,12 @@ fn summary(verb: &str, path: &Path, bytes: u64, started: Instant) {
         human(bytes),
         bytes as f64 / 1e6 / secs
     );
+    report_done(&line);
+}
+
+/// The one line a long step leaves behind: in the log, and on stderr where no progress
+/// bar was drawn (a job's output file), so a slow mount explains itself.
+pub(crate) fn report_done(line: &str) {
     tracing::info!("{line}");
     if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         eprintln!("stagefs: {line}");
