@@ -20,7 +20,7 @@ use crate::fs::{Attr, Fs, FsError};
 /// How long the kernel may trust what we tell it: the archive is immutable.
 const TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 /// Largest read the kernel sends us, and how far it reads ahead.
-const MAX_READ: u32 = 1 << 20;
+pub const MAX_READ: u32 = 1 << 20;
 const BLKSIZE: u32 = 128 * 1024;
 
 /// Mounts `fs` at `mountpoint` and starts serving on `threads` threads. Returns once the

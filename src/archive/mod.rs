@@ -35,6 +35,39 @@ struct InPlace {
 }
 
 impl InPlace {
+    /// `len` bytes at `offset` by `pread`, into a buffer that is not zeroed first: the
+    /// read fills it, and zeroing up to 1 MiB per request would cost as much as the copy.
+    fn read_exact_at(&self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+        use std::os::fd::AsRawFd;
+        let mut buf = Vec::<u8>::with_capacity(len);
+        let mut filled = 0;
+        while filled < len {
+            // SAFETY: the kernel writes at most `len - filled` bytes at `filled`, inside the
+            // buffer's capacity, and only the bytes it reports written are counted below.
+            let n = unsafe {
+                libc::pread(
+                    self.file.as_raw_fd(),
+                    buf.as_mut_ptr().add(filled).cast(),
+                    len - filled,
+                    (offset + filled as u64) as libc::off_t,
+                )
+            };
+            match n {
+                0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                n if n > 0 => filled += n as usize,
+                _ => {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        // SAFETY: the loop above initialised all `len` bytes.
+        unsafe { buf.set_len(len) };
+        Ok(buf)
+    }
+
     fn unchanged(&self) -> Result<(), ReadError> {
         use std::os::unix::fs::MetadataExt;
         let meta =
@@ -70,11 +103,8 @@ impl Source {
         let Some(in_place) = &self.in_place else {
             return Ok(std::borrow::Cow::Borrowed(&self.map[offset as usize..end as usize]));
         };
-        use std::os::unix::fs::FileExt;
-        let mut buf = vec![0u8; len];
-        in_place
-            .file
-            .read_exact_at(&mut buf, offset)
+        let buf = in_place
+            .read_exact_at(offset, len)
             .map_err(|e| ReadError { offset, what: format!("cannot read the archive: {e}") })?;
         // Checked after the read: a writer updates mtime before it changes data.
         in_place.unchanged()?;
