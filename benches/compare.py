@@ -207,7 +207,7 @@ def pids_with_arg(arg):
 
 
 def rss_of(pids):
-    tot = dict(VmRSS=0, RssAnon=0, RssFile=0, RssShmem=0)
+    tot = dict(VmRSS=0, VmHWM=0, RssAnon=0, RssFile=0, RssShmem=0)
     for pid in pids:
         try:
             with open(f"/proc/{pid}/status") as f:
@@ -450,7 +450,7 @@ class Mounts:
             # No daemon: the extracted tree itself sits in RAM as shmem.
             used = sum(os.lstat(os.path.join(d, n)).st_blocks * 512
                        for d, ds, fs in os.walk(mnt) for n in ds + fs)
-            return dict(VmRSS=0, RssAnon=0, RssFile=0, RssShmem=used), 0
+            return dict(VmRSS=0, VmHWM=0, RssAnon=0, RssFile=0, RssShmem=used), 0
         pids = pids_with_arg(mnt)
         self.daemons.update(pids)
         return rss_of(pids), len(pids)
@@ -539,7 +539,7 @@ def bench_system(m, system, dataset, ddir, manifest, args, record):
             # Untimed: every file read once more and compared by sha1 with the generator.
             epoch(mnt, manifest, args.workers, args.seed, True, to)
         rss, npids = m.daemon_rss(system, mnt)
-        for k in ("VmRSS", "RssAnon", "RssShmem", "RssFile"):
+        for k in ("VmRSS", "VmHWM", "RssAnon", "RssShmem", "RssFile"):
             record(k, rss[k] / 2**20, "MiB")
         log(f"{dataset:8} {system}: done ({nfiles} files verified; {npids} daemon process(es), "
             f"RSS {rss['VmRSS'] / 2**20:.0f} MiB = anon {rss['RssAnon'] / 2**20:.0f} + "
@@ -564,14 +564,14 @@ COLS = {
              ("cold_1", "cold×1 files/s"),
              ("warm_1", "warm×1 files/s"), ("cold_N", "cold×N files/s"),
              ("warm_N", "warm×N files/s"), ("cold_N_mib", "cold×N MiB/s"),
-             ("VmRSS", "RSS MiB"), ("RssAnon", "anon MiB"), ("RssShmem", "shmem MiB"),
+             ("VmRSS", "RSS MiB"), ("VmHWM", "peak MiB"), ("RssAnon", "anon MiB"), ("RssShmem", "shmem MiB"),
              ("RssFile", "file MiB")],
     "large": [("mount", "mount s"), ("remount", "remount s"), ("seq_cold", "seq cold MiB/s"),
-              ("seq_warm", "seq warm MiB/s"), ("VmRSS", "RSS MiB"), ("RssAnon", "anon MiB"),
+              ("seq_warm", "seq warm MiB/s"), ("VmRSS", "RSS MiB"), ("VmHWM", "peak MiB"), ("RssAnon", "anon MiB"),
               ("RssShmem", "shmem MiB"), ("RssFile", "file MiB")],
 }
 TIME_METRICS = {"mount", "remount", "walk"}
-NO_RATIO = {"VmRSS", "RssAnon", "RssShmem", "RssFile", "walk_rate"}
+NO_RATIO = {"VmRSS", "VmHWM", "RssAnon", "RssShmem", "RssFile", "walk_rate"}
 
 
 def ref_value(val, ds, ref, metric):

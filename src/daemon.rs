@@ -154,7 +154,7 @@ fn serve(
         let fs = fs.clone();
         move || fs.reads_served()
     });
-    publish_stats(record.clone(), fs.clone());
+    housekeeping(record.clone(), fs.clone());
     tracing::info!(mountpoint = %mountpoint.display(), pid = record.pid, "mounted");
     if let Some(mut pipe) = ready.take() {
         detach_stdio(request.log_file.as_deref());
@@ -282,14 +282,28 @@ fn check_format(path: &Path) -> Result<(), OpenError> {
     Err(OpenError::unknown_format(path, head))
 }
 
-/// Refreshes the read counter in the mount's record for `stagefs status`.
-fn publish_stats(mut record: Record, fs: Arc<Fs>) {
-    let _ = std::thread::Builder::new().name("stats".into()).spawn(move || loop {
-        std::thread::sleep(Duration::from_secs(2));
-        let reads = fs.reads_served();
-        if reads != record.reads && registry::read(&record.mountpoint).is_some() {
+/// Every 2 s: refreshes the read counter in the mount's record for `stagefs status`, and
+/// once reads pause, hands what they freed (read buffers, SquashFS fragments whose files
+/// were all served) back to the system: the allocator keeps freed blocks in the middle
+/// of its heap otherwise, and the daemon lives for the whole job.
+fn housekeeping(mut record: Record, fs: Arc<Fs>) {
+    let _ = std::thread::Builder::new().name("housekeeping".into()).spawn(move || {
+        let mut trimmed = true;
+        loop {
+            std::thread::sleep(Duration::from_secs(2));
+            let reads = fs.reads_served();
+            if reads == record.reads {
+                if !trimmed {
+                    return_free_memory();
+                    trimmed = true;
+                }
+                continue;
+            }
             record.reads = reads;
-            let _ = registry::write(&record);
+            trimmed = false;
+            if registry::read(&record.mountpoint).is_some() {
+                let _ = registry::write(&record);
+            }
         }
     });
 }

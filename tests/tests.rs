@@ -8,6 +8,7 @@ mod compare;
 mod errors;
 mod formats;
 mod hostile;
+mod memory;
 mod slurm;
 mod staging;
 mod stress;

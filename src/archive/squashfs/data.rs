@@ -1,6 +1,7 @@
 //! File content: the per-file block layout built at open, and the read path that serves
 //! bytes from the map (stored blocks) or from a shared cache of decompressed blocks.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use quick_cache::sync::Cache;
@@ -28,6 +29,8 @@ struct Fragment {
     start: u64,
     /// Raw size field: stored length plus [`STORED_BIT`].
     size: u32,
+    /// Bytes of the file tails stored in it, summed over the files that use it.
+    tail_bytes: u64,
 }
 
 /// Where one regular file's data is: compact, since an image may hold millions of files.
@@ -84,7 +87,7 @@ impl Layouts {
                         ),
                     ));
                 }
-                fragments.push(Fragment { start, size });
+                fragments.push(Fragment { start, size, tail_bytes: 0 });
             }
         }
         Ok(Layouts { block_size, image_len, files: Vec::new(), sizes: Vec::new(), checkpoints: Vec::new(), fragments })
@@ -106,17 +109,18 @@ impl Layouts {
             .ok_or_else(too_many)?;
         if has_fragment {
             let tail = file.size % bs;
-            if file.fragment as usize >= self.fragments.len() || u64::from(file.fragment_offset) + tail > bs {
+            let count = self.fragments.len();
+            let fits = u64::from(file.fragment_offset) + tail <= bs;
+            let Some(fragment) = self.fragments.get_mut(file.fragment as usize).filter(|_| fits) else {
                 return Err(Fault::corrupt(
                     at,
                     format!(
-                        "file tail in fragment {} at offset {}: expected one of {} fragments, ending within {bs} bytes",
-                        file.fragment,
-                        file.fragment_offset,
-                        self.fragments.len()
+                        "file tail in fragment {} at offset {}: expected one of {count} fragments, ending within {bs} bytes",
+                        file.fragment, file.fragment_offset,
                     ),
                 ));
-            }
+            };
+            fragment.tail_bytes += tail;
         }
         let checkpoints_first =
             u32::try_from(self.checkpoints.len()).map_err(|_| Fault::corrupt(at, "too many blocks to index".into()))?;
@@ -175,13 +179,15 @@ const _: () = {
 };
 
 /// Serves regular-file content of one SquashFS image. Shared by all request threads:
-/// the only shared mutable state is the sharded block cache.
+/// the only shared mutable state is the sharded block cache and the fragment counters.
 pub struct SquashReader {
     backing: Backing,
     compressor: Compressor,
     layouts: Layouts,
     /// Decompressed blocks and fragments, keyed by their image offset.
     cache: Cache<u64, Arc<[u8]>, BlockWeight>,
+    /// Per fragment: tail bytes not yet served (see [`SquashReader::fragment_served`]).
+    unserved: Box<[AtomicU64]>,
     /// One block of zeros that holes of sparse files are served from.
     zeros: Arc<[u8]>,
 }
@@ -195,6 +201,7 @@ impl SquashReader {
             backing,
             compressor,
             cache: Cache::with_weighter(items, cache_bytes, BlockWeight),
+            unserved: layouts.fragments.iter().map(|f| AtomicU64::new(f.tail_bytes)).collect(),
             zeros: vec![0u8; block_size].into(),
             layouts,
         }
@@ -203,6 +210,12 @@ impl SquashReader {
     /// Empties the block cache (its blocks are freed once no reply holds them).
     pub fn clear_cache(&self) {
         self.cache.clear();
+    }
+
+    /// Bytes of decompressed blocks held in the cache.
+    #[cfg(test)]
+    pub fn cached_bytes(&self) -> u64 {
+        self.cache.weight()
     }
 
     /// Length of the image file as mapped.
@@ -256,9 +269,27 @@ impl SquashReader {
                 offset: file.blocks_start,
                 what: format!("fragment {} is missing", file.fragment),
             })?;
-            self.block_piece(fragment.start, fragment.size, file.fragment_offset as usize + from, n)
+            let piece = self.block_piece(fragment.start, fragment.size, file.fragment_offset as usize + from, n)?;
+            self.fragment_served(file.fragment, fragment, n);
+            Ok(piece)
         } else {
             Err(ReadError { offset: file.blocks_start, what: format!("block {index} is past the file's block list") })
+        }
+    }
+
+    /// Counts `n` bytes of `fragment` (number `index`) as served. Small files share
+    /// fragments, so a shuffled epoch needs a fragment cached until the last of its files
+    /// is read; after that the kernel's page cache holds every one of them and the
+    /// decompressed copy would only pin memory for the rest of the job, so it leaves the
+    /// cache. A fragment served in full starts a new pass with its next read (an epoch
+    /// after the kernel dropped its pages). Bytes served twice within a pass only make
+    /// the eviction come early: a miss later, never wrong bytes.
+    fn fragment_served(&self, index: u32, fragment: &Fragment, n: usize) {
+        let Some(unserved) = self.unserved.get(index as usize) else { return };
+        let left_after = |left: u64| if left == 0 { fragment.tail_bytes } else { left }.saturating_sub(n as u64);
+        let before = unserved.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| Some(left_after(left)));
+        if left_after(before.unwrap_or_else(|left| left)) == 0 {
+            self.cache.remove(&fragment.start);
         }
     }
 

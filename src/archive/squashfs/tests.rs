@@ -326,6 +326,46 @@ fn compressed_blocks_are_shared_from_the_cache() {
 }
 
 #[test]
+fn a_fragment_leaves_the_cache_once_all_its_files_were_served() {
+    let scratch = Scratch::new("frag-served");
+    let src = scratch.path("src");
+    fs::create_dir(&src).unwrap();
+    // 24 small text files: their tails share one compressed 64 KiB fragment block.
+    let contents: Vec<Vec<u8>> = (0..24).map(|i| text(900 + 97 * i)).collect();
+    for (i, bytes) in contents.iter().enumerate() {
+        fs::write(src.join(format!("f{i:02}.txt")), bytes).unwrap();
+    }
+    let image = scratch.path("image.sqfs");
+    let args = [src.as_os_str(), image.as_os_str()];
+    run_tool(
+        "mksquashfs",
+        &[&args[..], &["-noappend", "-quiet", "-comp", "gzip", "-b", "64K"].map(OsStr::new)].concat(),
+        None,
+    );
+    let (index, reader) = open(&image, map_file(&image)).unwrap();
+    let inode = |i: usize| index.inode(lookup_path(&index, &format!("f{i:02}.txt"))).unwrap();
+    for (i, bytes) in contents.iter().enumerate() {
+        // Read in pieces, as the kernel may: only the last piece of the last file counts.
+        assert_eq!(&read_all(&reader, inode(i), 333), bytes, "f{i:02}.txt");
+        if i + 1 < contents.len() {
+            assert!(
+                reader.cached_bytes() > 0,
+                "the fragment left the cache after {} of {} files",
+                i + 1,
+                contents.len()
+            );
+        }
+    }
+    assert_eq!(reader.cached_bytes(), 0, "every file was served: the fragment must leave the cache");
+    // The next epoch (the kernel dropped the pages) decompresses the fragment anew and
+    // keeps it for exactly one more pass.
+    for (i, bytes) in contents.iter().enumerate().rev() {
+        assert_eq!(&read_all(&reader, inode(i), 4096), bytes, "f{i:02}.txt, second pass");
+        assert_eq!(reader.cached_bytes() == 0, i == 0, "after f{i:02}.txt in the second pass");
+    }
+}
+
+#[test]
 fn concurrent_readers_share_a_small_cache() {
     let (_scratch, _, image) = mksquashfs_image("threads", &["-comp", "xz", "-b", "16K"]);
     // A cache smaller than the file forces evictions while threads race on the same blocks.
