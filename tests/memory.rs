@@ -8,9 +8,7 @@ use crate::util::*;
 
 /// `RssAnon` of a process in bytes: its private memory.
 fn anon_bytes(pid: i32) -> u64 {
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).expect("daemon status");
-    let line = status.lines().find(|l| l.starts_with("RssAnon:")).expect("RssAnon in /proc/PID/status");
-    line.split_whitespace().nth(1).and_then(|kb| kb.parse::<u64>().ok()).expect("RssAnon in kB") * 1024
+    proc_kb_field(&format!("/proc/{pid}/status"), "RssAnon")
 }
 
 /// Compressible text of `len` bytes that differs per file.

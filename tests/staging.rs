@@ -31,8 +31,8 @@ use stagefs::stage::human;
 
 use crate::compare::{assert_trees_equal, count_entries, Options};
 use crate::util::{
-    assert_nothing_left, extract_tar, is_mounted, mounts_at, pack_tar, process_alive, pseudo_random, read,
-    require_root, require_tool, run_cmd, run_tool, stagefs, stagefs_bin, stagefs_pids, wait_timeout, wait_until,
+    assert_nothing_left, extract_tar, is_mounted, mounts_at, pack_tar, proc_kb_field, process_alive, pseudo_random,
+    read, require_root, require_tool, run_cmd, run_tool, stagefs, stagefs_bin, stagefs_pids, wait_timeout, wait_until,
     CmdOutput, KillOnDrop, Mounted, TempDir,
 };
 
@@ -191,9 +191,7 @@ fn assert_memfd_mapped(pid: i32, archive: &Path, len: u64) {
 
 /// `Shmem:` of /proc/meminfo in bytes: all memfd and tmpfs pages of the system.
 fn shmem_bytes() -> u64 {
-    let text = fs::read_to_string("/proc/meminfo").unwrap();
-    let line = text.lines().find(|l| l.starts_with("Shmem:")).expect("Shmem: in /proc/meminfo");
-    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+    proc_kb_field("/proc/meminfo", "Shmem")
 }
 
 /// /dev/shm entries (name, size).

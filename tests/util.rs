@@ -575,6 +575,14 @@ impl Drop for Mounted {
 // ---------------------------------------------------------------------------
 // Deterministic data
 
+/// A `Key:   N kB` field of a /proc file (`/proc/meminfo`, `/proc/PID/status`), in bytes.
+pub fn proc_kb_field(path: &str, key: &str) -> u64 {
+    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("read {path}: {e}"));
+    let line = text.lines().find(|l| l.split(':').next() == Some(key));
+    let kb = line.and_then(|l| l.split_whitespace().nth(1)).and_then(|n| n.parse::<u64>().ok());
+    kb.unwrap_or_else(|| panic!("no `{key}:` in kB in {path}")) * 1024
+}
+
 /// `len` pseudo-random bytes from `seed` (xorshift64*), for content that
 /// catches offset mistakes (no short period).
 pub fn pseudo_random(seed: u64, len: usize) -> Vec<u8> {
