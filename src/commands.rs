@@ -42,7 +42,7 @@ pub fn umount(path: &Path, lazy: bool) -> Result<(), Failure> {
 
 /// `stagefs status`: this user's mounts on this node, one line each.
 pub fn status() -> Result<(), Failure> {
-    let records = registry::list();
+    let records = registry::list()?;
     if records.is_empty() {
         println!("no stagefs mounts for this user on this node");
         return Ok(());
@@ -66,14 +66,23 @@ pub fn status() -> Result<(), Failure> {
 /// `stagefs index`: builds and saves an archive's index ahead of time (on a login node).
 pub fn index(path: &Path) -> Result<(), Failure> {
     let started = Instant::now();
-    let (archive, _) = open_archive(path, StageMode::None, None, true)?;
-    let entries = archive.index.dirents.len();
+    // Saved indexes are keyed by the canonical path, which is what mounts look up.
+    let path = path
+        .canonicalize()
+        .map_err(|source| Failure::from(crate::archive::OpenError::Io { path: path.to_owned(), source }))?;
+    let opened = open_archive(&path, StageMode::None, None, true)?;
+    let index = &opened.archive.index;
+    let entries = index.dirents.len();
+    let saved = match &opened.saved_index {
+        Some(saved) => format!("saved to {}", saved.display()),
+        None => "nothing to save: a SquashFS image carries its own index".into(),
+    };
     println!(
-        "indexed {} in {:.2} s: {entries} entries, {} in memory ({} bytes per entry)",
+        "indexed {} in {:.2} s: {entries} entries, {} in memory ({} bytes per entry); {saved}",
         path.display(),
         started.elapsed().as_secs_f64(),
-        stage::human(archive.index.heap_bytes() as u64),
-        archive.index.heap_bytes() / entries.max(1)
+        stage::human(index.heap_bytes() as u64),
+        index.heap_bytes() / entries.max(1)
     );
     Ok(())
 }

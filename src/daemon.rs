@@ -20,6 +20,7 @@ use crate::error::Failure;
 use crate::fs::Fs;
 use crate::index_cache;
 use crate::mountpoint::{self, MountpointError};
+use crate::places;
 use crate::registry::{self, Record};
 use crate::stage::{self, StageMode};
 use crate::warm::{self, WarmMode};
@@ -45,60 +46,54 @@ pub fn mount(request: &MountRequest) -> Result<(), Failure> {
         .canonicalize()
         .map_err(|source| Failure::from(OpenError::Io { path: request.archive.clone(), source }))?;
     let mountpoint = mountpoint::resolve(&request.mountpoint)?;
-    let created = mountpoint::prepare(&mountpoint)?;
     if request.foreground {
+        // The foreground process is the daemon: catch signals before any slow step.
+        crate::cancel::arm().map_err(|e| Failure::other(format!("cannot install signal handlers: {e}")))?;
+        let created = mountpoint::prepare(&mountpoint)?;
         let result = serve(&archive, &mountpoint, request, &mut None);
-        remove_if_created(&mountpoint, created);
+        places::remove_created(&created);
         return result;
     }
-    let result = spawn_daemon(&archive, &mountpoint, request, created);
+    let created = mountpoint::prepare(&mountpoint)?;
+    let result = spawn_daemon(&archive, &mountpoint, request, &created);
     if result.is_err() {
-        remove_if_created(&mountpoint, created);
+        places::remove_created(&created);
     }
     result
 }
 
-/// A mountpoint directory stagefs created goes away with the mount (if still empty), so
-/// jobs leave no trail of directories under /dev/shm; one the user made stays.
-fn remove_if_created(mountpoint: &Path, created: bool) {
-    if created {
-        let _ = std::fs::remove_dir(mountpoint);
-    }
-}
-
-/// Forks the daemon and waits for its verdict on the readiness pipe.
-fn spawn_daemon(archive: &Path, mountpoint: &Path, request: &MountRequest, created: bool) -> Result<(), Failure> {
+/// Forks the daemon and waits for its verdict on the readiness pipe. A signal meanwhile
+/// is passed on to the daemon, which stops, cleans up and reports it as its verdict.
+fn spawn_daemon(archive: &Path, mountpoint: &Path, request: &MountRequest, created: &[PathBuf]) -> Result<(), Failure> {
     let (read_end, write_end) =
         nix::unistd::pipe().map_err(|e| Failure::other(format!("cannot create a pipe: {e}")))?;
+    let parent = nix::unistd::getpid();
+    // Caught from before the fork, so the daemon has its handlers from its first instruction.
+    crate::cancel::arm().map_err(|e| Failure::other(format!("cannot install signal handlers: {e}")))?;
     // SAFETY: called before this process starts any thread, so the child may run Rust code.
     match unsafe { nix::unistd::fork() }.map_err(|e| Failure::other(format!("cannot fork: {e}")))? {
         ForkResult::Parent { child } => {
             drop(write_end);
-            let mut verdict = String::new();
-            let _ = File::from(read_end).read_to_string(&mut verdict);
+            let verdict = await_verdict(File::from(read_end), child);
             match verdict.split_once(' ') {
-                Some(("ok", _)) => Ok(()),
+                Some(("ok", _)) => match crate::cancel::check() {
+                    // Ready just as the signal came: the daemon got it too and unmounts.
+                    Err(interrupted) => Err(interrupted.into()),
+                    Ok(()) => Ok(()),
+                },
                 Some((code, message)) => Err(Failure::new(code.parse().unwrap_or(1), message.to_string())),
-                None => {
-                    use nix::sys::{signal::Signal, wait::WaitStatus};
-                    Err(Failure::other(match nix::sys::wait::waitpid(child, None) {
-                        Ok(WaitStatus::Signaled(_, Signal::SIGBUS, _)) => format!(
-                            "{} changed (was truncated) while it was being indexed; mount it once it is complete",
-                            archive.display()
-                        ),
-                        status => format!("the mount daemon exited before the mount was ready ({status:?})"),
-                    }))
-                }
+                None => Err(died_before_ready(archive, child)),
             }
         }
         ForkResult::Child => {
             drop(read_end);
+            crate::cancel::follow_parent(parent);
             let _ = nix::unistd::setsid();
             let mut ready = Some(File::from(write_end));
             let result = serve(archive, mountpoint, request, &mut ready);
-            if result.is_ok() {
-                remove_if_created(mountpoint, created); // On failure the parent removes it.
-            }
+            // Whoever is left removes what was made for the mount: on failure the parent
+            // may be gone (killed, or its terminal closed).
+            places::remove_created(created);
             let code = match result {
                 Ok(()) => 0,
                 Err(failure) => {
@@ -115,29 +110,104 @@ fn spawn_daemon(archive: &Path, mountpoint: &Path, request: &MountRequest, creat
     }
 }
 
-/// Indexes the archive, mounts it, signals readiness, and serves until unmounted.
+/// Reads the daemon's verdict, passing on any terminating signal this process receives
+/// meanwhile (Ctrl-C on `stagefs mount`): the daemon stops its start-up and reports that.
+fn await_verdict(pipe: File, child: nix::unistd::Pid) -> String {
+    use std::os::fd::AsFd;
+    let mut forwarded = false;
+    loop {
+        if let (Some(signal), false) = (crate::cancel::received(), forwarded) {
+            if let Ok(signal) = nix::sys::signal::Signal::try_from(signal) {
+                let _ = nix::sys::signal::kill(child, signal);
+            }
+            forwarded = true;
+        }
+        let mut fds = [nix::poll::PollFd::new(pipe.as_fd(), nix::poll::PollFlags::POLLIN)];
+        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(50u16)) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+            _ => break,
+        }
+    }
+    let mut verdict = String::new();
+    let _ = (&pipe).read_to_string(&mut verdict);
+    verdict
+}
+
+/// Says in words why the daemon ended before it reported.
+fn died_before_ready(archive: &Path, child: nix::unistd::Pid) -> Failure {
+    use nix::sys::{signal::Signal, wait::WaitStatus};
+    Failure::other(match nix::sys::wait::waitpid(child, None) {
+        Ok(WaitStatus::Signaled(_, Signal::SIGBUS, _)) => format!(
+            "{} changed (was truncated) while it was being indexed; mount it once it is complete",
+            archive.display()
+        ),
+        Ok(WaitStatus::Signaled(_, Signal::SIGKILL, _)) => "the mount daemon was killed (SIGKILL) before the mount \
+             was ready; if nobody killed it, the kernel's OOM killer may have: check `dmesg` or the job's \
+             memory limit, and lower --max-ram or use --stage none"
+            .to_string(),
+        Ok(WaitStatus::Signaled(_, signal, _)) => {
+            format!("the mount daemon was killed by {} before the mount was ready", signal.as_str())
+        }
+        Ok(WaitStatus::Exited(_, code)) => {
+            format!("the mount daemon exited with code {code} before the mount was ready, without saying why")
+        }
+        _ => "the mount daemon ended before the mount was ready, without saying why".to_string(),
+    })
+}
+
+/// Indexes the archive, mounts it, signals readiness, and serves until unmounted. A signal
+/// before readiness stops the start-up: nothing stays mounted, staged or locked.
 fn serve(
     archive_path: &Path,
     mountpoint: &Path,
     request: &MountRequest,
     ready: &mut Option<File>,
 ) -> Result<(), Failure> {
+    let result = start(archive_path, mountpoint, request, ready);
+    if let Err(failure) = &result {
+        if crate::cancel::received().is_some() {
+            // Nobody may be left to report this (the parent died): leave no lock either.
+            crate::node::daemon_exiting(mountpoint);
+            tracing::warn!("{}", failure.message);
+        }
+    }
+    let (session, fs) = result?;
+    let result = session.join();
+    registry::remove(mountpoint);
+    crate::node::daemon_exiting(mountpoint);
+    tracing::info!(reads = fs.reads_served(), "unmounted; daemon exiting");
+    result.map_err(|e| Failure::other(format!("FUSE session ended with an error: {e}")))
+}
+
+/// Everything up to readiness: returns the live session to serve.
+fn start(
+    archive_path: &Path,
+    mountpoint: &Path,
+    request: &MountRequest,
+    ready: &mut Option<File>,
+) -> Result<(crate::fuse::MountedSession, Arc<Fs>), Failure> {
     tune_allocator();
     // Before staging: no point copying a large archive into RAM only to find no FUSE.
     check_fuse_available()?;
-    let (archive, staged_bytes) = open_archive(archive_path, request.stage, request.max_ram, false)?;
+    crate::cancel::phase("staging and indexing")?;
+    let Opened { archive, staged_bytes, .. } = open_archive(archive_path, request.stage, request.max_ram, false)?;
+    crate::cancel::phase("mounting")?;
     // Building the index peaks well above what the finished index keeps.
     return_free_memory();
     let fs = Arc::new(Fs::new(archive));
     let session =
         crate::fuse::mount(fs.clone(), mountpoint, request.threads).map_err(|e| mount_failure(mountpoint, e))?;
-    if let Err(e) = wait_until_live(mountpoint) {
+    // From here on, a failure must take the mount down with it.
+    let unmount_on_error = |failure: Failure| {
         let _ = mountpoint::unmount(mountpoint, true);
-        return Err(e);
-    }
+        failure
+    };
+    wait_until_live(mountpoint).map_err(unmount_on_error)?;
     if request.warm.wanted(staged_bytes > 0) {
+        crate::cancel::phase("warming").map_err(|i| unmount_on_error(i.into()))?;
         warm_page_cache(&fs, mountpoint, crate::fuse::page_cache_store(&session), request, staged_bytes);
     }
+    crate::cancel::phase("ready").map_err(|i| unmount_on_error(i.into()))?;
     let record = Record {
         pid: std::process::id(),
         archive: archive_path.to_owned(),
@@ -147,9 +217,11 @@ fn serve(
         reads: 0,
     };
     if let Err(e) = registry::write(&record) {
-        tracing::warn!("cannot record the mount in {}: {e}", registry::runtime_dir().display());
+        tracing::warn!("cannot record the mount for `stagefs status`: {e}");
     }
-    unmount_on_signals(mountpoint.to_owned())?;
+    unmount_on_signals(mountpoint.to_owned()).map_err(unmount_on_error)?;
+    // A signal that came just before the handler thread started is not lost.
+    crate::cancel::check().map_err(|i| unmount_on_error(i.into()))?;
     crate::node::spawn_watchdog(mountpoint.to_owned(), {
         let fs = fs.clone();
         move || fs.reads_served()
@@ -157,14 +229,11 @@ fn serve(
     housekeeping(record.clone(), fs.clone());
     tracing::info!(mountpoint = %mountpoint.display(), pid = record.pid, "mounted");
     if let Some(mut pipe) = ready.take() {
+        crate::cancel::release_parent();
         detach_stdio(request.log_file.as_deref());
         let _ = pipe.write_all(b"ok ");
     }
-    let result = session.join();
-    registry::remove(mountpoint);
-    crate::node::daemon_exiting(mountpoint);
-    tracing::info!(reads = fs.reads_served(), "unmounted; daemon exiting");
-    result.map_err(|e| Failure::other(format!("FUSE session ended with an error: {e}")))
+    Ok((session, fs))
 }
 
 /// Fills the page cache before the mount is reported ready, when the RAM it takes is
@@ -224,21 +293,26 @@ fn return_free_memory() {
     unsafe { libc::malloc_trim(0) };
 }
 
-/// Loads (staging per `mode`) and indexes an archive, reusing a saved index when one
-/// matches. Saves the index when scanning was costly, or always with `force_save`.
-/// Returns the archive and the bytes staged in RAM.
-pub fn open_archive(
-    path: &Path,
-    mode: StageMode,
-    max_ram: Option<u64>,
-    force_save: bool,
-) -> Result<(Archive, u64), Failure> {
+/// An archive ready to serve.
+pub struct Opened {
+    pub archive: Archive,
+    /// Bytes of it staged in RAM.
+    pub staged_bytes: u64,
+    /// Where its index was saved by this call, if it was.
+    pub saved_index: Option<PathBuf>,
+}
+
+/// Loads (staging per `mode`) and indexes an archive (a canonical path), reusing a saved
+/// index when one matches. Saves the index of a tar when scanning was costly, or always
+/// with `force_save`.
+pub fn open_archive(path: &Path, mode: StageMode, max_ram: Option<u64>, force_save: bool) -> Result<Opened, Failure> {
     check_format(path)?;
     let key = index_cache::Key::of(path).map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
     let loaded = stage::load(path, mode, max_ram)?;
+    crate::cancel::check()?;
     if !force_save {
         if let Some(archive) = index_cache::load(path, &key, &loaded.backing) {
-            return Ok((archive, loaded.staged_bytes));
+            return Ok(Opened { archive, staged_bytes: loaded.staged_bytes, saved_index: None });
         }
     }
     let started = Instant::now();
@@ -256,25 +330,39 @@ pub fn open_archive(
     );
     // Small archives index in milliseconds: a saved index would only litter.
     let worth_saving = index.dirents.len() >= 10_000 || elapsed >= Duration::from_millis(200);
+    let mut saved_index = None;
     if archive.tar_reader().is_some() && (force_save || worth_saving) {
         match index_cache::save(path, &key, &archive) {
-            Ok(saved) => tracing::info!(index = %saved.display(), "saved the index for faster remounts"),
+            Ok(saved) => {
+                tracing::info!(index = %saved.display(), "saved the index for faster remounts");
+                saved_index = Some(saved);
+            }
             Err(e) if force_save => {
                 return Err(Failure::other(format!("cannot save the index of {}: {e}", path.display())))
             }
             Err(e) => tracing::debug!("not saving the index: {e}"),
         }
     }
-    Ok((archive, loaded.staged_bytes))
+    Ok(Opened { archive, staged_bytes: loaded.staged_bytes, saved_index })
 }
 
 /// Refuses an unknown format before any byte is staged.
 fn check_format(path: &Path) -> Result<(), OpenError> {
-    use std::os::unix::fs::FileExt;
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let io = |source| OpenError::Io { path: path.to_owned(), source };
+    // Without blocking: a FIFO in the archive's place must not hang the mount.
+    let file = File::options().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(io)?;
+    let kind = file.metadata().map_err(io)?.file_type();
+    if kind.is_dir() {
+        return Err(io(std::io::Error::other(
+            "is a directory; pack it first (tar -cf data.tar -C DIR . or mksquashfs DIR data.sqsh), then mount the archive",
+        )));
+    }
+    if !kind.is_file() && !std::os::unix::fs::FileTypeExt::is_block_device(&kind) {
+        return Err(io(std::io::Error::other("is not a regular file (a FIFO, socket or device?)")));
+    }
     let mut head = [0u8; 512];
-    let n = File::open(path)
-        .and_then(|f| f.read_at(&mut head, 0))
-        .map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
+    let n = file.read_at(&mut head, 0).map_err(io)?;
     let head = &head[..n];
     if stage::Compression::detect(head).is_some() || crate::archive::Format::detect(head).is_some() {
         return Ok(());

@@ -27,7 +27,8 @@ impl Rng {
 pub fn run(files: usize, readers: usize, dir: Option<PathBuf>) -> Result<(), Failure> {
     let io = |what: &str, e: std::io::Error| Failure::other(format!("demo: {what}: {e}"));
     let work = dir.unwrap_or_else(|| std::env::temp_dir().join(format!("stagefs-demo-{}", std::process::id())));
-    std::fs::create_dir_all(&work).map_err(|e| io("cannot create the work directory", e))?;
+    // In /tmp anyone could have made that path first: it must be ours alone.
+    let created = crate::places::own_dir(&work, "choose another directory with --dir")?;
     let archive = work.join("imagenet-like.tar");
     let mountpoint = work.join("mnt");
 
@@ -77,7 +78,7 @@ pub fn run(files: usize, readers: usize, dir: Option<PathBuf>) -> Result<(), Fai
     println!("unmounted; all bytes verified");
     let _ = std::fs::remove_file(&archive);
     let _ = std::fs::remove_dir(&mountpoint);
-    let _ = std::fs::remove_dir(&work);
+    crate::places::remove_created(&created);
     result
 }
 

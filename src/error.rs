@@ -2,6 +2,7 @@
 
 use crate::archive::OpenError;
 use crate::mountpoint::MountpointError;
+use crate::places::PlaceError;
 use crate::stage::StageError;
 
 /// Exit codes (documented in the README).
@@ -55,10 +56,23 @@ impl From<MountpointError> for Failure {
     }
 }
 
+impl From<crate::cancel::Interrupted> for Failure {
+    fn from(e: crate::cancel::Interrupted) -> Failure {
+        Failure::new(e.exit_code(), e.to_string())
+    }
+}
+
+impl From<PlaceError> for Failure {
+    fn from(e: PlaceError) -> Failure {
+        Failure::new(code::MOUNTPOINT, e.to_string())
+    }
+}
+
 impl From<StageError> for Failure {
     fn from(e: StageError) -> Failure {
         let code = match e {
             StageError::NoRoom { .. } | StageError::NoRoomDecompressing { .. } => code::NO_ROOM,
+            StageError::Interrupted(interrupted) => interrupted.exit_code(),
             _ => code::BAD_ARCHIVE,
         };
         Failure::new(code, e.to_string())

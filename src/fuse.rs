@@ -25,7 +25,10 @@ const BLKSIZE: u32 = 128 * 1024;
 
 /// Mounts `fs` at `mountpoint` and starts serving on `threads` threads. Returns once the
 /// kernel's INIT handshake is done; the mount then lives until it is unmounted.
-pub fn mount(fs: Arc<Fs>, mountpoint: &Path, threads: usize) -> std::io::Result<fuser::BackgroundSession> {
+/// A live mount served by background threads; `join` waits until it is unmounted.
+pub type MountedSession = fuser::BackgroundSession;
+
+pub fn mount(fs: Arc<Fs>, mountpoint: &Path, threads: usize) -> std::io::Result<MountedSession> {
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::RO,
@@ -71,12 +74,16 @@ fn file_type(mode: u32) -> FileType {
     }
 }
 
+/// The archive's time as the kernel wants it. Never panics: a time that `SystemTime` cannot
+/// hold (a hostile base-256 mtime, nanoseconds past a second) shows as the epoch.
 fn to_system_time(secs: i64, nsec: u32) -> SystemTime {
-    if secs >= 0 {
-        UNIX_EPOCH + Duration::new(secs as u64, nsec)
+    let nanos = Duration::from_nanos(u64::from(nsec.min(999_999_999)));
+    let time = if secs >= 0 {
+        UNIX_EPOCH.checked_add(Duration::from_secs(secs as u64))
     } else {
-        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs()) + Duration::from_nanos(nsec as u64)
-    }
+        UNIX_EPOCH.checked_sub(Duration::from_secs(secs.unsigned_abs()))
+    };
+    time.and_then(|t| t.checked_add(nanos)).unwrap_or(UNIX_EPOCH)
 }
 
 fn file_attr(a: &Attr) -> FileAttr {
@@ -286,5 +293,19 @@ fn xattr_reply(value: &[u8], size: u32, reply: ReplyXattr) {
         reply.error(errno(&FsError::Range));
     } else {
         reply.data(value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostile_times_never_panic() {
+        assert_eq!(to_system_time(1, 5), UNIX_EPOCH + Duration::new(1, 5));
+        assert_eq!(to_system_time(-1, 0), UNIX_EPOCH - Duration::from_secs(1));
+        for (secs, nsec) in [(i64::MAX, u32::MAX), (i64::MIN, u32::MAX), (0, 2_000_000_000)] {
+            let _ = to_system_time(secs, nsec);
+        }
     }
 }

@@ -6,9 +6,14 @@
 //! load, so a damaged file is ignored (with a warning) rather than trusted.
 //! Saved next to the archive when that directory is writable, else in
 //! `$XDG_CACHE_HOME/stagefs` (default `~/.cache/stagefs`).
+//!
+//! Trust: an index says which archive bytes each file is, so it is trusted exactly as far
+//! as the archive: it is used only when it is a regular file owned by this user or by the
+//! archive's owner (who could change the archive itself), writable by nobody else, and no
+//! larger than an index of that archive can be. It is written with the archive's read
+//! permissions at most, so it never shows member names to someone who cannot read them.
 
 use std::fs::File;
-use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
@@ -16,6 +21,7 @@ use crate::archive::tar::{Extent, SparseFile, TarReader};
 use crate::archive::{Archive, Backing};
 use crate::hash::{self, Hasher};
 use crate::index::{Attrs, Data, Dirent, Index, Inode, Span, Xattr};
+use crate::places;
 
 const MAGIC: &[u8; 16] = b"STAGEFS-INDEX\0v1";
 
@@ -51,24 +57,50 @@ impl Key {
     }
 }
 
-/// Where an index for `archive` may live, preferred first.
-fn candidates(archive: &Path) -> Vec<PathBuf> {
+/// The saved index next to `archive` (a canonical path).
+fn beside(archive: &Path) -> PathBuf {
     let name = archive.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let mut paths = vec![archive.with_file_name(format!("{name}.stagefs-index"))];
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")));
-    if let Some(cache) = cache {
-        let path_hash = hash::hash(archive.as_os_str().as_encoded_bytes());
-        paths.push(cache.join("stagefs").join(format!("{path_hash:016x}-{name}.index")));
+    archive.with_file_name(format!("{name}.stagefs-index"))
+}
+
+/// The saved index of `archive` (a canonical path) in the cache directory `dir`.
+fn in_cache(dir: &Path, archive: &Path) -> PathBuf {
+    let name = archive.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let path_hash = hash::hash(archive.as_os_str().as_encoded_bytes());
+    dir.join(format!("{path_hash:016x}-{name}.index"))
+}
+
+/// Where an index for `archive` may live, preferred first (looked up, never created).
+fn candidates(archive: &Path) -> Vec<PathBuf> {
+    let mut paths = vec![beside(archive)];
+    if let Ok(dir) = places::cache_dir() {
+        paths.push(in_cache(&dir, archive));
     }
     paths
 }
 
-/// Loads a saved index for `archive` if one matches `key`; warns about damaged ones.
+/// The largest index an archive of `archive_len` bytes can have: a tar member takes at
+/// least a 512-byte header, its index entry far less, even with the directories its path
+/// implies; sparse maps cost at most a few times their text.
+fn size_cap(archive_len: u64) -> u64 {
+    archive_len.saturating_mul(8).saturating_add(16 << 20)
+}
+
+/// Loads a saved index for `archive` if one matches `key` and deserves trust (see the
+/// module docs); says why it ignores one.
 pub fn load(archive: &Path, key: &Key, backing: &Backing) -> Option<Archive> {
+    let owners = [places::my_uid(), std::fs::metadata(archive).map_or(places::my_uid(), |m| m.uid())];
     for path in candidates(archive) {
-        let Ok(bytes) = std::fs::read(&path) else { continue };
+        if std::fs::symlink_metadata(&path).is_err() {
+            continue;
+        }
+        let bytes = match places::read_trusted(&path, &owners, size_cap(key.size)) {
+            Ok(bytes) => bytes,
+            Err(why) => {
+                tracing::warn!(index = %path.display(), "ignoring saved index: {why}; scanning the archive");
+                continue;
+            }
+        };
         match decode(&bytes, key, backing) {
             Ok(archive) => {
                 tracing::info!(index = %path.display(), "using saved index");
@@ -87,26 +119,20 @@ pub fn save(archive_path: &Path, key: &Key, archive: &Archive) -> std::io::Resul
         return Err(std::io::Error::other("only tar indexes are saved (SquashFS has its own)"));
     };
     let bytes = encode(key, &archive.index, reader);
-    let mut last_error = std::io::Error::other("no place to save the index");
-    for path in candidates(archive_path) {
-        match write_atomically(&path, &bytes) {
-            Ok(()) => return Ok(path),
-            Err(e) => last_error = e,
-        }
-    }
-    Err(last_error)
-}
-
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let result = File::create(&tmp).and_then(|mut f| f.write_all(bytes)).and_then(|()| std::fs::rename(&tmp, path));
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    // Never more readable than the archive: the index lists its member names.
+    let archive_mode = std::fs::metadata(archive_path)?.mode();
+    let mode = 0o600 | (archive_mode & 0o044);
+    let beside = beside(archive_path);
+    let beside_error = match places::write_atomically(&beside, &bytes, mode) {
+        Ok(()) => return Ok(beside),
+        Err(e) => e,
+    };
+    let dir = places::cache_dir().map_err(|e| {
+        std::io::Error::other(format!("cannot write {} ({beside_error}), nor use the cache: {e}", beside.display()))
+    })?;
+    let cached = in_cache(&dir, archive_path);
+    places::write_atomically(&cached, &bytes, mode)?;
+    Ok(cached)
 }
 
 /// Little-endian writer for the index file.
@@ -298,8 +324,10 @@ fn decode(bytes: &[u8], key: &Key, backing: &Backing) -> Result<Archive, String>
     Ok(Archive::from_saved_tar(index, reader))
 }
 
-/// Every reference in the index must point inside it (and file data inside the archive),
-/// so that nothing read from disk can make the request path index out of bounds.
+/// Every reference in the index must point inside it (and file data inside the archive,
+/// where a tar puts data: after a 512-byte header), every field must be one the scan could
+/// have produced, and the directories must form a tree, so that nothing read from disk can
+/// make the request path panic, loop or index out of bounds.
 fn check_bounds(index: &Index, n_sparse: usize, archive_len: u64) -> Result<(), String> {
     let span_ok = |s: Span| (s.offset as u64 + s.len as u64) <= index.arena.len() as u64;
     let range_ok = |first: u32, count: u32, len: usize| (first as u64 + count as u64) <= len as u64;
@@ -308,8 +336,13 @@ fn check_bounds(index: &Index, n_sparse: usize, archive_len: u64) -> Result<(), 
     }
     for inode in &index.inodes {
         let ok = range_ok(inode.xattr_first, inode.xattr_count, index.xattrs.len())
+            && inode.attrs.mtime_nsec < 1_000_000_000
             && match inode.data {
-                Data::Slice { offset } => offset.checked_add(inode.attrs.size).is_some_and(|end| end <= archive_len),
+                Data::Slice { offset } => {
+                    offset % 512 == 0
+                        && offset >= 512
+                        && offset.checked_add(inode.attrs.size).is_some_and(|end| end <= archive_len)
+                }
                 Data::Extern(h) => (h as usize) < n_sparse,
                 Data::Dir { first, count, parent } => {
                     inode.attrs.is_dir()
@@ -323,7 +356,14 @@ fn check_bounds(index: &Index, n_sparse: usize, archive_len: u64) -> Result<(), 
             return Err("an inode points outside the index or archive".into());
         }
     }
-    let dirents_ok = index.dirents.iter().all(|d| span_ok(d.name) && (d.inode as usize) < index.inodes.len());
+    // A name is one path component, as the scan makes them.
+    let component_ok = |s: Span| {
+        span_ok(s) && {
+            let name = index.bytes(s);
+            !name.is_empty() && name != b"." && name != b".." && !name.contains(&b'/') && !name.contains(&0)
+        }
+    };
+    let dirents_ok = index.dirents.iter().all(|d| component_ok(d.name) && (d.inode as usize) < index.inodes.len());
     // listxattr separates names with NUL: a name must be non-empty and NUL-free.
     let name_ok = |s: Span| span_ok(s) && s.len > 0 && !index.bytes(s).contains(&0);
     let xattrs_ok = index.xattrs.iter().all(|x| name_ok(x.name) && span_ok(x.value));
@@ -334,6 +374,31 @@ fn check_bounds(index: &Index, n_sparse: usize, archive_len: u64) -> Result<(), 
     let sorted = |dir: &Inode| index.children(dir).windows(2).all(|w| index.bytes(w[0].name) < index.bytes(w[1].name));
     if !index.inodes.iter().all(sorted) {
         return Err("a directory's entries are not sorted".into());
+    }
+    check_tree(index)
+}
+
+/// Every directory is listed once, by its parent, and reached from the root: no cycles,
+/// no directory with two parents (`..` would be ambiguous).
+fn check_tree(index: &Index) -> Result<(), String> {
+    let mut seen = vec![false; index.inodes.len()];
+    let mut stack = vec![crate::index::ROOT];
+    seen[0] = true;
+    while let Some(dir) = stack.pop() {
+        let inode = &index.inodes[dir as usize];
+        if let Data::Dir { parent, .. } = inode.data {
+            if dir == crate::index::ROOT && parent != crate::index::ROOT {
+                return Err("the root directory has a parent".into());
+            }
+        }
+        for child in index.children(inode) {
+            let Data::Dir { parent, .. } = index.inodes[child.inode as usize].data else { continue };
+            if seen[child.inode as usize] || parent != dir {
+                return Err("the directories do not form a tree".into());
+            }
+            seen[child.inode as usize] = true;
+            stack.push(child.inode);
+        }
     }
     Ok(())
 }

@@ -5,6 +5,7 @@
 //! [`daemon`] and [`mountpoint`] manage the mount's life.
 
 pub mod archive;
+pub mod cancel;
 pub mod cli;
 pub mod commands;
 pub mod daemon;
@@ -17,6 +18,7 @@ pub mod index;
 pub mod index_cache;
 pub mod mountpoint;
 pub mod node;
+pub mod places;
 pub mod registry;
 pub mod stage;
 pub mod warm;

@@ -24,7 +24,7 @@ fn main() -> ExitCode {
 fn run(command: Command) -> Result<(), Failure> {
     match command {
         Command::Mount { archive, mountpoint, foreground, threads, log_file, stage, max_ram, warm, idle_timeout } => {
-            let mountpoint = mountpoint.unwrap_or_else(|| node::default_mountpoint(&archive));
+            let mountpoint = mountpoint.unwrap_or_else(|| stagefs::places::default_mountpoint(&archive));
             let request = MountRequest {
                 archive,
                 mountpoint,

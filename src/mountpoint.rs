@@ -1,9 +1,12 @@
 //! Mountpoint checks: create, detect live or stale mounts, unmount (as root or via fusermount3).
 
 use std::io::ErrorKind;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use crate::error::Failure;
+use crate::places;
 
 /// Problems with the mountpoint itself, each telling the user what to do.
 #[derive(Debug, thiserror::Error)]
@@ -45,19 +48,20 @@ pub fn resolve(path: &Path) -> Result<PathBuf, MountpointError> {
     }
 }
 
-/// Gets `path` ready to mount on: creates it (0700) if missing, recovers a stale FUSE
-/// mount, refuses a live mount or a non-empty directory. Returns whether it was created.
-pub fn prepare(path: &Path) -> Result<bool, MountpointError> {
+/// Gets `path` ready to mount on: creates it and its missing parents (0700, checked
+/// against other users by [`places`]), recovers a stale FUSE mount, refuses a live mount
+/// or a non-empty directory. Returns the directories it created, outermost first.
+pub fn prepare(path: &Path) -> Result<Vec<PathBuf>, Failure> {
+    let mut created = places::mountpoint_parents(path)?;
     // statfs always reaches the filesystem; stat may be answered from the kernel's cache
     // even after a FUSE daemon died, hiding the stale mount.
     let probe =
         nix::sys::statfs::statfs(path).err().map(std::io::Error::from).map_or_else(|| std::fs::metadata(path), Err);
     match probe {
         Err(e) if e.kind() == ErrorKind::NotFound => {
-            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(path).map_err(|source| {
-                MountpointError::Io { path: path.to_owned(), what: "cannot create the mountpoint", source }
-            })?;
-            return Ok(true);
+            places::create_mountpoint(path)?;
+            created.push(path.to_owned());
+            return Ok(created);
         }
         // ENOTCONN: the daemon is gone; ECONNABORTED: it died while a request was in flight.
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED)) => {
@@ -65,13 +69,15 @@ pub fn prepare(path: &Path) -> Result<bool, MountpointError> {
             unmount(path, true)?;
         }
         Err(source) => {
-            return Err(MountpointError::Io { path: path.to_owned(), what: "cannot inspect the mountpoint", source })
+            return Err(
+                MountpointError::Io { path: path.to_owned(), what: "cannot inspect the mountpoint", source }.into()
+            )
         }
-        Ok(meta) if !meta.is_dir() => return Err(MountpointError::NotADirectory(path.to_owned())),
+        Ok(meta) if !meta.is_dir() => return Err(MountpointError::NotADirectory(path.to_owned()).into()),
         Ok(_) => {}
     }
     if let Some(fstype) = mounted_fstype(path) {
-        return Err(MountpointError::AlreadyMounted(path.to_owned(), Some(fstype)));
+        return Err(MountpointError::AlreadyMounted(path.to_owned(), Some(fstype)).into());
     }
     let mut entries = std::fs::read_dir(path).map_err(|source| MountpointError::Io {
         path: path.to_owned(),
@@ -79,9 +85,9 @@ pub fn prepare(path: &Path) -> Result<bool, MountpointError> {
         source,
     })?;
     if entries.next().is_some() {
-        return Err(MountpointError::NotEmpty(path.to_owned()));
+        return Err(MountpointError::NotEmpty(path.to_owned()).into());
     }
-    Ok(false)
+    Ok(created)
 }
 
 /// The filesystem type mounted exactly at `path`, from `/proc/self/mountinfo`.
@@ -168,13 +174,14 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let base = std::env::temp_dir().join(format!("stagefs-mp-test-{}", std::process::id()));
         let new = base.join("a/b");
-        assert!(prepare(&new).unwrap());
+        assert_eq!(prepare(&new).unwrap(), [base.clone(), base.join("a"), new.clone()]);
         assert_eq!(std::fs::metadata(&new).unwrap().permissions().mode() & 0o777, 0o700);
-        assert!(!prepare(&new).unwrap());
+        assert!(prepare(&new).unwrap().is_empty());
         std::fs::write(new.join("x"), b"x").unwrap();
-        assert!(matches!(prepare(&new), Err(MountpointError::NotEmpty(_))));
-        assert!(matches!(prepare(&new.join("x")), Err(MountpointError::NotADirectory(_))));
-        assert!(matches!(prepare(Path::new("/proc")), Err(MountpointError::AlreadyMounted(..))));
+        let code = |p: &Path| prepare(p).unwrap_err().code;
+        assert_eq!(code(&new), crate::error::code::MOUNTPOINT, "not empty");
+        assert_eq!(code(&new.join("x")), crate::error::code::MOUNTPOINT, "not a directory");
+        assert!(prepare(Path::new("/proc")).unwrap_err().message.contains("already mounted"));
         std::fs::remove_dir_all(&base).unwrap();
     }
 }

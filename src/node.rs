@@ -1,6 +1,6 @@
 //! Per-node coordination: one mounter per node and mountpoint, waiting, `run`, idle unmount.
 //!
-//! Files, per user and per mountpoint, in [`registry::runtime_dir`] (node-local):
+//! Files, per user and per mountpoint, in [`places::runtime_dir`] (node-local, checked):
 //! - `<hash>.lock`: the election lock. Whoever mounts holds an exclusive `flock` on it, and
 //!   the daemon inherits it across its fork, so "locked" means "a mounter is alive". The
 //!   file's content is the leader's status (mounting, or failed with its error), which
@@ -26,7 +26,8 @@ pub use elect::{elect, mount, wait, Election, Lease};
 pub use run::{run, RunRequest};
 pub use watch::{daemon_exiting, set_idle_timeout, set_owner, spawn_watchdog};
 
-use crate::registry;
+use crate::error::Failure;
+use crate::places;
 
 /// Where SLURM says this process sits; all `None` outside a job.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -81,54 +82,19 @@ pub struct NodeFiles {
 }
 
 impl NodeFiles {
-    pub fn for_mountpoint(mountpoint: &Path) -> NodeFiles {
-        NodeFiles {
-            lock: registry::mountpoint_file(mountpoint, "lock"),
-            users: registry::mountpoint_file(mountpoint, "users"),
-        }
-    }
-}
-
-/// `/dev/shm/$USER/stagefs/<archive stem>`: node-local, private, gone at reboot.
-pub fn default_mountpoint(archive: &Path) -> PathBuf {
-    PathBuf::from("/dev/shm").join(user_name()).join("stagefs").join(archive_stem(archive))
-}
-
-/// The user's name from the password database (`$USER` is unset in some SLURM steps).
-fn user_name() -> String {
-    let uid = nix::unistd::geteuid();
-    nix::unistd::User::from_uid(uid)
-        .ok()
-        .flatten()
-        .map(|u| u.name)
-        .or_else(|| std::env::var("USER").ok().filter(|u| !u.is_empty()))
-        .unwrap_or_else(|| uid.to_string())
-}
-
-/// `imagenet.tar.zst` → `imagenet`: the file name without its archive extensions.
-fn archive_stem(archive: &Path) -> String {
-    const EXTENSIONS: &[&str] = &[
-        "tar", "gz", "tgz", "zst", "tzst", "xz", "txz", "bz2", "tbz2", "lz4", "sqsh", "sqfs", "squashfs", "sfs", "img",
-    ];
-    let mut name = archive.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    while let Some((stem, ext)) = name.rsplit_once('.') {
-        if stem.is_empty() || !EXTENSIONS.contains(&ext.to_ascii_lowercase().as_str()) {
-            break;
-        }
-        name = stem.to_string();
-    }
-    if name.is_empty() {
-        "archive".into()
-    } else {
-        name
+    pub fn for_mountpoint(mountpoint: &Path) -> Result<NodeFiles, Failure> {
+        Ok(NodeFiles {
+            lock: places::mountpoint_file(mountpoint, "lock")?,
+            users: places::mountpoint_file(mountpoint, "users")?,
+        })
     }
 }
 
 /// Canonical archive path, so that two spellings of one archive compare equal.
-fn canonical_archive(archive: &Path) -> Result<PathBuf, crate::error::Failure> {
-    archive.canonicalize().map_err(|source| {
-        crate::error::Failure::from(crate::archive::OpenError::Io { path: archive.to_owned(), source })
-    })
+fn canonical_archive(archive: &Path) -> Result<PathBuf, Failure> {
+    archive
+        .canonicalize()
+        .map_err(|source| Failure::from(crate::archive::OpenError::Io { path: archive.to_owned(), source }))
 }
 
 #[cfg(test)]
@@ -142,15 +108,5 @@ mod tests {
         assert_eq!(tasks_on_node("4(x2),3", 2), Some(3));
         assert_eq!(tasks_on_node("4(x2),3", 3), None);
         assert_eq!(tasks_on_node("junk", 0), None);
-    }
-
-    #[test]
-    fn stems_drop_archive_extensions_only() {
-        assert_eq!(archive_stem(Path::new("/d/imagenet.sqsh")), "imagenet");
-        assert_eq!(archive_stem(Path::new("data.tar.zst")), "data");
-        assert_eq!(archive_stem(Path::new("v1.2.tar")), "v1.2");
-        assert_eq!(archive_stem(Path::new(".tar")), ".tar");
-        assert!(default_mountpoint(Path::new("x.tar")).starts_with("/dev/shm"));
-        assert!(default_mountpoint(Path::new("x.tar")).ends_with("stagefs/x"));
     }
 }

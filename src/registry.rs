@@ -4,9 +4,10 @@
 //! right daemon and `status` can list mounts; a daemon removes its record on exit, and
 //! a record whose pid is gone is treated as absent.
 
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::places::{self, PlaceError};
 
 /// A running daemon as recorded at mount time.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,33 +22,12 @@ pub struct Record {
     pub reads: u64,
 }
 
-/// `$STAGEFS_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/stagefs`, else `/tmp/stagefs-<uid>`.
-pub fn runtime_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("STAGEFS_RUNTIME_DIR") {
-        return PathBuf::from(dir);
-    }
-    match std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from) {
-        Some(xdg) if xdg.is_dir() => xdg.join("stagefs"),
-        _ => PathBuf::from(format!("/tmp/stagefs-{}", nix::unistd::geteuid())),
-    }
-}
-
-/// The runtime file `<hash of the mountpoint path>.<extension>`: every per-mountpoint
-/// file (record, lock, users) is named this way.
-pub fn mountpoint_file(mountpoint: &Path, extension: &str) -> PathBuf {
-    let hash = crate::hash::hash(mountpoint.as_os_str().as_encoded_bytes());
-    runtime_dir().join(format!("{hash:016x}.{extension}"))
-}
-
-fn record_path(mountpoint: &Path) -> PathBuf {
-    mountpoint_file(mountpoint, "mount")
+fn record_path(mountpoint: &Path) -> Result<PathBuf, PlaceError> {
+    places::mountpoint_file(mountpoint, "mount")
 }
 
 pub fn write(record: &Record) -> std::io::Result<()> {
-    let path = record_path(&record.mountpoint);
-    if let Some(dir) = path.parent() {
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
-    }
+    let path = record_path(&record.mountpoint).map_err(std::io::Error::other)?;
     let text = format!(
         "pid={}\narchive={}\nmountpoint={}\nstarted={}\nstaged_bytes={}\nreads={}\n",
         record.pid,
@@ -57,9 +37,7 @@ pub fn write(record: &Record) -> std::io::Result<()> {
         record.staged_bytes,
         record.reads
     );
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(tmp, path)
+    places::write_atomically(&path, text.as_bytes(), 0o600)
 }
 
 pub fn now() -> u64 {
@@ -68,19 +46,21 @@ pub fn now() -> u64 {
 
 /// The record for `mountpoint`, if its daemon is still alive.
 pub fn read(mountpoint: &Path) -> Option<Record> {
-    parse(&std::fs::read_to_string(record_path(mountpoint)).ok()?).filter(|r| r.mountpoint == mountpoint)
+    let text = std::fs::read_to_string(record_path(mountpoint).ok()?).ok()?;
+    parse(&text).filter(|r| r.mountpoint == mountpoint)
 }
 
 /// Every live daemon of this user on this node, by mountpoint.
-pub fn list() -> Vec<Record> {
-    let Ok(entries) = std::fs::read_dir(runtime_dir()) else { return Vec::new() };
+pub fn list() -> Result<Vec<Record>, PlaceError> {
+    let dir = places::runtime_dir()?;
+    let Ok(entries) = std::fs::read_dir(dir) else { return Ok(Vec::new()) };
     let mut records: Vec<Record> = entries
         .flatten()
         .filter(|e| e.path().extension().is_some_and(|x| x == "mount"))
         .filter_map(|e| parse(&std::fs::read_to_string(e.path()).ok()?))
         .collect();
     records.sort_by(|a, b| a.mountpoint.cmp(&b.mountpoint));
-    records
+    Ok(records)
 }
 
 /// Parses a record; `None` if malformed or its daemon is gone.
@@ -109,7 +89,9 @@ pub fn sweep_dead_in(dir: &Path) {
 }
 
 pub fn remove(mountpoint: &Path) {
-    let _ = std::fs::remove_file(record_path(mountpoint));
+    if let Ok(path) = record_path(mountpoint) {
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 /// True while `pid` exists and is not a zombie.
@@ -127,9 +109,9 @@ mod tests {
 
     #[test]
     fn records_round_trip_and_die_with_their_process() {
-        let dir = std::env::temp_dir().join(format!("stagefs-reg-test-{}", std::process::id()));
-        std::env::set_var("STAGEFS_RUNTIME_DIR", &dir);
-        let mountpoint = PathBuf::from("/some/where");
+        // The runtime dir comes from the environment of this test process (set once, in
+        // one test, before any other test of this binary touches it).
+        let mountpoint = PathBuf::from(format!("/some/where/{}", std::process::id()));
         let mine = Record {
             pid: std::process::id(),
             archive: "/a.tar".into(),
@@ -141,11 +123,10 @@ mod tests {
         write(&mine).unwrap();
         assert_eq!(read(&mountpoint), Some(mine.clone()));
         assert_eq!(read(Path::new("/other")), None);
-        assert_eq!(list(), vec![mine.clone()]);
+        assert!(list().unwrap().contains(&mine));
         write(&Record { pid: u32::MAX - 1, ..mine }).unwrap();
         assert_eq!(read(&mountpoint), None, "a dead pid's record is ignored");
         remove(&mountpoint);
-        assert!(!record_path(&mountpoint).exists());
-        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(!record_path(&mountpoint).unwrap().exists());
     }
 }

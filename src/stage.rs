@@ -76,6 +76,8 @@ pub enum StageError {
     NoRoomDecompressing { path: PathBuf, so_far: u64, budget: u64, budget_reason: String },
     #[error("{}: corrupt {kind} stream at or before compressed byte {offset}: {message}", path.display())]
     CorruptStream { path: PathBuf, kind: &'static str, offset: u64, message: String },
+    #[error(transparent)]
+    Interrupted(#[from] crate::cancel::Interrupted),
 }
 
 /// The bytes to serve and how many of them live in staged RAM.
@@ -303,6 +305,7 @@ fn copy_to_ram(path: &Path, source: &File, len: u64) -> Result<Backing, StageErr
                 s.spawn(|| -> Result<(), StageError> {
                     let mut buf = vec![0u8; CHUNK as usize];
                     loop {
+                        crate::cancel::check()?;
                         let offset = next.fetch_add(CHUNK, Ordering::Relaxed);
                         if offset >= len {
                             return Ok(());
@@ -390,6 +393,10 @@ fn decompress(path: &Path, file: File, kind: Compression, budget: &RamBudget) ->
     let mut buf = vec![0u8; 8 << 20];
     let mut written = 0u64;
     loop {
+        if let Err(interrupted) = crate::cancel::check() {
+            bar.finish_and_clear();
+            return Err(interrupted.into());
+        }
         let n = match decoder.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => n,

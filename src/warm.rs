@@ -71,6 +71,9 @@ where
     std::thread::scope(|scope| {
         for _ in 0..threads.max(1) {
             scope.spawn(|| loop {
+                if crate::cancel::received().is_some() {
+                    break; // The caller sees the signal and unwinds.
+                }
                 let first = next.fetch_add(BATCH, Ordering::Relaxed);
                 let Some(batch) = files.get(first..files.len().min(first + BATCH)).filter(|b| !b.is_empty()) else {
                     break;

@@ -61,6 +61,8 @@ fn package_of(tool: &str) -> &'static str {
         "tar" => "tar",
         "umount" | "mount" => "mount",
         "sleep" | "truncate" => "coreutils",
+        "useradd" => "passwd",
+        "setpriv" => "util-linux",
         _ => "(unknown package)",
     }
 }
@@ -640,4 +642,106 @@ pub fn extract_squashfs(image: &Path, dest: &Path) {
         "unsquashfs",
         [OsStr::new("-no-progress"), OsStr::new("-quiet"), OsStr::new("-d"), dest.as_os_str(), image.as_os_str()],
     );
+}
+
+// ---------------------------------------------------------------------------
+// Real users: an ordinary user runs stagefs, another one attacks
+
+/// An ordinary (non-root) user made for the tests with `useradd`, with a home directory.
+#[derive(Debug, Clone)]
+pub struct User {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub home: PathBuf,
+}
+
+impl User {
+    /// The user `name`, created (with a home and a group of its own) if missing.
+    pub fn get(name: &str) -> User {
+        static USERADD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        require_root();
+        let _serial = USERADD.lock().unwrap_or_else(|e| e.into_inner());
+        // Distributions make /dev/fuse usable by everyone (0666); a bare VM may not.
+        let fuse = fs::metadata("/dev/fuse").expect("/dev/fuse").mode();
+        if fuse & 0o006 != 0o006 {
+            fs::set_permissions("/dev/fuse", std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+        }
+        if nix::unistd::User::from_name(name).unwrap().is_none() {
+            let useradd = require_tool("useradd");
+            let out = run_cmd(
+                Command::new(useradd).args(["--create-home", "--user-group", "--shell", "/bin/sh", name]),
+                CMD_TIMEOUT,
+            );
+            out.assert_success();
+        }
+        let entry = nix::unistd::User::from_name(name).unwrap().expect("the user exists now");
+        User { name: name.into(), uid: entry.uid.as_raw(), gid: entry.gid.as_raw(), home: entry.dir }
+    }
+
+    /// `program args...` run as this user with a login-like environment (HOME, USER, a plain
+    /// PATH; no XDG_RUNTIME_DIR, as in a SLURM batch step), `env` added.
+    pub fn command(&self, env: &[(&str, &str)], program: &Path) -> Command {
+        let mut cmd = Command::new(require_tool("setpriv"));
+        cmd.arg(format!("--reuid={}", self.uid))
+            .arg(format!("--regid={}", self.gid))
+            .arg("--init-groups")
+            .arg("--reset-env")
+            .arg("--")
+            .arg("env");
+        for (k, v) in env {
+            cmd.arg(format!("{k}={v}"));
+        }
+        cmd.arg(program);
+        cmd
+    }
+
+    /// `stagefs ARGS...` as this user.
+    pub fn stagefs<I, S>(&self, args: I) -> CmdOutput
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut cmd = self.command(&[], &stagefs_bin());
+        cmd.args(args);
+        run_cmd(&mut cmd, CMD_TIMEOUT)
+    }
+
+    /// A shell command as this user; panics unless it succeeds.
+    pub fn sh(&self, script: &str) -> CmdOutput {
+        let out = self.try_sh(script);
+        out.assert_success();
+        out
+    }
+
+    /// A shell command as this user.
+    pub fn try_sh(&self, script: &str) -> CmdOutput {
+        let mut cmd = self.command(&[], Path::new("/bin/sh"));
+        cmd.arg("-c").arg(script);
+        run_cmd(&mut cmd, CMD_TIMEOUT)
+    }
+
+    /// Gives `path` to this user.
+    pub fn chown(&self, path: &Path) {
+        std::os::unix::fs::chown(path, Some(self.uid), Some(self.gid)).unwrap();
+    }
+
+    /// This user's private runtime directory when XDG_RUNTIME_DIR is unset.
+    pub fn tmp_runtime_dir(&self) -> PathBuf {
+        PathBuf::from(format!("/tmp/stagefs-{}", self.uid))
+    }
+}
+
+/// Lazily unmounts whatever is mounted at or below `dir`, then removes it (as root).
+pub fn remove_tree(dir: &Path) {
+    for m in mounts().iter().rev() {
+        if m.mount_point.starts_with(dir) {
+            let _ = Command::new("umount").arg("-l").arg(&m.mount_point).status();
+        }
+    }
+    match fs::remove_dir_all(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => panic!("cannot remove {}: {e}", dir.display()),
+    }
 }

@@ -4,9 +4,10 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{default_mountpoint, parse_duration, run, wait, RunRequest};
+use super::{parse_duration, run, wait, RunRequest};
 use crate::daemon::MountRequest;
 use crate::error::Failure;
+use crate::places::default_mountpoint;
 use crate::stage::StageMode;
 use crate::warm::WarmMode;
 

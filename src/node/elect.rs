@@ -62,7 +62,9 @@ const FAILURE_KEPT_MS: u64 = 60_000;
 /// (a live leader, or the daemon it forked, always holds its lock), except failures
 /// younger than `FAILURE_KEPT_MS`, and records of daemons that are gone.
 pub fn sweep_stale() {
-    sweep_stale_in(&registry::runtime_dir());
+    if let Ok(dir) = crate::places::runtime_dir() {
+        sweep_stale_in(dir);
+    }
 }
 
 fn sweep_stale_in(dir: &Path) {
@@ -88,7 +90,7 @@ fn sweep_stale_in(dir: &Path) {
 /// Gives up after `timeout` with an error saying what it waited for.
 pub fn elect(archive: &Path, mountpoint: &Path, task: &SlurmTask, timeout: Duration) -> Result<Election, Failure> {
     sweep_stale();
-    let files = NodeFiles::for_mountpoint(mountpoint);
+    let files = NodeFiles::for_mountpoint(mountpoint)?;
     let what = format!("{} on {}", archive.display(), mountpoint.display());
     elect_with(&files.lock, task, timeout, &what, &|| is_mounted(archive, mountpoint))
 }
@@ -225,7 +227,7 @@ pub fn mount(request: &MountRequest, timeout: Duration, idle: Option<Duration>) 
 /// or as soon as the leader reports a failure.
 pub fn wait(mountpoint: &Path, timeout: Duration) -> Result<(), Failure> {
     let mountpoint: PathBuf = mountpoint::resolve(mountpoint)?;
-    let files = NodeFiles::for_mountpoint(&mountpoint);
+    let files = NodeFiles::for_mountpoint(&mountpoint)?;
     let job = SlurmTask::from_env().job;
     let started_ms = now_ms();
     let deadline = Instant::now() + timeout;

@@ -7,7 +7,7 @@
 use std::fs::File;
 use std::io::{self, ErrorKind};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -40,12 +40,9 @@ impl LockFile {
         }
     }
 
+    /// Opens the file in its (checked, private) directory, never through a symlink.
     fn open(path: &Path) -> io::Result<LockFile> {
-        if let Some(dir) = path.parent() {
-            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
-        }
-        let file = File::options().read(true).write(true).create(true).truncate(false).mode(0o600).open(path)?;
-        Ok(LockFile { file, path: path.to_owned() })
+        Ok(LockFile { file: crate::places::open_private(path)?, path: path.to_owned() })
     }
 
     /// Non-blocking `flock`; also converts a held lock between shared and exclusive.

@@ -78,7 +78,7 @@ pub fn run(request: &RunRequest) -> Result<u8, Failure> {
 /// Mounts or waits, then takes a shared lock on the users file. Retries when the mount
 /// went away in between (its owner was unmounting: then this task may mount it again).
 fn join(mount: &MountRequest, task: &SlurmTask, timeout: Duration) -> Result<(LockFile, bool), Failure> {
-    let files = NodeFiles::for_mountpoint(&mount.mountpoint);
+    let files = NodeFiles::for_mountpoint(&mount.mountpoint)?;
     let mut task = task.clone();
     loop {
         watch::set_owner(Some(std::process::id()));

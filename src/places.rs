@@ -1,0 +1,411 @@
+//! Every place stagefs keeps on a node (runtime dir, locks, status records, default mountpoints, the index cache), created once and checked against other users.
+//!
+//! Login and compute nodes are shared, and `/tmp` and `/dev/shm` are world-writable: any
+//! user can pre-create a path another user's stagefs will later use, or plant a symlink
+//! there. So every directory stagefs makes or reuses goes through [`private_dir`]: after
+//! creation (or when found) it must be a real directory, owned by this user, writable by
+//! nobody else; if not, stagefs refuses (exit 4) and names the path and its owner. Inside
+//! such a directory nobody else can create or rename anything, so the files in it are
+//! ours; they are still opened with `O_NOFOLLOW`, and temp files with `O_EXCL` and an
+//! unpredictable name, so a mistake elsewhere cannot turn into a write through a link.
+
+use std::ffi::OsString;
+use std::fs::{File, OpenOptions};
+use std::io::{ErrorKind, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+use std::sync::OnceLock;
+
+/// A place stagefs cannot use safely, with what to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum PlaceError {
+    #[error(
+        "{}: belongs to {owner}, not to you: another user may be trying to intercept stagefs's files; \
+         {advice}",
+        path.display()
+    )]
+    NotOwned { path: PathBuf, owner: String, advice: String },
+    #[error("{}: is a symbolic link (or not a directory) where stagefs expects its own directory; {advice}", path.display())]
+    NotADirectory { path: PathBuf, advice: String },
+    #[error(
+        "{}: is writable by other users (mode {mode:04o}), so they could replace stagefs's files in it; {advice}",
+        path.display()
+    )]
+    Writable { path: PathBuf, mode: u32, advice: String },
+    #[error("{}: {what}: {source}", path.display())]
+    Io { path: PathBuf, what: &'static str, source: std::io::Error },
+}
+
+/// The effective user's uid.
+pub fn my_uid() -> u32 {
+    nix::unistd::geteuid().as_raw()
+}
+
+/// A user's name for messages ("uid 1002" when the password database does not know it).
+pub fn user_label(uid: u32) -> String {
+    match nix::unistd::User::from_uid(uid.into()) {
+        Ok(Some(user)) => format!("{} (uid {uid})", user.name),
+        _ => format!("uid {uid}"),
+    }
+}
+
+/// The user's name from the password database (`$USER` is unset in some SLURM steps).
+pub fn user_name() -> String {
+    let uid = my_uid();
+    nix::unistd::User::from_uid(uid.into())
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .or_else(|| std::env::var("USER").ok().filter(|u| !u.is_empty()))
+        .unwrap_or_else(|| uid.to_string())
+}
+
+/// Checks that `path` (not followed if a symlink) is a directory owned by this user that no
+/// one else may write to. `advice` finishes the error message.
+pub fn check_private(path: &Path, advice: &str) -> Result<(), PlaceError> {
+    let meta = std::fs::symlink_metadata(path).map_err(|source| PlaceError::Io {
+        path: path.to_owned(),
+        what: "cannot inspect this directory",
+        source,
+    })?;
+    if !meta.file_type().is_dir() {
+        return Err(PlaceError::NotADirectory { path: path.to_owned(), advice: advice.into() });
+    }
+    if meta.uid() != my_uid() {
+        return Err(PlaceError::NotOwned {
+            path: path.to_owned(),
+            owner: user_label(meta.uid()),
+            advice: advice.into(),
+        });
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(PlaceError::Writable { path: path.to_owned(), mode: meta.mode() & 0o7777, advice: advice.into() });
+    }
+    Ok(())
+}
+
+/// Makes the directories of `path` below `base` that are missing (mode 0700) and checks
+/// each with [`check_private`]; `check_existing` also checks the components that were
+/// there already (for paths stagefs chose, like `/dev/shm/$USER/stagefs`). Returns the
+/// directories it created, outermost first, so they can be removed again.
+pub fn private_dir(base: &Path, path: &Path, check_existing: bool, advice: &str) -> Result<Vec<PathBuf>, PlaceError> {
+    let relative = path.strip_prefix(base).unwrap_or(path);
+    let mut current = if path.starts_with(base) { base.to_path_buf() } else { PathBuf::new() };
+    let mut created = Vec::new();
+    for component in relative.components() {
+        current.push(component);
+        if !matches!(component, Component::Normal(_)) {
+            continue;
+        }
+        match std::fs::DirBuilder::new().mode(0o700).create(&current) {
+            Ok(()) => {
+                created.push(current.clone());
+                check_private(&current, advice)?;
+            }
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                if check_existing {
+                    check_private(&current, advice)?;
+                }
+            }
+            Err(source) => {
+                return Err(PlaceError::Io { path: current, what: "cannot create this directory", source });
+            }
+        }
+    }
+    Ok(created)
+}
+
+/// [`private_dir`] for a directory stagefs keeps to itself: the directory itself is
+/// checked whether it was made now or found. Returns the directories created.
+pub fn own_dir(path: &Path, advice: &str) -> Result<Vec<PathBuf>, PlaceError> {
+    let created = private_dir(Path::new("/"), path, false, advice)?;
+    check_private(path, advice)?;
+    Ok(created)
+}
+
+/// Removes the directories [`private_dir`] created, innermost first, as far as they are
+/// empty: what stagefs made for a mount goes away with it.
+pub fn remove_created(created: &[PathBuf]) {
+    for dir in created.iter().rev() {
+        if std::fs::remove_dir(dir).is_err() {
+            break;
+        }
+    }
+}
+
+const RUNTIME_ADVICE: &str =
+    "remove it if you can (or ask the admins), or set STAGEFS_RUNTIME_DIR to a private directory";
+
+/// The node-local, per-user directory for locks and status records, created and checked
+/// once per process: `$STAGEFS_RUNTIME_DIR`, else `$XDG_RUNTIME_DIR/stagefs` (when that is
+/// this user's own), else `/tmp/stagefs-<uid>`.
+pub fn runtime_dir() -> Result<&'static Path, PlaceError> {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    if let Some(dir) = DIR.get() {
+        return Ok(dir);
+    }
+    let dir = choose_runtime_dir();
+    // Its parents are the system's (`/tmp`) or the user's choice; the directory itself,
+    // new or found, must be ours alone.
+    own_dir(&dir, RUNTIME_ADVICE)?;
+    Ok(DIR.get_or_init(|| dir))
+}
+
+fn choose_runtime_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("STAGEFS_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return std::path::absolute(PathBuf::from(&dir)).unwrap_or_else(|_| PathBuf::from(dir));
+    }
+    let xdg = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from).filter(|d| d.is_absolute());
+    match xdg {
+        Some(xdg) if check_private(&xdg, "").is_ok() => xdg.join("stagefs"),
+        _ => PathBuf::from(format!("/tmp/stagefs-{}", my_uid())),
+    }
+}
+
+/// The runtime file `<hash of the mountpoint path>.<extension>`: every per-mountpoint
+/// file (record, lock, users, log) is named this way.
+pub fn mountpoint_file(mountpoint: &Path, extension: &str) -> Result<PathBuf, PlaceError> {
+    let hash = crate::hash::hash(mountpoint.as_os_str().as_encoded_bytes());
+    Ok(runtime_dir()?.join(format!("{hash:016x}.{extension}")))
+}
+
+/// `/dev/shm/$USER/stagefs/<archive stem>`: node-local, private, gone at reboot.
+pub fn default_mountpoint(archive: &Path) -> PathBuf {
+    default_mount_root().join(archive_stem(archive))
+}
+
+/// `/dev/shm/$USER/stagefs`, the parent of every default mountpoint.
+pub fn default_mount_root() -> PathBuf {
+    PathBuf::from("/dev/shm").join(user_name()).join("stagefs")
+}
+
+const MOUNT_ADVICE: &str =
+    "remove it if you can (or ask the admins), or give stagefs another mountpoint (stagefs mount ARCHIVE DIR)";
+
+/// Creates the missing directories above `mountpoint` (0700, checked); under
+/// `/dev/shm/$USER` the existing ones are checked too, because stagefs chose that path.
+/// The mountpoint itself is left to the caller: a live or stale mount may sit on it.
+/// Returns the directories created, outermost first.
+pub fn mountpoint_parents(mountpoint: &Path) -> Result<Vec<PathBuf>, PlaceError> {
+    let Some(parent) = mountpoint.parent() else { return Ok(Vec::new()) };
+    let shm_user = PathBuf::from("/dev/shm").join(user_name());
+    if mountpoint.starts_with(&shm_user) {
+        return private_dir(Path::new("/dev/shm"), parent, true, MOUNT_ADVICE);
+    }
+    private_dir(Path::new("/"), parent, false, MOUNT_ADVICE)
+}
+
+/// Creates `mountpoint` itself (0700) and checks it, when it is missing.
+pub fn create_mountpoint(mountpoint: &Path) -> Result<(), PlaceError> {
+    std::fs::DirBuilder::new().mode(0o700).create(mountpoint).map_err(|source| PlaceError::Io {
+        path: mountpoint.to_owned(),
+        what: "cannot create the mountpoint",
+        source,
+    })?;
+    check_private(mountpoint, MOUNT_ADVICE)
+}
+
+/// `imagenet.tar.zst` → `imagenet`: the file name without its archive extensions.
+pub fn archive_stem(archive: &Path) -> String {
+    const EXTENSIONS: &[&str] = &[
+        "tar", "gz", "tgz", "zst", "tzst", "xz", "txz", "bz2", "tbz2", "lz4", "sqsh", "sqfs", "squashfs", "sfs", "img",
+    ];
+    let mut name = archive.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    while let Some((stem, ext)) = name.rsplit_once('.') {
+        if stem.is_empty() || !EXTENSIONS.contains(&ext.to_ascii_lowercase().as_str()) {
+            break;
+        }
+        name = stem.to_string();
+    }
+    if name.is_empty() {
+        "archive".into()
+    } else {
+        name
+    }
+}
+
+/// `$XDG_CACHE_HOME/stagefs` (default `~/.cache/stagefs`), created and checked, for saved
+/// indexes that cannot go next to their archive.
+pub fn cache_dir() -> Result<PathBuf, PlaceError> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .ok_or_else(|| PlaceError::Io {
+            path: PathBuf::from("$HOME"),
+            what: "no cache directory",
+            source: std::io::Error::other("neither XDG_CACHE_HOME nor HOME is set"),
+        })?;
+    let dir = base.join("stagefs");
+    own_dir(&dir, "remove it, or set XDG_CACHE_HOME to a private directory")?;
+    Ok(dir)
+}
+
+/// Opens (creating with mode 0600 if missing) a file in a checked directory for reading and
+/// writing, never through a symlink, and refuses anything but a regular file of ours.
+pub fn open_private(path: &Path) -> std::io::Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)?;
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() || meta.uid() != my_uid() {
+        return Err(std::io::Error::other(format!("{} is not a regular file of yours", path.display())));
+    }
+    Ok(file)
+}
+
+/// Eight bytes from the kernel's random pool, as hex: temp names nobody can predict.
+fn random_suffix() -> String {
+    let mut bytes = [0u8; 8];
+    let got = File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+    if got.is_err() {
+        // No /dev/urandom (a bare container): O_EXCL still refuses any planted name.
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        bytes = (crate::hash::hash(&nanos.to_le_bytes()) ^ u64::from(std::process::id())).to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Writes `bytes` to `path` atomically: a temp file beside it, created with `O_EXCL` and
+/// `O_NOFOLLOW` under an unpredictable name with exactly `mode`, then renamed over `path`
+/// (rename replaces a planted symlink itself, never what it points to).
+pub fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    let mut name = OsString::from(".");
+    name.push(path.file_name().unwrap_or_default());
+    name.push(format!(".{}.tmp", random_suffix()));
+    let tmp = path.with_file_name(name);
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&tmp)?;
+    let result = file
+        .set_permissions(std::fs::Permissions::from_mode(mode))
+        .and_then(|()| file.write_all(bytes))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Why a file was not trusted, for the log line.
+pub type Distrust = String;
+
+/// Reads a file only if it deserves trust: a regular file (opened without following a
+/// symlink and without blocking on a FIFO), owned by one of `owners`, writable by nobody
+/// else, and at most `cap` bytes.
+pub fn read_trusted(path: &Path, owners: &[u32], cap: u64) -> Result<Vec<u8>, Distrust> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| format!("cannot open it: {e}"))?;
+    let meta = file.metadata().map_err(|e| format!("cannot inspect it: {e}"))?;
+    if !meta.file_type().is_file() {
+        return Err("it is not a regular file".into());
+    }
+    if !owners.contains(&meta.uid()) {
+        return Err(format!("it belongs to {}, neither you nor the archive's owner", user_label(meta.uid())));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!("other users may write it (mode {:04o})", meta.mode() & 0o7777));
+    }
+    if meta.len() > cap {
+        return Err(format!("it is larger ({} bytes) than an index of this archive can be ({cap})", meta.len()));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(cap + 1).read_to_end(&mut bytes).map_err(|e| format!("cannot read it: {e}"))?;
+    if bytes.len() as u64 > cap {
+        return Err("it grew while being read".into());
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("stagefs-places-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn stems_drop_archive_extensions_only() {
+        assert_eq!(archive_stem(Path::new("/d/imagenet.sqsh")), "imagenet");
+        assert_eq!(archive_stem(Path::new("data.tar.zst")), "data");
+        assert_eq!(archive_stem(Path::new("v1.2.tar")), "v1.2");
+        assert_eq!(archive_stem(Path::new(".tar")), ".tar");
+        assert!(default_mountpoint(Path::new("x.tar")).starts_with("/dev/shm"));
+        assert!(default_mountpoint(Path::new("x.tar")).ends_with("stagefs/x"));
+    }
+
+    #[test]
+    fn private_dirs_are_made_0700_and_checked() {
+        let base = scratch("dirs");
+        let created = private_dir(Path::new("/"), &base.join("a/b"), false, "x").unwrap();
+        assert_eq!(created, [base.clone(), base.join("a"), base.join("a/b")]);
+        for dir in &created {
+            assert_eq!(std::fs::metadata(dir).unwrap().mode() & 0o777, 0o700);
+        }
+        // Reused and writable by others: refused when stagefs chose the path.
+        std::fs::set_permissions(base.join("a"), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = private_dir(&base, &base.join("a/b"), true, "do this").unwrap_err();
+        assert!(matches!(err, PlaceError::Writable { mode: 0o777, .. }), "{err}");
+        assert!(err.to_string().contains("do this"));
+        // A symlink where a directory should be is refused, not followed.
+        std::os::unix::fs::symlink("/tmp", base.join("link")).unwrap();
+        assert!(matches!(check_private(&base.join("link"), ""), Err(PlaceError::NotADirectory { .. })));
+        std::fs::set_permissions(base.join("a"), std::fs::Permissions::from_mode(0o700)).unwrap();
+        remove_created(&created);
+        assert!(base.exists(), "the symlink keeps the outermost directory");
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn atomic_writes_replace_a_planted_symlink_not_its_target() {
+        let dir = scratch("atomic");
+        std::fs::create_dir_all(&dir).unwrap();
+        let victim = dir.join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.join("record")).unwrap();
+        write_atomically(&dir.join("record"), b"new", 0o640).unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        let meta = std::fs::symlink_metadata(dir.join("record")).unwrap();
+        assert!(meta.is_file());
+        assert_eq!(meta.mode() & 0o777, 0o640);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2, "no temp file left");
+        // open_private refuses the symlink instead of following it.
+        std::os::unix::fs::symlink(&victim, dir.join("lock")).unwrap();
+        assert!(open_private(&dir.join("lock")).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn untrusted_files_are_not_read() {
+        let dir = scratch("trust");
+        std::fs::create_dir_all(&dir).unwrap();
+        let me = my_uid();
+        let file = dir.join("index");
+        std::fs::write(&file, b"0123456789").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(read_trusted(&file, &[me], 100).unwrap(), b"0123456789");
+        assert!(read_trusted(&file, &[me], 5).unwrap_err().contains("larger"));
+        assert!(read_trusted(&file, &[me + 1], 100).unwrap_err().contains("belongs to"));
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(read_trusted(&file, &[me], 100).unwrap_err().contains("may write"));
+        nix::unistd::mkfifo(&dir.join("fifo"), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(read_trusted(&dir.join("fifo"), &[me], 100).unwrap_err().contains("not a regular file"));
+        std::os::unix::fs::symlink(&file, dir.join("link")).unwrap();
+        assert!(read_trusted(&dir.join("link"), &[me], 100).unwrap_err().contains("cannot open"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,231 @@
+//! A shared node is hostile: another real user squats stagefs's directories, plants
+//! symlinks and saved indexes; an ordinary user's stagefs must refuse or ignore them and
+//! never write through them. Each test has its own victim, so they can run in parallel.
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::util::*;
+
+/// A victim with `~/a.tar` (a.txt, b.txt) and `~/.bashrc`, and the attacker.
+struct Scene {
+    victim: User,
+    mallory: User,
+    archive: PathBuf,
+}
+
+const A: &[u8] = b"aaaaaaaaaaa";
+const B: &[u8] = b"bbbbbbbbbbbbb";
+const BASHRC: &[u8] = b"# the victim's shell settings\n";
+
+fn scene(victim: &str, archive_dir: Option<&Path>) -> Scene {
+    let victim = User::get(victim);
+    let mallory = User::get("sfs-mallory");
+    let src = TempDir::new("shared-src");
+    fs::write(src.join("a.txt"), A).unwrap();
+    fs::write(src.join("b.txt"), B).unwrap();
+    let dir = archive_dir.map_or_else(|| victim.home.clone(), Path::to_path_buf);
+    let archive = dir.join("a.tar");
+    pack_tar(src.path(), &archive, &["a.txt", "b.txt"]);
+    victim.chown(&archive);
+    fs::write(victim.home.join(".bashrc"), BASHRC).unwrap();
+    victim.chown(&victim.home.join(".bashrc"));
+    remove_tree(&victim.home.join("mnt")); // left by an earlier failed run
+    remove_tree(&victim.tmp_runtime_dir());
+    remove_tree(&PathBuf::from("/dev/shm").join(&victim.name));
+    Scene { victim, mallory, archive }
+}
+
+fn assert_code(out: &CmdOutput, code: i32, needles: &[&str]) {
+    assert_eq!(out.code(), Some(code), "{}", out.describe());
+    for needle in needles {
+        assert!(out.stderr.contains(needle), "stderr lacks {needle:?}:\n{}", out.describe());
+    }
+}
+
+/// The runtime file name stagefs derives from a mountpoint (what an attacker computes).
+fn runtime_name(mountpoint: &Path, extension: &str) -> String {
+    format!("{:016x}.{extension}", stagefs::hash::hash(mountpoint.as_os_str().as_encoded_bytes()))
+}
+
+#[test]
+fn squatted_runtime_dir_is_refused_and_nothing_is_written_through_it() {
+    let s = scene("sfs-victim1", None);
+    let runtime = s.victim.tmp_runtime_dir();
+    let mnt = s.victim.home.join("mnt");
+    s.mallory.sh(&format!("mkdir -m 0777 {0} && chmod 0777 {0}", runtime.display()));
+    for ext in ["tmp", "mount", "lock", "users"] {
+        let link = runtime.join(runtime_name(&mnt, ext));
+        s.mallory.sh(&format!("ln -s {} {}", s.victim.home.join(".bashrc").display(), link.display()));
+    }
+    let out = s.victim.stagefs(["mount".as_ref(), s.archive.as_os_str(), mnt.as_os_str()]);
+    assert_code(&out, 4, &[&runtime.display().to_string(), "sfs-mallory", "STAGEFS_RUNTIME_DIR"]);
+    assert_eq!(fs::read(s.victim.home.join(".bashrc")).unwrap(), BASHRC, "written through a planted symlink");
+    assert!(!is_mounted(&mnt));
+    assert!(!mnt.exists(), "the mountpoint was made although the mount was refused");
+    let status = s.victim.stagefs(["status"]);
+    assert_code(&status, 4, &["sfs-mallory"]);
+
+    // Once the squatter's directory is gone, the victim's own is made private and works.
+    remove_tree(&runtime);
+    let out = s.victim.stagefs(["mount".as_ref(), s.archive.as_os_str(), mnt.as_os_str()]);
+    out.assert_success();
+    let meta = fs::symlink_metadata(&runtime).unwrap();
+    assert_eq!((meta.uid(), meta.mode() & 0o7777), (s.victim.uid, 0o700));
+    // Only the victim may look inside (no allow_other: not even root).
+    assert_eq!(s.victim.sh(&format!("cat {}/a.txt", mnt.display())).stdout.as_bytes(), A);
+    s.victim.stagefs(["umount".as_ref(), mnt.as_os_str()]).assert_success();
+    assert_nothing_left(&mnt, "after umount");
+    assert_eq!(fs::read_dir(&runtime).unwrap().count(), 0, "files left in the runtime dir");
+}
+
+#[test]
+fn squatted_dev_shm_dir_is_refused_and_the_default_mountpoint_cannot_be_swapped() {
+    let s = scene("sfs-victim2", None);
+    let shm = PathBuf::from("/dev/shm").join(&s.victim.name);
+    s.mallory.sh(&format!("mkdir -m 0777 {0} && chmod 0777 {0}", shm.display()));
+    let out = s.victim.stagefs(["mount".as_ref(), s.archive.as_os_str()]);
+    assert_code(&out, 4, &[&shm.display().to_string(), "sfs-mallory", "another mountpoint"]);
+    assert!(!shm.join("stagefs").exists(), "stagefs wrote into the squatted directory");
+
+    remove_tree(&shm);
+    let out = s.victim.stagefs(["mount".as_ref(), s.archive.as_os_str()]);
+    out.assert_success();
+    let mnt = shm.join("stagefs/a");
+    for dir in [&shm, &shm.join("stagefs")] {
+        let meta = fs::symlink_metadata(dir).unwrap();
+        assert_eq!((meta.uid(), meta.mode() & 0o7777), (s.victim.uid, 0o700), "{}", dir.display());
+    }
+    // The attack of the report: rename the parent away and put a tree of one's own there.
+    let swap = s.mallory.try_sh(&format!("mv {0}/stagefs {0}/x", shm.display()));
+    assert!(!swap.success(), "another user could rename the mount's parent:\n{}", swap.describe());
+    assert_eq!(s.victim.sh(&format!("cat {}/b.txt", mnt.display())).stdout.as_bytes(), B);
+    assert!(fs::read(mnt.join("b.txt")).is_err(), "another user (root) could read the victim's mount");
+    s.victim.stagefs(["umount".as_ref(), mnt.as_os_str()]).assert_success();
+    assert_nothing_left(&mnt, "after umount");
+    assert!(!shm.exists(), "the directories stagefs made for the default mountpoint were left");
+}
+
+/// A saved index of `archive` (made by root's `stagefs index`), as bytes to tamper with.
+fn genuine_index(archive: &Path) -> Vec<u8> {
+    stagefs(["index".as_ref(), archive.as_os_str()]).assert_success();
+    let path = index_path(archive);
+    let bytes = fs::read(&path).unwrap();
+    fs::remove_file(path).unwrap();
+    bytes
+}
+
+fn index_path(archive: &Path) -> PathBuf {
+    archive.with_file_name(format!("{}.stagefs-index", archive.file_name().unwrap().to_str().unwrap()))
+}
+
+/// Re-seals a tampered index with the checksum stagefs expects (it is not a secret).
+fn reseal(mut bytes: Vec<u8>) -> Vec<u8> {
+    let body = bytes.len() - 8;
+    let sum = stagefs::hash::hash(&bytes[..body]);
+    bytes[body..].copy_from_slice(&sum.to_le_bytes());
+    bytes
+}
+
+/// Swaps the data offsets of the tar's first two members (512 and 1536: each member is a
+/// 512-byte header and one block of data) in a saved index.
+fn swap_offsets(bytes: &[u8]) -> Vec<u8> {
+    let slice = |offset: u64| [&1u32.to_le_bytes()[..], &offset.to_le_bytes()[..]].concat();
+    let (a, b) = (slice(512), slice(1536));
+    let find = |needle: &[u8]| bytes.windows(needle.len()).position(|w| w == needle).expect("slice record");
+    let (ia, ib) = (find(&a), find(&b));
+    let mut out = bytes.to_vec();
+    out[ia..ia + a.len()].copy_from_slice(&b);
+    out[ib..ib + b.len()].copy_from_slice(&a);
+    reseal(out)
+}
+
+/// Sets the nanoseconds of inode 1 (the first member) to 2·10⁹: after 16 bytes of magic,
+/// 32 of key and 48 of counts come 64-byte inodes, nanoseconds at byte 20 of each.
+fn bad_nanoseconds(bytes: &[u8]) -> Vec<u8> {
+    let mut out = bytes.to_vec();
+    let at = 96 + 64 + 20;
+    out[at..at + 4].copy_from_slice(&2_000_000_000u32.to_le_bytes());
+    reseal(out)
+}
+
+/// Mounts `archive` as `user`, checks both files read right and every entry stats, and
+/// unmounts; returns the mount's stderr.
+fn mount_and_check(user: &User, archive: &Path, mnt: &Path) -> String {
+    let out = user.stagefs(["mount".as_ref(), archive.as_os_str(), mnt.as_os_str()]);
+    out.assert_success();
+    let read = user.try_sh(&format!("cat {0}/a.txt; echo; cat {0}/b.txt; stat {0}/* >/dev/null", mnt.display()));
+    user.stagefs(["umount".as_ref(), mnt.as_os_str()]).assert_success();
+    assert_eq!(read.stdout, format!("{}\n{}", String::from_utf8_lossy(A), String::from_utf8_lossy(B)));
+    assert!(read.success(), "{}", read.describe());
+    out.stderr
+}
+
+#[test]
+fn planted_and_damaged_indexes_are_ignored_never_served() {
+    let project = TempDir::new("shared-project");
+    fs::set_permissions(project.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    let s = scene("sfs-victim3", Some(project.path()));
+    let mnt = s.victim.home.join("mnt");
+    let genuine = genuine_index(&s.archive);
+    let index = index_path(&s.archive);
+    let plant = |bytes: &[u8], owner: &User, mode: u32| {
+        let _ = fs::remove_file(&index);
+        fs::write(&index, bytes).unwrap();
+        owner.chown(&index);
+        fs::set_permissions(&index, fs::Permissions::from_mode(mode)).unwrap();
+    };
+
+    // Another user's index, data offsets swapped: it would serve a.txt with b.txt's bytes.
+    plant(&swap_offsets(&genuine), &s.mallory, 0o644);
+    let log = mount_and_check(&s.victim, &s.archive, &mnt);
+    assert!(log.contains("ignoring saved index") && log.contains("sfs-mallory"), "{log}");
+    // The victim's own, but writable by everyone.
+    plant(&swap_offsets(&genuine), &s.victim, 0o666);
+    let log = mount_and_check(&s.victim, &s.archive, &mnt);
+    assert!(log.contains("may write"), "{log}");
+    // The victim's own and private, with nanoseconds past a second (FUSE threads panicked).
+    plant(&bad_nanoseconds(&genuine), &s.victim, 0o644);
+    let log = mount_and_check(&s.victim, &s.archive, &mnt);
+    assert!(log.contains("ignoring saved index"), "{log}");
+    // A FIFO (the mount hung on it) and a symlink to an endless file.
+    let _ = fs::remove_file(&index);
+    nix::unistd::mkfifo(&index, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    s.victim.chown(&index);
+    let log = mount_and_check(&s.victim, &s.archive, &mnt);
+    assert!(log.contains("not a regular file"), "{log}");
+    fs::remove_file(&index).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &index).unwrap();
+    mount_and_check(&s.victim, &s.archive, &mnt);
+    fs::remove_file(&index).unwrap();
+    assert_nothing_left(&mnt, "after the planted indexes");
+}
+
+#[test]
+fn saving_an_index_writes_nothing_through_planted_links_and_keeps_it_private() {
+    let project = TempDir::new("shared-project");
+    fs::set_permissions(project.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    let s = scene("sfs-victim4", Some(project.path()));
+    fs::set_permissions(&s.archive, fs::Permissions::from_mode(0o600)).unwrap();
+    let precious = s.victim.home.join(".bashrc");
+    let index = index_path(&s.archive);
+    // The final name, and the temp names the next few hundred processes would have used.
+    let last_pid: u32 = fs::read_to_string("/proc/sys/kernel/ns_last_pid").unwrap().trim().parse().unwrap();
+    let mut script = format!("ln -s {} {}", precious.display(), index.display());
+    script += &format!(
+        "; for p in $(seq {} {}); do ln -s {} {}/a.tar.tmp$p; done",
+        last_pid + 1,
+        last_pid + 400,
+        precious.display(),
+        project.path().display()
+    );
+    s.mallory.sh(&script);
+    let out = s.victim.stagefs(["index".as_ref(), s.archive.as_os_str()]);
+    out.assert_success();
+    assert!(out.stdout.contains(&format!("saved to {}", index.display())), "{}", out.describe());
+    assert_eq!(fs::read(&precious).unwrap(), BASHRC, "written through a planted symlink");
+    let meta = fs::symlink_metadata(&index).unwrap();
+    assert!(meta.is_file());
+    assert_eq!((meta.uid(), meta.mode() & 0o777), (s.victim.uid, 0o600), "an index must not be more readable");
+}

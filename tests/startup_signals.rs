@@ -1,0 +1,110 @@
+//! Signals during start-up: SIGTERM to the daemon, Ctrl-C on `stagefs mount`, and the death
+//! of `stagefs mount`, in each phase before the mount is ready, leave no mount, lock,
+//! status record, staged memory or process.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use crate::util::*;
+
+#[derive(Clone, Copy, Debug)]
+enum Blow {
+    /// SIGTERM to the daemon (job cancel, `kill`).
+    TermDaemon,
+    /// SIGINT to `stagefs mount` (Ctrl-C in the terminal).
+    InterruptMount,
+    /// SIGKILL to `stagefs mount`, which then cannot pass anything on.
+    KillMount,
+}
+
+/// The daemon forked by `parent`.
+fn child_of(parent: u32) -> Option<i32> {
+    let children = fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).ok()?;
+    children.split_whitespace().next()?.parse().ok()
+}
+
+fn signal(pid: i32, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).unwrap();
+}
+
+/// Mounts with every phase held open, strikes when `phase` starts, and checks what is left.
+fn strike(phase: &str, blow: Blow, archive: &Path, tmp: &TempDir) {
+    let context = format!("{blow:?} during {phase:?}");
+    let runtime = tmp.join(format!("runtime-{blow:?}-{}", phase.len()));
+    let mnt = tmp.join(format!("mnt-{blow:?}-{}", phase.len()));
+    let mut child = KillOnDrop(
+        Command::new(stagefs_bin())
+            .args(["-v", "mount", "--stage", "ram", "--warm", "yes"])
+            .arg(archive)
+            .arg(&mnt)
+            .env("STAGEFS_RUNTIME_DIR", &runtime)
+            .env("STAGEFS_TEST_HOLD_PHASE", phase)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let (lines, seen) = mpsc::channel();
+    let stderr = child.0.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+    let wanted = format!("start-up phase: {phase}");
+    let mut log = Vec::new();
+    loop {
+        let line =
+            seen.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("{context}: no {wanted:?}: {log:?}"));
+        log.push(line.clone());
+        if line.contains(&wanted) {
+            break;
+        }
+    }
+    let parent = child.id();
+    let daemon = child_of(parent).unwrap_or_else(|| panic!("{context}: no daemon forked"));
+    match blow {
+        Blow::TermDaemon => signal(daemon, nix::sys::signal::Signal::SIGTERM),
+        Blow::InterruptMount => signal(parent as i32, nix::sys::signal::Signal::SIGINT),
+        Blow::KillMount => signal(parent as i32, nix::sys::signal::Signal::SIGKILL),
+    }
+    let status = wait_timeout(&mut child.0, Duration::from_secs(60)).unwrap_or_else(|| panic!("{context}: hung"));
+    log.extend(seen.try_iter());
+    let expected = match blow {
+        Blow::TermDaemon => Some((143, "interrupted by SIGTERM")),
+        Blow::InterruptMount => Some((130, "interrupted by SIGINT")),
+        Blow::KillMount => None,
+    };
+    if let Some((code, words)) = expected {
+        assert_eq!(status.code(), Some(code), "{context}: {log:#?}");
+        assert!(log.iter().any(|l| l.contains(words)), "{context}: no {words:?} in {log:#?}");
+    }
+    assert!(wait_until(Duration::from_secs(10), || !process_alive(daemon)), "{context}: the daemon lives on");
+    assert_nothing_left(&mnt, &context);
+    assert!(!mnt.exists(), "{context}: the mountpoint stagefs made was left");
+    let left: Vec<_> = fs::read_dir(&runtime).map(|d| d.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
+    assert!(left.is_empty(), "{context}: left in the runtime dir: {left:?}");
+}
+
+#[test]
+fn signals_in_every_start_up_phase_leave_nothing_behind() {
+    require_root();
+    let tmp = TempDir::new("startup-signals");
+    let src = tmp.join("src");
+    fs::create_dir(&src).unwrap();
+    for i in 0..20 {
+        fs::write(src.join(format!("f{i}")), pseudo_random(i, 100_000)).unwrap();
+    }
+    let archive = tmp.join("a.tar");
+    run_tool("tar", ["-C".as_ref(), src.as_os_str(), "-cf".as_ref(), archive.as_os_str(), ".".as_ref()]);
+    for phase in ["staging and indexing", "mounting", "warming", "ready"] {
+        for blow in [Blow::TermDaemon, Blow::InterruptMount, Blow::KillMount] {
+            strike(phase, blow, &archive, &tmp);
+        }
+    }
+}
