@@ -13,8 +13,20 @@ use crate::stage::{self, StageMode};
 pub fn umount(path: &Path, lazy: bool) -> Result<(), Failure> {
     let mountpoint = mountpoint::resolve(path)?;
     let record = registry::read(&mountpoint);
-    if mountpoint::mounted_fstype(&mountpoint).is_none() {
-        return Err(MountpointError::NotMounted(mountpoint).into());
+    match mountpoint::mount_at(&mountpoint) {
+        None => return Err(MountpointError::NotMounted(mountpoint).into()),
+        Some(entry) if !entry.is_stagefs_of(crate::places::my_uid()) => {
+            return Err(Failure::new(
+                crate::error::code::NOT_MOUNTED,
+                format!(
+                    "{} is not a stagefs mount of yours: {} is mounted there; stagefs umount only unmounts \
+                     what you mounted with stagefs",
+                    mountpoint.display(),
+                    entry.describe()
+                ),
+            ))
+        }
+        Some(_) => {}
     }
     mountpoint::unmount(&mountpoint, lazy)?;
     if let Some(record) = record {

@@ -1,6 +1,7 @@
 //! Mountpoint checks: create, detect live or stale mounts, unmount (as root or via fusermount3).
 
 use std::io::ErrorKind;
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -90,15 +91,63 @@ pub fn prepare(path: &Path) -> Result<Vec<PathBuf>, Failure> {
     Ok(created)
 }
 
-/// The filesystem type mounted exactly at `path`, from `/proc/self/mountinfo`.
-pub fn mounted_fstype(path: &Path) -> Option<String> {
+/// What `/proc/self/mountinfo` says is mounted at a path (the topmost mount).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountEntry {
+    pub fstype: String,
+    pub source: String,
+    /// `user_id=` of a FUSE mount: who mounted it.
+    pub fuse_user: Option<u32>,
+}
+
+impl MountEntry {
+    /// A stagefs mount made by `uid` (fuser names the source "stagefs").
+    pub fn is_stagefs_of(&self, uid: u32) -> bool {
+        self.source == "stagefs" && self.fstype.starts_with("fuse") && self.fuse_user == Some(uid)
+    }
+
+    /// "a tmpfs filesystem (from tmpfs)", for messages.
+    pub fn describe(&self) -> String {
+        let owner = self.fuse_user.map(|uid| format!(", mounted by {}", places::user_label(uid))).unwrap_or_default();
+        format!("a {} filesystem (from {}{owner})", self.fstype, self.source)
+    }
+}
+
+/// The mount exactly at `path`, from `/proc/self/mountinfo`.
+pub fn mount_at(path: &Path) -> Option<MountEntry> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let wanted = path.as_os_str().as_encoded_bytes();
     text.lines().rev().find_map(|line| {
         let (left, right) = line.split_once(" - ")?;
-        let mount_point = left.split(' ').nth(4)?;
-        (unescape(mount_point) == wanted).then(|| right.split(' ').next().unwrap_or("unknown").to_string())
+        if unescape(left.split(' ').nth(4)?) != wanted {
+            return None;
+        }
+        let mut fields = right.split(' ');
+        let fstype = fields.next().unwrap_or("unknown").to_string();
+        let source = String::from_utf8_lossy(&unescape(fields.next().unwrap_or(""))).into_owned();
+        let fuse_user = fields.next().unwrap_or("").split(',').find_map(|o| o.strip_prefix("user_id=")?.parse().ok());
+        Some(MountEntry { fstype, source, fuse_user })
     })
+}
+
+/// Every stagefs mount of `uid` in this mount namespace, live or dead.
+pub fn stagefs_mounts_of(uid: u32) -> Vec<PathBuf> {
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else { return Vec::new() };
+    let mut found: Vec<PathBuf> = text
+        .lines()
+        .filter_map(|line| {
+            let (left, _) = line.split_once(" - ")?;
+            let path = PathBuf::from(std::ffi::OsString::from_vec(unescape(left.split(' ').nth(4)?)));
+            mount_at(&path).filter(|m| m.is_stagefs_of(uid)).map(|_| path)
+        })
+        .collect();
+    found.dedup();
+    found
+}
+
+/// The filesystem type mounted exactly at `path`, from `/proc/self/mountinfo`.
+pub fn mounted_fstype(path: &Path) -> Option<String> {
+    mount_at(path).map(|m| m.fstype)
 }
 
 /// Decodes the octal escapes (`\040` for a space) that mountinfo uses.
@@ -137,7 +186,7 @@ pub fn unmount(path: &Path, lazy: bool) -> Result<(), MountpointError> {
         };
     }
     let mut command = Command::new("fusermount3");
-    command.arg("-u").arg("-q");
+    command.arg("-u");
     if lazy {
         command.arg("-z");
     }
@@ -149,6 +198,11 @@ pub fn unmount(path: &Path, lazy: bool) -> Result<(), MountpointError> {
         return Ok(());
     }
     let message = String::from_utf8_lossy(&output.stderr).trim().to_string();
+    let message = match message.strip_prefix("fusermount3: ") {
+        Some(rest) => rest.to_string(),
+        None if message.is_empty() => format!("fusermount3 failed ({}) without saying why", output.status),
+        None => message,
+    };
     if message.contains("busy") {
         Err(MountpointError::Busy(path.to_owned()))
     } else if message.contains("not found in") || message.contains("Invalid argument") {

@@ -229,3 +229,44 @@ fn saving_an_index_writes_nothing_through_planted_links_and_keeps_it_private() {
     assert!(meta.is_file());
     assert_eq!((meta.uid(), meta.mode() & 0o777), (s.victim.uid, 0o600), "an index must not be more readable");
 }
+
+#[test]
+fn an_ordinary_users_mount_lives_and_ends_with_exact_exit_codes() {
+    let s = scene("sfs-victim5", None);
+    let mnt = s.victim.home.join("mnt");
+    let mount = s.victim.stagefs(["mount".as_ref(), s.archive.as_os_str(), mnt.as_os_str()]);
+    mount.assert_success();
+    let read = s.victim.sh(&format!("cat {0}/a.txt {0}/b.txt", mnt.display()));
+    assert_eq!(read.stdout.as_bytes(), [A, B].concat());
+    let status = s.victim.stagefs(["status"]);
+    assert!(status.stdout.contains(&mnt.display().to_string()), "{}", status.describe());
+
+    // Busy: a process of the victim's works inside the mount.
+    let mut busy = KillOnDrop(
+        s.victim
+            .command(&[], Path::new("/bin/sh"))
+            .arg("-c")
+            .arg(format!("cd {} && exec sleep 60", mnt.display()))
+            .spawn()
+            .unwrap(),
+    );
+    assert!(wait_until(std::time::Duration::from_secs(10), || {
+        fs::read_link(format!("/proc/{}/cwd", busy.id())).is_ok_and(|cwd| cwd == mnt)
+    }));
+    let out = s.victim.stagefs(["umount".as_ref(), mnt.as_os_str()]);
+    assert_code(&out, 5, &["busy", "--lazy"]);
+    let _ = busy.0.kill();
+    let _ = busy.0.wait();
+
+    // Someone else's mount, or no stagefs mount at all: exit 6, saying what is there.
+    let out = s.mallory.stagefs(["umount".as_ref(), mnt.as_os_str()]);
+    assert_code(&out, 6, &["not a stagefs mount of yours", "sfs-victim5"]);
+    let out = s.victim.stagefs(["umount", "/proc"]);
+    assert_code(&out, 6, &["not a stagefs mount of yours", "proc"]);
+
+    s.victim.stagefs(["umount".as_ref(), mnt.as_os_str()]).assert_success();
+    let out = s.victim.stagefs(["umount".as_ref(), mnt.as_os_str()]);
+    assert_code(&out, 6, &["not mounted"]);
+    assert_nothing_left(&mnt, "after umount");
+    assert!(!mnt.exists(), "the mountpoint stagefs made was left");
+}
