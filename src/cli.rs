@@ -100,7 +100,12 @@ content fingerprint: a changed archive is never served with a stale index. Mount
 the index by themselves when scanning took long (10,000+ entries).")]
     Index { archive: PathBuf },
     /// List this user's mounts on this node: archive, staged RAM, daemon pid, uptime, reads served
-    Status,
+    Status {
+        /// One JSON object per line and mount: mountpoint, archive, state (live or dead), pid,
+        /// started (Unix time), staged_bytes, reads
+        #[arg(long)]
+        json: bool,
+    },
     /// Build a small ImageNet-like archive, mount it, read it with parallel readers, print throughput
     Demo {
         /// Number of files (20-200 KB each, in 20 class folders)

@@ -52,10 +52,32 @@ pub fn umount(path: &Path, lazy: bool) -> Result<(), Failure> {
     Ok(())
 }
 
-/// `stagefs status`: this user's mounts on this node, one line each.
-pub fn status() -> Result<(), Failure> {
+/// `stagefs status`: this user's mounts on this node, one line each (or one JSON object
+/// each with `json`), dead mounts (their daemon was killed) included with how to clear them.
+pub fn status(json: bool) -> Result<(), Failure> {
     let records = registry::list()?;
-    if records.is_empty() {
+    let dead: Vec<_> = mountpoint::stagefs_mounts_of(crate::places::my_uid())
+        .into_iter()
+        .filter(|m| !records.iter().any(|r| &r.mountpoint == m))
+        .collect();
+    if json {
+        for r in &records {
+            println!(
+                "{{\"mountpoint\":{},\"archive\":{},\"state\":\"live\",\"pid\":{},\"started\":{},\"staged_bytes\":{},\"reads\":{}}}",
+                json_string(&r.mountpoint.to_string_lossy()),
+                json_string(&r.archive.to_string_lossy()),
+                r.pid,
+                r.started,
+                r.staged_bytes,
+                r.reads
+            );
+        }
+        for m in &dead {
+            println!("{{\"mountpoint\":{},\"state\":\"dead\"}}", json_string(&m.to_string_lossy()));
+        }
+        return Ok(());
+    }
+    if records.is_empty() && dead.is_empty() {
         println!("no stagefs mounts for this user on this node");
         return Ok(());
     }
@@ -72,7 +94,30 @@ pub fn status() -> Result<(), Failure> {
             r.archive.display()
         );
     }
+    for m in dead {
+        println!(
+            "{:<40} DEAD: its daemon is gone and reads fail; clear it with `stagefs umount {}`",
+            m.display(),
+            m.display()
+        );
+    }
     Ok(())
+}
+
+/// A JSON string literal.
+fn json_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// `stagefs index`: builds and saves an archive's index ahead of time (on a login node).
@@ -97,4 +142,12 @@ pub fn index(path: &Path) -> Result<(), Failure> {
         index.heap_bytes() / entries.max(1)
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn json_strings_are_escaped() {
+        assert_eq!(super::json_string("a\"b\\c\nd"), r#""a\"b\\c\u000ad""#);
+    }
 }

@@ -43,7 +43,7 @@ fn run(command: Command) -> Result<(), Failure> {
         }
         Command::Wait(args) => args.execute(),
         Command::Umount { mountpoint, lazy } => commands::umount(&mountpoint, lazy),
-        Command::Status => commands::status(),
+        Command::Status { json } => commands::status(json),
         Command::Index { archive } => commands::index(&archive),
         Command::Demo { files, readers, dir } => stagefs::demo::run(files, readers, dir),
     }

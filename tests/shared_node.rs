@@ -238,8 +238,10 @@ fn an_ordinary_users_mount_lives_and_ends_with_exact_exit_codes() {
     mount.assert_success();
     let read = s.victim.sh(&format!("cat {0}/a.txt {0}/b.txt", mnt.display()));
     assert_eq!(read.stdout.as_bytes(), [A, B].concat());
-    let status = s.victim.stagefs(["status"]);
-    assert!(status.stdout.contains(&mnt.display().to_string()), "{}", status.describe());
+    let status = s.victim.stagefs(["status", "--json"]);
+    let line =
+        format!("{{\"mountpoint\":\"{}\",\"archive\":\"{}\",\"state\":\"live\"", mnt.display(), s.archive.display());
+    assert!(status.stdout.starts_with(&line), "{}", status.describe());
 
     // Busy: a process of the victim's works inside the mount.
     let mut busy = KillOnDrop(
@@ -269,4 +271,21 @@ fn an_ordinary_users_mount_lives_and_ends_with_exact_exit_codes() {
     assert_code(&out, 6, &["not mounted"]);
     assert_nothing_left(&mnt, "after umount");
     assert!(!mnt.exists(), "the mountpoint stagefs made was left");
+
+    // A killed daemon leaves a dead mount: status shows it and how to clear it.
+    s.victim.stagefs(["mount".as_ref(), s.archive.as_os_str(), mnt.as_os_str()]).assert_success();
+    for pid in stagefs_pids(&mnt) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    }
+    assert!(wait_until(std::time::Duration::from_secs(10), || stagefs_pids(&mnt).is_empty()));
+    let status = s.victim.stagefs(["status"]);
+    assert!(
+        status.stdout.contains("DEAD") && status.stdout.contains(&format!("stagefs umount {}", mnt.display())),
+        "{}",
+        status.describe()
+    );
+    let json = s.victim.stagefs(["status", "--json"]);
+    assert_eq!(json.stdout, format!("{{\"mountpoint\":\"{}\",\"state\":\"dead\"}}\n", mnt.display()));
+    s.victim.stagefs(["umount".as_ref(), mnt.as_os_str()]).assert_success();
+    assert_nothing_left(&mnt, "after clearing the dead mount");
 }
