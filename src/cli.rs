@@ -25,8 +25,10 @@ page-cache speed instead of hammering the parallel filesystem's metadata servers
 In a SLURM job (one task per node mounts, all run the command, the last one out unmounts):
   srun stagefs run data.sqsh -- python train.py --data-root '{mount}'
 
-Exit codes: 0 ok, 1 other error, 2 usage, 3 bad archive, 4 mountpoint problem,
-5 mount busy, 6 not mounted, 7 FUSE unavailable, 8 not enough RAM to stage."
+Exit codes: 0 ok, 1 other error, 2 usage, 3 bad archive, 4 mountpoint problem (or a
+directory stagefs keeps was made by another user), 5 mount busy, 6 not mounted (or not a
+stagefs mount of yours), 7 FUSE unavailable, 8 not enough RAM to stage, 128+N stopped by
+signal N before the mount was ready (130: Ctrl-C)."
 )]
 pub struct Cli {
     /// More log output: -v info, -vv debug, -vvv trace (RUST_LOG overrides)
