@@ -347,6 +347,7 @@ class Loader:
         depth: int = 3,
         slot_bytes: Optional[int] = None,
         output: Optional[str] = None,
+        _upload_delay_ms: int = 0,
     ) -> None:
         r, w = _rank_world(rank, world_size)
         if isinstance(source, (str, os.PathLike)):
@@ -356,6 +357,7 @@ class Loader:
         self._native = _native.Loader(
             src, batch_size=batch_size, shuffle=shuffle, seed=seed, rank=r, world_size=w,
             drop_last=drop_last, device=device, io_threads=io_threads, depth=depth, slot_bytes=slot_bytes,
+            _upload_delay_ms=_upload_delay_ms,  # test hook: a slow pipeline for the Ctrl-C test
         )  # fmt: skip
         self.batch_size = batch_size
         self.shuffle = shuffle

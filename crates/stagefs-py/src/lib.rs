@@ -196,7 +196,7 @@ fn slot_for(files: &FileList, batch_size: usize, world_size: usize, padded: bool
 impl Loader {
     #[new]
     #[pyo3(signature = (source, *, batch_size, shuffle, seed, rank, world_size, drop_last, device,
-                        io_threads=None, depth=3, slot_bytes=None))]
+                        io_threads=None, depth=3, slot_bytes=None, _upload_delay_ms=0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -211,6 +211,7 @@ impl Loader {
         io_threads: Option<usize>,
         depth: usize,
         slot_bytes: Option<usize>,
+        _upload_delay_ms: u64,
     ) -> PyResult<Self> {
         if batch_size == 0 {
             return Err(PyValueError::new_err("batch_size must be >= 1"));
@@ -267,7 +268,9 @@ impl Loader {
             .shard(rank, world_size)
             .sharding(sharding)
             .drop_last_batch(drop_last)
-            .backend(backend);
+            .backend(backend)
+            // Test hook only (the Ctrl-C test needs a pipeline that is slow to deliver).
+            .slow_uploads_for_tests(Duration::from_millis(_upload_delay_ms));
         if let Some(n) = io_threads {
             config = config.io_threads(n);
         }
@@ -295,10 +298,10 @@ impl Loader {
     /// An iterator over one epoch's batches; starts its threads on the first `next()`.
     fn epoch(&self, epoch: usize) -> PyResult<EpochIter> {
         check_pid(self.created, "Loader")?;
+        let pending = Some((self.files.clone(), self.config.clone().first_epoch(epoch).epochs(1)));
         Ok(EpochIter {
-            pending: Some((self.files.clone(), self.config.clone().first_epoch(epoch).epochs(1))),
+            state: Mutex::new(Pipeline { pending, ..Pipeline::default() }),
             labels: Arc::clone(&self.labels),
-            loader: Mutex::new(None),
             created: pid(),
         })
     }
@@ -307,11 +310,65 @@ impl Loader {
 /// One epoch's batches: `(BatchBuffer, paths, labels, offsets, lengths)` tuples.
 #[pyclass(module = "stagefs._native")]
 struct EpochIter {
+    state: Mutex<Pipeline>,
+    labels: Arc<Vec<i64>>,
+    created: u32,
+}
+
+/// The epoch's pipeline, built on the first `next()`.
+#[derive(Default)]
+struct Pipeline {
     /// What to build the pipeline from, until the first `next()`.
     pending: Option<(FileList, Config)>,
-    labels: Arc<Vec<i64>>,
-    loader: Mutex<Option<stagefs_reader::Loader>>,
-    created: u32,
+    loader: Option<stagefs_reader::Loader>,
+    /// A batch received whose upload had not finished when the last wait timed out.
+    held: Option<stagefs_reader::Batch>,
+}
+
+impl Pipeline {
+    /// Drops the batch and the loader: stops and joins every thread of the epoch.
+    fn stop(&mut self) {
+        self.pending = None;
+        self.held = None;
+        self.loader = None;
+    }
+
+    /// One bounded wait: the next batch copied out of the ring, the end, or `Pending`.
+    fn step(&mut self) -> Result<Step, Error> {
+        if self.loader.is_none() {
+            let Some((files, config)) = self.pending.take() else {
+                return Ok(Step::End);
+            };
+            self.loader = Some(stagefs_reader::Loader::new(files, config)?);
+        }
+        if self.held.is_none() {
+            let loader = self.loader.as_mut().expect("set above");
+            match loader.next_batch_timeout(POLL)? {
+                Next::Pending => return Ok(Step::Pending),
+                Next::End => return Ok(Step::End),
+                Next::Batch(b) => self.held = Some(b),
+            }
+        }
+        let b = self.held.as_ref().expect("set above");
+        // The reader hands batches out with the upload queued; wait for it in bounded steps too.
+        if !b.synchronize_timeout(POLL)? {
+            return Ok(Step::Pending);
+        }
+        let bytes = match b.device()? {
+            stagefs_reader::DeviceBuffer::Host(h) => h.to_vec(),
+            _ => return Err(Error::Config("only host batches can be exported".into())),
+        };
+        let owned = Owned {
+            bytes,
+            paths: b.paths().map(|p| p.to_string_lossy().into_owned()).collect(),
+            files: b.file_indices().to_vec(),
+            offsets: b.offsets().to_vec(),
+            lengths: b.lengths().to_vec(),
+        };
+        // Dropping the batch returns its slot to the ring; the copy stays with the user.
+        self.held = None;
+        Ok(Step::Batch(owned))
+    }
 }
 
 /// A batch copied out of the ring, with its table; built without the GIL.
@@ -329,34 +386,6 @@ enum Step {
     Pending,
 }
 
-fn step(slot: &mut Option<stagefs_reader::Loader>, pending: &mut Option<(FileList, Config)>) -> Result<Step, Error> {
-    if slot.is_none() {
-        let Some((files, config)) = pending.take() else {
-            return Ok(Step::End);
-        };
-        *slot = Some(stagefs_reader::Loader::new(files, config)?);
-    }
-    let loader = slot.as_mut().expect("set above");
-    match loader.next_batch_timeout(POLL)? {
-        Next::Pending => Ok(Step::Pending),
-        Next::End => Ok(Step::End),
-        Next::Batch(b) => {
-            let bytes = match b.device()? {
-                stagefs_reader::DeviceBuffer::Host(h) => h.to_vec(),
-                _ => return Err(Error::Config("only host batches can be exported".into())),
-            };
-            Ok(Step::Batch(Owned {
-                bytes,
-                paths: b.paths().map(|p| p.to_string_lossy().into_owned()).collect(),
-                files: b.file_indices().to_vec(),
-                offsets: b.offsets().to_vec(),
-                lengths: b.lengths().to_vec(),
-            }))
-            // `b` drops here: its slot returns to the ring.
-        }
-    }
-}
-
 #[pymethods]
 impl EpochIter {
     fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
@@ -367,26 +396,22 @@ impl EpochIter {
         check_pid(slf.created, "epoch iterator")?;
         let py = slf.py();
         let this = &mut *slf;
-        let (slot, pending) = (this.loader.get_mut().unwrap_or_else(|p| p.into_inner()), &mut this.pending);
+        let pipeline = this.state.get_mut().unwrap_or_else(|p| p.into_inner());
         loop {
-            match py.detach(|| step(slot, pending)) {
+            match py.detach(|| pipeline.step()) {
                 Ok(Step::Pending) => {
                     if let Err(e) = py.check_signals() {
                         // Ctrl-C (or another signal handler raising): stop and join now.
-                        let l = slot.take();
-                        py.detach(move || drop(l));
+                        py.detach(|| pipeline.stop());
                         return Err(e);
                     }
                 }
                 Ok(Step::End) => {
-                    let l = slot.take();
-                    py.detach(move || drop(l));
+                    py.detach(|| pipeline.stop());
                     return Ok(None);
                 }
                 Err(e) => {
-                    let l = slot.take();
-                    pending.take();
-                    py.detach(move || drop(l));
+                    py.detach(|| pipeline.stop());
                     return Err(to_py(e));
                 }
                 Ok(Step::Batch(o)) => {
@@ -402,9 +427,8 @@ impl EpochIter {
     /// Stops the epoch's threads (joins them) and ends the iteration.
     fn close(&mut self, py: Python<'_>) -> PyResult<()> {
         check_pid(self.created, "epoch iterator")?;
-        self.pending = None;
-        let l = self.loader.get_mut().unwrap_or_else(|p| p.into_inner()).take();
-        py.detach(move || drop(l));
+        let pipeline = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        py.detach(|| pipeline.stop());
         Ok(())
     }
 }
@@ -414,9 +438,8 @@ impl Drop for EpochIter {
         if pid() != self.created {
             // In a fork child the pipeline's threads do not exist; joining them
             // would hang. Leak the parent's copy instead.
-            if let Some(l) = self.loader.get_mut().unwrap_or_else(|p| p.into_inner()).take() {
-                std::mem::forget(l);
-            }
+            let pipeline = std::mem::take(self.state.get_mut().unwrap_or_else(|p| p.into_inner()));
+            std::mem::forget(pipeline);
         }
     }
 }

@@ -137,6 +137,15 @@ impl Config {
         self
     }
 
+    /// Test hook (host backend): wait `delay` before each upload, so that tests of
+    /// callers (e.g. Ctrl-C handling in the Python binding) get a slow pipeline without
+    /// slow storage. The wait is cut short when the loader shuts down.
+    #[doc(hidden)]
+    pub fn slow_uploads_for_tests(mut self, delay: Duration) -> Self {
+        self.upload_delay = delay;
+        self
+    }
+
     /// Ring depth.
     pub fn get_depth(&self) -> usize {
         self.depth
