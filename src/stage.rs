@@ -7,6 +7,7 @@
 
 use std::fs::File;
 use std::io::Read;
+use std::os::fd::FromRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -228,15 +229,26 @@ fn is_network_filesystem(path: &Path) -> bool {
 }
 
 /// An anonymous memory file, sized to `len`, named after the archive for `/proc/PID/maps`.
+///
+/// `memfd_create` is called through `syscall(2)`: the libc wrapper appeared only in glibc
+/// 2.27, and the binary shipped in the Python wheel must run on glibc 2.17 (manylinux2014).
+/// The system call itself exists since Linux 3.17.
 fn memfd(path: &Path, len: u64) -> Result<File, StageError> {
     let name = format!("stagefs:{}", path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
-    let fd = nix::sys::memfd::memfd_create(name.as_str(), nix::sys::memfd::MFdFlags::MFD_CLOEXEC).map_err(|e| {
-        StageError::Io {
-            path: path.to_owned(),
-            what: "cannot create anonymous memory (memfd)".into(),
-            source: e.into(),
-        }
-    })?;
+    let io_err = |source: std::io::Error| StageError::Io {
+        path: path.to_owned(),
+        what: "cannot create anonymous memory (memfd)".into(),
+        source,
+    };
+    // The kernel rejects names with a NUL; the archive name cannot contain one, but be safe.
+    let cname = std::ffi::CString::new(name.replace('\0', "")).map_err(|e| io_err(std::io::Error::other(e)))?;
+    // SAFETY: cname is a valid NUL-terminated string that outlives the call; the flags are plain bits.
+    let ret = unsafe { libc::syscall(libc::SYS_memfd_create, cname.as_ptr(), libc::MFD_CLOEXEC) };
+    if ret < 0 {
+        return Err(io_err(std::io::Error::last_os_error()));
+    }
+    // SAFETY: the kernel just returned this descriptor to us and nothing else owns it.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(ret as std::os::fd::RawFd) };
     let file = File::from(fd);
     file.set_len(len).map_err(|source| StageError::Io {
         path: path.to_owned(),

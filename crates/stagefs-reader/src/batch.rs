@@ -86,6 +86,12 @@ impl Batch {
         self.shared.ring.wait_upload(self.slot)
     }
 
+    /// Waits at most `timeout` for this batch's upload; true once it has completed
+    /// (then [`Batch::device`] and [`Batch::to_vec`] do not block).
+    pub fn synchronize_timeout(&self, timeout: std::time::Duration) -> Result<bool> {
+        self.shared.ring.wait_upload_timeout(self.slot, timeout)
+    }
+
     /// The batch's device buffer (only the `total_bytes()` prefix).
     pub fn device(&self) -> Result<DeviceBuffer<'_>> {
         let len = self.plan.total as usize;

@@ -2,6 +2,7 @@
 
 use crate::backend::BackendChoice;
 use crate::error::{Error, Result};
+use crate::order::{shard_len, Sharding};
 use std::time::Duration;
 
 /// How the loader batches, orders, shards and buffers files.
@@ -20,6 +21,9 @@ pub struct Config {
     pub(crate) shuffle_seed: Option<u64>,
     pub(crate) rank: usize,
     pub(crate) world_size: usize,
+    pub(crate) sharding: Sharding,
+    pub(crate) drop_last_batch: bool,
+    pub(crate) first_epoch: usize,
     pub(crate) epochs: usize,
     pub(crate) backend: BackendChoice,
     pub(crate) device: usize,
@@ -44,6 +48,9 @@ impl Default for Config {
             shuffle_seed: None,
             rank: 0,
             world_size: 1,
+            sharding: Sharding::Strided,
+            drop_last_batch: false,
+            first_epoch: 0,
             epochs: 1,
             backend: BackendChoice::Auto,
             device: 0,
@@ -90,6 +97,24 @@ impl Config {
         self.world_size = world_size;
         self
     }
+    /// How each epoch's order is split between ranks (default [`Sharding::Strided`];
+    /// [`Sharding::Padded`] and [`Sharding::DropTail`] follow PyTorch's `DistributedSampler`).
+    pub fn sharding(mut self, mode: Sharding) -> Self {
+        self.sharding = mode;
+        self
+    }
+    /// With fixed-count batches ([`Config::batch_files`]), drop each epoch's last
+    /// batch when it has fewer files (PyTorch `DataLoader(drop_last=True)`). Default off.
+    pub fn drop_last_batch(mut self, on: bool) -> Self {
+        self.drop_last_batch = on;
+        self
+    }
+    /// Number of the first epoch streamed (default 0): the shuffle of epoch `e`
+    /// depends only on the seed and `e`, so a run can resume at any epoch.
+    pub fn first_epoch(mut self, epoch: usize) -> Self {
+        self.first_epoch = epoch;
+        self
+    }
     /// Number of epochs to stream (default 1); prefetching continues across epoch boundaries.
     pub fn epochs(mut self, n: usize) -> Self {
         self.epochs = n;
@@ -112,6 +137,15 @@ impl Config {
         self
     }
 
+    /// Test hook (host backend): wait `delay` before each upload, so that tests of
+    /// callers (e.g. Ctrl-C handling in the Python binding) get a slow pipeline without
+    /// slow storage. The wait is cut short when the loader shuts down.
+    #[doc(hidden)]
+    pub fn slow_uploads_for_tests(mut self, delay: Duration) -> Self {
+        self.upload_delay = delay;
+        self
+    }
+
     /// Ring depth.
     pub fn get_depth(&self) -> usize {
         self.depth
@@ -123,6 +157,14 @@ impl Config {
     /// Number of I/O threads.
     pub fn get_io_threads(&self) -> usize {
         self.io_threads
+    }
+
+    /// Batches per epoch for this rank over `n_files` files, known up front only
+    /// with fixed-count batches (`None` with greedy packing, which depends on sizes).
+    pub fn batches_per_epoch(&self, n_files: usize) -> Option<usize> {
+        let per_batch = self.batch_files?;
+        let files = shard_len(n_files, self.rank, self.world_size, self.sharding);
+        Some(if self.drop_last_batch { files / per_batch } else { files.div_ceil(per_batch) })
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
@@ -139,6 +181,9 @@ impl Config {
         }
         if self.batch_files == Some(0) {
             return bad("batch_files must be >= 1");
+        }
+        if self.drop_last_batch && self.batch_files.is_none() {
+            return bad("drop_last_batch needs fixed-count batches (batch_files)");
         }
         if self.world_size == 0 || self.rank >= self.world_size {
             return Err(Error::Config(format!("rank {} not in world size {}", self.rank, self.world_size)));

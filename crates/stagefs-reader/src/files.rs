@@ -61,6 +61,52 @@ impl FileList {
     }
 }
 
+/// A directory tree labelled the way torchvision's `ImageFolder` does it: the
+/// classes are the immediate subdirectories of the root, sorted by name; every
+/// file under a class folder (recursively) has that class's index as its label.
+#[derive(Debug, Clone, Default)]
+pub struct ClassFolders {
+    /// Every regular file under the root, sorted by path (as [`FileList::from_dir`]).
+    pub files: FileList,
+    /// Class names: the root's immediate subdirectories, sorted.
+    pub classes: Vec<String>,
+    /// Per file (same order as `files`), the index of its class in `classes`;
+    /// `None` for a file lying directly in the root (ImageFolder ignores those).
+    pub labels: Vec<Option<usize>>,
+}
+
+impl ClassFolders {
+    /// Walks `root` once (recursively, sorted) and labels each file by its class folder.
+    pub fn from_dir(root: impl AsRef<Path>) -> Result<Self> {
+        let root = root.as_ref();
+        let files = FileList::from_dir(root)?;
+        let mut classes = Vec::new();
+        let rd = std::fs::read_dir(root).map_err(|e| Error::io(root, "read directory", e))?;
+        for entry in rd {
+            let entry = entry.map_err(|e| Error::io(root, "read directory", e))?;
+            // Follows symlinks, as ImageFolder's `entry.is_dir()` does.
+            if std::fs::metadata(entry.path()).is_ok_and(|m| m.is_dir()) {
+                classes.push(entry.file_name());
+            }
+        }
+        classes.sort();
+        let labels = files
+            .entries()
+            .iter()
+            .map(|e| {
+                let rel = e.path.strip_prefix(root).ok()?;
+                let mut parts = rel.components();
+                let first = parts.next()?;
+                // A file directly in the root has a single component: no class.
+                parts.next()?;
+                classes.binary_search_by(|c| c.as_os_str().cmp(first.as_os_str())).ok()
+            })
+            .collect();
+        let classes = classes.into_iter().map(|c| c.to_string_lossy().into_owned()).collect();
+        Ok(ClassFolders { files, classes, labels })
+    }
+}
+
 fn stat_file(path: PathBuf) -> Result<FileEntry> {
     let meta = std::fs::metadata(&path).map_err(|e| Error::io(&path, "stat", e))?;
     if !meta.is_file() {

@@ -58,8 +58,9 @@ pub use backend::{cuda_driver_present, Backend, BackendChoice};
 pub use batch::{Batch, DeviceBuffer};
 pub use config::Config;
 pub use error::{Error, Result};
-pub use files::{FileEntry, FileList};
-pub use loader::Loader;
+pub use files::{ClassFolders, FileEntry, FileList};
+pub use loader::{Loader, Next};
+pub use order::Sharding;
 pub use stats::Stats;
 
 /// Re-export of the cudarc version this crate is built against, so users can

@@ -6,7 +6,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::files::FileList;
 use crate::io::{spawn_workers, InFlight, Job, Msg};
-use crate::order::{epoch_order, shard};
+use crate::order::{epoch_order, shard_with};
 use crate::plan::{plan_epoch, PlannedBatch};
 use crate::ring::{log_event, HostRing, Ring, SlotEvent, SlotLog};
 use crate::stats::{ReadCounters, Stats};
@@ -15,7 +15,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// State shared by the loader, its I/O threads and live batches.
 pub(crate) struct Shared {
@@ -47,6 +47,17 @@ enum State {
     Running,
     Finished,
     Failed,
+}
+
+/// What [`Loader::next_batch_timeout`] found.
+#[derive(Debug)]
+pub enum Next {
+    /// The next batch, uploaded.
+    Batch(Batch),
+    /// The last epoch is done.
+    End,
+    /// Not ready within the timeout; ask again.
+    Pending,
 }
 
 /// Streams batches of files into device buffers. See the crate docs for an example.
@@ -110,6 +121,7 @@ impl Loader {
             live_workers: AtomicUsize::new(0),
             log,
         });
+        let first_epoch = config.first_epoch;
         let (jobs_tx, jobs_rx) = mpsc::channel();
         let (done_tx, done_rx) = mpsc::channel();
         let workers = spawn_workers(config.io_threads, &shared, jobs_rx, &done_tx)?;
@@ -120,7 +132,7 @@ impl Loader {
             jobs: Some(jobs_tx),
             done: done_rx,
             workers,
-            planner: Planner { next_epoch: 0, queued: VecDeque::new(), done: false },
+            planner: Planner { next_epoch: first_epoch, queued: VecDeque::new(), done: false },
             plan_error: None,
             in_flight: VecDeque::new(),
             ready: BTreeSet::new(),
@@ -151,8 +163,24 @@ impl Loader {
     /// return [`Error::Stopped`]. [`Error::RingExhausted`] is not fatal: drop
     /// a batch and call again.
     pub fn next_batch(&mut self) -> Result<Option<Batch>> {
+        match self.next_batch_within(None)? {
+            Next::Batch(b) => Ok(Some(b)),
+            Next::End => Ok(None),
+            Next::Pending => unreachable!("no deadline, so never pending"),
+        }
+    }
+
+    /// Like [`Loader::next_batch`], but waits at most `timeout` for the batch's
+    /// reads and upload; [`Next::Pending`] when it is not ready by then (call
+    /// again: nothing is lost). Lets a caller stay responsive, e.g. to check
+    /// for Ctrl-C between waits.
+    pub fn next_batch_timeout(&mut self, timeout: Duration) -> Result<Next> {
+        self.next_batch_within(Some(Instant::now() + timeout))
+    }
+
+    fn next_batch_within(&mut self, deadline: Option<Instant>) -> Result<Next> {
         match self.state {
-            State::Finished => return Ok(None),
+            State::Finished => return Ok(Next::End),
             State::Failed => return Err(Error::Stopped),
             State::Running => {}
         }
@@ -166,23 +194,30 @@ impl Loader {
                 }
                 if self.planner.done {
                     self.finish();
-                    return Ok(None);
+                    return Ok(Next::End);
                 }
                 return Err(Error::RingExhausted { depth: self.config.depth });
             };
             if self.ready.remove(&front.seq) {
                 let d = self.in_flight.pop_front().expect("front exists");
                 self.delivered += 1;
-                return Ok(Some(Batch::new(Arc::clone(&self.shared), d.slot, d.seq, d.plan)));
+                return Ok(Next::Batch(Batch::new(Arc::clone(&self.shared), d.slot, d.seq, d.plan)));
             }
             // Something is in flight, so a message will come: every dispatched
             // batch ends in an upload report or an error report.
-            match self.done.recv() {
+            let msg = match deadline {
+                None => self.done.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+                Some(d) => self.done.recv_timeout(d.saturating_duration_since(Instant::now())),
+            };
+            match msg {
                 Ok(Ok(seq)) => {
                     self.ready.insert(seq);
                 }
                 Ok(Err(e)) => return Err(self.fail(e)),
-                Err(_) => return Err(self.fail(Error::WorkerPanicked("all I/O threads exited".into()))),
+                Err(mpsc::RecvTimeoutError::Timeout) => return Ok(Next::Pending),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(self.fail(Error::WorkerPanicked("all I/O threads exited".into())))
+                }
             }
         }
     }
@@ -236,15 +271,17 @@ impl Loader {
             if let Some(b) = self.planner.queued.pop_front() {
                 return Ok(Some(b));
             }
-            if self.planner.next_epoch >= self.config.epochs {
+            let c = &self.config;
+            if self.planner.next_epoch >= c.first_epoch + c.epochs {
                 self.planner.done = true;
                 return Ok(None);
             }
             let epoch = self.planner.next_epoch;
             self.planner.next_epoch += 1;
-            let c = &self.config;
-            let order = shard(&epoch_order(self.shared.files.len(), c.shuffle_seed, epoch), c.rank, c.world_size);
-            self.planner.queued = plan_epoch(&self.shared.files, &order, c.slot_bytes, c.batch_files, epoch)?.into();
+            let all = epoch_order(self.shared.files.len(), c.shuffle_seed, epoch);
+            let order = shard_with(&all, c.rank, c.world_size, c.sharding);
+            self.planner.queued =
+                plan_epoch(&self.shared.files, &order, c.slot_bytes, c.batch_files, c.drop_last_batch, epoch)?.into();
         }
     }
 

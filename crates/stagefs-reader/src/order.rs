@@ -64,6 +64,53 @@ pub fn shard(order: &[usize], rank: usize, world_size: usize) -> Vec<usize> {
     order.iter().copied().skip(rank).step_by(world_size).collect()
 }
 
+/// How an epoch's order is split between ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Sharding {
+    /// Rank `r` takes positions `r, r + W, ...`; shard sizes may differ by one.
+    #[default]
+    Strided,
+    /// PyTorch `DistributedSampler(drop_last=False)`: the order is padded by
+    /// repeating its start until its length is a multiple of the world size,
+    /// then strided; every rank gets `ceil(n / W)` files.
+    Padded,
+    /// PyTorch `DistributedSampler(drop_last=True)`: the order's tail is cut
+    /// to a multiple of the world size, then strided; every rank gets `floor(n / W)` files.
+    DropTail,
+}
+
+/// Rank `rank`'s share of `order` under `mode` (see [`Sharding`]). All ranks
+/// must pass the same `order` (the same seed and epoch) for the shards to be
+/// disjoint (`Strided`, `DropTail`) or to cover the order exactly once plus
+/// padding (`Padded`).
+pub fn shard_with(order: &[usize], rank: usize, world_size: usize, mode: Sharding) -> Vec<usize> {
+    assert!(world_size > 0 && rank < world_size, "rank {rank} out of world size {world_size}");
+    let n = order.len();
+    match mode {
+        Sharding::Strided => shard(order, rank, world_size),
+        Sharding::DropTail => shard(&order[..n - n % world_size], rank, world_size),
+        Sharding::Padded => {
+            if n == 0 {
+                return Vec::new();
+            }
+            let total = n.div_ceil(world_size) * world_size;
+            // Padding may be longer than the order itself (n < W): repeat it cyclically.
+            (rank..total).step_by(world_size).map(|i| order[i % n]).collect()
+        }
+    }
+}
+
+/// Number of files rank `rank` gets from an epoch of `n` files (no need to build the order).
+pub fn shard_len(n: usize, rank: usize, world_size: usize, mode: Sharding) -> usize {
+    assert!(world_size > 0 && rank < world_size, "rank {rank} out of world size {world_size}");
+    match mode {
+        Sharding::Strided => (n + world_size - 1 - rank) / world_size,
+        Sharding::Padded if n == 0 => 0,
+        Sharding::Padded => n.div_ceil(world_size),
+        Sharding::DropTail => n / world_size,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,5 +184,42 @@ mod tests {
     fn world_size_one_is_identity() {
         let order = epoch_order(50, Some(3), 0);
         assert_eq!(shard(&order, 0, 1), order);
+    }
+    #[test]
+    fn padded_shards_match_distributed_sampler() {
+        // DistributedSampler(n=10, W=4, drop_last=False): pad with order[0..2], ranks get 3 each.
+        let order: Vec<usize> = (0..10).map(|i| 100 + i).collect();
+        let shards: Vec<_> = (0..4).map(|r| shard_with(&order, r, 4, Sharding::Padded)).collect();
+        assert_eq!(shards[0], vec![100, 104, 108]);
+        assert_eq!(shards[1], vec![101, 105, 109]);
+        assert_eq!(shards[2], vec![102, 106, 100]);
+        assert_eq!(shards[3], vec![103, 107, 101]);
+        // Fewer files than ranks: the order repeats cyclically.
+        assert_eq!(shard_with(&[7, 8], 3, 4, Sharding::Padded), vec![8]);
+        for r in 0..4 {
+            assert_eq!(shard_len(10, r, 4, Sharding::Padded), 3);
+        }
+    }
+
+    #[test]
+    fn drop_tail_shards_are_equal_and_disjoint() {
+        let order: Vec<usize> = (0..10).collect();
+        let shards: Vec<_> = (0..4).map(|r| shard_with(&order, r, 4, Sharding::DropTail)).collect();
+        assert_eq!(shards, vec![vec![0, 4], vec![1, 5], vec![2, 6], vec![3, 7]]);
+        assert_eq!(shard_len(10, 3, 4, Sharding::DropTail), 2);
+    }
+
+    #[test]
+    fn shard_len_matches_shard_with() {
+        for n in 0..20 {
+            for w in 1..6 {
+                for r in 0..w {
+                    for m in [Sharding::Strided, Sharding::Padded, Sharding::DropTail] {
+                        let order: Vec<usize> = (0..n).collect();
+                        assert_eq!(shard_with(&order, r, w, m).len(), shard_len(n, r, w, m), "{n} {w} {r} {m:?}");
+                    }
+                }
+            }
+        }
     }
 }

@@ -26,6 +26,7 @@ pub(crate) fn plan_epoch(
     order: &[usize],
     slot_bytes: usize,
     batch_files: Option<usize>,
+    drop_last: bool,
     epoch: usize,
 ) -> Result<Vec<PlannedBatch>> {
     let entries = files.entries();
@@ -53,7 +54,8 @@ pub(crate) fn plan_epoch(
         cur.lengths.push(len);
         cur.total += len;
     }
-    if !cur.files.is_empty() {
+    let dropped = drop_last && batch_files.is_some_and(|n| cur.files.len() < n);
+    if !cur.files.is_empty() && !dropped {
         batches.push(cur);
     }
     // Only fixed-count batches can overflow; greedy ones are bounded by construction.
@@ -85,7 +87,7 @@ mod tests {
     fn greedy_packing_fills_slots_in_order_back_to_back() {
         let files = list(&[40, 30, 30, 50, 10, 100, 0]);
         let order: Vec<usize> = (0..7).collect();
-        let b = plan_epoch(&files, &order, 100, None, 3).unwrap();
+        let b = plan_epoch(&files, &order, 100, None, false, 3).unwrap();
         let groups: Vec<_> = b.iter().map(|b| b.files.clone()).collect();
         assert_eq!(groups, vec![vec![0, 1, 2], vec![3, 4], vec![5, 6]]);
         assert_eq!(b[0].offsets, vec![0, 40, 70]);
@@ -98,7 +100,7 @@ mod tests {
     #[test]
     fn packing_follows_the_given_order() {
         let files = list(&[10, 20, 30, 40]);
-        let b = plan_epoch(&files, &[3, 1, 0, 2], 1000, None, 0).unwrap();
+        let b = plan_epoch(&files, &[3, 1, 0, 2], 1000, None, false, 0).unwrap();
         assert_eq!(b.len(), 1);
         assert_eq!(b[0].files, vec![3, 1, 0, 2]);
         assert_eq!(b[0].offsets, vec![0, 40, 60, 70]);
@@ -108,15 +110,23 @@ mod tests {
     fn fixed_count_batches() {
         let files = list(&[1, 2, 3, 4, 5]);
         let order: Vec<usize> = (0..5).collect();
-        let b = plan_epoch(&files, &order, 100, Some(2), 0).unwrap();
+        let b = plan_epoch(&files, &order, 100, Some(2), false, 0).unwrap();
         let groups: Vec<_> = b.iter().map(|b| b.files.clone()).collect();
         assert_eq!(groups, vec![vec![0, 1], vec![2, 3], vec![4]]);
     }
 
     #[test]
+    fn drop_last_drops_only_a_short_final_batch() {
+        let files = list(&[1, 2, 3, 4, 5]);
+        let order: Vec<usize> = (0..5).collect();
+        assert_eq!(plan_epoch(&files, &order, 100, Some(2), true, 0).unwrap().len(), 2);
+        assert_eq!(plan_epoch(&files, &order[..4], 100, Some(2), true, 0).unwrap().len(), 2);
+    }
+
+    #[test]
     fn fixed_count_batch_larger_than_slot_names_first_file() {
         let files = list(&[60, 60, 10, 10]);
-        let err = plan_epoch(&files, &[2, 3, 0, 1], 100, Some(2), 4).unwrap_err();
+        let err = plan_epoch(&files, &[2, 3, 0, 1], 100, Some(2), false, 4).unwrap_err();
         match &err {
             Error::BatchTooLarge { epoch: 4, index: 1, first, files: 2, bytes: 120, slot_bytes: 100 } => {
                 assert_eq!(first.to_str(), Some("/data/f0"))
@@ -129,13 +139,13 @@ mod tests {
     #[test]
     fn file_larger_than_slot_is_an_error_naming_it() {
         let files = list(&[10, 101]);
-        let err = plan_epoch(&files, &[0, 1], 100, None, 0).unwrap_err();
+        let err = plan_epoch(&files, &[0, 1], 100, None, false, 0).unwrap_err();
         assert!(matches!(err, Error::FileTooLarge { len: 101, .. }));
         assert!(err.to_string().contains("/data/f1"), "{err}");
     }
 
     #[test]
     fn empty_order_gives_no_batches() {
-        assert!(plan_epoch(&list(&[]), &[], 100, None, 0).unwrap().is_empty());
+        assert!(plan_epoch(&list(&[]), &[], 100, None, false, 0).unwrap().is_empty());
     }
 }

@@ -137,6 +137,23 @@ impl CudaRing {
         Ok(())
     }
 
+    pub fn wait_upload_timeout(&self, slot: usize, timeout: Duration) -> Result<bool> {
+        // Polled: a blocking event wait cannot time out.
+        let end = Instant::now() + timeout;
+        loop {
+            if self.slots[slot].done.try_is_complete()? {
+                // Complete: this returns at once and does the bookkeeping.
+                self.wait_upload(slot)?;
+                return Ok(true);
+            }
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            std::thread::sleep(left.min(Duration::from_micros(200)));
+        }
+    }
+
     pub fn device_to_vec(&self, slot: usize, len: usize) -> Result<Vec<u8>> {
         self.wait_upload(slot)?;
         let mut out = vec![0u8; len];

@@ -2,7 +2,7 @@
 
 use super::{log_event, AlignedBuf, SlotEvent, SlotLog, UploadTotals};
 use crate::error::{Error, Result};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -39,6 +39,8 @@ struct Inner {
     delay: Duration,
     bytes: AtomicU64,
     busy_ns: AtomicU64,
+    /// Set by shutdown(): cuts the test delay short so stopping stays prompt.
+    stopping: AtomicBool,
 }
 
 pub(crate) struct HostRing {
@@ -60,8 +62,15 @@ impl HostRing {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let inner =
-            Arc::new(Inner { slots, slot_bytes, log, delay, bytes: AtomicU64::new(0), busy_ns: AtomicU64::new(0) });
+        let inner = Arc::new(Inner {
+            slots,
+            slot_bytes,
+            log,
+            delay,
+            bytes: AtomicU64::new(0),
+            busy_ns: AtomicU64::new(0),
+            stopping: AtomicBool::new(false),
+        });
         let (tx, rx) = mpsc::channel::<CopyOp>();
         let worker = Arc::clone(&inner);
         let thread = std::thread::Builder::new()
@@ -105,6 +114,13 @@ impl HostRing {
         Ok(())
     }
 
+    pub fn wait_upload_timeout(&self, slot: usize, timeout: Duration) -> Result<bool> {
+        let s = &self.inner.slots[slot];
+        let t = s.tickets.lock().unwrap_or_else(|p| p.into_inner());
+        let (t, _) = s.cv.wait_timeout_while(t, timeout, |t| t.done < t.queued).unwrap_or_else(|p| p.into_inner());
+        Ok(t.done >= t.queued)
+    }
+
     pub fn device_to_vec(&self, slot: usize, len: usize) -> Result<Vec<u8>> {
         self.wait_upload(slot)?;
         let src = self.inner.slots[slot].device.as_ptr();
@@ -133,6 +149,7 @@ impl HostRing {
     pub fn shutdown(&self) {
         // Dropping the sender ends copy_loop after it drained the queue, so
         // every ticket handed out is completed and no waiter is left hanging.
+        self.inner.stopping.store(true, Ordering::Release);
         self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = t.join();
@@ -149,7 +166,14 @@ impl Drop for HostRing {
 fn copy_loop(inner: &Inner, rx: mpsc::Receiver<CopyOp>) {
     for op in rx {
         if !inner.delay.is_zero() {
-            std::thread::sleep(inner.delay);
+            let end = Instant::now() + inner.delay;
+            while !inner.stopping.load(Ordering::Acquire) {
+                let left = end.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                std::thread::sleep(left.min(Duration::from_millis(5)));
+            }
         }
         let s = &inner.slots[op.slot];
         let t0 = Instant::now();

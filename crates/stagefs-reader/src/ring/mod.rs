@@ -81,6 +81,11 @@ impl Ring {
         dispatch!(self, r => r.wait_upload(slot))
     }
 
+    /// Waits at most `timeout` for the last upload queued for `slot`; true once it completed.
+    pub fn wait_upload_timeout(&self, slot: usize, timeout: Duration) -> Result<bool> {
+        dispatch!(self, r => r.wait_upload_timeout(slot, timeout))
+    }
+
     /// Copies the first `len` bytes of `slot`'s device buffer back to a Vec.
     pub fn device_to_vec(&self, slot: usize, len: usize) -> Result<Vec<u8>> {
         dispatch!(self, r => r.device_to_vec(slot, len))

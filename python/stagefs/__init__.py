@@ -1,0 +1,426 @@
+"""stagefs: mount tar / SquashFS archives read-only with FUSE, and load files as batches.
+
+* :func:`mount` runs the native ``stagefs mount`` command (installed with this
+  package) and unmounts on exit: ``with stagefs.mount("data.tar") as root: ...``.
+* :class:`Loader` streams the files of a directory (e.g. the mount) in shuffled,
+  rank-sharded batches, read by native threads and handed to torch or numpy
+  through DLPack without a copy through Python.
+
+This module is a thin face: ordering, sharding, labels and reading live in the
+Rust crate ``stagefs-reader`` (shared with its CLI), exposed by ``stagefs._native``.
+Importing it starts no thread and touches no GPU, so it is safe before
+``DataLoader`` workers fork. torch and numpy are optional.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import sysconfig
+import threading
+from pathlib import Path
+from typing import Any, Iterable, Iterator, List, Optional, Sequence, Union
+
+from . import _native
+from ._native import CudaUnavailableError, FileChangedError, ForkError
+
+__version__: str = _native.__version__
+
+__all__ = [
+    "Batch",
+    "CudaUnavailableError",
+    "FileChangedError",
+    "ForkError",
+    "Loader",
+    "Mount",
+    "MountError",
+    "executable",
+    "mount",
+]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+# ---------------------------------------------------------------------------------------
+# mount()
+# ---------------------------------------------------------------------------------------
+
+
+class MountError(OSError):
+    """``stagefs mount`` or ``stagefs umount`` failed.
+
+    ``code`` is the command's exit code (2 usage, 3 bad archive, 4 mountpoint
+    problem, 5 mount busy, 6 not mounted, 7 FUSE unavailable, 8 not enough RAM);
+    ``message`` is what it printed on stderr.
+    """
+
+    def __init__(self, message: str, code: int, command: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.command = list(command)
+
+    def __str__(self) -> str:
+        return f"{self.message} (stagefs exit code {self.code})"
+
+
+def executable() -> str:
+    """Path of the native ``stagefs`` command this package installed.
+
+    Looked up in ``$STAGEFS_BIN``, then this interpreter's scripts directory
+    (where pip put it, also for ``--user`` installs), then ``PATH``.
+    """
+    env = os.environ.get("STAGEFS_BIN")
+    if env:
+        return env
+    dirs = [sysconfig.get_path("scripts"), os.path.dirname(sys.executable)]
+    try:
+        dirs.append(sysconfig.get_path("scripts", f"{os.name}_user"))
+    except KeyError:
+        pass
+    for d in dirs:
+        if d:
+            candidate = os.path.join(d, "stagefs")
+            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+                return candidate
+    found = shutil.which("stagefs")
+    if found:
+        return found
+    raise FileNotFoundError("the native `stagefs` command was not found (is the stagefs wheel installed?)")
+
+
+_ARCHIVE_EXTENSIONS = {
+    "tar", "gz", "tgz", "zst", "tzst", "xz", "txz", "bz2", "tbz2", "lz4",
+    "sqsh", "sqfs", "squashfs", "sfs", "img",
+}  # fmt: skip
+
+
+def default_mountpoint(archive: PathLike) -> Path:
+    """``/dev/shm/$USER/stagefs/<archive name without extensions>``: the CLI's default.
+
+    Mirrors ``node::default_mountpoint`` in the Rust sources; :func:`mount` passes
+    it explicitly so that it knows where the mount is.
+    """
+    name = Path(archive).name
+    while "." in name:
+        stem, ext = name.rsplit(".", 1)
+        if not stem or ext.lower() not in _ARCHIVE_EXTENSIONS:
+            break
+        name = stem
+    try:
+        user = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        user = os.environ.get("USER") or str(os.geteuid())
+    return Path("/dev/shm") / user / "stagefs" / (name or "archive")
+
+
+_live: "set[Mount]" = set()
+_live_lock = threading.Lock()
+
+
+@atexit.register
+def _unmount_all() -> None:
+    with _live_lock:
+        mounts = list(_live)
+    for m in mounts:
+        try:
+            m.unmount()
+        except Exception:  # noqa: BLE001 - best effort at interpreter exit
+            pass
+
+
+def _duration(value: Union[str, int, float]) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{int(value * 1000)}ms"
+    return str(value)
+
+
+def _run(cmd: List[str], timeout: Optional[float]) -> None:
+    proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, timeout=timeout)  # fmt: skip
+    if proc.returncode != 0:
+        message = (proc.stderr.strip() or proc.stdout.strip() or f"{cmd[1]} failed").replace("\n", "; ")
+        raise MountError(message, proc.returncode, cmd)
+
+
+class Mount:
+    """A live stagefs mount. Unmounts on :meth:`unmount`, at the end of a ``with``
+    block (also on exceptions and KeyboardInterrupt) and at interpreter exit."""
+
+    def __init__(self, archive: Path, path: Path, command: List[str]) -> None:
+        self.archive = archive
+        self.path = path
+        self.command = command
+        self._mounted = True
+
+    @property
+    def mounted(self) -> bool:
+        """True until :meth:`unmount` succeeded."""
+        return self._mounted
+
+    def unmount(self, lazy: bool = False, timeout: Optional[float] = 120) -> None:
+        """Runs ``stagefs umount``; a mount that is already gone is not an error."""
+        if not self._mounted:
+            return
+        cmd = [self.command[0], "umount", str(self.path)] + (["--lazy"] if lazy else [])
+        try:
+            _run(cmd, timeout)
+        except MountError as e:
+            if e.code != 6:  # 6: not mounted (already gone)
+                raise
+        self._mounted = False
+        with _live_lock:
+            _live.discard(self)
+
+    def __enter__(self) -> Path:
+        return self.path
+
+    def __exit__(self, *exc: Any) -> None:
+        self.unmount()
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __repr__(self) -> str:
+        state = "mounted" if self._mounted else "unmounted"
+        return f"<stagefs.Mount {str(self.archive)!r} on {str(self.path)!r} ({state})>"
+
+
+def mount(
+    archive: PathLike,
+    mountpoint: Optional[PathLike] = None,
+    *,
+    stage: Optional[str] = None,
+    max_ram: Union[int, str, None] = None,
+    warm: Optional[str] = None,
+    threads: Optional[int] = None,
+    idle_timeout: Union[int, float, str, None] = None,
+    log_file: Optional[PathLike] = None,
+    timeout: Optional[float] = None,
+) -> Mount:
+    """Mounts ``archive`` read-only and returns once the mount is usable.
+
+    Use as a context manager (``with stagefs.mount("data.tar") as root:``, where
+    ``root`` is the mountpoint as a :class:`pathlib.Path`) or keep the returned
+    :class:`Mount` and call ``.unmount()``. Options are the ``stagefs mount``
+    options: ``stage`` (auto|ram|none), ``max_ram`` (bytes or e.g. "64G"),
+    ``warm`` (auto|yes|no), ``threads``, ``idle_timeout`` (seconds or e.g. "30m"),
+    ``log_file``. ``mountpoint`` defaults to ``/dev/shm/$USER/stagefs/<stem>``.
+
+    Raises :class:`MountError` (an ``OSError``) with the command's message and
+    exit code, e.g. code 3 for a missing or unreadable archive.
+    """
+    archive_path = Path(os.fspath(archive))
+    mp = Path(os.fspath(mountpoint)) if mountpoint is not None else default_mountpoint(archive_path)
+    cmd = [executable(), "mount", str(archive_path), str(mp)]
+    for flag, value in (("--stage", stage), ("--warm", warm), ("--threads", threads), ("--log-file", log_file)):
+        if value is not None:
+            cmd += [flag, os.fspath(value) if flag == "--log-file" else str(value)]
+    if max_ram is not None:
+        cmd += ["--max-ram", str(max_ram)]
+    if idle_timeout is not None:
+        cmd += ["--idle-timeout", _duration(idle_timeout)]
+    handle = Mount(archive_path, mp, cmd)
+    try:
+        _run(cmd, timeout)
+    except BaseException as e:
+        # Interrupted (Ctrl-C, timeout) while the daemon was coming up: do not leave
+        # a mount behind. A failed mount (MountError) left nothing to clean up.
+        if not isinstance(e, MountError) and os.path.ismount(mp):
+            try:
+                handle.unmount(timeout=30)
+            except Exception:  # noqa: BLE001
+                pass
+        raise
+    with _live_lock:
+        _live.add(handle)
+    return handle
+
+
+# ---------------------------------------------------------------------------------------
+# Loader
+# ---------------------------------------------------------------------------------------
+
+
+def _rank_world(rank: Optional[int], world_size: Optional[int]) -> "tuple[int, int]":
+    """Explicit values, else torch.distributed (if initialised), RANK/WORLD_SIZE, SLURM_PROCID/SLURM_NTASKS, 0/1."""
+    r, w = 0, 1
+    dist = sys.modules.get("torch.distributed")  # never import torch just to ask
+    env = os.environ
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        r, w = dist.get_rank(), dist.get_world_size()
+    elif "RANK" in env and "WORLD_SIZE" in env:
+        r, w = int(env["RANK"]), int(env["WORLD_SIZE"])
+    elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        r, w = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
+    return (r if rank is None else int(rank), w if world_size is None else int(world_size))
+
+
+def _pick_output(output: Optional[str]) -> str:
+    if output is not None:
+        if output not in ("torch", "numpy", "dlpack"):
+            raise ValueError(f"output must be 'torch', 'numpy' or 'dlpack', not {output!r}")
+        return output
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        return "torch"
+    if importlib.util.find_spec("numpy") is not None:
+        return "numpy"
+    return "dlpack"
+
+
+class Batch:
+    """One batch of files.
+
+    * ``paths``: the files (list of str), ``labels``: their class indices (list of int;
+      ImageFolder's rule, -1 for files outside a class folder or from a path list);
+    * ``buffer``: all files' bytes back to back in one 1-D uint8 tensor / array;
+    * ``offsets``, ``lengths``: int64 tensors / arrays locating file ``i`` in ``buffer``;
+    * ``data``: one 1-D uint8 view per file (``buffer[offsets[i]:offsets[i]+lengths[i]]``).
+
+    The buffer belongs to this batch alone: it stays valid as long as you hold it.
+    """
+
+    __slots__ = ("paths", "labels", "buffer", "offsets", "lengths", "data", "epoch", "index")
+
+    def __init__(self, paths: List[str], labels: List[int], buffer: Any, offsets: Any, lengths: Any,
+                 data: List[Any], epoch: int, index: int) -> None:  # fmt: skip
+        self.paths = paths
+        self.labels = labels
+        self.buffer = buffer
+        self.offsets = offsets
+        self.lengths = lengths
+        self.data = data
+        self.epoch = epoch
+        self.index = index
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __repr__(self) -> str:
+        return f"<stagefs.Batch epoch={self.epoch} index={self.index} files={len(self.paths)}>"
+
+
+class Loader:
+    """Streams the files of a directory (or a list of paths) in batches.
+
+    ``Loader(root, batch_size=64, shuffle=True, seed=0, device="cpu")`` lists ``root``
+    once (recursively, sorted; classes are its sorted immediate subdirectories, as
+    torchvision's ImageFolder). Each epoch the order is shuffled with ``seed`` and
+    the epoch number (the same permutation on every rank), then sharded like
+    ``DistributedSampler``: rank ``r`` of ``world_size`` takes every
+    ``world_size``-th file; with ``drop_last=False`` the order is padded by
+    repeating its start so every rank gets the same number of files, with
+    ``drop_last=True`` the tail is cut instead and a short last batch dropped.
+
+    Iterating yields :class:`Batch` objects for the current epoch; call
+    :meth:`set_epoch` before each epoch (as with ``DistributedSampler``).
+    ``rank``/``world_size`` default to torch.distributed when initialised, else
+    ``RANK``/``WORLD_SIZE``, else ``SLURM_PROCID``/``SLURM_NTASKS``, else 0/1.
+
+    Files are read by native threads (``io_threads``, default: one per CPU this
+    process may use) into a ring of ``depth`` slots; threads start on the first
+    batch. The GIL is released while waiting and Ctrl-C interrupts promptly.
+    ``device="cuda"`` raises :class:`CudaUnavailableError` in this version (see
+    doc/python.md); use ``device="cpu"`` and move batches to the GPU yourself.
+
+    A Loader must be iterated in the process that created it; in a fork child it
+    raises :class:`ForkError`.
+    """
+
+    def __init__(
+        self,
+        source: Union[PathLike, Iterable[PathLike]],
+        batch_size: int = 64,
+        shuffle: bool = False,
+        seed: int = 0,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        drop_last: bool = False,
+        device: str = "cuda",
+        *,
+        io_threads: Optional[int] = None,
+        depth: int = 3,
+        slot_bytes: Optional[int] = None,
+        output: Optional[str] = None,
+        _upload_delay_ms: int = 0,
+    ) -> None:
+        r, w = _rank_world(rank, world_size)
+        if isinstance(source, (str, os.PathLike)):
+            src: Any = os.fspath(source)
+        else:
+            src = [os.fspath(p) for p in source]
+        self._native = _native.Loader(
+            src, batch_size=batch_size, shuffle=shuffle, seed=seed, rank=r, world_size=w,
+            drop_last=drop_last, device=device, io_threads=io_threads, depth=depth, slot_bytes=slot_bytes,
+            _upload_delay_ms=_upload_delay_ms,  # test hook: a slow pipeline for the Ctrl-C test
+        )  # fmt: skip
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.rank = r
+        self.world_size = w
+        self.drop_last = drop_last
+        self.device = device
+        self.epoch = 0
+        self._output = _pick_output(output)
+
+    @property
+    def classes(self) -> List[str]:
+        """Class names (sorted subdirectories of the root); empty for a path list."""
+        return self._native.classes
+
+    @property
+    def num_files(self) -> int:
+        """Number of files listed (all ranks together)."""
+        return self._native.num_files
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch whose order the next iteration streams."""
+        self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        """Batches per epoch for this rank."""
+        return len(self._native)
+
+    def __iter__(self) -> Iterator[Batch]:
+        it = self._native.epoch(self.epoch)
+        epoch, pid, index = self.epoch, os.getpid(), 0
+        try:
+            for buf, paths, labels, offsets, lengths in it:
+                yield self._batch(buf, paths, labels, offsets, lengths, epoch, index)
+                index += 1
+        finally:
+            if os.getpid() == pid:  # in a fork child there is nothing of ours to stop
+                it.close()
+
+    def _batch(self, buf: Any, paths: List[str], labels: List[int], offsets: List[int], lengths: List[int],
+               epoch: int, index: int) -> Batch:  # fmt: skip
+        out = self._output
+        if out == "torch":
+            import torch
+
+            buffer = torch.from_dlpack(buf)
+            offs = torch.tensor(offsets, dtype=torch.int64)
+            lens = torch.tensor(lengths, dtype=torch.int64)
+        elif out == "numpy":
+            import numpy as np
+
+            buffer = np.from_dlpack(buf)
+            offs = np.asarray(offsets, dtype=np.int64)
+            lens = np.asarray(lengths, dtype=np.int64)
+        else:
+            buffer, offs, lens = buf, list(offsets), list(lengths)
+        if out == "dlpack":
+            data = [memoryview(buf.tobytes())[o : o + n] for o, n in zip(offsets, lengths)]
+        else:
+            data = [buffer[o : o + n] for o, n in zip(offsets, lengths)]
+        return Batch(paths, labels, buffer, offs, lens, data, epoch, index)
+
+    def __repr__(self) -> str:
+        return (f"<stagefs.Loader files={self.num_files} batch_size={self.batch_size} rank={self.rank}/"
+                f"{self.world_size} epoch={self.epoch} device={self.device!r}>")  # fmt: skip

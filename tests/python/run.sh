@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The Python package's whole test: build the wheel with the documented command, install it
+# into a fresh venv with numpy and pytest, run tests/python against the installed package.
+#
+#   tests/python/run.sh [pytest args...]      e.g. tests/python/run.sh -m gpu
+#
+# Needs: python3 + venv (Debian: python3-venv), cargo, binutils, GNU tar, /dev/fuse (root,
+# or fuse3's fusermount3), PyPI reachable (maturin, ziglang, cargo-zigbuild, auditwheel,
+# numpy, pytest). torch is NOT installed: its wheels pull gigabytes of CUDA libraries;
+# the tests use numpy through DLPack instead.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT"
+
+wheel=$(python/build-wheel.sh)
+
+VENV=${STAGEFS_TEST_VENV:-$ROOT/.venv-test}
+rm -rf "$VENV"
+python3 -m venv "$VENV"
+"$VENV/bin/pip" install --quiet --disable-pip-version-check "$wheel" numpy pytest
+
+# Run from tests/python so that nothing in the source tree shadows the installed package.
+cd "$ROOT/tests/python"
+exec "$VENV/bin/python" -m pytest -p no:cacheprovider -q "$@" .

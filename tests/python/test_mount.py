@@ -1,0 +1,117 @@
+"""stagefs.mount(): context manager, plain handle, errors, cleanup on exceptions and at exit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import stagefs
+from conftest import read_tree
+
+
+def test_context_manager_yields_the_live_mountpoint(tree, fixture_tar, tmp_path):
+    mp = tmp_path / "mnt"
+    with stagefs.mount(fixture_tar, mp) as root:
+        assert isinstance(root, os.PathLike) and root == mp
+        assert os.path.ismount(root)
+        assert read_tree(root) == read_tree(tree)
+    assert not os.path.ismount(mp)
+
+
+def test_options_are_passed_to_the_command(tree, fixture_tar, tmp_path):
+    log = tmp_path / "daemon.log"
+    m = stagefs.mount(fixture_tar, tmp_path / "mnt", stage="ram", warm="no", threads=2, idle_timeout=600,
+                      max_ram="1G", log_file=log)  # fmt: skip
+    try:
+        assert read_tree(m.path) == read_tree(tree)
+        cmd = " ".join(m.command)
+        for part in ("--stage ram", "--warm no", "--threads 2", "--max-ram 1G", "--idle-timeout 600000ms"):
+            assert part in cmd
+    finally:
+        m.unmount()
+
+
+def test_plain_call_returns_a_handle(fixture_tar, tmp_path):
+    m = stagefs.mount(fixture_tar, tmp_path / "mnt")
+    assert m.mounted and os.path.ismount(m.path)
+    m.unmount()
+    assert not m.mounted and not os.path.ismount(m.path)
+    m.unmount()  # a second unmount is a no-op
+
+
+def test_default_mountpoint(fixture_tar):
+    expected = stagefs.default_mountpoint(fixture_tar)
+    assert expected.parts[:2] == ("/", "dev") and expected.name == "fixture"
+    with stagefs.mount(fixture_tar) as root:
+        assert root == expected and os.path.ismount(root)
+    assert not os.path.ismount(expected)
+
+
+def test_unmounts_when_the_block_raises(fixture_tar, tmp_path):
+    mp = tmp_path / "mnt"
+    with pytest.raises(ZeroDivisionError):
+        with stagefs.mount(fixture_tar, mp):
+            1 / 0
+    assert not os.path.ismount(mp)
+
+
+def test_unmounts_on_keyboard_interrupt(fixture_tar, tmp_path):
+    mp = tmp_path / "mnt"
+    with pytest.raises(KeyboardInterrupt):
+        with stagefs.mount(fixture_tar, mp):
+            raise KeyboardInterrupt
+    assert not os.path.ismount(mp)
+
+
+def test_unmounts_at_interpreter_exit(fixture_tar, tmp_path):
+    mp = tmp_path / "mnt"
+    code = textwrap.dedent(f"""
+        import os, stagefs
+        m = stagefs.mount({str(fixture_tar)!r}, {str(mp)!r})
+        assert os.path.ismount(m.path)
+        print("mounted", flush=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "mounted" in out.stdout
+    assert not os.path.ismount(mp), "atexit did not unmount"
+
+
+def test_missing_archive_is_mount_error_code_3(tmp_path):
+    missing = tmp_path / "nope.tar"
+    with pytest.raises(stagefs.MountError) as e:
+        stagefs.mount(missing, tmp_path / "mnt")
+    assert isinstance(e.value, OSError)
+    assert e.value.code == 3
+    assert str(missing) in e.value.message
+    assert not os.path.ismount(tmp_path / "mnt")
+
+
+def test_garbage_archive_is_mount_error_code_3(tmp_path):
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(b"this is not an archive" * 100)
+    with pytest.raises(stagefs.MountError) as e:
+        with stagefs.mount(bad, tmp_path / "mnt"):
+            pass
+    assert e.value.code == 3
+
+
+def test_mountpoint_that_is_a_file_is_mount_error_code_4(fixture_tar, tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(stagefs.MountError) as e:
+        stagefs.mount(fixture_tar, f)
+    assert e.value.code == 4, e.value
+
+
+def test_non_empty_mountpoint_is_refused(fixture_tar, tmp_path):
+    mp = tmp_path / "full"
+    mp.mkdir()
+    (mp / "x").write_text("x")
+    with pytest.raises(stagefs.MountError) as e:
+        stagefs.mount(fixture_tar, mp)
+    assert e.value.code == 4, e.value
