@@ -656,3 +656,34 @@ fn entries_naming_one_inode_share_its_block_list() {
     }
     assert_eq!(index.inode(big).unwrap().nlink, names.len() as u32, "the names are links of one inode");
 }
+
+#[test]
+fn inodes_sharing_an_xattr_set_share_its_index_entries() {
+    // mksquashfs stores one xattr set for all 40 files; a crafted image can name one set
+    // (values up to 64 KiB) from every inode it has.
+    let scratch = Scratch::new("shared-xattrs");
+    let src = scratch.path("src");
+    fs::create_dir(&src).unwrap();
+    let value = "v".repeat(BIG_VALUE_LEN);
+    for i in 0..40 {
+        let file = src.join(format!("f{i:02}"));
+        fs::write(&file, format!("file {i}\n")).unwrap();
+        run_tool(
+            "setfattr",
+            &["-n".as_ref(), "user.big".as_ref(), "-v".as_ref(), value.as_ref(), file.as_os_str()],
+            None,
+        );
+    }
+    let image = scratch.path("image.sqfs");
+    let mut args: Vec<&OsStr> = vec![src.as_os_str(), image.as_os_str()];
+    args.extend(["-noappend", "-quiet", "-no-progress", "-processors", "2"].map(OsStr::new));
+    run_tool("mksquashfs", &args, None);
+    let (index, reader) = open(&image, map_file(&image)).unwrap();
+    compare_dir(&index, &reader, ROOT, &src, true);
+    for i in 0..40 {
+        let x = xattrs(&index, lookup_path(&index, &format!("f{i:02}")));
+        assert_eq!(x.get("user.big").map(Vec::as_slice), Some(value.as_bytes()), "f{i:02}");
+    }
+    assert_eq!(index.xattrs.len(), 1, "one xattr set, stored once in the index");
+    assert!(index.arena.len() < 2 * BIG_VALUE_LEN, "the value is interned once: {} arena bytes", index.arena.len());
+}

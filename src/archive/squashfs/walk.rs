@@ -9,7 +9,7 @@ use super::metadata::{Cursor, MetaReader};
 use super::superblock::Superblock;
 use super::xattr::XattrTable;
 use super::Fault;
-use crate::index::{Attrs, Data, Index, IndexBuilder, InodeId, ROOT};
+use crate::index::{Attrs, Data, Index, IndexBuilder, InodeId, XattrRun, ROOT};
 
 /// A directory whose listing is still to be read.
 struct PendingDir {
@@ -31,6 +31,9 @@ struct Walk<'a> {
     /// single-name inodes, the vast majority, are left out to keep this map small.
     seen: HashMap<u32, InodeId>,
     pending: Vec<PendingDir>,
+    /// xattr set -> its entries in the index. mksquashfs stores one set for all inodes
+    /// with the same attributes (values up to 64 KiB): the index keeps it once too.
+    xattr_sets: HashMap<u32, XattrRun>,
     /// Directory listings read so far, in the directory table.
     listings: Ranges,
     /// Block lists read so far, in the inode table.
@@ -75,6 +78,7 @@ pub(super) fn index(image: &[u8], sb: &Superblock) -> Result<(Index, Layouts), F
         layouts,
         seen: HashMap::new(),
         pending: Vec::new(),
+        xattr_sets: HashMap::new(),
         listings: Ranges::default(),
         block_lists: Ranges::default(),
     };
@@ -227,9 +231,17 @@ impl Walk<'_> {
                 format!("an inode has xattr set {index}, but the image has no xattr table"),
             ));
         };
-        let pairs = table.pairs(&mut self.meta, index)?;
-        let borrowed: Vec<(&[u8], &[u8])> = pairs.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
-        self.builder.set_xattrs(id, &borrowed)?;
+        let run = match self.xattr_sets.get(&index) {
+            Some(&run) => run,
+            None => {
+                let pairs = table.pairs(&mut self.meta, index)?;
+                let borrowed: Vec<(&[u8], &[u8])> = pairs.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
+                let run = self.builder.add_xattrs(&borrowed)?;
+                self.xattr_sets.insert(index, run);
+                run
+            }
+        };
+        self.builder.set_xattr_run(id, run);
         Ok(())
     }
 }
