@@ -6,12 +6,15 @@
 //! - hand-crafted archives whose fields claim absurd sizes and counts: each must be
 //!   rejected quickly, with a clear error, without allocating what the field claims
 //!   (checked in a child process limited to 1 GiB of address space);
+//! - crafted archives mounted for real: sparse sizes whose sum wraps, a sparse size
+//!   past the largest file; each mount must return;
 //! - resource faults: a killed daemon, no /dev/fuse, no fusermount3, an archive
 //!   truncated while mounted.
 
 use std::ffi::OsStr;
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
+use std::io::Write;
+use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -239,6 +242,30 @@ fn hostile_tar_cases() {
     records.extend(pax_record("GNU.sparse.map", &format!("0,{}", u64::MAX)));
     let member = ustar_header("s", b'0', 0o644, 0, "");
     expect_corrupt(&pax_then_member(&records, &member, b""), "pax 0.1 extent of 2^64-1 bytes", "exceeds the file size");
+    // pax 0.1 sparse maps that overlap, run past the declared size or wrap, and a
+    // declared size past the largest file: corrupt, naming the member.
+    let wraps = format!("{},10", u64::MAX - 4);
+    for (size, map, needle) in [
+        ("100", "0,10,5,10", "sparse member \"s\": sparse extent 5+10 overlaps the one before (ending at 10)"),
+        ("100", "0,10,0,10", "overlaps the one before"),
+        ("100", "90,20", "sparse member \"s\": sparse extent 90+20 exceeds the file size 100"),
+        ("100", &wraps, "sparse member \"s\": sparse extent 18446744073709551611+10 wraps past 2^64"),
+        (
+            "9223372036854775808",
+            "0,10",
+            "sparse member \"s\": declares 9223372036854775808 bytes, more than the largest file",
+        ),
+    ] {
+        let mut records = Vec::new();
+        records.extend(pax_record("GNU.sparse.size", size));
+        records.extend(pax_record("GNU.sparse.map", map));
+        let member = ustar_header("s", b'0', 0o644, 20, "");
+        expect_corrupt(
+            &pax_then_member(&records, &member, &[7; 20]),
+            &format!("pax 0.1 map {map} of {size} bytes"),
+            needle,
+        );
+    }
 }
 
 #[test]
@@ -335,6 +362,109 @@ fn hostile_squashfs_cases() {
 #[test]
 fn hostile_squashfs_fields_are_rejected_in_bounded_memory() {
     in_bounded_child("hostile::hostile_squashfs_fields_are_rejected_in_bounded_memory", hostile_squashfs_cases);
+}
+
+// ---------------------------------------------------------------------------
+// Crafted archives, mounted
+
+/// A member preceded by a pax header ('x') of `records`, padded to a block.
+fn member_with_pax(records: &[u8], name: &str, typeflag: u8, content: &[u8]) -> Vec<u8> {
+    let mut tar = ustar_header("PaxHeaders/m", b'x', 0o644, records.len() as u64, "").to_vec();
+    tar.extend_from_slice(records);
+    tar.resize(tar.len().div_ceil(512) * 512, 0);
+    tar.extend_from_slice(&ustar_header(name, typeflag, 0o644, content.len() as u64, ""));
+    tar.extend_from_slice(content);
+    tar.resize(tar.len().div_ceil(512) * 512, 0);
+    tar
+}
+
+/// A plain member, padded to a block.
+fn plain_member(name: &str, typeflag: u8, content: &[u8], link: &str) -> Vec<u8> {
+    let mut tar = ustar_header(name, typeflag, 0o644, content.len() as u64, link).to_vec();
+    tar.extend_from_slice(content);
+    tar.resize(tar.len().div_ceil(512) * 512, 0);
+    tar
+}
+
+const OK_TEXT: &[u8] = b"an ordinary file beside the crafted ones\n";
+
+/// Four pax 0.1 sparse members declaring 2^62 bytes each (all hole), beside an ordinary
+/// file: the warm-up's sum of sizes wrapped to 0, so it set out to push 2^64 bytes of
+/// holes into the page cache and `stagefs mount` never returned (a 231-byte .tar.gz).
+fn sparse_sizes_wrapping_tar() -> Vec<u8> {
+    let mut tar = plain_member("ok.txt", b'0', OK_TEXT, "");
+    for i in 0..4 {
+        tar.extend(member_with_pax(
+            &pax_record("GNU.sparse.size", &(1u64 << 62).to_string()),
+            &format!("huge{i}"),
+            b'0',
+            b"",
+        ));
+    }
+    finish(tar)
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    encoder.write_all(bytes).unwrap();
+    encoder.finish().unwrap()
+}
+
+/// `stagefs mount ARCHIVE MP` (default options: a compressed tar is staged, then warmed),
+/// which must return within `CMD_TIMEOUT`. On a hang the daemon is killed, so that no
+/// spinning process outlives the failed test.
+fn mount_must_return(archive: &Path, mp: &Path) -> CmdOutput {
+    require_root();
+    let mut cmd = Command::new(stagefs_bin());
+    cmd.arg("mount").arg(archive).arg(mp);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_cmd(&mut cmd, CMD_TIMEOUT)));
+    outcome.unwrap_or_else(|panic| {
+        for pid in stagefs_pids(mp) {
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let _ = Command::new("umount").arg("-l").arg(mp).status();
+        std::panic::resume_unwind(panic)
+    })
+}
+
+/// Sparse sizes whose sum wraps past 2^64: the mount returns, leaves the page cache
+/// cold with a warning, and serves every file.
+#[test]
+fn sparse_sizes_whose_sum_wraps_do_not_hang_the_mount() {
+    let tmp = TempDir::new("sparse-wrap");
+    let archive = tmp.join("wrap.tar.gz");
+    fs::write(&archive, gzip(&sparse_sizes_wrapping_tar())).unwrap();
+    let mp = tmp.join("mnt");
+    let out = mount_must_return(&archive, &mp);
+    assert!(out.success(), "{}", out.describe());
+    let m = Mounted::adopt(&archive, &mp);
+    assert!(out.stderr.contains("not warming the page cache"), "the warm-up must be skipped:\n{}", out.describe());
+    assert_eq!(read(&mp.join("ok.txt")), OK_TEXT);
+    for i in 0..4 {
+        let file = fs::File::open(mp.join(format!("huge{i}"))).unwrap();
+        assert_eq!(file.metadata().unwrap().len(), 1 << 62);
+        let mut buf = [1u8; 4096];
+        assert_eq!(file.read_at(&mut buf, 1 << 61).unwrap(), buf.len());
+        assert!(buf.iter().all(|&b| b == 0), "huge{i} is a hole");
+    }
+    m.unmount().assert_success();
+    assert_nothing_left(&mp, "after unmounting the wrapping sparse sizes");
+}
+
+/// A sparse member declaring 2^63 bytes, past the largest file Linux allows (2^63 - 1):
+/// the mount refuses the archive as damaged (exit 3), naming the member.
+#[test]
+fn sparse_size_past_the_largest_file_is_refused() {
+    let tmp = TempDir::new("sparse-too-big");
+    let mut tar = plain_member("ok.txt", b'0', OK_TEXT, "");
+    tar.extend(member_with_pax(&pax_record("GNU.sparse.size", &(1u64 << 63).to_string()), "too-big", b'0', b""));
+    let archive = tmp.join("too-big.tar.gz");
+    fs::write(&archive, gzip(&finish(tar))).unwrap();
+    let mp = tmp.join("mnt");
+    let out = mount_must_return(&archive, &mp);
+    assert_eq!(out.code(), Some(3), "{}", out.describe());
+    assert!(out.stderr.contains("\"too-big\""), "the message must name the member:\n{}", out.describe());
+    assert_nothing_left(&mp, "after a refused archive");
 }
 
 // ---------------------------------------------------------------------------

@@ -13,6 +13,9 @@ use super::{Backing, Bytes, OpenError, ReadError};
 use crate::index::{Attrs, Data, Index, IndexBuilder, InodeId, XattrRun, ROOT};
 
 const BLOCK: usize = 512;
+/// The largest file size Linux allows (`off_t` is signed): a sparse member may declare
+/// no more.
+const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 /// Most xattrs global pax headers may give every member: more than any real archive
 /// sets, few enough that merging them into a member's own costs that member little.
 const MAX_GLOBAL_XATTRS: usize = 256;
@@ -514,7 +517,7 @@ impl<'a> Scan<'a> {
                 // pax 1.0: the map is stored in front of the data, as decimal lines.
                 let (map, skip) = self.sparse_map_v1(m.data_offset, m.stored_size)?;
                 sparse_map = map;
-                m.data_offset += skip;
+                m.data_offset = m.data_offset.saturating_add(skip);
                 m.stored_size = m.stored_size.saturating_sub(skip);
             }
             attrs.size = real_size;
@@ -711,32 +714,48 @@ impl<'a> Scan<'a> {
         }
     }
 
-    /// Validates a sparse map against the stored data and records it.
+    /// Validates a sparse map against the stored data and records it. The declared real
+    /// size may not exceed the largest file Linux allows, and the extents must lie inside
+    /// it, in order, without overlapping, and within the data stored: a map that breaks
+    /// any of these is damage (or a crafted archive), reported with the member's name.
     fn sparse(&mut self, m: &Member, map: Vec<(u64, u64)>, real_size: u64) -> Result<Data, OpenError> {
         let at = m.header_offset;
+        let name = String::from_utf8_lossy(&m.path);
+        let bad = |what: String| self.corrupt(at, format!("sparse member {name:?}: {what}"));
+        if real_size > MAX_FILE_SIZE {
+            return Err(bad(format!("declares {real_size} bytes, more than the largest file ({MAX_FILE_SIZE})")));
+        }
         let mut stored = 0u64;
         let mut last_end = 0u64;
-        let first = self.extents.len() as u32;
+        let mut extents = Vec::new();
         for (file_offset, len) in map.into_iter().filter(|&(_, len)| len > 0) {
-            let end = file_offset.checked_add(len).filter(|&e| e <= real_size && file_offset >= last_end);
-            let Some(end) = end else {
-                return Err(self.corrupt(
-                    at,
-                    format!("sparse extent {file_offset}+{len} overlaps or exceeds the file size {real_size}"),
-                ));
+            let Some(end) = file_offset.checked_add(len) else {
+                return Err(bad(format!("sparse extent {file_offset}+{len} wraps past 2^64")));
             };
-            if stored + len > m.stored_size {
-                return Err(
-                    self.corrupt(at, format!("sparse map needs more data than the {} bytes stored", m.stored_size))
-                );
+            if file_offset < last_end {
+                return Err(bad(format!(
+                    "sparse extent {file_offset}+{len} overlaps the one before (ending at {last_end})"
+                )));
             }
-            self.extents.push(Extent { file_offset, len, archive_offset: m.data_offset + stored });
-            stored += len;
+            if end > real_size {
+                return Err(bad(format!("sparse extent {file_offset}+{len} exceeds the file size {real_size}")));
+            }
+            // Inside the member's data, which lies inside the archive: cannot overflow.
+            let archive_offset = m.data_offset + stored;
+            stored = stored
+                .checked_add(len)
+                .filter(|&s| s <= m.stored_size)
+                .ok_or_else(|| bad(format!("sparse map needs more data than the {} bytes stored", m.stored_size)))?;
+            extents.push(Extent { file_offset, len, archive_offset });
             last_end = end;
         }
-        let count = self.extents.len() as u32 - first;
+        let too_many = || self.index_err(crate::index::BuildError::TooManyEntries);
+        let (first, count) = (u32::try_from(self.extents.len()).ok(), u32::try_from(extents.len()).ok());
+        let (first, count) = first.zip(count).filter(|(f, c)| f.checked_add(*c).is_some()).ok_or_else(too_many)?;
+        let handle = u32::try_from(self.sparse_files.len()).map_err(|_| too_many())?;
+        self.extents.extend(extents);
         self.sparse_files.push(SparseFile { first, count });
-        Ok(Data::Extern(self.sparse_files.len() as u32 - 1))
+        Ok(Data::Extern(handle))
     }
 }
 

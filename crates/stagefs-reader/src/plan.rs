@@ -39,7 +39,7 @@ pub(crate) fn plan_epoch(
         }
         let full = match batch_files {
             Some(n) => cur.files.len() == n,
-            None => cur.total + len > slot,
+            None => cur.total.saturating_add(len) > slot,
         };
         if full {
             let index = cur.index + 1;
@@ -51,7 +51,8 @@ pub(crate) fn plan_epoch(
         cur.files.push(i);
         cur.offsets.push(cur.total);
         cur.lengths.push(len);
-        cur.total += len;
+        // Saturating: a batch whose declared sizes overflow is reported as too large below.
+        cur.total = cur.total.saturating_add(len);
     }
     if !cur.files.is_empty() {
         batches.push(cur);
