@@ -7,14 +7,14 @@
 //!   rejected quickly, with a clear error, without allocating what the field claims
 //!   (checked in a child process limited to 1 GiB of address space);
 //! - crafted archives mounted for real: sparse sizes whose sum wraps, a sparse size
-//!   past the largest file; each mount must return;
+//!   past the largest file, hardlinks to directories; each mount must return;
 //! - resource faults: a killed daemon, no /dev/fuse, no fusermount3, an archive
 //!   truncated while mounted.
 
 use std::ffi::OsStr;
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -465,6 +465,48 @@ fn sparse_size_past_the_largest_file_is_refused() {
     assert_eq!(out.code(), Some(3), "{}", out.describe());
     assert!(out.stderr.contains("\"too-big\""), "the message must name the member:\n{}", out.describe());
     assert_nothing_left(&mp, "after a refused archive");
+}
+
+/// Hardlinks to directories (`d/loop` -> `d`), which GNU tar refuses to extract: the
+/// kernel saw a directory inside itself (ELOOP, and a warning in its log). They are
+/// skipped with a warning naming the member; the rest is served.
+#[test]
+fn tar_hardlinks_to_directories_are_skipped() {
+    let tmp = TempDir::new("hardlink-dir");
+    let mut tar = plain_member("d/", b'5', b"", "");
+    tar.extend(plain_member("d/file", b'0', OK_TEXT, ""));
+    tar.extend(plain_member("d/loop", b'1', b"", "d"));
+    tar.extend(plain_member("up", b'1', b"", "./d/"));
+    tar.extend(plain_member("d/sub/", b'5', b"", ""));
+    tar.extend(plain_member("d/sub/parent", b'1', b"", "d"));
+    tar.extend(plain_member("same", b'1', b"", "d/file"));
+    let archive = tmp.join("dir-links.tar");
+    fs::write(&archive, finish(tar)).unwrap();
+    let mp = tmp.join("mnt");
+    let out = mount_must_return(&archive, &mp);
+    assert!(out.success(), "{}", out.describe());
+    let m = Mounted::adopt(&archive, &mp);
+    let names = |dir: &Path| {
+        let mut names: Vec<String> =
+            fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        names
+    };
+    assert_eq!(names(&mp), ["d", "same"]);
+    assert_eq!(names(&mp.join("d")), ["file", "sub"]);
+    assert!(names(&mp.join("d/sub")).is_empty());
+    assert_eq!(read(&mp.join("d/file")), OK_TEXT);
+    assert_eq!(read(&mp.join("same")), OK_TEXT);
+    assert_eq!(fs::metadata(mp.join("same")).unwrap().nlink(), 2, "a hardlink to a file still works");
+    for member in ["d/loop", "up", "d/sub/parent"] {
+        assert!(
+            out.stderr.contains(&format!("hardlink {member:?}")) && out.stderr.contains("is a directory"),
+            "a warning must name {member}:\n{}",
+            out.describe()
+        );
+    }
+    m.unmount().assert_success();
+    assert_nothing_left(&mp, "after unmounting the directory hardlinks");
 }
 
 // ---------------------------------------------------------------------------

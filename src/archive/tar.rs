@@ -701,6 +701,18 @@ impl<'a> Scan<'a> {
             self.builder.child(dir, last)
         });
         match (target, name) {
+            // A directory with two names would sit inside itself (`d/loop` -> `d`): the
+            // kernel finds a loop (ELOOP, and a warning in its log). GNU tar refuses to
+            // extract such links; they are skipped the same way.
+            (Some(target), Some(_)) if self.builder.attrs(target).is_dir() => {
+                tracing::warn!(
+                    offset = m.header_offset,
+                    "hardlink {:?} -> {:?}: the target is a directory, which cannot have hardlinks; skipped",
+                    String::from_utf8_lossy(&m.path),
+                    String::from_utf8_lossy(&m.link)
+                );
+                Ok(())
+            }
             (Some(target), Some(name)) => self.builder.link(parent, name, target).map_err(|e| self.index_err(e)),
             _ => {
                 tracing::warn!(
