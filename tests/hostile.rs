@@ -1,8 +1,9 @@
 //! Hostile inputs and resource faults:
 //!
-//! - the fuzz regression corpus (`fuzz/regressions/<target>/`) replayed through the
-//!   fuzz targets' own code path (`fuzz/src/exercise.rs`), so CI replays every input the
-//!   fuzzers ever broke stagefs with, without cargo-fuzz;
+//! - the fuzz regression corpus (`fuzz/regressions/<target>/`) and the seeds
+//!   (`fuzz/seeds/<target>/`) replayed through the fuzz targets' own code path
+//!   (`fuzz/src/exercise.rs`), so CI replays every input the fuzzers ever broke stagefs
+//!   with, and every crafted archive, without cargo-fuzz;
 //! - hand-crafted archives whose fields claim absurd sizes and counts: each must be
 //!   rejected quickly, with a clear error, without allocating what the field claims
 //!   (checked in a child process limited to 1 GiB of address space);
@@ -13,7 +14,7 @@
 
 use std::ffi::OsStr;
 use std::fs;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -31,42 +32,90 @@ mod exercise;
 // ---------------------------------------------------------------------------
 // Fuzz regressions
 
-fn regressions_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz").join("regressions")
+fn fuzz_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz")
 }
 
-/// Every file under `fuzz/regressions/<target>/`, through that target's code path. A
-/// panic here is the bug the fuzzer found; each input must also finish promptly.
+/// Every file under `fuzz/regressions/<target>/` and `fuzz/seeds/<target>/`, through
+/// that target's code path. A panic here is the bug the fuzzer found (or a crafted
+/// archive's); each input must also finish promptly.
 #[test]
 fn fuzz_regressions_replay() {
     let scratch = TempDir::new("fuzz-replay");
-    let mut replayed = 0;
-    let Ok(targets) = fs::read_dir(regressions_dir()) else { return };
-    for target in targets.flatten() {
-        let name = target.file_name().to_string_lossy().into_owned();
-        let mut inputs: Vec<PathBuf> = fs::read_dir(target.path()).unwrap().flatten().map(|e| e.path()).collect();
-        inputs.sort();
-        for input in inputs.iter().filter(|p| p.is_file()) {
-            let data = fs::read(input).unwrap();
-            let started = Instant::now();
-            let outcome = match name.as_str() {
-                "tar" => exercise::tar(&data),
-                "squashfs" => exercise::squashfs(&data),
-                "index_cache" => exercise::index_cache(&data),
-                "decompress" => exercise::decompress(&data, &scratch.join("input")),
-                other => panic!("fuzz/regressions/{other}: no such fuzz target"),
-            };
-            let took = started.elapsed();
-            eprintln!(
-                "replayed {}: {:?} in {took:?}",
-                input.display(),
-                outcome.as_ref().map_err(|e| e.chars().take(160).collect::<String>())
-            );
-            assert!(took < Duration::from_secs(10), "{} took {took:?}", input.display());
-            replayed += 1;
+    for corpus in ["regressions", "seeds"] {
+        let root = fuzz_dir().join(corpus);
+        let targets = fs::read_dir(&root).unwrap_or_else(|e| panic!("cannot list {}: {e}", root.display()));
+        let mut replayed = 0;
+        for target in targets.flatten() {
+            let name = target.file_name().to_string_lossy().into_owned();
+            let mut inputs: Vec<PathBuf> = fs::read_dir(target.path()).unwrap().flatten().map(|e| e.path()).collect();
+            inputs.sort();
+            for input in inputs.iter().filter(|p| p.is_file()) {
+                let data = fs::read(input).unwrap();
+                let started = Instant::now();
+                let outcome = match name.as_str() {
+                    "tar" => exercise::tar(&data),
+                    "squashfs" => exercise::squashfs(&data),
+                    "index_cache" => exercise::index_cache(&data),
+                    "decompress" => exercise::decompress(&data, &scratch.join("input")),
+                    other => panic!("fuzz/{corpus}/{other}: no such fuzz target"),
+                };
+                let took = started.elapsed();
+                eprintln!(
+                    "replayed {}: {:?} in {took:?}",
+                    input.display(),
+                    outcome.as_ref().map_err(|e| e.chars().take(160).collect::<String>())
+                );
+                assert!(took < Duration::from_secs(10), "{} took {took:?}", input.display());
+                replayed += 1;
+            }
+        }
+        eprintln!("replayed {replayed} inputs of fuzz/{corpus}");
+        assert!(replayed > 0, "fuzz/{corpus} holds no inputs: nothing was replayed");
+    }
+}
+
+/// The crafted tars of this file, committed as fuzz seeds (`fuzz/seeds/tar/`): the
+/// fuzzers mutate from them and `fuzz_regressions_replay` replays them.
+fn crafted_tars() -> [(&'static str, Vec<u8>); 5] {
+    [
+        ("crafted-sparse-size-wrap.tar", sparse_sizes_wrapping_tar()),
+        ("crafted-sparse-size-too-big.tar", sparse_size_too_big_tar()),
+        ("crafted-sparse-map-overlap.tar", sparse_map_overlap_tar()),
+        ("crafted-hardlink-to-dir.tar", hardlinks_to_directories_tar()),
+        ("crafted-global-pax-keywords.tar", global_pax_keywords_tar(400, 60)),
+    ]
+}
+
+/// The committed crafted seeds are what the builders here make (the gzip one
+/// decompresses to it: compressed bytes may differ between zlib versions). After
+/// changing a builder: `STAGEFS_WRITE_SEEDS=1 cargo test --test integration
+/// hostile::crafted_seeds_are_current`.
+#[test]
+fn crafted_seeds_are_current() {
+    let write = std::env::var_os("STAGEFS_WRITE_SEEDS").is_some();
+    let wrapping = sparse_sizes_wrapping_tar();
+    let gz = fuzz_dir().join("seeds/decompress/crafted-sparse-size-wrap.tar.gzip");
+    let mut seeds: Vec<(PathBuf, Vec<u8>)> =
+        crafted_tars().into_iter().map(|(name, bytes)| (fuzz_dir().join("seeds/tar").join(name), bytes)).collect();
+    if write {
+        fs::write(&gz, gzip(&wrapping)).unwrap();
+        for (path, bytes) in &seeds {
+            fs::write(path, bytes).unwrap();
         }
     }
-    eprintln!("replayed {replayed} fuzz regression inputs");
+    let mut unzipped = Vec::new();
+    flate2::read::GzDecoder::new(&read(&gz)[..]).read_to_end(&mut unzipped).unwrap();
+    seeds.push((gz, wrapping));
+    for (path, bytes) in seeds {
+        let committed = if path.extension() == Some(OsStr::new("gzip")) { unzipped.clone() } else { read(&path) };
+        assert!(
+            committed == bytes,
+            "{} is not what its builder in tests/hostile.rs makes; rewrite it with \
+             STAGEFS_WRITE_SEEDS=1 cargo test --test integration hostile::crafted_seeds_are_current",
+            path.display()
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -427,6 +476,47 @@ fn mount_must_return(archive: &Path, mp: &Path) -> CmdOutput {
     })
 }
 
+/// A sparse member declaring 2^63 bytes, one more than the largest file Linux allows.
+fn sparse_size_too_big_tar() -> Vec<u8> {
+    let mut tar = plain_member("ok.txt", b'0', OK_TEXT, "");
+    tar.extend(member_with_pax(&pax_record("GNU.sparse.size", &(1u64 << 63).to_string()), "too-big", b'0', b""));
+    finish(tar)
+}
+
+/// A pax 0.1 sparse member whose second extent overlaps the first.
+fn sparse_map_overlap_tar() -> Vec<u8> {
+    let records = [pax_record("GNU.sparse.size", "100"), pax_record("GNU.sparse.map", "0,10,5,10")].concat();
+    let mut tar = plain_member("ok.txt", b'0', OK_TEXT, "");
+    tar.extend(member_with_pax(&records, "overlap", b'0', &[7; 20]));
+    finish(tar)
+}
+
+/// Hardlinks to directories (`d/loop` -> `d`, `up` -> `./d/`, `d/sub/parent` -> `d`)
+/// beside a file and a hardlink to it.
+fn hardlinks_to_directories_tar() -> Vec<u8> {
+    let mut tar = plain_member("d/", b'5', b"", "");
+    tar.extend(plain_member("d/file", b'0', OK_TEXT, ""));
+    tar.extend(plain_member("d/loop", b'1', b"", "d"));
+    tar.extend(plain_member("up", b'1', b"", "./d/"));
+    tar.extend(plain_member("d/sub/", b'5', b"", ""));
+    tar.extend(plain_member("d/sub/parent", b'1', b"", "d"));
+    tar.extend(plain_member("same", b'1', b"", "d/file"));
+    finish(tar)
+}
+
+/// One global pax header ('g') of `keywords` keywords, then `members` empty members:
+/// every member cost all the global keywords before (8,000 of each: 19 s to index).
+fn global_pax_keywords_tar(keywords: usize, members: usize) -> Vec<u8> {
+    let records: Vec<u8> = (0..keywords).flat_map(|i| pax_record(&format!("comment.{i}"), "x")).collect();
+    let mut tar = ustar_header("pax_global_header", b'g', 0o644, records.len() as u64, "").to_vec();
+    tar.extend_from_slice(&records);
+    tar.resize(tar.len().div_ceil(512) * 512, 0);
+    for i in 0..members {
+        tar.extend(plain_member(&format!("f{i:03}"), b'0', b"", ""));
+    }
+    finish(tar)
+}
+
 /// Sparse sizes whose sum wraps past 2^64: the mount returns, leaves the page cache
 /// cold with a warning, and serves every file.
 #[test]
@@ -456,10 +546,8 @@ fn sparse_sizes_whose_sum_wraps_do_not_hang_the_mount() {
 #[test]
 fn sparse_size_past_the_largest_file_is_refused() {
     let tmp = TempDir::new("sparse-too-big");
-    let mut tar = plain_member("ok.txt", b'0', OK_TEXT, "");
-    tar.extend(member_with_pax(&pax_record("GNU.sparse.size", &(1u64 << 63).to_string()), "too-big", b'0', b""));
     let archive = tmp.join("too-big.tar.gz");
-    fs::write(&archive, gzip(&finish(tar))).unwrap();
+    fs::write(&archive, gzip(&sparse_size_too_big_tar())).unwrap();
     let mp = tmp.join("mnt");
     let out = mount_must_return(&archive, &mp);
     assert_eq!(out.code(), Some(3), "{}", out.describe());
@@ -473,15 +561,8 @@ fn sparse_size_past_the_largest_file_is_refused() {
 #[test]
 fn tar_hardlinks_to_directories_are_skipped() {
     let tmp = TempDir::new("hardlink-dir");
-    let mut tar = plain_member("d/", b'5', b"", "");
-    tar.extend(plain_member("d/file", b'0', OK_TEXT, ""));
-    tar.extend(plain_member("d/loop", b'1', b"", "d"));
-    tar.extend(plain_member("up", b'1', b"", "./d/"));
-    tar.extend(plain_member("d/sub/", b'5', b"", ""));
-    tar.extend(plain_member("d/sub/parent", b'1', b"", "d"));
-    tar.extend(plain_member("same", b'1', b"", "d/file"));
     let archive = tmp.join("dir-links.tar");
-    fs::write(&archive, finish(tar)).unwrap();
+    fs::write(&archive, hardlinks_to_directories_tar()).unwrap();
     let mp = tmp.join("mnt");
     let out = mount_must_return(&archive, &mp);
     assert!(out.success(), "{}", out.describe());
