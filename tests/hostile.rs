@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use stagefs::archive::tar::ustar_header;
+use stagefs::archive::tar::{pax_record, ustar_header};
 use stagefs::archive::{Archive, OpenError};
 
 use crate::util::*;
@@ -208,15 +208,6 @@ fn pax_then_member(records: &[u8], member: &[u8], content: &[u8]) -> Vec<u8> {
     tar.extend_from_slice(member);
     tar.extend_from_slice(content);
     finish(tar)
-}
-
-fn pax_record(key: &str, value: &str) -> Vec<u8> {
-    let body = format!(" {key}={value}\n");
-    let mut len = body.len() + 1;
-    while format!("{len}{body}").len() != len {
-        len += 1;
-    }
-    format!("{len}{body}").into_bytes()
 }
 
 fn hostile_tar_cases() {

@@ -797,6 +797,17 @@ pub fn ustar_header(name: &str, typeflag: u8, mode: u32, size: u64, link: &str) 
     h
 }
 
+/// Encodes one pax record, `"LEN KEY=VALUE\n"` (LEN counts the whole record, itself
+/// included): tests craft pax headers with it.
+pub fn pax_record(key: &str, value: &str) -> Vec<u8> {
+    let body = format!(" {key}={value}\n");
+    let mut len = body.len() + 1;
+    while format!("{len}{body}").len() != len {
+        len += 1;
+    }
+    format!("{len}{body}").into_bytes()
+}
+
 /// The key under which `parse_pax` keeps the n-th repeated pax 0.0 sparse keyword.
 fn sparse_key(what: &str, n: usize) -> Vec<u8> {
     format!("GNU.sparse.{what}#{n}").into_bytes()
@@ -1106,16 +1117,6 @@ mod tests {
             Err(OpenError::Truncated { offset, .. }) => assert_eq!(offset, 0),
             other => panic!("expected truncation, got {:?}", other.map(|_| ())),
         }
-    }
-
-    /// A pax record `"LEN KEY=VALUE\n"`.
-    fn pax_record(key: &str, value: &str) -> Vec<u8> {
-        let body = format!(" {key}={value}\n");
-        let mut len = body.len() + 1;
-        while format!("{len}{body}").len() != len {
-            len += 1;
-        }
-        format!("{len}{body}").into_bytes()
     }
 
     /// A global pax header ('g') holding `records`.
