@@ -200,14 +200,21 @@ fn finish(mut tar: Vec<u8>) -> Vec<u8> {
     tar
 }
 
-/// A pax extended header ('x') holding `records`, then a member.
+/// A pax extended header ('x') holding `records`, then a member, then the end of the archive.
 fn pax_then_member(records: &[u8], member: &[u8], content: &[u8]) -> Vec<u8> {
+    finish(with_pax(records, member, content))
+}
+
+/// A pax extended header ('x') holding `records`, then a member (header and content),
+/// padded to a block.
+fn with_pax(records: &[u8], member: &[u8], content: &[u8]) -> Vec<u8> {
     let mut tar = ustar_header("PaxHeaders/m", b'x', 0o644, records.len() as u64, "").to_vec();
     tar.extend_from_slice(records);
     tar.resize(tar.len().div_ceil(512) * 512, 0);
     tar.extend_from_slice(member);
     tar.extend_from_slice(content);
-    finish(tar)
+    tar.resize(tar.len().div_ceil(512) * 512, 0);
+    tar
 }
 
 fn hostile_tar_cases() {
@@ -407,15 +414,9 @@ fn hostile_squashfs_fields_are_rejected_in_bounded_memory() {
 // ---------------------------------------------------------------------------
 // Crafted archives, mounted
 
-/// A member preceded by a pax header ('x') of `records`, padded to a block.
-fn member_with_pax(records: &[u8], name: &str, typeflag: u8, content: &[u8]) -> Vec<u8> {
-    let mut tar = ustar_header("PaxHeaders/m", b'x', 0o644, records.len() as u64, "").to_vec();
-    tar.extend_from_slice(records);
-    tar.resize(tar.len().div_ceil(512) * 512, 0);
-    tar.extend_from_slice(&ustar_header(name, typeflag, 0o644, content.len() as u64, ""));
-    tar.extend_from_slice(content);
-    tar.resize(tar.len().div_ceil(512) * 512, 0);
-    tar
+/// A regular member `name` preceded by a pax header ('x') of `records`, padded to a block.
+fn member_with_pax(records: &[u8], name: &str, content: &[u8]) -> Vec<u8> {
+    with_pax(records, &ustar_header(name, b'0', 0o644, content.len() as u64, ""), content)
 }
 
 /// A plain member, padded to a block.
@@ -437,7 +438,6 @@ fn sparse_sizes_wrapping_tar() -> Vec<u8> {
         tar.extend(member_with_pax(
             &pax_record("GNU.sparse.size", &(1u64 << 62).to_string()),
             &format!("huge{i}"),
-            b'0',
             b"",
         ));
     }
@@ -470,7 +470,7 @@ fn mount_must_return(archive: &Path, mp: &Path) -> CmdOutput {
 /// A sparse member declaring 2^63 bytes, one more than the largest file Linux allows.
 fn sparse_size_too_big_tar() -> Vec<u8> {
     let mut tar = plain_member("ok.txt", b'0', OK_TEXT, "");
-    tar.extend(member_with_pax(&pax_record("GNU.sparse.size", &(1u64 << 63).to_string()), "too-big", b'0', b""));
+    tar.extend(member_with_pax(&pax_record("GNU.sparse.size", &(1u64 << 63).to_string()), "too-big", b""));
     finish(tar)
 }
 
@@ -478,7 +478,7 @@ fn sparse_size_too_big_tar() -> Vec<u8> {
 fn sparse_map_overlap_tar() -> Vec<u8> {
     let records = [pax_record("GNU.sparse.size", "100"), pax_record("GNU.sparse.map", "0,10,5,10")].concat();
     let mut tar = plain_member("ok.txt", b'0', OK_TEXT, "");
-    tar.extend(member_with_pax(&records, "overlap", b'0', &[7; 20]));
+    tar.extend(member_with_pax(&records, "overlap", &[7; 20]));
     finish(tar)
 }
 
