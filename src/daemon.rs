@@ -245,7 +245,13 @@ fn warm_page_cache(
     request: &MountRequest,
     staged: u64,
 ) {
-    let needed = warm::bytes_to_warm(fs);
+    let Some(needed) = warm::bytes_to_warm(fs) else {
+        tracing::warn!(
+            "not warming the page cache: the files' declared sizes add up to more than 16 EiB \
+             (sparse files claiming more than any disk holds); the first epoch reads through FUSE"
+        );
+        return;
+    };
     let (headroom, limit) = stage::headroom(request.max_ram, staged);
     if needed > headroom {
         tracing::warn!(

@@ -95,6 +95,13 @@ pub struct Xattr {
     pub value: Span,
 }
 
+/// A stored set of extended attributes: `xattrs[first..first + count]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct XattrRun {
+    first: u32,
+    count: u32,
+}
+
 /// The finished, immutable tree of one archive.
 #[derive(Debug, Default)]
 pub struct Index {
@@ -214,16 +221,29 @@ impl IndexBuilder {
 
     /// Attaches extended attributes (name, value) to an inode, replacing any it had.
     pub fn set_xattrs(&mut self, id: InodeId, xattrs: &[(&[u8], &[u8])]) -> Result<(), BuildError> {
+        let run = self.add_xattrs(xattrs)?;
+        self.set_xattr_run(id, run);
+        Ok(())
+    }
+
+    /// Stores a set of extended attributes that no inode has yet.
+    pub fn add_xattrs(&mut self, xattrs: &[(&[u8], &[u8])]) -> Result<XattrRun, BuildError> {
         let first = u32::try_from(self.index.xattrs.len()).map_err(|_| BuildError::TooManyEntries)?;
+        let count = u32::try_from(xattrs.len()).map_err(|_| BuildError::TooManyEntries)?;
         for (name, value) in xattrs {
             let name = self.intern(name)?;
             let value = self.intern(value)?;
             self.index.xattrs.push(Xattr { name, value });
         }
+        Ok(XattrRun { first, count })
+    }
+
+    /// Gives an inode a stored set of extended attributes, replacing any it had. Inodes
+    /// given the same run share its entries: a set many inodes have is stored once.
+    pub fn set_xattr_run(&mut self, id: InodeId, run: XattrRun) {
         let inode = &mut self.index.inodes[id as usize];
-        inode.xattr_first = first;
-        inode.xattr_count = xattrs.len() as u32;
-        Ok(())
+        inode.xattr_first = run.first;
+        inode.xattr_count = run.count;
     }
 
     /// The inode named `name` in `parent`, if any.

@@ -335,7 +335,9 @@ fn check_bounds(index: &Index, n_sparse: usize, archive_len: u64) -> Result<(), 
         return Err("no root directory".into());
     }
     for inode in &index.inodes {
-        let ok = range_ok(inode.xattr_first, inode.xattr_count, index.xattrs.len())
+        // No file may be larger than Linux allows (`off_t` is signed), as when scanning.
+        let ok = inode.attrs.size <= i64::MAX as u64
+            && range_ok(inode.xattr_first, inode.xattr_count, index.xattrs.len())
             && inode.attrs.mtime_nsec < 1_000_000_000
             && match inode.data {
                 Data::Slice { offset } => {

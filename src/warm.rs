@@ -52,9 +52,16 @@ const CHUNK: u64 = 1 << 20;
 /// Files a thread claims at a time: neighbours in the archive, so reads stay sequential.
 const BATCH: usize = 64;
 
-/// Total size of the regular files, i.e. the page cache a warm-up fills.
-pub fn bytes_to_warm(fs: &Fs) -> u64 {
-    fs.files().map(|(_, size)| size).sum()
+/// Total size of the regular files, i.e. the page cache a warm-up fills; `None` when
+/// their declared sizes add up to more than `u64` holds. Each sparse file may declare up
+/// to 2^63 - 1 bytes: a crafted archive's sum wrapped around to a small number, and the
+/// warm-up then set out to read exabytes of holes.
+pub fn bytes_to_warm(fs: &Fs) -> Option<u64> {
+    total_size(fs.files())
+}
+
+fn total_size(files: impl IntoIterator<Item = (u64, u64)>) -> Option<u64> {
+    files.into_iter().try_fold(0u64, |sum, (_, size)| sum.checked_add(size))
 }
 
 /// Lists the tree under `mountpoint`, then stores every regular file's bytes with `store`
@@ -66,7 +73,7 @@ where
     let started = Instant::now();
     list_tree(mountpoint);
     let files: Vec<(u64, u64)> = fs.files().collect();
-    let bar = crate::stage::progress(Some(files.iter().map(|(_, size)| size).sum()), "warming the page cache");
+    let bar = crate::stage::progress(total_size(files.iter().copied()), "warming the page cache");
     let (next, bytes, skipped) = (AtomicUsize::new(0), AtomicU64::new(0), AtomicU64::new(0));
     std::thread::scope(|scope| {
         for _ in 0..threads.max(1) {
@@ -121,5 +128,17 @@ fn list_tree(dir: &Path) {
         if entry.file_type().is_ok_and(|t| t.is_dir()) {
             list_tree(&entry.path());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::total_size;
+
+    #[test]
+    fn a_total_past_u64_is_none() {
+        assert_eq!(total_size([(1, 5), (2, 7)]), Some(12));
+        assert_eq!(total_size((0..4).map(|i| (i, 1 << 62))), None, "4 x 2^62 wraps to 0");
+        assert_eq!(total_size([(1, u64::MAX), (2, 1)]), None);
     }
 }

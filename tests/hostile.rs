@@ -1,23 +1,27 @@
 //! Hostile inputs and resource faults:
 //!
-//! - the fuzz regression corpus (`fuzz/regressions/<target>/`) replayed through the
-//!   fuzz targets' own code path (`fuzz/src/exercise.rs`), so CI replays every input the
-//!   fuzzers ever broke stagefs with, without cargo-fuzz;
+//! - the fuzz regression corpus (`fuzz/regressions/<target>/`) and the seeds
+//!   (`fuzz/seeds/<target>/`) replayed through the fuzz targets' own code path
+//!   (`fuzz/src/exercise.rs`), so CI replays every input the fuzzers ever broke stagefs
+//!   with, and every crafted archive, without cargo-fuzz;
 //! - hand-crafted archives whose fields claim absurd sizes and counts: each must be
 //!   rejected quickly, with a clear error, without allocating what the field claims
 //!   (checked in a child process limited to 1 GiB of address space);
+//! - crafted archives mounted for real: sparse sizes whose sum wraps, a sparse size
+//!   past the largest file, hardlinks to directories; each mount must return;
 //! - resource faults: a killed daemon, no /dev/fuse, no fusermount3, an archive
 //!   truncated while mounted.
 
 use std::ffi::OsStr;
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
+use std::io::{Read, Write};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use stagefs::archive::tar::ustar_header;
+use stagefs::archive::tar::{pax_record, ustar_header};
 use stagefs::archive::{Archive, OpenError};
 
 use crate::util::*;
@@ -28,42 +32,90 @@ mod exercise;
 // ---------------------------------------------------------------------------
 // Fuzz regressions
 
-fn regressions_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz").join("regressions")
+fn fuzz_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz")
 }
 
-/// Every file under `fuzz/regressions/<target>/`, through that target's code path. A
-/// panic here is the bug the fuzzer found; each input must also finish promptly.
+/// Every file under `fuzz/regressions/<target>/` and `fuzz/seeds/<target>/`, through
+/// that target's code path. A panic here is the bug the fuzzer found (or a crafted
+/// archive's); each input must also finish promptly.
 #[test]
 fn fuzz_regressions_replay() {
     let scratch = TempDir::new("fuzz-replay");
-    let mut replayed = 0;
-    let Ok(targets) = fs::read_dir(regressions_dir()) else { return };
-    for target in targets.flatten() {
-        let name = target.file_name().to_string_lossy().into_owned();
-        let mut inputs: Vec<PathBuf> = fs::read_dir(target.path()).unwrap().flatten().map(|e| e.path()).collect();
-        inputs.sort();
-        for input in inputs.iter().filter(|p| p.is_file()) {
-            let data = fs::read(input).unwrap();
-            let started = Instant::now();
-            let outcome = match name.as_str() {
-                "tar" => exercise::tar(&data),
-                "squashfs" => exercise::squashfs(&data),
-                "index_cache" => exercise::index_cache(&data),
-                "decompress" => exercise::decompress(&data, &scratch.join("input")),
-                other => panic!("fuzz/regressions/{other}: no such fuzz target"),
-            };
-            let took = started.elapsed();
-            eprintln!(
-                "replayed {}: {:?} in {took:?}",
-                input.display(),
-                outcome.as_ref().map_err(|e| e.chars().take(160).collect::<String>())
-            );
-            assert!(took < Duration::from_secs(10), "{} took {took:?}", input.display());
-            replayed += 1;
+    for corpus in ["regressions", "seeds"] {
+        let root = fuzz_dir().join(corpus);
+        let targets = fs::read_dir(&root).unwrap_or_else(|e| panic!("cannot list {}: {e}", root.display()));
+        let mut replayed = 0;
+        for target in targets.flatten() {
+            let name = target.file_name().to_string_lossy().into_owned();
+            let mut inputs: Vec<PathBuf> = fs::read_dir(target.path()).unwrap().flatten().map(|e| e.path()).collect();
+            inputs.sort();
+            for input in inputs.iter().filter(|p| p.is_file()) {
+                let data = fs::read(input).unwrap();
+                let started = Instant::now();
+                let outcome = match name.as_str() {
+                    "tar" => exercise::tar(&data),
+                    "squashfs" => exercise::squashfs(&data),
+                    "index_cache" => exercise::index_cache(&data),
+                    "decompress" => exercise::decompress(&data, &scratch.join("input")),
+                    other => panic!("fuzz/{corpus}/{other}: no such fuzz target"),
+                };
+                let took = started.elapsed();
+                eprintln!(
+                    "replayed {}: {:?} in {took:?}",
+                    input.display(),
+                    outcome.as_ref().map_err(|e| e.chars().take(160).collect::<String>())
+                );
+                assert!(took < Duration::from_secs(10), "{} took {took:?}", input.display());
+                replayed += 1;
+            }
+        }
+        eprintln!("replayed {replayed} inputs of fuzz/{corpus}");
+        assert!(replayed > 0, "fuzz/{corpus} holds no inputs: nothing was replayed");
+    }
+}
+
+/// The crafted tars of this file, committed as fuzz seeds (`fuzz/seeds/tar/`): the
+/// fuzzers mutate from them and `fuzz_regressions_replay` replays them.
+fn crafted_tars() -> [(&'static str, Vec<u8>); 5] {
+    [
+        ("crafted-sparse-size-wrap.tar", sparse_sizes_wrapping_tar()),
+        ("crafted-sparse-size-too-big.tar", sparse_size_too_big_tar()),
+        ("crafted-sparse-map-overlap.tar", sparse_map_overlap_tar()),
+        ("crafted-hardlink-to-dir.tar", hardlinks_to_directories_tar()),
+        ("crafted-global-pax-keywords.tar", global_pax_keywords_tar(400, 60)),
+    ]
+}
+
+/// The committed crafted seeds are what the builders here make (the gzip one
+/// decompresses to it: compressed bytes may differ between zlib versions). After
+/// changing a builder: `STAGEFS_WRITE_SEEDS=1 cargo test --test integration
+/// hostile::crafted_seeds_are_current`.
+#[test]
+fn crafted_seeds_are_current() {
+    let write = std::env::var_os("STAGEFS_WRITE_SEEDS").is_some();
+    let wrapping = sparse_sizes_wrapping_tar();
+    let gz = fuzz_dir().join("seeds/decompress/crafted-sparse-size-wrap.tar.gzip");
+    let mut seeds: Vec<(PathBuf, Vec<u8>)> =
+        crafted_tars().into_iter().map(|(name, bytes)| (fuzz_dir().join("seeds/tar").join(name), bytes)).collect();
+    if write {
+        fs::write(&gz, gzip(&wrapping)).unwrap();
+        for (path, bytes) in &seeds {
+            fs::write(path, bytes).unwrap();
         }
     }
-    eprintln!("replayed {replayed} fuzz regression inputs");
+    let mut unzipped = Vec::new();
+    flate2::read::GzDecoder::new(&read(&gz)[..]).read_to_end(&mut unzipped).unwrap();
+    seeds.push((gz, wrapping));
+    for (path, bytes) in seeds {
+        let committed = if path.extension() == Some(OsStr::new("gzip")) { unzipped.clone() } else { read(&path) };
+        assert!(
+            committed == bytes,
+            "{} is not what its builder in tests/hostile.rs makes; rewrite it with \
+             STAGEFS_WRITE_SEEDS=1 cargo test --test integration hostile::crafted_seeds_are_current",
+            path.display()
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -148,23 +200,21 @@ fn finish(mut tar: Vec<u8>) -> Vec<u8> {
     tar
 }
 
-/// A pax extended header ('x') holding `records`, then a member.
+/// A pax extended header ('x') holding `records`, then a member, then the end of the archive.
 fn pax_then_member(records: &[u8], member: &[u8], content: &[u8]) -> Vec<u8> {
+    finish(with_pax(records, member, content))
+}
+
+/// A pax extended header ('x') holding `records`, then a member (header and content),
+/// padded to a block.
+fn with_pax(records: &[u8], member: &[u8], content: &[u8]) -> Vec<u8> {
     let mut tar = ustar_header("PaxHeaders/m", b'x', 0o644, records.len() as u64, "").to_vec();
     tar.extend_from_slice(records);
     tar.resize(tar.len().div_ceil(512) * 512, 0);
     tar.extend_from_slice(member);
     tar.extend_from_slice(content);
-    finish(tar)
-}
-
-fn pax_record(key: &str, value: &str) -> Vec<u8> {
-    let body = format!(" {key}={value}\n");
-    let mut len = body.len() + 1;
-    while format!("{len}{body}").len() != len {
-        len += 1;
-    }
-    format!("{len}{body}").into_bytes()
+    tar.resize(tar.len().div_ceil(512) * 512, 0);
+    tar
 }
 
 fn hostile_tar_cases() {
@@ -239,6 +289,30 @@ fn hostile_tar_cases() {
     records.extend(pax_record("GNU.sparse.map", &format!("0,{}", u64::MAX)));
     let member = ustar_header("s", b'0', 0o644, 0, "");
     expect_corrupt(&pax_then_member(&records, &member, b""), "pax 0.1 extent of 2^64-1 bytes", "exceeds the file size");
+    // pax 0.1 sparse maps that overlap, run past the declared size or wrap, and a
+    // declared size past the largest file: corrupt, naming the member.
+    let wraps = format!("{},10", u64::MAX - 4);
+    for (size, map, needle) in [
+        ("100", "0,10,5,10", "sparse member \"s\": sparse extent 5+10 overlaps the one before (ending at 10)"),
+        ("100", "0,10,0,10", "overlaps the one before"),
+        ("100", "90,20", "sparse member \"s\": sparse extent 90+20 exceeds the file size 100"),
+        ("100", &wraps, "sparse member \"s\": sparse extent 18446744073709551611+10 wraps past 2^64"),
+        (
+            "9223372036854775808",
+            "0,10",
+            "sparse member \"s\": declares 9223372036854775808 bytes, more than the largest file",
+        ),
+    ] {
+        let mut records = Vec::new();
+        records.extend(pax_record("GNU.sparse.size", size));
+        records.extend(pax_record("GNU.sparse.map", map));
+        let member = ustar_header("s", b'0', 0o644, 20, "");
+        expect_corrupt(
+            &pax_then_member(&records, &member, &[7; 20]),
+            &format!("pax 0.1 map {map} of {size} bytes"),
+            needle,
+        );
+    }
 }
 
 #[test]
@@ -335,6 +409,176 @@ fn hostile_squashfs_cases() {
 #[test]
 fn hostile_squashfs_fields_are_rejected_in_bounded_memory() {
     in_bounded_child("hostile::hostile_squashfs_fields_are_rejected_in_bounded_memory", hostile_squashfs_cases);
+}
+
+// ---------------------------------------------------------------------------
+// Crafted archives, mounted
+
+/// A regular member `name` preceded by a pax header ('x') of `records`, padded to a block.
+fn member_with_pax(records: &[u8], name: &str, content: &[u8]) -> Vec<u8> {
+    with_pax(records, &ustar_header(name, b'0', 0o644, content.len() as u64, ""), content)
+}
+
+/// A plain member, padded to a block.
+fn plain_member(name: &str, typeflag: u8, content: &[u8], link: &str) -> Vec<u8> {
+    let mut tar = ustar_header(name, typeflag, 0o644, content.len() as u64, link).to_vec();
+    tar.extend_from_slice(content);
+    tar.resize(tar.len().div_ceil(512) * 512, 0);
+    tar
+}
+
+const OK_TEXT: &[u8] = b"an ordinary file beside the crafted ones\n";
+
+/// Four pax 0.1 sparse members declaring 2^62 bytes each (all hole), beside an ordinary
+/// file: the warm-up's sum of sizes wrapped to 0, so it set out to push 2^64 bytes of
+/// holes into the page cache and `stagefs mount` never returned (a 231-byte .tar.gz).
+fn sparse_sizes_wrapping_tar() -> Vec<u8> {
+    let mut tar = plain_member("ok.txt", b'0', OK_TEXT, "");
+    for i in 0..4 {
+        tar.extend(member_with_pax(
+            &pax_record("GNU.sparse.size", &(1u64 << 62).to_string()),
+            &format!("huge{i}"),
+            b"",
+        ));
+    }
+    finish(tar)
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    encoder.write_all(bytes).unwrap();
+    encoder.finish().unwrap()
+}
+
+/// `stagefs mount ARCHIVE MP` (default options: a compressed tar is staged, then warmed),
+/// which must return within `CMD_TIMEOUT`. On a hang the daemon is killed, so that no
+/// spinning process outlives the failed test.
+fn mount_must_return(archive: &Path, mp: &Path) -> CmdOutput {
+    require_root();
+    let mut cmd = Command::new(stagefs_bin());
+    cmd.arg("mount").arg(archive).arg(mp);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_cmd(&mut cmd, CMD_TIMEOUT)));
+    outcome.unwrap_or_else(|panic| {
+        for pid in stagefs_pids(mp) {
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let _ = Command::new("umount").arg("-l").arg(mp).status();
+        std::panic::resume_unwind(panic)
+    })
+}
+
+/// A sparse member declaring 2^63 bytes, one more than the largest file Linux allows.
+fn sparse_size_too_big_tar() -> Vec<u8> {
+    let mut tar = plain_member("ok.txt", b'0', OK_TEXT, "");
+    tar.extend(member_with_pax(&pax_record("GNU.sparse.size", &(1u64 << 63).to_string()), "too-big", b""));
+    finish(tar)
+}
+
+/// A pax 0.1 sparse member whose second extent overlaps the first.
+fn sparse_map_overlap_tar() -> Vec<u8> {
+    let records = [pax_record("GNU.sparse.size", "100"), pax_record("GNU.sparse.map", "0,10,5,10")].concat();
+    let mut tar = plain_member("ok.txt", b'0', OK_TEXT, "");
+    tar.extend(member_with_pax(&records, "overlap", &[7; 20]));
+    finish(tar)
+}
+
+/// Hardlinks to directories (`d/loop` -> `d`, `up` -> `./d/`, `d/sub/parent` -> `d`)
+/// beside a file and a hardlink to it.
+fn hardlinks_to_directories_tar() -> Vec<u8> {
+    let mut tar = plain_member("d/", b'5', b"", "");
+    tar.extend(plain_member("d/file", b'0', OK_TEXT, ""));
+    tar.extend(plain_member("d/loop", b'1', b"", "d"));
+    tar.extend(plain_member("up", b'1', b"", "./d/"));
+    tar.extend(plain_member("d/sub/", b'5', b"", ""));
+    tar.extend(plain_member("d/sub/parent", b'1', b"", "d"));
+    tar.extend(plain_member("same", b'1', b"", "d/file"));
+    finish(tar)
+}
+
+/// One global pax header ('g') of `keywords` keywords, then `members` empty members:
+/// every member cost all the global keywords before (8,000 of each: 19 s to index).
+fn global_pax_keywords_tar(keywords: usize, members: usize) -> Vec<u8> {
+    let records: Vec<u8> = (0..keywords).flat_map(|i| pax_record(&format!("comment.{i}"), "x")).collect();
+    let mut tar = ustar_header("pax_global_header", b'g', 0o644, records.len() as u64, "").to_vec();
+    tar.extend_from_slice(&records);
+    tar.resize(tar.len().div_ceil(512) * 512, 0);
+    for i in 0..members {
+        tar.extend(plain_member(&format!("f{i:03}"), b'0', b"", ""));
+    }
+    finish(tar)
+}
+
+/// Sparse sizes whose sum wraps past 2^64: the mount returns, leaves the page cache
+/// cold with a warning, and serves every file.
+#[test]
+fn sparse_sizes_whose_sum_wraps_do_not_hang_the_mount() {
+    let tmp = TempDir::new("sparse-wrap");
+    let archive = tmp.join("wrap.tar.gz");
+    fs::write(&archive, gzip(&sparse_sizes_wrapping_tar())).unwrap();
+    let mp = tmp.join("mnt");
+    let out = mount_must_return(&archive, &mp);
+    assert!(out.success(), "{}", out.describe());
+    let m = Mounted::adopt(&archive, &mp);
+    assert!(out.stderr.contains("not warming the page cache"), "the warm-up must be skipped:\n{}", out.describe());
+    assert_eq!(read(&mp.join("ok.txt")), OK_TEXT);
+    for i in 0..4 {
+        let file = fs::File::open(mp.join(format!("huge{i}"))).unwrap();
+        assert_eq!(file.metadata().unwrap().len(), 1 << 62);
+        let mut buf = [1u8; 4096];
+        assert_eq!(file.read_at(&mut buf, 1 << 61).unwrap(), buf.len());
+        assert!(buf.iter().all(|&b| b == 0), "huge{i} is a hole");
+    }
+    m.unmount().assert_success();
+    assert_nothing_left(&mp, "after unmounting the wrapping sparse sizes");
+}
+
+/// A sparse member declaring 2^63 bytes, past the largest file Linux allows (2^63 - 1):
+/// the mount refuses the archive as damaged (exit 3), naming the member.
+#[test]
+fn sparse_size_past_the_largest_file_is_refused() {
+    let tmp = TempDir::new("sparse-too-big");
+    let archive = tmp.join("too-big.tar.gz");
+    fs::write(&archive, gzip(&sparse_size_too_big_tar())).unwrap();
+    let mp = tmp.join("mnt");
+    let out = mount_must_return(&archive, &mp);
+    assert_eq!(out.code(), Some(3), "{}", out.describe());
+    assert!(out.stderr.contains("\"too-big\""), "the message must name the member:\n{}", out.describe());
+    assert_nothing_left(&mp, "after a refused archive");
+}
+
+/// Hardlinks to directories (`d/loop` -> `d`), which GNU tar refuses to extract: the
+/// kernel saw a directory inside itself (ELOOP, and a warning in its log). They are
+/// skipped with a warning naming the member; the rest is served.
+#[test]
+fn tar_hardlinks_to_directories_are_skipped() {
+    let tmp = TempDir::new("hardlink-dir");
+    let archive = tmp.join("dir-links.tar");
+    fs::write(&archive, hardlinks_to_directories_tar()).unwrap();
+    let mp = tmp.join("mnt");
+    let out = mount_must_return(&archive, &mp);
+    assert!(out.success(), "{}", out.describe());
+    let m = Mounted::adopt(&archive, &mp);
+    let names = |dir: &Path| {
+        let mut names: Vec<String> =
+            fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        names
+    };
+    assert_eq!(names(&mp), ["d", "same"]);
+    assert_eq!(names(&mp.join("d")), ["file", "sub"]);
+    assert!(names(&mp.join("d/sub")).is_empty());
+    assert_eq!(read(&mp.join("d/file")), OK_TEXT);
+    assert_eq!(read(&mp.join("same")), OK_TEXT);
+    assert_eq!(fs::metadata(mp.join("same")).unwrap().nlink(), 2, "a hardlink to a file still works");
+    for member in ["d/loop", "up", "d/sub/parent"] {
+        assert!(
+            out.stderr.contains(&format!("hardlink {member:?}")) && out.stderr.contains("is a directory"),
+            "a warning must name {member}:\n{}",
+            out.describe()
+        );
+    }
+    m.unmount().assert_success();
+    assert_nothing_left(&mp, "after unmounting the directory hardlinks");
 }
 
 // ---------------------------------------------------------------------------

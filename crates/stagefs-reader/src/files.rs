@@ -55,9 +55,10 @@ impl FileList {
         &self.entries
     }
 
-    /// Sum of all file sizes.
+    /// Sum of all file sizes, saturating: sizes are what the filesystem declares, and a
+    /// crafted archive's sparse files can claim more than a `u64` sum holds.
     pub fn total_bytes(&self) -> u64 {
-        self.entries.iter().map(|e| e.len).sum()
+        self.entries.iter().fold(0, |sum, e| sum.saturating_add(e.len))
     }
 }
 

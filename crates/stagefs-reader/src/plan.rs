@@ -40,7 +40,7 @@ pub(crate) fn plan_epoch(
         }
         let full = match batch_files {
             Some(n) => cur.files.len() == n,
-            None => cur.total + len > slot,
+            None => cur.total.saturating_add(len) > slot,
         };
         if full {
             let index = cur.index + 1;
@@ -52,7 +52,8 @@ pub(crate) fn plan_epoch(
         cur.files.push(i);
         cur.offsets.push(cur.total);
         cur.lengths.push(len);
-        cur.total += len;
+        // Saturating: a batch whose declared sizes overflow is reported as too large below.
+        cur.total = cur.total.saturating_add(len);
     }
     let dropped = drop_last && batch_files.is_some_and(|n| cur.files.len() < n);
     if !cur.files.is_empty() && !dropped {

@@ -8,7 +8,7 @@ use quick_cache::sync::Cache;
 
 use super::codec::Compressor;
 use super::inode::{FileInode, NO_FRAGMENT};
-use super::metadata::MetaReader;
+use super::metadata::{Cursor, MetaReader};
 use super::Fault;
 use crate::archive::{Backing, Bytes, ReadError};
 
@@ -93,12 +93,13 @@ impl Layouts {
         Ok(Layouts { block_size, image_len, files: Vec::new(), sizes: Vec::new(), checkpoints: Vec::new(), fragments })
     }
 
-    /// Records a file's layout, reading its block list; returns the file's handle.
-    pub(super) fn add_file(&mut self, meta: &mut MetaReader, file: &FileInode) -> Result<u32, Fault> {
+    /// Records a file's layout, reading its block list; returns the file's handle and
+    /// where its block list ends.
+    pub(super) fn add_file(&mut self, meta: &mut MetaReader, file: &FileInode) -> Result<(u32, Cursor), Fault> {
         let at = file.block_sizes.block;
         let bs = u64::from(self.block_size);
         let has_fragment = file.fragment != NO_FRAGMENT;
-        let block_count = if has_fragment { file.size / bs } else { file.size.div_ceil(bs) };
+        let block_count = file.block_count(self.block_size);
         let too_many =
             || Fault::corrupt(at, format!("file of {} bytes: more blocks than stagefs can index", file.size));
         let handle = u32::try_from(self.files.len()).map_err(|_| too_many())?;
@@ -158,7 +159,22 @@ impl Layouts {
             fragment: file.fragment,
             fragment_offset: file.fragment_offset,
         });
-        Ok(handle)
+        Ok((handle, cursor))
+    }
+
+    /// Gives back what the tables reserved beyond their length while they grew.
+    pub(super) fn shrink_to_fit(&mut self) {
+        self.files.shrink_to_fit();
+        self.sizes.shrink_to_fit();
+        self.checkpoints.shrink_to_fit();
+    }
+
+    /// Heap bytes held by the layout tables.
+    fn heap_bytes(&self) -> usize {
+        self.files.capacity() * std::mem::size_of::<FileLayout>()
+            + self.sizes.capacity() * std::mem::size_of::<u32>()
+            + self.checkpoints.capacity() * std::mem::size_of::<u64>()
+            + self.fragments.capacity() * std::mem::size_of::<Fragment>()
     }
 }
 
@@ -216,6 +232,12 @@ impl SquashReader {
     #[cfg(test)]
     pub fn cached_bytes(&self) -> u64 {
         self.cache.weight()
+    }
+
+    /// Heap bytes of the per-file block layouts: with the index's, what an open image
+    /// costs to keep.
+    pub fn table_bytes(&self) -> usize {
+        self.layouts.heap_bytes()
     }
 
     /// Length of the image file as mapped.

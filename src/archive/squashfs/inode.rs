@@ -33,6 +33,19 @@ pub(super) struct FileInode {
     pub(super) block_sizes: Cursor,
 }
 
+impl FileInode {
+    /// Full blocks the file stores (its tail, if in a fragment, is not one), i.e. the
+    /// length of its block list.
+    pub(super) fn block_count(&self, block_size: u32) -> u64 {
+        let bs = u64::from(block_size);
+        if self.fragment == NO_FRAGMENT {
+            self.size.div_ceil(bs)
+        } else {
+            self.size / bs
+        }
+    }
+}
+
 /// What an inode is, with the fields each type needs.
 #[derive(Debug)]
 pub(super) enum Kind {

@@ -602,3 +602,88 @@ fn reads_through_the_archive_front_door() {
     assert_eq!(&archive.read(inode, 4000, 5000).unwrap()[..], &content[4000..9000]);
     assert_eq!(&archive.read(inode, 0, u32::MAX).unwrap()[..], &content[..]);
 }
+
+/// An image whose directory entries all name one big sparse file's inode while that
+/// inode claims a single link: mksquashfs writes 601 hardlinks to a 2 GiB sparse file,
+/// then the inode's link count is set to 1 (the inode table is stored uncompressed).
+/// Returns (scratch, image path, names).
+fn one_inode_many_names(links: usize) -> (Scratch, PathBuf, Vec<String>) {
+    let scratch = Scratch::new("many-names");
+    let src = scratch.path("src");
+    fs::create_dir(&src).unwrap();
+    fs::File::create(src.join("big")).unwrap().set_len(2 << 30).unwrap();
+    let mut names = vec!["big".to_string()];
+    for i in 0..links {
+        names.push(format!("link{i:03}"));
+        fs::hard_link(src.join("big"), src.join(names.last().unwrap())).unwrap();
+    }
+    let image = scratch.path("image.sqfs");
+    let mut args: Vec<&OsStr> = vec![src.as_os_str(), image.as_os_str()];
+    args.extend(["-noappend", "-quiet", "-no-progress", "-noI", "-b", "1M", "-processors", "2"].map(OsStr::new));
+    run_tool("mksquashfs", &args, None);
+    let mut bytes = fs::read(&image).unwrap();
+    // The inode table's first inode is the file: an extended file inode (type 9), whose
+    // link count is the u32 40 bytes in.
+    let inode = u64::from_le_bytes(bytes[64..72].try_into().unwrap()) as usize + 2;
+    assert_eq!(u16::from_le_bytes([bytes[inode], bytes[inode + 1]]), 9, "expected the file's inode first");
+    assert_eq!(u32::from_le_bytes(bytes[inode + 40..inode + 44].try_into().unwrap()), links as u32 + 1);
+    bytes[inode + 40..inode + 44].copy_from_slice(&1u32.to_le_bytes());
+    fs::write(&image, &bytes).unwrap();
+    (scratch, image, names)
+}
+
+#[test]
+fn entries_naming_one_inode_share_its_block_list() {
+    let (_scratch, image, names) = one_inode_many_names(600);
+    let image_len = fs::metadata(&image).unwrap().len() as usize;
+    let (index, reader) = open(&image, map_file(&image)).unwrap();
+    // The 2 GiB file has 2048 block sizes, 8 KiB: read once, not once per name (5 MB).
+    assert!(
+        reader.table_bytes() <= image_len,
+        "block tables of {} bytes for a {image_len}-byte image: the block list was read once per name",
+        reader.table_bytes()
+    );
+    let root = index.inode(ROOT).unwrap();
+    assert_eq!(index.children(root).len(), names.len());
+    let big = index.lookup(root, b"big").unwrap();
+    for name in &names {
+        let id = index.lookup(root, name.as_bytes()).unwrap();
+        assert_eq!(id, big, "{name} names the inode that `big` names");
+        let inode = index.inode(id).unwrap();
+        assert_eq!(inode.attrs.size, 2 << 30);
+        let Data::Extern(handle) = inode.data else { panic!("{name}: {:?}", inode.data) };
+        assert!(reader.read(handle, inode.attrs.size, (1 << 30) + 5, 4096).unwrap().iter().all(|&b| b == 0));
+    }
+    assert_eq!(index.inode(big).unwrap().nlink, names.len() as u32, "the names are links of one inode");
+}
+
+#[test]
+fn inodes_sharing_an_xattr_set_share_its_index_entries() {
+    // mksquashfs stores one xattr set for all 40 files; a crafted image can name one set
+    // (values up to 64 KiB) from every inode it has.
+    let scratch = Scratch::new("shared-xattrs");
+    let src = scratch.path("src");
+    fs::create_dir(&src).unwrap();
+    let value = "v".repeat(BIG_VALUE_LEN);
+    for i in 0..40 {
+        let file = src.join(format!("f{i:02}"));
+        fs::write(&file, format!("file {i}\n")).unwrap();
+        run_tool(
+            "setfattr",
+            &["-n".as_ref(), "user.big".as_ref(), "-v".as_ref(), value.as_ref(), file.as_os_str()],
+            None,
+        );
+    }
+    let image = scratch.path("image.sqfs");
+    let mut args: Vec<&OsStr> = vec![src.as_os_str(), image.as_os_str()];
+    args.extend(["-noappend", "-quiet", "-no-progress", "-processors", "2"].map(OsStr::new));
+    run_tool("mksquashfs", &args, None);
+    let (index, reader) = open(&image, map_file(&image)).unwrap();
+    compare_dir(&index, &reader, ROOT, &src, true);
+    for i in 0..40 {
+        let x = xattrs(&index, lookup_path(&index, &format!("f{i:02}")));
+        assert_eq!(x.get("user.big").map(Vec::as_slice), Some(value.as_bytes()), "f{i:02}");
+    }
+    assert_eq!(index.xattrs.len(), 1, "one xattr set, stored once in the index");
+    assert!(index.arena.len() < 2 * BIG_VALUE_LEN, "the value is interned once: {} arena bytes", index.arena.len());
+}

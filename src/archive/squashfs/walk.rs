@@ -4,12 +4,12 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::data::Layouts;
 use super::directory::read_listing;
-use super::inode::{self, Kind, RawInode, NO_XATTRS};
+use super::inode::{self, FileInode, Kind, RawInode, NO_XATTRS};
 use super::metadata::{Cursor, MetaReader};
 use super::superblock::Superblock;
 use super::xattr::XattrTable;
 use super::Fault;
-use crate::index::{Attrs, Data, Index, IndexBuilder, InodeId, ROOT};
+use crate::index::{Attrs, Data, Index, IndexBuilder, InodeId, XattrRun, ROOT};
 
 /// A directory whose listing is still to be read.
 struct PendingDir {
@@ -25,25 +25,33 @@ struct Walk<'a> {
     xattrs: Option<XattrTable>,
     builder: IndexBuilder,
     layouts: Layouts,
-    /// SquashFS inode number -> index inode, for directories (to refuse loops) and for
-    /// files with several names (so hardlinks share one inode). Single-name files, the
-    /// vast majority, are left out to keep this map small.
+    /// SquashFS inode number -> index inode, for directories (to refuse loops), for
+    /// files with several names (so hardlinks share one inode), and for inodes that cost
+    /// more than their fixed fields to describe (see [`Walk::remember`]). Other
+    /// single-name inodes, the vast majority, are left out to keep this map small.
     seen: HashMap<u32, InodeId>,
     pending: Vec<PendingDir>,
-    listings: ListingRanges,
+    /// xattr set -> its entries in the index. mksquashfs stores one set for all inodes
+    /// with the same attributes (values up to 64 KiB): the index keeps it once too.
+    xattr_sets: HashMap<u32, XattrRun>,
+    /// Directory listings read so far, in the directory table.
+    listings: Ranges,
+    /// Block lists read so far, in the inode table.
+    block_lists: Ranges,
 }
 
-/// Byte ranges of the listings read so far, as (block, offset) start -> end. mksquashfs
-/// gives every directory a listing of its own; refusing overlaps keeps a crafted image
-/// from making many directories share one listing and blow the index up quadratically.
+/// Byte ranges of a metadata table read so far, as (block, offset) start -> end.
+/// mksquashfs gives every directory a listing of its own and every file a block list of
+/// its own; refusing overlaps keeps a crafted image from making many directories share
+/// one listing, or many inodes one block list, and blowing the index up quadratically.
 #[derive(Default)]
-struct ListingRanges(BTreeMap<(u64, usize), (u64, usize)>);
+struct Ranges(BTreeMap<(u64, usize), (u64, usize)>);
 
-impl ListingRanges {
+impl Ranges {
     /// Records `[start, end)`; false if it overlaps a range already recorded.
     fn claim(&mut self, start: (u64, usize), end: (u64, usize)) -> bool {
         if start == end {
-            return true; // Empty directories have no listing.
+            return true; // Empty directories have no listing, small files no block list.
         }
         let before = self.0.range(..=start).next_back().is_some_and(|(_, &e)| e > start);
         let after = self.0.range(start..).next().is_some_and(|(&s, _)| s < end);
@@ -70,13 +78,16 @@ pub(super) fn index(image: &[u8], sb: &Superblock) -> Result<(Index, Layouts), F
         layouts,
         seen: HashMap::new(),
         pending: Vec::new(),
-        listings: ListingRanges::default(),
+        xattr_sets: HashMap::new(),
+        listings: Ranges::default(),
+        block_lists: Ranges::default(),
     };
     walk.root()?;
     while let Some(dir) = walk.pending.pop() {
         walk.directory(dir)?;
     }
     let index = walk.builder.finish()?;
+    walk.layouts.shrink_to_fit();
     tracing::debug!(
         inodes = index.inodes.len(),
         bytes = sb.bytes_used,
@@ -147,23 +158,46 @@ impl Walk<'_> {
         Err(Fault::corrupt(start.block, "two directories share one directory listing".to_string()))
     }
 
-    /// Records directories (and queues their listing) and multiply-linked files.
+    /// Records directories (and queues their listing), multiply-linked files, and inodes
+    /// whose description read more than their fixed fields: a file's block list (8 KiB
+    /// for a 2 GiB sparse file) or a symlink's target (up to 64 KiB). Their link count
+    /// cannot be trusted to be right: a crafted image can name one such inode from
+    /// thousands of entries while it claims a single link, and describing it anew for each
+    /// would cost the block list per entry, gigabytes from a few hundred KiB of image.
+    /// Here every entry after the first names the same index inode, as for hardlinks.
     fn remember(&mut self, id: InodeId, raw: &RawInode) -> Result<(), Fault> {
-        if let Kind::Dir { start_block, offset, listing_len } = raw.kind {
-            let listing = Cursor::at(self.sb.directory_table, start_block.into(), offset)?;
-            self.pending.push(PendingDir { id, listing, len: listing_len });
-        } else if raw.nlink <= 1 {
-            return Ok(());
+        let costly = match &raw.kind {
+            Kind::Dir { start_block, offset, listing_len } => {
+                let listing = Cursor::at(self.sb.directory_table, (*start_block).into(), *offset)?;
+                self.pending.push(PendingDir { id, listing, len: *listing_len });
+                true
+            }
+            Kind::File(file) => file.block_count(self.sb.block_size) > 0,
+            Kind::Symlink { .. } => true,
+            _ => false,
+        };
+        if costly || raw.nlink > 1 {
+            self.seen.insert(raw.common.number, id);
         }
-        self.seen.insert(raw.common.number, id);
         Ok(())
+    }
+
+    /// A file's block-list handle, refusing a block list that overlaps one already read
+    /// (distinct inodes never share one; overlapping ones would be read many times).
+    fn add_file(&mut self, file: &FileInode) -> Result<u32, Fault> {
+        let (handle, end) = self.layouts.add_file(&mut self.meta, file)?;
+        let start = file.block_sizes;
+        if !self.block_lists.claim((start.block, start.offset), (end.block, end.offset)) {
+            return Err(Fault::corrupt(start.block, "two inodes share one block list".to_string()));
+        }
+        Ok(handle)
     }
 
     fn describe(&mut self, raw: &RawInode) -> Result<(Attrs, Data), Fault> {
         let (size, data) = match &raw.kind {
             Kind::Dir { listing_len, .. } => (u64::from(*listing_len) + 3, Data::None),
             Kind::File(file) if file.size == 0 => (0, Data::None),
-            Kind::File(file) => (file.size, Data::Extern(self.layouts.add_file(&mut self.meta, file)?)),
+            Kind::File(file) => (file.size, Data::Extern(self.add_file(file)?)),
             Kind::Symlink { target } => (target.len() as u64, Data::Symlink(self.builder.intern(target)?)),
             Kind::BlockDevice { rdev } | Kind::CharDevice { rdev } => (0, Data::Device(*rdev)),
             Kind::Fifo | Kind::Socket => (0, Data::None),
@@ -197,20 +231,28 @@ impl Walk<'_> {
                 format!("an inode has xattr set {index}, but the image has no xattr table"),
             ));
         };
-        let pairs = table.pairs(&mut self.meta, index)?;
-        let borrowed: Vec<(&[u8], &[u8])> = pairs.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
-        self.builder.set_xattrs(id, &borrowed)?;
+        let run = match self.xattr_sets.get(&index) {
+            Some(&run) => run,
+            None => {
+                let pairs = table.pairs(&mut self.meta, index)?;
+                let borrowed: Vec<(&[u8], &[u8])> = pairs.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
+                let run = self.builder.add_xattrs(&borrowed)?;
+                self.xattr_sets.insert(index, run);
+                run
+            }
+        };
+        self.builder.set_xattr_run(id, run);
         Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::ListingRanges;
+    use super::Ranges;
 
     #[test]
-    fn overlapping_listings_are_refused() {
-        let mut ranges = ListingRanges::default();
+    fn overlapping_ranges_are_refused() {
+        let mut ranges = Ranges::default();
         assert!(ranges.claim((0, 10), (0, 50)));
         assert!(ranges.claim((0, 50), (1, 0)), "adjacent listings are fine");
         assert!(ranges.claim((0, 5), (0, 5)), "empty listings claim nothing");
