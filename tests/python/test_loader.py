@@ -177,6 +177,19 @@ def test_dlpack_buffer_object(tree):
     assert arr.tobytes()  # the array owns a reference: still readable
 
 
+def test_dlpack_capsules_legacy_and_versioned(tree):
+    b = next(iter(loader(tree, batch_size=3, output="dlpack")))
+    assert '"dltensor"' in repr(b.buffer.__dlpack__())
+    assert '"dltensor_versioned"' in repr(b.buffer.__dlpack__(max_version=(1, 0)))
+    assert '"dltensor"' in repr(b.buffer.__dlpack__(max_version=(0, 8)))
+    # Capsules nobody consumed free their tensors in the capsule destructor.
+    for _ in range(1000):
+        b.buffer.__dlpack__(max_version=(1, 0))
+        b.buffer.__dlpack__()
+    gc.collect()
+    assert np.from_dlpack(b.buffer).tobytes() == b.buffer.tobytes()
+
+
 def test_missing_root_is_file_not_found(tmp_path):
     with pytest.raises(FileNotFoundError) as e:
         loader(tmp_path / "absent")

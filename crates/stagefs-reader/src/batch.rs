@@ -1,9 +1,9 @@
 //! A delivered batch: the files' bytes back to back in one device buffer, plus its offsets table.
 
 use crate::error::Result;
-use crate::loader::Shared;
 use crate::plan::PlannedBatch;
 use crate::ring::Ring;
+use crate::shared::Shared;
 use std::path::Path;
 use std::sync::Arc;
 

@@ -38,12 +38,20 @@ pub struct Config {
     pub(crate) skip_reuse_wait: bool,
 }
 
+/// The CPUs this process may use: its affinity mask (`sched_getaffinity`, e.g. what
+/// SLURM's `--cpus-per-task` binding leaves), further limited by a cgroup CPU quota
+/// (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us`), at least 1. This is what Rust's
+/// `std::thread::available_parallelism` computes on Linux; the default I/O thread count.
+pub fn available_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
             slot_bytes: 64 << 20,
             depth: 3,
-            io_threads: 4,
+            io_threads: available_cpus(),
             batch_files: None,
             shuffle_seed: None,
             rank: 0,
@@ -75,7 +83,7 @@ impl Config {
         self.depth = n;
         self
     }
-    /// Number of threads issuing `pread`s (default 4).
+    /// Number of threads issuing `pread`s (default: [`available_cpus`]).
     pub fn io_threads(mut self, n: usize) -> Self {
         self.io_threads = n;
         self

@@ -1,7 +1,7 @@
 //! I/O worker threads: `pread` each file straight into its place in a ring slot.
 
 use crate::error::{Error, Result};
-use crate::loader::Shared;
+use crate::shared::Shared;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};

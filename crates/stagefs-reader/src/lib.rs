@@ -49,6 +49,7 @@ mod loader;
 pub mod order;
 mod plan;
 mod ring;
+mod shared;
 mod stats;
 
 #[cfg(test)]
@@ -56,7 +57,7 @@ mod tests;
 
 pub use backend::{cuda_driver_present, Backend, BackendChoice};
 pub use batch::{Batch, DeviceBuffer};
-pub use config::Config;
+pub use config::{available_cpus, Config};
 pub use error::{Error, Result};
 pub use files::{ClassFolders, FileEntry, FileList};
 pub use loader::{Loader, Next};

@@ -9,6 +9,7 @@ use crate::io::{spawn_workers, InFlight, Job, Msg};
 use crate::order::{epoch_order, shard_with};
 use crate::plan::{plan_epoch, PlannedBatch};
 use crate::ring::{log_event, HostRing, Ring, SlotEvent, SlotLog};
+use crate::shared::Shared;
 use crate::stats::{ReadCounters, Stats};
 use std::collections::{BTreeSet, VecDeque};
 use std::path::Path;
@@ -16,18 +17,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// State shared by the loader, its I/O threads and live batches.
-pub(crate) struct Shared {
-    pub ring: Ring,
-    pub files: FileList,
-    /// Slots neither being filled nor held by a Batch.
-    pub free: Mutex<Vec<usize>>,
-    pub cancel: AtomicBool,
-    pub read: ReadCounters,
-    pub live_workers: AtomicUsize,
-    pub log: SlotLog,
-}
 
 /// Produces the epoch's batches lazily so a long run never holds every plan.
 struct Planner {

@@ -1,31 +1,29 @@
 //! `bench`: pipeline throughput vs. the H2D ceiling of the same buffers, and optionally a plain read loop.
 
-use crate::args::Args;
+use crate::args::BenchArgs;
 use stagefs_reader::order::{epoch_order, shard};
-use stagefs_reader::{Backend, BackendChoice, Config, FileList, Loader};
+use stagefs_reader::{Backend, Config, FileList, Loader};
 use std::time::{Duration, Instant};
-
-const KNOWN: &[&str] =
-    &["batch-bytes", "threads", "depth", "shuffle", "epochs", "backend", "h2d-reps", "rank", "world"];
 
 fn gbps(bytes: u64, t: Duration) -> f64 {
     bytes as f64 / t.as_secs_f64().max(1e-9) / 1e9
 }
 
-pub fn run(a: &Args) -> Result<(), String> {
-    a.check_known(KNOWN)?;
-    let shuffle = a.str("shuffle").map(|s| s.parse::<u64>().map_err(|e| format!("--shuffle: {e}"))).transpose()?;
-    let backend: BackendChoice = a.str("backend").unwrap_or("auto").parse().map_err(|e| format!("{e}"))?;
-    let (rank, world) = (a.size("rank", 0)? as usize, a.size("world", 1)? as usize);
-    let epochs = a.size("epochs", 1)? as usize;
-    let cfg = Config::default()
-        .slot_bytes(a.size("batch-bytes", 64 << 20)? as usize)
-        .io_threads(a.size("threads", 4)? as usize)
-        .depth(a.size("depth", 3)? as usize)
+pub fn run(a: &BenchArgs) -> Result<(), String> {
+    let (shuffle, epochs, rank, world) = (a.shuffle, a.epochs, a.rank, a.world as usize);
+    if rank >= world {
+        return Err(format!("--rank {rank} is not below --world {world}"));
+    }
+    let mut cfg = Config::default()
+        .slot_bytes(a.batch_bytes as usize)
+        .depth(a.depth as usize)
         .shuffle(shuffle)
         .epochs(epochs)
         .shard(rank, world)
-        .backend(backend);
+        .backend(a.backend);
+    if let Some(n) = a.threads {
+        cfg = cfg.io_threads(n as usize);
+    }
 
     let t = Instant::now();
     let files = FileList::from_dir(&a.dir).map_err(|e| e.to_string())?;
@@ -76,7 +74,7 @@ pub fn run(a: &Args) -> Result<(), String> {
         gbps(s.bytes_uploaded, s.upload_busy)
     );
 
-    let reps = a.size("h2d-reps", 10)? as usize;
+    let reps = a.h2d_reps;
     let (bytes, t) = loader.measure_h2d(reps).map_err(|e| e.to_string())?;
     let h2d = gbps(bytes, t);
     let label = if host {
@@ -87,7 +85,7 @@ pub fn run(a: &Args) -> Result<(), String> {
     println!("{label}: {:.2} GB/s ({reps} x {:.1} MiB)", h2d, cfg.get_slot_bytes() as f64 / (1 << 20) as f64);
     println!("  pipeline upload rate = {:.0}% of that", 100.0 * gbps(s.bytes_uploaded, wall) / h2d);
 
-    if a.flag("--baseline") {
+    if a.baseline {
         baseline(&files, shuffle, epochs, rank, world)?;
     }
     Ok(())

@@ -1,18 +1,15 @@
 //! `gen`: write a reproducible tree of random-sized files for benchmarking.
 
-use crate::args::Args;
+use crate::args::GenArgs;
 use stagefs_reader::order::SplitMix64;
 use std::io::Write;
 
-pub fn run(a: &Args) -> Result<(), String> {
-    a.check_known(&["files", "min-bytes", "max-bytes", "seed"])?;
-    let files = a.size("files", 5000)?;
-    let min = a.size("min-bytes", 20 << 10)?;
-    let max = a.size("max-bytes", 200 << 10)?;
+pub fn run(a: &GenArgs) -> Result<(), String> {
+    let (files, min, max) = (a.files, a.min_bytes, a.max_bytes);
     if min > max {
         return Err("--min-bytes exceeds --max-bytes".into());
     }
-    let mut rng = SplitMix64::new(a.size("seed", 1)?);
+    let mut rng = SplitMix64::new(a.seed);
     let mut total = 0u64;
     // 100 files per subdirectory, like a sharded dataset layout.
     for i in 0..files {
