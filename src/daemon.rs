@@ -232,6 +232,14 @@ fn start(
         crate::cancel::release_parent();
         detach_stdio(request.log_file.as_deref());
         let _ = pipe.write_all(b"ok ");
+    } else {
+        println!("{}", mountpoint.display());
+        eprintln!(
+            "stagefs: ready: {} is mounted at {}; Ctrl-C (or `stagefs umount {}`) unmounts",
+            archive_path.display(),
+            mountpoint.display(),
+            mountpoint.display()
+        );
     }
     Ok((session, fs))
 }

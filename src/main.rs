@@ -35,7 +35,12 @@ fn run(command: Command) -> Result<(), Failure> {
                 max_ram,
                 warm,
             };
-            node::mount(&request, node::DEFAULT_WAIT, idle_timeout).map(|_| ())
+            node::mount(&request, node::DEFAULT_WAIT, idle_timeout)?;
+            if !foreground {
+                // So that `MNT=$(stagefs mount data.tar)` works, also for the default mountpoint.
+                println!("{}", stagefs::mountpoint::resolve(&request.mountpoint)?.display());
+            }
+            Ok(())
         }
         Command::Run(args) => {
             let code = args.execute()?;

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import pwd
 import shutil
 import subprocess
 import sys
@@ -92,31 +91,6 @@ def executable() -> str:
     raise FileNotFoundError("the native `stagefs` command was not found (is the stagefs wheel installed?)")
 
 
-_ARCHIVE_EXTENSIONS = {
-    "tar", "gz", "tgz", "zst", "tzst", "xz", "txz", "bz2", "tbz2", "lz4",
-    "sqsh", "sqfs", "squashfs", "sfs", "img",
-}  # fmt: skip
-
-
-def default_mountpoint(archive: PathLike) -> Path:
-    """``/dev/shm/$USER/stagefs/<archive name without extensions>``: the CLI's default.
-
-    Mirrors ``node::default_mountpoint`` in the Rust sources; :func:`mount` passes
-    it explicitly so that it knows where the mount is.
-    """
-    name = Path(archive).name
-    while "." in name:
-        stem, ext = name.rsplit(".", 1)
-        if not stem or ext.lower() not in _ARCHIVE_EXTENSIONS:
-            break
-        name = stem
-    try:
-        user = pwd.getpwuid(os.geteuid()).pw_name
-    except KeyError:
-        user = os.environ.get("USER") or str(os.geteuid())
-    return Path("/dev/shm") / user / "stagefs" / (name or "archive")
-
-
 _live: "set[Mount]" = set()
 _live_lock = threading.Lock()
 
@@ -138,12 +112,14 @@ def _duration(value: Union[str, int, float]) -> str:
     return str(value)
 
 
-def _run(cmd: List[str], timeout: Optional[float]) -> None:
+def _run(cmd: List[str], timeout: Optional[float]) -> str:
+    """Runs a stagefs command; returns its stdout, raises MountError on failure."""
     proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, timeout=timeout)  # fmt: skip
     if proc.returncode != 0:
         message = (proc.stderr.strip() or proc.stdout.strip() or f"{cmd[1]} failed").replace("\n", "; ")
         raise MountError(message, proc.returncode, cmd)
+    return proc.stdout
 
 
 class Mount:
@@ -208,14 +184,16 @@ def mount(
     :class:`Mount` and call ``.unmount()``. Options are the ``stagefs mount``
     options: ``stage`` (auto|ram|none), ``max_ram`` (bytes or e.g. "64G"),
     ``warm`` (auto|yes|no), ``threads``, ``idle_timeout`` (seconds or e.g. "30m"),
-    ``log_file``. ``mountpoint`` defaults to ``/dev/shm/$USER/stagefs/<stem>``.
+    ``log_file``. ``mountpoint`` defaults to the command's own default,
+    ``/dev/shm/$USER/stagefs/<stem>``, which it prints.
 
     Raises :class:`MountError` (an ``OSError``) with the command's message and
     exit code, e.g. code 3 for a missing or unreadable archive.
     """
     archive_path = Path(os.fspath(archive))
-    mp = Path(os.fspath(mountpoint)) if mountpoint is not None else default_mountpoint(archive_path)
-    cmd = [executable(), "mount", str(archive_path), str(mp)]
+    cmd = [executable(), "mount", str(archive_path)]
+    if mountpoint is not None:
+        cmd.append(os.fspath(mountpoint))
     for flag, value in (("--stage", stage), ("--warm", warm), ("--threads", threads), ("--log-file", log_file)):
         if value is not None:
             cmd += [flag, os.fspath(value) if flag == "--log-file" else str(value)]
@@ -223,18 +201,11 @@ def mount(
         cmd += ["--max-ram", str(max_ram)]
     if idle_timeout is not None:
         cmd += ["--idle-timeout", _duration(idle_timeout)]
-    handle = Mount(archive_path, mp, cmd)
-    try:
-        _run(cmd, timeout)
-    except BaseException as e:
-        # Interrupted (Ctrl-C, timeout) while the daemon was coming up: do not leave
-        # a mount behind. A failed mount (MountError) left nothing to clean up.
-        if not isinstance(e, MountError) and os.path.ismount(mp):
-            try:
-                handle.unmount(timeout=30)
-            except Exception:  # noqa: BLE001
-                pass
-        raise
+    # Interrupted (Ctrl-C, timeout) while the daemon is coming up, subprocess kills the
+    # command; the daemon follows its parent and leaves nothing mounted or staged.
+    out = _run(cmd, timeout)
+    # The command prints the mountpoint it used (resolved) as its last line.
+    handle = Mount(archive_path, Path(out.strip().splitlines()[-1]), cmd)
     with _live_lock:
         _live.add(handle)
     return handle

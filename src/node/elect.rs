@@ -211,7 +211,12 @@ pub fn mount(request: &MountRequest, timeout: Duration, idle: Option<Duration>) 
     let task = SlurmTask::from_env();
     match elect(&archive, &mountpoint, &task, timeout)? {
         Election::AlreadyMounted => {
-            tracing::info!(mountpoint = %mountpoint.display(), "already mounted by this node's leader");
+            if task.local_id.is_some_and(|id| id != 0) {
+                // SLURM followers always find their leader's mount: nothing to say.
+                tracing::info!(mountpoint = %mountpoint.display(), "already mounted by this node's leader");
+            } else {
+                eprintln!("stagefs: {}", already_mounted(&mountpoint, request));
+            }
             Ok(false)
         }
         Election::Leader(lease) => {
@@ -221,6 +226,22 @@ pub fn mount(request: &MountRequest, timeout: Duration, idle: Option<Duration>) 
             Ok(true)
         }
     }
+}
+
+/// What a mount request that found its archive already mounted is told.
+fn already_mounted(mountpoint: &Path, request: &MountRequest) -> String {
+    let record = registry::read(mountpoint);
+    let pid = record.as_ref().map_or_else(|| "?".to_string(), |r| r.pid.to_string());
+    let mut line =
+        format!("{} is already mounted with this archive (daemon pid {pid}); nothing to do", mountpoint.display());
+    if request.stage == crate::stage::StageMode::Ram && record.is_some_and(|r| r.staged_bytes == 0) {
+        line += &format!(
+            ". Note: it is served in place, not staged in RAM as --stage ram asks; to stage it, \
+             `stagefs umount {}` and mount again",
+            mountpoint.display()
+        );
+    }
+    line
 }
 
 /// `stagefs wait`: returns once `mountpoint` is a live stagefs mount; fails at the timeout
