@@ -63,12 +63,14 @@ pub fn status(json: bool) -> Result<(), Failure> {
     if json {
         for r in &records {
             println!(
-                "{{\"mountpoint\":{},\"archive\":{},\"state\":\"live\",\"pid\":{},\"started\":{},\"staged_bytes\":{},\"reads\":{}}}",
+                "{{\"mountpoint\":{},\"archive\":{},\"state\":\"live\",\"pid\":{},\"started\":{},\"staging\":{},\"staged_bytes\":{},\"warmed_bytes\":{},\"reads\":{}}}",
                 json_string(&r.mountpoint.to_string_lossy()),
                 json_string(&r.archive.to_string_lossy()),
                 r.pid,
                 r.started,
+                json_string(&r.staging),
                 r.staged_bytes,
+                r.warmed_bytes,
                 r.reads
             );
         }
@@ -81,13 +83,17 @@ pub fn status(json: bool) -> Result<(), Failure> {
         println!("no stagefs mounts for this user on this node");
         return Ok(());
     }
-    println!("{:<40} {:>10} {:>8} {:>9} {:>10}  ARCHIVE", "MOUNTPOINT", "STAGED", "PID", "UPTIME", "READS");
+    println!(
+        "{:<40} {:>10} {:>10} {:>8} {:>9} {:>10}  ARCHIVE",
+        "MOUNTPOINT", "STAGED", "WARMED", "PID", "UPTIME", "READS"
+    );
     for r in records {
         let up = registry::now().saturating_sub(r.started);
         println!(
-            "{:<40} {:>10} {:>8} {:>9} {:>10}  {}",
+            "{:<40} {:>10} {:>10} {:>8} {:>9} {:>10}  {}",
             r.mountpoint.display(),
             if r.staged_bytes == 0 { "-".to_string() } else { stage::human(r.staged_bytes) },
+            if r.warmed_bytes == 0 { "-".to_string() } else { stage::human(r.warmed_bytes) },
             r.pid,
             format!("{}:{:02}:{:02}", up / 3600, up / 60 % 60, up % 60),
             r.reads,

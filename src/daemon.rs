@@ -22,7 +22,7 @@ use crate::index_cache;
 use crate::mountpoint::{self, MountpointError};
 use crate::places;
 use crate::registry::{self, Record};
-use crate::stage::{self, StageMode};
+use crate::stage::{self, StageMode, Staging};
 use crate::warm::{self, WarmMode};
 
 /// What `stagefs mount` was asked to do.
@@ -190,7 +190,8 @@ fn start(
     // Before staging: no point copying a large archive into RAM only to find no FUSE.
     check_fuse_available()?;
     crate::cancel::phase("staging and indexing")?;
-    let Opened { archive, staged_bytes, .. } = open_archive(archive_path, request.stage, request.max_ram, false)?;
+    let Opened { archive, staged_bytes, staging, .. } =
+        open_archive(archive_path, request.stage, request.max_ram, false)?;
     crate::cancel::phase("mounting")?;
     // Building the index peaks well above what the finished index keeps.
     return_free_memory();
@@ -203,9 +204,12 @@ fn start(
         failure
     };
     wait_until_live(mountpoint).map_err(unmount_on_error)?;
-    if request.warm.wanted(staged_bytes > 0) {
+    let mut warmed_bytes = 0;
+    if request.warm.wanted(staging != Staging::InPlace) {
         crate::cancel::phase("warming").map_err(|i| unmount_on_error(i.into()))?;
-        warm_page_cache(&fs, mountpoint, crate::fuse::page_cache_store(&session), request, staged_bytes);
+        let store = crate::fuse::page_cache_store(&session);
+        warmed_bytes = warm_page_cache(&fs, archive_path, mountpoint, store, request, (staged_bytes, staging))
+            .map_err(unmount_on_error)?;
     }
     crate::cancel::phase("ready").map_err(|i| unmount_on_error(i.into()))?;
     let record = Record {
@@ -214,6 +218,8 @@ fn start(
         mountpoint: mountpoint.to_owned(),
         started: registry::now(),
         staged_bytes,
+        staging: staging.name().into(),
+        warmed_bytes,
         reads: 0,
     };
     if let Err(e) = registry::write(&record) {
@@ -245,32 +251,59 @@ fn start(
 }
 
 /// Fills the page cache before the mount is reported ready, when the RAM it takes is
-/// there (the same limits as staging; `--max-ram` covers both). Never fails the mount.
+/// there (the same limits as staging; `--max-ram` covers both). Returns the bytes warmed.
+/// Fails only for `--stage ram`, whose promise is the files in RAM; otherwise a warm-up
+/// that does not fit is skipped with a warning.
 fn warm_page_cache(
     fs: &Fs,
+    archive: &Path,
     mountpoint: &Path,
     store: impl Fn(u64, u64, &[u8]) -> std::io::Result<()> + Sync,
     request: &MountRequest,
-    staged: u64,
-) {
-    let Some(needed) = warm::bytes_to_warm(fs) else {
-        tracing::warn!(
-            "not warming the page cache: the files' declared sizes add up to more than 16 EiB \
-             (sparse files claiming more than any disk holds); the first epoch reads through FUSE"
-        );
-        return;
-    };
+    (staged, staging): (u64, Staging),
+) -> Result<u64, Failure> {
+    let must_fit = staging == Staging::PageCache && request.stage == StageMode::Ram;
     let (headroom, limit) = stage::headroom(request.max_ram, staged);
-    if needed > headroom {
-        tracing::warn!(
-            "not warming the page cache: the files need {} but {limit} leaves {}; the first epoch reads through FUSE",
-            stage::human(needed),
-            stage::human(headroom)
-        );
-        return;
+    let why_not = match warm::bytes_to_warm(fs) {
+        None => Some(
+            "the files' declared sizes add up to more than 16 EiB (sparse files claiming more than any disk holds)"
+                .to_string(),
+        ),
+        Some(needed) if needed > headroom => {
+            Some(format!("the files need {} but {limit} leaves {}", stage::human(needed), stage::human(headroom)))
+        }
+        Some(_) => None,
+    };
+    if let Some(why) = why_not {
+        if must_fit {
+            return Err(Failure::new(
+                crate::error::code::NO_ROOM,
+                format!(
+                    "not enough RAM to stage {} (--stage ram): {why}; free memory, raise --max-ram, or use \
+                     --stage none to serve it in place",
+                    archive.display()
+                ),
+            ));
+        }
+        tracing::warn!("not warming the page cache: {why}; the first epoch reads through FUSE");
+        return Ok(0);
     }
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).min(8);
+    // Served from the file: drop its pages behind the warm-up as it goes, so RAM holds the
+    // files once (in the mount's page cache), not twice, also at the peak.
+    let stored = std::sync::atomic::AtomicU64::new(0);
+    let store = |ino: u64, offset: u64, data: &[u8]| {
+        store(ino, offset, data)?;
+        let before = stored.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        if staging == Staging::PageCache && (before + data.len() as u64) / DROP_EVERY != before / DROP_EVERY {
+            fs.drop_source_cache();
+        }
+        Ok(())
+    };
     let warmed = warm::warm(fs, mountpoint, threads, store);
+    if staging == Staging::PageCache {
+        fs.drop_source_cache();
+    }
     // The warm-up decompressed every SquashFS block once, in order; the kernel now holds
     // the files, so the block cache would only pin memory. Give it back to the system.
     fs.release_caches();
@@ -282,7 +315,11 @@ fn warm_page_cache(
         warmed.elapsed.as_secs_f64(),
         if warmed.skipped > 0 { format!(" ({} left cold, see -vv)", warmed.skipped) } else { String::new() }
     ));
+    Ok(warmed.bytes)
 }
+
+/// How often the warm-up of a file served in place drops the file's cached pages.
+const DROP_EVERY: u64 = 256 << 20;
 
 /// Keeps the daemon's private memory near what it serves from. By default glibc gives each
 /// request thread its own arena and, once the index build has freed large blocks, raises
@@ -312,6 +349,8 @@ pub struct Opened {
     pub archive: Archive,
     /// Bytes of it staged in RAM.
     pub staged_bytes: u64,
+    /// How its bytes reach RAM.
+    pub staging: Staging,
     /// Where its index was saved by this call, if it was.
     pub saved_index: Option<PathBuf>,
 }
@@ -326,7 +365,12 @@ pub fn open_archive(path: &Path, mode: StageMode, max_ram: Option<u64>, force_sa
     crate::cancel::check()?;
     if !force_save {
         if let Some(archive) = index_cache::load(path, &key, &loaded.backing) {
-            return Ok(Opened { archive, staged_bytes: loaded.staged_bytes, saved_index: None });
+            return Ok(Opened {
+                archive,
+                staged_bytes: loaded.staged_bytes,
+                staging: loaded.staging,
+                saved_index: None,
+            });
         }
     }
     let started = Instant::now();
@@ -357,7 +401,7 @@ pub fn open_archive(path: &Path, mode: StageMode, max_ram: Option<u64>, force_sa
             Err(e) => tracing::debug!("not saving the index: {e}"),
         }
     }
-    Ok(Opened { archive, staged_bytes: loaded.staged_bytes, saved_index })
+    Ok(Opened { archive, staged_bytes: loaded.staged_bytes, staging: loaded.staging, saved_index })
 }
 
 /// Refuses an unknown format before any byte is staged.

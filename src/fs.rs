@@ -107,6 +107,11 @@ impl Fs {
         self.archive.release_caches();
     }
 
+    /// See [`Archive::drop_source_cache`].
+    pub fn drop_source_cache(&self) {
+        self.archive.drop_source_cache();
+    }
+
     /// Read requests served so far.
     pub fn reads_served(&self) -> u64 {
         self.reads.load(Ordering::Relaxed)

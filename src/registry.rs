@@ -16,8 +16,12 @@ pub struct Record {
     pub archive: PathBuf,
     pub mountpoint: PathBuf,
     pub started: u64,
-    /// Bytes of the archive held in staged RAM (0 when served in place).
+    /// Bytes of the archive held in a private copy in RAM (`--stage copy`, compressed tars).
     pub staged_bytes: u64,
+    /// How the archive reaches RAM: "copy", "page cache" or "in place".
+    pub staging: String,
+    /// Bytes the warm-up put into the page cache when mounting (0: not warmed).
+    pub warmed_bytes: u64,
     /// FUSE read requests served, refreshed by the daemon every few seconds.
     pub reads: u64,
 }
@@ -29,12 +33,14 @@ fn record_path(mountpoint: &Path) -> Result<PathBuf, PlaceError> {
 pub fn write(record: &Record) -> std::io::Result<()> {
     let path = record_path(&record.mountpoint).map_err(std::io::Error::other)?;
     let text = format!(
-        "pid={}\narchive={}\nmountpoint={}\nstarted={}\nstaged_bytes={}\nreads={}\n",
+        "pid={}\narchive={}\nmountpoint={}\nstarted={}\nstaged_bytes={}\nstaging={}\nwarmed_bytes={}\nreads={}\n",
         record.pid,
         record.archive.display(),
         record.mountpoint.display(),
         record.started,
         record.staged_bytes,
+        record.staging,
+        record.warmed_bytes,
         record.reads
     );
     places::write_atomically(&path, text.as_bytes(), 0o600)
@@ -72,6 +78,8 @@ fn parse(text: &str) -> Option<Record> {
         mountpoint: field("mountpoint")?.into(),
         started: field("started")?.parse().ok()?,
         staged_bytes: field("staged_bytes")?.parse().ok()?,
+        staging: field("staging")?.to_string(),
+        warmed_bytes: field("warmed_bytes")?.parse().ok()?,
         reads: field("reads")?.parse().ok()?,
     };
     process_alive(record.pid).then_some(record)
@@ -118,6 +126,8 @@ mod tests {
             mountpoint: mountpoint.clone(),
             started: 5,
             staged_bytes: 7,
+            staging: "copy".into(),
+            warmed_bytes: 8,
             reads: 9,
         };
         write(&mine).unwrap();

@@ -1,5 +1,11 @@
-//! Staging: copy or decompress an archive into anonymous memory (a memfd) that dies with the daemon.
+//! Staging: how an archive's bytes get into RAM, at the cost of one copy where possible.
 //!
+//! An uncompressed archive staged with `--stage ram` is not copied at all: it is served
+//! from the file, and the warm-up (see `warm.rs`) fills the mount's own page cache while
+//! dropping the file's pages behind it, so RAM holds the files once, as reclaimable
+//! cache; a page the kernel evicts is read again from the archive (checked unchanged).
+//! `--stage copy`, and every compressed tar, copies or decompresses the archive into
+//! anonymous memory (a memfd): immune to changes of the file, at the cost of that copy.
 //! A memfd has no name in any filesystem, so there is nothing to clean up after any
 //! exit, SIGKILL included: the kernel frees the pages when the last mapping goes. Its
 //! pages count against the job's memory (cgroup) like any RAM, which is why the budget
@@ -18,15 +24,41 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::archive::Backing;
 
-/// Whether to copy the archive into RAM before serving it.
+/// Whether to bring the archive into RAM before serving it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum StageMode {
-    /// Stage when the archive is on a network or parallel filesystem and fits the RAM budget
+    /// Like ram when the archive is on a network or parallel filesystem and fits the RAM budget
     Auto,
-    /// Always stage (fail if it does not fit)
+    /// The files in the page cache once (read the archive once, keep no second copy);
+    /// evicted pages are read again from the archive (fail if it does not fit)
     Ram,
-    /// Serve from the archive in place (compressed tars are still decompressed into RAM)
+    /// Copy the whole archive into private RAM: immune to changes of the archive file,
+    /// at the cost of that copy on top of the page cache
+    Copy,
+    /// Serve from the archive in place, cold (compressed tars are still decompressed into RAM)
     None,
+}
+
+/// How the bytes of an opened archive reach RAM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Staging {
+    /// Served from the file; pages enter the cache as they are read.
+    InPlace,
+    /// Served from the file; the warm-up fills the mount's page cache, the one copy in RAM.
+    PageCache,
+    /// Copied (or decompressed) into private memory.
+    Copy,
+}
+
+impl Staging {
+    /// Words for `stagefs status`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Staging::InPlace => "in place",
+            Staging::PageCache => "page cache",
+            Staging::Copy => "copy",
+        }
+    }
 }
 
 /// Compressions a tar may come in, detected by magic bytes.
@@ -85,7 +117,7 @@ pub enum StageError {
 pub struct Loaded {
     pub backing: Backing,
     pub staged_bytes: u64,
-    pub compression: Option<Compression>,
+    pub staging: Staging,
 }
 
 /// Opens `path` per `mode`: maps it in place, copies it into RAM, or decompresses it into RAM.
@@ -102,10 +134,10 @@ pub fn load(path: &Path, mode: StageMode, max_ram: Option<u64>) -> Result<Loaded
     if let Some(compression) = Compression::detect(&head[..n]) {
         let backing = decompress(path, file, compression, &budget)?;
         let staged_bytes = backing.len() as u64;
-        return Ok(Loaded { backing, staged_bytes, compression: Some(compression) });
+        return Ok(Loaded { backing, staged_bytes, staging: Staging::Copy });
     }
     let stage = match mode {
-        StageMode::Ram => true,
+        StageMode::Ram | StageMode::Copy => true,
         StageMode::None => false,
         StageMode::Auto => {
             let remote = is_network_filesystem(path);
@@ -119,13 +151,17 @@ pub fn load(path: &Path, mode: StageMode, max_ram: Option<u64>) -> Result<Loaded
             remote && fits
         }
     };
-    if !stage {
-        let backing = crate::archive::map_file(&file).map_err(io("cannot map"))?;
-        return Ok(Loaded { backing, staged_bytes: 0, compression: None });
+    // Refused before any byte is read; the warm-up checks again with the files' real size.
+    if stage {
+        budget.check(path, size)?;
     }
-    budget.check(path, size)?;
-    let backing = copy_to_ram(path, &file, size)?;
-    Ok(Loaded { backing, staged_bytes: size, compression: None })
+    if mode == StageMode::Copy {
+        let backing = copy_to_ram(path, &file, size)?;
+        return Ok(Loaded { backing, staged_bytes: size, staging: Staging::Copy });
+    }
+    let backing = crate::archive::map_file(&file).map_err(io("cannot map"))?;
+    let staging = if stage { Staging::PageCache } else { Staging::InPlace };
+    Ok(Loaded { backing, staged_bytes: 0, staging })
 }
 
 /// RAM still free to fill once `staged` bytes are staged, and what limits it: the same
@@ -333,6 +369,9 @@ fn copy_to_ram(path: &Path, source: &File, len: u64) -> Result<Backing, StageErr
                             what: format!("out of staging memory at byte {offset}"),
                             source: e,
                         })?;
+                        // Read once: leave no second copy in the page cache (nor the
+                        // Lustre/GPFS client cache, which the job's cgroup pays for).
+                        crate::archive::drop_file_cache(source, offset, n as u64);
                         bar.inc(n as u64);
                     }
                 })
@@ -387,6 +426,11 @@ impl<R: std::io::BufRead> Read for Lz4Frames<R> {
 fn decompress(path: &Path, file: File, kind: Compression, budget: &RamBudget) -> Result<Backing, StageError> {
     let started = Instant::now();
     let consumed = Arc::new(AtomicU64::new(0));
+    let source = file.try_clone().map_err(|e| StageError::Io {
+        path: path.to_owned(),
+        what: "cannot open".into(),
+        source: e,
+    })?;
     // A small buffer keeps the reported offset of a corrupt stream close to the damage.
     let input = std::io::BufReader::with_capacity(64 << 10, Counting { inner: file, count: consumed.clone() });
     let mut decoder: Box<dyn Read> =
@@ -439,7 +483,12 @@ fn decompress(path: &Path, file: File, kind: Compression, budget: &RamBudget) ->
         })?;
         written += n as u64;
         bar.set_position(written);
+        // The compressed bytes are read once: drop them from the page cache behind us.
+        if written % (256 << 20) < n as u64 {
+            crate::archive::drop_file_cache(&source, 0, consumed.load(Ordering::Relaxed));
+        }
     }
+    crate::archive::drop_file_cache(&source, 0, 0);
     bar.finish_and_clear();
     target.set_len(written).map_err(|source| StageError::Io {
         path: path.to_owned(),

@@ -740,13 +740,13 @@ fn in_place_archive_truncated_while_mounted_reads_eio() {
     assert_nothing_left(&mp, "after unmounting the truncated archive");
 }
 
-/// A staged (`--stage ram`) archive truncated while mounted keeps serving correct bytes.
+/// A copied (`--stage copy`) archive truncated while mounted keeps serving correct bytes.
 #[test]
 fn staged_archive_truncated_while_mounted_keeps_serving() {
     let tmp = TempDir::new("truncate-staged");
     let (archive, files) = truncation_tar(&tmp);
     let mp = tmp.join("mnt");
-    let m = Mounted::with_args(&["--stage", "ram"], &archive, &mp);
+    let m = Mounted::with_args(&["--stage", "copy"], &archive, &mp);
     truncate_to_half(&archive);
     fs::write(&archive, b"overwritten").unwrap();
     for (name, data) in &files {

@@ -9,6 +9,7 @@ mod errors;
 mod formats;
 mod hostile;
 mod memory;
+mod one_copy;
 mod shared_node;
 mod slurm;
 mod staging;

@@ -130,14 +130,14 @@ fn warm_is_skipped_with_a_warning_when_max_ram_leaves_no_room() {
     let tmp = TempDir::new("warm-no-room");
     let expected = tmp.join("expected");
     extract_tar(&fixture(name), &expected);
-    // Room for the staged copy, not for a second copy in the page cache.
+    // Room for the private copy (--stage copy), not for a second copy in the page cache.
     let size = fs::metadata(fixture(name)).unwrap().len();
     let mnt = tmp.join("mnt");
     let max_ram = format!("{}", size + 4096);
     let out = stagefs([
         "mount",
         "--stage",
-        "ram",
+        "copy",
         "--max-ram",
         &max_ram,
         fixture(name).to_str().unwrap(),

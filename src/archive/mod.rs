@@ -111,6 +111,14 @@ impl Source {
         Ok(std::borrow::Cow::Owned(buf))
     }
 
+    /// Asks the kernel to drop this archive file's cached pages (in place only; a staged
+    /// copy has no other copy to fall back on).
+    pub fn drop_page_cache(&self) {
+        if let Some(in_place) = &self.in_place {
+            drop_file_cache(&in_place.file, 0, 0);
+        }
+    }
+
     /// After the index scan of a file served in place: drops the pages the scan mapped
     /// (for a tar, with fault-around, most of the archive) from this process, so they
     /// stop counting in the daemon's RSS. They stay in the page cache, shared and
@@ -158,6 +166,16 @@ impl std::ops::Deref for Bytes<'_> {
             Bytes::Owned(v) => v,
         }
     }
+}
+
+/// Drops `len` bytes of `file` at `offset` (0: to the end) from the page cache; clean pages
+/// go at once, so a file read once leaves no copy behind.
+pub fn drop_file_cache(file: &std::fs::File, offset: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: posix_fadvise only gives the kernel a hint about a descriptor we own.
+    unsafe {
+        libc::posix_fadvise(file.as_raw_fd(), offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_DONTNEED)
+    };
 }
 
 /// Maps a file to serve in place (see [`Source`] for why reads then use pread).
@@ -273,10 +291,22 @@ impl Archive {
 
     /// Size of the archive's bytes as served (decompressed, for compressed tars).
     pub fn size(&self) -> u64 {
+        self.backing().len() as u64
+    }
+
+    /// The bytes the readers serve from.
+    fn backing(&self) -> &Backing {
         match &self.reader {
-            Reader::Tar(r) => r.backing_len(),
-            Reader::SquashFs(r) => r.backing_len(),
+            Reader::Tar(r) => r.backing(),
+            Reader::SquashFs(r) => r.backing(),
         }
+    }
+
+    /// Drops the archive file's pages from the page cache when it is served in place:
+    /// once the warm-up copied its files into the mount's own page cache, keeping the
+    /// source's too would hold the data twice. Later reads fetch what they need again.
+    pub fn drop_source_cache(&self) {
+        self.backing().drop_page_cache();
     }
 
     /// Reassembles a tar archive from a saved index (see `index_cache`).

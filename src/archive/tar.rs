@@ -81,8 +81,9 @@ impl TarReader {
         sorted.then_some(TarReader { backing, sparse_files, extents })
     }
 
-    pub fn backing_len(&self) -> u64 {
-        self.backing.len() as u64
+    /// The archive's bytes this reader serves from.
+    pub fn backing(&self) -> &Backing {
+        &self.backing
     }
 
     pub fn sparse_files(&self) -> &[SparseFile] {

@@ -240,9 +240,9 @@ impl SquashReader {
         self.layouts.heap_bytes()
     }
 
-    /// Length of the image file as mapped.
-    pub fn backing_len(&self) -> u64 {
-        self.backing.len() as u64
+    /// The image's bytes this reader serves from.
+    pub fn backing(&self) -> &Backing {
+        &self.backing
     }
 
     /// Regular-file content: `len` bytes (already clamped to the file size) at `offset`.

@@ -1,0 +1,123 @@
+//! `--stage ram` holds the files in RAM once: no private copy, no page cache of the source
+//! left behind, and every byte stays right when the kernel evicts pages (drop_caches, a
+//! memory cgroup's limit), or EIO, never wrong bytes, when the archive changed meanwhile.
+
+use std::ffi::OsStr;
+use std::fs;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+
+use crate::staging::MemoryCgroup;
+use crate::util::*;
+
+const FILES: u64 = 40;
+const FILE_LEN: usize = 1 << 20;
+
+/// Bytes of `path` resident in the page cache, by `mincore` over a map of it.
+fn resident(path: &Path) -> u64 {
+    let file = fs::File::open(path).unwrap();
+    let len = file.metadata().unwrap().len() as usize;
+    let page = 4096usize;
+    // SAFETY: a read-only shared map of a file we keep open; mincore only reports residency.
+    unsafe {
+        let map = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0);
+        assert_ne!(map, libc::MAP_FAILED);
+        let mut vec = vec![0u8; len.div_ceil(page)];
+        assert_eq!(libc::mincore(map, len, vec.as_mut_ptr()), 0);
+        libc::munmap(map, len);
+        vec.iter().filter(|&&b| b & 1 == 1).count() as u64 * page as u64
+    }
+}
+
+/// Drops the page cache of one file (what `vmtouch -e` does).
+fn evict(path: &Path) {
+    let file = fs::File::open(path).unwrap();
+    // SAFETY: a hint about a descriptor we own.
+    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+}
+
+fn drop_all_caches() {
+    fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+}
+
+fn assert_same_files(src: &Path, mnt: &Path, context: &str) {
+    for i in 0..FILES {
+        let name = format!("f{i:02}");
+        assert!(read(&mnt.join(&name)) == read(&src.join(&name)), "{context}: {name} differs");
+    }
+}
+
+#[test]
+fn stage_ram_holds_the_files_once_and_every_byte_survives_eviction() {
+    require_root();
+    let tmp = TempDir::new("one-copy");
+    let src = tmp.join("src");
+    fs::create_dir(&src).unwrap();
+    for i in 0..FILES {
+        fs::write(src.join(format!("f{i:02}")), pseudo_random(i, FILE_LEN)).unwrap();
+    }
+    let tar = tmp.join("a.tar");
+    let names: Vec<String> = (0..FILES).map(|i| format!("f{i:02}")).collect();
+    pack_tar(&src, &tar, &names.iter().map(String::as_str).collect::<Vec<_>>());
+    let log = tmp.join("daemon.log");
+    let mnt = tmp.join("mnt");
+    let m = Mounted::with_args(&["--stage", "ram", "--log-file", log.to_str().unwrap()], &tar, &mnt);
+
+    // One copy: the mount's page cache. No memfd, and the source's pages are gone.
+    let pid = stagefs_pids(&mnt)[0];
+    let maps = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    assert!(!maps.contains("memfd:stagefs"), "--stage ram made a private copy:\n{maps}");
+    let left = resident(&tar);
+    assert!(left <= (FILES * FILE_LEN as u64) / 10, "{} KiB of the archive stay in the page cache", left >> 10);
+    let status = stagefs(["status", "--json"]);
+    let line = status.stdout.lines().find(|l| l.contains(&*mnt.to_string_lossy())).unwrap().to_string();
+    assert!(line.contains("\"staging\":\"page cache\",\"staged_bytes\":0,\"warmed_bytes\":41943040"), "{line}");
+
+    // Evicted mid-epoch: the rest comes from the archive again, byte for byte.
+    for i in 0..FILES / 2 {
+        read(&mnt.join(format!("f{i:02}")));
+    }
+    drop_all_caches();
+    assert_same_files(&src, &mnt, "after drop_caches");
+
+    // A memory cgroup far smaller than the data forces eviction while a reader checks it.
+    drop_all_caches();
+    let cgroup = MemoryCgroup::new("one-copy", 8 << 20);
+    let sums =
+        cgroup.run(Path::new("/bin/sh"), &[OsStr::new("-c"), OsStr::new("cd \"$0\" && sha256sum f*"), mnt.as_os_str()]);
+    sums.assert_success();
+    let expected =
+        run_cmd(std::process::Command::new("sh").arg("-c").arg("cd \"$0\" && sha256sum f*").arg(&src), CMD_TIMEOUT);
+    assert_eq!(sums.stdout, expected.stdout, "bytes read under a 8 MiB cgroup limit differ");
+    drop(cgroup);
+
+    // The archive changes while mounted: evicted pages are EIO (never wrong bytes), one
+    // log line names the archive, and the daemon lives on.
+    let mut bytes = fs::read(&tar).unwrap();
+    bytes[512] ^= 0xff; // the first byte of f00's data
+    fs::write(&tar, &bytes).unwrap();
+    evict(&tar);
+    drop_all_caches();
+    let err = fs::read(mnt.join("f00")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    assert!(process_alive(pid), "the daemon died when its archive changed");
+    let logged = fs::read_to_string(&log).unwrap();
+    assert!(logged.contains("changed since it was mounted"), "no log line about the changed archive:\n{logged}");
+    m.unmount().assert_success();
+}
+
+#[test]
+fn stage_copy_is_immune_to_the_archive_changing() {
+    require_root();
+    let tmp = TempDir::new("copy-immune");
+    let src = tmp.join("src");
+    fs::create_dir(&src).unwrap();
+    fs::write(src.join("f"), pseudo_random(7, FILE_LEN)).unwrap();
+    let tar = tmp.join("a.tar");
+    pack_tar(&src, &tar, &["f"]);
+    let m = Mounted::with_args(&["--stage", "copy"], &tar, &tmp.join("mnt"));
+    fs::remove_file(&tar).unwrap();
+    drop_all_caches();
+    assert!(read(&m.path().join("f")) == read(&src.join("f")), "a copied archive must survive its file's removal");
+    m.unmount().assert_success();
+}
