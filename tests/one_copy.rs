@@ -59,6 +59,8 @@ fn stage_ram_holds_the_files_once_and_every_byte_survives_eviction() {
     let tar = tmp.join("a.tar");
     let names: Vec<String> = (0..FILES).map(|i| format!("f{i:02}")).collect();
     pack_tar(&src, &tar, &names.iter().map(String::as_str).collect::<Vec<_>>());
+    // A just-written archive has dirty pages, which the kernel cannot drop; datasets are old.
+    fs::File::open(&tar).unwrap().sync_all().unwrap();
     let log = tmp.join("daemon.log");
     let mnt = tmp.join("mnt");
     let m = Mounted::with_args(&["--stage", "ram", "--log-file", log.to_str().unwrap()], &tar, &mnt);
@@ -119,5 +121,25 @@ fn stage_copy_is_immune_to_the_archive_changing() {
     fs::remove_file(&tar).unwrap();
     drop_all_caches();
     assert!(read(&m.path().join("f")) == read(&src.join("f")), "a copied archive must survive its file's removal");
+    m.unmount().assert_success();
+}
+
+#[test]
+fn mounting_again_says_it_is_mounted_and_how_it_is_staged() {
+    require_root();
+    let tmp = TempDir::new("mount-again");
+    let src = tmp.join("src");
+    fs::create_dir(&src).unwrap();
+    fs::write(src.join("f"), b"x").unwrap();
+    let tar = tmp.join("a.tar");
+    pack_tar(&src, &tar, &["f"]);
+    let mnt = tmp.join("mnt");
+    let m = Mounted::with_args(&["--stage", "none"], &tar, &mnt);
+    let again = stagefs(["mount".as_ref(), "--stage".as_ref(), "ram".as_ref(), tar.as_os_str(), mnt.as_os_str()]);
+    again.assert_success();
+    assert_eq!(again.stdout.trim(), mnt.to_str().unwrap(), "the mountpoint is printed for scripts");
+    for words in ["already mounted with this archive", "served in place, not staged", "stagefs umount"] {
+        assert!(again.stderr.contains(words), "no {words:?}:\n{}", again.describe());
+    }
     m.unmount().assert_success();
 }

@@ -234,9 +234,10 @@ fn already_mounted(mountpoint: &Path, request: &MountRequest) -> String {
     let pid = record.as_ref().map_or_else(|| "?".to_string(), |r| r.pid.to_string());
     let mut line =
         format!("{} is already mounted with this archive (daemon pid {pid}); nothing to do", mountpoint.display());
-    if request.stage == crate::stage::StageMode::Ram && record.is_some_and(|r| r.staged_bytes == 0) {
+    let in_place = record.is_some_and(|r| r.staging == crate::stage::Staging::InPlace.name());
+    if matches!(request.stage, crate::stage::StageMode::Ram | crate::stage::StageMode::Copy) && in_place {
         line += &format!(
-            ". Note: it is served in place, not staged in RAM as --stage ram asks; to stage it, \
+            ". Note: it is served in place, not staged in RAM as --stage asks; to stage it, \
              `stagefs umount {}` and mount again",
             mountpoint.display()
         );
