@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""RAM one copy: how much the page cache (Cached in /proc/meminfo, which includes Shmem)
-grows when a dataset is staged, side by side with untar into /dev/shm, on the same data.
+"""RAM one copy: how much RAM a staged dataset holds, side by side with untar into /dev/shm,
+on the same data. Counted per dataset (mincore over its files and the archive, plus any
+private copy), so other work on the machine does not blur it; the growth of Cached in
+/proc/meminfo (which includes Shmem) is printed beside it.
 
     sudo benches/ram.py [--files 5000] [--size-kb 100] [--work /var/tmp/stagefs-ram] [--stagefs PATH]
 
@@ -11,6 +13,7 @@ SquashFS does not shrink it. Needs root (drop_caches), GNU tar, mksquashfs.
 """
 
 import argparse
+import ctypes
 import json
 import concurrent.futures
 import os
@@ -46,6 +49,48 @@ def read_all(root, files, readers=4):
     return total, time.perf_counter() - start
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+
+
+def resident(path):
+    """Bytes of `path` in the page cache (mincore over a map of it): counts this dataset
+    only, whatever else the machine caches meanwhile."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return 0
+        addr = _libc.mmap(None, size, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), f"mmap {path}")
+        pages = (size + 4095) // 4096
+        vec = ctypes.create_string_buffer(pages)
+        if _libc.mincore(addr, size, vec) != 0:
+            raise OSError(ctypes.get_errno(), f"mincore {path}")
+        _libc.munmap(addr, size)
+        return sum(b & 1 for b in vec.raw) * 4096
+    finally:
+        os.close(fd)
+
+
+def held(root, files, archive, mountpoint):
+    """RAM the dataset holds: its files' pages, the archive's pages, a private copy."""
+    total = sum(resident(os.path.join(root, f)) for f in files)
+    if archive:
+        total += resident(archive)
+    if mountpoint:
+        out = subprocess.run([STAGEFS[0], "status", "--json"], capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            record = json.loads(line)
+            if record.get("mountpoint") == mountpoint:
+                total += record.get("staged_bytes", 0)
+    return total
+
+
 def daemon_reads(mountpoint):
     """Read requests the stagefs daemon at `mountpoint` served, from `stagefs status --json`."""
     out = subprocess.run([STAGEFS[0], "status", "--json"], capture_output=True, text=True).stdout
@@ -59,25 +104,32 @@ def daemon_reads(mountpoint):
 STAGEFS = ["stagefs"]
 
 
-def measure(name, stage, unstage, root, files, archive_len):
+def measure(name, stage, unstage, root, files, archive):
+    archive_len = os.path.getsize(archive)
+    mountpoint = root if name.startswith("stagefs") else None
+    source = archive if mountpoint else None
     drop_caches()
     before = cached_bytes()
     start = time.perf_counter()
     stage()
     staged_in = time.perf_counter() - start
-    after_stage = cached_bytes() - before
+    cached_stage = cached_bytes() - before
+    after_stage = held(root, files, source, mountpoint)
     total, first = read_all(root, files)
-    after_read = cached_bytes() - before
+    cached_read = cached_bytes() - before
+    after_read = held(root, files, source, mountpoint)
     # FUSE reads the daemon served during the first epoch: 0 means it ran from the page cache.
     time.sleep(2.5)  # the daemon refreshes its counter every 2 s
     served = daemon_reads(root)
     _, warm = read_all(root, files)
     unstage()
     row = dict(system=name, stage_s=staged_in, after_stage=after_stage / archive_len,
-               after_read=after_read / archive_len, first_files_s=len(files) / first,
+               after_read=after_read / archive_len, cached_stage=cached_stage / archive_len,
+               cached_read=cached_read / archive_len, first_files_s=len(files) / first,
                warm_files_s=len(files) / warm, first_vs_warm=warm / first, bytes=total, fuse_reads=served)
-    print(f"{name:28} staged in {staged_in:6.2f} s  Cached growth {row['after_stage']:.2f}x after staging, "
-          f"{row['after_read']:.2f}x after one read  first epoch {row['first_files_s']:8.0f} files/s, "
+    print(f"{name:28} staged in {staged_in:6.2f} s  RAM held {row['after_stage']:.2f}x the archive after staging, "
+          f"{row['after_read']:.2f}x after one read (Cached grew {row['cached_stage']:.2f}x / {row['cached_read']:.2f}x)  "
+          f"first epoch {row['first_files_s']:8.0f} files/s, "
           f"warm {row['warm_files_s']:8.0f} files/s, first/warm {row['first_vs_warm']:.2f}  "
           f"FUSE reads in the first epoch: {served if served is not None else '-'}", flush=True)
     return row
@@ -126,15 +178,14 @@ def main():
     def umount():
         subprocess.run([a.stagefs, "umount", mnt], check=True)
 
-    rows = [measure("untar into /dev/shm", untar, lambda: shutil.rmtree(shm), shm, files, tar_len)]
+    rows = [measure("untar into /dev/shm", untar, lambda: shutil.rmtree(shm), shm, files, tar)]
     for label, archive, args in [
         ("stagefs tar --stage ram", tar, ["--stage", "ram"]),
         ("stagefs sqsh --stage ram", sqsh, ["--stage", "ram"]),
         ("stagefs tar --stage copy", tar, ["--stage", "copy"]),
         ("stagefs tar --stage none", tar, ["--stage", "none"]),
     ]:
-        size = os.path.getsize(archive)
-        rows.append(measure(label, mount(archive, *args), umount, mnt, files, size))
+        rows.append(measure(label, mount(archive, *args), umount, mnt, files, archive))
     shutil.rmtree(a.work, ignore_errors=True)
 
 
