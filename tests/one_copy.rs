@@ -108,15 +108,21 @@ fn stage_ram_holds_the_files_once_and_every_byte_survives_eviction() {
     m.unmount().assert_success();
 }
 
+/// `tmp/src/f` holding `content`, packed by GNU tar into `tmp/a.tar`.
+fn one_file_tar(tmp: &TempDir, content: &[u8]) -> (std::path::PathBuf, std::path::PathBuf) {
+    let src = tmp.join("src");
+    fs::create_dir(&src).unwrap();
+    fs::write(src.join("f"), content).unwrap();
+    let tar = tmp.join("a.tar");
+    pack_tar(&src, &tar, &["f"]);
+    (src, tar)
+}
+
 #[test]
 fn stage_copy_is_immune_to_the_archive_changing() {
     require_root();
     let tmp = TempDir::new("copy-immune");
-    let src = tmp.join("src");
-    fs::create_dir(&src).unwrap();
-    fs::write(src.join("f"), pseudo_random(7, FILE_LEN)).unwrap();
-    let tar = tmp.join("a.tar");
-    pack_tar(&src, &tar, &["f"]);
+    let (src, tar) = one_file_tar(&tmp, &pseudo_random(7, FILE_LEN));
     let m = Mounted::with_args(&["--stage", "copy"], &tar, &tmp.join("mnt"));
     fs::remove_file(&tar).unwrap();
     drop_all_caches();
@@ -128,11 +134,7 @@ fn stage_copy_is_immune_to_the_archive_changing() {
 fn mounting_again_says_it_is_mounted_and_how_it_is_staged() {
     require_root();
     let tmp = TempDir::new("mount-again");
-    let src = tmp.join("src");
-    fs::create_dir(&src).unwrap();
-    fs::write(src.join("f"), b"x").unwrap();
-    let tar = tmp.join("a.tar");
-    pack_tar(&src, &tar, &["f"]);
+    let (_, tar) = one_file_tar(&tmp, b"x");
     let mnt = tmp.join("mnt");
     let m = Mounted::with_args(&["--stage", "none"], &tar, &mnt);
     let again = stagefs(["mount".as_ref(), "--stage".as_ref(), "ram".as_ref(), tar.as_os_str(), mnt.as_os_str()]);
