@@ -183,14 +183,22 @@ impl CmdOutput {
         self
     }
 
-    /// Panics with the full output unless the command failed cleanly (a
-    /// non-zero exit, not a signal such as a crash).
-    pub fn assert_failure(&self) -> &Self {
+    /// Panics with the full output unless the command exited with exactly `code`
+    /// (scripts branch on stagefs's exit codes: "some failure" is not enough).
+    pub fn assert_code(&self, code: i32) -> &Self {
         match self.status.code() {
-            Some(0) => panic!("command unexpectedly succeeded:\n{}", self.describe()),
-            Some(_) => self,
-            None => panic!("command was killed by a signal (crash?):\n{}", self.describe()),
+            Some(c) if c == code => self,
+            Some(c) => panic!("expected exit code {code}, got {c}:\n{}", self.describe()),
+            None => panic!("expected exit code {code}, but the command was killed by a signal:\n{}", self.describe()),
         }
+    }
+
+    /// Panics unless stderr contains every needle.
+    pub fn assert_stderr_has(&self, needles: &[&str]) -> &Self {
+        for needle in needles {
+            assert!(self.stderr.contains(needle), "stderr lacks {needle:?}:\n{}", self.describe());
+        }
+        self
     }
 }
 
@@ -263,6 +271,26 @@ where
     let mut cmd = Command::new(stagefs_bin());
     cmd.args(args);
     run_cmd(&mut cmd, CMD_TIMEOUT)
+}
+
+/// `stagefs mount ARGS...` (the last argument the mountpoint) that must fail with exit
+/// `code`. Should it mount instead, it is unmounted before the test panics, so that it does
+/// not stay mounted for the rest of the suite.
+pub fn mount_must_fail<S: AsRef<OsStr>>(args: &[S], code: i32, what: &str) -> CmdOutput {
+    require_root();
+    let mut all: Vec<OsString> = vec!["mount".into()];
+    all.extend(args.iter().map(|a| a.as_ref().to_os_string()));
+    let mp = PathBuf::from(all.last().expect("a mountpoint"));
+    let out = stagefs(&all);
+    if out.success() {
+        let _ = stagefs([OsStr::new("umount"), mp.as_os_str()]);
+        if is_mounted(&mp) {
+            let _ = Command::new("umount").arg("-l").arg(&mp).status();
+        }
+        panic!("{what}: stagefs mount succeeded but must fail with exit code {code}\n{}", out.describe());
+    }
+    let _ = out.assert_code(code);
+    out
 }
 
 /// Runs an external tool (checked with `require_tool`) and panics unless it
