@@ -789,3 +789,128 @@ fn idle_timeout_unmounts_after_quiet() {
     assert!(text.contains("idle timeout; unmounting"), "the log must say why it unmounted:\n{text}");
     assert_nothing_left(&mp, "after the idle timeout");
 }
+
+// ---------------------------------------------------------------------------
+// Tar parse errors, in archives that GNU tar and Python's tarfile write
+
+/// Mounting must fail with exit 3, the archive's path, `at byte {offset}` and `what`.
+fn expect_tar_error(archive: &Path, tmp: &TempDir, offset: u64, what: &str) {
+    let mp = tmp.join(format!("mnt-{}", archive.file_stem().unwrap().to_string_lossy()));
+    let out = expect_mount_failure(archive, &mp, BAD_ARCHIVE, what);
+    out.assert_stderr_has(&[&format!("byte {offset}"), what]);
+}
+
+/// A pax archive of one member "a.txt" written by Python's tarfile, with `member` pax
+/// records on it and `global` ones in a global header.
+fn python_pax_tar(path: &Path, member: &str, global: &str) {
+    const SCRIPT: &str = "import io, sys, tarfile
+member, glob = eval(sys.argv[2]), eval(sys.argv[3])
+with tarfile.open(sys.argv[1], 'w', format=tarfile.PAX_FORMAT, pax_headers=glob) as t:
+    info = tarfile.TarInfo('a.txt')
+    info.size = 3
+    info.pax_headers = member
+    t.addfile(info, io.BytesIO(b'abc'))
+";
+    run_tool(
+        "python3",
+        [OsStr::new("-c"), OsStr::new(SCRIPT), path.as_os_str(), OsStr::new(member), OsStr::new(global)],
+    );
+}
+
+#[test]
+fn multi_volume_continuation_is_refused() {
+    let tmp = TempDir::new("multi-volume");
+    let src = tmp.join("src");
+    fs::create_dir(&src).unwrap();
+    fs::write(src.join("big.bin"), pseudo_random(5, 30_000)).unwrap();
+    let vols: Vec<PathBuf> = (1..=4).map(|i| tmp.join(format!("vol{i}.tar"))).collect();
+    // GNU tar splits the member over 10 KiB volumes; the second starts with an 'M' header.
+    let mut args =
+        vec![OsStr::new("--format=gnu"), OsStr::new("-c"), OsStr::new("-M"), OsStr::new("-L"), OsStr::new("10")];
+    for v in &vols {
+        args.extend([OsStr::new("-f"), v.as_os_str()]);
+    }
+    args.extend([OsStr::new("-C"), src.as_os_str(), OsStr::new("big.bin")]);
+    run_tool("tar", args);
+    assert_eq!(read(&vols[1])[156], b'M', "GNU tar should begin volume 2 with a continuation header");
+    expect_tar_error(&vols[1], &tmp, 0, "multi-volume continuation member at byte 0; join the volumes first");
+}
+
+#[test]
+fn pax_times_that_are_not_times_are_refused() {
+    let tmp = TempDir::new("pax-time");
+    let member = tmp.join("member.tar");
+    python_pax_tar(&member, "{'mtime': 'yesterday'}", "{}");
+    // The member's pax header is at 0; the error names the member's own header after it.
+    expect_tar_error(&member, &tmp, 1024, "pax mtime is not a time");
+    let global = tmp.join("global.tar");
+    python_pax_tar(&global, "{}", "{'mtime': 'yesterday'}");
+    expect_tar_error(&global, &tmp, 0, "pax mtime is not a time");
+}
+
+#[test]
+fn libarchive_xattr_that_is_not_base64_is_refused() {
+    let tmp = TempDir::new("pax-base64");
+    let tar = tmp.join("xattr.tar");
+    python_pax_tar(&tar, "{'LIBARCHIVE.xattr.user.color': '!!not base64!!'}", "{}");
+    expect_tar_error(&tar, &tmp, 1024, "LIBARCHIVE.xattr value is not base64");
+}
+
+/// No tool writes a non-numeric header field or a garbled sparse map, so these damage a
+/// GNU tar archive: a header field (checksum recomputed, so only the field is wrong) and
+/// the text of a pax 1.0 sparse map (member data: no checksum covers it).
+#[test]
+fn bad_numbers_and_sparse_maps_are_refused() {
+    let tmp = TempDir::new("tar-numbers");
+    let (archive, second) = two_member_tar(&tmp);
+    let good = read(&archive);
+    for (field, range) in [("mode", 100..108), ("uid", 108..116), ("gid", 116..124), ("mtime", 136..148)] {
+        let mut bytes = good.clone();
+        let at = second as usize;
+        bytes[at + range.start..at + range.start + 7].copy_from_slice(b"zz9zz9z");
+        bytes[at + 148..at + 156].fill(b' ');
+        let sum: u32 = bytes[at..at + 512].iter().map(|&b| b as u32).sum();
+        bytes[at + 148..at + 155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+        let bad = write_with(&tmp.join(format!("bad-{field}.tar")), &bytes);
+        expect_tar_error(&bad, &tmp, second, &format!("header field {field} is not a number"));
+    }
+
+    let src = tmp.join("sparse-src");
+    fs::create_dir(&src).unwrap();
+    let f = fs::File::create(src.join("sp")).unwrap();
+    f.set_len(1 << 20).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"hello", 500_000).unwrap();
+    drop(f);
+    let sparse = tmp.join("sparse.tar");
+    run_tool(
+        "tar",
+        [
+            OsStr::new("--sparse"),
+            OsStr::new("--format=posix"),
+            OsStr::new("-C"),
+            src.as_os_str(),
+            OsStr::new("-cf"),
+            sparse.as_os_str(),
+            OsStr::new("sp"),
+        ],
+    );
+    let good = read(&sparse);
+    // The pax header (with GNU.sparse.major=1) and its data, then the member's header,
+    // whose data begins with the map: "<count>\n<offset>\n<length>\n...".
+    let header = (0..good.len())
+        .step_by(512)
+        .find(|&i| good[i..].starts_with(b"./GNUSparseFile."))
+        .expect("a GNU tar 1.0 sparse member");
+    let map = header + 512;
+    assert!(
+        good[map..].starts_with(b"2\n"),
+        "GNU tar's sparse map: {:?}",
+        String::from_utf8_lossy(&good[map..map + 40])
+    );
+    for (what, at, garbage) in [("count", 0, b'x'), ("offset", 2, b'y')] {
+        let mut bytes = good.clone();
+        bytes[map + at] = garbage;
+        let bad = write_with(&tmp.join(format!("bad-map-{what}.tar")), &bytes);
+        expect_tar_error(&bad, &tmp, map as u64, &format!("sparse map {what} is not a number"));
+    }
+}
