@@ -27,13 +27,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use stagefs::stage::human;
-
 use crate::compare::{assert_trees_equal, count_entries, Options};
 use crate::util::{
-    assert_nothing_left, extract_tar, is_mounted, mounts_at, pack_tar, proc_kb_field, process_alive, pseudo_random,
-    read, require_root, require_tool, run_cmd, run_tool, stagefs, stagefs_bin, stagefs_pids, wait_timeout, wait_until,
-    CmdOutput, KillOnDrop, Mounted, TempDir,
+    assert_nothing_left, extract_tar, is_mounted, mount_must_fail, mounts_at, pack_tar, proc_kb_field, process_alive,
+    pseudo_random, read, require_root, require_tool, run_cmd, run_tool, stagefs, stagefs_bin, stagefs_pids,
+    wait_timeout, wait_until, CmdOutput, KillOnDrop, Mounted, TempDir,
 };
 
 const MIB: usize = 1 << 20;
@@ -283,7 +281,8 @@ fn compressed_case(label: &str, tool: &str, args: &[&str], split: Split) {
     assert_trees_equal(&expected, m.path(), &Options::default().root(false));
     let pid = daemon_pid(m.path());
     assert_memfd_mapped(pid, &compressed, tar_len);
-    assert_status_staged(m.path(), &human(tar_len));
+    // The 4,741,120-byte GNU tar of `make_tree`, as `stagefs status` writes it.
+    assert_status_staged(m.path(), "4.5 MiB");
     for rel in ["data/big.bin", "data/text.txt", "data/nested/deeper/small.txt"] {
         assert!(read(&src.join(rel)) == read(&m.path().join(rel)), "{rel}: the mount differs from the source file");
     }
@@ -454,7 +453,8 @@ fn mount_staged(b: &BigTar, shmem_before: u64) -> (Mounted, i32, u64) {
         shmem_before >> 20,
         during >> 20
     );
-    assert_status_staged(m.path(), &human(b.len));
+    // 4,741,120 bytes of `make_tree` plus the 128 MiB pad and its header.
+    assert_status_staged(m.path(), "132.5 MiB");
     assert_trees_equal(&b.expected, m.path(), &Options::default().root(false));
     (m, pid, during)
 }
@@ -554,7 +554,7 @@ fn stage_auto_stages_an_archive_on_a_fuse_filesystem() {
     let inner_archive = outer_m.path().join("inner.tar");
     let inner_m = Mounted::new(&inner_archive, &tmp.join("inner-mnt"));
     assert_memfd_mapped(daemon_pid(inner_m.path()), &inner_archive, inner_len);
-    assert_status_staged(inner_m.path(), &human(inner_len));
+    assert_status_staged(inner_m.path(), "4.5 MiB");
     // Staged: the outer mount is no longer needed by the inner one.
     let out = outer_m.unmount();
     assert!(out.success(), "the outer mount must not be busy once the inner archive is staged\n{}", out.describe());
@@ -568,18 +568,11 @@ fn stage_auto_stages_an_archive_on_a_fuse_filesystem() {
 /// Runs `stagefs mount ARGS ARCHIVE MP` (MP does not exist yet) expecting the
 /// RAM budget error; checks exit 8, the message, and that nothing was left.
 fn expect_no_room(extra: &[&str], archive: &Path, mp: &Path) -> CmdOutput {
-    require_root();
     assert!(!mp.exists());
-    let mut args: Vec<OsString> = vec!["mount".into()];
-    args.extend(extra.iter().map(OsString::from));
+    let mut args: Vec<OsString> = extra.iter().map(OsString::from).collect();
     args.push(archive.into());
     args.push(mp.into());
-    let out = stagefs(&args);
-    if out.success() {
-        let _ = stagefs([OsStr::new("umount"), mp.as_os_str()]);
-        panic!("stagefs mount must fail for lack of RAM\n{}", out.describe());
-    }
-    assert_eq!(out.code(), Some(8), "the RAM budget error exits with 8\n{}", out.describe());
+    let out = mount_must_fail(&args, 8, "the RAM budget error");
     for needle in ["not enough RAM to", &*archive.to_string_lossy(), "budget is 1.0 KiB", "--max-ram"] {
         assert!(out.stderr.contains(needle), "the message must contain {needle:?}\n{}", out.describe());
     }
@@ -599,12 +592,8 @@ fn stage_ram_over_budget_fails_with_code_8() {
     pack(&src, &tar);
     let len = fs::metadata(&tar).unwrap().len();
     let out = expect_no_room(&["--stage", "ram", "--max-ram", "1K"], &tar, &tmp.join("new-mp"));
-    assert!(
-        out.stderr.contains(&format!("needs {}", human(len))),
-        "the message must name the archive size {}\n{}",
-        human(len),
-        out.describe()
-    );
+    assert_eq!(len, 4_741_120, "the GNU tar of make_tree");
+    assert!(out.stderr.contains("needs 4.5 MiB"), "the message must name the archive size\n{}", out.describe());
 }
 
 #[test]
@@ -617,7 +606,8 @@ fn stage_ram_over_budget_fails_with_code_8_in_foreground() {
     pack(&src, &tar);
     let len = fs::metadata(&tar).unwrap().len();
     let out = expect_no_room(&["-f", "--stage", "ram", "--max-ram", "1K"], &tar, &tmp.join("new-mp"));
-    assert!(out.stderr.contains(&format!("needs {}", human(len))), "{}", out.describe());
+    assert_eq!(len, 4_741_120, "the GNU tar of make_tree");
+    assert!(out.stderr.contains("needs 4.5 MiB"), "{}", out.describe());
 }
 
 #[test]
@@ -645,14 +635,8 @@ fn compressed_over_budget_fails_with_code_8() {
 /// Expects exit 3 with "<archive>: corrupt <kind> stream at or before
 /// compressed byte N", N within `range`, and nothing left. Returns N.
 fn expect_corrupt_stream(archive: &Path, kind: &str, range: std::ops::RangeInclusive<u64>) -> u64 {
-    require_root();
     let mp = archive.with_file_name("mnt");
-    let out = stagefs([OsStr::new("mount"), archive.as_os_str(), mp.as_os_str()]);
-    if out.success() {
-        let _ = stagefs([OsStr::new("umount"), mp.as_os_str()]);
-        panic!("stagefs mount of a corrupt {kind} stream must fail\n{}", out.describe());
-    }
-    assert_eq!(out.code(), Some(3), "a corrupt archive exits with 3\n{}", out.describe());
+    let out = mount_must_fail(&[archive, &mp], 3, &format!("a corrupt {kind} stream"));
     let prefix = format!("{}: corrupt {kind} stream at or before compressed byte ", archive.display());
     let at = out.stderr.find(&prefix).unwrap_or_else(|| panic!("the message must say {prefix:?}N\n{}", out.describe()));
     let digits: String = out.stderr[at + prefix.len()..].chars().take_while(char::is_ascii_digit).collect();

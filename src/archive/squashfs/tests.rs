@@ -591,6 +591,11 @@ fn damage_rounds(options: &[&str]) {
         }
     }
     eprintln!("{options:?}: {opened} of 1500 damaged images opened, {failed_reads} reads failed cleanly");
+    // Getting here means no damage panicked. Both outcomes must have been reached, or the
+    // rounds tested less than they claim: damage that is refused at open, and damaged
+    // images that open and are read.
+    assert!(opened < 1500, "{options:?}: every damaged image opened: the damage missed what open checks");
+    assert!(opened > 0, "{options:?}: no damaged image opened: the reads of damaged images went untested");
 }
 
 #[test]
