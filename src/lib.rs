@@ -24,4 +24,6 @@ pub mod stage;
 pub mod warm;
 
 #[cfg(test)]
+mod test_rng;
+#[cfg(test)]
 mod test_support;

@@ -1,6 +1,6 @@
 //! Helpers for the unit tests: a temporary directory removed on drop (also when the test
 //! panics), the external tools some tests build their inputs with (a missing one is a
-//! panic naming its package: tests never skip), and deterministic bytes.
+//! panic naming its package: tests never skip). Deterministic bytes: `crate::test_rng`.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -89,19 +89,4 @@ pub(crate) fn python_tar(open_args: &str, script: &str) -> Vec<u8> {
         script.lines().map(|l| format!("    {l}\n")).collect::<String>()
     );
     run_tool("python3", &["-c", &program], None)
-}
-
-/// `len` pseudo-random bytes from `seed` (xorshift64*), the same generator as the
-/// integration tests' `pseudo_random`.
-pub(crate) fn pseudo_random(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        v.extend_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
-    }
-    v.truncate(len);
-    v
 }

@@ -32,28 +32,6 @@ const PROCESSES: usize = 3;
 const THREADS_PER_PROCESS: usize = 2;
 const CHILD_ENV: &str = "STAGEFS_STRESS_CHILD";
 
-/// xorshift64*: deterministic per seed.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-}
-
 /// Writes the source tree: mostly small files, some up to 3 MiB, every tenth sparse
 /// (random runs of data between holes). Returns the relative paths.
 fn make_tree(root: &Path) -> Vec<String> {

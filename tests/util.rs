@@ -19,6 +19,11 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+/// The tests' one pseudo-random generator, shared with the unit tests.
+#[path = "../src/test_rng.rs"]
+mod test_rng;
+pub use test_rng::{pseudo_random, Rng};
+
 /// How long one `stagefs mount`/`stagefs umount` may take before the test
 /// fails (instead of hanging the suite).
 pub const CMD_TIMEOUT: Duration = Duration::from_secs(60);
@@ -442,7 +447,13 @@ pub fn stagefs_pids(needle: &Path) -> Vec<i32> {
 }
 
 /// Polls `cond` every 20 ms until it is true or `timeout` passes.
-pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+pub fn wait_until(timeout: Duration, cond: impl FnMut() -> bool) -> bool {
+    wait_until_every(timeout, Duration::from_millis(20), cond)
+}
+
+/// Polls `cond` every `interval` (for conditions that run commands) until it is true
+/// or `timeout` passes.
+pub fn wait_until_every(timeout: Duration, interval: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
         if cond() {
@@ -451,7 +462,7 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
         if Instant::now() >= deadline {
             return false;
         }
-        thread::sleep(Duration::from_millis(20));
+        thread::sleep(interval);
     }
 }
 
@@ -611,21 +622,6 @@ pub fn proc_kb_field(path: &str, key: &str) -> u64 {
     let line = text.lines().find(|l| l.split(':').next() == Some(key));
     let kb = line.and_then(|l| l.split_whitespace().nth(1)).and_then(|n| n.parse::<u64>().ok());
     kb.unwrap_or_else(|| panic!("no `{key}:` in kB in {path}")) * 1024
-}
-
-/// `len` pseudo-random bytes from `seed` (xorshift64*), for content that
-/// catches offset mistakes (no short period).
-pub fn pseudo_random(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        v.extend_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
-    }
-    v.truncate(len);
-    v
 }
 
 /// 64-bit FNV-1a, for compact content fingerprints in messages.

@@ -14,7 +14,8 @@ use std::sync::Arc;
 use super::*;
 use crate::archive::{Archive, Bytes};
 use crate::index::{Data, Inode, InodeId, ROOT};
-use crate::test_support::{pseudo_random, run_tool, TempDir};
+use crate::test_rng::{pseudo_random, Rng};
+use crate::test_support::{run_tool, TempDir};
 
 /// Text that compresses well, with a position marker so blocks differ.
 fn text(len: usize) -> Vec<u8> {
@@ -501,13 +502,8 @@ fn damage_rounds(options: &[&str]) {
     let image = fs::read(&path).unwrap();
     let bytes_used = u64::from_le_bytes(image[40..48].try_into().unwrap()) as usize;
     let tables = u64::from_le_bytes(image[64..72].try_into().unwrap()) as usize;
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move |below: usize| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        (seed % below as u64) as usize
-    };
+    let mut rng = Rng::new(1);
+    let mut next = move |below: usize| rng.below(below as u64) as usize;
     let (mut opened, mut failed_reads) = (0, 0);
     for round in 0..1500 {
         let mut copy = image[..bytes_used].to_vec();
