@@ -15,7 +15,7 @@ use std::time::Duration;
 use crate::util::{
     assert_nothing_left, fixture, is_mounted, mount_must_fail, mounts_at, pack_tar, process_alive, pseudo_random, read,
     require_root, require_tool, run_cmd, run_tool, stagefs, stagefs_bin, stagefs_pids, wait_timeout, wait_until,
-    CmdOutput, KillOnDrop, Mounted, TempDir,
+    CmdOutput, Foreground, KillOnDrop, Mounted, TempDir, UnmountOnDrop,
 };
 
 // ---------------------------------------------------------------------------
@@ -513,37 +513,13 @@ fn mount_does_not_keep_the_callers_stdout_and_stderr_open() {
 
 #[test]
 fn foreground_mount_serves_until_umount() {
-    require_root();
     let tmp = TempDir::new("foreground");
     let mp = tmp.join("mnt");
-    let archive = fixture("gnu.tar");
-    let log = fs::File::create(tmp.join("fg.log")).unwrap();
-    let mut fg = KillOnDrop(
-        Command::new(stagefs_bin())
-            .args([OsStr::new("mount"), OsStr::new("-f"), OsStr::new("-v"), archive.as_os_str(), mp.as_os_str()])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    );
-    let up = wait_until(Duration::from_secs(30), || is_mounted(&mp));
-    let guard = Mounted::adopt(&archive, &mp);
-    assert!(
-        up,
-        "stagefs mount -f did not mount within 30 s; log:\n{}",
-        String::from_utf8_lossy(&read(&tmp.join("fg.log")))
-    );
-    assert!(fg.0.try_wait().unwrap().is_none(), "the foreground process must keep running while mounted");
+    let mut fg = Foreground::start(&fixture("gnu.tar"), &mp, &tmp.join("fg.log"), &[]);
+    assert!(fg.child.0.try_wait().unwrap().is_none(), "the foreground process must keep running while mounted");
     assert_eq!(read(&mp.join("a/b/c/d/deep.txt")), b"deep file\n");
-    let out = guard.unmount();
-    assert!(out.success(), "stagefs umount of a foreground mount\n{}", out.describe());
-    let status = wait_timeout(&mut fg.0, Duration::from_secs(10));
-    assert!(
-        matches!(status, Some(s) if s.success()),
-        "the foreground process must exit 0 after umount, got {status:?}; log:\n{}",
-        String::from_utf8_lossy(&read(&tmp.join("fg.log")))
-    );
+    let log = fg.finish();
+    assert!(log.contains("ready"), "the foreground mount says when it is ready:\n{log}");
     assert_nothing_left(&mp, "after foreground umount");
 }
 
@@ -651,13 +627,7 @@ fn mountpoint_mounted_by_another_filesystem_exits_4() {
     let mp = tmp.join("mnt");
     fs::create_dir(&mp).unwrap();
     run_tool("mount", [OsStr::new("-t"), OsStr::new("tmpfs"), OsStr::new("stagefs-test-tmpfs"), mp.as_os_str()]);
-    struct Unmount<'a>(&'a Path);
-    impl Drop for Unmount<'_> {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(self.0).status();
-        }
-    }
-    let _tmpfs = Unmount(&mp);
+    let _tmpfs = UnmountOnDrop(mp.clone());
     let out = mount_must_fail(&[&archive, &mp], MOUNTPOINT, "a mountpoint with a tmpfs on it");
     out.assert_stderr_has(&[&mp.to_string_lossy(), "already mounted (by a tmpfs filesystem)"]);
     let now = mounts_at(&mp);

@@ -31,7 +31,7 @@ use crate::compare::{assert_trees_equal, count_entries, Options};
 use crate::util::{
     assert_nothing_left, extract_tar, is_mounted, mount_must_fail, mounts_at, pack_tar, proc_kb_field, process_alive,
     pseudo_random, read, require_root, require_tool, run_cmd, run_tool, stagefs, stagefs_bin, stagefs_pids,
-    wait_timeout, wait_until, CmdOutput, KillOnDrop, Mounted, TempDir,
+    wait_timeout, wait_until, CmdOutput, Foreground, Mounted, TempDir, UnmountOnDrop,
 };
 
 const MIB: usize = 1 << 20;
@@ -741,50 +741,6 @@ fn corrupt_flipped_bytes_lz4() {
 // ---------------------------------------------------------------------------
 // 5. Saved indexes
 
-/// `stagefs -v mount -f ARGS ARCHIVE MP` with its log in a file; returns once
-/// mounted with the process, a guard and the log so far.
-struct Foreground {
-    child: KillOnDrop,
-    guard: Option<Mounted>,
-    log: PathBuf,
-}
-
-impl Foreground {
-    fn start(archive: &Path, mp: &Path, log: &Path, env: &[(&str, &Path)]) -> Foreground {
-        require_root();
-        let file = fs::File::create(log).unwrap();
-        let mut cmd = Command::new(stagefs_bin());
-        cmd.args([OsStr::new("-v"), OsStr::new("mount"), OsStr::new("-f"), archive.as_os_str(), mp.as_os_str()]);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let child =
-            KillOnDrop(cmd.stdin(Stdio::null()).stdout(file.try_clone().unwrap()).stderr(file).spawn().unwrap());
-        let mut fg = Foreground { child, guard: None, log: log.to_path_buf() };
-        let up = wait_until(Duration::from_secs(30), || is_mounted(mp) || !matches!(fg.child.0.try_wait(), Ok(None)));
-        fg.guard = Some(Mounted::adopt(archive, mp));
-        assert!(up && is_mounted(mp), "stagefs mount -f did not mount within 30 s; log:\n{}", fg.log());
-        fg
-    }
-
-    fn log(&self) -> String {
-        String::from_utf8_lossy(&fs::read(&self.log).unwrap_or_default()).into_owned()
-    }
-
-    /// Unmounts, waits for the foreground process to exit 0, returns the log.
-    fn finish(mut self) -> String {
-        let out = self.guard.take().unwrap().unmount();
-        assert!(out.success(), "stagefs umount of a foreground mount\n{}", out.describe());
-        let status = wait_timeout(&mut self.child.0, Duration::from_secs(10));
-        let log = self.log();
-        assert!(
-            matches!(status, Some(s) if s.success()),
-            "foreground stagefs must exit 0 after umount: {status:?}; log:\n{log}"
-        );
-        log
-    }
-}
-
 /// Two trees whose GNU tars have exactly the same size but a different
 /// layout: the member sizes are swapped and the content differs.
 fn same_size_trees(tmp: &TempDir) -> (PathBuf, PathBuf) {
@@ -916,13 +872,7 @@ fn saved_index_goes_to_xdg_cache_when_the_archive_dir_is_read_only() {
     let ro = tmp.join("ro");
     fs::create_dir_all(&ro).unwrap();
     run_tool("mount", [OsStr::new("--bind"), dir.as_os_str(), ro.as_os_str()]);
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _bind = Unmount(ro.clone());
+    let _bind = UnmountOnDrop(ro.clone());
     run_tool("mount", [OsStr::new("-o"), OsStr::new("remount,bind,ro"), ro.as_os_str()]);
     let archive = ro.join("ds.tar");
     let cache = tmp.join("cache");

@@ -613,6 +613,59 @@ impl Drop for Mounted {
     }
 }
 
+/// `stagefs -v mount -f ARCHIVE MP` (with `env`) with its log in a file; returns once
+/// mounted with the process, a guard and the log so far.
+pub struct Foreground {
+    pub child: KillOnDrop,
+    guard: Option<Mounted>,
+    log: PathBuf,
+}
+
+impl Foreground {
+    pub fn start(archive: &Path, mp: &Path, log: &Path, env: &[(&str, &Path)]) -> Foreground {
+        require_root();
+        let file = fs::File::create(log).unwrap();
+        let mut cmd = Command::new(stagefs_bin());
+        cmd.args([OsStr::new("-v"), OsStr::new("mount"), OsStr::new("-f"), archive.as_os_str(), mp.as_os_str()]);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child =
+            KillOnDrop(cmd.stdin(Stdio::null()).stdout(file.try_clone().unwrap()).stderr(file).spawn().unwrap());
+        let mut fg = Foreground { child, guard: None, log: log.to_path_buf() };
+        let up = wait_until(Duration::from_secs(30), || is_mounted(mp) || !matches!(fg.child.0.try_wait(), Ok(None)));
+        fg.guard = Some(Mounted::adopt(archive, mp));
+        assert!(up && is_mounted(mp), "stagefs mount -f did not mount within 30 s (a hang guard); log:\n{}", fg.log());
+        fg
+    }
+
+    pub fn log(&self) -> String {
+        String::from_utf8_lossy(&fs::read(&self.log).unwrap_or_default()).into_owned()
+    }
+
+    /// Unmounts, waits for the foreground process to exit 0, returns the log.
+    pub fn finish(mut self) -> String {
+        let out = self.guard.take().unwrap().unmount();
+        assert!(out.success(), "stagefs umount of a foreground mount\n{}", out.describe());
+        let status = wait_timeout(&mut self.child.0, Duration::from_secs(10));
+        let log = self.log();
+        assert!(
+            matches!(status, Some(s) if s.success()),
+            "foreground stagefs must exit 0 after umount: {status:?}; log:\n{log}"
+        );
+        log
+    }
+}
+
+/// Unmounts a mount the test made by other means (a tmpfs, a bind mount) on drop.
+pub struct UnmountOnDrop(pub PathBuf);
+
+impl Drop for UnmountOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Deterministic data
 
