@@ -63,11 +63,9 @@ impl Drop for Cluster {
 }
 
 fn sinfo_idle(conf: &Path) -> bool {
-    Command::new("sinfo")
-        .args(["-h", "-o", "%t"])
-        .env("SLURM_CONF", conf)
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "idle")
+    let mut cmd = Command::new(require_tool("sinfo"));
+    cmd.args(["-h", "-o", "%t"]).env("SLURM_CONF", conf);
+    run_cmd(&mut cmd, Duration::from_secs(60)).stdout.trim() == "idle"
 }
 
 /// Reads every file of the source tree through the mount, records the verdict and how many
@@ -278,11 +276,6 @@ fn leftovers(job: &Job, root: &Path) -> Vec<String> {
 }
 
 fn job_state(cluster: &Cluster, id: &str) -> String {
-    let out = cluster
-        .cmd("scontrol")
-        .args(["show", "job", "-o", id])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
+    let out = run_cmd(cluster.cmd("scontrol").args(["show", "job", "-o", id]), Duration::from_secs(60)).stdout;
     out.split_whitespace().find_map(|w| w.strip_prefix("JobState=")).unwrap_or("UNKNOWN").to_string()
 }

@@ -24,14 +24,14 @@ use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::compare::{assert_trees_equal, count_entries, Options};
 use crate::util::{
     assert_nothing_left, extract_tar, is_mounted, mount_must_fail, mounts_at, pack_tar, proc_kb_field, process_alive,
-    pseudo_random, read, require_root, require_tool, run_cmd, run_tool, stagefs, stagefs_bin, stagefs_pids,
-    wait_timeout, wait_until, CmdOutput, Foreground, Mounted, TempDir, UnmountOnDrop,
+    pseudo_random, read, require_root, require_tool, run_cmd, run_cmd_into, run_tool, stagefs, stagefs_bin,
+    stagefs_pids, wait_until, CmdOutput, Foreground, Mounted, TempDir, UnmountOnDrop,
 };
 
 const MIB: usize = 1 << 20;
@@ -67,27 +67,12 @@ fn pack(src: &Path, archive: &Path) {
 }
 
 /// Runs `tool ARGS... INPUT` (each tool writes to stdout with `-c`) into
-/// `output`, or appends to it. stderr goes to a file so it cannot block.
+/// `output`, or appends to it.
 fn run_to_file(tool: &str, args: &[&str], input: &Path, output: &Path, append: bool) {
-    let path = require_tool(tool);
-    let scratch = TempDir::new("tool-stderr");
-    let err_path = scratch.join("stderr");
     let out = fs::OpenOptions::new().create(true).write(true).append(append).truncate(!append).open(output).unwrap();
-    let mut cmd = Command::new(&path);
-    cmd.args(args).arg(input).stdin(Stdio::null()).stdout(out).stderr(fs::File::create(&err_path).unwrap());
-    let shown = crate::util::describe_command(&cmd);
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start `{shown}`: {e}"));
-    let status = wait_timeout(&mut child, Duration::from_secs(300)).unwrap_or_else(|| {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("`{shown}` did not finish within 300 s")
-    });
-    assert!(
-        status.success(),
-        "`{shown} > {}` failed ({status}): {}",
-        output.display(),
-        String::from_utf8_lossy(&fs::read(&err_path).unwrap_or_default())
-    );
+    let mut cmd = Command::new(require_tool(tool));
+    cmd.args(args).arg(input);
+    run_cmd_into(&mut cmd, Duration::from_secs(300), Some(out)).assert_success();
 }
 
 /// The file name extension of each compressor's output.

@@ -226,10 +226,16 @@ pub fn describe_command(cmd: &Command) -> String {
 /// which keeps them open cannot make this hang (a separate test checks that
 /// `stagefs mount` does not do that).
 pub fn run_cmd(cmd: &mut Command, timeout: Duration) -> CmdOutput {
+    run_cmd_into(cmd, timeout, None)
+}
+
+/// Like `run_cmd`, with stdout written to `stdout` when given (the output's `stdout` is
+/// then empty): for tools whose output is a file, such as a compressor's `-c`.
+pub fn run_cmd_into(cmd: &mut Command, timeout: Duration, stdout: Option<fs::File>) -> CmdOutput {
     let scratch = TempDir::new("cmd-output");
     let out_path = scratch.join("stdout");
     let err_path = scratch.join("stderr");
-    let out = fs::File::create(&out_path).unwrap();
+    let out = stdout.unwrap_or_else(|| fs::File::create(&out_path).unwrap());
     let err = fs::File::create(&err_path).unwrap();
     let command = describe_command(cmd);
     let mut child = cmd
@@ -239,7 +245,7 @@ pub fn run_cmd(cmd: &mut Command, timeout: Duration) -> CmdOutput {
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start `{command}`: {e}"));
     let status = wait_timeout(&mut child, timeout);
-    let stdout = String::from_utf8_lossy(&fs::read(&out_path).unwrap()).into_owned();
+    let stdout = String::from_utf8_lossy(&fs::read(&out_path).unwrap_or_default()).into_owned();
     let stderr = String::from_utf8_lossy(&fs::read(&err_path).unwrap()).into_owned();
     match status {
         Some(status) => CmdOutput { command, status, stdout, stderr },
