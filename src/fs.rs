@@ -252,33 +252,25 @@ impl Fs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
+    use crate::test_support::{run_tool, TempDir};
+    use std::ffi::OsStr;
 
-    /// Builds a small tar header by header and opens it through the real reader.
+    /// A small GNU tar (a directory, a file, a symlink and a hard link) opened through the
+    /// real reader.
     fn sample_fs() -> Fs {
-        let dir = std::env::temp_dir().join(format!(
-            "stagefs-fs-test-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("t.tar");
-        let mut bytes = Vec::new();
-        for (name, typeflag, data, link) in [
-            ("dir/", b'5', &b""[..], ""),
-            ("dir/hello.txt", b'0', b"hello world", ""),
-            ("dir/link", b'2', b"", "hello.txt"),
-            ("hard", b'1', b"", "dir/hello.txt"),
-        ] {
-            let h = crate::archive::tar::ustar_header(name, typeflag, 0o644, data.len() as u64, link);
-            bytes.extend_from_slice(&h);
-            bytes.extend_from_slice(data);
-            bytes.resize(bytes.len().div_ceil(512) * 512, 0);
-        }
-        bytes.resize(bytes.len() + 1024, 0);
-        std::fs::File::create(&path).unwrap().write_all(&bytes).unwrap();
+        let tmp = TempDir::new("fs");
+        let src = tmp.join("src");
+        std::fs::create_dir_all(src.join("dir")).unwrap();
+        std::fs::write(src.join("dir/hello.txt"), b"hello world").unwrap();
+        std::os::unix::fs::symlink("hello.txt", src.join("dir/link")).unwrap();
+        std::fs::hard_link(src.join("dir/hello.txt"), src.join("hard")).unwrap();
+        let path = tmp.join("t.tar");
+        let args =
+            ["--format=gnu", "--sort=name", "--owner=0", "--group=0", "--numeric-owner", "--mtime=@1728053248", "-C"];
+        let mut args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+        args.extend([src.as_os_str(), OsStr::new("-cf"), path.as_os_str(), OsStr::new("dir"), OsStr::new("hard")]);
+        run_tool("tar", &args, None);
         let archive = Archive::open(&path).unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
         Fs::new(archive)
     }
 

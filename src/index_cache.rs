@@ -408,6 +408,8 @@ fn check_tree(index: &Index) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::{run_tool, TempDir};
+    use std::ffi::OsStr;
 
     fn sample_archive(dir: &Path) -> PathBuf {
         let path = dir.join("a.tar");
@@ -415,23 +417,19 @@ mod tests {
         std::fs::create_dir_all(src.join("d")).unwrap();
         std::fs::write(src.join("d/f.txt"), b"indexed content").unwrap();
         std::os::unix::fs::symlink("d/f.txt", src.join("l")).unwrap();
-        let status = std::process::Command::new("tar")
-            .arg("-cf")
-            .arg(&path)
-            .arg("-C")
-            .arg(&src)
-            .arg(".")
-            .status()
-            .expect("GNU tar must be installed");
-        assert!(status.success());
+        run_tool(
+            "tar",
+            &[OsStr::new("-cf"), path.as_os_str(), OsStr::new("-C"), src.as_os_str(), OsStr::new(".")],
+            None,
+        );
         path
     }
 
     #[test]
     fn round_trip_and_rejections() {
-        let dir = std::env::temp_dir().join(format!("stagefs-idx-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = sample_archive(&dir);
+        let tmp = TempDir::new("index-cache");
+        let dir = tmp.path();
+        let path = sample_archive(dir);
         let key = Key::of(&path).unwrap();
         let fresh = Archive::open(&path).unwrap();
         let saved_at = save(&path, &key, &fresh).unwrap();
@@ -454,14 +452,12 @@ mod tests {
             assert!(decode(&damaged, &key, &backing).is_err(), "corruption at byte {i} was accepted");
         }
         assert!(decode(&bytes[..bytes.len() / 2], &key, &backing).is_err());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn key_changes_with_content() {
-        let dir = std::env::temp_dir().join(format!("stagefs-key-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("x");
+        let tmp = TempDir::new("index-key");
+        let path = tmp.join("x");
         std::fs::write(&path, vec![1u8; 300_000]).unwrap();
         let a = Key::of(&path).unwrap();
         let mut bytes = vec![1u8; 300_000];
@@ -469,6 +465,5 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         let b = Key::of(&path).unwrap();
         assert_ne!(a.fingerprint, b.fingerprint);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

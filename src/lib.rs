@@ -22,3 +22,8 @@ pub mod places;
 pub mod registry;
 pub mod stage;
 pub mod warm;
+
+#[cfg(test)]
+mod test_rng;
+#[cfg(test)]
+mod test_support;

@@ -226,7 +226,8 @@ mod tests {
     #[test]
     fn prepare_creates_private_dirs_and_rejects_non_empty_ones() {
         use std::os::unix::fs::PermissionsExt;
-        let base = std::env::temp_dir().join(format!("stagefs-mp-test-{}", std::process::id()));
+        let tmp = crate::test_support::TempDir::new("mountpoint");
+        let base = tmp.join("base");
         let new = base.join("a/b");
         assert_eq!(prepare(&new).unwrap(), [base.clone(), base.join("a"), new.clone()]);
         assert_eq!(std::fs::metadata(&new).unwrap().permissions().mode() & 0o777, 0o700);
@@ -236,6 +237,5 @@ mod tests {
         assert_eq!(code(&new), crate::error::code::MOUNTPOINT, "not empty");
         assert_eq!(code(&new.join("x")), crate::error::code::MOUNTPOINT, "not a directory");
         assert!(prepare(Path::new("/proc")).unwrap_err().message.contains("already mounted"));
-        std::fs::remove_dir_all(&base).unwrap();
     }
 }

@@ -331,12 +331,7 @@ pub fn read_trusted(path: &Path, owners: &[u32], cap: u64) -> Result<Vec<u8>, Di
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("stagefs-places-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        dir
-    }
+    use crate::test_support::TempDir;
 
     #[test]
     fn stems_drop_archive_extensions_only() {
@@ -350,7 +345,8 @@ mod tests {
 
     #[test]
     fn private_dirs_are_made_0700_and_checked() {
-        let base = scratch("dirs");
+        let tmp = TempDir::new("places");
+        let base = tmp.join("base");
         let created = private_dir(Path::new("/"), &base.join("a/b"), false, "x").unwrap();
         assert_eq!(created, [base.clone(), base.join("a"), base.join("a/b")]);
         for dir in &created {
@@ -367,13 +363,12 @@ mod tests {
         std::fs::set_permissions(base.join("a"), std::fs::Permissions::from_mode(0o700)).unwrap();
         remove_created(&created);
         assert!(base.exists(), "the symlink keeps the outermost directory");
-        std::fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]
     fn atomic_writes_replace_a_planted_symlink_not_its_target() {
-        let dir = scratch("atomic");
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = TempDir::new("places");
+        let dir = tmp.path();
         let victim = dir.join("victim");
         std::fs::write(&victim, b"precious").unwrap();
         std::os::unix::fs::symlink(&victim, dir.join("record")).unwrap();
@@ -382,17 +377,16 @@ mod tests {
         let meta = std::fs::symlink_metadata(dir.join("record")).unwrap();
         assert!(meta.is_file());
         assert_eq!(meta.mode() & 0o777, 0o640);
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2, "no temp file left");
+        assert_eq!(std::fs::read_dir(dir).unwrap().count(), 2, "no temp file left");
         // open_private refuses the symlink instead of following it.
         std::os::unix::fs::symlink(&victim, dir.join("lock")).unwrap();
         assert!(open_private(&dir.join("lock")).is_err());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn untrusted_files_are_not_read() {
-        let dir = scratch("trust");
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = TempDir::new("places");
+        let dir = tmp.path();
         let me = my_uid();
         let file = dir.join("index");
         std::fs::write(&file, b"0123456789").unwrap();
@@ -406,6 +400,5 @@ mod tests {
         assert!(read_trusted(&dir.join("fifo"), &[me], 100).unwrap_err().contains("not a regular file"));
         std::os::unix::fs::symlink(&file, dir.join("link")).unwrap();
         assert!(read_trusted(&dir.join("link"), &[me], 100).unwrap_err().contains("cannot open"));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -13,9 +13,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::util::{
-    assert_nothing_left, fixture, is_mounted, mounts_at, pack_tar, pseudo_random, read, require_root, require_tool,
-    run_cmd, run_tool, stagefs, stagefs_bin, stagefs_pids, wait_timeout, wait_until, CmdOutput, KillOnDrop, Mounted,
-    TempDir,
+    assert_nothing_left, fixture, is_mounted, mount_must_fail, mounts_at, pack_tar, process_alive, pseudo_random, read,
+    require_root, require_tool, run_cmd, run_tool, stagefs, stagefs_bin, stagefs_pids, wait_timeout, wait_until,
+    CmdOutput, Foreground, KillOnDrop, Mounted, TempDir, UnmountOnDrop,
 };
 
 // ---------------------------------------------------------------------------
@@ -34,28 +34,23 @@ fn byte_offset(msg: &str) -> Option<u64> {
     None
 }
 
-/// Runs `stagefs mount ARCHIVE MP`, expects a clean failure whose stderr
-/// names the archive, and checks nothing was left behind. Returns the
-/// output for further checks.
-fn expect_mount_failure(archive: &Path, mp: &Path, what: &str) -> CmdOutput {
-    expect_mount_failure_naming(archive, mp, archive, what)
+/// Exit code of a damaged, unreadable or missing archive.
+const BAD_ARCHIVE: i32 = 3;
+/// Exit code of a mountpoint problem.
+const MOUNTPOINT: i32 = 4;
+/// Exit code of `stagefs umount` on a mount in use.
+const BUSY: i32 = 5;
+
+/// Runs `stagefs mount ARCHIVE MP`, expects exit `code` with a message on stderr naming
+/// the archive, and checks nothing was left behind. Returns the output for further checks.
+fn expect_mount_failure(archive: &Path, mp: &Path, code: i32, what: &str) -> CmdOutput {
+    expect_mount_failure_naming(archive, mp, archive, code, what)
 }
 
 /// Like `expect_mount_failure`, with the path the message must name (the
 /// archive for archive problems, the mount point for mount point problems).
-fn expect_mount_failure_naming(archive: &Path, mp: &Path, named: &Path, what: &str) -> CmdOutput {
-    require_root();
-    let out = stagefs([OsStr::new("mount"), archive.as_os_str(), mp.as_os_str()]);
-    if out.success() {
-        // Do not leave it mounted for the rest of the suite.
-        let _ = stagefs([OsStr::new("umount"), mp.as_os_str()]);
-        if is_mounted(mp) {
-            let _ = Command::new("umount").arg("-l").arg(mp).status();
-        }
-        panic!("{what}: stagefs mount succeeded but must fail\n{}", out.describe());
-    }
-    out.assert_failure();
-    assert!(!out.stderr.trim().is_empty(), "{what}: no error message on stderr\n{}", out.describe());
+fn expect_mount_failure_naming(archive: &Path, mp: &Path, named: &Path, code: i32, what: &str) -> CmdOutput {
+    let out = mount_must_fail(&[archive, mp], code, what);
     assert!(
         out.stderr.contains(&*named.to_string_lossy()),
         "{what}: the error must name the path {}\n{}",
@@ -67,10 +62,10 @@ fn expect_mount_failure_naming(archive: &Path, mp: &Path, named: &Path, what: &s
     out
 }
 
-/// Like `expect_mount_failure`, for corrupt archives: the message must also
+/// Like `expect_mount_failure`, for corrupt archives (exit 3): the message must also
 /// give the byte offset of the problem. Returns the offset.
 fn expect_corrupt(archive: &Path, mp: &Path, what: &str) -> u64 {
-    let out = expect_mount_failure(archive, mp, what);
+    let out = expect_mount_failure(archive, mp, BAD_ARCHIVE, what);
     byte_offset(&out.stderr)
         .unwrap_or_else(|| panic!("{what}: the error must say where: \"byte <offset>\"\n{}", out.describe()))
 }
@@ -201,23 +196,23 @@ fn truncated_squashfs_fails_with_offset() {
     let cut = write_with(&tmp.join("cut.sqfs"), &bytes[..bytes.len() / 2]);
     expect_corrupt(&cut, &tmp.join("mnt"), "SquashFS image cut in half");
     let cut = write_with(&tmp.join("cut-sb.sqfs"), &bytes[..60]);
-    expect_mount_failure(&cut, &tmp.join("mnt2"), "SquashFS image cut inside the superblock");
+    expect_mount_failure(&cut, &tmp.join("mnt2"), BAD_ARCHIVE, "SquashFS image cut inside the superblock");
 }
 
 #[test]
 fn random_bytes_are_not_an_archive() {
     let tmp = TempDir::new("random-bytes");
     let junk = write_with(&tmp.join("junk.bin"), &pseudo_random(99, 64 * 1024));
-    expect_mount_failure(&junk, &tmp.join("mnt"), "random bytes");
+    expect_mount_failure(&junk, &tmp.join("mnt"), BAD_ARCHIVE, "random bytes");
     let empty = write_with(&tmp.join("empty.tar"), b"");
-    expect_mount_failure(&empty, &tmp.join("mnt2"), "empty file");
+    expect_mount_failure(&empty, &tmp.join("mnt2"), BAD_ARCHIVE, "empty file");
 }
 
 #[test]
 fn missing_archive_fails() {
     let tmp = TempDir::new("missing-archive");
     let missing = tmp.join("no-such-archive.tar");
-    let out = expect_mount_failure(&missing, &tmp.join("mnt"), "missing archive");
+    let out = expect_mount_failure(&missing, &tmp.join("mnt"), BAD_ARCHIVE, "missing archive");
     let lower = out.stderr.to_lowercase();
     assert!(
         lower.contains("no such file") || lower.contains("not found") || lower.contains("does not exist"),
@@ -239,7 +234,7 @@ fn mount_over_non_empty_directory_fails() {
     // and other tests mount the shared fixture at the same time.
     let archive = tmp.join("non-empty.tar");
     fs::copy(fixture("gnu.tar"), &archive).unwrap();
-    let out = expect_mount_failure_naming(&archive, &mp, &mp, "non-empty mount point");
+    let out = expect_mount_failure_naming(&archive, &mp, &mp, MOUNTPOINT, "non-empty mount point");
     assert!(out.stderr.contains("not empty"), "the error must say \"not empty\"\n{}", out.describe());
     assert_eq!(read(&mp.join("precious")), b"keep me", "the directory's content must be untouched");
 }
@@ -252,13 +247,8 @@ fn mount_over_mounted_mountpoint_fails() {
     // A copy under another path so its daemon is told apart from the first.
     let second = tmp.join("second.tar");
     fs::copy(fixture("posix.tar"), &second).unwrap();
-    let out = stagefs([OsStr::new("mount"), second.as_os_str(), mp.as_os_str()]);
-    if out.success() {
-        let _ = stagefs([OsStr::new("umount"), mp.as_os_str()]);
-        panic!("mounting over a live stagefs mount must fail\n{}", out.describe());
-    }
-    out.assert_failure();
-    assert!(out.stderr.contains("already mounted"), "the error must say \"already mounted\"\n{}", out.describe());
+    let out = mount_must_fail(&[&second, &mp], MOUNTPOINT, "a live mount of another archive at the mountpoint");
+    out.assert_stderr_has(&["is already mounted with another archive", &first.archive().to_string_lossy()]);
     assert_eq!(mounts_at(&mp).len(), 1, "exactly one mount must remain at {}", mp.display());
     assert!(wait_until(Duration::from_secs(5), || stagefs_pids(&second).is_empty()), "second daemon left running");
     // The first mount still serves.
@@ -364,8 +354,7 @@ fn umount_of_busy_mount_fails_then_lazy_succeeds() {
             .expect("spawn sleep inside the mount"),
     );
     let out = stagefs([OsStr::new("umount"), mp.as_os_str()]);
-    assert!(!out.success(), "umount of a busy mount (cwd inside) must fail\n{}", out.describe());
-    out.assert_failure();
+    out.assert_code(BUSY);
     assert!(out.stderr.to_lowercase().contains("busy"), "the error must say \"busy\"\n{}", out.describe());
     assert!(is_mounted(&mp), "a failed umount must leave the mount in place");
     assert_eq!(read(&mp.join("a/b/c/d/deep.txt")), b"deep file\n", "the mount must still serve");
@@ -375,7 +364,7 @@ fn umount_of_busy_mount_fails_then_lazy_succeeds() {
     {
         let f = fs::File::open(mp.join("text/lorem.txt")).unwrap();
         let out = stagefs([OsStr::new("umount"), mp.as_os_str()]);
-        assert!(!out.success(), "umount of a busy mount (open file) must fail\n{}", out.describe());
+        out.assert_code(BUSY);
         assert!(out.stderr.to_lowercase().contains("busy"), "the error must say \"busy\"\n{}", out.describe());
         drop(f);
     }
@@ -524,36 +513,374 @@ fn mount_does_not_keep_the_callers_stdout_and_stderr_open() {
 
 #[test]
 fn foreground_mount_serves_until_umount() {
-    require_root();
     let tmp = TempDir::new("foreground");
     let mp = tmp.join("mnt");
-    let archive = fixture("gnu.tar");
-    let log = fs::File::create(tmp.join("fg.log")).unwrap();
-    let mut fg = KillOnDrop(
-        Command::new(stagefs_bin())
-            .args([OsStr::new("mount"), OsStr::new("-f"), OsStr::new("-v"), archive.as_os_str(), mp.as_os_str()])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    );
-    let up = wait_until(Duration::from_secs(30), || is_mounted(&mp));
-    let guard = Mounted::adopt(&archive, &mp);
-    assert!(
-        up,
-        "stagefs mount -f did not mount within 30 s; log:\n{}",
-        String::from_utf8_lossy(&read(&tmp.join("fg.log")))
-    );
-    assert!(fg.0.try_wait().unwrap().is_none(), "the foreground process must keep running while mounted");
+    let mut fg = Foreground::start(&fixture("gnu.tar"), &mp, &tmp.join("fg.log"), &[]);
+    assert!(fg.child.0.try_wait().unwrap().is_none(), "the foreground process must keep running while mounted");
     assert_eq!(read(&mp.join("a/b/c/d/deep.txt")), b"deep file\n");
-    let out = guard.unmount();
-    assert!(out.success(), "stagefs umount of a foreground mount\n{}", out.describe());
-    let status = wait_timeout(&mut fg.0, Duration::from_secs(10));
-    assert!(
-        matches!(status, Some(s) if s.success()),
-        "the foreground process must exit 0 after umount, got {status:?}; log:\n{}",
-        String::from_utf8_lossy(&read(&tmp.join("fg.log")))
-    );
+    let log = fg.finish();
+    assert!(log.contains("ready"), "the foreground mount says when it is ready:\n{log}");
     assert_nothing_left(&mp, "after foreground umount");
+}
+
+// ---------------------------------------------------------------------------
+// Exit codes of the remaining paths: usage, `run`, `wait`, mountpoints, options
+
+/// Exit code of a command-line usage error.
+const USAGE: i32 = 2;
+/// Exit code of `stagefs wait` at its timeout.
+const NOT_MOUNTED: i32 = 6;
+
+#[test]
+fn usage_errors_exit_2() {
+    let tmp = TempDir::new("usage");
+    let archive = tmp.join("a.tar");
+    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    let mp = tmp.join("mnt");
+    let (a, m) = (archive.to_str().unwrap(), mp.to_str().unwrap());
+    let cases: [(&str, Vec<&str>, &str); 7] = [
+        ("no command", vec![], "Usage:"),
+        ("an unknown command", vec!["frobnicate"], "unrecognized subcommand 'frobnicate'"),
+        ("mount without an archive", vec!["mount"], "<ARCHIVE>"),
+        ("an unknown option", vec!["mount", "--no-such-option", a, m], "--no-such-option"),
+        ("a duration that is not one", vec!["mount", "--idle-timeout", "soon", a, m], "soon"),
+        ("a thread count that is not a number", vec!["mount", "--threads", "many", a, m], "many"),
+        ("a size that is not one", vec!["mount", "--max-ram", "lots", a, m], "lots"),
+    ];
+    for (what, args, needle) in cases {
+        let out = stagefs(&args);
+        assert_eq!(out.code(), Some(USAGE), "{what}: usage errors exit 2\n{}", out.describe());
+        assert!(out.stderr.contains(needle), "{what}: stderr lacks {needle:?}\n{}", out.describe());
+        assert!(!is_mounted(&mp) && !mp.exists(), "{what}: a usage error must not mount or create anything");
+    }
+}
+
+#[test]
+fn run_without_a_command_exits_2() {
+    let tmp = TempDir::new("run-usage");
+    let archive = tmp.join("a.tar");
+    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    let mp = tmp.join("mnt");
+    for args in [
+        vec!["run", "-m", mp.to_str().unwrap(), archive.to_str().unwrap(), "--"],
+        vec!["run", "-m", mp.to_str().unwrap(), archive.to_str().unwrap()],
+    ] {
+        let out = stagefs(&args);
+        out.assert_code(USAGE).assert_stderr_has(&["<CMD>"]);
+        assert!(!is_mounted(&mp) && !mp.exists(), "`stagefs {}` must not mount", args.join(" "));
+    }
+}
+
+/// `stagefs run` exits with its command's code; one it cannot execute is 127, as in a
+/// shell; either way the mount it made is gone afterwards.
+#[test]
+fn run_exits_with_the_commands_code_and_127_when_it_cannot_execute() {
+    require_root();
+    let tmp = TempDir::new("run-codes");
+    let archive = tmp.join("a.tar");
+    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    let mp = tmp.join("mnt");
+    let run = |command: &[&str]| {
+        let mut cmd = Command::new(stagefs_bin());
+        cmd.env("STAGEFS_RUNTIME_DIR", tmp.join("runtime")).env_remove("SLURM_LOCALID").env_remove("SLURM_JOB_ID");
+        cmd.args(["run", "-m"]).arg(&mp).arg(&archive).arg("--").args(command);
+        run_cmd(&mut cmd, Duration::from_secs(60))
+    };
+    let out = run(&["/bin/sh", "-c", "cat \"$STAGEFS_MOUNT/a/b/c/d/deep.txt\"; exit 42"]);
+    out.assert_code(42);
+    assert_eq!(out.stdout, "deep file\n", "the command reads the mount\n{}", out.describe());
+    assert_nothing_left(&mp, "after `stagefs run` of a command that exits 42");
+
+    let missing = tmp.join("no-such-program");
+    let out = run(&[missing.to_str().unwrap()]);
+    out.assert_code(127).assert_stderr_has(&["cannot run", &missing.to_string_lossy()]);
+    assert_nothing_left(&mp, "after `stagefs run` of a command that cannot run");
+
+    let not_executable = tmp.join("not-executable");
+    fs::write(&not_executable, b"#!/bin/sh\nexit 0\n").unwrap();
+    fs::set_permissions(&not_executable, fs::Permissions::from_mode(0o644)).unwrap();
+    let out = run(&[not_executable.to_str().unwrap()]);
+    out.assert_code(127).assert_stderr_has(&["cannot run", &not_executable.to_string_lossy()]);
+    assert_nothing_left(&mp, "after `stagefs run` of a file that is not executable");
+}
+
+#[test]
+fn mountpoint_that_is_a_file_exits_4() {
+    let tmp = TempDir::new("mp-file");
+    let archive = tmp.join("a.tar");
+    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    let mp = tmp.join("a-file");
+    fs::write(&mp, b"not a directory").unwrap();
+    let out = expect_mount_failure_naming(&archive, &mp, &mp, MOUNTPOINT, "a mountpoint that is a file");
+    out.assert_stderr_has(&["not a directory"]);
+    assert_eq!(read(&mp), b"not a directory", "the file must be untouched");
+}
+
+/// A mountpoint something else (a tmpfs) is mounted on: exit 4, naming what is there,
+/// and the tmpfs stays as it was.
+#[test]
+fn mountpoint_mounted_by_another_filesystem_exits_4() {
+    require_root();
+    let tmp = TempDir::new("mp-tmpfs");
+    let archive = tmp.join("a.tar");
+    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    let mp = tmp.join("mnt");
+    fs::create_dir(&mp).unwrap();
+    run_tool("mount", [OsStr::new("-t"), OsStr::new("tmpfs"), OsStr::new("stagefs-test-tmpfs"), mp.as_os_str()]);
+    let _tmpfs = UnmountOnDrop(mp.clone());
+    let out = mount_must_fail(&[&archive, &mp], MOUNTPOINT, "a mountpoint with a tmpfs on it");
+    out.assert_stderr_has(&[&mp.to_string_lossy(), "already mounted (by a tmpfs filesystem)"]);
+    let now = mounts_at(&mp);
+    assert!(now.len() == 1 && now[0].fs_type == "tmpfs", "only the tmpfs may be mounted there: {now:?}");
+    assert!(stagefs_pids(&archive).is_empty(), "a stagefs process for {} is still running", archive.display());
+}
+
+/// `stagefs wait` on a mountpoint nobody mounts gives up at its timeout with exit 6.
+#[test]
+fn wait_times_out_with_6() {
+    let tmp = TempDir::new("wait-timeout");
+    let mp = tmp.join("never-mounted");
+    let mut cmd = Command::new(stagefs_bin());
+    cmd.env("STAGEFS_RUNTIME_DIR", tmp.join("runtime")).args(["wait", "--timeout", "1s"]).arg(&mp);
+    let out = run_cmd(&mut cmd, Duration::from_secs(60));
+    out.assert_code(NOT_MOUNTED)
+        .assert_stderr_has(&[&mp.to_string_lossy(), "is not a live stagefs mount after waiting"]);
+}
+
+/// `stagefs wait` in the mounter's SLURM job reports the mounter's failure with the
+/// mounter's exit code (3 for a corrupt archive), instead of waiting for its timeout.
+#[test]
+fn wait_reports_the_mounters_failure_with_its_code() {
+    require_root();
+    let tmp = TempDir::new("wait-failure");
+    let (archive, _) = two_member_tar(&tmp);
+    let cut = write_with(&tmp.join("cut.tar"), &read(&archive)[..50_000]);
+    let mp = tmp.join("mnt");
+    let runtime = tmp.join("runtime");
+    let slurm = |cmd: &mut Command, step: &str| {
+        cmd.env("STAGEFS_RUNTIME_DIR", &runtime)
+            .env("SLURM_JOB_ID", "4242")
+            .env("SLURM_STEP_ID", step)
+            .env("SLURM_LOCALID", "0")
+            .env_remove("SLURM_STEP_TASKS_PER_NODE");
+    };
+    let mut mount = Command::new(stagefs_bin());
+    slurm(&mut mount, "0");
+    mount.arg("mount").arg(&cut).arg(&mp);
+    let mounted = run_cmd(&mut mount, Duration::from_secs(60));
+    mounted.assert_code(BAD_ARCHIVE);
+
+    let mut wait = Command::new(stagefs_bin());
+    slurm(&mut wait, "1");
+    // The hang guard only: the failure is reported at once.
+    wait.args(["wait", "--timeout", "10m"]).arg(&mp);
+    let out = run_cmd(&mut wait, Duration::from_secs(60));
+    out.assert_code(BAD_ARCHIVE)
+        .assert_stderr_has(&[&format!("mounting {} failed", mp.display()), &cut.to_string_lossy()]);
+    assert_nothing_left(&mp, "after the failed mount and wait");
+}
+
+/// `--threads N` starts exactly N FUSE request threads, and a mount served by one works.
+#[test]
+fn threads_option_sets_the_fuse_threads() {
+    let tmp = TempDir::new("threads");
+    let archive = tmp.join("a.tar");
+    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    for n in [1usize, 3] {
+        let m = Mounted::with_args(&["--threads", &n.to_string()], &archive, &tmp.join(format!("mnt{n}")));
+        let pids = m.daemon_pids();
+        assert_eq!(pids.len(), 1, "one daemon per mount: {pids:?}");
+        let names: Vec<String> = fs::read_dir(format!("/proc/{}/task", pids[0]))
+            .unwrap()
+            .flatten()
+            .filter_map(|t| fs::read_to_string(t.path().join("comm")).ok())
+            .map(|c| c.trim().to_string())
+            .collect();
+        let fuse_threads =
+            names.iter().filter(|c| c.strip_prefix("fuser-").is_some_and(|n| n.parse::<u32>().is_ok())).count();
+        assert_eq!(fuse_threads, n, "--threads {n}: the daemon's threads are {names:?}");
+        // Several readers at once on the threads there are.
+        let root = m.path().to_path_buf();
+        let readers: Vec<_> = (0..4)
+            .map(|_| {
+                let root = root.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..20 {
+                        assert_eq!(read(&root.join("a/b/c/d/deep.txt")), b"deep file\n");
+                        assert_eq!(read(&root.join("hard/two")), b"hardlinked content\n");
+                    }
+                })
+            })
+            .collect();
+        for r in readers {
+            r.join().expect("a reader failed");
+        }
+        m.unmount().assert_success();
+    }
+}
+
+/// `--log-file` receives the detached daemon's log, through to its exit.
+#[test]
+fn log_file_receives_the_daemons_log() {
+    let tmp = TempDir::new("log-file");
+    let archive = tmp.join("a.tar");
+    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    let log = tmp.join("daemon.log");
+    let log_arg = log.to_str().unwrap();
+    let m = Mounted::with_args(&["-v", "--log-file", log_arg], &archive, &tmp.join("mnt"));
+    assert_eq!(read(&m.path().join("a/b/c/d/deep.txt")), b"deep file\n");
+    let pid = m.daemon_pids()[0];
+    m.unmount().assert_success();
+    let text = fs::read_to_string(&log).unwrap_or_else(|e| panic!("no log file {}: {e}", log.display()));
+    assert!(
+        text.contains("unmounted; daemon exiting"),
+        "the daemon's last words are missing from {}:\n{text}",
+        log.display()
+    );
+    assert!(!process_alive(pid));
+}
+
+/// `--idle-timeout`: once nothing reads for that long, the daemon unmounts by itself,
+/// says so in its log, and exits.
+#[test]
+fn idle_timeout_unmounts_after_quiet() {
+    let tmp = TempDir::new("idle");
+    let archive = tmp.join("a.tar");
+    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    let mp = tmp.join("mnt");
+    let log = tmp.join("daemon.log");
+    let m = Mounted::with_args(&["-v", "--idle-timeout", "2s", "--log-file", log.to_str().unwrap()], &archive, &mp);
+    let pids = m.daemon_pids();
+    // Generous: only a hang guard; the daemon acts after 2 s without reads.
+    let gone = wait_until(Duration::from_secs(120), || !is_mounted(&mp) && pids.iter().all(|p| !process_alive(*p)));
+    let text = fs::read_to_string(&log).unwrap_or_default();
+    assert!(gone, "--idle-timeout 2s: still mounted (or the daemon alive) after 120 s; log:\n{text}");
+    m.disarm();
+    assert!(text.contains("idle timeout; unmounting"), "the log must say why it unmounted:\n{text}");
+    assert_nothing_left(&mp, "after the idle timeout");
+}
+
+// ---------------------------------------------------------------------------
+// Tar parse errors, in archives that GNU tar and Python's tarfile write
+
+/// Mounting must fail with exit 3, the archive's path, `at byte {offset}` and `what`.
+fn expect_tar_error(archive: &Path, tmp: &TempDir, offset: u64, what: &str) {
+    let mp = tmp.join(format!("mnt-{}", archive.file_stem().unwrap().to_string_lossy()));
+    let out = expect_mount_failure(archive, &mp, BAD_ARCHIVE, what);
+    out.assert_stderr_has(&[&format!("byte {offset}"), what]);
+}
+
+/// A pax archive of one member "a.txt" written by Python's tarfile, with `member` pax
+/// records on it and `global` ones in a global header.
+fn python_pax_tar(path: &Path, member: &str, global: &str) {
+    const SCRIPT: &str = "import io, sys, tarfile
+member, glob = eval(sys.argv[2]), eval(sys.argv[3])
+with tarfile.open(sys.argv[1], 'w', format=tarfile.PAX_FORMAT, pax_headers=glob) as t:
+    info = tarfile.TarInfo('a.txt')
+    info.size = 3
+    info.pax_headers = member
+    t.addfile(info, io.BytesIO(b'abc'))
+";
+    run_tool(
+        "python3",
+        [OsStr::new("-c"), OsStr::new(SCRIPT), path.as_os_str(), OsStr::new(member), OsStr::new(global)],
+    );
+}
+
+#[test]
+fn multi_volume_continuation_is_refused() {
+    let tmp = TempDir::new("multi-volume");
+    let src = tmp.join("src");
+    fs::create_dir(&src).unwrap();
+    fs::write(src.join("big.bin"), pseudo_random(5, 30_000)).unwrap();
+    let vols: Vec<PathBuf> = (1..=4).map(|i| tmp.join(format!("vol{i}.tar"))).collect();
+    // GNU tar splits the member over 10 KiB volumes; the second starts with an 'M' header.
+    let mut args =
+        vec![OsStr::new("--format=gnu"), OsStr::new("-c"), OsStr::new("-M"), OsStr::new("-L"), OsStr::new("10")];
+    for v in &vols {
+        args.extend([OsStr::new("-f"), v.as_os_str()]);
+    }
+    args.extend([OsStr::new("-C"), src.as_os_str(), OsStr::new("big.bin")]);
+    run_tool("tar", args);
+    assert_eq!(read(&vols[1])[156], b'M', "GNU tar should begin volume 2 with a continuation header");
+    expect_tar_error(&vols[1], &tmp, 0, "multi-volume continuation member at byte 0; join the volumes first");
+}
+
+#[test]
+fn pax_times_that_are_not_times_are_refused() {
+    let tmp = TempDir::new("pax-time");
+    let member = tmp.join("member.tar");
+    python_pax_tar(&member, "{'mtime': 'yesterday'}", "{}");
+    // The member's pax header is at 0; the error names the member's own header after it.
+    expect_tar_error(&member, &tmp, 1024, "pax mtime is not a time");
+    let global = tmp.join("global.tar");
+    python_pax_tar(&global, "{}", "{'mtime': 'yesterday'}");
+    expect_tar_error(&global, &tmp, 0, "pax mtime is not a time");
+}
+
+#[test]
+fn libarchive_xattr_that_is_not_base64_is_refused() {
+    let tmp = TempDir::new("pax-base64");
+    let tar = tmp.join("xattr.tar");
+    python_pax_tar(&tar, "{'LIBARCHIVE.xattr.user.color': '!!not base64!!'}", "{}");
+    expect_tar_error(&tar, &tmp, 1024, "LIBARCHIVE.xattr value is not base64");
+}
+
+/// No tool writes a non-numeric header field or a garbled sparse map, so these damage a
+/// GNU tar archive: a header field (checksum recomputed, so only the field is wrong) and
+/// the text of a pax 1.0 sparse map (member data: no checksum covers it).
+#[test]
+fn bad_numbers_and_sparse_maps_are_refused() {
+    let tmp = TempDir::new("tar-numbers");
+    let (archive, second) = two_member_tar(&tmp);
+    let good = read(&archive);
+    for (field, range) in [("mode", 100..108), ("uid", 108..116), ("gid", 116..124), ("mtime", 136..148)] {
+        let mut bytes = good.clone();
+        let at = second as usize;
+        bytes[at + range.start..at + range.start + 7].copy_from_slice(b"zz9zz9z");
+        bytes[at + 148..at + 156].fill(b' ');
+        let sum: u32 = bytes[at..at + 512].iter().map(|&b| b as u32).sum();
+        bytes[at + 148..at + 155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
+        let bad = write_with(&tmp.join(format!("bad-{field}.tar")), &bytes);
+        expect_tar_error(&bad, &tmp, second, &format!("header field {field} is not a number"));
+    }
+
+    let src = tmp.join("sparse-src");
+    fs::create_dir(&src).unwrap();
+    let f = fs::File::create(src.join("sp")).unwrap();
+    f.set_len(1 << 20).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, b"hello", 500_000).unwrap();
+    drop(f);
+    let sparse = tmp.join("sparse.tar");
+    run_tool(
+        "tar",
+        [
+            OsStr::new("--sparse"),
+            OsStr::new("--format=posix"),
+            OsStr::new("-C"),
+            src.as_os_str(),
+            OsStr::new("-cf"),
+            sparse.as_os_str(),
+            OsStr::new("sp"),
+        ],
+    );
+    let good = read(&sparse);
+    // The pax header (with GNU.sparse.major=1) and its data, then the member's header,
+    // whose data begins with the map: "<count>\n<offset>\n<length>\n...".
+    let header = (0..good.len())
+        .step_by(512)
+        .find(|&i| good[i..].starts_with(b"./GNUSparseFile."))
+        .expect("a GNU tar 1.0 sparse member");
+    let map = header + 512;
+    assert!(
+        good[map..].starts_with(b"2\n"),
+        "GNU tar's sparse map: {:?}",
+        String::from_utf8_lossy(&good[map..map + 40])
+    );
+    for (what, at, garbage) in [("count", 0, b'x'), ("offset", 2, b'y')] {
+        let mut bytes = good.clone();
+        bytes[map + at] = garbage;
+        let bad = write_with(&tmp.join(format!("bad-map-{what}.tar")), &bytes);
+        expect_tar_error(&bad, &tmp, map as u64, &format!("sparse map {what} is not a number"));
+    }
 }

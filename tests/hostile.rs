@@ -19,7 +19,7 @@ use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use stagefs::archive::tar::{pax_record, ustar_header};
 use stagefs::archive::{Archive, OpenError};
@@ -38,7 +38,8 @@ fn fuzz_dir() -> PathBuf {
 
 /// Every file under `fuzz/regressions/<target>/` and `fuzz/seeds/<target>/`, through
 /// that target's code path. A panic here is the bug the fuzzer found (or a crafted
-/// archive's); each input must also finish promptly.
+/// archive's). How long each takes is the fuzzers' business (their own timeouts) and
+/// the suite's hang guard's, not an assertion here.
 #[test]
 fn fuzz_regressions_replay() {
     let scratch = TempDir::new("fuzz-replay");
@@ -52,7 +53,6 @@ fn fuzz_regressions_replay() {
             inputs.sort();
             for input in inputs.iter().filter(|p| p.is_file()) {
                 let data = fs::read(input).unwrap();
-                let started = Instant::now();
                 let outcome = match name.as_str() {
                     "tar" => exercise::tar(&data),
                     "squashfs" => exercise::squashfs(&data),
@@ -60,13 +60,11 @@ fn fuzz_regressions_replay() {
                     "decompress" => exercise::decompress(&data, &scratch.join("input")),
                     other => panic!("fuzz/{corpus}/{other}: no such fuzz target"),
                 };
-                let took = started.elapsed();
                 eprintln!(
-                    "replayed {}: {:?} in {took:?}",
+                    "replayed {}: {:?}",
                     input.display(),
                     outcome.as_ref().map_err(|e| e.chars().take(160).collect::<String>())
                 );
-                assert!(took < Duration::from_secs(10), "{} took {took:?}", input.display());
                 replayed += 1;
             }
         }
@@ -148,12 +146,10 @@ fn in_bounded_child(test: &str, body: fn()) {
     );
 }
 
-/// Opens `bytes` as an archive; it must fail within a second.
+/// Opens `bytes` as an archive; it must fail (cleanly: the 1 GiB child of
+/// `in_bounded_child` catches allocations sized by the claims, its 60 s limit a hang).
 fn open_fails(bytes: &[u8], case: &str) -> OpenError {
-    let started = Instant::now();
     let result = Archive::from_backing(Path::new("hostile"), exercise::backing(bytes));
-    let took = started.elapsed();
-    assert!(took < Duration::from_secs(1), "{case}: took {took:?}");
     match result {
         Ok(_) => panic!("{case}: accepted"),
         Err(e) => {
@@ -381,12 +377,11 @@ fn hostile_squashfs_cases() {
     img.bytes[26..28].copy_from_slice(&u16::MAX.to_le_bytes()); // id count
     open_fails(&img.bytes, "id count 65535");
     // The inode count (bytes 4..8) is not used to size anything: an absurd one is
-    // harmless (opens at once, or fails cleanly).
+    // harmless.
     let mut img = image();
     img.bytes[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
-    let started = Instant::now();
-    let _ = Archive::from_backing(Path::new("inodes.sqfs"), exercise::backing(&img.bytes));
-    assert!(started.elapsed() < Duration::from_secs(1));
+    let opened = Archive::from_backing(Path::new("inodes.sqfs"), exercise::backing(&img.bytes));
+    assert!(opened.is_ok(), "an absurd inode count must not matter: {:?}", opened.err().map(|e| e.to_string()));
 
     // A lookup-table index naming one metadata block many times: a fragment count of
     // 2^26 (a 1 GiB table) whose 131072 block pointers all name one full 8 KiB block,

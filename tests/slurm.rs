@@ -10,7 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::util::{mounts, pseudo_random, require_root, require_tool, run_cmd, stagefs_bin, TempDir};
+use crate::util::{mounts, pseudo_random, require_root, require_tool, run_cmd, stagefs_bin, wait_until_every, TempDir};
+
+/// How often the waits below run their (command-running) checks.
+const POLL: Duration = Duration::from_millis(250);
 
 const TEMPLATES: [&str; 4] = ["1-mount-wait-train", "2-run-one-liner", "3-multi-node", "4-stage-from-scratch"];
 const TASKS: usize = 4;
@@ -60,11 +63,9 @@ impl Drop for Cluster {
 }
 
 fn sinfo_idle(conf: &Path) -> bool {
-    Command::new("sinfo")
-        .args(["-h", "-o", "%t"])
-        .env("SLURM_CONF", conf)
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "idle")
+    let mut cmd = Command::new(require_tool("sinfo"));
+    cmd.args(["-h", "-o", "%t"]).env("SLURM_CONF", conf);
+    run_cmd(&mut cmd, Duration::from_secs(60)).stdout.trim() == "idle"
 }
 
 /// Reads every file of the source tree through the mount, records the verdict and how many
@@ -201,7 +202,7 @@ fn slurm_templates_mount_once_per_node_and_clean_up() {
 
     // Cancel the scancel jobs once all their tasks have read the archive.
     for job in jobs.iter().filter(|j| j.end == End::Scancel) {
-        let ok = wait_for(Duration::from_secs(90), || job.results().len() >= TASKS);
+        let ok = wait_until_every(Duration::from_secs(90), POLL, || job.results().len() >= TASKS);
         assert!(ok, "tasks of a job to cancel did not all report:\n{}", job.context());
         run_cmd(cluster.cmd("scancel").arg(&job.id), Duration::from_secs(30)).assert_success();
     }
@@ -209,7 +210,7 @@ fn slurm_templates_mount_once_per_node_and_clean_up() {
     // Time limits are enforced by slurmctld's periodic check: up to ~1.5 min after the minute.
     let mut states = BTreeMap::new();
     for job in &jobs {
-        let ok = wait_for(Duration::from_secs(240), || {
+        let ok = wait_until_every(Duration::from_secs(240), POLL, || {
             let state = job_state(&cluster, &job.id);
             let done =
                 ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"].contains(&state.as_str());
@@ -229,8 +230,9 @@ fn slurm_templates_mount_once_per_node_and_clean_up() {
         };
         let results = job.results();
         let root = results.first().and_then(|r| r.trim().rsplit_once("root=")).map(|(_, r)| PathBuf::from(r));
-        let clean =
-            root.as_ref().is_some_and(|root| wait_for(Duration::from_secs(20), || leftovers(job, root).is_empty()));
+        let clean = root
+            .as_ref()
+            .is_some_and(|root| wait_until_every(Duration::from_secs(20), POLL, || leftovers(job, root).is_empty()));
         let mut wrong = Vec::new();
         if states[&job.id] != expected {
             wrong.push(format!("state {} instead of {expected}", states[&job.id]));
@@ -274,22 +276,6 @@ fn leftovers(job: &Job, root: &Path) -> Vec<String> {
 }
 
 fn job_state(cluster: &Cluster, id: &str) -> String {
-    let out = cluster
-        .cmd("scontrol")
-        .args(["show", "job", "-o", id])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
+    let out = run_cmd(cluster.cmd("scontrol").args(["show", "job", "-o", id]), Duration::from_secs(60)).stdout;
     out.split_whitespace().find_map(|w| w.strip_prefix("JobState=")).unwrap_or("UNKNOWN").to_string()
-}
-
-fn wait_for(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if done() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    done()
 }

@@ -24,16 +24,14 @@ use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-use stagefs::stage::human;
 
 use crate::compare::{assert_trees_equal, count_entries, Options};
 use crate::util::{
-    assert_nothing_left, extract_tar, is_mounted, mounts_at, pack_tar, proc_kb_field, process_alive, pseudo_random,
-    read, require_root, require_tool, run_cmd, run_tool, stagefs, stagefs_bin, stagefs_pids, wait_timeout, wait_until,
-    CmdOutput, KillOnDrop, Mounted, TempDir,
+    assert_nothing_left, extract_tar, is_mounted, mount_must_fail, mounts_at, pack_tar, proc_kb_field, process_alive,
+    pseudo_random, read, require_root, require_tool, run_cmd, run_cmd_into, run_tool, stagefs, stagefs_bin,
+    stagefs_pids, wait_until, CmdOutput, Foreground, Mounted, TempDir, UnmountOnDrop,
 };
 
 const MIB: usize = 1 << 20;
@@ -69,27 +67,12 @@ fn pack(src: &Path, archive: &Path) {
 }
 
 /// Runs `tool ARGS... INPUT` (each tool writes to stdout with `-c`) into
-/// `output`, or appends to it. stderr goes to a file so it cannot block.
+/// `output`, or appends to it.
 fn run_to_file(tool: &str, args: &[&str], input: &Path, output: &Path, append: bool) {
-    let path = require_tool(tool);
-    let scratch = TempDir::new("tool-stderr");
-    let err_path = scratch.join("stderr");
     let out = fs::OpenOptions::new().create(true).write(true).append(append).truncate(!append).open(output).unwrap();
-    let mut cmd = Command::new(&path);
-    cmd.args(args).arg(input).stdin(Stdio::null()).stdout(out).stderr(fs::File::create(&err_path).unwrap());
-    let shown = crate::util::describe_command(&cmd);
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start `{shown}`: {e}"));
-    let status = wait_timeout(&mut child, Duration::from_secs(300)).unwrap_or_else(|| {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("`{shown}` did not finish within 300 s")
-    });
-    assert!(
-        status.success(),
-        "`{shown} > {}` failed ({status}): {}",
-        output.display(),
-        String::from_utf8_lossy(&fs::read(&err_path).unwrap_or_default())
-    );
+    let mut cmd = Command::new(require_tool(tool));
+    cmd.args(args).arg(input);
+    run_cmd_into(&mut cmd, Duration::from_secs(300), Some(out)).assert_success();
 }
 
 /// The file name extension of each compressor's output.
@@ -283,7 +266,8 @@ fn compressed_case(label: &str, tool: &str, args: &[&str], split: Split) {
     assert_trees_equal(&expected, m.path(), &Options::default().root(false));
     let pid = daemon_pid(m.path());
     assert_memfd_mapped(pid, &compressed, tar_len);
-    assert_status_staged(m.path(), &human(tar_len));
+    // The 4,741,120-byte GNU tar of `make_tree`, as `stagefs status` writes it.
+    assert_status_staged(m.path(), "4.5 MiB");
     for rel in ["data/big.bin", "data/text.txt", "data/nested/deeper/small.txt"] {
         assert!(read(&src.join(rel)) == read(&m.path().join(rel)), "{rel}: the mount differs from the source file");
     }
@@ -454,7 +438,8 @@ fn mount_staged(b: &BigTar, shmem_before: u64) -> (Mounted, i32, u64) {
         shmem_before >> 20,
         during >> 20
     );
-    assert_status_staged(m.path(), &human(b.len));
+    // 4,741,120 bytes of `make_tree` plus the 128 MiB pad and its header.
+    assert_status_staged(m.path(), "132.5 MiB");
     assert_trees_equal(&b.expected, m.path(), &Options::default().root(false));
     (m, pid, during)
 }
@@ -570,18 +555,11 @@ fn stage_auto_stages_an_archive_on_a_fuse_filesystem() {
 /// Runs `stagefs mount ARGS ARCHIVE MP` (MP does not exist yet) expecting the
 /// RAM budget error; checks exit 8, the message, and that nothing was left.
 fn expect_no_room(extra: &[&str], archive: &Path, mp: &Path) -> CmdOutput {
-    require_root();
     assert!(!mp.exists());
-    let mut args: Vec<OsString> = vec!["mount".into()];
-    args.extend(extra.iter().map(OsString::from));
+    let mut args: Vec<OsString> = extra.iter().map(OsString::from).collect();
     args.push(archive.into());
     args.push(mp.into());
-    let out = stagefs(&args);
-    if out.success() {
-        let _ = stagefs([OsStr::new("umount"), mp.as_os_str()]);
-        panic!("stagefs mount must fail for lack of RAM\n{}", out.describe());
-    }
-    assert_eq!(out.code(), Some(8), "the RAM budget error exits with 8\n{}", out.describe());
+    let out = mount_must_fail(&args, 8, "the RAM budget error");
     for needle in ["not enough RAM to", &*archive.to_string_lossy(), "budget is 1.0 KiB", "--max-ram"] {
         assert!(out.stderr.contains(needle), "the message must contain {needle:?}\n{}", out.describe());
     }
@@ -601,12 +579,8 @@ fn stage_ram_over_budget_fails_with_code_8() {
     pack(&src, &tar);
     let len = fs::metadata(&tar).unwrap().len();
     let out = expect_no_room(&["--stage", "ram", "--max-ram", "1K"], &tar, &tmp.join("new-mp"));
-    assert!(
-        out.stderr.contains(&format!("needs {}", human(len))),
-        "the message must name the archive size {}\n{}",
-        human(len),
-        out.describe()
-    );
+    assert_eq!(len, 4_741_120, "the GNU tar of make_tree");
+    assert!(out.stderr.contains("needs 4.5 MiB"), "the message must name the archive size\n{}", out.describe());
 }
 
 #[test]
@@ -619,7 +593,8 @@ fn stage_ram_over_budget_fails_with_code_8_in_foreground() {
     pack(&src, &tar);
     let len = fs::metadata(&tar).unwrap().len();
     let out = expect_no_room(&["-f", "--stage", "ram", "--max-ram", "1K"], &tar, &tmp.join("new-mp"));
-    assert!(out.stderr.contains(&format!("needs {}", human(len))), "{}", out.describe());
+    assert_eq!(len, 4_741_120, "the GNU tar of make_tree");
+    assert!(out.stderr.contains("needs 4.5 MiB"), "{}", out.describe());
 }
 
 #[test]
@@ -647,14 +622,8 @@ fn compressed_over_budget_fails_with_code_8() {
 /// Expects exit 3 with "<archive>: corrupt <kind> stream at or before
 /// compressed byte N", N within `range`, and nothing left. Returns N.
 fn expect_corrupt_stream(archive: &Path, kind: &str, range: std::ops::RangeInclusive<u64>) -> u64 {
-    require_root();
     let mp = archive.with_file_name("mnt");
-    let out = stagefs([OsStr::new("mount"), archive.as_os_str(), mp.as_os_str()]);
-    if out.success() {
-        let _ = stagefs([OsStr::new("umount"), mp.as_os_str()]);
-        panic!("stagefs mount of a corrupt {kind} stream must fail\n{}", out.describe());
-    }
-    assert_eq!(out.code(), Some(3), "a corrupt archive exits with 3\n{}", out.describe());
+    let out = mount_must_fail(&[archive, &mp], 3, &format!("a corrupt {kind} stream"));
     let prefix = format!("{}: corrupt {kind} stream at or before compressed byte ", archive.display());
     let at = out.stderr.find(&prefix).unwrap_or_else(|| panic!("the message must say {prefix:?}N\n{}", out.describe()));
     let digits: String = out.stderr[at + prefix.len()..].chars().take_while(char::is_ascii_digit).collect();
@@ -758,50 +727,6 @@ fn corrupt_flipped_bytes_lz4() {
 
 // ---------------------------------------------------------------------------
 // 5. Saved indexes
-
-/// `stagefs -v mount -f ARGS ARCHIVE MP` with its log in a file; returns once
-/// mounted with the process, a guard and the log so far.
-struct Foreground {
-    child: KillOnDrop,
-    guard: Option<Mounted>,
-    log: PathBuf,
-}
-
-impl Foreground {
-    fn start(archive: &Path, mp: &Path, log: &Path, env: &[(&str, &Path)]) -> Foreground {
-        require_root();
-        let file = fs::File::create(log).unwrap();
-        let mut cmd = Command::new(stagefs_bin());
-        cmd.args([OsStr::new("-v"), OsStr::new("mount"), OsStr::new("-f"), archive.as_os_str(), mp.as_os_str()]);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let child =
-            KillOnDrop(cmd.stdin(Stdio::null()).stdout(file.try_clone().unwrap()).stderr(file).spawn().unwrap());
-        let mut fg = Foreground { child, guard: None, log: log.to_path_buf() };
-        let up = wait_until(Duration::from_secs(30), || is_mounted(mp) || !matches!(fg.child.0.try_wait(), Ok(None)));
-        fg.guard = Some(Mounted::adopt(archive, mp));
-        assert!(up && is_mounted(mp), "stagefs mount -f did not mount within 30 s; log:\n{}", fg.log());
-        fg
-    }
-
-    fn log(&self) -> String {
-        String::from_utf8_lossy(&fs::read(&self.log).unwrap_or_default()).into_owned()
-    }
-
-    /// Unmounts, waits for the foreground process to exit 0, returns the log.
-    fn finish(mut self) -> String {
-        let out = self.guard.take().unwrap().unmount();
-        assert!(out.success(), "stagefs umount of a foreground mount\n{}", out.describe());
-        let status = wait_timeout(&mut self.child.0, Duration::from_secs(10));
-        let log = self.log();
-        assert!(
-            matches!(status, Some(s) if s.success()),
-            "foreground stagefs must exit 0 after umount: {status:?}; log:\n{log}"
-        );
-        log
-    }
-}
 
 /// Two trees whose GNU tars have exactly the same size but a different
 /// layout: the member sizes are swapped and the content differs.
@@ -934,13 +859,7 @@ fn saved_index_goes_to_xdg_cache_when_the_archive_dir_is_read_only() {
     let ro = tmp.join("ro");
     fs::create_dir_all(&ro).unwrap();
     run_tool("mount", [OsStr::new("--bind"), dir.as_os_str(), ro.as_os_str()]);
-    struct Unmount(PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _bind = Unmount(ro.clone());
+    let _bind = UnmountOnDrop(ro.clone());
     run_tool("mount", [OsStr::new("-o"), OsStr::new("remount,bind,ro"), ro.as_os_str()]);
     let archive = ro.join("ds.tar");
     let cache = tmp.join("cache");

@@ -19,6 +19,9 @@ enum Blow {
     InterruptMount,
     /// SIGKILL to `stagefs mount`, which then cannot pass anything on.
     KillMount,
+    /// SIGKILL to the daemon (the OOM killer): it dies before the mount is ready without
+    /// saying why, and `stagefs mount` must say so.
+    KillDaemon,
 }
 
 /// The daemon forked by `parent`.
@@ -72,6 +75,7 @@ fn strike(phase: &str, blow: Blow, archive: &Path, tmp: &TempDir) {
         Blow::TermDaemon => signal(daemon, nix::sys::signal::Signal::SIGTERM),
         Blow::InterruptMount => signal(parent as i32, nix::sys::signal::Signal::SIGINT),
         Blow::KillMount => signal(parent as i32, nix::sys::signal::Signal::SIGKILL),
+        Blow::KillDaemon => signal(daemon, nix::sys::signal::Signal::SIGKILL),
     }
     let status = wait_timeout(&mut child.0, Duration::from_secs(60)).unwrap_or_else(|| panic!("{context}: hung"));
     log.extend(seen.try_iter());
@@ -79,6 +83,7 @@ fn strike(phase: &str, blow: Blow, archive: &Path, tmp: &TempDir) {
         Blow::TermDaemon => Some((143, "interrupted by SIGTERM")),
         Blow::InterruptMount => Some((130, "interrupted by SIGINT")),
         Blow::KillMount => None,
+        Blow::KillDaemon => Some((1, "the mount daemon was killed (SIGKILL) before the mount was ready")),
     };
     if let Some((code, words)) = expected {
         assert_eq!(status.code(), Some(code), "{context}: {log:#?}");
@@ -91,10 +96,7 @@ fn strike(phase: &str, blow: Blow, archive: &Path, tmp: &TempDir) {
     assert!(left.is_empty(), "{context}: left in the runtime dir: {left:?}");
 }
 
-#[test]
-fn signals_in_every_start_up_phase_leave_nothing_behind() {
-    require_root();
-    let tmp = TempDir::new("startup-signals");
+fn start_up_archive(tmp: &TempDir) -> std::path::PathBuf {
     let src = tmp.join("src");
     fs::create_dir(&src).unwrap();
     for i in 0..20 {
@@ -102,9 +104,37 @@ fn signals_in_every_start_up_phase_leave_nothing_behind() {
     }
     let archive = tmp.join("a.tar");
     run_tool("tar", ["-C".as_ref(), src.as_os_str(), "-cf".as_ref(), archive.as_os_str(), ".".as_ref()]);
+    archive
+}
+
+#[test]
+fn signals_in_every_start_up_phase_leave_nothing_behind() {
+    require_root();
+    let tmp = TempDir::new("startup-signals");
+    let archive = start_up_archive(&tmp);
     for phase in ["staging and indexing", "mounting", "warming", "ready"] {
         for blow in [Blow::TermDaemon, Blow::InterruptMount, Blow::KillMount] {
             strike(phase, blow, &archive, &tmp);
         }
+    }
+    // Before the kernel mount exists, a daemon killed outright leaves nothing either.
+    for phase in ["staging and indexing", "mounting"] {
+        strike(phase, Blow::KillDaemon, &archive, &tmp);
+    }
+}
+
+/// A daemon SIGKILLed once its FUSE mount exists (warming, ready): `stagefs mount` says
+/// so with exit 1, but today the dead daemon's mount stays in the mount table (stale,
+/// "Transport endpoint is not connected") until the next mount there recovers it.
+/// Run with `--ignored` to see it; it passes once the mounter unmounts what its dead
+/// daemon left.
+#[test]
+#[ignore = "known bug: a daemon SIGKILLed after mounting (warming, ready) leaves a stale FUSE mount behind"]
+fn daemon_killed_after_mounting_leaves_nothing_behind() {
+    require_root();
+    let tmp = TempDir::new("startup-kill-daemon");
+    let archive = start_up_archive(&tmp);
+    for phase in ["warming", "ready"] {
+        strike(phase, Blow::KillDaemon, &archive, &tmp);
     }
 }

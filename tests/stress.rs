@@ -11,7 +11,8 @@ use std::fs;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -19,35 +20,17 @@ use crate::util::*;
 
 const FILES: usize = 300;
 const MIB: u64 = 1 << 20;
-/// Readers run this long in all; the mount goes away after `UNMOUNT_AFTER`.
-const RUN_FOR: Duration = Duration::from_secs(16);
-const UNMOUNT_AFTER: Duration = Duration::from_secs(12);
+/// The mount goes away once the reader threads of this process have made this many
+/// verified reads together, and each reader process as many again: an amount of work,
+/// not a time, so a slow machine runs longer instead of testing less.
+const READS_BEFORE_UNMOUNT: u64 = 20_000;
+/// Hang guard only: a reader still reading successfully this long after it started was
+/// never reached by the unmount; the parent waits as long for the readers' progress.
+const HANG_GUARD: Duration = Duration::from_secs(300);
 const THREADS: usize = 6;
 const PROCESSES: usize = 3;
 const THREADS_PER_PROCESS: usize = 2;
 const CHILD_ENV: &str = "STAGEFS_STRESS_CHILD";
-
-/// xorshift64*: deterministic per seed.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-}
 
 /// Writes the source tree: mostly small files, some up to 3 MiB, every tenth sparse
 /// (random runs of data between holes). Returns the relative paths.
@@ -105,10 +88,11 @@ fn pread_full(f: &fs::File, buf: &mut [u8], offset: u64) -> std::io::Result<usiz
     Ok(done)
 }
 
-/// Reads random pieces of random files under `mp` until `deadline` or the first error
-/// after the unmount began (`marker` exists), comparing each with the same piece of
-/// the source file under `src`.
-fn reader(seed: u64, mp: &Path, src: &Path, names: &[String], marker: &Path, deadline: Instant) -> Tally {
+/// Reads random pieces of random files under `mp` until the first error after the
+/// unmount began (`marker` exists), comparing each with the same piece of the source
+/// file under `src` and counting verified reads in `progress`.
+fn reader(seed: u64, mp: &Path, src: &Path, names: &[String], marker: &Path, progress: &AtomicU64) -> Tally {
+    let deadline = Instant::now() + HANG_GUARD;
     let mut rng = Rng::new(seed);
     let mut tally = Tally::default();
     let mut buf = vec![0u8; 2 * MIB as usize];
@@ -123,7 +107,11 @@ fn reader(seed: u64, mp: &Path, src: &Path, names: &[String], marker: &Path, dea
         tally.failures.push(what);
         tally.failures.len() > 20
     };
-    'files: while Instant::now() < deadline {
+    'files: loop {
+        if Instant::now() >= deadline {
+            tally.failures.push(format!("still reading {HANG_GUARD:?} after starting: the unmount never reached it"));
+            break;
+        }
         let name = &names[rng.below(names.len() as u64) as usize];
         let expected = fs::File::open(src.join(name)).unwrap();
         let size = expected.metadata().unwrap().len();
@@ -160,37 +148,48 @@ fn reader(seed: u64, mp: &Path, src: &Path, names: &[String], marker: &Path, dea
             let n = pread_full(&expected, &mut want[..len], offset).unwrap();
             tally.reads += 1;
             tally.bytes += got as u64;
+            progress.fetch_add(1, Ordering::Relaxed);
             if got != n || buf[..got] != want[..n] {
                 let first = buf[..got.min(n)].iter().zip(&want[..n]).position(|(a, b)| a != b);
                 tally.failures.push(format!(
                     "WRONG BYTES: {name} (size {size}) {len}@{offset}: got {got} bytes, expected {n}; first difference at {first:?}"
                 ));
             }
-            if Instant::now() >= deadline {
-                break 'files;
-            }
         }
     }
     tally
 }
 
-/// The child-process side: runs `THREADS_PER_PROCESS` readers with the parameters the
-/// parent passed in the environment and reports one line per reader on stdout.
+/// The child-process side, run by `stress` as `--ignored --exact stress::stress_reader_child`
+/// with its parameters in the environment: runs `THREADS_PER_PROCESS` readers, creates
+/// the ready file once they made `READS_BEFORE_UNMOUNT` verified reads, and reports one
+/// line per reader on stdout. Not a test by itself: run alone, it fails.
 #[test]
+#[ignore = "a reader process of the stress tests, which run it; it fails when run by itself"]
 fn stress_reader_child() {
-    let Ok(params) = std::env::var(CHILD_ENV) else { return };
+    let params = std::env::var(CHILD_ENV).unwrap_or_else(|_| {
+        panic!("not a test by itself: stress_tar_lazy_umount_under_load and stress_squashfs_zstd_sigterm_under_load run it with {CHILD_ENV} set")
+    });
     let parts: Vec<&str> = params.split('\n').collect();
-    let (mp, src, marker) = (PathBuf::from(parts[0]), PathBuf::from(parts[1]), PathBuf::from(parts[2]));
-    let seed: u64 = parts[3].parse().unwrap();
-    let run_ms: u64 = parts[4].parse().unwrap();
+    let (mp, src, marker, ready) =
+        (PathBuf::from(parts[0]), PathBuf::from(parts[1]), PathBuf::from(parts[2]), PathBuf::from(parts[3]));
+    let seed: u64 = parts[4].parse().unwrap();
     let names: Vec<String> = parts[5..].iter().map(|s| s.to_string()).collect();
-    let deadline = Instant::now() + Duration::from_millis(run_ms);
+    let progress = Arc::new(AtomicU64::new(0));
     let handles: Vec<_> = (0..THREADS_PER_PROCESS as u64)
         .map(|t| {
-            let (mp, src, marker, names) = (mp.clone(), src.clone(), marker.clone(), names.clone());
-            thread::spawn(move || reader(seed * 100 + t, &mp, &src, &names, &marker, deadline))
+            let (mp, src, marker, names, progress) =
+                (mp.clone(), src.clone(), marker.clone(), names.clone(), progress.clone());
+            thread::spawn(move || reader(seed * 100 + t, &mp, &src, &names, &marker, &progress))
         })
         .collect();
+    while !handles.iter().all(|h| h.is_finished()) {
+        if progress.load(Ordering::Relaxed) >= READS_BEFORE_UNMOUNT {
+            fs::write(&ready, b"").unwrap();
+            break;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
     for h in handles {
         let t = h.join().unwrap();
         println!(
@@ -232,24 +231,26 @@ fn stress(label: &str, build: impl FnOnce(&Path, &Path), how: Unmount) {
         started.elapsed()
     );
 
-    let t0 = Instant::now();
-    let deadline = t0 + RUN_FOR;
+    let progress = Arc::new(AtomicU64::new(0));
     let (tx, rx) = mpsc::channel();
     for t in 0..THREADS as u64 {
-        let (mp, src, marker, names, tx) = (mp.clone(), src.clone(), marker.clone(), names.clone(), tx.clone());
+        let (mp, src, marker, names, tx, progress) =
+            (mp.clone(), src.clone(), marker.clone(), names.clone(), tx.clone(), progress.clone());
         thread::spawn(move || {
-            let _ = tx.send(reader(t + 1, &mp, &src, &names, &marker, deadline));
+            let _ = tx.send(reader(t + 1, &mp, &src, &names, &marker, &progress));
         });
     }
     drop(tx);
     let mut children = Vec::new();
+    let mut ready_files = Vec::new();
     for p in 0..PROCESSES {
+        let ready = tmp.join(format!("child{p}.ready"));
         let params = [
             mp.to_str().unwrap(),
             src.to_str().unwrap(),
             marker.to_str().unwrap(),
+            ready.to_str().unwrap(),
             &(p + 10).to_string(),
-            &RUN_FOR.as_millis().to_string(),
         ]
         .into_iter()
         .map(String::from)
@@ -258,7 +259,7 @@ fn stress(label: &str, build: impl FnOnce(&Path, &Path), how: Unmount) {
         .join("\n");
         let out = tmp.join(format!("child{p}.out"));
         let child = Command::new(std::env::current_exe().unwrap())
-            .args(["stress::stress_reader_child", "--exact", "--nocapture", "--test-threads=1"])
+            .args(["stress::stress_reader_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
             .env(CHILD_ENV, params)
             .stdin(Stdio::null())
             .stdout(fs::File::create(&out).unwrap())
@@ -266,9 +267,18 @@ fn stress(label: &str, build: impl FnOnce(&Path, &Path), how: Unmount) {
             .spawn()
             .unwrap();
         children.push((KillOnDrop(child), out));
+        ready_files.push(ready);
     }
 
-    thread::sleep(UNMOUNT_AFTER.saturating_sub(t0.elapsed()));
+    let busy = wait_until(HANG_GUARD, || {
+        progress.load(Ordering::Relaxed) >= READS_BEFORE_UNMOUNT && ready_files.iter().all(|r| r.exists())
+    });
+    assert!(
+        busy,
+        "{label}: the readers did not make {READS_BEFORE_UNMOUNT} reads each (threads: {}; processes ready: {:?})",
+        progress.load(Ordering::Relaxed),
+        ready_files.iter().map(|r| r.exists()).collect::<Vec<_>>()
+    );
     fs::write(&marker, b"").unwrap();
     let unmounter = match how {
         Unmount::Lazy => Some(KillOnDrop(
@@ -291,7 +301,7 @@ fn stress(label: &str, build: impl FnOnce(&Path, &Path), how: Unmount) {
 
     // Every wait is bounded: a reader stuck in a request fails the test here.
     let mut tallies = Vec::new();
-    let limit = Instant::now() + Duration::from_secs(30);
+    let limit = Instant::now() + HANG_GUARD;
     for _ in 0..THREADS {
         let left = limit.saturating_duration_since(Instant::now());
         tallies
@@ -327,7 +337,11 @@ fn stress(label: &str, build: impl FnOnce(&Path, &Path), how: Unmount) {
     assert!(failures.is_empty() && child_failures.is_empty(), "{label}: {failures:#?}\n{child_failures:#?}");
     let child_readers = child_lines.iter().filter(|l| l.starts_with("STRESS-READER")).count();
     assert_eq!(child_readers, PROCESSES * THREADS_PER_PROCESS, "{label}: reader processes reported {child_lines:#?}");
-    assert!(reads > 100, "{label}: only {reads} reads in {RUN_FOR:?}");
+    assert!(reads >= READS_BEFORE_UNMOUNT, "{label}: {reads} reads before and during the unmount");
+    assert!(
+        after > 0 || child_lines.iter().any(|l| !l.contains("errors_after=0")),
+        "{label}: no reader saw the unmount"
+    );
     assert!(
         wait_until(Duration::from_secs(15), || pids.iter().all(|&p| !process_alive(p))),
         "{label}: the daemon (pids {pids:?}) is still running after the unmount"

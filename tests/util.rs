@@ -19,6 +19,11 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+/// The tests' one pseudo-random generator, shared with the unit tests.
+#[path = "../src/test_rng.rs"]
+mod test_rng;
+pub use test_rng::{pseudo_random, Rng};
+
 /// How long one `stagefs mount`/`stagefs umount` may take before the test
 /// fails (instead of hanging the suite).
 pub const CMD_TIMEOUT: Duration = Duration::from_secs(60);
@@ -183,14 +188,22 @@ impl CmdOutput {
         self
     }
 
-    /// Panics with the full output unless the command failed cleanly (a
-    /// non-zero exit, not a signal such as a crash).
-    pub fn assert_failure(&self) -> &Self {
+    /// Panics with the full output unless the command exited with exactly `code`
+    /// (scripts branch on stagefs's exit codes: "some failure" is not enough).
+    pub fn assert_code(&self, code: i32) -> &Self {
         match self.status.code() {
-            Some(0) => panic!("command unexpectedly succeeded:\n{}", self.describe()),
-            Some(_) => self,
-            None => panic!("command was killed by a signal (crash?):\n{}", self.describe()),
+            Some(c) if c == code => self,
+            Some(c) => panic!("expected exit code {code}, got {c}:\n{}", self.describe()),
+            None => panic!("expected exit code {code}, but the command was killed by a signal:\n{}", self.describe()),
         }
+    }
+
+    /// Panics unless stderr contains every needle.
+    pub fn assert_stderr_has(&self, needles: &[&str]) -> &Self {
+        for needle in needles {
+            assert!(self.stderr.contains(needle), "stderr lacks {needle:?}:\n{}", self.describe());
+        }
+        self
     }
 }
 
@@ -213,10 +226,16 @@ pub fn describe_command(cmd: &Command) -> String {
 /// which keeps them open cannot make this hang (a separate test checks that
 /// `stagefs mount` does not do that).
 pub fn run_cmd(cmd: &mut Command, timeout: Duration) -> CmdOutput {
+    run_cmd_into(cmd, timeout, None)
+}
+
+/// Like `run_cmd`, with stdout written to `stdout` when given (the output's `stdout` is
+/// then empty): for tools whose output is a file, such as a compressor's `-c`.
+pub fn run_cmd_into(cmd: &mut Command, timeout: Duration, stdout: Option<fs::File>) -> CmdOutput {
     let scratch = TempDir::new("cmd-output");
     let out_path = scratch.join("stdout");
     let err_path = scratch.join("stderr");
-    let out = fs::File::create(&out_path).unwrap();
+    let out = stdout.unwrap_or_else(|| fs::File::create(&out_path).unwrap());
     let err = fs::File::create(&err_path).unwrap();
     let command = describe_command(cmd);
     let mut child = cmd
@@ -226,7 +245,7 @@ pub fn run_cmd(cmd: &mut Command, timeout: Duration) -> CmdOutput {
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start `{command}`: {e}"));
     let status = wait_timeout(&mut child, timeout);
-    let stdout = String::from_utf8_lossy(&fs::read(&out_path).unwrap()).into_owned();
+    let stdout = String::from_utf8_lossy(&fs::read(&out_path).unwrap_or_default()).into_owned();
     let stderr = String::from_utf8_lossy(&fs::read(&err_path).unwrap()).into_owned();
     match status {
         Some(status) => CmdOutput { command, status, stdout, stderr },
@@ -263,6 +282,26 @@ where
     let mut cmd = Command::new(stagefs_bin());
     cmd.args(args);
     run_cmd(&mut cmd, CMD_TIMEOUT)
+}
+
+/// `stagefs mount ARGS...` (the last argument the mountpoint) that must fail with exit
+/// `code`. Should it mount instead, it is unmounted before the test panics, so that it does
+/// not stay mounted for the rest of the suite.
+pub fn mount_must_fail<S: AsRef<OsStr>>(args: &[S], code: i32, what: &str) -> CmdOutput {
+    require_root();
+    let mut all: Vec<OsString> = vec!["mount".into()];
+    all.extend(args.iter().map(|a| a.as_ref().to_os_string()));
+    let mp = PathBuf::from(all.last().expect("a mountpoint"));
+    let out = stagefs(&all);
+    if out.success() {
+        let _ = stagefs([OsStr::new("umount"), mp.as_os_str()]);
+        if is_mounted(&mp) {
+            let _ = Command::new("umount").arg("-l").arg(&mp).status();
+        }
+        panic!("{what}: stagefs mount succeeded but must fail with exit code {code}\n{}", out.describe());
+    }
+    let _ = out.assert_code(code);
+    out
 }
 
 /// Runs an external tool (checked with `require_tool`) and panics unless it
@@ -414,7 +453,13 @@ pub fn stagefs_pids(needle: &Path) -> Vec<i32> {
 }
 
 /// Polls `cond` every 20 ms until it is true or `timeout` passes.
-pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+pub fn wait_until(timeout: Duration, cond: impl FnMut() -> bool) -> bool {
+    wait_until_every(timeout, Duration::from_millis(20), cond)
+}
+
+/// Polls `cond` every `interval` (for conditions that run commands) until it is true
+/// or `timeout` passes.
+pub fn wait_until_every(timeout: Duration, interval: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
         if cond() {
@@ -423,7 +468,7 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
         if Instant::now() >= deadline {
             return false;
         }
-        thread::sleep(Duration::from_millis(20));
+        thread::sleep(interval);
     }
 }
 
@@ -574,6 +619,59 @@ impl Drop for Mounted {
     }
 }
 
+/// `stagefs -v mount -f ARCHIVE MP` (with `env`) with its log in a file; returns once
+/// mounted with the process, a guard and the log so far.
+pub struct Foreground {
+    pub child: KillOnDrop,
+    guard: Option<Mounted>,
+    log: PathBuf,
+}
+
+impl Foreground {
+    pub fn start(archive: &Path, mp: &Path, log: &Path, env: &[(&str, &Path)]) -> Foreground {
+        require_root();
+        let file = fs::File::create(log).unwrap();
+        let mut cmd = Command::new(stagefs_bin());
+        cmd.args([OsStr::new("-v"), OsStr::new("mount"), OsStr::new("-f"), archive.as_os_str(), mp.as_os_str()]);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child =
+            KillOnDrop(cmd.stdin(Stdio::null()).stdout(file.try_clone().unwrap()).stderr(file).spawn().unwrap());
+        let mut fg = Foreground { child, guard: None, log: log.to_path_buf() };
+        let up = wait_until(Duration::from_secs(30), || is_mounted(mp) || !matches!(fg.child.0.try_wait(), Ok(None)));
+        fg.guard = Some(Mounted::adopt(archive, mp));
+        assert!(up && is_mounted(mp), "stagefs mount -f did not mount within 30 s (a hang guard); log:\n{}", fg.log());
+        fg
+    }
+
+    pub fn log(&self) -> String {
+        String::from_utf8_lossy(&fs::read(&self.log).unwrap_or_default()).into_owned()
+    }
+
+    /// Unmounts, waits for the foreground process to exit 0, returns the log.
+    pub fn finish(mut self) -> String {
+        let out = self.guard.take().unwrap().unmount();
+        assert!(out.success(), "stagefs umount of a foreground mount\n{}", out.describe());
+        let status = wait_timeout(&mut self.child.0, Duration::from_secs(10));
+        let log = self.log();
+        assert!(
+            matches!(status, Some(s) if s.success()),
+            "foreground stagefs must exit 0 after umount: {status:?}; log:\n{log}"
+        );
+        log
+    }
+}
+
+/// Unmounts a mount the test made by other means (a tmpfs, a bind mount) on drop.
+pub struct UnmountOnDrop(pub PathBuf);
+
+impl Drop for UnmountOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Deterministic data
 
@@ -583,21 +681,6 @@ pub fn proc_kb_field(path: &str, key: &str) -> u64 {
     let line = text.lines().find(|l| l.split(':').next() == Some(key));
     let kb = line.and_then(|l| l.split_whitespace().nth(1)).and_then(|n| n.parse::<u64>().ok());
     kb.unwrap_or_else(|| panic!("no `{key}:` in kB in {path}")) * 1024
-}
-
-/// `len` pseudo-random bytes from `seed` (xorshift64*), for content that
-/// catches offset mistakes (no short period).
-pub fn pseudo_random(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        v.extend_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
-    }
-    v.truncate(len);
-    v
 }
 
 /// 64-bit FNV-1a, for compact content fingerprints in messages.

@@ -1026,6 +1026,7 @@ fn base64_decode(s: &[u8]) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::python_tar;
 
     #[test]
     fn numbers_octal_and_base256() {
@@ -1066,15 +1067,10 @@ mod tests {
         assert!(base64_decode(b"!!!!").is_none());
     }
 
-    fn archive(members: &[(&str, u8, &[u8])]) -> Vec<u8> {
-        let mut out = Vec::new();
-        for (name, t, data) in members {
-            out.extend(ustar_header(name, *t, 0o644, data.len() as u64, ""));
-            out.extend_from_slice(data);
-            out.resize(out.len().div_ceil(BLOCK) * BLOCK, 0);
-        }
-        out.resize(out.len() + 2 * BLOCK, 0);
-        out
+    /// A ustar archive of regular members written by Python's `tarfile`.
+    fn archive(members: &[(&str, &[u8])]) -> Vec<u8> {
+        let script: String = members.iter().map(|(name, data)| format!("add({name:?}, bytes({data:?}))\n")).collect();
+        python_tar(", format=tarfile.USTAR_FORMAT", &script)
     }
 
     fn open_bytes(bytes: &[u8]) -> Result<(Index, TarReader), OpenError> {
@@ -1085,8 +1081,7 @@ mod tests {
 
     #[test]
     fn indexes_members_and_implicit_dirs() {
-        let bytes =
-            archive(&[("a/b/file.txt", b'0', b"hello"), ("a/b/file.txt", b'0', b"second"), ("link", b'1', b"")]);
+        let bytes = archive(&[("a/b/file.txt", b"hello"), ("a/b/file.txt", b"second")]);
         let (index, reader) = open_bytes(&bytes).unwrap();
         let root = &index.inodes[0];
         let a = index.lookup(root, b"a").unwrap();
@@ -1100,7 +1095,7 @@ mod tests {
 
     #[test]
     fn bad_checksum_names_the_offset() {
-        let mut bytes = archive(&[("ok", b'0', b"x"), ("bad", b'0', b"y")]);
+        let mut bytes = archive(&[("ok", b"x"), ("bad", b"y")]);
         bytes[1024 + 10] ^= 0xff; // Damage the second header (at byte 1024).
         match open_bytes(&bytes) {
             Err(OpenError::Corrupt { offset, what, .. }) => {
@@ -1113,7 +1108,7 @@ mod tests {
 
     #[test]
     fn truncated_member_is_reported() {
-        let bytes = archive(&[("big", b'0', &[7u8; 4000])]);
+        let bytes = archive(&[("big", &[7u8; 4000])]);
         match open_bytes(&bytes[..2048]) {
             Err(OpenError::Truncated { offset, .. }) => assert_eq!(offset, 0),
             other => panic!("expected truncation, got {:?}", other.map(|_| ())),
@@ -1133,13 +1128,10 @@ mod tests {
         // One global header of 2000 keywords (a 4.3 MB archive of 8000 took 19 s: every
         // member re-applied every global keyword), then 2000 members.
         let n = 2000;
-        let mut records: Vec<u8> = (0..n).flat_map(|i| pax_record(&format!("comment.{i}"), "x")).collect();
-        records.extend(pax_record("uid", "4242"));
-        let mut tar = global_header(&records);
-        for i in 0..n {
-            tar.extend(ustar_header(&format!("f{i:05}"), b'0', 0o644, 0, ""));
-        }
-        tar.resize(tar.len() + 2 * BLOCK, 0);
+        let tar = python_tar(
+            &format!(", format=tarfile.PAX_FORMAT, pax_headers={{**{{f'comment.{{i}}': 'x' for i in range({n})}}, 'uid': '4242'}}"),
+            &format!("for i in range({n}): add(f'f{{i:05}}')"),
+        );
         let mut scan = Scan::new(Path::new("t.tar"), &tar);
         scan.run().unwrap();
         let applied = scan.pax_keywords;
@@ -1164,6 +1156,8 @@ mod tests {
         index.xattrs_of(inode).iter().map(|x| (text(x.name), text(x.value))).collect()
     }
 
+    /// Built header by header: Python's tarfile and GNU tar write one global header, at
+    /// the start; this needs a second one further on that unsets a keyword.
     #[test]
     fn global_keywords_apply_until_unset_and_members_override_them() {
         let mut tar = global_header(&[pax_record("uid", "7"), pax_record("SCHILY.xattr.user.g", "global")].concat());
@@ -1195,22 +1189,23 @@ mod tests {
     #[test]
     fn an_xattr_in_both_pax_forms_is_listed_once() {
         // bsdtar writes every xattr as LIBARCHIVE.xattr (base64) and SCHILY.xattr (raw).
-        let records =
-            [pax_record("LIBARCHIVE.xattr.user.color", "Ymx1ZQ=="), pax_record("SCHILY.xattr.user.color", "blue")];
-        let mut tar = pax_header(&records.concat());
-        tar.extend(ustar_header("f", b'0', 0o644, 0, ""));
-        tar.resize(tar.len() + 2 * BLOCK, 0);
+        let tar = python_tar(
+            ", format=tarfile.PAX_FORMAT",
+            "add('f', pax_headers={'LIBARCHIVE.xattr.user.color': 'Ymx1ZQ==', 'SCHILY.xattr.user.color': 'blue'})",
+        );
         let (index, _) = open_bytes(&tar).unwrap();
         assert_eq!(xattrs_of(&index, "f"), [("user.color".to_string(), "blue".to_string())]);
     }
 
     #[test]
     fn too_many_global_xattrs_are_refused() {
-        let records: Vec<u8> =
-            (0..=MAX_GLOBAL_XATTRS).flat_map(|i| pax_record(&format!("SCHILY.xattr.user.x{i}"), "v")).collect();
-        let mut tar = global_header(&records);
-        tar.extend(ustar_header("f", b'0', 0o644, 0, ""));
-        tar.resize(tar.len() + 2 * BLOCK, 0);
+        let tar = python_tar(
+            &format!(
+                ", format=tarfile.PAX_FORMAT, pax_headers={{f'SCHILY.xattr.user.x{{i}}': 'v' for i in range({})}}",
+                MAX_GLOBAL_XATTRS + 1
+            ),
+            "add('f')",
+        );
         match open_bytes(&tar) {
             Err(OpenError::Corrupt { offset: 0, what, .. }) => assert!(what.contains("257 xattrs"), "{what}"),
             other => panic!("expected a Corrupt error, got {:?}", other.map(|_| ())),

@@ -285,14 +285,14 @@ pub fn wait(mountpoint: &Path, timeout: Duration) -> Result<(), Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::TempDir;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-    fn lock_path(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("stagefs-elect-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+    /// A lock file path in a fresh directory, removed with the returned guard.
+    fn lock_path(name: &str) -> (TempDir, PathBuf) {
+        let dir = TempDir::new("elect");
         let path = dir.join(format!("{name}.lock"));
-        let _ = std::fs::remove_file(&path);
-        path
+        (dir, path)
     }
 
     fn slurm(local_id: u32, step: &str) -> SlurmTask {
@@ -330,15 +330,15 @@ mod tests {
 
     #[test]
     fn flock_elects_exactly_one_among_contenders() {
-        let path = lock_path("flock");
+        let (_dir, path) = lock_path("flock");
         let (leaders, followers, errors) = contend(&path, vec![SlurmTask::default(); 8], false);
         assert_eq!((leaders, followers), (1, 7), "{errors:?}");
     }
 
     #[test]
     fn stale_failures_and_dead_records_are_swept() {
-        let dir = lock_path("sweep").with_extension("d");
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = TempDir::new("sweep");
+        let dir = tmp.path();
         let failed = |age_ms: u64| Status {
             failed: true,
             code: 3,
@@ -360,18 +360,17 @@ mod tests {
             "pid=4294967294\narchive=/a\nmountpoint=/m\nstarted=1\nstaged_bytes=0\nreads=0\n",
         )
         .unwrap();
-        sweep_stale_in(&dir);
+        sweep_stale_in(dir);
         let mut left: Vec<_> =
-            std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+            std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
         left.sort();
         assert_eq!(left, ["held.lock", "recent.lock"], "an unheld 'mounting' status is a dead mounter's");
         drop(held);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn flock_waiters_see_the_leaders_error() {
-        let path = lock_path("flock-fail");
+        let (_dir, path) = lock_path("flock-fail");
         let (leaders, _, errors) = contend(&path, vec![SlurmTask::default(); 4], true);
         assert_eq!(leaders, 1);
         assert_eq!(errors.len(), 3);
@@ -380,7 +379,7 @@ mod tests {
 
     #[test]
     fn localid_zero_leads_even_when_it_comes_last() {
-        let path = lock_path("localid");
+        let (_dir, path) = lock_path("localid");
         let tasks = (0..4).rev().map(|id| slurm(id, "0")).collect();
         let (leaders, followers, errors) = contend(&path, tasks, false);
         assert_eq!((leaders, followers), (1, 3), "{errors:?}");
@@ -389,7 +388,7 @@ mod tests {
 
     #[test]
     fn localid_followers_get_the_leaders_error_not_a_timeout() {
-        let path = lock_path("localid-fail");
+        let (_dir, path) = lock_path("localid-fail");
         let (leaders, _, errors) = contend(&path, (0..4).map(|id| slurm(id, "1")).collect(), true);
         assert_eq!(leaders, 1);
         assert_eq!(errors.len(), 3, "{errors:?}");
@@ -398,7 +397,7 @@ mod tests {
 
     #[test]
     fn a_stale_failure_of_another_step_is_ignored() {
-        let path = lock_path("stale");
+        let (_dir, path) = lock_path("stale");
         contend(&path, vec![slurm(0, "1")], true);
         // A follower of step 2 must not take step 1's failure for its leader's.
         let err = elect_with(&path, &slurm(1, "2"), Duration::from_millis(100), "test", &|| Ok(false)).unwrap_err();
@@ -412,7 +411,7 @@ mod tests {
 
     #[test]
     fn a_leader_that_died_while_mounting_is_reported() {
-        let path = lock_path("died");
+        let (_dir, path) = lock_path("died");
         std::fs::write(&path, format!("state=mounting\npid={}\ntag=42.3\nat_ms=0\ncode=0\nmessage=\n", u32::MAX - 1))
             .unwrap();
         let err = elect_with(&path, &slurm(2, "3"), Duration::from_secs(5), "test", &|| Ok(false)).unwrap_err();

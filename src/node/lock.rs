@@ -162,10 +162,7 @@ pub(crate) fn now_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn temp(name: &str) -> PathBuf {
-        std::env::temp_dir().join(format!("stagefs-lock-test-{}-{name}", std::process::id()))
-    }
+    use crate::test_support::TempDir;
 
     #[test]
     fn status_round_trips() {
@@ -181,7 +178,8 @@ mod tests {
 
     #[test]
     fn exclusive_excludes_and_a_removed_file_is_not_reused() {
-        let path = temp("excl");
+        let tmp = TempDir::new("lock");
+        let path = tmp.join("excl");
         let a = LockFile::try_acquire(&path, Mode::Exclusive).unwrap().unwrap();
         assert!(LockFile::try_acquire(&path, Mode::Exclusive).unwrap().is_none());
         assert!(LockFile::try_acquire(&path, Mode::Shared).unwrap().is_none());
@@ -198,7 +196,8 @@ mod tests {
 
     #[test]
     fn shared_holders_block_the_exclusive_upgrade() {
-        let path = temp("shared");
+        let tmp = TempDir::new("lock");
+        let path = tmp.join("shared");
         let a = LockFile::try_acquire(&path, Mode::Shared).unwrap().unwrap();
         let b = LockFile::try_acquire(&path, Mode::Shared).unwrap().unwrap();
         assert!(!a.try_lock(Mode::Exclusive).unwrap(), "b still shares it");

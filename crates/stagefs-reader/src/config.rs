@@ -28,8 +28,8 @@ pub struct Config {
     pub(crate) backend: BackendChoice,
     pub(crate) device: usize,
     pub(crate) write_combined: bool,
-    // Test hooks (host backend): record slot events, slow down uploads,
-    // pretend libcuda is missing.
+    // Test hooks (host backend): record slot events, slow down uploads; and
+    // pretend libcuda is missing (public: `assume_no_cuda_driver`).
     pub(crate) record_slot_events: bool,
     pub(crate) upload_delay: Duration,
     pub(crate) assume_no_driver: bool,
@@ -131,6 +131,13 @@ impl Config {
     /// Backend selection (default [`BackendChoice::Auto`]).
     pub fn backend(mut self, b: BackendChoice) -> Self {
         self.backend = b;
+        self
+    }
+    /// Behave as if `libcuda.so` could not be loaded (default false): `Auto` then picks
+    /// the host backend and `Cuda` fails with [`crate::Error::CudaUnavailable`]. This is
+    /// how the fallback is tested on machines that have a GPU.
+    pub fn assume_no_cuda_driver(mut self, yes: bool) -> Self {
+        self.assume_no_driver = yes;
         self
     }
     /// CUDA device ordinal (default 0).

@@ -52,6 +52,9 @@ mod ring;
 mod shared;
 mod stats;
 
+// Lets the unit tests share `tests/common` (which names the crate) with the integration tests.
+#[cfg(test)]
+extern crate self as stagefs_reader;
 #[cfg(test)]
 mod tests;
 

@@ -4,48 +4,16 @@ use crate::order::{epoch_order, shard};
 use crate::ring::SlotEvent;
 use crate::{Backend, BackendChoice, Config, DeviceBuffer, Error, FileList, Loader};
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-/// A directory of files whose contents are derived from their index, removed on drop.
-struct Tree {
-    dir: PathBuf,
-    files: Vec<PathBuf>,
-}
+// The integration tests' tree builder: files `d{i/10}/f{i:04}.bin` with index-derived
+// content, removed on drop.
+#[path = "../tests/common/mod.rs"]
+mod common;
+use common::{content, Tree};
 
-fn content(i: usize, len: usize) -> Vec<u8> {
-    (0..len).map(|j| (i * 131 + j * 7) as u8).collect()
-}
-
-impl Tree {
-    fn new(sizes: &[usize]) -> Tree {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "stagefs-reader-unit-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let files = sizes
-            .iter()
-            .enumerate()
-            .map(|(i, &len)| {
-                let p = dir.join(format!("f{i:05}"));
-                std::fs::write(&p, content(i, len)).unwrap();
-                p
-            })
-            .collect();
-        Tree { dir, files }
-    }
-}
-
-impl Drop for Tree {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
+/// Sizes for the 3000-byte slots of `host()`: some files empty, none larger than a slot.
 fn sizes(n: usize) -> Vec<usize> {
     (0..n).map(|i| (i * 397) % 900 + (i % 3) * 50).collect()
 }
@@ -238,7 +206,7 @@ fn io_error_propagates_and_stops_the_pipeline() {
         }
     };
     assert_eq!(err.path(), Some(t.files[37].as_path()), "{err}");
-    assert!(err.to_string().contains("f00037"), "{err}");
+    assert!(err.to_string().contains("f0037"), "{err}");
     assert_eq!(shared.live_workers.load(Ordering::SeqCst), 0);
     assert!(matches!(l.next_batch(), Err(Error::Stopped)));
 }

@@ -1,5 +1,6 @@
 //! GPU tests, compiled only with `--features gpu-tests`. They FAIL when no
 //! usable CUDA device is present: enabling the feature asserts there is one.
+//! Run them with `cargo test -p stagefs-reader --features gpu-tests --test gpu` (README).
 #![cfg(feature = "gpu-tests")]
 
 mod common;
@@ -43,16 +44,28 @@ fn gpu_epochs_round_trip_through_device_memory() {
     assert!(s.upload_busy.as_nanos() > 0);
 }
 
+/// The probe uploads what it says it does; how fast is a benchmark's business
+/// (`benches/gpu-h2d.sh` prints the rate), not a test's.
 #[test]
-fn gpu_h2d_probe_reports_a_plausible_bandwidth() {
+fn gpu_h2d_probe_uploads_full_slots() {
     require_gpu();
     let t = Tree::new(&sizes(5));
     let mut l = Loader::from_dir(&t.dir, gpu_cfg().slot_bytes(32 << 20)).unwrap();
     while l.next_batch().unwrap().is_some() {}
     let (bytes, dt) = l.measure_h2d(10).unwrap();
-    let gbps = bytes as f64 / dt.as_secs_f64() / 1e9;
-    eprintln!("H2D {gbps:.1} GB/s");
-    assert!(gbps > 1.0, "H2D {gbps} GB/s is implausibly low for pinned memory");
+    assert_eq!(bytes, 10 * (32 << 20), "10 uploads of a 32 MiB slot");
+    assert!(dt.as_nanos() > 0, "the probe must time its uploads");
+    // Probe copies are not pipeline uploads.
+    assert_eq!(l.stats().bytes_uploaded, l.stats().bytes_read);
+}
+
+/// The fallback seam also holds where a GPU is: `assume_no_cuda_driver` picks the host.
+#[test]
+fn gpu_machine_can_still_be_told_to_fall_back() {
+    require_gpu();
+    let t = Tree::new(&sizes(5));
+    let l = Loader::from_dir(&t.dir, Config::default().assume_no_cuda_driver(true).slot_bytes(1 << 20)).unwrap();
+    assert_eq!(l.backend(), Backend::Host);
 }
 
 #[test]

@@ -179,19 +179,18 @@ mod tests {
         assert_eq!(decompress(&[17 + 1, b'x', 36, 0xff, 0xff], &mut out), Err(LzoError::LookBehindOverrun));
         assert_eq!(decompress(&[17 + 200], &mut out), Err(LzoError::InputOverrun));
         assert_eq!(decompress(&[17 + 3, 1, 2, 3, 0x11, 0, 0, 9], &mut out), Err(LzoError::TrailingInput));
-        // Pseudo-random garbage must never panic.
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        // Pseudo-random garbage must never panic, and is mostly refused.
+        let mut rng = crate::test_rng::Rng::new(2);
+        let mut refused = 0;
         for _ in 0..20_000 {
-            let len = (seed % 40) as usize;
-            let bytes: Vec<u8> = (0..len)
-                .map(|_| {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
-                    seed as u8
-                })
-                .collect();
-            let _ = decompress(&bytes, &mut out);
+            let len = rng.below(40) as usize;
+            let bytes: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+            match decompress(&bytes, &mut out) {
+                Ok(n) => assert!(n <= out.len(), "{bytes:?} decoded to {n} bytes in a {}-byte buffer", out.len()),
+                Err(_) => refused += 1,
+            }
         }
+        eprintln!("{refused} of 20000 garbage streams refused");
+        assert!(refused > 10_000, "only {refused} of 20000 garbage streams were refused");
     }
 }

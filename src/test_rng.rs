@@ -1,0 +1,42 @@
+//! The tests' one pseudo-random generator (xorshift64*): deterministic per seed and
+//! without a short period, so content made from it catches offset mistakes. The unit
+//! tests use it as `crate::test_rng`; the integration tests include this file from
+//! `tests/util.rs`.
+
+#![allow(dead_code)]
+
+/// xorshift64*: the same sequence for the same seed, everywhere.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// A number in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next() % n
+        }
+    }
+}
+
+/// `len` pseudo-random bytes from `seed`.
+pub fn pseudo_random(seed: u64, len: usize) -> Vec<u8> {
+    let mut rng = Rng::new(seed);
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        v.extend_from_slice(&rng.next().to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
