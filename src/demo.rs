@@ -24,7 +24,7 @@ impl Rng {
     }
 }
 
-pub fn run(files: usize, readers: usize, dir: Option<PathBuf>) -> Result<(), Failure> {
+pub fn run(files: usize, readers: usize, dir: Option<PathBuf>, _keep: bool) -> Result<(), Failure> {
     let io = |what: &str, e: std::io::Error| Failure::other(format!("demo: {what}: {e}"));
     let work = dir.unwrap_or_else(|| std::env::temp_dir().join(format!("stagefs-demo-{}", std::process::id())));
     // In /tmp anyone could have made that path first: it must be ours alone.

@@ -15,4 +15,5 @@ mod staging;
 mod startup_signals;
 mod stress;
 mod util;
+mod ux;
 mod warm;
