@@ -441,11 +441,39 @@ fn which(program: &str) -> Option<PathBuf> {
     std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(program)).find(|p| p.is_file())
 }
 
+/// Sorts a failed mount into "the mountpoint will not do" (exit 4: no write access, not
+/// empty, a filesystem one may not mount over) and "FUSE does not work here" (exit 7).
+/// fusermount3 reports in words only (fuser passes its stderr on), so its wording decides.
 fn mount_failure(mountpoint: &Path, e: std::io::Error) -> Failure {
+    let text = e.to_string();
+    let text = text.trim().trim_start_matches("fusermount3: ");
+    let at = mountpoint.display();
     match e.raw_os_error() {
-        Some(libc::EBUSY) => MountpointError::AlreadyMounted(mountpoint.to_owned(), None).into(),
-        _ => Failure::no_fuse(format!("cannot mount {}: {e}", mountpoint.display())),
+        Some(libc::EBUSY) => return MountpointError::AlreadyMounted(mountpoint.to_owned(), None).into(),
+        // fuser opens the mountpoint itself before it asks the kernel or fusermount3.
+        Some(libc::EACCES | libc::EPERM | libc::ENOENT | libc::ENOTDIR | libc::ENOTEMPTY | libc::EROFS) => {
+            return mountpoint_refused(mountpoint, text)
+        }
+        _ => {}
     }
+    let lower = text.to_ascii_lowercase();
+    let about_mountpoint = ["mountpoint", "mount point", "not empty", "mounting over", "not a directory"];
+    let about_fuse = ["/dev/fuse", "fuse device", "enodev", "no such device", "unknown filesystem type"];
+    if about_mountpoint.iter().any(|w| lower.contains(w)) && !about_fuse.iter().any(|w| lower.contains(w)) {
+        return mountpoint_refused(mountpoint, text);
+    }
+    Failure::no_fuse(format!("cannot mount {at}: FUSE refused it: {text}"))
+}
+
+fn mountpoint_refused(mountpoint: &Path, why: &str) -> Failure {
+    Failure::new(
+        crate::error::code::MOUNTPOINT,
+        format!(
+            "cannot mount on {}: {why}; mount on an empty directory you own (the default, under /dev/shm/$USER, \
+             is one), or fix the directory's owner or permissions",
+            mountpoint.display()
+        ),
+    )
 }
 
 /// Waits until the mountpoint shows our root: then any process can use it.

@@ -4,10 +4,11 @@
 
 use std::ffi::OsStr;
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::util::{assert_nothing_left, fixture, is_mounted, read, require_root, stagefs, Mounted, TempDir};
+use crate::util::{assert_nothing_left, fixture, is_mounted, read, require_root, stagefs, Mounted, TempDir, User};
 
 /// Unmounts `mp` if a command that had to fail mounted it anyway, so one failure does not
 /// leave a mount behind for the rest of the suite.
@@ -94,4 +95,24 @@ fn an_idle_timeout_of_zero_means_never() {
     assert!(is_mounted(&mp), "--idle-timeout 0 must not unmount");
     assert_eq!(read(&m.path().join("a/b/c/d/deep.txt")), b"deep file\n");
     m.unmount().assert_success();
+}
+
+#[test]
+fn a_mountpoint_fusermount3_refuses_is_a_mountpoint_problem_not_missing_fuse() {
+    let user = User::get("sfs-ux");
+    let tmp = TempDir::new("ux-no-write");
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let archive = tmp.join("data.tar");
+    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    fs::set_permissions(&archive, fs::Permissions::from_mode(0o644)).unwrap();
+    // Empty, but root's: fusermount3 refuses it ("no write access to mountpoint").
+    let mp = tmp.join("roots");
+    fs::create_dir(&mp).unwrap();
+    fs::set_permissions(&mp, fs::Permissions::from_mode(0o755)).unwrap();
+    let out = user.stagefs([OsStr::new("mount"), archive.as_os_str(), mp.as_os_str()]);
+    unmount_if_mounted(&mp);
+    assert_eq!(out.code(), Some(4), "{}", out.describe());
+    assert!(out.stderr.contains(&*mp.to_string_lossy()), "the error names the mountpoint: {}", out.describe());
+    assert!(!out.stderr.contains("FUSE"), "nothing is wrong with FUSE: {}", out.describe());
+    assert_nothing_left(&mp, "refused mountpoint");
 }
