@@ -11,7 +11,10 @@ use stagefs::node;
 
 fn main() -> ExitCode {
     let cli = Cli::try_parse().unwrap_or_else(|e| usage_error(e));
-    init_logging(cli.verbose);
+    // A daemon forked by these commands writes its log to a file: no colour codes there.
+    let forks_daemon =
+        matches!(cli.command, Command::Mount { foreground: false, .. } | Command::Run(_) | Command::Demo { .. });
+    init_logging(cli.verbose, !forks_daemon);
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure { code, message }) => {
@@ -74,7 +77,7 @@ fn usage_error(error: clap::Error) -> ! {
     error.exit()
 }
 
-fn init_logging(verbose: u8) {
+fn init_logging(verbose: u8, colour: bool) {
     let level = match verbose {
         0 => "warn",
         1 => "info",
@@ -86,7 +89,7 @@ fn init_logging(verbose: u8) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(colour && std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .init();
 }

@@ -5,10 +5,14 @@
 use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::util::{assert_nothing_left, fixture, is_mounted, read, require_root, stagefs, Mounted, TempDir, User};
+use crate::util::{
+    assert_nothing_left, fixture, is_mounted, pack_tar, process_alive, pseudo_random, read, require_root, run_cmd,
+    stagefs, stagefs_bin, stagefs_pids, wait_until, CmdOutput, KillOnDrop, Mounted, TempDir, User, CMD_TIMEOUT,
+};
 
 /// Unmounts `mp` if a command that had to fail mounted it anyway, so one failure does not
 /// leave a mount behind for the rest of the suite.
@@ -115,4 +119,187 @@ fn a_mountpoint_fusermount3_refuses_is_a_mountpoint_problem_not_missing_fuse() {
     assert!(out.stderr.contains(&*mp.to_string_lossy()), "the error names the mountpoint: {}", out.describe());
     assert!(!out.stderr.contains("FUSE"), "nothing is wrong with FUSE: {}", out.describe());
     assert_nothing_left(&mp, "refused mountpoint");
+}
+
+/// `stagefs ARGS...` with its runtime directory (locks, records, logs) in `runtime`, so the
+/// test sees exactly the files of its own mounts.
+fn stagefs_in(runtime: &Path, args: &[&OsStr]) -> CmdOutput {
+    let mut cmd = Command::new(stagefs_bin());
+    cmd.env("STAGEFS_RUNTIME_DIR", runtime).args(args);
+    run_cmd(&mut cmd, CMD_TIMEOUT)
+}
+
+/// The names of the files in a runtime directory.
+fn runtime_files(runtime: &Path) -> Vec<String> {
+    let Ok(entries) = fs::read_dir(runtime) else { return Vec::new() };
+    let mut names: Vec<String> = entries.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    names
+}
+
+/// A tar of four 200 KB files, written by GNU tar.
+fn four_file_tar(tmp: &TempDir) -> PathBuf {
+    let src = tmp.join("src");
+    fs::create_dir_all(&src).unwrap();
+    for i in 0..4u64 {
+        fs::write(src.join(format!("f{i}.bin")), pseudo_random(40 + i, 200_000)).unwrap();
+    }
+    let archive = tmp.join("data.tar");
+    pack_tar(&src, &archive, &["f0.bin", "f1.bin", "f2.bin", "f3.bin"]);
+    archive
+}
+
+#[test]
+fn errors_served_reach_the_log_status_and_umount() {
+    require_root();
+    let tmp = TempDir::new("ux-errors");
+    let runtime = tmp.join("runtime");
+    let archive = four_file_tar(&tmp);
+    let mp = tmp.join("mnt");
+    let out = stagefs_in(
+        &runtime,
+        &[OsStr::new("mount"), OsStr::new("--stage"), OsStr::new("none"), archive.as_os_str(), mp.as_os_str()],
+    );
+    out.assert_success();
+    let guard = Mounted::adopt(&archive, &mp);
+    let logs: Vec<String> = runtime_files(&runtime).into_iter().filter(|f| f.ends_with(".log")).collect();
+    assert_eq!(logs.len(), 1, "the detached daemon logs to a file in the runtime dir: {:?}", runtime_files(&runtime));
+    let log = runtime.join(&logs[0]);
+
+    // Served in place, the archive is checked unchanged on every read: touching it is enough.
+    let archive_file = fs::File::options().write(true).open(&archive).unwrap();
+    archive_file.set_modified(std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000)).unwrap();
+    let err = fs::read(mp.join("f1.bin")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+
+    let logged = wait_until(Duration::from_secs(10), || read_text(&log).contains("changed since it was mounted"));
+    assert!(logged, "the log says why: {:?}", read_text(&log));
+    let mut status = String::new();
+    let shown = wait_until(Duration::from_secs(10), || {
+        status = stagefs_in(&runtime, &[OsStr::new("status")]).stdout;
+        status.contains("last error: /f1.bin: ")
+    });
+    assert!(shown, "status shows the last error:\n{status}");
+    assert!(status.contains("ERRORS"), "{status}");
+    let json = stagefs_in(&runtime, &[OsStr::new("status"), OsStr::new("--json")]).stdout;
+    // The kernel may retry a failed read: one or more.
+    let ours = json.lines().find(|l| l.contains(&*mp.to_string_lossy())).unwrap_or_default();
+    assert!(!ours.contains("\"errors\":0,") && ours.contains("\"last_error\":\"/f1.bin: "), "{json}");
+
+    let out = stagefs_in(&runtime, &[OsStr::new("umount"), mp.as_os_str()]);
+    guard.disarm();
+    out.assert_success();
+    assert!(
+        out.stderr.contains(" failed read") && out.stderr.contains("(EIO) while mounted; the last: /f1.bin: "),
+        "{}",
+        out.describe()
+    );
+    assert_nothing_left(&mp, "after the umount");
+    assert!(wait_until(Duration::from_secs(5), || runtime_files(&runtime).is_empty()), "{:?}", runtime_files(&runtime));
+}
+
+fn read_text(path: &Path) -> String {
+    String::from_utf8_lossy(&fs::read(path).unwrap_or_default()).into_owned()
+}
+
+#[test]
+fn a_log_file_that_cannot_be_written_is_refused_before_mounting() {
+    require_root();
+    let tmp = TempDir::new("ux-log-file");
+    let mp = tmp.join("made/mnt");
+    let log = tmp.join("no-such-dir/daemon.log");
+    let archive = fixture("gnu.tar");
+    let out =
+        stagefs([OsStr::new("mount"), OsStr::new("--log-file"), log.as_os_str(), archive.as_os_str(), mp.as_os_str()]);
+    unmount_if_mounted(&mp);
+    assert_eq!(out.code(), Some(1), "{}", out.describe());
+    assert!(
+        out.stderr.contains("cannot write the log file") && out.stderr.contains(&*log.to_string_lossy()),
+        "{}",
+        out.describe()
+    );
+    assert!(!tmp.join("made").exists(), "nothing was made for the mount");
+    // A writable one gets the daemon's log.
+    let log = tmp.join("daemon.log");
+    let m = Mounted::with_args(&["-v", "--log-file", &log.to_string_lossy()], &archive, &mp);
+    m.unmount().assert_success();
+    assert!(read_text(&log).contains("mounted"), "{:?}", read_text(&log));
+}
+
+#[test]
+fn umount_after_kill_9_of_the_daemon_leaves_nothing() {
+    require_root();
+    let tmp = TempDir::new("ux-kill-daemon");
+    let runtime = tmp.join("runtime");
+    let mp = tmp.join("made/by/stagefs");
+    let archive = tmp.join("data.tar");
+    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    stagefs_in(&runtime, &[OsStr::new("mount"), archive.as_os_str(), mp.as_os_str()]).assert_success();
+    let guard = Mounted::adopt(&archive, &mp);
+    let pids = stagefs_pids(&mp);
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    unsafe { libc::kill(pids[0], libc::SIGKILL) };
+    assert!(wait_until(Duration::from_secs(10), || !process_alive(pids[0])), "the daemon survived SIGKILL");
+    let out = stagefs_in(&runtime, &[OsStr::new("umount"), mp.as_os_str()]);
+    guard.disarm();
+    out.assert_success();
+    assert!(!is_mounted(&mp));
+    assert!(!tmp.join("made").exists(), "the directories stagefs made for the mount stay: {}", mp.display());
+    assert_eq!(runtime_files(&runtime), Vec::<String>::new(), "the killed daemon's files stay");
+}
+
+#[test]
+fn kill_9_of_stagefs_run_takes_its_command_along_and_the_next_election_sweeps() {
+    require_root();
+    let tmp = TempDir::new("ux-kill-run");
+    let runtime = tmp.join("runtime");
+    let mp = tmp.join("mnt");
+    let archive = tmp.join("data.tar");
+    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    let marker = tmp.join("command-started");
+    let script = format!("touch {} && exec sleep 300", marker.display());
+    let mut cmd = Command::new(stagefs_bin());
+    cmd.env("STAGEFS_RUNTIME_DIR", &runtime)
+        .args([OsStr::new("run"), OsStr::new("-m"), mp.as_os_str(), archive.as_os_str()])
+        .args(["--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut run = KillOnDrop(cmd.spawn().unwrap());
+    assert!(wait_until(Duration::from_secs(30), || marker.exists()), "the command never started");
+    // Its children: the mount daemon, and the command.
+    let command: Vec<i32> = children_of(run.id() as i32)
+        .into_iter()
+        .filter(|pid| fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep"))
+        .collect();
+    assert_eq!(command.len(), 1, "the command is a child of stagefs run: {command:?}");
+    unsafe { libc::kill(run.id() as i32, libc::SIGKILL) };
+    let _ = run.0.wait();
+    assert!(wait_until(Duration::from_secs(10), || !process_alive(command[0])), "the command outlived stagefs run");
+    // Its daemon unmounts by itself once its owner is gone; the users tally stays.
+    assert_nothing_left(&mp, "after kill -9 of stagefs run");
+    assert!(wait_until(Duration::from_secs(10), || runtime_files(&runtime).iter().all(|f| f.ends_with(".users"))));
+
+    // The next election on the node (any mountpoint) sweeps it.
+    let other = tmp.join("other");
+    stagefs_in(&runtime, &[OsStr::new("mount"), archive.as_os_str(), other.as_os_str()]).assert_success();
+    let guard = Mounted::adopt(&archive, &other);
+    assert!(!runtime_files(&runtime).iter().any(|f| f.ends_with(".users")), "{:?}", runtime_files(&runtime));
+    stagefs_in(&runtime, &[OsStr::new("umount"), other.as_os_str()]).assert_success();
+    guard.disarm();
+    assert!(wait_until(Duration::from_secs(5), || runtime_files(&runtime).is_empty()), "{:?}", runtime_files(&runtime));
+}
+
+/// Processes whose parent is `pid`.
+fn children_of(pid: i32) -> Vec<i32> {
+    let mut children = Vec::new();
+    for entry in fs::read_dir("/proc").unwrap().flatten() {
+        let Some(child) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+        let Ok(stat) = fs::read_to_string(format!("/proc/{child}/stat")) else { continue };
+        let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok());
+        if ppid == Some(pid) && process_alive(child) {
+            children.push(child);
+        }
+    }
+    children
 }
