@@ -20,7 +20,7 @@ page-cache speed instead of hammering the parallel filesystem's metadata servers
   python train.py --data-root /dev/shm/$USER/data
   stagefs umount /dev/shm/$USER/data
 
-  stagefs demo                                    # build a small archive, mount it, measure reads
+  stagefs demo                                    # archive vs. plain directory, in place vs. staged in RAM
 
 In a SLURM job (one task per node mounts, all run the command, the last one out unmounts):
   srun stagefs run data.sqsh -- python train.py --data-root '{mount}'
@@ -103,14 +103,16 @@ writable, else in $XDG_CACHE_HOME/stagefs. It is keyed by the archive's size, mt
 content fingerprint: a changed archive is never served with a stale index. Mounts save
 the index by themselves when scanning took long (10,000+ entries).")]
     Index { archive: PathBuf },
-    /// List this user's mounts on this node: archive, staged RAM, daemon pid, uptime, reads served
+    /// List this user's mounts on this node: archive, staged RAM, daemon pid, uptime, reads served, failed reads and the last error
     Status {
         /// One JSON object per line and mount: mountpoint, archive, state (live or dead), pid,
-        /// started (Unix time), staged_bytes, reads
+        /// started (Unix time), staged_bytes, reads, errors (failed reads served, EIO), last_error
+        /// (a string, or null)
         #[arg(long)]
         json: bool,
     },
-    /// Build a small ImageNet-like archive, mount it, read it with parallel readers, print throughput
+    /// Build an ImageNet-like archive and the same files as a plain directory, mount the archive in place
+    /// and staged in RAM, read all three with parallel readers, print files/s side by side
     Demo {
         /// Number of files (20-200 KB each, in 20 class folders; 4000 make about 440 MB)
         #[arg(long, default_value_t = 4000, value_parser = at_least_one)]

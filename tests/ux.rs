@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use crate::util::{
     assert_nothing_left, fixture, is_mounted, pack_tar, process_alive, pseudo_random, read, require_root, run_cmd,
-    stagefs, stagefs_bin, stagefs_pids, wait_until, CmdOutput, KillOnDrop, Mounted, TempDir, User, CMD_TIMEOUT,
+    run_tool, stagefs, stagefs_bin, stagefs_pids, wait_until, CmdOutput, KillOnDrop, Mounted, TempDir, User,
+    CMD_TIMEOUT,
 };
 
 /// Unmounts `mp` if a command that had to fail mounted it anyway, so one failure does not
@@ -302,4 +303,58 @@ fn children_of(pid: i32) -> Vec<i32> {
         }
     }
     children
+}
+
+/// The README's first command, small: it says where it writes and how much before writing,
+/// compares a plain directory with both kinds of mount, and its archive is a real tar.
+#[test]
+fn the_demo_says_what_it_writes_and_compares_three_ways() {
+    require_root();
+    let tmp = TempDir::new("ux-demo");
+    let work = tmp.join("demo");
+    let out = stagefs([
+        OsStr::new("demo"),
+        OsStr::new("--files"),
+        OsStr::new("60"),
+        OsStr::new("--readers"),
+        OsStr::new("2"),
+        OsStr::new("--dir"),
+        work.as_os_str(),
+        OsStr::new("--keep"),
+    ]);
+    out.assert_success();
+    let first = out.stdout.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("stagefs demo: writing ")
+            && first.contains(&*work.to_string_lossy())
+            && first.contains(" MB"),
+        "where and how much, first: {}",
+        out.describe()
+    );
+    for row in ["plain directory", "stagefs, in place", "stagefs, staged in RAM"] {
+        let line = out
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(row))
+            .unwrap_or_else(|| panic!("no {row} row: {}", out.describe()));
+        assert_eq!(line.matches("files/s").count(), 2, "two epochs: {line}");
+        assert_eq!(line.matches('x').count(), 2, "two ratios: {line}");
+    }
+    assert!(out.stdout.contains("all bytes verified"), "{}", out.describe());
+
+    let archive = work.join("imagenet-like.tar");
+    let listing = run_tool("tar", [OsStr::new("-tvf"), archive.as_os_str()]).stdout;
+    let (dirs, files): (Vec<&str>, Vec<&str>) = listing.lines().partition(|l| l.starts_with('d'));
+    assert_eq!((dirs.len(), files.len()), (20, 60), "20 class folders and 60 files:\n{listing}");
+    for line in files {
+        // "-rw-r--r-- 0/0  123456 1970-01-01 00:00 train/n00000001/img_0000001.JPEG"
+        let size: u64 = line.split_whitespace().nth(2).and_then(|s| s.parse().ok()).unwrap_or(0);
+        assert!((20_000..200_000).contains(&size), "sizes are 20-200 KB: {line}");
+        assert!(line.ends_with(".JPEG") && line.contains(" train/n"), "{line}");
+    }
+    let mut left: Vec<String> =
+        fs::read_dir(&work).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    left.sort();
+    assert_eq!(left, ["imagenet-like.tar"], "only the kept archive stays");
+    assert!(!crate::util::mounts().iter().any(|m| m.mount_point.starts_with(&work)), "a demo mount stayed");
 }

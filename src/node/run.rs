@@ -109,7 +109,9 @@ fn join(mount: &MountRequest, task: &SlurmTask, timeout: Duration) -> Result<(Lo
 }
 
 /// Makes the command get SIGTERM when this process dies, even by SIGKILL (an OOM kill, a
-/// `kill -9`): otherwise it would run on, reading a mount whose owner is gone.
+/// `kill -9`): otherwise it would run on, reading a mount whose owner is gone. (The signal
+/// follows the thread that spawned it: `run` spawns from the main thread, which lives as
+/// long as the process.)
 fn die_with_this_process(command: &mut Command) {
     use std::os::unix::process::CommandExt;
     let parent = std::process::id();
