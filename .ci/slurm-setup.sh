@@ -118,10 +118,13 @@ wait_for() {  # wait_for SECONDS DESCRIPTION COMMAND...
 }
 
 node_idle() { [[ $(sinfo -h -n "$node" -o %t 2>/dev/null) == idle ]]; }
+# Answering, possibly busy with someone's jobs: a running cluster that must not be restarted
+# (a restart kills every job process, and with them whoever else is testing on this node).
+node_up() { [[ $(sinfo -h -n "$node" -o %t 2>/dev/null) =~ ^(idle|mix|alloc|comp) ]]; }
 
 start() {
     [[ $(id -u) == 0 ]] || die "must run as root"
-    if [[ -s $dir/env ]] && SLURM_CONF=$dir/slurm.conf node_idle; then
+    if [[ -s $dir/env ]] && SLURM_CONF=$dir/slurm.conf node_up; then
         log "already running ($dir)"; return 0
     fi
     install_packages

@@ -20,7 +20,7 @@ page-cache speed instead of hammering the parallel filesystem's metadata servers
   python train.py --data-root /dev/shm/$USER/data
   stagefs umount /dev/shm/$USER/data
 
-  stagefs demo                                    # build a small archive, mount it, measure reads
+  stagefs demo                                    # archive vs. plain directory, in place vs. staged in RAM
 
 In a SLURM job (one task per node mounts, all run the command, the last one out unmounts):
   srun stagefs run data.sqsh -- python train.py --data-root '{mount}'
@@ -60,10 +60,12 @@ the mount then lives exactly as long as the step, and SIGTERM unmounts it.")]
         /// Stay in the foreground and log to stderr instead of daemonizing
         #[arg(short, long)]
         foreground: bool,
-        /// FUSE request threads (default: 2 per core, at most 16)
-        #[arg(long)]
+        /// FUSE request threads, 1 to 256 (default: 2 per core, at most 16)
+        #[arg(long, value_parser = threads_parser())]
         threads: Option<usize>,
-        /// Once detached, append the daemon's log to this file (default: discard)
+        /// Once detached, append the daemon's log to this file (it must be writable: checked before
+        /// mounting). Default: a file in stagefs's runtime directory, capped at 1 MiB, shown by
+        /// `stagefs status` and removed when the mount ends
         #[arg(long, value_name = "FILE")]
         log_file: Option<PathBuf>,
         /// Copy the archive into RAM first: auto (when on a network filesystem and it fits), ram, none.
@@ -80,7 +82,7 @@ the mount then lives exactly as long as the step, and SIGTERM unmounts it.")]
         /// Skipped with a warning when the RAM is not there; the cache stays reclaimable.
         #[arg(long, value_enum, default_value_t = WarmMode::Auto)]
         warm: WarmMode,
-        /// Unmount after no reads for this long (e.g. 30m, 2h)
+        /// Unmount after no reads for this long (e.g. 30m, 2h; 0 means never, the default)
         #[arg(long, value_name = "DURATION", value_parser = crate::node::parse_duration)]
         idle_timeout: Option<std::time::Duration>,
     },
@@ -101,25 +103,46 @@ writable, else in $XDG_CACHE_HOME/stagefs. It is keyed by the archive's size, mt
 content fingerprint: a changed archive is never served with a stale index. Mounts save
 the index by themselves when scanning took long (10,000+ entries).")]
     Index { archive: PathBuf },
-    /// List this user's mounts on this node: archive, staged RAM, daemon pid, uptime, reads served
+    /// List this user's mounts on this node: archive, staged RAM, daemon pid, uptime, reads served, failed reads and the last error
     Status {
         /// One JSON object per line and mount: mountpoint, archive, state (live or dead), pid,
-        /// started (Unix time), staged_bytes, reads
+        /// started (Unix time), staged_bytes, reads, errors (failed reads served, EIO), last_error
+        /// (a string, or null)
         #[arg(long)]
         json: bool,
     },
-    /// Build a small ImageNet-like archive, mount it, read it with parallel readers, print throughput
+    /// Build an ImageNet-like archive and the same files as a plain directory, mount the archive in place
+    /// and staged in RAM, read all three with parallel readers, print files/s side by side
     Demo {
-        /// Number of files (20-200 KB each, in 20 class folders)
-        #[arg(long, default_value_t = 4000)]
+        /// Number of files (20-200 KB each, in 20 class folders; 4000 make about 440 MB)
+        #[arg(long, default_value_t = 4000, value_parser = at_least_one)]
         files: usize,
         /// Parallel readers
-        #[arg(long, default_value_t = 4)]
+        #[arg(long, default_value_t = 4, value_parser = at_least_one)]
         readers: usize,
-        /// Working directory for the archive and mountpoint (default: a new temp dir)
+        /// Working directory for the archive, its extracted copy and the mountpoints
+        /// (default: a new directory in $TMPDIR or /tmp); removed at the end
         #[arg(long)]
         dir: Option<PathBuf>,
+        /// Keep the archive (DIR/imagenet-like.tar) instead of removing it at the end
+        #[arg(long)]
+        keep: bool,
     },
+}
+
+/// `--threads`: beyond a few hundred threads the kernel's FUSE queue gains nothing, and
+/// tens of thousands exhaust the process's memory map before the mount is ready.
+pub fn threads_parser() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256)
+}
+
+/// Counts where zero would make the command do nothing (or divide by zero).
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// FUSE threads when the user does not say: enough to overlap requests on every core.

@@ -13,8 +13,15 @@ use crate::stage::{self, StageMode};
 pub fn umount(path: &Path, lazy: bool) -> Result<(), Failure> {
     let mountpoint = mountpoint::resolve(path)?;
     let record = registry::read(&mountpoint);
+    // A daemon killed with SIGKILL left its record, lock, log and the directories it made.
+    let killed = registry::read_any(&mountpoint).filter(|_| record.is_none());
     match mountpoint::mount_at(&mountpoint) {
-        None => return Err(MountpointError::NotMounted(mountpoint).into()),
+        None => {
+            if let Some(killed) = &killed {
+                clear_after_killed_daemon(killed);
+            }
+            return Err(MountpointError::NotMounted(mountpoint).into());
+        }
         Some(entry) if !entry.is_stagefs_of(crate::places::my_uid()) => {
             return Err(Failure::new(
                 crate::error::code::NOT_MOUNTED,
@@ -29,6 +36,12 @@ pub fn umount(path: &Path, lazy: bool) -> Result<(), Failure> {
         Some(_) => {}
     }
     mountpoint::unmount(&mountpoint, lazy)?;
+    if let Some(killed) = &killed {
+        clear_after_killed_daemon(killed);
+    }
+    if let Some(record) = &record {
+        report_errors_served(record);
+    }
     if let Some(record) = record {
         let deadline = Instant::now() + Duration::from_secs(10);
         while registry::process_alive(record.pid) {
@@ -52,6 +65,29 @@ pub fn umount(path: &Path, lazy: bool) -> Result<(), Failure> {
     Ok(())
 }
 
+/// What a daemon killed by SIGKILL could not remove: its record, log and lock (unless a new
+/// mounter holds it), and the directories it made for the mount, now that the mount is gone.
+fn clear_after_killed_daemon(record: &registry::Record) {
+    crate::node::clear_leftovers(&record.mountpoint);
+    registry::remove(&record.mountpoint);
+    crate::places::remove_created(&record.created);
+}
+
+/// One line on stderr when the mount failed reads (EIO): the job saw only "Input/output
+/// error", and the daemon's log goes away with it.
+fn report_errors_served(record: &registry::Record) {
+    if record.errors == 0 {
+        return;
+    }
+    eprintln!(
+        "stagefs: {} served {} failed read{} (EIO) while mounted; the last: {}",
+        record.mountpoint.display(),
+        record.errors,
+        if record.errors == 1 { "" } else { "s" },
+        record.last_error.as_deref().unwrap_or("(not recorded)")
+    );
+}
+
 /// `stagefs status`: this user's mounts on this node, one line each (or one JSON object
 /// each with `json`), dead mounts (their daemon was killed) included with how to clear them.
 pub fn status(json: bool) -> Result<(), Failure> {
@@ -63,7 +99,7 @@ pub fn status(json: bool) -> Result<(), Failure> {
     if json {
         for r in &records {
             println!(
-                "{{\"mountpoint\":{},\"archive\":{},\"state\":\"live\",\"pid\":{},\"started\":{},\"staging\":{},\"staged_bytes\":{},\"warmed_bytes\":{},\"reads\":{}}}",
+                "{{\"mountpoint\":{},\"archive\":{},\"state\":\"live\",\"pid\":{},\"started\":{},\"staging\":{},\"staged_bytes\":{},\"warmed_bytes\":{},\"reads\":{},\"errors\":{},\"last_error\":{}}}",
                 json_string(&r.mountpoint.to_string_lossy()),
                 json_string(&r.archive.to_string_lossy()),
                 r.pid,
@@ -71,7 +107,9 @@ pub fn status(json: bool) -> Result<(), Failure> {
                 json_string(&r.staging),
                 r.staged_bytes,
                 r.warmed_bytes,
-                r.reads
+                r.reads,
+                r.errors,
+                r.last_error.as_deref().map_or_else(|| "null".to_string(), json_string)
             );
         }
         for m in &dead {
@@ -84,21 +122,25 @@ pub fn status(json: bool) -> Result<(), Failure> {
         return Ok(());
     }
     println!(
-        "{:<40} {:>10} {:>10} {:>8} {:>9} {:>10}  ARCHIVE",
-        "MOUNTPOINT", "STAGED", "WARMED", "PID", "UPTIME", "READS"
+        "{:<40} {:>10} {:>10} {:>8} {:>9} {:>10} {:>7}  ARCHIVE",
+        "MOUNTPOINT", "STAGED", "WARMED", "PID", "UPTIME", "READS", "ERRORS"
     );
     for r in records {
         let up = registry::now().saturating_sub(r.started);
         println!(
-            "{:<40} {:>10} {:>10} {:>8} {:>9} {:>10}  {}",
+            "{:<40} {:>10} {:>10} {:>8} {:>9} {:>10} {:>7}  {}",
             r.mountpoint.display(),
             if r.staged_bytes == 0 { "-".to_string() } else { stage::human(r.staged_bytes) },
             if r.warmed_bytes == 0 { "-".to_string() } else { stage::human(r.warmed_bytes) },
             r.pid,
             format!("{}:{:02}:{:02}", up / 3600, up / 60 % 60, up % 60),
             r.reads,
+            r.errors,
             r.archive.display()
         );
+        if let Some(last) = &r.last_error {
+            println!("    last error: {last}");
+        }
     }
     for m in dead {
         println!(

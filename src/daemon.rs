@@ -32,7 +32,8 @@ pub struct MountRequest {
     pub mountpoint: PathBuf,
     pub foreground: bool,
     pub threads: usize,
-    /// Where the background daemon logs once detached (default: nowhere).
+    /// Where the background daemon logs once detached (default: a capped file in the
+    /// runtime dir, removed when the daemon exits; see [`DaemonLog`]).
     pub log_file: Option<PathBuf>,
     pub stage: StageMode,
     pub max_ram: Option<u64>,
@@ -50,21 +51,98 @@ pub fn mount(request: &MountRequest) -> Result<(), Failure> {
         // The foreground process is the daemon: catch signals before any slow step.
         crate::cancel::arm().map_err(|e| Failure::other(format!("cannot install signal handlers: {e}")))?;
         let created = mountpoint::prepare(&mountpoint)?;
-        let result = serve(&archive, &mountpoint, request, &mut None);
+        let result = serve(&archive, &mountpoint, request, &created, None, &mut None);
         places::remove_created(&created);
         return result;
     }
+    // Before anything is made: a log nobody can write must not cost a staged archive.
+    let log = DaemonLog::open(&mountpoint, request.log_file.as_deref())?;
     let created = mountpoint::prepare(&mountpoint)?;
-    let result = spawn_daemon(&archive, &mountpoint, request, &created);
+    let result = spawn_daemon(&archive, &mountpoint, request, &created, &log);
     if result.is_err() {
         places::remove_created(&created);
+        log.remove_default();
     }
     result
 }
 
+/// Where a detached daemon's stderr (its log) goes. By default a file in the runtime dir,
+/// `<hash>.log`, capped at [`LOG_CAP`]: a detached daemon has no terminal, and an error
+/// it serves ("the archive file changed since it was mounted; remount") must reach
+/// someone. `stagefs status` shows the count and the last error from the record; the
+/// default log is removed when the daemon exits (so nothing outlives the mount), a
+/// `--log-file` is the user's and kept.
+pub struct DaemonLog {
+    file: File,
+    path: PathBuf,
+    default: bool,
+}
+
+/// Most bytes the default log keeps; beyond, it keeps its last quarter.
+pub const LOG_CAP: u64 = 1 << 20;
+
+impl DaemonLog {
+    fn open(mountpoint: &Path, chosen: Option<&Path>) -> Result<DaemonLog, Failure> {
+        use std::os::unix::fs::OpenOptionsExt;
+        if let Some(path) = chosen {
+            let file = File::options()
+                .create(true)
+                .append(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(path)
+                .map_err(|e| Failure::other(format!("cannot write the log file {}: {e}", path.display())))?;
+            return Ok(DaemonLog { file, path: path.to_owned(), default: false });
+        }
+        let path = places::mountpoint_file(mountpoint, "log")?;
+        let cannot =
+            |e: std::io::Error| Failure::other(format!("cannot write the daemon's log {}: {e}", path.display()));
+        let file = places::open_private(&path).map_err(cannot)?;
+        // A killed daemon's log is not this mount's.
+        file.set_len(0).map_err(cannot)?;
+        // Appending, so that trimming it (see `trim_log`) does not leave writers past its end.
+        let flags = nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_GETFL).map_err(|e| cannot(e.into()))?;
+        let flags = nix::fcntl::OFlag::from_bits_retain(flags) | nix::fcntl::OFlag::O_APPEND;
+        nix::fcntl::fcntl(&file, nix::fcntl::FcntlArg::F_SETFL(flags)).map_err(|e| cannot(e.into()))?;
+        Ok(DaemonLog { file, path, default: true })
+    }
+
+    /// Deletes the default log (a `--log-file` stays).
+    fn remove_default(&self) {
+        if self.default {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Keeps the default log under [`LOG_CAP`]: past it, only the last quarter stays.
+fn trim_log(log: &File) {
+    use std::os::unix::fs::FileExt;
+    let Ok(len) = log.metadata().map(|m| m.len()) else { return };
+    if len <= LOG_CAP {
+        return;
+    }
+    let mut tail = vec![0u8; (LOG_CAP / 4) as usize];
+    let from = len - tail.len() as u64;
+    let Ok(n) = log.read_at(&mut tail, from) else { return };
+    tail.truncate(n);
+    // Start at a line.
+    let start = tail.iter().position(|&b| b == b'\n').map_or(0, |i| i + 1);
+    if log.set_len(0).is_ok() {
+        let mut out = log;
+        let _ = writeln!(out, "[stagefs: the log passed {} KiB; older lines were dropped]", LOG_CAP / 1024);
+        let _ = out.write_all(&tail[start..]);
+    }
+}
+
 /// Forks the daemon and waits for its verdict on the readiness pipe. A signal meanwhile
 /// is passed on to the daemon, which stops, cleans up and reports it as its verdict.
-fn spawn_daemon(archive: &Path, mountpoint: &Path, request: &MountRequest, created: &[PathBuf]) -> Result<(), Failure> {
+fn spawn_daemon(
+    archive: &Path,
+    mountpoint: &Path,
+    request: &MountRequest,
+    created: &[PathBuf],
+    log: &DaemonLog,
+) -> Result<(), Failure> {
     let (read_end, write_end) =
         nix::unistd::pipe().map_err(|e| Failure::other(format!("cannot create a pipe: {e}")))?;
     let parent = nix::unistd::getpid();
@@ -90,10 +168,11 @@ fn spawn_daemon(archive: &Path, mountpoint: &Path, request: &MountRequest, creat
             crate::cancel::follow_parent(parent);
             let _ = nix::unistd::setsid();
             let mut ready = Some(File::from(write_end));
-            let result = serve(archive, mountpoint, request, &mut ready);
+            let result = serve(archive, mountpoint, request, created, Some(log), &mut ready);
             // Whoever is left removes what was made for the mount: on failure the parent
             // may be gone (killed, or its terminal closed).
             places::remove_created(created);
+            log.remove_default();
             let code = match result {
                 Ok(()) => 0,
                 Err(failure) => {
@@ -161,9 +240,11 @@ fn serve(
     archive_path: &Path,
     mountpoint: &Path,
     request: &MountRequest,
+    created: &[PathBuf],
+    log: Option<&DaemonLog>,
     ready: &mut Option<File>,
 ) -> Result<(), Failure> {
-    let result = start(archive_path, mountpoint, request, ready);
+    let result = start(archive_path, mountpoint, request, created, log, ready);
     if let Err(failure) = &result {
         if crate::cancel::received().is_some() {
             // Nobody may be left to report this (the parent died): leave no lock either.
@@ -175,7 +256,8 @@ fn serve(
     let result = session.join();
     registry::remove(mountpoint);
     crate::node::daemon_exiting(mountpoint);
-    tracing::info!(reads = fs.reads_served(), "unmounted; daemon exiting");
+    let (errors, _) = fs.errors_served();
+    tracing::info!(reads = fs.reads_served(), errors, "unmounted; daemon exiting");
     result.map_err(|e| Failure::other(format!("FUSE session ended with an error: {e}")))
 }
 
@@ -184,6 +266,8 @@ fn start(
     archive_path: &Path,
     mountpoint: &Path,
     request: &MountRequest,
+    created: &[PathBuf],
+    log: Option<&DaemonLog>,
     ready: &mut Option<File>,
 ) -> Result<(crate::fuse::MountedSession, Arc<Fs>), Failure> {
     tune_allocator();
@@ -221,6 +305,9 @@ fn start(
         staging: staging.name().into(),
         warmed_bytes,
         reads: 0,
+        errors: 0,
+        last_error: None,
+        created: created.to_vec(),
     };
     if let Err(e) = registry::write(&record) {
         tracing::warn!("cannot record the mount for `stagefs status`: {e}");
@@ -232,11 +319,12 @@ fn start(
         let fs = fs.clone();
         move || fs.reads_served()
     });
-    housekeeping(record.clone(), fs.clone());
+    let capped = log.filter(|l| l.default).and_then(|l| l.file.try_clone().ok());
+    housekeeping(record.clone(), fs.clone(), capped);
     tracing::info!(mountpoint = %mountpoint.display(), pid = record.pid, "mounted");
     if let Some(mut pipe) = ready.take() {
         crate::cancel::release_parent();
-        detach_stdio(request.log_file.as_deref());
+        detach_stdio(log.and_then(|l| l.file.try_clone().ok()));
         let _ = pipe.write_all(b"ok ");
     } else {
         println!("{}", mountpoint.display());
@@ -428,26 +516,38 @@ fn check_format(path: &Path) -> Result<(), OpenError> {
     Err(OpenError::unknown_format(path, head))
 }
 
-/// Every 2 s: refreshes the read counter in the mount's record for `stagefs status`, and
-/// once reads pause, hands what they freed (read buffers, SquashFS fragments whose files
-/// were all served) back to the system: the allocator keeps freed blocks in the middle
-/// of its heap otherwise, and the daemon lives for the whole job.
-fn housekeeping(mut record: Record, fs: Arc<Fs>) {
+/// Refreshes the mount's record for `stagefs status`: the error count within a fraction of
+/// a second of an error (a user looking at EIO in their job should find why), the read
+/// counter every 2 s. Once reads pause, hands what they freed (read buffers, SquashFS
+/// fragments whose files were all served) back to the system: the allocator keeps freed
+/// blocks in the middle of its heap otherwise, and the daemon lives for the whole job.
+/// Keeps the default log under its cap.
+fn housekeeping(mut record: Record, fs: Arc<Fs>, log: Option<File>) {
+    const TICK: Duration = Duration::from_millis(200);
+    const TICKS_PER_REFRESH: u32 = 10;
     let _ = std::thread::Builder::new().name("housekeeping".into()).spawn(move || {
         let mut trimmed = true;
-        loop {
-            std::thread::sleep(Duration::from_secs(2));
-            let reads = fs.reads_served();
-            if reads == record.reads {
-                if !trimmed {
+        for tick in 1u32.. {
+            std::thread::sleep(TICK);
+            let (errors, last_error) = fs.errors_served();
+            let mut changed = errors != record.errors;
+            record.errors = errors;
+            record.last_error = last_error;
+            if tick % TICKS_PER_REFRESH == 0 {
+                let reads = fs.reads_served();
+                if reads == record.reads && !trimmed {
                     return_free_memory();
                     trimmed = true;
+                } else if reads != record.reads {
+                    trimmed = false;
+                    changed = true;
                 }
-                continue;
+                record.reads = reads;
+                if let Some(log) = &log {
+                    trim_log(log);
+                }
             }
-            record.reads = reads;
-            trimmed = false;
-            if registry::read(&record.mountpoint).is_some() {
+            if changed && registry::read(&record.mountpoint).is_some() {
                 let _ = registry::write(&record);
             }
         }
@@ -485,11 +585,39 @@ fn which(program: &str) -> Option<PathBuf> {
     std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(program)).find(|p| p.is_file())
 }
 
+/// Sorts a failed mount into "the mountpoint will not do" (exit 4: no write access, not
+/// empty, a filesystem one may not mount over) and "FUSE does not work here" (exit 7).
+/// fusermount3 reports in words only (fuser passes its stderr on), so its wording decides.
 fn mount_failure(mountpoint: &Path, e: std::io::Error) -> Failure {
+    let text = e.to_string();
+    let text = text.trim().trim_start_matches("fusermount3: ");
+    let at = mountpoint.display();
     match e.raw_os_error() {
-        Some(libc::EBUSY) => MountpointError::AlreadyMounted(mountpoint.to_owned(), None).into(),
-        _ => Failure::no_fuse(format!("cannot mount {}: {e}", mountpoint.display())),
+        Some(libc::EBUSY) => return MountpointError::AlreadyMounted(mountpoint.to_owned(), None).into(),
+        // fuser opens the mountpoint itself before it asks the kernel or fusermount3.
+        Some(libc::EACCES | libc::EPERM | libc::ENOENT | libc::ENOTDIR | libc::ENOTEMPTY | libc::EROFS) => {
+            return mountpoint_refused(mountpoint, text)
+        }
+        _ => {}
     }
+    let lower = text.to_ascii_lowercase();
+    let about_mountpoint = ["mountpoint", "mount point", "not empty", "mounting over", "not a directory"];
+    let about_fuse = ["/dev/fuse", "fuse device", "enodev", "no such device", "unknown filesystem type"];
+    if about_mountpoint.iter().any(|w| lower.contains(w)) && !about_fuse.iter().any(|w| lower.contains(w)) {
+        return mountpoint_refused(mountpoint, text);
+    }
+    Failure::no_fuse(format!("cannot mount {at}: FUSE refused it: {text}"))
+}
+
+fn mountpoint_refused(mountpoint: &Path, why: &str) -> Failure {
+    Failure::new(
+        crate::error::code::MOUNTPOINT,
+        format!(
+            "cannot mount on {}: {why}; mount on an empty directory you own (the default, under /dev/shm/$USER, \
+             is one), or fix the directory's owner or permissions",
+            mountpoint.display()
+        ),
+    )
 }
 
 /// Waits until the mountpoint shows our root: then any process can use it.
@@ -525,14 +653,38 @@ fn unmount_on_signals(mountpoint: PathBuf) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Points stdin/stdout/stderr away from the terminal that launched us.
-fn detach_stdio(log_file: Option<&Path>) {
+/// Points stdin/stdout/stderr away from the terminal that launched us, stderr (the log) to
+/// `log`.
+fn detach_stdio(log: Option<File>) {
     let null = File::options().read(true).write(true).open("/dev/null");
-    let log = log_file.and_then(|p| File::options().create(true).append(true).open(p).ok());
     if let Ok(null) = null {
         let out: OwnedFd = log.map(OwnedFd::from).unwrap_or_else(|| null.try_clone().expect("dup /dev/null").into());
         let _ = nix::unistd::dup2_stdin(&null);
         let _ = nix::unistd::dup2_stdout(&out);
         let _ = nix::unistd::dup2_stderr(&out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_keeps_its_last_lines_under_the_cap() {
+        let path = std::env::temp_dir().join(format!("stagefs-log-test-{}", std::process::id()));
+        std::fs::write(&path, b"").unwrap();
+        let mut file = File::options().read(true).append(true).open(&path).unwrap();
+        let line = "x".repeat(99) + "\n";
+        for _ in 0..(LOG_CAP / 100 + 10) {
+            file.write_all(line.as_bytes()).unwrap();
+        }
+        file.write_all(b"the last line\n").unwrap();
+        trim_log(&file);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.len() as u64 <= LOG_CAP / 4 + 100, "{}", text.len());
+        assert!(text.starts_with("[stagefs: the log passed 1024 KiB"), "{}", &text[..80]);
+        assert!(text.ends_with("\nthe last line\n"));
+        assert!(text.lines().skip(1).all(|l| l.len() == 99 || l == "the last line"), "whole lines only");
+        std::fs::remove_file(&path).unwrap();
     }
 }

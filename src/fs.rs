@@ -4,7 +4,7 @@
 //! replies, so every rule here is tested without FUSE in the loop. FUSE inode numbers
 //! are index positions plus one (see `index.rs`).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -26,8 +26,8 @@ pub enum FsError {
     NoXattr,
     #[error("buffer too small")]
     Range,
-    #[error(transparent)]
-    Corrupt(#[from] ReadError),
+    #[error("{path}: {source}")]
+    Corrupt { path: String, source: ReadError },
 }
 
 impl FsError {
@@ -39,7 +39,7 @@ impl FsError {
             FsError::NotSymlink => libc::EINVAL,
             FsError::NoXattr => libc::ENODATA,
             FsError::Range => libc::ERANGE,
-            FsError::Corrupt(_) => libc::EIO,
+            FsError::Corrupt { .. } => libc::EIO,
         }
     }
 }
@@ -81,8 +81,12 @@ pub struct FsStats {
 pub struct Fs {
     archive: Archive,
     reads: AtomicU64,
-    /// Inodes whose damaged data was already logged, so a retry loop cannot flood the log.
-    logged_damage: Mutex<HashSet<InodeId>>,
+    /// Inodes whose damaged data was already logged (so a retry loop cannot flood the log),
+    /// with their paths (so it cannot cost a path search per retry either).
+    logged_damage: Mutex<HashMap<InodeId, String>>,
+    /// Failures served to the kernel (EIO), and the last one, for `stagefs status`.
+    errors: AtomicU64,
+    last_error: Mutex<Option<String>>,
 }
 
 pub fn ino_of(id: InodeId) -> u64 {
@@ -91,7 +95,13 @@ pub fn ino_of(id: InodeId) -> u64 {
 
 impl Fs {
     pub fn new(archive: Archive) -> Fs {
-        Fs { archive, reads: AtomicU64::new(0), logged_damage: Mutex::new(HashSet::new()) }
+        Fs {
+            archive,
+            reads: AtomicU64::new(0),
+            logged_damage: Mutex::new(HashMap::new()),
+            errors: AtomicU64::new(0),
+            last_error: Mutex::new(None),
+        }
     }
 
     /// Non-empty regular files in index order, each inode once: (ino, size).
@@ -115,6 +125,28 @@ impl Fs {
     /// Read requests served so far.
     pub fn reads_served(&self) -> u64 {
         self.reads.load(Ordering::Relaxed)
+    }
+
+    /// The errno a request that failed with `err` gets: the one place replies turn into
+    /// error codes. EIO is a failure to serve the archive's bytes (damage, or an archive
+    /// changed underneath), not a mistake of the caller: it is counted and remembered,
+    /// so that `stagefs status` and `stagefs umount` can tell a user whose job only saw
+    /// "Input/output error".
+    pub fn reply_errno(&self, err: &FsError) -> i32 {
+        let errno = err.errno();
+        if errno == libc::EIO {
+            self.errors.fetch_add(1, Ordering::Relaxed);
+            if let Ok(mut last) = self.last_error.lock() {
+                *last = Some(err.to_string());
+            }
+        }
+        errno
+    }
+
+    /// Failures served so far (see [`Fs::reply_errno`]) and the last one.
+    pub fn errors_served(&self) -> (u64, Option<String>) {
+        let last = self.last_error.lock().ok().and_then(|l| l.clone());
+        (self.errors.load(Ordering::Relaxed), last)
     }
 
     fn node(&self, ino: u64) -> Result<(InodeId, &Inode)> {
@@ -171,11 +203,16 @@ impl Fs {
         if inode.attrs.is_dir() {
             return Err(FsError::IsDir);
         }
-        self.archive.read(inode, offset, size).map_err(|err| {
-            if self.logged_damage.lock().map(|mut seen| seen.insert(id)).unwrap_or(true) {
-                tracing::error!(path = %self.path_of(id), file_offset = offset, "{err}; returning EIO for reads of this range");
-            }
-            FsError::Corrupt(err)
+        self.archive.read(inode, offset, size).map_err(|source| {
+            let Ok(mut seen) = self.logged_damage.lock() else {
+                return FsError::Corrupt { path: format!("inode {ino}"), source };
+            };
+            let path = seen.entry(id).or_insert_with(|| {
+                let path = self.path_of(id);
+                tracing::error!(path, file_offset = offset, "{source}; returning EIO for reads of this range");
+                path
+            });
+            FsError::Corrupt { path: path.clone(), source }
         })
     }
 
@@ -300,6 +337,18 @@ mod tests {
         assert_eq!(fs.getattr(0).unwrap_err().errno(), libc::ENOENT);
         assert_eq!(fs.getattr(u64::MAX).unwrap_err().errno(), libc::ENOENT);
         assert_eq!(FsError::Range.errno(), libc::ERANGE);
+        // Mistakes of the caller are not failures of the mount.
+        assert_eq!(fs.reply_errno(&fs.lookup(1, b"missing").unwrap_err()), libc::ENOENT);
+        assert_eq!(fs.errors_served(), (0, None));
+        let damage = FsError::Corrupt {
+            path: "/dir/hello.txt".into(),
+            source: ReadError { offset: 512, what: "the archive file changed since it was mounted".into() },
+        };
+        assert_eq!(fs.reply_errno(&damage), libc::EIO);
+        assert_eq!(fs.reply_errno(&damage), libc::EIO);
+        let (count, last) = fs.errors_served();
+        assert_eq!(count, 2);
+        assert!(last.is_some_and(|l| l.starts_with("/dir/hello.txt: ") && l.contains("changed")));
     }
 
     #[test]

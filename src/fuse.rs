@@ -58,8 +58,11 @@ struct FuseAdapter {
     no_opendir: bool,
 }
 
-fn errno(err: &FsError) -> Errno {
-    Errno::from_i32(err.errno())
+impl FuseAdapter {
+    /// Every error reply goes through [`Fs::reply_errno`], which counts the failures.
+    fn errno(&self, err: &FsError) -> Errno {
+        Errno::from_i32(self.fs.reply_errno(err))
+    }
 }
 
 fn file_type(mode: u32) -> FileType {
@@ -146,21 +149,21 @@ impl Filesystem for FuseAdapter {
                 none.ino = INodeNo(0);
                 reply.entry(&TTL, &none, Generation(0))
             }
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr(ino.0) {
             Ok(attr) => reply.attr(&TTL, &file_attr(&attr)),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         match self.fs.readlink(ino.0) {
             Ok(target) => reply.data(target),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -200,7 +203,7 @@ impl Filesystem for FuseAdapter {
     ) {
         match self.fs.read(ino.0, offset, size) {
             Ok(bytes) => reply.data(&bytes),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -238,7 +241,7 @@ impl Filesystem for FuseAdapter {
                 }
                 reply.ok()
             }
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -260,7 +263,7 @@ impl Filesystem for FuseAdapter {
                 }
                 reply.ok()
             }
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
@@ -273,14 +276,14 @@ impl Filesystem for FuseAdapter {
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         match self.fs.getxattr(ino.0, name.as_bytes()) {
             Ok(value) => xattr_reply(value, size, reply),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         match self.fs.listxattr(ino.0) {
             Ok(names) => xattr_reply(&names, size, reply),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(self.errno(&e)),
         }
     }
 }
@@ -290,7 +293,7 @@ fn xattr_reply(value: &[u8], size: u32, reply: ReplyXattr) {
     if size == 0 {
         reply.size(value.len() as u32);
     } else if value.len() > size as usize {
-        reply.error(errno(&FsError::Range));
+        reply.error(Errno::from_i32(FsError::Range.errno()));
     } else {
         reply.data(value);
     }

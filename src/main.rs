@@ -10,8 +10,11 @@ use stagefs::error::Failure;
 use stagefs::node;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_logging(cli.verbose);
+    let cli = Cli::try_parse().unwrap_or_else(|e| usage_error(e));
+    // A daemon forked by these commands writes its log to a file: no colour codes there.
+    let forks_daemon =
+        matches!(cli.command, Command::Mount { foreground: false, .. } | Command::Run(_) | Command::Demo { .. });
+    init_logging(cli.verbose, !forks_daemon);
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure { code, message }) => {
@@ -35,6 +38,8 @@ fn run(command: Command) -> Result<(), Failure> {
                 max_ram,
                 warm,
             };
+            // `--idle-timeout 0` means what "no timeout" means elsewhere, not "unmount at once".
+            let idle_timeout = idle_timeout.filter(|t| !t.is_zero());
             node::mount(&request, node::DEFAULT_WAIT, idle_timeout)?;
             if !foreground {
                 // So that `MNT=$(stagefs mount data.tar)` works, also for the default mountpoint.
@@ -50,11 +55,29 @@ fn run(command: Command) -> Result<(), Failure> {
         Command::Umount { mountpoint, lazy } => commands::umount(&mountpoint, lazy),
         Command::Status { json } => commands::status(json),
         Command::Index { archive } => commands::index(&archive),
-        Command::Demo { files, readers, dir } => stagefs::demo::run(files, readers, dir),
+        Command::Demo { files, readers, dir, keep } => stagefs::demo::run(files, readers, dir, keep),
     }
 }
 
-fn init_logging(verbose: u8) {
+/// Prints clap's error and exits 2 (0 for --help and --version); `stagefs run` without `--`
+/// also says where the command goes, since clap only sees an unexpected argument.
+fn usage_error(error: clap::Error) -> ! {
+    use clap::error::ErrorKind;
+    let args: Vec<_> = std::env::args_os().skip(1).collect();
+    let is_run = args.iter().find(|a| !a.to_string_lossy().starts_with('-')).is_some_and(|a| a == "run");
+    let without_separator = !args.iter().any(|a| a == "--");
+    let stray = matches!(error.kind(), ErrorKind::UnknownArgument | ErrorKind::MissingRequiredArgument);
+    if is_run && without_separator && stray {
+        let _ = error.print();
+        eprintln!(
+            "\nstagefs run: put the command after `--`, e.g.\n  stagefs run data.tar -- python train.py --data-root '{{mount}}'"
+        );
+        std::process::exit(stagefs::error::code::USAGE.into());
+    }
+    error.exit()
+}
+
+fn init_logging(verbose: u8, colour: bool) {
     let level = match verbose {
         0 => "warn",
         1 => "info",
@@ -66,7 +89,7 @@ fn init_logging(verbose: u8) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(colour && std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .init();
 }

@@ -7,6 +7,11 @@
 //!   waiters read without locking. The daemon deletes it when it exits cleanly.
 //! - `<hash>.users`: `stagefs run` tasks hold a shared `flock` on it while their command
 //!   runs; the task that mounted waits for the exclusive lock before it unmounts.
+//! - `<hash>.log` (the daemon's log, see `daemon::DaemonLog`) and `<hash>.mount` (its
+//!   record, see `registry`).
+//!
+//! A mounter or daemon killed with SIGKILL leaves its files behind; the next election on
+//! the node sweeps them (`sweep_stale`) once no mounter holds the lock.
 //!
 //! Under SLURM the task with `SLURM_LOCALID=0` leads and the others only wait, so they
 //! never contend; elsewhere every caller is a candidate and the `flock` decides.
@@ -22,7 +27,7 @@ use std::path::{Path, PathBuf};
 
 pub use args::{RunArgs, WaitArgs, DEFAULT_WAIT};
 pub use duration::parse_duration;
-pub use elect::{elect, mount, wait, Election, Lease};
+pub use elect::{clear_leftovers, elect, mount, wait, Election, Lease};
 pub use run::{run, RunRequest};
 pub use watch::{daemon_exiting, set_idle_timeout, set_owner, spawn_watchdog};
 

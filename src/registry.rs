@@ -2,7 +2,8 @@
 //!
 //! They live in a node-local, per-user directory so that `umount` can wait for the
 //! right daemon and `status` can list mounts; a daemon removes its record on exit, and
-//! a record whose pid is gone is treated as absent.
+//! a record whose pid is gone is treated as absent, except by `stagefs umount` of a mount
+//! whose daemon was killed: the record then says what to clear up.
 
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -24,6 +25,12 @@ pub struct Record {
     pub warmed_bytes: u64,
     /// FUSE read requests served, refreshed by the daemon every few seconds.
     pub reads: u64,
+    /// Failures served (EIO) and the last one, refreshed soon after each.
+    pub errors: u64,
+    pub last_error: Option<String>,
+    /// The directories made for this mount (mountpoint included), outermost first, which
+    /// the daemon removes on exit: after a `kill -9`, `stagefs umount` removes them.
+    pub created: Vec<PathBuf>,
 }
 
 fn record_path(mountpoint: &Path) -> Result<PathBuf, PlaceError> {
@@ -32,8 +39,8 @@ fn record_path(mountpoint: &Path) -> Result<PathBuf, PlaceError> {
 
 pub fn write(record: &Record) -> std::io::Result<()> {
     let path = record_path(&record.mountpoint).map_err(std::io::Error::other)?;
-    let text = format!(
-        "pid={}\narchive={}\nmountpoint={}\nstarted={}\nstaged_bytes={}\nstaging={}\nwarmed_bytes={}\nreads={}\n",
+    let mut text = format!(
+        "pid={}\narchive={}\nmountpoint={}\nstarted={}\nstaged_bytes={}\nstaging={}\nwarmed_bytes={}\nreads={}\nerrors={}\n",
         record.pid,
         record.archive.display(),
         record.mountpoint.display(),
@@ -41,8 +48,15 @@ pub fn write(record: &Record) -> std::io::Result<()> {
         record.staged_bytes,
         record.staging,
         record.warmed_bytes,
-        record.reads
+        record.reads,
+        record.errors
     );
+    if let Some(last) = &record.last_error {
+        text += &format!("last_error={}\n", last.replace('\n', " "));
+    }
+    for dir in &record.created {
+        text += &format!("created={}\n", dir.display());
+    }
     places::write_atomically(&path, text.as_bytes(), 0o600)
 }
 
@@ -52,8 +66,13 @@ pub fn now() -> u64 {
 
 /// The record for `mountpoint`, if its daemon is still alive.
 pub fn read(mountpoint: &Path) -> Option<Record> {
+    read_any(mountpoint).filter(|r| process_alive(r.pid))
+}
+
+/// The record for `mountpoint`, also when its daemon is gone (killed: it left the record).
+pub fn read_any(mountpoint: &Path) -> Option<Record> {
     let text = std::fs::read_to_string(record_path(mountpoint).ok()?).ok()?;
-    parse(&text).filter(|r| r.mountpoint == mountpoint)
+    parse_any(&text).filter(|r| r.mountpoint == mountpoint)
 }
 
 /// Every live daemon of this user on this node, by mountpoint.
@@ -71,8 +90,14 @@ pub fn list() -> Result<Vec<Record>, PlaceError> {
 
 /// Parses a record; `None` if malformed or its daemon is gone.
 fn parse(text: &str) -> Option<Record> {
+    parse_any(text).filter(|r| process_alive(r.pid))
+}
+
+/// Parses a record, alive or not. Fields added later are optional, so that a newer
+/// `stagefs status` still lists the mounts of an older daemon.
+fn parse_any(text: &str) -> Option<Record> {
     let field = |key: &str| text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix('='));
-    let record = Record {
+    Some(Record {
         pid: field("pid")?.parse().ok()?,
         archive: field("archive")?.into(),
         mountpoint: field("mountpoint")?.into(),
@@ -81,8 +106,10 @@ fn parse(text: &str) -> Option<Record> {
         staging: field("staging")?.to_string(),
         warmed_bytes: field("warmed_bytes")?.parse().ok()?,
         reads: field("reads")?.parse().ok()?,
-    };
-    process_alive(record.pid).then_some(record)
+        errors: field("errors").and_then(|e| e.parse().ok()).unwrap_or(0),
+        last_error: field("last_error").map(str::to_owned),
+        created: text.lines().filter_map(|l| l.strip_prefix("created=")).map(PathBuf::from).collect(),
+    })
 }
 
 /// Deletes the records in `dir` of daemons that died without removing their own (SIGKILL).
@@ -129,13 +156,20 @@ mod tests {
             staging: "copy".into(),
             warmed_bytes: 8,
             reads: 9,
+            errors: 2,
+            last_error: Some("/x: corrupt data at archive byte 5: bad".into()),
+            created: vec!["/some/where".into(), mountpoint.clone()],
         };
         write(&mine).unwrap();
         assert_eq!(read(&mountpoint), Some(mine.clone()));
         assert_eq!(read(Path::new("/other")), None);
         assert!(list().unwrap().contains(&mine));
-        write(&Record { pid: u32::MAX - 1, ..mine }).unwrap();
+        write(&Record { pid: u32::MAX - 1, ..mine.clone() }).unwrap();
         assert_eq!(read(&mountpoint), None, "a dead pid's record is ignored");
+        assert_eq!(read_any(&mountpoint), Some(Record { pid: u32::MAX - 1, ..mine }), "unless asked for");
+        // A record from before errors and created were kept still parses.
+        let old = parse_any("pid=1\narchive=/a\nmountpoint=/m\nstarted=1\nstaged_bytes=0\nreads=3\n").unwrap();
+        assert_eq!((old.reads, old.errors, old.last_error, old.created.len()), (3, 0, None, 0));
         remove(&mountpoint);
         assert!(!record_path(&mountpoint).unwrap().exists());
     }

@@ -1,8 +1,11 @@
 //! The slurm/ job-script templates on a real one-node SLURM (started by .ci/slurm-setup.sh
 //! if none answers; a SLURM that cannot start fails the test). Every template runs with 4
-//! tasks per node and ends three ways: normally, by scancel, and at its time limit. Each
-//! time all 4 tasks must read the right bytes through exactly one daemon, and afterwards
-//! no mount, no daemon, and no lock, status or record file may remain.
+//! training processes per node (4 tasks, or for the torchrun template one task whose fake
+//! `torchrun` starts 4) and ends three ways: normally, by scancel, and at its time limit.
+//! Each time all 4 must read the right bytes through exactly one daemon, and afterwards
+//! no mount, no daemon, and no lock, status or record file may remain. The templates ask
+//! for GPUs and CPUs per task; this SLURM has no GPUs, so the test overrides both on the
+//! sbatch command line, and it leaves SCRATCH unset (ARCHIVE alone must do).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -15,7 +18,8 @@ use crate::util::{mounts, pseudo_random, require_root, require_tool, run_cmd, st
 /// How often the waits below run their (command-running) checks.
 const POLL: Duration = Duration::from_millis(250);
 
-const TEMPLATES: [&str; 4] = ["1-mount-wait-train", "2-run-one-liner", "3-multi-node", "4-stage-from-scratch"];
+const TEMPLATES: [&str; 5] =
+    ["1-mount-wait-train", "2-run-one-liner", "3-multi-node", "4-stage-from-scratch", "5-torchrun"];
 const TASKS: usize = 4;
 
 fn repo() -> PathBuf {
@@ -33,7 +37,7 @@ impl Cluster {
     fn up() -> Cluster {
         let dir = PathBuf::from("/tmp/stagefs-slurm");
         let script = repo().join(".ci/slurm-setup.sh");
-        let running = dir.join("env").exists() && sinfo_idle(&dir.join("slurm.conf"));
+        let running = dir.join("env").exists() && sinfo_up(&dir.join("slurm.conf"));
         if !running {
             let out = run_cmd(Command::new(&script).arg("start").arg(&dir), Duration::from_secs(300));
             assert!(
@@ -62,10 +66,14 @@ impl Drop for Cluster {
     }
 }
 
-fn sinfo_idle(conf: &Path) -> bool {
+/// The node answers, idle or busy: busy with another test run's jobs is running too, and
+/// restarting it would kill those jobs (the setup script kills every process of the cluster).
+fn sinfo_up(conf: &Path) -> bool {
     let mut cmd = Command::new(require_tool("sinfo"));
     cmd.args(["-h", "-o", "%t"]).env("SLURM_CONF", conf);
-    run_cmd(&mut cmd, Duration::from_secs(60)).stdout.trim() == "idle"
+    // A suffix (`*` not responding yet, `~` powered down) still means a cluster is there.
+    let state = run_cmd(&mut cmd, Duration::from_secs(60)).stdout;
+    ["idle", "mix", "alloc", "comp"].iter().any(|s| state.trim().starts_with(s))
 }
 
 /// Reads every file of the source tree through the mount, records the verdict and how many
@@ -102,6 +110,20 @@ with open(os.path.join(out, f'{node}.{task}.{os.getpid()}'), 'w') as fh:
 held = open(last, 'rb')
 time.sleep(float(os.environ.get('STAGEFS_TEST_SLEEP', '0')))
 sys.exit(0 if verdict == 'ok' else 1)
+"#;
+
+/// Stands in for torchrun: starts `--nproc-per-node` copies of the script with its
+/// arguments, passes SIGTERM on to them as torchrun does, and exits with the worst status.
+const FAKE_TORCHRUN: &str = r#"#!/usr/bin/env python3
+import os, signal, subprocess, sys
+args, n = sys.argv[1:], 1
+while args and args[0].startswith('--'):
+    if args[0].startswith('--nproc-per-node='):
+        n = int(args[0].split('=', 1)[1])
+    args = args[1:]
+procs = [subprocess.Popen([sys.executable] + args, env=dict(os.environ, LOCAL_RANK=str(r))) for r in range(n)]
+signal.signal(signal.SIGTERM, lambda s, f: [p.send_signal(s) for p in procs])
+sys.exit(max(p.wait() for p in procs))
 "#;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -163,8 +185,12 @@ fn slurm_templates_mount_once_per_node_and_clean_up() {
     let out = run_cmd(Command::new("tar").arg("-C").arg(&tree).arg("-cf").arg(&base).arg("."), Duration::from_secs(60));
     out.assert_success();
     fs::write(tmp.join("reader.py"), READER).unwrap();
+    let fake_bin = tmp.join("bin");
+    fs::create_dir_all(&fake_bin).unwrap();
+    fs::write(fake_bin.join("torchrun"), FAKE_TORCHRUN).unwrap();
+    fs::set_permissions(fake_bin.join("torchrun"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let bin_dir = stagefs_bin().parent().unwrap().to_owned();
-    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let path = format!("{}:{}:{}", bin_dir.display(), fake_bin.display(), std::env::var("PATH").unwrap_or_default());
 
     let started = Instant::now();
     let mut jobs = Vec::new();
@@ -181,13 +207,15 @@ fn slurm_templates_mount_once_per_node_and_clean_up() {
             let sleep = if end == End::Normal { "1" } else { "600" };
             let mut sbatch = cluster.cmd("sbatch");
             sbatch
-                .args(["--parsable", "--nodes=1", "--ntasks-per-node=4", "--time", time, "--output"])
+                .args(["--parsable", "--nodes=1", "--ntasks-per-node=4", "--gpus-per-node=0", "--cpus-per-task=1"])
+                .args(["--time", time, "--output"])
                 .arg(&log)
                 .arg(file)
                 .current_dir(tmp.path())
                 .env("PATH", &path)
                 .env("ARCHIVE", &archive)
-                .env("SCRATCH", tmp.path())
+                .env_remove("SCRATCH")
+                .env("GPUS", TASKS.to_string())
                 .env("TRAIN_SCRIPT", tmp.join("reader.py"))
                 .env("STAGEFS_RUNTIME_DIR", &runtime)
                 .env("STAGEFS_TEST_EXPECT", &tree)

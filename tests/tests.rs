@@ -16,4 +16,5 @@ mod staging;
 mod startup_signals;
 mod stress;
 mod util;
+mod ux;
 mod warm;

@@ -123,7 +123,7 @@ fn read_file(fs: &Fs, ino: u64, size: u64, budget: &mut u64) {
                 let want = u64::from(len).min(size.saturating_sub(offset));
                 assert_eq!(bytes.len() as u64, want, "read of {len} at {offset} of a {size}-byte file");
             }
-            Err(FsError::Corrupt(_)) => {}
+            Err(FsError::Corrupt { .. }) => {}
             Err(other) => panic!("read of a regular file failed with {other:?}"),
         }
     }

@@ -198,6 +198,8 @@ pub enum OpenError {
     Io { path: PathBuf, source: std::io::Error },
     #[error("{}: not a tar or SquashFS archive (first bytes: {magic}); stagefs mounts tar (plain, or compressed with gzip, bzip2, xz, zstd or lz4) and SquashFS 4.0 images", path.display())]
     UnknownFormat { path: PathBuf, magic: String },
+    #[error("{}: is empty (0 bytes), not an archive; was the copy or the archiving step complete?", path.display())]
+    Empty { path: PathBuf },
     #[error("{}: corrupt archive at byte {offset}: {what}", path.display())]
     Corrupt { path: PathBuf, offset: u64, what: String },
     #[error("{}: archive is truncated at byte {offset}: {what} (was the copy complete?)", path.display())]
@@ -211,6 +213,9 @@ pub enum OpenError {
 impl OpenError {
     /// The error for bytes that are no archive stagefs knows, showing the first of them.
     pub fn unknown_format(path: &Path, head: &[u8]) -> OpenError {
+        if head.is_empty() {
+            return OpenError::Empty { path: path.to_owned() };
+        }
         let magic = head.iter().take(8).map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(" ");
         OpenError::UnknownFormat { path: path.to_owned(), magic }
     }

@@ -46,10 +46,10 @@ pub struct RunArgs {
     /// Fill the page cache before the command starts: auto (when staged), yes, no
     #[arg(long, value_enum, default_value_t = WarmMode::Auto)]
     warm: WarmMode,
-    /// FUSE request threads (default: 2 per core, at most 16)
-    #[arg(long)]
+    /// FUSE request threads, 1 to 256 (default: 2 per core, at most 16)
+    #[arg(long, value_parser = crate::cli::threads_parser())]
     threads: Option<usize>,
-    /// Append the daemon's log to this file
+    /// Append the daemon's log to this file (default: one in the runtime directory, removed with the mount)
     #[arg(long, value_name = "FILE")]
     log_file: Option<PathBuf>,
     /// The command to run, after `--`

@@ -69,7 +69,9 @@ pub fn sweep_stale() {
 
 fn sweep_stale_in(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for path in entries.flatten().map(|e| e.path()) {
+    let paths: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+    for path in &paths {
+        let path = path.clone();
         if path.extension().is_some_and(|x| x == "lock") {
             let recent_failure =
                 Status::read(&path).is_some_and(|s| s.failed && now_ms().saturating_sub(s.at_ms) <= FAILURE_KEPT_MS);
@@ -80,7 +82,34 @@ fn sweep_stale_in(dir: &Path) {
             }
         }
     }
+    // A users tally or a daemon log belongs to a mount while its mounter or daemon holds
+    // the lock of the same name; without one, whoever wrote them was killed (`kill -9` of
+    // `stagefs run` or of the daemon).
+    for path in &paths {
+        let kind = path.extension().and_then(|x| x.to_str());
+        if matches!(kind, Some("users" | "log")) && !is_locked(&path.with_extension("lock")) {
+            remove_unheld(path);
+        }
+    }
     registry::sweep_dead_in(dir);
+}
+
+/// Removes a coordination file unless a process holds a lock on it (a `stagefs run` task).
+fn remove_unheld(path: &Path) {
+    if let Ok(Some(file)) = LockFile::try_acquire(path, Mode::Exclusive) {
+        file.remove();
+    }
+}
+
+/// For `stagefs umount` of a mount whose daemon was killed: removes its lock (unless a new
+/// mounter holds it), its users tally (unless a task still holds it) and its log.
+pub fn clear_leftovers(mountpoint: &Path) {
+    let Ok(files) = NodeFiles::for_mountpoint(mountpoint) else { return };
+    remove_unheld(&files.lock);
+    remove_unheld(&files.users);
+    if let Ok(log) = crate::places::mountpoint_file(mountpoint, "log") {
+        let _ = std::fs::remove_file(log);
+    }
 }
 
 /// Decides whether this process mounts `archive` (canonical) on `mountpoint` (resolved).

@@ -62,6 +62,7 @@ pub fn run(request: &RunRequest) -> Result<u8, Failure> {
         None => {
             let mut command = Command::new(expand(program, &mountpoint));
             command.args(args.iter().map(|a| expand(a, &mountpoint))).env("STAGEFS_MOUNT", &mountpoint);
+            die_with_this_process(&mut command);
             match command.spawn() {
                 Ok(child) => Ok(signals.wait(child)),
                 Err(e) => Err(Failure::new(127, format!("cannot run {}: {e}", Path::new(program).display()))),
@@ -104,6 +105,28 @@ fn join(mount: &MountRequest, task: &SlurmTask, timeout: Duration) -> Result<(Lo
         // Its owner unmounted before we joined; the LOCALID rule no longer applies.
         tracing::info!("the mount went away before this task joined; mounting again");
         task.local_id = None;
+    }
+}
+
+/// Makes the command get SIGTERM when this process dies, even by SIGKILL (an OOM kill, a
+/// `kill -9`): otherwise it would run on, reading a mount whose owner is gone. (The signal
+/// follows the thread that spawned it: `run` spawns from the main thread, which lives as
+/// long as the process.)
+fn die_with_this_process(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id();
+    // SAFETY: between fork and exec the closure only makes async-signal-safe system calls.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Dead already, before the line above took effect: the signal will not come.
+            if libc::getppid() as u32 != parent {
+                libc::raise(libc::SIGTERM);
+            }
+            Ok(())
+        });
     }
 }
 

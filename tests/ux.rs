@@ -1,0 +1,360 @@
+//! What users see when they get something wrong or something goes wrong: usage errors with
+//! the fix in them, mountpoint versus FUSE failures, errors served while mounted (the
+//! daemon's log and `stagefs status`), nothing left behind after `kill -9`, and the demo.
+
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::util::{
+    assert_nothing_left, fixture, is_mounted, pack_tar, process_alive, pseudo_random, read, require_root, run_cmd,
+    run_tool, stagefs, stagefs_bin, stagefs_pids, wait_until, CmdOutput, KillOnDrop, Mounted, TempDir, User,
+    CMD_TIMEOUT,
+};
+
+/// Unmounts `mp` if a command that had to fail mounted it anyway, so one failure does not
+/// leave a mount behind for the rest of the suite.
+fn unmount_if_mounted(mp: &Path) {
+    if is_mounted(mp) {
+        let _ = stagefs([OsStr::new("umount"), mp.as_os_str()]);
+    }
+}
+
+#[test]
+fn an_empty_archive_is_called_empty() {
+    require_root();
+    let tmp = TempDir::new("ux-empty");
+    let empty = tmp.join("empty.tar");
+    fs::write(&empty, b"").unwrap();
+    let mp = tmp.join("mnt");
+    let out = stagefs([OsStr::new("mount"), empty.as_os_str(), mp.as_os_str()]);
+    unmount_if_mounted(&mp);
+    assert_eq!(out.code(), Some(3), "{}", out.describe());
+    assert!(out.stderr.contains("is empty (0 bytes)"), "{}", out.describe());
+    assert!(!out.stderr.contains("first bytes"), "no empty byte dump: {}", out.describe());
+    assert_nothing_left(&mp, "empty archive");
+}
+
+#[test]
+fn run_without_a_separator_says_to_put_the_command_after_it() {
+    let out = stagefs(["run", "data.tar", "python", "train.py", "--data", "x"]);
+    assert_eq!(out.code(), Some(2), "{}", out.describe());
+    assert!(out.stderr.contains("put the command after `--`"), "{}", out.describe());
+    let out = stagefs(["run", "data.tar"]);
+    assert_eq!(out.code(), Some(2), "{}", out.describe());
+    assert!(out.stderr.contains("put the command after `--`"), "{}", out.describe());
+}
+
+#[test]
+fn counts_out_of_range_are_usage_errors() {
+    require_root();
+    let tmp = TempDir::new("ux-ranges");
+    let mp = tmp.join("mnt");
+    let archive = fixture("gnu.tar");
+    for threads in ["0", "1000", "100000"] {
+        let out = stagefs([
+            OsStr::new("mount"),
+            OsStr::new("--threads"),
+            OsStr::new(threads),
+            archive.as_os_str(),
+            mp.as_os_str(),
+        ]);
+        unmount_if_mounted(&mp);
+        assert_eq!(out.code(), Some(2), "--threads {threads}: {}", out.describe());
+        assert!(out.stderr.contains("1..=256"), "the error gives the range: {}", out.describe());
+    }
+    let out = stagefs([
+        OsStr::new("run"),
+        OsStr::new("--threads"),
+        OsStr::new("1000"),
+        archive.as_os_str(),
+        OsStr::new("--"),
+        OsStr::new("true"),
+    ]);
+    assert_eq!(out.code(), Some(2), "{}", out.describe());
+    for (flag, value) in [("--files", "0"), ("--readers", "0")] {
+        let out = stagefs([
+            OsStr::new("demo"),
+            OsStr::new(flag),
+            OsStr::new(value),
+            OsStr::new("--dir"),
+            tmp.join("demo").as_os_str(),
+        ]);
+        assert_eq!(out.code(), Some(2), "demo {flag} {value}: {}", out.describe());
+        assert!(out.stderr.contains("at least 1"), "{}", out.describe());
+    }
+    assert!(!tmp.join("demo").exists(), "a refused demo writes nothing");
+    assert_nothing_left(&mp, "refused --threads");
+}
+
+#[test]
+fn an_idle_timeout_of_zero_means_never() {
+    let tmp = TempDir::new("ux-idle-zero");
+    let mp = tmp.join("mnt");
+    let m = Mounted::with_args(&["--idle-timeout", "0"], &fixture("gnu.tar"), &mp);
+    // The watchdog would unmount a zero timeout within its first 10 ms tick.
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(is_mounted(&mp), "--idle-timeout 0 must not unmount");
+    assert_eq!(read(&m.path().join("a/b/c/d/deep.txt")), b"deep file\n");
+    m.unmount().assert_success();
+}
+
+#[test]
+fn a_mountpoint_fusermount3_refuses_is_a_mountpoint_problem_not_missing_fuse() {
+    let user = User::get("sfs-ux");
+    let tmp = TempDir::new("ux-no-write");
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let archive = tmp.join("data.tar");
+    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    fs::set_permissions(&archive, fs::Permissions::from_mode(0o644)).unwrap();
+    // Empty, but root's: fusermount3 refuses it ("no write access to mountpoint").
+    let mp = tmp.join("roots");
+    fs::create_dir(&mp).unwrap();
+    fs::set_permissions(&mp, fs::Permissions::from_mode(0o755)).unwrap();
+    let out = user.stagefs([OsStr::new("mount"), archive.as_os_str(), mp.as_os_str()]);
+    unmount_if_mounted(&mp);
+    assert_eq!(out.code(), Some(4), "{}", out.describe());
+    assert!(out.stderr.contains(&*mp.to_string_lossy()), "the error names the mountpoint: {}", out.describe());
+    assert!(!out.stderr.contains("FUSE"), "nothing is wrong with FUSE: {}", out.describe());
+    assert_nothing_left(&mp, "refused mountpoint");
+}
+
+/// `stagefs ARGS...` with its runtime directory (locks, records, logs) in `runtime`, so the
+/// test sees exactly the files of its own mounts.
+fn stagefs_in(runtime: &Path, args: &[&OsStr]) -> CmdOutput {
+    let mut cmd = Command::new(stagefs_bin());
+    cmd.env("STAGEFS_RUNTIME_DIR", runtime).args(args);
+    run_cmd(&mut cmd, CMD_TIMEOUT)
+}
+
+/// The names of the files in a runtime directory.
+fn runtime_files(runtime: &Path) -> Vec<String> {
+    let Ok(entries) = fs::read_dir(runtime) else { return Vec::new() };
+    let mut names: Vec<String> = entries.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    names
+}
+
+/// A tar of four 200 KB files, written by GNU tar.
+fn four_file_tar(tmp: &TempDir) -> PathBuf {
+    let src = tmp.join("src");
+    fs::create_dir_all(&src).unwrap();
+    for i in 0..4u64 {
+        fs::write(src.join(format!("f{i}.bin")), pseudo_random(40 + i, 200_000)).unwrap();
+    }
+    let archive = tmp.join("data.tar");
+    pack_tar(&src, &archive, &["f0.bin", "f1.bin", "f2.bin", "f3.bin"]);
+    archive
+}
+
+#[test]
+fn errors_served_reach_the_log_status_and_umount() {
+    require_root();
+    let tmp = TempDir::new("ux-errors");
+    let runtime = tmp.join("runtime");
+    let archive = four_file_tar(&tmp);
+    let mp = tmp.join("mnt");
+    let out = stagefs_in(
+        &runtime,
+        &[OsStr::new("mount"), OsStr::new("--stage"), OsStr::new("none"), archive.as_os_str(), mp.as_os_str()],
+    );
+    out.assert_success();
+    let guard = Mounted::adopt(&archive, &mp);
+    let logs: Vec<String> = runtime_files(&runtime).into_iter().filter(|f| f.ends_with(".log")).collect();
+    assert_eq!(logs.len(), 1, "the detached daemon logs to a file in the runtime dir: {:?}", runtime_files(&runtime));
+    let log = runtime.join(&logs[0]);
+
+    // Served in place, the archive is checked unchanged on every read: touching it is enough.
+    let archive_file = fs::File::options().write(true).open(&archive).unwrap();
+    archive_file.set_modified(std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000)).unwrap();
+    let err = fs::read(mp.join("f1.bin")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+
+    let logged = wait_until(Duration::from_secs(10), || read_text(&log).contains("changed since it was mounted"));
+    assert!(logged, "the log says why: {:?}", read_text(&log));
+    let mut status = String::new();
+    let shown = wait_until(Duration::from_secs(10), || {
+        status = stagefs_in(&runtime, &[OsStr::new("status")]).stdout;
+        status.contains("last error: /f1.bin: ")
+    });
+    assert!(shown, "status shows the last error:\n{status}");
+    assert!(status.contains("ERRORS"), "{status}");
+    let json = stagefs_in(&runtime, &[OsStr::new("status"), OsStr::new("--json")]).stdout;
+    // The kernel may retry a failed read: one or more.
+    let ours = json.lines().find(|l| l.contains(&*mp.to_string_lossy())).unwrap_or_default();
+    assert!(!ours.contains("\"errors\":0,") && ours.contains("\"last_error\":\"/f1.bin: "), "{json}");
+
+    let out = stagefs_in(&runtime, &[OsStr::new("umount"), mp.as_os_str()]);
+    guard.disarm();
+    out.assert_success();
+    assert!(
+        out.stderr.contains(" failed read") && out.stderr.contains("(EIO) while mounted; the last: /f1.bin: "),
+        "{}",
+        out.describe()
+    );
+    assert_nothing_left(&mp, "after the umount");
+    assert!(wait_until(Duration::from_secs(5), || runtime_files(&runtime).is_empty()), "{:?}", runtime_files(&runtime));
+}
+
+fn read_text(path: &Path) -> String {
+    String::from_utf8_lossy(&fs::read(path).unwrap_or_default()).into_owned()
+}
+
+#[test]
+fn a_log_file_that_cannot_be_written_is_refused_before_mounting() {
+    require_root();
+    let tmp = TempDir::new("ux-log-file");
+    let mp = tmp.join("made/mnt");
+    let log = tmp.join("no-such-dir/daemon.log");
+    let archive = fixture("gnu.tar");
+    let out =
+        stagefs([OsStr::new("mount"), OsStr::new("--log-file"), log.as_os_str(), archive.as_os_str(), mp.as_os_str()]);
+    unmount_if_mounted(&mp);
+    assert_eq!(out.code(), Some(1), "{}", out.describe());
+    assert!(
+        out.stderr.contains("cannot write the log file") && out.stderr.contains(&*log.to_string_lossy()),
+        "{}",
+        out.describe()
+    );
+    assert!(!tmp.join("made").exists(), "nothing was made for the mount");
+    // A writable one gets the daemon's log.
+    let log = tmp.join("daemon.log");
+    let m = Mounted::with_args(&["-v", "--log-file", &log.to_string_lossy()], &archive, &mp);
+    m.unmount().assert_success();
+    assert!(read_text(&log).contains("mounted"), "{:?}", read_text(&log));
+}
+
+#[test]
+fn umount_after_kill_9_of_the_daemon_leaves_nothing() {
+    require_root();
+    let tmp = TempDir::new("ux-kill-daemon");
+    let runtime = tmp.join("runtime");
+    let mp = tmp.join("made/by/stagefs");
+    let archive = tmp.join("data.tar");
+    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    stagefs_in(&runtime, &[OsStr::new("mount"), archive.as_os_str(), mp.as_os_str()]).assert_success();
+    let guard = Mounted::adopt(&archive, &mp);
+    let pids = stagefs_pids(&mp);
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    unsafe { libc::kill(pids[0], libc::SIGKILL) };
+    assert!(wait_until(Duration::from_secs(10), || !process_alive(pids[0])), "the daemon survived SIGKILL");
+    let out = stagefs_in(&runtime, &[OsStr::new("umount"), mp.as_os_str()]);
+    guard.disarm();
+    out.assert_success();
+    assert!(!is_mounted(&mp));
+    assert!(!tmp.join("made").exists(), "the directories stagefs made for the mount stay: {}", mp.display());
+    assert_eq!(runtime_files(&runtime), Vec::<String>::new(), "the killed daemon's files stay");
+}
+
+#[test]
+fn kill_9_of_stagefs_run_takes_its_command_along_and_the_next_election_sweeps() {
+    require_root();
+    let tmp = TempDir::new("ux-kill-run");
+    let runtime = tmp.join("runtime");
+    let mp = tmp.join("mnt");
+    let archive = tmp.join("data.tar");
+    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    let marker = tmp.join("command-started");
+    let script = format!("touch {} && exec sleep 300", marker.display());
+    let mut cmd = Command::new(stagefs_bin());
+    cmd.env("STAGEFS_RUNTIME_DIR", &runtime)
+        .args([OsStr::new("run"), OsStr::new("-m"), mp.as_os_str(), archive.as_os_str()])
+        .args(["--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut run = KillOnDrop(cmd.spawn().unwrap());
+    assert!(wait_until(Duration::from_secs(30), || marker.exists()), "the command never started");
+    // Its children: the mount daemon, and the command.
+    let command: Vec<i32> = children_of(run.id() as i32)
+        .into_iter()
+        .filter(|pid| fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep"))
+        .collect();
+    assert_eq!(command.len(), 1, "the command is a child of stagefs run: {command:?}");
+    unsafe { libc::kill(run.id() as i32, libc::SIGKILL) };
+    let _ = run.0.wait();
+    assert!(wait_until(Duration::from_secs(10), || !process_alive(command[0])), "the command outlived stagefs run");
+    // Its daemon unmounts by itself once its owner is gone; the users tally stays.
+    assert_nothing_left(&mp, "after kill -9 of stagefs run");
+    assert!(wait_until(Duration::from_secs(10), || runtime_files(&runtime).iter().all(|f| f.ends_with(".users"))));
+
+    // The next election on the node (any mountpoint) sweeps it.
+    let other = tmp.join("other");
+    stagefs_in(&runtime, &[OsStr::new("mount"), archive.as_os_str(), other.as_os_str()]).assert_success();
+    let guard = Mounted::adopt(&archive, &other);
+    assert!(!runtime_files(&runtime).iter().any(|f| f.ends_with(".users")), "{:?}", runtime_files(&runtime));
+    stagefs_in(&runtime, &[OsStr::new("umount"), other.as_os_str()]).assert_success();
+    guard.disarm();
+    assert!(wait_until(Duration::from_secs(5), || runtime_files(&runtime).is_empty()), "{:?}", runtime_files(&runtime));
+}
+
+/// Processes whose parent is `pid`.
+fn children_of(pid: i32) -> Vec<i32> {
+    let mut children = Vec::new();
+    for entry in fs::read_dir("/proc").unwrap().flatten() {
+        let Some(child) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+        let Ok(stat) = fs::read_to_string(format!("/proc/{child}/stat")) else { continue };
+        let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok());
+        if ppid == Some(pid) && process_alive(child) {
+            children.push(child);
+        }
+    }
+    children
+}
+
+/// The README's first command, small: it says where it writes and how much before writing,
+/// compares a plain directory with both kinds of mount, and its archive is a real tar.
+#[test]
+fn the_demo_says_what_it_writes_and_compares_three_ways() {
+    require_root();
+    let tmp = TempDir::new("ux-demo");
+    let work = tmp.join("demo");
+    let out = stagefs([
+        OsStr::new("demo"),
+        OsStr::new("--files"),
+        OsStr::new("60"),
+        OsStr::new("--readers"),
+        OsStr::new("2"),
+        OsStr::new("--dir"),
+        work.as_os_str(),
+        OsStr::new("--keep"),
+    ]);
+    out.assert_success();
+    let first = out.stdout.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("stagefs demo: writing ")
+            && first.contains(&*work.to_string_lossy())
+            && first.contains(" MB"),
+        "where and how much, first: {}",
+        out.describe()
+    );
+    for row in ["plain directory", "stagefs, in place", "stagefs, staged in RAM"] {
+        let line = out
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(row))
+            .unwrap_or_else(|| panic!("no {row} row: {}", out.describe()));
+        assert_eq!(line.matches("files/s").count(), 2, "two epochs: {line}");
+        assert_eq!(line.matches('x').count(), 2, "two ratios: {line}");
+    }
+    assert!(out.stdout.contains("all bytes verified"), "{}", out.describe());
+
+    let archive = work.join("imagenet-like.tar");
+    let listing = run_tool("tar", [OsStr::new("-tvf"), archive.as_os_str()]).stdout;
+    let (dirs, files): (Vec<&str>, Vec<&str>) = listing.lines().partition(|l| l.starts_with('d'));
+    assert_eq!((dirs.len(), files.len()), (20, 60), "20 class folders and 60 files:\n{listing}");
+    for line in files {
+        // "-rw-r--r-- 0/0  123456 1970-01-01 00:00 train/n00000001/img_0000001.JPEG"
+        let size: u64 = line.split_whitespace().nth(2).and_then(|s| s.parse().ok()).unwrap_or(0);
+        assert!((20_000..200_000).contains(&size), "sizes are 20-200 KB: {line}");
+        assert!(line.ends_with(".JPEG") && line.contains(" train/n"), "{line}");
+    }
+    let mut left: Vec<String> =
+        fs::read_dir(&work).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    left.sort();
+    assert_eq!(left, ["imagenet-like.tar"], "only the kept archive stays");
+    assert!(!crate::util::mounts().iter().any(|m| m.mount_point.starts_with(&work)), "a demo mount stayed");
+}
