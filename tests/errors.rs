@@ -749,8 +749,21 @@ fn idle_timeout_unmounts_after_quiet() {
     fs::copy(fixture("gnu.tar"), &archive).unwrap();
     let mp = tmp.join("mnt");
     let log = tmp.join("daemon.log");
-    let m = Mounted::with_args(&["-v", "--idle-timeout", "2s", "--log-file", log.to_str().unwrap()], &archive, &mp);
-    let pids = m.daemon_pids();
+    // Not `Mounted::with_args`: its "is it mounted now?" check could lose a race with a
+    // 2 s idle timeout on a busy machine.
+    let out = stagefs([
+        OsStr::new("mount"),
+        OsStr::new("-v"),
+        OsStr::new("--idle-timeout"),
+        OsStr::new("2s"),
+        OsStr::new("--log-file"),
+        log.as_os_str(),
+        archive.as_os_str(),
+        mp.as_os_str(),
+    ]);
+    let m = Mounted::adopt(&archive, &mp);
+    out.assert_code(0);
+    let pids = stagefs_pids(&archive);
     // Generous: only a hang guard; the daemon acts after 2 s without reads.
     let gone = wait_until(Duration::from_secs(120), || !is_mounted(&mp) && pids.iter().all(|p| !process_alive(*p)));
     let text = fs::read_to_string(&log).unwrap_or_default();

@@ -681,19 +681,18 @@ fn mount_as_user_without_fusermount3_fails_with_code_7() {
 
 /// A tar of files with known content, for the truncation tests.
 fn truncation_tar(tmp: &TempDir) -> (PathBuf, Vec<(String, Vec<u8>)>) {
-    let mut tar = Vec::new();
+    let src = tmp.join("truncation-src");
+    fs::create_dir(&src).unwrap();
     let mut files = Vec::new();
     for i in 0..8u64 {
         let name = format!("f{i}.bin");
         let data = pseudo_random(100 + i, 200_000);
-        tar.extend_from_slice(&ustar_header(&name, b'0', 0o644, data.len() as u64, ""));
-        tar.extend_from_slice(&data);
-        tar.resize(tar.len().div_ceil(512) * 512, 0);
+        fs::write(src.join(&name), &data).unwrap();
         files.push((name, data));
     }
-    tar.resize(tar.len() + 1024, 0);
     let path = tmp.join("t.tar");
-    fs::write(&path, &tar).unwrap();
+    let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+    pack_tar(&src, &path, &names);
     (path, files)
 }
 
