@@ -85,6 +85,10 @@ the mount then lives exactly as long as the step, and SIGTERM unmounts it.")]
         /// Unmount after no reads for this long (e.g. 30m, 2h; 0 means never, the default)
         #[arg(long, value_name = "DURATION", value_parser = crate::node::parse_duration)]
         idle_timeout: Option<std::time::Duration>,
+        /// Print one JSON object instead of the mountpoint: {"mountpoint": ..., "mounted": true
+        /// when this call mounted, false when another process of the node had or has mounted it}
+        #[arg(long)]
+        json: bool,
     },
     /// Mount once per node, run a command with the mount, unmount after the node's last task
     Run(crate::node::RunArgs),

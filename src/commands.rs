@@ -153,7 +153,7 @@ pub fn status(json: bool) -> Result<(), Failure> {
 }
 
 /// A JSON string literal.
-fn json_string(text: &str) -> String {
+pub fn json_string(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 2);
     out.push('"');
     for c in text.chars() {

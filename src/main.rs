@@ -26,7 +26,18 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> Result<(), Failure> {
     match command {
-        Command::Mount { archive, mountpoint, foreground, threads, log_file, stage, max_ram, warm, idle_timeout } => {
+        Command::Mount {
+            archive,
+            mountpoint,
+            foreground,
+            threads,
+            log_file,
+            stage,
+            max_ram,
+            warm,
+            idle_timeout,
+            json,
+        } => {
             let mountpoint = mountpoint.unwrap_or_else(|| stagefs::places::default_mountpoint(&archive));
             let request = MountRequest {
                 archive,
@@ -40,10 +51,16 @@ fn run(command: Command) -> Result<(), Failure> {
             };
             // `--idle-timeout 0` means what "no timeout" means elsewhere, not "unmount at once".
             let idle_timeout = idle_timeout.filter(|t| !t.is_zero());
-            node::mount(&request, node::DEFAULT_WAIT, idle_timeout)?;
+            let mounted = node::mount(&request, node::DEFAULT_WAIT, idle_timeout)?;
             if !foreground {
                 // So that `MNT=$(stagefs mount data.tar)` works, also for the default mountpoint.
-                println!("{}", stagefs::mountpoint::resolve(&request.mountpoint)?.display());
+                let mountpoint = stagefs::mountpoint::resolve(&request.mountpoint)?;
+                if json {
+                    let path = stagefs::commands::json_string(&mountpoint.to_string_lossy());
+                    println!("{{\"mountpoint\":{path},\"mounted\":{mounted}}}");
+                } else {
+                    println!("{}", mountpoint.display());
+                }
             }
             Ok(())
         }

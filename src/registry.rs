@@ -103,8 +103,9 @@ fn parse_any(text: &str) -> Option<Record> {
         mountpoint: field("mountpoint")?.into(),
         started: field("started")?.parse().ok()?,
         staged_bytes: field("staged_bytes")?.parse().ok()?,
-        staging: field("staging")?.to_string(),
-        warmed_bytes: field("warmed_bytes")?.parse().ok()?,
+        // Records of daemons from before staging was recorded still parse.
+        staging: field("staging").unwrap_or("in place").to_string(),
+        warmed_bytes: field("warmed_bytes").and_then(|w| w.parse().ok()).unwrap_or(0),
         reads: field("reads")?.parse().ok()?,
         errors: field("errors").and_then(|e| e.parse().ok()).unwrap_or(0),
         last_error: field("last_error").map(str::to_owned),

@@ -15,12 +15,14 @@ Importing it starts no thread and touches no GPU, so it is safe before
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import subprocess
 import sys
 import sysconfig
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Union
 
@@ -124,12 +126,19 @@ def _run(cmd: List[str], timeout: Optional[float]) -> str:
 
 class Mount:
     """A live stagefs mount. Unmounts on :meth:`unmount`, at the end of a ``with``
-    block (also on exceptions and KeyboardInterrupt) and at interpreter exit."""
+    block (also on exceptions and KeyboardInterrupt) and at interpreter exit.
 
-    def __init__(self, archive: Path, path: Path, command: List[str]) -> None:
+    When several processes of a node mount the same archive (torchrun or SLURM ranks),
+    one of them mounts (:attr:`owner`) and the others use its mount. Only the owner
+    unmounts, and it first waits (up to ``wait_for_others`` seconds) until no other
+    process has a file or directory open inside; the others' ``unmount`` only lets go.
+    """
+
+    def __init__(self, archive: Path, path: Path, command: List[str], owner: bool = True) -> None:
         self.archive = archive
         self.path = path
         self.command = command
+        self.owner = owner
         self._mounted = True
 
     @property
@@ -137,16 +146,28 @@ class Mount:
         """True until :meth:`unmount` succeeded."""
         return self._mounted
 
-    def unmount(self, lazy: bool = False, timeout: Optional[float] = 120) -> None:
-        """Runs ``stagefs umount``; a mount that is already gone is not an error."""
+    def unmount(self, lazy: bool = False, timeout: Optional[float] = 120, wait_for_others: float = 60) -> None:
+        """Runs ``stagefs umount`` (owner only, see the class docs); a mount that is
+        already gone is not an error. While it is busy (exit 5) it retries for up to
+        ``wait_for_others`` seconds, then detaches it lazily."""
         if not self._mounted:
             return
-        cmd = [self.command[0], "umount", str(self.path)] + (["--lazy"] if lazy else [])
-        try:
-            _run(cmd, timeout)
-        except MountError as e:
-            if e.code != 6:  # 6: not mounted (already gone)
-                raise
+        if self.owner:
+            cmd = [self.command[0], "umount", str(self.path)]
+            deadline = time.monotonic() + wait_for_others
+            while True:
+                try:
+                    _run(cmd + (["--lazy"] if lazy else []), timeout)
+                    break
+                except MountError as e:
+                    if e.code == 6:  # not mounted (already gone)
+                        break
+                    if e.code != 5:  # 5: busy, another process is still inside
+                        raise
+                    if time.monotonic() >= deadline:
+                        lazy = True
+                    else:
+                        time.sleep(0.5)
         self._mounted = False
         with _live_lock:
             _live.discard(self)
@@ -191,7 +212,7 @@ def mount(
     exit code, e.g. code 3 for a missing or unreadable archive.
     """
     archive_path = Path(os.fspath(archive))
-    cmd = [executable(), "mount", str(archive_path)]
+    cmd = [executable(), "mount", "--json", str(archive_path)]
     if mountpoint is not None:
         cmd.append(os.fspath(mountpoint))
     for flag, value in (("--stage", stage), ("--warm", warm), ("--threads", threads), ("--log-file", log_file)):
@@ -204,8 +225,10 @@ def mount(
     # Interrupted (Ctrl-C, timeout) while the daemon is coming up, subprocess kills the
     # command; the daemon follows its parent and leaves nothing mounted or staged.
     out = _run(cmd, timeout)
-    # The command prints the mountpoint it used (resolved) as its last line.
-    handle = Mount(archive_path, Path(out.strip().splitlines()[-1]), cmd)
+    # The command prints where it mounted and whether this call mounted (else another
+    # process of the node did, and owns the mount).
+    result = json.loads(out.strip().splitlines()[-1])
+    handle = Mount(archive_path, Path(result["mountpoint"]), cmd, owner=bool(result["mounted"]))
     with _live_lock:
         _live.add(handle)
     return handle

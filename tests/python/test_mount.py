@@ -8,6 +8,7 @@ from pathlib import Path
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -116,3 +117,24 @@ def test_non_empty_mountpoint_is_refused(fixture_tar, tmp_path):
     with pytest.raises(stagefs.MountError) as e:
         stagefs.mount(fixture_tar, mp)
     assert e.value.code == 4, e.value
+
+
+def test_a_second_caller_shares_the_mount_and_only_the_owner_unmounts(fixture_tar, tmp_path):
+    mp = tmp_path / "mnt"
+    first = stagefs.mount(fixture_tar, mp)
+    assert first.owner
+    with stagefs.mount(fixture_tar, mp) as root:  # another rank of the node
+        assert root == mp
+    assert os.path.ismount(mp), "a process that did not mount must not unmount"
+    # The owner waits while another process still works inside the mount.
+    busy = subprocess.Popen(["sleep", "30"], cwd=mp)
+    stopper = threading.Timer(1.0, busy.kill)
+    stopper.start()
+    try:
+        first.unmount(wait_for_others=25)
+        assert busy.poll() is not None, "the owner unmounted while another process was inside"
+    finally:
+        stopper.cancel()
+        busy.kill()
+        busy.wait()
+    assert not os.path.ismount(mp)
