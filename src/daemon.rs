@@ -160,7 +160,15 @@ fn spawn_daemon(
                     Ok(()) => Ok(()),
                 },
                 Some((code, message)) => Err(Failure::new(code.parse().unwrap_or(1), message.to_string())),
-                None => Err(died_before_ready(archive, child)),
+                None => {
+                    let failure = died_before_ready(archive, child);
+                    // Killed once its mount existed, the daemon left it stale ("Transport
+                    // endpoint is not connected"): take it down with the failed start.
+                    if mountpoint::mount_at(mountpoint).is_some_and(|m| m.is_stagefs_of(crate::places::my_uid())) {
+                        let _ = mountpoint::unmount(mountpoint, true);
+                    }
+                    Err(failure)
+                }
             }
         }
         ForkResult::Child => {

@@ -124,12 +124,8 @@ fn signals_in_every_start_up_phase_leave_nothing_behind() {
 }
 
 /// A daemon SIGKILLed once its FUSE mount exists (warming, ready): `stagefs mount` says
-/// so with exit 1, but today the dead daemon's mount stays in the mount table (stale,
-/// "Transport endpoint is not connected") until the next mount there recovers it.
-/// Run with `--ignored` to see it; it passes once the mounter unmounts what its dead
-/// daemon left.
+/// so with exit 1 and takes down the dead daemon's (stale) mount.
 #[test]
-#[ignore = "known bug: a daemon SIGKILLed after mounting (warming, ready) leaves a stale FUSE mount behind"]
 fn daemon_killed_after_mounting_leaves_nothing_behind() {
     require_root();
     let tmp = TempDir::new("startup-kill-daemon");
