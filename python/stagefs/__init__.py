@@ -319,8 +319,11 @@ class Loader:
     Files are read by native threads (``io_threads``, default: one per CPU this
     process may use) into a ring of ``depth`` slots; threads start on the first
     batch. The GIL is released while waiting and Ctrl-C interrupts promptly.
-    ``device="cuda"`` raises :class:`CudaUnavailableError` in this version (see
-    doc/python.md); use ``device="cpu"`` and move batches to the GPU yourself.
+    ``device="cuda"`` uploads each batch from the pinned ring to the GPU and gives torch
+    CUDA tensors (DLPack, ordered on the consumer's current stream); it raises
+    :class:`CudaUnavailableError` without a usable GPU. ``device="cpu"`` gives host
+    tensors: the right choice for ``torchvision.io.decode_jpeg(batch.data, device="cuda")``,
+    whose input must be on the CPU.
 
     A Loader must be iterated in the process that created it; in a fork child it
     raises :class:`ForkError`.
@@ -362,6 +365,8 @@ class Loader:
         self.device = device
         self.epoch = 0
         self._output = _pick_output(output)
+        if device != "cpu" and self._output != "torch":
+            raise ValueError(f"device={device!r} gives torch CUDA tensors: install torch, or use device='cpu'")
 
     @property
     def classes(self) -> List[str]:

@@ -363,3 +363,24 @@ def test_cuda_batches_match_the_files(tree):
         assert b.buffer.device.type == "cuda"
         for p, d in zip(b.paths, b.data):
             assert d.cpu().numpy().tobytes() == Path(p).read_bytes()
+
+
+@pytest.mark.gpu
+def test_decode_jpeg_on_the_gpu_from_a_batch(tmp_path):
+    """Needs a GPU, torch and torchvision. FAILS without them when selected (-m gpu).
+    decode_jpeg takes its input on the CPU (whatever `device`), so the batch is a host one."""
+    try:
+        import torch
+        import torchvision
+    except ImportError:
+        pytest.fail("torch and torchvision are needed for the gpu tests")
+    assert torch.cuda.is_available(), "no usable GPU"
+    (tmp_path / "cls").mkdir()
+    images = [torch.randint(0, 256, (3, 24 + i, 32), dtype=torch.uint8) for i in range(4)]
+    for i, img in enumerate(images):
+        (tmp_path / "cls" / f"{i}.jpg").write_bytes(torchvision.io.encode_jpeg(img).numpy().tobytes())
+    for batch in stagefs.Loader(tmp_path, batch_size=4, device="cpu"):
+        decoded = torchvision.io.decode_jpeg(batch.data, device="cuda")
+        for path, img in zip(batch.paths, decoded):
+            i = int(Path(path).stem)
+            assert img.device.type == "cuda" and tuple(img.shape) == tuple(images[i].shape)

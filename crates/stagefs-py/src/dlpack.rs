@@ -15,6 +15,8 @@ use std::sync::Arc;
 
 /// `kDLCPU`.
 pub const KDL_CPU: i32 = 1;
+/// `kDLCUDA`.
+pub const KDL_CUDA: i32 = 2;
 const KDL_UINT: u8 = 1;
 
 #[repr(C)]
@@ -74,6 +76,10 @@ pub trait Storage: Send + Sync + 'static {
     fn len(&self) -> usize;
     /// DLPack device (type, ordinal).
     fn device(&self) -> (i32, i32);
+    /// The GPU memory behind it, when it is some (for stream ordering).
+    fn as_device(&self) -> Option<&crate::DeviceBytes> {
+        None
+    }
 }
 
 /// What the manager context owns: the storage and the shape array the tensor points at.

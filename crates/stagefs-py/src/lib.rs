@@ -20,7 +20,7 @@
 
 mod dlpack;
 
-use dlpack::{Storage, KDL_CPU};
+use dlpack::{Storage, KDL_CPU, KDL_CUDA};
 use pyo3::exceptions::PyValueError;
 use pyo3::exceptions::{PyFileNotFoundError, PyIsADirectoryError, PyOSError, PyPermissionError, PyRuntimeError};
 use pyo3::prelude::*;
@@ -109,6 +109,77 @@ impl Storage for HostBytes {
     }
 }
 
+/// Device bytes of one batch, owned: copied on the GPU out of the ring slot (microseconds),
+/// so the ring can move on while the user keeps the tensor. `ready` is recorded after the
+/// copy; a consumer's stream waits on it in `__dlpack__`.
+struct DeviceBytes {
+    slice: Option<cudarc::driver::CudaSlice<u8>>,
+    ptr: u64,
+    len: usize,
+    ready: cudarc::driver::CudaEvent,
+    stream: Arc<cudarc::driver::CudaStream>,
+}
+
+impl DeviceBytes {
+    /// Copies `view` (`len` bytes of a ring slot) into a new device allocation on `stream`.
+    fn copy_of(
+        view: &cudarc::driver::CudaView<'_, u8>,
+        stream: &Arc<cudarc::driver::CudaStream>,
+    ) -> Result<Self, Error> {
+        use cudarc::driver::DevicePtr;
+        let len = view.len();
+        // SAFETY: every byte of the allocation's first `len` is written by the copy below
+        // before any consumer can see it (consumers wait on `ready`); one spare byte keeps
+        // the allocation non-empty for empty batches and is never exported.
+        let mut slice = unsafe { stream.alloc::<u8>(len.max(1)) }?;
+        stream.memcpy_dtod(view, &mut slice.slice_mut(..len))?;
+        let ready = stream.record_event(None)?;
+        let ptr = slice.device_ptr(stream).0;
+        Ok(DeviceBytes { slice: Some(slice), ptr, len, ready, stream: Arc::clone(stream) })
+    }
+
+    /// Makes `consumer` (a CUstream handle as DLPack passes it; 1 and 2 are the legacy and
+    /// per-thread default streams) wait for the copy; -1 means the consumer synchronises.
+    fn order_before(&self, consumer: i64) -> Result<(), Error> {
+        if consumer == -1 {
+            return Ok(());
+        }
+        self.stream.context().bind_to_thread()?;
+        // SAFETY: a stream handle the consumer gave us for this purpose, and our own event.
+        unsafe {
+            cudarc::driver::result::stream::wait_event(
+                consumer as usize as cudarc::driver::sys::CUstream,
+                self.ready.cu_event(),
+                cudarc::driver::sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl Storage for DeviceBytes {
+    fn ptr(&self) -> *mut u8 {
+        self.ptr as usize as *mut u8
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn device(&self) -> (i32, i32) {
+        (KDL_CUDA, self.stream.context().ordinal() as i32)
+    }
+    fn as_device(&self) -> Option<&DeviceBytes> {
+        Some(self)
+    }
+}
+
+impl Drop for DeviceBytes {
+    fn drop(&mut self) {
+        // The DLPack deleter may run on any thread: freeing needs the context there.
+        let _ = self.stream.context().bind_to_thread();
+        drop(self.slice.take());
+    }
+}
+
 /// One batch's bytes, packed back to back; export with `__dlpack__`.
 #[pyclass(module = "stagefs._native", frozen)]
 struct BatchBuffer {
@@ -117,7 +188,8 @@ struct BatchBuffer {
 
 #[pymethods]
 impl BatchBuffer {
-    /// DLPack export (1-D uint8). `stream` must be None for host memory.
+    /// DLPack export (1-D uint8). `stream` must be None for host memory; for device memory
+    /// the consumer's stream (an int, DLPack's convention) is made to wait for the batch.
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
     fn __dlpack__<'py>(
         &self,
@@ -138,13 +210,22 @@ impl BatchBuffer {
         if copy == Some(true) {
             return Err(pyo3::exceptions::PyBufferError::new_err("copy=True is not supported; copy after import"));
         }
-        if dev.0 == KDL_CPU && stream.as_ref().is_some_and(|s| !s.is_none()) {
-            return Err(PyValueError::new_err("stream must be None for a host (kDLCPU) buffer"));
+        let stream: Option<i64> = match stream {
+            Some(s) if !s.is_none() => Some(s.extract()?),
+            _ => None,
+        };
+        match self.storage.as_device() {
+            None if stream.is_some() => {
+                return Err(PyValueError::new_err("stream must be None for a host (kDLCPU) buffer"));
+            }
+            None => {}
+            // None: the consumer uses the legacy default stream (DLPack's rule for CUDA).
+            Some(device) => py.detach(|| device.order_before(stream.unwrap_or(1))).map_err(to_py)?,
         }
         dlpack::export(py, &self.storage, max_version.is_some_and(|(major, _)| major >= 1))
     }
 
-    /// `(device_type, device_id)`: `(1, 0)` (kDLCPU) for host batches.
+    /// `(device_type, device_id)`: `(1, 0)` (kDLCPU) for host batches, `(2, n)` (kDLCUDA) for GPU n.
     fn __dlpack_device__(&self) -> (i32, i32) {
         self.storage.device()
     }
@@ -228,12 +309,7 @@ impl Loader {
                          use device='cpu'",
                     ));
                 }
-                // The reader's CUDA ring works, but exporting its device batches
-                // safely through DLPack is not implemented yet (see doc/python.md).
-                return Err(CudaUnavailableError::new_err(
-                    "device='cuda' is not supported by this version of the Python binding yet; \
-                     use device='cpu' and move batches with tensor.to('cuda', non_blocking=True)",
-                ));
+                BackendChoice::Cuda
             }
             other => return Err(PyValueError::new_err(format!("unknown device {other:?} (cpu, cuda)"))),
         };
@@ -354,9 +430,13 @@ impl Pipeline {
         if !b.synchronize_timeout(POLL)? {
             return Ok(Step::Pending);
         }
-        let bytes = match b.device()? {
-            stagefs_reader::DeviceBuffer::Host(h) => h.to_vec(),
-            _ => return Err(Error::Config("only host batches can be exported".into())),
+        let bytes: Arc<dyn Storage> = match b.device()? {
+            stagefs_reader::DeviceBuffer::Host(h) => Arc::new(HostBytes(h.to_vec())),
+            stagefs_reader::DeviceBuffer::Cuda(view) => {
+                let stream = b.cuda_stream().ok_or_else(|| Error::Cuda("a device batch without its stream".into()))?;
+                Arc::new(DeviceBytes::copy_of(&view, stream)?)
+            }
+            _ => return Err(Error::Config("a batch on a device this binding does not know".into())),
         };
         let owned = Owned {
             bytes,
@@ -373,7 +453,7 @@ impl Pipeline {
 
 /// A batch copied out of the ring, with its table; built without the GIL.
 struct Owned {
-    bytes: Vec<u8>,
+    bytes: Arc<dyn Storage>,
     paths: Vec<String>,
     files: Vec<usize>,
     offsets: Vec<u64>,
@@ -416,7 +496,7 @@ impl EpochIter {
                 }
                 Ok(Step::Batch(o)) => {
                     let labels: Vec<i64> = o.files.iter().map(|&i| this.labels[i]).collect();
-                    let buffer = BatchBuffer { storage: Arc::new(HostBytes(o.bytes)) };
+                    let buffer = BatchBuffer { storage: o.bytes };
                     let t = (Py::new(py, buffer)?, o.paths, labels, o.offsets, o.lengths);
                     return Ok(Some(t.into_pyobject(py)?));
                 }
