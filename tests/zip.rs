@@ -8,7 +8,7 @@
 
 use std::ffi::OsStr;
 use std::fs;
-use std::os::unix::fs::{symlink, PermissionsExt};
+use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -246,7 +246,7 @@ fn crc32(data: &[u8]) -> u32 {
 
 /// One member as the crafted writer stores it.
 struct Craft {
-    name: &'static str,
+    name: &'static [u8],
     method: u16,
     flags: u16,
     /// The bytes stored in the archive (already compressed).
@@ -256,10 +256,14 @@ struct Craft {
     crc: u32,
     /// Method written in the local header (to make it disagree).
     local_method: Option<u16>,
+    /// Extra fields (in both headers).
+    extra: Vec<u8>,
+    /// `st_mode` in the external attributes (made on Unix).
+    mode: u32,
 }
 
 impl Craft {
-    fn stored(name: &'static str, content: &[u8]) -> Craft {
+    fn stored(name: &'static [u8], content: &[u8]) -> Craft {
         Craft {
             name,
             method: 0,
@@ -268,10 +272,12 @@ impl Craft {
             size: content.len() as u64,
             crc: crc32(content),
             local_method: None,
+            extra: Vec::new(),
+            mode: libc::S_IFREG | 0o644,
         }
     }
 
-    fn compressed(name: &'static str, method: u16, content: &[u8], packed: Vec<u8>) -> Craft {
+    fn compressed(name: &'static [u8], method: u16, content: &[u8], packed: Vec<u8>) -> Craft {
         Craft { method, stored: packed, ..Craft::stored(name, content) }
     }
 }
@@ -292,18 +298,21 @@ fn craft(members: &[Craft]) -> Vec<u8> {
             out.extend_from_slice(&(m.stored.len() as u32).to_le_bytes());
             out.extend_from_slice(&(m.size as u32).to_le_bytes());
             out.extend_from_slice(&(m.name.len() as u16).to_le_bytes());
-            out.extend_from_slice(&0u16.to_le_bytes());
         };
         head(&mut out, b"PK\x03\x04", m.local_method.unwrap_or(m.method));
-        out.extend_from_slice(m.name.as_bytes());
+        out.extend_from_slice(&(m.extra.len() as u16).to_le_bytes());
+        out.extend_from_slice(m.name);
+        out.extend_from_slice(&m.extra);
         out.extend_from_slice(&m.stored);
         central.extend_from_slice(b"PK\x01\x02");
         central.extend_from_slice(&(0x0300u16 | 20).to_le_bytes());
         head(&mut central, b"", m.method);
+        central.extend_from_slice(&(m.extra.len() as u16).to_le_bytes());
         central.extend_from_slice(&[0; 6]); // comment length, disk, internal attributes
-        central.extend_from_slice(&((libc::S_IFREG | 0o644) << 16).to_le_bytes());
+        central.extend_from_slice(&(m.mode << 16).to_le_bytes());
         central.extend_from_slice(&local.to_le_bytes());
-        central.extend_from_slice(m.name.as_bytes());
+        central.extend_from_slice(m.name);
+        central.extend_from_slice(&m.extra);
     }
     let cd_offset = out.len() as u32;
     out.extend_from_slice(&central);
@@ -349,25 +358,25 @@ fn zip_crafted_members_fail_alone() {
     let tmp = TempDir::new("zip-crafted");
     let good = b"good content\n".repeat(1000);
     let zeros = vec![0u8; 50 << 20];
-    let mut bad_crc = Craft::compressed("bad-crc", 8, &good, deflated(&good));
+    let mut bad_crc = Craft::compressed(b"bad-crc", 8, &good, deflated(&good));
     bad_crc.crc ^= 1;
-    let mut short = Craft::compressed("declared-too-small", 8, &good, deflated(&good));
+    let mut short = Craft::compressed(b"declared-too-small", 8, &good, deflated(&good));
     short.size -= 1;
     short.crc = crc32(&good[..good.len() - 1]);
-    let mut mismatch = Craft::stored("local-method-differs", &good);
+    let mut mismatch = Craft::stored(b"local-method-differs", &good);
     mismatch.local_method = Some(8);
-    let mut encrypted = Craft::stored("encrypted", &good);
+    let mut encrypted = Craft::stored(b"encrypted", &good);
     encrypted.flags = 1;
     let members = [
-        Craft::stored("stored", &good),
-        Craft::compressed("zstd", 93, &good, packed_by("zstd", &["-q", "-c"], &good)),
-        Craft::compressed("bzip2", 12, &good, packed_by("bzip2", &["-c"], &good)),
+        Craft::stored(b"stored", &good),
+        Craft::compressed(b"zstd", 93, &good, packed_by("zstd", &["-q", "-c"], &good)),
+        Craft::compressed(b"bzip2", 12, &good, packed_by("bzip2", &["-c"], &good)),
         bad_crc,
         short,
         mismatch,
         encrypted,
-        Craft::compressed("deflate64", 9, &good, deflated(&good)),
-        Craft::compressed("bomb", 93, &zeros, packed_by("zstd", &["-q", "-19", "-c"], &zeros)),
+        Craft::compressed(b"deflate64", 9, &good, deflated(&good)),
+        Craft::compressed(b"bomb", 93, &zeros, packed_by("zstd", &["-q", "-19", "-c"], &zeros)),
     ];
     let archive = tmp.join("crafted.zip");
     fs::write(&archive, craft(&members)).unwrap();
@@ -401,7 +410,7 @@ fn zip_crafted_members_fail_alone() {
 #[test]
 fn zip_broken_structure_fails_the_mount() {
     let tmp = TempDir::new("zip-broken");
-    let good = craft(&[Craft::stored("a", b"aaaa"), Craft::stored("b", b"bbbb")]);
+    let good = craft(&[Craft::stored(b"a", b"aaaa"), Craft::stored(b"b", b"bbbb")]);
     let mnt = tmp.join("mnt");
     fs::create_dir_all(&mnt).unwrap();
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
@@ -435,4 +444,44 @@ fn zip_broken_structure_fails_the_mount() {
         let out = mount_must_fail(&[archive.as_os_str(), mnt.as_os_str()], 3, label);
         out.assert_stderr_has(&[needle, "byte"]);
     }
+}
+
+/// Names and times from extra fields, directories and duplicates, as unzip treats them:
+/// Info-ZIP's Unicode path field (0x7075) names a member whose stored name is CP437
+/// bytes; the extended timestamp (0x5455) beats the MS-DOS time; an explicit directory
+/// entry sets the directory's mode and time; a later member of the same name wins.
+#[test]
+fn zip_crafted_names_times_and_duplicates() {
+    let tmp = TempDir::new("zip-names");
+    let mut unicode = Craft::stored(b"caf\x82.txt", b"unicode path\n");
+    let utf8 = "café.txt".as_bytes();
+    unicode.extra.extend_from_slice(&0x7075u16.to_le_bytes());
+    unicode.extra.extend_from_slice(&(5 + utf8.len() as u16).to_le_bytes());
+    unicode.extra.push(1);
+    unicode.extra.extend_from_slice(&crc32(b"caf\x82.txt").to_le_bytes());
+    unicode.extra.extend_from_slice(utf8);
+    let mut timed = Craft::stored(b"d/timed", b"t\n");
+    timed.extra.extend_from_slice(&[0x55, 0x54, 5, 0, 1]);
+    timed.extra.extend_from_slice(&(T as i32).to_le_bytes());
+    let mut dir = Craft::stored(b"d/", b"");
+    dir.mode = libc::S_IFDIR | 0o700;
+    let mut link = Craft::stored(b"d/link", b"timed");
+    link.mode = libc::S_IFLNK | 0o777;
+    let members =
+        [dir, unicode, timed, Craft::stored(b"d/dup", b"first\n"), link, Craft::stored(b"d/dup", b"second, longer\n")];
+    let archive = tmp.join("names.zip");
+    fs::write(&archive, craft(&members)).unwrap();
+    let expected = tmp.join("expected");
+    fs::create_dir_all(&expected).unwrap();
+    // -o: overwrite the duplicate without asking, as the later entry wins.
+    tool(&expected, "unzip", &[os("-q"), os("-o"), archive.as_os_str()]);
+    assert_eq!(read(&expected.join("café.txt")), b"unicode path\n");
+    assert_eq!(read(&expected.join("d/dup")), b"second, longer\n");
+    let mnt = Mounted::new(&archive, &tmp.join("mnt"));
+    assert_eq!(fs::symlink_metadata(mnt.path().join("d/timed")).unwrap().mtime(), T);
+    assert_eq!(fs::read_link(mnt.path().join("d/link")).unwrap(), Path::new("timed"));
+    // unzip gives symlinks the time of extraction; stagefs the archive's.
+    let link_time = format!("@{}", fs::symlink_metadata(mnt.path().join("d/link")).unwrap().mtime());
+    Command::new("touch").args(["-h", "-d", &link_time]).arg(expected.join("d/link")).status().unwrap();
+    assert_trees_equal(&expected, mnt.path(), &opts());
 }

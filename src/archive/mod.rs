@@ -340,6 +340,11 @@ impl Archive {
         Archive { index, format: Format::Tar, reader: Reader::Tar(reader) }
     }
 
+    /// Reassembles a zip archive from its parts (the fuzz targets open zips directly).
+    pub fn from_zip(index: Index, reader: zip::ZipReader) -> Archive {
+        Archive { index, format: Format::Zip, reader: Reader::Zip(reader) }
+    }
+
     /// The tar reader's own tables, for saving the index.
     pub fn tar_reader(&self) -> Option<&tar::TarReader> {
         match &self.reader {
