@@ -31,6 +31,8 @@ fn os<S: AsRef<OsStr> + ?Sized>(s: &S) -> &OsStr {
 
 /// The tree every producer packs: sizes around block edges, compressible and random
 /// data, nested and empty directories, Unicode names, modes, symlinks (when `links`).
+/// `a/b/text.txt` (6.9 MB) is over a member cache shard's share of 64 MiB: it takes the
+/// path for members kept one at a time.
 fn make_tree(src: &Path, links: bool) {
     fs::create_dir_all(src.join("a/b/c")).unwrap();
     fs::create_dir_all(src.join("empty-dir")).unwrap();
@@ -40,7 +42,7 @@ fn make_tree(src: &Path, links: bool) {
     for size in [1usize, 4095, 4096, 4097, 200_000] {
         fs::write(src.join(format!("a/random-{size}")), pseudo_random(size as u64, size)).unwrap();
     }
-    let text: Vec<u8> = (0..300_000u32).flat_map(|i| format!("line {i}\n").into_bytes()).collect();
+    let text: Vec<u8> = (0..800_000u32).flat_map(|i| format!("line {i}\n").into_bytes()).collect();
     fs::write(src.join("a/b/text.txt"), text).unwrap();
     fs::write(src.join("ünïcödé/日本語 ファイル.txt"), b"unicode name\n").unwrap();
     fs::write(src.join("run.sh"), b"#!/bin/sh\n").unwrap();
@@ -484,4 +486,46 @@ fn zip_crafted_names_times_and_duplicates() {
     let link_time = format!("@{}", fs::symlink_metadata(mnt.path().join("d/link")).unwrap().mtime());
     Command::new("touch").args(["-h", "-d", &link_time]).arg(expected.join("d/link")).status().unwrap();
     assert_trees_equal(&expected, mnt.path(), &opts());
+}
+
+/// A zip over 4 GiB (Python's `force_zip64`): a stored member of 4 GiB + 4097 bytes, then
+/// members whose local headers lie past 4 GiB (zip64 offsets). The big member is compared
+/// with the bytes written at its start, across the 4 GiB line and at its end; the others
+/// with what `unzip -p` extracts.
+#[test]
+fn zip_python_zip64_over_4_gib() {
+    let tmp = TempDir::new("zip-4gib");
+    let archive = tmp.join("big.zip");
+    let script = r#"
+import random, sys, zipfile
+block = random.Random(7).randbytes(1 << 20)
+open(sys.argv[2], "wb").write(block)
+with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_STORED) as z:
+    with z.open("big.bin", "w", force_zip64=True) as f:
+        for i in range(4096):
+            f.write(block)
+        f.write(block[:4097])
+    z.writestr("after.txt", "after the 4 GiB member\n")
+    z.writestr("deflated.txt", "x" * 1000, compress_type=zipfile.ZIP_DEFLATED)
+"#;
+    let block_file = tmp.join("block");
+    tool(tmp.path(), "python3", &[os("-c"), os(script), archive.as_os_str(), block_file.as_os_str()]);
+    let block = read(&block_file);
+    let mnt = Mounted::new(&archive, &tmp.join("mnt"));
+    let big = fs::File::open(mnt.path().join("big.bin")).unwrap();
+    let size = (4096u64 << 20) + 4097;
+    assert_eq!(big.metadata().unwrap().len(), size);
+    for at in [0u64, (4096 << 20) - 3000, size - 4097] {
+        let mut buf = vec![0u8; 6000.min((size - at) as usize)];
+        std::os::unix::fs::FileExt::read_exact_at(&big, &mut buf, at).unwrap();
+        let expect: Vec<u8> = (at..at + buf.len() as u64).map(|i| block[(i % (1 << 20)) as usize]).collect();
+        assert!(buf == expect, "big.bin differs from what was written at byte {at}");
+    }
+    for name in ["after.txt", "deflated.txt"] {
+        let mut cmd = Command::new(require_tool("unzip"));
+        cmd.args([os("-p"), archive.as_os_str(), os(name)]);
+        let out = run_cmd(&mut cmd, Duration::from_secs(60));
+        assert!(out.success() && !out.stdout.is_empty(), "unzip -p {name}:\n{}", out.describe());
+        assert_eq!(read(&mnt.path().join(name)), out.stdout.as_bytes(), "{name}");
+    }
 }
