@@ -11,8 +11,8 @@ use crate::warm::WarmMode;
 #[command(
     name = "stagefs",
     version,
-    about = "Mount tar and SquashFS archives read-only with FUSE, so training code reads them as ordinary files",
-    long_about = "Mount tar and SquashFS archives read-only with FUSE, so unchanged training code \
+    about = "Mount tar, zip and SquashFS archives read-only with FUSE, so training code reads them as ordinary files",
+    long_about = "Mount tar, zip and SquashFS archives read-only with FUSE, so unchanged training code \
 (PyTorch ImageFolder, DataLoader workers) reads millions of small files from one archive at \
 page-cache speed instead of hammering the parallel filesystem's metadata servers.",
     after_help = "Examples:
