@@ -11,8 +11,8 @@ use crate::warm::WarmMode;
 #[command(
     name = "stagefs",
     version,
-    about = "Mount tar and SquashFS archives read-only with FUSE, so training code reads them as ordinary files",
-    long_about = "Mount tar and SquashFS archives read-only with FUSE, so unchanged training code \
+    about = "Mount tar, zip and SquashFS archives read-only with FUSE, so training code reads them as ordinary files",
+    long_about = "Mount tar, zip and SquashFS archives read-only with FUSE, so unchanged training code \
 (PyTorch ImageFolder, DataLoader workers) reads millions of small files from one archive at \
 page-cache speed instead of hammering the parallel filesystem's metadata servers.",
     after_help = "Examples:
@@ -42,7 +42,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Mount an archive read-only; returns once the mount is usable
-    #[command(after_help = "The format (tar or SquashFS) is detected from the archive's first bytes, not its name.
+    #[command(after_help = "The format (tar, zip or SquashFS) is detected from the archive's bytes, not its name.
 A missing MOUNTPOINT is created (mode 0700). A mountpoint left behind by a killed daemon
 (\"Transport endpoint is not connected\") is cleaned up and reused.
 
@@ -52,7 +52,7 @@ node, SLURM_LOCALID=0 leads), one mounts and the others wait for it and exit 0.
 In a SLURM job step that must stay attached (srun --overlap ... &), use --foreground:
 the mount then lives exactly as long as the step, and SIGTERM unmounts it.")]
     Mount {
-        /// The archive: tar (GNU, pax, ustar, v7; plain or gzip/bzip2/xz/zstd/lz4-compressed) or SquashFS 4.0
+        /// The archive: tar (GNU, pax, ustar, v7; plain or gzip/bzip2/xz/zstd/lz4-compressed), zip or SquashFS 4.0
         archive: PathBuf,
         /// Directory to mount on (created if missing; must be empty).
         /// Default: /dev/shm/$USER/stagefs/<archive name without extensions>

@@ -180,7 +180,7 @@ pub fn index(path: &Path) -> Result<(), Failure> {
     let entries = index.dirents.len();
     let saved = match &opened.saved_index {
         Some(saved) => format!("saved to {}", saved.display()),
-        None => "nothing to save: a SquashFS image carries its own index".into(),
+        None => format!("nothing to save: a {:?} archive carries its own index", opened.archive.format),
     };
     println!(
         "indexed {} in {:.2} s: {entries} entries, {} in memory ({} bytes per entry); {saved}",

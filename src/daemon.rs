@@ -521,6 +521,14 @@ fn check_format(path: &Path) -> Result<(), OpenError> {
     if stage::Compression::detect(head).is_some() || crate::archive::Format::detect(head).is_some() {
         return Ok(());
     }
+    // A zip behind a prefix (a self-extracting stub) is known by its end record only.
+    let len = file.metadata().map_err(io)?.len();
+    let mut tail = vec![0u8; len.min(crate::archive::zip::TAIL_SEARCH as u64) as usize];
+    let from = len - tail.len() as u64;
+    let n = file.read_at(&mut tail, from).map_err(io)?;
+    if crate::archive::zip::find_end(&tail[..n]).is_some() {
+        return Ok(());
+    }
     Err(OpenError::unknown_format(path, head))
 }
 

@@ -28,6 +28,9 @@ pub enum FsError {
     Range,
     #[error("{path}: {source}")]
     Corrupt { path: String, source: ReadError },
+    /// The archive holds the file in a form stagefs refuses to serve (encrypted).
+    #[error("{path}: {why}")]
+    Denied { path: String, why: &'static str },
 }
 
 impl FsError {
@@ -40,6 +43,7 @@ impl FsError {
             FsError::NoXattr => libc::ENODATA,
             FsError::Range => libc::ERANGE,
             FsError::Corrupt { .. } => libc::EIO,
+            FsError::Denied { .. } => libc::EACCES,
         }
     }
 }
@@ -203,17 +207,31 @@ impl Fs {
         if inode.attrs.is_dir() {
             return Err(FsError::IsDir);
         }
+        if let Some(why) = self.archive.denied(inode) {
+            let path = self.logged_once(id, |path| tracing::error!(path, "{why}; returning EACCES"));
+            return Err(FsError::Denied { path, why });
+        }
         self.archive.read(inode, offset, size).map_err(|source| {
-            let Ok(mut seen) = self.logged_damage.lock() else {
-                return FsError::Corrupt { path: format!("inode {ino}"), source };
-            };
-            let path = seen.entry(id).or_insert_with(|| {
-                let path = self.path_of(id);
-                tracing::error!(path, file_offset = offset, "{source}; returning EIO for reads of this range");
-                path
+            let path = self.logged_once(id, |path| {
+                tracing::error!(path, file_offset = offset, "{source}; returning EIO for reads of this range")
             });
-            FsError::Corrupt { path: path.clone(), source }
+            FsError::Corrupt { path, source }
         })
+    }
+
+    /// The path of `id`, calling `log` with it the first time a failure of that file is
+    /// seen: a retry loop can neither flood the log nor cost a path search per retry.
+    fn logged_once(&self, id: InodeId, log: impl FnOnce(&str)) -> String {
+        let Ok(mut seen) = self.logged_damage.lock() else {
+            return format!("inode {}", ino_of(id));
+        };
+        seen.entry(id)
+            .or_insert_with(|| {
+                let path = self.path_of(id);
+                log(&path);
+                path
+            })
+            .clone()
     }
 
     /// Lists a directory from `offset`: 0 is ".", 1 is "..", then the children in order.

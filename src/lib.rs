@@ -1,4 +1,4 @@
-//! stagefs: mount tar and SquashFS archives read-only with FUSE, for HPC deep-learning jobs.
+//! stagefs: mount tar, zip and SquashFS archives read-only with FUSE, for HPC deep-learning jobs.
 //!
 //! Layers, each usable alone: [`archive`] parses formats into an [`index::Index`] with no
 //! FUSE types; [`fs`] is the filesystem behaviour; `fuse` (private) adapts it to the kernel;

@@ -554,6 +554,9 @@ mod tests {
         assert_eq!(Compression::detect(b"BZh91AY"), Some(Compression::Bzip2));
         assert_eq!(Compression::detect(&[0x28, 0xb5, 0x2f, 0xfd]), Some(Compression::Zstd));
         assert_eq!(Compression::detect(b"ustar"), None);
+        // A zip is no compressed tar, whatever follows its local header magic.
+        assert_eq!(Compression::detect(b"PK\x03\x04\x14\x00\x08\x00\x08\x00"), None);
+        assert_eq!(Compression::detect(b"PK\x05\x06\0\0\0\0"), None);
     }
 
     #[test]

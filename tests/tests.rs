@@ -18,3 +18,4 @@ mod stress;
 mod util;
 mod ux;
 mod warm;
+mod zip;

@@ -47,6 +47,14 @@ pub fn squashfs(data: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+/// The zip reader over arbitrary bytes (detected by content, as `stagefs mount` does).
+pub fn zip(data: &[u8]) -> Result<(), String> {
+    let (index, reader) =
+        stagefs::archive::zip::open(Path::new("fuzz.zip"), backing(data)).map_err(|e| e.to_string())?;
+    serve(Archive::from_zip(index, reader));
+    Ok(())
+}
+
 /// The saved-index decoder (checksum and key supplied), over a fixed 1 MiB archive.
 pub fn index_cache(data: &[u8]) -> Result<(), String> {
     static ARCHIVE: OnceLock<Backing> = OnceLock::new();
@@ -123,7 +131,7 @@ fn read_file(fs: &Fs, ino: u64, size: u64, budget: &mut u64) {
                 let want = u64::from(len).min(size.saturating_sub(offset));
                 assert_eq!(bytes.len() as u64, want, "read of {len} at {offset} of a {size}-byte file");
             }
-            Err(FsError::Corrupt { .. }) => {}
+            Err(FsError::Corrupt { .. } | FsError::Denied { .. }) => {}
             Err(other) => panic!("read of a regular file failed with {other:?}"),
         }
     }

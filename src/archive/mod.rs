@@ -1,10 +1,11 @@
-//! Archive readers: detect the format from magic bytes, build the [`Index`], serve file bytes.
+//! Archive readers: detect the format from its bytes, build the [`Index`], serve file bytes.
 //!
 //! Nothing here knows about FUSE: the readers work on a byte slice (an mmap of the
 //! archive) and return plain Rust errors that name the archive offset at fault.
 
 pub mod squashfs;
 pub mod tar;
+pub mod zip;
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -196,7 +197,7 @@ pub fn map_file(file: &std::fs::File) -> std::io::Result<Backing> {
 pub enum OpenError {
     #[error("cannot read {}: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
-    #[error("{}: not a tar or SquashFS archive (first bytes: {magic}); stagefs mounts tar (plain, or compressed with gzip, bzip2, xz, zstd or lz4) and SquashFS 4.0 images", path.display())]
+    #[error("{}: not a tar, zip or SquashFS archive (first bytes: {magic}); stagefs mounts tar (plain, or compressed with gzip, bzip2, xz, zstd or lz4), zip and SquashFS 4.0 images", path.display())]
     UnknownFormat { path: PathBuf, magic: String },
     #[error("{}: is empty (0 bytes), not an archive; was the copy or the archiving step complete?", path.display())]
     Empty { path: PathBuf },
@@ -234,18 +235,29 @@ pub struct ReadError {
 pub enum Format {
     Tar,
     SquashFs,
+    Zip,
 }
 
 impl Format {
-    /// Detects the format from the first bytes, never from the file name.
+    /// Detects the format from the first bytes, never from the file name. A zip is
+    /// known by its first bytes only when nothing precedes it; see [`Format::detect_with_tail`].
     pub fn detect(head: &[u8]) -> Option<Format> {
         if head.starts_with(b"hsqs") {
             Some(Format::SquashFs)
+        } else if head.starts_with(b"PK\x03\x04") || head.starts_with(b"PK\x05\x06") {
+            Some(Format::Zip)
         } else if tar::looks_like_tar(head) {
             Some(Format::Tar)
         } else {
             None
         }
+    }
+
+    /// Detects the format from the first bytes, else from the last ones: a zip is defined
+    /// by the end record in its last 64 KiB + 22 bytes (`tail`), whatever precedes it
+    /// (a self-extracting stub).
+    pub fn detect_with_tail(head: &[u8], tail: &[u8]) -> Option<Format> {
+        Format::detect(head).or_else(|| zip::find_end(tail).map(|_| Format::Zip))
     }
 }
 
@@ -259,6 +271,7 @@ pub struct Archive {
 enum Reader {
     Tar(tar::TarReader),
     SquashFs(squashfs::SquashReader),
+    Zip(zip::ZipReader),
 }
 
 impl Archive {
@@ -272,7 +285,8 @@ impl Archive {
     /// Indexes an archive whose bytes are already mapped.
     pub fn from_backing(path: &Path, backing: Backing) -> Result<Archive, OpenError> {
         let head = &backing[..backing.len().min(512)];
-        let archive = match Format::detect(head) {
+        let tail = &backing[backing.len().saturating_sub(zip::TAIL_SEARCH)..];
+        let archive = match Format::detect_with_tail(head, tail) {
             Some(Format::Tar) => {
                 let (index, reader) = tar::open(path, backing.clone())?;
                 Archive { index, format: Format::Tar, reader: Reader::Tar(reader) }
@@ -280,6 +294,10 @@ impl Archive {
             Some(Format::SquashFs) => {
                 let (index, reader) = squashfs::open(path, backing.clone())?;
                 Archive { index, format: Format::SquashFs, reader: Reader::SquashFs(reader) }
+            }
+            Some(Format::Zip) => {
+                let (index, reader) = zip::open(path, backing.clone())?;
+                Archive { index, format: Format::Zip, reader: Reader::Zip(reader) }
             }
             None => return Err(OpenError::unknown_format(path, head)),
         };
@@ -289,8 +307,10 @@ impl Archive {
 
     /// Frees what the readers cache for speed (SquashFS blocks); later reads refill it.
     pub fn release_caches(&self) {
-        if let Reader::SquashFs(r) = &self.reader {
-            r.clear_cache();
+        match &self.reader {
+            Reader::SquashFs(r) => r.clear_cache(),
+            Reader::Zip(r) => r.clear_cache(),
+            Reader::Tar(_) => {}
         }
     }
 
@@ -304,6 +324,7 @@ impl Archive {
         match &self.reader {
             Reader::Tar(r) => r.backing(),
             Reader::SquashFs(r) => r.backing(),
+            Reader::Zip(r) => r.backing(),
         }
     }
 
@@ -319,11 +340,25 @@ impl Archive {
         Archive { index, format: Format::Tar, reader: Reader::Tar(reader) }
     }
 
+    /// Reassembles a zip archive from its parts (the fuzz targets open zips directly).
+    pub fn from_zip(index: Index, reader: zip::ZipReader) -> Archive {
+        Archive { index, format: Format::Zip, reader: Reader::Zip(reader) }
+    }
+
     /// The tar reader's own tables, for saving the index.
     pub fn tar_reader(&self) -> Option<&tar::TarReader> {
         match &self.reader {
             Reader::Tar(r) => Some(r),
-            Reader::SquashFs(_) => None,
+            Reader::SquashFs(_) | Reader::Zip(_) => None,
+        }
+    }
+
+    /// Why reading this file is refused outright rather than failing (an encrypted zip
+    /// member: EACCES, not EIO), if it is.
+    pub fn denied(&self, inode: &Inode) -> Option<&'static str> {
+        match (&self.reader, inode.data) {
+            (Reader::Zip(r), Data::Extern(handle)) => r.denied(handle),
+            _ => None,
         }
     }
 
@@ -342,6 +377,8 @@ impl Archive {
             (Reader::SquashFs(_), other) => {
                 Err(ReadError { offset: 0, what: format!("inode has no SquashFS data ({other:?})") })
             }
+            (Reader::Zip(r), Data::Extern(handle)) => r.read(handle, size, offset, len),
+            (Reader::Zip(_), other) => Err(ReadError { offset: 0, what: format!("inode has no zip data ({other:?})") }),
         }
     }
 }

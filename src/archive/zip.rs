@@ -1,0 +1,252 @@
+//! Zip archives: the central directory is the index; member data is read only on request.
+//!
+//! Mounting reads the end record and the central directory, nothing else (symlink targets
+//! aside, which are member data). No index is saved: the directory already is one.
+//! Names, modes and times follow what Info-ZIP `unzip` extracts; see doc/design.md.
+
+mod directory;
+mod member;
+
+use std::path::Path;
+
+pub use directory::{find_end, TAIL_SEARCH};
+pub use member::ZipReader;
+
+use super::{Backing, OpenError};
+use crate::index::{Attrs, BuildError, Data, Index, IndexBuilder, InodeId, ROOT};
+use directory::{show, Entry};
+use member::Member;
+
+/// Upper byte of "version made by" for archives written on Unix: the external
+/// attributes' upper 16 bits are then an `st_mode`.
+const MADE_ON_UNIX: u16 = 3;
+/// MS-DOS attribute bits in the external attributes' low byte.
+const DOS_READONLY: u32 = 0x01;
+const DOS_DIRECTORY: u32 = 0x10;
+
+/// True if `bytes` look like a zip: a local header first, or an end record at the end
+/// (an empty zip, or one behind a self-extracting stub).
+pub fn looks_like_zip(bytes: &[u8]) -> bool {
+    bytes.starts_with(b"PK\x03\x04") || bytes.starts_with(b"PK\x05\x06") || find_end(bytes).is_some()
+}
+
+/// Indexes the zip in `backing` from its central directory.
+pub fn open(path: &Path, backing: Backing) -> Result<(Index, ZipReader), OpenError> {
+    open_with_cache(path, backing.clone(), cache_bytes_for(backing.len() as u64))
+}
+
+/// Decompressed-member cache size: four times the archive, between 64 MiB and 1 GiB,
+/// as for SquashFS blocks (the cache only grows as members are read).
+fn cache_bytes_for(archive_bytes: u64) -> u64 {
+    archive_bytes.saturating_mul(4).clamp(64 << 20, 1 << 30)
+}
+
+/// Indexes the zip in `backing`; decompressed members are cached up to `cache_bytes`.
+pub fn open_with_cache(path: &Path, backing: Backing, cache_bytes: u64) -> Result<(Index, ZipReader), OpenError> {
+    let fail = |fault: Fault| fault.into_open_error(path);
+    let dir = directory::read(&backing).map_err(fail)?;
+    let mut builder = IndexBuilder::new();
+    let mut members = Vec::new();
+    for entry in &dir.entries {
+        add(&backing, &mut builder, &mut members, entry, dir.start).map_err(fail)?;
+    }
+    let index = builder.finish().map_err(|source| OpenError::Index { path: path.to_owned(), source })?;
+    members.shrink_to_fit();
+    Ok((index, ZipReader::new(backing, members, cache_bytes)))
+}
+
+/// Adds one central directory entry to the index.
+fn add(
+    backing: &Backing,
+    builder: &mut IndexBuilder,
+    members: &mut Vec<Member>,
+    e: &Entry,
+    cd_start: u64,
+) -> Result<(), Fault> {
+    let Some(components) = super::tar::normalise(&e.name) else {
+        tracing::warn!(name = %show(&e.name), "skipping member whose name contains '..' (as unzip does)");
+        return Ok(());
+    };
+    let attrs = attrs_of(e);
+    // The member's data must lie before the central directory; the local header is
+    // checked on first read, so mounting touches no data.
+    let data_end = e.local.checked_add(30 + u64::from(e.stored_name_len)).and_then(|h| h.checked_add(e.compressed));
+    if !attrs.is_dir() && data_end.is_none_or(|end| end > cd_start) {
+        return Err(Fault::corrupt(
+            e.at,
+            format!(
+                "member {} at {} with {} compressed bytes: expected it to end before the central directory at {cd_start}",
+                show(&e.name),
+                e.local,
+                e.compressed
+            ),
+        ));
+    }
+    let member = Member::from_entry(e);
+    let data = match attrs.file_type() {
+        libc::S_IFLNK => {
+            let target = member.whole(backing).map_err(|err| Fault::corrupt(err.offset, err.what))?;
+            Data::Symlink(builder.intern(&target)?)
+        }
+        libc::S_IFREG if attrs.size > 0 || e.compressed > 0 => {
+            let handle = u32::try_from(members.len()).map_err(|_| BuildError::TooManyEntries)?;
+            members.push(member);
+            Data::Extern(handle)
+        }
+        _ => Data::None,
+    };
+    let mut attrs = attrs;
+    if let Data::Symlink(span) = data {
+        attrs.size = span.len.into();
+    }
+    let Some((name, dirs)) = components.split_last() else {
+        if attrs.is_dir() {
+            builder.set_inode(ROOT, attrs, Data::None);
+        }
+        return Ok(());
+    };
+    let parent = parents(builder, dirs)?;
+    match builder.child(parent, name) {
+        // A later directory entry updates the directory and keeps its children.
+        Some(existing) if attrs.is_dir() && builder.attrs(existing).is_dir() => {
+            builder.set_inode(existing, attrs, data)
+        }
+        _ => {
+            let id = builder.add_inode(attrs, data)?;
+            builder.link(parent, name, id)?;
+        }
+    }
+    Ok(())
+}
+
+/// Resolves (creating implicit directories) the directory chain `dirs` under the root.
+fn parents(builder: &mut IndexBuilder, dirs: &[&[u8]]) -> Result<InodeId, BuildError> {
+    let mut dir = ROOT;
+    for name in dirs {
+        dir = match builder.child(dir, name) {
+            Some(id) if builder.attrs(id).is_dir() => id,
+            _ => {
+                let id = builder.add_inode(Attrs::implicit_dir(), Data::None)?;
+                builder.link(dir, name, id)?;
+                id
+            }
+        };
+    }
+    Ok(dir)
+}
+
+/// Type, permissions, size and mtime as `unzip` extracts them.
+fn attrs_of(e: &Entry) -> Attrs {
+    let named_dir = e.name.ends_with(b"/");
+    let unix = (e.made_by >> 8 == MADE_ON_UNIX).then_some(e.external >> 16).filter(|&m| m != 0);
+    let mode = match unix {
+        Some(mode) if mode & libc::S_IFMT != 0 => mode & (libc::S_IFMT | 0o7777),
+        Some(perm) if named_dir => libc::S_IFDIR | (perm & 0o7777),
+        Some(perm) => libc::S_IFREG | (perm & 0o7777),
+        None if named_dir || e.external & DOS_DIRECTORY != 0 => libc::S_IFDIR | 0o755,
+        None if e.external & DOS_READONLY != 0 => libc::S_IFREG | 0o444,
+        None => libc::S_IFREG | 0o644,
+    };
+    // Only files, directories and symlinks are extracted by unzip; other types are files.
+    let mode = match mode & libc::S_IFMT {
+        libc::S_IFREG | libc::S_IFDIR | libc::S_IFLNK => mode,
+        _ => libc::S_IFREG | (mode & 0o7777),
+    };
+    let size = if mode & libc::S_IFMT == libc::S_IFREG { e.size } else { 0 };
+    let mtime = e.unix_mtime.unwrap_or_else(|| dos_time(e.dos_date, e.dos_time));
+    Attrs { mode, uid: 0, gid: 0, mtime, mtime_nsec: 0, size }
+}
+
+/// An MS-DOS date and time, read as UTC: the format has no zone, `unzip` reads it in
+/// the local zone, and a daemon serving a cluster job has no better one to pick.
+pub fn dos_time(date: u16, time: u16) -> i64 {
+    let year = 1980 + i64::from(date >> 9);
+    let month = i64::from((date >> 5) & 0xf).clamp(1, 12);
+    let day = i64::from(date & 0x1f).max(1);
+    let (h, m, s) = (i64::from(time >> 11), i64::from((time >> 5) & 0x3f), i64::from(time & 0x1f) * 2);
+    days_from_civil(year, month, day) * 86_400 + h * 3600 + m * 60 + s
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// What went wrong while indexing, before the archive path is attached.
+#[derive(Debug)]
+struct Fault {
+    kind: FaultKind,
+    offset: u64,
+    what: String,
+}
+
+#[derive(Debug)]
+enum FaultKind {
+    Corrupt,
+    Truncated,
+    Unsupported,
+    Index(BuildError),
+}
+
+impl Fault {
+    fn corrupt(offset: u64, what: String) -> Fault {
+        Fault { kind: FaultKind::Corrupt, offset, what }
+    }
+
+    fn truncated(offset: u64, what: String) -> Fault {
+        Fault { kind: FaultKind::Truncated, offset, what }
+    }
+
+    fn unsupported(what: String) -> Fault {
+        Fault { kind: FaultKind::Unsupported, offset: 0, what }
+    }
+
+    fn into_open_error(self, path: &Path) -> OpenError {
+        let path = path.to_owned();
+        let Fault { kind, offset, what } = self;
+        match kind {
+            FaultKind::Corrupt => OpenError::Corrupt { path, offset, what },
+            FaultKind::Truncated => OpenError::Truncated { path, offset, what },
+            FaultKind::Unsupported => OpenError::Unsupported { path, what },
+            FaultKind::Index(source) => OpenError::Index { path, source },
+        }
+    }
+}
+
+impl From<BuildError> for Fault {
+    fn from(source: BuildError) -> Fault {
+        Fault { kind: FaultKind::Index(source), offset: 0, what: String::new() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dos_times_read_as_utc() {
+        // 2024-10-04 14:47:28, as Info-ZIP writes it.
+        let date = ((2024 - 1980) << 9) | (10 << 5) | 4;
+        let time = (14 << 11) | (47 << 5) | (28 / 2);
+        assert_eq!(dos_time(date, time), 1_728_053_248);
+        assert_eq!(dos_time(0, 0), 315_532_800);
+    }
+
+    #[test]
+    fn end_record_is_found_behind_a_comment_and_not_in_garbage() {
+        let mut zip = b"stub".to_vec();
+        zip.extend_from_slice(b"PK\x05\x06");
+        zip.extend_from_slice(&[0; 16]);
+        zip.extend_from_slice(&3u16.to_le_bytes());
+        zip.extend_from_slice(b"abc");
+        assert_eq!(find_end(&zip), Some(4));
+        assert!(looks_like_zip(&zip));
+        assert_eq!(find_end(b"PK\x05\x06 too short"), None);
+        assert!(!looks_like_zip(&[0u8; 100]));
+    }
+}

@@ -1,0 +1,276 @@
+//! The zip central directory: finds the end record (zip64 included) and decodes every entry.
+//!
+//! Offsets in the directory count from the start of the zip itself; a self-extracting
+//! stub or any other prefix shifts them all, so the shift is measured once from where the
+//! directory really is and added to every offset (as Info-ZIP `unzip` does).
+
+use std::borrow::Cow;
+
+use super::Fault;
+
+const EOCD_SIG: &[u8; 4] = b"PK\x05\x06";
+const EOCD_LEN: usize = 22;
+const LOCATOR_SIG: &[u8; 4] = b"PK\x06\x07";
+const LOCATOR_LEN: usize = 20;
+const EOCD64_SIG: &[u8; 4] = b"PK\x06\x06";
+const EOCD64_LEN: usize = 56;
+const CENTRAL_SIG: &[u8; 4] = b"PK\x01\x02";
+const CENTRAL_LEN: usize = 46;
+/// The end record is 22 bytes plus a comment of at most 65,535 bytes.
+pub const TAIL_SEARCH: usize = EOCD_LEN + u16::MAX as usize;
+
+/// One central directory entry, with zip64 sizes and the Unicode name already applied.
+#[derive(Debug)]
+pub(super) struct Entry<'a> {
+    /// Archive offset of this central directory record (for error messages).
+    pub at: u64,
+    pub name: Cow<'a, [u8]>,
+    /// Length of the name as stored; the local header must repeat it.
+    pub stored_name_len: u16,
+    pub made_by: u16,
+    pub flags: u16,
+    pub method: u16,
+    pub dos_time: u16,
+    pub dos_date: u16,
+    pub crc: u32,
+    pub compressed: u64,
+    pub size: u64,
+    /// Archive offset of the local header (prefix shift applied).
+    pub local: u64,
+    pub external: u32,
+    /// Modification time from the extended-timestamp extra field (0x5455).
+    pub unix_mtime: Option<i64>,
+}
+
+/// Where the end-of-central-directory record starts in `bytes`, if it has one: searched
+/// backwards over the last 64 KiB + 22 bytes. A record whose comment ends exactly at the
+/// end of the file wins; else the last one whose comment fits (some tools append bytes).
+pub fn find_end(bytes: &[u8]) -> Option<usize> {
+    if bytes.len() < EOCD_LEN {
+        return None;
+    }
+    let from = bytes.len().saturating_sub(TAIL_SEARCH);
+    let mut fitting = None;
+    for pos in (from..=bytes.len() - EOCD_LEN).rev() {
+        if &bytes[pos..pos + 4] != EOCD_SIG {
+            continue;
+        }
+        let comment = u16le(bytes, pos + 20) as usize;
+        let end = pos + EOCD_LEN + comment;
+        if end == bytes.len() {
+            return Some(pos);
+        }
+        if end < bytes.len() && fitting.is_none() {
+            fitting = Some(pos);
+        }
+    }
+    fitting
+}
+
+/// The central directory: every entry, in the order the archive lists them.
+pub(super) struct Directory<'a> {
+    pub entries: Vec<Entry<'a>>,
+    /// Where the central directory starts (members' data lies before it).
+    pub start: u64,
+}
+
+/// Decodes the central directory of the zip in `map`.
+pub(super) fn read(map: &[u8]) -> Result<Directory<'_>, Fault> {
+    let len = map.len() as u64;
+    let Some(eocd) = find_end(map) else {
+        return Err(Fault::truncated(
+            len,
+            format!(
+                "no end-of-central-directory record (PK\\x05\\x06) in the last {} bytes; a zip ends with one",
+                map.len().min(TAIL_SEARCH)
+            ),
+        ));
+    };
+    let mut count = u64::from(u16le(map, eocd + 10));
+    let mut cd_size = u64::from(u32le(map, eocd + 12));
+    let mut cd_offset = u64::from(u32le(map, eocd + 16));
+    let disk = u16le(map, eocd + 4);
+    // Where the directory must end: right before the (zip64) end records.
+    let mut cd_end = eocd as u64;
+    let wants64 = count == 0xffff || cd_size == 0xffff_ffff || cd_offset == 0xffff_ffff;
+    let locator = eocd.checked_sub(LOCATOR_LEN).filter(|&at| &map[at..at + 4] == LOCATOR_SIG);
+    if let Some(loc) = locator {
+        let rec = u64le(map, loc + 8);
+        // The locator's offset is unshifted too: try it as written, then shifted by
+        // how far the record must really sit before the locator.
+        let expected = (loc as u64).checked_sub(EOCD64_LEN as u64);
+        let at = [Some(rec), expected]
+            .into_iter()
+            .flatten()
+            .find(|&at| at.checked_add(EOCD64_LEN as u64).is_some_and(|e| e <= len) && sig_at(map, at, EOCD64_SIG));
+        let Some(at) = at else {
+            return Err(Fault::corrupt(
+                loc as u64,
+                format!("zip64 locator points at {rec}: expected a zip64 end record (PK\\x06\\x06) there"),
+            ));
+        };
+        let at = at as usize;
+        count = u64le(map, at + 32);
+        cd_size = u64le(map, at + 40);
+        cd_offset = u64le(map, at + 48);
+        cd_end = at as u64;
+    } else if wants64 {
+        return Err(Fault::corrupt(
+            eocd as u64,
+            "end record defers to zip64 (a field is all ones) but no zip64 locator precedes it".into(),
+        ));
+    } else if disk != 0 || u16le(map, eocd + 6) != 0 {
+        return Err(Fault::unsupported("multi-disk (split or spanned) zip archives are not supported".into()));
+    }
+    let Some(real_start) = cd_end.checked_sub(cd_size) else {
+        return Err(Fault::corrupt(
+            eocd as u64,
+            format!("central directory of {cd_size} bytes does not fit before its end record at {cd_end}"),
+        ));
+    };
+    // A prefix shifts the directory (and every offset) by the same amount.
+    let shift = if sig_at(map, cd_offset, CENTRAL_SIG) || count == 0 {
+        0
+    } else if real_start > cd_offset && sig_at(map, real_start, CENTRAL_SIG) {
+        real_start - cd_offset
+    } else {
+        return Err(Fault::corrupt(
+            eocd as u64,
+            format!(
+                "central directory of {count} entries at {cd_offset} ({cd_size} bytes): expected a central \
+                 directory record (PK\\x01\\x02) there or at {real_start}, inside the {len}-byte file"
+            ),
+        ));
+    };
+    let start = cd_offset + shift;
+    // Each record is at least 46 bytes: a count beyond that is a lie, not a reason to reserve memory.
+    let mut entries = Vec::with_capacity(count.min(cd_size / CENTRAL_LEN as u64) as usize);
+    let mut pos = start;
+    for n in 0..count {
+        let entry = entry(map, pos, shift, n, count)?;
+        pos = entry.1;
+        entries.push(entry.0);
+    }
+    Ok(Directory { entries, start })
+}
+
+fn entry(map: &[u8], at: u64, shift: u64, n: u64, count: u64) -> Result<(Entry<'_>, u64), Fault> {
+    let len = map.len() as u64;
+    let fixed = at.checked_add(CENTRAL_LEN as u64).filter(|&e| e <= len);
+    if fixed.is_none() || !sig_at(map, at, CENTRAL_SIG) {
+        return Err(Fault::corrupt(
+            at,
+            format!("central directory entry {n} of {count}: expected a record (PK\\x01\\x02) inside the file"),
+        ));
+    }
+    let p = at as usize;
+    let name_len = u16le(map, p + 28);
+    let extra_len = u16le(map, p + 30) as usize;
+    let comment_len = u16le(map, p + 32) as usize;
+    let var = p + CENTRAL_LEN;
+    let end = var + name_len as usize + extra_len + comment_len;
+    if end > map.len() {
+        return Err(Fault::truncated(
+            at,
+            format!("central directory entry {n} needs {} bytes past its start", end - p),
+        ));
+    }
+    let raw_name = &map[var..var + name_len as usize];
+    let extra = &map[var + name_len as usize..var + name_len as usize + extra_len];
+    let flags = u16le(map, p + 8);
+    let mut e = Entry {
+        at,
+        name: Cow::Borrowed(raw_name),
+        stored_name_len: name_len,
+        made_by: u16le(map, p + 4),
+        flags,
+        method: u16le(map, p + 10),
+        dos_time: u16le(map, p + 12),
+        dos_date: u16le(map, p + 14),
+        crc: u32le(map, p + 16),
+        compressed: u64::from(u32le(map, p + 20)),
+        size: u64::from(u32le(map, p + 24)),
+        local: u64::from(u32le(map, p + 42)),
+        external: u32le(map, p + 38),
+        unix_mtime: None,
+    };
+    apply_extra(&mut e, raw_name, extra, u16le(map, p + 34))?;
+    e.local = e.local.checked_add(shift).ok_or_else(|| Fault::corrupt(at, "local header offset overflows".into()))?;
+    Ok((e, end as u64))
+}
+
+/// Applies the extra fields stagefs uses: zip64 sizes (0x0001), the extended timestamp
+/// (0x5455) and Info-ZIP's Unicode path (0x7075). Others are skipped.
+fn apply_extra<'a>(e: &mut Entry<'a>, raw_name: &[u8], mut extra: &'a [u8], disk: u16) -> Result<(), Fault> {
+    let mut zip64_seen = false;
+    let at = e.at;
+    while extra.len() >= 4 {
+        let id = u16::from_le_bytes([extra[0], extra[1]]);
+        let size = u16::from_le_bytes([extra[2], extra[3]]) as usize;
+        let Some(body) = extra.get(4..4 + size) else { break };
+        extra = &extra[4 + size..];
+        match id {
+            0x0001 => {
+                zip64_seen = true;
+                let mut fields = body.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()));
+                let mut take = |value: &mut u64, what: &str| -> Result<(), Fault> {
+                    if *value == 0xffff_ffff {
+                        *value = fields.next().ok_or_else(|| {
+                            Fault::corrupt(at, format!("zip64 extra field has no {what} for {}", show(raw_name)))
+                        })?;
+                    }
+                    Ok(())
+                };
+                let (mut size, mut compressed, mut local) = (e.size, e.compressed, e.local);
+                take(&mut size, "uncompressed size")?;
+                take(&mut compressed, "compressed size")?;
+                take(&mut local, "local header offset")?;
+                (e.size, e.compressed, e.local) = (size, compressed, local);
+            }
+            // Flags, then the times they announce, modification time first; the central
+            // directory copy carries at most that one.
+            0x5455 if body.len() >= 5 && body[0] & 1 != 0 => {
+                e.unix_mtime = Some(i64::from(i32::from_le_bytes([body[1], body[2], body[3], body[4]])));
+            }
+            // Version 1, CRC-32 of the stored name (a stale field names an older name), UTF-8 name.
+            0x7075 if body.len() >= 5 && body[0] == 1 => {
+                let crc = u32::from_le_bytes([body[1], body[2], body[3], body[4]]);
+                if crc == crc32fast::hash(raw_name) && std::str::from_utf8(&body[5..]).is_ok() {
+                    e.name = Cow::Borrowed(&body[5..]);
+                }
+            }
+            _ => {}
+        }
+    }
+    if disk != 0 && disk != 0xffff {
+        return Err(Fault::unsupported("multi-disk (split or spanned) zip archives are not supported".into()));
+    }
+    if e.local == 0xffff_ffff && !zip64_seen {
+        return Err(Fault::corrupt(
+            at,
+            format!("{}: local header offset defers to zip64, but no zip64 extra field", show(raw_name)),
+        ));
+    }
+    Ok(())
+}
+
+/// A name for messages.
+pub(super) fn show(name: &[u8]) -> String {
+    String::from_utf8_lossy(name).into_owned()
+}
+
+fn sig_at(map: &[u8], at: u64, sig: &[u8; 4]) -> bool {
+    usize::try_from(at).ok().and_then(|at| map.get(at..at.checked_add(4)?)) == Some(sig.as_slice())
+}
+
+pub(super) fn u16le(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+pub(super) fn u32le(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn u64le(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default())
+}

@@ -1,0 +1,531 @@
+//! Zip archives from real tools (Info-ZIP zip, 7-Zip, bsdtar, Python's zipfile),
+//! extracted by Info-ZIP `unzip`, mounted by stagefs, compared entry by entry; then
+//! damaged and hostile zips, which must fail the mount (exit 3) or fail their file's
+//! reads (EIO, EACCES) with one log line each.
+//!
+//! Every tool runs with TZ=UTC: MS-DOS times have no zone, unzip reads them in the
+//! local one, stagefs in UTC (doc/design.md).
+
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::compare::{assert_trees_equal, count_entries, Options};
+use crate::util::{mount_must_fail, pseudo_random, read, require_tool, run_cmd, Mounted, TempDir};
+
+const T: i64 = 1_623_760_496;
+
+/// Runs a tool in `dir` with TZ=UTC; panics unless it succeeds.
+fn tool(dir: &Path, program: &str, args: &[&OsStr]) {
+    let mut cmd = Command::new(require_tool(program));
+    cmd.current_dir(dir).env("TZ", "UTC").args(args);
+    run_cmd(&mut cmd, Duration::from_secs(300)).assert_success();
+}
+
+fn os<S: AsRef<OsStr> + ?Sized>(s: &S) -> &OsStr {
+    s.as_ref()
+}
+
+/// The tree every producer packs: sizes around block edges, compressible and random
+/// data, nested and empty directories, Unicode names, modes, symlinks (when `links`).
+/// `a/b/text.txt` (6.9 MB) is over a member cache shard's share of 64 MiB: it takes the
+/// path for members kept one at a time.
+fn make_tree(src: &Path, links: bool) {
+    fs::create_dir_all(src.join("a/b/c")).unwrap();
+    fs::create_dir_all(src.join("empty-dir")).unwrap();
+    fs::create_dir_all(src.join("ünïcödé")).unwrap();
+    fs::write(src.join("a/b/c/deep.txt"), b"deep file\n").unwrap();
+    fs::write(src.join("empty-file"), b"").unwrap();
+    for size in [1usize, 4095, 4096, 4097, 200_000] {
+        fs::write(src.join(format!("a/random-{size}")), pseudo_random(size as u64, size)).unwrap();
+    }
+    let text: Vec<u8> = (0..800_000u32).flat_map(|i| format!("line {i}\n").into_bytes()).collect();
+    fs::write(src.join("a/b/text.txt"), text).unwrap();
+    fs::write(src.join("ünïcödé/日本語 ファイル.txt"), b"unicode name\n").unwrap();
+    fs::write(src.join("run.sh"), b"#!/bin/sh\n").unwrap();
+    fs::set_permissions(src.join("run.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::write(src.join("private"), b"secret\n").unwrap();
+    fs::set_permissions(src.join("private"), fs::Permissions::from_mode(0o600)).unwrap();
+    if links {
+        symlink("b/c/deep.txt", src.join("a/link")).unwrap();
+        symlink("does/not/exist", src.join("dangling")).unwrap();
+    }
+    Command::new("find").arg(src).args(["-exec", "touch", "-h", "-d", &format!("@{T}"), "{}", "+"]).status().unwrap();
+}
+
+/// Extracts with Info-ZIP unzip (TZ=UTC), checks the reference holds the tree, mounts
+/// and compares entry by entry.
+fn zip_case(tmp: &TempDir, archive: &Path, opts: Options, links: bool) {
+    let expected = tmp.join("expected");
+    fs::create_dir_all(&expected).unwrap();
+    let mut cmd = Command::new(require_tool("unzip"));
+    cmd.current_dir(&expected).env("TZ", "UTC").args([os("-q"), archive.as_os_str()]);
+    let out = run_cmd(&mut cmd, Duration::from_secs(300));
+    // Exit 1 is a warning: "extra bytes at beginning" of a zip behind a stub.
+    assert!(matches!(out.code(), Some(0 | 1)), "unzip failed:\n{}", out.describe());
+    compare_with(tmp, archive, &expected, opts, links);
+}
+
+/// Checks the reference extraction `expected` holds the tree, mounts and compares.
+fn compare_with(tmp: &TempDir, archive: &Path, expected: &Path, opts: Options, links: bool) {
+    assert_eq!(read(&expected.join("a/b/c/deep.txt")), b"deep file\n");
+    assert_eq!(read(&expected.join("ünïcödé/日本語 ファイル.txt")), b"unicode name\n");
+    assert_eq!(read(&expected.join("a/random-200000")), pseudo_random(200_000, 200_000));
+    if links {
+        assert_eq!(fs::read_link(expected.join("a/link")).unwrap(), Path::new("b/c/deep.txt"));
+        // unzip leaves symlinks with the time of extraction; the archive has the source's.
+        let links = [expected.join("a/link"), expected.join("dangling")];
+        Command::new("touch").args(["-h", "-d", &format!("@{T}")]).args(links).status().unwrap();
+    }
+    assert!(count_entries(expected) >= 15, "unzip extracted too little");
+    let mnt = Mounted::new(archive, &tmp.join("mnt"));
+    assert_trees_equal(expected, mnt.path(), &opts);
+}
+
+/// A zip made from "." holds no entry for the root; its directories are all explicit.
+fn opts() -> Options {
+    Options::default().root(false).nanos(false).xattrs(false)
+}
+
+#[test]
+fn zip_infozip_deflate_with_symlinks() {
+    let tmp = TempDir::new("zip-infozip");
+    make_tree(&tmp.join("src"), true);
+    let archive = tmp.join("a.zip");
+    tool(&tmp.join("src"), "zip", &[os("-q"), os("-r"), os("-y"), archive.as_os_str(), os(".")]);
+    zip_case(&tmp, &archive, opts(), true);
+}
+
+#[test]
+fn zip_infozip_stored() {
+    let tmp = TempDir::new("zip-stored");
+    make_tree(&tmp.join("src"), true);
+    let archive = tmp.join("a.zip");
+    tool(&tmp.join("src"), "zip", &[os("-q"), os("-r"), os("-y"), os("-0"), archive.as_os_str(), os(".")]);
+    zip_case(&tmp, &archive, opts(), true);
+}
+
+#[test]
+fn zip_infozip_bzip2() {
+    let tmp = TempDir::new("zip-bzip2");
+    make_tree(&tmp.join("src"), true);
+    let archive = tmp.join("a.zip");
+    let args = [os("-q"), os("-r"), os("-y"), os("-Z"), os("bzip2"), archive.as_os_str(), os(".")];
+    tool(&tmp.join("src"), "zip", &args);
+    zip_case(&tmp, &archive, opts(), true);
+}
+
+/// A self-extracting stub before the zip and a comment after it: offsets in the central
+/// directory are off by the stub's length, as in `cat unzipsfx a.zip > a.exe`.
+#[test]
+fn zip_with_prefix_and_comment() {
+    let tmp = TempDir::new("zip-sfx");
+    make_tree(&tmp.join("src"), true);
+    let plain = tmp.join("plain.zip");
+    tool(&tmp.join("src"), "zip", &[os("-q"), os("-r"), os("-y"), plain.as_os_str(), os(".")]);
+    let mut bytes = b"#!/bin/sh\necho self-extracting stub; exit 0\n".repeat(100);
+    bytes.extend_from_slice(&fs::read(&plain).unwrap());
+    // The comment goes in the end record: its length field, then its bytes.
+    let len = bytes.len();
+    let comment = b"a comment after the end record";
+    bytes[len - 2..].copy_from_slice(&(comment.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(comment);
+    let archive = tmp.join("sfx.bin");
+    fs::write(&archive, bytes).unwrap();
+    zip_case(&tmp, &archive, opts(), true);
+}
+
+#[test]
+fn zip_7z_deflate_and_lzma() {
+    for (label, method) in [("deflate", "-mm=Deflate"), ("lzma", "-mm=LZMA")] {
+        let tmp = TempDir::new(&format!("zip-7z-{label}"));
+        make_tree(&tmp.join("src"), false);
+        let archive = tmp.join("a.zip");
+        tool(&tmp.join("src"), "7z", &[os("a"), os("-bd"), os("-tzip"), os(method), archive.as_os_str(), os(".")]);
+        if label == "deflate" {
+            zip_case(&tmp, &archive, opts(), false);
+        } else {
+            // Info-ZIP unzip 6.0 has no LZMA: 7-Zip extracts the reference.
+            let expected = tmp.join("expected");
+            let out = format!("-o{}", expected.display());
+            tool(tmp.path(), "7z", &[os("x"), os("-bd"), os(&out), archive.as_os_str()]);
+            compare_with(&tmp, &archive, &expected, opts(), false);
+        }
+    }
+}
+
+#[test]
+/// bsdtar stores "./" too; unzip does not restore the root's attributes, so they are not compared.
+fn zip_bsdtar() {
+    let tmp = TempDir::new("zip-bsdtar");
+    make_tree(&tmp.join("src"), true);
+    let archive = tmp.join("a.zip");
+    tool(&tmp.join("src"), "bsdtar", &[os("--format"), os("zip"), os("-cf"), archive.as_os_str(), os(".")]);
+    zip_case(&tmp, &archive, opts(), true);
+}
+
+/// Python's zipfile writes no directory entries here (`writestr` of paths only), only
+/// MS-DOS times and no Unix modes: implicit directories, 0644 files, UTC times.
+#[test]
+fn zip_python_stored_and_deflate_without_directories() {
+    let tmp = TempDir::new("zip-python");
+    make_tree(&tmp.join("src"), false);
+    let archive = tmp.join("a.zip");
+    let script = r#"
+import os, sys, zipfile
+with zipfile.ZipFile(sys.argv[1], "w") as z:
+    for root, dirs, files in os.walk("."):
+        for f in sorted(files):
+            p = os.path.join(root, f)[2:]
+            info = zipfile.ZipInfo(p, date_time=(2021, 6, 15, 12, 34, 56))
+            method = zipfile.ZIP_STORED if f.startswith("random") else zipfile.ZIP_DEFLATED
+            with open(p, "rb") as fh:
+                z.writestr(info, fh.read(), compress_type=method)
+"#;
+    tool(&tmp.join("src"), "python3", &[os("-c"), os(script), archive.as_os_str()]);
+    // Implicit directories: unzip makes them with its own attributes.
+    let opts = opts().skip_dir_attrs(["a", "a/b", "a/b/c", "ünïcödé"]);
+    zip_case(&tmp, &archive, opts, false);
+}
+
+/// zip64: more than 65,535 members (Python switches to zip64 end records) and zip64
+/// extra fields on every member (`force_zip64`), with a data descriptor.
+#[test]
+fn zip_python_zip64_70000_members() {
+    let tmp = TempDir::new("zip-zip64");
+    let archive = tmp.join("many.zip");
+    let script = r#"
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED) as z:
+    for i in range(70000):
+        info = zipfile.ZipInfo(f"d{i // 1000:02}/f{i:05}.txt", date_time=(2021, 6, 15, 12, 34, 56))
+        z.writestr(info, f"member {i}\n" * (i % 7), compress_type=zipfile.ZIP_STORED if i % 2 else zipfile.ZIP_DEFLATED)
+    with z.open("forced/zip64.bin", "w", force_zip64=True) as f:
+        f.write(b"x" * 100000 + b"end")
+"#;
+    tool(tmp.path(), "python3", &[os("-c"), os(script), archive.as_os_str()]);
+    let expected = tmp.join("expected");
+    fs::create_dir_all(&expected).unwrap();
+    tool(&expected, "unzip", &[os("-q"), archive.as_os_str()]);
+    assert_eq!(count_entries(&expected), 70_000 + 70 + 1 + 1);
+    let mnt = Mounted::new(&archive, &tmp.join("mnt"));
+    assert_eq!(read(&mnt.path().join("d69/f69999.txt")), b"member 69999\n".repeat(69_999 % 7));
+    let dirs: Vec<String> = (0..70).map(|d| format!("d{d:02}")).chain(["forced".into()]).collect();
+    let mut opts = opts();
+    opts.skip_dir_attrs.extend(dirs.iter().map(std::path::PathBuf::from));
+    assert_trees_equal(&expected, mnt.path(), &opts);
+}
+
+/// The same zip is detected by content whatever its name.
+#[test]
+fn zip_is_detected_by_content_not_name() {
+    let tmp = TempDir::new("zip-name");
+    fs::create_dir_all(tmp.join("src")).unwrap();
+    fs::write(tmp.join("src/f"), b"content\n").unwrap();
+    let archive = tmp.join("data.tar");
+    tool(&tmp.join("src"), "zip", &[os("-q"), archive.as_os_str(), os("f")]);
+    let mnt = Mounted::new(&archive, &tmp.join("mnt"));
+    assert_eq!(read(&mnt.path().join("f")), b"content\n");
+}
+
+// ---------------------------------------------------------------------------
+// Crafted zips: a writer that can lie
+
+/// CRC-32 (IEEE), bit by bit: the tests must not trust stagefs's own.
+fn crc32(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in data {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 { (crc >> 1) ^ 0xedb8_8320 } else { crc >> 1 };
+        }
+    }
+    !crc
+}
+
+/// One member as the crafted writer stores it.
+struct Craft {
+    name: &'static [u8],
+    method: u16,
+    flags: u16,
+    /// The bytes stored in the archive (already compressed).
+    stored: Vec<u8>,
+    /// Declared uncompressed size and CRC-32.
+    size: u64,
+    crc: u32,
+    /// Method written in the local header (to make it disagree).
+    local_method: Option<u16>,
+    /// Extra fields (in both headers).
+    extra: Vec<u8>,
+    /// `st_mode` in the external attributes (made on Unix).
+    mode: u32,
+}
+
+impl Craft {
+    fn stored(name: &'static [u8], content: &[u8]) -> Craft {
+        Craft {
+            name,
+            method: 0,
+            flags: 0,
+            stored: content.to_vec(),
+            size: content.len() as u64,
+            crc: crc32(content),
+            local_method: None,
+            extra: Vec::new(),
+            mode: libc::S_IFREG | 0o644,
+        }
+    }
+
+    fn compressed(name: &'static [u8], method: u16, content: &[u8], packed: Vec<u8>) -> Craft {
+        Craft { method, stored: packed, ..Craft::stored(name, content) }
+    }
+}
+
+/// A zip of `members`: local headers with data, the central directory, the end record.
+fn craft(members: &[Craft]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut central = Vec::new();
+    for m in members {
+        let local = out.len() as u32;
+        let head = |out: &mut Vec<u8>, sig: &[u8], method: u16| {
+            out.extend_from_slice(sig);
+            out.extend_from_slice(&20u16.to_le_bytes());
+            out.extend_from_slice(&m.flags.to_le_bytes());
+            out.extend_from_slice(&method.to_le_bytes());
+            out.extend_from_slice(&[0x21, 0x60, 0xcf, 0x52]); // 2021-06-15 12:09:02
+            out.extend_from_slice(&m.crc.to_le_bytes());
+            out.extend_from_slice(&(m.stored.len() as u32).to_le_bytes());
+            out.extend_from_slice(&(m.size as u32).to_le_bytes());
+            out.extend_from_slice(&(m.name.len() as u16).to_le_bytes());
+        };
+        head(&mut out, b"PK\x03\x04", m.local_method.unwrap_or(m.method));
+        out.extend_from_slice(&(m.extra.len() as u16).to_le_bytes());
+        out.extend_from_slice(m.name);
+        out.extend_from_slice(&m.extra);
+        out.extend_from_slice(&m.stored);
+        central.extend_from_slice(b"PK\x01\x02");
+        central.extend_from_slice(&(0x0300u16 | 20).to_le_bytes());
+        head(&mut central, b"", m.method);
+        central.extend_from_slice(&(m.extra.len() as u16).to_le_bytes());
+        central.extend_from_slice(&[0; 6]); // comment length, disk, internal attributes
+        central.extend_from_slice(&(m.mode << 16).to_le_bytes());
+        central.extend_from_slice(&local.to_le_bytes());
+        central.extend_from_slice(m.name);
+        central.extend_from_slice(&m.extra);
+    }
+    let cd_offset = out.len() as u32;
+    out.extend_from_slice(&central);
+    out.extend_from_slice(b"PK\x05\x06\0\0\0\0");
+    out.extend_from_slice(&(members.len() as u16).to_le_bytes());
+    out.extend_from_slice(&(members.len() as u16).to_le_bytes());
+    out.extend_from_slice(&(central.len() as u32).to_le_bytes());
+    out.extend_from_slice(&cd_offset.to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes());
+    out
+}
+
+/// `content` compressed by a command-line tool reading stdin.
+fn packed_by(program: &str, args: &[&str], content: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut child = Command::new(require_tool(program))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(content).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{program} {args:?} failed");
+    out.stdout
+}
+
+/// Raw deflate (no zlib header) by Python's zlib.
+fn deflated(content: &[u8]) -> Vec<u8> {
+    let script = "import sys, zlib; c = zlib.compressobj(9, zlib.DEFLATED, -15); \
+                  sys.stdout.buffer.write(c.compress(sys.stdin.buffer.read()) + c.flush())";
+    packed_by("python3", &["-c", script], content)
+}
+
+fn errno_of(path: &Path) -> Option<i32> {
+    fs::read(path).err().and_then(|e| e.raw_os_error())
+}
+
+/// zstd (method 93), which none of the installed zip writers makes, served right; and
+/// every damage a member can have failing that member's reads only, logged once each.
+#[test]
+fn zip_crafted_members_fail_alone() {
+    let tmp = TempDir::new("zip-crafted");
+    let good = b"good content\n".repeat(1000);
+    let zeros = vec![0u8; 50 << 20];
+    let mut bad_crc = Craft::compressed(b"bad-crc", 8, &good, deflated(&good));
+    bad_crc.crc ^= 1;
+    let mut short = Craft::compressed(b"declared-too-small", 8, &good, deflated(&good));
+    short.size -= 1;
+    short.crc = crc32(&good[..good.len() - 1]);
+    let mut mismatch = Craft::stored(b"local-method-differs", &good);
+    mismatch.local_method = Some(8);
+    let mut encrypted = Craft::stored(b"encrypted", &good);
+    encrypted.flags = 1;
+    let members = [
+        Craft::stored(b"stored", &good),
+        Craft::compressed(b"zstd", 93, &good, packed_by("zstd", &["-q", "-c"], &good)),
+        Craft::compressed(b"bzip2", 12, &good, packed_by("bzip2", &["-c"], &good)),
+        bad_crc,
+        short,
+        mismatch,
+        encrypted,
+        Craft::compressed(b"deflate64", 9, &good, deflated(&good)),
+        Craft::compressed(b"bomb", 93, &zeros, packed_by("zstd", &["-q", "-19", "-c"], &zeros)),
+    ];
+    let archive = tmp.join("crafted.zip");
+    fs::write(&archive, craft(&members)).unwrap();
+    let log = tmp.join("daemon.log");
+    let m = Mounted::with_args(&["--log-file", log.to_str().unwrap()], &archive, &tmp.join("mnt"));
+    let p = |name: &str| m.path().join(name);
+    for name in ["stored", "zstd", "bzip2"] {
+        assert_eq!(read(&p(name)), good, "{name}");
+    }
+    for name in ["bad-crc", "declared-too-small", "local-method-differs", "deflate64", "bomb"] {
+        assert_eq!(errno_of(&p(name)), Some(libc::EIO), "{name}");
+        assert_eq!(errno_of(&p(name)), Some(libc::EIO), "{name}, read again");
+    }
+    assert_eq!(errno_of(&p("encrypted")), Some(libc::EACCES));
+    // Listed with their sizes and modes all the same.
+    assert_eq!(fs::metadata(p("deflate64")).unwrap().len(), good.len() as u64);
+    assert_eq!(fs::metadata(p("encrypted")).unwrap().permissions().mode() & 0o777, 0o644);
+    m.unmount().assert_success();
+    let text = fs::read_to_string(&log).unwrap();
+    let lines = |needle: &str| text.lines().filter(|l| l.contains(needle)).count();
+    assert_eq!(lines("/bad-crc"), 1, "one log line for bad-crc:\n{text}");
+    assert!(text.contains("CRC-32 mismatch"), "{text}");
+    assert!(text.contains("inflates past the declared"), "{text}");
+    assert!(text.contains("local header says method 8"), "{text}");
+    assert!(text.contains("method 9 (deflate64) is not supported"), "{text}");
+    assert!(text.contains("likely zip bomb"), "{text}");
+    assert_eq!(lines("encryption") + lines("encrypted zip members"), 1, "{text}");
+}
+
+/// Damage in the archive's structure fails the mount with exit 3, naming the offset.
+#[test]
+fn zip_broken_structure_fails_the_mount() {
+    let tmp = TempDir::new("zip-broken");
+    let good = craft(&[Craft::stored(b"a", b"aaaa"), Craft::stored(b"b", b"bbbb")]);
+    let mnt = tmp.join("mnt");
+    fs::create_dir_all(&mnt).unwrap();
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("truncated", good[..good.len() / 2].to_vec(), "no end-of-central-directory record"),
+        (
+            "cd-outside",
+            {
+                let mut z = good.clone();
+                let n = z.len();
+                z[n - 6..n - 2].copy_from_slice(&1_000_000u32.to_le_bytes());
+                z
+            },
+            "expected a central directory record",
+        ),
+        (
+            "member-outside",
+            {
+                let mut z = good.clone();
+                // The second central record's local header offset (record starts after 2 members).
+                let cd = u32::from_le_bytes(z[z.len() - 6..z.len() - 2].try_into().unwrap()) as usize;
+                let second = cd + 46 + 1;
+                z[second + 42..second + 46].copy_from_slice(&900_000u32.to_le_bytes());
+                z
+            },
+            "expected it to end before the central directory",
+        ),
+    ];
+    for (label, bytes, needle) in cases {
+        let archive = tmp.join(format!("{label}.zip"));
+        fs::write(&archive, bytes).unwrap();
+        let out = mount_must_fail(&[archive.as_os_str(), mnt.as_os_str()], 3, label);
+        out.assert_stderr_has(&[needle, "byte"]);
+    }
+}
+
+/// Names and times from extra fields, directories and duplicates, as unzip treats them:
+/// Info-ZIP's Unicode path field (0x7075) names a member whose stored name is CP437
+/// bytes; the extended timestamp (0x5455) beats the MS-DOS time; an explicit directory
+/// entry sets the directory's mode and time; a later member of the same name wins.
+#[test]
+fn zip_crafted_names_times_and_duplicates() {
+    let tmp = TempDir::new("zip-names");
+    let mut unicode = Craft::stored(b"caf\x82.txt", b"unicode path\n");
+    let utf8 = "café.txt".as_bytes();
+    unicode.extra.extend_from_slice(&0x7075u16.to_le_bytes());
+    unicode.extra.extend_from_slice(&(5 + utf8.len() as u16).to_le_bytes());
+    unicode.extra.push(1);
+    unicode.extra.extend_from_slice(&crc32(b"caf\x82.txt").to_le_bytes());
+    unicode.extra.extend_from_slice(utf8);
+    let mut timed = Craft::stored(b"d/timed", b"t\n");
+    timed.extra.extend_from_slice(&[0x55, 0x54, 5, 0, 1]);
+    timed.extra.extend_from_slice(&(T as i32).to_le_bytes());
+    let mut dir = Craft::stored(b"d/", b"");
+    dir.mode = libc::S_IFDIR | 0o700;
+    let mut link = Craft::stored(b"d/link", b"timed");
+    link.mode = libc::S_IFLNK | 0o777;
+    let members =
+        [dir, unicode, timed, Craft::stored(b"d/dup", b"first\n"), link, Craft::stored(b"d/dup", b"second, longer\n")];
+    let archive = tmp.join("names.zip");
+    fs::write(&archive, craft(&members)).unwrap();
+    let expected = tmp.join("expected");
+    fs::create_dir_all(&expected).unwrap();
+    // -o: overwrite the duplicate without asking, as the later entry wins.
+    tool(&expected, "unzip", &[os("-q"), os("-o"), archive.as_os_str()]);
+    assert_eq!(read(&expected.join("café.txt")), b"unicode path\n");
+    assert_eq!(read(&expected.join("d/dup")), b"second, longer\n");
+    let mnt = Mounted::new(&archive, &tmp.join("mnt"));
+    assert_eq!(fs::symlink_metadata(mnt.path().join("d/timed")).unwrap().mtime(), T);
+    assert_eq!(fs::read_link(mnt.path().join("d/link")).unwrap(), Path::new("timed"));
+    // unzip gives symlinks the time of extraction; stagefs the archive's.
+    let link_time = format!("@{}", fs::symlink_metadata(mnt.path().join("d/link")).unwrap().mtime());
+    Command::new("touch").args(["-h", "-d", &link_time]).arg(expected.join("d/link")).status().unwrap();
+    assert_trees_equal(&expected, mnt.path(), &opts());
+}
+
+/// A zip over 4 GiB (Python's `force_zip64`): a stored member of 4 GiB + 4097 bytes, then
+/// members whose local headers lie past 4 GiB (zip64 offsets). The big member is compared
+/// with the bytes written at its start, across the 4 GiB line and at its end; the others
+/// with what `unzip -p` extracts.
+#[test]
+fn zip_python_zip64_over_4_gib() {
+    let tmp = TempDir::new("zip-4gib");
+    let archive = tmp.join("big.zip");
+    let script = r#"
+import random, sys, zipfile
+block = random.Random(7).randbytes(1 << 20)
+open(sys.argv[2], "wb").write(block)
+with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_STORED) as z:
+    with z.open("big.bin", "w", force_zip64=True) as f:
+        for i in range(4096):
+            f.write(block)
+        f.write(block[:4097])
+    z.writestr("after.txt", "after the 4 GiB member\n")
+    z.writestr("deflated.txt", "x" * 1000, compress_type=zipfile.ZIP_DEFLATED)
+"#;
+    let block_file = tmp.join("block");
+    tool(tmp.path(), "python3", &[os("-c"), os(script), archive.as_os_str(), block_file.as_os_str()]);
+    let block = read(&block_file);
+    let mnt = Mounted::new(&archive, &tmp.join("mnt"));
+    let big = fs::File::open(mnt.path().join("big.bin")).unwrap();
+    let size = (4096u64 << 20) + 4097;
+    assert_eq!(big.metadata().unwrap().len(), size);
+    for at in [0u64, (4096 << 20) - 3000, size - 4097] {
+        let mut buf = vec![0u8; 6000.min((size - at) as usize)];
+        std::os::unix::fs::FileExt::read_exact_at(&big, &mut buf, at).unwrap();
+        let expect: Vec<u8> = (at..at + buf.len() as u64).map(|i| block[(i % (1 << 20)) as usize]).collect();
+        assert!(buf == expect, "big.bin differs from what was written at byte {at}");
+    }
+    for name in ["after.txt", "deflated.txt"] {
+        let mut cmd = Command::new(require_tool("unzip"));
+        cmd.args([os("-p"), archive.as_os_str(), os(name)]);
+        let out = run_cmd(&mut cmd, Duration::from_secs(60));
+        assert!(out.success() && !out.stdout.is_empty(), "unzip -p {name}:\n{}", out.describe());
+        assert_eq!(read(&mnt.path().join(name)), out.stdout.as_bytes(), "{name}");
+    }
+}
