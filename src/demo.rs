@@ -114,6 +114,7 @@ fn compare(archive: &Path, plain: &Path, work: &Path, files: usize, readers: usi
             threads: crate::cli::default_threads(),
             log_file: None,
             stage,
+            stage_dir: None,
             max_ram: None,
             warm: crate::warm::WarmMode::Auto,
         };

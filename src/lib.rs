@@ -10,6 +10,7 @@ pub mod cli;
 pub mod commands;
 pub mod daemon;
 pub mod demo;
+pub mod disk;
 pub mod error;
 pub mod fs;
 mod fuse;

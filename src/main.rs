@@ -26,7 +26,18 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> Result<(), Failure> {
     match command {
-        Command::Mount { archive, mountpoint, foreground, threads, log_file, stage, max_ram, warm, idle_timeout } => {
+        Command::Mount {
+            archive,
+            mountpoint,
+            foreground,
+            threads,
+            log_file,
+            stage,
+            stage_dir,
+            max_ram,
+            warm,
+            idle_timeout,
+        } => {
             let mountpoint = mountpoint.unwrap_or_else(|| stagefs::places::default_mountpoint(&archive));
             let request = MountRequest {
                 archive,
@@ -35,6 +46,7 @@ fn run(command: Command) -> Result<(), Failure> {
                 threads: threads.unwrap_or_else(default_threads),
                 log_file,
                 stage,
+                stage_dir,
                 max_ram,
                 warm,
             };

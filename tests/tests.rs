@@ -5,6 +5,7 @@
 //! .ci/run installs; a missing tool fails the test with what to install.
 
 mod compare;
+mod disk;
 mod errors;
 mod formats;
 mod hostile;

@@ -37,9 +37,12 @@ pub struct RunArgs {
     /// How long a task waits for the node's mount before failing
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1h")]
     timeout: Duration,
-    /// Copy the archive into RAM first: auto, ram, none (see `stagefs mount --help`)
+    /// Bring the archive close first: auto, ram, copy, disk, none (see `stagefs mount --help`)
     #[arg(long, value_enum, default_value_t = StageMode::Auto)]
     stage: StageMode,
+    /// Where --stage disk copies to (default: $SLURM_TMPDIR, then $TMPDIR)
+    #[arg(long, value_name = "DIR")]
+    stage_dir: Option<PathBuf>,
     /// Most RAM staging and the page-cache warm-up may use, e.g. 64G
     #[arg(long, value_name = "SIZE", value_parser = crate::stage::parse_size)]
     max_ram: Option<u64>,
@@ -69,6 +72,7 @@ impl RunArgs {
                 threads: self.threads.unwrap_or_else(crate::cli::default_threads),
                 log_file: self.log_file,
                 stage: self.stage,
+                stage_dir: self.stage_dir,
                 max_ram: self.max_ram,
                 warm: self.warm,
             },
