@@ -88,6 +88,14 @@ the mount then lives exactly as long as the step, and SIGTERM unmounts it.")]
         /// Skipped with a warning when the RAM is not there; the cache stays reclaimable.
         #[arg(long, value_enum, default_value_t = WarmMode::Auto)]
         warm: WarmMode,
+        /// In a multi-node SLURM job, read the archive from the parallel filesystem once and fan it
+        /// out to every node with sbcast (the task with SLURM_PROCID=0 sends), then mount the
+        /// node's copy: in /dev/shm/$USER, or on the local disk with --stage disk. Elsewhere a no-op
+        #[arg(long)]
+        broadcast: bool,
+        /// With --broadcast: if the broadcast fails, stage from the parallel filesystem instead of failing
+        #[arg(long, requires = "broadcast")]
+        broadcast_fallback: bool,
         /// Unmount after no reads for this long (e.g. 30m, 2h; 0 means never, the default)
         #[arg(long, value_name = "DURATION", value_parser = crate::node::parse_duration)]
         idle_timeout: Option<std::time::Duration>,

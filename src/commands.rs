@@ -184,7 +184,7 @@ pub fn index(path: &Path) -> Result<(), Failure> {
     let path = path
         .canonicalize()
         .map_err(|source| Failure::from(crate::archive::OpenError::Io { path: path.to_owned(), source }))?;
-    let opened = open_archive(&path, StageMode::None, None, None, true)?;
+    let opened = open_archive(&path, StageMode::None, None, None, None, true)?;
     let index = &opened.archive.index;
     let entries = index.dirents.len();
     let saved = match &opened.saved_index {

@@ -40,6 +40,8 @@ pub struct MountRequest {
     pub stage_dir: Option<PathBuf>,
     pub max_ram: Option<u64>,
     pub warm: WarmMode,
+    /// Receive the archive from a broadcast (`--broadcast`) instead of reading it.
+    pub broadcast: Option<crate::broadcast::Plan>,
 }
 
 /// Mounts as requested; in the background case returns in the parent once the mount is live.
@@ -276,8 +278,12 @@ fn start(
     // Before staging: no point copying a large archive into RAM only to find no FUSE.
     check_fuse_available()?;
     crate::cancel::phase("staging and indexing")?;
+    let received = match &request.broadcast {
+        Some(plan) => crate::broadcast::receive(plan, crate::node::DEFAULT_WAIT)?,
+        None => None,
+    };
     let Opened { archive, staged_bytes, staging, disk, .. } =
-        open_archive(archive_path, request.stage, request.max_ram, request.stage_dir.as_deref(), false)?;
+        open_archive(archive_path, request.stage, request.max_ram, request.stage_dir.as_deref(), received, false)?;
     crate::cancel::phase("mounting")?;
     // Building the index peaks well above what the finished index keeps.
     return_free_memory();
@@ -463,11 +469,12 @@ pub fn open_archive(
     mode: StageMode,
     max_ram: Option<u64>,
     stage_dir: Option<&Path>,
+    received: Option<crate::broadcast::Received>,
     force_save: bool,
 ) -> Result<Opened, Failure> {
     check_format(path)?;
     let key = index_cache::Key::of(path).map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
-    let loaded = stage::load(path, mode, max_ram, stage_dir)?;
+    let loaded = stage::load(path, mode, max_ram, stage_dir, received)?;
     crate::cancel::check()?;
     if !force_save {
         if let Some(archive) = index_cache::load(path, &key, &loaded.backing) {

@@ -5,6 +5,7 @@
 //! [`daemon`] and [`mountpoint`] manage the mount's life.
 
 pub mod archive;
+pub mod broadcast;
 pub mod cancel;
 pub mod cli;
 pub mod commands;

@@ -142,6 +142,7 @@ pub fn load(
     mode: StageMode,
     max_ram: Option<u64>,
     stage_dir: Option<&Path>,
+    received: Option<crate::broadcast::Received>,
 ) -> Result<Loaded, StageError> {
     let io = |what: &str| {
         let what = what.to_string();
@@ -152,6 +153,9 @@ pub fn load(
     let mut head = [0u8; 6];
     let n = file.read_at(&mut head, 0).map_err(io("cannot read"))?;
     let budget = RamBudget::measure(max_ram);
+    if let Some(received) = received {
+        return serve_received(path, received);
+    }
     if let Some(compression) = Compression::detect(&head[..n]) {
         let backing = decompress(path, file, compression, &budget)?;
         let staged_bytes = backing.len() as u64;
@@ -203,6 +207,23 @@ pub fn load(
     let backing = crate::archive::map_file(&file).map_err(io("cannot map"))?;
     let staging = if stage { Staging::PageCache } else { Staging::InPlace };
     Ok(Loaded { backing, staged_bytes: 0, staging, disk: None })
+}
+
+/// Serves a broadcast copy (see `broadcast`): on a local disk like `--stage disk`, in
+/// `/dev/shm` like a private copy in RAM (its tmpfs pages are the RAM it takes).
+fn serve_received(path: &Path, received: crate::broadcast::Received) -> Result<Loaded, StageError> {
+    let size = received.file.metadata().map(|m| m.len()).unwrap_or(0);
+    if received.to_disk {
+        let backing = crate::archive::map_file(&received.file).map_err(|source| StageError::Io {
+            path: received.dir.clone(),
+            what: "cannot map the broadcast copy".into(),
+            source,
+        })?;
+        let disk = crate::disk::DiskStaged { dir: received.dir, bytes: size };
+        return Ok(Loaded { backing, staged_bytes: 0, staging: Staging::Disk, disk: Some(disk) });
+    }
+    let backing = map_staged(path, &received.file)?;
+    Ok(Loaded { backing, staged_bytes: size, staging: Staging::Copy, disk: None })
 }
 
 /// `--stage auto`'s local disk for an archive too large for RAM: the staging directory,

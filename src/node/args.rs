@@ -49,6 +49,13 @@ pub struct RunArgs {
     /// Fill the page cache before the command starts: auto (when staged), yes, no
     #[arg(long, value_enum, default_value_t = WarmMode::Auto)]
     warm: WarmMode,
+    /// Read the archive from the parallel filesystem once and fan it out to every node with
+    /// sbcast (see `stagefs mount --help`)
+    #[arg(long)]
+    broadcast: bool,
+    /// With --broadcast: if the broadcast fails, stage from the parallel filesystem instead
+    #[arg(long, requires = "broadcast")]
+    broadcast_fallback: bool,
     /// FUSE request threads, 1 to 256 (default: 2 per core, at most 16)
     #[arg(long, value_parser = crate::cli::threads_parser())]
     threads: Option<usize>,
@@ -64,6 +71,12 @@ impl RunArgs {
     /// Runs it; the result is the command's exit code.
     pub fn execute(self) -> Result<u8, Failure> {
         let mountpoint = self.mountpoint.unwrap_or_else(|| default_mountpoint(&self.archive));
+        let broadcast = match self.broadcast {
+            true => {
+                crate::broadcast::plan(&self.archive, self.stage, self.stage_dir.as_deref(), self.broadcast_fallback)?
+            }
+            false => None,
+        };
         run(&RunRequest {
             mount: MountRequest {
                 archive: self.archive,
@@ -75,6 +88,7 @@ impl RunArgs {
                 stage_dir: self.stage_dir,
                 max_ram: self.max_ram,
                 warm: self.warm,
+                broadcast,
             },
             command: self.command,
             timeout: self.timeout,
