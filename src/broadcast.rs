@@ -141,10 +141,34 @@ fn send(archive: &Path, plan: &Plan, nodes: u32) -> Result<(), Failure> {
     Ok(())
 }
 
+/// How often, and how long apart, a broadcast is retried while a node lacks the directory.
+const MISSING_DIR_TRIES: u32 = 6;
+const MISSING_DIR_PAUSE: Duration = Duration::from_secs(2);
+
+/// [`sbcast_once`], retried a few times while a node says "No such file or directory":
+/// sbcast creates no directories, and the other nodes' tasks (which make the staging and
+/// runtime directories) may start a little after this one.
+fn sbcast(source: &Path, dest: &Path) -> Result<(), String> {
+    let mut tries = 1;
+    loop {
+        match sbcast_once(source, dest) {
+            Err(message) if message.contains("No such file or directory") && tries < MISSING_DIR_TRIES => {
+                tracing::info!("sbcast: a node lacks {} yet; trying again: {message}", dest.display());
+                let until = Instant::now() + MISSING_DIR_PAUSE;
+                while Instant::now() < until && crate::cancel::received().is_none() {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                tries += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// `sbcast -f SOURCE DEST`, with `--compress` when `STAGEFS_SBCAST_COMPRESS` names a
 /// compression (see doc/slurm.md for why it is off by default); stops at a signal.
 /// `Err`: sbcast's own message.
-fn sbcast(source: &Path, dest: &Path) -> Result<(), String> {
+fn sbcast_once(source: &Path, dest: &Path) -> Result<(), String> {
     let mut cmd = Command::new("sbcast");
     cmd.arg("-f");
     if let Some(kind) = std::env::var("STAGEFS_SBCAST_COMPRESS").ok().filter(|k| !k.is_empty()) {
