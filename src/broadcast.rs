@@ -65,8 +65,12 @@ pub fn plan(
     let nodes: u32 =
         var("SLURM_JOB_NUM_NODES").or_else(|| var("SLURM_NNODES")).and_then(|n| n.parse().ok()).unwrap_or(1);
     let always = var("STAGEFS_BROADCAST_ALWAYS").as_deref() == Some("1");
+    let sender = var("SLURM_PROCID").is_none_or(|p| p == "0");
     if nodes <= 1 && !always {
-        tracing::info!("--broadcast: a one-node job reads the archive once anyway; staging as usual");
+        // One line per job, not one per task.
+        if sender {
+            eprintln!("stagefs: --broadcast: a one-node job reads the archive once anyway; staging as usual");
+        }
         return Ok(None);
     }
     let archive = archive
@@ -89,7 +93,7 @@ pub fn plan(
         fallback,
         to_disk,
     };
-    if var("SLURM_PROCID").is_none_or(|p| p == "0") {
+    if sender {
         send(&archive, &plan, nodes)?;
     }
     Ok(Some(plan))

@@ -158,3 +158,30 @@ fn disk_staging_without_room_fails_before_copying() {
     assert!(entries(&staging_dir(&small)).is_empty());
     assert_nothing_left(&mp, "no room");
 }
+
+#[test]
+fn auto_stages_to_disk_what_is_remote_and_too_big_for_ram() {
+    require_root();
+    let tmp = TempDir::new("disk-auto");
+    let inner = archive(tmp.path());
+    // A FUSE filesystem counts as remote: serve the archive from a stagefs mount of a tar holding it.
+    fs::create_dir(tmp.join("outer")).unwrap();
+    fs::rename(&inner, tmp.join("outer/inner.tar")).unwrap();
+    let outer = tmp.join("outer.tar");
+    pack_tar(&tmp.join("outer"), &outer, &["inner.tar"]);
+    let outer_mp = tmp.join("outer-mnt");
+    let _outer = Mounted::with_args(&["--stage", "none"], &outer, &outer_mp);
+    let base = tmp.join("local");
+    fs::create_dir(&base).unwrap();
+    let mp = tmp.join("mnt");
+    let m = Mounted::with_args(
+        &["--stage", "auto", "--max-ram", "1M", "--stage-dir", base.to_str().unwrap()],
+        &outer_mp.join("inner.tar"),
+        &mp,
+    );
+    assert_eq!(fs::read(mp.join("data/sub/small.txt")).unwrap(), b"small\n");
+    let json = stagefs(["status", "--json"]).assert_success().stdout.clone();
+    let line = json.lines().find(|l| l.contains(&*mp.to_string_lossy())).expect("the mount in status --json");
+    assert!(line.contains("\"staging\":\"local disk\""), "auto must stage to disk: {line}");
+    m.unmount().assert_success();
+}
