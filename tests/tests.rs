@@ -4,6 +4,7 @@
 //! These tests mount for real. They need root, /dev/fuse and the tools that
 //! .ci/run installs; a missing tool fails the test with what to install.
 
+mod broadcast;
 mod compare;
 mod disk;
 mod errors;
