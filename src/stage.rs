@@ -154,6 +154,13 @@ pub fn load(
     let n = file.read_at(&mut head, 0).map_err(io("cannot read"))?;
     let budget = RamBudget::measure(max_ram);
     if let Some(received) = received {
+        // A compressed tar is broadcast as it is, and decompressed from the node's copy.
+        let n = received.file.read_at(&mut head, 0).map_err(io("cannot read its broadcast copy"))?;
+        if let Some(compression) = Compression::detect(&head[..n]) {
+            let backing = decompress(path, received.file, compression, &budget)?;
+            let staged_bytes = backing.len() as u64;
+            return Ok(Loaded { backing, staged_bytes, staging: Staging::Copy, disk: None });
+        }
         return serve_received(path, received);
     }
     if let Some(compression) = Compression::detect(&head[..n]) {

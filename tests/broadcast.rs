@@ -1,9 +1,11 @@
 //! `--broadcast` without a cluster: fake `sbcast` and `squeue` on PATH, SLURM's variables
 //! set by hand. A failing sbcast with `--broadcast-fallback` stages as usual and says why
 //! (sbcast's own message); a copy orphaned by an old job (squeue no longer knows it) is
-//! swept by the next broadcast on the node, while one of a running job stays. The real
-//! thing, on the local SLURM, is in `slurm.rs`.
+//! swept by the next broadcast on the node, while one of a running job stays. A received
+//! copy (a gzip tar, broadcast as it is) is unlinked once opened and decompressed from;
+//! the status is removed once read. The real thing, on the local SLURM, is in `slurm.rs`.
 
+use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -63,4 +65,48 @@ fn failed_broadcast_falls_back_when_asked_and_old_copies_are_swept() {
     m.unmount().assert_success();
     let left: Vec<_> = fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
     assert_eq!(left, [running.file_name().unwrap()], "nothing else is left in {}", dir.display());
+}
+
+#[test]
+fn a_broadcast_copy_is_unlinked_once_opened_and_compressed_tars_are_decompressed_from_it() {
+    require_root();
+    let tmp = TempDir::new("bcast-receive");
+    fs::create_dir_all(tmp.join("tree/data")).unwrap();
+    fs::write(tmp.join("tree/data/a.txt"), b"hello\n").unwrap();
+    let tar = tmp.join("a.tar");
+    pack_tar(&tmp.join("tree"), &tar, &["data"]);
+    crate::util::run_tool("gzip", [OsStr::new("-k"), tar.as_os_str()]);
+    let archive = tmp.join("a.tar.gz");
+    let bin = tmp.join("bin");
+    fs::create_dir(&bin).unwrap();
+    // sbcast -f SOURCE DEST, on this one node: a copy, as slurmd's would be (mode 0700).
+    script(&bin.join("sbcast"), "cp \"$2\" \"$3\" && chmod 700 \"$3\"");
+    let base = tmp.join("local");
+    fs::create_dir(&base).unwrap();
+    let (mp, runtime) = (tmp.join("mnt"), tmp.join("rt"));
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let mut cmd = Command::new(stagefs_bin());
+    cmd.env("PATH", path)
+        .env("SLURM_JOB_ID", "4243")
+        .env("SLURM_PROCID", "0")
+        .env("STAGEFS_BROADCAST_ALWAYS", "1")
+        .env("STAGEFS_RUNTIME_DIR", &runtime)
+        .args(["mount", "--broadcast", "--stage", "disk", "--stage-dir"])
+        .arg(&base)
+        .arg(&archive)
+        .arg(&mp);
+    run_cmd(&mut cmd, CMD_TIMEOUT).assert_success();
+    let m = Mounted::adopt(&archive, &mp);
+    assert_eq!(fs::read(mp.join("data/a.txt")).unwrap(), b"hello\n");
+    let dir = base.join(format!("stagefs-{}", unsafe { libc::geteuid() }));
+    let left: Vec<_> = fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
+    assert!(left.is_empty(), "the copy is unlinked once opened: {left:?}");
+    let status: Vec<_> = fs::read_dir(&runtime)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("bcast"))
+        .collect();
+    assert!(status.is_empty(), "the broadcast's status is removed once read: {status:?}");
+    m.unmount().assert_success();
 }
