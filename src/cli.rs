@@ -27,7 +27,7 @@ In a SLURM job (one task per node mounts, all run the command, the last one out 
 
 Exit codes: 0 ok, 1 other error, 2 usage, 3 bad archive, 4 mountpoint problem (or a
 directory stagefs keeps was made by another user), 5 mount busy, 6 not mounted (or not a
-stagefs mount of yours), 7 FUSE unavailable, 8 not enough RAM to stage, 128+N stopped by
+stagefs mount of yours), 7 FUSE unavailable, 8 not enough RAM (or local disk) to stage, 128+N stopped by
 signal N before the mount was ready (130: Ctrl-C)."
 )]
 pub struct Cli {
@@ -68,10 +68,16 @@ the mount then lives exactly as long as the step, and SIGTERM unmounts it.")]
         /// `stagefs status` and removed when the mount ends
         #[arg(long, value_name = "FILE")]
         log_file: Option<PathBuf>,
-        /// Copy the archive into RAM first: auto (when on a network filesystem and it fits), ram, none.
+        /// Bring the archive close first: auto (from a network filesystem: into RAM when it fits,
+        /// else to the local disk when it fits there), ram, copy, disk (to --stage-dir), none.
         /// Compressed tars (.gz .bz2 .xz .zst .lz4) are always decompressed into RAM.
         #[arg(long, value_enum, default_value_t = StageMode::Auto)]
         stage: StageMode,
+        /// The node-local directory --stage disk copies to (in a private stagefs-<uid> directory
+        /// inside; the copy has no name and is gone after any exit).
+        /// Default: $SLURM_TMPDIR, then $TMPDIR
+        #[arg(long, value_name = "DIR")]
+        stage_dir: Option<PathBuf>,
         /// Most RAM staging and the page-cache warm-up may use together, e.g. 64G
         /// (default: free memory less a margin)
         #[arg(long, value_name = "SIZE", value_parser = crate::stage::parse_size)]
@@ -82,6 +88,14 @@ the mount then lives exactly as long as the step, and SIGTERM unmounts it.")]
         /// Skipped with a warning when the RAM is not there; the cache stays reclaimable.
         #[arg(long, value_enum, default_value_t = WarmMode::Auto)]
         warm: WarmMode,
+        /// In a multi-node SLURM job, read the archive from the parallel filesystem once and fan it
+        /// out to every node with sbcast (the task with SLURM_PROCID=0 sends), then mount the
+        /// node's copy: in /dev/shm/$USER, or on the local disk with --stage disk. Elsewhere a no-op
+        #[arg(long)]
+        broadcast: bool,
+        /// With --broadcast: if the broadcast fails, stage from the parallel filesystem instead of failing
+        #[arg(long, requires = "broadcast")]
+        broadcast_fallback: bool,
         /// Unmount after no reads for this long (e.g. 30m, 2h; 0 means never, the default)
         #[arg(long, value_name = "DURATION", value_parser = crate::node::parse_duration)]
         idle_timeout: Option<std::time::Duration>,
@@ -110,8 +124,9 @@ the index by themselves when scanning took long (10,000+ entries).")]
     /// List this user's mounts on this node: archive, staged RAM, daemon pid, uptime, reads served, failed reads and the last error
     Status {
         /// One JSON object per line and mount: mountpoint, archive, state (live or dead), pid,
-        /// started (Unix time), staged_bytes, reads, errors (failed reads served, EIO), last_error
-        /// (a string, or null)
+        /// started (Unix time), staging, staged_bytes, warmed_bytes, disk_bytes and stage_dir
+        /// (staged to the local disk: how much, and where; 0 and null otherwise), reads, errors
+        /// (failed reads served, EIO), last_error (a string, or null)
         #[arg(long)]
         json: bool,
     },

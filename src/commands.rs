@@ -99,7 +99,7 @@ pub fn status(json: bool) -> Result<(), Failure> {
     if json {
         for r in &records {
             println!(
-                "{{\"mountpoint\":{},\"archive\":{},\"state\":\"live\",\"pid\":{},\"started\":{},\"staging\":{},\"staged_bytes\":{},\"warmed_bytes\":{},\"reads\":{},\"errors\":{},\"last_error\":{}}}",
+                "{{\"mountpoint\":{},\"archive\":{},\"state\":\"live\",\"pid\":{},\"started\":{},\"staging\":{},\"staged_bytes\":{},\"warmed_bytes\":{},\"disk_bytes\":{},\"stage_dir\":{},\"reads\":{},\"errors\":{},\"last_error\":{}}}",
                 json_string(&r.mountpoint.to_string_lossy()),
                 json_string(&r.archive.to_string_lossy()),
                 r.pid,
@@ -107,6 +107,8 @@ pub fn status(json: bool) -> Result<(), Failure> {
                 json_string(&r.staging),
                 r.staged_bytes,
                 r.warmed_bytes,
+                r.disk_bytes,
+                r.stage_dir.as_deref().map_or_else(|| "null".to_string(), |d| json_string(&d.to_string_lossy())),
                 r.reads,
                 r.errors,
                 r.last_error.as_deref().map_or_else(|| "null".to_string(), json_string)
@@ -138,6 +140,13 @@ pub fn status(json: bool) -> Result<(), Failure> {
             r.errors,
             r.archive.display()
         );
+        if let Some(dir) = &r.stage_dir {
+            println!(
+                "    staged to the local disk: {} in {} (a nameless file, gone with the mount)",
+                stage::human(r.disk_bytes),
+                dir.display()
+            );
+        }
         if let Some(last) = &r.last_error {
             println!("    last error: {last}");
         }
@@ -175,7 +184,7 @@ pub fn index(path: &Path) -> Result<(), Failure> {
     let path = path
         .canonicalize()
         .map_err(|source| Failure::from(crate::archive::OpenError::Io { path: path.to_owned(), source }))?;
-    let opened = open_archive(&path, StageMode::None, None, true)?;
+    let opened = open_archive(&path, StageMode::None, None, None, None, true)?;
     let index = &opened.archive.index;
     let entries = index.dirents.len();
     let saved = match &opened.saved_index {

@@ -36,8 +36,12 @@ pub struct MountRequest {
     /// runtime dir, removed when the daemon exits; see [`DaemonLog`]).
     pub log_file: Option<PathBuf>,
     pub stage: StageMode,
+    /// Where `--stage disk` copies the archive (see [`crate::disk::base_dir`]).
+    pub stage_dir: Option<PathBuf>,
     pub max_ram: Option<u64>,
     pub warm: WarmMode,
+    /// Receive the archive from a broadcast (`--broadcast`) instead of reading it.
+    pub broadcast: Option<crate::broadcast::Plan>,
 }
 
 /// Mounts as requested; in the background case returns in the parent once the mount is live.
@@ -282,8 +286,12 @@ fn start(
     // Before staging: no point copying a large archive into RAM only to find no FUSE.
     check_fuse_available()?;
     crate::cancel::phase("staging and indexing")?;
-    let Opened { archive, staged_bytes, staging, .. } =
-        open_archive(archive_path, request.stage, request.max_ram, false)?;
+    let received = match &request.broadcast {
+        Some(plan) => crate::broadcast::receive(plan, crate::node::DEFAULT_WAIT)?,
+        None => None,
+    };
+    let Opened { archive, staged_bytes, staging, disk, .. } =
+        open_archive(archive_path, request.stage, request.max_ram, request.stage_dir.as_deref(), received, false)?;
     crate::cancel::phase("mounting")?;
     // Building the index peaks well above what the finished index keeps.
     return_free_memory();
@@ -312,6 +320,8 @@ fn start(
         staged_bytes,
         staging: staging.name().into(),
         warmed_bytes,
+        disk_bytes: disk.as_ref().map_or(0, |d| d.bytes),
+        stage_dir: disk.map(|d| d.dir),
         reads: 0,
         errors: 0,
         last_error: None,
@@ -371,6 +381,11 @@ fn warm_page_cache(
         Some(_) => None,
     };
     if let Some(why) = why_not {
+        if staging == Staging::Disk {
+            // Expected for an archive staged to disk because it is larger than RAM.
+            tracing::info!("not warming the page cache: {why}; reads go to the copy on the local disk");
+            return Ok(0);
+        }
         if must_fit {
             return Err(Failure::new(
                 crate::error::code::NO_ROOM,
@@ -388,16 +403,17 @@ fn warm_page_cache(
     // Served from the file: drop its pages behind the warm-up as it goes, so RAM holds the
     // files once (in the mount's page cache), not twice, also at the peak.
     let stored = std::sync::atomic::AtomicU64::new(0);
+    let served_from_file = matches!(staging, Staging::PageCache | Staging::Disk);
     let store = |ino: u64, offset: u64, data: &[u8]| {
         store(ino, offset, data)?;
         let before = stored.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        if staging == Staging::PageCache && (before + data.len() as u64) / DROP_EVERY != before / DROP_EVERY {
+        if served_from_file && (before + data.len() as u64) / DROP_EVERY != before / DROP_EVERY {
             fs.drop_source_cache();
         }
         Ok(())
     };
     let warmed = warm::warm(fs, mountpoint, threads, store);
-    if staging == Staging::PageCache {
+    if served_from_file {
         fs.drop_source_cache();
     }
     // The warm-up decompressed every SquashFS block once, in order; the kernel now holds
@@ -447,6 +463,8 @@ pub struct Opened {
     pub staged_bytes: u64,
     /// How its bytes reach RAM.
     pub staging: Staging,
+    /// Where it was staged on the local disk, if it was.
+    pub disk: Option<crate::disk::DiskStaged>,
     /// Where its index was saved by this call, if it was.
     pub saved_index: Option<PathBuf>,
 }
@@ -454,10 +472,17 @@ pub struct Opened {
 /// Loads (staging per `mode`) and indexes an archive (a canonical path), reusing a saved
 /// index when one matches. Saves the index of a tar when scanning was costly, or always
 /// with `force_save`.
-pub fn open_archive(path: &Path, mode: StageMode, max_ram: Option<u64>, force_save: bool) -> Result<Opened, Failure> {
+pub fn open_archive(
+    path: &Path,
+    mode: StageMode,
+    max_ram: Option<u64>,
+    stage_dir: Option<&Path>,
+    received: Option<crate::broadcast::Received>,
+    force_save: bool,
+) -> Result<Opened, Failure> {
     check_format(path)?;
     let key = index_cache::Key::of(path).map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
-    let loaded = stage::load(path, mode, max_ram)?;
+    let loaded = stage::load(path, mode, max_ram, stage_dir, received)?;
     crate::cancel::check()?;
     if !force_save {
         if let Some(archive) = index_cache::load(path, &key, &loaded.backing) {
@@ -465,6 +490,7 @@ pub fn open_archive(path: &Path, mode: StageMode, max_ram: Option<u64>, force_sa
                 archive,
                 staged_bytes: loaded.staged_bytes,
                 staging: loaded.staging,
+                disk: loaded.disk,
                 saved_index: None,
             });
         }
@@ -497,7 +523,7 @@ pub fn open_archive(path: &Path, mode: StageMode, max_ram: Option<u64>, force_sa
             Err(e) => tracing::debug!("not saving the index: {e}"),
         }
     }
-    Ok(Opened { archive, staged_bytes: loaded.staged_bytes, staging: loaded.staging, saved_index })
+    Ok(Opened { archive, staged_bytes: loaded.staged_bytes, staging: loaded.staging, disk: loaded.disk, saved_index })
 }
 
 /// Refuses an unknown format before any byte is staged.

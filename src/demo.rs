@@ -114,8 +114,10 @@ fn compare(archive: &Path, plain: &Path, work: &Path, files: usize, readers: usi
             threads: crate::cli::default_threads(),
             log_file: None,
             stage,
+            stage_dir: None,
             max_ram: None,
             warm: crate::warm::WarmMode::Auto,
+            broadcast: None,
         };
         // Not through the per-node election: the demo's mountpoints are its own, and under
         // srun a task with SLURM_LOCALID > 0 would wait for a leader that never comes.

@@ -71,7 +71,11 @@ impl From<PlaceError> for Failure {
 impl From<StageError> for Failure {
     fn from(e: StageError) -> Failure {
         let code = match e {
-            StageError::NoRoom { .. } | StageError::NoRoomDecompressing { .. } => code::NO_ROOM,
+            StageError::NoRoom { .. } | StageError::NoRoomDecompressing { .. } | StageError::NoDiskRoom { .. } => {
+                code::NO_ROOM
+            }
+            StageError::NoStageDir => code::USAGE,
+            StageError::Place(_) => code::MOUNTPOINT,
             StageError::Interrupted(interrupted) => interrupted.exit_code(),
             _ => code::BAD_ARCHIVE,
         };

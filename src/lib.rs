@@ -5,11 +5,13 @@
 //! [`daemon`] and [`mountpoint`] manage the mount's life.
 
 pub mod archive;
+pub mod broadcast;
 pub mod cancel;
 pub mod cli;
 pub mod commands;
 pub mod daemon;
 pub mod demo;
+pub mod disk;
 pub mod error;
 pub mod fs;
 mod fuse;

@@ -33,11 +33,18 @@ fn run(command: Command) -> Result<(), Failure> {
             threads,
             log_file,
             stage,
+            stage_dir,
             max_ram,
             warm,
+            broadcast,
+            broadcast_fallback,
             idle_timeout,
             json,
         } => {
+            let broadcast = match broadcast {
+                true => stagefs::broadcast::plan(&archive, stage, stage_dir.as_deref(), broadcast_fallback)?,
+                false => None,
+            };
             let mountpoint = mountpoint.unwrap_or_else(|| stagefs::places::default_mountpoint(&archive));
             let request = MountRequest {
                 archive,
@@ -46,8 +53,10 @@ fn run(command: Command) -> Result<(), Failure> {
                 threads: threads.unwrap_or_else(default_threads),
                 log_file,
                 stage,
+                stage_dir,
                 max_ram,
                 warm,
+                broadcast,
             };
             // `--idle-timeout 0` means what "no timeout" means elsewhere, not "unmount at once".
             let idle_timeout = idle_timeout.filter(|t| !t.is_zero());

@@ -295,6 +295,46 @@ pub fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result
     result
 }
 
+/// Creates a nameless file in `dir` (a checked directory) for reading and writing: an
+/// `O_TMPFILE` where the filesystem supports it, else a file made with `O_EXCL` under an
+/// unpredictable name and unlinked at once. Either way nothing is left in `dir` after any
+/// exit, SIGKILL included: the kernel frees the blocks when the last descriptor closes.
+pub fn nameless_file(dir: &Path) -> std::io::Result<File> {
+    // Tests reach the fallback on filesystems that all support O_TMPFILE.
+    if std::env::var_os("STAGEFS_TEST_NO_TMPFILE").is_some() {
+        tracing::debug!("O_TMPFILE skipped (STAGEFS_TEST_NO_TMPFILE); creating a file and unlinking it at once");
+        return created_and_unlinked(dir);
+    }
+    let tmpfile =
+        OpenOptions::new().read(true).write(true).mode(0o600).custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC).open(dir);
+    match tmpfile {
+        Ok(file) => Ok(file),
+        // What kernels and filesystems without O_TMPFILE answer.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)) => {
+            tracing::debug!(
+                "{} does not support O_TMPFILE ({e}); creating a file and unlinking it at once",
+                dir.display()
+            );
+            created_and_unlinked(dir)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// [`nameless_file`] without `O_TMPFILE`: `O_EXCL` under an unpredictable name, unlinked at once.
+fn created_and_unlinked(dir: &Path) -> std::io::Result<File> {
+    let path = dir.join(format!(".stagefs-staging.{}", random_suffix()));
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)?;
+    std::fs::remove_file(&path)?;
+    Ok(file)
+}
+
 /// Why a file was not trusted, for the log line.
 pub type Distrust = String;
 
@@ -381,6 +421,16 @@ mod tests {
         // open_private refuses the symlink instead of following it.
         std::os::unix::fs::symlink(&victim, dir.join("lock")).unwrap();
         assert!(open_private(&dir.join("lock")).is_err());
+    }
+
+    #[test]
+    fn nameless_files_leave_no_name() {
+        let tmp = TempDir::new("places");
+        for file in [nameless_file(tmp.path()).unwrap(), created_and_unlinked(tmp.path()).unwrap()] {
+            std::os::unix::fs::FileExt::write_all_at(&file, b"x", 0).unwrap();
+            assert_eq!(file.metadata().unwrap().mode() & 0o777, 0o600);
+        }
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
     }
 
     #[test]

@@ -23,6 +23,9 @@ pub struct Record {
     pub staging: String,
     /// Bytes the warm-up put into the page cache when mounting (0: not warmed).
     pub warmed_bytes: u64,
+    /// Bytes staged to the local disk (`--stage disk`), and the directory holding them.
+    pub disk_bytes: u64,
+    pub stage_dir: Option<PathBuf>,
     /// FUSE read requests served, refreshed by the daemon every few seconds.
     pub reads: u64,
     /// Failures served (EIO) and the last one, refreshed soon after each.
@@ -51,6 +54,12 @@ pub fn write(record: &Record) -> std::io::Result<()> {
         record.reads,
         record.errors
     );
+    if record.disk_bytes > 0 {
+        text += &format!("disk_bytes={}\n", record.disk_bytes);
+    }
+    if let Some(dir) = &record.stage_dir {
+        text += &format!("stage_dir={}\n", dir.display());
+    }
     if let Some(last) = &record.last_error {
         text += &format!("last_error={}\n", last.replace('\n', " "));
     }
@@ -106,6 +115,8 @@ fn parse_any(text: &str) -> Option<Record> {
         // Records of daemons from before staging was recorded still parse.
         staging: field("staging").unwrap_or("in place").to_string(),
         warmed_bytes: field("warmed_bytes").and_then(|w| w.parse().ok()).unwrap_or(0),
+        disk_bytes: field("disk_bytes").and_then(|b| b.parse().ok()).unwrap_or(0),
+        stage_dir: field("stage_dir").map(PathBuf::from),
         reads: field("reads")?.parse().ok()?,
         errors: field("errors").and_then(|e| e.parse().ok()).unwrap_or(0),
         last_error: field("last_error").map(str::to_owned),
@@ -156,6 +167,8 @@ mod tests {
             staged_bytes: 7,
             staging: "copy".into(),
             warmed_bytes: 8,
+            disk_bytes: 10,
+            stage_dir: Some("/local/stagefs-0".into()),
             reads: 9,
             errors: 2,
             last_error: Some("/x: corrupt data at archive byte 5: bad".into()),
@@ -169,7 +182,11 @@ mod tests {
         assert_eq!(read(&mountpoint), None, "a dead pid's record is ignored");
         assert_eq!(read_any(&mountpoint), Some(Record { pid: u32::MAX - 1, ..mine }), "unless asked for");
         // A record from before errors and created were kept still parses.
-        let old = parse_any("pid=1\narchive=/a\nmountpoint=/m\nstarted=1\nstaged_bytes=0\nreads=3\n").unwrap();
+        let old = parse_any(
+            "pid=1\narchive=/a\nmountpoint=/m\nstarted=1\nstaged_bytes=0\nstaging=copy\nwarmed_bytes=0\nreads=3\n",
+        )
+        .unwrap();
+        assert_eq!((old.disk_bytes, old.stage_dir), (0, None));
         assert_eq!((old.reads, old.errors, old.last_error, old.created.len()), (3, 0, None, 0));
         remove(&mountpoint);
         assert!(!record_path(&mountpoint).unwrap().exists());

@@ -27,7 +27,8 @@ use crate::archive::Backing;
 /// Whether to bring the archive into RAM before serving it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum StageMode {
-    /// Like ram when the archive is on a network or parallel filesystem and fits the RAM budget
+    /// Like ram when the archive is on a network or parallel filesystem and fits the RAM budget;
+    /// like disk when it does not fit the RAM budget but fits the local disk's free space
     Auto,
     /// The files in the page cache once (read the archive once, keep no second copy);
     /// evicted pages are read again from the archive (fail if it does not fit)
@@ -35,6 +36,9 @@ pub enum StageMode {
     /// Copy the whole archive into private RAM: immune to changes of the archive file,
     /// at the cost of that copy on top of the page cache
     Copy,
+    /// Copy the archive to the node's local disk (--stage-dir) and serve that copy, with the
+    /// page cache as its RAM cache; nothing is left on the disk after any exit
+    Disk,
     /// Serve from the archive in place, cold (compressed tars are still decompressed into RAM)
     None,
 }
@@ -48,6 +52,8 @@ pub enum Staging {
     PageCache,
     /// Copied (or decompressed) into private memory.
     Copy,
+    /// Copied to a nameless file on the local disk, served from it in place.
+    Disk,
 }
 
 impl Staging {
@@ -57,6 +63,7 @@ impl Staging {
             Staging::InPlace => "in place",
             Staging::PageCache => "page cache",
             Staging::Copy => "copy",
+            Staging::Disk => "local disk",
         }
     }
 }
@@ -109,6 +116,12 @@ pub enum StageError {
     NoRoomDecompressing { path: PathBuf, so_far: u64, budget: u64, budget_reason: String },
     #[error("{}: corrupt {kind} stream at or before compressed byte {offset}: {message}", path.display())]
     CorruptStream { path: PathBuf, kind: &'static str, offset: u64, message: String },
+    #[error("not enough room on the local disk to stage {}: it needs {}, {} has {} free less a margin of {} (for others on the node); free space there, give another --stage-dir, or use --stage none to serve it in place", path.display(), human(*needed), dir.display(), human(*free), human(*margin))]
+    NoDiskRoom { path: PathBuf, dir: PathBuf, needed: u64, free: u64, margin: u64 },
+    #[error("--stage disk needs a directory on the node's local disk: give --stage-dir DIR, or set SLURM_TMPDIR or TMPDIR (neither is set)")]
+    NoStageDir,
+    #[error(transparent)]
+    Place(#[from] crate::places::PlaceError),
     #[error(transparent)]
     Interrupted(#[from] crate::cancel::Interrupted),
 }
@@ -118,10 +131,19 @@ pub struct Loaded {
     pub backing: Backing,
     pub staged_bytes: u64,
     pub staging: Staging,
+    /// Where it was staged on the local disk (`Staging::Disk`).
+    pub disk: Option<crate::disk::DiskStaged>,
 }
 
-/// Opens `path` per `mode`: maps it in place, copies it into RAM, or decompresses it into RAM.
-pub fn load(path: &Path, mode: StageMode, max_ram: Option<u64>) -> Result<Loaded, StageError> {
+/// Opens `path` per `mode`: maps it in place, copies it into RAM or to the local disk
+/// (under `stage_dir`, see [`crate::disk::base_dir`]), or decompresses it into RAM.
+pub fn load(
+    path: &Path,
+    mode: StageMode,
+    max_ram: Option<u64>,
+    stage_dir: Option<&Path>,
+    received: Option<crate::broadcast::Received>,
+) -> Result<Loaded, StageError> {
     let io = |what: &str| {
         let what = what.to_string();
         move |source| StageError::Io { path: path.to_owned(), what, source }
@@ -131,22 +153,52 @@ pub fn load(path: &Path, mode: StageMode, max_ram: Option<u64>) -> Result<Loaded
     let mut head = [0u8; 6];
     let n = file.read_at(&mut head, 0).map_err(io("cannot read"))?;
     let budget = RamBudget::measure(max_ram);
+    if let Some(received) = received {
+        // A compressed tar is broadcast as it is, and decompressed from the node's copy.
+        let n = received.file.read_at(&mut head, 0).map_err(io("cannot read its broadcast copy"))?;
+        if let Some(compression) = Compression::detect(&head[..n]) {
+            let backing = decompress(path, received.file, compression, &budget)?;
+            let staged_bytes = backing.len() as u64;
+            return Ok(Loaded { backing, staged_bytes, staging: Staging::Copy, disk: None });
+        }
+        return serve_received(path, received);
+    }
     if let Some(compression) = Compression::detect(&head[..n]) {
         let backing = decompress(path, file, compression, &budget)?;
         let staged_bytes = backing.len() as u64;
-        return Ok(Loaded { backing, staged_bytes, staging: Staging::Copy });
+        return Ok(Loaded { backing, staged_bytes, staging: Staging::Copy, disk: None });
+    }
+    if mode == StageMode::Disk {
+        let base = crate::disk::base_dir(stage_dir).ok_or(StageError::NoStageDir)?;
+        return stage_to_disk(path, &file, size, &crate::disk::staging_dir(&base)?);
     }
     let stage = match mode {
         StageMode::Ram | StageMode::Copy => true,
-        StageMode::None => false,
+        StageMode::None | StageMode::Disk => false,
         StageMode::Auto => {
             let remote = is_network_filesystem(path);
             let fits = size <= budget.bytes;
             if remote && !fits {
-                tracing::warn!(
-                    "{} is on a network filesystem but does not fit the RAM budget; serving it in place",
-                    path.display()
-                );
+                match auto_disk_dir(path, stage_dir, size) {
+                    Ok(dir) => {
+                        tracing::info!(
+                            "{} is on a network filesystem and does not fit the RAM budget ({}, {}); staging it \
+                             to the local disk in {}",
+                            path.display(),
+                            human(budget.bytes),
+                            budget.reason,
+                            dir.display()
+                        );
+                        return stage_to_disk(path, &file, size, &dir);
+                    }
+                    Err(why) => tracing::warn!(
+                        "{} is on a network filesystem but does not fit the RAM budget ({}, {}), nor the local \
+                         disk ({why}); serving it in place",
+                        path.display(),
+                        human(budget.bytes),
+                        budget.reason
+                    ),
+                }
             }
             remote && fits
         }
@@ -157,11 +209,50 @@ pub fn load(path: &Path, mode: StageMode, max_ram: Option<u64>) -> Result<Loaded
     }
     if mode == StageMode::Copy {
         let backing = copy_to_ram(path, &file, size)?;
-        return Ok(Loaded { backing, staged_bytes: size, staging: Staging::Copy });
+        return Ok(Loaded { backing, staged_bytes: size, staging: Staging::Copy, disk: None });
     }
     let backing = crate::archive::map_file(&file).map_err(io("cannot map"))?;
     let staging = if stage { Staging::PageCache } else { Staging::InPlace };
-    Ok(Loaded { backing, staged_bytes: 0, staging })
+    Ok(Loaded { backing, staged_bytes: 0, staging, disk: None })
+}
+
+/// Serves a broadcast copy (see `broadcast`): on a local disk like `--stage disk`, in
+/// `/dev/shm` like a private copy in RAM (its tmpfs pages are the RAM it takes).
+fn serve_received(path: &Path, received: crate::broadcast::Received) -> Result<Loaded, StageError> {
+    let size = received.file.metadata().map(|m| m.len()).unwrap_or(0);
+    if received.to_disk {
+        let backing = crate::archive::map_file(&received.file).map_err(|source| StageError::Io {
+            path: received.dir.clone(),
+            what: "cannot map the broadcast copy".into(),
+            source,
+        })?;
+        let disk = crate::disk::DiskStaged { dir: received.dir, bytes: size };
+        return Ok(Loaded { backing, staged_bytes: 0, staging: Staging::Disk, disk: Some(disk) });
+    }
+    let backing = map_staged(path, &received.file)?;
+    Ok(Loaded { backing, staged_bytes: size, staging: Staging::Copy, disk: None })
+}
+
+/// `--stage auto`'s local disk for an archive too large for RAM: the staging directory,
+/// if there is one and the archive fits its free space less the margin; else why not.
+fn auto_disk_dir(path: &Path, stage_dir: Option<&Path>, size: u64) -> Result<PathBuf, String> {
+    let base = crate::disk::base_dir(stage_dir).ok_or("no --stage-dir, SLURM_TMPDIR or TMPDIR")?;
+    let dir = crate::disk::staging_dir(&base).map_err(|e| e.to_string())?;
+    crate::disk::check_room(path, &dir, size).map_err(|e| e.to_string())?;
+    Ok(dir)
+}
+
+/// Copies the archive to a nameless file in `dir` (room checked first) and serves it in place.
+fn stage_to_disk(path: &Path, file: &File, size: u64, dir: &Path) -> Result<Loaded, StageError> {
+    crate::disk::check_room(path, dir, size)?;
+    let copy = crate::disk::copy_to_disk(path, file, size, dir)?;
+    let backing = crate::archive::map_file(&copy).map_err(|source| StageError::Io {
+        path: dir.to_owned(),
+        what: "cannot map the staged copy".into(),
+        source,
+    })?;
+    let disk = crate::disk::DiskStaged { dir: dir.to_owned(), bytes: size };
+    Ok(Loaded { backing, staged_bytes: 0, staging: Staging::Disk, disk: Some(disk) })
 }
 
 /// RAM still free to fill once `staged` bytes are staged, and what limits it: the same
@@ -339,13 +430,33 @@ pub(crate) fn report_done(line: &str) {
     }
 }
 
-/// Copies with several large reads in flight: parallel filesystems serve one stream slowly.
+/// Copies into RAM with several large reads in flight (see [`parallel_copy`]).
 fn copy_to_ram(path: &Path, source: &File, len: u64) -> Result<Backing, StageError> {
-    const CHUNK: u64 = 8 << 20;
-    const STREAMS: u64 = 4;
     let started = Instant::now();
     let target = memfd(path, len)?;
-    let bar = progress(Some(len), "staging");
+    parallel_copy(path, source, &target, len, "staging", &|offset, e| StageError::Io {
+        path: path.to_owned(),
+        what: format!("out of staging memory at byte {offset}"),
+        source: e,
+    })?;
+    summary("staged", path, len, started);
+    map_staged(path, &target)
+}
+
+/// Copies `len` bytes of `source` to `target` with several large reads in flight (parallel
+/// filesystems serve one stream slowly), dropping the source's pages behind, with a
+/// progress bar; stops at a signal. `write_error` words a failed write at an offset.
+pub(crate) fn parallel_copy(
+    path: &Path,
+    source: &File,
+    target: &File,
+    len: u64,
+    verb: &str,
+    write_error: &(dyn Fn(u64, std::io::Error) -> StageError + Sync),
+) -> Result<(), StageError> {
+    const CHUNK: u64 = 8 << 20;
+    const STREAMS: u64 = 4;
+    let bar = progress(Some(len), verb);
     let next = AtomicU64::new(0);
     let result = std::thread::scope(|s| {
         let workers: Vec<_> = (0..STREAMS)
@@ -364,11 +475,7 @@ fn copy_to_ram(path: &Path, source: &File, len: u64) -> Result<Backing, StageErr
                             what: format!("read failed at byte {offset} while staging"),
                             source: e,
                         })?;
-                        target.write_all_at(&buf[..n], offset).map_err(|e| StageError::Io {
-                            path: path.to_owned(),
-                            what: format!("out of staging memory at byte {offset}"),
-                            source: e,
-                        })?;
+                        target.write_all_at(&buf[..n], offset).map_err(|e| write_error(offset, e))?;
                         // Read once: leave no second copy in the page cache (nor the
                         // Lustre/GPFS client cache, which the job's cgroup pays for).
                         crate::archive::drop_file_cache(source, offset, n as u64);
@@ -380,9 +487,7 @@ fn copy_to_ram(path: &Path, source: &File, len: u64) -> Result<Backing, StageErr
         workers.into_iter().map(|w| w.join().expect("staging thread panicked")).collect::<Result<Vec<()>, _>>()
     });
     bar.finish_and_clear();
-    result?;
-    summary("staged", path, len, started);
-    map_staged(path, &target)
+    result.map(|_| ())
 }
 
 /// Counts compressed bytes consumed, so a corrupt stream can be located.

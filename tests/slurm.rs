@@ -6,6 +6,11 @@
 //! no mount, no daemon, and no lock, status or record file may remain. The templates ask
 //! for GPUs and CPUs per task; this SLURM has no GPUs, so the test overrides both on the
 //! sbatch command line, and it leaves SCRATCH unset (ARCHIVE alone must do).
+//!
+//! The broadcast template (6) runs with `STAGEFS_BROADCAST_ALWAYS=1`, so that `sbcast`
+//! really copies the archive on this one node; its copy in /dev/shm/$USER must be gone
+//! too after each of the three ends. A second test broadcasts into a 4 MiB tmpfs: every
+//! task must fail with sbcast's own message, and nothing may stay in that directory.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -18,8 +23,8 @@ use crate::util::{mounts, pseudo_random, require_root, require_tool, run_cmd, st
 /// How often the waits below run their (command-running) checks.
 const POLL: Duration = Duration::from_millis(250);
 
-const TEMPLATES: [&str; 5] =
-    ["1-mount-wait-train", "2-run-one-liner", "3-multi-node", "4-stage-from-scratch", "5-torchrun"];
+const TEMPLATES: [&str; 6] =
+    ["1-mount-wait-train", "2-run-one-liner", "3-multi-node", "4-stage-from-scratch", "5-torchrun", "6-broadcast"];
 const TASKS: usize = 4;
 
 fn repo() -> PathBuf {
@@ -218,6 +223,7 @@ fn slurm_templates_mount_once_per_node_and_clean_up() {
                 .env("GPUS", TASKS.to_string())
                 .env("TRAIN_SCRIPT", tmp.join("reader.py"))
                 .env("STAGEFS_RUNTIME_DIR", &runtime)
+                .env("STAGEFS_BROADCAST_ALWAYS", "1")
                 .env("STAGEFS_TEST_EXPECT", &tree)
                 .env("STAGEFS_TEST_OUT", &out)
                 .env("STAGEFS_TEST_SLEEP", sleep);
@@ -300,7 +306,83 @@ fn leftovers(job: &Job, root: &Path) -> Vec<String> {
     for entry in fs::read_dir(&job.runtime).into_iter().flatten().flatten() {
         found.push(format!("file {}", entry.path().display()));
     }
+    found.extend(broadcast_copies(&shm_user_dir(), &job.id));
     found
+}
+
+/// `/dev/shm/<user>`, where broadcasts for RAM land.
+fn shm_user_dir() -> PathBuf {
+    let user = nix_user_name();
+    Path::new("/dev/shm").join(user)
+}
+
+fn nix_user_name() -> String {
+    // SAFETY: getpwuid returns a pointer into static storage, read at once.
+    unsafe {
+        let pw = libc::getpwuid(libc::geteuid());
+        if pw.is_null() {
+            return libc::geteuid().to_string();
+        }
+        std::ffi::CStr::from_ptr((*pw).pw_name).to_string_lossy().into_owned()
+    }
+}
+
+/// Broadcast copies of job `id` in `dir`.
+fn broadcast_copies(dir: &Path, id: &str) -> Vec<String> {
+    let prefix = format!(".stagefs-bcast-{id}-");
+    fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| format!("broadcast copy {}", e.path().display()))
+        .collect()
+}
+
+#[test]
+fn slurm_failed_broadcast_is_reported_on_every_task() {
+    require_root();
+    let cluster = Cluster::up();
+    let tmp = TempDir::new("slurm-bcast-fail");
+    let small = tmp.join("small");
+    fs::create_dir(&small).unwrap();
+    let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"]).arg(&small).status().unwrap();
+    assert!(mounted.success(), "cannot mount a tmpfs for the test");
+    let _unmount = crate::util::UnmountOnDrop(small.clone());
+    fs::create_dir(tmp.join("tree")).unwrap();
+    fs::write(tmp.join("tree/big.bin"), pseudo_random(3, 6 << 20)).unwrap();
+    let archive = tmp.join("bcast.tar");
+    let tar = Command::new("tar").arg("-C").arg(tmp.join("tree")).arg("-cf").arg(&archive).arg(".").status().unwrap();
+    assert!(tar.success());
+    let script = tmp.join("job.sh");
+    fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\nsrun -l {} run --broadcast --stage disk --stage-dir {} {} -- true\n",
+            stagefs_bin().display(),
+            small.display(),
+            archive.display()
+        ),
+    )
+    .unwrap();
+    let log = tmp.join("job.log");
+    let mut sbatch = cluster.cmd("sbatch");
+    sbatch.args(["--wait", "--nodes=1", "--ntasks=4", "--time=5", "--output"]).arg(&log).arg(&script);
+    sbatch.current_dir(tmp.path()).env("STAGEFS_BROADCAST_ALWAYS", "1").env("STAGEFS_RUNTIME_DIR", tmp.join("rt"));
+    let out = run_cmd(&mut sbatch, Duration::from_secs(240));
+    let text = fs::read_to_string(&log).unwrap_or_default();
+    assert!(!out.success(), "the job must fail:\n{}\n{text}", out.describe());
+    for task in 0..TASKS {
+        let said = text.lines().any(|l| {
+            l.starts_with(&format!("{task}: stagefs: error:"))
+                && l.contains("sbcast")
+                && l.contains("REQUEST_FILE_BCAST")
+        });
+        assert!(said, "task {task} must report sbcast's own message:\n{text}");
+    }
+    let dir = small.join(format!("stagefs-{}", unsafe { libc::geteuid() }));
+    let left: Vec<_> = fs::read_dir(&dir).into_iter().flatten().flatten().map(|e| e.path()).collect();
+    assert!(left.is_empty(), "left in {}: {left:?}", dir.display());
 }
 
 fn job_state(cluster: &Cluster, id: &str) -> String {

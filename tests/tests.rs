@@ -4,7 +4,9 @@
 //! These tests mount for real. They need root, /dev/fuse and the tools that
 //! .ci/run installs; a missing tool fails the test with what to install.
 
+mod broadcast;
 mod compare;
+mod disk;
 mod errors;
 mod formats;
 mod hostile;

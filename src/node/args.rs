@@ -37,15 +37,25 @@ pub struct RunArgs {
     /// How long a task waits for the node's mount before failing
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1h")]
     timeout: Duration,
-    /// Copy the archive into RAM first: auto, ram, none (see `stagefs mount --help`)
+    /// Bring the archive close first: auto, ram, copy, disk, none (see `stagefs mount --help`)
     #[arg(long, value_enum, default_value_t = StageMode::Auto)]
     stage: StageMode,
+    /// Where --stage disk copies to (default: $SLURM_TMPDIR, then $TMPDIR)
+    #[arg(long, value_name = "DIR")]
+    stage_dir: Option<PathBuf>,
     /// Most RAM staging and the page-cache warm-up may use, e.g. 64G
     #[arg(long, value_name = "SIZE", value_parser = crate::stage::parse_size)]
     max_ram: Option<u64>,
     /// Fill the page cache before the command starts: auto (when staged), yes, no
     #[arg(long, value_enum, default_value_t = WarmMode::Auto)]
     warm: WarmMode,
+    /// Read the archive from the parallel filesystem once and fan it out to every node with
+    /// sbcast (see `stagefs mount --help`)
+    #[arg(long)]
+    broadcast: bool,
+    /// With --broadcast: if the broadcast fails, stage from the parallel filesystem instead
+    #[arg(long, requires = "broadcast")]
+    broadcast_fallback: bool,
     /// FUSE request threads, 1 to 256 (default: 2 per core, at most 16)
     #[arg(long, value_parser = crate::cli::threads_parser())]
     threads: Option<usize>,
@@ -61,6 +71,12 @@ impl RunArgs {
     /// Runs it; the result is the command's exit code.
     pub fn execute(self) -> Result<u8, Failure> {
         let mountpoint = self.mountpoint.unwrap_or_else(|| default_mountpoint(&self.archive));
+        let broadcast = match self.broadcast {
+            true => {
+                crate::broadcast::plan(&self.archive, self.stage, self.stage_dir.as_deref(), self.broadcast_fallback)?
+            }
+            false => None,
+        };
         run(&RunRequest {
             mount: MountRequest {
                 archive: self.archive,
@@ -69,8 +85,10 @@ impl RunArgs {
                 threads: self.threads.unwrap_or_else(crate::cli::default_threads),
                 log_file: self.log_file,
                 stage: self.stage,
+                stage_dir: self.stage_dir,
                 max_ram: self.max_ram,
                 warm: self.warm,
+                broadcast,
             },
             command: self.command,
             timeout: self.timeout,

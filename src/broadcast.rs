@@ -1,0 +1,294 @@
+//! Broadcast staging (`--broadcast`): the archive read once from the parallel filesystem and fanned out to every node of the job with `sbcast`.
+//!
+//! One task per job sends (`SLURM_PROCID` 0, or a process outside any step): it runs
+//! `sbcast` once, which copies the archive to the same path on every node of the
+//! allocation (slurmd forwards it down a tree, `TreeWidth` wide), into a checked private
+//! directory: `/dev/shm/$USER` for RAM, the `--stage-dir` staging directory for `--stage
+//! disk`. The copy is named `.stagefs-bcast-<job>-<hash of the archive path>`. Then it
+//! writes a status line (`ok SIZE` or `failed MESSAGE`) next to the runtime files, on its
+//! own node directly and on the others with a second, tiny `sbcast` (best effort: when
+//! that fails too, the other nodes' leaders wait until their timeout).
+//!
+//! Every node's mount leader waits for that status, opens the copy, checks it and unlinks
+//! it at once, so that from then on no exit, SIGKILL included, leaves it behind; it then
+//! serves it like a staged copy. A copy whose mounter died before opening it is swept by
+//! the next `--broadcast` on that node once its job is no longer running (and by the
+//! admins' epilog, see doc/slurm.md).
+//!
+//! Outside SLURM, and in a one-node job, there is nothing to fan out: `--broadcast` is a
+//! no-op with one info line, unless `STAGEFS_BROADCAST_ALWAYS=1` (for testing on one node).
+
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::error::Failure;
+use crate::places;
+use crate::stage::{human, StageMode};
+
+/// The broadcast a mount receives: where the copy and its status appear.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The copy every node receives (same path on each).
+    pub data: PathBuf,
+    /// `ok SIZE` or `failed MESSAGE`, one line, written once the broadcast ended.
+    pub status: PathBuf,
+    /// Stage from the parallel filesystem if the broadcast failed.
+    pub fallback: bool,
+    /// The copy is on a local disk (`--stage disk`), not in RAM (`/dev/shm`).
+    pub to_disk: bool,
+}
+
+/// What receiving gave: the copy, already unlinked, or nothing (failed, falling back).
+pub struct Received {
+    pub file: File,
+    pub dir: PathBuf,
+    pub to_disk: bool,
+}
+
+/// Plans `--broadcast` for this process, and sends the archive when this task is the one
+/// that sends. `None`: nothing to broadcast here (said in one info line).
+pub fn plan(
+    archive: &Path,
+    stage: StageMode,
+    stage_dir: Option<&Path>,
+    fallback: bool,
+) -> Result<Option<Plan>, Failure> {
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let Some(job) = var("SLURM_JOB_ID") else {
+        eprintln!("stagefs: --broadcast: not in a SLURM job; nothing to broadcast, staging as usual");
+        return Ok(None);
+    };
+    let nodes: u32 =
+        var("SLURM_JOB_NUM_NODES").or_else(|| var("SLURM_NNODES")).and_then(|n| n.parse().ok()).unwrap_or(1);
+    let always = var("STAGEFS_BROADCAST_ALWAYS").as_deref() == Some("1");
+    let sender = var("SLURM_PROCID").is_none_or(|p| p == "0");
+    if nodes <= 1 && !always {
+        // One line per job, not one per task.
+        if sender {
+            eprintln!("stagefs: --broadcast: a one-node job reads the archive once anyway; staging as usual");
+        }
+        return Ok(None);
+    }
+    let archive = archive
+        .canonicalize()
+        .map_err(|source| Failure::from(crate::archive::OpenError::Io { path: archive.to_owned(), source }))?;
+    let to_disk = stage == StageMode::Disk;
+    let dir = if to_disk {
+        let base = crate::disk::base_dir(stage_dir).ok_or(crate::stage::StageError::NoStageDir)?;
+        crate::disk::staging_dir(&base)?
+    } else {
+        let shm_user = Path::new("/dev/shm").join(places::user_name());
+        places::private_dir(Path::new("/dev/shm"), &shm_user, true, "remove it if you can (or ask the admins)")?;
+        shm_user
+    };
+    let name = format!(".stagefs-bcast-{job}-{:016x}", crate::hash::hash(archive.as_os_str().as_encoded_bytes()));
+    sweep(&dir, &job);
+    let plan = Plan {
+        data: dir.join(&name),
+        status: places::runtime_dir()?.join(format!("{name}.status")),
+        fallback,
+        to_disk,
+    };
+    if sender {
+        send(&archive, &plan, nodes)?;
+    }
+    Ok(Some(plan))
+}
+
+/// Runs `sbcast` (and then broadcasts the status); a failure is recorded in the status for
+/// every node's leader to report, not returned: this task must still join its node's
+/// election, or the other tasks on its node would wait for a leader that never comes.
+fn send(archive: &Path, plan: &Plan, nodes: u32) -> Result<(), Failure> {
+    crate::cancel::arm().map_err(|e| Failure::other(format!("cannot install signal handlers: {e}")))?;
+    let size = std::fs::metadata(archive).map(|m| m.len()).unwrap_or(0);
+    let dir = plan.data.parent().unwrap_or(Path::new("/"));
+    // Measured before: sbcast's message for a full disk is "Unspecified error".
+    let free_before = crate::disk::free_space(dir).ok().map(|(free, _)| free);
+    let started = Instant::now();
+    let line = match sbcast(archive, &plan.data) {
+        Ok(()) => {
+            let secs = started.elapsed().as_secs_f64().max(1e-9);
+            crate::stage::report_done(&format!(
+                "broadcast {} to {nodes} node(s) with sbcast: {} in {secs:.2} s ({:.0} MB/s)",
+                archive.display(),
+                human(size),
+                size as f64 / 1e6 / secs
+            ));
+            format!("ok {size}\n")
+        }
+        Err(message) => {
+            // sbcast leaves what it wrote; on this node at least, take it back at once.
+            let _ = std::fs::remove_file(&plan.data);
+            let room = free_before.map_or_else(String::new, |free| {
+                format!(
+                    " (the archive needs {}; {} had {} free on this node before)",
+                    human(size),
+                    dir.display(),
+                    human(free)
+                )
+            });
+            format!("failed broadcasting {} with sbcast failed: {message}{room}\n", archive.display())
+        }
+    };
+    places::write_atomically(&plan.status, line.as_bytes(), 0o600)
+        .map_err(|e| Failure::other(format!("cannot write {}: {e}", plan.status.display())))?;
+    if nodes > 1 {
+        if let Err(message) = sbcast(&plan.status, &plan.status) {
+            tracing::warn!("cannot broadcast the broadcast's status to the other nodes: {message}");
+        }
+    }
+    crate::cancel::check()?;
+    Ok(())
+}
+
+/// How often, and how long apart, a broadcast is retried while a node lacks the directory.
+const MISSING_DIR_TRIES: u32 = 6;
+const MISSING_DIR_PAUSE: Duration = Duration::from_secs(2);
+
+/// [`sbcast_once`], retried a few times while a node says "No such file or directory":
+/// sbcast creates no directories, and the other nodes' tasks (which make the staging and
+/// runtime directories) may start a little after this one.
+fn sbcast(source: &Path, dest: &Path) -> Result<(), String> {
+    let mut tries = 1;
+    loop {
+        match sbcast_once(source, dest) {
+            Err(message) if message.contains("No such file or directory") && tries < MISSING_DIR_TRIES => {
+                tracing::info!("sbcast: a node lacks {} yet; trying again: {message}", dest.display());
+                let until = Instant::now() + MISSING_DIR_PAUSE;
+                while Instant::now() < until && crate::cancel::received().is_none() {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                tries += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// `sbcast -f SOURCE DEST`, with `--compress` when `STAGEFS_SBCAST_COMPRESS` names a
+/// compression (see doc/slurm.md for why it is off by default); stops at a signal.
+/// `Err`: sbcast's own message.
+fn sbcast_once(source: &Path, dest: &Path) -> Result<(), String> {
+    let mut cmd = Command::new("sbcast");
+    cmd.arg("-f");
+    if let Some(kind) = std::env::var("STAGEFS_SBCAST_COMPRESS").ok().filter(|k| !k.is_empty()) {
+        cmd.arg(format!("--compress={kind}"));
+    }
+    cmd.arg(source).arg(dest).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().map_err(|e| format!("cannot run sbcast: {e}"))?;
+    loop {
+        if crate::cancel::received().is_some() {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err("interrupted by a signal".into());
+        }
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                let mut stderr = String::new();
+                if let Some(mut pipe) = child.stderr.take() {
+                    let _ = pipe.read_to_string(&mut stderr);
+                }
+                if status.success() {
+                    return Ok(());
+                }
+                let said = stderr.trim().replace('\n', "; ");
+                return Err(format!("{said} (sbcast exited with {status})"));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(format!("cannot wait for sbcast: {e}")),
+        }
+    }
+}
+
+/// In the mount leader: waits for the broadcast's status, then opens the copy and unlinks
+/// it at once. `Ok(None)`: it failed and `--broadcast-fallback` asks to stage as usual.
+pub fn receive(plan: &Plan, timeout: Duration) -> Result<Option<Received>, Failure> {
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        crate::cancel::check()?;
+        // A complete line only: on other nodes the status arrives through sbcast, not atomically.
+        if let Some(text) = std::fs::read_to_string(&plan.status).ok().filter(|t| t.ends_with('\n')) {
+            break text.trim_end().to_string();
+        }
+        if Instant::now() >= deadline {
+            return Err(Failure::other(format!(
+                "--broadcast: no broadcast of the archive arrived on this node within {} s (the task with \
+                 SLURM_PROCID=0 sends it; did it start, and could it broadcast its status here?)",
+                timeout.as_secs()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = std::fs::remove_file(&plan.status);
+    if let Some(message) = status.strip_prefix("failed ") {
+        let _ = std::fs::remove_file(&plan.data);
+        if plan.fallback {
+            eprintln!(
+                "stagefs: warning: {message}; staging from the parallel filesystem instead (--broadcast-fallback)"
+            );
+            return Ok(None);
+        }
+        return Err(Failure::other(format!(
+            "{message}; add --broadcast-fallback to stage from the parallel filesystem when the broadcast fails"
+        )));
+    }
+    let size: u64 = status.strip_prefix("ok ").and_then(|s| s.parse().ok()).unwrap_or(u64::MAX);
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(&plan.data);
+    // Unlinked at once, before any check: whatever happens next leaves nothing behind.
+    let _ = std::fs::remove_file(&plan.data);
+    let file = opened
+        .map_err(|e| Failure::other(format!("--broadcast: cannot open the copy {}: {e}", plan.data.display())))?;
+    let meta = file.metadata().map_err(|e| Failure::other(format!("--broadcast: {e}")))?;
+    if !meta.is_file() || meta.uid() != places::my_uid() || meta.len() != size {
+        return Err(Failure::other(format!(
+            "--broadcast: {} is not the broadcast copy (a regular file of yours of {size} bytes); not serving it",
+            plan.data.display()
+        )));
+    }
+    let dir = plan.data.parent().unwrap_or(Path::new("/")).to_owned();
+    Ok(Some(Received { file, dir, to_disk: plan.to_disk }))
+}
+
+/// Removes broadcast copies (and status files) left by mounters that died before opening
+/// them: those of other jobs that are no longer running (`squeue`), or, when squeue cannot
+/// tell, older than a day.
+fn sweep(dir: &Path, job: &str) {
+    let runtime = places::runtime_dir().ok().map(Path::to_owned);
+    for dir in std::iter::once(dir.to_owned()).chain(runtime) {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(rest) = name.strip_prefix(".stagefs-bcast-") else { continue };
+            let Some((other, _)) = rest.split_once('-') else { continue };
+            if other == job || job_running(other).unwrap_or_else(|| !older_than(&entry.path(), 86_400)) {
+                continue;
+            }
+            tracing::info!("removing {}, left by job {other} (no longer running)", entry.path().display());
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Whether SLURM job `job` is still pending or running; `None` when squeue cannot say.
+fn job_running(job: &str) -> Option<bool> {
+    let out = Command::new("squeue").args(["-h", "-o", "%T", "-j", job]).output().ok()?;
+    if out.status.success() {
+        return Some(!String::from_utf8_lossy(&out.stdout).trim().is_empty());
+    }
+    // squeue fails for a job id it no longer knows (long finished); any other failure
+    // (slurmctld unreachable) says nothing.
+    Some(false).filter(|_| String::from_utf8_lossy(&out.stderr).contains("Invalid job id"))
+}
+
+fn older_than(path: &Path, secs: u64) -> bool {
+    std::fs::symlink_metadata(path)
+        .and_then(|m| m.modified())
+        .is_ok_and(|t| SystemTime::now().duration_since(t).is_ok_and(|age| age.as_secs() > secs))
+}

@@ -1,0 +1,135 @@
+//! Local-disk staging (`--stage disk`): one copy of the archive on the node's own disk, in a nameless file, served in place.
+//!
+//! For archives on a parallel filesystem that do not fit in RAM: read once from the
+//! parallel filesystem (several large reads in flight, its pages dropped behind), written
+//! to an `O_TMPFILE` in `<stage dir>/stagefs-<uid>` (checked 0700), then served like an
+//! archive in place, with the page cache as its RAM cache. The file has no name, so
+//! nothing is left on the disk after any exit, SIGKILL included.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use crate::stage::{human, StageError};
+
+/// Where an archive was staged on disk, for `stagefs status`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskStaged {
+    /// The checked directory holding the (nameless) copy.
+    pub dir: PathBuf,
+    pub bytes: u64,
+}
+
+/// The base directory to stage in: `--stage-dir`, else `$SLURM_TMPDIR`, else `$TMPDIR`.
+pub fn base_dir(chosen: Option<&Path>) -> Option<PathBuf> {
+    let env = |key: &str| std::env::var_os(key).filter(|v| !v.is_empty()).map(PathBuf::from);
+    chosen.map(Path::to_owned).or_else(|| env("SLURM_TMPDIR")).or_else(|| env("TMPDIR"))
+}
+
+/// `<base>/stagefs-<uid>`, created 0700 and checked (new or found).
+pub fn staging_dir(base: &Path) -> Result<PathBuf, StageError> {
+    let dir = std::path::absolute(base)
+        .unwrap_or_else(|_| base.to_owned())
+        .join(format!("stagefs-{}", crate::places::my_uid()));
+    crate::places::own_dir(&dir, "remove it if you can, or give another --stage-dir")?;
+    Ok(dir)
+}
+
+/// Bytes free for this user on the filesystem of `dir`, and its size.
+pub fn free_space(dir: &Path) -> std::io::Result<(u64, u64)> {
+    let s = nix::sys::statvfs::statvfs(dir)?;
+    let block = s.fragment_size() as u64;
+    Ok((s.blocks_available() as u64 * block, s.blocks() as u64 * block))
+}
+
+/// Room left for others on a shared local disk: 5 % of it, at most 1 GiB.
+pub fn margin(total: u64) -> u64 {
+    (total / 20).min(1 << 30)
+}
+
+/// Whether `needed` bytes fit in `dir`'s free space less the margin; `Err` says why not.
+pub fn check_room(archive: &Path, dir: &Path, needed: u64) -> Result<(), StageError> {
+    let (free, total) = free_space(dir).map_err(|source| StageError::Io {
+        path: dir.to_owned(),
+        what: "cannot measure the free space of the staging directory".into(),
+        source,
+    })?;
+    let margin = margin(total);
+    if needed > free.saturating_sub(margin) {
+        return Err(StageError::NoDiskRoom { path: archive.to_owned(), dir: dir.to_owned(), needed, free, margin });
+    }
+    Ok(())
+}
+
+/// Copies `source` (`len` bytes) into a nameless file in `dir` and returns it.
+pub fn copy_to_disk(path: &Path, source: &File, len: u64, dir: &Path) -> Result<File, StageError> {
+    let started = Instant::now();
+    let target = crate::places::nameless_file(dir).map_err(|source| StageError::Io {
+        path: dir.to_owned(),
+        what: "cannot create the staging file (nameless, O_TMPFILE)".into(),
+        source,
+    })?;
+    let no_room = |e: std::io::Error| -> StageError {
+        if e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT) {
+            let free = free_space(dir).map_or(0, |(f, _)| f);
+            StageError::NoDiskRoom { path: path.to_owned(), dir: dir.to_owned(), needed: len, free, margin: 0 }
+        } else {
+            StageError::Io { path: dir.to_owned(), what: "cannot write the staged copy".into(), source: e }
+        }
+    };
+    // Reserve the blocks first: a disk that fills meanwhile fails now, not halfway through.
+    // SAFETY: posix_fallocate on a descriptor we own.
+    match unsafe { libc::posix_fallocate(target.as_raw_fd(), 0, len as libc::off_t) } {
+        0 => {}
+        libc::EOPNOTSUPP | libc::EINVAL => target.set_len(len).map_err(no_room)?,
+        errno => return Err(no_room(std::io::Error::from_raw_os_error(errno))),
+    }
+    crate::stage::parallel_copy(path, source, &target, len, "staging to disk", &|offset, e| match no_room(e) {
+        StageError::Io { path, source, .. } => {
+            StageError::Io { path, what: format!("cannot write the staged copy at byte {offset}"), source }
+        }
+        other => other,
+    })?;
+    let secs = started.elapsed().as_secs_f64().max(1e-9);
+    crate::stage::report_done(&format!(
+        "staged {} to the local disk ({}): {} in {secs:.2} s ({:.0} MB/s)",
+        path.display(),
+        dir.display(),
+        human(len),
+        len as f64 / 1e6 / secs
+    ));
+    Ok(target)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::TempDir;
+    use std::os::unix::fs::FileExt;
+
+    #[test]
+    fn copies_leave_no_name_behind() {
+        let tmp = TempDir::new("disk");
+        let archive = tmp.join("a.tar");
+        let bytes: Vec<u8> = (0..(20u32 << 20) + 77).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&archive, &bytes).unwrap();
+        let dir = staging_dir(&tmp.join("base")).unwrap();
+        let source = File::open(&archive).unwrap();
+        let copy = copy_to_disk(&archive, &source, bytes.len() as u64, &dir).unwrap();
+        let mut back = vec![0u8; bytes.len()];
+        copy.read_exact_at(&mut back, 0).unwrap();
+        assert!(back == bytes, "the copy holds the archive's bytes");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "a nameless file");
+    }
+
+    #[test]
+    fn room_is_checked_with_a_margin() {
+        assert_eq!(margin(10 << 30), 512 << 20);
+        assert_eq!(margin(1 << 40), 1 << 30);
+        let tmp = TempDir::new("disk");
+        let err = check_room(Path::new("/a.tar"), tmp.path(), u64::MAX / 2).unwrap_err().to_string();
+        assert!(err.contains("not enough room") && err.contains(&tmp.path().display().to_string()), "{err}");
+        check_room(Path::new("/a.tar"), tmp.path(), 1).unwrap();
+    }
+}

@@ -1,0 +1,112 @@
+//! `--broadcast` without a cluster: fake `sbcast` and `squeue` on PATH, SLURM's variables
+//! set by hand. A failing sbcast with `--broadcast-fallback` stages as usual and says why
+//! (sbcast's own message); a copy orphaned by an old job (squeue no longer knows it) is
+//! swept by the next broadcast on the node, while one of a running job stays. A received
+//! copy (a gzip tar, broadcast as it is) is unlinked once opened and decompressed from;
+//! the status is removed once read. The real thing, on the local SLURM, is in `slurm.rs`.
+
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+
+use crate::util::{pack_tar, require_root, run_cmd, stagefs_bin, Mounted, TempDir, CMD_TIMEOUT};
+
+fn script(path: &Path, body: &str) {
+    fs::write(path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    fs::set_permissions(path, fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+#[test]
+fn failed_broadcast_falls_back_when_asked_and_old_copies_are_swept() {
+    require_root();
+    let tmp = TempDir::new("bcast-fallback");
+    fs::create_dir_all(tmp.join("tree/data")).unwrap();
+    fs::write(tmp.join("tree/data/a.txt"), b"hello\n").unwrap();
+    let archive = tmp.join("a.tar");
+    pack_tar(&tmp.join("tree"), &archive, &["data"]);
+    let bin = tmp.join("bin");
+    fs::create_dir(&bin).unwrap();
+    script(&bin.join("sbcast"), "echo 'sbcast: error: fake refusal for the test' >&2; exit 1");
+    // Job 7 is still running; every other job is long gone.
+    script(
+        &bin.join("squeue"),
+        "case \"$*\" in *' 7') echo RUNNING;; *) echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1;; esac",
+    );
+    let base = tmp.join("local");
+    let dir = base.join(format!("stagefs-{}", unsafe { libc::geteuid() }));
+    fs::create_dir_all(&dir).unwrap();
+    fs::set_permissions(&base, fs::Permissions::from_mode(0o700)).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+    let (gone, running) =
+        (dir.join(".stagefs-bcast-3-00000000000000aa"), dir.join(".stagefs-bcast-7-00000000000000bb"));
+    fs::write(&gone, b"orphan").unwrap();
+    fs::write(&running, b"in use").unwrap();
+
+    let mp = tmp.join("mnt");
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let mut cmd = Command::new(stagefs_bin());
+    cmd.env("PATH", path)
+        .env("SLURM_JOB_ID", "4242")
+        .env("SLURM_PROCID", "0")
+        .env("STAGEFS_BROADCAST_ALWAYS", "1")
+        .env("STAGEFS_RUNTIME_DIR", tmp.join("rt"))
+        .args(["mount", "--broadcast", "--broadcast-fallback", "--stage", "disk", "--stage-dir"])
+        .arg(&base)
+        .arg(&archive)
+        .arg(&mp);
+    let out = run_cmd(&mut cmd, CMD_TIMEOUT);
+    out.assert_success().assert_stderr_has(&["fake refusal for the test", "--broadcast-fallback"]);
+    let m = Mounted::adopt(&archive, &mp);
+    assert_eq!(fs::read(mp.join("data/a.txt")).unwrap(), b"hello\n");
+    assert!(!gone.exists(), "the copy of a finished job is swept");
+    assert!(running.exists(), "the copy of a running job stays");
+    m.unmount().assert_success();
+    let left: Vec<_> = fs::read_dir(&dir).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(left, [running.file_name().unwrap()], "nothing else is left in {}", dir.display());
+}
+
+#[test]
+fn a_broadcast_copy_is_unlinked_once_opened_and_compressed_tars_are_decompressed_from_it() {
+    require_root();
+    let tmp = TempDir::new("bcast-receive");
+    fs::create_dir_all(tmp.join("tree/data")).unwrap();
+    fs::write(tmp.join("tree/data/a.txt"), b"hello\n").unwrap();
+    let tar = tmp.join("a.tar");
+    pack_tar(&tmp.join("tree"), &tar, &["data"]);
+    crate::util::run_tool("gzip", [OsStr::new("-k"), tar.as_os_str()]);
+    let archive = tmp.join("a.tar.gz");
+    let bin = tmp.join("bin");
+    fs::create_dir(&bin).unwrap();
+    // sbcast -f SOURCE DEST, on this one node: a copy, as slurmd's would be (mode 0700).
+    script(&bin.join("sbcast"), "cp \"$2\" \"$3\" && chmod 700 \"$3\"");
+    let base = tmp.join("local");
+    fs::create_dir(&base).unwrap();
+    let (mp, runtime) = (tmp.join("mnt"), tmp.join("rt"));
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let mut cmd = Command::new(stagefs_bin());
+    cmd.env("PATH", path)
+        .env("SLURM_JOB_ID", "4243")
+        .env("SLURM_PROCID", "0")
+        .env("STAGEFS_BROADCAST_ALWAYS", "1")
+        .env("STAGEFS_RUNTIME_DIR", &runtime)
+        .args(["mount", "--broadcast", "--stage", "disk", "--stage-dir"])
+        .arg(&base)
+        .arg(&archive)
+        .arg(&mp);
+    run_cmd(&mut cmd, CMD_TIMEOUT).assert_success();
+    let m = Mounted::adopt(&archive, &mp);
+    assert_eq!(fs::read(mp.join("data/a.txt")).unwrap(), b"hello\n");
+    let dir = base.join(format!("stagefs-{}", unsafe { libc::geteuid() }));
+    let left: Vec<_> = fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
+    assert!(left.is_empty(), "the copy is unlinked once opened: {left:?}");
+    let status: Vec<_> = fs::read_dir(&runtime)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("bcast"))
+        .collect();
+    assert!(status.is_empty(), "the broadcast's status is removed once read: {status:?}");
+    m.unmount().assert_success();
+}

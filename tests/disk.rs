@@ -1,0 +1,187 @@
+//! Local-disk staging (`--stage disk`).
+//!
+//! - The mount serves the same tree as `tar -x`; `stagefs status` (text and JSON) says
+//!   staged to disk, where and how much; the daemon holds the copy as a deleted file in
+//!   `<stage dir>/stagefs-<uid>`, and that directory stays empty: after `stagefs umount`
+//!   and after SIGKILL the copy is gone (no descriptor holds it).
+//! - Without O_TMPFILE (forced with `STAGEFS_TEST_NO_TMPFILE`) the fallback says so in
+//!   the debug log and leaves no name either.
+//! - No stage directory at all: exit 2 naming `--stage-dir`, SLURM_TMPDIR and TMPDIR.
+//! - A disk without room (a 4 MiB tmpfs mounted for the test): exit 8 before copying.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use crate::compare::{assert_trees_equal, Options};
+use crate::util::{
+    assert_nothing_left, extract_tar, mount_must_fail, pack_tar, pseudo_random, require_root, run_cmd, stagefs,
+    stagefs_bin, wait_until, Mounted, TempDir, CMD_TIMEOUT,
+};
+
+/// `root/data` with a few files, one of them 6 MiB, packed into `root/data.tar`.
+fn archive(root: &Path) -> PathBuf {
+    fs::create_dir_all(root.join("data/sub")).unwrap();
+    fs::write(root.join("data/big.bin"), pseudo_random(7, 6 << 20)).unwrap();
+    fs::write(root.join("data/sub/small.txt"), b"small\n").unwrap();
+    let tar = root.join("data.tar");
+    pack_tar(root, &tar, &["data"]);
+    tar
+}
+
+/// The staging directory stagefs keeps inside `base`.
+fn staging_dir(base: &Path) -> PathBuf {
+    base.join(format!("stagefs-{}", unsafe { libc::geteuid() }))
+}
+
+/// Descriptors of `pid` that name a deleted file in `dir`.
+fn deleted_files_in(pid: i32, dir: &Path) -> Vec<String> {
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else { return Vec::new() };
+    fds.flatten()
+        .filter_map(|fd| fs::read_link(fd.path()).ok())
+        .map(|target| target.to_string_lossy().into_owned())
+        .filter(|t| t.starts_with(&*dir.to_string_lossy()) && t.ends_with("(deleted)"))
+        .collect()
+}
+
+fn entries(dir: &Path) -> Vec<PathBuf> {
+    fs::read_dir(dir).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default()
+}
+
+#[test]
+fn disk_staging_serves_a_nameless_copy_and_leaves_nothing() {
+    require_root();
+    let tmp = TempDir::new("disk-stage");
+    let tar = archive(tmp.path());
+    let expected = tmp.join("expected");
+    extract_tar(&tar, &expected);
+    let base = tmp.join("local");
+    fs::create_dir(&base).unwrap();
+    let dir = staging_dir(&base);
+    let mp = tmp.join("mnt");
+    let stage_dir = base.to_str().unwrap();
+
+    let m = Mounted::with_args(&["--stage", "disk", "--stage-dir", stage_dir], &tar, &mp);
+    assert_trees_equal(&expected.join("data"), &m.path().join("data"), &Options::default());
+    let pid = *m.daemon_pids().first().expect("a daemon");
+    assert_eq!(deleted_files_in(pid, &dir).len(), 1, "the daemon holds one nameless copy in {}", dir.display());
+    assert!(entries(&dir).is_empty(), "nothing named in {}: {:?}", dir.display(), entries(&dir));
+    let json = stagefs(["status", "--json"]).assert_success().stdout.clone();
+    let line = json.lines().find(|l| l.contains(&*mp.to_string_lossy())).expect("the mount in status --json");
+    let size = fs::metadata(&tar).unwrap().len();
+    for field in [
+        "\"staging\":\"local disk\"".to_string(),
+        format!("\"disk_bytes\":{size}"),
+        format!("\"stage_dir\":\"{}\"", dir.display()),
+    ] {
+        assert!(line.contains(&field), "status --json must have {field}: {line}");
+    }
+    let text = stagefs(["status"]).assert_success().stdout.clone();
+    assert!(text.contains("staged to the local disk") && text.contains(&*dir.to_string_lossy()), "{text}");
+    m.unmount().assert_success();
+    assert_nothing_left(&mp, "after umount");
+    assert!(entries(&dir).is_empty());
+
+    // SIGKILL: the kernel frees the nameless copy with the daemon's descriptors.
+    let m = Mounted::with_args(&["--stage", "disk", "--stage-dir", stage_dir], &tar, &mp);
+    let pid = *m.daemon_pids().first().expect("a daemon");
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    assert!(wait_until(Duration::from_secs(10), || !Path::new(&format!("/proc/{pid}")).exists()));
+    assert!(entries(&dir).is_empty(), "nothing left after SIGKILL: {:?}", entries(&dir));
+    stagefs([Path::new("umount"), &mp]);
+    m.disarm();
+    assert_nothing_left(&mp, "after SIGKILL and umount");
+}
+
+#[test]
+fn disk_staging_without_o_tmpfile_unlinks_at_once() {
+    require_root();
+    let tmp = TempDir::new("disk-notmpfile");
+    let tar = archive(tmp.path());
+    let base = tmp.join("local");
+    fs::create_dir(&base).unwrap();
+    let mp = tmp.join("mnt");
+    let log = tmp.join("daemon.log");
+    let mut cmd = Command::new(stagefs_bin());
+    cmd.env("STAGEFS_TEST_NO_TMPFILE", "1").arg("-vv").arg("mount").args(["--stage", "disk", "--stage-dir"]);
+    cmd.arg(&base).arg("--log-file").arg(&log).arg(&tar).arg(&mp);
+    // Staging happens before the daemon detaches: its log is still the command's stderr.
+    let out = run_cmd(&mut cmd, CMD_TIMEOUT);
+    out.assert_success();
+    let m = Mounted::adopt(&tar, &mp);
+    assert_eq!(fs::read(mp.join("data/sub/small.txt")).unwrap(), b"small\n");
+    let pid = *m.daemon_pids().first().expect("a daemon");
+    let dir = staging_dir(&base);
+    assert_eq!(deleted_files_in(pid, &dir).len(), 1);
+    assert!(entries(&dir).is_empty(), "{:?}", entries(&dir));
+    assert!(out.stderr.contains("unlinking it at once"), "the debug log says why: {}", out.stderr);
+    m.unmount().assert_success();
+}
+
+#[test]
+fn disk_staging_needs_a_directory() {
+    require_root();
+    let tmp = TempDir::new("disk-nodir");
+    let tar = archive(tmp.path());
+    let mp = tmp.join("mnt");
+    let mut cmd = Command::new(stagefs_bin());
+    cmd.env_remove("SLURM_TMPDIR").env_remove("TMPDIR").args(["mount", "--stage", "disk"]).arg(&tar).arg(&mp);
+    let out = run_cmd(&mut cmd, CMD_TIMEOUT);
+    if out.success() {
+        let _ = stagefs([Path::new("umount"), &mp]);
+    }
+    out.assert_code(2).assert_stderr_has(&["--stage-dir", "SLURM_TMPDIR", "TMPDIR"]);
+    assert_nothing_left(&mp, "refused stage dir");
+}
+
+#[test]
+fn disk_staging_without_room_fails_before_copying() {
+    require_root();
+    let tmp = TempDir::new("disk-noroom");
+    let tar = archive(tmp.path());
+    let small = tmp.join("small");
+    fs::create_dir(&small).unwrap();
+    let status = Command::new("mount").args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"]).arg(&small).status().unwrap();
+    assert!(status.success(), "cannot mount a tmpfs for the test");
+    let _unmount = crate::util::UnmountOnDrop(small.clone());
+    let mp = tmp.join("mnt");
+    let args = [
+        "--stage".into(),
+        "disk".into(),
+        "--stage-dir".into(),
+        small.clone().into_os_string(),
+        tar.into_os_string(),
+        mp.clone().into_os_string(),
+    ];
+    mount_must_fail(&args, 8, "a 4 MiB disk").assert_stderr_has(&["not enough room", "--stage-dir"]);
+    assert!(entries(&staging_dir(&small)).is_empty());
+    assert_nothing_left(&mp, "no room");
+}
+
+#[test]
+fn auto_stages_to_disk_what_is_remote_and_too_big_for_ram() {
+    require_root();
+    let tmp = TempDir::new("disk-auto");
+    let inner = archive(tmp.path());
+    // A FUSE filesystem counts as remote: serve the archive from a stagefs mount of a tar holding it.
+    fs::create_dir(tmp.join("outer")).unwrap();
+    fs::rename(&inner, tmp.join("outer/inner.tar")).unwrap();
+    let outer = tmp.join("outer.tar");
+    pack_tar(&tmp.join("outer"), &outer, &["inner.tar"]);
+    let outer_mp = tmp.join("outer-mnt");
+    let _outer = Mounted::with_args(&["--stage", "none"], &outer, &outer_mp);
+    let base = tmp.join("local");
+    fs::create_dir(&base).unwrap();
+    let mp = tmp.join("mnt");
+    let m = Mounted::with_args(
+        &["--stage", "auto", "--max-ram", "1M", "--stage-dir", base.to_str().unwrap()],
+        &outer_mp.join("inner.tar"),
+        &mp,
+    );
+    assert_eq!(fs::read(mp.join("data/sub/small.txt")).unwrap(), b"small\n");
+    let json = stagefs(["status", "--json"]).assert_success().stdout.clone();
+    let line = json.lines().find(|l| l.contains(&*mp.to_string_lossy())).expect("the mount in status --json");
+    assert!(line.contains("\"staging\":\"local disk\""), "auto must stage to disk: {line}");
+    m.unmount().assert_success();
+}
