@@ -108,7 +108,8 @@ impl Fs {
     pub fn files(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         let inodes = self.archive.index.inodes.iter().enumerate();
         inodes
-            .filter(|(_, n)| n.attrs.file_type() == libc::S_IFREG && n.attrs.size > 0)
+            // nlink 0: replaced by a later member or shard of the same name, unreachable.
+            .filter(|(_, n)| n.attrs.file_type() == libc::S_IFREG && n.attrs.size > 0 && n.nlink > 0)
             .map(|(id, n)| (ino_of(id as InodeId), n.attrs.size))
     }
 
@@ -203,7 +204,7 @@ impl Fs {
         if inode.attrs.is_dir() {
             return Err(FsError::IsDir);
         }
-        self.archive.read(inode, offset, size).map_err(|source| {
+        self.archive.read_inode(id, inode, offset, size).map_err(|source| {
             let Ok(mut seen) = self.logged_damage.lock() else {
                 return FsError::Corrupt { path: format!("inode {ino}"), source };
             };

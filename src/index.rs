@@ -207,6 +207,15 @@ impl IndexBuilder {
         Ok(id)
     }
 
+    /// Inodes added so far (the position the next one gets).
+    pub fn len(&self) -> usize {
+        self.index.inodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.inodes.is_empty()
+    }
+
     pub fn attrs(&self, id: InodeId) -> &Attrs {
         &self.index.inodes[id as usize].attrs
     }

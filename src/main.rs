@@ -26,10 +26,23 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> Result<(), Failure> {
     match command {
-        Command::Mount { archive, mountpoint, foreground, threads, log_file, stage, max_ram, warm, idle_timeout } => {
-            let mountpoint = mountpoint.unwrap_or_else(|| stagefs::places::default_mountpoint(&archive));
+        Command::Mount {
+            archive,
+            mountpoint,
+            foreground,
+            threads,
+            log_file,
+            stage,
+            max_ram,
+            warm,
+            idle_timeout,
+            more_archives,
+        } => {
+            let mountpoint = mountpoint.unwrap_or_else(|| stagefs::shards::default_mountpoint(&archive));
+            let set = stagefs::shards::resolve(&archive, &more_archives)?;
             let request = MountRequest {
-                archive,
+                archive: set.label,
+                shards: set.shards,
                 mountpoint,
                 foreground,
                 threads: threads.unwrap_or_else(default_threads),

@@ -164,6 +164,47 @@ pub fn load(path: &Path, mode: StageMode, max_ram: Option<u64>) -> Result<Loaded
     Ok(Loaded { backing, staged_bytes: 0, staging })
 }
 
+/// One decision for a whole shard set, before any shard is staged: `auto` becomes `ram`
+/// or `none` for all shards alike (judged on the first shard's filesystem and the set's
+/// total size), and `ram`/`copy` are refused at once when the set does not fit.
+pub fn mode_for_set(
+    label: &Path,
+    first: &Path,
+    total: u64,
+    mode: StageMode,
+    max_ram: Option<u64>,
+) -> Result<StageMode, StageError> {
+    let budget = RamBudget::measure(max_ram);
+    match mode {
+        StageMode::None => Ok(StageMode::None),
+        StageMode::Ram | StageMode::Copy => budget.check(label, total).map(|()| mode),
+        StageMode::Auto => {
+            let remote = is_network_filesystem(first);
+            if remote && total > budget.bytes {
+                tracing::warn!(
+                    "{} is on a network filesystem but does not fit the RAM budget; serving it in place",
+                    label.display()
+                );
+            }
+            Ok(if remote && total <= budget.bytes { StageMode::Ram } else { StageMode::None })
+        }
+    }
+}
+
+thread_local! {
+    /// Set on the threads that open the shards of a set: the set draws one progress bar and
+    /// writes one summary, not one per shard.
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with no per-archive progress bar or summary line on this thread.
+pub fn quietly<T>(f: impl FnOnce() -> T) -> T {
+    QUIET.with(|q| q.set(true));
+    let result = f();
+    QUIET.with(|q| q.set(false));
+    result
+}
+
 /// RAM still free to fill once `staged` bytes are staged, and what limits it: the same
 /// limits as staging, with `--max-ram` covering the staged copy and the page-cache warm-up.
 pub fn headroom(max_ram: Option<u64>, staged: u64) -> (u64, String) {
@@ -295,6 +336,9 @@ fn memfd(path: &Path, len: u64) -> Result<File, StageError> {
 }
 
 pub(crate) fn progress(len: Option<u64>, verb: &str) -> ProgressBar {
+    if QUIET.with(|q| q.get()) {
+        return ProgressBar::hidden();
+    }
     // indicatif draws nothing when stderr is not a terminal.
     let bar = match len {
         Some(len) => ProgressBar::new(len).with_style(
@@ -327,7 +371,11 @@ fn summary(verb: &str, path: &Path, bytes: u64, started: Instant) {
         human(bytes),
         bytes as f64 / 1e6 / secs
     );
-    report_done(&line);
+    if QUIET.with(|q| q.get()) {
+        tracing::debug!("{line}");
+    } else {
+        report_done(&line);
+    }
 }
 
 /// The one line a long step leaves behind: in the log, and on stderr where no progress
