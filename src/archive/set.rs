@@ -119,8 +119,8 @@ impl Merger {
             for dirent in index.children(dir) {
                 let name = index.bytes(dirent.name);
                 let child = &index.inodes[dirent.inode as usize];
-                let existing = self.builder.child(merged_dir, name);
                 if child.attrs.is_dir() {
+                    let existing = self.builder.child(merged_dir, name);
                     if merged_of[dirent.inode as usize] != InodeId::MAX {
                         continue; // a directory named twice: merged once
                     }
@@ -156,10 +156,10 @@ impl Merger {
                     }
                     id => id,
                 };
-                if let Some(e) = existing.filter(|&e| e < self.starts[shard]) {
+                let replaced = self.builder.relink(merged_dir, name, merged)?;
+                if let Some(e) = replaced.filter(|&e| e < self.starts[shard]) {
                     self.conflict(e, path, index, local_dir, name);
                 }
-                self.builder.link(merged_dir, name, merged)?;
             }
         }
         Ok(())

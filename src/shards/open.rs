@@ -43,6 +43,7 @@ pub fn open_set(
     let total: u64 = sizes.iter().sum();
     let first = shards.first().ok_or_else(|| Failure::other("a shard set needs at least one archive".into()))?;
     let mode = stage::mode_for_set(label, first, total, mode, max_ram)?;
+    raise_fd_limit(shards.len());
     // Threads overlap the latency of a parallel filesystem as much as they share the CPU.
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get() * 2).clamp(2, 16).min(shards.len());
     let bar = stage::progress(Some(total), &format!("indexing {} shards", shards.len()));
@@ -51,6 +52,7 @@ pub fn open_set(
     let mut merger = Merger::new();
     let mut stats = SetStats { shards: shards.len(), ..SetStats::default() };
     let (mut staged_bytes, mut staging) = (0u64, Staging::InPlace);
+    let mut merging = std::time::Duration::ZERO;
     let merged = std::thread::scope(|scope| -> Result<(), Failure> {
         for _ in 0..threads {
             let tx = tx.clone();
@@ -92,7 +94,10 @@ pub fn open_set(
                 stats.saved += usize::from(opened.saved_index.is_some());
                 staged_bytes += opened.staged_bytes;
                 staging = most_staged(staging, opened.staging);
-                if let Err(e) = merger.add(&shards[done], opened.archive) {
+                let merge_started = Instant::now();
+                let added = merger.add(&shards[done], opened.archive);
+                merging += merge_started.elapsed();
+                if let Err(e) = added {
                     stop.store(true, Ordering::Relaxed);
                     return Err(e.into());
                 }
@@ -125,6 +130,7 @@ pub fn open_set(
         entries = index.dirents.len(),
         index_bytes = index.heap_bytes(),
         bytes_per_entry = index.heap_bytes() / index.dirents.len().max(1),
+        merge_ms = merging.as_millis() as u64,
         "merged"
     );
     stage::report_done(&format!(
@@ -139,6 +145,25 @@ pub fn open_set(
     let opened =
         Opened { archive, staged_bytes, staging, saved_index: None, reused_index: stats.reused == shards.len() };
     Ok((opened, stats))
+}
+
+/// Every shard keeps its file open while mounted, and the usual soft limit of 1,024
+/// descriptors would fail a set of 1,000 shards: raise it as far as the hard limit allows.
+fn raise_fd_limit(shards: usize) {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit read and write the one struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+    if (limit.rlim_cur as usize) < shards + 64 {
+        tracing::warn!(
+            "{shards} shards need as many open files, and the limit is {} (ulimit -n); opening may fail",
+            limit.rlim_cur
+        );
+    }
 }
 
 /// How a set reaches RAM, from how its shards do: staged at all wins (so `--warm auto`
