@@ -25,6 +25,9 @@ page-cache speed instead of hammering the parallel filesystem's metadata servers
 In a SLURM job (one task per node mounts, all run the command, the last one out unmounts):
   srun stagefs run data.sqsh -- python train.py --data-root '{mount}'
 
+Many archives (shards) as one merged tree: quote the pattern, stagefs expands it:
+  stagefs mount 'shards/train-*.tar' /dev/shm/$USER/train
+
 Exit codes: 0 ok, 1 other error, 2 usage, 3 bad archive, 4 mountpoint problem (or a
 directory stagefs keeps was made by another user), 5 mount busy, 6 not mounted (or not a
 stagefs mount of yours), 7 FUSE unavailable, 8 not enough RAM (or local disk) to stage, 128+N stopped by
@@ -52,7 +55,9 @@ node, SLURM_LOCALID=0 leads), one mounts and the others wait for it and exit 0.
 In a SLURM job step that must stay attached (srun --overlap ... &), use --foreground:
 the mount then lives exactly as long as the step, and SIGTERM unmounts it.")]
     Mount {
-        /// The archive: tar (GNU, pax, ustar, v7; plain or gzip/bzip2/xz/zstd/lz4-compressed), zip or SquashFS 4.0
+        /// The archive: tar (GNU, pax, ustar, v7; plain or gzip/bzip2/xz/zstd/lz4-compressed), zip or SquashFS 4.0.
+        /// Or many archives as one merged tree: a quoted glob pattern ('shards/train-*.tar', expanded by
+        /// stagefs, sorted) or @FILE (one archive per line); where shards share a file, the later one wins
         archive: PathBuf,
         /// Directory to mount on (created if missing; must be empty).
         /// Default: /dev/shm/$USER/stagefs/<archive name without extensions>
@@ -103,6 +108,9 @@ the mount then lives exactly as long as the step, and SIGTERM unmounts it.")]
         /// when this call mounted, false when another process of the node had or has mounted it}
         #[arg(long)]
         json: bool,
+        /// One more archive (or pattern, or @FILE) to merge after ARCHIVE; repeatable
+        #[arg(long = "archive", value_name = "ARCHIVE", id = "more_archives")]
+        more_archives: Vec<PathBuf>,
     },
     /// Mount once per node, run a command with the mount, unmount after the node's last task
     Run(crate::node::RunArgs),
@@ -120,7 +128,10 @@ the mount then lives exactly as long as the step, and SIGTERM unmounts it.")]
 writable, else in $XDG_CACHE_HOME/stagefs. It is keyed by the archive's size, mtime and a
 content fingerprint: a changed archive is never served with a stale index. Mounts save
 the index by themselves when scanning took long (10,000+ entries).")]
-    Index { archive: PathBuf },
+    Index {
+        /// The archive, or a quoted glob pattern or @FILE: every shard's index is saved
+        archive: PathBuf,
+    },
     /// List this user's mounts on this node: archive, staged RAM, daemon pid, uptime, reads served, failed reads and the last error
     Status {
         /// One JSON object per line and mount: mountpoint, archive, state (live or dead), pid,

@@ -181,9 +181,23 @@ pub fn json_string(text: &str) -> String {
 pub fn index(path: &Path) -> Result<(), Failure> {
     let started = Instant::now();
     // Saved indexes are keyed by the canonical path, which is what mounts look up.
-    let path = path
-        .canonicalize()
-        .map_err(|source| Failure::from(crate::archive::OpenError::Io { path: path.to_owned(), source }))?;
+    let set = crate::shards::resolve(path, &[])?;
+    if set.shards.len() > 1 {
+        let (opened, stats) = crate::shards::open_set(&set.label, &set.shards, StageMode::None, None, true)?;
+        let index = &opened.archive.index;
+        println!(
+            "indexed {} shards in {:.2} s: {} entries, {} in memory merged ({} bytes per entry); saved {} indexes \
+             (SquashFS shards carry their own)",
+            stats.shards,
+            started.elapsed().as_secs_f64(),
+            index.dirents.len(),
+            stage::human(index.heap_bytes() as u64),
+            index.heap_bytes() / index.dirents.len().max(1),
+            stats.saved
+        );
+        return Ok(());
+    }
+    let path = set.label;
     let opened = open_archive(&path, StageMode::None, None, None, None, true)?;
     let index = &opened.archive.index;
     let entries = index.dirents.len();

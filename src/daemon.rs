@@ -28,7 +28,10 @@ use crate::warm::{self, WarmMode};
 /// What `stagefs mount` was asked to do.
 #[derive(Debug, Clone)]
 pub struct MountRequest {
+    /// The archive; for a shard set, its label (see `shards.rs`), which keys the election.
     pub archive: PathBuf,
+    /// The archives served (canonical, in the order they win): one, or a set's shards.
+    pub shards: Vec<PathBuf>,
     pub mountpoint: PathBuf,
     pub foreground: bool,
     pub threads: usize,
@@ -46,10 +49,14 @@ pub struct MountRequest {
 
 /// Mounts as requested; in the background case returns in the parent once the mount is live.
 pub fn mount(request: &MountRequest) -> Result<(), Failure> {
-    let archive = request
-        .archive
-        .canonicalize()
-        .map_err(|source| Failure::from(OpenError::Io { path: request.archive.clone(), source }))?;
+    let archive = if request.shards.len() > 1 {
+        request.archive.clone()
+    } else {
+        request
+            .archive
+            .canonicalize()
+            .map_err(|source| Failure::from(OpenError::Io { path: request.archive.clone(), source }))?
+    };
     let mountpoint = mountpoint::resolve(&request.mountpoint)?;
     if request.foreground {
         // The foreground process is the daemon: catch signals before any slow step.
@@ -290,8 +297,11 @@ fn start(
         Some(plan) => crate::broadcast::receive(plan, crate::node::DEFAULT_WAIT)?,
         None => None,
     };
-    let Opened { archive, staged_bytes, staging, disk, .. } =
-        open_archive(archive_path, request.stage, request.max_ram, request.stage_dir.as_deref(), received, false)?;
+    let Opened { archive, staged_bytes, staging, disk, .. } = if request.shards.len() > 1 {
+        crate::shards::open_set(archive_path, &request.shards, request.stage, request.max_ram, false)?.0
+    } else {
+        open_archive(archive_path, request.stage, request.max_ram, request.stage_dir.as_deref(), received, false)?
+    };
     crate::cancel::phase("mounting")?;
     // Building the index peaks well above what the finished index keeps.
     return_free_memory();
@@ -467,6 +477,8 @@ pub struct Opened {
     pub disk: Option<crate::disk::DiskStaged>,
     /// Where its index was saved by this call, if it was.
     pub saved_index: Option<PathBuf>,
+    /// Whether a saved index was used instead of scanning.
+    pub reused_index: bool,
 }
 
 /// Loads (staging per `mode`) and indexes an archive (a canonical path), reusing a saved
@@ -480,6 +492,19 @@ pub fn open_archive(
     received: Option<crate::broadcast::Received>,
     force_save: bool,
 ) -> Result<Opened, Failure> {
+    open_shard(path, mode, (max_ram, stage_dir), received, force_save, 1)
+}
+
+/// [`open_archive`] for one of `shards` archives mounted together: scanning is judged
+/// costly for the whole set (1,000 shards of 1,000 files are worth saving).
+pub fn open_shard(
+    path: &Path,
+    mode: StageMode,
+    (max_ram, stage_dir): (Option<u64>, Option<&Path>),
+    received: Option<crate::broadcast::Received>,
+    force_save: bool,
+    shards: usize,
+) -> Result<Opened, Failure> {
     check_format(path)?;
     let key = index_cache::Key::of(path).map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
     let loaded = stage::load(path, mode, max_ram, stage_dir, received)?;
@@ -492,6 +517,7 @@ pub fn open_archive(
                 staging: loaded.staging,
                 disk: loaded.disk,
                 saved_index: None,
+                reused_index: true,
             });
         }
     }
@@ -509,7 +535,7 @@ pub fn open_archive(
         "indexed"
     );
     // Small archives index in milliseconds: a saved index would only litter.
-    let worth_saving = index.dirents.len() >= 10_000 || elapsed >= Duration::from_millis(200);
+    let worth_saving = index.dirents.len() * shards >= 10_000 || elapsed * shards as u32 >= Duration::from_millis(200);
     let mut saved_index = None;
     if archive.tar_reader().is_some() && (force_save || worth_saving) {
         match index_cache::save(path, &key, &archive) {
@@ -523,7 +549,14 @@ pub fn open_archive(
             Err(e) => tracing::debug!("not saving the index: {e}"),
         }
     }
-    Ok(Opened { archive, staged_bytes: loaded.staged_bytes, staging: loaded.staging, disk: loaded.disk, saved_index })
+    Ok(Opened {
+        archive,
+        staged_bytes: loaded.staged_bytes,
+        staging: loaded.staging,
+        disk: loaded.disk,
+        saved_index,
+        reused_index: false,
+    })
 }
 
 /// Refuses an unknown format before any byte is staged.

@@ -109,6 +109,7 @@ fn compare(archive: &Path, plain: &Path, work: &Path, files: usize, readers: usi
         let started = Instant::now();
         let request = MountRequest {
             archive: archive.to_owned(),
+            shards: vec![archive.to_owned()],
             mountpoint: mountpoint.clone(),
             foreground: false,
             threads: crate::cli::default_threads(),

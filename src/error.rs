@@ -74,7 +74,7 @@ impl From<StageError> for Failure {
             StageError::NoRoom { .. } | StageError::NoRoomDecompressing { .. } | StageError::NoDiskRoom { .. } => {
                 code::NO_ROOM
             }
-            StageError::NoStageDir => code::USAGE,
+            StageError::NoStageDir | StageError::DiskSet(_) => code::USAGE,
             StageError::Place(_) => code::MOUNTPOINT,
             StageError::Interrupted(interrupted) => interrupted.exit_code(),
             _ => code::BAD_ARCHIVE,

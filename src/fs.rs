@@ -112,7 +112,8 @@ impl Fs {
     pub fn files(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         let inodes = self.archive.index.inodes.iter().enumerate();
         inodes
-            .filter(|(_, n)| n.attrs.file_type() == libc::S_IFREG && n.attrs.size > 0)
+            // nlink 0: replaced by a later member or shard of the same name, unreachable.
+            .filter(|(_, n)| n.attrs.file_type() == libc::S_IFREG && n.attrs.size > 0 && n.nlink > 0)
             .map(|(id, n)| (ino_of(id as InodeId), n.attrs.size))
     }
 
@@ -211,7 +212,7 @@ impl Fs {
             let path = self.logged_once(id, |path| tracing::error!(path, "{why}; returning EACCES"));
             return Err(FsError::Denied { path, why });
         }
-        self.archive.read(inode, offset, size).map_err(|source| {
+        self.archive.read_inode(id, inode, offset, size).map_err(|source| {
             let path = self.logged_once(id, |path| {
                 tracing::error!(path, file_offset = offset, "{source}; returning EIO for reads of this range")
             });

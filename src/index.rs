@@ -207,6 +207,15 @@ impl IndexBuilder {
         Ok(id)
     }
 
+    /// Inodes added so far (the position the next one gets).
+    pub fn len(&self) -> usize {
+        self.index.inodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.inodes.is_empty()
+    }
+
     pub fn attrs(&self, id: InodeId) -> &Attrs {
         &self.index.inodes[id as usize].attrs
     }
@@ -254,19 +263,36 @@ impl IndexBuilder {
     /// Names `child` as `name` in directory `parent`; an existing entry of that name now
     /// points at `child` (later archive members win, as when extracting).
     pub fn link(&mut self, parent: InodeId, name: &[u8], child: InodeId) -> Result<(), BuildError> {
-        if let Some(&i) = self.names.get(&(parent, Box::from(name))) {
-            self.entries[i].2 = child;
-            return Ok(());
+        self.relink(parent, name, child).map(drop)
+    }
+
+    /// [`IndexBuilder::link`], returning the inode the name pointed at before, if any.
+    /// One hash lookup and one key allocation per call (the merge of a shard set calls
+    /// it for every file of every shard).
+    pub fn relink(&mut self, parent: InodeId, name: &[u8], child: InodeId) -> Result<Option<InodeId>, BuildError> {
+        let next = self.entries.len();
+        let slot = match self.names.entry((parent, Box::from(name))) {
+            std::collections::hash_map::Entry::Occupied(e) => {
+                let i = *e.get();
+                return Ok(Some(std::mem::replace(&mut self.entries[i].2, child)));
+            }
+            std::collections::hash_map::Entry::Vacant(e) => e,
+        };
+        let offset = u32::try_from(self.index.arena.len()).map_err(|_| BuildError::ArenaFull)?;
+        let len = u32::try_from(name.len()).map_err(|_| BuildError::ArenaFull)?;
+        if offset.checked_add(len).is_none() {
+            return Err(BuildError::ArenaFull);
         }
-        let span = self.intern(name)?;
-        self.names.insert((parent, Box::from(name)), self.entries.len());
+        slot.insert(next);
+        self.index.arena.extend_from_slice(name);
+        let span = Span { offset, len };
         self.entries.push((parent, span, child));
         if self.index.inodes[child as usize].attrs.is_dir() {
             if let Data::Dir { parent: p, .. } = &mut self.index.inodes[child as usize].data {
                 *p = parent;
             }
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Sorts directories, fills child ranges and link counts, and drops the build maps.

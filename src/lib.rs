@@ -22,6 +22,7 @@ pub mod mountpoint;
 pub mod node;
 pub mod places;
 pub mod registry;
+pub mod shards;
 pub mod stage;
 pub mod warm;
 

@@ -40,14 +40,17 @@ fn run(command: Command) -> Result<(), Failure> {
             broadcast_fallback,
             idle_timeout,
             json,
+            more_archives,
         } => {
             let broadcast = match broadcast {
                 true => stagefs::broadcast::plan(&archive, stage, stage_dir.as_deref(), broadcast_fallback)?,
                 false => None,
             };
-            let mountpoint = mountpoint.unwrap_or_else(|| stagefs::places::default_mountpoint(&archive));
+            let mountpoint = mountpoint.unwrap_or_else(|| stagefs::shards::default_mountpoint(&archive));
+            let set = stagefs::shards::resolve(&archive, &more_archives)?;
             let request = MountRequest {
-                archive,
+                archive: set.label,
+                shards: set.shards,
                 mountpoint,
                 foreground,
                 threads: threads.unwrap_or_else(default_threads),

@@ -120,6 +120,8 @@ pub enum StageError {
     NoDiskRoom { path: PathBuf, dir: PathBuf, needed: u64, free: u64, margin: u64 },
     #[error("--stage disk needs a directory on the node's local disk: give --stage-dir DIR, or set SLURM_TMPDIR or TMPDIR (neither is set)")]
     NoStageDir,
+    #[error("{}: --stage disk does not take a set of archives yet; use --stage ram, copy or none", .0.display())]
+    DiskSet(PathBuf),
     #[error(transparent)]
     Place(#[from] crate::places::PlaceError),
     #[error(transparent)]
@@ -255,6 +257,48 @@ fn stage_to_disk(path: &Path, file: &File, size: u64, dir: &Path) -> Result<Load
     Ok(Loaded { backing, staged_bytes: 0, staging: Staging::Disk, disk: Some(disk) })
 }
 
+/// One decision for a whole shard set, before any shard is staged: `auto` becomes `ram`
+/// or `none` for all shards alike (judged on the first shard's filesystem and the set's
+/// total size), and `ram`/`copy` are refused at once when the set does not fit.
+pub fn mode_for_set(
+    label: &Path,
+    first: &Path,
+    total: u64,
+    mode: StageMode,
+    max_ram: Option<u64>,
+) -> Result<StageMode, StageError> {
+    let budget = RamBudget::measure(max_ram);
+    match mode {
+        StageMode::None => Ok(StageMode::None),
+        StageMode::Disk => Err(StageError::DiskSet(label.to_owned())),
+        StageMode::Ram | StageMode::Copy => budget.check(label, total).map(|()| mode),
+        StageMode::Auto => {
+            let remote = is_network_filesystem(first);
+            if remote && total > budget.bytes {
+                tracing::warn!(
+                    "{} is on a network filesystem but does not fit the RAM budget; serving it in place",
+                    label.display()
+                );
+            }
+            Ok(if remote && total <= budget.bytes { StageMode::Ram } else { StageMode::None })
+        }
+    }
+}
+
+thread_local! {
+    /// Set on the threads that open the shards of a set: the set draws one progress bar and
+    /// writes one summary, not one per shard.
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with no per-archive progress bar or summary line on this thread.
+pub fn quietly<T>(f: impl FnOnce() -> T) -> T {
+    QUIET.with(|q| q.set(true));
+    let result = f();
+    QUIET.with(|q| q.set(false));
+    result
+}
+
 /// RAM still free to fill once `staged` bytes are staged, and what limits it: the same
 /// limits as staging, with `--max-ram` covering the staged copy and the page-cache warm-up.
 pub fn headroom(max_ram: Option<u64>, staged: u64) -> (u64, String) {
@@ -386,6 +430,9 @@ fn memfd(path: &Path, len: u64) -> Result<File, StageError> {
 }
 
 pub(crate) fn progress(len: Option<u64>, verb: &str) -> ProgressBar {
+    if QUIET.with(|q| q.get()) {
+        return ProgressBar::hidden();
+    }
     // indicatif draws nothing when stderr is not a terminal.
     let bar = match len {
         Some(len) => ProgressBar::new(len).with_style(
@@ -418,7 +465,11 @@ fn summary(verb: &str, path: &Path, bytes: u64, started: Instant) {
         human(bytes),
         bytes as f64 / 1e6 / secs
     );
-    report_done(&line);
+    if QUIET.with(|q| q.get()) {
+        tracing::debug!("{line}");
+    } else {
+        report_done(&line);
+    }
 }
 
 /// The one line a long step leaves behind: in the log, and on stderr where no progress

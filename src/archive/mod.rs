@@ -3,6 +3,7 @@
 //! Nothing here knows about FUSE: the readers work on a byte slice (an mmap of the
 //! archive) and return plain Rust errors that name the archive offset at fault.
 
+pub mod set;
 pub mod squashfs;
 pub mod tar;
 pub mod zip;
@@ -11,7 +12,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::index::{Data, Index, Inode};
+use crate::index::{Data, Index, Inode, InodeId};
 
 /// The archive's bytes, shared by all request threads.
 pub type Backing = Arc<Source>;
@@ -272,6 +273,8 @@ enum Reader {
     Tar(tar::TarReader),
     SquashFs(squashfs::SquashReader),
     Zip(zip::ZipReader),
+    /// Many archives merged into one index (see `set.rs`).
+    Set(set::SetReader),
 }
 
 impl Archive {
@@ -310,21 +313,26 @@ impl Archive {
         match &self.reader {
             Reader::SquashFs(r) => r.clear_cache(),
             Reader::Zip(r) => r.clear_cache(),
+            Reader::Set(set) => set.shards().iter().for_each(Archive::release_caches),
             Reader::Tar(_) => {}
         }
     }
 
     /// Size of the archive's bytes as served (decompressed, for compressed tars).
     pub fn size(&self) -> u64 {
+        if let Reader::Set(set) = &self.reader {
+            return set.shards().iter().map(Archive::size).sum();
+        }
         self.backing().len() as u64
     }
 
-    /// The bytes the readers serve from.
+    /// The bytes the readers serve from (a set's shards each have their own).
     fn backing(&self) -> &Backing {
         match &self.reader {
             Reader::Tar(r) => r.backing(),
             Reader::SquashFs(r) => r.backing(),
             Reader::Zip(r) => r.backing(),
+            Reader::Set(set) => set.shards()[0].backing(),
         }
     }
 
@@ -332,6 +340,9 @@ impl Archive {
     /// once the warm-up copied its files into the mount's own page cache, keeping the
     /// source's too would hold the data twice. Later reads fetch what they need again.
     pub fn drop_source_cache(&self) {
+        if let Reader::Set(set) = &self.reader {
+            return set.shards().iter().for_each(Archive::drop_source_cache);
+        }
         self.backing().drop_page_cache();
     }
 
@@ -349,7 +360,7 @@ impl Archive {
     pub fn tar_reader(&self) -> Option<&tar::TarReader> {
         match &self.reader {
             Reader::Tar(r) => Some(r),
-            Reader::SquashFs(_) | Reader::Zip(_) => None,
+            Reader::SquashFs(_) | Reader::Zip(_) | Reader::Set(_) => None,
         }
     }
 
@@ -359,6 +370,23 @@ impl Archive {
         match (&self.reader, inode.data) {
             (Reader::Zip(r), Data::Extern(handle)) => r.denied(handle),
             _ => None,
+        }
+    }
+
+    /// The number of archives merged in this one: 1, or a shard set's size.
+    pub fn shard_count(&self) -> usize {
+        match &self.reader {
+            Reader::Set(set) => set.shards().len(),
+            _ => 1,
+        }
+    }
+
+    /// Like [`Archive::read`], for the inode at position `id`: a shard set needs the
+    /// position to find the shard that serves it.
+    pub fn read_inode(&self, id: InodeId, inode: &Inode, offset: u64, len: u32) -> Result<Bytes<'_>, ReadError> {
+        match &self.reader {
+            Reader::Set(set) => set.read(id, inode, offset, len),
+            _ => self.read(inode, offset, len),
         }
     }
 
@@ -379,6 +407,7 @@ impl Archive {
             }
             (Reader::Zip(r), Data::Extern(handle)) => r.read(handle, size, offset, len),
             (Reader::Zip(_), other) => Err(ReadError { offset: 0, what: format!("inode has no zip data ({other:?})") }),
+            (Reader::Set(_), _) => Err(ReadError { offset: 0, what: "a shard set reads by inode position".into() }),
         }
     }
 }

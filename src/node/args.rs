@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::{parse_duration, run, wait, RunRequest};
 use crate::daemon::MountRequest;
 use crate::error::Failure;
-use crate::places::default_mountpoint;
+use crate::shards::default_mountpoint;
 use crate::stage::StageMode;
 use crate::warm::WarmMode;
 
@@ -29,7 +29,7 @@ so single quotes are enough:
 SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 are forwarded to CMD; the mount is still
 cleaned up. Default mountpoint: /dev/shm/$USER/stagefs/<archive name without extensions>.")]
 pub struct RunArgs {
-    /// The archive: tar or SquashFS
+    /// The archive: tar or SquashFS, or a quoted glob pattern or @FILE of shards (see `stagefs mount --help`)
     archive: PathBuf,
     /// Mountpoint (default: /dev/shm/$USER/stagefs/<archive stem>)
     #[arg(short, long, value_name = "DIR")]
@@ -62,6 +62,9 @@ pub struct RunArgs {
     /// Append the daemon's log to this file (default: one in the runtime directory, removed with the mount)
     #[arg(long, value_name = "FILE")]
     log_file: Option<PathBuf>,
+    /// One more archive (or pattern, or @FILE) to merge after ARCHIVE; repeatable
+    #[arg(long = "archive", value_name = "ARCHIVE", id = "more_archives")]
+    more_archives: Vec<PathBuf>,
     /// The command to run, after `--`
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<OsString>,
@@ -77,9 +80,11 @@ impl RunArgs {
             }
             false => None,
         };
+        let set = crate::shards::resolve(&self.archive, &self.more_archives)?;
         run(&RunRequest {
             mount: MountRequest {
-                archive: self.archive,
+                archive: set.label,
+                shards: set.shards,
                 mountpoint,
                 foreground: false,
                 threads: self.threads.unwrap_or_else(crate::cli::default_threads),

@@ -235,7 +235,7 @@ fn is_locked(path: &Path) -> bool {
 /// the leader's mount is usable. Returns whether this process mounted. `idle` unmounts
 /// after that long without reads.
 pub fn mount(request: &MountRequest, timeout: Duration, idle: Option<Duration>) -> Result<bool, Failure> {
-    let archive = canonical_archive(&request.archive)?;
+    let archive = canonical_archive(request)?;
     let mountpoint = mountpoint::resolve(&request.mountpoint)?;
     let task = SlurmTask::from_env();
     match elect(&archive, &mountpoint, &task, timeout)? {

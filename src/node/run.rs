@@ -45,7 +45,7 @@ pub fn run(request: &RunRequest) -> Result<u8, Failure> {
     let Some((program, args)) = request.command.split_first() else {
         return Err(Failure::new(crate::error::code::USAGE, "stagefs run: no command given after --".into()));
     };
-    let archive = canonical_archive(&request.mount.archive)?;
+    let archive = canonical_archive(&request.mount)?;
     let mountpoint = mountpoint::resolve(&request.mount.mountpoint)?;
     let task = SlurmTask::from_env();
     let mount = MountRequest {

@@ -1,0 +1,220 @@
+//! Shard sets: many archives merged into one index, each inode's bytes served by its shard's reader.
+//!
+//! The merged tree is one [`Index`] like any archive's, so lookups and readdir through a
+//! set of 1,000 shards cost what they cost for one archive; each shard keeps only its
+//! reader (no index of its own). Inodes are added shard by shard, so the inodes of shard
+//! `k` are one run of positions starting at `starts[k]`: finding an inode's shard is a
+//! binary search over the shards, and costs no memory per inode. Directories present in
+//! several shards merge; any other name present in two shards is served from the later
+//! one (as extracting the shards in order would leave it), and counted as a conflict.
+
+use std::path::{Path, PathBuf};
+
+use super::{Archive, Bytes, OpenError, ReadError};
+use crate::index::{Attrs, Data, Index, IndexBuilder, Inode, InodeId, ROOT};
+
+/// Serves file bytes of a merged set from the shard each inode came from.
+pub struct SetReader {
+    /// The shards in merge order, their indexes dropped once merged.
+    shards: Vec<Archive>,
+    /// `starts[k]`: the first merged position added while merging shard `k`.
+    starts: Vec<InodeId>,
+}
+
+impl SetReader {
+    pub fn shards(&self) -> &[Archive] {
+        &self.shards
+    }
+
+    /// Reads inode `id` (its merged position) through its shard's reader.
+    pub fn read(&self, id: InodeId, inode: &Inode, offset: u64, len: u32) -> Result<Bytes<'_>, ReadError> {
+        let shard = self.starts.partition_point(|&s| s <= id).saturating_sub(1);
+        match self.shards.get(shard) {
+            Some(archive) => archive.read(inode, offset, len),
+            None => Err(ReadError { offset: 0, what: format!("inode {id} belongs to no shard") }),
+        }
+    }
+}
+
+/// A path served from a later shard although an earlier one has it too.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conflict {
+    pub path: String,
+    pub earlier: PathBuf,
+    pub later: PathBuf,
+}
+
+/// Builds the merged index, one shard at a time, in the order they must win.
+pub struct Merger {
+    builder: IndexBuilder,
+    shards: Vec<Archive>,
+    paths: Vec<PathBuf>,
+    starts: Vec<InodeId>,
+    /// Names a later shard replaced, and the first of them (for the one warning line).
+    conflicts: u64,
+    first_conflict: Option<Conflict>,
+}
+
+impl Default for Merger {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Merger {
+    pub fn new() -> Merger {
+        Merger {
+            builder: IndexBuilder::new(),
+            shards: Vec::new(),
+            paths: Vec::new(),
+            starts: Vec::new(),
+            conflicts: 0,
+            first_conflict: None,
+        }
+    }
+
+    /// Merges `archive` (the next shard, opened from `path`) over the shards added before.
+    pub fn add(&mut self, path: &Path, mut archive: Archive) -> Result<(), OpenError> {
+        let index = std::mem::take(&mut archive.index);
+        let shard = self.shards.len();
+        self.starts.push(self.builder.len() as InodeId);
+        self.merge(shard, path, &index).map_err(|source| OpenError::Index { path: path.to_owned(), source })?;
+        // The shard's own index is no longer needed: only its reader serves.
+        drop(index);
+        self.shards.push(archive);
+        self.paths.push(path.to_owned());
+        Ok(())
+    }
+
+    /// Names replaced by a later shard so far, and the first of them.
+    pub fn conflicts(&self) -> (u64, Option<&Conflict>) {
+        (self.conflicts, self.first_conflict.as_ref())
+    }
+
+    /// The merged archive.
+    pub fn finish(self) -> Result<Archive, OpenError> {
+        let format = self.shards.first().map_or(super::Format::Tar, |a| a.format);
+        let index = self
+            .builder
+            .finish()
+            .map_err(|source| OpenError::Index { path: self.paths.first().cloned().unwrap_or_default(), source })?;
+        Ok(Archive {
+            index,
+            format,
+            reader: super::Reader::Set(SetReader { shards: self.shards, starts: self.starts }),
+        })
+    }
+
+    /// Walks the shard's tree from its root, adding what it has to the merged tree.
+    fn merge(&mut self, shard: usize, path: &Path, index: &Index) -> Result<(), crate::index::BuildError> {
+        // Shard position -> merged position, for hard links (several names, one inode).
+        let mut merged_of: Vec<InodeId> = vec![InodeId::MAX; index.inodes.len()];
+        merged_of[ROOT as usize] = ROOT;
+        let root = &index.inodes[ROOT as usize];
+        self.state_dir(ROOT, root, index)?;
+        let mut stack = vec![ROOT];
+        while let Some(local_dir) = stack.pop() {
+            let merged_dir = merged_of[local_dir as usize];
+            let dir = &index.inodes[local_dir as usize];
+            for dirent in index.children(dir) {
+                let name = index.bytes(dirent.name);
+                let child = &index.inodes[dirent.inode as usize];
+                if child.attrs.is_dir() {
+                    let existing = self.builder.child(merged_dir, name);
+                    if merged_of[dirent.inode as usize] != InodeId::MAX {
+                        continue; // a directory named twice: merged once
+                    }
+                    let merged = match existing.filter(|&e| self.builder.attrs(e).is_dir()) {
+                        Some(e) => {
+                            self.state_dir(e, child, index)?;
+                            e
+                        }
+                        None => {
+                            if let Some(e) = existing {
+                                self.conflict(e, path, index, local_dir, name);
+                            }
+                            let id = self.builder.add_inode(child.attrs, Data::None)?;
+                            self.copy_xattrs(id, child, index)?;
+                            self.builder.link(merged_dir, name, id)?;
+                            id
+                        }
+                    };
+                    merged_of[dirent.inode as usize] = merged;
+                    stack.push(dirent.inode);
+                    continue;
+                }
+                let merged = match merged_of[dirent.inode as usize] {
+                    InodeId::MAX => {
+                        let data = match child.data {
+                            Data::Symlink(target) => Data::Symlink(self.builder.intern(index.bytes(target))?),
+                            other => other,
+                        };
+                        let id = self.builder.add_inode(child.attrs, data)?;
+                        self.copy_xattrs(id, child, index)?;
+                        merged_of[dirent.inode as usize] = id;
+                        id
+                    }
+                    id => id,
+                };
+                let replaced = self.builder.relink(merged_dir, name, merged)?;
+                if let Some(e) = replaced.filter(|&e| e < self.starts[shard]) {
+                    self.conflict(e, path, index, local_dir, name);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A directory of this shard that the merged tree already has: the shard's attributes
+    /// win (as extracting it would set them), unless the shard only implies the directory.
+    fn state_dir(&mut self, merged: InodeId, dir: &Inode, index: &Index) -> Result<(), crate::index::BuildError> {
+        if dir.attrs == Attrs::implicit_dir() && dir.xattr_count == 0 {
+            return Ok(());
+        }
+        self.builder.set_inode(merged, dir.attrs, Data::None);
+        self.copy_xattrs(merged, dir, index)
+    }
+
+    fn copy_xattrs(&mut self, id: InodeId, inode: &Inode, index: &Index) -> Result<(), crate::index::BuildError> {
+        let pairs: Vec<(&[u8], &[u8])> =
+            index.xattrs_of(inode).iter().map(|x| (index.bytes(x.name), index.bytes(x.value))).collect();
+        if !pairs.is_empty() {
+            self.builder.set_xattrs(id, &pairs)?;
+        }
+        Ok(())
+    }
+
+    /// Counts a name this shard (at `path`) takes over from merged inode `existing`;
+    /// remembers the first for the warning.
+    fn conflict(&mut self, existing: InodeId, path: &Path, index: &Index, local_dir: InodeId, name: &[u8]) {
+        self.conflicts += 1;
+        if self.first_conflict.is_none() {
+            let mut full = path_in(index, local_dir);
+            full.push('/');
+            full.push_str(&String::from_utf8_lossy(name));
+            let shard = self.starts.partition_point(|&s| s <= existing).saturating_sub(1);
+            let earlier = self.paths.get(shard).cloned().unwrap_or_default();
+            self.first_conflict = Some(Conflict { path: full, earlier, later: path.to_owned() });
+        }
+    }
+}
+
+/// The path of directory `id` in `index` (a linear search: only for the one warning).
+fn path_in(index: &Index, id: InodeId) -> String {
+    let mut parts = Vec::new();
+    let mut current = id;
+    while current != ROOT && parts.len() < 4096 {
+        let Some(pos) = index.dirents.iter().position(|d| d.inode == current) else { break };
+        parts.push(String::from_utf8_lossy(index.bytes(index.dirents[pos].name)).into_owned());
+        match index.inodes[current as usize].data {
+            Data::Dir { parent, .. } => current = parent,
+            _ => break,
+        }
+    }
+    parts.reverse();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("/{}", parts.join("/"))
+    }
+}

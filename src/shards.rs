@@ -1,0 +1,185 @@
+//! Shard sets on the command line: a glob pattern, an `@list` file or several archives, resolved to one ordered list.
+//!
+//! stagefs expands the pattern itself (quoted, so no shell limit on the number of shards
+//! applies), sorted by path; an `@FILE` names one archive per line, kept in that order
+//! (relative paths are relative to the list's directory; blank lines and `#` comments are
+//! skipped); `--archive` adds more of either. Later shards win where names collide. A set
+//! is known by its label (the spec, the shard count and a digest of the canonical list):
+//! the election and the mount's record key on it, so two spellings of the same shards
+//! share one mount, and a shard added to the directory makes a different set.
+
+mod open;
+
+use std::path::{Path, PathBuf};
+
+pub use open::open_set;
+
+use crate::archive::OpenError;
+use crate::error::{code, Failure};
+
+/// The archives a mount serves, in the order they win.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArchiveSet {
+    /// The canonical path of a single archive; for a set, the spec and a digest of the list.
+    pub label: PathBuf,
+    /// Canonical paths, each once.
+    pub shards: Vec<PathBuf>,
+}
+
+/// Saved indexes sit beside their shards; a pattern like `shards/*` must not take them for shards.
+const INDEX_SUFFIX: &str = ".stagefs-index";
+
+/// Resolves `spec` (an archive, a glob pattern or `@list`) and any `more` of them.
+pub fn resolve(spec: &Path, more: &[PathBuf]) -> Result<ArchiveSet, Failure> {
+    let mut shards: Vec<PathBuf> = Vec::new();
+    for one in std::iter::once(spec).chain(more.iter().map(PathBuf::as_path)) {
+        for path in expand(one)? {
+            let canonical =
+                path.canonicalize().map_err(|source| Failure::from(OpenError::Io { path: path.clone(), source }))?;
+            // A shard named twice would only conflict with itself everywhere.
+            if !shards.contains(&canonical) {
+                shards.push(canonical);
+            }
+        }
+    }
+    // A pattern or list that names one archive mounts it like that archive.
+    if shards.len() == 1 {
+        return Ok(ArchiveSet { label: shards[0].clone(), shards });
+    }
+    let mut text = absolute(spec).display().to_string();
+    if !more.is_empty() {
+        text += &format!(" + {} more", more.len());
+    }
+    let mut digest = crate::hash::Hasher::default();
+    for shard in &shards {
+        digest.write(shard.as_os_str().as_encoded_bytes());
+        digest.write(b"\0");
+    }
+    let label = format!("{text} ({} shard{}, set {:016x})", shards.len(), plural(shards.len()), digest.finish());
+    Ok(ArchiveSet { label: PathBuf::from(label), shards })
+}
+
+/// The default mountpoint for `spec`: the archive's stem, or for a pattern or list its
+/// name without the wildcards (`train-*.tar` mounts at `.../stagefs/train`).
+pub fn default_mountpoint(spec: &Path) -> PathBuf {
+    if !is_set_spec(spec) {
+        return crate::places::default_mountpoint(spec);
+    }
+    let name = spec.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let cleaned: String = name.chars().filter(|c| !"*?[]{}@".contains(*c)).collect();
+    let stem = crate::places::archive_stem(Path::new(&cleaned));
+    let stem = stem.trim_end_matches(".txt").trim_matches(|c| "-_.".contains(c));
+    crate::places::default_mount_root().join(if stem.is_empty() { "shards" } else { stem })
+}
+
+/// True for a glob pattern or an `@list`, which name a set even when it has one shard.
+fn is_set_spec(spec: &Path) -> bool {
+    let text = spec.to_string_lossy();
+    text.starts_with('@') || (is_pattern(&text) && !spec.exists())
+}
+
+fn is_pattern(text: &str) -> bool {
+    text.contains(['*', '?', '['])
+}
+
+/// The paths one spec names: itself, the matches of a pattern, or the lines of a list.
+fn expand(spec: &Path) -> Result<Vec<PathBuf>, Failure> {
+    let text = spec.to_string_lossy();
+    if let Some(list) = text.strip_prefix('@') {
+        return read_list(Path::new(list));
+    }
+    if !is_pattern(&text) || spec.exists() {
+        return Ok(vec![spec.to_owned()]);
+    }
+    let bad = |why: String| Failure::new(code::USAGE, format!("bad pattern {text:?}: {why}"));
+    let mut matches: Vec<PathBuf> = glob::glob(&text)
+        .map_err(|e| bad(e.to_string()))?
+        .filter_map(|entry| match entry {
+            Ok(path) => Some(path),
+            Err(e) => {
+                tracing::warn!("skipping {}: {}", e.path().display(), e.error());
+                None
+            }
+        })
+        .filter(|p| !p.to_string_lossy().ends_with(INDEX_SUFFIX))
+        .collect();
+    matches.sort();
+    if matches.is_empty() {
+        return Err(Failure::new(
+            code::BAD_ARCHIVE,
+            format!(
+                "no archive matches the pattern {text:?} (relative to {}); check the path, and quote the pattern \
+                 so that stagefs expands it",
+                std::env::current_dir().map_or_else(|_| "the current directory".into(), |d| d.display().to_string())
+            ),
+        ));
+    }
+    Ok(matches)
+}
+
+/// One archive per line; relative paths are taken from the list's directory.
+fn read_list(list: &Path) -> Result<Vec<PathBuf>, Failure> {
+    let text = std::fs::read_to_string(list).map_err(|e| {
+        Failure::new(code::BAD_ARCHIVE, format!("cannot read the list of archives {}: {e}", list.display()))
+    })?;
+    let base = list.parent().unwrap_or(Path::new("."));
+    let paths: Vec<PathBuf> =
+        text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(|l| base.join(l)).collect();
+    if paths.is_empty() {
+        return Err(Failure::new(code::BAD_ARCHIVE, format!("the list of archives {} names none", list.display())));
+    }
+    if let Some(missing) = paths.iter().find(|p| !p.exists()) {
+        return Err(Failure::new(
+            code::BAD_ARCHIVE,
+            format!("{} (listed in {}) does not exist", missing.display(), list.display()),
+        ));
+    }
+    Ok(paths)
+}
+
+fn absolute(path: &Path) -> PathBuf {
+    std::env::current_dir().map(|d| d.join(path)).unwrap_or_else(|_| path.to_owned())
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::TempDir;
+
+    #[test]
+    fn patterns_lists_and_labels() {
+        let tmp = TempDir::new("shards-resolve");
+        for name in ["b.tar", "a.tar", "c.tar", "a.tar.stagefs-index"] {
+            std::fs::write(tmp.join(name), b"x").unwrap();
+        }
+        let pattern = tmp.join("*.tar*");
+        let set = resolve(&pattern, &[]).unwrap();
+        let names: Vec<_> = set.shards.iter().map(|p| p.file_name().unwrap().to_owned()).collect();
+        assert_eq!(names, ["a.tar", "b.tar", "c.tar"], "sorted, saved indexes skipped");
+        assert!(set.label.to_string_lossy().ends_with(")") && set.label.to_string_lossy().contains("(3 shards, set "));
+        std::fs::write(tmp.join("list.txt"), "# comment\nc.tar\n\na.tar\n").unwrap();
+        let listed = resolve(Path::new(&format!("@{}", tmp.join("list.txt").display())), &[]).unwrap();
+        let names: Vec<_> = listed.shards.iter().map(|p| p.file_name().unwrap().to_owned()).collect();
+        assert_eq!(names, ["c.tar", "a.tar"], "a list keeps its order");
+        assert_ne!(listed.label, set.label);
+        let single = resolve(&tmp.join("a.tar"), &[]).unwrap();
+        assert_eq!(single.label, single.shards[0]);
+        assert_eq!(resolve(&tmp.join("nothing-*.tar"), &[]).unwrap_err().code, code::BAD_ARCHIVE);
+        std::fs::write(tmp.join("bad.txt"), "a.tar\nmissing.tar\n").unwrap();
+        let err = resolve(Path::new(&format!("@{}", tmp.join("bad.txt").display())), &[]).unwrap_err();
+        assert!(err.message.contains("missing.tar") && err.message.contains("does not exist"), "{}", err.message);
+        let more = resolve(&tmp.join("a.tar"), &[tmp.join("b.tar"), tmp.join("a.tar")]).unwrap();
+        assert_eq!(more.shards.len(), 2, "a shard named twice is served once");
+        assert!(default_mountpoint(Path::new("/x/train-*.tar")).ends_with("stagefs/train"));
+        assert!(default_mountpoint(Path::new("@/x/shards.txt")).ends_with("stagefs/shards"));
+        assert!(default_mountpoint(Path::new("/x/data.tar")).ends_with("stagefs/data"));
+    }
+}

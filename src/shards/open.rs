@@ -1,0 +1,189 @@
+//! Opening a shard set: shards staged and indexed in parallel (or read from their saved indexes), merged in order.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::Instant;
+
+use crate::archive::set::Merger;
+use crate::archive::OpenError;
+use crate::daemon::{open_shard, Opened};
+use crate::error::Failure;
+use crate::stage::{self, StageMode, Staging};
+
+/// What opening a set did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SetStats {
+    pub shards: usize,
+    /// Shards whose saved index was used instead of a scan.
+    pub reused: usize,
+    /// Shards whose index this call saved.
+    pub saved: usize,
+    /// Names served from a later shard although an earlier one has them too.
+    pub conflicts: u64,
+}
+
+/// Opens every shard (canonical paths, in the order they win) as `open_archive` opens one
+/// archive, on several threads, and merges them into one archive as they come in: each
+/// shard's index is dropped once merged, so the peak holds few of them. `label` names the
+/// set in messages. One budget check covers all shards, one progress bar shows them.
+pub fn open_set(
+    label: &Path,
+    shards: &[PathBuf],
+    mode: StageMode,
+    max_ram: Option<u64>,
+    force_save: bool,
+) -> Result<(Opened, SetStats), Failure> {
+    let started = Instant::now();
+    let sizes = shards
+        .iter()
+        .map(|p| std::fs::metadata(p).map(|m| m.len()).map_err(|source| OpenError::Io { path: p.clone(), source }))
+        .collect::<Result<Vec<u64>, _>>()?;
+    let total: u64 = sizes.iter().sum();
+    let first = shards.first().ok_or_else(|| Failure::other("a shard set needs at least one archive".into()))?;
+    let mode = stage::mode_for_set(label, first, total, mode, max_ram)?;
+    raise_fd_limit(shards.len());
+    // Threads overlap the latency of a parallel filesystem as much as they share the CPU.
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get() * 2).clamp(2, 16).min(shards.len());
+    let bar = stage::progress(Some(total), &format!("indexing {} shards", shards.len()));
+    let (next, stop, staged) = (AtomicUsize::new(0), AtomicBool::new(false), AtomicU64::new(0));
+    let (tx, rx) = mpsc::channel::<(usize, Result<Opened, Failure>)>();
+    let mut merger = Merger::new();
+    let mut stats = SetStats { shards: shards.len(), ..SetStats::default() };
+    let (mut staged_bytes, mut staging) = (0u64, Staging::InPlace);
+    let mut merging = std::time::Duration::ZERO;
+    let merged = std::thread::scope(|scope| -> Result<(), Failure> {
+        for _ in 0..threads {
+            let tx = tx.clone();
+            let (next, stop, staged) = (&next, &stop, &staged);
+            scope.spawn(move || {
+                stage::quietly(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= shards.len() || stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    // --max-ram covers the whole set: what earlier shards staged is spent.
+                    let budget = max_ram.map(|m| m.saturating_sub(staged.load(Ordering::Relaxed)));
+                    let result = crate::cancel::check()
+                        .map_err(Failure::from)
+                        .and_then(|()| open_shard(&shards[i], mode, (budget, None), None, force_save, shards.len()));
+                    if let Ok(opened) = &result {
+                        staged.fetch_add(opened.staged_bytes, Ordering::Relaxed);
+                    }
+                    if tx.send((i, result)).is_err() {
+                        return;
+                    }
+                })
+            });
+        }
+        drop(tx);
+        // Shards finish out of order; they are merged in order, so that later ones win.
+        let mut pending = BTreeMap::new();
+        let mut done = 0;
+        for (i, result) in rx.iter() {
+            match result {
+                Ok(opened) => pending.insert(i, opened),
+                Err(failure) => {
+                    stop.store(true, Ordering::Relaxed);
+                    return Err(failure);
+                }
+            };
+            while let Some(opened) = pending.remove(&done) {
+                stats.reused += usize::from(opened.reused_index);
+                stats.saved += usize::from(opened.saved_index.is_some());
+                staged_bytes += opened.staged_bytes;
+                staging = most_staged(staging, opened.staging);
+                let merge_started = Instant::now();
+                let added = merger.add(&shards[done], opened.archive);
+                merging += merge_started.elapsed();
+                if let Err(e) = added {
+                    stop.store(true, Ordering::Relaxed);
+                    return Err(e.into());
+                }
+                bar.inc(sizes[done]);
+                done += 1;
+            }
+        }
+        Ok(())
+    });
+    bar.finish_and_clear();
+    merged?;
+    let (conflicts, first_conflict) = merger.conflicts();
+    stats.conflicts = conflicts;
+    if let Some(first) = first_conflict {
+        tracing::warn!(
+            "{conflicts} path{} in more than one shard of {}; each is served from the last shard that has it \
+             (the first: {} in {}, served from {})",
+            if conflicts == 1 { " is" } else { "s are" },
+            label.display(),
+            first.path,
+            first.earlier.display(),
+            first.later.display()
+        );
+    }
+    let archive = merger.finish()?;
+    let index = &archive.index;
+    tracing::info!(
+        set = %label.display(),
+        shards = shards.len(),
+        entries = index.dirents.len(),
+        index_bytes = index.heap_bytes(),
+        bytes_per_entry = index.heap_bytes() / index.dirents.len().max(1),
+        merge_ms = merging.as_millis() as u64,
+        "merged"
+    );
+    stage::report_done(&format!(
+        "indexed {} shards: {} entries in {:.2} s ({} of {} from saved indexes{})",
+        shards.len(),
+        index.dirents.len(),
+        started.elapsed().as_secs_f64(),
+        stats.reused,
+        shards.len(),
+        if stats.saved > 0 { format!(", {} indexes saved", stats.saved) } else { String::new() }
+    ));
+    let opened = Opened {
+        archive,
+        staged_bytes,
+        staging,
+        disk: None,
+        saved_index: None,
+        reused_index: stats.reused == shards.len(),
+    };
+    Ok((opened, stats))
+}
+
+/// Every shard keeps its file open while mounted, and the usual soft limit of 1,024
+/// descriptors would fail a set of 1,000 shards: raise it as far as the hard limit allows.
+fn raise_fd_limit(shards: usize) {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit read and write the one struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+    if (limit.rlim_cur as usize) < shards + 64 {
+        tracing::warn!(
+            "{shards} shards need as many open files, and the limit is {} (ulimit -n); opening may fail",
+            limit.rlim_cur
+        );
+    }
+}
+
+/// How a set reaches RAM, from how its shards do: staged at all wins (so `--warm auto`
+/// warms a set with any shard in RAM), and page-cache staging wins over a copy (so the
+/// warm-up drops the source pages of the shards served in place).
+fn most_staged(a: Staging, b: Staging) -> Staging {
+    let rank = |s: Staging| match s {
+        Staging::InPlace => 0,
+        Staging::Copy | Staging::Disk => 1,
+        Staging::PageCache => 2,
+    };
+    if rank(b) > rank(a) {
+        b
+    } else {
+        a
+    }
+}
