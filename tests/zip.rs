@@ -217,6 +217,9 @@ with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED) as z:
     let mut opts = opts();
     opts.skip_dir_attrs.extend(dirs.iter().map(std::path::PathBuf::from));
     assert_trees_equal(&expected, mnt.path(), &opts);
+    // The central directory is the index: nothing is saved beside the archive.
+    let saved: Vec<_> = fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(!saved.iter().any(|n| n.to_string_lossy().contains("stagefs-index")), "{saved:?}");
 }
 
 /// The same zip is detected by content whatever its name.
