@@ -38,6 +38,9 @@ fn run(command: Command) -> Result<(), Failure> {
             idle_timeout,
             more_archives,
         } => {
+            if let Some(mountpoint) = &mountpoint {
+                stagefs::shards::check_not_an_archive(mountpoint)?;
+            }
             let mountpoint = mountpoint.unwrap_or_else(|| stagefs::shards::default_mountpoint(&archive));
             let set = stagefs::shards::resolve(&archive, &more_archives)?;
             let request = MountRequest {
