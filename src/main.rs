@@ -42,6 +42,9 @@ fn run(command: Command) -> Result<(), Failure> {
             json,
             more_archives,
         } => {
+            if let Some(mountpoint) = &mountpoint {
+                stagefs::shards::check_not_an_archive(mountpoint)?;
+            }
             let broadcast = match broadcast {
                 true => stagefs::broadcast::plan(&archive, stage, stage_dir.as_deref(), broadcast_fallback)?,
                 false => None,

@@ -72,6 +72,30 @@ pub fn default_mountpoint(spec: &Path) -> PathBuf {
     crate::places::default_mount_root().join(if stem.is_empty() { "shards" } else { stem })
 }
 
+/// Refuses a MOUNTPOINT that is itself an archive: the shell expanded an unquoted
+/// pattern, and its second match took the mountpoint's place.
+pub fn check_not_an_archive(mountpoint: &Path) -> Result<(), Failure> {
+    use std::io::Read;
+    let mut head = [0u8; 512];
+    let Ok(mut file) = std::fs::File::open(mountpoint) else { return Ok(()) };
+    if !file.metadata().is_ok_and(|m| m.is_file()) {
+        return Ok(());
+    }
+    let n = file.read(&mut head).unwrap_or(0);
+    let head = &head[..n];
+    if crate::archive::Format::detect(head).is_none() && crate::stage::Compression::detect(head).is_none() {
+        return Ok(());
+    }
+    Err(Failure::new(
+        code::MOUNTPOINT,
+        format!(
+            "{}: not a directory but an archive; did the shell expand a pattern? Quote it so that stagefs \
+             expands it: stagefs mount 'shards/*.tar' MOUNTPOINT",
+            mountpoint.display()
+        ),
+    ))
+}
+
 /// True for a glob pattern or an `@list`, which name a set even when it has one shard.
 fn is_set_spec(spec: &Path) -> bool {
     let text = spec.to_string_lossy();

@@ -169,6 +169,10 @@ fn bad_sets_fail_with_exit_3_naming_the_culprit() {
     mount_must_fail(&[OsStr::new(&at_list), mp.as_os_str()], 3, "a list naming a missing archive")
         .assert_stderr_has(&["missing.tar", "does not exist"]);
 
+    // An unquoted pattern: the shell put the second shard where the mountpoint goes.
+    mount_must_fail(&[good.as_os_str(), good.as_os_str()], 4, "an archive as mountpoint")
+        .assert_stderr_has(&["not a directory but an archive", "Quote it"]);
+
     // A damaged header in the second shard: the error names that shard and the offset.
     let bad = tmp.join("hurt.tar");
     fs::copy(&good, &bad).unwrap();
