@@ -241,8 +241,12 @@ pub fn receive(plan: &Plan, timeout: Duration) -> Result<Option<Received>, Failu
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
         .open(&plan.data);
-    // Unlinked at once, before any check: whatever happens next leaves nothing behind.
+    // Unlinked at once, before any check: whatever happens next leaves nothing behind,
+    // not even `/dev/shm/$USER` when the copy was all it held (it stays while in use).
     let _ = std::fs::remove_file(&plan.data);
+    if let (false, Some(dir)) = (plan.to_disk, plan.data.parent()) {
+        let _ = std::fs::remove_dir(dir);
+    }
     let file = opened
         .map_err(|e| Failure::other(format!("--broadcast: cannot open the copy {}: {e}", plan.data.display())))?;
     let meta = file.metadata().map_err(|e| Failure::other(format!("--broadcast: {e}")))?;
