@@ -60,7 +60,12 @@ pub fn prepare(path: &Path) -> Result<Vec<PathBuf>, Failure> {
         nix::sys::statfs::statfs(path).err().map(std::io::Error::from).map_or_else(|| std::fs::metadata(path), Err);
     match probe {
         Err(e) if e.kind() == ErrorKind::NotFound => {
-            places::create_mountpoint(path)?;
+            if places::create_mountpoint(path).is_err() {
+                // The last mount leaving may have just removed an empty parent that
+                // stagefs made (see `places::remove_created`): make them again, once.
+                created.extend(places::mountpoint_parents(path)?);
+                places::create_mountpoint(path)?;
+            }
             created.push(path.to_owned());
             return Ok(created);
         }

@@ -131,6 +131,14 @@ pub fn remove_created(created: &[PathBuf]) {
             break;
         }
     }
+    // `/dev/shm/$USER/stagefs` and `/dev/shm/$USER` are stagefs's own: they go with the
+    // last mount in them, whichever mount made them (a mount racing in makes them again).
+    let root = default_mount_root();
+    if let (Some(first), Some(user_dir)) = (created.first(), root.parent()) {
+        if first.starts_with(user_dir) && std::fs::remove_dir(&root).is_ok() {
+            let _ = std::fs::remove_dir(user_dir);
+        }
+    }
 }
 
 const RUNTIME_ADVICE: &str =

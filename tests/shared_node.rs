@@ -289,3 +289,21 @@ fn an_ordinary_users_mount_lives_and_ends_with_exact_exit_codes() {
     s.victim.stagefs(["umount".as_ref(), mnt.as_os_str()]).assert_success();
     assert_nothing_left(&mnt, "after clearing the dead mount");
 }
+
+#[test]
+fn overlapping_default_mounts_leave_no_directory_whichever_ends_first() {
+    let s = scene("sfs-victim6", None);
+    let shm = PathBuf::from("/dev/shm").join(&s.victim.name);
+    let second = s.victim.home.join("b.tar");
+    fs::copy(&s.archive, &second).unwrap();
+    s.victim.chown(&second);
+    // The first mount makes /dev/shm/$USER/stagefs; the second finds it; the first ends first.
+    let a = s.victim.stagefs(["mount".as_ref(), s.archive.as_os_str()]);
+    let b = s.victim.stagefs(["mount".as_ref(), second.as_os_str()]);
+    a.assert_success();
+    b.assert_success();
+    s.victim.stagefs(["umount".as_ref(), shm.join("stagefs/a").as_os_str()]).assert_success();
+    assert!(is_mounted(&shm.join("stagefs/b")), "the other mount went away with the first");
+    s.victim.stagefs(["umount".as_ref(), shm.join("stagefs/b").as_os_str()]).assert_success();
+    assert!(wait_until(std::time::Duration::from_secs(5), || !shm.exists()), "left behind: {}", shm.display());
+}
