@@ -30,8 +30,8 @@ Many archives (shards) as one merged tree: quote the pattern, stagefs expands it
 
 Exit codes: 0 ok, 1 other error, 2 usage, 3 bad archive, 4 mountpoint problem (or a
 directory stagefs keeps was made by another user), 5 mount busy, 6 not mounted (or not a
-stagefs mount of yours), 7 FUSE unavailable, 8 not enough RAM (or local disk) to stage, 128+N stopped by
-signal N before the mount was ready (130: Ctrl-C)."
+stagefs mount of yours), 7 FUSE unavailable, 8 not enough RAM (or local disk) to stage,
+128+N stopped by signal N before the mount was ready (130: Ctrl-C)."
 )]
 pub struct Cli {
     /// More log output: -v info, -vv debug, -vvv trace (RUST_LOG overrides)
