@@ -3,6 +3,7 @@
 //! Nothing here knows about FUSE: the readers work on a byte slice (an mmap of the
 //! archive) and return plain Rust errors that name the archive offset at fault.
 
+mod fault;
 pub mod set;
 pub mod squashfs;
 pub mod tar;
@@ -138,6 +139,17 @@ impl std::ops::Deref for Source {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         &self.map
+    }
+}
+
+/// Weighs decompressed bytes in the readers' caches (SquashFS blocks, zip members) by
+/// their size, plus a little so that no entry weighs nothing.
+#[derive(Clone)]
+pub(crate) struct ByteWeight;
+
+impl<K> quick_cache::Weighter<K, Arc<[u8]>> for ByteWeight {
+    fn weight(&self, _key: &K, bytes: &Arc<[u8]>) -> u64 {
+        bytes.len() as u64 + 64
     }
 }
 

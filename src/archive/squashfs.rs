@@ -23,8 +23,9 @@ use std::path::Path;
 
 pub use data::SquashReader;
 
+use super::fault::Fault;
 use super::{Backing, OpenError};
-use crate::index::{BuildError, Index};
+use crate::index::Index;
 
 /// Indexes the SquashFS image in `backing`, with a block cache sized for the image.
 pub fn open(path: &Path, backing: Backing) -> Result<(Index, SquashReader), OpenError> {
@@ -49,51 +50,4 @@ pub fn open_with_cache(path: &Path, backing: Backing, cache_bytes: u64) -> Resul
     let (index, layouts) = walk::index(image, &sb).map_err(fail)?;
     let reader = SquashReader::new(backing.clone(), sb.compressor, layouts, cache_bytes);
     Ok((index, reader))
-}
-
-/// What went wrong while indexing, before the archive path is attached.
-#[derive(Debug)]
-struct Fault {
-    kind: FaultKind,
-    offset: u64,
-    what: String,
-}
-
-#[derive(Debug)]
-enum FaultKind {
-    Corrupt,
-    Truncated,
-    Unsupported,
-    Index(BuildError),
-}
-
-impl Fault {
-    fn corrupt(offset: u64, what: String) -> Fault {
-        Fault { kind: FaultKind::Corrupt, offset, what }
-    }
-
-    fn truncated(offset: u64, what: String) -> Fault {
-        Fault { kind: FaultKind::Truncated, offset, what }
-    }
-
-    fn unsupported(what: String) -> Fault {
-        Fault { kind: FaultKind::Unsupported, offset: 0, what }
-    }
-
-    fn into_open_error(self, path: &Path) -> OpenError {
-        let path = path.to_owned();
-        let Fault { kind, offset, what } = self;
-        match kind {
-            FaultKind::Corrupt => OpenError::Corrupt { path, offset, what },
-            FaultKind::Truncated => OpenError::Truncated { path, offset, what },
-            FaultKind::Unsupported => OpenError::Unsupported { path, what },
-            FaultKind::Index(source) => OpenError::Index { path, source },
-        }
-    }
-}
-
-impl From<BuildError> for Fault {
-    fn from(source: BuildError) -> Fault {
-        Fault { kind: FaultKind::Index(source), offset: 0, what: String::new() }
-    }
 }

@@ -12,6 +12,7 @@ use std::path::Path;
 pub use directory::{find_end, TAIL_SEARCH};
 pub use member::ZipReader;
 
+use super::fault::Fault;
 use super::{Backing, OpenError};
 use crate::index::{Attrs, BuildError, Data, Index, IndexBuilder, InodeId, ROOT};
 use directory::{show, Entry};
@@ -175,53 +176,6 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + d - 1;
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     era * 146_097 + doe - 719_468
-}
-
-/// What went wrong while indexing, before the archive path is attached.
-#[derive(Debug)]
-struct Fault {
-    kind: FaultKind,
-    offset: u64,
-    what: String,
-}
-
-#[derive(Debug)]
-enum FaultKind {
-    Corrupt,
-    Truncated,
-    Unsupported,
-    Index(BuildError),
-}
-
-impl Fault {
-    fn corrupt(offset: u64, what: String) -> Fault {
-        Fault { kind: FaultKind::Corrupt, offset, what }
-    }
-
-    fn truncated(offset: u64, what: String) -> Fault {
-        Fault { kind: FaultKind::Truncated, offset, what }
-    }
-
-    fn unsupported(what: String) -> Fault {
-        Fault { kind: FaultKind::Unsupported, offset: 0, what }
-    }
-
-    fn into_open_error(self, path: &Path) -> OpenError {
-        let path = path.to_owned();
-        let Fault { kind, offset, what } = self;
-        match kind {
-            FaultKind::Corrupt => OpenError::Corrupt { path, offset, what },
-            FaultKind::Truncated => OpenError::Truncated { path, offset, what },
-            FaultKind::Unsupported => OpenError::Unsupported { path, what },
-            FaultKind::Index(source) => OpenError::Index { path, source },
-        }
-    }
-}
-
-impl From<BuildError> for Fault {
-    fn from(source: BuildError) -> Fault {
-        Fault { kind: FaultKind::Index(source), offset: 0, what: String::new() }
-    }
 }
 
 #[cfg(test)]

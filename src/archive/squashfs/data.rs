@@ -10,7 +10,7 @@ use super::codec::Compressor;
 use super::inode::{FileInode, NO_FRAGMENT};
 use super::metadata::{Cursor, MetaReader};
 use super::Fault;
-use crate::archive::{Backing, Bytes, ReadError};
+use crate::archive::{Backing, ByteWeight, Bytes, ReadError};
 
 /// Set in a block or fragment size when the data is stored uncompressed.
 const STORED_BIT: u32 = 1 << 24;
@@ -178,16 +178,6 @@ impl Layouts {
     }
 }
 
-/// Weighs cached blocks by their size (plus a little, so no entry weighs nothing).
-#[derive(Clone)]
-struct BlockWeight;
-
-impl quick_cache::Weighter<u64, Arc<[u8]>> for BlockWeight {
-    fn weight(&self, _at: &u64, block: &Arc<[u8]>) -> u64 {
-        block.len() as u64 + 64
-    }
-}
-
 // All FUSE request threads share one reader.
 const _: () = {
     const fn shared_by_threads<T: Send + Sync>() {}
@@ -201,7 +191,7 @@ pub struct SquashReader {
     compressor: Compressor,
     layouts: Layouts,
     /// Decompressed blocks and fragments, keyed by their image offset.
-    cache: Cache<u64, Arc<[u8]>, BlockWeight>,
+    cache: Cache<u64, Arc<[u8]>, ByteWeight>,
     /// Per fragment: tail bytes not yet served (see [`SquashReader::fragment_served`]).
     unserved: Box<[AtomicU64]>,
     /// One block of zeros that holes of sparse files are served from.
@@ -216,7 +206,7 @@ impl SquashReader {
         SquashReader {
             backing,
             compressor,
-            cache: Cache::with_weighter(items, cache_bytes, BlockWeight),
+            cache: Cache::with_weighter(items, cache_bytes, ByteWeight),
             unserved: layouts.fragments.iter().map(|f| AtomicU64::new(f.tail_bytes)).collect(),
             zeros: vec![0u8; block_size].into(),
             layouts,

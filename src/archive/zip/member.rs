@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use quick_cache::sync::Cache;
 
 use super::directory::{u16le, Entry};
-use crate::archive::{Backing, Bytes, ReadError};
+use crate::archive::{Backing, ByteWeight, Bytes, ReadError};
 
 const LOCAL_SIG: &[u8; 4] = b"PK\x03\x04";
 const LOCAL_LEN: usize = 30;
@@ -230,16 +230,6 @@ fn unlzma(input: &[u8], out: &mut [u8]) -> Result<usize, String> {
     Err("the LZMA stream is cut short".into())
 }
 
-/// Weighs cached members by their size (plus a little, so no entry weighs nothing).
-#[derive(Clone)]
-struct MemberWeight;
-
-impl quick_cache::Weighter<u32, Arc<[u8]>> for MemberWeight {
-    fn weight(&self, _handle: &u32, content: &Arc<[u8]>) -> u64 {
-        content.len() as u64 + 64
-    }
-}
-
 // All FUSE request threads share one reader.
 const _: () = {
     const fn shared_by_threads<T: Send + Sync>() {}
@@ -251,7 +241,7 @@ pub struct ZipReader {
     backing: Backing,
     members: Vec<Member>,
     /// Decompressed members, keyed by handle.
-    cache: Cache<u32, Arc<[u8]>, MemberWeight>,
+    cache: Cache<u32, Arc<[u8]>, ByteWeight>,
     /// Members too large for a cache shard: the last one read, so that the kernel's
     /// successive reads of it decompress it once.
     large: Mutex<Option<(u32, Arc<[u8]>)>>,
@@ -271,7 +261,7 @@ impl ZipReader {
             .shards(SHARDS)
             .build()
             .expect("every cache option is set");
-        let cache = Cache::with_options(options, MemberWeight, Default::default(), Default::default());
+        let cache = Cache::with_options(options, ByteWeight, Default::default(), Default::default());
         ZipReader { backing, members, cache, large: Mutex::new(None), cacheable: cache_bytes / SHARDS as u64 / 2 }
     }
 
