@@ -118,35 +118,43 @@ impl MountEntry {
     }
 }
 
-/// The mount exactly at `path`, from `/proc/self/mountinfo`.
-pub fn mount_at(path: &Path) -> Option<MountEntry> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let wanted = path.as_os_str().as_encoded_bytes();
-    text.lines().rev().find_map(|line| {
-        let (left, right) = line.split_once(" - ")?;
-        if unescape(left.split(' ').nth(4)?) != wanted {
-            return None;
-        }
-        let mut fields = right.split(' ');
-        let fstype = fields.next().unwrap_or("unknown").to_string();
-        let source = String::from_utf8_lossy(&unescape(fields.next().unwrap_or(""))).into_owned();
-        let fuse_user = fields.next().unwrap_or("").split(',').find_map(|o| o.strip_prefix("user_id=")?.parse().ok());
-        Some(MountEntry { fstype, source, fuse_user })
-    })
+/// Every mount in `/proc/self/mountinfo`, in mount order: (mountpoint, what is mounted).
+fn mount_table() -> Vec<(PathBuf, MountEntry)> {
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else { return Vec::new() };
+    text.lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let path = PathBuf::from(std::ffi::OsString::from_vec(unescape(left.split(' ').nth(4)?)));
+            let mut fields = right.split(' ');
+            let fstype = fields.next().unwrap_or("unknown").to_string();
+            let source = String::from_utf8_lossy(&unescape(fields.next().unwrap_or(""))).into_owned();
+            let fuse_user =
+                fields.next().unwrap_or("").split(',').find_map(|o| o.strip_prefix("user_id=")?.parse().ok());
+            Some((path, MountEntry { fstype, source, fuse_user }))
+        })
+        .collect()
 }
 
-/// Every stagefs mount of `uid` in this mount namespace, live or dead.
+/// The mount exactly at `path` (the topmost, when several are stacked there).
+pub fn mount_at(path: &Path) -> Option<MountEntry> {
+    mount_table().into_iter().rev().find(|(at, _)| at == path).map(|(_, entry)| entry)
+}
+
+/// Every stagefs mount of `uid` in this mount namespace, live or dead (by what is on top
+/// of each mountpoint).
 pub fn stagefs_mounts_of(uid: u32) -> Vec<PathBuf> {
-    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else { return Vec::new() };
-    let mut found: Vec<PathBuf> = text
-        .lines()
-        .filter_map(|line| {
-            let (left, _) = line.split_once(" - ")?;
-            let path = PathBuf::from(std::ffi::OsString::from_vec(unescape(left.split(' ').nth(4)?)));
-            mount_at(&path).filter(|m| m.is_stagefs_of(uid)).map(|_| path)
-        })
-        .collect();
-    found.dedup();
+    let mut seen: Vec<PathBuf> = Vec::new();
+    let mut found = Vec::new();
+    // Newest first: the first entry seen for a path is what is on top there.
+    for (path, entry) in mount_table().into_iter().rev() {
+        if !seen.contains(&path) {
+            if entry.is_stagefs_of(uid) {
+                found.push(path.clone());
+            }
+            seen.push(path);
+        }
+    }
+    found.reverse();
     found
 }
 
