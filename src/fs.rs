@@ -289,7 +289,7 @@ impl Fs {
         let mut current = id;
         while current != ROOT && parts.len() < 4096 {
             let Some(pos) = index.dirents.iter().position(|d| d.inode == current) else { break };
-            parts.push(String::from_utf8_lossy(index.bytes(index.dirents[pos].name)).into_owned());
+            parts.push(crate::escape::escape(index.bytes(index.dirents[pos].name)));
             // The directory holding dirent `pos` is the one whose child range contains it.
             let holder = index.inodes.iter().position(|n| match n.data {
                 Data::Dir { first, count, .. } => (first as usize..(first + count) as usize).contains(&pos),

@@ -18,6 +18,9 @@ pub type InodeId = u32;
 
 /// The root directory's position.
 pub const ROOT: InodeId = 0;
+/// Longest symlink target any reader accepts: Linux's PATH_MAX less the terminating NUL.
+/// A longer one cannot be followed or even read back, so it only costs memory.
+pub const MAX_LINK_TARGET: usize = libc::PATH_MAX as usize - 1;
 
 /// A run of bytes in the index's arena.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -13,6 +13,7 @@ pub mod daemon;
 pub mod demo;
 pub mod disk;
 pub mod error;
+pub mod escape;
 pub mod fs;
 mod fuse;
 pub mod hash;

@@ -191,7 +191,7 @@ impl Merger {
         if self.first_conflict.is_none() {
             let mut full = path_in(index, local_dir);
             full.push('/');
-            full.push_str(&String::from_utf8_lossy(name));
+            full.push_str(&crate::escape::escape(name));
             let shard = self.starts.partition_point(|&s| s <= existing).saturating_sub(1);
             let earlier = self.paths.get(shard).cloned().unwrap_or_default();
             self.first_conflict = Some(Conflict { path: full, earlier, later: path.to_owned() });
@@ -205,7 +205,7 @@ fn path_in(index: &Index, id: InodeId) -> String {
     let mut current = id;
     while current != ROOT && parts.len() < 4096 {
         let Some(pos) = index.dirents.iter().position(|d| d.inode == current) else { break };
-        parts.push(String::from_utf8_lossy(index.bytes(index.dirents[pos].name)).into_owned());
+        parts.push(crate::escape::escape(index.bytes(index.dirents[pos].name)));
         match index.inodes[current as usize].data {
             Data::Dir { parent, .. } => current = parent,
             _ => break,

@@ -10,7 +10,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use super::{Backing, Bytes, OpenError, ReadError};
-use crate::index::{Attrs, Data, Index, IndexBuilder, InodeId, XattrRun, ROOT};
+use crate::escape::escape;
+use crate::index::{Attrs, Data, Index, IndexBuilder, InodeId, XattrRun, MAX_LINK_TARGET, ROOT};
 
 const BLOCK: usize = 512;
 /// The largest file size Linux allows (`off_t` is signed): a sparse member may declare
@@ -272,8 +273,8 @@ impl<'a> Scan<'a> {
                         return Err(self.truncated(
                             at,
                             format!(
-                                "member {:?} needs {} bytes of data from byte {} but the archive ends at byte {}",
-                                String::from_utf8_lossy(&member.path),
+                                "member '{}' needs {} bytes of data from byte {} but the archive ends at byte {}",
+                                escape(&member.path),
                                 member.stored_size,
                                 member.data_offset,
                                 self.map.len()
@@ -597,7 +598,7 @@ impl<'a> Scan<'a> {
     /// Adds a member to the index under its normalised path.
     fn add(&mut self, mut m: Member) -> Result<(), OpenError> {
         let Some(components) = normalise(&m.path) else {
-            tracing::warn!(path = %String::from_utf8_lossy(&m.path), "skipping member whose name contains '..' (as GNU tar does)");
+            tracing::warn!(path = %escape(&m.path), "skipping member whose name contains '..' (as GNU tar does)");
             return Ok(());
         };
         let mut attrs = m.attrs.take().expect("member() always sets attrs");
@@ -607,6 +608,14 @@ impl<'a> Scan<'a> {
         };
         if m.typeflag == b'1' {
             return self.hardlink(parent, name, &m);
+        }
+        if attrs.file_type() == libc::S_IFLNK && m.link.len() > MAX_LINK_TARGET {
+            tracing::warn!(
+                path = %escape(&m.path),
+                "skipping symlink whose target is {} bytes, longer than Linux allows ({MAX_LINK_TARGET})",
+                m.link.len()
+            );
+            return Ok(());
         }
         let data = match attrs.file_type() {
             libc::S_IFREG => match m.sparse.take() {
@@ -708,9 +717,9 @@ impl<'a> Scan<'a> {
             (Some(target), Some(_)) if self.builder.attrs(target).is_dir() => {
                 tracing::warn!(
                     offset = m.header_offset,
-                    "hardlink {:?} -> {:?}: the target is a directory, which cannot have hardlinks; skipped",
-                    String::from_utf8_lossy(&m.path),
-                    String::from_utf8_lossy(&m.link)
+                    "hardlink '{}' -> '{}': the target is a directory, which cannot have hardlinks; skipped",
+                    escape(&m.path),
+                    escape(&m.link)
                 );
                 Ok(())
             }
@@ -718,9 +727,9 @@ impl<'a> Scan<'a> {
             _ => {
                 tracing::warn!(
                     offset = m.header_offset,
-                    "hardlink {:?} -> {:?}: target not found earlier in the archive; skipped",
-                    String::from_utf8_lossy(&m.path),
-                    String::from_utf8_lossy(&m.link)
+                    "hardlink '{}' -> '{}': target not found earlier in the archive; skipped",
+                    escape(&m.path),
+                    escape(&m.link)
                 );
                 Ok(())
             }
@@ -733,8 +742,8 @@ impl<'a> Scan<'a> {
     /// any of these is damage (or a crafted archive), reported with the member's name.
     fn sparse(&mut self, m: &Member, map: Vec<(u64, u64)>, real_size: u64) -> Result<Data, OpenError> {
         let at = m.header_offset;
-        let name = String::from_utf8_lossy(&m.path);
-        let bad = |what: String| self.corrupt(at, format!("sparse member {name:?}: {what}"));
+        let name = escape(&m.path);
+        let bad = |what: String| self.corrupt(at, format!("sparse member '{name}': {what}"));
         if real_size > MAX_FILE_SIZE {
             return Err(bad(format!("declares {real_size} bytes, more than the largest file ({MAX_FILE_SIZE})")));
         }

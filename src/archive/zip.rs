@@ -4,8 +4,10 @@
 //! aside, which are member data). No index is saved: the directory already is one.
 //! Names, modes and times follow what Info-ZIP `unzip` extracts; see doc/design.md.
 
+mod cursors;
 mod directory;
 mod member;
+mod stream;
 
 use std::path::Path;
 
@@ -14,7 +16,7 @@ pub use member::ZipReader;
 
 use super::fault::Fault;
 use super::{Backing, OpenError};
-use crate::index::{Attrs, BuildError, Data, Index, IndexBuilder, InodeId, ROOT};
+use crate::index::{Attrs, BuildError, Data, Index, IndexBuilder, InodeId, MAX_LINK_TARGET, ROOT};
 use directory::{show, Entry};
 use member::Member;
 
@@ -46,6 +48,7 @@ fn cache_bytes_for(archive_bytes: u64) -> u64 {
 pub fn open_with_cache(path: &Path, backing: Backing, cache_bytes: u64) -> Result<(Index, ZipReader), OpenError> {
     let fail = |fault: Fault| fault.into_open_error(path);
     let dir = directory::read(&backing).map_err(fail)?;
+    refuse_aliases(&dir.entries).map_err(fail)?;
     let mut builder = IndexBuilder::new();
     let mut members = Vec::new();
     for entry in &dir.entries {
@@ -85,6 +88,14 @@ fn add(
     }
     let member = Member::from_entry(e);
     let data = match attrs.file_type() {
+        libc::S_IFLNK if e.size > MAX_LINK_TARGET as u64 => {
+            tracing::warn!(
+                name = %show(&e.name),
+                "skipping symlink member whose target is {} bytes, longer than Linux allows ({MAX_LINK_TARGET})",
+                e.size
+            );
+            return Ok(());
+        }
         libc::S_IFLNK => {
             let target = member.whole(backing).map_err(|err| Fault::corrupt(err.offset, err.what))?;
             Data::Symlink(builder.intern(&target)?)
@@ -115,6 +126,34 @@ fn add(
         _ => {
             let id = builder.add_inode(attrs, data)?;
             builder.link(parent, name, id)?;
+        }
+    }
+    Ok(())
+}
+
+/// Refuses two entries whose local headers coincide or whose data overlap: every
+/// member's bytes are its own, so one name never serves another's bytes (and an
+/// overlapping "bomb" cannot multiply its data).
+fn refuse_aliases(entries: &[Entry]) -> Result<(), Fault> {
+    let mut spans: Vec<(u64, u64, &Entry)> = entries
+        .iter()
+        .map(|e| (e.local, e.local.saturating_add(30 + u64::from(e.stored_name_len)).saturating_add(e.compressed), e))
+        .collect();
+    spans.sort_unstable_by_key(|&(local, _, _)| local);
+    for pair in spans.windows(2) {
+        let ((_, end, a), (local, _, b)) = (pair[0], pair[1]);
+        if local < end {
+            return Err(Fault::corrupt(
+                b.at,
+                format!(
+                    "members {} and {} share archive bytes (local headers at {} and {}): refused, so that no \
+                     name serves another member's bytes",
+                    show(&a.name),
+                    show(&b.name),
+                    a.local,
+                    b.local
+                ),
+            ));
         }
     }
     Ok(())

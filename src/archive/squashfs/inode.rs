@@ -7,8 +7,8 @@ use super::Fault;
 pub(super) const NO_XATTRS: u32 = u32::MAX;
 /// The fragment index a file has when its tail is stored in a block of its own.
 pub(super) const NO_FRAGMENT: u32 = u32::MAX;
-/// Longest symlink target accepted (Linux allows 4095; this leaves generous room).
-const MAX_SYMLINK: u32 = 64 * 1024;
+/// Longest symlink target accepted: what Linux can follow.
+const MAX_SYMLINK: u32 = crate::index::MAX_LINK_TARGET as u32;
 
 /// The fields every inode starts with.
 #[derive(Clone, Copy, Debug)]

@@ -122,8 +122,8 @@ impl Walk<'_> {
                     return Err(Fault::corrupt(
                         dir.listing.block,
                         format!(
-                            "directory {:?} is listed twice (a loop in the tree)",
-                            String::from_utf8_lossy(&entry.name)
+                            "directory '{}' is listed twice (a loop in the tree)",
+                            crate::escape::escape(&entry.name)
                         ),
                     ));
                 }

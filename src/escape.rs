@@ -1,0 +1,56 @@
+//! Archive-supplied text made safe for terminals and log lines: control characters, bidi overrides and invalid UTF-8 shown as escapes.
+//!
+//! Member names, link targets and anything else an archive says reach `status`, warnings
+//! and the daemon's log. Printed raw, an ESC sequence could rewrite the user's terminal
+//! and a newline could forge a log line; escaped, the text stays one readable line.
+
+use std::fmt::Write;
+
+/// `bytes` as one printable line: `\n`, `\t`, `\r`, `\\` and other control characters,
+/// Unicode bidi controls and bytes that are not UTF-8 become backslash escapes.
+pub fn escape(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\t' => out.push_str("\\t"),
+                '\r' => out.push_str("\\r"),
+                c if c.is_control() || is_bidi_control(c) => {
+                    let _ = write!(out, "\\u{{{:x}}}", c as u32);
+                }
+                c => out.push(c),
+            }
+        }
+        for b in chunk.invalid() {
+            let _ = write!(out, "\\x{b:02x}");
+        }
+    }
+    out
+}
+
+/// [`escape`] for text that is already a `str` (a message that may quote an archive).
+pub fn escape_str(text: &str) -> String {
+    escape(text.as_bytes())
+}
+
+/// Characters that reorder how the rest of a line is displayed.
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn controls_and_bad_bytes_are_escaped() {
+        assert_eq!(escape(b"plain/na\xc3\xafve.txt"), "plain/naïve.txt");
+        assert_eq!(escape(b"a\x1b]0;owned\x07b"), "a\\u{1b}]0;owned\\u{7}b");
+        assert_eq!(escape(b"x\nWARN forged"), "x\\nWARN forged");
+        assert_eq!(escape(b"bad\xff\\"), "bad\\xff\\\\");
+        assert_eq!(escape("evil\u{202e}txt.exe".as_bytes()), "evil\\u{202e}txt.exe");
+        assert_eq!(escape("\u{9b}31m".as_bytes()), "\\u{9b}31m");
+    }
+}
