@@ -1,8 +1,11 @@
 //! Saved tar indexes, so later mounts of the same archive (on every node of a job) skip the scan.
 //!
-//! The file is keyed by the archive's size, mtime and a content fingerprint (samples
-//! from the start, the end and evenly in between), so a changed archive is never served
-//! with a stale index. It ends with a checksum, and every number in it is checked on
+//! The file is keyed by the archive's size, mtime, ctime, inode number and a content
+//! fingerprint (samples from the start, the end and evenly in between), so a changed
+//! archive is never served with a stale index: an in-place rewrite can restore the size
+//! and (with `touch -r`, as `rsync --inplace -t` does) the mtime, and keep the sampled
+//! bytes, but no unprivileged writer can set the ctime back, and a replacement by rename
+//! is another inode. It ends with a checksum, and every number in it is checked on
 //! load, so a damaged file is ignored (with a warning) rather than trusted.
 //! Saved next to the archive when that directory is writable, else in
 //! `$XDG_CACHE_HOME/stagefs` (default `~/.cache/stagefs`).
@@ -23,7 +26,7 @@ use crate::hash::{self, Hasher};
 use crate::index::{Attrs, Data, Dirent, Index, Inode, Span, Xattr};
 use crate::places;
 
-const MAGIC: &[u8; 16] = b"STAGEFS-INDEX\0v1";
+const MAGIC: &[u8; 16] = b"STAGEFS-INDEX\0v2";
 
 /// Identifies one version of an archive's bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,6 +34,9 @@ pub struct Key {
     size: u64,
     mtime: i64,
     mtime_nsec: i64,
+    ctime: i64,
+    ctime_nsec: i64,
+    inode: u64,
     fingerprint: u64,
 }
 
@@ -53,7 +59,40 @@ impl Key {
             sample(size / 17 * i, 4 << 10)?;
         }
         sample(size.saturating_sub(64 << 10), 64 << 10)?;
-        Ok(Key { size, mtime: meta.mtime(), mtime_nsec: meta.mtime_nsec(), fingerprint: samples.finish() })
+        Ok(Key {
+            size,
+            mtime: meta.mtime(),
+            mtime_nsec: meta.mtime_nsec(),
+            ctime: meta.ctime(),
+            ctime_nsec: meta.ctime_nsec(),
+            inode: meta.ino(),
+            fingerprint: samples.finish(),
+        })
+    }
+
+    /// The key's fields in the order a saved index stores them.
+    fn fields(&self) -> [u64; 7] {
+        [
+            self.size,
+            self.mtime as u64,
+            self.mtime_nsec as u64,
+            self.ctime as u64,
+            self.ctime_nsec as u64,
+            self.inode,
+            self.fingerprint,
+        ]
+    }
+
+    fn from_fields(f: [u64; 7]) -> Key {
+        Key {
+            size: f[0],
+            mtime: f[1] as i64,
+            mtime_nsec: f[2] as i64,
+            ctime: f[3] as i64,
+            ctime_nsec: f[4] as i64,
+            inode: f[5],
+            fingerprint: f[6],
+        }
     }
 }
 
@@ -151,7 +190,7 @@ impl Writer {
 fn encode(key: &Key, index: &Index, reader: &TarReader) -> Vec<u8> {
     let mut w = Writer::default();
     w.0.extend_from_slice(MAGIC);
-    for v in [key.size, key.mtime as u64, key.mtime_nsec as u64, key.fingerprint] {
+    for v in key.fields() {
         w.u64(v);
     }
     let counts = [
@@ -218,7 +257,7 @@ fn encode(key: &Key, index: &Index, reader: &TarReader) -> Vec<u8> {
 /// `index_cache` fuzz target, which would otherwise never get past the checksum.
 #[doc(hidden)]
 pub fn decode_for_fuzz(tables: &[u8], backing: &Backing) -> Result<Archive, String> {
-    let key = Key { size: 0, mtime: 0, mtime_nsec: 0, fingerprint: 0 };
+    let key = Key::from_fields([0; 7]);
     let mut bytes = MAGIC.to_vec();
     bytes.extend_from_slice(&[0; 32]);
     bytes.extend_from_slice(tables);
@@ -266,7 +305,11 @@ fn decode(bytes: &[u8], key: &Key, backing: &Backing) -> Result<Archive, String>
     if r.take(MAGIC.len())? != MAGIC {
         return Err("not a stagefs index of this version".into());
     }
-    let saved = Key { size: r.u64()?, mtime: r.u64()? as i64, mtime_nsec: r.u64()? as i64, fingerprint: r.u64()? };
+    let mut fields = [0u64; 7];
+    for field in &mut fields {
+        *field = r.u64()?;
+    }
+    let saved = Key::from_fields(fields);
     if saved != *key {
         return Err("the archive changed since the index was saved".into());
     }

@@ -823,6 +823,71 @@ fn saved_index_is_reused_and_rejected_when_stale_or_damaged() {
     assert_nothing_left(&mp, "after the index tests");
 }
 
+/// An in-place rewrite that keeps the size, the mtime (`touch -r`, as `rsync --inplace -t`
+/// does) and every byte the key samples, swapping two members' names: the saved index
+/// would serve `x.txt` with `y.txt`'s bytes. The ctime gives the rewrite away: the mount
+/// rescans and serves the new layout.
+#[test]
+fn saved_index_is_rejected_after_an_in_place_rewrite_that_restores_mtime_and_samples() {
+    require_root();
+    let tmp = TempDir::new("index-inplace");
+    let archive = tmp.join("ds.tar");
+    let swapped = tmp.join("swapped.tar");
+    // Two tars that differ only in the two small headers, placed between the key's samples.
+    let script = r#"
+import io, sys, tarfile
+def make(path, names):
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as t:
+        def add(name, data):
+            info = tarfile.TarInfo(name); info.size = len(data); info.mtime = 1_600_000_000
+            t.addfile(info, io.BytesIO(data))
+        add("pad-a", bytes(range(256)) * 1100)
+        add(names[0], b"X" * 1000)
+        add(names[1], b"Y" * 1000)
+        add("pad-b", bytes(range(255, -1, -1)) * 9000)
+make(sys.argv[1], ["x.txt", "y.txt"])
+make(sys.argv[2], ["y.txt", "x.txt"])
+"#;
+    run_tool("python3", [OsStr::new("-c"), OsStr::new(script), archive.as_os_str(), swapped.as_os_str()])
+        .assert_success();
+    let (old, new) = (read(&archive), read(&swapped));
+    assert_eq!(old.len(), new.len(), "test setup: same size");
+    let size = old.len() as u64;
+    let differ: Vec<u64> = (0..size).filter(|&i| old[i as usize] != new[i as usize]).collect();
+    // The key samples 64 KiB at each end and 4 KiB at size / 17 * i for i in 1..=16.
+    let sampled = |at: u64| {
+        at < 64 << 10
+            || at >= size - (64 << 10)
+            || (1..=16).any(|i| (size / 17 * i..size / 17 * i + 4096).contains(&at))
+    };
+    assert!(
+        !differ.is_empty() && !differ.iter().any(|&at| sampled(at)),
+        "test setup: the change must avoid the samples"
+    );
+    stagefs([OsStr::new("index"), archive.as_os_str()]).assert_success();
+    assert!(index_path(&archive).is_file());
+
+    let reference = tmp.join("mtime-ref");
+    fs::write(&reference, b"").unwrap();
+    run_tool("touch", [OsStr::new("-r"), archive.as_os_str(), reference.as_os_str()]).assert_success();
+    let file = fs::OpenOptions::new().write(true).open(&archive).unwrap();
+    let (first, last) = (differ[0], differ[differ.len() - 1] + 1);
+    file.write_all_at(&new[first as usize..last as usize], first).unwrap();
+    drop(file);
+    run_tool("touch", [OsStr::new("-r"), reference.as_os_str(), archive.as_os_str()]).assert_success();
+    assert_eq!(read(&archive), new, "test setup: rewritten in place");
+    assert_eq!(fs::metadata(&archive).unwrap().mtime_nsec(), fs::metadata(&reference).unwrap().mtime_nsec());
+
+    let mp = tmp.join("mnt");
+    let fg = Foreground::start(&archive, &mp, &tmp.join("mount.log"), &[]);
+    // After the rewrite, x.txt is the member holding Y bytes.
+    assert!(read(&mp.join("x.txt")) == b"Y".repeat(1000), "x.txt must be served with its own bytes");
+    assert!(read(&mp.join("y.txt")) == b"X".repeat(1000), "y.txt must be served with its own bytes");
+    let log = fg.finish();
+    assert_logged(&log, &["ignoring saved index", "changed"], "rewritten archive");
+    assert!(!log.contains("using saved index"), "a stale index must not be used; log:\n{log}");
+}
+
 #[test]
 fn saved_index_of_a_compressed_tar_is_reused() {
     require_root();

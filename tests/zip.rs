@@ -575,8 +575,11 @@ fn daemon_peak(m: &Mounted) -> u64 {
 fn zip_declared_sizes_never_drive_memory() {
     let tmp = TempDir::new("zip-budget");
     let mut random = Vec::new();
-    std::io::Read::read_to_end(&mut std::io::Read::take(fs::File::open("/dev/urandom").unwrap(), 42 << 20), &mut random)
-        .unwrap();
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(fs::File::open("/dev/urandom").unwrap(), 42 << 20),
+        &mut random,
+    )
+    .unwrap();
     let mut liar = Craft::compressed(b"liar.bin", 8, &random, deflated(&random));
     let declared = liar.stored.len() as u64 * 999;
     liar.size = declared;
@@ -666,7 +669,11 @@ fn zip_parallel_readers_decode_each_member_a_bounded_number_of_times() {
     fs::create_dir_all(&src).unwrap();
     let names: Vec<String> = (0..4).map(|i| format!("member-{i}.txt")).collect();
     let contents: Vec<Vec<u8>> = (0..4u32)
-        .map(|i| (0..1_600_000u32).flat_map(|n| format!("{i} line {}\n", n.wrapping_mul(2_654_435_761)).into_bytes()).collect())
+        .map(|i| {
+            (0..1_600_000u32)
+                .flat_map(|n| format!("{i} line {}\n", n.wrapping_mul(2_654_435_761)).into_bytes())
+                .collect()
+        })
         .collect();
     for (name, content) in names.iter().zip(&contents) {
         fs::write(src.join(name), content).unwrap();

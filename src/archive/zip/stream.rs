@@ -47,7 +47,11 @@ impl Codec for Lzma {
     fn step(&mut self, input: &[u8], out: &mut [u8]) -> Result<(usize, usize, bool), String> {
         let (i, o) = (self.0.total_in(), self.0.total_out());
         let status = self.0.process(input, out, liblzma::stream::Action::Run).map_err(|e| e.to_string())?;
-        Ok(((self.0.total_in() - i) as usize, (self.0.total_out() - o) as usize, status == liblzma::stream::Status::StreamEnd))
+        Ok((
+            (self.0.total_in() - i) as usize,
+            (self.0.total_out() - o) as usize,
+            status == liblzma::stream::Status::StreamEnd,
+        ))
     }
 }
 
