@@ -4,7 +4,10 @@
 //! `sbcast` once, which copies the archive to the same path on every node of the
 //! allocation (slurmd forwards it down a tree, `TreeWidth` wide), into a checked private
 //! directory: `/dev/shm/$USER` for RAM, the `--stage-dir` staging directory for `--stage
-//! disk`. The copy is named `.stagefs-bcast-<job>-<hash of the archive path>`. Then it
+//! disk`. Every task checks that directory and holds it open, then makes (under that
+//! descriptor) a fresh inbox `.stagefs-bcast-<job>-<hash of the archive path>/` in it;
+//! sbcast writes the copy into the inbox, and the leader opens it through the inbox's
+//! descriptor, without following links, and checks it. Then the sender
 //! writes a status line (`ok SIZE` or `failed MESSAGE`) next to the runtime files, on its
 //! own node directly and on the others with a second, tiny `sbcast` (best effort: when
 //! that fails too, the other nodes' leaders wait until their timeout).
@@ -20,19 +23,29 @@
 
 use std::fs::File;
 use std::io::Read;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::error::Failure;
-use crate::places;
+use crate::places::{self, CheckedDir};
+
+/// The copy's name inside its inbox.
+const COPY: &str = "archive";
+const SHM_ADVICE: &str = "remove it if you can (or ask the admins)";
 use crate::stage::{human, StageMode};
 
 /// The broadcast a mount receives: where the copy and its status appear.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    /// The copy every node receives (same path on each).
+    /// The checked directory holding the inbox (`/dev/shm/$USER` or the staging dir).
+    dir: Arc<CheckedDir>,
+    /// The inbox sbcast writes the copy into (same path on every node), and its name in `dir`.
+    inbox: Arc<CheckedDir>,
+    inbox_name: String,
+    /// Where sbcast writes: `inbox/COPY`.
     pub data: PathBuf,
     /// `ok SIZE` or `failed MESSAGE`, one line, written once the broadcast ended.
     pub status: PathBuf,
@@ -82,14 +95,18 @@ pub fn plan(
         crate::disk::staging_dir(&base)?
     } else {
         let shm_user = Path::new("/dev/shm").join(places::user_name());
-        places::private_dir(Path::new("/dev/shm"), &shm_user, true, "remove it if you can (or ask the admins)")?;
-        shm_user
+        places::private_dir(Path::new("/dev/shm"), &shm_user, true, SHM_ADVICE)?;
+        CheckedDir::open(&shm_user, SHM_ADVICE)?
     };
     let name = format!(".stagefs-bcast-{job}-{:016x}", crate::hash::hash(archive.as_os_str().as_encoded_bytes()));
     sweep(&dir, &job);
+    let inbox = dir.subdir(&name, SHM_ADVICE)?;
     let plan = Plan {
-        data: dir.join(&name),
+        data: inbox.path().join(COPY),
+        inbox: Arc::new(inbox),
+        dir: Arc::new(dir),
         status: places::runtime_dir()?.join(format!("{name}.status")),
+        inbox_name: name,
         fallback,
         to_disk,
     };
@@ -105,9 +122,9 @@ pub fn plan(
 fn send(archive: &Path, plan: &Plan, nodes: u32) -> Result<(), Failure> {
     crate::cancel::arm().map_err(|e| Failure::other(format!("cannot install signal handlers: {e}")))?;
     let size = std::fs::metadata(archive).map(|m| m.len()).unwrap_or(0);
-    let dir = plan.data.parent().unwrap_or(Path::new("/"));
+    let dir = plan.dir.path();
     // Measured before: sbcast's message for a full disk is "Unspecified error".
-    let free_before = crate::disk::free_space(dir).ok().map(|(free, _)| free);
+    let free_before = plan.dir.free_space().ok().map(|(free, _)| free);
     let started = Instant::now();
     let line = match sbcast(archive, &plan.data) {
         Ok(()) => {
@@ -122,7 +139,7 @@ fn send(archive: &Path, plan: &Plan, nodes: u32) -> Result<(), Failure> {
         }
         Err(message) => {
             // sbcast leaves what it wrote; on this node at least, take it back at once.
-            let _ = std::fs::remove_file(&plan.data);
+            plan.discard();
             let room = free_before.map_or_else(String::new, |free| {
                 format!(
                     " (the archive needs {}; {} had {} free on this node before)",
@@ -225,7 +242,7 @@ pub fn receive(plan: &Plan, timeout: Duration) -> Result<Option<Received>, Failu
     };
     let _ = std::fs::remove_file(&plan.status);
     if let Some(message) = status.strip_prefix("failed ") {
-        let _ = std::fs::remove_file(&plan.data);
+        plan.discard();
         if plan.fallback {
             eprintln!(
                 "stagefs: warning: {message}; staging from the parallel filesystem instead (--broadcast-fallback)"
@@ -237,16 +254,11 @@ pub fn receive(plan: &Plan, timeout: Duration) -> Result<Option<Received>, Failu
         )));
     }
     let size: u64 = status.strip_prefix("ok ").and_then(|s| s.parse().ok()).unwrap_or(u64::MAX);
-    let opened = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-        .open(&plan.data);
+    // Through the inbox's descriptor: the directory checked, whatever its path names now.
+    let opened = plan.inbox.open_file(COPY);
     // Unlinked at once, before any check: whatever happens next leaves nothing behind,
     // not even `/dev/shm/$USER` when the copy was all it held (it stays while in use).
-    let _ = std::fs::remove_file(&plan.data);
-    if let (false, Some(dir)) = (plan.to_disk, plan.data.parent()) {
-        let _ = std::fs::remove_dir(dir);
-    }
+    plan.discard();
     let file = opened
         .map_err(|e| Failure::other(format!("--broadcast: cannot open the copy {}: {e}", plan.data.display())))?;
     let meta = file.metadata().map_err(|e| Failure::other(format!("--broadcast: {e}")))?;
@@ -256,25 +268,44 @@ pub fn receive(plan: &Plan, timeout: Duration) -> Result<Option<Received>, Failu
             plan.data.display()
         )));
     }
-    let dir = plan.data.parent().unwrap_or(Path::new("/")).to_owned();
-    Ok(Some(Received { file, dir, to_disk: plan.to_disk }))
+    Ok(Some(Received { file, dir: plan.dir.path().to_owned(), to_disk: plan.to_disk }))
+}
+
+impl Plan {
+    /// Removes the copy and the inbox (and an emptied `/dev/shm/$USER`).
+    fn discard(&self) {
+        let _ = self.inbox.remove(COPY, false);
+        let _ = self.dir.remove(&self.inbox_name, true);
+        if !self.to_disk {
+            let _ = std::fs::remove_dir(self.dir.path());
+        }
+    }
 }
 
 /// Removes broadcast copies (and status files) left by mounters that died before opening
 /// them: those of other jobs that are no longer running (`squeue`), or, when squeue cannot
 /// tell, older than a day.
-fn sweep(dir: &Path, job: &str) {
-    let runtime = places::runtime_dir().ok().map(Path::to_owned);
-    for dir in std::iter::once(dir.to_owned()).chain(runtime) {
-        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let Some(rest) = name.strip_prefix(".stagefs-bcast-") else { continue };
-            let Some((other, _)) = rest.split_once('-') else { continue };
-            if other == job || job_running(other).unwrap_or_else(|| !older_than(&entry.path(), 86_400)) {
-                continue;
+fn sweep(dir: &CheckedDir, job: &str) {
+    let stale = |name: &str| {
+        let Some(rest) = name.strip_prefix(".stagefs-bcast-") else { return false };
+        let Some((other, _)) = rest.split_once('-') else { return false };
+        other != job && !job_running(other).unwrap_or_else(|| !older_than(&dir.path().join(name), 86_400))
+    };
+    for name in dir.entries().unwrap_or_default().into_iter().filter(|n| stale(n)) {
+        tracing::info!("removing {}, left by a job no longer running", dir.path().join(&name).display());
+        // An inbox with its copy, or a copy left by a version without inboxes.
+        if dir.remove(&name, false).is_err() {
+            if let Ok(inbox) = dir.subdir(&name, SHM_ADVICE) {
+                let _ = inbox.remove(COPY, false);
             }
-            tracing::info!("removing {}, left by job {other} (no longer running)", entry.path().display());
+            let _ = dir.remove(&name, true);
+        }
+    }
+    let Ok(runtime) = places::runtime_dir() else { return };
+    let Ok(entries) = std::fs::read_dir(runtime) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if stale(name.trim_end_matches(".status")) {
             let _ = std::fs::remove_file(entry.path());
         }
     }

@@ -11,6 +11,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use crate::places::CheckedDir;
 use crate::stage::{human, StageError};
 
 /// Where an archive was staged on disk, for `stagefs status`.
@@ -27,20 +28,16 @@ pub fn base_dir(chosen: Option<&Path>) -> Option<PathBuf> {
     chosen.map(Path::to_owned).or_else(|| env("SLURM_TMPDIR")).or_else(|| env("TMPDIR"))
 }
 
-/// `<base>/stagefs-<uid>`, created 0700 and checked (new or found).
-pub fn staging_dir(base: &Path) -> Result<PathBuf, StageError> {
+/// `<base>/stagefs-<uid>`, created 0700 and checked (new or found), with no parent
+/// another user could rename; held open, so the copy lands in the directory checked.
+pub fn staging_dir(base: &Path) -> Result<CheckedDir, StageError> {
+    const ADVICE: &str = "remove it if you can, or give another --stage-dir";
     let dir = std::path::absolute(base)
         .unwrap_or_else(|_| base.to_owned())
         .join(format!("stagefs-{}", crate::places::my_uid()));
-    crate::places::own_dir(&dir, "remove it if you can, or give another --stage-dir")?;
-    Ok(dir)
-}
-
-/// Bytes free for this user on the filesystem of `dir`, and its size.
-pub fn free_space(dir: &Path) -> std::io::Result<(u64, u64)> {
-    let s = nix::sys::statvfs::statvfs(dir)?;
-    let block = s.fragment_size() as u64;
-    Ok((s.blocks_available() as u64 * block, s.blocks() as u64 * block))
+    crate::places::check_ancestors(&dir)?;
+    crate::places::own_dir(&dir, ADVICE)?;
+    Ok(CheckedDir::open(&dir, ADVICE)?)
 }
 
 /// Room left for others on a shared local disk: 5 % of it, at most 1 GiB.
@@ -49,33 +46,39 @@ pub fn margin(total: u64) -> u64 {
 }
 
 /// Whether `needed` bytes fit in `dir`'s free space less the margin; `Err` says why not.
-pub fn check_room(archive: &Path, dir: &Path, needed: u64) -> Result<(), StageError> {
-    let (free, total) = free_space(dir).map_err(|source| StageError::Io {
-        path: dir.to_owned(),
+pub fn check_room(archive: &Path, dir: &CheckedDir, needed: u64) -> Result<(), StageError> {
+    let (free, total) = dir.free_space().map_err(|source| StageError::Io {
+        path: dir.path().to_owned(),
         what: "cannot measure the free space of the staging directory".into(),
         source,
     })?;
     let margin = margin(total);
     if needed > free.saturating_sub(margin) {
-        return Err(StageError::NoDiskRoom { path: archive.to_owned(), dir: dir.to_owned(), needed, free, margin });
+        return Err(StageError::NoDiskRoom {
+            path: archive.to_owned(),
+            dir: dir.path().to_owned(),
+            needed,
+            free,
+            margin,
+        });
     }
     Ok(())
 }
 
 /// Copies `source` (`len` bytes) into a nameless file in `dir` and returns it.
-pub fn copy_to_disk(path: &Path, source: &File, len: u64, dir: &Path) -> Result<File, StageError> {
+pub fn copy_to_disk(path: &Path, source: &File, len: u64, dir: &CheckedDir) -> Result<File, StageError> {
     let started = Instant::now();
-    let target = crate::places::nameless_file(dir).map_err(|source| StageError::Io {
-        path: dir.to_owned(),
+    let target = dir.nameless_file().map_err(|source| StageError::Io {
+        path: dir.path().to_owned(),
         what: "cannot create the staging file (nameless, O_TMPFILE)".into(),
         source,
     })?;
     let no_room = |e: std::io::Error| -> StageError {
         if e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT) {
-            let free = free_space(dir).map_or(0, |(f, _)| f);
-            StageError::NoDiskRoom { path: path.to_owned(), dir: dir.to_owned(), needed: len, free, margin: 0 }
+            let free = dir.free_space().map_or(0, |(f, _)| f);
+            StageError::NoDiskRoom { path: path.to_owned(), dir: dir.path().to_owned(), needed: len, free, margin: 0 }
         } else {
-            StageError::Io { path: dir.to_owned(), what: "cannot write the staged copy".into(), source: e }
+            StageError::Io { path: dir.path().to_owned(), what: "cannot write the staged copy".into(), source: e }
         }
     };
     // Reserve the blocks first: a disk that fills meanwhile fails now, not halfway through.
@@ -95,7 +98,7 @@ pub fn copy_to_disk(path: &Path, source: &File, len: u64, dir: &Path) -> Result<
     crate::stage::report_done(&format!(
         "staged {} to the local disk ({}): {} in {secs:.2} s ({:.0} MB/s)",
         path.display(),
-        dir.display(),
+        dir.path().display(),
         human(len),
         len as f64 / 1e6 / secs
     ));
@@ -120,7 +123,7 @@ mod tests {
         let mut back = vec![0u8; bytes.len()];
         copy.read_exact_at(&mut back, 0).unwrap();
         assert!(back == bytes, "the copy holds the archive's bytes");
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "a nameless file");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "a nameless file");
     }
 
     #[test]
@@ -128,8 +131,9 @@ mod tests {
         assert_eq!(margin(10 << 30), 512 << 20);
         assert_eq!(margin(1 << 40), 1 << 30);
         let tmp = TempDir::new("disk");
-        let err = check_room(Path::new("/a.tar"), tmp.path(), u64::MAX / 2).unwrap_err().to_string();
-        assert!(err.contains("not enough room") && err.contains(&tmp.path().display().to_string()), "{err}");
-        check_room(Path::new("/a.tar"), tmp.path(), 1).unwrap();
+        let dir = staging_dir(tmp.path()).unwrap();
+        let err = check_room(Path::new("/a.tar"), &dir, u64::MAX / 2).unwrap_err().to_string();
+        assert!(err.contains("not enough room") && err.contains(&dir.path().display().to_string()), "{err}");
+        check_room(Path::new("/a.tar"), &dir, 1).unwrap();
     }
 }

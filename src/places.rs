@@ -16,6 +16,9 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Component, Path, PathBuf};
 use std::sync::OnceLock;
 
+mod checked;
+pub use checked::CheckedDir;
+
 /// A place stagefs cannot use safely, with what to do about it.
 #[derive(Debug, thiserror::Error)]
 pub enum PlaceError {
@@ -32,6 +35,14 @@ pub enum PlaceError {
         path.display()
     )]
     Writable { path: PathBuf, mode: u32, advice: String },
+    #[error(
+        "{}: is writable by other users (mode {mode:04o}) without the sticky bit, so they could rename {} and \
+         put their own in its place; use a path whose parents only you (or root) can write (such as \
+         /dev/shm/$USER/...), or ask the directory's owner for `chmod +t` (as /tmp has)",
+        dir.display(),
+        child.display()
+    )]
+    Renamable { dir: PathBuf, child: PathBuf, mode: u32 },
     #[error("{}: {what}: {source}", path.display())]
     Io { path: PathBuf, what: &'static str, source: std::io::Error },
 }
@@ -68,6 +79,11 @@ pub fn check_private(path: &Path, advice: &str) -> Result<(), PlaceError> {
         what: "cannot inspect this directory",
         source,
     })?;
+    check_meta(path, &meta, advice)
+}
+
+/// [`check_private`] of metadata already in hand (an open directory's).
+fn check_meta(path: &Path, meta: &std::fs::Metadata, advice: &str) -> Result<(), PlaceError> {
     if !meta.file_type().is_dir() {
         return Err(PlaceError::NotADirectory { path: path.to_owned(), advice: advice.into() });
     }
@@ -80,6 +96,47 @@ pub fn check_private(path: &Path, advice: &str) -> Result<(), PlaceError> {
     }
     if meta.mode() & 0o022 != 0 {
         return Err(PlaceError::Writable { path: path.to_owned(), mode: meta.mode() & 0o7777, advice: advice.into() });
+    }
+    Ok(())
+}
+
+/// Whether users other than the owner can rename or remove entries of the directory
+/// `meta` describes: writable by others, or by a group other than the owner's private
+/// group (named after the owner, with no other members), without the sticky bit.
+pub fn others_can_write(meta: &std::fs::Metadata) -> bool {
+    let mode = meta.mode();
+    if mode & libc::S_ISVTX != 0 {
+        return false;
+    }
+    mode & 0o002 != 0 || (mode & 0o020 != 0 && !private_group(meta.gid(), meta.uid()))
+}
+
+/// A user private group: named like its one user, listing no other members.
+fn private_group(gid: u32, uid: u32) -> bool {
+    let group = nix::unistd::Group::from_gid(gid.into()).ok().flatten();
+    let user = nix::unistd::User::from_uid(uid.into()).ok().flatten();
+    match (group, user) {
+        (Some(group), Some(user)) => group.name == user.name && group.mem.iter().all(|m| *m == user.name),
+        _ => false,
+    }
+}
+
+/// Refuses `path` when a directory above it lets other users rename what it holds (see
+/// [`others_can_write`]), as OpenSSH's StrictModes does: they could move the real path
+/// away and build their own in its place. Checks the existing ancestors, root first.
+pub fn check_ancestors(path: &Path) -> Result<(), PlaceError> {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+    let mut dir = PathBuf::from("/");
+    for component in absolute.components().skip(1) {
+        let child = dir.join(component);
+        let Ok(meta) = std::fs::metadata(&dir) else { break };
+        if others_can_write(&meta) {
+            return Err(PlaceError::Renamable { dir, child, mode: meta.mode() & 0o7777 });
+        }
+        dir = match std::fs::canonicalize(&child) {
+            Ok(resolved) => resolved,
+            Err(_) => break,
+        };
     }
     Ok(())
 }
@@ -118,6 +175,7 @@ pub fn private_dir(base: &Path, path: &Path, check_existing: bool, advice: &str)
 /// [`private_dir`] for a directory stagefs keeps to itself: the directory itself is
 /// checked whether it was made now or found. Returns the directories created.
 pub fn own_dir(path: &Path, advice: &str) -> Result<Vec<PathBuf>, PlaceError> {
+    check_ancestors(path)?;
     let created = private_dir(Path::new("/"), path, false, advice)?;
     check_private(path, advice)?;
     Ok(created)
@@ -195,6 +253,7 @@ const MOUNT_ADVICE: &str =
 /// The mountpoint itself is left to the caller: a live or stale mount may sit on it.
 /// Returns the directories created, outermost first.
 pub fn mountpoint_parents(mountpoint: &Path) -> Result<Vec<PathBuf>, PlaceError> {
+    check_ancestors(mountpoint)?;
     let Some(parent) = mountpoint.parent() else { return Ok(Vec::new()) };
     let shm_user = PathBuf::from("/dev/shm").join(user_name());
     if mountpoint.starts_with(&shm_user) {
@@ -268,7 +327,7 @@ pub fn open_private(path: &Path) -> std::io::Result<File> {
 }
 
 /// Eight bytes from the kernel's random pool, as hex: temp names nobody can predict.
-fn random_suffix() -> String {
+pub(crate) fn random_suffix() -> String {
     let mut bytes = [0u8; 8];
     let got = File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
     if got.is_err() {
@@ -301,46 +360,6 @@ pub fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result
         let _ = std::fs::remove_file(&tmp);
     }
     result
-}
-
-/// Creates a nameless file in `dir` (a checked directory) for reading and writing: an
-/// `O_TMPFILE` where the filesystem supports it, else a file made with `O_EXCL` under an
-/// unpredictable name and unlinked at once. Either way nothing is left in `dir` after any
-/// exit, SIGKILL included: the kernel frees the blocks when the last descriptor closes.
-pub fn nameless_file(dir: &Path) -> std::io::Result<File> {
-    // Tests reach the fallback on filesystems that all support O_TMPFILE.
-    if std::env::var_os("STAGEFS_TEST_NO_TMPFILE").is_some() {
-        tracing::debug!("O_TMPFILE skipped (STAGEFS_TEST_NO_TMPFILE); creating a file and unlinking it at once");
-        return created_and_unlinked(dir);
-    }
-    let tmpfile =
-        OpenOptions::new().read(true).write(true).mode(0o600).custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC).open(dir);
-    match tmpfile {
-        Ok(file) => Ok(file),
-        // What kernels and filesystems without O_TMPFILE answer.
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)) => {
-            tracing::debug!(
-                "{} does not support O_TMPFILE ({e}); creating a file and unlinking it at once",
-                dir.display()
-            );
-            created_and_unlinked(dir)
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// [`nameless_file`] without `O_TMPFILE`: `O_EXCL` under an unpredictable name, unlinked at once.
-fn created_and_unlinked(dir: &Path) -> std::io::Result<File> {
-    let path = dir.join(format!(".stagefs-staging.{}", random_suffix()));
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&path)?;
-    std::fs::remove_file(&path)?;
-    Ok(file)
 }
 
 /// Why a file was not trusted, for the log line.
@@ -429,16 +448,6 @@ mod tests {
         // open_private refuses the symlink instead of following it.
         std::os::unix::fs::symlink(&victim, dir.join("lock")).unwrap();
         assert!(open_private(&dir.join("lock")).is_err());
-    }
-
-    #[test]
-    fn nameless_files_leave_no_name() {
-        let tmp = TempDir::new("places");
-        for file in [nameless_file(tmp.path()).unwrap(), created_and_unlinked(tmp.path()).unwrap()] {
-            std::os::unix::fs::FileExt::write_all_at(&file, b"x", 0).unwrap();
-            assert_eq!(file.metadata().unwrap().mode() & 0o777, 0o600);
-        }
-        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
     }
 
     #[test]

@@ -189,7 +189,7 @@ pub fn load(
                             path.display(),
                             human(budget.bytes),
                             budget.reason,
-                            dir.display()
+                            dir.path().display()
                         );
                         return stage_to_disk(path, &file, size, &dir);
                     }
@@ -237,7 +237,7 @@ fn serve_received(path: &Path, received: crate::broadcast::Received) -> Result<L
 
 /// `--stage auto`'s local disk for an archive too large for RAM: the staging directory,
 /// if there is one and the archive fits its free space less the margin; else why not.
-fn auto_disk_dir(path: &Path, stage_dir: Option<&Path>, size: u64) -> Result<PathBuf, String> {
+fn auto_disk_dir(path: &Path, stage_dir: Option<&Path>, size: u64) -> Result<crate::places::CheckedDir, String> {
     let base = crate::disk::base_dir(stage_dir).ok_or("no --stage-dir, SLURM_TMPDIR or TMPDIR")?;
     let dir = crate::disk::staging_dir(&base).map_err(|e| e.to_string())?;
     crate::disk::check_room(path, &dir, size).map_err(|e| e.to_string())?;
@@ -245,15 +245,15 @@ fn auto_disk_dir(path: &Path, stage_dir: Option<&Path>, size: u64) -> Result<Pat
 }
 
 /// Copies the archive to a nameless file in `dir` (room checked first) and serves it in place.
-fn stage_to_disk(path: &Path, file: &File, size: u64, dir: &Path) -> Result<Loaded, StageError> {
+fn stage_to_disk(path: &Path, file: &File, size: u64, dir: &crate::places::CheckedDir) -> Result<Loaded, StageError> {
     crate::disk::check_room(path, dir, size)?;
     let copy = crate::disk::copy_to_disk(path, file, size, dir)?;
     let backing = crate::archive::map_file(&copy).map_err(|source| StageError::Io {
-        path: dir.to_owned(),
+        path: dir.path().to_owned(),
         what: "cannot map the staged copy".into(),
         source,
     })?;
-    let disk = crate::disk::DiskStaged { dir: dir.to_owned(), bytes: size };
+    let disk = crate::disk::DiskStaged { dir: dir.path().to_owned(), bytes: size };
     Ok(Loaded { backing, staged_bytes: 0, staging: Staging::Disk, disk: Some(disk) })
 }
 
