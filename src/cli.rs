@@ -111,6 +111,10 @@ the mount then lives exactly as long as the step, and SIGTERM unmounts it.")]
         /// One more archive (or pattern, or @FILE) to merge after ARCHIVE; repeatable
         #[arg(long = "archive", value_name = "ARCHIVE", id = "more_archives")]
         more_archives: Vec<PathBuf>,
+        /// Accept shards owned by another user than you, root or the owner of their directory, or in a
+        /// directory others can write without the sticky bit: only for data you trust
+        #[arg(long)]
+        trust_shards: bool,
     },
     /// Mount once per node, run a command with the mount, unmount after the node's last task
     Run(crate::node::RunArgs),
@@ -131,6 +135,10 @@ the index by themselves when scanning took long (10,000+ entries).")]
     Index {
         /// The archive, or a quoted glob pattern or @FILE: every shard's index is saved
         archive: PathBuf,
+        /// Accept shards owned by another user than you, root or the owner of their directory, or in a
+        /// directory others can write without the sticky bit: only for data you trust
+        #[arg(long)]
+        trust_shards: bool,
     },
     /// List this user's mounts on this node: archive, staged RAM, daemon pid, uptime, reads served, failed reads and the last error
     Status {

@@ -91,6 +91,11 @@ fn report_errors_served(record: &registry::Record) {
 /// `stagefs status`: this user's mounts on this node, one line each (or one JSON object
 /// each with `json`), dead mounts (their daemon was killed) included with how to clear them.
 pub fn status(json: bool) -> Result<(), Failure> {
+    // Every daemon writes its counters within one refresh: waiting that long first makes
+    // the numbers count every read served before `status` ran.
+    if !registry::list()?.is_empty() {
+        std::thread::sleep(crate::daemon::RECORD_REFRESH + Duration::from_millis(50));
+    }
     let records = registry::list()?;
     let dead: Vec<_> = mountpoint::stagefs_mounts_of(crate::places::my_uid())
         .into_iter()
@@ -178,10 +183,10 @@ pub fn json_string(text: &str) -> String {
 }
 
 /// `stagefs index`: builds and saves an archive's index ahead of time (on a login node).
-pub fn index(path: &Path) -> Result<(), Failure> {
+pub fn index(path: &Path, trust_shards: bool) -> Result<(), Failure> {
     let started = Instant::now();
     // Saved indexes are keyed by the canonical path, which is what mounts look up.
-    let set = crate::shards::resolve(path, &[])?;
+    let set = crate::shards::resolve(path, &[], trust_shards)?;
     if set.shards.len() > 1 {
         let (opened, stats) = crate::shards::open_set(&set.label, &set.shards, StageMode::None, None, true)?;
         let index = &opened.archive.index;

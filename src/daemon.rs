@@ -591,33 +591,35 @@ fn check_format(path: &Path) -> Result<(), OpenError> {
     Err(OpenError::unknown_format(path, head))
 }
 
-/// Refreshes the mount's record for `stagefs status`: the error count within a fraction of
-/// a second of an error (a user looking at EIO in their job should find why), the read
-/// counter every 2 s. Once reads pause, hands what they freed (read buffers, SquashFS
+/// How often the mount's record follows the daemon's counters: `stagefs status` waits this
+/// long (and a little) before it reads records, so it counts every read served before it ran.
+pub const RECORD_REFRESH: Duration = Duration::from_millis(200);
+
+/// Refreshes the mount's record for `stagefs status` every [`RECORD_REFRESH`] while the
+/// counters move (reads, failed reads and the last error). Once reads pause, hands what they freed (read buffers, SquashFS
 /// fragments whose files were all served) back to the system: the allocator keeps freed
 /// blocks in the middle of its heap otherwise, and the daemon lives for the whole job.
 /// Keeps the default log under its cap.
 fn housekeeping(mut record: Record, fs: Arc<Fs>, log: Option<File>) {
-    const TICK: Duration = Duration::from_millis(200);
-    const TICKS_PER_REFRESH: u32 = 10;
+    // Trimming and log upkeep run every 2 s.
+    const TICKS_PER_UPKEEP: u32 = 10;
     let _ = std::thread::Builder::new().name("housekeeping".into()).spawn(move || {
         let mut trimmed = true;
+        let mut reads_at_upkeep = 0;
         for tick in 1u32.. {
-            std::thread::sleep(TICK);
+            std::thread::sleep(RECORD_REFRESH);
             let (errors, last_error) = fs.errors_served();
-            let mut changed = errors != record.errors;
-            record.errors = errors;
-            record.last_error = last_error;
-            if tick % TICKS_PER_REFRESH == 0 {
-                let reads = fs.reads_served();
-                if reads == record.reads && !trimmed {
+            let reads = fs.reads_served();
+            let changed = errors != record.errors || reads != record.reads;
+            (record.errors, record.last_error, record.reads) = (errors, last_error, reads);
+            if tick % TICKS_PER_UPKEEP == 0 {
+                if reads == reads_at_upkeep && !trimmed {
                     return_free_memory();
                     trimmed = true;
-                } else if reads != record.reads {
+                } else if reads != reads_at_upkeep {
                     trimmed = false;
-                    changed = true;
                 }
-                record.reads = reads;
+                reads_at_upkeep = reads;
                 if let Some(log) = &log {
                     trim_log(log);
                 }

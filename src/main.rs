@@ -41,6 +41,7 @@ fn run(command: Command) -> Result<(), Failure> {
             idle_timeout,
             json,
             more_archives,
+            trust_shards,
         } => {
             if let Some(mountpoint) = &mountpoint {
                 stagefs::shards::check_not_an_archive(mountpoint)?;
@@ -50,7 +51,7 @@ fn run(command: Command) -> Result<(), Failure> {
                 false => None,
             };
             let mountpoint = mountpoint.unwrap_or_else(|| stagefs::shards::default_mountpoint(&archive));
-            let set = stagefs::shards::resolve(&archive, &more_archives)?;
+            let set = stagefs::shards::resolve(&archive, &more_archives, trust_shards)?;
             let request = MountRequest {
                 archive: set.label,
                 shards: set.shards,
@@ -86,7 +87,7 @@ fn run(command: Command) -> Result<(), Failure> {
         Command::Wait(args) => args.execute(),
         Command::Umount { mountpoint, lazy } => commands::umount(&mountpoint, lazy),
         Command::Status { json } => commands::status(json),
-        Command::Index { archive } => commands::index(&archive),
+        Command::Index { archive, trust_shards } => commands::index(&archive, trust_shards),
         Command::Demo { files, readers, dir, keep } => stagefs::demo::run(files, readers, dir, keep),
     }
 }

@@ -7,6 +7,13 @@
 //! is known by its label (the spec, the shard count and a digest of the canonical list):
 //! the election and the mount's record key on it, so two spellings of the same shards
 //! share one mount, and a shard added to the directory makes a different set.
+//!
+//! Trust: a set is what its owner put there, not whatever another user of a shared
+//! directory adds. Each shard must belong to this user, to root or to the owner of the
+//! directory it sits in (the dataset's owner), and that directory must not let other users
+//! replace files (writable by them without the sticky bit); otherwise the mount is refused
+//! (exit 4) unless `--trust-shards` says the data is trusted on purpose. A pattern is always
+//! a pattern: a file literally named `train-*.tar` is one more match, not the set.
 
 mod open;
 
@@ -29,8 +36,9 @@ pub struct ArchiveSet {
 /// Saved indexes sit beside their shards; a pattern like `shards/*` must not take them for shards.
 const INDEX_SUFFIX: &str = ".stagefs-index";
 
-/// Resolves `spec` (an archive, a glob pattern or `@list`) and any `more` of them.
-pub fn resolve(spec: &Path, more: &[PathBuf]) -> Result<ArchiveSet, Failure> {
+/// Resolves `spec` (an archive, a glob pattern or `@list`) and any `more` of them; a set
+/// is checked against other users (see the module's doc) unless `trust_shards`.
+pub fn resolve(spec: &Path, more: &[PathBuf], trust_shards: bool) -> Result<ArchiveSet, Failure> {
     let mut shards: Vec<PathBuf> = Vec::new();
     for one in std::iter::once(spec).chain(more.iter().map(PathBuf::as_path)) {
         for path in expand(one)? {
@@ -41,6 +49,9 @@ pub fn resolve(spec: &Path, more: &[PathBuf]) -> Result<ArchiveSet, Failure> {
                 shards.push(canonical);
             }
         }
+    }
+    if !trust_shards && (shards.len() > 1 || is_set_spec(spec)) {
+        shards.iter().try_for_each(|shard| check_trust(shard))?;
     }
     // A pattern or list that names one archive mounts it like that archive.
     if shards.len() == 1 {
@@ -99,7 +110,43 @@ pub fn check_not_an_archive(mountpoint: &Path) -> Result<(), Failure> {
 /// True for a glob pattern or an `@list`, which name a set even when it has one shard.
 fn is_set_spec(spec: &Path) -> bool {
     let text = spec.to_string_lossy();
-    text.starts_with('@') || (is_pattern(&text) && !spec.exists())
+    text.starts_with('@') || is_pattern(&text)
+}
+
+/// Refuses a shard another user could have planted or could replace (see the module doc).
+fn check_trust(shard: &Path) -> Result<(), Failure> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = shard.parent().unwrap_or(Path::new("/"));
+    let io = |path: &Path, source| Failure::from(OpenError::Io { path: path.to_owned(), source });
+    let meta = std::fs::metadata(shard).map_err(|e| io(shard, e))?;
+    let dir_meta = std::fs::metadata(dir).map_err(|e| io(dir, e))?;
+    let me = crate::places::my_uid();
+    let refuse = |why: String| {
+        Failure::new(
+            code::MOUNTPOINT,
+            format!(
+                "{}: {why}; refusing the shard set. Pass --trust-shards to use these shards on purpose",
+                shard.display()
+            ),
+        )
+    };
+    if ![me, 0, dir_meta.uid()].contains(&meta.uid()) {
+        return Err(refuse(format!(
+            "belongs to {}, neither you nor the owner of {} ({}): another user may have added it to the set",
+            crate::places::user_label(meta.uid()),
+            dir.display(),
+            crate::places::user_label(dir_meta.uid())
+        )));
+    }
+    if crate::places::others_can_write(&dir_meta) {
+        return Err(refuse(format!(
+            "its directory {} is writable by other users (mode {:04o}) without the sticky bit, so they could \
+             replace or add shards",
+            dir.display(),
+            dir_meta.mode() & 0o7777
+        )));
+    }
+    Ok(())
 }
 
 fn is_pattern(text: &str) -> bool {
@@ -112,7 +159,7 @@ fn expand(spec: &Path) -> Result<Vec<PathBuf>, Failure> {
     if let Some(list) = text.strip_prefix('@') {
         return read_list(Path::new(list));
     }
-    if !is_pattern(&text) || spec.exists() {
+    if !is_pattern(&text) {
         return Ok(vec![spec.to_owned()]);
     }
     let bad = |why: String| Failure::new(code::USAGE, format!("bad pattern {text:?}: {why}"));
@@ -129,11 +176,21 @@ fn expand(spec: &Path) -> Result<Vec<PathBuf>, Failure> {
         .collect();
     matches.sort();
     if matches.is_empty() {
+        // A file whose name holds `[` is no match of itself: say how to name it.
+        let literal = if spec.exists() {
+            format!(
+                "; {} exists, but its name is read as a pattern: escape it as {:?}",
+                spec.display(),
+                glob::Pattern::escape(&text)
+            )
+        } else {
+            String::new()
+        };
         return Err(Failure::new(
             code::BAD_ARCHIVE,
             format!(
                 "no archive matches the pattern {text:?} (relative to {}); check the path, and quote the pattern \
-                 so that stagefs expands it",
+                 so that stagefs expands it{literal}",
                 std::env::current_dir().map_or_else(|_| "the current directory".into(), |d| d.display().to_string())
             ),
         ));
@@ -185,22 +242,22 @@ mod tests {
             std::fs::write(tmp.join(name), b"x").unwrap();
         }
         let pattern = tmp.join("*.tar*");
-        let set = resolve(&pattern, &[]).unwrap();
+        let set = resolve(&pattern, &[], false).unwrap();
         let names: Vec<_> = set.shards.iter().map(|p| p.file_name().unwrap().to_owned()).collect();
         assert_eq!(names, ["a.tar", "b.tar", "c.tar"], "sorted, saved indexes skipped");
         assert!(set.label.to_string_lossy().ends_with(")") && set.label.to_string_lossy().contains("(3 shards, set "));
         std::fs::write(tmp.join("list.txt"), "# comment\nc.tar\n\na.tar\n").unwrap();
-        let listed = resolve(Path::new(&format!("@{}", tmp.join("list.txt").display())), &[]).unwrap();
+        let listed = resolve(Path::new(&format!("@{}", tmp.join("list.txt").display())), &[], false).unwrap();
         let names: Vec<_> = listed.shards.iter().map(|p| p.file_name().unwrap().to_owned()).collect();
         assert_eq!(names, ["c.tar", "a.tar"], "a list keeps its order");
         assert_ne!(listed.label, set.label);
-        let single = resolve(&tmp.join("a.tar"), &[]).unwrap();
+        let single = resolve(&tmp.join("a.tar"), &[], false).unwrap();
         assert_eq!(single.label, single.shards[0]);
-        assert_eq!(resolve(&tmp.join("nothing-*.tar"), &[]).unwrap_err().code, code::BAD_ARCHIVE);
+        assert_eq!(resolve(&tmp.join("nothing-*.tar"), &[], false).unwrap_err().code, code::BAD_ARCHIVE);
         std::fs::write(tmp.join("bad.txt"), "a.tar\nmissing.tar\n").unwrap();
-        let err = resolve(Path::new(&format!("@{}", tmp.join("bad.txt").display())), &[]).unwrap_err();
+        let err = resolve(Path::new(&format!("@{}", tmp.join("bad.txt").display())), &[], false).unwrap_err();
         assert!(err.message.contains("missing.tar") && err.message.contains("does not exist"), "{}", err.message);
-        let more = resolve(&tmp.join("a.tar"), &[tmp.join("b.tar"), tmp.join("a.tar")]).unwrap();
+        let more = resolve(&tmp.join("a.tar"), &[tmp.join("b.tar"), tmp.join("a.tar")], false).unwrap();
         assert_eq!(more.shards.len(), 2, "a shard named twice is served once");
         assert!(default_mountpoint(Path::new("/x/train-*.tar")).ends_with("stagefs/train"));
         assert!(default_mountpoint(Path::new("@/x/shards.txt")).ends_with("stagefs/shards"));

@@ -18,6 +18,7 @@ mod slurm;
 mod staging;
 mod startup_signals;
 mod stress;
+mod trust;
 mod util;
 mod ux;
 mod warm;

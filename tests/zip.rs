@@ -8,6 +8,7 @@
 
 use std::ffi::OsStr;
 use std::fs;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{symlink, FileExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
@@ -704,4 +705,36 @@ fn zip_parallel_readers_decode_each_member_a_bounded_number_of_times() {
     }
     // Each member is 26 MB: holding any one of them whole would show here.
     assert!(peak < 200 << 20, "daemon peaked at {peak} bytes");
+}
+
+/// Everything an archive says reaches terminals and logs escaped (issue 21, case 10): a
+/// member name with an OSC sequence and a newline, read as EIO, shows up escaped in the
+/// mount-time warning, `stagefs status`, the `umount` summary and the daemon's log, never
+/// raw (no ESC byte, no forged line).
+#[test]
+fn zip_names_reach_terminals_and_logs_escaped() {
+    let tmp = TempDir::new("zip-escape");
+    const EVIL: &[u8] = b"evil\x1b]0;pwned\x07\nWARN forged.txt";
+    let mut damaged = Craft::stored(EVIL, b"some bytes\n");
+    damaged.stored[0] ^= 1;
+    let skipped = Craft::stored(b"../\x1b[2Jescape", b"x");
+    let archive = tmp.join("evil.zip");
+    fs::write(&archive, craft(&[damaged, skipped, Craft::stored(b"fine.txt", b"fine\n")])).unwrap();
+    let (mnt, log) = (tmp.join("mnt"), tmp.join("daemon.log"));
+    let out = stagefs([os("mount"), os("--log-file"), log.as_os_str(), archive.as_os_str(), mnt.as_os_str()]);
+    let m = Mounted::adopt(&archive, &mnt);
+    out.assert_success();
+    let evil_name = std::ffi::OsStr::from_bytes(EVIL);
+    assert_eq!(errno_of(&m.path().join(evil_name)), Some(libc::EIO));
+    let status = stagefs([os("status")]);
+    let umount = m.unmount();
+    umount.assert_success();
+    let texts = [out.stderr, status.stdout, umount.stdout, umount.stderr, fs::read_to_string(&log).unwrap()];
+    let all = texts.join("\n");
+    assert!(!all.contains('\x1b') && !all.contains('\x07'), "a raw control byte was printed:\n{all:?}");
+    assert!(!all.lines().any(|l| l.starts_with("WARN forged")), "an archive forged a line:\n{all}");
+    assert!(texts[0].contains("\\u{1b}[2Jescape"), "the skipped member's warning: {:?}", texts[0]);
+    assert!(texts[1].contains("evil\\u{1b}]0;pwned\\u{7}\\nWARN forged.txt"), "status: {:?}", texts[1]);
+    // tracing quotes string fields once more (`\\u{1b}`): escaped all the same.
+    assert!(texts[4].contains("u{1b}]0;pwned") && texts[4].contains("nWARN forged.txt"), "log: {:?}", texts[4]);
 }

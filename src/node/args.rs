@@ -65,6 +65,10 @@ pub struct RunArgs {
     /// One more archive (or pattern, or @FILE) to merge after ARCHIVE; repeatable
     #[arg(long = "archive", value_name = "ARCHIVE", id = "more_archives")]
     more_archives: Vec<PathBuf>,
+    /// Accept shards owned by another user than you, root or the owner of their directory, or in a
+    /// directory others can write without the sticky bit: only for data you trust
+    #[arg(long)]
+    trust_shards: bool,
     /// The command to run, after `--`
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<OsString>,
@@ -80,7 +84,7 @@ impl RunArgs {
             }
             false => None,
         };
-        let set = crate::shards::resolve(&self.archive, &self.more_archives)?;
+        let set = crate::shards::resolve(&self.archive, &self.more_archives, self.trust_shards)?;
         run(&RunRequest {
             mount: MountRequest {
                 archive: set.label,

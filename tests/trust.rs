@@ -1,0 +1,160 @@
+//! Hostile neighbours against the newer surface (shard sets, `--stage-dir`, mountpoint
+//! ancestors), as two real users: `sfs-alice` runs stagefs, `sfs-eve` is another user of
+//! the node. Each attack must end in a refusal that names the path, its owner and what to
+//! do, with nothing mounted and nothing written where eve could reach it.
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::util::*;
+
+fn chmod(path: &Path, mode: u32) {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A directory every test user can reach, with a shared directory of `mode` in it.
+fn shared_dir(tmp: &TempDir, mode: u32) -> PathBuf {
+    chmod(tmp.path(), 0o755);
+    let shared = tmp.join("shared");
+    fs::create_dir(&shared).unwrap();
+    chmod(&shared, mode);
+    shared
+}
+
+/// A one-file tar at `archive`, owned by `owner`.
+fn tar_of(owner: &User, archive: &Path, name: &str, content: &[u8]) {
+    let src = TempDir::new("trust-src");
+    fs::create_dir_all(src.join(name).parent().unwrap()).unwrap();
+    fs::write(src.join(name), content).unwrap();
+    pack_tar(src.path(), archive, &[name]);
+    owner.chown(archive);
+}
+
+fn assert_refused(out: &CmdOutput, needles: &[&str]) {
+    assert_eq!(out.code(), Some(4), "{}", out.describe());
+    for needle in needles {
+        assert!(out.stderr.contains(needle), "stderr lacks {needle:?}:\n{}", out.describe());
+    }
+}
+
+fn fresh_mountpoint(user: &User, name: &str) -> PathBuf {
+    let mnt = user.home.join(name);
+    remove_tree(&mnt);
+    mnt
+}
+
+/// Case 6: a shard eve adds to alice's set in a shared sticky directory, or a file eve
+/// names like the pattern itself, is refused (exit 4) naming the file and eve; a shared
+/// directory without the sticky bit is refused as a whole; `--trust-shards` accepts them
+/// on purpose.
+#[test]
+fn shard_sets_refuse_shards_another_user_planted() {
+    let (alice, eve) = (User::get("sfs-alice"), User::get("sfs-eve"));
+    let tmp = TempDir::new("trust-shards");
+    let shared = shared_dir(&tmp, 0o1777);
+    tar_of(&alice, &shared.join("train-000.tar"), "train/a.txt", b"alice a\n");
+    tar_of(&alice, &shared.join("train-001.tar"), "train/labels.txt", b"alice's labels\n");
+    let pattern = shared.join("train-*.tar");
+    let mnt = fresh_mountpoint(&alice, "mnt-shards");
+    let mount = |extra: &[&str]| {
+        let mut args: Vec<&std::ffi::OsStr> = vec!["mount".as_ref()];
+        args.extend(extra.iter().map(std::ffi::OsStr::new));
+        args.extend([pattern.as_os_str(), mnt.as_os_str()]);
+        alice.stagefs(args)
+    };
+    // Alice's own set mounts.
+    mount(&[]).assert_success();
+    assert_eq!(alice.sh(&format!("cat {}/train/labels.txt", mnt.display())).stdout, "alice's labels\n");
+    alice.stagefs(["umount".as_ref(), mnt.as_os_str()]).assert_success();
+
+    // (a) eve adds a shard that sorts last and would override alice's labels.
+    let evil = tmp.join("evil.tar");
+    tar_of(&eve, &evil, "train/labels.txt", b"eve's labels\n");
+    eve.sh(&format!("cp {} {}", evil.display(), shared.join("train-999.tar").display()));
+    let out = mount(&[]);
+    assert_refused(&out, &["train-999.tar", "sfs-eve", "--trust-shards"]);
+    assert!(!is_mounted(&mnt), "a refused set was mounted");
+    // On purpose, the same set mounts (and eve's shard wins, as the later one).
+    mount(&["--trust-shards"]).assert_success();
+    assert_eq!(alice.sh(&format!("cat {}/train/labels.txt", mnt.display())).stdout, "eve's labels\n");
+    alice.stagefs(["umount".as_ref(), mnt.as_os_str()]).assert_success();
+    eve.sh(&format!("rm {}", shared.join("train-999.tar").display()));
+
+    // (b) eve names a file like the pattern: it is one more match, and it is eve's.
+    eve.sh(&format!("cp {} '{}'", evil.display(), pattern.display()));
+    assert_refused(&mount(&[]), &["train-*.tar", "sfs-eve"]);
+    assert!(!is_mounted(&mnt));
+    eve.sh(&format!("rm '{}'", pattern.display()));
+
+    // (c) a shared directory without the sticky bit: anyone could replace a shard.
+    chmod(&shared, 0o777);
+    assert_refused(&mount(&[]), &["writable by other users", "without the sticky bit", "--trust-shards"]);
+    assert!(!is_mounted(&mnt));
+    remove_tree(&mnt);
+}
+
+/// Case 8: a mountpoint below a directory others can write without the sticky bit is
+/// refused, naming that directory: eve could rename alice's tree away and build her own
+/// at the path alice's job reads. With the sticky bit the mount works and the rename fails.
+#[test]
+fn mountpoints_below_a_directory_others_can_rename_in_are_refused() {
+    let (alice, eve) = (User::get("sfs-alice"), User::get("sfs-eve"));
+    let tmp = TempDir::new("trust-mountpoint");
+    let proj = shared_dir(&tmp, 0o777);
+    let archive = alice.home.join("trust-mp.tar");
+    tar_of(&alice, &archive, "x.txt", b"alice's bytes\n");
+    alice.sh(&format!("mkdir -m 0700 {}", proj.join("alice").display()));
+    let mnt = proj.join("alice/data/mnt");
+    let out = alice.stagefs(["mount".as_ref(), archive.as_os_str(), mnt.as_os_str()]);
+    assert_refused(&out, &[&proj.display().to_string(), "without the sticky bit", "chmod +t"]);
+    assert!(!is_mounted(&mnt) && !proj.join("alice/data").exists(), "nothing made below the refused directory");
+
+    chmod(&proj, 0o1777);
+    alice.stagefs(["mount".as_ref(), archive.as_os_str(), mnt.as_os_str()]).assert_success();
+    let swap = eve.try_sh(&format!("mv {0}/alice {0}/moved", proj.display()));
+    assert!(!swap.success(), "eve could rename alice's directory:\n{}", swap.describe());
+    assert_eq!(alice.sh(&format!("cat {}/x.txt", mnt.display())).stdout, "alice's bytes\n");
+    alice.stagefs(["umount".as_ref(), mnt.as_os_str()]).assert_success();
+    assert_nothing_left(&mnt, "after umount");
+    fs::remove_file(&archive).unwrap();
+}
+
+/// Case 7: `--stage disk` with a `--stage-dir` in a shared directory without the sticky
+/// bit is refused before anything is written there; in a sticky one alice's
+/// `stagefs-<uid>` is hers alone and eve cannot rename it away.
+#[test]
+fn a_stage_dir_others_could_swap_is_refused_before_anything_is_written() {
+    let (alice, eve) = (User::get("sfs-alice"), User::get("sfs-eve"));
+    let tmp = TempDir::new("trust-stage-dir");
+    let scratch = shared_dir(&tmp, 0o777);
+    let archive = alice.home.join("trust-stage.tar");
+    tar_of(&alice, &archive, "x.txt", b"staged bytes\n");
+    let mnt = fresh_mountpoint(&alice, "mnt-stage");
+    let mount = || {
+        alice.stagefs([
+            "mount".as_ref(),
+            "--stage".as_ref(),
+            "disk".as_ref(),
+            "--stage-dir".as_ref(),
+            scratch.as_os_str(),
+            archive.as_os_str(),
+            mnt.as_os_str(),
+        ])
+    };
+    assert_refused(&mount(), &[&scratch.display().to_string(), "without the sticky bit"]);
+    assert_eq!(fs::read_dir(&scratch).unwrap().count(), 0, "stagefs wrote into the refused stage dir");
+    assert!(!is_mounted(&mnt));
+
+    chmod(&scratch, 0o1777);
+    mount().assert_success();
+    let own = scratch.join(format!("stagefs-{}", alice.uid));
+    let meta = fs::symlink_metadata(&own).unwrap();
+    assert_eq!((meta.uid(), meta.mode() & 0o7777), (alice.uid, 0o700));
+    let swap = eve.try_sh(&format!("mv {} {}", own.display(), scratch.join("moved").display()));
+    assert!(!swap.success(), "eve could rename alice's staging directory:\n{}", swap.describe());
+    assert_eq!(alice.sh(&format!("cat {}/x.txt", mnt.display())).stdout, "staged bytes\n");
+    alice.stagefs(["umount".as_ref(), mnt.as_os_str()]).assert_success();
+    fs::remove_file(&archive).unwrap();
+    remove_tree(&mnt);
+}
