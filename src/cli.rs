@@ -129,8 +129,8 @@ the mount then lives exactly as long as the step, and SIGTERM unmounts it.")]
     },
     /// Build and save an archive's index ahead of time (e.g. on a login node), so mounts on every node start instantly
     #[command(after_help = "The index is saved next to the archive (ARCHIVE.stagefs-index) when that directory is
-writable, else in $XDG_CACHE_HOME/stagefs. It is keyed by the archive's size, mtime and a
-content fingerprint: a changed archive is never served with a stale index. Mounts save
+writable, else in $XDG_CACHE_HOME/stagefs. It is keyed by the archive's size, mtime, ctime,
+inode and a content fingerprint: a changed archive is never served with a stale index. Mounts save
 the index by themselves when scanning took long (10,000+ entries).")]
     Index {
         /// The archive, or a quoted glob pattern or @FILE: every shard's index is saved
