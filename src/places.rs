@@ -253,12 +253,19 @@ const MOUNT_ADVICE: &str =
 /// The mountpoint itself is left to the caller: a live or stale mount may sit on it.
 /// Returns the directories created, outermost first.
 pub fn mountpoint_parents(mountpoint: &Path) -> Result<Vec<PathBuf>, PlaceError> {
-    check_ancestors(mountpoint)?;
-    let Some(parent) = mountpoint.parent() else { return Ok(Vec::new()) };
+    let Some(parent) = mountpoint.parent() else { return check_ancestors(mountpoint).map(|()| Vec::new()) };
     let shm_user = PathBuf::from("/dev/shm").join(user_name());
     if mountpoint.starts_with(&shm_user) {
-        return private_dir(Path::new("/dev/shm"), parent, true, MOUNT_ADVICE);
+        // Every existing directory below /dev/shm is checked as our own first, so a
+        // squatted `/dev/shm/$USER` is named with its owner; the ancestor rule then holds.
+        let created = private_dir(Path::new("/dev/shm"), parent, true, MOUNT_ADVICE)?;
+        if let Err(e) = check_ancestors(mountpoint) {
+            remove_created(&created);
+            return Err(e);
+        }
+        return Ok(created);
     }
+    check_ancestors(mountpoint)?;
     private_dir(Path::new("/"), parent, false, MOUNT_ADVICE)
 }
 
@@ -275,7 +282,7 @@ pub fn create_mountpoint(mountpoint: &Path) -> Result<(), PlaceError> {
 /// `imagenet.tar.zst` → `imagenet`: the file name without its archive extensions.
 pub fn archive_stem(archive: &Path) -> String {
     const EXTENSIONS: &[&str] = &[
-        "tar", "gz", "tgz", "zst", "tzst", "xz", "txz", "bz2", "tbz2", "lz4", "sqsh", "sqfs", "squashfs", "sfs", "img",
+        "tar", "zip", "gz", "tgz", "zst", "tzst", "xz", "txz", "bz2", "tbz2", "lz4", "sqsh", "sqfs", "squashfs", "sfs", "img",
     ];
     let mut name = archive.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     while let Some((stem, ext)) = name.rsplit_once('.') {
