@@ -124,6 +124,11 @@ node_up() { [[ $(sinfo -h -n "$node" -o %t 2>/dev/null) =~ ^(idle|mix|alloc|comp
 
 start() {
     [[ $(id -u) == 0 ]] || die "must run as root"
+    # Two tests may start the same cluster at once: one installs and starts, the other
+    # waits here and then finds it running (apt-get would refuse a second install anyway).
+    mkdir -p "$dir"
+    exec 9>"$dir/setup.lock"
+    flock 9
     if [[ -s $dir/env ]] && SLURM_CONF=$dir/slurm.conf node_up; then
         log "already running ($dir)"; return 0
     fi

@@ -282,7 +282,8 @@ pub fn create_mountpoint(mountpoint: &Path) -> Result<(), PlaceError> {
 /// `imagenet.tar.zst` → `imagenet`: the file name without its archive extensions.
 pub fn archive_stem(archive: &Path) -> String {
     const EXTENSIONS: &[&str] = &[
-        "tar", "zip", "gz", "tgz", "zst", "tzst", "xz", "txz", "bz2", "tbz2", "lz4", "sqsh", "sqfs", "squashfs", "sfs", "img",
+        "tar", "zip", "gz", "tgz", "zst", "tzst", "xz", "txz", "bz2", "tbz2", "lz4", "sqsh", "sqfs", "squashfs", "sfs",
+        "img",
     ];
     let mut name = archive.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     while let Some((stem, ext)) = name.rsplit_once('.') {

@@ -158,3 +158,60 @@ fn a_stage_dir_others_could_swap_is_refused_before_anything_is_written() {
     fs::remove_file(&archive).unwrap();
     remove_tree(&mnt);
 }
+
+/// Case 7, the broadcast: eve pre-makes alice's `stagefs-<uid>` in a shared sticky stage
+/// dir with a link at the inbox's predictable name pointing at alice's `~/.bashrc`. The
+/// broadcast is refused (exit 4, naming the directory and eve) before sbcast runs, and
+/// the file stays as it was; once the squatted directory is gone the same broadcast
+/// serves alice's bytes.
+#[test]
+fn a_broadcast_never_writes_through_a_directory_another_user_made() {
+    let (alice, eve) = (User::get("sfs-alice"), User::get("sfs-eve"));
+    let tmp = TempDir::new("trust-bcast");
+    let scratch = shared_dir(&tmp, 0o1777);
+    let bin = tmp.join("bin");
+    fs::create_dir(&bin).unwrap();
+    // sbcast -f SOURCE DEST on this one node, following links as `cp` does.
+    fs::write(bin.join("sbcast"), "#!/bin/sh\ncp \"$2\" \"$3\"\n").unwrap();
+    chmod(&bin.join("sbcast"), 0o755);
+    chmod(&bin, 0o755);
+    let archive = alice.home.join("trust-bcast.tar");
+    tar_of(&alice, &archive, "x.txt", b"broadcast bytes\n");
+    let bashrc = alice.home.join(".bashrc");
+    fs::write(&bashrc, b"# alice's shell\n").unwrap();
+    alice.chown(&bashrc);
+    let squat = scratch.join(format!("stagefs-{}", alice.uid));
+    eve.sh(&format!("mkdir -m 0777 {0} && chmod 0777 {0}", squat.display()));
+    // The inbox's hash is predictable from the archive path: eve plants links at every
+    // name she could aim at, and a guessed inbox with a link at the copy's name.
+    eve.sh(&format!(
+        "mkdir -p {0}/.stagefs-bcast-5151-guess && ln -s {1} {0}/.stagefs-bcast-5151-guess/copy && ln -s {1} {0}/copy",
+        squat.display(),
+        bashrc.display()
+    ));
+    let mnt = fresh_mountpoint(&alice, "mnt-bcast");
+    let path = format!("PATH={}:/usr/bin:/bin", bin.display());
+    let runtime = format!("STAGEFS_RUNTIME_DIR={}", alice.home.join("rt-bcast").display());
+    let mount = || {
+        let mut cmd = alice.command(&[], Path::new("/usr/bin/env"));
+        cmd.args([&path, &runtime, "SLURM_JOB_ID=5151", "SLURM_PROCID=0", "STAGEFS_BROADCAST_ALWAYS=1"])
+            .arg(stagefs_bin())
+            .args(["mount", "--broadcast", "--stage", "disk", "--stage-dir"])
+            .arg(&scratch)
+            .arg(&archive)
+            .arg(&mnt);
+        run_cmd(&mut cmd, CMD_TIMEOUT)
+    };
+    assert_refused(&mount(), &[&squat.display().to_string(), "sfs-eve"]);
+    assert_eq!(fs::read(&bashrc).unwrap(), b"# alice's shell\n", "written through eve's link");
+    assert!(!is_mounted(&mnt));
+
+    remove_tree(&squat);
+    mount().assert_success();
+    assert_eq!(alice.sh(&format!("cat {}/x.txt", mnt.display())).stdout, "broadcast bytes\n");
+    alice.stagefs(["umount".as_ref(), mnt.as_os_str()]).assert_success();
+    assert_eq!(fs::read(&bashrc).unwrap(), b"# alice's shell\n");
+    assert_nothing_left(&mnt, "after umount");
+    fs::remove_file(&archive).unwrap();
+    remove_tree(&alice.home.join("rt-bcast"));
+}

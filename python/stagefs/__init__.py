@@ -414,10 +414,14 @@ class Loader:
             lens = np.asarray(lengths, dtype=np.int64)
         else:
             buffer, offs, lens = buf, list(offsets), list(lengths)
-        if out == "dlpack":
-            data = [memoryview(buf.tobytes())[o : o + n] for o, n in zip(offsets, lengths)]
+        # Files lie back to back in the buffer: one native split gives every view at once
+        # (a Python loop of slices costs microseconds per file, hundreds per batch).
+        if out == "torch":
+            data = list(buffer.split(list(lengths)))
+        elif out == "numpy":
+            data = np.split(buffer, offsets[1:]) if offsets else []
         else:
-            data = [buffer[o : o + n] for o, n in zip(offsets, lengths)]
+            data = [memoryview(buf.tobytes())[o : o + n] for o, n in zip(offsets, lengths)]
         return Batch(paths, labels, buffer, offs, lens, data, epoch, index)
 
     def __repr__(self) -> str:

@@ -21,6 +21,7 @@ from conftest import make_tree
 
 def loader(root, **kw):
     kw.setdefault("device", "cpu")
+    kw.setdefault("output", "numpy")  # torch may be installed too: these tests check the numpy face
     kw.setdefault("io_threads", 2)
     return stagefs.Loader(root, **kw)
 

@@ -257,6 +257,23 @@ struct Loader {
     classes: Vec<String>,
     config: Config,
     created: u32,
+    /// The last epoch's reader, halted, for the next epoch to restart: its ring (pinned and
+    /// device buffers) is allocated once per Loader, not once per epoch.
+    spare: Spare,
+}
+
+/// A halted reader kept between epochs.
+type Spare = Arc<Mutex<Option<stagefs_reader::Loader>>>;
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        if pid() != self.created {
+            // In a fork child the reader's threads do not exist: leak it (see EpochIter).
+            if let Some(reader) = self.spare.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                std::mem::forget(reader);
+            }
+        }
+    }
 }
 
 fn slot_for(files: &FileList, batch_size: usize, world_size: usize, padded: bool) -> usize {
@@ -350,7 +367,7 @@ impl Loader {
         if let Some(n) = io_threads {
             config = config.io_threads(n);
         }
-        Ok(Loader { files, labels: Arc::new(labels), classes, config, created: pid() })
+        Ok(Loader { files, labels: Arc::new(labels), classes, config, created: pid(), spare: Spare::default() })
     }
 
     /// Batches per epoch for this rank.
@@ -376,7 +393,7 @@ impl Loader {
         check_pid(self.created, "Loader")?;
         let pending = Some((self.files.clone(), self.config.clone().first_epoch(epoch).epochs(1)));
         Ok(EpochIter {
-            state: Mutex::new(Pipeline { pending, ..Pipeline::default() }),
+            state: Mutex::new(Pipeline { pending, epoch, spare: Arc::clone(&self.spare), ..Pipeline::default() }),
             labels: Arc::clone(&self.labels),
             created: pid(),
         })
@@ -399,14 +416,30 @@ struct Pipeline {
     loader: Option<stagefs_reader::Loader>,
     /// A batch received whose upload had not finished when the last wait timed out.
     held: Option<stagefs_reader::Batch>,
+    epoch: usize,
+    /// Where the reader goes when the epoch ends, and where it comes from if one is there.
+    spare: Spare,
 }
 
 impl Pipeline {
-    /// Drops the batch and the loader: stops and joins every thread of the epoch.
+    /// Drops the batch and the reader: stops and joins every thread of the epoch.
     fn stop(&mut self) {
         self.pending = None;
         self.held = None;
         self.loader = None;
+    }
+
+    /// The epoch ran to its end: its reader (threads joined, nothing in flight) becomes
+    /// the Loader's spare for the next epoch. An epoch left early (Ctrl-C, `close`, an
+    /// error) drops it instead, so stopping never waits for uploads still queued.
+    fn finish(&mut self) {
+        self.pending = None;
+        self.held = None;
+        if let Some(mut reader) = self.loader.take() {
+            if reader.halt().is_ok() {
+                self.spare.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(reader);
+            }
+        }
     }
 
     /// One bounded wait: the next batch copied out of the ring, the end, or `Pending`.
@@ -415,7 +448,14 @@ impl Pipeline {
             let Some((files, config)) = self.pending.take() else {
                 return Ok(Step::End);
             };
-            self.loader = Some(stagefs_reader::Loader::new(files, config)?);
+            let spare = self.spare.lock().unwrap_or_else(|p| p.into_inner()).take();
+            self.loader = Some(match spare {
+                Some(mut reader) => {
+                    reader.restart(self.epoch)?;
+                    reader
+                }
+                None => stagefs_reader::Loader::new(files, config)?,
+            });
         }
         if self.held.is_none() {
             let loader = self.loader.as_mut().expect("set above");
@@ -426,8 +466,12 @@ impl Pipeline {
             }
         }
         let b = self.held.as_ref().expect("set above");
-        // The reader hands batches out with the upload queued; wait for it in bounded steps too.
-        if !b.synchronize_timeout(POLL)? {
+        // The reader hands batches out with the upload queued. A host batch is filled by a
+        // thread: wait for it in bounded steps too. A CUDA batch is not waited for here: its
+        // copy below is queued on the upload's own stream, so the GPU orders it after the
+        // upload, and a host wait would only stall the pipeline (the slot's reuse waits on
+        // its upload in the reader, the consumer on `ready` in `__dlpack__`).
+        if b.cuda_stream().is_none() && !b.synchronize_timeout(POLL)? {
             return Ok(Step::Pending);
         }
         let bytes: Arc<dyn Storage> = match b.device()? {
@@ -487,7 +531,7 @@ impl EpochIter {
                     }
                 }
                 Ok(Step::End) => {
-                    py.detach(|| pipeline.stop());
+                    py.detach(|| pipeline.finish());
                     return Ok(None);
                 }
                 Err(e) => {

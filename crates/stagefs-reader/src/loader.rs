@@ -131,6 +131,44 @@ impl Loader {
         })
     }
 
+    /// Streams `config.epochs` more epochs from `first_epoch` on, reusing this loader's
+    /// ring (pinned and device buffers, CUDA stream) instead of allocating a new one:
+    /// pinning hundreds of MiB costs 0.1-0.2 s per epoch, more than streaming a small one.
+    /// Whatever the previous run still had in flight is cancelled and waited for first;
+    /// batches already handed out stay valid. A loader that failed cannot restart.
+    pub fn restart(&mut self, first_epoch: usize) -> Result<()> {
+        self.halt()?;
+        self.shared.cancel.store(false, Ordering::Release);
+        let (jobs_tx, jobs_rx) = mpsc::channel();
+        let (done_tx, done_rx) = mpsc::channel();
+        self.workers = spawn_workers(self.config.io_threads, &self.shared, jobs_rx, &done_tx)?;
+        self.jobs = Some(jobs_tx);
+        self.done = done_rx;
+        self.config.first_epoch = first_epoch;
+        self.planner = Planner { next_epoch: first_epoch, queued: VecDeque::new(), done: false };
+        self.plan_error = None;
+        self.state = State::Running;
+        Ok(())
+    }
+
+    /// Stops the current run and keeps the ring for [`Loader::restart`]: cancels queued
+    /// reads, joins the I/O threads and waits for the uploads in flight. Batches already
+    /// handed out stay valid.
+    pub fn halt(&mut self) -> Result<()> {
+        if self.state == State::Failed {
+            return Err(Error::Stopped);
+        }
+        self.stop_workers();
+        while let Some(d) = self.in_flight.pop_front() {
+            // Its upload (if it was queued) must end before the slot is filled again.
+            self.shared.ring.wait_upload(d.slot)?;
+            self.shared.free.lock().unwrap_or_else(|p| p.into_inner()).push(d.slot);
+        }
+        self.ready.clear();
+        self.state = State::Finished;
+        Ok(())
+    }
+
     /// The backend in use (CUDA, or the host fallback).
     pub fn backend(&self) -> Backend {
         self.backend

@@ -25,11 +25,17 @@ fn host() -> Config {
 /// Runs a loader to the end and returns, per batch, (epoch, file indices);
 /// also checks every file's bytes at its offset.
 fn drain(loader: &mut Loader) -> Vec<(usize, Vec<usize>)> {
+    drain_from(loader, Some(0))
+}
+
+/// [`drain`] whose first batch has sequence number `first` (any, for `None`: sequence
+/// numbers run on over a loader's life, across `restart`).
+fn drain_from(loader: &mut Loader, first: Option<u64>) -> Vec<(usize, Vec<usize>)> {
     let mut out = Vec::new();
-    let mut expect_seq = 0;
+    let mut expect_seq = first;
     while let Some(b) = loader.next_batch().unwrap() {
-        assert_eq!(b.seq(), expect_seq, "batches out of order");
-        expect_seq += 1;
+        assert_eq!(b.seq(), *expect_seq.get_or_insert(b.seq()), "batches out of order");
+        expect_seq = Some(b.seq() + 1);
         #[allow(irrefutable_let_patterns)] // without the `cuda` feature Host is the only variant
         let DeviceBuffer::Host(bytes) = b.device().unwrap() else {
             panic!("host backend expected")
@@ -234,4 +240,36 @@ fn h2d_probe_needs_an_idle_ring_and_measures_it() {
     assert!(t > Duration::ZERO);
     // Probe copies do not count as pipeline uploads.
     assert_eq!(l.stats().bytes_uploaded, l.stats().bytes_read);
+}
+
+/// `restart` streams the next epoch on the same ring: the same batches as a fresh loader
+/// started at that epoch, also after a run left early with batches in flight (slow
+/// uploads keep them queued), and never a slot refilled before its upload completed.
+#[test]
+fn restart_reuses_the_ring_and_matches_a_fresh_loader() {
+    let t = Tree::new(&sizes(60));
+    let files = FileList::from_paths(&t.files).unwrap();
+    let mut cfg = host().shuffle(Some(5));
+    cfg.record_slot_events = true;
+    cfg.upload_delay = Duration::from_millis(2);
+    let mut l = Loader::new(files.clone(), cfg.clone()).unwrap();
+    let first = drain(&mut l);
+    assert!(first.iter().all(|(e, _)| *e == 0));
+    let ring = std::sync::Arc::as_ptr(l.shared());
+
+    l.restart(1).unwrap();
+    let again = drain_from(&mut l, None);
+    let fresh = drain(&mut Loader::new(files.clone(), cfg.clone().first_epoch(1)).unwrap());
+    assert_eq!(again, fresh, "epoch 1 on the reused ring differs from a fresh loader's");
+    assert_eq!(std::sync::Arc::as_ptr(l.shared()), ring, "restart allocated a new ring");
+
+    // Leave early: one batch taken, the others still in flight.
+    let b = l.restart(2).and_then(|()| l.next_batch()).unwrap().expect("a batch");
+    assert_eq!(b.epoch(), 2);
+    drop(b);
+    l.restart(3).unwrap();
+    let fresh = drain(&mut Loader::new(files, cfg.first_epoch(3)).unwrap());
+    assert_eq!(drain_from(&mut l, None), fresh);
+    let log = l.shared().log.as_ref().unwrap().lock().unwrap().clone();
+    assert_eq!(reuse_violations(&log), Vec::<String>::new());
 }
