@@ -22,6 +22,7 @@ import time
 import torch
 
 import stagefs
+from cpu_loader import RawFiles  # the same raw-bytes Dataset as the CPU comparison
 
 
 def files_of(root):
@@ -43,20 +44,8 @@ def run_stagefs(root, batch_size, epochs):
     return files, nbytes, time.perf_counter() - start
 
 
-class Files(torch.utils.data.Dataset):
-    def __init__(self, paths):
-        self.paths = paths
-
-    def __len__(self):
-        return len(self.paths)
-
-    def __getitem__(self, i):
-        with open(self.paths[i], "rb") as f:
-            return torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
-
-
 def run_dataloader(paths, batch_size, workers, epochs):
-    loader = torch.utils.data.DataLoader(Files(paths), batch_size=batch_size, shuffle=True, num_workers=workers,
+    loader = torch.utils.data.DataLoader(RawFiles(paths), batch_size=batch_size, shuffle=True, num_workers=workers,
                                          pin_memory=True, collate_fn=lambda xs: torch.cat(xs))  # fmt: skip
     for _ in range(epochs):
         start, nbytes = time.perf_counter(), 0
