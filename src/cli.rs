@@ -69,8 +69,8 @@ the mount then lives exactly as long as the step, and SIGTERM unmounts it.")]
         #[arg(long, value_parser = threads_parser())]
         threads: Option<usize>,
         /// Once detached, append the daemon's log to this file (it must be writable: checked before
-        /// mounting). Default: a file in stagefs's runtime directory, capped at 1 MiB, shown by
-        /// `stagefs status` and removed when the mount ends
+        /// mounting). Default: a file in stagefs's runtime directory, capped at 1 MiB and removed
+        /// when the mount ends; `stagefs status` and `stagefs umount` report its failed reads
         #[arg(long, value_name = "FILE")]
         log_file: Option<PathBuf>,
         /// Bring the archive close first: auto (from a network filesystem: into RAM when it fits,
@@ -152,7 +152,7 @@ the index by themselves when scanning took long (10,000+ entries).")]
     /// Build an ImageNet-like archive and the same files as a plain directory, mount the archive in place
     /// and staged in RAM, read all three with parallel readers, print files/s side by side
     Demo {
-        /// Number of files (20-200 KB each, in 20 class folders; 4000 make about 440 MB)
+        /// Number of files (20-200 KB each, in 20 class folders; 4000 make a 440 MB archive, written twice: as the tar and as a plain directory)
         #[arg(long, default_value_t = 4000, value_parser = at_least_one)]
         files: usize,
         /// Parallel readers

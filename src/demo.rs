@@ -53,6 +53,9 @@ pub fn run(files: usize, readers: usize, dir: Option<PathBuf>, keep: bool) -> Re
             )));
         }
     }
+    // Ctrl-C (or SIGTERM) only sets a flag from here on: the demo stops at its next check
+    // and removes everything it wrote (the default action would leave ~0.9 GB in /tmp).
+    crate::cancel::arm().map_err(|e| io("cannot install signal handlers", e))?;
     // In /tmp anyone could have made that path first: it must be ours alone.
     let created = crate::places::own_dir(&work, "choose another directory with --dir")?;
     let archive = work.join("imagenet-like.tar");
@@ -66,9 +69,14 @@ pub fn run(files: usize, readers: usize, dir: Option<PathBuf>, keep: bool) -> Re
         crate::places::remove_created(&created);
     }
     result.map_err(|e| match e {
+        Step::Io(_, e) if e.kind() == std::io::ErrorKind::Interrupted => match crate::cancel::check() {
+            Err(interrupted) => Failure::from(interrupted),
+            Ok(()) => io("interrupted", e),
+        },
         Step::Io(what, e) => io(what, e),
         Step::Failed(f) => f,
-    })
+    })?;
+    crate::cancel::check().map_err(Failure::from)
 }
 
 enum Step {
@@ -195,6 +203,10 @@ fn write_archive(path: &Path, plain: &Path, files: usize) -> std::io::Result<Vec
     }
     let mut data = Vec::new();
     for i in 0..files {
+        // Ctrl-C while writing: stop here, and `run` removes what was written.
+        if let Err(interrupted) = crate::cancel::check() {
+            return Err(std::io::Error::new(std::io::ErrorKind::Interrupted, interrupted));
+        }
         let name = format!("train/n{:08}/img_{i:07}.JPEG", i % CLASSES);
         let len = 20_000 + (rng.next() % 180_000) as usize;
         data.clear();

@@ -24,6 +24,10 @@ pub enum FsError {
     NotSymlink,
     #[error("no such extended attribute")]
     NoXattr,
+    /// The archive carries no extended attributes at all: ENOSYS tells the kernel so
+    /// once, and it stops asking (`ls -l` otherwise costs two round trips per file).
+    #[error("the archive has no extended attributes")]
+    NoXattrs,
     #[error("buffer too small")]
     Range,
     #[error("{path}: {source}")]
@@ -41,6 +45,7 @@ impl FsError {
             FsError::IsDir => libc::EISDIR,
             FsError::NotSymlink => libc::EINVAL,
             FsError::NoXattr => libc::ENODATA,
+            FsError::NoXattrs => libc::ENOSYS,
             FsError::Range => libc::ERANGE,
             FsError::Corrupt { .. } => libc::EIO,
             FsError::Denied { .. } => libc::EACCES,
@@ -258,6 +263,9 @@ impl Fs {
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<&[u8]> {
         let (_, inode) = self.node(ino)?;
         let index = &self.archive.index;
+        if index.xattrs.is_empty() {
+            return Err(FsError::NoXattrs);
+        }
         index
             .xattrs_of(inode)
             .iter()
@@ -270,6 +278,9 @@ impl Fs {
     pub fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
         let (_, inode) = self.node(ino)?;
         let index = &self.archive.index;
+        if index.xattrs.is_empty() {
+            return Err(FsError::NoXattrs);
+        }
         let mut out = Vec::new();
         for x in index.xattrs_of(inode) {
             out.extend_from_slice(index.bytes(x.name));
@@ -352,7 +363,9 @@ mod tests {
         assert_eq!(fs.lookup(file.ino, b"x").unwrap_err().errno(), libc::ENOTDIR);
         assert_eq!(fs.readlink(file.ino).unwrap_err().errno(), libc::EINVAL);
         assert_eq!(fs.read(1, 0, 10).unwrap_err().errno(), libc::EISDIR);
-        assert_eq!(fs.getxattr(file.ino, b"user.x").unwrap_err().errno(), libc::ENODATA);
+        // An archive without any xattrs says so once for all (ENOSYS: the kernel stops asking).
+        assert_eq!(fs.getxattr(file.ino, b"user.x").unwrap_err().errno(), libc::ENOSYS);
+        assert_eq!(fs.listxattr(file.ino).unwrap_err().errno(), libc::ENOSYS);
         assert_eq!(fs.getattr(0).unwrap_err().errno(), libc::ENOENT);
         assert_eq!(fs.getattr(u64::MAX).unwrap_err().errno(), libc::ENOENT);
         assert_eq!(FsError::Range.errno(), libc::ERANGE);

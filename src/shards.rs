@@ -71,16 +71,23 @@ pub fn resolve(spec: &Path, more: &[PathBuf], trust_shards: bool) -> Result<Arch
 }
 
 /// The default mountpoint for `spec`: the archive's stem, or for a pattern or list its
-/// name without the wildcards (`train-*.tar` mounts at `.../stagefs/train`).
+/// name without the wildcards (`train-*.tar` mounts at `.../stagefs/train`); a pattern
+/// that names nothing but an extension (`shards/*.tar`) takes its directory's name.
 pub fn default_mountpoint(spec: &Path) -> PathBuf {
     if !is_set_spec(spec) {
         return crate::places::default_mountpoint(spec);
     }
     let name = spec.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let cleaned: String = name.chars().filter(|c| !"*?[]{}@".contains(*c)).collect();
-    let stem = crate::places::archive_stem(Path::new(&cleaned));
+    let stem = if cleaned.starts_with('.') { String::new() } else { crate::places::archive_stem(Path::new(&cleaned)) };
     let stem = stem.trim_end_matches(".txt").trim_matches(|c| "-_.".contains(c));
-    crate::places::default_mount_root().join(if stem.is_empty() { "shards" } else { stem })
+    let dir = spec.parent().and_then(Path::file_name).map(|d| d.to_string_lossy().into_owned());
+    let name = match (stem.is_empty(), dir) {
+        (false, _) => stem.to_string(),
+        (true, Some(dir)) if !dir.is_empty() && !dir.contains(['*', '?', '[']) => dir,
+        (true, _) => "shards".to_string(),
+    };
+    crate::places::default_mount_root().join(name)
 }
 
 /// Refuses a MOUNTPOINT that is itself an archive: the shell expanded an unquoted
@@ -262,5 +269,8 @@ mod tests {
         assert!(default_mountpoint(Path::new("/x/train-*.tar")).ends_with("stagefs/train"));
         assert!(default_mountpoint(Path::new("@/x/shards.txt")).ends_with("stagefs/shards"));
         assert!(default_mountpoint(Path::new("/x/data.tar")).ends_with("stagefs/data"));
+        assert!(default_mountpoint(Path::new("/x/shards/*.tar")).ends_with("stagefs/shards"));
+        assert!(default_mountpoint(Path::new("data/*.zip")).ends_with("stagefs/data"));
+        assert!(default_mountpoint(Path::new("*.tar")).ends_with("stagefs/shards"));
     }
 }

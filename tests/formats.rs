@@ -17,7 +17,7 @@ use std::thread;
 
 use crate::compare::{assert_trees_equal, count_entries, xattrs, Options};
 use crate::util::{
-    extract_squashfs, extract_tar, fixture, pseudo_random, read, require_root, run_tool, Mounted, TempDir,
+    extract_squashfs, extract_tar, fixture, pack_tar, pseudo_random, read, require_root, run_tool, Mounted, TempDir,
 };
 
 // ---------------------------------------------------------------------------
@@ -589,4 +589,54 @@ fn runtime_big_squashfs_zstd_4k() {
         ];
         run_tool("mksquashfs", args);
     });
+}
+
+/// `lgetxattr(path, name)`'s errno (0 when the attribute exists).
+fn getxattr_errno(path: &Path, name: &str) -> i32 {
+    use std::os::unix::ffi::OsStrExt;
+    let (p, n) = (std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap(), std::ffi::CString::new(name).unwrap());
+    let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) };
+    if r < 0 {
+        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    } else {
+        0
+    }
+}
+
+/// An archive without any extended attribute answers the first xattr request with ENOSYS,
+/// so the kernel stops asking: callers get EOPNOTSUPP and `ls -l` costs no getxattr round
+/// trips per file. An archive with xattrs answers ENODATA for a name a file lacks.
+#[test]
+fn xattr_requests_stop_for_archives_without_xattrs() {
+    let tmp = TempDir::new("xattr-enosys");
+    let src = tmp.join("src");
+    fs::create_dir_all(&src).unwrap();
+    fs::write(src.join("a.txt"), b"a\n").unwrap();
+    let plain = tmp.join("plain.tar");
+    pack_tar(&src, &plain, &["a.txt"]);
+    let m = Mounted::new(&plain, &tmp.join("mnt-plain"));
+    for _ in 0..2 {
+        assert_eq!(getxattr_errno(&m.path().join("a.txt"), "user.x"), libc::EOPNOTSUPP);
+        assert_eq!(getxattr_errno(m.path(), "security.selinux"), libc::EOPNOTSUPP);
+    }
+    assert!(xattrs(&m.path().join("a.txt")).unwrap().is_empty());
+    drop(m);
+
+    let c = std::ffi::CString::new(src.join("a.txt").as_os_str().as_encoded_bytes()).unwrap();
+    let set = unsafe { libc::lsetxattr(c.as_ptr(), c"user.k".as_ptr(), b"v".as_ptr().cast(), 1, 0) };
+    assert_eq!(set, 0, "lsetxattr: {}", std::io::Error::last_os_error());
+    let with = tmp.join("xattrs.tar");
+    run_tool(
+        "tar",
+        ["--format=posix", "--xattrs", "--xattrs-include=user.*", "-C"].map(OsStr::new).into_iter().chain([
+            src.as_os_str(),
+            OsStr::new("-cf"),
+            with.as_os_str(),
+            OsStr::new("a.txt"),
+        ]),
+    );
+    let m = Mounted::new(&with, &tmp.join("mnt-xattrs"));
+    assert_eq!(getxattr_errno(&m.path().join("a.txt"), "user.k"), 0);
+    assert_eq!(getxattr_errno(&m.path().join("a.txt"), "user.x"), libc::ENODATA);
+    assert_eq!(xattrs(&m.path().join("a.txt")).unwrap().get(OsStr::new("user.k")).map(|v| &v[..]), Some(&b"v"[..]));
 }

@@ -358,3 +358,32 @@ fn the_demo_says_what_it_writes_and_compares_three_ways() {
     assert_eq!(left, ["imagenet-like.tar"], "only the kept archive stays");
     assert!(!crate::util::mounts().iter().any(|m| m.mount_point.starts_with(&work)), "a demo mount stayed");
 }
+
+/// Ctrl-C while the demo writes its ~0.9 GB: it stops, removes everything it wrote and
+/// exits 130 (128 + SIGINT), as a shell reports an interrupted command.
+#[test]
+fn an_interrupted_demo_leaves_nothing_behind() {
+    require_root();
+    let tmp = TempDir::new("ux-demo-int");
+    let work = tmp.join("demo");
+    let mut child = Command::new(stagefs_bin())
+        .args([OsStr::new("demo"), OsStr::new("--files"), OsStr::new("20000"), OsStr::new("--dir"), work.as_os_str()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let plain = work.join("plain/train");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    // Interrupt once it has written some files (the build takes far longer than this).
+    while fs::read_dir(&plain).map_or(0, |d| d.count()) < 5 {
+        assert!(std::time::Instant::now() < deadline, "the demo wrote nothing within a minute");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+    let status = crate::util::wait_timeout(&mut child, Duration::from_secs(60)).expect("the demo must stop");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("interrupted by SIGINT"), "{stderr}");
+    assert!(!work.exists(), "the interrupted demo left {}", work.display());
+}

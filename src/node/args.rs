@@ -29,7 +29,7 @@ so single quotes are enough:
 SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 are forwarded to CMD; the mount is still
 cleaned up. Default mountpoint: /dev/shm/$USER/stagefs/<archive name without extensions>.")]
 pub struct RunArgs {
-    /// The archive: tar or SquashFS, or a quoted glob pattern or @FILE of shards (see `stagefs mount --help`)
+    /// The archive: tar (plain or compressed), zip or SquashFS, or a quoted glob pattern or @FILE of shards (see `stagefs mount --help`)
     archive: PathBuf,
     /// Mountpoint (default: /dev/shm/$USER/stagefs/<archive stem>)
     #[arg(short, long, value_name = "DIR")]

@@ -182,7 +182,7 @@ fn is_mounted(archive: &Path, mountpoint: &Path) -> Result<bool, Failure> {
         return Err(Failure::new(
             code::MOUNTPOINT,
             format!(
-                "{} is already mounted with another archive ({}, daemon pid {}); unmount it with `stagefs umount {}` or choose another mountpoint with -m",
+                "{} is already mounted with another archive ({}, daemon pid {}); unmount it with `stagefs umount {}`, or give another MOUNTPOINT (stagefs mount ARCHIVE DIR)",
                 mountpoint.display(),
                 record.archive.display(),
                 record.pid,
