@@ -534,6 +534,14 @@ pub fn open_shard(
         elapsed_ms = elapsed.as_millis() as u64,
         "indexed"
     );
+    if index.inodes.len() <= 1 {
+        // A file of zeros is a valid, empty tar: mounting it is no error, but rarely meant.
+        tracing::warn!(
+            "{} holds no files or directories ({} bytes): an empty archive, a file of zeros, or not the file you meant",
+            path.display(),
+            archive.size()
+        );
+    }
     // Small archives index in milliseconds: a saved index would only litter.
     let worth_saving = index.dirents.len() * shards >= 10_000 || elapsed * shards as u32 >= Duration::from_millis(200);
     let mut saved_index = None;

@@ -68,6 +68,16 @@ fn run(command: Command) -> Result<(), Failure> {
             // `--idle-timeout 0` means what "no timeout" means elsewhere, not "unmount at once".
             let idle_timeout = idle_timeout.filter(|t| !t.is_zero());
             let mounted = node::mount(&request, node::DEFAULT_WAIT, idle_timeout)?;
+            if mounted && !foreground && std::env::var_os("SLURM_JOB_ID").is_some_and(|j| !j.is_empty()) {
+                // The detached daemon is no process of the job's steps: where SLURM's
+                // proctrack does not kill escaped processes (proctrack/linuxproc), it and its
+                // mount outlive the job.
+                eprintln!(
+                    "stagefs: note: this detached mount is not tied to SLURM job {}: unmount it with `stagefs umount {}`                      before the job ends (a bash `trap ... EXIT`), or let `stagefs run ARCHIVE -- CMD` mount it for                      CMD's lifetime",
+                    std::env::var("SLURM_JOB_ID").unwrap_or_default(),
+                    request.mountpoint.display()
+                );
+            }
             if !foreground {
                 // So that `MNT=$(stagefs mount data.tar)` works, also for the default mountpoint.
                 let mountpoint = stagefs::mountpoint::resolve(&request.mountpoint)?;
@@ -104,6 +114,19 @@ fn usage_error(error: clap::Error) -> ! {
         let _ = error.print();
         eprintln!(
             "\nstagefs run: put the command after `--`, e.g.\n  stagefs run data.tar -- python train.py --data-root '{{mount}}'"
+        );
+        std::process::exit(stagefs::error::code::USAGE.into());
+    }
+    // `stagefs mount shards/*.tar` unquoted: the shell passes every match, and clap sees
+    // a third positional argument.
+    let is_mount = args.iter().find(|a| !a.to_string_lossy().starts_with('-')).is_some_and(|a| a == "mount");
+    let archives = args.iter().filter(|a| stagefs::shards::check_not_an_archive(std::path::Path::new(a)).is_err());
+    if is_mount && error.kind() == ErrorKind::UnknownArgument && archives.count() >= 2 {
+        let _ = error.print();
+        eprintln!(
+            "\nstagefs mount: several archives were given: the shell expanded an unquoted pattern. Quote it so \
+             that stagefs reads it (stagefs mount 'shards/*.tar' MOUNTPOINT), or name each extra archive with \
+             --archive"
         );
         std::process::exit(stagefs::error::code::USAGE.into());
     }

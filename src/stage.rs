@@ -202,7 +202,17 @@ pub fn load(
                     ),
                 }
             }
-            remote && fits
+            let staged = remote && fits;
+            tracing::info!(
+                "--stage auto: {} is on a {} filesystem and {} the RAM budget ({}, {}): {}",
+                path.display(),
+                if remote { "network" } else { "local" },
+                if fits { "fits" } else { "does not fit" },
+                human(budget.bytes),
+                budget.reason,
+                if staged { "staging it in RAM" } else { "serving it in place (the page cache keeps what is read)" }
+            );
+            staged
         }
     };
     // Refused before any byte is read; the warm-up checks again with the files' real size.
@@ -280,7 +290,15 @@ pub fn mode_for_set(
                     label.display()
                 );
             }
-            Ok(if remote && total <= budget.bytes { StageMode::Ram } else { StageMode::None })
+            let staged = remote && total <= budget.bytes;
+            tracing::info!(
+                "--stage auto: {} ({}) is on a {} filesystem: {}",
+                label.display(),
+                human(total),
+                if remote { "network" } else { "local" },
+                if staged { "staging it in RAM" } else { "serving it in place" }
+            );
+            Ok(if staged { StageMode::Ram } else { StageMode::None })
         }
     }
 }

@@ -172,6 +172,9 @@ fn bad_sets_fail_with_exit_3_naming_the_culprit() {
     // An unquoted pattern: the shell put the second shard where the mountpoint goes.
     mount_must_fail(&[good.as_os_str(), good.as_os_str()], 4, "an archive as mountpoint")
         .assert_stderr_has(&["not a directory but an archive", "Quote it"]);
+    // Three or more matches: clap sees an extra argument; the advice is the same.
+    mount_must_fail(&[good.as_os_str(), good.as_os_str(), good.as_os_str()], 2, "three archives unquoted")
+        .assert_stderr_has(&["unquoted pattern", "'shards/*.tar'"]);
 
     // A damaged header in the second shard: the error names that shard and the offset.
     let bad = tmp.join("hurt.tar");

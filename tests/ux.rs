@@ -175,6 +175,13 @@ fn errors_served_reach_the_log_status_and_umount() {
 
     let logged = wait_until(Duration::from_secs(10), || read_text(&log).contains("changed since it was mounted"));
     assert!(logged, "the log says why: {:?}", read_text(&log));
+    // What changed (the mtime, the size being the same), with no byte offset to blame.
+    let text = read_text(&log);
+    assert!(
+        text.contains("same size, but its contents were modified: mtime") && text.contains(" 1000000.000000000 now"),
+        "{text}"
+    );
+    assert!(!text.contains("corrupt data at archive byte"), "{text}");
     let mut status = String::new();
     let shown = wait_until(Duration::from_secs(10), || {
         status = stagefs_in(&runtime, &[OsStr::new("status")]).stdout;
@@ -222,9 +229,27 @@ fn a_log_file_that_cannot_be_written_is_refused_before_mounting() {
     assert!(!tmp.join("made").exists(), "nothing was made for the mount");
     // A writable one gets the daemon's log.
     let log = tmp.join("daemon.log");
-    let m = Mounted::with_args(&["-v", "--log-file", &log.to_string_lossy()], &archive, &mp);
+    let out = stagefs([
+        OsStr::new("mount"),
+        OsStr::new("-v"),
+        OsStr::new("--log-file"),
+        log.as_os_str(),
+        archive.as_os_str(),
+        mp.as_os_str(),
+    ]);
+    let m = Mounted::adopt(&archive, &mp);
+    out.assert_success();
     m.unmount().assert_success();
     assert!(read_text(&log).contains("mounted"), "{:?}", read_text(&log));
+    // -v says why `--stage auto` (the default) chose what it did, before detaching.
+    let said = &out.stderr;
+    assert!(
+        said.contains("--stage auto:")
+            && said.contains("on a local filesystem")
+            && said.contains("serving it in place"),
+        "{}",
+        out.describe()
+    );
 }
 
 #[test]
@@ -386,4 +411,49 @@ fn an_interrupted_demo_leaves_nothing_behind() {
     assert_eq!(status.code(), Some(130), "{stderr}");
     assert!(stderr.contains("interrupted by SIGINT"), "{stderr}");
     assert!(!work.exists(), "the interrupted demo left {}", work.display());
+}
+
+/// Inside a SLURM job, a detached mount says that it is not tied to the job and how to
+/// end it with the job (the README's first example would otherwise leak on clusters whose
+/// proctrack lets the daemon escape).
+#[test]
+fn a_detached_mount_inside_a_slurm_job_says_it_outlives_the_job() {
+    require_root();
+    let tmp = TempDir::new("ux-slurm-note");
+    let archive = tmp.join("data.tar");
+    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    let mp = tmp.join("mnt");
+    let mut cmd = Command::new(stagefs_bin());
+    cmd.env("SLURM_JOB_ID", "777").args([OsStr::new("mount"), archive.as_os_str(), mp.as_os_str()]);
+    let out = run_cmd(&mut cmd, CMD_TIMEOUT);
+    let m = Mounted::adopt(&archive, &mp);
+    out.assert_success();
+    assert!(
+        out.stderr.contains("not tied to SLURM job 777") && out.stderr.contains("stagefs run"),
+        "{}",
+        out.describe()
+    );
+    m.unmount().assert_success();
+    // Outside a job, no such note.
+    let out = stagefs([OsStr::new("mount"), archive.as_os_str(), mp.as_os_str()]);
+    let m = Mounted::adopt(&archive, &mp);
+    out.assert_success();
+    assert!(!out.stderr.contains("SLURM"), "{}", out.describe());
+    m.unmount().assert_success();
+}
+
+/// A file of zeros is a valid, empty tar: it mounts (exit 0) as an empty tree, and says so.
+#[test]
+fn an_archive_of_zeros_mounts_empty_and_says_so() {
+    require_root();
+    let tmp = TempDir::new("ux-zeros");
+    let archive = tmp.join("zeros.tar");
+    fs::write(&archive, vec![0u8; 1 << 20]).unwrap();
+    let mp = tmp.join("mnt");
+    let out = stagefs([OsStr::new("mount"), archive.as_os_str(), mp.as_os_str()]);
+    let m = Mounted::adopt(&archive, &mp);
+    out.assert_success();
+    assert!(out.stderr.contains("holds no files or directories (1048576 bytes)"), "{}", out.describe());
+    assert_eq!(fs::read_dir(&mp).unwrap().count(), 0);
+    m.unmount().assert_success();
 }

@@ -73,15 +73,25 @@ impl InPlace {
 
     fn unchanged(&self) -> Result<(), ReadError> {
         use std::os::unix::fs::MetadataExt;
-        let meta =
-            self.file.metadata().map_err(|e| ReadError { offset: 0, what: format!("cannot stat the archive: {e}") })?;
-        if meta.len() != self.size || (meta.mtime(), meta.mtime_nsec()) != self.mtime {
+        let meta = self.file.metadata().map_err(|e| ReadError {
+            offset: ReadError::WHOLE_ARCHIVE,
+            what: format!("cannot stat the archive: {e}"),
+        })?;
+        let mtime = (meta.mtime(), meta.mtime_nsec());
+        if meta.len() != self.size || mtime != self.mtime {
+            let change = if meta.len() != self.size {
+                format!("its size went from {} to {} bytes", self.size, meta.len())
+            } else {
+                format!(
+                    "same size, but its contents were modified: mtime {}.{:09} at mount, {}.{:09} now",
+                    self.mtime.0, self.mtime.1, mtime.0, mtime.1
+                )
+            };
             return Err(ReadError {
-                offset: 0,
+                offset: ReadError::WHOLE_ARCHIVE,
                 what: format!(
-                    "the archive file changed since it was mounted (size {} -> {}); remount to serve the new version",
-                    self.size,
-                    meta.len()
+                    "the archive file changed since it was mounted ({change}); remount to serve the new version, \
+                     or mount with --stage copy to keep a private copy"
                 ),
             });
         }
@@ -236,12 +246,29 @@ impl OpenError {
 }
 
 /// Damage found while serving a read: that read fails with EIO, the mount lives on.
-#[derive(Debug, thiserror::Error)]
-#[error("corrupt data at archive byte {offset}: {what}")]
+#[derive(Debug)]
 pub struct ReadError {
+    /// Where in the archive, or [`ReadError::WHOLE_ARCHIVE`] when no byte is to blame
+    /// (the file changed underneath).
     pub offset: u64,
     pub what: String,
 }
+
+impl ReadError {
+    /// The offset of an error about the archive file as a whole.
+    pub const WHOLE_ARCHIVE: u64 = u64::MAX;
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.offset {
+            ReadError::WHOLE_ARCHIVE => f.write_str(&self.what),
+            offset => write!(f, "corrupt data at archive byte {offset}: {}", self.what),
+        }
+    }
+}
+
+impl std::error::Error for ReadError {}
 
 /// The archive formats stagefs understands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
