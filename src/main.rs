@@ -46,12 +46,19 @@ fn run(command: Command) -> Result<(), Failure> {
             if let Some(mountpoint) = &mountpoint {
                 stagefs::shards::check_not_an_archive(mountpoint)?;
             }
+            let mountpoint = mountpoint.unwrap_or_else(|| stagefs::shards::default_mountpoint(&archive));
+            // A failure here (a mistyped ARCHIVE) is published for the mountpoint, so that
+            // `stagefs wait` there fails at once with it instead of waiting for a mount.
+            let published = |f: Failure| {
+                node::publish_failure(&mountpoint, &f);
+                f
+            };
             let broadcast = match broadcast {
-                true => stagefs::broadcast::plan(&archive, stage, stage_dir.as_deref(), broadcast_fallback)?,
+                true => stagefs::broadcast::plan(&archive, stage, stage_dir.as_deref(), broadcast_fallback)
+                    .map_err(published)?,
                 false => None,
             };
-            let mountpoint = mountpoint.unwrap_or_else(|| stagefs::shards::default_mountpoint(&archive));
-            let set = stagefs::shards::resolve(&archive, &more_archives, trust_shards)?;
+            let set = stagefs::shards::resolve(&archive, &more_archives, trust_shards).map_err(published)?;
             let request = MountRequest {
                 archive: set.label,
                 shards: set.shards,

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 
 pub use args::{RunArgs, WaitArgs, DEFAULT_WAIT};
 pub use duration::parse_duration;
-pub use elect::{clear_leftovers, elect, mount, wait, Election, Lease};
+pub use elect::{clear_leftovers, elect, mount, publish_failure, wait, Election, Lease};
 pub use run::{run, RunRequest};
 pub use watch::{daemon_exiting, set_idle_timeout, set_owner, spawn_watchdog};
 

@@ -457,3 +457,30 @@ fn an_archive_of_zeros_mounts_empty_and_says_so() {
     assert_eq!(fs::read_dir(&mp).unwrap().count(), 0);
     m.unmount().assert_success();
 }
+
+/// Template 1's typo: the mount step fails before it can mount (no such ARCHIVE); a
+/// `stagefs wait` of the same job, in another step, fails at once with the mounter's code
+/// and message instead of waiting out its timeout.
+#[test]
+fn wait_sees_a_mount_that_failed_before_it_began() {
+    require_root();
+    let tmp = TempDir::new("ux-wait-failed");
+    let runtime = tmp.join("runtime");
+    let mp = tmp.join("mnt");
+    let slurm = |step: &str, args: &[&OsStr]| {
+        let mut cmd = Command::new(stagefs_bin());
+        cmd.env("STAGEFS_RUNTIME_DIR", &runtime)
+            .env("SLURM_JOB_ID", "9191")
+            .env("SLURM_STEP_ID", step)
+            .env("SLURM_LOCALID", "0")
+            .args(args);
+        run_cmd(&mut cmd, CMD_TIMEOUT)
+    };
+    let typo = tmp.join("no-such-archive.tar");
+    let out = slurm("0", &[OsStr::new("mount"), typo.as_os_str(), mp.as_os_str()]);
+    assert_eq!(out.code(), Some(3), "{}", out.describe());
+    let out = slurm("1", &[OsStr::new("wait"), OsStr::new("--timeout"), OsStr::new("40s"), mp.as_os_str()]);
+    // Exit 3, the mounter's code: a wait that timed out would exit 6 after 40 s.
+    assert_eq!(out.code(), Some(3), "{}", out.describe());
+    assert!(out.stderr.contains("no-such-archive.tar"), "{}", out.describe());
+}

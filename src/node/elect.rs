@@ -171,6 +171,23 @@ fn elect_with(
     }
 }
 
+/// Publishes a failure that happened before this process could stand for election (a
+/// mistyped ARCHIVE, a refused shard), as a leader's failure would be: `stagefs wait` and
+/// the node's SLURM followers for `mountpoint` then fail at once with this message and
+/// code instead of waiting out their timeout. Nothing is written while another process
+/// holds the mount lock (a live mount or a mounter at work) or for a SLURM follower.
+pub fn publish_failure(mountpoint: &Path, failure: &Failure) {
+    let task = SlurmTask::from_env();
+    if task.local_id.is_some_and(|id| id != 0) {
+        return;
+    }
+    let Ok(mountpoint) = mountpoint::resolve(mountpoint) else { return };
+    let Ok(files) = NodeFiles::for_mountpoint(&mountpoint) else { return };
+    if let Ok(Some(lock)) = LockFile::try_acquire(&files.lock, Mode::Exclusive) {
+        Lease { lock, tag: task.step_tag(), followers_wait: task.local_id.is_some() }.failed(failure);
+    }
+}
+
 /// True when a live stagefs daemon serves `archive` at `mountpoint`; an error when it
 /// serves another archive there.
 fn is_mounted(archive: &Path, mountpoint: &Path) -> Result<bool, Failure> {
@@ -235,7 +252,7 @@ fn is_locked(path: &Path) -> bool {
 /// the leader's mount is usable. Returns whether this process mounted. `idle` unmounts
 /// after that long without reads.
 pub fn mount(request: &MountRequest, timeout: Duration, idle: Option<Duration>) -> Result<bool, Failure> {
-    let archive = canonical_archive(request)?;
+    let archive = canonical_archive(request).inspect_err(|f| publish_failure(&request.mountpoint, f))?;
     let mountpoint = mountpoint::resolve(&request.mountpoint)?;
     let task = SlurmTask::from_env();
     match elect(&archive, &mountpoint, &task, timeout)? {
