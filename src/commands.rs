@@ -97,10 +97,13 @@ pub fn status(json: bool) -> Result<(), Failure> {
         std::thread::sleep(crate::daemon::RECORD_REFRESH + Duration::from_millis(50));
     }
     let records = registry::list()?;
-    let dead: Vec<_> = mountpoint::stagefs_mounts_of(crate::places::my_uid())
+    // A stagefs mount without a record is dead only if it does not answer: a record can
+    // be out of sight (a runtime directory this shell does not know), a dead daemon's
+    // mount gives ENOTCONN.
+    let (unrecorded, dead): (Vec<_>, Vec<_>) = mountpoint::stagefs_mounts_of(crate::places::my_uid())
         .into_iter()
         .filter(|m| !records.iter().any(|r| &r.mountpoint == m))
-        .collect();
+        .partition(|m| std::fs::metadata(m).is_ok());
     if json {
         for r in &records {
             println!(
@@ -119,12 +122,15 @@ pub fn status(json: bool) -> Result<(), Failure> {
                 r.last_error.as_deref().map_or_else(|| "null".to_string(), json_string)
             );
         }
+        for m in &unrecorded {
+            println!("{{\"mountpoint\":{},\"state\":\"live\"}}", json_string(&m.to_string_lossy()));
+        }
         for m in &dead {
             println!("{{\"mountpoint\":{},\"state\":\"dead\"}}", json_string(&m.to_string_lossy()));
         }
         return Ok(());
     }
-    if records.is_empty() && dead.is_empty() {
+    if records.is_empty() && dead.is_empty() && unrecorded.is_empty() {
         println!("no stagefs mounts for this user on this node");
         return Ok(());
     }
@@ -155,6 +161,13 @@ pub fn status(json: bool) -> Result<(), Failure> {
         if let Some(last) = &r.last_error {
             println!("    last error: {last}");
         }
+    }
+    for m in unrecorded {
+        println!(
+            "{:<40} LIVE: it answers, but its daemon's record is in no runtime directory this shell knows \
+             (set STAGEFS_RUNTIME_DIR as in the shell that mounted it to see its numbers)",
+            m.display()
+        );
     }
     for m in dead {
         println!(

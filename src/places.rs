@@ -217,6 +217,28 @@ pub fn runtime_dir() -> Result<&'static Path, PlaceError> {
     Ok(DIR.get_or_init(|| dir))
 }
 
+/// Every runtime directory a shell of this user on this node may have used, this
+/// process's first: `$STAGEFS_RUNTIME_DIR`, `$XDG_RUNTIME_DIR/stagefs`,
+/// `/run/user/<uid>/stagefs` and `/tmp/stagefs-<uid>`, those that exist and are private.
+/// A batch step or an ssh session often lacks the `XDG_RUNTIME_DIR` of the shell that
+/// mounted: what is mounted must not depend on an environment variable.
+pub fn runtime_dirs() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = runtime_dir().map(|d| vec![d.to_owned()]).unwrap_or_default();
+    let uid = my_uid();
+    let candidates = [
+        std::env::var_os("STAGEFS_RUNTIME_DIR").filter(|d| !d.is_empty()).map(PathBuf::from),
+        std::env::var_os("XDG_RUNTIME_DIR").map(|d| PathBuf::from(d).join("stagefs")),
+        Some(PathBuf::from(format!("/run/user/{uid}/stagefs"))),
+        Some(PathBuf::from(format!("/tmp/stagefs-{uid}"))),
+    ];
+    for dir in candidates.into_iter().flatten().filter(|d| d.is_absolute()) {
+        if !dirs.contains(&dir) && check_private(&dir, "").is_ok() {
+            dirs.push(dir);
+        }
+    }
+    dirs
+}
+
 fn choose_runtime_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("STAGEFS_RUNTIME_DIR").filter(|d| !d.is_empty()) {
         return std::path::absolute(PathBuf::from(&dir)).unwrap_or_else(|_| PathBuf::from(dir));

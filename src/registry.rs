@@ -79,21 +79,33 @@ pub fn read(mountpoint: &Path) -> Option<Record> {
 }
 
 /// The record for `mountpoint`, also when its daemon is gone (killed: it left the record).
+/// Looked up in every runtime directory of this user ([`places::runtime_dirs`]), a live
+/// daemon's record first: the shell asking may not be the one that mounted.
 pub fn read_any(mountpoint: &Path) -> Option<Record> {
-    let text = std::fs::read_to_string(record_path(mountpoint).ok()?).ok()?;
-    parse_any(&text).filter(|r| r.mountpoint == mountpoint)
+    let path = record_path(mountpoint).ok()?;
+    let name = path.file_name()?;
+    let found: Vec<Record> = places::runtime_dirs()
+        .iter()
+        .filter_map(|dir| parse_any(&std::fs::read_to_string(dir.join(name)).ok()?))
+        .filter(|r| r.mountpoint == mountpoint)
+        .collect();
+    let alive = found.iter().position(|r| process_alive(r.pid)).unwrap_or(0);
+    found.into_iter().nth(alive)
 }
 
-/// Every live daemon of this user on this node, by mountpoint.
+/// Every live daemon of this user on this node, by mountpoint, from every runtime
+/// directory of this user.
 pub fn list() -> Result<Vec<Record>, PlaceError> {
-    let dir = places::runtime_dir()?;
-    let Ok(entries) = std::fs::read_dir(dir) else { return Ok(Vec::new()) };
-    let mut records: Vec<Record> = entries
-        .flatten()
+    places::runtime_dir()?;
+    let mut records: Vec<Record> = places::runtime_dirs()
+        .iter()
+        .filter_map(|dir| std::fs::read_dir(dir).ok())
+        .flat_map(|entries| entries.flatten())
         .filter(|e| e.path().extension().is_some_and(|x| x == "mount"))
         .filter_map(|e| parse(&std::fs::read_to_string(e.path()).ok()?))
         .collect();
     records.sort_by(|a, b| a.mountpoint.cmp(&b.mountpoint));
+    records.dedup_by(|a, b| a.mountpoint == b.mountpoint);
     Ok(records)
 }
 

@@ -2,6 +2,7 @@
 //! symlinks and saved indexes; an ordinary user's stagefs must refuse or ignore them and
 //! never write through them. Each test has its own victim, so they can run in parallel.
 
+use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -306,4 +307,51 @@ fn overlapping_default_mounts_leave_no_directory_whichever_ends_first() {
     assert!(is_mounted(&shm.join("stagefs/b")), "the other mount went away with the first");
     s.victim.stagefs(["umount".as_ref(), shm.join("stagefs/b").as_os_str()]).assert_success();
     assert!(wait_until(std::time::Duration::from_secs(5), || !shm.exists()), "left behind: {}", shm.display());
+}
+
+/// A mount made from a shell with `XDG_RUNTIME_DIR=/run/user/<uid>` seen from one without
+/// it (a batch step, an ssh session): `status` lists it live with its numbers, `wait`
+/// returns, mounting again finds it, and `umount` ends it and leaves nothing in either
+/// runtime directory. Its record is found wherever a shell of the user may have put it.
+#[test]
+fn a_mount_is_live_from_every_shell_whatever_its_runtime_dir() {
+    let user = User::get("sfs-xdg");
+    let run_user = PathBuf::from(format!("/run/user/{}", user.uid));
+    fs::create_dir_all(&run_user).unwrap();
+    user.chown(&run_user);
+    fs::set_permissions(&run_user, fs::Permissions::from_mode(0o700)).unwrap();
+    let archive = user.home.join("xdg.tar");
+    let src = TempDir::new("xdg-src");
+    fs::write(src.join("x.txt"), b"xdg bytes\n").unwrap();
+    pack_tar(src.path(), &archive, &["x.txt"]);
+    user.chown(&archive);
+    let mnt = user.home.join("mnt-xdg");
+    remove_tree(&mnt);
+    let xdg = format!("{}", run_user.display());
+    let mut cmd = user.command(&[("XDG_RUNTIME_DIR", &xdg)], &stagefs_bin());
+    cmd.args([OsStr::new("mount"), archive.as_os_str(), mnt.as_os_str()]);
+    run_cmd(&mut cmd, CMD_TIMEOUT).assert_success();
+    assert!(fs::read_dir(run_user.join("stagefs")).unwrap().count() > 0, "the record went to XDG_RUNTIME_DIR");
+
+    // Another shell of the same user, without XDG_RUNTIME_DIR.
+    let status = user.stagefs(["status"]);
+    status.assert_success();
+    assert!(
+        status.stdout.contains(&*mnt.to_string_lossy()) && !status.stdout.contains("DEAD"),
+        "{}",
+        status.describe()
+    );
+    assert!(status.stdout.contains("xdg.tar"), "status shows the record's numbers:\n{}", status.describe());
+    user.stagefs(["wait".as_ref(), "--timeout".as_ref(), "10s".as_ref(), mnt.as_os_str()]).assert_success();
+    let again = user.stagefs(["mount".as_ref(), archive.as_os_str(), mnt.as_os_str()]);
+    again.assert_success();
+    assert!(again.stderr.contains("already mounted with this archive"), "{}", again.describe());
+    assert_eq!(user.sh(&format!("cat {}/x.txt", mnt.display())).stdout, "xdg bytes\n");
+    user.stagefs(["umount".as_ref(), mnt.as_os_str()]).assert_success();
+    assert!(!is_mounted(&mnt));
+    let left: Vec<_> = fs::read_dir(run_user.join("stagefs")).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(left.is_empty(), "files left in XDG_RUNTIME_DIR/stagefs: {left:?}");
+    fs::remove_dir_all(&run_user).unwrap();
+    fs::remove_file(&archive).unwrap();
+    remove_tree(&mnt);
 }
