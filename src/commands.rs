@@ -98,12 +98,13 @@ pub fn status(json: bool) -> Result<(), Failure> {
     }
     let records = registry::list()?;
     // A stagefs mount without a record is dead only if it does not answer: a record can
-    // be out of sight (a runtime directory this shell does not know), a dead daemon's
-    // mount gives ENOTCONN.
+    // be out of sight (a runtime directory this shell does not know). statfs always
+    // reaches the daemon (stat may be answered from the kernel's attribute cache), and a
+    // dead daemon's mount answers it with ENOTCONN.
     let (unrecorded, dead): (Vec<_>, Vec<_>) = mountpoint::stagefs_mounts_of(crate::places::my_uid())
         .into_iter()
         .filter(|m| !records.iter().any(|r| &r.mountpoint == m))
-        .partition(|m| std::fs::metadata(m).is_ok());
+        .partition(|m| nix::sys::statvfs::statvfs(m).is_ok());
     if json {
         for r in &records {
             println!(

@@ -80,7 +80,9 @@ fn run(command: Command) -> Result<(), Failure> {
                 // proctrack does not kill escaped processes (proctrack/linuxproc), it and its
                 // mount outlive the job.
                 eprintln!(
-                    "stagefs: note: this detached mount is not tied to SLURM job {}: unmount it with `stagefs umount {}`                      before the job ends (a bash `trap ... EXIT`), or let `stagefs run ARCHIVE -- CMD` mount it for                      CMD's lifetime",
+                    "stagefs: note: this detached mount is not tied to SLURM job {}: unmount it with `stagefs umount {}` \
+                     before the job ends (a bash `trap ... EXIT`), or let `stagefs run ARCHIVE -- CMD` mount it for \
+                     CMD's lifetime",
                     std::env::var("SLURM_JOB_ID").unwrap_or_default(),
                     request.mountpoint.display()
                 );
