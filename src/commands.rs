@@ -71,6 +71,9 @@ fn clear_after_killed_daemon(record: &registry::Record) {
     crate::node::clear_leftovers(&record.mountpoint);
     registry::remove(&record.mountpoint);
     crate::places::remove_created(&record.created);
+    if let Some(dir) = &record.stage_dir {
+        crate::disk::remove_if_empty(dir);
+    }
 }
 
 /// One line on stderr when the mount failed reads (EIO): the job saw only "Input/output

@@ -273,7 +273,11 @@ fn serve(
     }
     let (session, fs) = result?;
     let result = session.join();
+    let stage_dir = registry::read_any(mountpoint).and_then(|r| r.stage_dir);
     registry::remove(mountpoint);
+    if let Some(dir) = stage_dir {
+        crate::disk::remove_if_empty(&dir);
+    }
     crate::node::daemon_exiting(mountpoint);
     let (errors, _) = fs.errors_served();
     tracing::info!(reads = fs.reads_served(), errors, "unmounted; daemon exiting");

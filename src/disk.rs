@@ -40,13 +40,21 @@ pub fn staging_dir(base: &Path) -> Result<CheckedDir, StageError> {
     Ok(CheckedDir::open(&dir, ADVICE)?)
 }
 
+/// Removes the staging directory `<base>/stagefs-<uid>` once it is empty: it goes with the
+/// last mount that used it. Nameless copies have no name in it, so only a named entry (a
+/// broadcast inbox still in use) keeps it; a mount racing this makes it again.
+pub fn remove_if_empty(dir: &Path) {
+    let _ = std::fs::remove_dir(dir);
+}
+
 /// Room left for others on a shared local disk: 5 % of it, at most 1 GiB.
 pub fn margin(total: u64) -> u64 {
     (total / 20).min(1 << 30)
 }
 
-/// Whether `needed` bytes fit in `dir`'s free space less the margin; `Err` says why not.
-pub fn check_room(archive: &Path, dir: &CheckedDir, needed: u64) -> Result<(), StageError> {
+/// Whether `needed` bytes fit in `dir`'s free space less the margin: the free bytes seen,
+/// or `Err` saying why not.
+pub fn check_room(archive: &Path, dir: &CheckedDir, needed: u64) -> Result<u64, StageError> {
     let (free, total) = dir.free_space().map_err(|source| StageError::Io {
         path: dir.path().to_owned(),
         what: "cannot measure the free space of the staging directory".into(),
@@ -62,11 +70,18 @@ pub fn check_room(archive: &Path, dir: &CheckedDir, needed: u64) -> Result<(), S
             margin,
         });
     }
-    Ok(())
+    Ok(free)
 }
 
-/// Copies `source` (`len` bytes) into a nameless file in `dir` and returns it.
-pub fn copy_to_disk(path: &Path, source: &File, len: u64, dir: &CheckedDir) -> Result<File, StageError> {
+/// Copies `source` (`len` bytes) into a nameless file in `dir` and returns it. `free_at_check`
+/// is what [`check_room`] saw: a disk full now was filled by someone else since.
+pub fn copy_to_disk(
+    path: &Path,
+    source: &File,
+    len: u64,
+    dir: &CheckedDir,
+    free_at_check: u64,
+) -> Result<File, StageError> {
     let started = Instant::now();
     let target = dir.nameless_file().map_err(|source| StageError::Io {
         path: dir.path().to_owned(),
@@ -75,8 +90,14 @@ pub fn copy_to_disk(path: &Path, source: &File, len: u64, dir: &CheckedDir) -> R
     })?;
     let no_room = |e: std::io::Error| -> StageError {
         if e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT) {
-            let free = dir.free_space().map_or(0, |(f, _)| f);
-            StageError::NoDiskRoom { path: path.to_owned(), dir: dir.path().to_owned(), needed: len, free, margin: 0 }
+            let free_now = dir.free_space().map_or(0, |(f, _)| f);
+            StageError::DiskFilled {
+                path: path.to_owned(),
+                dir: dir.path().to_owned(),
+                needed: len,
+                free_at_check,
+                free_now,
+            }
         } else {
             StageError::Io { path: dir.path().to_owned(), what: "cannot write the staged copy".into(), source: e }
         }
@@ -119,7 +140,7 @@ mod tests {
         std::fs::write(&archive, &bytes).unwrap();
         let dir = staging_dir(&tmp.join("base")).unwrap();
         let source = File::open(&archive).unwrap();
-        let copy = copy_to_disk(&archive, &source, bytes.len() as u64, &dir).unwrap();
+        let copy = copy_to_disk(&archive, &source, bytes.len() as u64, &dir, u64::MAX).unwrap();
         let mut back = vec![0u8; bytes.len()];
         copy.read_exact_at(&mut back, 0).unwrap();
         assert!(back == bytes, "the copy holds the archive's bytes");
@@ -135,5 +156,38 @@ mod tests {
         let err = check_room(Path::new("/a.tar"), &dir, u64::MAX / 2).unwrap_err().to_string();
         assert!(err.contains("not enough room") && err.contains(&dir.path().display().to_string()), "{err}");
         check_room(Path::new("/a.tar"), &dir, 1).unwrap();
+    }
+
+    /// Two stagers racing for one disk: the room was there when checked, then another
+    /// process took it. The loser says what the other wrote meanwhile (a 4 MiB tmpfs).
+    #[test]
+    fn a_disk_filled_by_another_stager_says_what_was_taken() {
+        let tmp = TempDir::new("disk-race");
+        let disk = tmp.join("disk");
+        std::fs::create_dir(&disk).unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs"])
+            .arg(&disk)
+            .status()
+            .expect("mount(8)");
+        assert!(mounted.success(), "these tests run as root: a tmpfs stands for the local disk");
+        struct Unmount<'a>(&'a Path);
+        impl Drop for Unmount<'_> {
+            fn drop(&mut self) {
+                let _ = std::process::Command::new("umount").arg("-l").arg(self.0).status();
+            }
+        }
+        let _unmount = Unmount(&disk);
+        let archive = tmp.join("a.tar");
+        std::fs::write(&archive, vec![7u8; 2 << 20]).unwrap();
+        let dir = staging_dir(&disk).unwrap();
+        let free = check_room(&archive, &dir, 2 << 20).unwrap();
+        // The other stager: 3 MiB, after our check.
+        std::fs::write(disk.join("other"), vec![1u8; 3 << 20]).unwrap();
+        let source = File::open(&archive).unwrap();
+        let err = copy_to_disk(&archive, &source, 2 << 20, &dir, free).unwrap_err();
+        assert!(matches!(err, StageError::DiskFilled { .. }), "{err}");
+        let text = err.to_string();
+        assert!(text.contains("filled up while staging") && text.contains("wrote 3.0 MiB there meanwhile"), "{text}");
     }
 }

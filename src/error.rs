@@ -71,9 +71,10 @@ impl From<PlaceError> for Failure {
 impl From<StageError> for Failure {
     fn from(e: StageError) -> Failure {
         let code = match e {
-            StageError::NoRoom { .. } | StageError::NoRoomDecompressing { .. } | StageError::NoDiskRoom { .. } => {
-                code::NO_ROOM
-            }
+            StageError::NoRoom { .. }
+            | StageError::NoRoomDecompressing { .. }
+            | StageError::NoDiskRoom { .. }
+            | StageError::DiskFilled { .. } => code::NO_ROOM,
             StageError::NoStageDir | StageError::DiskSet(_) => code::USAGE,
             StageError::Place(_) => code::MOUNTPOINT,
             StageError::Interrupted(interrupted) => interrupted.exit_code(),

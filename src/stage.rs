@@ -118,6 +118,8 @@ pub enum StageError {
     CorruptStream { path: PathBuf, kind: &'static str, offset: u64, message: String },
     #[error("not enough room on the local disk to stage {}: it needs {}, {} has {} free less a margin of {} (for others on the node); free space there, give another --stage-dir, or use --stage none to serve it in place", path.display(), human(*needed), dir.display(), human(*free), human(*margin))]
     NoDiskRoom { path: PathBuf, dir: PathBuf, needed: u64, free: u64, margin: u64 },
+    #[error("the local disk filled up while staging {}: {} had {} free when stagefs checked (it needs {}) and has {} now: another process on the node (another stager, a job) wrote {} there meanwhile; try again, give another --stage-dir, or use --stage none to serve it in place", path.display(), dir.display(), human(*free_at_check), human(*needed), human(*free_now), human(free_at_check.saturating_sub(*free_now)))]
+    DiskFilled { path: PathBuf, dir: PathBuf, needed: u64, free_at_check: u64, free_now: u64 },
     #[error("--stage disk needs a directory on the node's local disk: give --stage-dir DIR, or set SLURM_TMPDIR or TMPDIR (neither is set)")]
     NoStageDir,
     #[error("{}: --stage disk does not take a set of archives yet; use --stage ram, copy or none", .0.display())]
@@ -256,8 +258,8 @@ fn auto_disk_dir(path: &Path, stage_dir: Option<&Path>, size: u64) -> Result<cra
 
 /// Copies the archive to a nameless file in `dir` (room checked first) and serves it in place.
 fn stage_to_disk(path: &Path, file: &File, size: u64, dir: &crate::places::CheckedDir) -> Result<Loaded, StageError> {
-    crate::disk::check_room(path, dir, size)?;
-    let copy = crate::disk::copy_to_disk(path, file, size, dir)?;
+    let free = crate::disk::check_room(path, dir, size)?;
+    let copy = crate::disk::copy_to_disk(path, file, size, dir, free)?;
     let backing = crate::archive::map_file(&copy).map_err(|source| StageError::Io {
         path: dir.path().to_owned(),
         what: "cannot map the staged copy".into(),

@@ -81,7 +81,7 @@ fn disk_staging_serves_a_nameless_copy_and_leaves_nothing() {
     assert!(text.contains("staged to the local disk") && text.contains(&*dir.to_string_lossy()), "{text}");
     m.unmount().assert_success();
     assert_nothing_left(&mp, "after umount");
-    assert!(entries(&dir).is_empty());
+    assert!(!dir.exists(), "the emptied {} goes with the mount", dir.display());
 
     // SIGKILL: the kernel frees the nameless copy with the daemon's descriptors.
     let m = Mounted::with_args(&["--stage", "disk", "--stage-dir", stage_dir], &tar, &mp);
@@ -92,6 +92,7 @@ fn disk_staging_serves_a_nameless_copy_and_leaves_nothing() {
     stagefs([Path::new("umount"), &mp]);
     m.disarm();
     assert_nothing_left(&mp, "after SIGKILL and umount");
+    assert!(!dir.exists(), "umount after SIGKILL removes the emptied {}", dir.display());
 }
 
 #[test]
