@@ -102,11 +102,24 @@ def ensure_binary(zig: bool = False) -> Path:
 get_requires_for_build_wheel = _maturin.get_requires_for_build_wheel
 get_requires_for_build_editable = _maturin.get_requires_for_build_editable
 get_requires_for_build_sdist = _maturin.get_requires_for_build_sdist
-prepare_metadata_for_build_wheel = _maturin.prepare_metadata_for_build_wheel
-prepare_metadata_for_build_editable = getattr(
-    _maturin, "prepare_metadata_for_build_editable", _maturin.prepare_metadata_for_build_wheel
-)
 build_sdist = _maturin.build_sdist
+
+
+def _data_dir() -> None:
+    """maturin refuses to write metadata unless the ``data`` directory exists; in a fresh
+    clone it does not yet (the binary is built later, by ``build_wheel``)."""
+    SCRIPT.parent.mkdir(parents=True, exist_ok=True)
+
+
+def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
+    _data_dir()
+    return _maturin.prepare_metadata_for_build_wheel(metadata_directory, config_settings)
+
+
+def prepare_metadata_for_build_editable(metadata_directory, config_settings=None):
+    _data_dir()
+    hook = getattr(_maturin, "prepare_metadata_for_build_editable", _maturin.prepare_metadata_for_build_wheel)
+    return hook(metadata_directory, config_settings)
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):

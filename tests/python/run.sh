@@ -14,6 +14,9 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
 
+# From a clean clone, as a contributor installs it (pip install . and git+file://).
+tests/python/install-from-clone.sh
+
 wheel=$(python/build-wheel.sh)
 
 VENV=${STAGEFS_TEST_VENV:-$ROOT/.venv-test}
