@@ -17,7 +17,7 @@
 //! permissions at most, so it never shows member names to someone who cannot read them.
 
 use std::fs::File;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::archive::tar::{Extent, SparseFile, TarReader};
@@ -141,9 +141,17 @@ pub fn load(archive: &Path, key: &Key, backing: &Backing) -> Option<Archive> {
             }
         };
         match decode(&bytes, key, backing) {
-            Ok(archive) => {
+            Ok(opened) => {
                 tracing::info!(index = %path.display(), "using saved index");
-                return Some(archive);
+                if path != beside(archive) {
+                    // A cached index in use is kept by `prune`: its mtime says when.
+                    let _ = std::fs::File::options()
+                        .write(true)
+                        .custom_flags(libc::O_NOFOLLOW)
+                        .open(&path)
+                        .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+                }
+                return Some(opened);
             }
             Err(why) => tracing::warn!(index = %path.display(), "ignoring saved index: {why}; rebuilding it"),
         }
@@ -171,7 +179,45 @@ pub fn save(archive_path: &Path, key: &Key, archive: &Archive) -> std::io::Resul
     })?;
     let cached = in_cache(&dir, archive_path);
     places::write_atomically(&cached, &bytes, mode)?;
+    prune(&dir, CACHE_MAX_AGE, CACHE_MAX_BYTES);
     Ok(cached)
+}
+
+/// Saved indexes in the cache directory not used for this long are removed.
+const CACHE_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+/// Beyond this many bytes of indexes in the cache directory, the least recently used go.
+const CACHE_MAX_BYTES: u64 = 2 << 30;
+
+/// Keeps the cache directory bounded, whatever happened to the archives (deleted long ago,
+/// moved): indexes unused for `max_age` go, then the least recently used until the rest
+/// holds at most `max_bytes`. Use is the file's mtime, renewed by [`load`].
+fn prune(dir: &Path, max_age: std::time::Duration, max_bytes: u64) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let now = std::time::SystemTime::now();
+    let mut kept: Vec<(std::time::SystemTime, u64, PathBuf)> = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(meta) = entry.metadata() else { continue };
+        if !meta.is_file() || path.extension().is_none_or(|x| x != "index") {
+            continue;
+        }
+        let used = meta.modified().unwrap_or(now);
+        if now.duration_since(used).is_ok_and(|age| age > max_age) {
+            let _ = std::fs::remove_file(&path);
+        } else {
+            kept.push((used, meta.len(), path));
+        }
+    }
+    kept.sort();
+    let mut total: u64 = kept.iter().map(|(_, len, _)| len).sum();
+    for (_, len, path) in kept {
+        if total <= max_bytes {
+            break;
+        }
+        if std::fs::remove_file(&path).is_ok() {
+            total -= len;
+        }
+    }
 }
 
 /// Little-endian writer for the index file.
@@ -450,6 +496,32 @@ fn check_tree(index: &Index) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+
+    /// The cache stays bounded: an index unused for longer than the age limit goes, then
+    /// the least recently used until the rest fits the byte limit; other files stay.
+    #[test]
+    fn the_cache_directory_is_pruned_by_age_then_size() {
+        let tmp = crate::test_support::TempDir::new("cache-prune");
+        let day = std::time::Duration::from_secs(24 * 3600);
+        let now = std::time::SystemTime::now();
+        let make = |name: &str, len: usize, age_days: u32| {
+            let path = tmp.join(name);
+            std::fs::write(&path, vec![0u8; len]).unwrap();
+            File::options().write(true).open(&path).unwrap().set_modified(now - day * age_days).unwrap();
+        };
+        make("a-ancient.index", 10, 400);
+        make("b-old.index", 1000, 20);
+        make("c-mid.index", 1000, 10);
+        make("d-new.index", 1000, 1);
+        make("not-an-index.txt", 10, 400);
+        prune(tmp.path(), day * 30, 2000);
+        let mut left: Vec<String> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["c-mid.index", "d-new.index", "not-an-index.txt"]);
+    }
     use super::*;
     use crate::test_support::{run_tool, TempDir};
     use std::ffi::OsStr;
