@@ -485,6 +485,31 @@ pub struct Opened {
     pub reused_index: bool,
 }
 
+/// Runs the scan `f` of an archive of `len` bytes with a progress bar on a terminal (a
+/// tar of a million members takes seconds), drawn from [`crate::archive::SCAN_PROGRESS`].
+fn with_scan_progress<T>(len: u64, f: impl FnOnce() -> T) -> T {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    crate::archive::SCAN_PROGRESS.store(0, Ordering::Relaxed);
+    let bar = crate::stage::progress(Some(len), "indexing");
+    if bar.is_hidden() {
+        return f(); // Not a terminal (or a shard of a set): nothing to draw.
+    }
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let drawer = s.spawn(|| {
+            while !done.load(Ordering::Acquire) {
+                bar.set_position(crate::archive::SCAN_PROGRESS.load(Ordering::Relaxed));
+                std::thread::park_timeout(Duration::from_millis(100));
+            }
+            bar.finish_and_clear();
+        });
+        let result = f();
+        done.store(true, Ordering::Release);
+        drawer.thread().unpark();
+        result
+    })
+}
+
 /// Loads (staging per `mode`) and indexes an archive (a canonical path), reusing a saved
 /// index when one matches. Saves the index of a tar when scanning was costly, or always
 /// with `force_save`.
@@ -526,7 +551,7 @@ pub fn open_shard(
         }
     }
     let started = Instant::now();
-    let archive = Archive::from_backing(path, loaded.backing)?;
+    let archive = with_scan_progress(loaded.backing.len() as u64, || Archive::from_backing(path, loaded.backing))?;
     let elapsed = started.elapsed();
     let index = &archive.index;
     tracing::info!(

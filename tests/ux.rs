@@ -484,3 +484,32 @@ fn wait_sees_a_mount_that_failed_before_it_began() {
     assert_eq!(out.code(), Some(3), "{}", out.describe());
     assert!(out.stderr.contains("no-such-archive.tar"), "{}", out.describe());
 }
+
+/// Scanning a big tar draws a progress bar on a terminal (`script` gives the mount a pty),
+/// as staging does; on a pipe it draws nothing.
+#[test]
+fn scanning_a_big_tar_shows_progress_on_a_terminal() {
+    require_root();
+    let tmp = TempDir::new("ux-scan-progress");
+    let archive = tmp.join("many.tar");
+    let script = r#"
+import sys, tarfile, io
+with tarfile.open(sys.argv[1], "w", format=tarfile.GNU_FORMAT) as t:
+    for i in range(200_000):
+        info = tarfile.TarInfo(f"d{i // 1000:03d}/f{i:06d}")
+        t.addfile(info, io.BytesIO(b""))
+"#;
+    run_tool("python3", [OsStr::new("-c"), OsStr::new(script), archive.as_os_str()]);
+    let mp = tmp.join("mnt");
+    let line = format!("{} mount {} {}", stagefs_bin().display(), archive.display(), mp.display());
+    let out = run_tool("script", [OsStr::new("-qec"), OsStr::new(&line), OsStr::new("/dev/null")]);
+    let m = Mounted::adopt(&archive, &mp);
+    assert!(out.stdout.contains("indexing"), "no progress while scanning:\n{}", out.describe());
+    m.unmount().assert_success();
+    // On a pipe: no bar.
+    let out = stagefs([OsStr::new("mount"), archive.as_os_str(), mp.as_os_str()]);
+    let m = Mounted::adopt(&archive, &mp);
+    out.assert_success();
+    assert!(!out.stderr.contains("indexing ["), "{}", out.describe());
+    m.unmount().assert_success();
+}

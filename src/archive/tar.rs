@@ -204,6 +204,7 @@ impl<'a> Scan<'a> {
         let mut long_link: Option<Vec<u8>> = None;
         let mut pax: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
         loop {
+            super::SCAN_PROGRESS.store(pos as u64, std::sync::atomic::Ordering::Relaxed);
             if pos >= self.map.len() {
                 break; // Missing end-of-archive blocks: GNU tar accepts this too.
             }
