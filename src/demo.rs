@@ -68,15 +68,12 @@ pub fn run(files: usize, readers: usize, dir: Option<PathBuf>, keep: bool) -> Re
         let _ = std::fs::remove_file(&archive);
         crate::places::remove_created(&created);
     }
+    // Interrupted: say so (exit 128+N), whichever step noticed the signal.
+    crate::cancel::check()?;
     result.map_err(|e| match e {
-        Step::Io(_, e) if e.kind() == std::io::ErrorKind::Interrupted => match crate::cancel::check() {
-            Err(interrupted) => Failure::from(interrupted),
-            Ok(()) => io("interrupted", e),
-        },
         Step::Io(what, e) => io(what, e),
         Step::Failed(f) => f,
-    })?;
-    crate::cancel::check().map_err(Failure::from)
+    })
 }
 
 enum Step {

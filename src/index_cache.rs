@@ -496,6 +496,9 @@ fn check_tree(index: &Index) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::test_support::{run_tool, TempDir};
+    use std::ffi::OsStr;
 
     /// The cache stays bounded: an index unused for longer than the age limit goes, then
     /// the least recently used until the rest fits the byte limit; other files stay.
@@ -522,9 +525,6 @@ mod tests {
         left.sort();
         assert_eq!(left, ["c-mid.index", "d-new.index", "not-an-index.txt"]);
     }
-    use super::*;
-    use crate::test_support::{run_tool, TempDir};
-    use std::ffi::OsStr;
 
     fn sample_archive(dir: &Path) -> PathBuf {
         let path = dir.join("a.tar");

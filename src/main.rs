@@ -75,15 +75,15 @@ fn run(command: Command) -> Result<(), Failure> {
             // `--idle-timeout 0` means what "no timeout" means elsewhere, not "unmount at once".
             let idle_timeout = idle_timeout.filter(|t| !t.is_zero());
             let mounted = node::mount(&request, node::DEFAULT_WAIT, idle_timeout)?;
-            if mounted && !foreground && std::env::var_os("SLURM_JOB_ID").is_some_and(|j| !j.is_empty()) {
+            let job = node::SlurmTask::from_env().job.filter(|j| !j.is_empty());
+            if let (true, false, Some(job)) = (mounted, foreground, job) {
                 // The detached daemon is no process of the job's steps: where SLURM's
                 // proctrack does not kill escaped processes (proctrack/linuxproc), it and its
                 // mount outlive the job.
                 eprintln!(
-                    "stagefs: note: this detached mount is not tied to SLURM job {}: unmount it with `stagefs umount {}` \
+                    "stagefs: note: this detached mount is not tied to SLURM job {job}: unmount it with `stagefs umount {}` \
                      before the job ends (a bash `trap ... EXIT`), or let `stagefs run ARCHIVE -- CMD` mount it for \
                      CMD's lifetime",
-                    std::env::var("SLURM_JOB_ID").unwrap_or_default(),
                     request.mountpoint.display()
                 );
             }
@@ -116,7 +116,8 @@ fn run(command: Command) -> Result<(), Failure> {
 fn usage_error(error: clap::Error) -> ! {
     use clap::error::ErrorKind;
     let args: Vec<_> = std::env::args_os().skip(1).collect();
-    let is_run = args.iter().find(|a| !a.to_string_lossy().starts_with('-')).is_some_and(|a| a == "run");
+    let subcommand = args.iter().find(|a| !a.to_string_lossy().starts_with('-'));
+    let is_run = subcommand.is_some_and(|a| a == "run");
     let without_separator = !args.iter().any(|a| a == "--");
     let stray = matches!(error.kind(), ErrorKind::UnknownArgument | ErrorKind::MissingRequiredArgument);
     if is_run && without_separator && stray {
@@ -128,7 +129,7 @@ fn usage_error(error: clap::Error) -> ! {
     }
     // `stagefs mount shards/*.tar` unquoted: the shell passes every match, and clap sees
     // a third positional argument.
-    let is_mount = args.iter().find(|a| !a.to_string_lossy().starts_with('-')).is_some_and(|a| a == "mount");
+    let is_mount = subcommand.is_some_and(|a| a == "mount");
     let archives = args.iter().filter(|a| stagefs::shards::check_not_an_archive(std::path::Path::new(a)).is_err());
     if is_mount && error.kind() == ErrorKind::UnknownArgument && archives.count() >= 2 {
         let _ = error.print();

@@ -218,15 +218,15 @@ pub fn runtime_dir() -> Result<&'static Path, PlaceError> {
 }
 
 /// Every runtime directory a shell of this user on this node may have used, this
-/// process's first: `$STAGEFS_RUNTIME_DIR`, `$XDG_RUNTIME_DIR/stagefs`,
-/// `/run/user/<uid>/stagefs` and `/tmp/stagefs-<uid>`, those that exist and are private.
+/// process's first ([`runtime_dir`], which is `$STAGEFS_RUNTIME_DIR` when set), then
+/// `$XDG_RUNTIME_DIR/stagefs`, `/run/user/<uid>/stagefs` and `/tmp/stagefs-<uid>`: those
+/// that exist and are private.
 /// A batch step or an ssh session often lacks the `XDG_RUNTIME_DIR` of the shell that
 /// mounted: what is mounted must not depend on an environment variable.
 pub fn runtime_dirs() -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = runtime_dir().map(|d| vec![d.to_owned()]).unwrap_or_default();
     let uid = my_uid();
     let candidates = [
-        std::env::var_os("STAGEFS_RUNTIME_DIR").filter(|d| !d.is_empty()).map(PathBuf::from),
         std::env::var_os("XDG_RUNTIME_DIR").map(|d| PathBuf::from(d).join("stagefs")),
         Some(PathBuf::from(format!("/run/user/{uid}/stagefs"))),
         Some(PathBuf::from(format!("/tmp/stagefs-{uid}"))),
