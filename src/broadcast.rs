@@ -4,10 +4,11 @@
 //! `sbcast` once, which copies the archive to the same path on every node of the
 //! allocation (slurmd forwards it down a tree, `TreeWidth` wide), into a checked private
 //! directory: `/dev/shm/$USER` for RAM, the `--stage-dir` staging directory for `--stage
-//! disk`. Every task checks that directory and holds it open, then makes (under that
-//! descriptor) a fresh inbox `.stagefs-bcast-<job>-<hash of the archive path>/` in it;
-//! sbcast writes the copy into the inbox, and the leader opens it through the inbox's
-//! descriptor, without following links, and checks it. Then the sender
+//! disk`. The sender and every node's mount leader (and no other task: a late one would
+//! remake what its leader already removed) check that directory and hold it open, then
+//! make (under that descriptor) an inbox `.stagefs-bcast-<job>-<hash of the archive
+//! path>/` in it; sbcast writes the copy into the inbox, and the leader opens it through
+//! the inbox's descriptor, without following links, and checks it. Then the sender
 //! writes a status line (`ok SIZE` or `failed MESSAGE`) next to the runtime files, on its
 //! own node directly and on the others with a second, tiny `sbcast` (best effort: when
 //! that fails too, the other nodes' leaders wait until their timeout).
@@ -26,7 +27,6 @@ use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::error::Failure;
@@ -40,10 +40,13 @@ use crate::stage::{human, StageMode};
 /// The broadcast a mount receives: where the copy and its status appear.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    /// The checked directory holding the inbox (`/dev/shm/$USER` or the staging dir).
-    dir: Arc<CheckedDir>,
-    /// The inbox sbcast writes the copy into (same path on every node), and its name in `dir`.
-    inbox: Arc<CheckedDir>,
+    /// The directory holding the inbox: `/dev/shm/$USER`, or the `--stage disk` staging dir
+    /// made under this base directory.
+    dir: PathBuf,
+    disk_base: Option<PathBuf>,
+    /// The job, for sweeping what other jobs left.
+    job: String,
+    /// The inbox's name in `dir`: sbcast writes the copy into it (same path on every node).
     inbox_name: String,
     /// Where sbcast writes: `inbox/COPY`.
     pub data: PathBuf,
@@ -90,22 +93,21 @@ pub fn plan(
         .canonicalize()
         .map_err(|source| Failure::from(crate::archive::OpenError::Io { path: archive.to_owned(), source }))?;
     let to_disk = stage == StageMode::Disk;
-    let dir = if to_disk {
-        let base = crate::disk::base_dir(stage_dir).ok_or(crate::stage::StageError::NoStageDir)?;
-        crate::disk::staging_dir(&base)?
-    } else {
-        let shm_user = Path::new("/dev/shm").join(places::user_name());
-        places::private_dir(Path::new("/dev/shm"), &shm_user, true, SHM_ADVICE)?;
-        CheckedDir::open(&shm_user, SHM_ADVICE)?
+    let disk_base = match to_disk {
+        true => Some(crate::disk::base_dir(stage_dir).ok_or(crate::stage::StageError::NoStageDir)?),
+        false => None,
+    };
+    let dir = match &disk_base {
+        Some(base) => crate::disk::staging_dir_path(base),
+        None => Path::new("/dev/shm").join(places::user_name()),
     };
     let name = format!(".stagefs-bcast-{job}-{:016x}", crate::hash::hash(archive.as_os_str().as_encoded_bytes()));
-    sweep(&dir, &job);
-    let inbox = dir.subdir(&name, SHM_ADVICE)?;
     let plan = Plan {
-        data: inbox.path().join(COPY),
-        inbox: Arc::new(inbox),
-        dir: Arc::new(dir),
+        data: dir.join(&name).join(COPY),
+        dir,
+        disk_base,
         status: places::runtime_dir()?.join(format!("{name}.status")),
+        job,
         inbox_name: name,
         fallback,
         to_disk,
@@ -122,9 +124,9 @@ pub fn plan(
 fn send(archive: &Path, plan: &Plan, nodes: u32) -> Result<(), Failure> {
     crate::cancel::arm().map_err(|e| Failure::other(format!("cannot install signal handlers: {e}")))?;
     let size = std::fs::metadata(archive).map(|m| m.len()).unwrap_or(0);
-    let dir = plan.dir.path();
+    let (dir, inbox) = plan.open_inbox()?;
     // Measured before: sbcast's message for a full disk is "Unspecified error".
-    let free_before = plan.dir.free_space().ok().map(|(free, _)| free);
+    let free_before = dir.free_space().ok().map(|(free, _)| free);
     let started = Instant::now();
     let line = match sbcast(archive, &plan.data) {
         Ok(()) => {
@@ -139,12 +141,12 @@ fn send(archive: &Path, plan: &Plan, nodes: u32) -> Result<(), Failure> {
         }
         Err(message) => {
             // sbcast leaves what it wrote; on this node at least, take it back at once.
-            plan.discard();
+            plan.discard(&dir, &inbox);
             let room = free_before.map_or_else(String::new, |free| {
                 format!(
                     " (the archive needs {}; {} had {} free on this node before)",
                     human(size),
-                    dir.display(),
+                    dir.path().display(),
                     human(free)
                 )
             });
@@ -225,6 +227,9 @@ fn sbcast_once(source: &Path, dest: &Path) -> Result<(), String> {
 /// it at once. `Ok(None)`: it failed and `--broadcast-fallback` asks to stage as usual.
 pub fn receive(plan: &Plan, timeout: Duration) -> Result<Option<Received>, Failure> {
     let deadline = Instant::now() + timeout;
+    // Made here, before waiting: sbcast writes into it but makes no directories.
+    let (dir, inbox) = plan.open_inbox()?;
+    sweep(&dir, &plan.job);
     let status = loop {
         crate::cancel::check()?;
         // A complete line only: on other nodes the status arrives through sbcast, not atomically.
@@ -242,7 +247,7 @@ pub fn receive(plan: &Plan, timeout: Duration) -> Result<Option<Received>, Failu
     };
     let _ = std::fs::remove_file(&plan.status);
     if let Some(message) = status.strip_prefix("failed ") {
-        plan.discard();
+        plan.discard(&dir, &inbox);
         if plan.fallback {
             eprintln!(
                 "stagefs: warning: {message}; staging from the parallel filesystem instead (--broadcast-fallback)"
@@ -255,10 +260,10 @@ pub fn receive(plan: &Plan, timeout: Duration) -> Result<Option<Received>, Failu
     }
     let size: u64 = status.strip_prefix("ok ").and_then(|s| s.parse().ok()).unwrap_or(u64::MAX);
     // Through the inbox's descriptor: the directory checked, whatever its path names now.
-    let opened = plan.inbox.open_file(COPY);
+    let opened = inbox.open_file(COPY);
     // Unlinked at once, before any check: whatever happens next leaves nothing behind,
     // not even `/dev/shm/$USER` when the copy was all it held (it stays while in use).
-    plan.discard();
+    plan.discard(&dir, &inbox);
     let file = opened
         .map_err(|e| Failure::other(format!("--broadcast: cannot open the copy {}: {e}", plan.data.display())))?;
     let meta = file.metadata().map_err(|e| Failure::other(format!("--broadcast: {e}")))?;
@@ -268,16 +273,29 @@ pub fn receive(plan: &Plan, timeout: Duration) -> Result<Option<Received>, Failu
             plan.data.display()
         )));
     }
-    Ok(Some(Received { file, dir: plan.dir.path().to_owned(), to_disk: plan.to_disk }))
+    Ok(Some(Received { file, dir: plan.dir.clone(), to_disk: plan.to_disk }))
 }
 
 impl Plan {
+    /// Makes (or finds) and checks the directory and the inbox in it, held open.
+    fn open_inbox(&self) -> Result<(CheckedDir, CheckedDir), Failure> {
+        let dir = match &self.disk_base {
+            Some(base) => crate::disk::staging_dir(base)?,
+            None => {
+                places::private_dir(Path::new("/dev/shm"), &self.dir, true, SHM_ADVICE)?;
+                CheckedDir::open(&self.dir, SHM_ADVICE)?
+            }
+        };
+        let inbox = dir.subdir(&self.inbox_name, SHM_ADVICE)?;
+        Ok((dir, inbox))
+    }
+
     /// Removes the copy and the inbox (and an emptied `/dev/shm/$USER`).
-    fn discard(&self) {
-        let _ = self.inbox.remove(COPY, false);
-        let _ = self.dir.remove(&self.inbox_name, true);
+    fn discard(&self, dir: &CheckedDir, inbox: &CheckedDir) {
+        let _ = inbox.remove(COPY, false);
+        let _ = dir.remove(&self.inbox_name, true);
         if !self.to_disk {
-            let _ = std::fs::remove_dir(self.dir.path());
+            let _ = std::fs::remove_dir(dir.path());
         }
     }
 }

@@ -32,12 +32,15 @@ pub fn base_dir(chosen: Option<&Path>) -> Option<PathBuf> {
 /// another user could rename; held open, so the copy lands in the directory checked.
 pub fn staging_dir(base: &Path) -> Result<CheckedDir, StageError> {
     const ADVICE: &str = "remove it if you can, or give another --stage-dir";
-    let dir = std::path::absolute(base)
-        .unwrap_or_else(|_| base.to_owned())
-        .join(format!("stagefs-{}", crate::places::my_uid()));
+    let dir = staging_dir_path(base);
     crate::places::check_ancestors(&dir)?;
     crate::places::own_dir(&dir, ADVICE)?;
     Ok(CheckedDir::open(&dir, ADVICE)?)
+}
+
+/// Where [`staging_dir`] is, without making it.
+pub fn staging_dir_path(base: &Path) -> PathBuf {
+    std::path::absolute(base).unwrap_or_else(|_| base.to_owned()).join(format!("stagefs-{}", crate::places::my_uid()))
 }
 
 /// Removes the staging directory `<base>/stagefs-<uid>` once it is empty: it goes with the

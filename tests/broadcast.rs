@@ -108,5 +108,25 @@ fn a_broadcast_copy_is_unlinked_once_opened_and_compressed_tars_are_decompressed
         .filter(|n| n.contains("bcast"))
         .collect();
     assert!(status.is_empty(), "the broadcast's status is removed once read: {status:?}");
+    // A task of the same job that starts after its leader received the copy (seen in CI:
+    // it remade the inbox, which then outlived the job) joins the mount and adds nothing.
+    let mut late = Command::new(stagefs_bin());
+    late.env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("SLURM_JOB_ID", "4243")
+        .env("SLURM_PROCID", "1")
+        .env("SLURM_LOCALID", "1")
+        .env("STAGEFS_BROADCAST_ALWAYS", "1")
+        .env("STAGEFS_RUNTIME_DIR", &runtime)
+        .args(["run", "--broadcast", "--stage", "disk", "--stage-dir"])
+        .arg(&base)
+        .arg(&archive)
+        .arg("--mountpoint")
+        .arg(&mp)
+        .args(["--", "cat"])
+        .arg(mp.join("data/a.txt"));
+    let out = run_cmd(&mut late, CMD_TIMEOUT);
+    assert_eq!(out.assert_success().stdout, "hello\n");
+    let left: Vec<_> = fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
+    assert!(left.is_empty(), "a late task leaves nothing in the staging directory: {left:?}");
     m.unmount().assert_success();
 }
