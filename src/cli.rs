@@ -85,7 +85,7 @@ the mount then lives exactly as long as the step, and SIGTERM unmounts it.")]
         stage_dir: Option<PathBuf>,
         /// Most RAM staging and the page-cache warm-up may use together, e.g. 64G
         /// (default: free memory less a margin)
-        #[arg(long, value_name = "SIZE", value_parser = crate::stage::parse_size)]
+        #[arg(long, value_name = "SIZE", value_parser = crate::report::parse_size)]
         max_ram: Option<u64>,
         /// Before returning, push every file into the kernel's page cache, so the first
         /// epoch reads at page-cache speed instead of one FUSE round trip per file:

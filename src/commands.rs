@@ -7,7 +7,8 @@ use crate::daemon::open_archive;
 use crate::error::Failure;
 use crate::mountpoint::{self, MountpointError};
 use crate::registry;
-use crate::stage::{self, StageMode};
+use crate::report;
+use crate::stage::StageMode;
 
 /// `stagefs umount`: unmount, then wait for the daemon (if we know it) to exit.
 pub fn umount(path: &Path, lazy: bool) -> Result<(), Failure> {
@@ -72,7 +73,7 @@ fn clear_after_killed_daemon(record: &registry::Record) {
     registry::remove(&record.mountpoint);
     crate::places::remove_created(&record.created);
     if let Some(dir) = &record.stage_dir {
-        crate::disk::remove_if_empty(dir);
+        crate::stage::disk::remove_if_empty(dir);
     }
 }
 
@@ -147,8 +148,8 @@ pub fn status(json: bool) -> Result<(), Failure> {
         println!(
             "{:<40} {:>10} {:>10} {:>8} {:>9} {:>10} {:>7}  {}",
             r.mountpoint.display(),
-            if r.staged_bytes == 0 { "-".to_string() } else { stage::human(r.staged_bytes) },
-            if r.warmed_bytes == 0 { "-".to_string() } else { stage::human(r.warmed_bytes) },
+            if r.staged_bytes == 0 { "-".to_string() } else { report::human(r.staged_bytes) },
+            if r.warmed_bytes == 0 { "-".to_string() } else { report::human(r.warmed_bytes) },
             r.pid,
             format!("{}:{:02}:{:02}", up / 3600, up / 60 % 60, up % 60),
             r.reads,
@@ -158,7 +159,7 @@ pub fn status(json: bool) -> Result<(), Failure> {
         if let Some(dir) = &r.stage_dir {
             println!(
                 "    staged to the local disk: {} in {} (a nameless file, gone with the mount)",
-                stage::human(r.disk_bytes),
+                report::human(r.disk_bytes),
                 dir.display()
             );
         }
@@ -213,7 +214,7 @@ pub fn index(path: &Path, trust_shards: bool) -> Result<(), Failure> {
             stats.shards,
             started.elapsed().as_secs_f64(),
             index.dirents.len(),
-            stage::human(index.heap_bytes() as u64),
+            report::human(index.heap_bytes() as u64),
             index.heap_bytes() / index.dirents.len().max(1),
             stats.saved
         );
@@ -231,7 +232,7 @@ pub fn index(path: &Path, trust_shards: bool) -> Result<(), Failure> {
         "indexed {} in {:.2} s: {entries} entries, {} in memory ({} bytes per entry); {saved}",
         path.display(),
         started.elapsed().as_secs_f64(),
-        stage::human(index.heap_bytes() as u64),
+        report::human(index.heap_bytes() as u64),
         index.heap_bytes() / entries.max(1)
     );
     Ok(())

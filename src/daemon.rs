@@ -22,6 +22,7 @@ use crate::index_cache;
 use crate::mountpoint::{self, MountpointError};
 use crate::places;
 use crate::registry::{self, Record};
+use crate::report;
 use crate::stage::{self, StageMode, Staging};
 use crate::warm::{self, WarmMode};
 
@@ -39,12 +40,12 @@ pub struct MountRequest {
     /// runtime dir, removed when the daemon exits; see [`DaemonLog`]).
     pub log_file: Option<PathBuf>,
     pub stage: StageMode,
-    /// Where `--stage disk` copies the archive (see [`crate::disk::base_dir`]).
+    /// Where `--stage disk` copies the archive (see [`crate::stage::disk::base_dir`]).
     pub stage_dir: Option<PathBuf>,
     pub max_ram: Option<u64>,
     pub warm: WarmMode,
     /// Receive the archive from a broadcast (`--broadcast`) instead of reading it.
-    pub broadcast: Option<crate::broadcast::Plan>,
+    pub broadcast: Option<crate::stage::broadcast::Plan>,
 }
 
 /// Mounts as requested; in the background case returns in the parent once the mount is live.
@@ -276,7 +277,7 @@ fn serve(
     let stage_dir = registry::read_any(mountpoint).and_then(|r| r.stage_dir);
     registry::remove(mountpoint);
     if let Some(dir) = stage_dir {
-        crate::disk::remove_if_empty(&dir);
+        crate::stage::disk::remove_if_empty(&dir);
     }
     crate::node::daemon_exiting(mountpoint);
     let (errors, _) = fs.errors_served();
@@ -298,7 +299,7 @@ fn start(
     check_fuse_available()?;
     crate::cancel::phase("staging and indexing")?;
     let received = match &request.broadcast {
-        Some(plan) => crate::broadcast::receive(plan, crate::node::DEFAULT_WAIT)?,
+        Some(plan) => crate::stage::broadcast::receive(plan, crate::node::DEFAULT_WAIT)?,
         None => None,
     };
     let Opened { archive, staged_bytes, staging, disk, .. } = if request.shards.len() > 1 {
@@ -390,7 +391,7 @@ fn warm_page_cache(
                 .to_string(),
         ),
         Some(needed) if needed > headroom => {
-            Some(format!("the files need {} but {limit} leaves {}", stage::human(needed), stage::human(headroom)))
+            Some(format!("the files need {} but {limit} leaves {}", report::human(needed), report::human(headroom)))
         }
         Some(_) => None,
     };
@@ -434,10 +435,10 @@ fn warm_page_cache(
     // the files, so the block cache would only pin memory. Give it back to the system.
     fs.release_caches();
     return_free_memory();
-    stage::report_done(&format!(
+    report::report_done(&format!(
         "warmed the page cache: {} files, {} in {:.2} s{}",
         warmed.files,
-        stage::human(warmed.bytes),
+        report::human(warmed.bytes),
         warmed.elapsed.as_secs_f64(),
         if warmed.skipped > 0 { format!(" ({} left cold, see -vv)", warmed.skipped) } else { String::new() }
     ));
@@ -478,7 +479,7 @@ pub struct Opened {
     /// How its bytes reach RAM.
     pub staging: Staging,
     /// Where it was staged on the local disk, if it was.
-    pub disk: Option<crate::disk::DiskStaged>,
+    pub disk: Option<crate::stage::disk::DiskStaged>,
     /// Where its index was saved by this call, if it was.
     pub saved_index: Option<PathBuf>,
     /// Whether a saved index was used instead of scanning.
@@ -490,7 +491,7 @@ pub struct Opened {
 fn with_scan_progress<T>(len: u64, f: impl FnOnce() -> T) -> T {
     use std::sync::atomic::{AtomicBool, Ordering};
     crate::archive::SCAN_PROGRESS.store(0, Ordering::Relaxed);
-    let bar = crate::stage::progress(Some(len), "indexing");
+    let bar = crate::report::progress(Some(len), "indexing");
     if bar.is_hidden() {
         return f(); // Not a terminal (or a shard of a set): nothing to draw.
     }
@@ -518,7 +519,7 @@ pub fn open_archive(
     mode: StageMode,
     max_ram: Option<u64>,
     stage_dir: Option<&Path>,
-    received: Option<crate::broadcast::Received>,
+    received: Option<crate::stage::broadcast::Received>,
     force_save: bool,
 ) -> Result<Opened, Failure> {
     open_shard(path, mode, (max_ram, stage_dir), received, force_save, 1)
@@ -530,7 +531,7 @@ pub fn open_shard(
     path: &Path,
     mode: StageMode,
     (max_ram, stage_dir): (Option<u64>, Option<&Path>),
-    received: Option<crate::broadcast::Received>,
+    received: Option<crate::stage::broadcast::Received>,
     force_save: bool,
     shards: usize,
 ) -> Result<Opened, Failure> {

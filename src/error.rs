@@ -76,6 +76,7 @@ impl From<StageError> for Failure {
             | StageError::NoDiskRoom { .. }
             | StageError::DiskFilled { .. } => code::NO_ROOM,
             StageError::NoStageDir | StageError::DiskSet(_) => code::USAGE,
+            StageError::Broadcast(_) => code::OTHER,
             StageError::Place(_) => code::MOUNTPOINT,
             StageError::Interrupted(interrupted) => interrupted.exit_code(),
             _ => code::BAD_ARCHIVE,

@@ -5,13 +5,11 @@
 //! [`daemon`] and [`mountpoint`] manage the mount's life.
 
 pub mod archive;
-pub mod broadcast;
 pub mod cancel;
 pub mod cli;
 pub mod commands;
 pub mod daemon;
 pub mod demo;
-pub mod disk;
 pub mod error;
 pub mod escape;
 pub mod fs;
@@ -23,6 +21,7 @@ pub mod mountpoint;
 pub mod node;
 pub mod places;
 pub mod registry;
+pub mod report;
 pub mod shards;
 pub mod stage;
 pub mod warm;

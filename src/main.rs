@@ -54,8 +54,13 @@ fn run(command: Command) -> Result<(), Failure> {
                 f
             };
             let broadcast = match broadcast {
-                true => stagefs::broadcast::plan(&archive, stage, stage_dir.as_deref(), broadcast_fallback)
-                    .map_err(published)?,
+                true => stagefs::stage::broadcast::plan(
+                    &archive,
+                    stage == stagefs::stage::StageMode::Disk,
+                    stage_dir.as_deref(),
+                    broadcast_fallback,
+                )
+                .map_err(|e| published(e.into()))?,
                 false => None,
             };
             let set = stagefs::shards::resolve(&archive, &more_archives, trust_shards).map_err(published)?;

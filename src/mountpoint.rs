@@ -6,7 +6,6 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::error::Failure;
 use crate::places;
 
 /// Problems with the mountpoint itself, each telling the user what to do.
@@ -26,6 +25,8 @@ pub enum MountpointError {
     Io { path: PathBuf, what: &'static str, source: std::io::Error },
     #[error("cannot unmount {}: {message}", path.display())]
     Unmount { path: PathBuf, message: String },
+    #[error(transparent)]
+    Place(#[from] places::PlaceError),
 }
 
 fn describe(fstype: &Option<String>) -> String {
@@ -52,7 +53,7 @@ pub fn resolve(path: &Path) -> Result<PathBuf, MountpointError> {
 /// Gets `path` ready to mount on: creates it and its missing parents (0700, checked
 /// against other users by [`places`]), recovers a stale FUSE mount, refuses a live mount
 /// or a non-empty directory. Returns the directories it created, outermost first.
-pub fn prepare(path: &Path) -> Result<Vec<PathBuf>, Failure> {
+pub fn prepare(path: &Path) -> Result<Vec<PathBuf>, MountpointError> {
     let mut created = places::mountpoint_parents(path)?;
     // statfs always reaches the filesystem; stat may be answered from the kernel's cache
     // even after a FUSE daemon died, hiding the stale mount.
@@ -246,9 +247,8 @@ mod tests {
         assert_eq!(std::fs::metadata(&new).unwrap().permissions().mode() & 0o777, 0o700);
         assert!(prepare(&new).unwrap().is_empty());
         std::fs::write(new.join("x"), b"x").unwrap();
-        let code = |p: &Path| prepare(p).unwrap_err().code;
-        assert_eq!(code(&new), crate::error::code::MOUNTPOINT, "not empty");
-        assert_eq!(code(&new.join("x")), crate::error::code::MOUNTPOINT, "not a directory");
-        assert!(prepare(Path::new("/proc")).unwrap_err().message.contains("already mounted"));
+        assert!(matches!(prepare(&new), Err(MountpointError::NotEmpty(_))));
+        assert!(matches!(prepare(&new.join("x")), Err(MountpointError::NotADirectory(_))));
+        assert!(matches!(prepare(Path::new("/proc")), Err(MountpointError::AlreadyMounted(..))));
     }
 }

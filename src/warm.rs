@@ -73,7 +73,7 @@ where
     let started = Instant::now();
     list_tree(mountpoint);
     let files: Vec<(u64, u64)> = fs.files().collect();
-    let bar = crate::stage::progress(total_size(files.iter().copied()), "warming the page cache");
+    let bar = crate::report::progress(total_size(files.iter().copied()), "warming the page cache");
     let (next, bytes, skipped) = (AtomicUsize::new(0), AtomicU64::new(0), AtomicU64::new(0));
     std::thread::scope(|scope| {
         for _ in 0..threads.max(1) {

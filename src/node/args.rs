@@ -44,7 +44,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     stage_dir: Option<PathBuf>,
     /// Most RAM staging and the page-cache warm-up may use, e.g. 64G
-    #[arg(long, value_name = "SIZE", value_parser = crate::stage::parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = crate::report::parse_size)]
     max_ram: Option<u64>,
     /// Fill the page cache before the command starts: auto (when staged), yes, no
     #[arg(long, value_enum, default_value_t = WarmMode::Auto)]
@@ -79,9 +79,12 @@ impl RunArgs {
     pub fn execute(self) -> Result<u8, Failure> {
         let mountpoint = self.mountpoint.unwrap_or_else(|| default_mountpoint(&self.archive));
         let broadcast = match self.broadcast {
-            true => {
-                crate::broadcast::plan(&self.archive, self.stage, self.stage_dir.as_deref(), self.broadcast_fallback)?
-            }
+            true => crate::stage::broadcast::plan(
+                &self.archive,
+                self.stage == StageMode::Disk,
+                self.stage_dir.as_deref(),
+                self.broadcast_fallback,
+            )?,
             false => None,
         };
         let set = crate::shards::resolve(&self.archive, &self.more_archives, self.trust_shards)?;

@@ -10,6 +10,7 @@ use crate::archive::set::Merger;
 use crate::archive::OpenError;
 use crate::daemon::{open_shard, Opened};
 use crate::error::Failure;
+use crate::report;
 use crate::stage::{self, StageMode, Staging};
 
 /// What opening a set did.
@@ -46,7 +47,7 @@ pub fn open_set(
     raise_fd_limit(shards.len());
     // Threads overlap the latency of a parallel filesystem as much as they share the CPU.
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get() * 2).clamp(2, 16).min(shards.len());
-    let bar = stage::progress(Some(total), &format!("indexing {} shards", shards.len()));
+    let bar = report::progress(Some(total), &format!("indexing {} shards", shards.len()));
     let (next, stop, staged) = (AtomicUsize::new(0), AtomicBool::new(false), AtomicU64::new(0));
     let (tx, rx) = mpsc::channel::<(usize, Result<Opened, Failure>)>();
     let mut merger = Merger::new();
@@ -58,7 +59,7 @@ pub fn open_set(
             let tx = tx.clone();
             let (next, stop, staged) = (&next, &stop, &staged);
             scope.spawn(move || {
-                stage::quietly(|| loop {
+                report::quietly(|| loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     if i >= shards.len() || stop.load(Ordering::Relaxed) {
                         return;
@@ -133,7 +134,7 @@ pub fn open_set(
         merge_ms = merging.as_millis() as u64,
         "merged"
     );
-    stage::report_done(&format!(
+    report::report_done(&format!(
         "indexed {} shards: {} entries in {:.2} s ({} of {} from saved indexes{})",
         shards.len(),
         index.dirents.len(),

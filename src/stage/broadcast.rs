@@ -29,13 +29,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::error::Failure;
+use super::error::StageError;
 use crate::places::{self, CheckedDir};
+use crate::report::human;
 
 /// The copy's name inside its inbox.
 const COPY: &str = "archive";
 const SHM_ADVICE: &str = "remove it if you can (or ask the admins)";
-use crate::stage::{human, StageMode};
 
 /// The broadcast a mount receives: where the copy and its status appear.
 #[derive(Debug, Clone)]
@@ -69,10 +69,10 @@ pub struct Received {
 /// that sends. `None`: nothing to broadcast here (said in one info line).
 pub fn plan(
     archive: &Path,
-    stage: StageMode,
+    to_disk: bool,
     stage_dir: Option<&Path>,
     fallback: bool,
-) -> Result<Option<Plan>, Failure> {
+) -> Result<Option<Plan>, StageError> {
     let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     let Some(job) = var("SLURM_JOB_ID") else {
         eprintln!("stagefs: --broadcast: not in a SLURM job; nothing to broadcast, staging as usual");
@@ -89,16 +89,17 @@ pub fn plan(
         }
         return Ok(None);
     }
-    let archive = archive
-        .canonicalize()
-        .map_err(|source| Failure::from(crate::archive::OpenError::Io { path: archive.to_owned(), source }))?;
-    let to_disk = stage == StageMode::Disk;
+    let archive = archive.canonicalize().map_err(|source| StageError::Io {
+        path: archive.to_owned(),
+        what: "cannot open".into(),
+        source,
+    })?;
     let disk_base = match to_disk {
-        true => Some(crate::disk::base_dir(stage_dir).ok_or(crate::stage::StageError::NoStageDir)?),
+        true => Some(super::disk::base_dir(stage_dir).ok_or(StageError::NoStageDir)?),
         false => None,
     };
     let dir = match &disk_base {
-        Some(base) => crate::disk::staging_dir_path(base),
+        Some(base) => super::disk::staging_dir_path(base),
         None => Path::new("/dev/shm").join(places::user_name()),
     };
     let name = format!(".stagefs-bcast-{job}-{:016x}", crate::hash::hash(archive.as_os_str().as_encoded_bytes()));
@@ -121,8 +122,8 @@ pub fn plan(
 /// Runs `sbcast` (and then broadcasts the status); a failure is recorded in the status for
 /// every node's leader to report, not returned: this task must still join its node's
 /// election, or the other tasks on its node would wait for a leader that never comes.
-fn send(archive: &Path, plan: &Plan, nodes: u32) -> Result<(), Failure> {
-    crate::cancel::arm().map_err(|e| Failure::other(format!("cannot install signal handlers: {e}")))?;
+fn send(archive: &Path, plan: &Plan, nodes: u32) -> Result<(), StageError> {
+    crate::cancel::arm().map_err(|e| StageError::Broadcast(format!("cannot install signal handlers: {e}")))?;
     let size = std::fs::metadata(archive).map(|m| m.len()).unwrap_or(0);
     let (dir, inbox) = plan.open_inbox()?;
     // Measured before: sbcast's message for a full disk is "Unspecified error".
@@ -131,7 +132,7 @@ fn send(archive: &Path, plan: &Plan, nodes: u32) -> Result<(), Failure> {
     let line = match sbcast(archive, &plan.data) {
         Ok(()) => {
             let secs = started.elapsed().as_secs_f64().max(1e-9);
-            crate::stage::report_done(&format!(
+            crate::report::report_done(&format!(
                 "broadcast {} to {nodes} node(s) with sbcast: {} in {secs:.2} s ({:.0} MB/s)",
                 archive.display(),
                 human(size),
@@ -154,7 +155,7 @@ fn send(archive: &Path, plan: &Plan, nodes: u32) -> Result<(), Failure> {
         }
     };
     places::write_atomically(&plan.status, line.as_bytes(), 0o600)
-        .map_err(|e| Failure::other(format!("cannot write {}: {e}", plan.status.display())))?;
+        .map_err(|e| StageError::Broadcast(format!("cannot write {}: {e}", plan.status.display())))?;
     if nodes > 1 {
         if let Err(message) = sbcast(&plan.status, &plan.status) {
             tracing::warn!("cannot broadcast the broadcast's status to the other nodes: {message}");
@@ -225,7 +226,7 @@ fn sbcast_once(source: &Path, dest: &Path) -> Result<(), String> {
 
 /// In the mount leader: waits for the broadcast's status, then opens the copy and unlinks
 /// it at once. `Ok(None)`: it failed and `--broadcast-fallback` asks to stage as usual.
-pub fn receive(plan: &Plan, timeout: Duration) -> Result<Option<Received>, Failure> {
+pub fn receive(plan: &Plan, timeout: Duration) -> Result<Option<Received>, StageError> {
     let deadline = Instant::now() + timeout;
     // Made here, before waiting: sbcast writes into it but makes no directories.
     let (dir, inbox) = plan.open_inbox()?;
@@ -237,8 +238,8 @@ pub fn receive(plan: &Plan, timeout: Duration) -> Result<Option<Received>, Failu
             break text.trim_end().to_string();
         }
         if Instant::now() >= deadline {
-            return Err(Failure::other(format!(
-                "--broadcast: no broadcast of the archive arrived on this node within {} s (the task with \
+            return Err(StageError::Broadcast(format!(
+                "no broadcast of the archive arrived on this node within {} s (the task with \
                  SLURM_PROCID=0 sends it; did it start, and could it broadcast its status here?)",
                 timeout.as_secs()
             )));
@@ -254,7 +255,7 @@ pub fn receive(plan: &Plan, timeout: Duration) -> Result<Option<Received>, Failu
             );
             return Ok(None);
         }
-        return Err(Failure::other(format!(
+        return Err(StageError::Broadcast(format!(
             "{message}; add --broadcast-fallback to stage from the parallel filesystem when the broadcast fails"
         )));
     }
@@ -264,12 +265,12 @@ pub fn receive(plan: &Plan, timeout: Duration) -> Result<Option<Received>, Failu
     // Unlinked at once, before any check: whatever happens next leaves nothing behind,
     // not even `/dev/shm/$USER` when the copy was all it held (it stays while in use).
     plan.discard(&dir, &inbox);
-    let file = opened
-        .map_err(|e| Failure::other(format!("--broadcast: cannot open the copy {}: {e}", plan.data.display())))?;
-    let meta = file.metadata().map_err(|e| Failure::other(format!("--broadcast: {e}")))?;
+    let file =
+        opened.map_err(|e| StageError::Broadcast(format!("cannot open the copy {}: {e}", plan.data.display())))?;
+    let meta = file.metadata().map_err(|e| StageError::Broadcast(e.to_string()))?;
     if !meta.is_file() || meta.uid() != places::my_uid() || meta.len() != size {
-        return Err(Failure::other(format!(
-            "--broadcast: {} is not the broadcast copy (a regular file of yours of {size} bytes); not serving it",
+        return Err(StageError::Broadcast(format!(
+            "{} is not the broadcast copy (a regular file of yours of {size} bytes); not serving it",
             plan.data.display()
         )));
     }
@@ -278,9 +279,9 @@ pub fn receive(plan: &Plan, timeout: Duration) -> Result<Option<Received>, Failu
 
 impl Plan {
     /// Makes (or finds) and checks the directory and the inbox in it, held open.
-    fn open_inbox(&self) -> Result<(CheckedDir, CheckedDir), Failure> {
+    fn open_inbox(&self) -> Result<(CheckedDir, CheckedDir), StageError> {
         let dir = match &self.disk_base {
-            Some(base) => crate::disk::staging_dir(base)?,
+            Some(base) => super::disk::staging_dir(base)?,
             None => {
                 places::private_dir(Path::new("/dev/shm"), &self.dir, true, SHM_ADVICE)?;
                 CheckedDir::open(&self.dir, SHM_ADVICE)?

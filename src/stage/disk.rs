@@ -11,8 +11,9 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use super::error::StageError;
 use crate::places::CheckedDir;
-use crate::stage::{human, StageError};
+use crate::report::human;
 
 /// Where an archive was staged on disk, for `stagefs status`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,14 +113,14 @@ pub fn copy_to_disk(
         libc::EOPNOTSUPP | libc::EINVAL => target.set_len(len).map_err(no_room)?,
         errno => return Err(no_room(std::io::Error::from_raw_os_error(errno))),
     }
-    crate::stage::parallel_copy(path, source, &target, len, "staging to disk", &|offset, e| match no_room(e) {
+    super::copy::parallel_copy(path, source, &target, len, "staging to disk", &|offset, e| match no_room(e) {
         StageError::Io { path, source, .. } => {
             StageError::Io { path, what: format!("cannot write the staged copy at byte {offset}"), source }
         }
         other => other,
     })?;
     let secs = started.elapsed().as_secs_f64().max(1e-9);
-    crate::stage::report_done(&format!(
+    crate::report::report_done(&format!(
         "staged {} to the local disk ({}): {} in {secs:.2} s ({:.0} MB/s)",
         path.display(),
         dir.path().display(),

@@ -1,0 +1,115 @@
+//! Words and bars for people: sizes (`1.5 GiB`, `8G`), progress bars on long work, and the one-line summary each long step leaves.
+
+use std::path::Path;
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+thread_local! {
+    /// Set on the threads that open the shards of a set: the set draws one progress bar and
+    /// writes one summary, not one per shard.
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with no per-archive progress bar or summary line on this thread.
+pub fn quietly<T>(f: impl FnOnce() -> T) -> T {
+    QUIET.with(|q| q.set(true));
+    let result = f();
+    QUIET.with(|q| q.set(false));
+    result
+}
+
+/// A progress bar for `len` bytes (a spinner when the length is unknown); hidden inside
+/// [`quietly`], and drawn by indicatif only when stderr is a terminal.
+pub fn progress(len: Option<u64>, verb: &str) -> ProgressBar {
+    if QUIET.with(|q| q.get()) {
+        return ProgressBar::hidden();
+    }
+    // indicatif draws nothing when stderr is not a terminal.
+    let bar = match len {
+        Some(len) => ProgressBar::new(len).with_style(
+            ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
+                .expect("valid template")
+                .progress_chars("=> "),
+        ),
+        None => ProgressBar::new_spinner().with_style(
+            ProgressStyle::with_template("{msg} {spinner} {bytes} {bytes_per_sec}").expect("valid template"),
+        ),
+    };
+    bar.with_message(verb.to_string())
+}
+
+/// "`verb` PATH into RAM: SIZE in S s (R MB/s)", as a summary (a debug line inside [`quietly`]).
+pub fn summary(verb: &str, path: &Path, bytes: u64, started: Instant) {
+    let secs = started.elapsed().as_secs_f64().max(1e-9);
+    let line = format!(
+        "{verb} {} into RAM: {} in {secs:.2} s ({:.0} MB/s)",
+        path.display(),
+        human(bytes),
+        bytes as f64 / 1e6 / secs
+    );
+    if QUIET.with(|q| q.get()) {
+        tracing::debug!("{line}");
+    } else {
+        report_done(&line);
+    }
+}
+
+/// The one line a long step leaves behind: in the log, and on stderr where no progress
+/// bar was drawn (a job's output file), so a slow mount explains itself.
+pub fn report_done(line: &str) {
+    tracing::info!("{line}");
+    if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        eprintln!("stagefs: {line}");
+    }
+}
+
+/// Sizes for people: 1.5 GiB, 12.0 MiB.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// Parses sizes like `8G`, `512M`, `1.5T`, `1000000` (bytes); binary units.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number.parse().map_err(|_| format!("not a size: {text:?} (try 8G or 512M)"))?;
+    let scale = match unit.trim().to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+        "" => 1u64,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        other => return Err(format!("unknown size unit {other:?} in {text:?} (use K, M, G or T)")),
+    };
+    Ok((value * scale as f64) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_and_print() {
+        assert_eq!(parse_size("8G").unwrap(), 8 << 30);
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("1.5k").unwrap(), 1536);
+        assert_eq!(parse_size("42").unwrap(), 42);
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("5X").is_err());
+        assert_eq!(human(1536), "1.5 KiB");
+        assert_eq!(human(12), "12 B");
+    }
+}

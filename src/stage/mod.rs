@@ -1,0 +1,339 @@
+//! Staging: how an archive's bytes get into RAM, at the cost of one copy where possible.
+//!
+//! An uncompressed archive staged with `--stage ram` is not copied at all: it is served
+//! from the file, and the warm-up (see `warm.rs`) fills the mount's own page cache while
+//! dropping the file's pages behind it, so RAM holds the files once, as reclaimable
+//! cache; a page the kernel evicts is read again from the archive (checked unchanged).
+//! `--stage copy`, and every compressed tar, copies or decompresses the archive into
+//! anonymous memory (a memfd): immune to changes of the file, at the cost of that copy.
+//! A memfd has no name in any filesystem, so there is nothing to clean up after any
+//! exit, SIGKILL included: the kernel frees the pages when the last mapping goes. Its
+//! pages count against the job's memory (cgroup) like any RAM, which is why the budget
+//! check looks at both `MemAvailable` and the cgroup limit before a byte is copied.
+
+pub mod broadcast;
+mod budget;
+mod copy;
+mod decompress;
+pub mod disk;
+mod error;
+mod ram;
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use crate::archive::Backing;
+use crate::report::human;
+pub use budget::headroom;
+use budget::{is_network_filesystem, RamBudget};
+use decompress::decompress;
+pub use decompress::Compression;
+pub use error::StageError;
+
+/// Whether to bring the archive into RAM before serving it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum StageMode {
+    /// Like ram when the archive is on a network or parallel filesystem and fits the RAM budget;
+    /// like disk when it does not fit the RAM budget but fits the local disk's free space
+    Auto,
+    /// The files in the page cache once (read the archive once, keep no second copy);
+    /// evicted pages are read again from the archive (fail if it does not fit)
+    Ram,
+    /// Copy the whole archive into private RAM: immune to changes of the archive file,
+    /// at the cost of that copy on top of the page cache
+    Copy,
+    /// Copy the archive to the node's local disk (--stage-dir) and serve that copy, with the
+    /// page cache as its RAM cache; nothing is left on the disk after any exit
+    Disk,
+    /// Serve from the archive in place, cold (compressed tars are still decompressed into RAM)
+    None,
+}
+
+/// How the bytes of an opened archive reach RAM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Staging {
+    /// Served from the file; pages enter the cache as they are read.
+    InPlace,
+    /// Served from the file; the warm-up fills the mount's page cache, the one copy in RAM.
+    PageCache,
+    /// Copied (or decompressed) into private memory.
+    Copy,
+    /// Copied to a nameless file on the local disk, served from it in place.
+    Disk,
+}
+
+impl Staging {
+    /// Words for `stagefs status`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Staging::InPlace => "in place",
+            Staging::PageCache => "page cache",
+            Staging::Copy => "copy",
+            Staging::Disk => "local disk",
+        }
+    }
+}
+
+/// The bytes to serve and how many of them live in staged RAM.
+pub struct Loaded {
+    pub backing: Backing,
+    pub staged_bytes: u64,
+    pub staging: Staging,
+    /// Where it was staged on the local disk (`Staging::Disk`).
+    pub disk: Option<disk::DiskStaged>,
+}
+
+/// What to do with an archive: the staging decision, a pure function of [`Facts`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Decompress it whole into private RAM.
+    Decompress(Compression),
+    /// Copy it to the local disk (`--stage disk`: a missing staging directory is an error).
+    Disk,
+    /// Copy it to the local disk if there is a staging directory with room; else in place.
+    DiskIfRoom,
+    /// Copy it into private RAM (budget checked first).
+    Copy,
+    /// Serve it from the file, warming the page cache (budget checked first).
+    PageCache,
+    /// Serve it from the file, cold.
+    InPlace,
+}
+
+/// What the decision depends on, gathered before any byte is staged.
+#[derive(Clone, Copy, Debug)]
+pub struct Facts {
+    pub mode: StageMode,
+    pub size: u64,
+    pub compression: Option<Compression>,
+    /// On a network or parallel filesystem.
+    pub remote: bool,
+    /// The RAM budget in bytes.
+    pub budget: u64,
+}
+
+/// The staging decision. Compressed tars are always decompressed; `auto` stages in RAM
+/// what is remote and fits, sends what is remote and too large to the local disk, and
+/// serves local archives in place (the page cache keeps what is read).
+pub fn decide(facts: &Facts) -> Decision {
+    if let Some(compression) = facts.compression {
+        return Decision::Decompress(compression);
+    }
+    match facts.mode {
+        StageMode::Disk => Decision::Disk,
+        StageMode::Copy => Decision::Copy,
+        StageMode::Ram => Decision::PageCache,
+        StageMode::None => Decision::InPlace,
+        StageMode::Auto => match (facts.remote, facts.size <= facts.budget) {
+            (true, true) => Decision::PageCache,
+            (true, false) => Decision::DiskIfRoom,
+            (false, _) => Decision::InPlace,
+        },
+    }
+}
+
+/// Opens `path` per `mode`: maps it in place, copies it into RAM or to the local disk
+/// (under `stage_dir`, see [`disk::base_dir`]), or decompresses it into RAM.
+pub fn load(
+    path: &Path,
+    mode: StageMode,
+    max_ram: Option<u64>,
+    stage_dir: Option<&Path>,
+    received: Option<broadcast::Received>,
+) -> Result<Loaded, StageError> {
+    let io = |what: &str| {
+        let what = what.to_string();
+        move |source| StageError::Io { path: path.to_owned(), what, source }
+    };
+    let file = File::open(path).map_err(io("cannot open"))?;
+    let size = file.metadata().map_err(io("cannot stat"))?.len();
+    let mut head = [0u8; 6];
+    let n = file.read_at(&mut head, 0).map_err(io("cannot read"))?;
+    let budget = RamBudget::measure(max_ram);
+    if let Some(received) = received {
+        // A compressed tar is broadcast as it is, and decompressed from the node's copy.
+        let n = received.file.read_at(&mut head, 0).map_err(io("cannot read its broadcast copy"))?;
+        if let Some(compression) = Compression::detect(&head[..n]) {
+            let backing = decompress(path, received.file, compression, &budget)?;
+            let staged_bytes = backing.len() as u64;
+            return Ok(Loaded { backing, staged_bytes, staging: Staging::Copy, disk: None });
+        }
+        return serve_received(path, received);
+    }
+    let compression = Compression::detect(&head[..n]);
+    // Only `auto` asks where the archive lies: statfs on a hung mount can be slow.
+    let remote = mode == StageMode::Auto && compression.is_none() && is_network_filesystem(path);
+    let decision = decide(&Facts { mode, size, compression, remote, budget: budget.bytes });
+    if mode == StageMode::Auto && compression.is_none() {
+        tracing::info!(
+            "--stage auto: {} ({}) is on a {} filesystem, the RAM budget is {} ({}): {}",
+            path.display(),
+            human(size),
+            if remote { "network" } else { "local" },
+            human(budget.bytes),
+            budget.reason,
+            match decision {
+                Decision::PageCache => "staging it in RAM",
+                Decision::DiskIfRoom => "too large for RAM: staging it to the local disk if it has room",
+                _ => "serving it in place (the page cache keeps what is read)",
+            }
+        );
+    }
+    let loaded = match decision {
+        Decision::Decompress(compression) => {
+            let backing = decompress(path, file, compression, &budget)?;
+            let staged_bytes = backing.len() as u64;
+            Loaded { backing, staged_bytes, staging: Staging::Copy, disk: None }
+        }
+        Decision::Disk => {
+            let base = disk::base_dir(stage_dir).ok_or(StageError::NoStageDir)?;
+            stage_to_disk(path, &file, size, &disk::staging_dir(&base)?)?
+        }
+        Decision::DiskIfRoom => match auto_disk_dir(path, stage_dir, size) {
+            Ok(dir) => stage_to_disk(path, &file, size, &dir)?,
+            Err(why) => {
+                tracing::warn!(
+                    "{} is on a network filesystem but does not fit the RAM budget ({}, {}), nor the local disk \
+                     ({why}); serving it in place",
+                    path.display(),
+                    human(budget.bytes),
+                    budget.reason
+                );
+                in_place(path, &file, Staging::InPlace)?
+            }
+        },
+        Decision::Copy => {
+            // Refused before any byte is read.
+            budget.check(path, size)?;
+            Loaded {
+                backing: ram::copy_to_ram(path, &file, size)?,
+                staged_bytes: size,
+                staging: Staging::Copy,
+                disk: None,
+            }
+        }
+        Decision::PageCache => {
+            // Refused before any byte is read; the warm-up checks again with the files' real size.
+            budget.check(path, size)?;
+            in_place(path, &file, Staging::PageCache)?
+        }
+        Decision::InPlace => in_place(path, &file, Staging::InPlace)?,
+    };
+    Ok(loaded)
+}
+
+fn in_place(path: &Path, file: &File, staging: Staging) -> Result<Loaded, StageError> {
+    let backing = crate::archive::map_file(file).map_err(|source| StageError::Io {
+        path: path.to_owned(),
+        what: "cannot map".into(),
+        source,
+    })?;
+    Ok(Loaded { backing, staged_bytes: 0, staging, disk: None })
+}
+
+/// Serves a broadcast copy (see `broadcast`): on a local disk like `--stage disk`, in
+/// `/dev/shm` like a private copy in RAM (its tmpfs pages are the RAM it takes).
+fn serve_received(path: &Path, received: broadcast::Received) -> Result<Loaded, StageError> {
+    let size = received.file.metadata().map(|m| m.len()).unwrap_or(0);
+    if received.to_disk {
+        let backing = crate::archive::map_file(&received.file).map_err(|source| StageError::Io {
+            path: received.dir.clone(),
+            what: "cannot map the broadcast copy".into(),
+            source,
+        })?;
+        let disk = disk::DiskStaged { dir: received.dir, bytes: size };
+        return Ok(Loaded { backing, staged_bytes: 0, staging: Staging::Disk, disk: Some(disk) });
+    }
+    let backing = ram::map_staged(path, &received.file)?;
+    Ok(Loaded { backing, staged_bytes: size, staging: Staging::Copy, disk: None })
+}
+
+/// `--stage auto`'s local disk for an archive too large for RAM: the staging directory,
+/// if there is one and the archive fits its free space less the margin; else why not.
+fn auto_disk_dir(path: &Path, stage_dir: Option<&Path>, size: u64) -> Result<crate::places::CheckedDir, String> {
+    let base = disk::base_dir(stage_dir).ok_or("no --stage-dir, SLURM_TMPDIR or TMPDIR")?;
+    let dir = disk::staging_dir(&base).map_err(|e| e.to_string())?;
+    disk::check_room(path, &dir, size).map_err(|e| e.to_string())?;
+    Ok(dir)
+}
+
+/// Copies the archive to a nameless file in `dir` (room checked first) and serves it in place.
+fn stage_to_disk(path: &Path, file: &File, size: u64, dir: &crate::places::CheckedDir) -> Result<Loaded, StageError> {
+    let free = disk::check_room(path, dir, size)?;
+    let copy = disk::copy_to_disk(path, file, size, dir, free)?;
+    let backing = crate::archive::map_file(&copy).map_err(|source| StageError::Io {
+        path: dir.path().to_owned(),
+        what: "cannot map the staged copy".into(),
+        source,
+    })?;
+    let disk = disk::DiskStaged { dir: dir.path().to_owned(), bytes: size };
+    Ok(Loaded { backing, staged_bytes: 0, staging: Staging::Disk, disk: Some(disk) })
+}
+
+/// One decision for a whole shard set, before any shard is staged: `auto` becomes `ram`
+/// or `none` for all shards alike (judged on the first shard's filesystem and the set's
+/// total size), and `ram`/`copy` are refused at once when the set does not fit.
+pub fn mode_for_set(
+    label: &Path,
+    first: &Path,
+    total: u64,
+    mode: StageMode,
+    max_ram: Option<u64>,
+) -> Result<StageMode, StageError> {
+    let budget = RamBudget::measure(max_ram);
+    match mode {
+        StageMode::None => Ok(StageMode::None),
+        StageMode::Disk => Err(StageError::DiskSet(label.to_owned())),
+        StageMode::Ram | StageMode::Copy => budget.check(label, total).map(|()| mode),
+        StageMode::Auto => {
+            let remote = is_network_filesystem(first);
+            if remote && total > budget.bytes {
+                tracing::warn!(
+                    "{} is on a network filesystem but does not fit the RAM budget; serving it in place",
+                    label.display()
+                );
+            }
+            let staged = remote && total <= budget.bytes;
+            tracing::info!(
+                "--stage auto: {} ({}) is on a {} filesystem: {}",
+                label.display(),
+                human(total),
+                if remote { "network" } else { "local" },
+                if staged { "staging it in RAM" } else { "serving it in place" }
+            );
+            Ok(if staged { StageMode::Ram } else { StageMode::None })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_staging_decision_as_a_table() {
+        use Decision::*;
+        use StageMode::{Auto, Copy as CopyMode, Disk as DiskMode, None as NoneMode, Ram};
+        const GB: u64 = 1 << 30;
+        let gz = Some(Compression::Gzip);
+        // (mode, size, compression, remote, budget) -> decision
+        let table = [
+            (Auto, GB, None, true, 8 * GB, PageCache),
+            (Auto, 16 * GB, None, true, 8 * GB, DiskIfRoom),
+            (Auto, GB, None, false, 8 * GB, InPlace),
+            (Auto, 16 * GB, None, false, 8 * GB, InPlace),
+            (Auto, GB, gz, true, 8 * GB, Decompress(Compression::Gzip)),
+            (Ram, 16 * GB, None, false, 8 * GB, PageCache),
+            (CopyMode, GB, None, false, 8 * GB, Copy),
+            (DiskMode, GB, None, true, 8 * GB, Disk),
+            (DiskMode, GB, gz, true, 8 * GB, Decompress(Compression::Gzip)),
+            (NoneMode, GB, None, true, 8 * GB, InPlace),
+            (NoneMode, GB, gz, false, 8 * GB, Decompress(Compression::Gzip)),
+        ];
+        for (mode, size, compression, remote, budget, want) in table {
+            let facts = Facts { mode, size, compression, remote, budget };
+            assert_eq!(decide(&facts), want, "{facts:?}");
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! Private RAM: a nameless memory file (memfd) holding a copy, freed by the kernel after any exit.
+
+use std::fs::File;
+use std::os::fd::FromRawFd;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::error::StageError;
+use crate::archive::Backing;
+
+/// An anonymous memory file, sized to `len`, named after the archive for `/proc/PID/maps`.
+///
+/// `memfd_create` is called through `syscall(2)`: the libc wrapper appeared only in glibc
+/// 2.27, and the binary shipped in the Python wheel must run on glibc 2.17 (manylinux2014).
+/// The system call itself exists since Linux 3.17.
+pub fn memfd(path: &Path, len: u64) -> Result<File, StageError> {
+    let name = format!("stagefs:{}", path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
+    let io_err = |source: std::io::Error| StageError::Io {
+        path: path.to_owned(),
+        what: "cannot create anonymous memory (memfd)".into(),
+        source,
+    };
+    // The kernel rejects names with a NUL; the archive name cannot contain one, but be safe.
+    let cname = std::ffi::CString::new(name.replace('\0', "")).map_err(|e| io_err(std::io::Error::other(e)))?;
+    // SAFETY: cname is a valid NUL-terminated string that outlives the call; the flags are plain bits.
+    let ret = unsafe { libc::syscall(libc::SYS_memfd_create, cname.as_ptr(), libc::MFD_CLOEXEC) };
+    if ret < 0 {
+        return Err(io_err(std::io::Error::last_os_error()));
+    }
+    // SAFETY: the kernel just returned this descriptor to us and nothing else owns it.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(ret as std::os::fd::RawFd) };
+    let file = File::from(fd);
+    file.set_len(len).map_err(|source| StageError::Io {
+        path: path.to_owned(),
+        what: "cannot size the staging memory".into(),
+        source,
+    })?;
+    Ok(file)
+}
+
+pub fn map_staged(path: &Path, file: &File) -> Result<Backing, StageError> {
+    // SAFETY: only this process holds the memfd and nothing writes it after staging.
+    let map = unsafe { memmap2::Mmap::map(file) }.map_err(|source| StageError::Io {
+        path: path.to_owned(),
+        what: "cannot map the staged copy".into(),
+        source,
+    })?;
+    Ok(Arc::new(crate::archive::Source::private(map)))
+}
+
+/// Copies into RAM with several large reads in flight (see [`parallel_copy`]).
+pub fn copy_to_ram(path: &Path, source: &File, len: u64) -> Result<Backing, StageError> {
+    let started = Instant::now();
+    let target = memfd(path, len)?;
+    super::copy::parallel_copy(path, source, &target, len, "staging", &|offset, e| StageError::Io {
+        path: path.to_owned(),
+        what: format!("out of staging memory at byte {offset}"),
+        source: e,
+    })?;
+    crate::report::summary("staged", path, len, started);
+    map_staged(path, &target)
+}
