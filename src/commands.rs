@@ -3,9 +3,9 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::daemon::open_archive;
 use crate::error::Failure;
 use crate::mountpoint::{self, MountpointError};
+use crate::open::open_archive;
 use crate::registry;
 use crate::report;
 use crate::stage::StageMode;

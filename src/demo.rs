@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use crate::archive::tar::ustar_header;
-use crate::daemon::MountRequest;
 use crate::error::Failure;
 use crate::hash::hash;
+use crate::request::MountRequest;
 use crate::stage::StageMode;
 
 const CLASSES: usize = 20;

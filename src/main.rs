@@ -5,9 +5,9 @@ use std::process::ExitCode;
 use clap::Parser;
 use stagefs::cli::{default_threads, Cli, Command};
 use stagefs::commands;
-use stagefs::daemon::MountRequest;
 use stagefs::error::Failure;
 use stagefs::node;
+use stagefs::request::MountRequest;
 
 fn main() -> ExitCode {
     let cli = Cli::try_parse().unwrap_or_else(|e| usage_error(e));

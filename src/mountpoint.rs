@@ -76,15 +76,13 @@ pub fn prepare(path: &Path) -> Result<Vec<PathBuf>, MountpointError> {
             unmount(path, true)?;
         }
         Err(source) => {
-            return Err(
-                MountpointError::Io { path: path.to_owned(), what: "cannot inspect the mountpoint", source }.into()
-            )
+            return Err(MountpointError::Io { path: path.to_owned(), what: "cannot inspect the mountpoint", source })
         }
-        Ok(meta) if !meta.is_dir() => return Err(MountpointError::NotADirectory(path.to_owned()).into()),
+        Ok(meta) if !meta.is_dir() => return Err(MountpointError::NotADirectory(path.to_owned())),
         Ok(_) => {}
     }
     if let Some(fstype) = mounted_fstype(path) {
-        return Err(MountpointError::AlreadyMounted(path.to_owned(), Some(fstype)).into());
+        return Err(MountpointError::AlreadyMounted(path.to_owned(), Some(fstype)));
     }
     let mut entries = std::fs::read_dir(path).map_err(|source| MountpointError::Io {
         path: path.to_owned(),
@@ -92,7 +90,7 @@ pub fn prepare(path: &Path) -> Result<Vec<PathBuf>, MountpointError> {
         source,
     })?;
     if entries.next().is_some() {
-        return Err(MountpointError::NotEmpty(path.to_owned()).into());
+        return Err(MountpointError::NotEmpty(path.to_owned()));
     }
     Ok(created)
 }

@@ -21,15 +21,14 @@ mod duration;
 mod elect;
 mod lock;
 mod run;
-mod watch;
 
 use std::path::{Path, PathBuf};
 
-pub use args::{RunArgs, WaitArgs, DEFAULT_WAIT};
+pub use crate::request::DEFAULT_WAIT;
+pub use args::{RunArgs, WaitArgs};
 pub use duration::parse_duration;
 pub use elect::{clear_leftovers, elect, mount, publish_failure, wait, Election, Lease};
 pub use run::{run, RunRequest};
-pub use watch::{daemon_exiting, set_idle_timeout, set_owner, spawn_watchdog};
 
 use crate::error::Failure;
 use crate::places;
@@ -97,7 +96,7 @@ impl NodeFiles {
 
 /// Canonical archive path, so that two spellings of one archive compare equal. A shard
 /// set's label is already canonical (see `shards.rs`).
-fn canonical_archive(request: &crate::daemon::MountRequest) -> Result<PathBuf, Failure> {
+fn canonical_archive(request: &crate::request::MountRequest) -> Result<PathBuf, Failure> {
     let archive = &request.archive;
     if request.shards.len() > 1 {
         return Ok(archive.clone());

@@ -5,15 +5,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{parse_duration, run, wait, RunRequest};
-use crate::daemon::MountRequest;
 use crate::error::Failure;
+use crate::request::MountRequest;
 use crate::shards::default_mountpoint;
 use crate::stage::StageMode;
 use crate::warm::WarmMode;
-
-/// How long a task waits for this node's mount unless told (staging a large archive
-/// from a parallel filesystem can take many minutes).
-pub const DEFAULT_WAIT: Duration = Duration::from_secs(3600);
 
 /// Mount (once per node), run a command with the mount, unmount after the node's last task
 #[derive(Debug, clap::Args)]

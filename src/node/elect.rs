@@ -4,11 +4,13 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::lock::{now_ms, LockFile, Mode, Status};
-use super::{canonical_archive, watch, NodeFiles, SlurmTask};
-use crate::daemon::{self, MountRequest};
+use super::{canonical_archive, NodeFiles, SlurmTask};
+use crate::daemon;
+use crate::daemon::watch;
 use crate::error::{code, Failure};
 use crate::mountpoint;
 use crate::registry;
+use crate::request::MountRequest;
 
 /// How often waiters look again; mounting takes from milliseconds to minutes.
 const POLL: Duration = Duration::from_millis(20);
@@ -152,7 +154,7 @@ fn elect_with(
                 }
                 let tag = task.step_tag();
                 lock.write_status(&Status::mounting(tag.clone()));
-                watch::remember_lease(&lock, lock_path);
+                watch::remember_lease(lock.identity(), lock_path);
                 return Ok(Election::Leader(Lease { lock, tag, followers_wait: task.local_id.is_some() }));
             }
         }

@@ -15,11 +15,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::lock::{LockFile, Mode};
-use super::{canonical_archive, elect, watch, NodeFiles, SlurmTask};
-use crate::daemon::MountRequest;
+use super::{canonical_archive, elect, NodeFiles, SlurmTask};
+use crate::daemon::watch;
 use crate::error::Failure;
 use crate::mountpoint;
 use crate::registry;
+use crate::request::MountRequest;
 
 /// How long the mounting task waits for the rest of its step to join before it stops
 /// counting (a task that never started must not keep the mount forever).

@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use crate::archive::set::Merger;
 use crate::archive::OpenError;
-use crate::daemon::{open_shard, Opened};
 use crate::error::Failure;
+use crate::open::{open_shard, Opened};
 use crate::report;
 use crate::stage::{self, StageMode, Staging};
 

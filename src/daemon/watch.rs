@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::lock::LockFile;
 use crate::mountpoint::{self, MountpointError};
 use crate::registry;
 
@@ -20,8 +19,9 @@ static OWNER: AtomicU32 = AtomicU32::new(0);
 /// `--idle-timeout` for the next daemon this process forks or becomes.
 static IDLE: Mutex<Option<Duration>> = Mutex::new(None);
 
-pub(super) fn remember_lease(lock: &LockFile, path: &Path) {
-    if let (Some((dev, ino)), Ok(mut lease)) = (lock.identity(), LEASE.lock()) {
+/// Remembers the election lock this process won, `identity` its (device, inode).
+pub fn remember_lease(identity: Option<(u64, u64)>, path: &Path) {
+    if let (Some((dev, ino)), Ok(mut lease)) = (identity, LEASE.lock()) {
         *lease = Some((dev, ino, path.to_owned()));
     }
 }

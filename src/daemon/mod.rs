@@ -1,0 +1,89 @@
+//! `stagefs mount`: fork, index, mount, report readiness through a pipe, serve until unmounted.
+//!
+//! The parent returns only when the child says the mount answers ("ok") or failed (the
+//! error, with its exit code), so a script can rely on "command returned ⇒ mount usable".
+//! The daemon unmounts itself on SIGTERM, SIGINT and SIGHUP, and ignores SIGCONT (which
+//! slurmstepd sends before SIGTERM).
+
+mod fork;
+mod log;
+mod memory;
+mod serve;
+mod start;
+mod warmup;
+pub mod watch;
+
+use crate::error::Failure;
+use crate::mountpoint;
+use crate::places;
+pub use crate::request::MountRequest;
+pub use log::{DaemonLog, LOG_CAP};
+pub use serve::RECORD_REFRESH;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use crate::registry;
+
+/// Mounts as requested; in the background case returns in the parent once the mount is live.
+pub fn mount(request: &MountRequest) -> Result<(), Failure> {
+    let archive = if request.shards.len() > 1 {
+        request.archive.clone()
+    } else {
+        request
+            .archive
+            .canonicalize()
+            .map_err(|source| Failure::from(crate::archive::OpenError::Io { path: request.archive.clone(), source }))?
+    };
+    let mountpoint = mountpoint::resolve(&request.mountpoint)?;
+    if request.foreground {
+        // The foreground process is the daemon: catch signals before any slow step.
+        crate::cancel::arm().map_err(|e| Failure::other(format!("cannot install signal handlers: {e}")))?;
+        let created = mountpoint::prepare(&mountpoint)?;
+        let result = serve(&archive, &mountpoint, request, &created, None, &mut None);
+        places::remove_created(&created);
+        return result;
+    }
+    // Before anything is made: a log nobody can write must not cost a staged archive.
+    let log = DaemonLog::open(&mountpoint, request.log_file.as_deref())?;
+    let created = mountpoint::prepare(&mountpoint)?;
+    let result = fork::spawn_daemon(&archive, &mountpoint, &created, &log, |ready| {
+        serve(&archive, &mountpoint, request, &created, Some(&log), ready)
+    });
+    if result.is_err() {
+        places::remove_created(&created);
+        log.remove_default();
+    }
+    result
+}
+
+/// Indexes the archive, mounts it, signals readiness, and serves until unmounted. A signal
+/// before readiness stops the start-up: nothing stays mounted, staged or locked.
+pub(super) fn serve(
+    archive_path: &Path,
+    mountpoint: &Path,
+    request: &MountRequest,
+    created: &[PathBuf],
+    log: Option<&DaemonLog>,
+    ready: &mut Option<File>,
+) -> Result<(), Failure> {
+    let result = start::start(archive_path, mountpoint, request, created, log, ready);
+    if let Err(failure) = &result {
+        if crate::cancel::received().is_some() {
+            // Nobody may be left to report this (the parent died): leave no lock either.
+            watch::daemon_exiting(mountpoint);
+            tracing::warn!("{}", failure.message);
+        }
+    }
+    let (session, fs) = result?;
+    let result = session.join();
+    let stage_dir = registry::read_any(mountpoint).and_then(|r| r.stage_dir);
+    registry::remove(mountpoint);
+    if let Some(dir) = stage_dir {
+        crate::stage::disk::remove_if_empty(&dir);
+    }
+    watch::daemon_exiting(mountpoint);
+    let (errors, _) = fs.errors_served();
+    tracing::info!(reads = fs.reads_served(), errors, "unmounted; daemon exiting");
+    result.map_err(|e| Failure::other(format!("FUSE session ended with an error: {e}")))
+}

@@ -1,0 +1,197 @@
+//! The daemon's start-up, up to readiness: stage and index, mount, warm, record, then say "ok" on the readiness pipe; a failure or signal before that leaves nothing behind.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::log::DaemonLog;
+use super::memory::{return_free_memory, tune_allocator};
+use super::serve::{housekeeping, unmount_on_signals};
+use super::warmup::warm_page_cache;
+use crate::error::Failure;
+use crate::fs::Fs;
+use crate::mountpoint::{self, MountpointError};
+use crate::open::{open_archive, Opened};
+use crate::registry::{self, Record};
+use crate::request::MountRequest;
+use crate::stage::Staging;
+
+/// Everything up to readiness: returns the live session to serve.
+pub(super) fn start(
+    archive_path: &Path,
+    mountpoint: &Path,
+    request: &MountRequest,
+    created: &[PathBuf],
+    log: Option<&DaemonLog>,
+    ready: &mut Option<File>,
+) -> Result<(crate::fuse::MountedSession, Arc<Fs>), Failure> {
+    tune_allocator();
+    // Before staging: no point copying a large archive into RAM only to find no FUSE.
+    check_fuse_available()?;
+    crate::cancel::phase("staging and indexing")?;
+    let received = match &request.broadcast {
+        Some(plan) => crate::stage::broadcast::receive(plan, crate::request::DEFAULT_WAIT)?,
+        None => None,
+    };
+    let Opened { archive, staged_bytes, staging, disk, .. } = if request.shards.len() > 1 {
+        crate::shards::open_set(archive_path, &request.shards, request.stage, request.max_ram, false)?.0
+    } else {
+        open_archive(archive_path, request.stage, request.max_ram, request.stage_dir.as_deref(), received, false)?
+    };
+    crate::cancel::phase("mounting")?;
+    // Building the index peaks well above what the finished index keeps.
+    return_free_memory();
+    let fs = Arc::new(Fs::new(archive));
+    let session =
+        crate::fuse::mount(fs.clone(), mountpoint, request.threads).map_err(|e| mount_failure(mountpoint, e))?;
+    // From here on, a failure must take the mount down with it.
+    let unmount_on_error = |failure: Failure| {
+        let _ = mountpoint::unmount(mountpoint, true);
+        failure
+    };
+    wait_until_live(mountpoint).map_err(unmount_on_error)?;
+    let mut warmed_bytes = 0;
+    if request.warm.wanted(staging != Staging::InPlace) {
+        crate::cancel::phase("warming").map_err(|i| unmount_on_error(i.into()))?;
+        let store = crate::fuse::page_cache_store(&session);
+        warmed_bytes = warm_page_cache(&fs, archive_path, mountpoint, store, request, (staged_bytes, staging))
+            .map_err(unmount_on_error)?;
+    }
+    crate::cancel::phase("ready").map_err(|i| unmount_on_error(i.into()))?;
+    let record = Record {
+        pid: std::process::id(),
+        archive: archive_path.to_owned(),
+        mountpoint: mountpoint.to_owned(),
+        started: registry::now(),
+        staged_bytes,
+        staging: staging.name().into(),
+        warmed_bytes,
+        disk_bytes: disk.as_ref().map_or(0, |d| d.bytes),
+        stage_dir: disk.map(|d| d.dir),
+        reads: 0,
+        errors: 0,
+        last_error: None,
+        created: created.to_vec(),
+    };
+    if let Err(e) = registry::write(&record) {
+        tracing::warn!("cannot record the mount for `stagefs status`: {e}");
+    }
+    unmount_on_signals(mountpoint.to_owned()).map_err(unmount_on_error)?;
+    // A signal that came just before the handler thread started is not lost.
+    crate::cancel::check().map_err(|i| unmount_on_error(i.into()))?;
+    super::watch::spawn_watchdog(mountpoint.to_owned(), {
+        let fs = fs.clone();
+        move || fs.reads_served()
+    });
+    let capped = log.filter(|l| l.default).and_then(|l| l.file.try_clone().ok());
+    housekeeping(record.clone(), fs.clone(), capped);
+    tracing::info!(mountpoint = %mountpoint.display(), pid = record.pid, "mounted");
+    if let Some(mut pipe) = ready.take() {
+        crate::cancel::release_parent();
+        detach_stdio(log.and_then(|l| l.file.try_clone().ok()));
+        let _ = pipe.write_all(b"ok ");
+    } else {
+        println!("{}", mountpoint.display());
+        eprintln!(
+            "stagefs: ready: {} is mounted at {}; Ctrl-C (or `stagefs umount {}`) unmounts",
+            archive_path.display(),
+            mountpoint.display(),
+            mountpoint.display()
+        );
+    }
+    Ok((session, fs))
+}
+
+/// Fails early, with advice, where FUSE cannot work at all.
+fn check_fuse_available() -> Result<(), Failure> {
+    let device = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse").and_then(|f| f.metadata());
+    let device = match device {
+        Err(e) => Err(e.to_string()),
+        // Containers sometimes bind /dev/null (or nothing usable) over /dev/fuse.
+        Ok(meta)
+            if !std::os::unix::fs::FileTypeExt::is_char_device(&meta.file_type())
+                || std::os::unix::fs::MetadataExt::rdev(&meta) != libc::makedev(10, 229) =>
+        {
+            Err("it is not the FUSE device (char 10:229)".to_string())
+        }
+        Ok(_) => Ok(()),
+    };
+    if let Err(why) = device {
+        return Err(Failure::no_fuse(format!(
+            "FUSE is not available: cannot use /dev/fuse ({why}); load the fuse kernel module or ask the cluster admins to enable FUSE"
+        )));
+    }
+    if !nix::unistd::geteuid().is_root() && which("fusermount3").is_none() {
+        return Err(Failure::no_fuse(
+            "FUSE mounts by non-root users need fusermount3 on PATH; install the fuse3 package (Debian/Ubuntu: apt install fuse3)".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(program)).find(|p| p.is_file())
+}
+
+/// Sorts a failed mount into "the mountpoint will not do" (exit 4: no write access, not
+/// empty, a filesystem one may not mount over) and "FUSE does not work here" (exit 7).
+/// fusermount3 reports in words only (fuser passes its stderr on), so its wording decides.
+fn mount_failure(mountpoint: &Path, e: std::io::Error) -> Failure {
+    let text = e.to_string();
+    let text = text.trim().trim_start_matches("fusermount3: ");
+    let at = mountpoint.display();
+    match e.raw_os_error() {
+        Some(libc::EBUSY) => return MountpointError::AlreadyMounted(mountpoint.to_owned(), None).into(),
+        // fuser opens the mountpoint itself before it asks the kernel or fusermount3.
+        Some(libc::EACCES | libc::EPERM | libc::ENOENT | libc::ENOTDIR | libc::ENOTEMPTY | libc::EROFS) => {
+            return mountpoint_refused(mountpoint, text)
+        }
+        _ => {}
+    }
+    let lower = text.to_ascii_lowercase();
+    let about_mountpoint = ["mountpoint", "mount point", "not empty", "mounting over", "not a directory"];
+    let about_fuse = ["/dev/fuse", "fuse device", "enodev", "no such device", "unknown filesystem type"];
+    if about_mountpoint.iter().any(|w| lower.contains(w)) && !about_fuse.iter().any(|w| lower.contains(w)) {
+        return mountpoint_refused(mountpoint, text);
+    }
+    Failure::no_fuse(format!("cannot mount {at}: FUSE refused it: {text}"))
+}
+
+fn mountpoint_refused(mountpoint: &Path, why: &str) -> Failure {
+    Failure::new(
+        crate::error::code::MOUNTPOINT,
+        format!(
+            "cannot mount on {}: {why}; mount on an empty directory you own (the default, under /dev/shm/$USER, \
+             is one), or fix the directory's owner or permissions",
+            mountpoint.display()
+        ),
+    )
+}
+
+/// Waits until the mountpoint shows our root: then any process can use it.
+fn wait_until_live(mountpoint: &Path) -> Result<(), Failure> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if std::fs::metadata(mountpoint).is_ok_and(|m| m.ino() == 1) && mountpoint::is_live_mount(mountpoint) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Err(Failure::other(format!("{}: the mount did not answer within 10 s", mountpoint.display())))
+}
+
+/// Points stdin/stdout/stderr away from the terminal that launched us, stderr (the log) to
+/// `log`.
+fn detach_stdio(log: Option<File>) {
+    let null = File::options().read(true).write(true).open("/dev/null");
+    if let Ok(null) = null {
+        let out: OwnedFd = log.map(OwnedFd::from).unwrap_or_else(|| null.try_clone().expect("dup /dev/null").into());
+        let _ = nix::unistd::dup2_stdin(&null);
+        let _ = nix::unistd::dup2_stdout(&out);
+        let _ = nix::unistd::dup2_stderr(&out);
+    }
+}

@@ -1,0 +1,88 @@
+//! Filling the mount's page cache before it is reported ready, within the RAM budget.
+
+use std::path::Path;
+
+use super::memory::return_free_memory;
+use crate::error::Failure;
+use crate::fs::Fs;
+use crate::report;
+use crate::request::MountRequest;
+use crate::stage::{self, StageMode, Staging};
+use crate::warm;
+
+/// Fills the page cache before the mount is reported ready, when the RAM it takes is
+/// there (the same limits as staging; `--max-ram` covers both). Returns the bytes warmed.
+/// Fails only for `--stage ram`, whose promise is the files in RAM; otherwise a warm-up
+/// that does not fit is skipped with a warning.
+pub(super) fn warm_page_cache(
+    fs: &Fs,
+    archive: &Path,
+    mountpoint: &Path,
+    store: impl Fn(u64, u64, &[u8]) -> std::io::Result<()> + Sync,
+    request: &MountRequest,
+    (staged, staging): (u64, Staging),
+) -> Result<u64, Failure> {
+    let must_fit = staging == Staging::PageCache && request.stage == StageMode::Ram;
+    let (headroom, limit) = stage::headroom(request.max_ram, staged);
+    let why_not = match warm::bytes_to_warm(fs) {
+        None => Some(
+            "the files' declared sizes add up to more than 16 EiB (sparse files claiming more than any disk holds)"
+                .to_string(),
+        ),
+        Some(needed) if needed > headroom => {
+            Some(format!("the files need {} but {limit} leaves {}", report::human(needed), report::human(headroom)))
+        }
+        Some(_) => None,
+    };
+    if let Some(why) = why_not {
+        if staging == Staging::Disk {
+            // Expected for an archive staged to disk because it is larger than RAM.
+            tracing::info!("not warming the page cache: {why}; reads go to the copy on the local disk");
+            return Ok(0);
+        }
+        if must_fit {
+            return Err(Failure::new(
+                crate::error::code::NO_ROOM,
+                format!(
+                    "not enough RAM to stage {} (--stage ram): {why}; free memory, raise --max-ram, or use \
+                     --stage none to serve it in place",
+                    archive.display()
+                ),
+            ));
+        }
+        tracing::warn!("not warming the page cache: {why}; the first epoch reads through FUSE");
+        return Ok(0);
+    }
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).min(8);
+    // Served from the file: drop its pages behind the warm-up as it goes, so RAM holds the
+    // files once (in the mount's page cache), not twice, also at the peak.
+    let stored = std::sync::atomic::AtomicU64::new(0);
+    let served_from_file = matches!(staging, Staging::PageCache | Staging::Disk);
+    let store = |ino: u64, offset: u64, data: &[u8]| {
+        store(ino, offset, data)?;
+        let before = stored.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        if served_from_file && (before + data.len() as u64) / DROP_EVERY != before / DROP_EVERY {
+            fs.drop_source_cache();
+        }
+        Ok(())
+    };
+    let warmed = warm::warm(fs, mountpoint, threads, store);
+    if served_from_file {
+        fs.drop_source_cache();
+    }
+    // The warm-up decompressed every SquashFS block once, in order; the kernel now holds
+    // the files, so the block cache would only pin memory. Give it back to the system.
+    fs.release_caches();
+    return_free_memory();
+    report::report_done(&format!(
+        "warmed the page cache: {} files, {} in {:.2} s{}",
+        warmed.files,
+        report::human(warmed.bytes),
+        warmed.elapsed.as_secs_f64(),
+        if warmed.skipped > 0 { format!(" ({} left cold, see -vv)", warmed.skipped) } else { String::new() }
+    ));
+    Ok(warmed.bytes)
+}
+
+/// How often the warm-up of a file served in place drops the file's cached pages.
+const DROP_EVERY: u64 = 256 << 20;

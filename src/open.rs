@@ -1,0 +1,168 @@
+//! Opening an archive to serve: format check, index key, staging, then the saved index or a scan (saved when it was costly).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::archive::{Archive, OpenError};
+use crate::error::Failure;
+use crate::index_cache;
+use crate::stage::{self, StageMode, Staging};
+
+/// An archive ready to serve.
+pub struct Opened {
+    pub archive: Archive,
+    /// Bytes of it staged in RAM.
+    pub staged_bytes: u64,
+    /// How its bytes reach RAM.
+    pub staging: Staging,
+    /// Where it was staged on the local disk, if it was.
+    pub disk: Option<crate::stage::disk::DiskStaged>,
+    /// Where its index was saved by this call, if it was.
+    pub saved_index: Option<PathBuf>,
+    /// Whether a saved index was used instead of scanning.
+    pub reused_index: bool,
+}
+
+/// Runs the scan `f` of an archive of `len` bytes with a progress bar on a terminal (a
+/// tar of a million members takes seconds), drawn from [`crate::archive::SCAN_PROGRESS`].
+fn with_scan_progress<T>(len: u64, f: impl FnOnce() -> T) -> T {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    crate::archive::SCAN_PROGRESS.store(0, Ordering::Relaxed);
+    let bar = crate::report::progress(Some(len), "indexing");
+    if bar.is_hidden() {
+        return f(); // Not a terminal (or a shard of a set): nothing to draw.
+    }
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let drawer = s.spawn(|| {
+            while !done.load(Ordering::Acquire) {
+                bar.set_position(crate::archive::SCAN_PROGRESS.load(Ordering::Relaxed));
+                std::thread::park_timeout(Duration::from_millis(100));
+            }
+            bar.finish_and_clear();
+        });
+        let result = f();
+        done.store(true, Ordering::Release);
+        drawer.thread().unpark();
+        result
+    })
+}
+
+/// Loads (staging per `mode`) and indexes an archive (a canonical path), reusing a saved
+/// index when one matches. Saves the index of a tar when scanning was costly, or always
+/// with `force_save`.
+pub fn open_archive(
+    path: &Path,
+    mode: StageMode,
+    max_ram: Option<u64>,
+    stage_dir: Option<&Path>,
+    received: Option<crate::stage::broadcast::Received>,
+    force_save: bool,
+) -> Result<Opened, Failure> {
+    open_shard(path, mode, (max_ram, stage_dir), received, force_save, 1)
+}
+
+/// [`open_archive`] for one of `shards` archives mounted together: scanning is judged
+/// costly for the whole set (1,000 shards of 1,000 files are worth saving).
+pub fn open_shard(
+    path: &Path,
+    mode: StageMode,
+    (max_ram, stage_dir): (Option<u64>, Option<&Path>),
+    received: Option<crate::stage::broadcast::Received>,
+    force_save: bool,
+    shards: usize,
+) -> Result<Opened, Failure> {
+    check_format(path)?;
+    let key = index_cache::Key::of(path).map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
+    let loaded = stage::load(path, mode, max_ram, stage_dir, received)?;
+    crate::cancel::check()?;
+    if !force_save {
+        if let Some(archive) = index_cache::load(path, &key, &loaded.backing) {
+            return Ok(Opened {
+                archive,
+                staged_bytes: loaded.staged_bytes,
+                staging: loaded.staging,
+                disk: loaded.disk,
+                saved_index: None,
+                reused_index: true,
+            });
+        }
+    }
+    let started = Instant::now();
+    let archive = with_scan_progress(loaded.backing.len() as u64, || Archive::from_backing(path, loaded.backing))?;
+    let elapsed = started.elapsed();
+    let index = &archive.index;
+    tracing::info!(
+        archive = %path.display(),
+        format = ?archive.format,
+        entries = index.dirents.len(),
+        index_bytes = index.heap_bytes(),
+        bytes_per_entry = index.heap_bytes() / index.dirents.len().max(1),
+        elapsed_ms = elapsed.as_millis() as u64,
+        "indexed"
+    );
+    if index.inodes.len() <= 1 {
+        // A file of zeros is a valid, empty tar: mounting it is no error, but rarely meant.
+        tracing::warn!(
+            "{} holds no files or directories ({} bytes): an empty archive, a file of zeros, or not the file you meant",
+            path.display(),
+            archive.size()
+        );
+    }
+    // Small archives index in milliseconds: a saved index would only litter.
+    let worth_saving = index.dirents.len() * shards >= 10_000 || elapsed * shards as u32 >= Duration::from_millis(200);
+    let mut saved_index = None;
+    if archive.tar_reader().is_some() && (force_save || worth_saving) {
+        match index_cache::save(path, &key, &archive) {
+            Ok(saved) => {
+                tracing::info!(index = %saved.display(), "saved the index for faster remounts");
+                saved_index = Some(saved);
+            }
+            Err(e) if force_save => {
+                return Err(Failure::other(format!("cannot save the index of {}: {e}", path.display())))
+            }
+            Err(e) => tracing::debug!("not saving the index: {e}"),
+        }
+    }
+    Ok(Opened {
+        archive,
+        staged_bytes: loaded.staged_bytes,
+        staging: loaded.staging,
+        disk: loaded.disk,
+        saved_index,
+        reused_index: false,
+    })
+}
+
+/// Refuses an unknown format before any byte is staged.
+fn check_format(path: &Path) -> Result<(), OpenError> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    let io = |source| OpenError::Io { path: path.to_owned(), source };
+    // Without blocking: a FIFO in the archive's place must not hang the mount.
+    let file = File::options().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(io)?;
+    let kind = file.metadata().map_err(io)?.file_type();
+    if kind.is_dir() {
+        return Err(io(std::io::Error::other(
+            "is a directory; pack it first (tar -cf data.tar -C DIR . or mksquashfs DIR data.sqsh), then mount the archive",
+        )));
+    }
+    if !kind.is_file() && !std::os::unix::fs::FileTypeExt::is_block_device(&kind) {
+        return Err(io(std::io::Error::other("is not a regular file (a FIFO, socket or device?)")));
+    }
+    let mut head = [0u8; 512];
+    let n = file.read_at(&mut head, 0).map_err(io)?;
+    let head = &head[..n];
+    if stage::Compression::detect(head).is_some() || crate::archive::Format::detect(head).is_some() {
+        return Ok(());
+    }
+    // A zip behind a prefix (a self-extracting stub) is known by its end record only.
+    let len = file.metadata().map_err(io)?.len();
+    let mut tail = vec![0u8; len.min(crate::archive::zip::TAIL_SEARCH as u64) as usize];
+    let from = len - tail.len() as u64;
+    let n = file.read_at(&mut tail, from).map_err(io)?;
+    if crate::archive::zip::find_end(&tail[..n]).is_some() {
+        return Ok(());
+    }
+    Err(OpenError::unknown_format(path, head))
+}

@@ -1,0 +1,33 @@
+//! What a mount was asked for, as the command line parsed it: shared by the daemon that serves it and the node that elects its mounter.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::stage::StageMode;
+use crate::warm::WarmMode;
+
+/// How long a task waits for this node's mount unless told (staging a large archive
+/// from a parallel filesystem can take many minutes); a broadcast's leader too.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(3600);
+
+/// What `stagefs mount` was asked to do.
+#[derive(Debug, Clone)]
+pub struct MountRequest {
+    /// The archive; for a shard set, its label (see `shards.rs`), which keys the election.
+    pub archive: PathBuf,
+    /// The archives served (canonical, in the order they win): one, or a set's shards.
+    pub shards: Vec<PathBuf>,
+    pub mountpoint: PathBuf,
+    pub foreground: bool,
+    pub threads: usize,
+    /// Where the background daemon logs once detached (default: a capped file in the
+    /// runtime dir, removed when the daemon exits; see `daemon::DaemonLog`).
+    pub log_file: Option<PathBuf>,
+    pub stage: StageMode,
+    /// Where `--stage disk` copies the archive (see [`crate::stage::disk::base_dir`]).
+    pub stage_dir: Option<PathBuf>,
+    pub max_ram: Option<u64>,
+    pub warm: WarmMode,
+    /// Receive the archive from a broadcast (`--broadcast`) instead of reading it.
+    pub broadcast: Option<crate::stage::broadcast::Plan>,
+}
