@@ -16,7 +16,6 @@ pub mod fs;
 mod fuse;
 pub mod hash;
 pub mod index;
-pub mod index_cache;
 pub mod mountpoint;
 pub mod node;
 pub mod open;

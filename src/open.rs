@@ -4,9 +4,9 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::archive::tar::saved;
 use crate::archive::{Archive, OpenError};
 use crate::error::Failure;
-use crate::index_cache;
 use crate::stage::{self, StageMode, Staging};
 
 /// An archive ready to serve.
@@ -74,11 +74,12 @@ pub fn open_shard(
     shards: usize,
 ) -> Result<Opened, Failure> {
     check_format(path)?;
-    let key = index_cache::Key::of(path).map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
+    let key = saved::Key::of(path).map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
     let loaded = stage::load(path, mode, max_ram, stage_dir, received)?;
     crate::cancel::check()?;
     if !force_save {
-        if let Some(archive) = index_cache::load(path, &key, &loaded.backing) {
+        if let Some((index, reader)) = saved::load(path, &key, &loaded.backing) {
+            let archive = Archive::from_saved_tar(index, reader);
             return Ok(Opened {
                 archive,
                 staged_bytes: loaded.staged_bytes,
@@ -113,8 +114,8 @@ pub fn open_shard(
     // Small archives index in milliseconds: a saved index would only litter.
     let worth_saving = index.dirents.len() * shards >= 10_000 || elapsed * shards as u32 >= Duration::from_millis(200);
     let mut saved_index = None;
-    if archive.tar_reader().is_some() && (force_save || worth_saving) {
-        match index_cache::save(path, &key, &archive) {
+    if let Some(reader) = archive.tar_reader().filter(|_| force_save || worth_saving) {
+        match saved::save(path, &key, &archive.index, reader) {
             Ok(saved) => {
                 tracing::info!(index = %saved.display(), "saved the index for faster remounts");
                 saved_index = Some(saved);

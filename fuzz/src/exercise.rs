@@ -62,8 +62,8 @@ pub fn index_cache(data: &[u8]) -> Result<(), String> {
         let bytes: Vec<u8> = (0..1u32 << 20).map(|i| (i.wrapping_mul(2654435761) >> 24) as u8).collect();
         backing(&bytes)
     });
-    let decoded = stagefs::index_cache::decode_for_fuzz(data, archive)?;
-    serve(decoded);
+    let (index, reader) = stagefs::archive::tar::decode_for_fuzz(data, archive)?;
+    serve(stagefs::archive::Archive::from_saved_tar(index, reader));
     Ok(())
 }
 

@@ -389,7 +389,7 @@ impl Archive {
         self.backing().drop_page_cache();
     }
 
-    /// Reassembles a tar archive from a saved index (see `index_cache`).
+    /// Reassembles a tar archive from a saved index (see `tar::saved`).
     pub fn from_saved_tar(index: Index, reader: tar::TarReader) -> Archive {
         Archive { index, format: Format::Tar, reader: Reader::Tar(reader) }
     }

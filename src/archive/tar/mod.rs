@@ -8,6 +8,8 @@
 
 mod header;
 mod pax;
+pub mod saved;
+mod saved_format;
 mod scan;
 mod sparse;
 #[cfg(test)]
@@ -20,6 +22,7 @@ use super::{Backing, Bytes, OpenError, ReadError};
 use crate::index::{Data, Index};
 pub(crate) use header::normalise;
 use header::{checksum_ok, BLOCK};
+pub use saved_format::decode_for_fuzz;
 use scan::Scan;
 pub use write::{pax_record, ustar_header};
 
@@ -65,7 +68,7 @@ pub fn open(path: &Path, backing: Backing) -> Result<(Index, TarReader), OpenErr
 }
 
 impl TarReader {
-    /// A reader over tables saved earlier (see `index_cache`), checked against the archive.
+    /// A reader over tables saved earlier (see `saved`), checked against the archive.
     pub fn from_parts(backing: Backing, sparse_files: Vec<SparseFile>, extents: Vec<Extent>) -> Option<TarReader> {
         let in_bounds = sparse_files
             .iter()

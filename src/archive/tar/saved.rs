@@ -1,0 +1,308 @@
+//! Saved tar indexes, so later mounts of the same archive (on every node of a job) skip the scan.
+//!
+//! The file is keyed by the archive's size, mtime, ctime, inode number and a content
+//! fingerprint (samples from the start, the end and evenly in between), so a changed
+//! archive is never served with a stale index: an in-place rewrite can restore the size
+//! and (with `touch -r`, as `rsync --inplace -t` does) the mtime, and keep the sampled
+//! bytes, but no unprivileged writer can set the ctime back, and a replacement by rename
+//! is another inode. It ends with a checksum, and every number in it is checked on
+//! load, so a damaged file is ignored (with a warning) rather than trusted.
+//! Saved next to the archive when that directory is writable, else in
+//! `$XDG_CACHE_HOME/stagefs` (default `~/.cache/stagefs`).
+//!
+//! Trust: an index says which archive bytes each file is, so it is trusted exactly as far
+//! as the archive: it is used only when it is a regular file owned by this user or by the
+//! archive's owner (who could change the archive itself), writable by nobody else, and no
+//! larger than an index of that archive can be. It is written with the archive's read
+//! permissions at most, so it never shows member names to someone who cannot read them.
+
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use super::saved_format::{decode, encode};
+use super::TarReader;
+use crate::archive::Backing;
+use crate::hash::{self, Hasher};
+use crate::index::Index;
+use crate::places;
+
+/// Identifies one version of an archive's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Key {
+    size: u64,
+    mtime: i64,
+    mtime_nsec: i64,
+    ctime: i64,
+    ctime_nsec: i64,
+    inode: u64,
+    fingerprint: u64,
+}
+
+impl Key {
+    /// Reads 64 KiB at each end and 16 samples of 4 KiB in between.
+    pub fn of(path: &Path) -> std::io::Result<Key> {
+        let file = File::open(path)?;
+        let meta = file.metadata()?;
+        let size = meta.len();
+        let mut samples = Hasher::default();
+        let mut buf = vec![0u8; 64 << 10];
+        let mut sample = |offset: u64, len: usize| -> std::io::Result<()> {
+            let len = len.min(size.saturating_sub(offset) as usize);
+            file.read_exact_at(&mut buf[..len], offset)?;
+            samples.write(&buf[..len]);
+            Ok(())
+        };
+        sample(0, 64 << 10)?;
+        for i in 1..=16 {
+            sample(size / 17 * i, 4 << 10)?;
+        }
+        sample(size.saturating_sub(64 << 10), 64 << 10)?;
+        Ok(Key {
+            size,
+            mtime: meta.mtime(),
+            mtime_nsec: meta.mtime_nsec(),
+            ctime: meta.ctime(),
+            ctime_nsec: meta.ctime_nsec(),
+            inode: meta.ino(),
+            fingerprint: samples.finish(),
+        })
+    }
+
+    /// The key's fields in the order a saved index stores them.
+    pub(super) fn fields(&self) -> [u64; 7] {
+        [
+            self.size,
+            self.mtime as u64,
+            self.mtime_nsec as u64,
+            self.ctime as u64,
+            self.ctime_nsec as u64,
+            self.inode,
+            self.fingerprint,
+        ]
+    }
+
+    pub(super) fn from_fields(f: [u64; 7]) -> Key {
+        Key {
+            size: f[0],
+            mtime: f[1] as i64,
+            mtime_nsec: f[2] as i64,
+            ctime: f[3] as i64,
+            ctime_nsec: f[4] as i64,
+            inode: f[5],
+            fingerprint: f[6],
+        }
+    }
+}
+
+/// The saved index next to `archive` (a canonical path).
+fn beside(archive: &Path) -> PathBuf {
+    let name = archive.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    archive.with_file_name(format!("{name}.stagefs-index"))
+}
+
+/// The saved index of `archive` (a canonical path) in the cache directory `dir`.
+fn in_cache(dir: &Path, archive: &Path) -> PathBuf {
+    let name = archive.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let path_hash = hash::hash(archive.as_os_str().as_encoded_bytes());
+    dir.join(format!("{path_hash:016x}-{name}.index"))
+}
+
+/// Where an index for `archive` may live, preferred first (looked up, never created).
+fn candidates(archive: &Path) -> Vec<PathBuf> {
+    let mut paths = vec![beside(archive)];
+    if let Ok(dir) = places::cache_dir() {
+        paths.push(in_cache(&dir, archive));
+    }
+    paths
+}
+
+/// The largest index an archive of `archive_len` bytes can have: a tar member takes at
+/// least a 512-byte header, its index entry far less, even with the directories its path
+/// implies; sparse maps cost at most a few times their text.
+fn size_cap(archive_len: u64) -> u64 {
+    archive_len.saturating_mul(8).saturating_add(16 << 20)
+}
+
+/// Loads a saved index for `archive` if one matches `key` and deserves trust (see the
+/// module docs); says why it ignores one.
+pub fn load(archive: &Path, key: &Key, backing: &Backing) -> Option<(Index, TarReader)> {
+    let owners = [places::my_uid(), std::fs::metadata(archive).map_or(places::my_uid(), |m| m.uid())];
+    for path in candidates(archive) {
+        if std::fs::symlink_metadata(&path).is_err() {
+            continue;
+        }
+        let bytes = match places::read_trusted(&path, &owners, size_cap(key.size)) {
+            Ok(bytes) => bytes,
+            Err(why) => {
+                tracing::warn!(index = %path.display(), "ignoring saved index: {why}; scanning the archive");
+                continue;
+            }
+        };
+        match decode(&bytes, key, backing) {
+            Ok(opened) => {
+                tracing::info!(index = %path.display(), "using saved index");
+                if path != beside(archive) {
+                    // A cached index in use is kept by `prune`: its mtime says when.
+                    let _ = std::fs::File::options()
+                        .write(true)
+                        .custom_flags(libc::O_NOFOLLOW)
+                        .open(&path)
+                        .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+                }
+                return Some(opened);
+            }
+            Err(why) => tracing::warn!(index = %path.display(), "ignoring saved index: {why}; rebuilding it"),
+        }
+    }
+    None
+}
+
+/// Saves the index of a tar archive; returns where it went.
+pub fn save(archive_path: &Path, key: &Key, index: &Index, reader: &TarReader) -> std::io::Result<PathBuf> {
+    let bytes = encode(key, index, reader);
+    // Never more readable than the archive: the index lists its member names.
+    let archive_mode = std::fs::metadata(archive_path)?.mode();
+    let mode = 0o600 | (archive_mode & 0o044);
+    let beside = beside(archive_path);
+    let beside_error = match places::write_atomically(&beside, &bytes, mode) {
+        Ok(()) => return Ok(beside),
+        Err(e) => e,
+    };
+    let dir = places::cache_dir().map_err(|e| {
+        std::io::Error::other(format!("cannot write {} ({beside_error}), nor use the cache: {e}", beside.display()))
+    })?;
+    let cached = in_cache(&dir, archive_path);
+    places::write_atomically(&cached, &bytes, mode)?;
+    prune(&dir, CACHE_MAX_AGE, CACHE_MAX_BYTES);
+    Ok(cached)
+}
+
+/// Saved indexes in the cache directory not used for this long are removed.
+const CACHE_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+/// Beyond this many bytes of indexes in the cache directory, the least recently used go.
+const CACHE_MAX_BYTES: u64 = 2 << 30;
+
+/// Keeps the cache directory bounded, whatever happened to the archives (deleted long ago,
+/// moved): indexes unused for `max_age` go, then the least recently used until the rest
+/// holds at most `max_bytes`. Use is the file's mtime, renewed by [`load`].
+fn prune(dir: &Path, max_age: std::time::Duration, max_bytes: u64) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let now = std::time::SystemTime::now();
+    let mut kept: Vec<(std::time::SystemTime, u64, PathBuf)> = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(meta) = entry.metadata() else { continue };
+        if !meta.is_file() || path.extension().is_none_or(|x| x != "index") {
+            continue;
+        }
+        let used = meta.modified().unwrap_or(now);
+        if now.duration_since(used).is_ok_and(|age| age > max_age) {
+            let _ = std::fs::remove_file(&path);
+        } else {
+            kept.push((used, meta.len(), path));
+        }
+    }
+    kept.sort();
+    let mut total: u64 = kept.iter().map(|(_, len, _)| len).sum();
+    for (_, len, path) in kept {
+        if total <= max_bytes {
+            break;
+        }
+        if std::fs::remove_file(&path).is_ok() {
+            total -= len;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::{run_tool, TempDir};
+    use std::ffi::OsStr;
+
+    /// The cache stays bounded: an index unused for longer than the age limit goes, then
+    /// the least recently used until the rest fits the byte limit; other files stay.
+    #[test]
+    fn the_cache_directory_is_pruned_by_age_then_size() {
+        let tmp = crate::test_support::TempDir::new("cache-prune");
+        let day = std::time::Duration::from_secs(24 * 3600);
+        let now = std::time::SystemTime::now();
+        let make = |name: &str, len: usize, age_days: u32| {
+            let path = tmp.join(name);
+            std::fs::write(&path, vec![0u8; len]).unwrap();
+            File::options().write(true).open(&path).unwrap().set_modified(now - day * age_days).unwrap();
+        };
+        make("a-ancient.index", 10, 400);
+        make("b-old.index", 1000, 20);
+        make("c-mid.index", 1000, 10);
+        make("d-new.index", 1000, 1);
+        make("not-an-index.txt", 10, 400);
+        prune(tmp.path(), day * 30, 2000);
+        let mut left: Vec<String> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["c-mid.index", "d-new.index", "not-an-index.txt"]);
+    }
+
+    fn sample_archive(dir: &Path) -> PathBuf {
+        let path = dir.join("a.tar");
+        let src = dir.join("src");
+        std::fs::create_dir_all(src.join("d")).unwrap();
+        std::fs::write(src.join("d/f.txt"), b"indexed content").unwrap();
+        std::os::unix::fs::symlink("d/f.txt", src.join("l")).unwrap();
+        run_tool(
+            "tar",
+            &[OsStr::new("-cf"), path.as_os_str(), OsStr::new("-C"), src.as_os_str(), OsStr::new(".")],
+            None,
+        );
+        path
+    }
+
+    #[test]
+    fn round_trip_and_rejections() {
+        let tmp = TempDir::new("index-cache");
+        let dir = tmp.path();
+        let path = sample_archive(dir);
+        let key = Key::of(&path).unwrap();
+        let fresh = crate::archive::Archive::open(&path).unwrap();
+        let saved_at = save(&path, &key, &fresh.index, fresh.tar_reader().unwrap()).unwrap();
+        assert_eq!(saved_at, dir.join("a.tar.stagefs-index"));
+        let backing = crate::archive::map_file(&File::open(&path).unwrap()).unwrap();
+        let (loaded, _) = load(&path, &key, &backing).expect("a matching index loads");
+        assert_eq!(loaded.inodes, fresh.index.inodes);
+        assert_eq!(loaded.dirents, fresh.index.dirents);
+        assert_eq!(loaded.arena, fresh.index.arena);
+
+        // A changed archive: different key, index ignored.
+        let mut other = key;
+        other.fingerprint ^= 1;
+        assert!(load(&path, &other, &backing).is_none());
+        // Every single-byte corruption is caught by the checksum or the bounds checks.
+        let bytes = std::fs::read(&saved_at).unwrap();
+        for i in (0..bytes.len()).step_by(7) {
+            let mut damaged = bytes.clone();
+            damaged[i] ^= 0x5a;
+            assert!(
+                super::super::saved_format::decode(&damaged, &key, &backing).is_err(),
+                "corruption at byte {i} was accepted"
+            );
+        }
+        assert!(super::super::saved_format::decode(&bytes[..bytes.len() / 2], &key, &backing).is_err());
+    }
+
+    #[test]
+    fn key_changes_with_content() {
+        let tmp = TempDir::new("index-key");
+        let path = tmp.join("x");
+        std::fs::write(&path, vec![1u8; 300_000]).unwrap();
+        let a = Key::of(&path).unwrap();
+        let mut bytes = vec![1u8; 300_000];
+        bytes[299_999] = 2;
+        std::fs::write(&path, &bytes).unwrap();
+        let b = Key::of(&path).unwrap();
+        assert_ne!(a.fingerprint, b.fingerprint);
+    }
+}

@@ -1,0 +1,283 @@
+//! The saved index's bytes: little-endian tables with a checksum, every number bounds-checked on load so a damaged file never reaches the request path.
+
+use super::saved::Key;
+use super::{Extent, SparseFile, TarReader};
+use crate::archive::Backing;
+use crate::hash;
+use crate::index::{Attrs, Data, Dirent, Index, Inode, Span, Xattr};
+
+const MAGIC: &[u8; 16] = b"STAGEFS-INDEX\0v2";
+
+/// Little-endian writer for the index file.
+#[derive(Default)]
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+}
+
+pub(super) fn encode(key: &Key, index: &Index, reader: &TarReader) -> Vec<u8> {
+    let mut w = Writer::default();
+    w.0.extend_from_slice(MAGIC);
+    for v in key.fields() {
+        w.u64(v);
+    }
+    let counts = [
+        index.inodes.len(),
+        index.dirents.len(),
+        index.xattrs.len(),
+        index.arena.len(),
+        reader.sparse_files().len(),
+        reader.extents().len(),
+    ];
+    for c in counts {
+        w.u64(c as u64);
+    }
+    for inode in &index.inodes {
+        let a = &inode.attrs;
+        w.u32(a.mode);
+        w.u32(a.uid);
+        w.u32(a.gid);
+        w.u64(a.mtime as u64);
+        w.u32(a.mtime_nsec);
+        w.u64(a.size);
+        let (tag, x, y, z) = match inode.data {
+            Data::None => (0, 0, 0, 0),
+            Data::Slice { offset } => (1, offset, 0, 0),
+            Data::Extern(h) => (2, 0, h, 0),
+            Data::Dir { first, count, parent } => (3, parent as u64, first, count),
+            Data::Symlink(span) => (4, 0, span.offset, span.len),
+            Data::Device(rdev) => (5, 0, rdev, 0),
+        };
+        w.u32(tag);
+        w.u64(x);
+        w.u32(y);
+        w.u32(z);
+        w.u32(inode.nlink);
+        w.u32(inode.xattr_first);
+        w.u32(inode.xattr_count);
+    }
+    for d in &index.dirents {
+        w.u32(d.name.offset);
+        w.u32(d.name.len);
+        w.u32(d.inode);
+    }
+    for x in &index.xattrs {
+        for v in [x.name.offset, x.name.len, x.value.offset, x.value.len] {
+            w.u32(v);
+        }
+    }
+    w.0.extend_from_slice(&index.arena);
+    for f in reader.sparse_files() {
+        w.u32(f.first);
+        w.u32(f.count);
+    }
+    for e in reader.extents() {
+        w.u64(e.file_offset);
+        w.u64(e.len);
+        w.u64(e.archive_offset);
+    }
+    w.u64(hash::hash(&w.0));
+    w.0
+}
+
+/// Decodes `tables` (what follows the magic and key in a saved index) as if it were a
+/// saved index of `backing` with a valid checksum and key: the entry point of the
+/// `index_cache` fuzz target, which would otherwise never get past the checksum.
+#[doc(hidden)]
+pub fn decode_for_fuzz(tables: &[u8], backing: &Backing) -> Result<(Index, TarReader), String> {
+    let key = Key::from_fields([0; 7]);
+    let mut bytes = MAGIC.to_vec();
+    bytes.extend_from_slice(&[0; 32]);
+    bytes.extend_from_slice(tables);
+    bytes.extend_from_slice(&hash::hash(&bytes).to_le_bytes());
+    decode(&bytes, &key, backing)
+}
+
+/// Little-endian reader that fails instead of panicking on a short file.
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], String> {
+        if self.0.len() < n {
+            return Err("file is truncated".into());
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+    fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+    /// A count of records of `size` bytes each, bounded by what is left in the file.
+    fn count(&mut self, size: usize) -> Result<usize, String> {
+        let n = self.u64()?;
+        usize::try_from(n)
+            .ok()
+            .filter(|&n| n.saturating_mul(size) <= self.0.len())
+            .ok_or_else(|| format!("count {n} exceeds the file"))
+    }
+}
+
+const INODE_BYTES: usize = 4 * 3 + 8 + 4 + 8 + 4 + 8 + 4 * 5;
+
+pub(super) fn decode(bytes: &[u8], key: &Key, backing: &Backing) -> Result<(Index, TarReader), String> {
+    let body_len = bytes.len().checked_sub(8).ok_or("file is truncated")?;
+    let (body, stored_hash) = bytes.split_at(body_len);
+    if stored_hash != hash::hash(body).to_le_bytes() {
+        return Err("checksum mismatch (damaged file)".into());
+    }
+    let mut r = Reader(body);
+    if r.take(MAGIC.len())? != MAGIC {
+        return Err("not a stagefs index of this version".into());
+    }
+    let mut fields = [0u64; 7];
+    for field in &mut fields {
+        *field = r.u64()?;
+    }
+    let saved = Key::from_fields(fields);
+    if saved != *key {
+        return Err("the archive changed since the index was saved".into());
+    }
+    let n_inodes = r.count(INODE_BYTES)?;
+    let n_dirents = r.count(12)?;
+    let n_xattrs = r.count(16)?;
+    let n_arena = r.count(1)?;
+    let n_sparse = r.count(8)?;
+    let n_extents = r.count(24)?;
+    let mut index = Index::default();
+    for _ in 0..n_inodes {
+        let attrs = Attrs {
+            mode: r.u32()?,
+            uid: r.u32()?,
+            gid: r.u32()?,
+            mtime: r.u64()? as i64,
+            mtime_nsec: r.u32()?,
+            size: r.u64()?,
+        };
+        let (tag, x, y, z) = (r.u32()?, r.u64()?, r.u32()?, r.u32()?);
+        let data = match tag {
+            0 => Data::None,
+            1 => Data::Slice { offset: x },
+            2 => Data::Extern(y),
+            3 => Data::Dir { first: y, count: z, parent: u32::try_from(x).map_err(|_| "bad parent")? },
+            4 => Data::Symlink(Span { offset: y, len: z }),
+            5 => Data::Device(y),
+            _ => return Err(format!("unknown data tag {tag}")),
+        };
+        index.inodes.push(Inode { attrs, data, nlink: r.u32()?, xattr_first: r.u32()?, xattr_count: r.u32()? });
+    }
+    for _ in 0..n_dirents {
+        index.dirents.push(Dirent { name: Span { offset: r.u32()?, len: r.u32()? }, inode: r.u32()? });
+    }
+    for _ in 0..n_xattrs {
+        index.xattrs.push(Xattr {
+            name: Span { offset: r.u32()?, len: r.u32()? },
+            value: Span { offset: r.u32()?, len: r.u32()? },
+        });
+    }
+    index.arena = r.take(n_arena)?.to_vec();
+    let mut sparse = Vec::with_capacity(n_sparse);
+    for _ in 0..n_sparse {
+        sparse.push(SparseFile { first: r.u32()?, count: r.u32()? });
+    }
+    let mut extents = Vec::with_capacity(n_extents);
+    for _ in 0..n_extents {
+        extents.push(Extent { file_offset: r.u64()?, len: r.u64()?, archive_offset: r.u64()? });
+    }
+    if !r.0.is_empty() {
+        return Err("trailing bytes".into());
+    }
+    check_bounds(&index, sparse.len(), backing.len() as u64)?;
+    let reader = TarReader::from_parts(backing.clone(), sparse, extents).ok_or("sparse table out of bounds")?;
+    Ok((index, reader))
+}
+
+/// Every reference in the index must point inside it (and file data inside the archive,
+/// where a tar puts data: after a 512-byte header), every field must be one the scan could
+/// have produced, and the directories must form a tree, so that nothing read from disk can
+/// make the request path panic, loop or index out of bounds.
+fn check_bounds(index: &Index, n_sparse: usize, archive_len: u64) -> Result<(), String> {
+    let span_ok = |s: Span| (s.offset as u64 + s.len as u64) <= index.arena.len() as u64;
+    let range_ok = |first: u32, count: u32, len: usize| (first as u64 + count as u64) <= len as u64;
+    if index.inodes.is_empty() || !index.inodes[0].attrs.is_dir() {
+        return Err("no root directory".into());
+    }
+    for inode in &index.inodes {
+        // No file may be larger than Linux allows (`off_t` is signed), as when scanning.
+        let ok = inode.attrs.size <= i64::MAX as u64
+            && range_ok(inode.xattr_first, inode.xattr_count, index.xattrs.len())
+            && inode.attrs.mtime_nsec < 1_000_000_000
+            && match inode.data {
+                Data::Slice { offset } => {
+                    offset % 512 == 0
+                        && offset >= 512
+                        && offset.checked_add(inode.attrs.size).is_some_and(|end| end <= archive_len)
+                }
+                Data::Extern(h) => (h as usize) < n_sparse,
+                Data::Dir { first, count, parent } => {
+                    inode.attrs.is_dir()
+                        && range_ok(first, count, index.dirents.len())
+                        && (parent as usize) < index.inodes.len()
+                }
+                Data::Symlink(span) => span_ok(span),
+                Data::None | Data::Device(_) => true,
+            };
+        if !ok {
+            return Err("an inode points outside the index or archive".into());
+        }
+    }
+    // A name is one path component, as the scan makes them.
+    let component_ok = |s: Span| {
+        span_ok(s) && {
+            let name = index.bytes(s);
+            !name.is_empty() && name != b"." && name != b".." && !name.contains(&b'/') && !name.contains(&0)
+        }
+    };
+    let dirents_ok = index.dirents.iter().all(|d| component_ok(d.name) && (d.inode as usize) < index.inodes.len());
+    // listxattr separates names with NUL: a name must be non-empty and NUL-free.
+    let name_ok = |s: Span| span_ok(s) && s.len > 0 && !index.bytes(s).contains(&0);
+    let xattrs_ok = index.xattrs.iter().all(|x| name_ok(x.name) && span_ok(x.value));
+    if !dirents_ok || !xattrs_ok {
+        return Err("an entry points outside the index".into());
+    }
+    // Lookups search a directory's entries by binary search: strictly sorted names.
+    let sorted = |dir: &Inode| index.children(dir).windows(2).all(|w| index.bytes(w[0].name) < index.bytes(w[1].name));
+    if !index.inodes.iter().all(sorted) {
+        return Err("a directory's entries are not sorted".into());
+    }
+    check_tree(index)
+}
+
+/// Every directory is listed once, by its parent, and reached from the root: no cycles,
+/// no directory with two parents (`..` would be ambiguous).
+fn check_tree(index: &Index) -> Result<(), String> {
+    let mut seen = vec![false; index.inodes.len()];
+    let mut stack = vec![crate::index::ROOT];
+    seen[0] = true;
+    while let Some(dir) = stack.pop() {
+        let inode = &index.inodes[dir as usize];
+        if let Data::Dir { parent, .. } = inode.data {
+            if dir == crate::index::ROOT && parent != crate::index::ROOT {
+                return Err("the root directory has a parent".into());
+            }
+        }
+        for child in index.children(inode) {
+            let Data::Dir { parent, .. } = index.inodes[child.inode as usize].data else { continue };
+            if seen[child.inode as usize] || parent != dir {
+                return Err("the directories do not form a tree".into());
+            }
+            seen[child.inode as usize] = true;
+            stack.push(child.inode);
+        }
+    }
+    Ok(())
+}
