@@ -7,6 +7,8 @@
 //! keep a map of extents in this reader and read holes as zeros.
 
 mod header;
+mod key;
+mod member;
 mod pax;
 pub mod saved;
 mod saved_format;
@@ -22,8 +24,8 @@ use super::{Backing, Bytes, OpenError, ReadError};
 use crate::index::{Data, Index};
 pub(crate) use header::normalise;
 use header::{checksum_ok, BLOCK};
+use member::Scan;
 pub use saved_format::decode_for_fuzz;
-use scan::Scan;
 pub use write::{pax_record, ustar_header};
 
 /// Serves member content; holds the sparse maps the index points into.

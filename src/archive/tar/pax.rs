@@ -3,8 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::header::stores_data;
-use super::scan::{Member, Scan, MAX_GLOBAL_XATTRS};
-use super::sparse::sparse_key;
+use super::member::{Member, Scan, MAX_GLOBAL_XATTRS};
 use crate::archive::OpenError;
 
 impl Scan<'_> {
@@ -319,4 +318,9 @@ pub(super) fn base64_decode(s: &[u8]) -> Option<Vec<u8>> {
         out.extend_from_slice(&bytes[1..chunk.len()]);
     }
     Some(out)
+}
+
+/// The key under which `parse_pax` keeps the n-th repeated pax 0.0 sparse keyword.
+pub(super) fn sparse_key(what: &str, n: usize) -> Vec<u8> {
+    format!("GNU.sparse.{what}#{n}").into_bytes()
 }

@@ -16,84 +16,16 @@
 //! larger than an index of that archive can be. It is written with the archive's read
 //! permissions at most, so it never shows member names to someone who cannot read them.
 
-use std::fs::File;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+pub use super::key::Key;
 use super::saved_format::{decode, encode};
 use super::TarReader;
 use crate::archive::Backing;
-use crate::hash::{self, Hasher};
+use crate::hash;
 use crate::index::Index;
 use crate::places;
-
-/// Identifies one version of an archive's bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Key {
-    size: u64,
-    mtime: i64,
-    mtime_nsec: i64,
-    ctime: i64,
-    ctime_nsec: i64,
-    inode: u64,
-    fingerprint: u64,
-}
-
-impl Key {
-    /// Reads 64 KiB at each end and 16 samples of 4 KiB in between.
-    pub fn of(path: &Path) -> std::io::Result<Key> {
-        let file = File::open(path)?;
-        let meta = file.metadata()?;
-        let size = meta.len();
-        let mut samples = Hasher::default();
-        let mut buf = vec![0u8; 64 << 10];
-        let mut sample = |offset: u64, len: usize| -> std::io::Result<()> {
-            let len = len.min(size.saturating_sub(offset) as usize);
-            file.read_exact_at(&mut buf[..len], offset)?;
-            samples.write(&buf[..len]);
-            Ok(())
-        };
-        sample(0, 64 << 10)?;
-        for i in 1..=16 {
-            sample(size / 17 * i, 4 << 10)?;
-        }
-        sample(size.saturating_sub(64 << 10), 64 << 10)?;
-        Ok(Key {
-            size,
-            mtime: meta.mtime(),
-            mtime_nsec: meta.mtime_nsec(),
-            ctime: meta.ctime(),
-            ctime_nsec: meta.ctime_nsec(),
-            inode: meta.ino(),
-            fingerprint: samples.finish(),
-        })
-    }
-
-    /// The key's fields in the order a saved index stores them.
-    pub(super) fn fields(&self) -> [u64; 7] {
-        [
-            self.size,
-            self.mtime as u64,
-            self.mtime_nsec as u64,
-            self.ctime as u64,
-            self.ctime_nsec as u64,
-            self.inode,
-            self.fingerprint,
-        ]
-    }
-
-    pub(super) fn from_fields(f: [u64; 7]) -> Key {
-        Key {
-            size: f[0],
-            mtime: f[1] as i64,
-            mtime_nsec: f[2] as i64,
-            ctime: f[3] as i64,
-            ctime_nsec: f[4] as i64,
-            inode: f[5],
-            fingerprint: f[6],
-        }
-    }
-}
 
 /// The saved index next to `archive` (a canonical path).
 fn beside(archive: &Path) -> PathBuf {
@@ -220,6 +152,7 @@ mod tests {
     use super::*;
     use crate::test_support::{run_tool, TempDir};
     use std::ffi::OsStr;
+    use std::fs::File;
 
     /// The cache stays bounded: an index unused for longer than the age limit goes, then
     /// the least recently used until the rest fits the byte limit; other files stay.

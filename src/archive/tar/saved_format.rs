@@ -1,6 +1,6 @@
 //! The saved index's bytes: little-endian tables with a checksum, every number bounds-checked on load so a damaged file never reaches the request path.
 
-use super::saved::Key;
+use super::key::Key;
 use super::{Extent, SparseFile, TarReader};
 use crate::archive::Backing;
 use crate::hash;

@@ -1,7 +1,7 @@
 //! Sparse members: GNU old-style maps and pax 0.0, 0.1 and 1.0, turned into extents the reader fills holes between.
 
 use super::header::{round_up, BLOCK};
-use super::scan::{Member, Scan, MAX_FILE_SIZE};
+use super::member::{Member, Scan, MAX_FILE_SIZE};
 use super::{Extent, SparseFile};
 use crate::archive::OpenError;
 use crate::escape::escape;
@@ -118,9 +118,4 @@ impl Scan<'_> {
         self.sparse_files.push(SparseFile { first, count });
         Ok(Data::Extern(handle))
     }
-}
-
-/// The key under which `parse_pax` keeps the n-th repeated pax 0.0 sparse keyword.
-pub(super) fn sparse_key(what: &str, n: usize) -> Vec<u8> {
-    format!("GNU.sparse.{what}#{n}").into_bytes()
 }

@@ -3,8 +3,8 @@
 use std::collections::HashMap;
 
 use super::header::*;
+use super::member::MAX_GLOBAL_XATTRS;
 use super::pax::*;
-use super::scan::MAX_GLOBAL_XATTRS;
 use super::write::*;
 use super::*;
 use crate::test_support::python_tar;

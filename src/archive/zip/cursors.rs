@@ -8,7 +8,6 @@
 
 use std::sync::{Condvar, Mutex};
 
-use super::member::Member;
 use super::stream::Stream;
 use crate::archive::{Backing, ReadError};
 
@@ -37,6 +36,14 @@ pub(super) struct Cursors {
     returned: Condvar,
 }
 
+/// What the cursors need of a member: its size, a decoder from its first byte, and errors
+/// worded for it.
+pub(super) trait Decodable {
+    fn size(&self) -> u64;
+    fn stream(&self, backing: &Backing) -> Result<Stream, ReadError>;
+    fn error(&self, what: String) -> ReadError;
+}
+
 impl Cursors {
     /// Drops every idle decoder.
     pub(super) fn clear(&self) {
@@ -50,7 +57,7 @@ impl Cursors {
         &self,
         backing: &Backing,
         handle: u32,
-        m: &Member,
+        m: &impl Decodable,
         offset: u64,
         len: usize,
     ) -> Result<Vec<u8>, ReadError> {
@@ -89,7 +96,7 @@ impl Cursors {
                 pool.clock += 1;
                 let used = pool.clock;
                 // A decoder at the member's end has nothing left to serve.
-                if cursor.stream.produced < m.size {
+                if cursor.stream.produced < m.size() {
                     pool.idle.push(Cursor { used, ..cursor });
                 }
                 if pool.idle.len() > KEPT {
@@ -109,7 +116,7 @@ impl Cursors {
 
     fn decode(
         backing: &Backing,
-        m: &Member,
+        m: &impl Decodable,
         taken: Option<Cursor>,
         handle: u32,
         offset: u64,
@@ -128,7 +135,7 @@ impl Cursors {
         let mut out = vec![0u8; len];
         let got = cursor.stream.read(backing, &mut out).map_err(fail)?;
         if got != len {
-            return Err(fail(format!("the stream ends after {} of {} bytes", cursor.stream.produced, m.size)));
+            return Err(fail(format!("the stream ends after {} of {} bytes", cursor.stream.produced, m.size())));
         }
         Ok((cursor, out))
     }

@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 
 use quick_cache::sync::Cache;
 
-use super::cursors::Cursors;
+use super::cursors::{Cursors, Decodable};
 use super::directory::{u16le, Entry};
 use super::stream::{method_name, Stream};
 use crate::archive::{Backing, ByteWeight, Bytes, ReadError};
@@ -42,6 +42,20 @@ pub(super) struct Member {
     verdict: OnceLock<Result<(), String>>,
     /// How many times decoding started from the member's first byte (for tests).
     pub(super) decodes: AtomicU32,
+}
+
+impl Decodable for Member {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn stream(&self, backing: &Backing) -> Result<Stream, ReadError> {
+        Member::stream(self, backing)
+    }
+
+    fn error(&self, what: String) -> ReadError {
+        Member::error(self, what)
+    }
 }
 
 impl Member {

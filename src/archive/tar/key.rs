@@ -1,0 +1,75 @@
+//! The saved index's key: which version of an archive's bytes an index belongs to (size, times, inode, a content fingerprint).
+
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::Path;
+
+use crate::hash::Hasher;
+
+/// Identifies one version of an archive's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Key {
+    pub(super) size: u64,
+    mtime: i64,
+    mtime_nsec: i64,
+    ctime: i64,
+    ctime_nsec: i64,
+    inode: u64,
+    pub(super) fingerprint: u64,
+}
+
+impl Key {
+    /// Reads 64 KiB at each end and 16 samples of 4 KiB in between.
+    pub fn of(path: &Path) -> std::io::Result<Key> {
+        let file = File::open(path)?;
+        let meta = file.metadata()?;
+        let size = meta.len();
+        let mut samples = Hasher::default();
+        let mut buf = vec![0u8; 64 << 10];
+        let mut sample = |offset: u64, len: usize| -> std::io::Result<()> {
+            let len = len.min(size.saturating_sub(offset) as usize);
+            file.read_exact_at(&mut buf[..len], offset)?;
+            samples.write(&buf[..len]);
+            Ok(())
+        };
+        sample(0, 64 << 10)?;
+        for i in 1..=16 {
+            sample(size / 17 * i, 4 << 10)?;
+        }
+        sample(size.saturating_sub(64 << 10), 64 << 10)?;
+        Ok(Key {
+            size,
+            mtime: meta.mtime(),
+            mtime_nsec: meta.mtime_nsec(),
+            ctime: meta.ctime(),
+            ctime_nsec: meta.ctime_nsec(),
+            inode: meta.ino(),
+            fingerprint: samples.finish(),
+        })
+    }
+
+    /// The key's fields in the order a saved index stores them.
+    pub(super) fn fields(&self) -> [u64; 7] {
+        [
+            self.size,
+            self.mtime as u64,
+            self.mtime_nsec as u64,
+            self.ctime as u64,
+            self.ctime_nsec as u64,
+            self.inode,
+            self.fingerprint,
+        ]
+    }
+
+    pub(super) fn from_fields(f: [u64; 7]) -> Key {
+        Key {
+            size: f[0],
+            mtime: f[1] as i64,
+            mtime_nsec: f[2] as i64,
+            ctime: f[3] as i64,
+            ctime_nsec: f[4] as i64,
+            inode: f[5],
+            fingerprint: f[6],
+        }
+    }
+}
