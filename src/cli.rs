@@ -4,9 +4,6 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::stage::StageMode;
-use crate::warm::WarmMode;
-
 #[derive(Debug, Parser)]
 #[command(
     name = "stagefs",
@@ -65,42 +62,8 @@ the mount then lives exactly as long as the step, and SIGTERM unmounts it.")]
         /// Stay in the foreground and log to stderr instead of daemonizing
         #[arg(short, long)]
         foreground: bool,
-        /// FUSE request threads, 1 to 256 (default: 2 per core, at most 16)
-        #[arg(long, value_parser = threads_parser())]
-        threads: Option<usize>,
-        /// Once detached, append the daemon's log to this file (it must be writable: checked before
-        /// mounting). Default: a file in stagefs's runtime directory, capped at 1 MiB and removed
-        /// when the mount ends; `stagefs status` and `stagefs umount` report its failed reads
-        #[arg(long, value_name = "FILE")]
-        log_file: Option<PathBuf>,
-        /// Bring the archive close first: auto (from a network filesystem: into RAM when it fits,
-        /// else to the local disk when it fits there), ram, copy, disk (to --stage-dir), none.
-        /// Compressed tars (.gz .bz2 .xz .zst .lz4) are always decompressed into RAM.
-        #[arg(long, value_enum, default_value_t = StageMode::Auto)]
-        stage: StageMode,
-        /// The node-local directory --stage disk copies to (in a private stagefs-<uid> directory
-        /// inside; the copy has no name and is gone after any exit).
-        /// Default: $SLURM_TMPDIR, then $TMPDIR
-        #[arg(long, value_name = "DIR")]
-        stage_dir: Option<PathBuf>,
-        /// Most RAM staging and the page-cache warm-up may use together, e.g. 64G
-        /// (default: free memory less a margin)
-        #[arg(long, value_name = "SIZE", value_parser = crate::report::parse_size)]
-        max_ram: Option<u64>,
-        /// Before returning, push every file into the kernel's page cache, so the first
-        /// epoch reads at page-cache speed instead of one FUSE round trip per file:
-        /// auto (when the archive was staged into RAM), yes (also in place: reads it all once), no.
-        /// Skipped with a warning when the RAM is not there; the cache stays reclaimable.
-        #[arg(long, value_enum, default_value_t = WarmMode::Auto)]
-        warm: WarmMode,
-        /// In a multi-node SLURM job, read the archive from the parallel filesystem once and fan it
-        /// out to every node with sbcast (the task with SLURM_PROCID=0 sends), then mount the
-        /// node's copy: in /dev/shm/$USER, or on the local disk with --stage disk. Elsewhere a no-op
-        #[arg(long)]
-        broadcast: bool,
-        /// With --broadcast: if the broadcast fails, stage from the parallel filesystem instead of failing
-        #[arg(long, requires = "broadcast")]
-        broadcast_fallback: bool,
+        #[command(flatten)]
+        options: crate::options::MountOptions,
         /// Unmount after no reads for this long (e.g. 30m, 2h; 0 means never, the default)
         #[arg(long, value_name = "DURATION", value_parser = crate::node::parse_duration)]
         idle_timeout: Option<std::time::Duration>,
@@ -108,13 +71,6 @@ the mount then lives exactly as long as the step, and SIGTERM unmounts it.")]
         /// when this call mounted, false when another process of the node had or has mounted it}
         #[arg(long)]
         json: bool,
-        /// One more archive (or pattern, or @FILE) to merge after ARCHIVE; repeatable
-        #[arg(long = "archive", value_name = "ARCHIVE", id = "more_archives")]
-        more_archives: Vec<PathBuf>,
-        /// Accept shards owned by another user than you, root or the owner of their directory, or in a
-        /// directory others can write without the sticky bit: only for data you trust
-        #[arg(long)]
-        trust_shards: bool,
     },
     /// Mount once per node, run a command with the mount, unmount after the node's last task
     Run(crate::node::RunArgs),
@@ -168,12 +124,6 @@ the index by themselves when scanning took long (10,000+ entries).")]
     },
 }
 
-/// `--threads`: beyond a few hundred threads the kernel's FUSE queue gains nothing, and
-/// tens of thousands exhaust the process's memory map before the mount is ready.
-pub fn threads_parser() -> clap::builder::RangedU64ValueParser<usize> {
-    clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256)
-}
-
 /// Counts where zero would make the command do nothing (or divide by zero).
 fn at_least_one(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
@@ -181,9 +131,4 @@ fn at_least_one(text: &str) -> Result<usize, String> {
         Ok(n) => Ok(n),
         Err(e) => Err(e.to_string()),
     }
-}
-
-/// FUSE threads when the user does not say: enough to overlap requests on every core.
-pub fn default_threads() -> usize {
-    std::thread::available_parallelism().map(|n| n.get() * 2).unwrap_or(4).min(16)
 }

@@ -117,7 +117,7 @@ fn compare(archive: &Path, plain: &Path, work: &Path, files: usize, readers: usi
             shards: vec![archive.to_owned()],
             mountpoint: mountpoint.clone(),
             foreground: false,
-            threads: crate::cli::default_threads(),
+            threads: crate::options::default_threads(),
             log_file: None,
             stage,
             stage_dir: None,

@@ -19,6 +19,7 @@ pub mod index;
 pub mod mountpoint;
 pub mod node;
 pub mod open;
+pub mod options;
 pub mod places;
 pub mod registry;
 pub mod report;

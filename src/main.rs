@@ -3,11 +3,10 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use stagefs::cli::{default_threads, Cli, Command};
+use stagefs::cli::{Cli, Command};
 use stagefs::commands;
 use stagefs::error::Failure;
 use stagefs::node;
-use stagefs::request::MountRequest;
 
 fn main() -> ExitCode {
     let cli = Cli::try_parse().unwrap_or_else(|e| usage_error(e));
@@ -26,23 +25,7 @@ fn main() -> ExitCode {
 
 fn run(command: Command) -> Result<(), Failure> {
     match command {
-        Command::Mount {
-            archive,
-            mountpoint,
-            foreground,
-            threads,
-            log_file,
-            stage,
-            stage_dir,
-            max_ram,
-            warm,
-            broadcast,
-            broadcast_fallback,
-            idle_timeout,
-            json,
-            more_archives,
-            trust_shards,
-        } => {
+        Command::Mount { archive, mountpoint, foreground, options, idle_timeout, json } => {
             if let Some(mountpoint) = &mountpoint {
                 stagefs::shards::check_not_an_archive(mountpoint)?;
             }
@@ -53,30 +36,7 @@ fn run(command: Command) -> Result<(), Failure> {
                 node::publish_failure(&mountpoint, &f);
                 f
             };
-            let broadcast = match broadcast {
-                true => stagefs::stage::broadcast::plan(
-                    &archive,
-                    stage == stagefs::stage::StageMode::Disk,
-                    stage_dir.as_deref(),
-                    broadcast_fallback,
-                )
-                .map_err(|e| published(e.into()))?,
-                false => None,
-            };
-            let set = stagefs::shards::resolve(&archive, &more_archives, trust_shards).map_err(published)?;
-            let request = MountRequest {
-                archive: set.label,
-                shards: set.shards,
-                mountpoint,
-                foreground,
-                threads: threads.unwrap_or_else(default_threads),
-                log_file,
-                stage,
-                stage_dir,
-                max_ram,
-                warm,
-                broadcast,
-            };
+            let request = options.request(&archive, mountpoint.clone(), foreground).map_err(published)?;
             // `--idle-timeout 0` means what "no timeout" means elsewhere, not "unmount at once".
             let idle_timeout = idle_timeout.filter(|t| !t.is_zero());
             let mounted = node::mount(&request, node::DEFAULT_WAIT, idle_timeout)?;

@@ -21,6 +21,7 @@ mod duration;
 mod elect;
 mod lock;
 mod run;
+mod umount;
 
 use std::path::{Path, PathBuf};
 
@@ -29,6 +30,7 @@ pub use args::{RunArgs, WaitArgs};
 pub use duration::parse_duration;
 pub use elect::{clear_leftovers, elect, mount, publish_failure, wait, Election, Lease};
 pub use run::{run, RunRequest};
+pub use umount::umount;
 
 use crate::error::Failure;
 use crate::places;

@@ -6,10 +6,7 @@ use std::time::Duration;
 
 use super::{parse_duration, run, wait, RunRequest};
 use crate::error::Failure;
-use crate::request::MountRequest;
 use crate::shards::default_mountpoint;
-use crate::stage::StageMode;
-use crate::warm::WarmMode;
 
 /// Mount (once per node), run a command with the mount, unmount after the node's last task
 #[derive(Debug, clap::Args)]
@@ -33,38 +30,8 @@ pub struct RunArgs {
     /// How long a task waits for the node's mount before failing
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "1h")]
     timeout: Duration,
-    /// Bring the archive close first: auto, ram, copy, disk, none (see `stagefs mount --help`)
-    #[arg(long, value_enum, default_value_t = StageMode::Auto)]
-    stage: StageMode,
-    /// Where --stage disk copies to (default: $SLURM_TMPDIR, then $TMPDIR)
-    #[arg(long, value_name = "DIR")]
-    stage_dir: Option<PathBuf>,
-    /// Most RAM staging and the page-cache warm-up may use, e.g. 64G
-    #[arg(long, value_name = "SIZE", value_parser = crate::report::parse_size)]
-    max_ram: Option<u64>,
-    /// Fill the page cache before the command starts: auto (when staged), yes, no
-    #[arg(long, value_enum, default_value_t = WarmMode::Auto)]
-    warm: WarmMode,
-    /// Read the archive from the parallel filesystem once and fan it out to every node with
-    /// sbcast (see `stagefs mount --help`)
-    #[arg(long)]
-    broadcast: bool,
-    /// With --broadcast: if the broadcast fails, stage from the parallel filesystem instead
-    #[arg(long, requires = "broadcast")]
-    broadcast_fallback: bool,
-    /// FUSE request threads, 1 to 256 (default: 2 per core, at most 16)
-    #[arg(long, value_parser = crate::cli::threads_parser())]
-    threads: Option<usize>,
-    /// Append the daemon's log to this file (default: one in the runtime directory, removed with the mount)
-    #[arg(long, value_name = "FILE")]
-    log_file: Option<PathBuf>,
-    /// One more archive (or pattern, or @FILE) to merge after ARCHIVE; repeatable
-    #[arg(long = "archive", value_name = "ARCHIVE", id = "more_archives")]
-    more_archives: Vec<PathBuf>,
-    /// Accept shards owned by another user than you, root or the owner of their directory, or in a
-    /// directory others can write without the sticky bit: only for data you trust
-    #[arg(long)]
-    trust_shards: bool,
+    #[command(flatten)]
+    options: crate::options::MountOptions,
     /// The command to run, after `--`
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<OsString>,
@@ -74,33 +41,8 @@ impl RunArgs {
     /// Runs it; the result is the command's exit code.
     pub fn execute(self) -> Result<u8, Failure> {
         let mountpoint = self.mountpoint.unwrap_or_else(|| default_mountpoint(&self.archive));
-        let broadcast = match self.broadcast {
-            true => crate::stage::broadcast::plan(
-                &self.archive,
-                self.stage == StageMode::Disk,
-                self.stage_dir.as_deref(),
-                self.broadcast_fallback,
-            )?,
-            false => None,
-        };
-        let set = crate::shards::resolve(&self.archive, &self.more_archives, self.trust_shards)?;
-        run(&RunRequest {
-            mount: MountRequest {
-                archive: set.label,
-                shards: set.shards,
-                mountpoint,
-                foreground: false,
-                threads: self.threads.unwrap_or_else(crate::cli::default_threads),
-                log_file: self.log_file,
-                stage: self.stage,
-                stage_dir: self.stage_dir,
-                max_ram: self.max_ram,
-                warm: self.warm,
-                broadcast,
-            },
-            command: self.command,
-            timeout: self.timeout,
-        })
+        let mount = self.options.request(&self.archive, mountpoint, false)?;
+        run(&RunRequest { mount, command: self.command, timeout: self.timeout })
     }
 }
 

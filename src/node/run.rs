@@ -158,8 +158,8 @@ fn teardown(users: &LockFile, mountpoint: &Path, task: &SlurmTask, signalled: bo
         std::thread::sleep(Duration::from_millis(20));
     }
     let daemon = registry::read(mountpoint).map(|r| r.pid);
-    let result = match crate::commands::umount(mountpoint, false) {
-        Err(f) if f.code == crate::error::code::BUSY => crate::commands::umount(mountpoint, true),
+    let result = match super::umount(mountpoint, false) {
+        Err(f) if f.code == crate::error::code::BUSY => super::umount(mountpoint, true),
         other => other,
     };
     match result {

@@ -1,0 +1,97 @@
+//! The options `stagefs mount` and `stagefs run` share, declared once (clap `Args`, flattened into both) and turned into one [`MountRequest`].
+
+use std::path::{Path, PathBuf};
+
+use crate::error::Failure;
+use crate::request::MountRequest;
+use crate::stage::StageMode;
+use crate::warm::WarmMode;
+
+/// How to mount: staging, warm-up, broadcast, shards, threads and the daemon's log.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MountOptions {
+    /// Bring the archive close first: auto (from a network filesystem: into RAM when it fits,
+    /// else to the local disk when it fits there), ram, copy, disk (to --stage-dir), none.
+    /// Compressed tars (.gz .bz2 .xz .zst .lz4) are always decompressed into RAM.
+    #[arg(long, value_enum, default_value_t = StageMode::Auto)]
+    pub stage: StageMode,
+    /// The node-local directory --stage disk copies to (in a private stagefs-<uid> directory
+    /// inside; the copy has no name and is gone after any exit).
+    /// Default: $SLURM_TMPDIR, then $TMPDIR
+    #[arg(long, value_name = "DIR")]
+    pub stage_dir: Option<PathBuf>,
+    /// Most RAM staging and the page-cache warm-up may use together, e.g. 64G
+    /// (default: free memory less a margin)
+    #[arg(long, value_name = "SIZE", value_parser = crate::report::parse_size)]
+    pub max_ram: Option<u64>,
+    /// Before the mount is ready, push every file into the kernel's page cache, so the first
+    /// epoch reads at page-cache speed instead of one FUSE round trip per file:
+    /// auto (when the archive was staged into RAM), yes (also in place: reads it all once), no.
+    /// Skipped with a warning when the RAM is not there; the cache stays reclaimable.
+    #[arg(long, value_enum, default_value_t = WarmMode::Auto)]
+    pub warm: WarmMode,
+    /// In a multi-node SLURM job, read the archive from the parallel filesystem once and fan it
+    /// out to every node with sbcast (the task with SLURM_PROCID=0 sends), then mount the
+    /// node's copy: in /dev/shm/$USER, or on the local disk with --stage disk. Elsewhere a no-op
+    #[arg(long)]
+    pub broadcast: bool,
+    /// With --broadcast: if the broadcast fails, stage from the parallel filesystem instead of failing
+    #[arg(long, requires = "broadcast")]
+    pub broadcast_fallback: bool,
+    /// One more archive (or pattern, or @FILE) to merge after ARCHIVE; repeatable
+    #[arg(long = "archive", value_name = "ARCHIVE", id = "more_archives")]
+    pub more_archives: Vec<PathBuf>,
+    /// Accept shards owned by another user than you, root or the owner of their directory, or in a
+    /// directory others can write without the sticky bit: only for data you trust
+    #[arg(long)]
+    pub trust_shards: bool,
+    /// FUSE request threads, 1 to 256 (default: 2 per core, at most 16)
+    #[arg(long, value_parser = threads_parser())]
+    pub threads: Option<usize>,
+    /// Once detached, append the daemon's log to this file (it must be writable: checked before
+    /// mounting). Default: a file in stagefs's runtime directory, capped at 1 MiB and removed
+    /// when the mount ends; `stagefs status` and `stagefs umount` report its failed reads
+    #[arg(long, value_name = "FILE")]
+    pub log_file: Option<PathBuf>,
+}
+
+impl MountOptions {
+    /// The request to mount `archive` (and any `--archive`) on `mountpoint`: plans the
+    /// broadcast (the sending task sends here) and resolves the shard set, once.
+    pub fn request(self, archive: &Path, mountpoint: PathBuf, foreground: bool) -> Result<MountRequest, Failure> {
+        let broadcast = match self.broadcast {
+            true => crate::stage::broadcast::plan(
+                archive,
+                self.stage == StageMode::Disk,
+                self.stage_dir.as_deref(),
+                self.broadcast_fallback,
+            )?,
+            false => None,
+        };
+        let set = crate::shards::resolve(archive, &self.more_archives, self.trust_shards)?;
+        Ok(MountRequest {
+            archive: set.label,
+            shards: set.shards,
+            mountpoint,
+            foreground,
+            threads: self.threads.unwrap_or_else(default_threads),
+            log_file: self.log_file,
+            stage: self.stage,
+            stage_dir: self.stage_dir,
+            max_ram: self.max_ram,
+            warm: self.warm,
+            broadcast,
+        })
+    }
+}
+
+/// `--threads`: beyond a few hundred threads the kernel's FUSE queue gains nothing, and
+/// tens of thousands exhaust the process's memory map before the mount is ready.
+pub fn threads_parser() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256)
+}
+
+/// FUSE request threads by default: 2 per core, at most 16.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map(|n| n.get() * 2).unwrap_or(4).min(16)
+}
