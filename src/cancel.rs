@@ -58,7 +58,7 @@ pub fn check() -> Result<(), Interrupted> {
 /// set `STAGEFS_TEST_HOLD_PHASE` to a phase's name to hold it open (up to a minute) so
 /// they can signal the daemon inside it; the pause ends at a signal.
 pub fn phase(name: &str) -> Result<(), Interrupted> {
-    static HOLD: LazyLock<Option<String>> = LazyLock::new(|| std::env::var("STAGEFS_TEST_HOLD_PHASE").ok());
+    static HOLD: LazyLock<Option<String>> = LazyLock::new(|| crate::test_hooks::var("STAGEFS_TEST_HOLD_PHASE"));
     tracing::info!("start-up phase: {name}");
     if HOLD.as_deref() == Some(name) {
         let until = std::time::Instant::now() + std::time::Duration::from_secs(60);

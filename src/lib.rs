@@ -26,6 +26,7 @@ pub mod report;
 pub mod request;
 pub mod shards;
 pub mod stage;
+mod test_hooks;
 pub mod warm;
 
 #[cfg(test)]

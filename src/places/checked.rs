@@ -138,7 +138,7 @@ impl CheckedDir {
     /// `O_EXCL` under an unpredictable name and unlinked at once. Nothing is left after any
     /// exit, SIGKILL included.
     pub fn nameless_file(&self) -> std::io::Result<File> {
-        if std::env::var_os("STAGEFS_TEST_NO_TMPFILE").is_none() {
+        if crate::test_hooks::var("STAGEFS_TEST_NO_TMPFILE").is_none() {
             // SAFETY: "." relative to our descriptor; the result is owned below.
             let fd = unsafe {
                 libc::openat(
