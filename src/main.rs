@@ -54,7 +54,7 @@ fn run(command: Command) -> Result<(), Failure> {
             }
             if !foreground {
                 // So that `MNT=$(stagefs mount data.tar)` works, also for the default mountpoint.
-                let mountpoint = stagefs::mountpoint::resolve(&request.mountpoint)?;
+                let mountpoint = &request.mountpoint;
                 if json {
                     let path = stagefs::commands::json_string(&mountpoint.to_string_lossy());
                     println!("{{\"mountpoint\":{path},\"mounted\":{mounted}}}");

@@ -96,18 +96,6 @@ impl NodeFiles {
     }
 }
 
-/// Canonical archive path, so that two spellings of one archive compare equal. A shard
-/// set's label is already canonical (see `shards.rs`).
-fn canonical_archive(request: &crate::request::MountRequest) -> Result<PathBuf, Failure> {
-    let archive = &request.archive;
-    if request.shards.len() > 1 {
-        return Ok(archive.clone());
-    }
-    archive
-        .canonicalize()
-        .map_err(|source| Failure::from(crate::archive::OpenError::Io { path: archive.to_owned(), source }))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -57,7 +57,8 @@ pub struct MountOptions {
 
 impl MountOptions {
     /// The request to mount `archive` (and any `--archive`) on `mountpoint`: plans the
-    /// broadcast (the sending task sends here) and resolves the shard set, once.
+    /// broadcast (the sending task sends here), resolves the shard set and the mountpoint,
+    /// once: no layer below resolves them again.
     pub fn request(self, archive: &Path, mountpoint: PathBuf, foreground: bool) -> Result<MountRequest, Failure> {
         let broadcast = match self.broadcast {
             true => crate::stage::broadcast::plan(
@@ -69,6 +70,7 @@ impl MountOptions {
             false => None,
         };
         let set = crate::shards::resolve(archive, &self.more_archives, self.trust_shards)?;
+        let mountpoint = crate::mountpoint::resolve(&mountpoint)?;
         Ok(MountRequest {
             archive: set.label,
             shards: set.shards,

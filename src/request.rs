@@ -13,10 +13,12 @@ pub const DEFAULT_WAIT: Duration = Duration::from_secs(3600);
 /// What `stagefs mount` was asked to do.
 #[derive(Debug, Clone)]
 pub struct MountRequest {
-    /// The archive; for a shard set, its label (see `shards.rs`), which keys the election.
+    /// The archive, canonical; for a shard set, its label (see `shards.rs`), which keys the
+    /// election. Resolved once where the request is made (`options.rs`), never below.
     pub archive: PathBuf,
     /// The archives served (canonical, in the order they win): one, or a set's shards.
     pub shards: Vec<PathBuf>,
+    /// Absolute, its parents' symlinks resolved (`mountpoint::resolve`), once, like `archive`.
     pub mountpoint: PathBuf,
     pub foreground: bool,
     pub threads: usize,

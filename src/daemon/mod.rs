@@ -27,28 +27,20 @@ use crate::registry;
 
 /// Mounts as requested; in the background case returns in the parent once the mount is live.
 pub fn mount(request: &MountRequest) -> Result<(), Failure> {
-    let archive = if request.shards.len() > 1 {
-        request.archive.clone()
-    } else {
-        request
-            .archive
-            .canonicalize()
-            .map_err(|source| Failure::from(crate::archive::OpenError::Io { path: request.archive.clone(), source }))?
-    };
-    let mountpoint = mountpoint::resolve(&request.mountpoint)?;
+    let (archive, mountpoint) = (&request.archive, &request.mountpoint);
     if request.foreground {
         // The foreground process is the daemon: catch signals before any slow step.
         crate::cancel::arm().map_err(|e| Failure::other(format!("cannot install signal handlers: {e}")))?;
-        let created = mountpoint::prepare(&mountpoint)?;
-        let result = serve(&archive, &mountpoint, request, &created, None, &mut None);
+        let created = mountpoint::prepare(mountpoint)?;
+        let result = serve(archive, mountpoint, request, &created, None, &mut None);
         places::remove_created(&created);
         return result;
     }
     // Before anything is made: a log nobody can write must not cost a staged archive.
-    let log = DaemonLog::open(&mountpoint, request.log_file.as_deref())?;
-    let created = mountpoint::prepare(&mountpoint)?;
-    let result = fork::spawn_daemon(&archive, &mountpoint, &created, &log, |ready| {
-        serve(&archive, &mountpoint, request, &created, Some(&log), ready)
+    let log = DaemonLog::open(mountpoint, request.log_file.as_deref())?;
+    let created = mountpoint::prepare(mountpoint)?;
+    let result = fork::spawn_daemon(archive, mountpoint, &created, &log, |ready| {
+        serve(archive, mountpoint, request, &created, Some(&log), ready)
     });
     if result.is_err() {
         places::remove_created(&created);

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::lock::{now_ms, LockFile, Mode, Status};
-use super::{canonical_archive, NodeFiles, SlurmTask};
+use super::{NodeFiles, SlurmTask};
 use crate::daemon;
 use crate::daemon::watch;
 use crate::error::{code, Failure};
@@ -254,23 +254,21 @@ fn is_locked(path: &Path) -> bool {
 /// the leader's mount is usable. Returns whether this process mounted. `idle` unmounts
 /// after that long without reads.
 pub fn mount(request: &MountRequest, timeout: Duration, idle: Option<Duration>) -> Result<bool, Failure> {
-    let archive = canonical_archive(request).inspect_err(|f| publish_failure(&request.mountpoint, f))?;
-    let mountpoint = mountpoint::resolve(&request.mountpoint)?;
+    let (archive, mountpoint) = (&request.archive, &request.mountpoint);
     let task = SlurmTask::from_env();
-    match elect(&archive, &mountpoint, &task, timeout)? {
+    match elect(archive, mountpoint, &task, timeout)? {
         Election::AlreadyMounted => {
             if task.local_id.is_some_and(|id| id != 0) {
                 // SLURM followers always find their leader's mount: nothing to say.
                 tracing::info!(mountpoint = %mountpoint.display(), "already mounted by this node's leader");
             } else {
-                eprintln!("stagefs: {}", already_mounted(&mountpoint, request));
+                eprintln!("stagefs: {}", already_mounted(mountpoint, request));
             }
             Ok(false)
         }
         Election::Leader(lease) => {
-            let request = MountRequest { archive, mountpoint, ..request.clone() };
             watch::set_idle_timeout(idle);
-            daemon::mount(&request).inspect_err(|failure| lease.failed(failure))?;
+            daemon::mount(request).inspect_err(|failure| lease.failed(failure))?;
             Ok(true)
         }
     }

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::lock::{LockFile, Mode};
-use super::{canonical_archive, elect, NodeFiles, SlurmTask};
+use super::{elect, NodeFiles, SlurmTask};
 use crate::daemon::watch;
 use crate::error::Failure;
 use crate::mountpoint;
@@ -46,15 +46,9 @@ pub fn run(request: &RunRequest) -> Result<u8, Failure> {
     let Some((program, args)) = request.command.split_first() else {
         return Err(Failure::new(crate::error::code::USAGE, "stagefs run: no command given after --".into()));
     };
-    let archive = canonical_archive(&request.mount)?;
-    let mountpoint = mountpoint::resolve(&request.mount.mountpoint)?;
+    let mountpoint = request.mount.mountpoint.clone();
     let task = SlurmTask::from_env();
-    let mount = MountRequest {
-        archive: archive.clone(),
-        mountpoint: mountpoint.clone(),
-        foreground: false,
-        ..request.mount.clone()
-    };
+    let mount = MountRequest { foreground: false, ..request.mount.clone() };
     let (users, leader) = join(&mount, &task, request.timeout)?;
 
     let signals = Forwarder::install()?;
