@@ -30,6 +30,8 @@ mod test_hooks;
 pub mod warm;
 
 #[cfg(test)]
+mod test_kit;
+#[cfg(test)]
 mod test_rng;
 #[cfg(test)]
 mod test_support;
