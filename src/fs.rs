@@ -217,7 +217,7 @@ impl Fs {
             let path = self.logged_once(id, |path| tracing::error!(path, "{why}; returning EACCES"));
             return Err(FsError::Denied { path, why });
         }
-        self.archive.read_inode(id, inode, offset, size).map_err(|source| {
+        self.archive.read(id, inode, offset, size).map_err(|source| {
             let path = self.logged_once(id, |path| {
                 tracing::error!(path, file_offset = offset, "{source}; returning EIO for reads of this range")
             });

@@ -424,18 +424,18 @@ impl Archive {
         }
     }
 
-    /// Like [`Archive::read`], for the inode at position `id`: a shard set needs the
-    /// position to find the shard that serves it.
-    pub fn read_inode(&self, id: InodeId, inode: &Inode, offset: u64, len: u32) -> Result<Bytes<'_>, ReadError> {
+    /// Reads up to `len` bytes of the content of `inode`, the regular file at position `id`,
+    /// starting at `offset`; short only at end of file. (A shard set needs the position to
+    /// find the shard that serves it.)
+    pub fn read(&self, id: InodeId, inode: &Inode, offset: u64, len: u32) -> Result<Bytes<'_>, ReadError> {
         match &self.reader {
             Reader::Set(set) => set.read(id, inode, offset, len),
-            _ => self.read(inode, offset, len),
+            _ => self.read_own(inode, offset, len),
         }
     }
 
-    /// Reads up to `len` bytes of a regular file's content starting at `offset`; short
-    /// only at end of file.
-    pub fn read(&self, inode: &Inode, offset: u64, len: u32) -> Result<Bytes<'_>, ReadError> {
+    /// [`Archive::read`] for an archive that is no set: the inode alone says where its bytes are.
+    fn read_own(&self, inode: &Inode, offset: u64, len: u32) -> Result<Bytes<'_>, ReadError> {
         let size = inode.attrs.size;
         if offset >= size || len == 0 {
             return Ok(Bytes::Borrowed(&[]));
@@ -450,7 +450,7 @@ impl Archive {
             }
             (Reader::Zip(r), Data::Extern(handle)) => r.read(handle, size, offset, len),
             (Reader::Zip(_), other) => Err(ReadError { offset: 0, what: format!("inode has no zip data ({other:?})") }),
-            (Reader::Set(_), _) => Err(ReadError { offset: 0, what: "a shard set reads by inode position".into() }),
+            (Reader::Set(_), _) => Err(ReadError { offset: 0, what: "a shard set inside a shard set".into() }),
         }
     }
 }

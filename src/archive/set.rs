@@ -30,7 +30,7 @@ impl SetReader {
     pub fn read(&self, id: InodeId, inode: &Inode, offset: u64, len: u32) -> Result<Bytes<'_>, ReadError> {
         let shard = self.starts.partition_point(|&s| s <= id).saturating_sub(1);
         match self.shards.get(shard) {
-            Some(archive) => archive.read(inode, offset, len),
+            Some(archive) => archive.read_own(inode, offset, len),
             None => Err(ReadError { offset: 0, what: format!("inode {id} belongs to no shard") }),
         }
     }
@@ -216,5 +216,52 @@ fn path_in(index: &Index, id: InodeId) -> String {
         String::new()
     } else {
         format!("/{}", parts.join("/"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::python_tar;
+
+    fn tar_archive(name: &str, script: &str) -> Archive {
+        let bytes = python_tar("", script);
+        let mut map = memmap2::MmapMut::map_anon(bytes.len().max(1)).unwrap();
+        map[..bytes.len()].copy_from_slice(&bytes);
+        let backing = std::sync::Arc::new(super::super::Source::private(map.make_read_only().unwrap()));
+        Archive::from_backing(Path::new(name), backing).unwrap()
+    }
+
+    /// The merged tree's bytes of `path`.
+    fn read(set: &Archive, path: &str) -> Vec<u8> {
+        let mut id = ROOT;
+        for part in path.split('/') {
+            let dir = set.index.inode(id).unwrap();
+            id = set.index.lookup(dir, part.as_bytes()).unwrap_or_else(|| panic!("{path}: no {part}"));
+        }
+        let inode = set.index.inode(id).unwrap();
+        set.read(id, inode, 0, inode.attrs.size as u32).unwrap().to_vec()
+    }
+
+    #[test]
+    fn directories_merge_and_the_later_shard_wins_a_name() {
+        let first = tar_archive("a.tar", "add('d/one', b'1 from a')\nadd('d/same', b'from a')");
+        let second = tar_archive("b.tar", "add('d/two', b'2 from b')\nadd('d/same', b'from b')");
+        let mut merger = Merger::new();
+        merger.add(Path::new("a.tar"), first).unwrap();
+        merger.add(Path::new("b.tar"), second).unwrap();
+        let (count, conflict) = merger.conflicts();
+        assert_eq!(count, 1);
+        let conflict = conflict.unwrap().clone();
+        assert_eq!(
+            (conflict.path.as_str(), conflict.earlier.as_path(), conflict.later.as_path()),
+            ("/d/same", Path::new("a.tar"), Path::new("b.tar"))
+        );
+        let set = merger.finish().unwrap();
+        assert_eq!(read(&set, "d/one"), b"1 from a", "served by the first shard's reader");
+        assert_eq!(read(&set, "d/two"), b"2 from b", "served by the second shard's reader");
+        assert_eq!(read(&set, "d/same"), b"from b");
+        let d = set.index.inode(set.index.lookup(set.index.inode(ROOT).unwrap(), b"d").unwrap()).unwrap();
+        assert_eq!(set.index.children(d).len(), 3, "one merged directory");
     }
 }

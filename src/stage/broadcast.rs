@@ -65,30 +65,56 @@ pub struct Received {
     pub to_disk: bool,
 }
 
+/// Where this process sits in its SLURM job, as far as a broadcast cares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobView {
+    pub job: String,
+    pub nodes: u32,
+    /// This task sends (`SLURM_PROCID` 0, or a process outside any step).
+    pub sender: bool,
+    /// `STAGEFS_BROADCAST_ALWAYS=1`: broadcast even in a one-node job (for testing).
+    pub always: bool,
+}
+
+impl JobView {
+    /// From SLURM's variables; `None` outside a job.
+    pub fn from_env() -> Option<JobView> {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        Some(JobView {
+            job: var("SLURM_JOB_ID")?,
+            nodes: var("SLURM_JOB_NUM_NODES").or_else(|| var("SLURM_NNODES")).and_then(|n| n.parse().ok()).unwrap_or(1),
+            sender: var("SLURM_PROCID").is_none_or(|p| p == "0"),
+            always: var("STAGEFS_BROADCAST_ALWAYS").as_deref() == Some("1"),
+        })
+    }
+}
+
+/// Whether there is anything to fan out, or why not (one line for the user).
+pub fn worth_it(view: Option<&JobView>) -> Result<(), &'static str> {
+    match view {
+        None => Err("not in a SLURM job; nothing to broadcast, staging as usual"),
+        Some(v) if v.nodes <= 1 && !v.always => Err("a one-node job reads the archive once anyway; staging as usual"),
+        Some(_) => Ok(()),
+    }
+}
+
 /// Plans `--broadcast` for this process, and sends the archive when this task is the one
-/// that sends. `None`: nothing to broadcast here (said in one info line).
+/// that sends. `None`: nothing to broadcast here (said in one line).
 pub fn plan(
     archive: &Path,
     to_disk: bool,
     stage_dir: Option<&Path>,
     fallback: bool,
 ) -> Result<Option<Plan>, StageError> {
-    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let Some(job) = var("SLURM_JOB_ID") else {
-        eprintln!("stagefs: --broadcast: not in a SLURM job; nothing to broadcast, staging as usual");
-        return Ok(None);
-    };
-    let nodes: u32 =
-        var("SLURM_JOB_NUM_NODES").or_else(|| var("SLURM_NNODES")).and_then(|n| n.parse().ok()).unwrap_or(1);
-    let always = var("STAGEFS_BROADCAST_ALWAYS").as_deref() == Some("1");
-    let sender = var("SLURM_PROCID").is_none_or(|p| p == "0");
-    if nodes <= 1 && !always {
+    let view = JobView::from_env();
+    if let Err(why) = worth_it(view.as_ref()) {
         // One line per job, not one per task.
-        if sender {
-            eprintln!("stagefs: --broadcast: a one-node job reads the archive once anyway; staging as usual");
+        if view.as_ref().is_none_or(|v| v.sender) {
+            eprintln!("stagefs: --broadcast: {why}");
         }
         return Ok(None);
     }
+    let Some(JobView { job, nodes, sender, .. }) = view else { return Ok(None) };
     let archive = archive.canonicalize().map_err(|source| StageError::Io {
         path: archive.to_owned(),
         what: "cannot open".into(),
@@ -345,4 +371,21 @@ fn older_than(path: &Path, secs: u64) -> bool {
     std::fs::symlink_metadata(path)
         .and_then(|m| m.modified())
         .is_ok_and(|t| SystemTime::now().duration_since(t).is_ok_and(|age| age.as_secs() > secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(nodes: u32, sender: bool, always: bool) -> JobView {
+        JobView { job: "42".into(), nodes, sender, always }
+    }
+
+    #[test]
+    fn a_broadcast_needs_a_job_of_several_nodes() {
+        assert!(worth_it(None).unwrap_err().contains("not in a SLURM job"));
+        assert!(worth_it(Some(&view(1, true, false))).unwrap_err().contains("one-node job"));
+        assert_eq!(worth_it(Some(&view(1, true, true))), Ok(()), "STAGEFS_BROADCAST_ALWAYS on one node");
+        assert_eq!(worth_it(Some(&view(4, false, false))), Ok(()));
+    }
 }

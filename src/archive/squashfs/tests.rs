@@ -541,8 +541,8 @@ fn reads_through_the_archive_front_door() {
     let archive = Archive::from_backing(Path::new("front.sqfs"), map_bytes(&image)).unwrap();
     let id = lookup_path(&archive.index, "file");
     let inode = archive.index.inode(id).unwrap();
-    assert_eq!(&archive.read(inode, 4000, 5000).unwrap()[..], &content[4000..9000]);
-    assert_eq!(&archive.read(inode, 0, u32::MAX).unwrap()[..], &content[..]);
+    assert_eq!(&archive.read(id, inode, 4000, 5000).unwrap()[..], &content[4000..9000]);
+    assert_eq!(&archive.read(id, inode, 0, u32::MAX).unwrap()[..], &content[..]);
 }
 
 /// An image whose directory entries all name one big sparse file's inode while that

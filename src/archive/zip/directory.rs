@@ -274,3 +274,59 @@ pub(super) fn u32le(b: &[u8], at: usize) -> u32 {
 fn u64le(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::run_tool;
+
+    /// A zip written by Python's `zipfile`: `script` gets `z`, an open `ZipFile` writing to stdout.
+    fn python_zip(script: &str) -> Vec<u8> {
+        let program = format!(
+            "import io, sys, zipfile\nbuf = io.BytesIO()\nwith zipfile.ZipFile(buf, 'w') as z:\n{}\nsys.stdout.buffer.write(buf.getvalue())\n",
+            script.lines().map(|l| format!("    {l}\n")).collect::<String>()
+        );
+        run_tool("python3", &["-c", &program], None)
+    }
+
+    #[test]
+    fn entries_come_in_directory_order_with_sizes_and_offsets() {
+        let zip = python_zip(
+            "z.writestr('a.txt', b'hello')\nz.writestr(zipfile.ZipInfo('d/'), b'')\n\
+             z.writestr('d/b.bin', b'x' * 1000, compress_type=zipfile.ZIP_DEFLATED)",
+        );
+        let dir = read(&zip).unwrap();
+        let names: Vec<&[u8]> = dir.entries.iter().map(|e| &*e.name).collect();
+        assert_eq!(names, [&b"a.txt"[..], b"d/", b"d/b.bin"]);
+        let (a, b) = (&dir.entries[0], &dir.entries[2]);
+        assert_eq!((a.method, a.size, a.compressed, a.local), (0, 5, 5, 0));
+        assert_eq!((b.method, b.size), (8, 1000));
+        assert!(b.compressed < 1000 && b.local > a.local && b.local < dir.start);
+        assert_eq!(&zip[b.local as usize..b.local as usize + 4], b"PK\x03\x04", "the local header is where it says");
+    }
+
+    #[test]
+    fn a_prefix_shifts_every_offset_and_a_comment_hides_nothing() {
+        let zip = python_zip("z.comment = b'PK\\x05\\x06 looks like an end record'\nz.writestr('f', b'data')");
+        let mut prefixed = vec![b'#'; 1000];
+        prefixed.extend_from_slice(&zip);
+        let (plain, shifted) = (read(&zip).unwrap(), read(&prefixed).unwrap());
+        assert_eq!(shifted.entries[0].local, plain.entries[0].local + 1000);
+        assert_eq!(shifted.start, plain.start + 1000);
+        assert_eq!(find_end(&prefixed), find_end(&zip).map(|at| at + 1000));
+    }
+
+    #[test]
+    fn a_cut_directory_is_a_fault_naming_an_offset() {
+        let zip = python_zip("z.writestr('f', b'data')\nz.writestr('g', b'more')");
+        let dir = read(&zip).unwrap();
+        // The second central record loses its signature: the directory no longer adds up.
+        let mut broken = zip.clone();
+        let second = dir.entries[1].at as usize;
+        broken[second..second + 4].copy_from_slice(b"XXXX");
+        let fault = read(&broken).err().expect("a damaged directory is refused");
+        assert!(fault.offset >= dir.start, "the fault names where the damage is: {fault:?}");
+        assert!(find_end(b"not a zip at all, just text").is_none());
+        assert!(read(&zip[..zip.len() - 10]).is_err(), "an end record cut short");
+    }
+}
