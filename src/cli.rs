@@ -76,6 +76,9 @@ the mount then lives exactly as long as the step, and SIGTERM unmounts it.")]
     Run(crate::node::RunArgs),
     /// Wait until a mountpoint is a live stagefs mount, or report why its mount failed
     Wait(crate::node::WaitArgs),
+    /// Internal: removes a failed mounter's status once waiters no longer need it
+    #[command(hide = true)]
+    ReapFailure { lock: PathBuf, at_ms: u64 },
     /// Unmount and wait until the daemon has exited
     Umount {
         mountpoint: PathBuf,

@@ -69,6 +69,10 @@ fn run(command: Command) -> Result<(), Failure> {
             std::process::exit(code.into())
         }
         Command::Wait(args) => args.execute(),
+        Command::ReapFailure { lock, at_ms } => {
+            node::reap_failure(&lock, at_ms);
+            Ok(())
+        }
         Command::Umount { mountpoint, lazy } => commands::umount(&mountpoint, lazy),
         Command::Status { json } => commands::status(json),
         Command::Index { archive, trust_shards } => commands::index(&archive, trust_shards),

@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 pub use crate::request::DEFAULT_WAIT;
 pub use args::{RunArgs, WaitArgs};
 pub use duration::parse_duration;
-pub use elect::{clear_leftovers, elect, mount, publish_failure, wait, Election, Lease};
+pub use elect::{clear_leftovers, elect, mount, publish_failure, reap_failure, wait, Election, Lease};
 pub use run::{run, RunRequest};
 pub use umount::umount;
 

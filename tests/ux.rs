@@ -485,6 +485,42 @@ fn wait_sees_a_mount_that_failed_before_it_began() {
     assert!(out.stderr.contains("no-such-archive.tar"), "{}", out.describe());
 }
 
+/// The same outside SLURM: a `stagefs wait` that starts half a second after the mounter
+/// failed still gets its code and message at once (not exit 6 after its timeout), and the
+/// failure's status leaves the runtime directory by itself a little later.
+#[test]
+fn wait_outside_slurm_sees_a_failure_from_just_before_it_began_and_nothing_stays() {
+    require_root();
+    let tmp = TempDir::new("ux-wait-failed-plain");
+    let runtime = tmp.join("runtime");
+    let mp = tmp.join("mnt");
+    let cmd = |args: &[&OsStr]| {
+        let mut cmd = Command::new(stagefs_bin());
+        cmd.env("STAGEFS_RUNTIME_DIR", &runtime).args(args);
+        for var in ["SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_LOCALID", "SLURM_PROCID"] {
+            cmd.env_remove(var);
+        }
+        run_cmd(&mut cmd, CMD_TIMEOUT)
+    };
+    let typo = tmp.join("nonexist.sqsh");
+    let out = cmd(&[OsStr::new("mount"), OsStr::new("-f"), typo.as_os_str(), mp.as_os_str()]);
+    assert_eq!(out.code(), Some(3), "{}", out.describe());
+    std::thread::sleep(Duration::from_millis(500));
+    let out = cmd(&[OsStr::new("wait"), OsStr::new("--timeout"), OsStr::new("40s"), mp.as_os_str()]);
+    assert_eq!(out.code(), Some(3), "the mounter's code, not a timeout's 6: {}", out.describe());
+    assert!(out.stderr.contains("nonexist.sqsh"), "{}", out.describe());
+    let locks = || {
+        fs::read_dir(&runtime)
+            .map(|d| d.flatten().filter(|e| e.path().extension().is_some_and(|x| x == "lock")).count())
+            .unwrap_or(0)
+    };
+    assert!(
+        wait_until(Duration::from_secs(40), || locks() == 0),
+        "the failure's status stayed in {}",
+        runtime.display()
+    );
+}
+
 /// Scanning a big tar draws a progress bar on a terminal (`script` gives the mount a pty),
 /// as staging does; on a pipe it draws nothing.
 #[test]

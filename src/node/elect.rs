@@ -40,8 +40,9 @@ pub struct Lease {
 impl Lease {
     /// Publishes the leader's failure to the waiters. SLURM followers cannot lead and may
     /// still be starting, so there the status outlives this process (stale ones are swept
-    /// by `sweep_stale`). Elsewhere only processes already waiting need it (a later one
-    /// ignores old failures and leads itself), so it is removed after a few of their polls.
+    /// by `sweep_stale`). Elsewhere a `stagefs wait` may start a moment after the mounter
+    /// failed and must still see why (a later mounter ignores old failures and leads
+    /// itself): a short-lived `stagefs` keeps the status [`RECENT_MS`], then removes it.
     pub fn failed(&self, failure: &Failure) {
         let status = Status {
             failed: true,
@@ -50,9 +51,42 @@ impl Lease {
             ..Status::mounting(self.tag.clone())
         };
         self.lock.write_status(&status);
-        if !self.followers_wait {
+        if !self.followers_wait && !spawn_reaper(self.lock.path(), status.at_ms) {
+            // No reaper: at least the processes already waiting see it.
             std::thread::sleep(POLL * 5);
             self.lock.remove();
+        }
+    }
+}
+
+/// Starts `stagefs reap-failure` for the failure status at `lock` (see [`reap_failure`]),
+/// detached from this terminal's signals and output; false if it cannot start.
+fn spawn_reaper(lock: &Path, at_ms: u64) -> bool {
+    use std::os::unix::process::CommandExt;
+    let Ok(exe) = std::env::current_exe() else { return false };
+    std::process::Command::new(exe)
+        .arg("reap-failure")
+        .arg(lock)
+        .arg(at_ms.to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .is_ok()
+}
+
+/// `stagefs reap-failure LOCK AT_MS` (hidden): waits until the failure published at
+/// `at_ms` is [`RECENT_MS`] old (the age `stagefs wait` still reports), then removes the
+/// lock file if it still holds that failure and nobody holds it: nothing is left behind.
+pub fn reap_failure(lock: &Path, at_ms: u64) {
+    let until = at_ms + RECENT_MS;
+    while now_ms() < until {
+        std::thread::sleep(Duration::from_millis((until - now_ms()).clamp(1, 500)));
+    }
+    if let Ok(Some(held)) = LockFile::try_acquire(lock, Mode::Exclusive) {
+        if Status::read(lock).is_some_and(|s| s.failed && s.at_ms == at_ms) {
+            held.remove();
         }
     }
 }

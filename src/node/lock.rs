@@ -77,6 +77,10 @@ impl LockFile {
     }
 
     /// (device, inode) of the held file, to recognise it later from a forked daemon.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
     pub(crate) fn identity(&self) -> Option<(u64, u64)> {
         self.file.metadata().ok().map(|m| (m.dev(), m.ino()))
     }
