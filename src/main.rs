@@ -39,18 +39,29 @@ fn run(command: Command) -> Result<(), Failure> {
             let request = options.request(&archive, mountpoint.clone(), foreground).map_err(published)?;
             // `--idle-timeout 0` means what "no timeout" means elsewhere, not "unmount at once".
             let idle_timeout = idle_timeout.filter(|t| !t.is_zero());
+            let task = node::SlurmTask::from_env();
+            // Mounted from a job's batch script (the README's first example): the daemon
+            // unmounts when the job's batch step ends, even where SLURM's proctrack lets
+            // escaped processes live on (proctrack/linuxproc).
+            let job_step = task.job_lifetime_process().filter(|_| !foreground);
+            stagefs::daemon::watch::set_owner(job_step);
             let mounted = node::mount(&request, node::DEFAULT_WAIT, idle_timeout)?;
-            let job = node::SlurmTask::from_env().job.filter(|j| !j.is_empty());
-            if let (true, false, Some(job)) = (mounted, foreground, job) {
-                // The detached daemon is no process of the job's steps: where SLURM's
-                // proctrack does not kill escaped processes (proctrack/linuxproc), it and its
-                // mount outlive the job.
-                eprintln!(
-                    "stagefs: note: this detached mount is not tied to SLURM job {job}: unmount it with `stagefs umount {}` \
-                     before the job ends (a bash `trap ... EXIT`), or let `stagefs run ARCHIVE -- CMD` mount it for \
-                     CMD's lifetime",
-                    request.mountpoint.display()
-                );
+            if let (true, false, Some(job)) = (mounted, foreground, task.job.as_deref()) {
+                match job_step {
+                    Some(_) => tracing::info!(
+                        "tied to SLURM job {job}: {} is unmounted when the job ends",
+                        request.mountpoint.display()
+                    ),
+                    // An srun step's detached daemon is no process of the job's steps:
+                    // where proctrack does not kill escaped processes, it and its mount
+                    // outlive the job.
+                    None => eprintln!(
+                        "stagefs: note: this detached mount is not tied to SLURM job {job}: unmount it with `stagefs \
+                         umount {}` before the job ends (a bash `trap ... EXIT`), or let `stagefs run ARCHIVE -- CMD` \
+                         mount it for CMD's lifetime",
+                        request.mountpoint.display()
+                    ),
+                }
             }
             if !foreground {
                 // So that `MNT=$(stagefs mount data.tar)` works, also for the default mountpoint.

@@ -58,6 +58,33 @@ impl SlurmTask {
         }
     }
 
+    /// The `slurmstepd` of the job's batch (or interactive) step when this process runs in
+    /// it, directly or through scripts: it lives exactly as long as the job. `None` in an
+    /// srun step (which may end long before the job), outside SLURM, and where `/proc`
+    /// hides other users' processes (then no ancestor is found at all).
+    pub fn job_lifetime_process(&self) -> Option<u32> {
+        self.job.as_ref()?;
+        let mut pid = std::process::id();
+        for _ in 0..64 {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // pid (comm) state ppid ...: the command name may hold spaces and parentheses.
+            let (head, rest) = stat.rsplit_once(')')?;
+            let comm = head.split_once('(')?.1;
+            if comm == "slurmstepd" {
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+                let cmdline = String::from_utf8_lossy(&cmdline);
+                // "slurmstepd: [JOB.batch]": the step after the dot.
+                let step = cmdline.split_once('[')?.1.split(']').next()?.rsplit_once('.')?.1.to_string();
+                return matches!(step.as_str(), "batch" | "interactive").then_some(pid);
+            }
+            pid = rest.split_whitespace().nth(1)?.parse().ok()?;
+            if pid <= 1 {
+                return None;
+            }
+        }
+        None
+    }
+
     /// `job.step`, the tag that tells this step's records from older ones.
     fn step_tag(&self) -> Option<String> {
         Some(format!("{}.{}", self.job.as_deref()?, self.step.as_deref().unwrap_or("batch")))

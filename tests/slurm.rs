@@ -385,6 +385,47 @@ fn slurm_failed_broadcast_is_reported_on_every_task() {
     assert!(left.is_empty(), "left in {}: {left:?}", dir.display());
 }
 
+/// The README's first example in a batch script: `stagefs mount` (detached), read, exit.
+/// The test cluster's proctrack (linuxproc) lets the daemon outlive the job; stagefs ties
+/// it to the job's batch step, so the mount and the daemon are gone once the job ends.
+#[test]
+fn slurm_a_mount_from_a_batch_script_ends_with_the_job() {
+    require_root();
+    let cluster = Cluster::up();
+    let tmp = TempDir::new("slurm-batch-mount");
+    fs::create_dir(tmp.join("tree")).unwrap();
+    fs::write(tmp.join("tree/hello.txt"), b"hello from the archive\n").unwrap();
+    let archive = tmp.join("batch.tar");
+    let tar = Command::new("tar").arg("-C").arg(tmp.join("tree")).arg("-cf").arg(&archive).arg(".").status().unwrap();
+    assert!(tar.success());
+    let mp = tmp.join("mnt");
+    let script = tmp.join("job.sh");
+    fs::write(
+        &script,
+        format!(
+            "#!/bin/bash\nset -e\n{bin} mount {archive} {mp}\ncat {mp}/hello.txt > {out}\n",
+            bin = stagefs_bin().display(),
+            archive = archive.display(),
+            mp = mp.display(),
+            out = tmp.join("read.txt").display()
+        ),
+    )
+    .unwrap();
+    let log = tmp.join("job.log");
+    let mut sbatch = cluster.cmd("sbatch");
+    sbatch.args(["--wait", "--nodes=1", "--ntasks=1", "--time=5", "--output"]).arg(&log).arg(&script);
+    sbatch.current_dir(tmp.path()).env("STAGEFS_RUNTIME_DIR", tmp.join("rt"));
+    let out = run_cmd(&mut sbatch, Duration::from_secs(240));
+    let text = fs::read_to_string(&log).unwrap_or_default();
+    assert!(out.success(), "the job must succeed:\n{}\n{text}", out.describe());
+    assert_eq!(fs::read_to_string(tmp.join("read.txt")).unwrap(), "hello from the archive\n", "{text}");
+    assert!(!text.contains("not tied to SLURM job"), "a batch-script mount is tied to its job:\n{text}");
+    let gone = wait_until_every(Duration::from_secs(30), POLL, || {
+        mounts().iter().all(|m| m.mount_point != mp) && crate::util::stagefs_pids(&archive).is_empty()
+    });
+    assert!(gone, "the mount or its daemon outlived the job: {:?}", crate::util::stagefs_pids(&archive));
+}
+
 fn job_state(cluster: &Cluster, id: &str) -> String {
     let out = run_cmd(cluster.cmd("scontrol").args(["show", "job", "-o", id]), Duration::from_secs(60)).stdout;
     out.split_whitespace().find_map(|w| w.strip_prefix("JobState=")).unwrap_or("UNKNOWN").to_string()

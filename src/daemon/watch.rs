@@ -13,7 +13,8 @@ use crate::registry;
 /// it (and the lock) and deletes the file on exit if the path still names it.
 static LEASE: Mutex<Option<(u64, u64, PathBuf)>> = Mutex::new(None);
 
-/// The `stagefs run` process whose death must unmount (0: none).
+/// The process whose death must unmount (0: none): the `stagefs run` that mounted, or the
+/// `slurmstepd` of the job's batch step a batch script mounted from.
 static OWNER: AtomicU32 = AtomicU32::new(0);
 
 /// `--idle-timeout` for the next daemon this process forks or becomes.
@@ -87,7 +88,10 @@ pub fn spawn_watchdog(mountpoint: PathBuf, accesses: impl Fn() -> u64 + Send + '
         loop {
             std::thread::sleep(tick);
             if owner != 0 && !registry::process_alive(owner) {
-                tracing::warn!(owner, "the stagefs run that owns this mount is gone; unmounting");
+                tracing::warn!(
+                    owner,
+                    "the process this mount lives for (a stagefs run, or the SLURM job) is gone; unmounting"
+                );
                 return unmount(&mountpoint, true);
             }
             if timer.as_mut().is_some_and(|t| t.expired(accesses(), Instant::now())) {
