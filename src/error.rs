@@ -2,7 +2,9 @@
 
 use crate::archive::OpenError;
 use crate::mountpoint::MountpointError;
+use crate::open::OpenArchiveError;
 use crate::places::PlaceError;
+use crate::shards::ShardError;
 use crate::stage::StageError;
 
 /// Exit codes (documented in the README).
@@ -82,5 +84,27 @@ impl From<StageError> for Failure {
             _ => code::BAD_ARCHIVE,
         };
         Failure::new(code, e.to_string())
+    }
+}
+
+impl From<ShardError> for Failure {
+    fn from(e: ShardError) -> Failure {
+        let code = match e {
+            ShardError::Open(_) | ShardError::NotFound(_) => code::BAD_ARCHIVE,
+            ShardError::BadPattern { .. } => code::USAGE,
+            ShardError::Refused(_) => code::MOUNTPOINT,
+        };
+        Failure::new(code, e.to_string())
+    }
+}
+
+impl From<OpenArchiveError> for Failure {
+    fn from(e: OpenArchiveError) -> Failure {
+        match e {
+            OpenArchiveError::Open(e) => e.into(),
+            OpenArchiveError::Stage(e) => e.into(),
+            OpenArchiveError::Interrupted(e) => e.into(),
+            OpenArchiveError::SaveIndex { .. } | OpenArchiveError::NoShards => Failure::other(e.to_string()),
+        }
     }
 }

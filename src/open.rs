@@ -6,8 +6,22 @@ use std::time::{Duration, Instant};
 
 use crate::archive::tar::saved;
 use crate::archive::{Archive, OpenError};
-use crate::error::Failure;
-use crate::stage::{self, StageMode, Staging};
+use crate::stage::{self, StageError, StageMode, Staging};
+
+/// Why an archive could not be opened to serve.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenArchiveError {
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    #[error(transparent)]
+    Stage(#[from] StageError),
+    #[error(transparent)]
+    Interrupted(#[from] crate::cancel::Interrupted),
+    #[error("cannot save the index of {}: {source}", path.display())]
+    SaveIndex { path: PathBuf, source: std::io::Error },
+    #[error("a shard set needs at least one archive")]
+    NoShards,
+}
 
 /// An archive ready to serve.
 pub struct Opened {
@@ -59,7 +73,7 @@ pub fn open_archive(
     stage_dir: Option<&Path>,
     received: Option<crate::stage::broadcast::Received>,
     force_save: bool,
-) -> Result<Opened, Failure> {
+) -> Result<Opened, OpenArchiveError> {
     open_shard(path, mode, (max_ram, stage_dir), received, force_save, 1)
 }
 
@@ -72,7 +86,7 @@ pub fn open_shard(
     received: Option<crate::stage::broadcast::Received>,
     force_save: bool,
     shards: usize,
-) -> Result<Opened, Failure> {
+) -> Result<Opened, OpenArchiveError> {
     check_format(path)?;
     let key = saved::Key::of(path).map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
     let loaded = stage::load(path, mode, max_ram, stage_dir, received)?;
@@ -120,9 +134,7 @@ pub fn open_shard(
                 tracing::info!(index = %saved.display(), "saved the index for faster remounts");
                 saved_index = Some(saved);
             }
-            Err(e) if force_save => {
-                return Err(Failure::other(format!("cannot save the index of {}: {e}", path.display())))
-            }
+            Err(source) if force_save => return Err(OpenArchiveError::SaveIndex { path: path.to_owned(), source }),
             Err(e) => tracing::debug!("not saving the index: {e}"),
         }
     }

@@ -22,7 +22,22 @@ use std::path::{Path, PathBuf};
 pub use open::open_set;
 
 use crate::archive::OpenError;
-use crate::error::{code, Failure};
+/// Why a shard set could not be named, each saying what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum ShardError {
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    /// A pattern that does not parse (a usage error).
+    #[error("bad pattern {pattern:?}: {why}")]
+    BadPattern { pattern: String, why: String },
+    /// No archive where the spec points: nothing matched, a list that names none.
+    #[error("{0}")]
+    NotFound(String),
+    /// A shard or mountpoint refused for safety (another user's shard, an archive given as
+    /// the mountpoint).
+    #[error("{0}")]
+    Refused(String),
+}
 
 /// The archives a mount serves, in the order they win.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,12 +53,11 @@ const INDEX_SUFFIX: &str = ".stagefs-index";
 
 /// Resolves `spec` (an archive, a glob pattern or `@list`) and any `more` of them; a set
 /// is checked against other users (see the module's doc) unless `trust_shards`.
-pub fn resolve(spec: &Path, more: &[PathBuf], trust_shards: bool) -> Result<ArchiveSet, Failure> {
+pub fn resolve(spec: &Path, more: &[PathBuf], trust_shards: bool) -> Result<ArchiveSet, ShardError> {
     let mut shards: Vec<PathBuf> = Vec::new();
     for one in std::iter::once(spec).chain(more.iter().map(PathBuf::as_path)) {
         for path in expand(one)? {
-            let canonical =
-                path.canonicalize().map_err(|source| Failure::from(OpenError::Io { path: path.clone(), source }))?;
+            let canonical = path.canonicalize().map_err(|source| OpenError::Io { path: path.clone(), source })?;
             // A shard named twice would only conflict with itself everywhere.
             if !shards.contains(&canonical) {
                 shards.push(canonical);
@@ -92,7 +106,7 @@ pub fn default_mountpoint(spec: &Path) -> PathBuf {
 
 /// Refuses a MOUNTPOINT that is itself an archive: the shell expanded an unquoted
 /// pattern, and its second match took the mountpoint's place.
-pub fn check_not_an_archive(mountpoint: &Path) -> Result<(), Failure> {
+pub fn check_not_an_archive(mountpoint: &Path) -> Result<(), ShardError> {
     use std::io::Read;
     let mut head = [0u8; 512];
     let Ok(mut file) = std::fs::File::open(mountpoint) else { return Ok(()) };
@@ -104,14 +118,11 @@ pub fn check_not_an_archive(mountpoint: &Path) -> Result<(), Failure> {
     if crate::archive::Format::detect(head).is_none() && crate::stage::Compression::detect(head).is_none() {
         return Ok(());
     }
-    Err(Failure::new(
-        code::MOUNTPOINT,
-        format!(
-            "{}: not a directory but an archive; did the shell expand a pattern? Quote it so that stagefs \
+    Err(ShardError::Refused(format!(
+        "{}: not a directory but an archive; did the shell expand a pattern? Quote it so that stagefs \
              expands it: stagefs mount 'shards/*.tar' MOUNTPOINT",
-            mountpoint.display()
-        ),
-    ))
+        mountpoint.display()
+    )))
 }
 
 /// True for a glob pattern or an `@list`, which name a set even when it has one shard.
@@ -121,21 +132,18 @@ fn is_set_spec(spec: &Path) -> bool {
 }
 
 /// Refuses a shard another user could have planted or could replace (see the module doc).
-fn check_trust(shard: &Path) -> Result<(), Failure> {
+fn check_trust(shard: &Path) -> Result<(), ShardError> {
     use std::os::unix::fs::MetadataExt;
     let dir = shard.parent().unwrap_or(Path::new("/"));
-    let io = |path: &Path, source| Failure::from(OpenError::Io { path: path.to_owned(), source });
+    let io = |path: &Path, source| ShardError::Open(OpenError::Io { path: path.to_owned(), source });
     let meta = std::fs::metadata(shard).map_err(|e| io(shard, e))?;
     let dir_meta = std::fs::metadata(dir).map_err(|e| io(dir, e))?;
     let me = crate::places::my_uid();
     let refuse = |why: String| {
-        Failure::new(
-            code::MOUNTPOINT,
-            format!(
-                "{}: {why}; refusing the shard set. Pass --trust-shards to use these shards on purpose",
-                shard.display()
-            ),
-        )
+        ShardError::Refused(format!(
+            "{}: {why}; refusing the shard set. Pass --trust-shards to use these shards on purpose",
+            shard.display()
+        ))
     };
     if ![me, 0, dir_meta.uid()].contains(&meta.uid()) {
         return Err(refuse(format!(
@@ -161,7 +169,7 @@ fn is_pattern(text: &str) -> bool {
 }
 
 /// The paths one spec names: itself, the matches of a pattern, or the lines of a list.
-fn expand(spec: &Path) -> Result<Vec<PathBuf>, Failure> {
+fn expand(spec: &Path) -> Result<Vec<PathBuf>, ShardError> {
     let text = spec.to_string_lossy();
     if let Some(list) = text.strip_prefix('@') {
         return read_list(Path::new(list));
@@ -169,7 +177,7 @@ fn expand(spec: &Path) -> Result<Vec<PathBuf>, Failure> {
     if !is_pattern(&text) {
         return Ok(vec![spec.to_owned()]);
     }
-    let bad = |why: String| Failure::new(code::USAGE, format!("bad pattern {text:?}: {why}"));
+    let bad = |why: String| ShardError::BadPattern { pattern: text.to_string(), why };
     let mut matches: Vec<PathBuf> = glob::glob(&text)
         .map_err(|e| bad(e.to_string()))?
         .filter_map(|entry| match entry {
@@ -193,34 +201,31 @@ fn expand(spec: &Path) -> Result<Vec<PathBuf>, Failure> {
         } else {
             String::new()
         };
-        return Err(Failure::new(
-            code::BAD_ARCHIVE,
-            format!(
-                "no archive matches the pattern {text:?} (relative to {}); check the path, and quote the pattern \
-                 so that stagefs expands it{literal}",
-                std::env::current_dir().map_or_else(|_| "the current directory".into(), |d| d.display().to_string())
-            ),
-        ));
+        return Err(ShardError::NotFound(format!(
+            "no archive matches the pattern {text:?} (relative to {}); check the path, and quote the pattern so \
+             that stagefs expands it{literal}",
+            std::env::current_dir().map_or_else(|_| "the current directory".into(), |d| d.display().to_string())
+        )));
     }
     Ok(matches)
 }
 
 /// One archive per line; relative paths are taken from the list's directory.
-fn read_list(list: &Path) -> Result<Vec<PathBuf>, Failure> {
-    let text = std::fs::read_to_string(list).map_err(|e| {
-        Failure::new(code::BAD_ARCHIVE, format!("cannot read the list of archives {}: {e}", list.display()))
-    })?;
+fn read_list(list: &Path) -> Result<Vec<PathBuf>, ShardError> {
+    let text = std::fs::read_to_string(list)
+        .map_err(|e| ShardError::NotFound(format!("cannot read the list of archives {}: {e}", list.display())))?;
     let base = list.parent().unwrap_or(Path::new("."));
     let paths: Vec<PathBuf> =
         text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(|l| base.join(l)).collect();
     if paths.is_empty() {
-        return Err(Failure::new(code::BAD_ARCHIVE, format!("the list of archives {} names none", list.display())));
+        return Err(ShardError::NotFound(format!("the list of archives {} names none", list.display())));
     }
     if let Some(missing) = paths.iter().find(|p| !p.exists()) {
-        return Err(Failure::new(
-            code::BAD_ARCHIVE,
-            format!("{} (listed in {}) does not exist", missing.display(), list.display()),
-        ));
+        return Err(ShardError::NotFound(format!(
+            "{} (listed in {}) does not exist",
+            missing.display(),
+            list.display()
+        )));
     }
     Ok(paths)
 }
@@ -260,10 +265,11 @@ mod tests {
         assert_ne!(listed.label, set.label);
         let single = resolve(&tmp.join("a.tar"), &[], false).unwrap();
         assert_eq!(single.label, single.shards[0]);
-        assert_eq!(resolve(&tmp.join("nothing-*.tar"), &[], false).unwrap_err().code, code::BAD_ARCHIVE);
+        assert!(matches!(resolve(&tmp.join("nothing-*.tar"), &[], false), Err(ShardError::NotFound(_))));
         std::fs::write(tmp.join("bad.txt"), "a.tar\nmissing.tar\n").unwrap();
         let err = resolve(Path::new(&format!("@{}", tmp.join("bad.txt").display())), &[], false).unwrap_err();
-        assert!(err.message.contains("missing.tar") && err.message.contains("does not exist"), "{}", err.message);
+        let err = err.to_string();
+        assert!(err.contains("missing.tar") && err.contains("does not exist"), "{err}");
         let more = resolve(&tmp.join("a.tar"), &[tmp.join("b.tar"), tmp.join("a.tar")], false).unwrap();
         assert_eq!(more.shards.len(), 2, "a shard named twice is served once");
         assert!(default_mountpoint(Path::new("/x/train-*.tar")).ends_with("stagefs/train"));

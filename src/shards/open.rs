@@ -8,8 +8,7 @@ use std::time::Instant;
 
 use crate::archive::set::Merger;
 use crate::archive::OpenError;
-use crate::error::Failure;
-use crate::open::{open_shard, Opened};
+use crate::open::{open_shard, OpenArchiveError, Opened};
 use crate::report;
 use crate::stage::{self, StageMode, Staging};
 
@@ -35,26 +34,26 @@ pub fn open_set(
     mode: StageMode,
     max_ram: Option<u64>,
     force_save: bool,
-) -> Result<(Opened, SetStats), Failure> {
+) -> Result<(Opened, SetStats), OpenArchiveError> {
     let started = Instant::now();
     let sizes = shards
         .iter()
         .map(|p| std::fs::metadata(p).map(|m| m.len()).map_err(|source| OpenError::Io { path: p.clone(), source }))
         .collect::<Result<Vec<u64>, _>>()?;
     let total: u64 = sizes.iter().sum();
-    let first = shards.first().ok_or_else(|| Failure::other("a shard set needs at least one archive".into()))?;
+    let first = shards.first().ok_or(OpenArchiveError::NoShards)?;
     let mode = stage::mode_for_set(label, first, total, mode, max_ram)?;
     raise_fd_limit(shards.len());
     // Threads overlap the latency of a parallel filesystem as much as they share the CPU.
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get() * 2).clamp(2, 16).min(shards.len());
     let bar = report::progress(Some(total), &format!("indexing {} shards", shards.len()));
     let (next, stop, staged) = (AtomicUsize::new(0), AtomicBool::new(false), AtomicU64::new(0));
-    let (tx, rx) = mpsc::channel::<(usize, Result<Opened, Failure>)>();
+    let (tx, rx) = mpsc::channel::<(usize, Result<Opened, OpenArchiveError>)>();
     let mut merger = Merger::new();
     let mut stats = SetStats { shards: shards.len(), ..SetStats::default() };
     let (mut staged_bytes, mut staging) = (0u64, Staging::InPlace);
     let mut merging = std::time::Duration::ZERO;
-    let merged = std::thread::scope(|scope| -> Result<(), Failure> {
+    let merged = std::thread::scope(|scope| -> Result<(), OpenArchiveError> {
         for _ in 0..threads {
             let tx = tx.clone();
             let (next, stop, staged) = (&next, &stop, &staged);
@@ -67,7 +66,7 @@ pub fn open_set(
                     // --max-ram covers the whole set: what earlier shards staged is spent.
                     let budget = max_ram.map(|m| m.saturating_sub(staged.load(Ordering::Relaxed)));
                     let result = crate::cancel::check()
-                        .map_err(Failure::from)
+                        .map_err(OpenArchiveError::from)
                         .and_then(|()| open_shard(&shards[i], mode, (budget, None), None, force_save, shards.len()));
                     if let Ok(opened) = &result {
                         staged.fetch_add(opened.staged_bytes, Ordering::Relaxed);
