@@ -67,9 +67,8 @@ pub(super) fn serve(
             tracing::warn!("{}", failure.message);
         }
     }
-    let (session, fs) = result?;
+    let start::Live { session, fs, stage_dir } = result?;
     let result = session.join();
-    let stage_dir = registry::read_any(mountpoint).and_then(|r| r.stage_dir);
     registry::remove(mountpoint);
     if let Some(dir) = stage_dir {
         crate::stage::disk::remove_if_empty(&dir);

@@ -20,7 +20,15 @@ use crate::registry::{self, Record};
 use crate::request::MountRequest;
 use crate::stage::Staging;
 
-/// Everything up to readiness: returns the live session to serve.
+/// A mount ready to serve: its FUSE session, its filesystem, and the local-disk staging
+/// directory it uses (removed at exit once empty).
+pub(super) struct Live {
+    pub session: crate::fuse::MountedSession,
+    pub fs: Arc<Fs>,
+    pub stage_dir: Option<PathBuf>,
+}
+
+/// Everything up to readiness: returns the live mount to serve.
 pub(super) fn start(
     archive_path: &Path,
     mountpoint: &Path,
@@ -28,7 +36,7 @@ pub(super) fn start(
     created: &[PathBuf],
     log: Option<&DaemonLog>,
     ready: &mut Option<File>,
-) -> Result<(crate::fuse::MountedSession, Arc<Fs>), Failure> {
+) -> Result<Live, Failure> {
     tune_allocator();
     // Before staging: no point copying a large archive into RAM only to find no FUSE.
     check_fuse_available()?;
@@ -103,7 +111,7 @@ pub(super) fn start(
             mountpoint.display()
         );
     }
-    Ok((session, fs))
+    Ok(Live { session, fs, stage_dir: record.stage_dir })
 }
 
 /// Fails early, with advice, where FUSE cannot work at all.

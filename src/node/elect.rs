@@ -51,7 +51,11 @@ impl Lease {
             ..Status::mounting(self.tag.clone())
         };
         self.lock.write_status(&status);
-        if !self.followers_wait && !spawn_reaper(self.lock.path(), status.at_ms) {
+        // Kept only when the request itself failed (usage, archive, mountpoint, FUSE, room):
+        // as it stands it fails again, so a waiter starting later must hear why. A killed
+        // daemon or a signal (exit 1, 128 + N) is no news for later waiters.
+        let keep = (code::USAGE..=code::NO_ROOM).contains(&failure.code);
+        if !self.followers_wait && !(keep && spawn_reaper(self.lock.path(), status.at_ms)) {
             // No reaper: at least the processes already waiting see it.
             std::thread::sleep(POLL * 5);
             self.lock.remove();
@@ -250,8 +254,12 @@ fn is_mounted(archive: &Path, mountpoint: &Path) -> Result<bool, Failure> {
 /// of our own step; elsewhere a leader whose failure came after we started waiting.
 fn leader_failure(lock_path: &Path, task: &SlurmTask, started_ms: u64) -> Option<Failure> {
     let status = Status::read(lock_path)?;
+    let follower = task.local_id.is_some_and(|id| id != 0);
     let ours = match (&task.step_tag(), &status.tag) {
-        (Some(mine), Some(theirs)) => mine == theirs,
+        // A SLURM follower never leads: its own step's leader failing is its failure.
+        (Some(mine), Some(theirs)) if follower => mine == theirs,
+        // A candidate shares the failure of a leader it waited for, and retries after an
+        // older one (a failed status is kept a while for `stagefs wait`).
         _ => status.at_ms >= started_ms,
     };
     if !ours {
