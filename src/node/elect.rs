@@ -55,7 +55,8 @@ impl Lease {
         // as it stands it fails again, so a waiter starting later must hear why. A killed
         // daemon or a signal (exit 1, 128 + N) is no news for later waiters.
         let keep = (code::USAGE..=code::NO_ROOM).contains(&failure.code);
-        if !self.followers_wait && !(keep && spawn_reaper(self.lock.path(), status.at_ms)) {
+        let reaped = !self.followers_wait && keep && spawn_reaper(self.lock.path(), status.at_ms);
+        if !self.followers_wait && !reaped {
             // No reaper: at least the processes already waiting see it.
             std::thread::sleep(POLL * 5);
             self.lock.remove();
