@@ -21,6 +21,7 @@ mod duration;
 mod elect;
 mod lock;
 mod run;
+mod sweep;
 mod umount;
 
 use std::path::{Path, PathBuf};
@@ -28,8 +29,9 @@ use std::path::{Path, PathBuf};
 pub use crate::request::DEFAULT_WAIT;
 pub use args::{RunArgs, WaitArgs};
 pub use duration::parse_duration;
-pub use elect::{clear_leftovers, elect, mount, publish_failure, reap_failure, wait, Election, Lease};
+pub use elect::{elect, mount, publish_failure, wait, Election, Lease};
 pub use run::{run, RunRequest};
+pub use sweep::{clear_leftovers, reap_failure};
 pub use umount::umount;
 
 use crate::error::Failure;

@@ -163,6 +163,20 @@ pub(crate) fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
+/// Whether someone holds the lock at `path` (probing never creates the file).
+pub(crate) fn is_locked(path: &Path) -> bool {
+    if !path.exists() {
+        return false;
+    }
+    match LockFile::try_acquire(path, Mode::Exclusive) {
+        Ok(Some(lock)) => {
+            lock.unlock();
+            false
+        }
+        _ => true,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
