@@ -37,6 +37,7 @@ fn evict(path: &Path) {
 }
 
 fn drop_all_caches() {
+    let _checks_done = crate::util::page_cache_guard();
     fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
 }
 

@@ -28,6 +28,13 @@ pub use test_rng::{pseudo_random, Rng};
 mod test_kit;
 pub use test_kit::{mounts, require_tool, MountInfo, TempDir};
 
+/// Tests that empty the whole page cache (`drop_caches`) and tests that check what it
+/// holds take this lock, so that one never empties the cache under the other's check.
+pub fn page_cache_guard() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// How long one `stagefs mount`/`stagefs umount` may take before the test
 /// fails (instead of hanging the suite).
 pub const CMD_TIMEOUT: Duration = Duration::from_secs(60);

@@ -98,33 +98,39 @@ fn squashfs_case(name: &str, args: &[&str], expect_warm: bool) {
 
 #[test]
 fn staged_tar_is_warm_on_return() {
+    let _no_drop_caches_meanwhile = crate::util::page_cache_guard();
     // Hard links, long names, several directories.
     tar_case("gnu.tar", &["--stage", "ram"], true);
 }
 
 #[test]
 fn staged_sparse_tar_is_warm_with_holes_as_zeros() {
+    let _no_drop_caches_meanwhile = crate::util::page_cache_guard();
     tar_case("sparse-posix-1.0.tar", &["--stage", "ram"], true);
 }
 
 #[test]
 fn staged_squashfs_with_fragments_is_warm() {
+    let _no_drop_caches_meanwhile = crate::util::page_cache_guard();
     squashfs_case("sqfs-zstd.sqfs", &["--stage", "ram"], true);
 }
 
 #[test]
 fn in_place_warms_only_when_asked() {
+    let _no_drop_caches_meanwhile = crate::util::page_cache_guard();
     tar_case("posix.tar", &["--stage", "none"], false);
     tar_case("posix.tar", &["--stage", "none", "--warm", "yes"], true);
 }
 
 #[test]
 fn warm_no_leaves_staged_files_cold() {
+    let _no_drop_caches_meanwhile = crate::util::page_cache_guard();
     squashfs_case("sqfs-gzip.sqfs", &["--stage", "ram", "--warm", "no"], false);
 }
 
 #[test]
 fn warm_is_skipped_with_a_warning_when_max_ram_leaves_no_room() {
+    let _no_drop_caches_meanwhile = crate::util::page_cache_guard();
     require_root();
     let name = "bsdtar-pax.tar";
     let tmp = TempDir::new("warm-no-room");
@@ -155,6 +161,7 @@ fn warm_is_skipped_with_a_warning_when_max_ram_leaves_no_room() {
 
 #[test]
 fn staged_tar_with_a_large_directory_is_warm() {
+    let _no_drop_caches_meanwhile = crate::util::page_cache_guard();
     // More entries than one directory listing buffer holds: every one of them must get
     // an inode in the kernel (READDIRPLUS on every listing call), or stores to the later
     // ones are silently dropped and they stay cold.
