@@ -21,6 +21,7 @@ pub mod index;
 pub mod index_cache;
 pub mod mountpoint;
 pub mod node;
+pub mod pack;
 pub mod places;
 pub mod registry;
 pub mod shards;
