@@ -83,3 +83,44 @@ impl ShardIndex {
         self.builder.finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::archive::Archive;
+    use crate::test_support::TempDir;
+
+    /// The index saved by `pack` is the index a scan of the archive builds: same inodes,
+    /// same entries, same arena, so a mount cannot tell which it got.
+    #[test]
+    fn the_saved_index_equals_a_scan() {
+        let tmp = TempDir::new("pack-index-equal");
+        let src = tmp.join("src");
+        std::fs::create_dir_all(src.join("a/b")).unwrap();
+        std::fs::create_dir_all(src.join("empty")).unwrap();
+        std::fs::write(src.join("a/b/f.txt"), b"content").unwrap();
+        std::fs::write(src.join("a/e"), b"").unwrap();
+        std::fs::write(src.join("a/".to_string() + &"n".repeat(150)), b"long").unwrap();
+        std::fs::hard_link(src.join("a/b/f.txt"), src.join("hl")).unwrap();
+        std::os::unix::fs::symlink("a/b/f.txt", src.join("sl")).unwrap();
+        let out = tmp.join("out.tar");
+        let args = super::super::PackArgs {
+            dir: src,
+            out: out.clone(),
+            threads: Some(4),
+            exclude: Vec::new(),
+            files_from: None,
+            shard_size: None,
+            normalize: false,
+            read_ahead: 1 << 20,
+        };
+        args.execute().unwrap();
+        let path = out.canonicalize().unwrap();
+        let scanned = Archive::open(&path).unwrap();
+        let key = crate::index_cache::Key::of(&path).unwrap();
+        let backing = crate::archive::map_file(&std::fs::File::open(&path).unwrap()).unwrap();
+        let saved = crate::index_cache::load(&path, &key, &backing).expect("pack saved a matching index");
+        assert_eq!(saved.index.inodes, scanned.index.inodes);
+        assert_eq!(saved.index.dirents, scanned.index.dirents);
+        assert_eq!(saved.index.arena, scanned.index.arena);
+    }
+}

@@ -5,7 +5,9 @@
 //! hash-ordered records. A member gets a pax extended header (`x`) only when ustar
 //! cannot hold it: a name or link target too long for the name/prefix fields, a size of
 //! 8 GiB or more, an owner id of 2^21 or more, a time before 1970 or after 2242. Names
-//! that are not UTF-8 are stored raw, with `hdrcharset=BINARY` when they go in pax.
+//! that are not UTF-8 and too long for ustar go in a GNU long-name member instead (raw
+//! bytes, read by GNU tar, bsdtar and tarfile; pax would need `hdrcharset`, which GNU tar
+//! 1.34 warns about).
 
 /// The tar block size.
 pub const BLOCK: u64 = 512;
@@ -54,16 +56,25 @@ const OCTAL_MAX_7: u64 = 0o7777777;
 /// Encodes a member's header blocks: a pax extended header first when needed, then the
 /// ustar header. The content (padded to a block with [`padding`]) follows.
 pub fn encode(h: &Header) -> Vec<u8> {
+    let mut out = Vec::with_capacity(3 * BLOCK as usize);
     let mut pax: Vec<u8> = Vec::new();
     let (name, prefix) = match split_ustar_name(h.path) {
         Some(parts) => parts,
+        None if std::str::from_utf8(h.path).is_err() => {
+            gnu_long(&mut out, b'L', h.path);
+            (truncated_name(h.path), &[][..])
+        }
         None => {
             pax.extend(record(b"path", h.path));
             (truncated_name(h.path), &[][..])
         }
     };
     if h.link.len() > 100 {
-        pax.extend(record(b"linkpath", h.link));
+        if std::str::from_utf8(h.link).is_err() {
+            gnu_long(&mut out, b'K', h.link);
+        } else {
+            pax.extend(record(b"linkpath", h.link));
+        }
     }
     if h.size > OCTAL_MAX_11 {
         pax.extend(record(b"size", h.size.to_string().as_bytes()));
@@ -77,38 +88,18 @@ pub fn encode(h: &Header) -> Vec<u8> {
     if h.mtime < 0 || h.mtime as u64 > OCTAL_MAX_11 {
         pax.extend(record(b"mtime", h.mtime.to_string().as_bytes()));
     }
-    if h.uname.len() > 31 {
-        pax.extend(record(b"uname", h.uname));
-    }
-    if h.gname.len() > 31 {
-        pax.extend(record(b"gname", h.gname));
-    }
-    let mut out = Vec::with_capacity(3 * BLOCK as usize + pax.len());
-    if !pax.is_empty() {
-        let binary = [h.path, h.link, h.uname, h.gname].iter().any(|b| std::str::from_utf8(b).is_err());
-        if binary {
-            // Must come first: it says how to read the records after it.
-            let mut records = record(b"hdrcharset", b"BINARY");
-            records.extend_from_slice(&pax);
-            pax = records;
+    for (key, value) in [(&b"uname"[..], h.uname), (b"gname", h.gname)] {
+        if value.len() > 31 && std::str::from_utf8(value).is_ok() {
+            pax.extend(record(key, value));
         }
+    }
+    if !pax.is_empty() {
         let mut pax_name = b"PaxHeaders/".to_vec();
         let base = h.path.split(|&b| b == b'/').rfind(|c| !c.is_empty()).unwrap_or(b"root");
-        pax_name.extend_from_slice(&base[..base.len().min(80)]);
-        let ext = Header {
-            path: &pax_name,
-            kind: Kind::File,
-            mode: 0o644,
-            uid: 0,
-            gid: 0,
-            uname: b"",
-            gname: b"",
-            mtime: h.mtime.clamp(0, OCTAL_MAX_11 as i64),
-            size: pax.len() as u64,
-            link: b"",
-        };
+        let base = String::from_utf8_lossy(&base[..base.len().min(80)]).into_owned();
+        pax_name.extend_from_slice(base.as_bytes());
         let (name, prefix) = split_ustar_name(&pax_name).unwrap_or((truncated_name(&pax_name), &[]));
-        out.extend_from_slice(&ustar(&ext, name, prefix, b'x'));
+        out.extend_from_slice(&ustar(&extension_header(&pax_name, h.mtime, pax.len() as u64), name, prefix, b'x'));
         out.extend_from_slice(&pax);
         out.resize(out.len() + padding(pax.len() as u64), 0);
     }
@@ -123,6 +114,33 @@ pub fn encode(h: &Header) -> Vec<u8> {
     };
     out.extend_from_slice(&ustar(h, name, prefix, typeflag));
     out
+}
+
+/// The header of an extension member (pax `x`, GNU `L`/`K`) of `size` bytes.
+fn extension_header(name: &[u8], mtime: i64, size: u64) -> Header<'_> {
+    Header {
+        path: name,
+        kind: Kind::File,
+        mode: 0o644,
+        uid: 0,
+        gid: 0,
+        uname: b"",
+        gname: b"",
+        mtime: mtime.clamp(0, OCTAL_MAX_11 as i64),
+        size,
+        link: b"",
+    }
+}
+
+/// A GNU long name (`L`) or long link (`K`) member: for names that are not UTF-8, which
+/// pax may only carry with `hdrcharset=BINARY`, a keyword GNU tar 1.34 warns about.
+fn gnu_long(out: &mut Vec<u8>, typeflag: u8, value: &[u8]) {
+    let name = b"././@LongLink";
+    let size = value.len() as u64 + 1;
+    out.extend_from_slice(&ustar(&extension_header(name, 0, size), name, &[], typeflag));
+    out.extend_from_slice(value);
+    out.push(0);
+    out.resize(out.len() + padding(size), 0);
 }
 
 /// Zero bytes that pad `len` content bytes to a whole block.
@@ -295,12 +313,11 @@ mod tests {
     }
 
     #[test]
-    fn non_utf8_long_names_say_binary() {
+    fn non_utf8_long_names_go_to_gnu_long_names() {
         let mut name = vec![0xff; 150];
         name.extend_from_slice(b"x");
         let h = encode(&file(&name, 0));
-        let text = String::from_utf8_lossy(&h);
-        assert!(text.contains("hdrcharset=BINARY"), "{text}");
+        assert_eq!(h[156], b'L', "a GNU long name");
         let index = scan(&h, 0);
         assert!(index.lookup(&index.inodes[0], &name).is_some());
     }

@@ -78,6 +78,10 @@ impl<'a> Writer<'a> {
                 self.member(i, content)?;
             }
             window.release(i);
+            if i == 0 {
+                // Tests hold this phase (STAGEFS_TEST_HOLD_PHASE) to signal a pack under way.
+                crate::cancel::phase("packing").map_err(PackError::Interrupted)?;
+            }
             if self.drawn.elapsed() > Duration::from_millis(200) {
                 self.draw(started);
             }
