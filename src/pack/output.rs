@@ -87,12 +87,13 @@ impl Output {
         Ok(())
     }
 
-    /// Ends the archive and makes it durable, with its final `mode`; still under the temp name.
+    /// Ends the archive and gives it its final `mode`; still under the temp name. Not
+    /// fsync'ed (tar does not either): the rename protects against errors and signals,
+    /// not against a crash of the machine.
     pub fn finish(&mut self, mode: u32) -> Result<(), PackError> {
         self.write(&tar_writer::end())?;
         self.file.flush().map_err(|e| self.error("cannot write", e))?;
         let file = self.file.get_ref();
-        file.sync_all().map_err(|e| self.error("cannot flush to disk", e))?;
         file.set_permissions(std::fs::Permissions::from_mode(mode)).map_err(|e| self.error("cannot chmod", e))
     }
 
