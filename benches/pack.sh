@@ -9,8 +9,8 @@
 # Prints seconds, files/s, MB/s and the ratio to tar. A benchmark: it asserts nothing but
 # that each archive lists N files.
 #
-#   sudo benches/pack.sh [STAGEFS] [N] [LAT_US] [BAGS]
-#       defaults: target/release/stagefs 20000 500 8
+#   sudo [REPS=5] benches/pack.sh [STAGEFS] [N] [LAT_US] [BAGS]
+#       defaults: target/release/stagefs 20000 500 8; local runs: median of REPS
 #
 # Needs root (FUSE mounts), GNU tar, fpart, mksquashfs (Debian: tar, fpart, squashfs-tools)
 # and cargo (to build latfs).
@@ -20,6 +20,7 @@ bin=$(realpath "${1:-target/release/stagefs}")
 n=${2:-20000}
 lat=${3:-500}
 bags=${4:-8}
+reps=${REPS:-5}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 (cd benches/latfs && cargo build --release --quiet)
 latfs=$CARGO_TARGET_DIR/release/latfs
@@ -84,9 +85,18 @@ run_tool() {  # run_tool TOOL SRC: packs SRC into $work/out, prints the seconds 
 
 declare -A secs
 tools=(tar stagefs fpart mksquashfs)
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+# Local runs take about a second: the median of $reps, interleaved, so that another
+# process's burst does not decide the comparison.
+declare -A runs
+for rep in $(seq "$reps"); do
+    for tool in "${tools[@]}"; do
+        runs[$tool]+="$(run_tool "$tool" "$work/src") "
+    done
+done
 for tool in "${tools[@]}"; do
-    secs[local-$tool]=$(run_tool "$tool" "$work/src")
-    echo "local  $tool: ${secs[local-$tool]} s"
+    secs[local-$tool]=$(python3 -c "import statistics; print(statistics.median([${runs[$tool]// /,}0][:-1]))")
+    echo "local  $tool: ${secs[local-$tool]} s (median of: ${runs[$tool]})"
 done
 for tool in "${tools[@]}"; do
     mount_latfs
@@ -94,6 +104,7 @@ for tool in "${tools[@]}"; do
     umount_latfs
     echo "latfs  $tool: ${secs[latfs-$tool]} s"
 done
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 echo
 echo "| source | tool | seconds | files/s | MB/s | speed vs tar |"

@@ -17,8 +17,9 @@ use std::sync::{Mutex, RwLock};
 use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{
-    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, MountOption, OpenFlags,
-    ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, Request, Session,
+    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
+    Request, Session,
 };
 
 const TTL: Duration = Duration::from_secs(60);
@@ -99,6 +100,16 @@ impl LatFs {
 }
 
 impl Filesystem for LatFs {
+    /// Lets the kernel send lookups and readdirs of one directory in parallel (without
+    /// FUSE_PARALLEL_DIROPS it serializes them per directory, which no kernel filesystem
+    /// such as Lustre's client does), and more reads at once.
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        let _ = config.set_max_background(64);
+        let _ = config.set_congestion_threshold(48);
+        Ok(())
+    }
+
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         self.wait();
         let path = match self.path(parent) {
