@@ -105,6 +105,19 @@ mod tests {
         assert_eq!(shards, [0, 0, 0, 0, 1, 1, 2, 2]);
     }
 
+    /// A file's second path is a hard link within its shard, stored again in another.
+    #[test]
+    fn hard_links_stay_inside_a_shard() {
+        let mut ms = vec![member("a", 5, false), member("b", 5, false), member("c", 5, false)];
+        for m in &mut ms {
+            m.stat.nlink = 3;
+        }
+        ms[2].shard = 1;
+        link_hardlinks(&mut ms);
+        let links: Vec<Option<usize>> = ms.iter().map(|m| m.link_to).collect();
+        assert_eq!(links, [None, Some(0), None]);
+    }
+
     #[test]
     fn names() {
         assert_eq!(shard_path(Path::new("/d/train.tar"), 3), Path::new("/d/train-000003.tar"));

@@ -7,13 +7,14 @@
 //! The kernel may cache entries and attributes for a minute: mount afresh per run to
 //! start cold. Reads are passed through without delay.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirEntryExt, FileExt, MetadataExt};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{
@@ -32,7 +33,7 @@ struct LatFs {
     root_ino: u64,
     /// Our inode number (the backing one; the root is 1) -> backing path.
     paths: RwLock<HashMap<u64, PathBuf>>,
-    files: Mutex<HashMap<u64, std::fs::File>>,
+    files: Mutex<HashMap<u64, Arc<std::fs::File>>>,
     dirs: Mutex<HashMap<u64, Vec<DirEntry>>>,
     next_fh: AtomicU64,
 }
@@ -146,7 +147,7 @@ impl Filesystem for LatFs {
         match self.path(ino).map(|p| std::fs::File::open(p).map_err(|e| errno(&e))) {
             Ok(Ok(file)) => {
                 let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-                self.files.lock().unwrap().insert(fh, file);
+                self.files.lock().unwrap().insert(fh, Arc::new(file));
                 reply.opened(FileHandle(fh), FopenFlags::empty())
             }
             Ok(Err(e)) | Err(e) => reply.error(e),
@@ -164,18 +165,23 @@ impl Filesystem for LatFs {
         _lock: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
-        let file = self.files.lock().unwrap().get(&fh.0).map(|f| f.try_clone());
-        let Some(Ok(file)) = file else { return reply.error(Errno::EBADF) };
-        let mut buf = vec![0u8; size as usize];
-        let mut filled = 0;
-        while filled < buf.len() {
-            match file.read_at(&mut buf[filled..], offset + filled as u64) {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(e) => return reply.error(errno(&e)),
+        let Some(file) = self.files.lock().unwrap().get(&fh.0).cloned() else { return reply.error(Errno::EBADF) };
+        // One buffer per server thread: a read costs the copies, not an allocation.
+        thread_local!(static BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) });
+        BUF.with_borrow_mut(|buf| {
+            if buf.len() < size as usize {
+                buf.resize(size as usize, 0);
             }
-        }
-        reply.data(&buf[..filled])
+            let mut filled = 0;
+            while filled < size as usize {
+                match file.read_at(&mut buf[filled..size as usize], offset + filled as u64) {
+                    Ok(0) => break,
+                    Ok(n) => filled += n,
+                    Err(e) => return reply.error(errno(&e)),
+                }
+            }
+            reply.data(&buf[..filled])
+        })
     }
 
     fn release(
