@@ -4,6 +4,7 @@
 //! same members (`archive::tar`), so a mount of the fresh archive with this saved index
 //! sees exactly what a scan would have built; a unit test compares the two.
 
+use crate::archive::tar::{Extent, SparseFile};
 use crate::index::{Attrs, BuildError, Data, Index, IndexBuilder, InodeId, ROOT};
 
 use super::tar_writer::Kind;
@@ -12,7 +13,12 @@ use super::tar_writer::Kind;
 #[derive(Default)]
 pub struct ShardIndex {
     builder: IndexBuilder,
+    sparse_files: Vec<SparseFile>,
+    extents: Vec<Extent>,
 }
+
+/// A finished shard index: the tree and the tar reader's sparse tables.
+pub type Tables = (Index, Vec<SparseFile>, Vec<Extent>);
 
 impl ShardIndex {
     /// Adds a member: `path` relative without a trailing `/` (`""`: the root), `data_offset`
@@ -21,9 +27,42 @@ impl ShardIndex {
         &mut self,
         path: &[u8],
         kind: Kind,
-        mut attrs: Attrs,
+        attrs: Attrs,
         data_offset: u64,
         link: &[u8],
+    ) -> Result<(), BuildError> {
+        self.add_with(path, kind, attrs, link, Data::Slice { offset: data_offset })
+    }
+
+    /// Adds a sparse file whose data `runs` (offset in the file, length) are stored one
+    /// after the other from `data_offset` (after the map), as the scanner records them.
+    pub fn add_sparse(
+        &mut self,
+        path: &[u8],
+        attrs: Attrs,
+        data_offset: u64,
+        runs: &[(u64, u64)],
+    ) -> Result<(), BuildError> {
+        let first = u32::try_from(self.extents.len()).map_err(|_| BuildError::TooManyEntries)?;
+        let mut stored = 0;
+        for &(file_offset, len) in runs.iter().filter(|r| r.1 > 0) {
+            self.extents.push(Extent { file_offset, len, archive_offset: data_offset + stored });
+            stored += len;
+        }
+        let count = u32::try_from(self.extents.len()).map_err(|_| BuildError::TooManyEntries)? - first;
+        let handle = u32::try_from(self.sparse_files.len()).map_err(|_| BuildError::TooManyEntries)?;
+        self.sparse_files.push(SparseFile { first, count });
+        self.add_with(path, Kind::File, attrs, b"", Data::Extern(handle))
+    }
+
+    /// The scanner's steps for one member; `file_data` is a non-empty file's content.
+    fn add_with(
+        &mut self,
+        path: &[u8],
+        kind: Kind,
+        mut attrs: Attrs,
+        link: &[u8],
+        file_data: Data,
     ) -> Result<(), BuildError> {
         let components: Vec<&[u8]> = path.split(|&b| b == b'/').filter(|c| !c.is_empty()).collect();
         let Some((name, dirs)) = components.split_last() else {
@@ -46,8 +85,8 @@ impl ShardIndex {
             return self.builder.link(parent, name, target);
         }
         let data = match kind {
-            Kind::File if attrs.size == 0 => Data::None,
-            Kind::File => Data::Slice { offset: data_offset },
+            Kind::File if attrs.size == 0 && !matches!(file_data, Data::Extern(_)) => Data::None,
+            Kind::File => file_data,
             Kind::Symlink => Data::Symlink(self.builder.intern(link)?),
             Kind::Char { major, minor } | Kind::Block { major, minor } => {
                 Data::Device(libc::makedev(major, minor) as u32)
@@ -79,8 +118,8 @@ impl ShardIndex {
         Ok(dir)
     }
 
-    pub fn finish(self) -> Result<Index, BuildError> {
-        self.builder.finish()
+    pub fn finish(self) -> Result<Tables, BuildError> {
+        Ok((self.builder.finish()?, self.sparse_files, self.extents))
     }
 }
 
@@ -102,6 +141,9 @@ mod tests {
         std::fs::write(src.join("a/".to_string() + &"n".repeat(150)), b"long").unwrap();
         std::fs::hard_link(src.join("a/b/f.txt"), src.join("hl")).unwrap();
         std::os::unix::fs::symlink("a/b/f.txt", src.join("sl")).unwrap();
+        let sparse = std::fs::File::create(src.join("a/sparse")).unwrap();
+        sparse.set_len(4 << 20).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&sparse, b"data in the middle", 2 << 20).unwrap();
         let out = tmp.join("out.tar");
         let args = super::super::PackArgs {
             dir: src,
@@ -122,5 +164,9 @@ mod tests {
         assert_eq!(saved.index.inodes, scanned.index.inodes);
         assert_eq!(saved.index.dirents, scanned.index.dirents);
         assert_eq!(saved.index.arena, scanned.index.arena);
+        let (saved, scanned) = (saved.tar_reader().unwrap(), scanned.tar_reader().unwrap());
+        assert_eq!(saved.sparse_files().len(), 1, "the sparse file is stored sparse");
+        assert_eq!(saved.sparse_files(), scanned.sparse_files());
+        assert_eq!(saved.extents(), scanned.extents());
     }
 }

@@ -12,6 +12,7 @@ mod index;
 mod output;
 mod read;
 pub mod shards;
+mod sparse;
 pub mod tar_writer;
 mod walk;
 mod write;
@@ -233,10 +234,11 @@ fn keep(root: &Path, e: &walk::Entry) -> bool {
 /// Saves an installed archive's index, keyed by the archive as it now is (after the rename).
 fn save_index(out: &mut output::Output) -> Result<(), String> {
     let path = out.final_path.canonicalize().map_err(|e| e.to_string())?;
-    let index = std::mem::take(&mut out.index).finish().map_err(|e| e.to_string())?;
+    let (index, sparse_files, extents) = std::mem::take(&mut out.index).finish().map_err(|e| e.to_string())?;
     let file = std::fs::File::open(&path).map_err(|e| e.to_string())?;
     let backing = crate::archive::map_file(&file).map_err(|e| e.to_string())?;
-    let reader = crate::archive::tar::TarReader::from_parts(backing, Vec::new(), Vec::new()).ok_or("bad tables")?;
+    let reader = crate::archive::tar::TarReader::from_parts(backing, sparse_files, extents)
+        .ok_or("sparse tables out of bounds")?;
     let archive = crate::archive::Archive::from_saved_tar(index, reader);
     let key = crate::index_cache::Key::of(&path).map_err(|e| e.to_string())?;
     let at = crate::index_cache::save(&path, &key, &archive).map_err(|e| e.to_string())?;

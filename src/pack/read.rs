@@ -26,7 +26,7 @@ pub enum Content {
     None,
     /// A whole small file, with the stat that matches these bytes.
     Bytes(Vec<u8>, Stat),
-    /// A large file the writer streams itself.
+    /// A large (or sparse) file the writer streams itself.
     Stream,
     /// A symlink's target.
     Link(Vec<u8>),
@@ -60,7 +60,7 @@ impl<'a> Window<'a> {
     fn cost(&self, i: usize) -> u64 {
         let m = &self.members[i];
         match m.needs_read() {
-            true if m.stat.size <= STREAM_ABOVE => m.stat.size,
+            true if m.stat.size <= STREAM_ABOVE && !m.stat.maybe_sparse() => m.stat.size,
             _ => 0,
         }
     }
@@ -133,7 +133,7 @@ impl<'a> Window<'a> {
             libc::S_IFLNK => std::fs::read_link(&path)
                 .map(|t| Content::Link(std::os::unix::ffi::OsStrExt::as_bytes(t.as_os_str()).to_vec()))
                 .map_err(|source| PackError::Source { path, source }),
-            _ if m.stat.size > STREAM_ABOVE => Ok(Content::Stream),
+            _ if m.stat.size > STREAM_ABOVE || m.stat.maybe_sparse() => Ok(Content::Stream),
             _ => read_whole(&path, m.stat).map(|(bytes, stat)| Content::Bytes(bytes, stat)),
         }
     }

@@ -56,8 +56,39 @@ const OCTAL_MAX_7: u64 = 0o7777777;
 /// Encodes a member's header blocks: a pax extended header first when needed, then the
 /// ustar header. The content (padded to a block with [`padding`]) follows.
 pub fn encode(h: &Header) -> Vec<u8> {
+    encode_with(h, Vec::new())
+}
+
+/// Encodes a sparse file as GNU tar's pax format 1.0 does: the header names
+/// `DIR/GNUSparseFile.0/NAME` and stores [`sparse_map`] then the data runs (`h.size` bytes
+/// in all); pax keywords give the real name and size. `h.path` is the real path.
+pub fn encode_sparse(h: &Header, real_size: u64) -> Vec<u8> {
+    let (dir, base) = match h.path.iter().rposition(|&b| b == b'/') {
+        Some(i) => (&h.path[..=i], &h.path[i + 1..]),
+        None => (&[][..], h.path),
+    };
+    let stand_in = [dir, b"GNUSparseFile.0/", base].concat();
+    let mut pax = record(b"GNU.sparse.major", b"1");
+    pax.extend(record(b"GNU.sparse.minor", b"0"));
+    pax.extend(record(b"GNU.sparse.name", h.path));
+    pax.extend(record(b"GNU.sparse.realsize", real_size.to_string().as_bytes()));
+    encode_with(&Header { path: &stand_in, ..h.clone() }, pax)
+}
+
+/// The sparse map that starts a pax 1.0 sparse member's data: the count, then each run's
+/// offset and length, one decimal number per line, padded to a block.
+pub fn sparse_map(runs: &[(u64, u64)]) -> Vec<u8> {
+    let mut text = format!("{}\n", runs.len());
+    for (offset, len) in runs {
+        text.push_str(&format!("{offset}\n{len}\n"));
+    }
+    let mut bytes = text.into_bytes();
+    bytes.resize(bytes.len() + padding(bytes.len() as u64), 0);
+    bytes
+}
+
+fn encode_with(h: &Header, mut pax: Vec<u8>) -> Vec<u8> {
     let mut out = Vec::with_capacity(3 * BLOCK as usize);
-    let mut pax: Vec<u8> = Vec::new();
     let (name, prefix) = match split_ustar_name(h.path) {
         Some(parts) => parts,
         None if std::str::from_utf8(h.path).is_err() => {

@@ -29,6 +29,8 @@ pub struct Stat {
     pub ino: u64,
     pub nlink: u64,
     pub rdev: u64,
+    /// 512-byte blocks allocated: fewer than the size needs means holes.
+    pub blocks: u64,
 }
 
 impl Stat {
@@ -44,11 +46,18 @@ impl Stat {
             ino: meta.ino(),
             nlink: meta.nlink(),
             rdev: meta.rdev(),
+            blocks: meta.blocks(),
         }
     }
 
     pub fn file_type(&self) -> u32 {
         self.mode & libc::S_IFMT
+    }
+
+    /// A regular file with fewer blocks allocated than its size needs: it may have holes,
+    /// which the writer looks for (and stores as a pax 1.0 sparse member).
+    pub fn maybe_sparse(&self) -> bool {
+        self.file_type() == libc::S_IFREG && self.size >= 64 << 10 && self.blocks * 512 + (32 << 10) < self.size
     }
 }
 

@@ -1,13 +1,13 @@
 //! The one writer: takes members in path order from the readers and appends them to the current shard and its index.
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::output::Output;
 use super::read::{self, Content, Window};
 use super::shards::shard_path;
+use super::sparse;
 use super::tar_writer::{self, Header, Kind};
 use super::walk::{full_path, Stat};
 use super::{Member, Options, PackError};
@@ -176,7 +176,7 @@ impl<'a> Writer<'a> {
         };
         let size = if kind == Kind::File { data.len() as u64 } else { 0 };
         stat.size = size;
-        let (header, attrs) = self.header(&path, kind, &stat, &link);
+        let (header, attrs) = self.header(&path, kind, &stat, &link, None);
         let out = self.current();
         out.write(&header)?;
         let offset = out.pos();
@@ -195,8 +195,9 @@ impl<'a> Writer<'a> {
         }
     }
 
-    /// The header blocks and index attributes of a member.
-    fn header(&mut self, path: &[u8], kind: Kind, stat: &Stat, link: &[u8]) -> (Vec<u8>, Attrs) {
+    /// The header blocks and index attributes of a member; `stored` is a sparse file's
+    /// stored bytes (map and data runs).
+    fn header(&mut self, path: &[u8], kind: Kind, stat: &Stat, link: &[u8], stored: Option<u64>) -> (Vec<u8>, Attrs) {
         let (mut mode, mut uid, mut gid) = (stat.mode & 0o7777, stat.uid, stat.gid);
         if self.opts.normalize {
             (uid, gid) = (0, 0);
@@ -206,7 +207,7 @@ impl<'a> Writer<'a> {
             }
         }
         let (uname, gname) = (self.name(false, uid), self.name(true, gid));
-        let header = tar_writer::encode(&Header {
+        let h = Header {
             path,
             kind,
             mode,
@@ -215,16 +216,20 @@ impl<'a> Writer<'a> {
             uname: &uname,
             gname: &gname,
             mtime: stat.mtime,
-            size: stat.size,
+            size: stored.unwrap_or(stat.size),
             link,
-        });
+        };
+        let header = match stored {
+            Some(_) => tar_writer::encode_sparse(&h, stat.size),
+            None => tar_writer::encode(&h),
+        };
         let file_type = if kind == Kind::Hardlink { libc::S_IFREG } else { stat.file_type() };
         let attrs = Attrs { mode: file_type | mode, uid, gid, mtime: stat.mtime, mtime_nsec: 0, size: stat.size };
         (header, attrs)
     }
 
-    /// Copies a large file in chunks, checked unchanged; if it changed, drops what was
-    /// written of it and copies it once more.
+    /// Copies a large or sparse file in chunks (a sparse one without its holes), checked
+    /// unchanged; if it changed, drops what was written of it and copies it once more.
     fn stream(&mut self, i: usize, tar_path: &[u8]) -> Result<(), PackError> {
         let members = self.members;
         let m = &members[i];
@@ -232,37 +237,46 @@ impl<'a> Writer<'a> {
         let start = self.current().pos();
         let mut before = m.stat;
         let mut what = String::new();
-        self.buf.resize(CHUNK, 0);
         for attempt in 0..2 {
-            let mut file = read::open(&path)?;
+            let file = read::open(&path)?;
             let io = |source| PackError::Source { path: path.clone(), source };
             if attempt > 0 {
                 before = Stat::of(&file.metadata().map_err(io)?);
             }
-            let (header, attrs) = self.header(tar_path, Kind::File, &before, &[]);
+            let runs = match before.maybe_sparse() {
+                true => sparse::data_runs(&file, before.size).map_err(io)?,
+                false => None,
+            };
+            let stored = runs.as_deref().map(sparse::stored_len);
+            let (header, attrs) = self.header(tar_path, Kind::File, &before, &[], stored);
             self.current().write(&header)?;
+            if let Some(runs) = &runs {
+                self.current().write(&tar_writer::sparse_map(runs))?;
+            }
             let offset = self.current().pos();
-            let mut copied = 0u64;
-            while copied < before.size {
-                crate::cancel::check().map_err(PackError::Interrupted)?;
-                let want = (before.size - copied).min(CHUNK as u64) as usize;
-                let n = file.read(&mut self.buf[..want]).map_err(io)?;
-                if n == 0 {
+            let whole = [(0, before.size)];
+            let mut complete = true;
+            for &(at, len) in runs.as_deref().unwrap_or(&whole) {
+                if !self.copy(&file, &path, at, len)? {
+                    complete = false;
                     break;
                 }
-                let chunk = std::mem::take(&mut self.buf);
-                let written = self.current().write(&chunk[..n]);
-                self.buf = chunk;
-                written?;
-                copied += n as u64;
-                self.bar.inc(n as u64);
             }
             let after = file.metadata().map_err(io)?;
-            match read::change(&before, &after, copied) {
+            let change = match complete {
+                true => read::change(&before, &after, before.size),
+                false => Some(format!("it shrank below the {} bytes it had", before.size)),
+            };
+            match change {
                 None => {
-                    self.current().pad(before.size)?;
+                    self.current().pad(stored.unwrap_or(before.size))?;
                     let rel = m.path.clone();
-                    self.current().index.add(&rel, Kind::File, attrs, offset, &[]).map_err(PackError::Index)?;
+                    let index = &mut self.current().index;
+                    match &runs {
+                        Some(runs) => index.add_sparse(&rel, attrs, offset, runs),
+                        None => index.add(&rel, Kind::File, attrs, offset, &[]),
+                    }
+                    .map_err(PackError::Index)?;
                     self.count(Kind::File, before.size);
                     return Ok(());
                 }
@@ -271,5 +285,36 @@ impl<'a> Writer<'a> {
             self.current().truncate(start)?;
         }
         Err(PackError::Changed { path, what })
+    }
+
+    /// Copies `len` bytes of `file` (at `path`) from `at` into the archive; false if the
+    /// file ended first.
+    fn copy(&mut self, file: &std::fs::File, path: &Path, at: u64, len: u64) -> Result<bool, PackError> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.resize(CHUNK, 0);
+        let mut done = 0u64;
+        let result = loop {
+            if done == len {
+                break Ok(true);
+            }
+            if let Err(e) = crate::cancel::check() {
+                break Err(PackError::Interrupted(e));
+            }
+            let want = (len - done).min(CHUNK as u64) as usize;
+            let n = match file.read_at(&mut buf[..want], at + done) {
+                Ok(0) => break Ok(false),
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(source) => break Err(PackError::Source { path: path.to_owned(), source }),
+            };
+            if let Err(e) = self.current().write(&buf[..n]) {
+                break Err(e);
+            }
+            done += n as u64;
+            self.bar.inc(n as u64);
+        };
+        self.buf = buf;
+        result
     }
 }
