@@ -481,3 +481,24 @@ fn sparse_files_are_stored_without_their_holes_and_read_back_whole() {
     let log = fg.finish();
     assert!(log.contains("using saved index"), "{log}");
 }
+
+/// On a terminal (`script` gives pack a pty) a progress bar shows files/s, MB/s and an
+/// ETA; on a pipe only the one-line summary is printed.
+#[test]
+fn a_progress_bar_on_a_terminal_and_a_summary_line_always() {
+    require_root();
+    let tmp = TempDir::new("pack-progress");
+    let src = tmp.join("src");
+    samples(&src, 20);
+    let archive = tmp.join("out.tar");
+    let line = format!("{} pack {} {}", stagefs_bin().display(), src.display(), archive.display());
+    let out = run_tool("script", [OsStr::new("-qec"), OsStr::new(&line), OsStr::new("/dev/null")]);
+    for needle in ["packing 0/", "files/s", "/s eta", "packed 40 files"] {
+        assert!(out.stdout.contains(needle), "{needle:?} not on the terminal:\n{}", out.describe());
+    }
+    let out = pack(&[src.as_os_str(), archive.as_os_str()]);
+    out.assert_success();
+    assert!(!out.stderr.contains("eta"), "no bar on a pipe:\n{}", out.describe());
+    assert_eq!(out.stderr.lines().count(), 1, "one summary line:\n{}", out.describe());
+    assert!(out.stderr.contains("packed 40 files") && out.stderr.contains("MB/s"), "{}", out.describe());
+}

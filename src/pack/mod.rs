@@ -158,7 +158,10 @@ impl PackArgs {
         }
         let threads = self.threads.unwrap_or_else(default_threads);
         let filter = walk::Filter::new(&self.exclude)?;
-        let listed = self.files_from.as_deref().map(walk::read_list).transpose()?;
+        let mut listed = self.files_from.as_deref().map(walk::read_list).transpose()?;
+        if let Some(listed) = &mut listed {
+            listed.retain(|path| !filter.excluded(path));
+        }
         let first_path = match self.shard_size {
             Some(_) => shards::shard_path(&self.out, 0),
             None => self.out.clone(),

@@ -35,6 +35,8 @@ pub struct Writer<'a> {
     pub totals: Totals,
     bar: indicatif::ProgressBar,
     drawn: Instant,
+    /// Regular files to write (hard links aside), for the bar.
+    files: usize,
 }
 
 impl<'a> Writer<'a> {
@@ -59,12 +61,14 @@ impl<'a> Writer<'a> {
             totals: Totals::default(),
             bar,
             drawn: Instant::now(),
+            files: members.iter().filter(|m| m.stat.file_type() == libc::S_IFREG && m.link_to.is_none()).count(),
         }
     }
 
     /// Writes every member, in order, as the readers deliver them.
     pub fn run(&mut self, window: &Window) -> Result<(), PackError> {
         let started = Instant::now();
+        self.draw(started);
         let members = self.members;
         for (i, m) in members.iter().enumerate() {
             crate::cancel::check().map_err(PackError::Interrupted)?;
@@ -93,7 +97,7 @@ impl<'a> Writer<'a> {
     fn draw(&mut self, started: Instant) {
         self.drawn = Instant::now();
         let rate = self.totals.files as f64 / started.elapsed().as_secs_f64().max(1e-3);
-        self.bar.set_message(format!("packing {}/{} files, {rate:.0} files/s", self.totals.files, self.members.len()));
+        self.bar.set_message(format!("packing {}/{} files, {rate:.0} files/s", self.totals.files, self.files));
         self.bar.set_position(self.totals.bytes);
     }
 
