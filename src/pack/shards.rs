@@ -51,13 +51,15 @@ pub fn plan(members: &mut [Member], limit: Option<u64>) {
     }
 }
 
-/// Marks the second and later paths of a file (same device and inode) within one shard
+/// Marks the second and later paths of a regular file (same device and inode) within one shard
 /// as hard links to the first; across shards a file is stored again, so that every
 /// shard stands alone.
 pub fn link_hardlinks(members: &mut [Member]) {
     let mut first: HashMap<(u64, u64), (u32, usize)> = HashMap::new();
     for (i, m) in members.iter_mut().enumerate() {
-        if m.stat.nlink < 2 || m.stat.file_type() == libc::S_IFDIR {
+        // Regular files only: a hard-linked symlink or FIFO is stored again (GNU tar links
+        // them too, but a tar hard link carries no symlink target of its own).
+        if m.stat.nlink < 2 || m.stat.file_type() != libc::S_IFREG {
             continue;
         }
         let key = (m.stat.dev, m.stat.ino);
