@@ -293,33 +293,53 @@ fn a_file_that_keeps_changing_fails_the_pack_by_name_and_leaves_nothing() {
 }
 
 #[test]
-fn ctrl_c_while_packing_leaves_no_partial_archive() {
+fn ctrl_c_or_sigterm_while_packing_leaves_no_partial_archive() {
     require_root();
-    let tmp = TempDir::new("pack-sigint");
+    let tmp = TempDir::new("pack-signals");
     let src = tmp.join("src");
     samples(&src, 50);
-    let out_dir = tmp.join("out");
-    fs::create_dir_all(&out_dir).unwrap();
-    let log = tmp.join("pack.log");
-    let mut child = KillOnDrop(
-        Command::new(stagefs_bin())
-            .args([OsStr::new("-v"), OsStr::new("pack"), src.as_os_str(), out_dir.join("out.tar").as_os_str()])
-            .env("STAGEFS_TEST_HOLD_PHASE", "packing")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    let held = wait_until(Duration::from_secs(30), || fs::read_to_string(&log).unwrap().contains("phase: packing"));
-    assert!(held, "the pack reached its first member; log:\n{}", fs::read_to_string(&log).unwrap());
-    assert_eq!(leftovers(&out_dir, &[]).len(), 1, "the temp file exists while packing");
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let status = wait_timeout(&mut child.0, Duration::from_secs(30)).expect("pack stops at Ctrl-C");
-    let log = fs::read_to_string(&log).unwrap();
-    assert_eq!(status.code(), Some(130), "{log}");
-    assert!(log.contains("interrupted by SIGINT; the partial archive was removed"), "{log}");
-    assert_eq!(leftovers(&out_dir, &[]), Vec::<String>::new(), "{log}");
+    for (signal, name, code) in [(libc::SIGINT, "SIGINT", 130), (libc::SIGTERM, "SIGTERM", 143)] {
+        let out_dir = tmp.join(format!("out-{name}"));
+        fs::create_dir_all(&out_dir).unwrap();
+        let log = tmp.join(format!("pack-{name}.log"));
+        let mut child = KillOnDrop(
+            Command::new(stagefs_bin())
+                .args([OsStr::new("-v"), OsStr::new("pack"), src.as_os_str(), out_dir.join("out.tar").as_os_str()])
+                .env("STAGEFS_TEST_HOLD_PHASE", "packing")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(fs::File::create(&log).unwrap())
+                .spawn()
+                .unwrap(),
+        );
+        let held = wait_until(Duration::from_secs(30), || fs::read_to_string(&log).unwrap().contains("phase: packing"));
+        assert!(held, "the pack reached its first member; log:\n{}", fs::read_to_string(&log).unwrap());
+        assert_eq!(leftovers(&out_dir, &[]).len(), 1, "the temp file exists while packing");
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let status = wait_timeout(&mut child.0, Duration::from_secs(30)).expect("pack stops at the signal");
+        let log = fs::read_to_string(&log).unwrap();
+        assert_eq!(status.code(), Some(code), "{log}");
+        assert!(log.contains(&format!("interrupted by {name}; the partial archive was removed")), "{log}");
+        assert_eq!(leftovers(&out_dir, &[]), Vec::<String>::new(), "{log}");
+    }
+}
+
+/// Shards left by an earlier, larger pack would join a mount of the pattern: pack says so.
+#[test]
+fn stale_shards_of_an_earlier_pack_are_pointed_out() {
+    require_root();
+    let tmp = TempDir::new("pack-stale");
+    let (big, small) = (tmp.join("big"), tmp.join("small"));
+    samples(&big, 60);
+    samples(&small, 4);
+    let out = tmp.join("set.tar");
+    let args = |src: &Path| {
+        [OsStr::new("--shard-size"), OsStr::new("200K"), src.as_os_str(), out.as_os_str()].map(OsString::from)
+    };
+    pack(&args(&big)).assert_success();
+    assert!(tmp.join("set-000003.tar").is_file());
+    let again = pack(&args(&small));
+    again.assert_success().assert_stderr_has(&["set-000001.tar to", "left from an earlier pack", "remove them"]);
 }
 
 #[test]
