@@ -360,6 +360,15 @@ fn missing_or_wrong_paths_are_clear_errors() {
     let out = pack(&[OsStr::new("--exclude"), OsStr::new("[z-a"), src.as_os_str(), tmp.join("x.tar").as_os_str()]);
     out.assert_code(2).assert_stderr_has(&["--exclude", "not a valid pattern"]);
     assert!(!tmp.join("x.tar").exists());
+    // More threads than the open-files limit allows: capped, with a warning.
+    let script = format!(
+        "ulimit -n 100 && exec {} pack --threads 500 {} {}",
+        stagefs_bin().display(),
+        src.display(),
+        tmp.join("x.tar").display()
+    );
+    let out = run_cmd(Command::new("sh").args(["-c", &script]), CMD_TIMEOUT);
+    out.assert_success().assert_stderr_has(&["--threads 500", "ulimit -n", "18 readers"]);
 }
 
 /// A directory both test users can reach, holding `mode` subdirectory `name`.

@@ -121,10 +121,16 @@ impl From<PackError> for Failure {
 /// Reader threads when `--threads` is not given: enough to hide a metadata round trip,
 /// with room left in the open-files limit (each reader holds one file open at a time).
 fn default_threads() -> usize {
+    max_threads().min(64)
+}
+
+/// The most threads the open-files limit leaves room for: each walker or reader holds
+/// one descriptor at a time, and the writer a few.
+fn max_threads() -> usize {
     let mut limit = libc::rlimit { rlim_cur: 256, rlim_max: 256 };
     // SAFETY: getrlimit only writes the struct it is given.
     unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
-    (limit.rlim_cur.saturating_sub(64) / 2).clamp(1, 64) as usize
+    (limit.rlim_cur.saturating_sub(64) / 2).max(1) as usize
 }
 
 /// The process's umask, read without changing it for longer than two calls.
@@ -156,7 +162,14 @@ impl PackArgs {
                 self.out.display()
             )));
         }
-        let threads = self.threads.unwrap_or_else(default_threads);
+        let threads = match self.threads {
+            Some(n) if n > max_threads() => {
+                tracing::warn!("--threads {n}: the open-files limit (ulimit -n) leaves room for {}", max_threads());
+                max_threads()
+            }
+            Some(n) => n,
+            None => default_threads(),
+        };
         let filter = walk::Filter::new(&self.exclude)?;
         let mut listed = self.files_from.as_deref().map(walk::read_list).transpose()?;
         if let Some(listed) = &mut listed {
