@@ -99,6 +99,12 @@ pub enum PackError {
         path.display()
     )]
     Changed { path: PathBuf, what: String },
+    #[error(
+        "{} was replaced by another file (or a directory above it by a link) after its directory was listed; \
+         nothing was written: pack again once nothing renames files in DIR",
+        path.display()
+    )]
+    Replaced { path: PathBuf },
     #[error("{}: {what}: {source}", path.display())]
     Output { path: PathBuf, what: String, source: std::io::Error },
     #[error("cannot index the archive: {0}")]

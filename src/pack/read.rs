@@ -140,8 +140,9 @@ impl<'a> Window<'a> {
 }
 
 /// Opens a regular file for reading: never through a symlink swapped in since the walk,
-/// never blocking on a FIFO swapped in.
-pub fn open(path: &Path) -> Result<std::fs::File, PackError> {
+/// never blocking on a FIFO swapped in, and only if it is the file the walk saw (same
+/// device and inode), not one renamed (or a directory swapped) into its place.
+pub fn open(path: &Path, walked: &Stat) -> Result<std::fs::File, PackError> {
     let file = std::fs::File::options()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
@@ -150,6 +151,9 @@ pub fn open(path: &Path) -> Result<std::fs::File, PackError> {
     let meta = file.metadata().map_err(|source| PackError::Source { path: path.to_owned(), source })?;
     if !meta.is_file() {
         return Err(PackError::Changed { path: path.to_owned(), what: "it is no longer a regular file".into() });
+    }
+    if (meta.dev(), meta.ino()) != (walked.dev, walked.ino) {
+        return Err(PackError::Replaced { path: path.to_owned() });
     }
     Ok(file)
 }
@@ -172,7 +176,7 @@ fn read_whole(path: &Path, walked: Stat) -> Result<(Vec<u8>, Stat), PackError> {
     let mut before = walked;
     let mut what = String::new();
     for attempt in 0..2 {
-        let mut file = open(path)?;
+        let mut file = open(path, &walked)?;
         let io = |source| PackError::Source { path: path.to_owned(), source };
         if attempt > 0 {
             before = Stat::of(&file.metadata().map_err(io)?);
@@ -187,4 +191,23 @@ fn read_whole(path: &Path, walked: Stat) -> Result<(Vec<u8>, Stat), PackError> {
         }
     }
     Err(PackError::Changed { path: path.to_owned(), what })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file renamed into the place of the one the walk saw is refused, not packed.
+    #[test]
+    fn a_file_put_in_place_of_the_walked_one_is_refused() {
+        let tmp = crate::test_support::TempDir::new("pack-replaced");
+        let path = tmp.join("f");
+        std::fs::write(&path, b"first").unwrap();
+        let walked = Stat::of(&std::fs::symlink_metadata(&path).unwrap());
+        assert!(open(&path, &walked).is_ok());
+        std::fs::write(tmp.join("g"), b"other").unwrap();
+        std::fs::rename(tmp.join("g"), &path).unwrap();
+        let err = open(&path, &walked).unwrap_err().to_string();
+        assert!(err.contains("was replaced by another file"), "{err}");
+    }
 }

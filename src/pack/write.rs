@@ -242,7 +242,7 @@ impl<'a> Writer<'a> {
         let mut before = m.stat;
         let mut what = String::new();
         for attempt in 0..2 {
-            let file = read::open(&path)?;
+            let file = read::open(&path, &m.stat)?;
             let io = |source| PackError::Source { path: path.clone(), source };
             if attempt > 0 {
                 before = Stat::of(&file.metadata().map_err(io)?);
