@@ -206,8 +206,7 @@ impl PackArgs {
             window.stop();
             result
         })?;
-        let write::Writer { outputs, totals, .. } = writer;
-        let mut outputs = outputs;
+        let write::Writer { mut outputs, totals, .. } = writer;
         for out in &mut outputs {
             out.install()?;
         }

@@ -131,9 +131,6 @@ pub fn walk(
     threads: usize,
 ) -> Result<Vec<Entry>, PackError> {
     let root_meta = std::fs::metadata(root).map_err(|source| PackError::Source { path: root.to_owned(), source })?;
-    if !root_meta.is_dir() {
-        return Err(PackError::Usage(format!("{} is not a directory", root.display())));
-    }
     let first = match listed {
         Some(paths) => paths.chunks(STAT_BATCH).map(|c| Task::Stat(c.to_vec())).collect(),
         None => vec![Task::List(Vec::new())],
