@@ -99,6 +99,30 @@ the index by themselves when scanning took long (10,000+ entries).")]
         #[arg(long)]
         trust_shards: bool,
     },
+    /// Pack a directory into a tar archive (or shards) and its saved index, many files at once: for parallel filesystems
+    #[command(after_help = "Examples:
+  stagefs pack /lustre/$USER/imagenet/train train.tar       # then: stagefs mount train.tar MNT
+  stagefs pack --shard-size 1G --exclude '*.tmp' data/ shards/train.tar
+  stagefs mount 'shards/train-*.tar' /dev/shm/$USER/train
+
+On Lustre or GPFS every open and stat is a round trip to a metadata server; tar makes them one
+at a time. pack makes them on many threads (--threads) and still writes one standard tar
+(ustar; pax headers only where ustar cannot hold a name, size or id, GNU long names for long
+names that are not UTF-8), that GNU tar, bsdtar and Python's tarfile read. Members are in path order (bytes), so the same tree gives the same
+archive, byte for byte, whatever the thread count.
+
+The archive's index is saved beside it (OUT.stagefs-index) as it is written: the first mount
+needs no scan. The archive is written under a temporary name (mode 0600) and renamed into place
+when complete; an error, Ctrl-C or SIGTERM leaves nothing behind.
+
+Kept: directories (empty ones too), symlinks, hard links (a link to the first path, within a
+shard), FIFOs and devices (as tar does), modes, owners, mtimes (whole seconds), the holes of
+sparse files (pax 1.0 sparse members, as tar --sparse --format=posix). Not kept: xattrs, ACLs.
+Sockets are skipped with a warning, as tar does.
+Unlike tar, which warns and goes on, an unreadable file stops the pack with an error naming it,
+and so does a file that changes while it is read (after one re-read): a dataset is never
+silently incomplete or torn.")]
+    Pack(crate::pack::PackArgs),
     /// List this user's mounts on this node: archive, staged RAM, daemon pid, uptime, reads served, failed reads and the last error
     Status {
         /// One JSON object per line and mount: mountpoint, archive, state (live or dead), pid,

@@ -20,6 +20,7 @@ pub mod mountpoint;
 pub mod node;
 pub mod open;
 pub mod options;
+pub mod pack;
 pub mod places;
 pub mod registry;
 pub mod report;

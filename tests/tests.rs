@@ -12,6 +12,7 @@ mod formats;
 mod hostile;
 mod memory;
 mod one_copy;
+mod pack;
 mod shards;
 mod shared_node;
 mod slurm;

@@ -1,0 +1,533 @@
+//! `stagefs pack`: the archive it writes is read by GNU tar, bsdtar and Python's tarfile
+//! without a warning and extracts to the source tree; it is the same bytes whatever the
+//! thread count; its saved index serves the first mount; shards keep samples whole; and
+//! every failure (a file changing, Ctrl-C, an unwritable or hostile destination) leaves
+//! no partial archive behind and says what and where.
+
+use std::ffi::{OsStr, OsString};
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::compare::{assert_trees_equal, Options};
+use crate::util::*;
+
+/// `stagefs pack ARGS...`.
+fn pack<S: AsRef<OsStr>>(args: &[S]) -> CmdOutput {
+    let mut all: Vec<OsString> = vec!["pack".into()];
+    all.extend(args.iter().map(|a| a.as_ref().to_os_string()));
+    stagefs(&all)
+}
+
+fn write(path: &Path, bytes: &[u8]) {
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    fs::write(path, bytes).unwrap();
+}
+
+/// A tree with what tar formats make hard: long names (a 150-byte name, a 350-byte path),
+/// names that are not UTF-8 (short and long), empty files and directories, hard links
+/// across directories, symlinks (relative, absolute, dangling), a file large enough to be
+/// streamed in chunks, and some ordinary files.
+fn hard_tree(root: &Path) {
+    let mut rng = Rng::new(27);
+    for i in 0..40 {
+        let len = (rng.below(50_000)) as usize;
+        write(&root.join(format!("class{}/{i:03}.jpg", i % 4)), &pseudo_random(i as u64, len));
+    }
+    let long_dir = root.join("d".repeat(200));
+    write(&long_dir.join("f".repeat(150)), b"long path\n");
+    write(&root.join(OsStr::from_bytes(b"caf\xe9.txt")), b"latin-1 name\n");
+    let long_binary = [b"\xff".repeat(120), b".bin".to_vec()].concat();
+    write(&root.join("bin").join(OsStr::from_bytes(&long_binary)), b"binary long name\n");
+    write(&root.join("empty.txt"), b"");
+    fs::create_dir_all(root.join("empty-dir/nested-empty")).unwrap();
+    write(&root.join("links/original.txt"), b"linked content\n");
+    fs::hard_link(root.join("links/original.txt"), root.join("links/second.txt")).unwrap();
+    fs::hard_link(root.join("links/original.txt"), root.join("class0/third.txt")).unwrap();
+    std::os::unix::fs::symlink("original.txt", root.join("links/rel")).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", root.join("links/abs")).unwrap();
+    std::os::unix::fs::symlink("nowhere", root.join("links/dangling")).unwrap();
+    write(&root.join("big/streamed.bin"), &pseudo_random(99, 17 << 20));
+    fs::set_permissions(root.join("class1"), fs::Permissions::from_mode(0o750)).unwrap();
+    fs::set_permissions(root.join("class2/002.jpg"), fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+/// Compares what a tool extracted (or a mount shows) with the source, mtimes to the second.
+fn assert_same_tree(expected: &Path, actual: &Path) {
+    assert_trees_equal(expected, actual, &Options::default().nanos(false).xattrs(false));
+}
+
+/// Runs a tool that must succeed and say nothing on stderr (no warnings).
+fn quiet_tool(tool: &str, args: &[&OsStr]) -> CmdOutput {
+    let out = run_tool(tool, args);
+    assert!(out.stderr.trim().is_empty(), "{tool} warned:\n{}", out.describe());
+    out
+}
+
+#[test]
+fn pack_is_read_by_gnu_tar_bsdtar_and_tarfile_and_extracts_to_the_source() {
+    require_root();
+    let tmp = TempDir::new("pack-tools");
+    let src = tmp.join("src");
+    hard_tree(&src);
+    let archive = tmp.join("out.tar");
+    let out = pack(&[src.as_os_str(), archive.as_os_str()]);
+    out.assert_success().assert_stderr_has(&["packed", "files/s", "1 index saved"]);
+    let listing = quiet_tool("tar", &[OsStr::new("-tvf"), archive.as_os_str()]);
+    assert!(listing.stdout.contains(&"f".repeat(150)), "{}", listing.stdout);
+    assert!(listing.stdout.contains("links/second.txt link to class0/third.txt"), "{}", listing.stdout);
+    quiet_tool("bsdtar", &[OsStr::new("-tvf"), archive.as_os_str()]);
+
+    let gnu = tmp.join("gnu");
+    extract_tar(&archive, &gnu);
+    assert_same_tree(&src, &gnu);
+    run_tool("diff", [OsStr::new("-r"), OsStr::new("--no-dereference"), src.as_os_str(), gnu.as_os_str()]);
+
+    let bsd = tmp.join("bsd");
+    fs::create_dir_all(&bsd).unwrap();
+    quiet_tool("bsdtar", &[OsStr::new("-xpf"), archive.as_os_str(), OsStr::new("-C"), bsd.as_os_str()]);
+    // bsdtar sets the time of `./` (the directory it extracts into) before filling it.
+    assert_trees_equal(&src, &bsd, &Options::default().nanos(false).xattrs(false).root(false));
+
+    let py = tmp.join("py");
+    let script = "import os, sys, tarfile, warnings\n\
+                  warnings.simplefilter('error')\n\
+                  with tarfile.open(sys.argv[1], errorlevel=2) as t:\n\
+                  \x20   names = t.getnames()\n\
+                  \x20   t.extractall(sys.argv[2], numeric_owner=True, filter='fully_trusted')\n\
+                  \x20   for m in t.getmembers():\n\
+                  \x20       if m.issym():  # tarfile leaves a symlink's own time unset\n\
+                  \x20           p = sys.argv[2] + '/' + m.name\n\
+                  \x20           os.utime(p, (m.mtime, m.mtime), follow_symlinks=False)\n\
+                  print(len(names))\n";
+    let out = quiet_tool("python3", &[OsStr::new("-c"), OsStr::new(script), archive.as_os_str(), py.as_os_str()]);
+    assert!(out.stdout.trim().parse::<usize>().unwrap() > 50, "{}", out.describe());
+    assert_same_tree(&src, &py);
+}
+
+#[test]
+fn the_same_tree_gives_the_same_bytes_whatever_the_thread_count() {
+    require_root();
+    let tmp = TempDir::new("pack-determinism");
+    let src = tmp.join("src");
+    hard_tree(&src);
+    let mut archives = Vec::new();
+    for threads in ["1", "3", "64", "64"] {
+        let archive = tmp.join(format!("out-{}.tar", archives.len()));
+        pack(&[OsStr::new("--threads"), OsStr::new(threads), src.as_os_str(), archive.as_os_str()]).assert_success();
+        archives.push(read(&archive));
+    }
+    for (i, bytes) in archives.iter().enumerate().skip(1) {
+        assert!(
+            bytes == &archives[0],
+            "pack {i} differs from pack 0 (sizes {} and {})",
+            bytes.len(),
+            archives[0].len()
+        );
+    }
+}
+
+#[test]
+fn the_first_mount_of_a_fresh_pack_uses_its_saved_index() {
+    require_root();
+    let tmp = TempDir::new("pack-index");
+    let src = tmp.join("src");
+    hard_tree(&src);
+    let archive = tmp.join("data.tar");
+    pack(&[src.as_os_str(), archive.as_os_str()]).assert_success();
+    let index = tmp.join("data.tar.stagefs-index");
+    assert!(index.is_file(), "the index is saved beside the archive");
+    let mp = tmp.join("mnt");
+    let fg = Foreground::start(&archive, &mp, &tmp.join("mount.log"), &[]);
+    assert_same_tree(&src, &mp);
+    let log = fg.finish();
+    assert!(log.contains("using saved index") && log.contains(&*index.to_string_lossy()), "{log}");
+    assert!(!log.contains("indexed") && !log.contains("ignoring saved index"), "no scan at the first mount:\n{log}");
+}
+
+/// WebDataset-style samples: `NNNN.jpg` and `NNNN.cls` of one directory.
+fn samples(root: &Path, count: usize) {
+    for i in 0..count {
+        let len = 20_000 + (i * 7919) % 30_000;
+        write(&root.join(format!("part{}/{i:04}.jpg", i % 2)), &pseudo_random(i as u64, len));
+        write(&root.join(format!("part{}/{i:04}.cls", i % 2)), format!("{}\n", i % 10).as_bytes());
+    }
+}
+
+#[test]
+fn shards_keep_samples_whole_carry_their_index_and_mount_as_one_tree() {
+    require_root();
+    let tmp = TempDir::new("pack-shards");
+    let src = tmp.join("src");
+    samples(&src, 120);
+    let out = tmp.join("shards/train.tar");
+    fs::create_dir_all(out.parent().unwrap()).unwrap();
+    pack(&[OsStr::new("--shard-size"), OsStr::new("500K"), src.as_os_str(), out.as_os_str()])
+        .assert_success()
+        .assert_stderr_has(&["train-*.tar"]);
+    let shards: Vec<PathBuf> =
+        (0..100).map(|n| tmp.join(format!("shards/train-{n:06}.tar"))).take_while(|p| p.is_file()).collect();
+    assert!(shards.len() >= 4, "3.6 MB in 500 KiB shards: {} shards", shards.len());
+    let mut seen = std::collections::BTreeMap::new();
+    for (n, shard) in shards.iter().enumerate() {
+        assert!(PathBuf::from(format!("{}.stagefs-index", shard.display())).is_file(), "shard {n} has its index");
+        assert!(fs::metadata(shard).unwrap().len() <= 600 << 10, "shard {n} is about the size asked");
+        let listing = quiet_tool("tar", &[OsStr::new("-tf"), shard.as_os_str()]);
+        for name in listing.stdout.lines().filter(|l| l.ends_with(".jpg") || l.ends_with(".cls")) {
+            let stem = name.rsplit_once('.').unwrap().0.to_string();
+            let previous = seen.insert(name.to_string(), n);
+            assert!(previous.is_none(), "{name} is in two shards");
+            let other = if name.ends_with(".jpg") { format!("{stem}.cls") } else { format!("{stem}.jpg") };
+            assert!(listing.stdout.lines().any(|l| l == other), "{name} and {other} are in one shard (shard {n})");
+        }
+    }
+    assert_eq!(seen.len(), 240, "every file is in one shard");
+    let pattern = tmp.join("shards/train-*.tar");
+    let mp = tmp.join("mnt");
+    let out = stagefs([OsStr::new("mount"), pattern.as_os_str(), mp.as_os_str()]);
+    out.assert_success();
+    let _mounted = Mounted::adopt(&pattern, &mp);
+    let from_saved = format!("({} of {} from saved indexes)", shards.len(), shards.len());
+    out.assert_stderr_has(&[&from_saved]);
+    assert_trees_equal(&src, &mp, &Options::default().nanos(false).xattrs(false));
+}
+
+#[test]
+fn exclude_and_files_from_choose_what_is_packed() {
+    require_root();
+    let tmp = TempDir::new("pack-select");
+    let src = tmp.join("src");
+    for name in ["keep/a.jpg", "keep/b.tmp", "keep/cache/c.jpg", "other/d.jpg", "other/e.jpg", "top.txt"] {
+        write(&src.join(name), name.as_bytes());
+    }
+    let list = |archive: &Path| -> Vec<String> {
+        let out = quiet_tool("tar", &[OsStr::new("-tf"), archive.as_os_str()]);
+        out.stdout.lines().map(String::from).collect()
+    };
+    let excluded = tmp.join("excluded.tar");
+    let args = ["--exclude", "*.tmp", "--exclude", "cache", "--exclude", "other/e.jpg"];
+    let mut all: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    all.extend([src.as_os_str(), excluded.as_os_str()]);
+    pack(&all).assert_success();
+    assert_eq!(list(&excluded), ["./", "keep/", "keep/a.jpg", "other/", "other/d.jpg", "top.txt"]);
+
+    let listed = tmp.join("list.txt");
+    fs::write(&listed, "top.txt\n./other/\n\nkeep/cache/c.jpg\n").unwrap();
+    let chosen = tmp.join("chosen.tar");
+    pack(&[OsStr::new("--files-from"), listed.as_os_str(), src.as_os_str(), chosen.as_os_str()]).assert_success();
+    assert_eq!(list(&chosen), ["./", "keep/cache/c.jpg", "other/", "other/d.jpg", "other/e.jpg", "top.txt"]);
+    // The directories a listed file implies are served by a mount all the same.
+    let mp = tmp.join("mnt");
+    let mounted = Mounted::new(&chosen, &mp);
+    assert_eq!(read(&mounted.path().join("keep/cache/c.jpg")), b"keep/cache/c.jpg");
+
+    fs::write(&listed, "/etc/passwd\n").unwrap();
+    let out = pack(&[OsStr::new("--files-from"), listed.as_os_str(), src.as_os_str(), chosen.as_os_str()]);
+    out.assert_code(2).assert_stderr_has(&["line 1", "absolute path"]);
+    fs::write(&listed, "keep/../../etc/passwd\n").unwrap();
+    let out = pack(&[OsStr::new("--files-from"), listed.as_os_str(), src.as_os_str(), chosen.as_os_str()]);
+    out.assert_code(2).assert_stderr_has(&["line 1", "'..'"]);
+    let unreadable = tmp.join("no-such-list.txt");
+    let out = pack(&[OsStr::new("--files-from"), unreadable.as_os_str(), src.as_os_str(), chosen.as_os_str()]);
+    out.assert_code(2).assert_stderr_has(&["--files-from", "no-such-list.txt", "cannot read it"]);
+    fs::write(&listed, "keep/missing.jpg\n").unwrap();
+    let out = pack(&[OsStr::new("--files-from"), listed.as_os_str(), src.as_os_str(), chosen.as_os_str()]);
+    out.assert_code(1).assert_stderr_has(&["keep/missing.jpg", "No such file"]);
+}
+
+#[test]
+fn fifos_are_kept_and_sockets_skipped_with_a_warning() {
+    require_root();
+    let tmp = TempDir::new("pack-special");
+    let src = tmp.join("src");
+    write(&src.join("f.txt"), b"x");
+    run_tool("mkfifo", [src.join("fifo")]);
+    let _socket = std::os::unix::net::UnixListener::bind(src.join("sock")).unwrap();
+    let archive = tmp.join("out.tar");
+    let out = pack(&[src.as_os_str(), archive.as_os_str()]);
+    out.assert_success().assert_stderr_has(&["sock: socket ignored"]);
+    let listing = quiet_tool("tar", &[OsStr::new("-tvf"), archive.as_os_str()]);
+    assert!(listing.stdout.lines().any(|l| l.starts_with('p') && l.ends_with(" fifo")), "{}", listing.stdout);
+    assert!(!listing.stdout.contains("sock"), "{}", listing.stdout);
+}
+
+/// Files in `dir` other than `keep`: a failed pack must leave nothing, temp files included.
+fn leftovers(dir: &Path, keep: &[&str]) -> Vec<String> {
+    fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !keep.contains(&n.as_str()))
+        .collect()
+}
+
+#[test]
+fn a_file_that_keeps_changing_fails_the_pack_by_name_and_leaves_nothing() {
+    require_root();
+    let tmp = TempDir::new("pack-changing");
+    let src = tmp.join("src");
+    write(&src.join("a/steady.txt"), b"steady");
+    let growing = src.join("a/growing.log");
+    write(&growing, &pseudo_random(5, 40 << 20));
+    let out_dir = tmp.join("out");
+    fs::create_dir_all(&out_dir).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let appender = {
+        let (stop, growing) = (stop.clone(), growing.clone());
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let mut file = fs::OpenOptions::new().append(true).open(&growing).unwrap();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                file.write_all(b"another line\n").unwrap();
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        })
+    };
+    let out = pack(&[src.as_os_str(), out_dir.join("out.tar").as_os_str()]);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    appender.join().unwrap();
+    out.assert_code(1).assert_stderr_has(&["growing.log changed while it was read, twice", "torn copy"]);
+    assert_eq!(leftovers(&out_dir, &[]), Vec::<String>::new());
+}
+
+#[test]
+fn ctrl_c_or_sigterm_while_packing_leaves_no_partial_archive() {
+    require_root();
+    let tmp = TempDir::new("pack-signals");
+    let src = tmp.join("src");
+    samples(&src, 50);
+    for (signal, name, code) in [(libc::SIGINT, "SIGINT", 130), (libc::SIGTERM, "SIGTERM", 143)] {
+        let out_dir = tmp.join(format!("out-{name}"));
+        fs::create_dir_all(&out_dir).unwrap();
+        let log = tmp.join(format!("pack-{name}.log"));
+        let mut child = KillOnDrop(
+            Command::new(stagefs_bin())
+                .args([OsStr::new("-v"), OsStr::new("pack"), src.as_os_str(), out_dir.join("out.tar").as_os_str()])
+                .env("STAGEFS_TEST_HOLD_PHASE", "packing")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(fs::File::create(&log).unwrap())
+                .spawn()
+                .unwrap(),
+        );
+        let held = wait_until(Duration::from_secs(30), || fs::read_to_string(&log).unwrap().contains("phase: packing"));
+        assert!(held, "the pack reached its first member; log:\n{}", fs::read_to_string(&log).unwrap());
+        assert_eq!(leftovers(&out_dir, &[]).len(), 1, "the temp file exists while packing");
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let status = wait_timeout(&mut child.0, Duration::from_secs(30)).expect("pack stops at the signal");
+        let log = fs::read_to_string(&log).unwrap();
+        assert_eq!(status.code(), Some(code), "{log}");
+        assert!(log.contains(&format!("interrupted by {name}; the partial archive was removed")), "{log}");
+        assert_eq!(leftovers(&out_dir, &[]), Vec::<String>::new(), "{log}");
+    }
+}
+
+/// Shards left by an earlier, larger pack would join a mount of the pattern: pack says so.
+#[test]
+fn stale_shards_of_an_earlier_pack_are_pointed_out() {
+    require_root();
+    let tmp = TempDir::new("pack-stale");
+    let (big, small) = (tmp.join("big"), tmp.join("small"));
+    samples(&big, 60);
+    samples(&small, 4);
+    let out = tmp.join("set.tar");
+    let args = |src: &Path| {
+        [OsStr::new("--shard-size"), OsStr::new("200K"), src.as_os_str(), out.as_os_str()].map(OsString::from)
+    };
+    pack(&args(&big)).assert_success();
+    assert!(tmp.join("set-000003.tar").is_file());
+    let again = pack(&args(&small));
+    again.assert_success().assert_stderr_has(&["set-000001.tar to", "left from an earlier pack", "remove them"]);
+}
+
+#[test]
+fn missing_or_wrong_paths_are_clear_errors() {
+    require_root();
+    let tmp = TempDir::new("pack-errors");
+    let src = tmp.join("src");
+    write(&src.join("f"), b"f");
+    let missing = tmp.join("no-such-dir");
+    let out = pack(&[missing.as_os_str(), tmp.join("x.tar").as_os_str()]);
+    out.assert_code(2).assert_stderr_has(&["cannot pack", "no-such-dir", "No such file"]);
+    let out = pack(&[src.join("f").as_os_str(), tmp.join("x.tar").as_os_str()]);
+    out.assert_code(2).assert_stderr_has(&["is not a directory"]);
+    let out = pack(&[src.as_os_str(), tmp.path().as_os_str()]);
+    out.assert_code(2).assert_stderr_has(&["is a directory; name the archive"]);
+    let out = pack(&[src.as_os_str(), tmp.join("no-dir/x.tar").as_os_str()]);
+    out.assert_code(1).assert_stderr_has(&["cannot create a temporary file in", "no-dir", "No such file"]);
+    let out = pack(&[OsStr::new("--exclude"), OsStr::new("[z-a"), src.as_os_str(), tmp.join("x.tar").as_os_str()]);
+    out.assert_code(2).assert_stderr_has(&["--exclude", "not a valid pattern"]);
+    assert!(!tmp.join("x.tar").exists());
+    // More threads than the open-files limit allows: capped, with a warning.
+    let script = format!(
+        "ulimit -n 100 && exec {} pack --threads 500 {} {}",
+        stagefs_bin().display(),
+        src.display(),
+        tmp.join("x.tar").display()
+    );
+    let out = run_cmd(Command::new("sh").args(["-c", &script]), CMD_TIMEOUT);
+    out.assert_success().assert_stderr_has(&["--threads 500", "ulimit -n", "18 readers"]);
+}
+
+/// A directory both test users can reach, holding `mode` subdirectory `name`.
+fn reachable(tmp: &TempDir, name: &str, mode: u32) -> PathBuf {
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let dir = tmp.join(name);
+    fs::create_dir_all(&dir).unwrap();
+    fs::set_permissions(&dir, fs::Permissions::from_mode(mode)).unwrap();
+    dir
+}
+
+#[test]
+fn as_a_user_an_unwritable_destination_or_unreadable_file_is_a_clear_error() {
+    let alice = User::get("sfs-alice");
+    let tmp = TempDir::new("pack-user-errors");
+    let src = reachable(&tmp, "src", 0o755);
+    write(&src.join("ok.txt"), b"ok");
+    write(&src.join("secret.txt"), b"secret");
+    for p in [&src, &src.join("ok.txt"), &src.join("secret.txt")] {
+        alice.chown(p);
+    }
+    let root_only = reachable(&tmp, "root-only", 0o755);
+    let out = alice.stagefs([OsStr::new("pack"), src.as_os_str(), root_only.join("x.tar").as_os_str()]);
+    out.assert_code(1).assert_stderr_has(&["cannot create a temporary file in", "root-only", "Permission denied"]);
+
+    fs::set_permissions(src.join("secret.txt"), fs::Permissions::from_mode(0o000)).unwrap();
+    let out_dir = reachable(&tmp, "out", 0o755);
+    alice.chown(&out_dir);
+    let out = alice.stagefs([OsStr::new("pack"), src.as_os_str(), out_dir.join("x.tar").as_os_str()]);
+    out.assert_code(1).assert_stderr_has(&["cannot read", "secret.txt", "Permission denied"]);
+    assert_eq!(leftovers(&out_dir, &[]), Vec::<String>::new());
+}
+
+/// On a login node `/tmp` is shared: another user may plant a symlink where the archive is
+/// to go. pack never writes through it, and says why it cannot replace it.
+#[test]
+fn a_symlink_planted_at_out_by_another_user_is_never_followed() {
+    let (alice, eve) = (User::get("sfs-alice"), User::get("sfs-eve"));
+    let tmp = TempDir::new("pack-hostile");
+    let src = reachable(&tmp, "src", 0o755);
+    write(&src.join("data.txt"), b"dataset");
+    alice.chown(&src);
+    alice.chown(&src.join("data.txt"));
+    let home = reachable(&tmp, "alice-home", 0o700);
+    alice.chown(&home);
+    let victim = home.join("thesis.txt");
+    write(&victim, b"years of work");
+    alice.chown(&victim);
+    let shared = reachable(&tmp, "shared", 0o1777);
+    let out_path = shared.join("data.tar");
+    eve.sh(&format!("ln -s {} {}", victim.display(), out_path.display()));
+
+    let out = alice.stagefs([OsStr::new("pack"), src.as_os_str(), out_path.as_os_str()]);
+    out.assert_code(1).assert_stderr_has(&["data.tar", "cannot rename", "another user"]);
+    assert_eq!(read(&victim), b"years of work", "the symlink's target is untouched");
+    assert!(fs::symlink_metadata(&out_path).unwrap().file_type().is_symlink(), "eve's link is still eve's");
+    assert_eq!(leftovers(&shared, &["data.tar"]), Vec::<String>::new(), "no temp file left in the shared dir");
+}
+
+#[test]
+fn normalize_stores_owner_zero_without_names_and_modes_readable_by_all() {
+    require_root();
+    let tmp = TempDir::new("pack-normalize");
+    let src = tmp.join("src");
+    write(&src.join("d/private.txt"), b"p");
+    write(&src.join("d/tool.sh"), b"#!/bin/sh\n");
+    fs::set_permissions(src.join("d/private.txt"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::set_permissions(src.join("d/tool.sh"), fs::Permissions::from_mode(0o700)).unwrap();
+    fs::set_permissions(src.join("d"), fs::Permissions::from_mode(0o700)).unwrap();
+    for p in [src.join("d"), src.join("d/private.txt"), src.join("d/tool.sh")] {
+        std::os::unix::fs::chown(&p, Some(1234), Some(5678)).unwrap();
+    }
+    let archive = tmp.join("out.tar");
+    pack(&[OsStr::new("--normalize"), src.as_os_str(), archive.as_os_str()]).assert_success();
+    let listing = quiet_tool("tar", &[OsStr::new("-tvf"), archive.as_os_str()]).stdout;
+    let line =
+        |name: &str| listing.lines().find(|l| l.ends_with(name)).unwrap_or_else(|| panic!("{listing}")).to_string();
+    assert!(line(" d/").starts_with("drwxr-xr-x 0/0 "), "{listing}");
+    assert!(line("d/private.txt").starts_with("-rw-r--r-- 0/0 "), "{listing}");
+    assert!(line("d/tool.sh").starts_with("-rwxr-xr-x 0/0 "), "{listing}");
+    let plain = tmp.join("plain.tar");
+    pack(&[src.as_os_str(), plain.as_os_str()]).assert_success();
+    let listing = quiet_tool("tar", &[OsStr::new("-tvf"), plain.as_os_str()]).stdout;
+    assert!(
+        listing.lines().any(|l| l.starts_with("-rw------- 1234/5678 ") && l.ends_with("d/private.txt")),
+        "{listing}"
+    );
+}
+
+/// A file of `size` bytes with `data` written at each offset, holes elsewhere.
+fn sparse_file(path: &Path, size: u64, data: &[(u64, &[u8])]) {
+    use std::os::unix::fs::FileExt;
+    let file = fs::File::create(path).unwrap();
+    file.set_len(size).unwrap();
+    for (offset, bytes) in data {
+        file.write_all_at(bytes, *offset).unwrap();
+    }
+}
+
+/// Sparse files are stored without their holes (pax 1.0, as `tar --sparse --format=posix`
+/// writes them): GNU tar, bsdtar, tarfile and a mount all give back the same bytes.
+#[test]
+fn sparse_files_are_stored_without_their_holes_and_read_back_whole() {
+    require_root();
+    let tmp = TempDir::new("pack-sparse");
+    let src = tmp.join("src");
+    fs::create_dir_all(src.join("d")).unwrap();
+    let block = pseudo_random(7, 8192);
+    sparse_file(&src.join("d/middle.img"), 300 << 20, &[(100 << 20, &block), (200 << 20, &block)]);
+    sparse_file(&src.join("d/ends-with-data.img"), 64 << 20, &[(0, &block), ((64 << 20) - 8192, &block)]);
+    sparse_file(&src.join("d/all-hole.img"), 50 << 20, &[]);
+    write(&src.join("d/dense.txt"), b"dense");
+    let archive = tmp.join("out.tar");
+    pack(&[src.as_os_str(), archive.as_os_str()]).assert_success();
+    assert!(fs::metadata(&archive).unwrap().len() < 1 << 20, "holes are not stored");
+    quiet_tool("tar", &[OsStr::new("-tvf"), archive.as_os_str()]);
+    quiet_tool("bsdtar", &[OsStr::new("-tvf"), archive.as_os_str()]);
+    let names = ["d/middle.img", "d/ends-with-data.img", "d/all-hole.img", "d/dense.txt"];
+    let same = |root: &Path, how: &str| {
+        for name in names {
+            let out = run_cmd(Command::new("cmp").arg(src.join(name)).arg(root.join(name)), CMD_TIMEOUT);
+            assert!(out.success(), "{how}: {name} differs\n{}", out.describe());
+        }
+    };
+    let gnu = tmp.join("gnu");
+    extract_tar(&archive, &gnu);
+    same(&gnu, "GNU tar");
+    let bsd = tmp.join("bsd");
+    fs::create_dir_all(&bsd).unwrap();
+    quiet_tool("bsdtar", &[OsStr::new("-xf"), archive.as_os_str(), OsStr::new("-C"), bsd.as_os_str()]);
+    same(&bsd, "bsdtar");
+    let py = tmp.join("py");
+    let script =
+        "import sys, tarfile\nwith tarfile.open(sys.argv[1]) as t:\n    t.extractall(sys.argv[2], filter='tar')\n";
+    quiet_tool("python3", &[OsStr::new("-c"), OsStr::new(script), archive.as_os_str(), py.as_os_str()]);
+    same(&py, "tarfile");
+    let fg = Foreground::start(&archive, &tmp.join("mnt"), &tmp.join("mount.log"), &[]);
+    same(&tmp.join("mnt"), "stagefs mount");
+    let log = fg.finish();
+    assert!(log.contains("using saved index"), "{log}");
+}
+
+/// On a terminal (`script` gives pack a pty) a progress bar shows files/s, MB/s and an
+/// ETA; on a pipe only the one-line summary is printed.
+#[test]
+fn a_progress_bar_on_a_terminal_and_a_summary_line_always() {
+    require_root();
+    let tmp = TempDir::new("pack-progress");
+    let src = tmp.join("src");
+    samples(&src, 20);
+    let archive = tmp.join("out.tar");
+    let line = format!("{} pack {} {}", stagefs_bin().display(), src.display(), archive.display());
+    let out = run_tool("script", [OsStr::new("-qec"), OsStr::new(&line), OsStr::new("/dev/null")]);
+    for needle in ["packing 0/", "files/s", "/s eta", "packed 40 files"] {
+        assert!(out.stdout.contains(needle), "{needle:?} not on the terminal:\n{}", out.describe());
+    }
+    let out = pack(&[src.as_os_str(), archive.as_os_str()]);
+    out.assert_success();
+    assert!(!out.stderr.contains("eta"), "no bar on a pipe:\n{}", out.describe());
+    assert_eq!(out.stderr.lines().count(), 1, "one summary line:\n{}", out.describe());
+    assert!(out.stderr.contains("packed 40 files") && out.stderr.contains("MB/s"), "{}", out.describe());
+}
