@@ -7,7 +7,7 @@
 use crate::archive::tar::{Extent, SparseFile};
 use crate::index::{Attrs, BuildError, Data, Index, IndexBuilder, InodeId, ROOT};
 
-use super::tar_writer::Kind;
+use crate::archive::tar::write::Kind;
 
 /// An index being built, one member at a time, in archive order.
 #[derive(Default)]

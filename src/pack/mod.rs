@@ -13,7 +13,6 @@ mod output;
 mod read;
 pub mod shards;
 mod sparse;
-pub mod tar_writer;
 mod walk;
 mod write;
 

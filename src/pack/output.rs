@@ -13,7 +13,8 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use super::index::ShardIndex;
-use super::{tar_writer, PackError};
+use super::PackError;
+use crate::archive::tar::write as tar_writer;
 
 /// An archive being written.
 pub struct Output {

@@ -8,8 +8,8 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use super::tar_writer::member_len;
 use super::Member;
+use crate::archive::tar::write::member_len;
 
 /// The sample a member belongs to: (directory, stem); `None` for directories, which
 /// never hold a shard boundary back.

@@ -8,9 +8,9 @@ use super::output::Output;
 use super::read::{self, Content, Window};
 use super::shards::shard_path;
 use super::sparse;
-use super::tar_writer::{self, Header, Kind};
 use super::walk::{full_path, Stat};
 use super::{Member, Options, PackError};
+use crate::archive::tar::write::{self as tar_writer, Header, Kind};
 use crate::index::Attrs;
 
 /// Chunk size when streaming a large file.

@@ -16,7 +16,7 @@ mod scan;
 mod sparse;
 #[cfg(test)]
 mod tests;
-mod write;
+pub mod write;
 
 use std::path::Path;
 

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use super::header::*;
 use super::member::MAX_GLOBAL_XATTRS;
 use super::pax::*;
-use super::write::*;
+use super::write::{pax_record, ustar_header};
 use super::*;
 use crate::test_support::python_tar;
 
