@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::lock::{is_locked, now_ms, LockFile, Mode, Status};
-use super::sweep::{spawn_reaper, sweep_stale};
+use super::sweep::{spawn_reaper, sweep_stale, RECENT_MS};
 use super::{NodeFiles, SlurmTask};
 use crate::daemon;
 use crate::daemon::watch;
@@ -15,8 +15,6 @@ use crate::request::MountRequest;
 
 /// How often waiters look again; mounting takes from milliseconds to minutes.
 const POLL: Duration = Duration::from_millis(20);
-/// `stagefs wait` outside SLURM reports a failure at most this old when it starts.
-pub(super) const RECENT_MS: u64 = 10_000;
 
 /// The outcome of an election for one mountpoint.
 #[derive(Debug)]

@@ -3,7 +3,6 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::elect::RECENT_MS;
 use super::lock::{is_locked, now_ms, LockFile, Mode, Status};
 use super::NodeFiles;
 use crate::registry;
@@ -39,6 +38,10 @@ pub fn reap_failure(lock: &Path, at_ms: u64) {
         }
     }
 }
+
+/// `stagefs wait` outside SLURM reports a failure at most this old when it starts; the
+/// reaper keeps a failure that long.
+pub(super) const RECENT_MS: u64 = 10_000;
 
 /// How long a failed leader's status stays for SLURM followers still starting up.
 const FAILURE_KEPT_MS: u64 = 60_000;
