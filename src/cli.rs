@@ -98,6 +98,9 @@ the index by themselves when scanning took long (10,000+ entries).")]
         /// directory others can write without the sticky bit: only for data you trust
         #[arg(long)]
         trust_shards: bool,
+        /// Save the index of `mount --recursive`: tars inside the archive opened as directories
+        #[arg(long)]
+        recursive: bool,
     },
     /// Pack a directory into a tar archive (or shards) and its saved index, many files at once: for parallel filesystems
     #[command(after_help = "Examples:

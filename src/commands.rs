@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use crate::error::Failure;
 use crate::mountpoint;
 pub use crate::node::umount;
-use crate::open::open_archive;
+use crate::open::{open_archive, Indexing};
 use crate::registry;
 use crate::report;
 use crate::stage::StageMode;
@@ -120,12 +120,13 @@ pub fn json_string(text: &str) -> String {
 }
 
 /// `stagefs index`: builds and saves an archive's index ahead of time (on a login node).
-pub fn index(path: &Path, trust_shards: bool) -> Result<(), Failure> {
+pub fn index(path: &Path, trust_shards: bool, recursive: bool) -> Result<(), Failure> {
     let started = Instant::now();
+    let indexing = Indexing { force_save: true, recursive };
     // Saved indexes are keyed by the canonical path, which is what mounts look up.
     let set = crate::shards::resolve(path, &[], trust_shards)?;
     if set.shards.len() > 1 {
-        let (opened, stats) = crate::shards::open_set(&set.label, &set.shards, StageMode::None, None, true)?;
+        let (opened, stats) = crate::shards::open_set(&set.label, &set.shards, StageMode::None, None, indexing)?;
         let index = &opened.archive.index;
         println!(
             "indexed {} shards in {:.2} s: {} entries, {} in memory merged ({} bytes per entry); saved {} indexes \
@@ -140,7 +141,7 @@ pub fn index(path: &Path, trust_shards: bool) -> Result<(), Failure> {
         return Ok(());
     }
     let path = set.label;
-    let opened = open_archive(&path, StageMode::None, None, None, None, true)?;
+    let opened = open_archive(&path, StageMode::None, None, None, None, indexing)?;
     let index = &opened.archive.index;
     let entries = index.dirents.len();
     let saved = match &opened.saved_index {

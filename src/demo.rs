@@ -123,6 +123,7 @@ fn compare(archive: &Path, plain: &Path, work: &Path, files: usize, readers: usi
             stage_dir: None,
             max_ram: None,
             warm: crate::warm::WarmMode::Auto,
+            recursive: false,
             broadcast: None,
         };
         // Not through the per-node election: the demo's mountpoints are its own, and under

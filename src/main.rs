@@ -86,7 +86,7 @@ fn run(command: Command) -> Result<(), Failure> {
         }
         Command::Umount { mountpoint, lazy } => commands::umount(&mountpoint, lazy),
         Command::Status { json } => commands::status(json),
-        Command::Index { archive, trust_shards } => commands::index(&archive, trust_shards),
+        Command::Index { archive, trust_shards, recursive } => commands::index(&archive, trust_shards, recursive),
         Command::Pack(args) => args.execute(),
         Command::Demo { files, readers, dir, keep } => stagefs::demo::run(files, readers, dir, keep),
     }

@@ -4,7 +4,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::archive::tar::saved;
+use crate::archive::tar::{nested, saved, TarReader};
 use crate::archive::{Archive, OpenError};
 use crate::stage::{self, StageError, StageMode, Staging};
 
@@ -63,6 +63,16 @@ fn with_scan_progress<T>(len: u64, f: impl FnOnce() -> T) -> T {
     })
 }
 
+/// How an archive's index is built and kept.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Indexing {
+    /// Scan and save the index whatever it cost (`stagefs index`), ignoring a saved one.
+    pub force_save: bool,
+    /// Open uncompressed tars inside a tar as directories (`--recursive`, see
+    /// `archive::tar::nested`).
+    pub recursive: bool,
+}
+
 /// Loads (staging per `mode`) and indexes an archive (a canonical path), reusing a saved
 /// index when one matches. Saves the index of a tar when scanning was costly, or always
 /// with `force_save`.
@@ -72,9 +82,9 @@ pub fn open_archive(
     max_ram: Option<u64>,
     stage_dir: Option<&Path>,
     received: Option<crate::stage::broadcast::Received>,
-    force_save: bool,
+    indexing: Indexing,
 ) -> Result<Opened, OpenArchiveError> {
-    open_shard(path, mode, (max_ram, stage_dir), received, force_save, 1)
+    open_shard(path, mode, (max_ram, stage_dir), received, indexing, 1)
 }
 
 /// [`open_archive`] for one of `shards` archives mounted together: scanning is judged
@@ -84,7 +94,7 @@ pub fn open_shard(
     mode: StageMode,
     (max_ram, stage_dir): (Option<u64>, Option<&Path>),
     received: Option<crate::stage::broadcast::Received>,
-    force_save: bool,
+    Indexing { force_save, recursive }: Indexing,
     shards: usize,
 ) -> Result<Opened, OpenArchiveError> {
     check_format(path)?;
@@ -92,7 +102,7 @@ pub fn open_shard(
     let loaded = stage::load(path, mode, max_ram, stage_dir, received)?;
     crate::cancel::check()?;
     if !force_save {
-        if let Some((index, reader)) = saved::load(path, &key, &loaded.backing) {
+        if let Some((index, reader)) = saved::load(path, &key, &loaded.backing, recursive) {
             let archive = Archive::from_saved_tar(index, reader);
             return Ok(Opened {
                 archive,
@@ -105,7 +115,10 @@ pub fn open_shard(
         }
     }
     let started = Instant::now();
-    let archive = with_scan_progress(loaded.backing.len() as u64, || Archive::from_backing(path, loaded.backing))?;
+    let mut archive = with_scan_progress(loaded.backing.len() as u64, || Archive::from_backing(path, loaded.backing))?;
+    if recursive {
+        archive = open_nested(path, archive)?;
+    }
     let elapsed = started.elapsed();
     let index = &archive.index;
     tracing::info!(
@@ -129,7 +142,7 @@ pub fn open_shard(
     let worth_saving = index.dirents.len() * shards >= 10_000 || elapsed * shards as u32 >= Duration::from_millis(200);
     let mut saved_index = None;
     if let Some(reader) = archive.tar_reader().filter(|_| force_save || worth_saving) {
-        match saved::save(path, &key, &archive.index, reader) {
+        match saved::save(path, &key, &archive.index, reader, recursive) {
             Ok(saved) => {
                 tracing::info!(index = %saved.display(), "saved the index for faster remounts");
                 saved_index = Some(saved);
@@ -146,6 +159,29 @@ pub fn open_shard(
         saved_index,
         reused_index: false,
     })
+}
+
+/// The tar `archive` with its inner tars opened (see `archive::tar::nested`); other
+/// formats as they are, with one line saying so.
+fn open_nested(path: &Path, archive: Archive) -> Result<Archive, OpenArchiveError> {
+    let Some(reader) = archive.tar_reader() else {
+        tracing::warn!(
+            "{}: --recursive opens tars inside a tar; this is a {:?} archive",
+            path.display(),
+            archive.format
+        );
+        return Ok(archive);
+    };
+    let backing = reader.backing().clone();
+    let (index, sparse_files, extents, opened) =
+        nested::expand(path, &backing, &archive.index, reader.sparse_files(), reader.extents())?;
+    tracing::info!(archive = %path.display(), inner_archives = opened, "opened inner tars (--recursive)");
+    let reader = TarReader::from_parts(backing, sparse_files, extents).ok_or_else(|| OpenError::Corrupt {
+        path: path.to_owned(),
+        offset: 0,
+        what: "the sparse tables of its inner archives do not fit it".into(),
+    })?;
+    Ok(Archive::from_saved_tar(index, reader))
 }
 
 /// Refuses an unknown format before any byte is staged.

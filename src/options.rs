@@ -38,6 +38,10 @@ pub struct MountOptions {
     /// With --broadcast: if the broadcast fails, stage from the parallel filesystem instead of failing
     #[arg(long, requires = "broadcast")]
     pub broadcast_fallback: bool,
+    /// Show each uncompressed tar inside the archive (ImageNet's n01440764.tar, to any depth) as a
+    /// directory of its files, named without .tar, served in place from the outer archive
+    #[arg(long)]
+    pub recursive: bool,
     /// One more archive (or pattern, or @FILE) to merge after ARCHIVE; repeatable
     #[arg(long = "archive", value_name = "ARCHIVE", id = "more_archives")]
     pub more_archives: Vec<PathBuf>,
@@ -82,6 +86,7 @@ impl MountOptions {
             stage_dir: self.stage_dir,
             max_ram: self.max_ram,
             warm: self.warm,
+            recursive: self.recursive,
             broadcast,
         })
     }

@@ -30,6 +30,8 @@ pub struct MountRequest {
     pub stage_dir: Option<PathBuf>,
     pub max_ram: Option<u64>,
     pub warm: WarmMode,
+    /// Open uncompressed tars inside a tar as directories (`--recursive`).
+    pub recursive: bool,
     /// Receive the archive from a broadcast (`--broadcast`) instead of reading it.
     pub broadcast: Option<crate::stage::broadcast::Plan>,
 }

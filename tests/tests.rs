@@ -11,6 +11,7 @@ mod errors;
 mod formats;
 mod hostile;
 mod memory;
+mod nested;
 mod one_copy;
 mod pack;
 mod shards;

@@ -196,6 +196,7 @@ def mount(
     threads: Optional[int] = None,
     idle_timeout: Union[int, float, str, None] = None,
     log_file: Optional[PathLike] = None,
+    recursive: bool = False,
     timeout: Optional[float] = None,
 ) -> Mount:
     """Mounts ``archive`` read-only and returns once the mount is usable.
@@ -205,7 +206,8 @@ def mount(
     :class:`Mount` and call ``.unmount()``. Options are the ``stagefs mount``
     options: ``stage`` (auto|ram|none), ``max_ram`` (bytes or e.g. "64G"),
     ``warm`` (auto|yes|no), ``threads``, ``idle_timeout`` (seconds or e.g. "30m"),
-    ``log_file``. ``mountpoint`` defaults to the command's own default,
+    ``log_file``, ``recursive`` (tars inside the archive, such as ImageNet's
+    per-class tars, appear as directories). ``mountpoint`` defaults to the command's own default,
     ``/dev/shm/$USER/stagefs/<stem>``, which it prints.
 
     Raises :class:`MountError` (an ``OSError``) with the command's message and
@@ -222,6 +224,8 @@ def mount(
         cmd += ["--max-ram", str(max_ram)]
     if idle_timeout is not None:
         cmd += ["--idle-timeout", _duration(idle_timeout)]
+    if recursive:
+        cmd.append("--recursive")
     # Interrupted (Ctrl-C, timeout) while the daemon is coming up, subprocess kills the
     # command; the daemon follows its parent and leaves nothing mounted or staged.
     out = _run(cmd, timeout)

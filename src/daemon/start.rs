@@ -15,7 +15,7 @@ use super::warmup::warm_page_cache;
 use crate::error::Failure;
 use crate::fs::Fs;
 use crate::mountpoint::{self, MountpointError};
-use crate::open::{open_archive, Opened};
+use crate::open::{open_archive, Indexing, Opened};
 use crate::registry::{self, Record};
 use crate::request::MountRequest;
 use crate::stage::Staging;
@@ -45,10 +45,11 @@ pub(super) fn start(
         Some(plan) => crate::stage::broadcast::receive(plan, crate::request::DEFAULT_WAIT)?,
         None => None,
     };
+    let indexing = Indexing { force_save: false, recursive: request.recursive };
     let Opened { archive, staged_bytes, staging, disk, .. } = if request.shards.len() > 1 {
-        crate::shards::open_set(archive_path, &request.shards, request.stage, request.max_ram, false)?.0
+        crate::shards::open_set(archive_path, &request.shards, request.stage, request.max_ram, indexing)?.0
     } else {
-        open_archive(archive_path, request.stage, request.max_ram, request.stage_dir.as_deref(), received, false)?
+        open_archive(archive_path, request.stage, request.max_ram, request.stage_dir.as_deref(), received, indexing)?
     };
     crate::cancel::phase("mounting")?;
     // Building the index peaks well above what the finished index keeps.

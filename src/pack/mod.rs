@@ -2,7 +2,7 @@
 //!
 //! The pipeline: [`walk`] lists and stats the tree on many threads and sorts it by path
 //! bytes; [`shards`] splits it; [`read`]'s threads open and read files in that order, a
-//! bounded byte budget ahead of the one [`write`]r, which appends headers ([`tar_writer`])
+//! bounded byte budget ahead of the one [`write`]r, which appends headers (`archive::tar::write`)
 //! and content to a temp file ([`output`]) and builds each shard's index from the offsets
 //! it writes ([`index`]). Complete archives are renamed into place; only then is each
 //! index saved, since the saved index's key includes the archive's ctime, which the
@@ -260,7 +260,7 @@ fn save_index(out: &mut output::Output) -> Result<(), String> {
     let reader = crate::archive::tar::TarReader::from_parts(backing, sparse_files, extents)
         .ok_or("sparse tables out of bounds")?;
     let key = crate::archive::tar::saved::Key::of(&path).map_err(|e| e.to_string())?;
-    let at = crate::archive::tar::saved::save(&path, &key, &index, &reader).map_err(|e| e.to_string())?;
+    let at = crate::archive::tar::saved::save(&path, &key, &index, &reader, false).map_err(|e| e.to_string())?;
     tracing::info!(index = %at.display(), "saved the index");
     Ok(())
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use crate::archive::set::Merger;
 use crate::archive::OpenError;
-use crate::open::{open_shard, OpenArchiveError, Opened};
+use crate::open::{open_shard, Indexing, OpenArchiveError, Opened};
 use crate::report;
 use crate::stage::{self, StageMode, Staging};
 
@@ -33,7 +33,7 @@ pub fn open_set(
     shards: &[PathBuf],
     mode: StageMode,
     max_ram: Option<u64>,
-    force_save: bool,
+    indexing: Indexing,
 ) -> Result<(Opened, SetStats), OpenArchiveError> {
     let started = Instant::now();
     let sizes = shards
@@ -67,7 +67,7 @@ pub fn open_set(
                     let budget = max_ram.map(|m| m.saturating_sub(staged.load(Ordering::Relaxed)));
                     let result = crate::cancel::check()
                         .map_err(OpenArchiveError::from)
-                        .and_then(|()| open_shard(&shards[i], mode, (budget, None), None, force_save, shards.len()));
+                        .and_then(|()| open_shard(&shards[i], mode, (budget, None), None, indexing, shards.len()));
                     if let Ok(opened) = &result {
                         staged.fetch_add(opened.staged_bytes, Ordering::Relaxed);
                     }

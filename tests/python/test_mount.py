@@ -38,6 +38,17 @@ def test_options_are_passed_to_the_command(tree, fixture_tar, tmp_path):
         m.unmount()
 
 
+def test_recursive_opens_tars_inside_the_archive(tree, fixture_tar, tmp_path):
+    outer = tmp_path / "outer"
+    outer.mkdir()
+    (outer / "class1.tar").write_bytes(Path(fixture_tar).read_bytes())
+    archive = tmp_path / "train.tar"
+    subprocess.run(["tar", "-C", str(outer), "-cf", str(archive), "class1.tar"], check=True)
+    with stagefs.mount(archive, tmp_path / "mnt", recursive=True) as root:
+        assert read_tree(root / "class1") == read_tree(tree)
+        assert not (root / "class1.tar").exists()
+
+
 def test_plain_call_returns_a_handle(fixture_tar, tmp_path):
     m = stagefs.mount(fixture_tar, tmp_path / "mnt")
     assert m.mounted and os.path.ismount(m.path)

@@ -9,6 +9,7 @@
 mod header;
 mod key;
 mod member;
+pub mod nested;
 mod pax;
 pub mod saved;
 mod saved_format;

@@ -28,23 +28,33 @@ use crate::index::Index;
 use crate::places;
 
 /// The saved index next to `archive` (a canonical path).
-fn beside(archive: &Path) -> PathBuf {
+fn beside(archive: &Path, recursive: bool) -> PathBuf {
     let name = archive.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    archive.with_file_name(format!("{name}.stagefs-index"))
+    archive.with_file_name(format!("{name}.stagefs-index{}", flavor(recursive)))
+}
+
+/// A `--recursive` index (inner tars opened) is another file than the flat one: the two
+/// trees differ, and mounts of either kind must not replace each other's index.
+fn flavor(recursive: bool) -> &'static str {
+    if recursive {
+        "-recursive"
+    } else {
+        ""
+    }
 }
 
 /// The saved index of `archive` (a canonical path) in the cache directory `dir`.
-fn in_cache(dir: &Path, archive: &Path) -> PathBuf {
+fn in_cache(dir: &Path, archive: &Path, recursive: bool) -> PathBuf {
     let name = archive.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let path_hash = hash::hash(archive.as_os_str().as_encoded_bytes());
-    dir.join(format!("{path_hash:016x}-{name}.index"))
+    dir.join(format!("{path_hash:016x}-{name}{}.index", flavor(recursive)))
 }
 
 /// Where an index for `archive` may live, preferred first (looked up, never created).
-fn candidates(archive: &Path) -> Vec<PathBuf> {
-    let mut paths = vec![beside(archive)];
+fn candidates(archive: &Path, recursive: bool) -> Vec<PathBuf> {
+    let mut paths = vec![beside(archive, recursive)];
     if let Ok(dir) = places::cache_dir() {
-        paths.push(in_cache(&dir, archive));
+        paths.push(in_cache(&dir, archive, recursive));
     }
     paths
 }
@@ -58,9 +68,9 @@ fn size_cap(archive_len: u64) -> u64 {
 
 /// Loads a saved index for `archive` if one matches `key` and deserves trust (see the
 /// module docs); says why it ignores one.
-pub fn load(archive: &Path, key: &Key, backing: &Backing) -> Option<(Index, TarReader)> {
+pub fn load(archive: &Path, key: &Key, backing: &Backing, recursive: bool) -> Option<(Index, TarReader)> {
     let owners = [places::my_uid(), std::fs::metadata(archive).map_or(places::my_uid(), |m| m.uid())];
-    for path in candidates(archive) {
+    for path in candidates(archive, recursive) {
         if std::fs::symlink_metadata(&path).is_err() {
             continue;
         }
@@ -74,7 +84,7 @@ pub fn load(archive: &Path, key: &Key, backing: &Backing) -> Option<(Index, TarR
         match decode(&bytes, key, backing) {
             Ok(opened) => {
                 tracing::info!(index = %path.display(), "using saved index");
-                if path != beside(archive) {
+                if path != beside(archive, recursive) {
                     // A cached index in use is kept by `prune`: its mtime says when.
                     let _ = std::fs::File::options()
                         .write(true)
@@ -91,12 +101,18 @@ pub fn load(archive: &Path, key: &Key, backing: &Backing) -> Option<(Index, TarR
 }
 
 /// Saves the index of a tar archive; returns where it went.
-pub fn save(archive_path: &Path, key: &Key, index: &Index, reader: &TarReader) -> std::io::Result<PathBuf> {
+pub fn save(
+    archive_path: &Path,
+    key: &Key,
+    index: &Index,
+    reader: &TarReader,
+    recursive: bool,
+) -> std::io::Result<PathBuf> {
     let bytes = encode(key, index, reader);
     // Never more readable than the archive: the index lists its member names.
     let archive_mode = std::fs::metadata(archive_path)?.mode();
     let mode = 0o600 | (archive_mode & 0o044);
-    let beside = beside(archive_path);
+    let beside = beside(archive_path, recursive);
     let beside_error = match places::write_atomically(&beside, &bytes, mode) {
         Ok(()) => return Ok(beside),
         Err(e) => e,
@@ -104,7 +120,7 @@ pub fn save(archive_path: &Path, key: &Key, index: &Index, reader: &TarReader) -
     let dir = places::cache_dir().map_err(|e| {
         std::io::Error::other(format!("cannot write {} ({beside_error}), nor use the cache: {e}", beside.display()))
     })?;
-    let cached = in_cache(&dir, archive_path);
+    let cached = in_cache(&dir, archive_path, recursive);
     places::write_atomically(&cached, &bytes, mode)?;
     prune(&dir, CACHE_MAX_AGE, CACHE_MAX_BYTES);
     Ok(cached)
@@ -201,10 +217,10 @@ mod tests {
         let path = sample_archive(dir);
         let key = Key::of(&path).unwrap();
         let fresh = crate::archive::Archive::open(&path).unwrap();
-        let saved_at = save(&path, &key, &fresh.index, fresh.tar_reader().unwrap()).unwrap();
+        let saved_at = save(&path, &key, &fresh.index, fresh.tar_reader().unwrap(), false).unwrap();
         assert_eq!(saved_at, dir.join("a.tar.stagefs-index"));
         let backing = crate::archive::map_file(&File::open(&path).unwrap()).unwrap();
-        let (loaded, _) = load(&path, &key, &backing).expect("a matching index loads");
+        let (loaded, _) = load(&path, &key, &backing, false).expect("a matching index loads");
         assert_eq!(loaded.inodes, fresh.index.inodes);
         assert_eq!(loaded.dirents, fresh.index.dirents);
         assert_eq!(loaded.arena, fresh.index.arena);
@@ -212,7 +228,7 @@ mod tests {
         // A changed archive: different key, index ignored.
         let mut other = key;
         other.fingerprint ^= 1;
-        assert!(load(&path, &other, &backing).is_none());
+        assert!(load(&path, &other, &backing, false).is_none());
         // Every single-byte corruption is caught by the checksum or the bounds checks.
         let bytes = std::fs::read(&saved_at).unwrap();
         for i in (0..bytes.len()).step_by(7) {

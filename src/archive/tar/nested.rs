@@ -1,0 +1,230 @@
+//! Archives inside archives (`--recursive`): every uncompressed tar member that is itself a tar becomes a directory of its members, served as slices of the outer archive.
+//!
+//! ImageNet's `ILSVRC2012_img_train.tar` holds 1,000 tars, one per class. An inner tar
+//! stored plainly is a byte range of the outer one, so it is scanned in place and its
+//! members keep pointing into the outer archive's bytes: no copy, no second staging, and
+//! RAM stays one outer archive. `n01440764.tar` becomes the directory `n01440764` (the
+//! name without `.tar`), to any depth (at most [`MAX_DEPTH`]). An inner tar stays a plain
+//! file, with one log line, when its directory name is taken by a sibling, or when it
+//! does not scan as a tar (it is then simply a file that happens to end in `.tar`).
+//! Compressed inner members (`.tar.gz` inside a tar) stay files.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use super::header::BLOCK;
+use super::member::Scan;
+use super::{looks_like_tar, Extent, SparseFile};
+use crate::archive::OpenError;
+use crate::escape::escape;
+use crate::index::{Attrs, BuildError, Data, Index, IndexBuilder, InodeId, ROOT};
+
+/// How deep archives may nest: deeper ones stay files.
+pub const MAX_DEPTH: usize = 8;
+
+/// One scanned archive: its tree and its sparse tables, with offsets relative to `base`
+/// in the outermost archive.
+struct Level<'a> {
+    index: &'a Index,
+    sparse_files: &'a [SparseFile],
+    extents: &'a [Extent],
+    base: u64,
+    depth: usize,
+}
+
+/// The outer tree rebuilt with inner tars opened, and the sparse tables of all levels.
+struct Nester<'a> {
+    path: &'a Path,
+    map: &'a [u8],
+    builder: IndexBuilder,
+    sparse_files: Vec<SparseFile>,
+    extents: Vec<Extent>,
+    opened: usize,
+}
+
+/// Rebuilds `index` (scanned from `map`, the whole outer archive at `path`) with every
+/// inner tar opened as a directory. Returns the new tree, its sparse tables and how many
+/// inner archives were opened.
+pub fn expand(
+    path: &Path,
+    map: &[u8],
+    index: &Index,
+    sparse_files: &[SparseFile],
+    extents: &[Extent],
+) -> Result<(Index, Vec<SparseFile>, Vec<Extent>, usize), OpenError> {
+    let index_err = |source| OpenError::Index { path: path.to_owned(), source };
+    let mut nester =
+        Nester { path, map, builder: IndexBuilder::new(), sparse_files: Vec::new(), extents: Vec::new(), opened: 0 };
+    let root = &index.inodes[ROOT as usize];
+    nester.builder.set_inode(ROOT, root.attrs, Data::None);
+    nester.copy_xattrs(ROOT, index, ROOT).map_err(index_err)?;
+    let level = Level { index, sparse_files, extents, base: 0, depth: 0 };
+    nester.copy_dir(&level, ROOT, ROOT)?;
+    let Nester { builder, sparse_files, extents, opened, .. } = nester;
+    Ok((builder.finish().map_err(index_err)?, sparse_files, extents, opened))
+}
+
+impl Nester<'_> {
+    /// Copies directory `from` of `level` (and everything below) into directory `to`.
+    fn copy_dir(&mut self, level: &Level, from: InodeId, to: InodeId) -> Result<(), OpenError> {
+        let index_err = |source| OpenError::Index { path: self.path.to_owned(), source };
+        // Hard links: several names of one inode of this level map to one new inode.
+        let mut copied: HashMap<InodeId, InodeId> = HashMap::new();
+        let mut stack = vec![(from, to)];
+        while let Some((from, to)) = stack.pop() {
+            let dir = &level.index.inodes[from as usize];
+            let children = level.index.children(dir);
+            for dirent in children {
+                let name = level.index.bytes(dirent.name);
+                let child = &level.index.inodes[dirent.inode as usize];
+                if child.attrs.is_dir() {
+                    let id = self.builder.add_inode(child.attrs, Data::None).map_err(index_err)?;
+                    self.copy_xattrs(id, level.index, dirent.inode).map_err(index_err)?;
+                    self.builder.link(to, name, id).map_err(index_err)?;
+                    stack.push((dirent.inode, id));
+                    continue;
+                }
+                let taken = |stem: &[u8]| children.iter().any(|d| level.index.bytes(d.name) == stem);
+                if let Some((stem, inner)) = self.inner_archive(level, name, child.data, child.attrs.size, &taken) {
+                    let attrs = Attrs { mode: libc::S_IFDIR | 0o755, size: 0, ..child.attrs };
+                    let id = self.builder.add_inode(attrs, Data::None).map_err(index_err)?;
+                    self.builder.link(to, stem, id).map_err(index_err)?;
+                    let (index, sparse_files, extents, base) = inner;
+                    let inner_level = Level {
+                        index: &index,
+                        sparse_files: &sparse_files,
+                        extents: &extents,
+                        base,
+                        depth: level.depth + 1,
+                    };
+                    self.opened += 1;
+                    self.copy_dir(&inner_level, ROOT, id)?;
+                    continue;
+                }
+                let id = match copied.get(&dirent.inode) {
+                    Some(&id) => id,
+                    None => {
+                        let data = self.data(level, child.data).map_err(index_err)?;
+                        let id = self.builder.add_inode(child.attrs, data).map_err(index_err)?;
+                        self.copy_xattrs(id, level.index, dirent.inode).map_err(index_err)?;
+                        copied.insert(dirent.inode, id);
+                        id
+                    }
+                };
+                self.builder.link(to, name, id).map_err(index_err)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A member's content location in the outermost archive.
+    fn data(&mut self, level: &Level, data: Data) -> Result<Data, BuildError> {
+        Ok(match data {
+            Data::Slice { offset } => Data::Slice { offset: offset + level.base },
+            Data::Symlink(target) => Data::Symlink(self.builder.intern(level.index.bytes(target))?),
+            Data::Extern(handle) => {
+                // Out of range only if the scan broke its own tables: then no content.
+                let Some(file) = level.sparse_files.get(handle as usize) else { return Ok(Data::None) };
+                let runs = &level.extents[file.first as usize..(file.first + file.count) as usize];
+                let first = self.extents.len() as u32;
+                self.extents
+                    .extend(runs.iter().map(|e| Extent { archive_offset: e.archive_offset + level.base, ..*e }));
+                self.sparse_files.push(SparseFile { first, count: file.count });
+                Data::Extern(self.sparse_files.len() as u32 - 1)
+            }
+            other => other,
+        })
+    }
+
+    /// For a member `name` that is an uncompressed tar this can open: the directory name
+    /// and the scanned inner archive (tree, sparse tables, base offset).
+    #[allow(clippy::type_complexity)]
+    fn inner_archive<'n>(
+        &self,
+        level: &Level,
+        name: &'n [u8],
+        data: Data,
+        size: u64,
+        taken: &dyn Fn(&[u8]) -> bool,
+    ) -> Option<(&'n [u8], (Index, Vec<SparseFile>, Vec<Extent>, u64))> {
+        let stem = name.strip_suffix(b".tar").filter(|s| !s.is_empty())?;
+        let Data::Slice { offset } = data else { return None };
+        if level.depth >= MAX_DEPTH || size < BLOCK as u64 {
+            return None;
+        }
+        let start = level.base + offset;
+        let bytes = self.map.get(start as usize..(start + size) as usize)?;
+        if !looks_like_tar(bytes) {
+            return None;
+        }
+        if taken(stem) {
+            tracing::warn!(
+                "{}: {} stays a file: its directory name {} is taken by a sibling",
+                self.path.display(),
+                escape(name),
+                escape(stem)
+            );
+            return None;
+        }
+        let mut scan = Scan::new(self.path, bytes);
+        if let Err(e) = scan.run() {
+            tracing::info!("{}: {} stays a file: it does not scan as a tar ({e})", self.path.display(), escape(name));
+            return None;
+        }
+        let Scan { builder, sparse_files, extents, .. } = scan;
+        let index = builder.finish().ok()?;
+        Some((stem, (index, sparse_files, extents, start)))
+    }
+
+    fn copy_xattrs(&mut self, id: InodeId, index: &Index, from: InodeId) -> Result<(), BuildError> {
+        let inode = &index.inodes[from as usize];
+        let pairs: Vec<(&[u8], &[u8])> =
+            index.xattrs_of(inode).iter().map(|x| (index.bytes(x.name), index.bytes(x.value))).collect();
+        if !pairs.is_empty() {
+            self.builder.set_xattrs(id, &pairs)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::python_tar;
+
+    fn scan(bytes: &[u8]) -> (Index, Vec<SparseFile>, Vec<Extent>) {
+        let mut scan = Scan::new(Path::new("t.tar"), bytes);
+        scan.run().unwrap();
+        let Scan { builder, sparse_files, extents, .. } = scan;
+        (builder.finish().unwrap(), sparse_files, extents)
+    }
+
+    fn names(index: &Index, dir: InodeId) -> Vec<String> {
+        let dir = &index.inodes[dir as usize];
+        index.children(dir).iter().map(|d| String::from_utf8_lossy(index.bytes(d.name)).into_owned()).collect()
+    }
+
+    #[test]
+    fn a_damaged_inner_tar_stays_a_file_and_a_good_one_opens_in_place() {
+        let inner = python_tar("", "add('a.txt', b'inside')");
+        // A valid first header, then the member's data cut short: it does not scan.
+        let damaged = python_tar("", "add('big.bin', b'x' * 5000)")[..1024].to_vec();
+        let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        let script = format!(
+            "add('good.tar', bytes.fromhex('{}'))\nadd('bad.tar', bytes.fromhex('{}'))",
+            hex(&inner),
+            hex(&damaged)
+        );
+        let outer = python_tar("", &script);
+        let (index, sparse, extents) = scan(&outer);
+        let (nested, _, _, opened) = expand(Path::new("t.tar"), &outer, &index, &sparse, &extents).unwrap();
+        assert_eq!(opened, 1);
+        let mut top = names(&nested, ROOT);
+        top.sort();
+        assert_eq!(top, ["bad.tar", "good"]);
+        let good = nested.lookup(&nested.inodes[ROOT as usize], b"good").unwrap();
+        let a = nested.lookup(&nested.inodes[good as usize], b"a.txt").unwrap();
+        let Data::Slice { offset } = nested.inodes[a as usize].data else { panic!("a slice of the outer archive") };
+        assert_eq!(&outer[offset as usize..offset as usize + 6], b"inside", "served in place from the outer bytes");
+    }
+}
