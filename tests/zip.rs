@@ -741,3 +741,25 @@ fn zip_names_reach_terminals_and_logs_escaped() {
     // tracing quotes string fields once more (`\\u{1b}`): escaped all the same.
     assert!(texts[4].contains("u{1b}]0;pwned") && texts[4].contains("nWARN forged.txt"), "log: {:?}", texts[4]);
 }
+
+/// A zip records no owner. Python's `zipfile.writestr` stores mode 0600: members shown
+/// as root's made every file of such an archive unreadable (EACCES) for the ordinary
+/// user who mounted it. They are the mounting user's, as unzip makes them.
+#[test]
+fn zip_members_belong_to_the_user_who_mounts_it() {
+    let alice = crate::util::User::get("sfs-alice");
+    let archive = alice.home.join("writestr.zip");
+    let script = format!(
+        "import zipfile\nwith zipfile.ZipFile('{}', 'w') as z:\n    for i in range(50): z.writestr(f'd/f{{i}}.txt', f'file {{i}}\\n')\n",
+        archive.display()
+    );
+    alice.sh(&format!("python3 -c \"{}\"", script.replace('"', "\\\"")));
+    let mnt = alice.home.join("mnt-writestr");
+    crate::util::remove_tree(&mnt);
+    alice.stagefs([OsStr::new("mount"), archive.as_os_str(), mnt.as_os_str()]).assert_success();
+    let read = alice.try_sh(&format!("cat {}/d/f7.txt && stat -c '%a %U' {}/d/f7.txt", mnt.display(), mnt.display()));
+    alice.stagefs([OsStr::new("umount"), mnt.as_os_str()]).assert_success();
+    fs::remove_file(&archive).unwrap();
+    assert!(read.success(), "alice cannot read her own zip's member:\n{}", read.describe());
+    assert_eq!(read.stdout, "file 7\n600 sfs-alice\n");
+}

@@ -4,6 +4,7 @@
 //! aside, which are member data). No index is saved: the directory already is one.
 //! Names, modes and times follow what Info-ZIP `unzip` extracts; see doc/design.md.
 
+mod cp437;
 mod cursors;
 mod directory;
 mod member;
@@ -67,10 +68,7 @@ fn add(
     e: &Entry,
     cd_start: u64,
 ) -> Result<(), Fault> {
-    let Some(components) = super::tar::normalise(&e.name) else {
-        tracing::warn!(name = %show(&e.name), "skipping member whose name contains '..' (as unzip does)");
-        return Ok(());
-    };
+    let components = components(&e.name);
     let attrs = attrs_of(e);
     // The member's data must lie before the central directory; the local header is
     // checked on first read, so mounting touches no data.
@@ -194,7 +192,24 @@ fn attrs_of(e: &Entry) -> Attrs {
     };
     let size = if mode & libc::S_IFMT == libc::S_IFREG { e.size } else { 0 };
     let mtime = e.unix_mtime.unwrap_or_else(|| dos_time(e.dos_date, e.dos_time));
-    Attrs { mode, uid: 0, gid: 0, mtime, mtime_nsec: 0, size }
+    // A zip records no owner: its members are the mounting user's, as unzip makes them.
+    Attrs { mode, uid: crate::places::my_uid(), gid: my_gid(), mtime, mtime_nsec: 0, size }
+}
+
+fn my_gid() -> u32 {
+    // SAFETY: getegid has no preconditions.
+    unsafe { libc::getegid() }
+}
+
+/// A member name's components as `unzip` extracts it: leading `/`, empty and `.`
+/// components dropped, and `..` components dropped too (`folder/../ufo` -> `folder/ufo`),
+/// with one warning, so nothing lands outside the mount.
+fn components(name: &[u8]) -> Vec<&[u8]> {
+    let all: Vec<&[u8]> = name.split(|&b| b == b'/').filter(|c| !c.is_empty() && *c != b".").collect();
+    if all.contains(&&b".."[..]) {
+        tracing::warn!(name = %show(name), "dropping the '..' components of a member name (as unzip does)");
+    }
+    all.into_iter().filter(|c| *c != b"..").collect()
 }
 
 /// An MS-DOS date and time, read as UTC: the format has no zone, `unzip` reads it in
@@ -220,6 +235,24 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dot_dot_components_are_dropped_as_unzip_drops_them() {
+        let parts =
+            |name: &[u8]| components(name).iter().map(|c| String::from_utf8_lossy(c).into_owned()).collect::<Vec<_>>();
+        assert_eq!(parts(b"folder/../ufo"), ["folder", "ufo"]);
+        assert_eq!(parts(b"/../../etc/passwd"), ["etc", "passwd"]);
+        assert_eq!(parts(b"./a//b/."), ["a", "b"]);
+    }
+
+    #[test]
+    fn members_belong_to_the_mounting_user() {
+        let zip = directory::tests::python_zip("z.writestr('f', b'x')");
+        let dir = directory::read(&zip).unwrap();
+        let attrs = attrs_of(&dir.entries[0]);
+        // SAFETY: geteuid/getegid have no preconditions.
+        assert_eq!((attrs.uid, attrs.gid), unsafe { (libc::geteuid(), libc::getegid()) });
+    }
 
     #[test]
     fn dos_times_read_as_utc() {

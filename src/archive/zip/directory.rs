@@ -16,6 +16,10 @@ const EOCD64_SIG: &[u8; 4] = b"PK\x06\x06";
 const EOCD64_LEN: usize = 56;
 const CENTRAL_SIG: &[u8; 4] = b"PK\x01\x02";
 const CENTRAL_LEN: usize = 46;
+/// General purpose flag bit 11: the name is UTF-8.
+const FLAG_UTF8: u16 = 1 << 11;
+/// "Version made by" host (high byte) for Unix.
+const HOST_UNIX: u16 = 3;
 /// The end record is 22 bytes plus a comment of at most 65,535 bytes.
 pub const TAIL_SEARCH: usize = EOCD_LEN + u16::MAX as usize;
 
@@ -194,15 +198,22 @@ fn entry(map: &[u8], at: u64, shift: u64, n: u64, count: u64) -> Result<(Entry<'
         external: u32le(map, p + 38),
         unix_mtime: None,
     };
+    // Without the UTF-8 flag, a name written on MS-DOS or Windows is code page 437 (a
+    // name from a Unix host is its bytes); the Unicode path field, applied next, wins.
+    if flags & FLAG_UTF8 == 0 && e.made_by >> 8 != HOST_UNIX && !raw_name.is_ascii() {
+        e.name = Cow::Owned(super::cp437::to_utf8(raw_name));
+    }
     apply_extra(&mut e, raw_name, extra, u16le(map, p + 34))?;
     e.local = e.local.checked_add(shift).ok_or_else(|| Fault::corrupt(at, "local header offset overflows".into()))?;
     Ok((e, end as u64))
 }
 
 /// Applies the extra fields stagefs uses: zip64 sizes (0x0001), the extended timestamp
-/// (0x5455) and Info-ZIP's Unicode path (0x7075). Others are skipped.
+/// (0x5455), Info-ZIP's old Unix field (0x5855, whose mtime is used when no 0x5455
+/// gives one) and Info-ZIP's Unicode path (0x7075). Others are skipped.
 fn apply_extra<'a>(e: &mut Entry<'a>, raw_name: &[u8], mut extra: &'a [u8], disk: u16) -> Result<(), Fault> {
     let mut zip64_seen = false;
+    let mut ux_mtime = None;
     let at = e.at;
     while extra.len() >= 4 {
         let id = u16::from_le_bytes([extra[0], extra[1]]);
@@ -232,6 +243,10 @@ fn apply_extra<'a>(e: &mut Entry<'a>, raw_name: &[u8], mut extra: &'a [u8], disk
             0x5455 if body.len() >= 5 && body[0] & 1 != 0 => {
                 e.unix_mtime = Some(i64::from(i32::from_le_bytes([body[1], body[2], body[3], body[4]])));
             }
+            // Access time, then modification time (owner ids follow in local headers only).
+            0x5855 if body.len() >= 8 => {
+                ux_mtime = Some(i64::from(i32::from_le_bytes([body[4], body[5], body[6], body[7]])));
+            }
             // Version 1, CRC-32 of the stored name (a stale field names an older name), UTF-8 name.
             0x7075 if body.len() >= 5 && body[0] == 1 => {
                 let crc = u32::from_le_bytes([body[1], body[2], body[3], body[4]]);
@@ -242,6 +257,7 @@ fn apply_extra<'a>(e: &mut Entry<'a>, raw_name: &[u8], mut extra: &'a [u8], disk
             _ => {}
         }
     }
+    e.unix_mtime = e.unix_mtime.or(ux_mtime);
     if disk != 0 && disk != 0xffff {
         return Err(Fault::unsupported("multi-disk (split or spanned) zip archives are not supported".into()));
     }
@@ -276,12 +292,12 @@ fn u64le(b: &[u8], at: usize) -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::test_support::run_tool;
 
     /// A zip written by Python's `zipfile`: `script` gets `z`, an open `ZipFile` writing to stdout.
-    fn python_zip(script: &str) -> Vec<u8> {
+    pub(crate) fn python_zip(script: &str) -> Vec<u8> {
         let program = format!(
             "import io, sys, zipfile\nbuf = io.BytesIO()\nwith zipfile.ZipFile(buf, 'w') as z:\n{}\nsys.stdout.buffer.write(buf.getvalue())\n",
             script.lines().map(|l| format!("    {l}\n")).collect::<String>()
@@ -314,6 +330,39 @@ mod tests {
         assert_eq!(shifted.entries[0].local, plain.entries[0].local + 1000);
         assert_eq!(shifted.start, plain.start + 1000);
         assert_eq!(find_end(&prefixed), find_end(&zip).map(|at| at + 1000));
+    }
+
+    /// Replaces every occurrence of `from` (the name in the local and the central header).
+    fn patch(bytes: &mut [u8], from: &[u8], to: &[u8]) {
+        assert_eq!(from.len(), to.len());
+        let mut at = 0;
+        while let Some(i) = bytes[at..].windows(from.len()).position(|w| w == from) {
+            bytes[at + i..at + i + from.len()].copy_from_slice(to);
+            at += i + from.len();
+        }
+    }
+
+    #[test]
+    fn names_without_the_utf8_flag_from_dos_are_code_page_437() {
+        // Python writes ASCII names without the flag; the host byte says MS-DOS (0) or Unix (3).
+        let script =
+            |host: u8| format!("i = zipfile.ZipInfo('File 2 - X.txt')\ni.create_system = {host}\nz.writestr(i, b'x')");
+        let mut dos = python_zip(&script(0));
+        patch(&mut dos, b"File 2 - X", b"File 2 - \x94");
+        assert_eq!(&*read(&dos).unwrap().entries[0].name, "File 2 - ö.txt".as_bytes());
+        let mut unix = python_zip(&script(3));
+        patch(&mut unix, b"File 2 - X", b"File 2 - \x94");
+        assert_eq!(&*read(&unix).unwrap().entries[0].name, b"File 2 - \x94.txt", "a Unix name is its bytes");
+    }
+
+    #[test]
+    fn the_old_unix_extra_field_gives_the_mtime() {
+        // Info-ZIP's 0x5855 ("UX"): access time, then modification time.
+        let script = "i = zipfile.ZipInfo('f', (1990, 1, 1, 0, 0, 0))\n\
+                      i.extra = b'UX' + (8).to_bytes(2, 'little') + (1).to_bytes(4, 'little') + (1234567890).to_bytes(4, 'little')\n\
+                      z.writestr(i, b'x')";
+        let zip = python_zip(script);
+        assert_eq!(read(&zip).unwrap().entries[0].unix_mtime, Some(1_234_567_890));
     }
 
     #[test]
