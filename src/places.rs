@@ -9,15 +9,16 @@
 //! ours; they are still opened with `O_NOFOLLOW`, and temp files with `O_EXCL` and an
 //! unpredictable name, so a mistake elsewhere cannot turn into a write through a link.
 
-use std::ffi::OsString;
-use std::fs::{File, OpenOptions};
-use std::io::{ErrorKind, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::io::ErrorKind;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
 use std::sync::OnceLock;
 
 mod checked;
+mod files;
 pub use checked::CheckedDir;
+pub(crate) use files::random_suffix;
+pub use files::{open_private, read_trusted, remove_file, write_atomically, Distrust};
 
 /// A place stagefs cannot use safely, with what to do about it.
 #[derive(Debug, thiserror::Error)]
@@ -338,97 +339,11 @@ pub fn cache_dir() -> Result<PathBuf, PlaceError> {
     Ok(dir)
 }
 
-/// Opens (creating with mode 0600 if missing) a file in a checked directory for reading and
-/// writing, never through a symlink, and refuses anything but a regular file of ours.
-pub fn open_private(path: &Path) -> std::io::Result<File> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
-        .open(path)?;
-    let meta = file.metadata()?;
-    if !meta.file_type().is_file() || meta.uid() != my_uid() {
-        return Err(std::io::Error::other(format!("{} is not a regular file of yours", path.display())));
-    }
-    Ok(file)
-}
-
-/// Eight bytes from the kernel's random pool, as hex: temp names nobody can predict.
-pub(crate) fn random_suffix() -> String {
-    let mut bytes = [0u8; 8];
-    let got = File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
-    if got.is_err() {
-        // No /dev/urandom (a bare container): O_EXCL still refuses any planted name.
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        bytes = (crate::hash::hash(&nanos.to_le_bytes()) ^ u64::from(std::process::id())).to_le_bytes();
-    }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Writes `bytes` to `path` atomically: a temp file beside it, created with `O_EXCL` and
-/// `O_NOFOLLOW` under an unpredictable name with exactly `mode`, then renamed over `path`
-/// (rename replaces a planted symlink itself, never what it points to).
-pub fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
-    let mut name = OsString::from(".");
-    name.push(path.file_name().unwrap_or_default());
-    name.push(format!(".{}.tmp", random_suffix()));
-    let tmp = path.with_file_name(name);
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&tmp)?;
-    let result = file
-        .set_permissions(std::fs::Permissions::from_mode(mode))
-        .and_then(|()| file.write_all(bytes))
-        .and_then(|()| std::fs::rename(&tmp, path));
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
-
-/// Why a file was not trusted, for the log line.
-pub type Distrust = String;
-
-/// Reads a file only if it deserves trust: a regular file (opened without following a
-/// symlink and without blocking on a FIFO), owned by one of `owners`, writable by nobody
-/// else, and at most `cap` bytes.
-pub fn read_trusted(path: &Path, owners: &[u32], cap: u64) -> Result<Vec<u8>, Distrust> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
-        .open(path)
-        .map_err(|e| format!("cannot open it: {e}"))?;
-    let meta = file.metadata().map_err(|e| format!("cannot inspect it: {e}"))?;
-    if !meta.file_type().is_file() {
-        return Err("it is not a regular file".into());
-    }
-    if !owners.contains(&meta.uid()) {
-        return Err(format!("it belongs to {}, neither you nor the archive's owner", user_label(meta.uid())));
-    }
-    if meta.mode() & 0o022 != 0 {
-        return Err(format!("other users may write it (mode {:04o})", meta.mode() & 0o7777));
-    }
-    if meta.len() > cap {
-        return Err(format!("it is larger ({} bytes) than an index of this archive can be ({cap})", meta.len()));
-    }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    file.take(cap + 1).read_to_end(&mut bytes).map_err(|e| format!("cannot read it: {e}"))?;
-    if bytes.len() as u64 > cap {
-        return Err("it grew while being read".into());
-    }
-    Ok(bytes)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::test_support::TempDir;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn stems_drop_archive_extensions_only() {

@@ -148,14 +148,14 @@ pub fn sweep_dead_in(dir: &Path) {
             process_alive(r.pid) || crate::mountpoint::mount_at(&r.mountpoint).is_some_and(|m| m.is_stagefs_of(uid))
         });
         if !needed {
-            let _ = std::fs::remove_file(path);
+            crate::places::remove_file(&path);
         }
     }
 }
 
 pub fn remove(mountpoint: &Path) {
     if let Ok(path) = record_path(mountpoint) {
-        let _ = std::fs::remove_file(path);
+        crate::places::remove_file(&path);
     }
 }
 

@@ -45,7 +45,7 @@ pub fn daemon_exiting(_mountpoint: &Path) {
     use std::os::unix::fs::MetadataExt;
     let Some((dev, ino, path)) = LEASE.lock().ok().and_then(|l| l.clone()) else { return };
     if std::fs::metadata(&path).is_ok_and(|m| m.dev() == dev && m.ino() == ino) {
-        let _ = std::fs::remove_file(&path);
+        crate::places::remove_file(&path);
     }
 }
 

@@ -88,7 +88,7 @@ impl LockFile {
     /// Deletes the file if it is still the one at the path (call only while locked).
     pub(crate) fn remove(&self) {
         if self.is_current() {
-            let _ = std::fs::remove_file(&self.path);
+            crate::places::remove_file(&self.path);
         }
     }
 

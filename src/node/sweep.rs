@@ -96,7 +96,7 @@ pub fn clear_leftovers(mountpoint: &Path) {
     remove_unheld(&files.lock);
     remove_unheld(&files.users);
     if let Ok(log) = crate::places::mountpoint_file(mountpoint, "log") {
-        let _ = std::fs::remove_file(log);
+        crate::places::remove_file(&log);
     }
 }
 

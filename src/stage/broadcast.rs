@@ -272,7 +272,7 @@ pub fn receive(plan: &Plan, timeout: Duration) -> Result<Option<Received>, Stage
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let _ = std::fs::remove_file(&plan.status);
+    crate::places::remove_file(&plan.status);
     if let Some(message) = status.strip_prefix("failed ") {
         plan.discard(&dir, &inbox);
         if plan.fallback {
@@ -351,7 +351,7 @@ fn sweep(dir: &CheckedDir, job: &str) {
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         if stale(name.trim_end_matches(".status")) {
-            let _ = std::fs::remove_file(entry.path());
+            crate::places::remove_file(&entry.path());
         }
     }
 }

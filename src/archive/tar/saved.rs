@@ -146,7 +146,7 @@ fn prune(dir: &Path, max_age: std::time::Duration, max_bytes: u64) {
         }
         let used = meta.modified().unwrap_or(now);
         if now.duration_since(used).is_ok_and(|age| age > max_age) {
-            let _ = std::fs::remove_file(&path);
+            crate::places::remove_file(&path);
         } else {
             kept.push((used, meta.len(), path));
         }
