@@ -606,13 +606,29 @@ fn umount_of_a_killed_daemons_mount_cleans_it() {
 }
 
 /// Runs `script` (sh) in a private mount namespace, with `STAGEFS` and `ARCHIVE` set.
+///
+/// The namespace holds a copy of every mount that exists when it is made, the FUSE mounts
+/// of tests running meanwhile included, for as long as a process lives in it. A failed
+/// mount leaves a `stagefs reap-failure` there for 10 s (to tell later waiters why), which
+/// would keep another test's daemon from seeing its unmount: the reaper is ended here.
 fn in_private_namespace(script: &str, archive: &Path) -> CmdOutput {
     let unshare = require_tool("unshare");
     let mut cmd = Command::new(unshare);
     cmd.args(["--mount", "--propagation", "private", "sh", "-c", script])
         .env("STAGEFS", stagefs_bin())
         .env("ARCHIVE", archive);
-    run_cmd(&mut cmd, CMD_TIMEOUT)
+    let out = run_cmd(&mut cmd, CMD_TIMEOUT);
+    let ours = fs::read_link("/proc/self/ns/mnt").unwrap();
+    for entry in fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let elsewhere = fs::read_link(entry.path().join("ns/mnt")).is_ok_and(|ns| ns != ours);
+        if elsewhere && cmdline.windows(12).any(|w| w == b"reap-failure") {
+            if let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) {
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+    out
 }
 
 /// No usable /dev/fuse (in a private mount namespace: /dev without fuse, or /dev/null
