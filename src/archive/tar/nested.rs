@@ -152,8 +152,8 @@ impl Nester<'_> {
         if level.depth >= MAX_DEPTH || size < BLOCK as u64 {
             return None;
         }
-        let start = level.base + offset;
-        let bytes = self.map.get(start as usize..(start + size) as usize)?;
+        let start = level.base.checked_add(offset)?;
+        let bytes = self.map.get(start as usize..start.checked_add(size)? as usize)?;
         if !looks_like_tar(bytes) {
             return None;
         }
