@@ -10,6 +10,7 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use crate::util::{pack_tar, require_root, run_cmd, stagefs_bin, Mounted, TempDir, CMD_TIMEOUT};
 
@@ -129,4 +130,45 @@ fn a_broadcast_copy_is_unlinked_once_opened_and_compressed_tars_are_decompressed
     let left: Vec<_> = fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
     assert!(left.is_empty(), "a late task leaves nothing in the staging directory: {left:?}");
     m.unmount().assert_success();
+}
+
+/// A leader stopped (scancel, the time limit) while its node's copy is still arriving
+/// takes back what arrived: nothing stays in the staging directory (a copy left there
+/// waited for the next broadcast's sweep).
+#[test]
+fn a_leader_stopped_while_the_copy_arrives_leaves_nothing() {
+    require_root();
+    let tmp = TempDir::new("bcast-stopped");
+    fs::create_dir_all(tmp.join("tree/data")).unwrap();
+    fs::write(tmp.join("tree/data/a.txt"), b"hello\n").unwrap();
+    let archive = tmp.join("a.tar");
+    pack_tar(&tmp.join("tree"), &archive, &["data"]);
+    let base = tmp.join("local");
+    fs::create_dir(&base).unwrap();
+    let dir = base.join(format!("stagefs-{}", unsafe { libc::geteuid() }));
+    // This node's leader, not the sender (SLURM_PROCID 1): it makes its inbox and waits.
+    let mut child = Command::new(stagefs_bin())
+        .env("SLURM_JOB_ID", "4244")
+        .env("SLURM_PROCID", "1")
+        .env("SLURM_LOCALID", "0")
+        .env("STAGEFS_BROADCAST_ALWAYS", "1")
+        .env("STAGEFS_RUNTIME_DIR", tmp.join("rt"))
+        .args(["mount", "--broadcast", "--stage", "disk", "--stage-dir"])
+        .arg(&base)
+        .arg(&archive)
+        .arg(tmp.join("mnt"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let inbox = || fs::read_dir(&dir).ok()?.flatten().map(|e| e.path()).find(|p| p.is_dir());
+    assert!(crate::util::wait_until(Duration::from_secs(30), || inbox().is_some()), "no inbox appeared");
+    // Half a copy, as sbcast leaves it mid-transfer.
+    fs::write(inbox().unwrap().join("archive"), vec![0u8; 4096]).unwrap();
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = crate::util::wait_timeout(&mut child, Duration::from_secs(30)).expect("stopped within 30 s");
+    assert_eq!(status.code(), Some(143));
+    let left: Vec<_> = fs::read_dir(&dir).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+    assert!(left.is_empty(), "left in the staging directory: {left:?}");
 }

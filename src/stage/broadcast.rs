@@ -258,12 +258,18 @@ pub fn receive(plan: &Plan, timeout: Duration) -> Result<Option<Received>, Stage
     let (dir, inbox) = plan.open_inbox()?;
     sweep(&dir, &plan.job);
     let status = loop {
-        crate::cancel::check()?;
+        // Stopped (a signal: scancel, the time limit) or given up while the copy may be
+        // arriving: take back what arrived so far, so no exit leaves it on the node.
+        if let Err(interrupted) = crate::cancel::check() {
+            plan.discard(&dir, &inbox);
+            return Err(interrupted.into());
+        }
         // A complete line only: on other nodes the status arrives through sbcast, not atomically.
         if let Some(text) = std::fs::read_to_string(&plan.status).ok().filter(|t| t.ends_with('\n')) {
             break text.trim_end().to_string();
         }
         if Instant::now() >= deadline {
+            plan.discard(&dir, &inbox);
             return Err(StageError::Broadcast(format!(
                 "no broadcast of the archive arrived on this node within {} s (the task with \
                  SLURM_PROCID=0 sends it; did it start, and could it broadcast its status here?)",
