@@ -407,6 +407,28 @@ impl Job {
 
 /// Submits `template` on three nodes, 4 training processes per node, with `env` added.
 fn submit(cluster: &Cluster, work: &Work, template: &str, name: &str, tree: &Path, env: &[(&str, &str)]) -> Job {
+    let tasks = if template == "5-torchrun" { 1 } else { TASKS_PER_NODE };
+    submit_file(cluster, work, &repo().join("slurm").join(format!("{template}.sbatch")), tasks, name, tree, env)
+}
+
+/// Submits a job script of ours (bash, `body` after the shebang) like a template.
+fn submit_script(cluster: &Cluster, work: &Work, name: &str, tree: &Path, body: &str, env: &[(&str, &str)]) -> Job {
+    let script = work.join(&format!("{name}.sh"));
+    fs::write(&script, format!("#!/bin/bash\n{body}\n")).unwrap();
+    submit_file(cluster, work, &script, TASKS_PER_NODE, name, tree, env)
+}
+
+/// Submits `file` on three nodes with `tasks` tasks per node, with the helpers (reader,
+/// fake torchrun, sbcast wrapper) on PATH and `env` added.
+fn submit_file(
+    cluster: &Cluster,
+    work: &Work,
+    file: &Path,
+    tasks: usize,
+    name: &str,
+    tree: &Path,
+    env: &[(&str, &str)],
+) -> Job {
     let archive = work.join(&format!("{name}.tar"));
     let (out, log) = (work.join(&format!("out-{name}")), work.join(&format!("{name}.log")));
     fs::create_dir_all(&out).unwrap();
@@ -428,14 +450,13 @@ fn submit(cluster: &Cluster, work: &Work, template: &str, name: &str, tree: &Pat
     }
     let bin_dir = stagefs_bin().parent().unwrap().to_owned();
     let path = format!("{}:{}:{}", bin_dir.display(), fake_bin.display(), std::env::var("PATH").unwrap_or_default());
-    let tasks = if template == "5-torchrun" { 1 } else { TASKS_PER_NODE };
     let mut sbatch = cluster.cmd("sbatch");
     sbatch
         .args(["--parsable", "--nodes=3", "--gpus-per-node=0", "--cpus-per-task=1", "--time=5"])
         .arg(format!("--ntasks-per-node={tasks}"))
         .arg("--output")
         .arg(&log)
-        .arg(repo().join("slurm").join(format!("{template}.sbatch")))
+        .arg(file)
         .current_dir(&work.path)
         .env("PATH", &path)
         .env("ARCHIVE", &archive)
@@ -617,4 +638,137 @@ fn known_failure_leftovers(left: Vec<String>) -> Vec<String> {
         eprintln!("cluster: known leftovers of a failed mount (runtime dirs): {known:#?}");
     }
     other
+}
+
+/// The job's tasks run `stagefs run` with these options and the reader, labelled by task.
+fn run_line(options: &str) -> String {
+    format!(
+        "srun -l --export=ALL {} run {options} \"$ARCHIVE\" -- python3 \"$TRAIN_SCRIPT\" --data-root '{{mount}}'",
+        stagefs_bin().display()
+    )
+}
+
+/// sbcast fails on one node only (node3's --stage-dir is a 4 MiB tmpfs, the archive 8 MiB):
+/// every task of every node fails with sbcast's message, nothing is left on any node.
+#[test]
+fn cluster_broadcast_failing_on_one_node() {
+    let cluster = Cluster::up();
+    let work = Work::new(&cluster, "bcast-one-fails");
+    let (tree, _) = work.archive("onefails", 8 << 20);
+    for node in ["node1", "node2"] {
+        fs::create_dir_all(cluster.local_disk(node).join("small")).unwrap();
+    }
+    let small = cluster.enter(
+        "node3",
+        0,
+        0,
+        &["sh", "-c", "mkdir -p /tmp/small && mount -t tmpfs -o size=4m small /tmp/small"],
+    );
+    assert!(small.success(), "{}", small.describe());
+    let node3_small = PathBuf::from(format!("/proc/{}/root/tmp/small", cluster.nodes()["node3"]));
+    let job = submit_script(
+        &cluster,
+        &work,
+        "onefails",
+        &tree,
+        &run_line("--broadcast --stage disk --stage-dir /tmp/small"),
+        &[],
+    );
+    let state = cluster.wait_end(&job.id, Duration::from_secs(180));
+    let in_small = files_under(&node3_small);
+    let _ = cluster.enter("node3", 0, 0, &["umount", "/tmp/small"]);
+    let log = fs::read_to_string(&job.log).unwrap_or_default();
+    assert_eq!(state, "FAILED", "{}", job.context());
+    assert!(job.results().is_empty(), "no task may train:\n{}", job.context());
+    for task in 0..NODES * TASKS_PER_NODE {
+        let said = log.lines().any(|l| {
+            // srun -l pads the label: " 8: ".
+            l.trim_start().starts_with(&format!("{task}: stagefs: error:"))
+                && l.contains("sbcast")
+                && l.contains("REQUEST_FILE_BCAST(node3)")
+        });
+        assert!(said, "task {task} must report sbcast's own message:\n{}", job.context());
+    }
+    assert!(in_small.is_empty(), "left in node3's stage dir: {in_small:?}");
+    let left = known_failure_leftovers(cluster.wait_clean(&job.archive));
+    assert!(left.is_empty(), "left behind: {left:#?}\n{}", job.context());
+}
+
+/// Node2's daemon is SIGKILLed while its tasks read: the tasks of node1 and node3 are not
+/// affected, and when the job ends nothing is left on any node (node2's dead mount included).
+#[test]
+fn cluster_a_daemon_killed_mid_job() {
+    let cluster = Cluster::up();
+    let work = Work::new(&cluster, "daemon-killed");
+    let (tree, _) = work.archive("killed", 1 << 20);
+    let job = submit_script(&cluster, &work, "killed", &tree, &run_line(""), &[("STAGEFS_TEST_SLEEP", "8")]);
+    let all = wait_until_every(Duration::from_secs(120), POLL, || job.results().len() == NODES * TASKS_PER_NODE);
+    assert!(all, "the tasks did not all read:\n{}", job.context());
+    let node2_uts = fs::read_link(format!("/proc/{}/ns/uts", cluster.nodes()["node2"])).unwrap();
+    let daemons: Vec<i32> = crate::util::stagefs_pids(&job.archive)
+        .into_iter()
+        .filter(|pid| fs::read_link(format!("/proc/{pid}/ns/uts")).ok().as_ref() == Some(&node2_uts))
+        .filter(|pid| {
+            fs::read_dir(format!("/proc/{pid}/fd"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|fd| fs::read_link(fd.path()).is_ok_and(|t| t == Path::new("/dev/fuse")))
+        })
+        .collect();
+    assert_eq!(daemons.len(), 1, "want node2's one daemon:\n{}", job.context());
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(daemons[0]), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let state = cluster.wait_end(&job.id, Duration::from_secs(180));
+    let log = fs::read_to_string(&job.log).unwrap_or_default();
+    for node in ["node1", "node3"] {
+        let ok = job.results().iter().filter(|l| l.starts_with(&format!("{node} ok "))).count();
+        assert_eq!(ok, TASKS_PER_NODE, "{node}'s tasks must be unaffected (state {state}):\n{}", job.context());
+    }
+    assert!(
+        !log.contains("node1: tasks") && !log.contains("node3: tasks"),
+        "node1/node3 tasks failed:\n{}",
+        job.context()
+    );
+    let left = known_failure_leftovers(cluster.wait_clean(&job.archive));
+    assert!(left.is_empty(), "left behind (state {state}): {left:#?}\n{}", job.context());
+}
+
+/// `scancel` while sbcast is still copying a large archive to the nodes: no mount, process
+/// or runtime file is left on any node. The copies that reached nodes whose leader was
+/// stopped before opening them stay in their /dev/shm (seen here: on the two receiving
+/// nodes; the sender removes its own node's), as doc/slurm.md says, until the next
+/// `--broadcast` on that node sweeps them: the test checks that too.
+#[test]
+fn cluster_scancel_mid_broadcast() {
+    let cluster = Cluster::up();
+    let work = Work::new(&cluster, "scancel-bcast");
+    let (tree, _) = work.archive("cancelled", 200 << 20);
+    let job = submit_script(&cluster, &work, "cancelled", &tree, &run_line("--broadcast --stage ram"), &[]);
+    let inbox = format!(".stagefs-bcast-{}-", job.id);
+    let nodes = cluster.nodes();
+    let staging = wait_until_every(Duration::from_secs(120), Duration::from_millis(50), || {
+        nodes.values().any(|pid| {
+            fs::read_dir(format!("/proc/{pid}/root/dev/shm/root"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with(&inbox) && files_under(&e.path()).len() == 1)
+        })
+    });
+    assert!(staging, "no node began receiving the broadcast:\n{}", job.context());
+    run_cmd(cluster.cmd("scancel").arg(&job.id), Duration::from_secs(30)).assert_success();
+    let state = cluster.wait_end(&job.id, Duration::from_secs(180));
+    assert_eq!(state, "CANCELLED", "{}", job.context());
+    assert!(job.results().is_empty(), "cancelled while staging, yet a task read:\n{}", job.context());
+    let copy = format!("/dev/shm/root/{inbox}");
+    let (copies, left): (Vec<String>, Vec<String>) =
+        known_failure_leftovers(cluster.wait_clean(&job.archive)).into_iter().partition(|l| l.contains(&copy));
+    assert!(left.is_empty(), "left behind: {left:#?}\n{}", job.context());
+    eprintln!("cluster: broadcast copies left by the cancelled job: {copies:#?}");
+    let (small_tree, _) = work.archive("sweeper", 4096);
+    let next = submit(&cluster, &work, "6-broadcast", "sweeper", &small_tree, &[("STAGE", "ram")]);
+    let state = cluster.wait_end(&next.id, Duration::from_secs(180));
+    assert_eq!(state, "COMPLETED", "{}", next.context());
+    let still: Vec<String> = cluster.leftovers(&job.archive).into_iter().filter(|l| l.contains(&copy)).collect();
+    assert!(still.is_empty(), "the next broadcast did not sweep the cancelled job's copies: {still:#?}");
 }
