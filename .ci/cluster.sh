@@ -51,7 +51,7 @@ stop_pidfile() {  # stop_pidfile FILE COMM
     if [[ -r /proc/$pid/comm && $(</proc/"$pid"/comm) == "$name"* ]]; then
         kill "$pid" 2>/dev/null || true
         for _ in $(seq 50); do [[ -e /proc/$pid ]] || break; sleep 0.1; done
-        [[ -e /proc/$pid ]] && kill -9 "$pid" 2>/dev/null || true
+        if [[ -e /proc/$pid ]]; then kill -9 "$pid" 2>/dev/null || true; fi
     fi
     rm -f "$pidfile"
 }
@@ -71,7 +71,9 @@ stop() {
     stop_pidfile "$dir/run/slurmctld.pid" slurmctld
     stop_pidfile "$dir/run/munged.pid" munged
     ip link del "$bridge" 2>/dev/null || true
-    for f in /sys/class/net/vsf*; do [[ -e $f ]] && ip link del "$(basename "$f")" 2>/dev/null || true; done
+    for f in /sys/class/net/vsf*; do
+        if [[ -e $f ]]; then ip link del "$(basename "$f")" 2>/dev/null || true; fi
+    done
     log "stopped ($dir)"
 }
 
@@ -140,6 +142,7 @@ start_node() {
     # Inside: a private /dev/shm and /run (tmpfs), /tmp = this node's local disk, with DIR
     # moved back into it (DIR lives in the host's /tmp, hidden by the bind otherwise).
     # The last argument names the node in PID 1's command line (found by node_pid).
+    # shellcheck disable=SC2016  # the script expands its own arguments
     unshare --net --uts --mount --pid --fork --mount-proc --propagation private -- bash -c '
         set -e
         dir=$1 node=$2
@@ -157,7 +160,7 @@ start_node() {
     ' bash "$dir" "$node" "$REAPER" </dev/null 9>&- >>"$dir/log/$node.holder.log" 2>&1 &
     upid=$!
     for _ in $(seq 100); do
-        pid=$(cat /proc/"$upid"/task/"$upid"/children 2>/dev/null | awk '{print $1}') || true
+        pid=$(awk '{print $1}' /proc/"$upid"/task/"$upid"/children 2>/dev/null) || true
         [[ -n $pid ]] && tr '\0' ' ' </proc/"$pid"/cmdline 2>/dev/null | grep -q "stagefs-cluster-node $node " && break
         sleep 0.1
     done

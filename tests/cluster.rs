@@ -596,9 +596,11 @@ fn cluster_a_node_with_a_foreign_shm_dir() {
     let other = crate::util::User::get("sfs-mallory");
     let work = Work::new(&cluster, "foreign-shm");
     let (tree, _) = work.archive("foreign", 1 << 20);
+    let foreign = PathBuf::from(format!("/proc/{}/root/dev/shm/root", cluster.nodes()["node2"]));
+    // Root's own, left by an earlier broadcast on a reused cluster (empty: checked by those tests).
+    let _ = fs::remove_dir_all(&foreign);
     let made = cluster.enter("node2", other.uid, other.gid, &["mkdir", "-m", "0777", "/dev/shm/root"]);
     assert!(made.success(), "{}", made.describe());
-    let foreign = PathBuf::from(format!("/proc/{}/root/dev/shm/root", cluster.nodes()["node2"]));
     let job = submit(&cluster, &work, "6-broadcast", "foreign", &tree, &[("STAGE", "ram")]);
     let state = cluster.wait_end(&job.id, Duration::from_secs(180));
     let inside = files_under(&foreign);
