@@ -147,6 +147,11 @@ start_node() {
         set -e
         dir=$1 node=$2
         hostname "$node"
+        # The new namespace starts with a copy of the host'"'"'s mounts: FUSE mounts of the
+        # host (other tests'"'"') must not be the node'"'"'s, nor anything under its /dev/shm.
+        awk '"'"'{for (i = 7; i < NF; i++) if ($i == "-") { if ($(i + 1) ~ /^fuse/) print $5; break }}'"'"' \
+            /proc/self/mountinfo | sort -r | while read -r mp; do umount -l "$mp" 2>/dev/null || true; done
+        while umount -l /dev/shm 2>/dev/null; do :; done  # the host may stack several
         mount -t tmpfs -o mode=1777,size=8g "shm-$node" /dev/shm
         mount -t tmpfs -o mode=0755 "run-$node" /run
         mkdir /dev/shm/.cluster

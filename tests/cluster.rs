@@ -192,8 +192,8 @@ fn files_under(root: &Path) -> Vec<PathBuf> {
 }
 
 /// Reads every file of the source tree through the mount and records the verdict, the
-/// daemons serving the archive on this node (the node's own /proc) and the bytes in use
-/// in the node's /dev/shm, then sleeps (STAGEFS_TEST_SLEEP) holding a file open.
+/// daemons serving the archive on this node (the node's own /proc), the mounts it sees at
+/// the mount point and the bytes in use in the node's /dev/shm, then sleeps (STAGEFS_TEST_SLEEP) holding a file open.
 const READER: &str = r#"
 import os, sys, time
 root = sys.argv[sys.argv.index('--data-root') + 1]
@@ -217,12 +217,14 @@ for pid in filter(str.isdigit, os.listdir('/proc')):
             daemons += 1
     except OSError:
         pass
+# Mounts at the mount point this task sees: its node's alone (all nodes use the same path).
+mounts = sum(1 for l in open('/proc/self/mountinfo') if l.split()[4] == os.path.realpath(root))
 st = os.statvfs('/dev/shm')
 shm = (st.f_blocks - st.f_bfree) * st.f_frsize
 verdict = 'ok' if n and not bad else 'bad:' + ';'.join(bad[:3])
 node, task = os.uname().nodename, os.environ.get('SLURM_LOCALID', '?') + '.' + os.environ.get('LOCAL_RANK', '-')
 with open(os.path.join(out, f'{node}.{task}.{os.getpid()}'), 'w') as fh:
-    fh.write(f'{node} {verdict} files={n} daemons={daemons} shm={shm}\n')
+    fh.write(f'{node} {verdict} files={n} daemons={daemons} mounts={mounts} shm={shm}\n')
 held = open(last, 'rb')
 time.sleep(float(os.environ.get('STAGEFS_TEST_SLEEP', '0')))
 sys.exit(0 if verdict == 'ok' else 1)
@@ -522,8 +524,8 @@ fn run_templates(specs: &[Spec]) {
         for line in &results {
             let node = line.split_whitespace().next().unwrap_or("?");
             *per_node.entry(node).or_default() += 1;
-            if !line.contains(" ok ") || !line.contains(" daemons=1 ") {
-                wrong.push(format!("want the right bytes through exactly one daemon: {}", line.trim()));
+            if !line.contains(" ok ") || !line.contains(" daemons=1 ") || !line.contains(" mounts=1 ") {
+                wrong.push(format!("want the right bytes through exactly one daemon and mount: {}", line.trim()));
             }
             let shm: u64 = line.rsplit_once("shm=").and_then(|(_, v)| v.trim().parse().ok()).unwrap_or(u64::MAX);
             // One copy: at least the archive, less than two (tmpfs counts whole pages).
@@ -628,13 +630,16 @@ fn cluster_a_node_with_a_foreign_shm_dir() {
 }
 
 /// Leftovers minus what a failed mount is known to leave in its node's runtime directory
-/// (its lock file, and on a node whose leader failed before the broadcast ended, the
-/// broadcast's status file): said on stderr, left for a change to stagefs to remove.
+/// (its lock file, at times its log, and on a node whose leader failed before the
+/// broadcast ended, the broadcast's status file): said on stderr, left for a change to
+/// stagefs to remove.
 fn known_failure_leftovers(left: Vec<String>) -> Vec<String> {
     let (known, other): (Vec<String>, Vec<String>) = left.into_iter().partition(|l| {
         let name = l.rsplit('/').next().unwrap_or("");
         l.contains("/tmp/rt-")
-            && (name.ends_with(".lock") || (name.starts_with(".stagefs-bcast-") && name.ends_with(".status")))
+            && (name.ends_with(".lock")
+                || name.ends_with(".log")
+                || (name.starts_with(".stagefs-bcast-") && name.ends_with(".status")))
     });
     if !known.is_empty() {
         eprintln!("cluster: known leftovers of a failed mount (runtime dirs): {known:#?}");
