@@ -119,7 +119,7 @@ sys.exit(0 if verdict == 'ok' else 1)
 
 /// Stands in for torchrun: starts `--nproc-per-node` copies of the script with its
 /// arguments, passes SIGTERM on to them as torchrun does, and exits with the worst status.
-const FAKE_TORCHRUN: &str = r#"#!/usr/bin/env python3
+pub(crate) const FAKE_TORCHRUN: &str = r#"#!/usr/bin/env python3
 import os, signal, subprocess, sys
 args, n = sys.argv[1:], 1
 while args and args[0].startswith('--'):

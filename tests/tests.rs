@@ -5,6 +5,7 @@
 //! .ci/run installs; a missing tool fails the test with what to install.
 
 mod broadcast;
+mod cluster;
 mod compare;
 mod disk;
 mod errors;
