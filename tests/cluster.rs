@@ -740,11 +740,10 @@ fn cluster_a_daemon_killed_mid_job() {
     assert!(left.is_empty(), "left behind (state {state}): {left:#?}\n{}", job.context());
 }
 
-/// `scancel` while sbcast is still copying a large archive to the nodes: no mount, process
-/// or runtime file is left on any node. The copies that reached nodes whose leader was
-/// stopped before opening them stay in their /dev/shm (seen here: on the two receiving
-/// nodes; the sender removes its own node's), as doc/slurm.md says, until the next
-/// `--broadcast` on that node sweeps them: the test checks that too.
+/// `scancel` while sbcast is still copying a large archive to the nodes: no mount, process,
+/// runtime file or broadcast copy is left on any node (each node's leader, stopped while
+/// its copy arrived, takes back what arrived; these copies stayed until the next
+/// `--broadcast` swept them before).
 #[test]
 fn cluster_scancel_mid_broadcast() {
     let cluster = Cluster::up();
@@ -767,15 +766,7 @@ fn cluster_scancel_mid_broadcast() {
     let state = cluster.wait_end(&job.id, Duration::from_secs(180));
     assert_eq!(state, "CANCELLED", "{}", job.context());
     assert!(job.results().is_empty(), "cancelled while staging, yet a task read:\n{}", job.context());
-    let copy = format!("/dev/shm/root/{inbox}");
-    let (copies, left): (Vec<String>, Vec<String>) =
-        known_failure_leftovers(cluster.wait_clean(&job.archive)).into_iter().partition(|l| l.contains(&copy));
+    // Each node's leader, stopped while its copy arrived, takes back what arrived.
+    let left = known_failure_leftovers(cluster.wait_clean(&job.archive));
     assert!(left.is_empty(), "left behind: {left:#?}\n{}", job.context());
-    eprintln!("cluster: broadcast copies left by the cancelled job: {copies:#?}");
-    let (small_tree, _) = work.archive("sweeper", 4096);
-    let next = submit(&cluster, &work, "6-broadcast", "sweeper", &small_tree, &[("STAGE", "ram")]);
-    let state = cluster.wait_end(&next.id, Duration::from_secs(180));
-    assert_eq!(state, "COMPLETED", "{}", next.context());
-    let still: Vec<String> = cluster.leftovers(&job.archive).into_iter().filter(|l| l.contains(&copy)).collect();
-    assert!(still.is_empty(), "the next broadcast did not sweep the cancelled job's copies: {still:#?}");
 }
