@@ -68,8 +68,11 @@ impl Nester<'_> {
     /// Copies directory `from` of `level` (and everything below) into directory `to`.
     fn copy_dir(&mut self, level: &Level, from: InodeId, to: InodeId) -> Result<(), OpenError> {
         let index_err = |source| OpenError::Index { path: self.path.to_owned(), source };
-        // Hard links: several names of one inode of this level map to one new inode.
+        // Hard links: several names of one inode of this level map to one new inode. An
+        // inner tar opens once, at its first name: more names of it stay files (a crafted
+        // archive of many links to one big inner tar must not scan it once per name).
         let mut copied: HashMap<InodeId, InodeId> = HashMap::new();
+        let mut opened: std::collections::HashSet<InodeId> = std::collections::HashSet::new();
         let mut stack = vec![(from, to)];
         while let Some((from, to)) = stack.pop() {
             let dir = &level.index.inodes[from as usize];
@@ -85,7 +88,11 @@ impl Nester<'_> {
                     continue;
                 }
                 let taken = |stem: &[u8]| children.iter().any(|d| level.index.bytes(d.name) == stem);
-                if let Some((stem, inner)) = self.inner_archive(level, name, child.data, child.attrs.size, &taken) {
+                let first_name = !opened.contains(&dirent.inode);
+                let inner =
+                    first_name.then(|| self.inner_archive(level, name, child.data, child.attrs.size, &taken)).flatten();
+                if let Some((stem, inner)) = inner {
+                    opened.insert(dirent.inode);
                     let attrs = Attrs { mode: libc::S_IFDIR | 0o755, size: 0, ..child.attrs };
                     let id = self.builder.add_inode(attrs, Data::None).map_err(index_err)?;
                     self.builder.link(to, stem, id).map_err(index_err)?;
@@ -226,5 +233,22 @@ mod tests {
         let a = nested.lookup(&nested.inodes[good as usize], b"a.txt").unwrap();
         let Data::Slice { offset } = nested.inodes[a as usize].data else { panic!("a slice of the outer archive") };
         assert_eq!(&outer[offset as usize..offset as usize + 6], b"inside", "served in place from the outer bytes");
+    }
+
+    #[test]
+    fn an_inner_tar_with_many_names_opens_once() {
+        let inner = python_tar("", "add('a.txt', b'inside')");
+        let hex: String = inner.iter().map(|x| format!("{x:02x}")).collect();
+        let script = format!(
+            "add('good.tar', bytes.fromhex('{hex}'))\n\
+             for i in range(3):\n    l = tarfile.TarInfo(f'link{{i}}.tar'); l.type = tarfile.LNKTYPE; l.linkname = 'good.tar'; t.addfile(l)"
+        );
+        let outer = python_tar("", &script);
+        let (index, sparse, extents) = scan(&outer);
+        let (nested, _, _, opened) = expand(Path::new("t.tar"), &outer, &index, &sparse, &extents).unwrap();
+        assert_eq!(opened, 1, "scanned once, not once per name");
+        let mut top = names(&nested, ROOT);
+        top.sort();
+        assert_eq!(top, ["good", "link0.tar", "link1.tar", "link2.tar"]);
     }
 }
