@@ -763,3 +763,56 @@ fn zip_members_belong_to_the_user_who_mounts_it() {
     assert!(read.success(), "alice cannot read her own zip's member:\n{}", read.describe());
     assert_eq!(read.stdout, "file 7\n600 sfs-alice\n");
 }
+
+/// A stored member of 4 GiB + 46 bytes whose headers carry its size modulo 2^32 (46), as
+/// writers without zip64 do (issue 24): stagefs serves all of it, checked by its CRC-32,
+/// where unzip 6.0 extracts 46 bytes and reports a bad CRC. The 4 GiB in the middle are
+/// a hole, so the archive costs no disk.
+#[test]
+fn zip_stored_member_with_sizes_4_gib_short_reads_whole() {
+    let tmp = TempDir::new("zip-wrapped");
+    let archive = tmp.join("wrapped.zip");
+    let script = r#"
+import struct, sys, zlib
+head, tail, hole = b"head of the big member\n", b"tail of the big member\n", 1 << 32
+crc = zlib.crc32(head)
+zero = bytes(1 << 20)
+for _ in range(hole >> 20):
+    crc = zlib.crc32(zero, crc)
+crc = zlib.crc32(tail, crc)
+wrapped = (len(head) + hole + len(tail)) & 0xffffffff
+def local(name, crc, size):
+    return struct.pack("<IHHHHHIIIHH", 0x04034b50, 20, 0, 0, 0, 0x21, crc, size, size, len(name), 0) + name
+def central(name, crc, size, off):
+    return struct.pack("<IHHHHHHIIIHHHHHII", 0x02014b50, 0x0314, 20, 0, 0, 0, 0x21, crc, size, size,
+                       len(name), 0, 0, 0, 0, 0o100644 << 16, off) + name
+small = b"before the big member\n"
+with open(sys.argv[1], "wb") as f:
+    f.write(local(b"small.txt", zlib.crc32(small), len(small)) + small)
+    big_at = f.tell()
+    f.write(local(b"big.bin", crc, wrapped) + head)
+    f.seek(hole, 1)
+    f.write(tail)
+    cd = f.tell()
+    c = central(b"small.txt", zlib.crc32(small), len(small), 0) + central(b"big.bin", crc, wrapped, big_at)
+    f.write(c)
+    end64 = f.tell()
+    f.write(struct.pack("<IQHHIIQQQQ", 0x06064b50, 44, 45, 45, 0, 0, 2, 2, len(c), cd))
+    f.write(struct.pack("<IIQI", 0x07064b50, 0, end64, 1))
+    f.write(struct.pack("<IHHHHIIH", 0x06054b50, 0, 0, 2, 2, len(c), 0xffffffff, 0))
+"#;
+    tool(tmp.path(), "python3", &[os("-c"), os(script), archive.as_os_str()]);
+    let mnt = Mounted::new(&archive, &tmp.join("mnt"));
+    assert_eq!(read(&mnt.path().join("small.txt")), b"before the big member\n");
+    let big = fs::File::open(mnt.path().join("big.bin")).unwrap();
+    let size = (1u64 << 32) + 46;
+    assert_eq!(big.metadata().unwrap().len(), size);
+    let at = |offset: u64, len: usize| {
+        let mut buf = vec![0u8; len];
+        big.read_exact_at(&mut buf, offset).unwrap();
+        buf
+    };
+    assert_eq!(at(0, 23), b"head of the big member\n");
+    assert_eq!(at(1 << 32, 46), [&[0u8; 23][..], b"tail of the big member\n"].concat());
+    assert!(at((1 << 32) - 4096, 4096).iter().all(|&b| b == 0));
+}

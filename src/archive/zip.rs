@@ -48,7 +48,8 @@ fn cache_bytes_for(archive_bytes: u64) -> u64 {
 /// Indexes the zip in `backing`; decompressed members are cached up to `cache_bytes`.
 pub fn open_with_cache(path: &Path, backing: Backing, cache_bytes: u64) -> Result<(Index, ZipReader), OpenError> {
     let fail = |fault: Fault| fault.into_open_error(path);
-    let dir = directory::read(&backing).map_err(fail)?;
+    let mut dir = directory::read(&backing).map_err(fail)?;
+    unwrap_stored_sizes(&backing, &mut dir.entries, dir.start);
     refuse_aliases(&dir.entries).map_err(fail)?;
     let mut builder = IndexBuilder::new();
     let mut members = Vec::new();
@@ -127,6 +128,44 @@ fn add(
         }
     }
     Ok(())
+}
+
+/// Gives back the 4 GiB a writer without zip64 dropped from a stored member's sizes: a
+/// stored member of 4 GiB or more whose headers carry its size modulo 2^32 (a known bug
+/// of old writers). When the bytes between its data start and the next member (or the
+/// central directory) are its declared size plus whole multiples of 4 GiB, that is its
+/// size; the CRC-32 checked before its first byte goes out confirms it. Reads one local
+/// header per such member, none for any other.
+fn unwrap_stored_sizes(backing: &Backing, entries: &mut [Entry], cd_start: u64) {
+    let mut starts: Vec<u64> = entries.iter().map(|e| e.local).collect();
+    starts.sort_unstable();
+    for e in entries.iter_mut().filter(|e| e.method == 0 && e.compressed == e.size && e.size <= u64::from(u32::MAX)) {
+        let next = starts.get(starts.partition_point(|&s| s <= e.local)).copied().unwrap_or(cd_start).min(cd_start);
+        let named_end = e.local + 30 + u64::from(e.stored_name_len);
+        if next.saturating_sub(named_end) < e.size + (1 << 32) {
+            continue;
+        }
+        let Ok(header) = backing.read_at(e.local, 30) else { continue };
+        let extra = u64::from(u16::from_le_bytes([header[28], header[29]]));
+        let room = next - named_end.saturating_add(extra).min(next);
+        // A data descriptor (flag bit 3) may follow the data: 12 bytes, or 16 with its signature.
+        let descriptors: &[u64] = if e.flags & 8 != 0 { &[16, 12] } else { &[0] };
+        let real = descriptors
+            .iter()
+            .filter_map(|d| room.checked_sub(*d))
+            .find(|real| *real > e.size && (real - e.size) % (1 << 32) == 0);
+        if let Some(real) = real {
+            tracing::warn!(
+                name = %show(&e.name),
+                declared = e.size,
+                real,
+                "stored member's declared size is {} GiB short (a writer without zip64 dropped it); \
+                 serving its {real} bytes, which its CRC-32 must confirm",
+                (real - e.size) >> 30
+            );
+            (e.size, e.compressed) = (real, real);
+        }
+    }
 }
 
 /// Refuses two entries whose local headers coincide or whose data overlap: every
