@@ -4,6 +4,7 @@
 //! archive) and return plain Rust errors that name the archive offset at fault.
 
 mod fault;
+pub mod seekable;
 pub mod set;
 pub mod squashfs;
 pub mod tar;
@@ -23,10 +24,15 @@ pub type Backing = Arc<Source>;
 /// is read with `pread` and checked to be unchanged, because a truncated file under a map
 /// raises SIGBUS and a rewritten one would serve wrong bytes. Staged copies (memfds that
 /// only this process holds) are served straight from the map.
+///
+/// A compressed tar served in place is a third kind: its decoded bytes exist only chunk
+/// by chunk (see [`seekable`]), so it has no map to index from: `Deref` gives no bytes,
+/// [`Source::len`] its decoded size, and [`Source::read_at`] decodes.
 #[derive(Debug)]
 pub struct Source {
     map: memmap2::Mmap,
     in_place: Option<InPlace>,
+    decoded: Option<seekable::Seekable>,
 }
 
 /// The archive file as it was when mounted.
@@ -102,12 +108,42 @@ impl InPlace {
 impl Source {
     /// Bytes only this process holds (a staged memfd, or memory in tests).
     pub fn private(map: memmap2::Mmap) -> Source {
-        Source { map, in_place: None }
+        Source { map, in_place: None, decoded: None }
+    }
+
+    /// The decoded bytes of a compressed file, served by its restart points.
+    pub fn decoded(seekable: seekable::Seekable) -> std::io::Result<Source> {
+        let map = memmap2::MmapOptions::new().len(1).map_anon()?.make_read_only()?;
+        Ok(Source { map, in_place: None, decoded: Some(seekable) })
+    }
+
+    /// The restart points and compressed bytes, when this is a compressed file's decoding.
+    pub fn seekable(&self) -> Option<&seekable::Seekable> {
+        self.decoded.as_ref()
+    }
+
+    /// Bytes served: the decoded size of a compressed file, else the file's size.
+    pub fn len(&self) -> usize {
+        match &self.decoded {
+            Some(decoded) => decoded.len() as usize,
+            None => self.map.len(),
+        }
+    }
+
+    #[cfg(test)]
+    pub fn memory(bytes: &[u8]) -> Backing {
+        let mut map = memmap2::MmapMut::map_anon(bytes.len().max(1)).expect("anonymous map");
+        map[..bytes.len()].copy_from_slice(bytes);
+        let map = map.make_read_only().expect("read-only map");
+        Arc::new(Source { map, in_place: None, decoded: None })
     }
 
     /// `len` bytes at `offset`, or an error if they lie past the end or the archive
     /// file changed underneath.
     pub fn read_at(&self, offset: u64, len: usize) -> Result<std::borrow::Cow<'_, [u8]>, ReadError> {
+        if let Some(decoded) = &self.decoded {
+            return decoded.read_at(offset, len).map(std::borrow::Cow::Owned);
+        }
         let past_end = || ReadError {
             offset,
             what: format!("{len} bytes run past the end of the archive ({} bytes)", self.map.len()),
@@ -127,6 +163,9 @@ impl Source {
     /// Asks the kernel to drop this archive file's cached pages (in place only; a staged
     /// copy has no other copy to fall back on).
     pub fn drop_page_cache(&self) {
+        if let Some(decoded) = &self.decoded {
+            decoded.input().drop_page_cache();
+        }
         if let Some(in_place) = &self.in_place {
             drop_file_cache(&in_place.file, 0, 0);
         }
@@ -147,8 +186,12 @@ impl Source {
 
 impl std::ops::Deref for Source {
     type Target = [u8];
+    /// The mapped bytes; none for a decoded compressed file (see [`Source`]).
     fn deref(&self) -> &[u8] {
-        &self.map
+        match self.decoded {
+            Some(_) => &[],
+            None => &self.map,
+        }
     }
 }
 
@@ -212,7 +255,7 @@ pub fn map_file(file: &std::fs::File) -> std::io::Result<Backing> {
     // The map serves the index scan, which is sequential for tar: let the kernel read ahead.
     let _ = map.advise(memmap2::Advice::Sequential);
     let in_place = InPlace { file: file.try_clone()?, size: meta.len(), mtime: (meta.mtime(), meta.mtime_nsec()) };
-    Ok(Arc::new(Source { map, in_place: Some(in_place) }))
+    Ok(Arc::new(Source { map, in_place: Some(in_place), decoded: None }))
 }
 
 /// Damage found while opening or indexing an archive: fatal for the mount.

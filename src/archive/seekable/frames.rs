@@ -1,0 +1,92 @@
+//! zstd random access by frame: every frame starts a restart point (pzstd, `zstd` runs concatenated, the seekable format), decoded whole on demand.
+
+use super::Point;
+
+/// Skippable frames (pzstd's size headers, the seekable format's seek table): magic
+/// 0x184D2A50 to 0x184D2A5F, little-endian.
+fn skippable(bytes: &[u8]) -> bool {
+    bytes.len() >= 4 && bytes[0] & 0xf0 == 0x50 && bytes[1..4] == [0x2a, 0x4d, 0x18]
+}
+
+/// Where each data frame starts in `input` and how many bytes it takes, skippable frames
+/// left out; an error names the offset of a frame that cannot be measured.
+fn frames(input: &[u8]) -> Result<Vec<(usize, usize)>, String> {
+    let mut frames = Vec::new();
+    let mut pos = 0;
+    while pos < input.len() {
+        let len = zstd::zstd_safe::find_frame_compressed_size(&input[pos..])
+            .map_err(|code| format!("no zstd frame at byte {pos}: {}", zstd::zstd_safe::get_error_name(code)))?;
+        if len == 0 {
+            return Err(format!("an empty zstd frame at byte {pos}"));
+        }
+        if !skippable(&input[pos..]) {
+            frames.push((pos, len));
+        }
+        pos += len;
+    }
+    Ok(frames)
+}
+
+/// True if `input` holds more than one data frame: each is then a restart point. A
+/// single frame (the `zstd` tool's usual output) has none inside it.
+pub(super) fn has_frames(input: &[u8]) -> bool {
+    frames(input).is_ok_and(|f| f.len() > 1)
+}
+
+/// The first pass over a multi-frame zstd file: a `Read` of its decoded bytes, frame by
+/// frame, noting where each starts.
+pub(super) struct Pass<'a> {
+    input: &'a [u8],
+    frames: std::vec::IntoIter<(usize, usize)>,
+    current: Option<zstd::stream::read::Decoder<'a, &'a [u8]>>,
+    frame_at: usize,
+    frame_len: usize,
+    /// The end of the last frame read to its end.
+    read_to: usize,
+    out: u64,
+    pub(super) points: Vec<Point>,
+}
+
+impl<'a> Pass<'a> {
+    pub(super) fn new(input: &'a [u8]) -> Result<Pass<'a>, String> {
+        let frames = frames(input)?.into_iter();
+        Ok(Pass { input, frames, current: None, frame_at: 0, read_to: 0, frame_len: 0, out: 0, points: Vec::new() })
+    }
+
+    pub(super) fn consumed(&self) -> u64 {
+        self.read_to as u64
+    }
+
+    pub(super) fn total(&self) -> u64 {
+        self.out
+    }
+
+    fn read_some(&mut self, buf: &mut [u8]) -> Result<usize, String> {
+        loop {
+            let Some(decoder) = self.current.as_mut() else {
+                let Some((at, len)) = self.frames.next() else { return Ok(0) };
+                let decoder = zstd::stream::read::Decoder::with_buffer(&self.input[at..at + len])
+                    .map_err(|e| format!("cannot start zstd at byte {at}: {e}"))?;
+                self.current = Some(decoder.single_frame());
+                self.points.push(Point { out: self.out, input: at as u64, bits: 0, window: None });
+                (self.frame_at, self.read_to) = (at, self.read_to.max(at));
+                self.frame_len = len;
+                continue;
+            };
+            let n = std::io::Read::read(decoder, buf).map_err(|e| format!("{e} in the frame at byte {}", self.frame_at))?;
+            if n == 0 && !buf.is_empty() {
+                self.current = None;
+                self.read_to = self.frame_at + self.frame_len;
+                continue;
+            }
+            self.out += n as u64;
+            return Ok(n);
+        }
+    }
+}
+
+impl std::io::Read for Pass<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.read_some(buf).map_err(std::io::Error::other)
+    }
+}

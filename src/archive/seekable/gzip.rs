@@ -1,0 +1,291 @@
+//! gzip random access: restart points at deflate block boundaries, each with its bit offset and the 32 KiB window before it (what zlib's zran.c keeps), and decoding from the nearest one.
+//!
+//! zlib-rs is used through its C API (`libz-rs-sys`), the one interface with the two
+//! calls this needs: `Z_BLOCK`, which stops at block boundaries, and `inflatePrime`,
+//! which starts a decoder part-way into a byte.
+
+use libz_rs_sys as z;
+
+use super::{Point, SPAN};
+
+/// How far back a deflate match reaches: the window a restart point must carry.
+pub(super) const WINDOW: usize = 32 << 10;
+/// `windowBits` for a gzip member (header and trailer parsed and checked).
+const GZIP: i32 = 31;
+/// `windowBits` for raw deflate, as a restart point resumes it.
+const RAW: i32 = -15;
+/// zlib's `data_type` bits after `Z_BLOCK`: at a block boundary, and in the last block.
+const AT_BOUNDARY: i32 = 128;
+const LAST_BLOCK: i32 = 64;
+/// Compressed bytes handed to zlib at a time.
+const INPUT_STEP: usize = 256 << 10;
+
+/// One zlib inflate stream. Boxed: zlib's state points back at the stream.
+struct Inflater {
+    strm: Box<z::z_stream>,
+}
+
+/// What one `inflate` call did.
+struct Step {
+    consumed: usize,
+    produced: usize,
+    code: i32,
+}
+
+impl Inflater {
+    fn new(window_bits: i32) -> Result<Inflater, String> {
+        let mut strm = Box::new(z::z_stream::default());
+        // SAFETY: a default stream (allocator set) and zlib-rs's own version string.
+        let code = unsafe {
+            z::inflateInit2_(&mut *strm, window_bits, z::zlibVersion(), std::mem::size_of::<z::z_stream>() as i32)
+        };
+        if code != z::Z_OK {
+            return Err(format!("cannot start a deflate decoder (zlib code {code})"));
+        }
+        Ok(Inflater { strm })
+    }
+
+    fn check(&self, code: i32, what: &str) -> Result<(), String> {
+        if code == z::Z_OK {
+            Ok(())
+        } else {
+            Err(format!("{what} failed (zlib code {code})"))
+        }
+    }
+
+    /// Starts the next gzip member on the same stream.
+    fn reset(&mut self, window_bits: i32) -> Result<(), String> {
+        // SAFETY: the stream was initialised in `new`.
+        let code = unsafe { z::inflateReset2(&mut *self.strm, window_bits) };
+        self.check(code, "restarting the decoder")
+    }
+
+    /// Feeds the `bits` high bits of the byte before the restart point.
+    fn prime(&mut self, bits: u8, byte: u8) -> Result<(), String> {
+        let value = i32::from(byte) >> (8 - bits);
+        // SAFETY: the stream was initialised in `new`.
+        let code = unsafe { z::inflatePrime(&mut *self.strm, i32::from(bits), value) };
+        self.check(code, "priming the decoder")
+    }
+
+    fn set_dictionary(&mut self, window: &[u8]) -> Result<(), String> {
+        // SAFETY: the stream was initialised in `new`; zlib copies `window.len()` bytes.
+        let code = unsafe { z::inflateSetDictionary(&mut *self.strm, window.as_ptr(), window.len() as u32) };
+        self.check(code, "setting the window")
+    }
+
+    /// The last (up to) 32 KiB of output: what decoding from here on may refer back to.
+    fn window(&self) -> Vec<u8> {
+        let mut window = vec![0u8; WINDOW];
+        let mut len = 0u32;
+        // SAFETY: zlib writes at most 32 KiB, the buffer's size, and reports how many.
+        unsafe { z::inflateGetDictionary(&*self.strm, window.as_mut_ptr(), &mut len) };
+        window.truncate(len as usize);
+        window
+    }
+
+    fn inflate(&mut self, input: &[u8], output: &mut [u8], flush: i32) -> Step {
+        let input = &input[..input.len().min(u32::MAX as usize)];
+        let output_len = output.len().min(u32::MAX as usize);
+        self.strm.next_in = input.as_ptr();
+        self.strm.avail_in = input.len() as u32;
+        self.strm.next_out = output.as_mut_ptr();
+        self.strm.avail_out = output_len as u32;
+        // SAFETY: next_in/next_out point at live buffers of the lengths given, used
+        // only during this call.
+        let code = unsafe { z::inflate(&mut *self.strm, flush) };
+        let step = Step {
+            consumed: input.len() - self.strm.avail_in as usize,
+            produced: output_len - self.strm.avail_out as usize,
+            code,
+        };
+        self.strm.next_in = std::ptr::null();
+        self.strm.next_out = std::ptr::null_mut();
+        self.strm.avail_in = 0;
+        self.strm.avail_out = 0;
+        step
+    }
+
+    fn error(&self, code: i32) -> String {
+        if self.strm.msg.is_null() {
+            format!("zlib code {code}")
+        } else {
+            // SAFETY: zlib sets msg to a static NUL-terminated string.
+            unsafe { std::ffi::CStr::from_ptr(self.strm.msg) }.to_string_lossy().into_owned()
+        }
+    }
+}
+
+impl Drop for Inflater {
+    fn drop(&mut self) {
+        // SAFETY: initialised in `new`, ended once.
+        unsafe { z::inflateEnd(&mut *self.strm) };
+    }
+}
+
+/// True if `bytes` start a gzip member.
+fn member_starts(bytes: &[u8]) -> bool {
+    bytes.starts_with(&[0x1f, 0x8b, 8])
+}
+
+/// The first pass over a gzip file: a `Read` of its decoded bytes (every member's, each
+/// CRC-checked at its end) that notes restart points on the way.
+pub(super) struct Pass<'a> {
+    input: &'a [u8],
+    pos: usize,
+    inflater: Inflater,
+    out: u64,
+    pub(super) points: Vec<Point>,
+    done: bool,
+}
+
+impl<'a> Pass<'a> {
+    pub(super) fn new(input: &'a [u8]) -> Result<Pass<'a>, String> {
+        let points = vec![Point { out: 0, input: 0, bits: 0, window: None }];
+        Ok(Pass { input, pos: 0, inflater: Inflater::new(GZIP)?, out: 0, points, done: false })
+    }
+
+    pub(super) fn consumed(&self) -> u64 {
+        self.pos as u64
+    }
+
+    pub(super) fn total(&self) -> u64 {
+        self.out
+    }
+
+    /// Whether a point is due `span` bytes of output after the last one.
+    fn due(&self, span: u64) -> bool {
+        self.points.last().is_none_or(|p| self.out - p.out >= span)
+    }
+
+    /// After a member's end: another member, or the end of the file (trailing zeros are
+    /// ignored, as gzip does; other trailing bytes with a warning).
+    fn next_member(&mut self) -> Result<(), String> {
+        let rest = &self.input[self.pos..];
+        if member_starts(rest) {
+            self.inflater.reset(GZIP)?;
+            // A member start needs no window: worth a point at half the span.
+            if self.due(SPAN / 2) {
+                self.points.push(Point { out: self.out, input: self.pos as u64, bits: 0, window: None });
+            }
+            return Ok(());
+        }
+        if !rest.iter().all(|&b| b == 0) {
+            tracing::warn!(offset = self.pos, bytes = rest.len(), "ignoring trailing bytes after the last gzip member");
+        }
+        self.done = true;
+        Ok(())
+    }
+
+    fn read_some(&mut self, buf: &mut [u8]) -> Result<usize, String> {
+        while !self.done && !buf.is_empty() {
+            let end = self.input.len().min(self.pos + INPUT_STEP);
+            let step = self.inflater.inflate(&self.input[self.pos..end], buf, z::Z_BLOCK);
+            self.pos += step.consumed;
+            self.out += step.produced as u64;
+            match step.code {
+                z::Z_OK | z::Z_BUF_ERROR => {
+                    let state = self.inflater.strm.data_type;
+                    if state & AT_BOUNDARY != 0 && state & LAST_BLOCK == 0 && self.out > 0 && self.due(SPAN) {
+                        let window = self.inflater.window();
+                        let bits = (state & 7) as u8;
+                        self.points.push(Point { out: self.out, input: self.pos as u64, bits, window: Some(window) });
+                    }
+                    if step.consumed == 0 && step.produced == 0 && self.pos == self.input.len() {
+                        return Err(format!("the gzip stream ends early (at byte {}): truncated", self.pos));
+                    }
+                }
+                z::Z_STREAM_END => self.next_member()?,
+                code => return Err(format!("{} at compressed byte {}", self.inflater.error(code), self.pos)),
+            }
+            if step.produced > 0 {
+                return Ok(step.produced);
+            }
+        }
+        Ok(0)
+    }
+}
+
+impl std::io::Read for Pass<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.read_some(buf).map_err(std::io::Error::other)
+    }
+}
+
+/// A decoder resumed at a restart point: a `Read` of the decoded bytes from there on,
+/// through the following members.
+pub(super) struct Resume<R> {
+    input: R,
+    chunk: Vec<u8>,
+    used: usize,
+    pos: u64,
+    raw: bool,
+    inflater: Inflater,
+}
+
+impl<R: std::io::Read + std::io::Seek> Resume<R> {
+    /// `input` reads the compressed file; `window` is the point's window, decompressed.
+    pub(super) fn new(mut input: R, point: &Point, window: Option<&[u8]>) -> Result<Resume<R>, String> {
+        let raw = window.is_some();
+        let mut inflater = Inflater::new(if raw { RAW } else { GZIP })?;
+        let io = |e: std::io::Error| e.to_string();
+        if let Some(window) = window {
+            if point.bits > 0 {
+                let mut byte = [0u8];
+                input.seek(std::io::SeekFrom::Start(point.input - 1)).map_err(io)?;
+                input.read_exact(&mut byte).map_err(io)?;
+                inflater.prime(point.bits, byte[0])?;
+            }
+            if !window.is_empty() {
+                inflater.set_dictionary(window)?;
+            }
+        }
+        input.seek(std::io::SeekFrom::Start(point.input)).map_err(io)?;
+        Ok(Resume { input, chunk: Vec::new(), used: 0, pos: point.input, raw, inflater })
+    }
+
+    fn refill(&mut self) -> Result<(), String> {
+        self.chunk.resize(INPUT_STEP, 0);
+        let n = self.input.read(&mut self.chunk).map_err(|e| e.to_string())?;
+        self.chunk.truncate(n);
+        self.used = 0;
+        if n == 0 {
+            return Err(format!("the gzip stream ends early, at byte {}", self.pos));
+        }
+        Ok(())
+    }
+
+    fn read_some(&mut self, out: &mut [u8]) -> Result<usize, String> {
+        loop {
+            if self.used == self.chunk.len() {
+                self.refill()?;
+            }
+            let step = self.inflater.inflate(&self.chunk[self.used..], out, z::Z_NO_FLUSH);
+            self.used += step.consumed;
+            self.pos += step.consumed as u64;
+            match step.code {
+                z::Z_OK | z::Z_BUF_ERROR if step.consumed > 0 || step.produced > 0 => {}
+                z::Z_BUF_ERROR if self.used == self.chunk.len() => {}
+                z::Z_STREAM_END => {
+                    if self.raw {
+                        // Raw deflate stops before the member's 8-byte trailer (CRC-32, size).
+                        self.pos += 8;
+                        self.input.seek(std::io::SeekFrom::Start(self.pos)).map_err(|e| e.to_string())?;
+                        (self.chunk, self.used, self.raw) = (Vec::new(), 0, false);
+                    }
+                    self.inflater.reset(GZIP)?;
+                }
+                code => return Err(format!("{} at compressed byte {}", self.inflater.error(code), self.pos)),
+            }
+            if step.produced > 0 || out.is_empty() {
+                return Ok(step.produced);
+            }
+        }
+    }
+}
+
+impl<R: std::io::Read + std::io::Seek> std::io::Read for Resume<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.read_some(buf).map_err(std::io::Error::other)
+    }
+}

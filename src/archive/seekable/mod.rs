@@ -1,0 +1,366 @@
+//! Compressed tars served without decompressing them whole: restart points into the compressed stream, chunks decoded on demand into a bounded cache.
+//!
+//! The first pass decodes the stream once, front to back: the tar scan reads the decoded
+//! bytes as they come (see `tar::open_stream`) while the pass notes a restart point every
+//! [`SPAN`] bytes of output. A read then decodes the 4 MiB chunk it falls in from the
+//! point before it, and keeps it in a cache of [`CACHE_BYTES`]. Memory follows that
+//! cache and the points (a compressed 32 KiB window per gzip point), never the size of
+//! the archive. The points are saved with the index, so a remount decodes nothing.
+//!
+//! gzip restarts anywhere (see `gzip`); zstd at frame starts only (see `frames`), so a
+//! single-frame zstd file, like bzip2, xz and lz4, is still decompressed whole.
+
+mod frames;
+mod gzip;
+
+use std::io::{Read, Seek, SeekFrom};
+use std::sync::Arc;
+
+use quick_cache::sync::Cache;
+
+use super::{Backing, ByteWeight, ReadError};
+
+/// Output between restart points, and the unit of decoding and caching.
+pub const SPAN: u64 = 4 << 20;
+/// The most a cached chunk holds: a chunk is cut here even when the next restart point
+/// is further on (one deflate block or zstd frame may decode to gigabytes).
+const MAX_CHUNK: usize = SPAN as usize;
+/// Decoded chunks kept for later reads.
+pub const CACHE_BYTES: u64 = 256 << 20;
+
+/// The compressions that can be served in place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Codec {
+    Gzip,
+    Zstd,
+}
+
+impl Codec {
+    /// The codec for a file starting with `head`, if it can restart inside `input` (a
+    /// zstd file needs several frames).
+    pub fn of(input: &[u8]) -> Option<Codec> {
+        if input.starts_with(&[0x1f, 0x8b, 8]) {
+            Some(Codec::Gzip)
+        } else if frames::has_frames(input) {
+            Some(Codec::Zstd)
+        } else {
+            None
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Codec::Gzip => "gzip",
+            Codec::Zstd => "zstd",
+        }
+    }
+}
+
+/// Where decoding can start: output offset `out` is compressed byte `input` (gzip: less
+/// `bits` bits of the byte before it, and with `window` as the history, when it is no
+/// member start).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Point {
+    pub out: u64,
+    pub input: u64,
+    pub bits: u8,
+    pub window: Option<Vec<u8>>,
+}
+
+/// Every restart point of a compressed file, and its decoded size.
+#[derive(Debug)]
+pub struct Points {
+    pub codec: Codec,
+    /// Sorted by `out`, the first at 0; windows compressed (zstd).
+    pub list: Vec<Point>,
+    pub total: u64,
+}
+
+/// The first pass: a `Read` of the decoded stream that notes restart points.
+pub struct FirstPass<'a> {
+    codec: Codec,
+    pass: PassKind<'a>,
+}
+
+enum PassKind<'a> {
+    Gzip(gzip::Pass<'a>),
+    Zstd(frames::Pass<'a>),
+}
+
+impl<'a> FirstPass<'a> {
+    pub fn new(codec: Codec, input: &'a [u8]) -> Result<FirstPass<'a>, String> {
+        let pass = match codec {
+            Codec::Gzip => PassKind::Gzip(gzip::Pass::new(input)?),
+            Codec::Zstd => PassKind::Zstd(frames::Pass::new(input)?),
+        };
+        Ok(FirstPass { codec, pass })
+    }
+
+    /// Compressed bytes consumed so far (for progress and error offsets).
+    pub fn consumed(&self) -> u64 {
+        match &self.pass {
+            PassKind::Gzip(p) => p.consumed(),
+            PassKind::Zstd(p) => p.consumed(),
+        }
+    }
+
+    /// The points noted, once the whole stream has been read.
+    pub fn finish(self) -> Points {
+        let (mut list, total) = match self.pass {
+            PassKind::Gzip(p) => {
+                let total = p.total();
+                (p.points, total)
+            }
+            PassKind::Zstd(p) => {
+                let total = p.total();
+                (p.points, total)
+            }
+        };
+        for point in &mut list {
+            if let Some(window) = &mut point.window {
+                *window = zstd::bulk::compress(window, 1).unwrap_or_default();
+            }
+        }
+        if list.is_empty() {
+            list.push(Point { out: 0, input: 0, bits: 0, window: None });
+        }
+        Points { codec: self.codec, list, total }
+    }
+}
+
+impl Read for FirstPass<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match &mut self.pass {
+            PassKind::Gzip(p) => p.read(buf),
+            PassKind::Zstd(p) => p.read(buf),
+        }
+    }
+}
+
+/// The compressed file read through [`super::Source::read_at`] (so a file served in
+/// place is checked to be unchanged), as a stream for the decoders.
+struct Compressed<'a> {
+    source: &'a Backing,
+    pos: u64,
+}
+
+impl Read for Compressed<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = (self.source.len() as u64).saturating_sub(self.pos);
+        let n = (buf.len() as u64).min(left) as usize;
+        if n == 0 {
+            return Ok(0);
+        }
+        let bytes = self.source.read_at(self.pos, n).map_err(|e| std::io::Error::other(e.to_string()))?;
+        buf[..n].copy_from_slice(&bytes);
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl Seek for Compressed<'_> {
+    fn seek(&mut self, to: SeekFrom) -> std::io::Result<u64> {
+        match to {
+            SeekFrom::Start(at) => self.pos = at,
+            _ => return Err(std::io::Error::other("only absolute seeks")),
+        }
+        Ok(self.pos)
+    }
+}
+
+/// A compressed file served by its restart points.
+pub struct Seekable {
+    input: Backing,
+    points: Points,
+    /// Decoded chunks: (restart point, piece), the piece counted in [`MAX_CHUNK`]s
+    /// from the point (almost always 0: points are [`SPAN`] apart).
+    cache: Cache<(usize, u64), Arc<[u8]>, ByteWeight>,
+}
+
+impl std::fmt::Debug for Seekable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Seekable({:?}, {} points, {} bytes)", self.points.codec, self.points.list.len(), self.points.total)
+    }
+}
+
+impl Seekable {
+    pub fn new(input: Backing, points: Points) -> Seekable {
+        let items = (CACHE_BYTES / SPAN) as usize;
+        Seekable { input, points, cache: Cache::with_weighter(items, CACHE_BYTES, ByteWeight) }
+    }
+
+    pub fn points(&self) -> &Points {
+        &self.points
+    }
+
+    /// The compressed bytes.
+    pub fn input(&self) -> &Backing {
+        &self.input
+    }
+
+    pub fn len(&self) -> u64 {
+        self.points.total
+    }
+
+    /// `len` decoded bytes at `offset`.
+    pub fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>, ReadError> {
+        let end = offset.checked_add(len as u64).filter(|&e| e <= self.points.total).ok_or_else(|| ReadError {
+            offset,
+            what: format!("{len} bytes run past the end of the decompressed archive ({} bytes)", self.points.total),
+        })?;
+        let mut out = Vec::with_capacity(len);
+        let mut at = offset;
+        while at < end {
+            let list = &self.points.list;
+            let point = list.partition_point(|p| p.out <= at).saturating_sub(1);
+            let piece = (at - list[point].out) / MAX_CHUNK as u64;
+            let chunk = self.chunk(point, piece)?;
+            let from = (at - list[point].out - piece * MAX_CHUNK as u64) as usize;
+            let to = chunk.len().min(from + (end - at) as usize);
+            if to <= from {
+                return Err(ReadError { offset: list[point].input, what: "the restart points do not cover this byte".into() });
+            }
+            out.extend_from_slice(&chunk[from..to]);
+            at += (to - from) as u64;
+        }
+        Ok(out)
+    }
+
+    /// Decoded piece `piece` after restart point `point`, from the cache or decoded. A
+    /// chunk being decoded by another request is waited for, not decoded twice.
+    fn chunk(&self, point: usize, piece: u64) -> Result<Arc<[u8]>, ReadError> {
+        self.cache.get_or_insert_with(&(point, piece), || self.decode(point, piece).map(Arc::from))
+    }
+
+    fn decode(&self, index: usize, piece: u64) -> Result<Vec<u8>, ReadError> {
+        let list = &self.points.list;
+        let point = &list[index];
+        let next = list.get(index + 1).map_or(self.points.total, |p| p.out);
+        let start = point.out + piece * MAX_CHUNK as u64;
+        let len = next.saturating_sub(start).min(MAX_CHUNK as u64) as usize;
+        let fail = |what: String| ReadError { offset: point.input, what: format!("{} stream: {what}", self.points.codec.name()) };
+        let window = match &point.window {
+            Some(packed) => Some(zstd::bulk::decompress(packed, gzip::WINDOW).map_err(|e| fail(format!("bad saved window: {e}")))?),
+            None => None,
+        };
+        let input = Compressed { source: &self.input, pos: point.input };
+        let mut decoder: Box<dyn Read + '_> = match self.points.codec {
+            Codec::Gzip => Box::new(gzip::Resume::new(input, point, window.as_deref()).map_err(fail)?),
+            Codec::Zstd => Box::new(zstd::stream::read::Decoder::new(input).map_err(|e| fail(e.to_string()))?),
+        };
+        tracing::debug!(point = index, piece, "decoding a compressed chunk");
+        let io = |e: std::io::Error| fail(e.to_string());
+        std::io::copy(&mut (&mut decoder).take(start - point.out), &mut std::io::sink()).map_err(io)?;
+        let mut out = vec![0u8; len];
+        decoder.read_exact(&mut out).map_err(io)?;
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+    use crate::archive::Source;
+    use crate::test_rng::Rng;
+
+    /// Text-like bytes (words from a small vocabulary): compressible, with long matches.
+    fn text(seed: u64, len: usize) -> Vec<u8> {
+        let words: [&[u8]; 8] = [b"tensor ", b"batch ", b"epoch\n", b"gradient ", b"loss ", b"0.125 ", b"node ", b"shard "];
+        let mut rng = Rng::new(seed);
+        let mut out = Vec::with_capacity(len + 16);
+        while out.len() < len {
+            out.extend_from_slice(words[rng.below(8) as usize]);
+        }
+        out.truncate(len);
+        out
+    }
+
+    fn gzip(data: &[u8]) -> Vec<u8> {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        encoder.write_all(data).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    /// Runs the first pass over `compressed`, checks it decodes to `data`, and returns
+    /// the file served by the points it noted.
+    fn served(compressed: &[u8], data: &[u8]) -> Seekable {
+        let codec = Codec::of(compressed).expect("seekable");
+        let mut pass = FirstPass::new(codec, compressed).unwrap();
+        let mut decoded = Vec::new();
+        pass.read_to_end(&mut decoded).unwrap();
+        assert!(decoded == data, "the first pass decodes the stream");
+        assert_eq!(pass.consumed(), compressed.len() as u64);
+        let points = pass.finish();
+        assert_eq!(points.total, data.len() as u64);
+        Seekable::new(Source::memory(compressed), points)
+    }
+
+    fn reads_match(file: &Seekable, data: &[u8]) {
+        let mut rng = Rng::new(5);
+        let len = data.len() as u64;
+        let mut probes: Vec<(u64, usize)> = vec![(0, 1), (len - 1, 1), (0, data.len()), (SPAN - 10, 20)];
+        for _ in 0..200 {
+            let at = rng.below(len);
+            probes.push((at, rng.below((len - at).min(3 << 20) + 1) as usize));
+        }
+        for (at, n) in probes {
+            let got = file.read_at(at, n).unwrap();
+            assert!(got == data[at as usize..at as usize + n], "{n} bytes at {at}");
+        }
+        assert!(file.read_at(len, 1).is_err(), "a read past the end fails");
+    }
+
+    #[test]
+    fn gzip_reads_anywhere_from_restart_points() {
+        let data = text(1, 40 << 20);
+        let file = served(&gzip(&data), &data);
+        let points = &file.points().list;
+        assert!(points.len() >= 8, "a point every ~4 MiB of 40 MiB: {}", points.len());
+        assert!(points[1..].iter().all(|p| p.window.as_ref().is_some_and(|w| !w.is_empty())));
+        assert!(points.iter().any(|p| p.bits != 0), "some points start inside a byte");
+        reads_match(&file, &data);
+    }
+
+    #[test]
+    fn gzip_members_restart_through_member_boundaries() {
+        // Members of 3 MiB: points fall at member starts and inside members, and chunks
+        // decode across member ends (trailer, next header).
+        let data = text(2, 20 << 20);
+        let compressed: Vec<u8> = data.chunks(3 << 20).flat_map(gzip).collect();
+        let file = served(&compressed, &data);
+        assert!(file.points().list.iter().any(|p| p.out > 0 && p.window.is_none()), "member starts are points");
+        reads_match(&file, &data);
+    }
+
+    #[test]
+    fn zstd_frames_are_restart_points() {
+        let data = text(3, 12 << 20);
+        let mut compressed = Vec::new();
+        for piece in data.chunks(5 << 20) {
+            // A skippable frame before each, as pzstd writes.
+            compressed.extend_from_slice(&[0x50, 0x2a, 0x4d, 0x18, 4, 0, 0, 0, 1, 2, 3, 4]);
+            compressed.extend_from_slice(&zstd::bulk::compress(piece, 3).unwrap());
+        }
+        let file = served(&compressed, &data);
+        assert_eq!(file.points().list.len(), 3);
+        reads_match(&file, &data);
+        // One frame has no restart point inside it: not served this way.
+        assert_eq!(Codec::of(&zstd::bulk::compress(&data, 3).unwrap()), None);
+    }
+
+    #[test]
+    fn damaged_and_truncated_gzip_fail_with_the_offset() {
+        let data = text(4, 4 << 20);
+        let mut compressed = gzip(&data);
+        let mut decoded = Vec::new();
+        let cut = &compressed[..compressed.len() / 2];
+        let err = FirstPass::new(Codec::Gzip, cut).unwrap().read_to_end(&mut decoded).unwrap_err();
+        assert!(err.to_string().contains("truncated"), "{err}");
+        let middle = compressed.len() / 2;
+        compressed[middle..middle + 64].fill(0xff);
+        let err = FirstPass::new(Codec::Gzip, &compressed).unwrap().read_to_end(&mut Vec::new()).unwrap_err();
+        assert!(err.to_string().contains("compressed byte"), "{err}");
+    }
+}
