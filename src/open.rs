@@ -102,7 +102,7 @@ pub fn open_shard(
     let loaded = stage::load(path, mode, max_ram, stage_dir, received)?;
     crate::cancel::check()?;
     if !force_save {
-        if let Some((index, reader)) = saved::load(path, &key, &loaded.backing, recursive) {
+        if let Some((index, reader)) = saved::load(path, &key, &loaded.backing, loaded.codec, recursive) {
             let archive = Archive::from_saved_tar(index, reader);
             return Ok(Opened {
                 archive,
@@ -115,8 +115,22 @@ pub fn open_shard(
         }
     }
     let started = Instant::now();
-    let mut archive = with_scan_progress(loaded.backing.len() as u64, || Archive::from_backing(path, loaded.backing))?;
-    if recursive {
+    let scanned = loaded.backing.len() as u64;
+    let mut archive = match loaded.codec {
+        Some(codec) => with_scan_progress(scanned, || {
+            let (index, reader) = crate::archive::tar::open_compressed(path, loaded.backing, codec)?;
+            Ok::<_, OpenError>(Archive::from_saved_tar(index, reader))
+        })?,
+        None => with_scan_progress(scanned, || Archive::from_backing(path, loaded.backing))?,
+    };
+    if recursive && loaded.codec.is_some() {
+        tracing::warn!(
+            "{}: --recursive opens inner tars of an uncompressed tar; this {} tar is served compressed, so they \
+             stay files (mount it with --stage copy to decompress it whole and open them)",
+            path.display(),
+            loaded.codec.map_or("", |c| c.name())
+        );
+    } else if recursive {
         archive = open_nested(path, archive)?;
     }
     let elapsed = started.elapsed();

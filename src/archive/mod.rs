@@ -273,6 +273,8 @@ pub enum OpenError {
     Truncated { path: PathBuf, offset: u64, what: String },
     #[error("{}: {what}", path.display())]
     Unsupported { path: PathBuf, what: String },
+    #[error("{}: corrupt {kind} stream at or before compressed byte {offset}: {message}", path.display())]
+    CorruptStream { path: PathBuf, kind: &'static str, offset: u64, message: String },
     #[error("{}: {source}", path.display())]
     Index { path: PathBuf, source: crate::index::BuildError },
 }

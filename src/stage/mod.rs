@@ -23,6 +23,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
+use crate::archive::seekable::Codec;
 use crate::archive::Backing;
 use crate::report::human;
 pub use budget::headroom;
@@ -82,6 +83,9 @@ pub struct Loaded {
     pub staging: Staging,
     /// Where it was staged on the local disk (`Staging::Disk`).
     pub disk: Option<disk::DiskStaged>,
+    /// The compression of a tar served by restart points: `backing` holds its
+    /// compressed bytes, to be indexed with `tar::open_compressed`.
+    pub codec: Option<Codec>,
 }
 
 /// What to do with an archive: the staging decision, a pure function of [`Facts`].
@@ -111,14 +115,19 @@ pub struct Facts {
     pub remote: bool,
     /// The RAM budget in bytes.
     pub budget: u64,
+    /// A compressed tar that can be served by restart points (gzip, multi-frame zstd).
+    pub seekable: bool,
 }
 
-/// The staging decision. Compressed tars are always decompressed; `auto` stages in RAM
-/// what is remote and fits, sends what is remote and too large to the local disk, and
-/// serves local archives in place (the page cache keeps what is read).
+/// The staging decision. `auto` stages in RAM what is remote and fits, sends what is
+/// remote and too large to the local disk, and serves local archives in place (the page
+/// cache keeps what is read). A compressed tar that has restart points is staged the
+/// same way, compressed; others, and any with `--stage copy`, are decompressed whole.
 pub fn decide(facts: &Facts) -> Decision {
     if let Some(compression) = facts.compression {
-        return Decision::Decompress(compression);
+        if !facts.seekable || facts.mode == StageMode::Copy {
+            return Decision::Decompress(compression);
+        }
     }
     match facts.mode {
         StageMode::Disk => Decision::Disk,
@@ -157,15 +166,20 @@ pub fn load(
         if let Some(compression) = Compression::detect(&head[..n]) {
             let backing = decompress(path, received.file, compression, &budget)?;
             let staged_bytes = backing.len() as u64;
-            return Ok(Loaded { backing, staged_bytes, staging: Staging::Copy, disk: None });
+            return Ok(Loaded { backing, staged_bytes, staging: Staging::Copy, disk: None, codec: None });
         }
         return serve_received(path, received);
     }
     let compression = Compression::detect(&head[..n]);
+    let codec = match compression {
+        Some(_) => Codec::for_tar(&crate::archive::map_file(&file).map_err(io("cannot map"))?),
+        None => None,
+    };
     // Only `auto` asks where the archive lies: statfs on a hung mount can be slow.
-    let remote = mode == StageMode::Auto && compression.is_none() && is_network_filesystem(path);
-    let decision = decide(&Facts { mode, size, compression, remote, budget: budget.bytes });
-    if mode == StageMode::Auto && compression.is_none() {
+    let remote = mode == StageMode::Auto && is_network_filesystem(path);
+    let facts = Facts { mode, size, compression, remote, budget: budget.bytes, seekable: codec.is_some() };
+    let decision = decide(&facts);
+    if mode == StageMode::Auto && !matches!(decision, Decision::Decompress(_)) {
         tracing::info!(
             "--stage auto: {} ({}) is on a {} filesystem, the RAM budget is {} ({}): {}",
             path.display(),
@@ -180,11 +194,11 @@ pub fn load(
             }
         );
     }
-    let loaded = match decision {
+    let mut loaded = match decision {
         Decision::Decompress(compression) => {
             let backing = decompress(path, file, compression, &budget)?;
             let staged_bytes = backing.len() as u64;
-            Loaded { backing, staged_bytes, staging: Staging::Copy, disk: None }
+            Loaded { backing, staged_bytes, staging: Staging::Copy, disk: None, codec: None }
         }
         Decision::Disk => {
             let base = disk::base_dir(stage_dir).ok_or(StageError::NoStageDir)?;
@@ -211,6 +225,7 @@ pub fn load(
                 staged_bytes: size,
                 staging: Staging::Copy,
                 disk: None,
+                codec: None,
             }
         }
         Decision::PageCache => {
@@ -220,6 +235,9 @@ pub fn load(
         }
         Decision::InPlace => in_place(path, &file, Staging::InPlace)?,
     };
+    if !matches!(decision, Decision::Decompress(_)) {
+        loaded.codec = codec;
+    }
     Ok(loaded)
 }
 
@@ -229,7 +247,7 @@ fn in_place(path: &Path, file: &File, staging: Staging) -> Result<Loaded, StageE
         what: "cannot map".into(),
         source,
     })?;
-    Ok(Loaded { backing, staged_bytes: 0, staging, disk: None })
+    Ok(Loaded { backing, staged_bytes: 0, staging, disk: None, codec: None })
 }
 
 /// Serves a broadcast copy (see `broadcast`): on a local disk like `--stage disk`, in
@@ -243,10 +261,10 @@ fn serve_received(path: &Path, received: broadcast::Received) -> Result<Loaded, 
             source,
         })?;
         let disk = disk::DiskStaged { dir: received.dir, bytes: size };
-        return Ok(Loaded { backing, staged_bytes: 0, staging: Staging::Disk, disk: Some(disk) });
+        return Ok(Loaded { backing, staged_bytes: 0, staging: Staging::Disk, disk: Some(disk), codec: None });
     }
     let backing = ram::map_staged(path, &received.file)?;
-    Ok(Loaded { backing, staged_bytes: size, staging: Staging::Copy, disk: None })
+    Ok(Loaded { backing, staged_bytes: size, staging: Staging::Copy, disk: None, codec: None })
 }
 
 /// `--stage auto`'s local disk for an archive too large for RAM: the staging directory,
@@ -268,7 +286,7 @@ fn stage_to_disk(path: &Path, file: &File, size: u64, dir: &crate::places::Check
         source,
     })?;
     let disk = disk::DiskStaged { dir: dir.path().to_owned(), bytes: size };
-    Ok(Loaded { backing, staged_bytes: 0, staging: Staging::Disk, disk: Some(disk) })
+    Ok(Loaded { backing, staged_bytes: 0, staging: Staging::Disk, disk: Some(disk), codec: None })
 }
 
 /// One decision for a whole shard set, before any shard is staged: `auto` becomes `ram`
@@ -317,7 +335,8 @@ mod tests {
         use StageMode::{Auto, Copy as CopyMode, Disk as DiskMode, None as NoneMode, Ram};
         const GB: u64 = 1 << 30;
         let gz = Some(Compression::Gzip);
-        // (mode, size, compression, remote, budget) -> decision
+        // (mode, size, compression, remote, budget) -> decision, for a compressed tar
+        // without restart points (bzip2, xz, lz4, one zstd frame) when compressed.
         let table = [
             (Auto, GB, None, true, 8 * GB, PageCache),
             (Auto, 16 * GB, None, true, 8 * GB, DiskIfRoom),
@@ -332,7 +351,22 @@ mod tests {
             (NoneMode, GB, gz, false, 8 * GB, Decompress(Compression::Gzip)),
         ];
         for (mode, size, compression, remote, budget, want) in table {
-            let facts = Facts { mode, size, compression, remote, budget };
+            let facts = Facts { mode, size, compression, remote, budget, seekable: false };
+            assert_eq!(decide(&facts), want, "{facts:?}");
+        }
+        // A tar with restart points (gzip, multi-frame zstd) is staged compressed like
+        // any archive, except that `--stage copy` decompresses it whole.
+        let seekable = [
+            (Auto, GB, true, 8 * GB, PageCache),
+            (Auto, 16 * GB, true, 8 * GB, DiskIfRoom),
+            (Auto, GB, false, 8 * GB, InPlace),
+            (Ram, GB, false, 8 * GB, PageCache),
+            (DiskMode, GB, true, 8 * GB, Disk),
+            (NoneMode, GB, true, 8 * GB, InPlace),
+            (CopyMode, GB, false, 8 * GB, Decompress(Compression::Gzip)),
+        ];
+        for (mode, size, remote, budget, want) in seekable {
+            let facts = Facts { mode, size, compression: gz, remote, budget, seekable: true };
             assert_eq!(decide(&facts), want, "{facts:?}");
         }
     }

@@ -48,7 +48,17 @@ impl Codec {
         }
     }
 
-    fn name(self) -> &'static str {
+    /// The codec to serve `input` in place with, when it restarts inside and holds a tar
+    /// (other archives inside a compressed file are decompressed whole).
+    pub fn for_tar(input: &[u8]) -> Option<Codec> {
+        let codec = Codec::of(input)?;
+        let mut head = Vec::with_capacity(512);
+        let mut pass = FirstPass::new(codec, input).ok()?;
+        (&mut pass).take(512).read_to_end(&mut head).ok()?;
+        super::tar::looks_like_tar(&head).then_some(codec)
+    }
+
+    pub fn name(self) -> &'static str {
         match self {
             Codec::Gzip => "gzip",
             Codec::Zstd => "zstd",

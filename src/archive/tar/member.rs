@@ -16,7 +16,10 @@ pub(super) const MAX_GLOBAL_XATTRS: usize = 256;
 /// The state of one pass over the headers.
 pub(super) struct Scan<'a> {
     pub(super) path: &'a Path,
-    pub(super) map: &'a [u8],
+    pub(super) window: super::window::Window<'a>,
+    /// The end of the last member's data (checked against the length of a stream
+    /// once it is known) and that member's header offset.
+    pub(super) last_data: (u64, u64),
     pub(super) builder: IndexBuilder,
     pub(super) globals: Globals,
     pub(super) sparse_files: Vec<SparseFile>,

@@ -17,11 +17,13 @@ mod scan;
 mod sparse;
 #[cfg(test)]
 mod tests;
+mod window;
 pub mod write;
 
 use std::path::Path;
 
-use super::{Backing, Bytes, OpenError, ReadError};
+use super::seekable::{Codec, FirstPass, Seekable};
+use super::{Backing, Bytes, OpenError, ReadError, Source};
 use crate::index::{Data, Index};
 pub(crate) use header::normalise;
 use header::{checksum_ok, BLOCK};
@@ -68,6 +70,55 @@ pub fn open(path: &Path, backing: Backing) -> Result<(Index, TarReader), OpenErr
     let Scan { builder, sparse_files, extents, .. } = scan;
     let index = builder.finish().map_err(|source| OpenError::Index { path: path.to_owned(), source })?;
     Ok((index, TarReader { backing, sparse_files, extents }))
+}
+
+/// Indexes a compressed tar (`input` holds the compressed bytes) from its decoded stream,
+/// in one pass that also notes the restart points (see `archive::seekable`); the reader
+/// then serves each read by decoding the chunk it lies in.
+pub fn open_compressed(path: &Path, input: Backing, codec: Codec) -> Result<(Index, TarReader), OpenError> {
+    let corrupt = |offset, message| OpenError::CorruptStream { path: path.to_owned(), kind: codec.name(), offset, message };
+    let mut pass = FirstPass::new(codec, &input).map_err(|what| corrupt(0, what))?;
+    let (builder, sparse_files, extents) = {
+        let mut decoded = Progress { pass: &mut pass, failed: None };
+        let mut scan = Scan::streaming(path, &mut decoded);
+        let scanned = scan.run();
+        let Scan { builder, sparse_files, extents, .. } = scan;
+        // The rest (end-of-archive blocks, padding) is decoded too, so that every
+        // member's CRC-32 is checked and a truncated stream is found now.
+        let rest = scanned.and_then(|()| {
+            std::io::copy(&mut decoded, &mut std::io::sink()).map(drop).map_err(|e| corrupt(0, e.to_string()))
+        });
+        if let Some((offset, message)) = decoded.failed {
+            return Err(corrupt(offset, message));
+        }
+        rest?;
+        (builder, sparse_files, extents)
+    };
+    let index = builder.finish().map_err(|source| OpenError::Index { path: path.to_owned(), source })?;
+    let points = pass.finish();
+    let decoded = Source::decoded(Seekable::new(input.clone(), points))
+        .map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
+    Ok((index, TarReader { backing: std::sync::Arc::new(decoded), sparse_files, extents }))
+}
+
+/// The decoded stream of a first pass, reporting compressed bytes consumed as the scan's
+/// progress (the decoded size is unknown until the end), and keeping where decoding
+/// failed: a damaged stream is reported as such, not as the tar damage it looks like.
+struct Progress<'p, 'a> {
+    pass: &'p mut FirstPass<'a>,
+    failed: Option<(u64, String)>,
+}
+
+impl std::io::Read for Progress<'_, '_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let read = self.pass.read(buf);
+        let consumed = self.pass.consumed();
+        crate::archive::SCAN_PROGRESS.store(consumed, std::sync::atomic::Ordering::Relaxed);
+        if let Err(e) = &read {
+            self.failed.get_or_insert_with(|| (consumed, e.to_string()));
+        }
+        read
+    }
 }
 
 impl TarReader {

@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 pub use super::key::Key;
 use super::saved_format::{decode, encode};
 use super::TarReader;
+use crate::archive::seekable::Codec;
 use crate::archive::Backing;
 use crate::hash;
 use crate::index::Index;
@@ -68,7 +69,14 @@ fn size_cap(archive_len: u64) -> u64 {
 
 /// Loads a saved index for `archive` if one matches `key` and deserves trust (see the
 /// module docs); says why it ignores one.
-pub fn load(archive: &Path, key: &Key, backing: &Backing, recursive: bool) -> Option<(Index, TarReader)> {
+/// `codec`: `backing` holds a compressed tar, served by the restart points saved with the index.
+pub fn load(
+    archive: &Path,
+    key: &Key,
+    backing: &Backing,
+    codec: Option<Codec>,
+    recursive: bool,
+) -> Option<(Index, TarReader)> {
     let owners = [places::my_uid(), std::fs::metadata(archive).map_or(places::my_uid(), |m| m.uid())];
     for path in candidates(archive, recursive) {
         if std::fs::symlink_metadata(&path).is_err() {
@@ -81,7 +89,7 @@ pub fn load(archive: &Path, key: &Key, backing: &Backing, recursive: bool) -> Op
                 continue;
             }
         };
-        match decode(&bytes, key, backing) {
+        match decode(&bytes, key, backing, codec) {
             Ok(opened) => {
                 tracing::info!(index = %path.display(), "using saved index");
                 if path != beside(archive, recursive) {

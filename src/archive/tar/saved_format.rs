@@ -2,11 +2,12 @@
 
 use super::key::Key;
 use super::{Extent, SparseFile, TarReader};
-use crate::archive::Backing;
+use crate::archive::seekable::{Codec, Point, Points, Seekable};
+use crate::archive::{Backing, Source};
 use crate::hash;
 use crate::index::{Attrs, Data, Dirent, Index, Inode, Span, Xattr};
 
-const MAGIC: &[u8; 16] = b"STAGEFS-INDEX\0v2";
+const MAGIC: &[u8; 16] = b"STAGEFS-INDEX\0v3";
 
 /// Little-endian writer for the index file.
 #[derive(Default)]
@@ -82,8 +83,78 @@ pub(super) fn encode(key: &Key, index: &Index, reader: &TarReader) -> Vec<u8> {
         w.u64(e.len);
         w.u64(e.archive_offset);
     }
+    encode_points(&mut w, reader.backing().seekable().map(Seekable::points));
     w.u64(hash::hash(&w.0));
     w.0
+}
+
+/// The restart points of a compressed tar: codec (0: none), decoded size, then each
+/// point with its compressed window (length `u32::MAX`: none).
+fn encode_points(w: &mut Writer, points: Option<&Points>) {
+    let Some(points) = points else {
+        w.u32(0);
+        return;
+    };
+    w.u32(codec_tag(Some(points.codec)));
+    w.u64(points.total);
+    w.u64(points.list.len() as u64);
+    for p in &points.list {
+        w.u64(p.out);
+        w.u64(p.input);
+        w.u32(u32::from(p.bits));
+        match &p.window {
+            Some(window) => {
+                w.u32(window.len() as u32);
+                w.0.extend_from_slice(window);
+            }
+            None => w.u32(u32::MAX),
+        }
+    }
+}
+
+fn codec_tag(codec: Option<Codec>) -> u32 {
+    match codec {
+        None => 0,
+        Some(Codec::Gzip) => 1,
+        Some(Codec::Zstd) => 2,
+    }
+}
+
+/// A compressed 32 KiB window takes at most this much (zstd's bound for 32 KiB).
+const MAX_PACKED_WINDOW: u32 = 33 << 10;
+const POINT_BYTES: usize = 8 + 8 + 4 + 4;
+
+/// Reads the points section, checked to be what a first pass over `input` (the
+/// compressed bytes) could have noted for `codec`.
+fn decode_points(r: &mut Reader, codec: Option<Codec>, input_len: u64) -> Result<Option<Points>, String> {
+    let tag = r.u32()?;
+    if tag != codec_tag(codec) {
+        return Err("saved for another way of serving the archive (compressed or decompressed)".into());
+    }
+    let Some(codec) = codec else { return Ok(None) };
+    let total = r.u64()?;
+    let count = r.count(POINT_BYTES)?;
+    let mut list: Vec<Point> = Vec::with_capacity(count);
+    for _ in 0..count {
+        let (out, input, bits) = (r.u64()?, r.u64()?, r.u32()?);
+        let window = match r.u32()? {
+            u32::MAX => None,
+            len if len <= MAX_PACKED_WINDOW => Some(r.take(len as usize)?.to_vec()),
+            len => return Err(format!("a restart window of {len} bytes")),
+        };
+        let ordered = list.last().map_or(out == 0, |last| out > last.out && input > last.input);
+        if !ordered || out >= total.max(1) || input >= input_len || bits > 7 || (bits > 0 && input == 0) {
+            return Err("restart points out of order or out of bounds".into());
+        }
+        if codec == Codec::Zstd && (bits != 0 || window.is_some()) {
+            return Err("a zstd restart point inside a frame".into());
+        }
+        list.push(Point { out, input, bits: bits as u8, window });
+    }
+    if list.is_empty() {
+        return Err("no restart points".into());
+    }
+    Ok(Some(Points { codec, list, total }))
 }
 
 /// Decodes `tables` (what follows the magic and key in a saved index) as if it were a
@@ -96,7 +167,7 @@ pub fn decode_for_fuzz(tables: &[u8], backing: &Backing) -> Result<(Index, TarRe
     bytes.extend_from_slice(&[0; 32]);
     bytes.extend_from_slice(tables);
     bytes.extend_from_slice(&hash::hash(&bytes).to_le_bytes());
-    decode(&bytes, &key, backing)
+    decode(&bytes, &key, backing, None)
 }
 
 /// Little-endian reader that fails instead of panicking on a short file.
@@ -129,7 +200,14 @@ impl Reader<'_> {
 
 const INODE_BYTES: usize = 4 * 3 + 8 + 4 + 8 + 4 + 8 + 4 * 5;
 
-pub(super) fn decode(bytes: &[u8], key: &Key, backing: &Backing) -> Result<(Index, TarReader), String> {
+/// Decodes a saved index of the archive in `backing`; `codec` says whether `backing`
+/// holds a compressed tar to serve by the saved restart points.
+pub(super) fn decode(
+    bytes: &[u8],
+    key: &Key,
+    backing: &Backing,
+    codec: Option<Codec>,
+) -> Result<(Index, TarReader), String> {
     let body_len = bytes.len().checked_sub(8).ok_or("file is truncated")?;
     let (body, stored_hash) = bytes.split_at(body_len);
     if stored_hash != hash::hash(body).to_le_bytes() {
@@ -193,11 +271,18 @@ pub(super) fn decode(bytes: &[u8], key: &Key, backing: &Backing) -> Result<(Inde
     for _ in 0..n_extents {
         extents.push(Extent { file_offset: r.u64()?, len: r.u64()?, archive_offset: r.u64()? });
     }
+    let points = decode_points(&mut r, codec, backing.len() as u64)?;
     if !r.0.is_empty() {
         return Err("trailing bytes".into());
     }
+    let backing = match points {
+        Some(points) => std::sync::Arc::new(
+            Source::decoded(Seekable::new(backing.clone(), points)).map_err(|e| format!("cannot map: {e}"))?,
+        ),
+        None => backing.clone(),
+    };
     check_bounds(&index, sparse.len(), backing.len() as u64)?;
-    let reader = TarReader::from_parts(backing.clone(), sparse, extents).ok_or("sparse table out of bounds")?;
+    let reader = TarReader::from_parts(backing, sparse, extents).ok_or("sparse table out of bounds")?;
     Ok((index, reader))
 }
 

@@ -8,15 +8,26 @@ use super::header::{
 };
 use super::member::{Globals, Member, Scan};
 use super::pax::parse_pax;
+use super::window::{Window, LOOKAHEAD};
 use crate::archive::OpenError;
 use crate::escape::escape;
 use crate::index::{Attrs, Data, IndexBuilder, InodeId, MAX_LINK_TARGET, ROOT};
 
 impl<'a> Scan<'a> {
     pub(super) fn new(path: &'a Path, map: &'a [u8]) -> Scan<'a> {
+        Scan::over(path, Window::whole(map))
+    }
+
+    /// A scan of a decoded stream (see [`Window::stream`]).
+    pub(super) fn streaming(path: &'a Path, decoded: &'a mut dyn std::io::Read) -> Scan<'a> {
+        Scan::over(path, Window::stream(decoded))
+    }
+
+    fn over(path: &'a Path, window: Window<'a>) -> Scan<'a> {
         Scan {
             path,
-            map,
+            window,
+            last_data: (0, 0),
             builder: IndexBuilder::new(),
             globals: Globals::default(),
             sparse_files: Vec::new(),
@@ -47,13 +58,19 @@ impl Scan<'_> {
         let mut long_link: Option<Vec<u8>> = None;
         let mut pax: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
         loop {
-            crate::archive::SCAN_PROGRESS.store(pos as u64, std::sync::atomic::Ordering::Relaxed);
-            if pos >= self.map.len() {
+            if self.window.limit() != u64::MAX {
+                crate::archive::SCAN_PROGRESS.store(pos as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+            self.window.prepare(pos as u64).map_err(|e| self.corrupt(pos as u64, format!("cannot decompress: {e}")))?;
+            if pos as u64 >= self.window.limit() {
                 break; // Missing end-of-archive blocks: GNU tar accepts this too.
             }
-            let Some(header) = self.map.get(pos..pos + BLOCK) else {
+            // A copy: the window moves under a stream scan.
+            let Some(header) = self.window.get(pos as u64, (pos + BLOCK) as u64) else {
                 return Err(self.truncated(pos as u64, "a partial header block (expected 512 bytes)"));
             };
+            let header: [u8; BLOCK] = header.try_into().expect("one block");
+            let header = &header;
             if header.iter().all(|&b| b == 0) {
                 break; // End of archive (one or two zero blocks).
             }
@@ -73,23 +90,19 @@ impl Scan<'_> {
             let typeflag = header[156];
             let size = self.number(&header[124..136], at, "size")?;
             let data_start = pos + BLOCK;
-            let content = |s: &Self| -> Result<&[u8], OpenError> {
-                let end = (data_start as u64).saturating_add(size);
-                if end > s.map.len() as u64 {
-                    return Err(s.truncated(
-                        at,
-                        format!("extension header claims {size} bytes but the archive ends at byte {}", s.map.len()),
-                    ));
-                }
-                Ok(&s.map[data_start..end as usize])
-            };
+            let content_at = data_start as u64;
             match typeflag {
-                b'L' => long_name = Some(trim_nul(content(self)?).to_vec()),
-                b'K' => long_link = Some(trim_nul(content(self)?).to_vec()),
-                b'x' | b'X' => parse_pax(content(self)?, &mut pax).map_err(|e| self.corrupt(at, e))?,
-                b'g' => self.fold_globals(content(self)?, at)?,
+                b'L' => long_name = Some(trim_nul(self.extension_content(at, content_at, size)?).to_vec()),
+                b'K' => long_link = Some(trim_nul(self.extension_content(at, content_at, size)?).to_vec()),
+                b'x' | b'X' => parse_pax(self.extension_content(at, content_at, size)?, &mut pax)
+                    .map_err(|e| self.corrupt(at, e))?,
+                b'g' => {
+                    let globals = self.extension_content(at, content_at, size)?.to_vec();
+                    self.fold_globals(&globals, at)?
+                }
                 b'V' => {
-                    content(self)?; // Volume label: not a file, but its size must fit.
+                    // Volume label: not a file, but its size must fit.
+                    self.extension_content(at, content_at, size)?;
                 }
                 b'M' => {
                     return Err(OpenError::Unsupported {
@@ -112,7 +125,7 @@ impl Scan<'_> {
                     self.apply_pax(&mut member, &pax)?;
                     pax.clear();
                     let end =
-                        member.data_offset.checked_add(member.stored_size).filter(|&e| e <= self.map.len() as u64);
+                        member.data_offset.checked_add(member.stored_size).filter(|&e| e <= self.window.limit());
                     let Some(end) = end else {
                         return Err(self.truncated(
                             at,
@@ -121,10 +134,11 @@ impl Scan<'_> {
                                 escape(&member.path),
                                 member.stored_size,
                                 member.data_offset,
-                                self.map.len()
+                                self.window.limit()
                             ),
                         ));
                     };
+                    self.last_data = (end, at);
                     self.add(member)?;
                     pos = round_up(end);
                     continue;
@@ -133,7 +147,39 @@ impl Scan<'_> {
             // Extension headers: the next header follows their padded content.
             pos = data_start.saturating_add(round_up(size));
         }
+        // A stream's length is known only now.
+        let (data_end, at) = self.last_data;
+        if data_end > self.window.limit() {
+            return Err(self.truncated(
+                at,
+                format!(
+                    "the member at byte {at} needs data up to byte {data_end} but the archive ends at byte {}",
+                    self.window.limit()
+                ),
+            ));
+        }
         Ok(())
+    }
+
+    /// The content of the extension header at `at` (`size` bytes from `data_start`).
+    fn extension_content(&self, at: u64, data_start: u64, size: u64) -> Result<&[u8], OpenError> {
+        let end = data_start.saturating_add(size);
+        if end > self.window.limit() {
+            return Err(self.truncated(
+                at,
+                format!("extension header claims {size} bytes but the archive ends at byte {}", self.window.limit()),
+            ));
+        }
+        self.window.get(data_start, end).ok_or_else(|| {
+            self.corrupt(
+                at,
+                format!(
+                    "an extension header of {size} bytes: a compressed tar indexed as a stream may have them up \
+                     to {} MiB; mount it with --stage copy to decompress it whole",
+                    LOOKAHEAD >> 20
+                ),
+            )
+        })
     }
 
     /// Parses a numeric header field: octal text, or GNU base-256 when the high bit is set.

@@ -11,7 +11,7 @@ impl Scan<'_> {
     /// Reads the pax 1.0 sparse map at the start of a member's data; returns it and the
     /// bytes it occupies (rounded to a block).
     pub(super) fn sparse_map_v1(&self, at: u64, stored_size: u64) -> Result<(Vec<(u64, u64)>, u64), OpenError> {
-        let data = self.map.get(at as usize..).unwrap_or(&[]);
+        let data = self.window.from(at);
         let data = &data[..data.len().min(stored_size as usize)];
         let mut lines = data.split(|&b| b == b'\n');
         let mut used = 0u64;
@@ -59,8 +59,10 @@ impl Scan<'_> {
         let mut extended = header[482] != 0;
         let mut pos = at as usize + BLOCK;
         while extended {
-            let block =
-                self.map.get(pos..pos + BLOCK).ok_or_else(|| self.truncated(pos as u64, "sparse extension header"))?;
+            let block = self
+                .window
+                .get(pos as u64, (pos + BLOCK) as u64)
+                .ok_or_else(|| self.truncated(pos as u64, "sparse extension header"))?;
             for i in 0..21 {
                 push(self, &block[i * 24..(i + 1) * 24])?;
             }
