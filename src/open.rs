@@ -116,13 +116,7 @@ pub fn open_shard(
     }
     let started = Instant::now();
     let scanned = loaded.backing.len() as u64;
-    let mut archive = match loaded.codec {
-        Some(codec) => with_scan_progress(scanned, || {
-            let (index, reader) = crate::archive::tar::open_compressed(path, loaded.backing, codec)?;
-            Ok::<_, OpenError>(Archive::from_saved_tar(index, reader))
-        })?,
-        None => with_scan_progress(scanned, || Archive::from_backing(path, loaded.backing))?,
-    };
+    let mut archive = with_scan_progress(scanned, || Archive::from_staged(path, loaded.backing, loaded.codec))?;
     if recursive && loaded.codec.is_some() {
         tracing::warn!(
             "{}: --recursive opens inner tars of an uncompressed tar; this {} tar is served compressed, so they \

@@ -355,3 +355,36 @@ fn a_mount_is_live_from_every_shell_whatever_its_runtime_dir() {
     fs::remove_file(&archive).unwrap();
     remove_tree(&mnt);
 }
+
+/// The restart points saved with the index of a compressed tar are trusted like the
+/// rest of it: another user's index for the victim's `.tar.gz` (points moved, which
+/// would decode from the wrong place) is ignored, as is the victim's own when everyone
+/// may write it; the files read right either way.
+#[test]
+fn planted_restart_points_of_a_compressed_tar_are_ignored() {
+    let project = TempDir::new("shared-project");
+    fs::set_permissions(project.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    let s = scene("sfs-victim5", Some(project.path()));
+    let gz = s.archive.with_file_name("a.tar.gz");
+    run_tool("gzip", ["-k".as_ref(), s.archive.as_os_str()]).assert_success();
+    s.victim.chown(&gz);
+    let mnt = s.victim.home.join("mnt");
+    let genuine = genuine_index(&gz);
+    // The points section ends the tables: ... input (8), bits (4), window length (4), then
+    // the checksum (8). Move the one point's compressed offset.
+    let mut moved = genuine.clone();
+    let at = moved.len() - 8 - 4 - 4 - 8;
+    moved[at..at + 8].copy_from_slice(&10u64.to_le_bytes());
+    let moved = reseal(moved);
+    let index = index_path(&gz);
+    for (owner, mode, needle) in [(&s.mallory, 0o644, "sfs-mallory"), (&s.victim, 0o666, "may write")] {
+        let _ = fs::remove_file(&index);
+        fs::write(&index, &moved).unwrap();
+        owner.chown(&index);
+        fs::set_permissions(&index, fs::Permissions::from_mode(mode)).unwrap();
+        let log = mount_and_check(&s.victim, &gz, &mnt);
+        assert!(log.contains("ignoring saved index") && log.contains(needle), "{log}");
+    }
+    fs::remove_file(&index).unwrap();
+    assert_nothing_left(&mnt, "after the planted restart points");
+}

@@ -15,6 +15,7 @@ mod memory;
 mod nested;
 mod one_copy;
 mod pack;
+mod seekable;
 mod shards;
 mod shared_node;
 mod slurm;

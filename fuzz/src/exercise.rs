@@ -74,7 +74,7 @@ pub fn decompress(data: &[u8], scratch: &Path) -> Result<(), String> {
     std::fs::write(scratch, data).map_err(|e| format!("cannot write {}: {e}", scratch.display()))?;
     let loaded = stagefs::stage::load(scratch, stagefs::stage::StageMode::None, Some(256 << 20), None, None);
     let loaded = loaded.map_err(|e| e.to_string())?;
-    let archive = Archive::from_backing(scratch, loaded.backing).map_err(|e| e.to_string())?;
+    let archive = Archive::from_staged(scratch, loaded.backing, loaded.codec).map_err(|e| e.to_string())?;
     serve(archive);
     Ok(())
 }

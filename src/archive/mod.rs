@@ -125,9 +125,13 @@ impl Source {
     /// Bytes served: the decoded size of a compressed file, else the file's size.
     pub fn len(&self) -> usize {
         match &self.decoded {
-            Some(decoded) => decoded.len() as usize,
+            Some(decoded) => decoded.decoded_len() as usize,
             None => self.map.len(),
         }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     #[cfg(test)]
@@ -175,7 +179,7 @@ impl Source {
     /// (for a tar, with fault-around, most of the archive) from this process, so they
     /// stop counting in the daemon's RSS. They stay in the page cache, shared and
     /// reclaimable; the request path reads with pread and never needs them mapped.
-    fn unmap_scanned(&self) {
+    pub(crate) fn unmap_scanned(&self) {
         if self.in_place.is_some() {
             // SAFETY: a read-only shared file map: DONTNEED only drops page-table entries,
             // and a later access faults the same file bytes back in.
@@ -394,6 +398,18 @@ impl Archive {
         };
         backing.unmap_scanned();
         Ok(archive)
+    }
+
+    /// Indexes staged bytes: a compressed tar (`codec`) from its decoded stream, else as
+    /// [`Archive::from_backing`].
+    pub fn from_staged(path: &Path, backing: Backing, codec: Option<seekable::Codec>) -> Result<Archive, OpenError> {
+        match codec {
+            Some(codec) => {
+                let (index, reader) = tar::open_compressed(path, backing, codec)?;
+                Ok(Archive { index, format: Format::Tar, reader: Reader::Tar(reader) })
+            }
+            None => Archive::from_backing(path, backing),
+        }
     }
 
     /// Frees what the readers cache for speed (SquashFS blocks); later reads refill it.

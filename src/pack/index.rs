@@ -161,7 +161,7 @@ mod tests {
         let key = crate::archive::tar::saved::Key::of(&path).unwrap();
         let backing = crate::archive::map_file(&std::fs::File::open(&path).unwrap()).unwrap();
         let (index, saved) =
-            crate::archive::tar::saved::load(&path, &key, &backing, false).expect("pack saved a matching index");
+            crate::archive::tar::saved::load(&path, &key, &backing, None, false).expect("pack saved a matching index");
         assert_eq!(index.inodes, scanned.index.inodes);
         assert_eq!(index.dirents, scanned.index.dirents);
         assert_eq!(index.arena, scanned.index.arena);

@@ -31,7 +31,8 @@ impl Compression {
             Some(Compression::Bzip2)
         } else if head.starts_with(&[0xfd, b'7', b'z', b'X', b'Z', 0]) {
             Some(Compression::Xz)
-        } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) || zstd_skippable(head) {
+            // pzstd starts with a skippable frame (0x184D2A5?) holding the next frame's size.
             Some(Compression::Zstd)
         } else if head.starts_with(&[0x04, 0x22, 0x4d, 0x18]) {
             Some(Compression::Lz4)
@@ -49,6 +50,11 @@ impl Compression {
             Compression::Lz4 => "lz4",
         }
     }
+}
+
+/// A zstd skippable frame's magic, 0x184D2A50 to 0x184D2A5F (little-endian).
+fn zstd_skippable(head: &[u8]) -> bool {
+    head.len() >= 4 && head[0] & 0xf0 == 0x50 && head[1..4] == [0x2a, 0x4d, 0x18]
 }
 
 /// Counts compressed bytes consumed, so a corrupt stream can be located.
@@ -174,6 +180,7 @@ mod tests {
         assert_eq!(Compression::detect(&[0x1f, 0x8b, 8]), Some(Compression::Gzip));
         assert_eq!(Compression::detect(b"BZh91AY"), Some(Compression::Bzip2));
         assert_eq!(Compression::detect(&[0x28, 0xb5, 0x2f, 0xfd]), Some(Compression::Zstd));
+        assert_eq!(Compression::detect(&[0x50, 0x2a, 0x4d, 0x18, 4, 0]), Some(Compression::Zstd), "pzstd");
         assert_eq!(Compression::detect(b"ustar"), None);
         // A zip is no compressed tar, whatever follows its local header magic.
         assert_eq!(Compression::detect(b"PK\x03\x04\x14\x00\x08\x00\x08\x00"), None);

@@ -8,12 +8,12 @@ fn skippable(bytes: &[u8]) -> bool {
     bytes.len() >= 4 && bytes[0] & 0xf0 == 0x50 && bytes[1..4] == [0x2a, 0x4d, 0x18]
 }
 
-/// Where each data frame starts in `input` and how many bytes it takes, skippable frames
-/// left out; an error names the offset of a frame that cannot be measured.
-fn frames(input: &[u8]) -> Result<Vec<(usize, usize)>, String> {
+/// Where each data frame starts in `input` and how many bytes it takes (the first `most`),
+/// skippable frames left out; an error names the offset of a frame that cannot be measured.
+fn frames(input: &[u8], most: usize) -> Result<Vec<(usize, usize)>, String> {
     let mut frames = Vec::new();
     let mut pos = 0;
-    while pos < input.len() {
+    while pos < input.len() && frames.len() < most {
         let len = zstd::zstd_safe::find_frame_compressed_size(&input[pos..])
             .map_err(|code| format!("no zstd frame at byte {pos}: {}", zstd::zstd_safe::get_error_name(code)))?;
         if len == 0 {
@@ -28,9 +28,10 @@ fn frames(input: &[u8]) -> Result<Vec<(usize, usize)>, String> {
 }
 
 /// True if `input` holds more than one data frame: each is then a restart point. A
-/// single frame (the `zstd` tool's usual output) has none inside it.
+/// single frame (the `zstd` tool's usual output) has none inside it. Reads only as far
+/// as the second frame.
 pub(super) fn has_frames(input: &[u8]) -> bool {
-    frames(input).is_ok_and(|f| f.len() > 1)
+    frames(input, 2).is_ok_and(|f| f.len() > 1)
 }
 
 /// The first pass over a multi-frame zstd file: a `Read` of its decoded bytes, frame by
@@ -49,7 +50,7 @@ pub(super) struct Pass<'a> {
 
 impl<'a> Pass<'a> {
     pub(super) fn new(input: &'a [u8]) -> Result<Pass<'a>, String> {
-        let frames = frames(input)?.into_iter();
+        let frames = frames(input, usize::MAX)?.into_iter();
         Ok(Pass { input, frames, current: None, frame_at: 0, read_to: 0, frame_len: 0, out: 0, points: Vec::new() })
     }
 
@@ -73,7 +74,8 @@ impl<'a> Pass<'a> {
                 self.frame_len = len;
                 continue;
             };
-            let n = std::io::Read::read(decoder, buf).map_err(|e| format!("{e} in the frame at byte {}", self.frame_at))?;
+            let n =
+                std::io::Read::read(decoder, buf).map_err(|e| format!("{e} in the frame at byte {}", self.frame_at))?;
             if n == 0 && !buf.is_empty() {
                 self.current = None;
                 self.read_to = self.frame_at + self.frame_len;

@@ -26,7 +26,7 @@ pub const SPAN: u64 = 4 << 20;
 /// is further on (one deflate block or zstd frame may decode to gigabytes).
 const MAX_CHUNK: usize = SPAN as usize;
 /// Decoded chunks kept for later reads.
-pub const CACHE_BYTES: u64 = 256 << 20;
+pub const CACHE_BYTES: u64 = 128 << 20;
 
 /// The compressions that can be served in place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -208,7 +208,7 @@ impl Seekable {
         &self.input
     }
 
-    pub fn len(&self) -> u64 {
+    pub fn decoded_len(&self) -> u64 {
         self.points.total
     }
 
@@ -228,7 +228,10 @@ impl Seekable {
             let from = (at - list[point].out - piece * MAX_CHUNK as u64) as usize;
             let to = chunk.len().min(from + (end - at) as usize);
             if to <= from {
-                return Err(ReadError { offset: list[point].input, what: "the restart points do not cover this byte".into() });
+                return Err(ReadError {
+                    offset: list[point].input,
+                    what: "the restart points do not cover this byte".into(),
+                });
             }
             out.extend_from_slice(&chunk[from..to]);
             at += (to - from) as u64;
@@ -248,9 +251,14 @@ impl Seekable {
         let next = list.get(index + 1).map_or(self.points.total, |p| p.out);
         let start = point.out + piece * MAX_CHUNK as u64;
         let len = next.saturating_sub(start).min(MAX_CHUNK as u64) as usize;
-        let fail = |what: String| ReadError { offset: point.input, what: format!("{} stream: {what}", self.points.codec.name()) };
+        let fail = |what: String| ReadError {
+            offset: point.input,
+            what: format!("{} stream: {what}", self.points.codec.name()),
+        };
         let window = match &point.window {
-            Some(packed) => Some(zstd::bulk::decompress(packed, gzip::WINDOW).map_err(|e| fail(format!("bad saved window: {e}")))?),
+            Some(packed) => {
+                Some(zstd::bulk::decompress(packed, gzip::WINDOW).map_err(|e| fail(format!("bad saved window: {e}")))?)
+            }
             None => None,
         };
         let input = Compressed { source: &self.input, pos: point.input };
@@ -277,7 +285,8 @@ mod tests {
 
     /// Text-like bytes (words from a small vocabulary): compressible, with long matches.
     fn text(seed: u64, len: usize) -> Vec<u8> {
-        let words: [&[u8]; 8] = [b"tensor ", b"batch ", b"epoch\n", b"gradient ", b"loss ", b"0.125 ", b"node ", b"shard "];
+        let words: [&[u8]; 8] =
+            [b"tensor ", b"batch ", b"epoch\n", b"gradient ", b"loss ", b"0.125 ", b"node ", b"shard "];
         let mut rng = Rng::new(seed);
         let mut out = Vec::with_capacity(len + 16);
         while out.len() < len {

@@ -76,7 +76,8 @@ pub fn open(path: &Path, backing: Backing) -> Result<(Index, TarReader), OpenErr
 /// in one pass that also notes the restart points (see `archive::seekable`); the reader
 /// then serves each read by decoding the chunk it lies in.
 pub fn open_compressed(path: &Path, input: Backing, codec: Codec) -> Result<(Index, TarReader), OpenError> {
-    let corrupt = |offset, message| OpenError::CorruptStream { path: path.to_owned(), kind: codec.name(), offset, message };
+    let corrupt =
+        |offset, message| OpenError::CorruptStream { path: path.to_owned(), kind: codec.name(), offset, message };
     let mut pass = FirstPass::new(codec, &input).map_err(|what| corrupt(0, what))?;
     let (builder, sparse_files, extents) = {
         let mut decoded = Progress { pass: &mut pass, failed: None };
@@ -96,6 +97,7 @@ pub fn open_compressed(path: &Path, input: Backing, codec: Codec) -> Result<(Ind
     };
     let index = builder.finish().map_err(|source| OpenError::Index { path: path.to_owned(), source })?;
     let points = pass.finish();
+    input.unmap_scanned();
     let decoded = Source::decoded(Seekable::new(input.clone(), points))
         .map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
     Ok((index, TarReader { backing: std::sync::Arc::new(decoded), sparse_files, extents }))

@@ -228,7 +228,7 @@ mod tests {
         let saved_at = save(&path, &key, &fresh.index, fresh.tar_reader().unwrap(), false).unwrap();
         assert_eq!(saved_at, dir.join("a.tar.stagefs-index"));
         let backing = crate::archive::map_file(&File::open(&path).unwrap()).unwrap();
-        let (loaded, _) = load(&path, &key, &backing, false).expect("a matching index loads");
+        let (loaded, _) = load(&path, &key, &backing, None, false).expect("a matching index loads");
         assert_eq!(loaded.inodes, fresh.index.inodes);
         assert_eq!(loaded.dirents, fresh.index.dirents);
         assert_eq!(loaded.arena, fresh.index.arena);
@@ -236,18 +236,18 @@ mod tests {
         // A changed archive: different key, index ignored.
         let mut other = key;
         other.fingerprint ^= 1;
-        assert!(load(&path, &other, &backing, false).is_none());
+        assert!(load(&path, &other, &backing, None, false).is_none());
         // Every single-byte corruption is caught by the checksum or the bounds checks.
         let bytes = std::fs::read(&saved_at).unwrap();
         for i in (0..bytes.len()).step_by(7) {
             let mut damaged = bytes.clone();
             damaged[i] ^= 0x5a;
             assert!(
-                super::super::saved_format::decode(&damaged, &key, &backing).is_err(),
+                super::super::saved_format::decode(&damaged, &key, &backing, None).is_err(),
                 "corruption at byte {i} was accepted"
             );
         }
-        assert!(super::super::saved_format::decode(&bytes[..bytes.len() / 2], &key, &backing).is_err());
+        assert!(super::super::saved_format::decode(&bytes[..bytes.len() / 2], &key, &backing, None).is_err());
     }
 
     #[test]

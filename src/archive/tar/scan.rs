@@ -124,8 +124,7 @@ impl Scan<'_> {
                     self.apply_globals(&mut member);
                     self.apply_pax(&mut member, &pax)?;
                     pax.clear();
-                    let end =
-                        member.data_offset.checked_add(member.stored_size).filter(|&e| e <= self.window.limit());
+                    let end = member.data_offset.checked_add(member.stored_size).filter(|&e| e <= self.window.limit());
                     let Some(end) = end else {
                         return Err(self.truncated(
                             at,

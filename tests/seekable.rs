@@ -1,0 +1,178 @@
+//! Compressed tars served in place from restart points (issue 24, section 2): gzip from
+//! gzip, pigz and bgzip, zstd from pzstd and concatenated frames, each compared with
+//! the tree it was made from; reads anywhere, memory bounded by the chunk cache and not
+//! by the archive, restart points saved with the index so a remount decodes nothing.
+
+use std::fs;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use crate::compare::{assert_trees_equal, Options};
+use crate::util::*;
+
+/// Text-like bytes (words from a small vocabulary): they compress, with long matches.
+fn text(seed: u64, len: usize) -> Vec<u8> {
+    let words: [&[u8]; 8] = [b"tensor ", b"batch ", b"epoch\n", b"gradient ", b"loss ", b"0.125 ", b"node ", b"shard "];
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::with_capacity(len + 16);
+    while out.len() < len {
+        out.extend_from_slice(words[rng.below(8) as usize]);
+    }
+    out.truncate(len);
+    out
+}
+
+/// A tree of 300 small text and binary files and one 24 MiB file (text with random
+/// runs), packed by GNU tar; returns (the tree as `tar -x` extracts it, tar).
+fn dataset(tmp: &TempDir) -> (PathBuf, PathBuf) {
+    let src = tmp.join("src");
+    for d in 0..6 {
+        fs::create_dir_all(src.join(format!("class{d}"))).unwrap();
+        for f in 0..50 {
+            let seed = d * 100 + f;
+            let bytes = if f % 3 == 0 {
+                pseudo_random(seed, 3000 + f as usize * 97)
+            } else {
+                text(seed, 20_000 + f as usize * 1013)
+            };
+            fs::write(src.join(format!("class{d}/{f:03}.bin")), bytes).unwrap();
+        }
+    }
+    let mut big = text(7, 24 << 20);
+    for (i, run) in big.chunks_mut(1 << 20).enumerate() {
+        run[..4096].copy_from_slice(&pseudo_random(i as u64, 4096));
+    }
+    fs::write(src.join("big.bin"), big).unwrap();
+    let tar = tmp.join("data.tar");
+    let out = run_tool("tar", ["-cf".as_ref(), tar.as_os_str(), "-C".as_ref(), src.as_os_str(), ".".as_ref()]);
+    out.assert_success();
+    let extracted = tmp.join("extracted");
+    extract_tar(&tar, &extracted);
+    (extracted, tar)
+}
+
+/// `tool ARGS` reading the tar on stdin, writing `out`.
+fn compress(tool: &str, args: &[&str], tar: &Path, out: &Path) {
+    let script =
+        format!("{} {} < '{}' > '{}'", require_tool(tool).display(), args.join(" "), tar.display(), out.display());
+    run_tool("sh", ["-c", script.as_str()]).assert_success();
+}
+
+/// Reads of `len` bytes at offsets around the 4 MiB chunk boundaries of `big.bin`,
+/// compared with the source.
+fn assert_reads_anywhere(src: &Path, mnt: &Path) {
+    let want = read(&src.join("big.bin"));
+    let f = fs::File::open(mnt.join("big.bin")).unwrap();
+    let mut rng = Rng::new(9);
+    let mut probes: Vec<u64> = (1..6).map(|k| (k << 22) - 100).collect();
+    probes.extend((0..40).map(|_| rng.below(want.len() as u64 - 1)));
+    for at in probes {
+        let mut buf = vec![0u8; 300_000];
+        let n = f.read_at(&mut buf, at).unwrap();
+        assert!(n > 0 && buf[..n] == want[at as usize..at as usize + n], "big.bin: {n} bytes at {at} differ");
+    }
+}
+
+#[test]
+fn compressed_tars_from_the_real_tools_are_served_from_restart_points() {
+    require_root();
+    let tmp = TempDir::new("seekable-tools");
+    let (src, tar) = dataset(&tmp);
+    let cases: [(&str, &str, &[&str]); 5] = [
+        ("gzip.tar.gz", "gzip", &["-6", "-c"]),
+        ("pigz.tar.gz", "pigz", &["-p", "2", "-c"]),
+        ("pigz-i.tar.gz", "pigz", &["-p", "2", "-i", "-c"]),
+        ("bgzip.tar.gz", "bgzip", &["-@", "2", "-c"]),
+        ("pzstd.tar.zst", "pzstd", &["-p", "2", "-q", "-c"]),
+    ];
+    for (name, tool, args) in cases {
+        let archive = tmp.join(name);
+        compress(tool, args, &tar, &archive);
+        let mnt = tmp.join("mnt");
+        let fg = Foreground::start(&archive, &mnt, &tmp.join("mount.log"), &[]);
+        assert_trees_equal(&src, &mnt, &Options::default().root(false));
+        assert_reads_anywhere(&src, &mnt);
+        let status = stagefs(["status"]);
+        let log = fg.finish();
+        assert!(
+            log.contains("indexed") && !log.contains("decompressed ("),
+            "{name}: scanned compressed, not decompressed whole:\n{log}"
+        );
+        assert!(status.stdout.contains(name), "{}", status.describe());
+    }
+}
+
+/// The daemon's peak resident memory, in bytes.
+fn daemon_peak(pid: i32) -> u64 {
+    proc_kb_field(&format!("/proc/{pid}/status"), "VmHWM")
+}
+
+/// 384 MiB of tar in a 10× smaller .tar.gz, read whole by 4 readers at once: every byte
+/// right, and the daemon's peak memory far below the decompressed size (the chunk
+/// cache is 128 MiB) although `--max-ram` is 64 MiB and nothing was staged.
+#[test]
+fn a_compressed_tar_larger_than_the_ram_budget_reads_in_bounded_memory() {
+    require_root();
+    let tmp = TempDir::new("seekable-big");
+    let src = tmp.join("src");
+    fs::create_dir(&src).unwrap();
+    for i in 0..48u64 {
+        fs::write(src.join(format!("part{i:02}.txt")), text(100 + i, 8 << 20)).unwrap();
+    }
+    let tar = tmp.join("big.tar");
+    run_tool("tar", ["-cf".as_ref(), tar.as_os_str(), "-C".as_ref(), src.as_os_str(), ".".as_ref()]).assert_success();
+    let gz = tmp.join("big.tar.gz");
+    compress("pigz", &["-p", "2", "-1", "-c"], &tar, &gz);
+    fs::remove_file(&tar).unwrap();
+    let decoded = 48u64 << 23;
+    let m = Mounted::with_args(&["--max-ram", "64M"], &gz, &tmp.join("mnt"));
+    let pid = m.daemon_pids()[0];
+    let names: Vec<String> = (0..48).map(|i| format!("part{i:02}.txt")).collect();
+    std::thread::scope(|s| {
+        for reader in 0..4 {
+            let (names, src, mnt) = (&names, &src, m.path());
+            s.spawn(move || {
+                for name in names.iter().skip(reader).step_by(4) {
+                    assert!(read(&mnt.join(name)) == read(&src.join(name)), "{name} differs");
+                }
+            });
+        }
+    });
+    let peak = daemon_peak(pid);
+    eprintln!("daemon peak {} MiB for {} MiB decompressed", peak >> 20, decoded >> 20);
+    assert!(peak < decoded / 2, "daemon peak {} MiB: memory follows the archive ({} MiB)", peak >> 20, decoded >> 20);
+    m.unmount().assert_success();
+}
+
+/// `stagefs index` saves the restart points: the next mount uses them and decodes only
+/// what is read. A `--stage copy` mount (decompressed whole) cannot use that index and
+/// says so; a flat index does not serve the compressed mount either.
+#[test]
+fn restart_points_are_saved_with_the_index() {
+    require_root();
+    let tmp = TempDir::new("seekable-index");
+    let (src, tar) = dataset(&tmp);
+    let gz = tmp.join("data.tar.gz");
+    compress("gzip", &["-c"], &tar, &gz);
+    stagefs(["index".as_ref(), gz.as_os_str()]).assert_success();
+    let index = tmp.join("data.tar.gz.stagefs-index");
+    assert!(index.is_file());
+    let mnt = tmp.join("mnt");
+    let fg = Foreground::start(&gz, &mnt, &tmp.join("remount.log"), &[]);
+    assert_trees_equal(&src, &mnt, &Options::default().root(false));
+    let log = fg.finish();
+    assert!(log.contains("using saved index") && !log.contains("indexed archive"), "{log}");
+
+    let copy = stagefs([
+        "-v".as_ref(),
+        "mount".as_ref(),
+        "--stage".as_ref(),
+        "copy".as_ref(),
+        gz.as_os_str(),
+        mnt.as_os_str(),
+    ]);
+    copy.assert_success();
+    let _guard = UnmountOnDrop(mnt.clone());
+    assert!(copy.stderr.contains("ignoring saved index") && copy.stderr.contains("another way"), "{}", copy.describe());
+    assert!(read(&mnt.join("big.bin")) == read(&src.join("big.bin")));
+}
