@@ -265,9 +265,9 @@ fn compressed_case(label: &str, tool: &str, args: &[&str], split: Split) {
     let m = Mounted::new(&compressed, &tmp.join("mnt"));
     assert_trees_equal(&expected, m.path(), &Options::default().root(false));
     let pid = daemon_pid(m.path());
-    // gzip restarts anywhere, zstd at each of several frames: those are served by
+    // gzip restarts anywhere, bzip2 at each block, zstd at each of several frames: those are served by
     // restart points from the compressed file, the others decompressed whole.
-    let restarts = matches!(tool, "gzip" | "pigz") || (tool == "zstd" && !matches!(split, Split::Whole));
+    let restarts = matches!(tool, "gzip" | "pigz" | "bzip2") || (tool == "zstd" && !matches!(split, Split::Whole));
     if restarts {
         let name = compressed.file_name().unwrap().to_string_lossy().into_owned();
         assert!(memfd_mapping(pid, &name).is_none(), "{label}: served compressed, nothing decompressed into a memfd");

@@ -180,10 +180,16 @@ impl Source {
     /// stop counting in the daemon's RSS. They stay in the page cache, shared and
     /// reclaimable; the request path reads with pread and never needs them mapped.
     pub(crate) fn unmap_scanned(&self) {
-        if self.in_place.is_some() {
+        self.unmap_before(self.map.len() as u64);
+    }
+
+    /// [`Source::unmap_scanned`] for the bytes before `offset` (a pass still under way).
+    pub(crate) fn unmap_before(&self, offset: u64) {
+        let len = (offset as usize).min(self.map.len()) & !(page_size() - 1);
+        if self.in_place.is_some() && len > 0 {
             // SAFETY: a read-only shared file map: DONTNEED only drops page-table entries,
             // and a later access faults the same file bytes back in.
-            let _ = unsafe { self.map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+            let _ = unsafe { self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, 0, len) };
         }
     }
 }
@@ -197,6 +203,11 @@ impl std::ops::Deref for Source {
             None => &self.map,
         }
     }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).max(4096) as usize
 }
 
 /// Weighs decompressed bytes in the readers' caches (SquashFS blocks, zip members) by

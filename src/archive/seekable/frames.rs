@@ -8,37 +8,38 @@ fn skippable(bytes: &[u8]) -> bool {
     bytes.len() >= 4 && bytes[0] & 0xf0 == 0x50 && bytes[1..4] == [0x2a, 0x4d, 0x18]
 }
 
-/// Where each data frame starts in `input` and how many bytes it takes (the first `most`),
-/// skippable frames left out; an error names the offset of a frame that cannot be measured.
-fn frames(input: &[u8], most: usize) -> Result<Vec<(usize, usize)>, String> {
-    let mut frames = Vec::new();
-    let mut pos = 0;
-    while pos < input.len() && frames.len() < most {
+/// The next data frame at or after byte `pos` of `input` (skippable frames stepped over):
+/// where it starts and how many bytes it takes; an error names a frame that cannot be
+/// measured.
+fn next_frame(input: &[u8], mut pos: usize) -> Result<Option<(usize, usize)>, String> {
+    while pos < input.len() {
         let len = zstd::zstd_safe::find_frame_compressed_size(&input[pos..])
             .map_err(|code| format!("no zstd frame at byte {pos}: {}", zstd::zstd_safe::get_error_name(code)))?;
         if len == 0 {
             return Err(format!("an empty zstd frame at byte {pos}"));
         }
         if !skippable(&input[pos..]) {
-            frames.push((pos, len));
+            return Ok(Some((pos, len)));
         }
         pos += len;
     }
-    Ok(frames)
+    Ok(None)
 }
 
 /// True if `input` holds more than one data frame: each is then a restart point. A
 /// single frame (the `zstd` tool's usual output) has none inside it. Reads only as far
 /// as the second frame.
 pub(super) fn has_frames(input: &[u8]) -> bool {
-    frames(input, 2).is_ok_and(|f| f.len() > 1)
+    matches!(next_frame(input, 0), Ok(Some((at, len))) if matches!(next_frame(input, at + len), Ok(Some(_))))
 }
 
 /// The first pass over a multi-frame zstd file: a `Read` of its decoded bytes, frame by
 /// frame, noting where each starts.
 pub(super) struct Pass<'a> {
     input: &'a [u8],
-    frames: std::vec::IntoIter<(usize, usize)>,
+    /// Where to look for the next frame (found one at a time, so that the pass maps
+    /// the file only as it goes).
+    next: usize,
     current: Option<zstd::stream::read::Decoder<'a, &'a [u8]>>,
     frame_at: usize,
     frame_len: usize,
@@ -50,8 +51,7 @@ pub(super) struct Pass<'a> {
 
 impl<'a> Pass<'a> {
     pub(super) fn new(input: &'a [u8]) -> Result<Pass<'a>, String> {
-        let frames = frames(input, usize::MAX)?.into_iter();
-        Ok(Pass { input, frames, current: None, frame_at: 0, read_to: 0, frame_len: 0, out: 0, points: Vec::new() })
+        Ok(Pass { input, next: 0, current: None, frame_at: 0, read_to: 0, frame_len: 0, out: 0, points: Vec::new() })
     }
 
     pub(super) fn consumed(&self) -> u64 {
@@ -65,11 +65,12 @@ impl<'a> Pass<'a> {
     fn read_some(&mut self, buf: &mut [u8]) -> Result<usize, String> {
         loop {
             let Some(decoder) = self.current.as_mut() else {
-                let Some((at, len)) = self.frames.next() else { return Ok(0) };
+                let Some((at, len)) = next_frame(self.input, self.next)? else { return Ok(0) };
+                self.next = at + len;
                 let decoder = zstd::stream::read::Decoder::with_buffer(&self.input[at..at + len])
                     .map_err(|e| format!("cannot start zstd at byte {at}: {e}"))?;
                 self.current = Some(decoder.single_frame());
-                self.points.push(Point { out: self.out, input: at as u64, bits: 0, window: None });
+                self.points.push(Point { out: self.out, input: at as u64, bits: 0, window: None, end: 0 });
                 (self.frame_at, self.read_to) = (at, self.read_to.max(at));
                 self.frame_len = len;
                 continue;

@@ -141,7 +141,7 @@ pub(super) struct Pass<'a> {
 
 impl<'a> Pass<'a> {
     pub(super) fn new(input: &'a [u8]) -> Result<Pass<'a>, String> {
-        let points = vec![Point { out: 0, input: 0, bits: 0, window: None }];
+        let points = vec![Point { out: 0, input: 0, bits: 0, window: None, end: 0 }];
         Ok(Pass { input, pos: 0, inflater: Inflater::new(GZIP)?, out: 0, points, done: false })
     }
 
@@ -166,7 +166,7 @@ impl<'a> Pass<'a> {
             self.inflater.reset(GZIP)?;
             // A member start needs no window: worth a point at half the span.
             if self.due(SPAN / 2) {
-                self.points.push(Point { out: self.out, input: self.pos as u64, bits: 0, window: None });
+                self.points.push(Point { out: self.out, input: self.pos as u64, bits: 0, window: None, end: 0 });
             }
             return Ok(());
         }
@@ -189,7 +189,13 @@ impl<'a> Pass<'a> {
                     if state & AT_BOUNDARY != 0 && state & LAST_BLOCK == 0 && self.out > 0 && self.due(SPAN) {
                         let window = self.inflater.window();
                         let bits = (state & 7) as u8;
-                        self.points.push(Point { out: self.out, input: self.pos as u64, bits, window: Some(window) });
+                        self.points.push(Point {
+                            out: self.out,
+                            input: self.pos as u64,
+                            bits,
+                            window: Some(window),
+                            end: 0,
+                        });
                     }
                     if step.consumed == 0 && step.produced == 0 && self.pos == self.input.len() {
                         return Err(format!("the gzip stream ends early (at byte {}): truncated", self.pos));

@@ -10,8 +10,10 @@
 //! gzip restarts anywhere (see `gzip`); zstd at frame starts only (see `frames`), so a
 //! single-frame zstd file, like bzip2, xz and lz4, is still decompressed whole.
 
+mod bzip2;
 mod frames;
 mod gzip;
+mod parallel;
 
 use std::io::{Read, Seek, SeekFrom};
 use std::sync::Arc;
@@ -33,6 +35,7 @@ pub const CACHE_BYTES: u64 = 128 << 20;
 pub enum Codec {
     Gzip,
     Zstd,
+    Bzip2,
 }
 
 impl Codec {
@@ -41,6 +44,8 @@ impl Codec {
     pub fn of(input: &[u8]) -> Option<Codec> {
         if input.starts_with(&[0x1f, 0x8b, 8]) {
             Some(Codec::Gzip)
+        } else if input.starts_with(b"BZh") && input.get(3).is_some_and(|l| (b'1'..=b'9').contains(l)) {
+            Some(Codec::Bzip2)
         } else if frames::has_frames(input) {
             Some(Codec::Zstd)
         } else {
@@ -52,9 +57,13 @@ impl Codec {
     /// (other archives inside a compressed file are decompressed whole).
     pub fn for_tar(input: &[u8]) -> Option<Codec> {
         let codec = Codec::of(input)?;
+        let decoder: Box<dyn Read + '_> = match codec {
+            Codec::Gzip => Box::new(flate2::read::MultiGzDecoder::new(input)),
+            Codec::Zstd => Box::new(zstd::stream::read::Decoder::with_buffer(input).ok()?),
+            Codec::Bzip2 => Box::new(::bzip2::read::MultiBzDecoder::new(input)),
+        };
         let mut head = Vec::with_capacity(512);
-        let mut pass = FirstPass::new(codec, input).ok()?;
-        (&mut pass).take(512).read_to_end(&mut head).ok()?;
+        decoder.take(512).read_to_end(&mut head).ok()?;
         super::tar::looks_like_tar(&head).then_some(codec)
     }
 
@@ -62,19 +71,21 @@ impl Codec {
         match self {
             Codec::Gzip => "gzip",
             Codec::Zstd => "zstd",
+            Codec::Bzip2 => "bzip2",
         }
     }
 }
 
-/// Where decoding can start: output offset `out` is compressed byte `input` (gzip: less
-/// `bits` bits of the byte before it, and with `window` as the history, when it is no
-/// member start).
+/// Where decoding can start: output offset `out` is compressed byte `input`. gzip: less
+/// `bits` bits of the byte before it, with `window` as the history (none at a member
+/// start). bzip2: `bits` bits into that byte, the block ending at bit `end`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Point {
     pub out: u64,
     pub input: u64,
     pub bits: u8,
     pub window: Option<Vec<u8>>,
+    pub end: u64,
 }
 
 /// Every restart point of a compressed file, and its decoded size.
@@ -95,14 +106,20 @@ pub struct FirstPass<'a> {
 enum PassKind<'a> {
     Gzip(gzip::Pass<'a>),
     Zstd(frames::Pass<'a>),
+    Bzip2(bzip2::Pass),
 }
 
 impl<'a> FirstPass<'a> {
-    pub fn new(codec: Codec, input: &'a [u8]) -> Result<FirstPass<'a>, String> {
+    pub fn new(codec: Codec, input: &'a Backing) -> Result<FirstPass<'a>, String> {
         let pass = match codec {
             Codec::Gzip => PassKind::Gzip(gzip::Pass::new(input)?),
             Codec::Zstd => PassKind::Zstd(frames::Pass::new(input)?),
+            Codec::Bzip2 => PassKind::Bzip2(bzip2::Pass::new(input)),
         };
+        // Finding the frames or blocks read the whole file: let its pages go again.
+        if codec != Codec::Gzip {
+            input.unmap_scanned();
+        }
         Ok(FirstPass { codec, pass })
     }
 
@@ -111,6 +128,7 @@ impl<'a> FirstPass<'a> {
         match &self.pass {
             PassKind::Gzip(p) => p.consumed(),
             PassKind::Zstd(p) => p.consumed(),
+            PassKind::Bzip2(p) => p.consumed(),
         }
     }
 
@@ -125,6 +143,7 @@ impl<'a> FirstPass<'a> {
                 let total = p.total();
                 (p.points, total)
             }
+            PassKind::Bzip2(mut p) => (std::mem::take(&mut p.points), p.total()),
         };
         for point in &mut list {
             if let Some(window) = &mut point.window {
@@ -132,7 +151,7 @@ impl<'a> FirstPass<'a> {
             }
         }
         if list.is_empty() {
-            list.push(Point { out: 0, input: 0, bits: 0, window: None });
+            list.push(Point { out: 0, input: 0, bits: 0, window: None, end: 0 });
         }
         Points { codec: self.codec, list, total }
     }
@@ -143,6 +162,7 @@ impl Read for FirstPass<'_> {
         match &mut self.pass {
             PassKind::Gzip(p) => p.read(buf),
             PassKind::Zstd(p) => p.read(buf),
+            PassKind::Bzip2(p) => p.read(buf),
         }
     }
 }
@@ -245,6 +265,17 @@ impl Seekable {
         self.cache.get_or_insert_with(&(point, piece), || self.decode(point, piece).map(Arc::from))
     }
 
+    /// The block starting at `point`, decoded whole (a block is at most ~46 MB).
+    fn bzip2_block(&self, point: &Point) -> Result<Vec<u8>, String> {
+        let start = point.input * 8 + u64::from(point.bits);
+        let end = point.end.max(start);
+        let len = usize::try_from(end.div_ceil(8) - point.input).map_err(|e| e.to_string())?;
+        let bytes = self.input.read_at(point.input, len).map_err(|e| e.to_string())?;
+        let stream = bzip2::block_stream(&bytes, start - point.input * 8, end - point.input * 8)
+            .ok_or("the block runs past the end of the file")?;
+        bzip2::decode_block(&stream, bzip2::MAX_BLOCK_OUTPUT)
+    }
+
     fn decode(&self, index: usize, piece: u64) -> Result<Vec<u8>, ReadError> {
         let list = &self.points.list;
         let point = &list[index];
@@ -265,6 +296,7 @@ impl Seekable {
         let mut decoder: Box<dyn Read + '_> = match self.points.codec {
             Codec::Gzip => Box::new(gzip::Resume::new(input, point, window.as_deref()).map_err(fail)?),
             Codec::Zstd => Box::new(zstd::stream::read::Decoder::new(input).map_err(|e| fail(e.to_string()))?),
+            Codec::Bzip2 => Box::new(std::io::Cursor::new(self.bzip2_block(point).map_err(fail)?)),
         };
         tracing::debug!(point = index, piece, "decoding a compressed chunk");
         let io = |e: std::io::Error| fail(e.to_string());
@@ -306,14 +338,15 @@ mod tests {
     /// the file served by the points it noted.
     fn served(compressed: &[u8], data: &[u8]) -> Seekable {
         let codec = Codec::of(compressed).expect("seekable");
-        let mut pass = FirstPass::new(codec, compressed).unwrap();
+        let input = Source::memory(compressed);
+        let mut pass = FirstPass::new(codec, &input).unwrap();
         let mut decoded = Vec::new();
         pass.read_to_end(&mut decoded).unwrap();
         assert!(decoded == data, "the first pass decodes the stream");
         assert_eq!(pass.consumed(), compressed.len() as u64);
         let points = pass.finish();
         assert_eq!(points.total, data.len() as u64);
-        Seekable::new(Source::memory(compressed), points)
+        Seekable::new(input, points)
     }
 
     fn reads_match(file: &Seekable, data: &[u8]) {
@@ -369,17 +402,63 @@ mod tests {
         assert_eq!(Codec::of(&zstd::bulk::compress(&data, 3).unwrap()), None);
     }
 
+    fn bzip2(data: &[u8]) -> Vec<u8> {
+        let mut encoder = ::bzip2::write::BzEncoder::new(Vec::new(), ::bzip2::Compression::best());
+        encoder.write_all(data).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    #[test]
+    fn bzip2_blocks_are_restart_points_in_every_stream() {
+        // Two streams (as pbzip2 and `cat` make), ~900 kB blocks.
+        let data = text(6, 9 << 20);
+        let compressed: Vec<u8> = [bzip2(&data[..5 << 20]), bzip2(&data[5 << 20..])].concat();
+        let file = served(&compressed, &data);
+        let points = &file.points().list;
+        assert!(points.len() >= 8, "a point per block: {}", points.len());
+        assert!(points.iter().any(|p| p.bits != 0), "blocks start at bit offsets");
+        reads_match(&file, &data);
+    }
+
+    #[test]
+    fn bzip2_a_false_block_magic_is_merged_back() {
+        // A block boundary where there is none (as a magic inside compressed data would
+        // make): the block it cuts fails its CRC, and the pass merges the two pieces.
+        let data = text(8, 3 << 20);
+        let compressed = bzip2(&data);
+        let input = Source::memory(&compressed);
+        let mut blocks = bzip2::blocks(&input);
+        let (start, end) = blocks[1];
+        let fake = start + (end - start) / 2;
+        blocks.splice(1..2, [(start, fake), (fake, end)]);
+        let mut pass = bzip2::Pass::with_blocks(&input, blocks.clone());
+        let mut decoded = Vec::new();
+        pass.read_to_end(&mut decoded).unwrap();
+        assert!(decoded == data);
+        assert_eq!(pass.points.len(), blocks.len() - 1, "the false boundary is no point");
+        // A block that fails with its neighbours too is damage, named with its offset.
+        let mut damaged = compressed.clone();
+        let middle = (blocks[2].0 / 8) as usize + 200;
+        damaged[middle..middle + 32].fill(0x55);
+        let err =
+            FirstPass::new(Codec::Bzip2, &Source::memory(&damaged)).unwrap().read_to_end(&mut Vec::new()).unwrap_err();
+        assert!(err.to_string().contains("compressed byte"), "{err}");
+    }
+
     #[test]
     fn damaged_and_truncated_gzip_fail_with_the_offset() {
         let data = text(4, 4 << 20);
         let mut compressed = gzip(&data);
         let mut decoded = Vec::new();
         let cut = &compressed[..compressed.len() / 2];
-        let err = FirstPass::new(Codec::Gzip, cut).unwrap().read_to_end(&mut decoded).unwrap_err();
+        let err = FirstPass::new(Codec::Gzip, &Source::memory(cut)).unwrap().read_to_end(&mut decoded).unwrap_err();
         assert!(err.to_string().contains("truncated"), "{err}");
         let middle = compressed.len() / 2;
         compressed[middle..middle + 64].fill(0xff);
-        let err = FirstPass::new(Codec::Gzip, &compressed).unwrap().read_to_end(&mut Vec::new()).unwrap_err();
+        let err = FirstPass::new(Codec::Gzip, &Source::memory(&compressed))
+            .unwrap()
+            .read_to_end(&mut Vec::new())
+            .unwrap_err();
         assert!(err.to_string().contains("compressed byte"), "{err}");
     }
 }

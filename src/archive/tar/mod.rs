@@ -80,7 +80,7 @@ pub fn open_compressed(path: &Path, input: Backing, codec: Codec) -> Result<(Ind
         |offset, message| OpenError::CorruptStream { path: path.to_owned(), kind: codec.name(), offset, message };
     let mut pass = FirstPass::new(codec, &input).map_err(|what| corrupt(0, what))?;
     let (builder, sparse_files, extents) = {
-        let mut decoded = Progress { pass: &mut pass, failed: None };
+        let mut decoded = Progress { pass: &mut pass, input: &input, unmapped: 0, failed: None };
         let mut scan = Scan::streaming(path, &mut decoded);
         let scanned = scan.run();
         let Scan { builder, sparse_files, extents, .. } = scan;
@@ -108,6 +108,10 @@ pub fn open_compressed(path: &Path, input: Backing, codec: Codec) -> Result<(Ind
 /// failed: a damaged stream is reported as such, not as the tar damage it looks like.
 struct Progress<'p, 'a> {
     pass: &'p mut FirstPass<'a>,
+    /// The compressed bytes, whose mapped pages are let go behind the pass (they would
+    /// count in the daemon's memory; they stay in the page cache).
+    input: &'p Backing,
+    unmapped: u64,
     failed: Option<(u64, String)>,
 }
 
@@ -116,6 +120,10 @@ impl std::io::Read for Progress<'_, '_> {
         let read = self.pass.read(buf);
         let consumed = self.pass.consumed();
         crate::archive::SCAN_PROGRESS.store(consumed, std::sync::atomic::Ordering::Relaxed);
+        if consumed >= self.unmapped + (16 << 20) {
+            self.input.unmap_before(consumed);
+            self.unmapped = consumed;
+        }
         if let Err(e) = &read {
             self.failed.get_or_insert_with(|| (consumed, e.to_string()));
         }

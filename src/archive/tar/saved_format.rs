@@ -101,6 +101,7 @@ fn encode_points(w: &mut Writer, points: Option<&Points>) {
     for p in &points.list {
         w.u64(p.out);
         w.u64(p.input);
+        w.u64(p.end);
         w.u32(u32::from(p.bits));
         match &p.window {
             Some(window) => {
@@ -117,12 +118,13 @@ fn codec_tag(codec: Option<Codec>) -> u32 {
         None => 0,
         Some(Codec::Gzip) => 1,
         Some(Codec::Zstd) => 2,
+        Some(Codec::Bzip2) => 3,
     }
 }
 
 /// A compressed 32 KiB window takes at most this much (zstd's bound for 32 KiB).
 const MAX_PACKED_WINDOW: u32 = 33 << 10;
-const POINT_BYTES: usize = 8 + 8 + 4 + 4;
+const POINT_BYTES: usize = 8 + 8 + 8 + 4 + 4;
 
 /// Reads the points section, checked to be what a first pass over `input` (the
 /// compressed bytes) could have noted for `codec`.
@@ -136,20 +138,30 @@ fn decode_points(r: &mut Reader, codec: Option<Codec>, input_len: u64) -> Result
     let count = r.count(POINT_BYTES)?;
     let mut list: Vec<Point> = Vec::with_capacity(count);
     for _ in 0..count {
-        let (out, input, bits) = (r.u64()?, r.u64()?, r.u32()?);
+        let (out, input, end, bits) = (r.u64()?, r.u64()?, r.u64()?, r.u32()?);
         let window = match r.u32()? {
             u32::MAX => None,
             len if len <= MAX_PACKED_WINDOW => Some(r.take(len as usize)?.to_vec()),
             len => return Err(format!("a restart window of {len} bytes")),
         };
         let ordered = list.last().map_or(out == 0, |last| out > last.out && input > last.input);
-        if !ordered || out >= total.max(1) || input >= input_len || bits > 7 || (bits > 0 && input == 0) {
+        if !ordered
+            || out >= total.max(1)
+            || input >= input_len
+            || bits > 7
+            || (codec == Codec::Gzip && bits > 0 && input == 0)
+        {
             return Err("restart points out of order or out of bounds".into());
         }
-        if codec == Codec::Zstd && (bits != 0 || window.is_some()) {
-            return Err("a zstd restart point inside a frame".into());
+        let fits = match codec {
+            Codec::Gzip => end == 0,
+            Codec::Zstd => end == 0 && bits == 0 && window.is_none(),
+            Codec::Bzip2 => window.is_none() && end > input * 8 + u64::from(bits) && end <= input_len.saturating_mul(8),
+        };
+        if !fits {
+            return Err(format!("a {} restart point that no first pass makes", codec.name()));
         }
-        list.push(Point { out, input, bits: bits as u8, window });
+        list.push(Point { out, input, bits: bits as u8, window, end });
     }
     if list.is_empty() {
         return Err("no restart points".into());
