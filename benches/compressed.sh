@@ -12,7 +12,7 @@
 #
 #   benches/compressed.sh [STAGEFS] [MIB] [FILES]   (defaults: target/release/stagefs 2048 2000)
 #
-# Needs GNU tar, pigz, pzstd, lbzip2 and ratarmount with indexed_bzip2 (installed into
+# Needs GNU tar, pigz, pzstd, lbzip2, xz and ratarmount with indexed_bzip2 (installed into
 # benches/.venv when missing). Root (drop_caches). Work files go to $TMPDIR (disk).
 set -euo pipefail
 bin=$(realpath "${1:-target/release/stagefs}")
@@ -119,11 +119,13 @@ for kind in imagenet text; do
     pigz -p 2 -c "$work/$kind.tar" > "$work/$kind.tar.gz"
     pzstd -q -p 2 -c "$work/$kind.tar" > "$work/$kind.tar.zst"
     lbzip2 -n 2 -c "$work/$kind.tar" > "$work/$kind.tar.bz2"
+    xz -T2 -1 --block-size=4MiB -c "$work/$kind.tar" > "$work/$kind.tar.xz"
     echo "$kind: tar $(($(stat -c %s "$work/$kind.tar") >> 20)) MiB, gz $(($(stat -c %s "$work/$kind.tar.gz") >> 20)) MiB," \
         "zst $(($(stat -c %s "$work/$kind.tar.zst") >> 20)) MiB, bz2 $(($(stat -c %s "$work/$kind.tar.bz2") >> 20)) MiB," \
+        "xz $(($(stat -c %s "$work/$kind.tar.xz") >> 20)) MiB," \
         "$(wc -l < "$work/list") files"
     rm "$work/$kind.tar"
-    for ext in gz zst bz2; do
+    for ext in gz zst bz2 xz; do
         archive="$work/$kind.tar.$ext"
         run stagefs "$archive" "$work/mnt-stagefs" \
             "'$bin' mount '$archive' '$work/mnt-stagefs' > /dev/null" \

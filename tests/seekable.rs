@@ -1,5 +1,5 @@
 //! Compressed tars served in place from restart points (issue 24, section 2): gzip from
-//! gzip, pigz and bgzip, zstd from pzstd, bzip2 from bzip2 and pbzip2, each compared with
+//! gzip, pigz and bgzip, zstd from pzstd, bzip2 from bzip2 and pbzip2, xz from `xz -T`, each compared with
 //! the tree it was made from; reads anywhere, memory bounded by the chunk cache and not
 //! by the archive, restart points saved with the index so a remount decodes nothing.
 
@@ -78,7 +78,7 @@ fn compressed_tars_from_the_real_tools_are_served_from_restart_points() {
     require_root();
     let tmp = TempDir::new("seekable-tools");
     let (src, tar) = dataset(&tmp);
-    let cases: [(&str, &str, &[&str]); 7] = [
+    let cases: [(&str, &str, &[&str]); 8] = [
         ("gzip.tar.gz", "gzip", &["-6", "-c"]),
         ("pigz.tar.gz", "pigz", &["-p", "2", "-c"]),
         ("pigz-i.tar.gz", "pigz", &["-p", "2", "-i", "-c"]),
@@ -86,6 +86,7 @@ fn compressed_tars_from_the_real_tools_are_served_from_restart_points() {
         ("pzstd.tar.zst", "pzstd", &["-p", "2", "-q", "-c"]),
         ("bzip2.tar.bz2", "bzip2", &["-9", "-c"]),
         ("pbzip2.tar.bz2", "pbzip2", &["-p2", "-c"]),
+        ("xz.tar.xz", "xz", &["-T2", "--block-size=4MiB", "-c"]),
     ];
     for (name, tool, args) in cases {
         let archive = tmp.join(name);

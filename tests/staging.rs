@@ -265,9 +265,13 @@ fn compressed_case(label: &str, tool: &str, args: &[&str], split: Split) {
     let m = Mounted::new(&compressed, &tmp.join("mnt"));
     assert_trees_equal(&expected, m.path(), &Options::default().root(false));
     let pid = daemon_pid(m.path());
-    // gzip restarts anywhere, bzip2 at each block, zstd at each of several frames: those are served by
-    // restart points from the compressed file, the others decompressed whole.
-    let restarts = matches!(tool, "gzip" | "pigz" | "bzip2") || (tool == "zstd" && !matches!(split, Split::Whole));
+    // gzip restarts anywhere, bzip2 at each block, xz and zstd at each of several blocks
+    // or frames: those are served by restart points from the compressed file, the others
+    // decompressed whole.
+    let several = !matches!(split, Split::Whole);
+    let restarts = matches!(tool, "gzip" | "pigz" | "bzip2")
+        || (tool == "zstd" && several)
+        || (tool == "xz" && (several || args.iter().any(|a| a.starts_with("--block-size"))));
     if restarts {
         let name = compressed.file_name().unwrap().to_string_lossy().into_owned();
         assert!(memfd_mapping(pid, &name).is_none(), "{label}: served compressed, nothing decompressed into a memfd");

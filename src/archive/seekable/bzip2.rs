@@ -99,9 +99,13 @@ impl BitWriter {
     }
 }
 
-/// The one-block stream of the block at bits `start..end` of `input` (whose bit 0 is
-/// `input_bit0` of the file: callers pass only the bytes around the block).
+/// The one-block stream of the block at bits `start..end` of `input` (callers may pass
+/// only the bytes around the block), or `None` if those bits are not in `input` or are
+/// more than a block can be.
 pub(super) fn block_stream(input: &[u8], start: u64, end: u64) -> Option<Vec<u8>> {
+    if end.checked_sub(start)? > MAX_BLOCK_BITS {
+        return None;
+    }
     let crc = bits(input, start + 48, 32)?;
     let mut w = BitWriter { out: b"BZh9".to_vec(), used: 0 };
     w.copy(input, start, end)?;
@@ -121,6 +125,10 @@ pub(super) fn decode_block(stream: &[u8], cap: usize) -> Result<Vec<u8>, String>
     }
     Ok(out)
 }
+
+/// The most compressed bytes one block takes: 900 kB of input that does not compress
+/// grows by well under 1%; anything longer is no block a bzip2 writer makes.
+pub const MAX_BLOCK_BITS: u64 = 8 * (2 << 20);
 
 /// The most one block can decode to: 900 kB before bzip2's first run-length stage, which
 /// turns 5 bytes into up to 259.
@@ -170,7 +178,8 @@ impl Pass {
         let (source, units) = (input.clone(), blocks.clone());
         let decode = move |i: usize| {
             let (start, end) = units[i];
-            let stream = block_stream(&source, start, end).ok_or("a block past the end of the file")?;
+            let stream =
+                block_stream(&source, start, end).ok_or("a block past the end of the file, or longer than any")?;
             decode_block(&stream, MAX_BLOCK_OUTPUT)
         };
         let ordered = Ordered::new(blocks.len(), Arc::new(decode));
@@ -217,7 +226,8 @@ impl Pass {
         };
         for merged in 1..=3 {
             let Some(&(_, end)) = self.blocks.get(self.next + merged) else { break };
-            let stream = block_stream(&self.input, start, end).ok_or("a block past the end of the file")?;
+            let stream =
+                block_stream(&self.input, start, end).ok_or("a block past the end of the file, or longer than any")?;
             match decode_block(&stream, MAX_BLOCK_OUTPUT) {
                 Ok(bytes) => {
                     self.points.push(point(self.out, start, end));

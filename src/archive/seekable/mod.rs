@@ -1,19 +1,23 @@
 //! Compressed tars served without decompressing them whole: restart points into the compressed stream, chunks decoded on demand into a bounded cache.
 //!
 //! The first pass decodes the stream once, front to back: the tar scan reads the decoded
-//! bytes as they come (see `tar::open_stream`) while the pass notes a restart point every
-//! [`SPAN`] bytes of output. A read then decodes the 4 MiB chunk it falls in from the
-//! point before it, and keeps it in a cache of [`CACHE_BYTES`]. Memory follows that
-//! cache and the points (a compressed 32 KiB window per gzip point), never the size of
-//! the archive. The points are saved with the index, so a remount decodes nothing.
+//! bytes as they come (see `tar::open_compressed`) while the pass notes restart points.
+//! A read then decodes the piece (at most [`MAX_CHUNK`]) it falls in from the point
+//! before it, and keeps it in a cache of [`CACHE_BYTES`]. Memory follows that cache and
+//! the points (a compressed 32 KiB window per gzip point), never the size of the
+//! archive. The points are saved with the index, so a remount decodes nothing.
 //!
-//! gzip restarts anywhere (see `gzip`); zstd at frame starts only (see `frames`), so a
-//! single-frame zstd file, like bzip2, xz and lz4, is still decompressed whole.
+//! gzip restarts every [`SPAN`] of output (see `gzip`), bzip2 at every block (see
+//! `bzip2`), xz at every block its index lists (see `xz`), zstd at frame starts (see
+//! `frames`); a single-frame zstd file, a single-block xz file and lz4 are still
+//! decompressed whole.
 
 mod bzip2;
+pub use bzip2::MAX_BLOCK_BITS as BZIP2_MAX_BLOCK_BITS;
 mod frames;
 mod gzip;
 mod parallel;
+mod xz;
 
 use std::io::{Read, Seek, SeekFrom};
 use std::sync::Arc;
@@ -36,16 +40,19 @@ pub enum Codec {
     Gzip,
     Zstd,
     Bzip2,
+    Xz,
 }
 
 impl Codec {
-    /// The codec for a file starting with `head`, if it can restart inside `input` (a
-    /// zstd file needs several frames).
+    /// The codec of the compressed file `input`, if it can restart inside it (a zstd
+    /// file needs several frames).
     pub fn of(input: &[u8]) -> Option<Codec> {
         if input.starts_with(&[0x1f, 0x8b, 8]) {
             Some(Codec::Gzip)
         } else if input.starts_with(b"BZh") && input.get(3).is_some_and(|l| (b'1'..=b'9').contains(l)) {
             Some(Codec::Bzip2)
+        } else if input.starts_with(b"\xfd7zXZ\0") {
+            xz::blocks(input).filter(|blocks| blocks.len() > 1).map(|_| Codec::Xz)
         } else if frames::has_frames(input) {
             Some(Codec::Zstd)
         } else {
@@ -61,6 +68,7 @@ impl Codec {
             Codec::Gzip => Box::new(flate2::read::MultiGzDecoder::new(input)),
             Codec::Zstd => Box::new(zstd::stream::read::Decoder::with_buffer(input).ok()?),
             Codec::Bzip2 => Box::new(::bzip2::read::MultiBzDecoder::new(input)),
+            Codec::Xz => Box::new(xz::decoder(input).ok()?),
         };
         let mut head = Vec::with_capacity(512);
         decoder.take(512).read_to_end(&mut head).ok()?;
@@ -72,13 +80,15 @@ impl Codec {
             Codec::Gzip => "gzip",
             Codec::Zstd => "zstd",
             Codec::Bzip2 => "bzip2",
+            Codec::Xz => "xz",
         }
     }
 }
 
 /// Where decoding can start: output offset `out` is compressed byte `input`. gzip: less
 /// `bits` bits of the byte before it, with `window` as the history (none at a member
-/// start). bzip2: `bits` bits into that byte, the block ending at bit `end`.
+/// start). bzip2: `bits` bits into that byte, the block ending at bit `end`. xz: the
+/// block's check id in `bits`, its unpadded bytes ending at byte `end`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Point {
     pub out: u64,
@@ -107,6 +117,7 @@ enum PassKind<'a> {
     Gzip(gzip::Pass<'a>),
     Zstd(frames::Pass<'a>),
     Bzip2(bzip2::Pass),
+    Xz(xz::Pass<'a>),
 }
 
 impl<'a> FirstPass<'a> {
@@ -115,9 +126,10 @@ impl<'a> FirstPass<'a> {
             Codec::Gzip => PassKind::Gzip(gzip::Pass::new(input)?),
             Codec::Zstd => PassKind::Zstd(frames::Pass::new(input)?),
             Codec::Bzip2 => PassKind::Bzip2(bzip2::Pass::new(input)),
+            Codec::Xz => PassKind::Xz(xz::Pass::new(input)?),
         };
         // Finding the frames or blocks read the whole file: let its pages go again.
-        if codec != Codec::Gzip {
+        if codec == Codec::Bzip2 {
             input.unmap_scanned();
         }
         Ok(FirstPass { codec, pass })
@@ -129,6 +141,7 @@ impl<'a> FirstPass<'a> {
             PassKind::Gzip(p) => p.consumed(),
             PassKind::Zstd(p) => p.consumed(),
             PassKind::Bzip2(p) => p.consumed(),
+            PassKind::Xz(p) => p.consumed(),
         }
     }
 
@@ -144,6 +157,10 @@ impl<'a> FirstPass<'a> {
                 (p.points, total)
             }
             PassKind::Bzip2(mut p) => (std::mem::take(&mut p.points), p.total()),
+            PassKind::Xz(p) => {
+                let total = p.total();
+                (p.points, total)
+            }
         };
         for point in &mut list {
             if let Some(window) = &mut point.window {
@@ -163,6 +180,7 @@ impl Read for FirstPass<'_> {
             PassKind::Gzip(p) => p.read(buf),
             PassKind::Zstd(p) => p.read(buf),
             PassKind::Bzip2(p) => p.read(buf),
+            PassKind::Xz(p) => p.read(buf),
         }
     }
 }
@@ -269,6 +287,9 @@ impl Seekable {
     fn bzip2_block(&self, point: &Point) -> Result<Vec<u8>, String> {
         let start = point.input * 8 + u64::from(point.bits);
         let end = point.end.max(start);
+        if end - start > bzip2::MAX_BLOCK_BITS {
+            return Err(format!("a block of {} bits, longer than any", end - start));
+        }
         let len = usize::try_from(end.div_ceil(8) - point.input).map_err(|e| e.to_string())?;
         let bytes = self.input.read_at(point.input, len).map_err(|e| e.to_string())?;
         let stream = bzip2::block_stream(&bytes, start - point.input * 8, end - point.input * 8)
@@ -297,6 +318,7 @@ impl Seekable {
             Codec::Gzip => Box::new(gzip::Resume::new(input, point, window.as_deref()).map_err(fail)?),
             Codec::Zstd => Box::new(zstd::stream::read::Decoder::new(input).map_err(|e| fail(e.to_string()))?),
             Codec::Bzip2 => Box::new(std::io::Cursor::new(self.bzip2_block(point).map_err(fail)?)),
+            Codec::Xz => Box::new(xz::decoder(xz::block_stream(point, next - point.out, input)).map_err(fail)?),
         };
         tracing::debug!(point = index, piece, "decoding a compressed chunk");
         let io = |e: std::io::Error| fail(e.to_string());
@@ -443,6 +465,32 @@ mod tests {
         let err =
             FirstPass::new(Codec::Bzip2, &Source::memory(&damaged)).unwrap().read_to_end(&mut Vec::new()).unwrap_err();
         assert!(err.to_string().contains("compressed byte"), "{err}");
+    }
+
+    #[test]
+    fn xz_blocks_from_the_indexes_are_restart_points() {
+        // Three streams of one block each (as `cat` makes), with stream padding between
+        // two; `xz -T` writes several blocks in one stream (tests/seekable.rs).
+        let data = text(9, 7 << 20);
+        let xz = |piece: &[u8]| {
+            let mut encoder = liblzma::write::XzEncoder::new(Vec::new(), 1);
+            encoder.write_all(piece).unwrap();
+            encoder.finish().unwrap()
+        };
+        let mut compressed = xz(&data[..3 << 20]);
+        compressed.extend_from_slice(&[0; 8]);
+        compressed.extend(xz(&data[3 << 20..5 << 20]));
+        compressed.extend(xz(&data[5 << 20..]));
+        let file = served(&compressed, &data);
+        assert_eq!(file.points().list.len(), 3);
+        reads_match(&file, &data);
+        // One block has no restart point inside it: not served this way.
+        assert_eq!(Codec::of(&xz(&data)), None);
+        // A damaged index is no xz index.
+        let mut damaged = compressed.clone();
+        let at = damaged.len() - 20;
+        damaged[at] ^= 1;
+        assert_eq!(Codec::of(&damaged), None);
     }
 
     #[test]

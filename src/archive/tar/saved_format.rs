@@ -2,7 +2,7 @@
 
 use super::key::Key;
 use super::{Extent, SparseFile, TarReader};
-use crate::archive::seekable::{Codec, Point, Points, Seekable};
+use crate::archive::seekable::{Codec, Point, Points, Seekable, BZIP2_MAX_BLOCK_BITS};
 use crate::archive::{Backing, Source};
 use crate::hash;
 use crate::index::{Attrs, Data, Dirent, Index, Inode, Span, Xattr};
@@ -119,6 +119,7 @@ fn codec_tag(codec: Option<Codec>) -> u32 {
         Some(Codec::Gzip) => 1,
         Some(Codec::Zstd) => 2,
         Some(Codec::Bzip2) => 3,
+        Some(Codec::Xz) => 4,
     }
 }
 
@@ -156,7 +157,14 @@ fn decode_points(r: &mut Reader, codec: Option<Codec>, input_len: u64) -> Result
         let fits = match codec {
             Codec::Gzip => end == 0,
             Codec::Zstd => end == 0 && bits == 0 && window.is_none(),
-            Codec::Bzip2 => window.is_none() && end > input * 8 + u64::from(bits) && end <= input_len.saturating_mul(8),
+            Codec::Xz => window.is_none() && end > input && end <= input_len,
+            Codec::Bzip2 => {
+                let start = input * 8 + u64::from(bits);
+                window.is_none()
+                    && end > start
+                    && end <= input_len.saturating_mul(8)
+                    && end - start <= BZIP2_MAX_BLOCK_BITS
+            }
         };
         if !fits {
             return Err(format!("a {} restart point that no first pass makes", codec.name()));
