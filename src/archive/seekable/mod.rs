@@ -322,7 +322,15 @@ impl Seekable {
         };
         tracing::debug!(point = index, piece, "decoding a compressed chunk");
         let io = |e: std::io::Error| fail(e.to_string());
-        std::io::copy(&mut (&mut decoder).take(start - point.out), &mut std::io::sink()).map_err(io)?;
+        // The pieces before this one are decoded on the way: keep them too, since reads
+        // near this one often fall there (a zstd frame or xz block spans several pieces).
+        for before in 0..piece {
+            let mut skipped = vec![0u8; MAX_CHUNK];
+            decoder.read_exact(&mut skipped).map_err(io)?;
+            if self.cache.get(&(index, before)).is_none() {
+                self.cache.insert((index, before), Arc::from(skipped));
+            }
+        }
         let mut out = vec![0u8; len];
         decoder.read_exact(&mut out).map_err(io)?;
         Ok(out)

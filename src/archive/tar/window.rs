@@ -54,7 +54,7 @@ impl<'a> Window<'a> {
         if pos >= held_end {
             // Member data the scan steps over: decoded, not kept.
             let skip = pos - held_end;
-            let skipped = std::io::copy(&mut (&mut **feed).take(skip), &mut std::io::sink())?;
+            let skipped = discard(&mut **feed, skip, buf)?;
             buf.clear();
             self.base = held_end + skipped;
             if skipped < skip {
@@ -86,4 +86,21 @@ impl<'a> Window<'a> {
         }
         Ok(())
     }
+}
+
+/// Reads and drops `n` bytes of `feed` in large pieces (decoders run faster on large
+/// output buffers than on `io::copy`'s 8 KiB), using `scratch`; returns how many there were.
+fn discard(feed: &mut dyn Read, n: u64, scratch: &mut Vec<u8>) -> std::io::Result<u64> {
+    scratch.resize(LOOKAHEAD, 0);
+    let mut left = n;
+    while left > 0 {
+        let want = (left as usize).min(scratch.len());
+        match feed.read(&mut scratch[..want]) {
+            Ok(0) => break,
+            Ok(got) => left -= got as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n - left)
 }
