@@ -24,10 +24,6 @@ const NODES: usize = 3;
 const TASKS_PER_NODE: usize = 4;
 const ENDED: [&str; 7] = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"];
 
-/// The cluster tests share one cluster and its nodes' /dev/shm (whose usage they measure):
-/// they run one at a time.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -47,7 +43,8 @@ struct Cluster {
 impl Cluster {
     fn up() -> Cluster {
         require_root();
-        let serial = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        // One cluster, its nodes' /dev/shm measured: one test at a time (see `slurm_guard`).
+        let serial = crate::util::slurm_guard();
         let dir = PathBuf::from("/tmp/stagefs-cluster");
         let conf = dir.join("slurm.conf");
         let running = dir.join("env").exists() && idle_nodes(&conf) == NODES && node_pids(&dir).is_some();

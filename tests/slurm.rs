@@ -32,14 +32,18 @@ fn repo() -> PathBuf {
 }
 
 /// A SLURM cluster for this test; stops its daemons on drop if this test started them.
+/// Held by one test at a time (see `util::slurm_guard`): a test that started it stops it,
+/// which must not kill another test's jobs.
 struct Cluster {
     dir: PathBuf,
     conf: String,
     started_here: bool,
+    _serial: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Cluster {
     fn up() -> Cluster {
+        let serial = crate::util::slurm_guard();
         let dir = PathBuf::from("/tmp/stagefs-slurm");
         let script = repo().join(".ci/slurm-setup.sh");
         let running = dir.join("env").exists() && sinfo_up(&dir.join("slurm.conf"));
@@ -53,7 +57,7 @@ impl Cluster {
             );
         }
         let conf = dir.join("slurm.conf").to_string_lossy().into_owned();
-        Cluster { dir, conf, started_here: !running }
+        Cluster { dir, conf, started_here: !running, _serial: serial }
     }
 
     fn cmd(&self, program: &str) -> Command {

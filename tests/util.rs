@@ -35,6 +35,15 @@ pub fn page_cache_guard() -> std::sync::MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// Tests that run SLURM jobs (the one-node templates in `slurm`, the three-node cluster in
+/// `cluster`) take this lock for their whole run: one at a time. A test that started the
+/// one-node SLURM stops it when done, which would kill a concurrent test's jobs; and the
+/// cluster tests measure their nodes' /dev/shm and time jobs on a 2-core machine.
+pub fn slurm_guard() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// How long one `stagefs mount`/`stagefs umount` may take before the test
 /// fails (instead of hanging the suite).
 pub const CMD_TIMEOUT: Duration = Duration::from_secs(60);

@@ -4,8 +4,10 @@
 //! from the file, and the warm-up (see `warm.rs`) fills the mount's own page cache while
 //! dropping the file's pages behind it, so RAM holds the files once, as reclaimable
 //! cache; a page the kernel evicts is read again from the archive (checked unchanged).
-//! `--stage copy`, and every compressed tar, copies or decompresses the archive into
-//! anonymous memory (a memfd): immune to changes of the file, at the cost of that copy.
+//! `--stage copy`, and a compressed tar that cannot be served from restart points (see
+//! `archive::seekable`), copies or decompresses the archive into anonymous memory (a
+//! memfd): immune to changes of the file, at the cost of that copy. Other compressed
+//! tars are staged compressed, like any archive.
 //! A memfd has no name in any filesystem, so there is nothing to clean up after any
 //! exit, SIGKILL included: the kernel frees the pages when the last mapping goes. Its
 //! pages count against the job's memory (cgroup) like any RAM, which is why the budget
@@ -47,7 +49,8 @@ pub enum StageMode {
     /// Copy the archive to the node's local disk (--stage-dir) and serve that copy, with the
     /// page cache as its RAM cache; nothing is left on the disk after any exit
     Disk,
-    /// Serve from the archive in place, cold (compressed tars are still decompressed into RAM)
+    /// Serve from the archive in place, cold (compressed tars without restart points are
+    /// still decompressed into RAM)
     None,
 }
 

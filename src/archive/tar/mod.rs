@@ -4,7 +4,9 @@
 //! does not give: pax sparse maps (0.0, 0.1, 1.0), the byte offset of every fault for
 //! error messages, and a zero-copy scan over millions of headers without a `Read` stream.
 //! A regular member's content is the slice `map[data..data + size]`; sparse members
-//! keep a map of extents in this reader and read holes as zeros.
+//! keep a map of extents in this reader and read holes as zeros. A compressed tar is
+//! scanned from its decoded stream instead (`open_compressed`, `window.rs`), and its
+//! "map" is the decoded byte space that `archive::seekable` serves.
 
 mod header;
 mod key;
