@@ -118,7 +118,8 @@ pub struct Facts {
     pub remote: bool,
     /// The RAM budget in bytes.
     pub budget: u64,
-    /// A compressed tar that can be served by restart points (gzip, multi-frame zstd).
+    /// A compressed tar that can be served by restart points (gzip, bzip2, multi-block xz,
+    /// multi-frame zstd).
     pub seekable: bool,
 }
 
