@@ -204,11 +204,16 @@ def mount(
     Use as a context manager (``with stagefs.mount("data.tar") as root:``, where
     ``root`` is the mountpoint as a :class:`pathlib.Path`) or keep the returned
     :class:`Mount` and call ``.unmount()``. Options are the ``stagefs mount``
-    options: ``stage`` (auto|ram|none), ``max_ram`` (bytes or e.g. "64G"),
+    options: ``stage`` (auto|ram|copy|disk|none), ``max_ram`` (bytes or e.g. "64G"),
     ``warm`` (auto|yes|no), ``threads``, ``idle_timeout`` (seconds or e.g. "30m"),
     ``log_file``, ``recursive`` (tars inside the archive, such as ImageNet's
     per-class tars, appear as directories). ``mountpoint`` defaults to the command's own default,
     ``/dev/shm/$USER/stagefs/<stem>``, which it prints.
+
+    A compressed tar is mounted as it is: ``.tar.gz``, ``.tar.bz2``, a multi-block
+    ``.tar.xz`` and a multi-frame ``.tar.zst`` are served from the compressed file
+    (decoded piece by piece as read, RAM bounded by a 128 MiB cache); ``stage="copy"``
+    decompresses one whole into RAM instead.
 
     Raises :class:`MountError` (an ``OSError``) with the command's message and
     exit code, e.g. code 3 for a missing or unreadable archive.

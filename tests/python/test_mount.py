@@ -49,6 +49,17 @@ def test_recursive_opens_tars_inside_the_archive(tree, fixture_tar, tmp_path):
         assert not (root / "class1.tar").exists()
 
 
+@pytest.mark.parametrize("compressor", [["gzip", "-c"], ["bzip2", "-c"], ["xz", "-T2", "--block-size=64KiB", "-c"]])
+def test_compressed_tars_mount_as_they_are(tree, fixture_tar, tmp_path, compressor):
+    # Served from the compressed file (restart points), or whole with stage="copy".
+    archive = tmp_path / "fixture.tar.c"
+    with open(archive, "wb") as out:
+        subprocess.run([*compressor, str(fixture_tar)], stdout=out, check=True)
+    for stage in (None, "copy"):
+        with stagefs.mount(archive, tmp_path / "mnt", stage=stage) as root:
+            assert read_tree(root) == read_tree(tree)
+
+
 def test_plain_call_returns_a_handle(fixture_tar, tmp_path):
     m = stagefs.mount(fixture_tar, tmp_path / "mnt")
     assert m.mounted and os.path.ismount(m.path)
