@@ -386,3 +386,47 @@ fn check_tree(index: &Index) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(out: u64, input: u64, bits: u8, window: Option<Vec<u8>>, end: u64) -> Point {
+        Point { out, input, bits, window, end }
+    }
+
+    /// The points section for `list`, decoded back for `codec` over a 1,000-byte input.
+    fn round_trip(codec: Codec, list: Vec<Point>, total: u64, expect: Option<Codec>) -> Result<Option<Points>, String> {
+        let mut w = Writer::default();
+        encode_points(&mut w, Some(&Points { codec, list, total }));
+        decode_points(&mut Reader(&w.0), expect, 1000)
+    }
+
+    #[test]
+    fn restart_points_are_checked_before_they_are_used() {
+        let gzip = vec![point(0, 0, 0, None, 0), point(5000, 400, 3, Some(vec![1, 2, 3]), 0)];
+        let back = round_trip(Codec::Gzip, gzip.clone(), 9000, Some(Codec::Gzip)).unwrap().unwrap();
+        assert_eq!(back.list, gzip);
+        assert_eq!(back.total, 9000);
+        let refused = |codec, list: Vec<Point>, total| round_trip(codec, list, total, Some(codec)).unwrap_err();
+        // Out of order, past the file, past the output, a point that no pass makes.
+        assert!(refused(Codec::Gzip, vec![point(0, 0, 0, None, 0), point(0, 10, 0, None, 0)], 9000).contains("order"));
+        assert!(
+            refused(Codec::Gzip, vec![point(0, 0, 0, None, 0), point(10, 1000, 0, None, 0)], 9000).contains("bounds")
+        );
+        assert!(
+            refused(Codec::Gzip, vec![point(0, 0, 0, None, 0), point(9000, 10, 0, None, 0)], 9000).contains("bounds")
+        );
+        assert!(refused(Codec::Zstd, vec![point(0, 0, 0, Some(vec![1]), 0)], 10).contains("no first pass"));
+        assert!(refused(Codec::Bzip2, vec![point(0, 0, 0, None, 8 * 2000)], 10).contains("no first pass"));
+        assert!(refused(Codec::Bzip2, vec![point(0, 0, 0, None, 0)], 10).contains("no first pass"));
+        assert!(refused(Codec::Xz, vec![point(0, 4, 1, None, 2000)], 10).contains("no first pass"));
+        let huge_window = vec![point(0, 0, 0, None, 0), point(10, 10, 0, Some(vec![0; 40 << 10]), 0)];
+        assert!(refused(Codec::Gzip, huge_window, 9000).contains("window"));
+        // Saved for a compressed mount, read by a decompressed one (and the reverse).
+        assert!(round_trip(Codec::Gzip, gzip, 9000, None).unwrap_err().contains("another way"));
+        let mut w = Writer::default();
+        encode_points(&mut w, None);
+        assert!(decode_points(&mut Reader(&w.0), Some(Codec::Gzip), 1000).unwrap_err().contains("another way"));
+    }
+}
