@@ -40,3 +40,16 @@ pub fn pseudo_random(seed: u64, len: usize) -> Vec<u8> {
     v.truncate(len);
     v
 }
+
+/// `len` text-like bytes from `seed` (words from a small vocabulary): they compress, with
+/// long matches, as real text does.
+pub fn text_like(seed: u64, len: usize) -> Vec<u8> {
+    let words: [&[u8]; 8] = [b"tensor ", b"batch ", b"epoch\n", b"gradient ", b"loss ", b"0.125 ", b"node ", b"shard "];
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::with_capacity(len + 16);
+    while out.len() < len {
+        out.extend_from_slice(words[rng.below(8) as usize]);
+    }
+    out.truncate(len);
+    out
+}

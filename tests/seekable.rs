@@ -10,18 +10,6 @@ use std::path::{Path, PathBuf};
 use crate::compare::{assert_trees_equal, Options};
 use crate::util::*;
 
-/// Text-like bytes (words from a small vocabulary): they compress, with long matches.
-fn text(seed: u64, len: usize) -> Vec<u8> {
-    let words: [&[u8]; 8] = [b"tensor ", b"batch ", b"epoch\n", b"gradient ", b"loss ", b"0.125 ", b"node ", b"shard "];
-    let mut rng = Rng::new(seed);
-    let mut out = Vec::with_capacity(len + 16);
-    while out.len() < len {
-        out.extend_from_slice(words[rng.below(8) as usize]);
-    }
-    out.truncate(len);
-    out
-}
-
 /// A tree of 300 small text and binary files and one 24 MiB file (text with random
 /// runs), packed by GNU tar; returns (the tree as `tar -x` extracts it, tar).
 fn dataset(tmp: &TempDir) -> (PathBuf, PathBuf) {
@@ -33,12 +21,12 @@ fn dataset(tmp: &TempDir) -> (PathBuf, PathBuf) {
             let bytes = if f % 3 == 0 {
                 pseudo_random(seed, 3000 + f as usize * 97)
             } else {
-                text(seed, 20_000 + f as usize * 1013)
+                text_like(seed, 20_000 + f as usize * 1013)
             };
             fs::write(src.join(format!("class{d}/{f:03}.bin")), bytes).unwrap();
         }
     }
-    let mut big = text(7, 24 << 20);
+    let mut big = text_like(7, 24 << 20);
     for (i, run) in big.chunks_mut(1 << 20).enumerate() {
         run[..4096].copy_from_slice(&pseudo_random(i as u64, 4096));
     }
@@ -120,7 +108,7 @@ fn a_compressed_tar_larger_than_the_ram_budget_reads_in_bounded_memory() {
     let src = tmp.join("src");
     fs::create_dir(&src).unwrap();
     for i in 0..48u64 {
-        fs::write(src.join(format!("part{i:02}.txt")), text(100 + i, 8 << 20)).unwrap();
+        fs::write(src.join(format!("part{i:02}.txt")), text_like(100 + i, 8 << 20)).unwrap();
     }
     let tar = tmp.join("big.tar");
     run_tool("tar", ["-cf".as_ref(), tar.as_os_str(), "-C".as_ref(), src.as_os_str(), ".".as_ref()]).assert_success();

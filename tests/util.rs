@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 /// The tests' one pseudo-random generator, shared with the unit tests.
 #[path = "../src/test_rng.rs"]
 mod test_rng;
-pub use test_rng::{pseudo_random, Rng};
+pub use test_rng::{pseudo_random, text_like, Rng};
 
 /// The kit's base, shared with the unit tests.
 #[path = "../src/test_kit.rs"]

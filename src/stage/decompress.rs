@@ -31,7 +31,7 @@ impl Compression {
             Some(Compression::Bzip2)
         } else if head.starts_with(&[0xfd, b'7', b'z', b'X', b'Z', 0]) {
             Some(Compression::Xz)
-        } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) || zstd_skippable(head) {
+        } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) || crate::archive::seekable::zstd_skippable(head) {
             // pzstd starts with a skippable frame (0x184D2A5?) holding the next frame's size.
             Some(Compression::Zstd)
         } else if head.starts_with(&[0x04, 0x22, 0x4d, 0x18]) {
@@ -50,11 +50,6 @@ impl Compression {
             Compression::Lz4 => "lz4",
         }
     }
-}
-
-/// A zstd skippable frame's magic, 0x184D2A50 to 0x184D2A5F (little-endian).
-fn zstd_skippable(head: &[u8]) -> bool {
-    head.len() >= 4 && head[0] & 0xf0 == 0x50 && head[1..4] == [0x2a, 0x4d, 0x18]
 }
 
 /// Counts compressed bytes consumed, so a corrupt stream can be located.

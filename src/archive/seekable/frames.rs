@@ -4,7 +4,7 @@ use super::Point;
 
 /// Skippable frames (pzstd's size headers, the seekable format's seek table): magic
 /// 0x184D2A50 to 0x184D2A5F, little-endian.
-fn skippable(bytes: &[u8]) -> bool {
+pub fn skippable(bytes: &[u8]) -> bool {
     bytes.len() >= 4 && bytes[0] & 0xf0 == 0x50 && bytes[1..4] == [0x2a, 0x4d, 0x18]
 }
 

@@ -124,7 +124,7 @@ impl Drop for Inflater {
 }
 
 /// True if `bytes` start a gzip member.
-fn member_starts(bytes: &[u8]) -> bool {
+pub(super) fn member_starts(bytes: &[u8]) -> bool {
     bytes.starts_with(&[0x1f, 0x8b, 8])
 }
 

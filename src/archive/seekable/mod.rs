@@ -14,6 +14,7 @@
 
 mod bzip2;
 pub use bzip2::MAX_BLOCK_BITS as BZIP2_MAX_BLOCK_BITS;
+pub use frames::skippable as zstd_skippable;
 mod frames;
 mod gzip;
 mod parallel;
@@ -47,11 +48,11 @@ impl Codec {
     /// The codec of the compressed file `input`, if it can restart inside it (a zstd
     /// file needs several frames).
     pub fn of(input: &[u8]) -> Option<Codec> {
-        if input.starts_with(&[0x1f, 0x8b, 8]) {
+        if gzip::member_starts(input) {
             Some(Codec::Gzip)
         } else if input.starts_with(b"BZh") && input.get(3).is_some_and(|l| (b'1'..=b'9').contains(l)) {
             Some(Codec::Bzip2)
-        } else if input.starts_with(b"\xfd7zXZ\0") {
+        } else if input.starts_with(xz::HEADER_MAGIC) {
             xz::blocks(input).filter(|blocks| blocks.len() > 1).map(|_| Codec::Xz)
         } else if frames::has_frames(input) {
             Some(Codec::Zstd)
@@ -343,20 +344,7 @@ mod tests {
 
     use super::*;
     use crate::archive::Source;
-    use crate::test_rng::Rng;
-
-    /// Text-like bytes (words from a small vocabulary): compressible, with long matches.
-    fn text(seed: u64, len: usize) -> Vec<u8> {
-        let words: [&[u8]; 8] =
-            [b"tensor ", b"batch ", b"epoch\n", b"gradient ", b"loss ", b"0.125 ", b"node ", b"shard "];
-        let mut rng = Rng::new(seed);
-        let mut out = Vec::with_capacity(len + 16);
-        while out.len() < len {
-            out.extend_from_slice(words[rng.below(8) as usize]);
-        }
-        out.truncate(len);
-        out
-    }
+    use crate::test_rng::{text_like, Rng};
 
     fn gzip(data: &[u8]) -> Vec<u8> {
         let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
@@ -396,7 +384,7 @@ mod tests {
 
     #[test]
     fn gzip_reads_anywhere_from_restart_points() {
-        let data = text(1, 40 << 20);
+        let data = text_like(1, 40 << 20);
         let file = served(&gzip(&data), &data);
         let points = &file.points().list;
         assert!(points.len() >= 8, "a point every ~4 MiB of 40 MiB: {}", points.len());
@@ -409,7 +397,7 @@ mod tests {
     fn gzip_members_restart_through_member_boundaries() {
         // Members of 3 MiB: points fall at member starts and inside members, and chunks
         // decode across member ends (trailer, next header).
-        let data = text(2, 20 << 20);
+        let data = text_like(2, 20 << 20);
         let compressed: Vec<u8> = data.chunks(3 << 20).flat_map(gzip).collect();
         let file = served(&compressed, &data);
         assert!(file.points().list.iter().any(|p| p.out > 0 && p.window.is_none()), "member starts are points");
@@ -418,7 +406,7 @@ mod tests {
 
     #[test]
     fn zstd_frames_are_restart_points() {
-        let data = text(3, 12 << 20);
+        let data = text_like(3, 12 << 20);
         let mut compressed = Vec::new();
         for piece in data.chunks(5 << 20) {
             // A skippable frame before each, as pzstd writes.
@@ -441,7 +429,7 @@ mod tests {
     #[test]
     fn bzip2_blocks_are_restart_points_in_every_stream() {
         // Two streams (as pbzip2 and `cat` make), ~900 kB blocks.
-        let data = text(6, 9 << 20);
+        let data = text_like(6, 9 << 20);
         let compressed: Vec<u8> = [bzip2(&data[..5 << 20]), bzip2(&data[5 << 20..])].concat();
         let file = served(&compressed, &data);
         let points = &file.points().list;
@@ -454,7 +442,7 @@ mod tests {
     fn bzip2_a_false_block_magic_is_merged_back() {
         // A block boundary where there is none (as a magic inside compressed data would
         // make): the block it cuts fails its CRC, and the pass merges the two pieces.
-        let data = text(8, 3 << 20);
+        let data = text_like(8, 3 << 20);
         let compressed = bzip2(&data);
         let input = Source::memory(&compressed);
         let mut blocks = bzip2::blocks(&input);
@@ -479,7 +467,7 @@ mod tests {
     fn xz_blocks_from_the_indexes_are_restart_points() {
         // Three streams of one block each (as `cat` makes), with stream padding between
         // two; `xz -T` writes several blocks in one stream (tests/seekable.rs).
-        let data = text(9, 7 << 20);
+        let data = text_like(9, 7 << 20);
         let xz = |piece: &[u8]| {
             let mut encoder = liblzma::write::XzEncoder::new(Vec::new(), 1);
             encoder.write_all(piece).unwrap();
@@ -503,7 +491,7 @@ mod tests {
 
     #[test]
     fn damaged_and_truncated_gzip_fail_with_the_offset() {
-        let data = text(4, 4 << 20);
+        let data = text_like(4, 4 << 20);
         let mut compressed = gzip(&data);
         let mut decoded = Vec::new();
         let cut = &compressed[..compressed.len() / 2];

@@ -11,7 +11,7 @@ use std::io::Read;
 
 use super::Point;
 
-const HEADER_MAGIC: &[u8; 6] = b"\xfd7zXZ\0";
+pub(super) const HEADER_MAGIC: &[u8; 6] = b"\xfd7zXZ\0";
 const FOOTER_MAGIC: &[u8; 2] = b"YZ";
 
 /// One block: where it starts, its unpadded size (header, data, check), its output.
