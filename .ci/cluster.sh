@@ -28,6 +28,8 @@ port_slurmd=6918
 
 log() { echo "cluster: $*" >&2; }
 die() { log "error: $*"; exit 1; }
+# shellcheck source=.ci/daemons.sh
+source "$(dirname "${BASH_SOURCE[0]}")/daemons.sh"
 
 # Host pid of a node's PID 1, if it still runs.
 node_pid() {
@@ -44,18 +46,6 @@ enter() {  # enter NODE CMD...
     exec nsenter -t "$pid" -n -u -m -p -- "$@"
 }
 
-stop_pidfile() {  # stop_pidfile FILE COMM
-    local pidfile=$1 name=$2 pid
-    [[ -s $pidfile ]] || return 0
-    pid=$(<"$pidfile")
-    if [[ -r /proc/$pid/comm && $(</proc/"$pid"/comm) == "$name"* ]]; then
-        kill "$pid" 2>/dev/null || true
-        for _ in $(seq 50); do [[ -e /proc/$pid ]] || break; sleep 0.1; done
-        if [[ -e /proc/$pid ]]; then kill -9 "$pid" 2>/dev/null || true; fi
-    fi
-    rm -f "$pidfile"
-}
-
 stop() {
     local f node pid
     for f in "$dir"/run/node*.pid; do
@@ -68,8 +58,8 @@ stop() {
         fi
         rm -f "$f"
     done
-    stop_pidfile "$dir/run/slurmctld.pid" slurmctld
-    stop_pidfile "$dir/run/munged.pid" munged
+    stop_daemon "$dir/run/slurmctld.pid" slurmctld
+    stop_daemon "$dir/run/munged.pid" munged
     ip link del "$bridge" 2>/dev/null || true
     for f in /sys/class/net/vsf*; do
         if [[ -e $f ]]; then ip link del "$(basename "$f")" 2>/dev/null || true; fi

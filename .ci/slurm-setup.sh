@@ -14,6 +14,8 @@ node=$(hostname -s)
 
 log() { echo "slurm-setup: $*" >&2; }
 die() { log "error: $*"; exit 1; }
+# shellcheck source=.ci/daemons.sh
+source "$(dirname "${BASH_SOURCE[0]}")/daemons.sh"
 
 install_packages() {
     command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null \
@@ -28,19 +30,6 @@ install_packages() {
     apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null
     rm -f /usr/sbin/policy-rc.d
     trap - EXIT
-}
-
-# Kills the daemon whose pid file is $1 (only if that pid still runs the expected program $2).
-stop_daemon() {
-    local pidfile=$1 name=$2 pid
-    [[ -s $pidfile ]] || return 0
-    pid=$(<"$pidfile")
-    if [[ -r /proc/$pid/comm && $(</proc/"$pid"/comm) == "$name"* ]]; then
-        kill "$pid" 2>/dev/null || true
-        for _ in $(seq 50); do [[ -e /proc/$pid ]] || break; sleep 0.1; done
-        if [[ -e /proc/$pid ]]; then kill -9 "$pid" 2>/dev/null || true; fi
-    fi
-    rm -f "$pidfile"
 }
 
 # Kills what the cluster of DIR left running: job steps outlive a killed slurmd, and

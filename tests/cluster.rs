@@ -93,8 +93,7 @@ impl Cluster {
     }
 
     fn state(&self, id: &str) -> String {
-        let out = run_cmd(self.cmd("scontrol").args(["show", "job", "-o", id]), Duration::from_secs(60)).stdout;
-        out.split_whitespace().find_map(|w| w.strip_prefix("JobState=")).unwrap_or("UNKNOWN").to_string()
+        crate::util::slurm_job_state(&mut self.cmd("scontrol"), id)
     }
 
     /// Waits for job `id` to end; its final state.
@@ -386,11 +385,7 @@ struct Job {
 
 impl Job {
     fn results(&self) -> Vec<String> {
-        let mut lines: Vec<String> = fs::read_dir(&self.out)
-            .map(|d| d.flatten().filter_map(|e| fs::read_to_string(e.path()).ok()).collect())
-            .unwrap_or_default();
-        lines.sort();
-        lines
+        crate::util::task_results(&self.out)
     }
 
     fn context(&self) -> String {

@@ -44,6 +44,22 @@ pub fn slurm_guard() -> std::sync::MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// What a job's tasks reported, one file each in `dir`: their contents, sorted.
+pub fn task_results(dir: &Path) -> Vec<String> {
+    let mut lines: Vec<String> = fs::read_dir(dir)
+        .map(|d| d.flatten().filter_map(|e| fs::read_to_string(e.path()).ok()).collect())
+        .unwrap_or_default();
+    lines.sort();
+    lines
+}
+
+/// A SLURM job's state (`RUNNING`, `COMPLETED`, ...) as `scontrol show job -o ID` (run by
+/// `scontrol`, a command set up for the right cluster) prints it; `UNKNOWN` if it does not.
+pub fn slurm_job_state(scontrol: &mut Command, id: &str) -> String {
+    let out = run_cmd(scontrol.args(["show", "job", "-o", id]), Duration::from_secs(60)).stdout;
+    out.split_whitespace().find_map(|w| w.strip_prefix("JobState=")).unwrap_or("UNKNOWN").to_string()
+}
+
 /// How long one `stagefs mount`/`stagefs umount` may take before the test
 /// fails (instead of hanging the suite).
 pub const CMD_TIMEOUT: Duration = Duration::from_secs(60);
