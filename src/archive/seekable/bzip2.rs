@@ -19,8 +19,9 @@ const END_MAGIC: u64 = 0x1772_4538_5090;
 
 /// Bit offsets of every block start and end-of-stream marker in `input`, in order,
 /// with whether each is a block. Searched 64 MiB at a time, letting each window's mapped
-/// pages go behind it.
-fn markers(input: &Backing) -> Vec<(u64, bool)> {
+/// pages go behind it; `None` past [`super::max_points`] markers.
+fn markers(input: &Backing) -> Option<Vec<(u64, bool)>> {
+    let most = super::max_points(input.len() as u64);
     const WINDOW: usize = 64 << 20;
     let needles: Vec<(Vec<u8>, u64, u64, bool)> = [(BLOCK_MAGIC, true), (END_MAGIC, false)]
         .into_iter()
@@ -43,6 +44,10 @@ fn markers(input: &Backing) -> Vec<(u64, bool)> {
                 let Some(start) = ((from + at) as u64 * 8).checked_sub(*back) else { continue };
                 if bits(input, start, 48) == Some(*magic) {
                     found.push((start, *is_block));
+                    // Overlapping windows find a few twice: twice the bound, then exact.
+                    if found.len() > 2 * most {
+                        return None;
+                    }
                 }
             }
         }
@@ -51,7 +56,7 @@ fn markers(input: &Backing) -> Vec<(u64, bool)> {
     }
     found.sort_unstable();
     found.dedup();
-    found
+    (found.len() <= most).then_some(found)
 }
 
 /// `n` (≤ 57) bits of `input` from bit `at`, most significant first.
@@ -136,15 +141,16 @@ pub(super) const MAX_BLOCK_OUTPUT: usize = 900_000 / 5 * 259 + 259;
 
 /// The blocks of `input` as bit ranges: each block magic up to the next marker. An
 /// end-of-stream marker with no block before it in its stream (an empty stream) adds
-/// nothing.
-pub(super) fn blocks(input: &Backing) -> Vec<(u64, u64)> {
-    let markers = markers(input);
-    markers
+/// nothing. `None` for a file of more markers than [`super::max_points`].
+pub(super) fn blocks(input: &Backing) -> Option<Vec<(u64, u64)>> {
+    let markers = markers(input)?;
+    let blocks = markers
         .windows(2)
         .filter(|w| w[0].1)
         .map(|w| (w[0].0, w[1].0))
         .chain(markers.last().filter(|m| m.1).map(|m| (m.0, input.len() as u64 * 8)))
-        .collect()
+        .collect();
+    Some(blocks)
 }
 
 /// The point of a block starting at bit `start`, output `out`, ending at bit `end`.
@@ -168,8 +174,9 @@ pub(super) struct Pass {
 }
 
 impl Pass {
-    pub(super) fn new(input: &Backing) -> Pass {
-        Pass::with_blocks(input, blocks(input))
+    pub(super) fn new(input: &Backing) -> Result<Pass, String> {
+        let blocks = blocks(input).ok_or_else(|| super::too_many_points(super::Codec::Bzip2, input.len() as u64))?;
+        Ok(Pass::with_blocks(input, blocks))
     }
 
     /// A pass over the given block candidates (tests add false ones).

@@ -66,6 +66,10 @@ impl<'a> Pass<'a> {
         loop {
             let Some(decoder) = self.current.as_mut() else {
                 let Some((at, len)) = next_frame(self.input, self.next)? else { return Ok(0) };
+                // Empty frames give no output to return on: bound their points here.
+                if self.points.len() >= super::max_points(self.input.len() as u64) {
+                    return Err(super::too_many_points(super::Codec::Zstd, self.input.len() as u64));
+                }
                 self.next = at + len;
                 let decoder = zstd::stream::read::Decoder::with_buffer(&self.input[at..at + len])
                     .map_err(|e| format!("cannot start zstd at byte {at}: {e}"))?;

@@ -35,6 +35,25 @@ const MAX_CHUNK: usize = SPAN as usize;
 /// Decoded chunks kept for later reads.
 pub const CACHE_BYTES: u64 = 128 << 20;
 
+/// The most restart points (bzip2 block markers, xz blocks, zstd frames, gzip points) a
+/// compressed file of `input_len` bytes may have: one per KiB of it, at least 65,536.
+/// Real files have far fewer (a bzip2 block or zstd frame holding under 1 KiB is a
+/// 1000:1 ratio); a crafted file of back-to-back markers would otherwise make the point
+/// list several times the file's size.
+pub fn max_points(input_len: u64) -> usize {
+    usize::try_from(input_len / 1024).unwrap_or(usize::MAX).max(65_536)
+}
+
+/// The error for a file past [`max_points`].
+fn too_many_points(codec: Codec, input_len: u64) -> String {
+    format!(
+        "more {} restart points than a file of {input_len} bytes has ({}); mount it with --stage copy to \
+         decompress it whole",
+        codec.name(),
+        max_points(input_len)
+    )
+}
+
 /// The compressions that can be served in place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Codec {
@@ -111,6 +130,7 @@ pub struct Points {
 /// The first pass: a `Read` of the decoded stream that notes restart points.
 pub struct FirstPass<'a> {
     codec: Codec,
+    input_len: u64,
     pass: PassKind<'a>,
 }
 
@@ -126,14 +146,14 @@ impl<'a> FirstPass<'a> {
         let pass = match codec {
             Codec::Gzip => PassKind::Gzip(gzip::Pass::new(input)?),
             Codec::Zstd => PassKind::Zstd(frames::Pass::new(input)?),
-            Codec::Bzip2 => PassKind::Bzip2(bzip2::Pass::new(input)),
+            Codec::Bzip2 => PassKind::Bzip2(bzip2::Pass::new(input)?),
             Codec::Xz => PassKind::Xz(xz::Pass::new(input)?),
         };
         // Finding the frames or blocks read the whole file: let its pages go again.
         if codec == Codec::Bzip2 {
             input.unmap_scanned();
         }
-        Ok(FirstPass { codec, pass })
+        Ok(FirstPass { codec, input_len: input.len() as u64, pass })
     }
 
     /// Compressed bytes consumed so far (for progress and error offsets).
@@ -177,12 +197,16 @@ impl<'a> FirstPass<'a> {
 
 impl Read for FirstPass<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match &mut self.pass {
-            PassKind::Gzip(p) => p.read(buf),
-            PassKind::Zstd(p) => p.read(buf),
-            PassKind::Bzip2(p) => p.read(buf),
-            PassKind::Xz(p) => p.read(buf),
+        let (n, points) = match &mut self.pass {
+            PassKind::Gzip(p) => (p.read(buf)?, p.points.len()),
+            PassKind::Zstd(p) => (p.read(buf)?, p.points.len()),
+            PassKind::Bzip2(p) => (p.read(buf)?, p.points.len()),
+            PassKind::Xz(p) => (p.read(buf)?, p.points.len()),
+        };
+        if points > max_points(self.input_len) {
+            return Err(std::io::Error::other(too_many_points(self.codec, self.input_len)));
         }
+        Ok(n)
     }
 }
 
@@ -445,7 +469,7 @@ mod tests {
         let data = text_like(8, 3 << 20);
         let compressed = bzip2(&data);
         let input = Source::memory(&compressed);
-        let mut blocks = bzip2::blocks(&input);
+        let mut blocks = bzip2::blocks(&input).unwrap();
         let (start, end) = blocks[1];
         let fake = start + (end - start) / 2;
         blocks.splice(1..2, [(start, fake), (fake, end)]);
@@ -487,6 +511,25 @@ mod tests {
         let at = damaged.len() - 20;
         damaged[at] ^= 1;
         assert_eq!(Codec::of(&damaged), None);
+    }
+
+    #[test]
+    fn a_file_of_back_to_back_markers_is_refused_not_listed() {
+        // 70,000 bzip2 block magics (6 bytes each) and 70,000 empty zstd frames: more
+        // restart points than max_points allows for files this small.
+        let mut bz = b"BZh9".to_vec();
+        for _ in 0..70_000 {
+            bz.extend_from_slice(&[0x31, 0x41, 0x59, 0x26, 0x53, 0x59]);
+        }
+        let input = Source::memory(&bz);
+        let err = FirstPass::new(Codec::Bzip2, &input).err().expect("refused");
+        assert!(err.contains("restart points"), "{err}");
+        let empty = zstd::bulk::compress(b"", 1).unwrap();
+        let zst: Vec<u8> = (0..70_000).flat_map(|_| empty.clone()).collect();
+        assert_eq!(Codec::of(&zst), Some(Codec::Zstd));
+        let input = Source::memory(&zst);
+        let err = FirstPass::new(Codec::Zstd, &input).unwrap().read_to_end(&mut Vec::new()).unwrap_err();
+        assert!(err.to_string().contains("restart points"), "{err}");
     }
 
     #[test]

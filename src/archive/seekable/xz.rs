@@ -78,8 +78,11 @@ pub(super) fn blocks(input: &[u8]) -> Option<Vec<Block>> {
         }
         let mut pos = 1;
         let count = varint(index, &mut pos)?;
+        if count > super::max_points(input.len() as u64) as u64 {
+            return None; // Decompressed whole instead, within the RAM budget.
+        }
         let mut records = Vec::new();
-        for _ in 0..count.min(index.len() as u64) {
+        for _ in 0..count {
             records.push((varint(index, &mut pos)?, varint(index, &mut pos)?));
         }
         if records.iter().any(|&(unpadded, _)| unpadded > input.len() as u64) {
@@ -102,6 +105,9 @@ pub(super) fn blocks(input: &[u8]) -> Option<Vec<Block>> {
             })
             .collect();
         streams.push(stream);
+        if streams.iter().map(Vec::len).sum::<usize>() > super::max_points(input.len() as u64) {
+            return None;
+        }
         end = stream_start;
     }
     Some(streams.into_iter().rev().flatten().collect())

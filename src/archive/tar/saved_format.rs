@@ -2,7 +2,7 @@
 
 use super::key::Key;
 use super::{Extent, SparseFile, TarReader};
-use crate::archive::seekable::{Codec, Point, Points, Seekable, BZIP2_MAX_BLOCK_BITS};
+use crate::archive::seekable::{max_points, Codec, Point, Points, Seekable, BZIP2_MAX_BLOCK_BITS};
 use crate::archive::{Backing, Source};
 use crate::hash;
 use crate::index::{Attrs, Data, Dirent, Index, Inode, Span, Xattr};
@@ -137,6 +137,9 @@ fn decode_points(r: &mut Reader, codec: Option<Codec>, input_len: u64) -> Result
     let Some(codec) = codec else { return Ok(None) };
     let total = r.u64()?;
     let count = r.count(POINT_BYTES)?;
+    if count > max_points(input_len) {
+        return Err(format!("{count} restart points, more than a file of {input_len} bytes has"));
+    }
     let mut list: Vec<Point> = Vec::with_capacity(count);
     for _ in 0..count {
         let (out, input, end, bits) = (r.u64()?, r.u64()?, r.u64()?, r.u32()?);
@@ -423,6 +426,9 @@ mod tests {
         assert!(refused(Codec::Xz, vec![point(0, 4, 1, None, 2000)], 10).contains("no first pass"));
         let huge_window = vec![point(0, 0, 0, None, 0), point(10, 10, 0, Some(vec![0; 40 << 10]), 0)];
         assert!(refused(Codec::Gzip, huge_window, 9000).contains("window"));
+        // More points than a 1,000-byte file can have.
+        let many: Vec<Point> = (0..70_000).map(|i| point(i, i, 0, None, 0)).collect();
+        assert!(round_trip(Codec::Zstd, many, 100_000, Some(Codec::Zstd)).unwrap_err().contains("more than"));
         // Saved for a compressed mount, read by a decompressed one (and the reverse).
         assert!(round_trip(Codec::Gzip, gzip, 9000, None).unwrap_err().contains("another way"));
         let mut w = Writer::default();
