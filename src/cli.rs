@@ -25,6 +25,10 @@ In a SLURM job (one task per node mounts, all run the command, the last one out 
 Many archives (shards) as one merged tree: quote the pattern, stagefs expands it:
   stagefs mount 'shards/train-*.tar' /dev/shm/$USER/train
 
+A dataset that grows while training runs (or --watch, which follows the pattern):
+  stagefs mount --growing 'cache/shard-*.tar' /dev/shm/$USER/data
+  stagefs add /dev/shm/$USER/data cache/shard-0042.tar
+
 Exit codes: 0 ok, 1 other error, 2 usage, 3 bad archive, 4 mountpoint problem (or a
 directory stagefs keeps was made by another user), 5 mount busy, 6 not mounted (or not a
 stagefs mount of yours), 7 FUSE unavailable, 8 not enough RAM (or local disk) to stage,
@@ -50,7 +54,10 @@ When several processes mount the same archive on the same mountpoint (srun tasks
 node, SLURM_LOCALID=0 leads), one mounts and the others wait for it and exit 0.
 
 In a SLURM job step that must stay attached (srun --overlap ... &), use --foreground:
-the mount then lives exactly as long as the step, and SIGTERM unmounts it.")]
+the mount then lives exactly as long as the step, and SIGTERM unmounts it.
+
+A shard set mounted with --growing takes `stagefs add` and `stagefs remove` while in use;
+with --watch it follows its pattern by itself (doc/growing.md).")]
     Mount {
         /// The archive: tar (GNU, pax, ustar, v7; plain or gzip/bzip2/xz/zstd/lz4-compressed), zip or SquashFS 4.0.
         /// Or many archives as one merged tree: a quoted glob pattern ('shards/train-*.tar', expanded by
@@ -71,6 +78,41 @@ the mount then lives exactly as long as the step, and SIGTERM unmounts it.")]
         /// when this call mounted, false when another process of the node had or has mounted it}
         #[arg(long)]
         json: bool,
+    },
+    /// Add shards to a set mounted with --growing (or --watch), while it is in use
+    #[command(after_help = "The new shards are opened (staged, indexed) as the mount opened its own, then the merged
+tree changes at once: a directory listing shows all of the new shards' files or none. Where a
+new shard has a path the set already has, the new shard's file is served from then on (as
+extracting it last would leave it); a process that has the old file open keeps reading the
+old bytes. Shards must belong to you, root or the owner of their directory, as for mounting;
+--trust-shards (here or at mount time) accepts others.
+
+Example (a dataset that grows between epochs):
+  stagefs mount --growing 'cache/shard-*.tar' /dev/shm/$USER/data
+  stagefs add /dev/shm/$USER/data cache/shard-0042.tar
+  stagefs remove /dev/shm/$USER/data cache/shard-0001.tar")]
+    Add {
+        /// The mountpoint of a set mounted with --growing or --watch
+        mountpoint: PathBuf,
+        /// Archives to add (or quoted glob patterns, or @FILE), in the order they win
+        #[arg(required = true)]
+        shards: Vec<PathBuf>,
+        /// Accept shards owned by another user than you, root or the owner of their directory: only
+        /// for data you trust
+        #[arg(long)]
+        trust_shards: bool,
+    },
+    /// Remove shards from a set mounted with --growing; open files of theirs keep working until closed
+    #[command(after_help = "The merged tree loses the shards' files at once; where an earlier shard has the same
+path, its file is served again. A removed shard's RAM (or disk copy) is released once no
+process has its files open and the kernel has let go of them. The file itself may already
+be deleted: it is named by the path it was added with.")]
+    Remove {
+        /// The mountpoint of a set mounted with --growing or --watch
+        mountpoint: PathBuf,
+        /// Shards to remove, as added (paths; the files may be gone already)
+        #[arg(required = true)]
+        shards: Vec<PathBuf>,
     },
     /// Mount once per node, run a command with the mount, unmount after the node's last task
     Run(crate::node::RunArgs),

@@ -4,12 +4,36 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::error::Failure;
+use crate::growing::control::{self, Request, Verb};
 use crate::mountpoint;
 pub use crate::node::umount;
 use crate::open::{open_archive, Indexing};
 use crate::registry;
 use crate::report;
 use crate::stage::StageMode;
+
+/// `stagefs add`: the shards `specs` name (archives, patterns, lists) join the growing set
+/// mounted at `mountpoint`. The daemon checks their owners (unless `trust`).
+pub fn add(mountpoint: &Path, specs: &[std::path::PathBuf], trust: bool) -> Result<(), Failure> {
+    let mountpoint = mountpoint::resolve(mountpoint)?;
+    let mut paths = Vec::new();
+    for spec in specs {
+        // The daemon checks trust itself: it is the one that opens them.
+        paths.extend(crate::shards::resolve(spec, &[], true)?.shards);
+    }
+    let request = Request { verb: Verb::Add, trust, paths };
+    println!("{}", control::ask(&mountpoint, &request)?);
+    Ok(())
+}
+
+/// `stagefs remove`: the shards at `paths` leave the growing set mounted at `mountpoint`.
+pub fn remove(mountpoint: &Path, paths: &[std::path::PathBuf]) -> Result<(), Failure> {
+    let mountpoint = mountpoint::resolve(mountpoint)?;
+    let absolute = |p: &std::path::PathBuf| std::path::absolute(p).unwrap_or_else(|_| p.clone());
+    let request = Request { verb: Verb::Remove, trust: false, paths: paths.iter().map(absolute).collect() };
+    println!("{}", control::ask(&mountpoint, &request)?);
+    Ok(())
+}
 
 /// `stagefs status`: this user's mounts on this node, one line each (or one JSON object
 /// each with `json`), dead mounts (their daemon was killed) included with how to clear them.

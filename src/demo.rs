@@ -125,6 +125,7 @@ fn compare(archive: &Path, plain: &Path, work: &Path, files: usize, readers: usi
             warm: crate::warm::WarmMode::Auto,
             recursive: false,
             broadcast: None,
+            growing: None,
         };
         // Not through the per-node election: the demo's mountpoints are its own, and under
         // srun a task with SLURM_LOCALID > 0 would wait for a leader that never comes.

@@ -98,6 +98,16 @@ impl From<ShardError> for Failure {
     }
 }
 
+impl From<crate::growing::GrowError> for Failure {
+    fn from(e: crate::growing::GrowError) -> Failure {
+        match e {
+            crate::growing::GrowError::Open(e) => e.into(),
+            crate::growing::GrowError::Shard(e) => e.into(),
+            crate::growing::GrowError::NotInSet(message) => Failure::new(code::USAGE, message),
+        }
+    }
+}
+
 impl From<OpenArchiveError> for Failure {
     fn from(e: OpenArchiveError) -> Failure {
         match e {

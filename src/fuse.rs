@@ -1,7 +1,9 @@
 //! The only file that imports `fuser`: translates kernel requests to [`Fs`] calls and back.
 //!
-//! The archive never changes while mounted, so every entry, attribute and negative
-//! lookup is cached by the kernel "forever" and file pages stay cached across opens.
+//! A number never changes its meaning while mounted, so every entry, attribute and
+//! negative lookup is cached by the kernel "forever" and file pages stay cached across
+//! opens; a growing set tells the kernel which names to forget when it changes
+//! ([`kernel_cache`]).
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -49,6 +51,41 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, threads: usize) -> std::io::Result<
 pub fn page_cache_store(session: &fuser::BackgroundSession) -> impl Fn(u64, u64, &[u8]) -> std::io::Result<()> + Sync {
     let notifier = session.notifier();
     move |ino, offset, data| notifier.store(INodeNo(ino), offset, data)
+}
+
+/// The kernel's caches of this mount, as a growing set tells them what changed: FUSE's
+/// NOTIFY_INVAL_ENTRY, NOTIFY_DELETE and NOTIFY_INVAL_INODE. A name the kernel does not
+/// hold answers ENOENT, which is no failure: nothing was cached to forget.
+pub fn kernel_cache(session: &fuser::BackgroundSession) -> Arc<dyn crate::growing::KernelCache> {
+    Arc::new(Notices(session.notifier()))
+}
+
+struct Notices(fuser::Notifier);
+
+fn notice_failed(what: &str, result: std::io::Result<()>) {
+    if let Err(e) = result {
+        if e.raw_os_error() != Some(libc::ENOENT) {
+            tracing::debug!("{what}: {e}");
+        }
+    }
+}
+
+impl crate::growing::KernelCache for Notices {
+    fn forget_name(&self, parent: u64, name: &[u8]) {
+        notice_failed("invalidating an entry", self.0.inval_entry(INodeNo(parent), OsStr::from_bytes(name)));
+    }
+
+    fn delete_name(&self, parent: u64, child: u64, name: &[u8]) {
+        // A kernel without NOTIFY_DELETE (or a child it holds under another name) still
+        // forgets the name.
+        if self.0.delete(INodeNo(parent), INodeNo(child), OsStr::from_bytes(name)).is_err() {
+            self.forget_name(parent, name);
+        }
+    }
+
+    fn forget_dir(&self, dir: u64) {
+        notice_failed("invalidating a directory", self.0.inval_inode(INodeNo(dir), 0, 0));
+    }
 }
 
 struct FuseAdapter {
@@ -118,7 +155,9 @@ impl Filesystem for FuseAdapter {
         let _ = config.set_max_background(64);
         let _ = config.set_congestion_threshold(48);
         self.no_open = config.add_capabilities(InitFlags::FUSE_NO_OPEN_SUPPORT).is_ok();
-        self.no_opendir = config.add_capabilities(InitFlags::FUSE_NO_OPENDIR_SUPPORT).is_ok();
+        // A growing set lists each open directory from one state of its tree: it needs opendir.
+        self.no_opendir =
+            self.fs.growing().is_none() && config.add_capabilities(InitFlags::FUSE_NO_OPENDIR_SUPPORT).is_ok();
         // Always READDIRPLUS, not the adaptive READDIRPLUS_AUTO: listing a directory then
         // gives the kernel every entry's inode, so the opens that follow (ImageFolder
         // lists, then the loader opens) need no LOOKUP, and the warm-up can store into
@@ -131,8 +170,12 @@ impl Filesystem for FuseAdapter {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.fs.lookup(parent.0, name.as_bytes()) {
-            Ok(attr) => reply.entry(&TTL, &file_attr(&attr), Generation(0)),
+        let view = self.fs.view();
+        match view.lookup(parent.0, name.as_bytes()) {
+            Ok(attr) => {
+                view.looked_up(attr.ino);
+                reply.entry(&TTL, &file_attr(&attr), Generation(0))
+            }
             // A negative entry (inode 0) makes the kernel cache "not found" too.
             Err(FsError::NotFound) => {
                 let mut none = file_attr(&Attr {
@@ -153,15 +196,19 @@ impl Filesystem for FuseAdapter {
         }
     }
 
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs.forget(ino.0, nlookup);
+    }
+
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr(ino.0) {
+        match self.fs.view().getattr(ino.0) {
             Ok(attr) => reply.attr(&TTL, &file_attr(&attr)),
             Err(e) => reply.error(self.errno(&e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.readlink(ino.0) {
+        match self.fs.view().readlink(ino.0) {
             Ok(target) => reply.data(target),
             Err(e) => reply.error(self.errno(&e)),
         }
@@ -201,7 +248,7 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
-        match self.fs.read(ino.0, offset, size) {
+        match self.fs.view().read(ino.0, offset, size) {
             Ok(bytes) => reply.data(&bytes),
             Err(e) => reply.error(self.errno(&e)),
         }
@@ -226,13 +273,21 @@ impl Filesystem for FuseAdapter {
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         if self.no_opendir {
             reply.error(Errno::ENOSYS);
+        } else if self.fs.growing().is_some() {
+            // No FOPEN_CACHE_DIR: every listing comes from the handle's own state.
+            reply.opened(FileHandle(self.fs.open_dir()), FopenFlags::empty());
         } else {
             reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR);
         }
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        match self.fs.readdir(ino.0, offset) {
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: fuser::ReplyEmpty) {
+        self.fs.close_dir(fh.0);
+        reply.ok();
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        match self.fs.dir_view(fh.0).readdir(ino.0, offset) {
             Ok(entries) => {
                 for e in entries {
                     if reply.add(INodeNo(e.ino), e.next, file_type(e.mode), OsStr::from_bytes(e.name)) {
@@ -245,11 +300,12 @@ impl Filesystem for FuseAdapter {
         }
     }
 
-    fn readdirplus(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
-        match self.fs.readdir(ino.0, offset) {
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let view = self.fs.dir_view(fh.0);
+        match view.readdir(ino.0, offset) {
             Ok(entries) => {
                 for e in entries {
-                    let Ok(attr) = self.fs.getattr(e.ino) else { continue };
+                    let Ok(attr) = view.getattr(e.ino) else { continue };
                     if reply.add(
                         INodeNo(e.ino),
                         e.next,
@@ -260,28 +316,32 @@ impl Filesystem for FuseAdapter {
                     ) {
                         break;
                     }
+                    // The kernel counts a lookup for every entry but "." and "..".
+                    if e.next > 2 {
+                        view.looked_up(e.ino);
+                    }
                 }
                 reply.ok()
             }
             Err(e) => reply.error(self.errno(&e)),
-        }
+        };
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let stats = self.fs.statfs();
+        let stats = self.fs.view().statfs();
         let blocks = stats.bytes.div_ceil(BLKSIZE as u64);
         reply.statfs(blocks, 0, 0, stats.files, 0, BLKSIZE, 255, BLKSIZE);
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        match self.fs.getxattr(ino.0, name.as_bytes()) {
+        match self.fs.view().getxattr(ino.0, name.as_bytes()) {
             Ok(value) => xattr_reply(value, size, reply),
             Err(e) => reply.error(self.errno(&e)),
         }
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        match self.fs.listxattr(ino.0) {
+        match self.fs.view().listxattr(ino.0) {
             Ok(names) => xattr_reply(&names, size, reply),
             Err(e) => reply.error(self.errno(&e)),
         }

@@ -14,6 +14,7 @@ pub mod error;
 pub mod escape;
 pub mod fs;
 mod fuse;
+pub mod growing;
 pub mod hash;
 pub mod index;
 pub mod mountpoint;

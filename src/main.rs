@@ -85,6 +85,8 @@ fn run(command: Command) -> Result<(), Failure> {
             Ok(())
         }
         Command::Umount { mountpoint, lazy } => commands::umount(&mountpoint, lazy),
+        Command::Add { mountpoint, shards, trust_shards } => commands::add(&mountpoint, &shards, trust_shards),
+        Command::Remove { mountpoint, shards } => commands::remove(&mountpoint, &shards),
         Command::Status { json } => commands::status(json),
         Command::Index { archive, trust_shards, recursive } => commands::index(&archive, trust_shards, recursive),
         Command::Pack(args) => args.execute(),

@@ -51,6 +51,17 @@ pub struct MountOptions {
     /// directory others can write without the sticky bit: only for data you trust
     #[arg(long)]
     pub trust_shards: bool,
+    /// Keep a shard set open to change while mounted: `stagefs add MOUNTPOINT SHARD...` and
+    /// `stagefs remove MOUNTPOINT SHARD...` (each shard keeps its own index: about twice the
+    /// index memory of a fixed set)
+    #[arg(long)]
+    pub growing: bool,
+    /// With a quoted pattern: add the shards that appear once complete (size and mtime unchanged
+    /// for INTERVAL), remove those deleted; checks every INTERVAL (--watch=2s; default 5s). Implies --growing;
+    /// the pattern may match nothing yet
+    #[arg(long, value_name = "INTERVAL", num_args = 0..=1, require_equals = true, default_missing_value = "5s",
+          value_parser = crate::node::parse_duration)]
+    pub watch: Option<std::time::Duration>,
     /// FUSE request threads, 1 to 256 (default: 2 per core, at most 16)
     #[arg(long, value_parser = threads_parser())]
     pub threads: Option<usize>,
@@ -75,7 +86,18 @@ impl MountOptions {
             )?,
             false => None,
         };
-        let set = crate::shards::resolve(archive, &self.more_archives, self.trust_shards)?;
+        let growing = self.growing_request(archive)?;
+        let set = match crate::shards::resolve(archive, &self.more_archives, self.trust_shards) {
+            // A watched pattern may start empty: the shards are on their way.
+            Err(crate::shards::ShardError::NotFound(why)) if self.watch.is_some() => {
+                tracing::info!("{why}; waiting for shards to appear");
+                crate::shards::ArchiveSet {
+                    label: std::path::absolute(archive).unwrap_or(archive.into()),
+                    shards: vec![],
+                }
+            }
+            other => other?,
+        };
         let mountpoint = crate::mountpoint::resolve(&mountpoint)?;
         Ok(MountRequest {
             archive: set.label,
@@ -90,7 +112,38 @@ impl MountOptions {
             warm: self.warm,
             recursive: self.recursive,
             broadcast,
+            growing,
         })
+    }
+
+    /// What `--growing` and `--watch` ask for; `--watch` needs a pattern to follow.
+    fn growing_request(&self, archive: &Path) -> Result<Option<crate::request::Growing>, Failure> {
+        if !self.growing && self.watch.is_none() {
+            return Ok(None);
+        }
+        if self.broadcast {
+            return Err(Failure::new(
+                crate::error::code::USAGE,
+                "--broadcast sends one archive; it cannot be used with --growing or --watch".into(),
+            ));
+        }
+        let watch = match self.watch {
+            Some(interval) => {
+                let text = archive.to_string_lossy();
+                if !crate::shards::is_pattern(&text) || !self.more_archives.is_empty() {
+                    return Err(Failure::new(
+                        crate::error::code::USAGE,
+                        format!(
+                            "--watch follows one quoted glob pattern, e.g. 'cache/shard-*.tar'; {text:?} is not one"
+                        ),
+                    ));
+                }
+                let pattern = std::path::absolute(archive).unwrap_or(archive.into()).to_string_lossy().into_owned();
+                Some((pattern, interval.max(std::time::Duration::from_millis(100))))
+            }
+            None => None,
+        };
+        Ok(Some(crate::request::Growing { trust_shards: self.trust_shards, watch }))
     }
 }
 

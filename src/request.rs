@@ -34,4 +34,15 @@ pub struct MountRequest {
     pub recursive: bool,
     /// Receive the archive from a broadcast (`--broadcast`) instead of reading it.
     pub broadcast: Option<crate::stage::broadcast::Plan>,
+    /// Keep the set open to `stagefs add` and `stagefs remove` (`--growing`, `--watch`).
+    pub growing: Option<Growing>,
+}
+
+/// How a growing set changes while mounted.
+#[derive(Debug, Clone)]
+pub struct Growing {
+    /// Added shards skip the ownership check (`--trust-shards`).
+    pub trust_shards: bool,
+    /// `--watch`: the pattern followed, and how often it is looked at.
+    pub watch: Option<(String, Duration)>,
 }

@@ -19,7 +19,7 @@ mod open;
 
 use std::path::{Path, PathBuf};
 
-pub use open::open_set;
+pub use open::{open_each, open_set, report_indexed, warn_conflicts, SetStats};
 
 use crate::archive::OpenError;
 /// Why a shard set could not be named, each saying what to do.
@@ -132,7 +132,7 @@ fn is_set_spec(spec: &Path) -> bool {
 }
 
 /// Refuses a shard another user could have planted or could replace (see the module doc).
-fn check_trust(shard: &Path) -> Result<(), ShardError> {
+pub fn check_trust(shard: &Path) -> Result<(), ShardError> {
     use std::os::unix::fs::MetadataExt;
     let dir = shard.parent().unwrap_or(Path::new("/"));
     let io = |path: &Path, source| ShardError::Open(OpenError::Io { path: path.to_owned(), source });
@@ -164,7 +164,8 @@ fn check_trust(shard: &Path) -> Result<(), ShardError> {
     Ok(())
 }
 
-fn is_pattern(text: &str) -> bool {
+/// True for text with glob wildcards.
+pub fn is_pattern(text: &str) -> bool {
     text.contains(['*', '?', '['])
 }
 
@@ -177,19 +178,7 @@ fn expand(spec: &Path) -> Result<Vec<PathBuf>, ShardError> {
     if !is_pattern(&text) {
         return Ok(vec![spec.to_owned()]);
     }
-    let bad = |why: String| ShardError::BadPattern { pattern: text.to_string(), why };
-    let mut matches: Vec<PathBuf> = glob::glob(&text)
-        .map_err(|e| bad(e.to_string()))?
-        .filter_map(|entry| match entry {
-            Ok(path) => Some(path),
-            Err(e) => {
-                tracing::warn!("skipping {}: {}", e.path().display(), e.error());
-                None
-            }
-        })
-        .filter(|p| !p.to_string_lossy().ends_with(INDEX_SUFFIX))
-        .collect();
-    matches.sort();
+    let matches = matches(&text)?;
     if matches.is_empty() {
         // A file whose name holds `[` is no match of itself: say how to name it.
         let literal = if spec.exists() {
@@ -207,6 +196,24 @@ fn expand(spec: &Path) -> Result<Vec<PathBuf>, ShardError> {
             std::env::current_dir().map_or_else(|_| "the current directory".into(), |d| d.display().to_string())
         )));
     }
+    Ok(matches)
+}
+
+/// The files `pattern` matches, sorted, saved indexes left out (none: empty).
+pub fn matches(pattern: &str) -> Result<Vec<PathBuf>, ShardError> {
+    let bad = |why: String| ShardError::BadPattern { pattern: pattern.to_string(), why };
+    let mut matches: Vec<PathBuf> = glob::glob(pattern)
+        .map_err(|e| bad(e.to_string()))?
+        .filter_map(|entry| match entry {
+            Ok(path) => Some(path),
+            Err(e) => {
+                tracing::warn!("skipping {}: {}", e.path().display(), e.error());
+                None
+            }
+        })
+        .filter(|p| !p.to_string_lossy().ends_with(INDEX_SUFFIX))
+        .collect();
+    matches.sort();
     Ok(matches)
 }
 

@@ -72,7 +72,7 @@ where
 {
     let started = Instant::now();
     list_tree(mountpoint);
-    let files: Vec<(u64, u64)> = fs.files().collect();
+    let files = fs.files();
     let bar = crate::report::progress(total_size(files.iter().copied()), "warming the page cache");
     let (next, bytes, skipped) = (AtomicUsize::new(0), AtomicU64::new(0), AtomicU64::new(0));
     std::thread::scope(|scope| {
@@ -111,7 +111,8 @@ where
 {
     let mut offset = 0;
     while offset < size {
-        let data = fs.content(ino, offset, (size - offset).min(CHUNK) as u32).map_err(|e| e.to_string())?;
+        let view = fs.view();
+        let data = view.content(ino, offset, (size - offset).min(CHUNK) as u32).map_err(|e| e.to_string())?;
         if data.is_empty() {
             return Err(format!("no data at offset {offset} of {size}"));
         }

@@ -24,7 +24,7 @@ fn set_mtime(path: &Path) {
 /// A shard's files: `train/{cat,dog}/` (the same directories in every shard, with the same
 /// attributes), files unique to shard `k`, a symlink, and `shared.txt`, which every shard has
 /// with its own content (later shards win).
-fn shard_tree(root: &Path, k: usize) -> PathBuf {
+pub fn shard_tree(root: &Path, k: usize) -> PathBuf {
     let src = root.join(format!("src-{k}"));
     for class in ["cat", "dog"] {
         let dir = src.join("train").join(class);
@@ -44,7 +44,7 @@ fn shard_tree(root: &Path, k: usize) -> PathBuf {
     src
 }
 
-fn gnu_tar(src: &Path, out: &Path, extra: &[&str]) {
+pub fn gnu_tar(src: &Path, out: &Path, extra: &[&str]) {
     let mut args: Vec<&OsStr> = ["--format=gnu", "--numeric-owner", "--sort=name", "-C"].map(OsStr::new).to_vec();
     args.extend([src.as_os_str(), OsStr::new("-cf"), out.as_os_str()]);
     args.extend(extra.iter().map(OsStr::new));
@@ -52,7 +52,7 @@ fn gnu_tar(src: &Path, out: &Path, extra: &[&str]) {
     run_tool("tar", args);
 }
 
-fn bsdtar(src: &Path, out: &Path) {
+pub fn bsdtar(src: &Path, out: &Path) {
     run_tool("bsdtar", [OsStr::new("-C"), src.as_os_str(), OsStr::new("-cf"), out.as_os_str(), OsStr::new("train")]);
 }
 
@@ -62,12 +62,12 @@ fn python_tar(src: &Path, out: &Path) {
     run_tool("python3", [OsStr::new("-c"), OsStr::new(script), src.as_os_str(), out.as_os_str()]);
 }
 
-fn squashfs(src: &Path, out: &Path) {
+pub fn squashfs(src: &Path, out: &Path) {
     run_tool("mksquashfs", [src.as_os_str(), out.as_os_str(), OsStr::new("-noappend"), OsStr::new("-quiet")]);
 }
 
 /// Extracts every shard into `dest`, in the order given, as a user would by hand.
-fn extract_all(shards: &[PathBuf], dest: &Path) {
+pub fn extract_all(shards: &[PathBuf], dest: &Path) {
     fs::create_dir_all(dest).unwrap();
     for shard in shards {
         if shard.extension() == Some(OsStr::new("sqsh")) {

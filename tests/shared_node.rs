@@ -364,7 +364,7 @@ fn a_mount_is_live_from_every_shell_whatever_its_runtime_dir() {
 fn planted_restart_points_of_a_compressed_tar_are_ignored() {
     let project = TempDir::new("shared-project");
     fs::set_permissions(project.path(), fs::Permissions::from_mode(0o777)).unwrap();
-    let s = scene("sfs-victim5", Some(project.path()));
+    let s = scene("sfs-victim7", Some(project.path()));
     let gz = s.archive.with_file_name("a.tar.gz");
     run_tool("gzip", ["-k".as_ref(), s.archive.as_os_str()]).assert_success();
     s.victim.chown(&gz);
@@ -387,4 +387,71 @@ fn planted_restart_points_of_a_compressed_tar_are_ignored() {
     }
     fs::remove_file(&index).unwrap();
     assert_nothing_left(&mnt, "after the planted restart points");
+}
+
+/// A growing set in a shared sticky directory (as /tmp is): a shard another user drops
+/// there is neither added by `--watch` nor by `stagefs add`, and nobody but the victim is
+/// answered on the mount's control socket, root included.
+#[test]
+fn a_growing_set_takes_no_shard_and_no_order_from_another_user() {
+    use std::io::{Read, Write};
+    let s = scene("sfs-victim8", None);
+    let shared = TempDir::new("shared-growing");
+    fs::set_permissions(shared.path(), fs::Permissions::from_mode(0o1777)).unwrap();
+    let mine = shared.join("shard-1.tar");
+    fs::copy(&s.archive, &mine).unwrap();
+    s.victim.chown(&mine);
+    let planted = shared.join("shard-2.tar");
+    let src = TempDir::new("shared-growing-src");
+    fs::write(src.join("evil.txt"), b"planted\n").unwrap();
+    pack_tar(src.path(), &planted, &["evil.txt"]);
+    s.mallory.chown(&planted);
+    let mnt = s.victim.home.join("mnt");
+    let pattern = shared.join("shard-*.tar");
+    // Started with only the victim's shard (mallory's is made to appear later).
+    fs::rename(&planted, shared.join("later")).unwrap();
+    let log = s.victim.home.join("growing.log");
+    let log_arg = format!("--log-file={}", log.display());
+    s.victim
+        .stagefs([
+            "-v".as_ref(),
+            "mount".as_ref(),
+            "--watch=200ms".as_ref(),
+            log_arg.as_ref(),
+            pattern.as_os_str(),
+            mnt.as_os_str(),
+        ])
+        .assert_success();
+    fs::rename(shared.join("later"), &planted).unwrap();
+    let refused = wait_until(std::time::Duration::from_secs(20), || {
+        fs::read_to_string(&log).unwrap_or_default().contains("not adding")
+    });
+    let text = fs::read_to_string(&log).unwrap_or_default();
+    assert!(refused && text.contains("sfs-mallory"), "--watch must refuse mallory's shard:\n{text}");
+    let listing = s.victim.sh(&format!("ls {}", mnt.display()));
+    assert_eq!(listing.stdout, "a.txt\nb.txt\n");
+
+    let out = s.victim.stagefs(["add".as_ref(), mnt.as_os_str(), planted.as_os_str()]);
+    assert_code(&out, 4, &["sfs-mallory", "--trust-shards"]);
+
+    // Root reaches the socket (mallory cannot even see it); the daemon still refuses: the
+    // caller is not the victim.
+    let socket = s.victim.tmp_runtime_dir().join(runtime_name(&mnt, "control"));
+    let mut stream = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    let request = [b"stagefs-control-1\0add\x001\0".as_slice(), planted.as_os_str().as_encoded_bytes()].concat();
+    stream.write_all(&request).unwrap();
+    stream.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("04\0") && answer.contains("another user"), "{answer:?}");
+    let out = s.mallory.stagefs(["add".as_ref(), "--trust-shards".as_ref(), mnt.as_os_str(), planted.as_os_str()]);
+    assert!(!out.success(), "{}", out.describe());
+    let out = s.mallory.try_sh(&format!("ls -l {}", socket.display()));
+    assert!(!out.success(), "mallory can see the victim's socket:\n{}", out.describe());
+    assert_eq!(s.victim.sh(&format!("ls {}", mnt.display())).stdout, "a.txt\nb.txt\n", "the tree changed");
+
+    s.victim.stagefs(["umount".as_ref(), mnt.as_os_str()]).assert_success();
+    assert!(!socket.exists(), "the control socket was left");
+    let _ = fs::remove_file(&log);
+    assert_nothing_left(&mnt, "after the growing mount");
 }

@@ -10,6 +10,7 @@ mod compare;
 mod disk;
 mod errors;
 mod formats;
+mod growing;
 mod hostile;
 mod memory;
 mod nested;

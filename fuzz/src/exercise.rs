@@ -84,6 +84,7 @@ pub fn decompress(data: &[u8], scratch: &Path) -> Result<(), String> {
 pub fn serve(archive: Archive) {
     let inodes = archive.index.inodes.len() as u64;
     let fs = Fs::new(archive);
+    let fs = fs.view();
     let mut budget = READ_BUDGET;
     for ino in 1..=inodes {
         let attr = fs.getattr(ino).expect("getattr of an indexed inode");
@@ -115,7 +116,7 @@ pub fn serve(archive: Archive) {
 
 /// Reads a file's start, its end, a piece across its middle and past its end,
 /// checking that every successful read has exactly the length the size promises.
-fn read_file(fs: &Fs, ino: u64, size: u64, budget: &mut u64) {
+fn read_file(fs: &stagefs::fs::View<'_>, ino: u64, size: u64, budget: &mut u64) {
     let mut offsets =
         vec![(0, MAX_READ), (size / 2 - (size / 2).min(4099), 8193), (size.saturating_sub(5000), 5000), (size, 10)];
     if size <= 4 * u64::from(MAX_READ) {

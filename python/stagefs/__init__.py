@@ -146,6 +146,20 @@ class Mount:
         """True until :meth:`unmount` succeeded."""
         return self._mounted
 
+    def add(self, *shards: PathLike, trust_shards: bool = False) -> str:
+        """Adds shards (archives, quoted-style glob patterns or ``@list`` files) to a mount
+        made with ``growing=True`` or ``watch``, as ``stagefs add`` does: the tree shows
+        them at once, later shards winning shared paths. Returns the command's summary;
+        raises :class:`MountError` (e.g. code 3 for a damaged shard, code 2 for a mount
+        made without ``growing``), and then nothing changed."""
+        cmd = [executable(), "add", str(self.path), *(os.fspath(s) for s in shards)]
+        return _run(cmd + (["--trust-shards"] if trust_shards else []), None).strip()
+
+    def remove(self, *shards: PathLike) -> str:
+        """Removes shards from a growing mount, as ``stagefs remove`` does: their files
+        leave the tree at once; files a process has open keep reading until closed."""
+        return _run([executable(), "remove", str(self.path), *(os.fspath(s) for s in shards)], None).strip()
+
     def unmount(self, lazy: bool = False, timeout: Optional[float] = 120, wait_for_others: float = 60) -> None:
         """Runs ``stagefs umount`` (owner only, see the class docs); a mount that is
         already gone is not an error. While it is busy (exit 5) it retries for up to
@@ -197,6 +211,8 @@ def mount(
     idle_timeout: Union[int, float, str, None] = None,
     log_file: Optional[PathLike] = None,
     recursive: bool = False,
+    growing: bool = False,
+    watch: Union[bool, int, float, str] = False,
     timeout: Optional[float] = None,
 ) -> Mount:
     """Mounts ``archive`` read-only and returns once the mount is usable.
@@ -207,7 +223,10 @@ def mount(
     options: ``stage`` (auto|ram|copy|disk|none), ``max_ram`` (bytes or e.g. "64G"),
     ``warm`` (auto|yes|no), ``threads``, ``idle_timeout`` (seconds or e.g. "30m"),
     ``log_file``, ``recursive`` (tars inside the archive, such as ImageNet's
-    per-class tars, appear as directories). ``mountpoint`` defaults to the command's own default,
+    per-class tars, appear as directories), ``growing`` (a shard set that takes
+    :meth:`Mount.add` and :meth:`Mount.remove` while mounted), ``watch`` (True, or an
+    interval in seconds or e.g. "2s": follow the glob pattern ``archive``, adding shards
+    once complete and removing deleted ones). ``mountpoint`` defaults to the command's own default,
     ``/dev/shm/$USER/stagefs/<stem>``, which it prints.
 
     A compressed tar is mounted as it is: ``.tar.gz``, ``.tar.bz2``, a multi-block
@@ -231,6 +250,12 @@ def mount(
         cmd += ["--idle-timeout", _duration(idle_timeout)]
     if recursive:
         cmd.append("--recursive")
+    if growing:
+        cmd.append("--growing")
+    if watch is True:
+        cmd.append("--watch")
+    elif watch is not False:
+        cmd.append(f"--watch={_duration(watch)}")
     # Interrupted (Ctrl-C, timeout) while the daemon is coming up, subprocess kills the
     # command; the daemon follows its parent and leaves nothing mounted or staged.
     out = _run(cmd, timeout)
@@ -360,11 +385,15 @@ class Loader:
             src: Any = os.fspath(source)
         else:
             src = [os.fspath(p) for p in source]
-        self._native = _native.Loader(
-            src, batch_size=batch_size, shuffle=shuffle, seed=seed, rank=r, world_size=w,
+        self._settings = dict(
+            batch_size=batch_size, shuffle=shuffle, seed=seed, rank=r, world_size=w,
             drop_last=drop_last, device=device, io_threads=io_threads, depth=depth, slot_bytes=slot_bytes,
             _upload_delay_ms=_upload_delay_ms,  # test hook: a slow pipeline for the Ctrl-C test
         )  # fmt: skip
+        self._source: Any = src
+        self._native = _native.Loader(src, **self._settings)
+        self._classes: List[str] = list(self._native.classes)
+        self._relabel: Optional[List[int]] = None
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.seed = seed
@@ -379,16 +408,41 @@ class Loader:
 
     @property
     def classes(self) -> List[str]:
-        """Class names (sorted subdirectories of the root); empty for a path list."""
-        return self._native.classes
+        """Class names (sorted subdirectories of the root; a class that appears at a later
+        :meth:`set_epoch` is appended); empty for a path list."""
+        return list(self._classes)
 
     @property
     def num_files(self) -> int:
         """Number of files listed (all ranks together)."""
         return self._native.num_files
 
-    def set_epoch(self, epoch: int) -> None:
-        """Selects the epoch whose order the next iteration streams."""
+    def set_epoch(self, epoch: int, files: Optional[Iterable[PathLike]] = None) -> None:
+        """Selects the epoch whose order the next iteration streams, and lists its files.
+
+        A directory source is listed again, so the epoch reads the files there now: a
+        dataset that grows between epochs (shards added with ``stagefs add`` to a
+        ``--growing`` mount, or by ``--watch``) is seen whole, and files of removed shards
+        are not read. ``files`` gives the epoch a new list of paths instead (from then on
+        the source is that list). Listing a directory costs one walk of it; a path list
+        costs nothing.
+
+        Labels stay stable across epochs: a class already seen keeps its index, and a
+        class folder that appears later is appended to :attr:`classes` (ImageFolder's
+        sorted order holds for the first listing only, so a model's outputs keep their
+        meaning). Call it between epochs: an iteration under way keeps its own list.
+        """
+        if files is not None:
+            self._source = [os.fspath(p) for p in files]
+        if files is not None or isinstance(self._source, str):
+            native = _native.Loader(self._source, **self._settings)
+            listed = list(native.classes)
+            for name in listed:
+                if name not in self._classes:
+                    self._classes.append(name)
+            relabel = [self._classes.index(name) for name in listed]
+            self._relabel = None if relabel == list(range(len(relabel))) else relabel
+            self._native = native
         self.epoch = int(epoch)
 
     def __len__(self) -> int:
@@ -397,9 +451,11 @@ class Loader:
 
     def __iter__(self) -> Iterator[Batch]:
         it = self._native.epoch(self.epoch)
-        epoch, pid, index = self.epoch, os.getpid(), 0
+        epoch, pid, index, relabel = self.epoch, os.getpid(), 0, self._relabel
         try:
             for buf, paths, labels, offsets, lengths in it:
+                if relabel is not None:
+                    labels = [relabel[label] if label >= 0 else label for label in labels]
                 yield self._batch(buf, paths, labels, offsets, lengths, epoch, index)
                 index += 1
         finally:

@@ -428,7 +428,7 @@ impl Archive {
         match &self.reader {
             Reader::SquashFs(r) => r.clear_cache(),
             Reader::Zip(r) => r.clear_cache(),
-            Reader::Set(set) => set.shards().iter().for_each(Archive::release_caches),
+            Reader::Set(set) => set.shards().iter().for_each(|a| a.release_caches()),
             Reader::Tar(_) => {}
         }
     }
@@ -436,7 +436,7 @@ impl Archive {
     /// Size of the archive's bytes as served (decompressed, for compressed tars).
     pub fn size(&self) -> u64 {
         if let Reader::Set(set) = &self.reader {
-            return set.shards().iter().map(Archive::size).sum();
+            return set.shards().iter().map(|a| a.size()).sum();
         }
         self.backing().len() as u64
     }
@@ -456,7 +456,7 @@ impl Archive {
     /// source's too would hold the data twice. Later reads fetch what they need again.
     pub fn drop_source_cache(&self) {
         if let Reader::Set(set) = &self.reader {
-            return set.shards().iter().for_each(Archive::drop_source_cache);
+            return set.shards().iter().for_each(|a| a.drop_source_cache());
         }
         self.backing().drop_page_cache();
     }

@@ -9,20 +9,22 @@
 //! one (as extracting the shards in order would leave it), and counted as a conflict.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::{Archive, Bytes, OpenError, ReadError};
 use crate::index::{Attrs, Data, Index, IndexBuilder, Inode, InodeId, ROOT};
 
 /// Serves file bytes of a merged set from the shard each inode came from.
 pub struct SetReader {
-    /// The shards in merge order, their indexes dropped once merged.
-    shards: Vec<Archive>,
+    /// The shards in merge order (a fixed set drops their indexes once merged; a growing
+    /// one keeps them, to merge again).
+    shards: Vec<Arc<Archive>>,
     /// `starts[k]`: the first merged position added while merging shard `k`.
     starts: Vec<InodeId>,
 }
 
 impl SetReader {
-    pub fn shards(&self) -> &[Archive] {
+    pub fn shards(&self) -> &[Arc<Archive>] {
         &self.shards
     }
 
@@ -33,6 +35,20 @@ impl SetReader {
             Some(archive) => archive.read_own(inode, offset, len),
             None => Err(ReadError { offset: 0, what: format!("inode {id} belongs to no shard") }),
         }
+    }
+}
+
+/// Where the inodes of a merged index came from (see [`Merger::finish_with_origins`]).
+pub struct Origins {
+    pub starts: Vec<InodeId>,
+    pub local: Vec<InodeId>,
+}
+
+impl Origins {
+    /// The shard (in merge order) and the position in its own index of merged inode `id`.
+    pub fn of(&self, id: InodeId) -> (usize, InodeId) {
+        let shard = self.starts.partition_point(|&s| s <= id).saturating_sub(1);
+        (shard, self.local.get(id as usize).copied().unwrap_or(ROOT))
     }
 }
 
@@ -47,12 +63,15 @@ pub struct Conflict {
 /// Builds the merged index, one shard at a time, in the order they must win.
 pub struct Merger {
     builder: IndexBuilder,
-    shards: Vec<Archive>,
+    shards: Vec<Arc<Archive>>,
     paths: Vec<PathBuf>,
     starts: Vec<InodeId>,
     /// Names a later shard replaced, and the first of them (for the one warning line).
     conflicts: u64,
     first_conflict: Option<Conflict>,
+    /// `origins[merged]`: the inode's position in its own shard's index (see
+    /// [`Merger::origins`]).
+    origins: Vec<InodeId>,
 }
 
 impl Default for Merger {
@@ -70,17 +89,22 @@ impl Merger {
             starts: Vec::new(),
             conflicts: 0,
             first_conflict: None,
+            origins: vec![ROOT],
         }
     }
 
-    /// Merges `archive` (the next shard, opened from `path`) over the shards added before.
+    /// Merges `archive` (the next shard, opened from `path`) over the shards added before,
+    /// dropping its own index: only its reader serves.
     pub fn add(&mut self, path: &Path, mut archive: Archive) -> Result<(), OpenError> {
         let index = std::mem::take(&mut archive.index);
+        self.add_indexed(path, Arc::new(archive), &index)
+    }
+
+    /// Merges a shard whose `index` the caller keeps (a growing set merges it again).
+    pub fn add_indexed(&mut self, path: &Path, archive: Arc<Archive>, index: &Index) -> Result<(), OpenError> {
         let shard = self.shards.len();
         self.starts.push(self.builder.len() as InodeId);
-        self.merge(shard, path, &index).map_err(|source| OpenError::Index { path: path.to_owned(), source })?;
-        // The shard's own index is no longer needed: only its reader serves.
-        drop(index);
+        self.merge(shard, path, index).map_err(|source| OpenError::Index { path: path.to_owned(), source })?;
         self.shards.push(archive);
         self.paths.push(path.to_owned());
         Ok(())
@@ -93,16 +117,21 @@ impl Merger {
 
     /// The merged archive.
     pub fn finish(self) -> Result<Archive, OpenError> {
+        Ok(self.finish_with_origins()?.0)
+    }
+
+    /// The merged archive, and where each of its inodes came from: its shard (the last
+    /// `k` with `starts[k] <=` its position) and its position in that shard's own index
+    /// (`origins[position]`; a directory several shards have is the first's).
+    pub fn finish_with_origins(self) -> Result<(Archive, Origins), OpenError> {
+        let origins = Origins { starts: self.starts.clone(), local: self.origins };
         let format = self.shards.first().map_or(super::Format::Tar, |a| a.format);
         let index = self
             .builder
             .finish()
             .map_err(|source| OpenError::Index { path: self.paths.first().cloned().unwrap_or_default(), source })?;
-        Ok(Archive {
-            index,
-            format,
-            reader: super::Reader::Set(SetReader { shards: self.shards, starts: self.starts }),
-        })
+        let reader = super::Reader::Set(SetReader { shards: self.shards, starts: self.starts });
+        Ok((Archive { index, format, reader }, origins))
     }
 
     /// Walks the shard's tree from its root, adding what it has to the merged tree.
@@ -134,6 +163,7 @@ impl Merger {
                                 self.conflict(e, path, index, local_dir, name);
                             }
                             let id = self.builder.add_inode(child.attrs, Data::None)?;
+                            self.origins.push(dirent.inode);
                             self.copy_xattrs(id, child, index)?;
                             self.builder.link(merged_dir, name, id)?;
                             id
@@ -150,6 +180,7 @@ impl Merger {
                             other => other,
                         };
                         let id = self.builder.add_inode(child.attrs, data)?;
+                        self.origins.push(dirent.inode);
                         self.copy_xattrs(id, child, index)?;
                         merged_of[dirent.inode as usize] = id;
                         id

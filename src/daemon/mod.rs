@@ -67,8 +67,9 @@ pub(super) fn serve(
             tracing::warn!("{}", failure.message);
         }
     }
-    let start::Live { session, fs, stage_dir } = result?;
+    let start::Live { session, fs, stage_dir, control } = result?;
     let result = session.join();
+    drop(control);
     registry::remove(mountpoint);
     if let Some(dir) = stage_dir {
         crate::stage::disk::remove_if_empty(&dir);

@@ -29,6 +29,9 @@ pub(super) fn housekeeping(mut record: Record, fs: Arc<Fs>, log: Option<File>) {
         let mut reads_at_upkeep = 0;
         for tick in 1u32.. {
             std::thread::sleep(RECORD_REFRESH);
+            if let Some(set) = fs.growing() {
+                set.release_unused();
+            }
             let (errors, last_error) = fs.errors_served();
             let reads = fs.reads_served();
             let changed = errors != record.errors || reads != record.reads;

@@ -13,7 +13,8 @@ use super::memory::{return_free_memory, tune_allocator};
 use super::serve::{housekeeping, unmount_on_signals};
 use super::warmup::warm_page_cache;
 use crate::error::Failure;
-use crate::fs::Fs;
+use crate::fs::{Content, Fs};
+use crate::growing::{GrowingSet, Opening};
 use crate::mountpoint::{self, MountpointError};
 use crate::open::{open_archive, Indexing, Opened};
 use crate::registry::{self, Record};
@@ -26,6 +27,8 @@ pub(super) struct Live {
     pub session: crate::fuse::MountedSession,
     pub fs: Arc<Fs>,
     pub stage_dir: Option<PathBuf>,
+    /// A growing set's control socket, removed when dropped.
+    pub control: Option<crate::growing::control::Control>,
 }
 
 /// Everything up to readiness: returns the live mount to serve.
@@ -46,15 +49,28 @@ pub(super) fn start(
         None => None,
     };
     let indexing = Indexing { force_save: false, recursive: request.recursive };
-    let Opened { archive, staged_bytes, staging, disk, .. } = if request.shards.len() > 1 {
-        crate::shards::open_set(archive_path, &request.shards, request.stage, request.max_ram, indexing)?.0
+    let (content, staged_bytes, staging, disk) = if let Some(growing) = &request.growing {
+        let opening = Opening {
+            mode: request.stage,
+            max_ram: request.max_ram,
+            recursive: request.recursive,
+            trust_shards: growing.trust_shards,
+        };
+        let (set, staged_bytes, staging) = GrowingSet::open(archive_path, &request.shards, opening)?;
+        (Content::Growing(Arc::new(set)), staged_bytes, staging, None)
     } else {
-        open_archive(archive_path, request.stage, request.max_ram, request.stage_dir.as_deref(), received, indexing)?
+        let Opened { archive, staged_bytes, staging, disk, .. } = if request.shards.len() > 1 {
+            crate::shards::open_set(archive_path, &request.shards, request.stage, request.max_ram, indexing)?.0
+        } else {
+            let stage_dir = request.stage_dir.as_deref();
+            open_archive(archive_path, request.stage, request.max_ram, stage_dir, received, indexing)?
+        };
+        (Content::Fixed(archive), staged_bytes, staging, disk)
     };
     crate::cancel::phase("mounting")?;
     // Building the index peaks well above what the finished index keeps.
     return_free_memory();
-    let fs = Arc::new(Fs::new(archive));
+    let fs = Arc::new(Fs::with(content));
     let session =
         crate::fuse::mount(fs.clone(), mountpoint, request.threads).map_err(|e| mount_failure(mountpoint, e))?;
     // From here on, a failure must take the mount down with it.
@@ -63,6 +79,18 @@ pub(super) fn start(
         failure
     };
     wait_until_live(mountpoint).map_err(unmount_on_error)?;
+    let control = match (fs.growing(), &request.growing) {
+        (Some(set), Some(growing)) => {
+            set.connect(crate::fuse::kernel_cache(&session));
+            let control = crate::growing::control::listen(set.clone(), mountpoint).map_err(unmount_on_error)?;
+            if let Some((pattern, interval)) = &growing.watch {
+                crate::growing::watcher::spawn(set.clone(), pattern.clone(), *interval)
+                    .map_err(|e| unmount_on_error(Failure::other(format!("cannot start --watch: {e}"))))?;
+            }
+            Some(control)
+        }
+        _ => None,
+    };
     let mut warmed_bytes = 0;
     if request.warm.wanted(staging != Staging::InPlace) {
         crate::cancel::phase("warming").map_err(|i| unmount_on_error(i.into()))?;
@@ -112,7 +140,7 @@ pub(super) fn start(
             mountpoint.display()
         );
     }
-    Ok(Live { session, fs, stage_dir: record.stage_dir })
+    Ok(Live { session, fs, stage_dir: record.stage_dir, control })
 }
 
 /// Fails early, with advice, where FUSE cannot work at all.

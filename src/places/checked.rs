@@ -126,6 +126,15 @@ impl CheckedDir {
         Ok(unsafe { File::from_raw_fd(fd) })
     }
 
+    /// A path to `name` inside that goes through our descriptor (`/proc/self/fd/N/name`),
+    /// for calls that only take a path, such as a Unix socket's bind and connect: it
+    /// reaches this very directory, and stays short whatever the directory's own path
+    /// (a socket's path is limited to 107 bytes).
+    pub fn fd_path(&self, name: &str) -> std::io::Result<PathBuf> {
+        c_name(name)?;
+        Ok(PathBuf::from(format!("/proc/self/fd/{}/{name}", self.fd.as_raw_fd())))
+    }
+
     /// Removes the file (or, with `dir`, the empty directory) `name` inside.
     pub fn remove(&self, name: &str, dir: bool) -> std::io::Result<()> {
         let c = c_name(name)?;

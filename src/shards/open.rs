@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Instant;
 
-use crate::archive::set::Merger;
+use crate::archive::set::{Conflict, Merger};
 use crate::archive::OpenError;
 use crate::open::{open_shard, Indexing, OpenArchiveError, Opened};
 use crate::report;
@@ -36,6 +36,51 @@ pub fn open_set(
     indexing: Indexing,
 ) -> Result<(Opened, SetStats), OpenArchiveError> {
     let started = Instant::now();
+    let mut merger = Merger::new();
+    let mut merging = std::time::Duration::ZERO;
+    let (mut stats, staged_bytes, staging) = open_each(label, shards, mode, max_ram, indexing, |path, opened| {
+        let merge_started = Instant::now();
+        let added = merger.add(path, opened.archive);
+        merging += merge_started.elapsed();
+        Ok(added?)
+    })?;
+    let (conflicts, first_conflict) = merger.conflicts();
+    stats.conflicts = conflicts;
+    warn_conflicts(label, conflicts, first_conflict);
+    let archive = merger.finish()?;
+    let index = &archive.index;
+    tracing::info!(
+        set = %label.display(),
+        shards = shards.len(),
+        entries = index.dirents.len(),
+        index_bytes = index.heap_bytes(),
+        bytes_per_entry = index.heap_bytes() / index.dirents.len().max(1),
+        merge_ms = merging.as_millis() as u64,
+        "merged"
+    );
+    report_indexed(shards.len(), index.dirents.len(), started, &stats);
+    let opened = Opened {
+        archive,
+        staged_bytes,
+        staging,
+        disk: None,
+        saved_index: None,
+        reused_index: stats.reused == shards.len(),
+    };
+    Ok((opened, stats))
+}
+
+/// Opens every shard as [`open_set`] does, handing each to `take` in order, its own index
+/// kept (a growing set merges them again at every change). Returns what opening them did,
+/// the bytes they staged and how they reach RAM.
+pub fn open_each(
+    label: &Path,
+    shards: &[PathBuf],
+    mode: StageMode,
+    max_ram: Option<u64>,
+    indexing: Indexing,
+    mut take: impl FnMut(&Path, Opened) -> Result<(), OpenArchiveError>,
+) -> Result<(SetStats, u64, Staging), OpenArchiveError> {
     let sizes = shards
         .iter()
         .map(|p| std::fs::metadata(p).map(|m| m.len()).map_err(|source| OpenError::Io { path: p.clone(), source }))
@@ -49,11 +94,9 @@ pub fn open_set(
     let bar = report::progress(Some(total), &format!("indexing {} shards", shards.len()));
     let (next, stop, staged) = (AtomicUsize::new(0), AtomicBool::new(false), AtomicU64::new(0));
     let (tx, rx) = mpsc::channel::<(usize, Result<Opened, OpenArchiveError>)>();
-    let mut merger = Merger::new();
     let mut stats = SetStats { shards: shards.len(), ..SetStats::default() };
     let (mut staged_bytes, mut staging) = (0u64, Staging::InPlace);
-    let mut merging = std::time::Duration::ZERO;
-    let merged = std::thread::scope(|scope| -> Result<(), OpenArchiveError> {
+    let taken = std::thread::scope(|scope| -> Result<(), OpenArchiveError> {
         for _ in 0..threads {
             let tx = tx.clone();
             let (next, stop, staged) = (&next, &stop, &staged);
@@ -78,7 +121,7 @@ pub fn open_set(
             });
         }
         drop(tx);
-        // Shards finish out of order; they are merged in order, so that later ones win.
+        // Shards finish out of order; they are handed over in order, so that later ones win.
         let mut pending = BTreeMap::new();
         let mut done = 0;
         for (i, result) in rx.iter() {
@@ -94,12 +137,9 @@ pub fn open_set(
                 stats.saved += usize::from(opened.saved_index.is_some());
                 staged_bytes += opened.staged_bytes;
                 staging = most_staged(staging, opened.staging);
-                let merge_started = Instant::now();
-                let added = merger.add(&shards[done], opened.archive);
-                merging += merge_started.elapsed();
-                if let Err(e) = added {
+                if let Err(e) = take(&shards[done], opened) {
                     stop.store(true, Ordering::Relaxed);
-                    return Err(e.into());
+                    return Err(e);
                 }
                 bar.inc(sizes[done]);
                 done += 1;
@@ -108,10 +148,13 @@ pub fn open_set(
         Ok(())
     });
     bar.finish_and_clear();
-    merged?;
-    let (conflicts, first_conflict) = merger.conflicts();
-    stats.conflicts = conflicts;
-    if let Some(first) = first_conflict {
+    taken?;
+    Ok((stats, staged_bytes, staging))
+}
+
+/// One warning line for the names served from a later shard (see `archive::set`).
+pub fn warn_conflicts(label: &Path, conflicts: u64, first: Option<&Conflict>) {
+    if let Some(first) = first {
         tracing::warn!(
             "{conflicts} path{} in more than one shard of {}; each is served from the last shard that has it \
              (the first: {} in {}, served from {})",
@@ -122,35 +165,16 @@ pub fn open_set(
             first.later.display()
         );
     }
-    let archive = merger.finish()?;
-    let index = &archive.index;
-    tracing::info!(
-        set = %label.display(),
-        shards = shards.len(),
-        entries = index.dirents.len(),
-        index_bytes = index.heap_bytes(),
-        bytes_per_entry = index.heap_bytes() / index.dirents.len().max(1),
-        merge_ms = merging.as_millis() as u64,
-        "merged"
-    );
+}
+
+/// The line a terminal sees once a set is indexed.
+pub fn report_indexed(shards: usize, entries: usize, started: Instant, stats: &SetStats) {
     report::report_done(&format!(
-        "indexed {} shards: {} entries in {:.2} s ({} of {} from saved indexes{})",
-        shards.len(),
-        index.dirents.len(),
+        "indexed {shards} shards: {entries} entries in {:.2} s ({} of {shards} from saved indexes{})",
         started.elapsed().as_secs_f64(),
         stats.reused,
-        shards.len(),
         if stats.saved > 0 { format!(", {} indexes saved", stats.saved) } else { String::new() }
     ));
-    let opened = Opened {
-        archive,
-        staged_bytes,
-        staging,
-        disk: None,
-        saved_index: None,
-        reused_index: stats.reused == shards.len(),
-    };
-    Ok((opened, stats))
 }
 
 /// Every shard keeps its file open while mounted, and the usual soft limit of 1,024

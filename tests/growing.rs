@@ -1,0 +1,240 @@
+//! Growing shard sets: `stagefs add`, `stagefs remove` and `--watch` on live mounts of shards
+//! made by GNU tar, bsdtar and mksquashfs, checked against extracting the shards in order,
+//! through the kernel's caches (names it must forget, files that must stay open).
+
+use std::ffi::OsStr;
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::compare::{assert_trees_equal, Options};
+use crate::shards::{bsdtar, extract_all, gnu_tar, shard_tree, squashfs};
+use crate::util::*;
+
+fn change(verb: &str, mnt: &Path, shards: &[&Path]) -> CmdOutput {
+    let mut args: Vec<&OsStr> = vec![OsStr::new(verb), mnt.as_os_str()];
+    args.extend(shards.iter().map(|s| s.as_os_str()));
+    stagefs(args)
+}
+
+/// A tar of `files` (path, bytes) made by GNU tar.
+fn tar_of(tmp: &Path, out: &Path, files: &[(&str, &[u8])]) {
+    let src = tmp.join(format!("src-{}", out.file_name().unwrap().to_string_lossy()));
+    for (path, bytes) in files {
+        fs::create_dir_all(src.join(path).parent().unwrap()).unwrap();
+        fs::write(src.join(path), bytes).unwrap();
+    }
+    let mut args: Vec<&OsStr> = vec![OsStr::new("-C"), src.as_os_str(), OsStr::new("-cf"), out.as_os_str()];
+    let names: Vec<String> =
+        fs::read_dir(&src).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    args.extend(names.iter().map(OsStr::new));
+    run_tool("tar", args);
+}
+
+#[test]
+fn shards_added_and_removed_while_mounted_match_extraction_in_order() {
+    require_root();
+    let tmp = TempDir::new("growing-formats");
+    let dir = tmp.join("shards");
+    fs::create_dir_all(&dir).unwrap();
+    let shards = [dir.join("s0-gnu.tar"), dir.join("s1-bsdtar.tar"), dir.join("s2-mksquashfs.sqsh")];
+    gnu_tar(&shard_tree(tmp.path(), 0), &shards[0], &[]);
+    bsdtar(&shard_tree(tmp.path(), 1), &shards[1]);
+    squashfs(&shard_tree(tmp.path(), 2), &shards[2]);
+    let mnt = Mounted::with_args(&["--growing"], &shards[0], &tmp.join("mnt"));
+    let opts = Options::default().root(false);
+    // Listed before the change: the kernel holds these names, and must let go of them.
+    assert_eq!(read(&mnt.path().join("train/shared.txt")), b"from shard 0\n");
+    assert_eq!(fs::read_dir(mnt.path().join("train/cat")).unwrap().count(), 3);
+
+    let out = change("add", mnt.path(), &[&shards[1], &shards[2]]);
+    out.assert_success();
+    assert!(out.stdout.contains("added 2 shards; 3 shards"), "{}", out.describe());
+    let expected = tmp.join("expected-012");
+    extract_all(&shards, &expected);
+    assert_trees_equal(&expected, mnt.path(), &opts);
+
+    let out = change("remove", mnt.path(), &[&shards[1]]);
+    out.assert_success();
+    assert!(out.stdout.contains("removed 1 shard; 2 shards"), "{}", out.describe());
+    let expected = tmp.join("expected-02");
+    extract_all(&[shards[0].clone(), shards[2].clone()], &expected);
+    assert_trees_equal(&expected, mnt.path(), &opts);
+    assert!(!mnt.path().join("train/cat/1-0.txt").exists(), "a removed shard's file is gone");
+
+    // Adding a shard the set has changes nothing; a relative path names the same shard.
+    let out = change("add", mnt.path(), &[&shards[2]]);
+    assert!(out.success() && out.stdout.contains("1 already served"), "{}", out.describe());
+    mnt.unmount().assert_success();
+}
+
+#[test]
+fn the_kernel_forgets_exactly_the_changed_names_and_open_files_keep_their_bytes() {
+    require_root();
+    let tmp = TempDir::new("growing-cache");
+    let big: Vec<u8> = (0..4u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let a = tmp.join("a.tar");
+    let b = tmp.join("b.tar");
+    tar_of(tmp.path(), &a, &[("d/big.bin", &big), ("d/same.txt", b"from a\n"), ("d/kept.txt", b"kept\n")]);
+    tar_of(tmp.path(), &b, &[("d/same.txt", b"from b\n"), ("d/new.txt", b"new\n")]);
+    let log = tmp.join("daemon.log");
+    let log_arg = format!("--log-file={}", log.display());
+    let mnt = Mounted::with_args(&["-v", "--growing", &log_arg], &a, &tmp.join("mnt"));
+    let d = mnt.path().join("d");
+
+    // The kernel caches "not found", the old file's inode, and a kept file's inode.
+    assert!(fs::metadata(d.join("new.txt")).is_err());
+    let same_before = fs::metadata(d.join("same.txt")).unwrap().ino();
+    let kept_before = fs::metadata(d.join("kept.txt")).unwrap().ino();
+    let mut old_same = fs::File::open(d.join("same.txt")).unwrap();
+    let mut old_big = fs::File::open(d.join("big.bin")).unwrap();
+
+    change("add", mnt.path(), &[&b]).assert_success();
+    assert_eq!(read(&d.join("new.txt")), b"new\n", "a cached \"not found\" was forgotten");
+    assert_eq!(read(&d.join("same.txt")), b"from b\n", "the later shard wins a name");
+    assert_ne!(fs::metadata(d.join("same.txt")).unwrap().ino(), same_before);
+    assert_eq!(fs::metadata(d.join("kept.txt")).unwrap().ino(), kept_before, "an unchanged file keeps its inode");
+    let mut text = String::new();
+    old_same.read_to_string(&mut text).unwrap();
+    assert_eq!(text, "from a\n", "an open file keeps its bytes");
+
+    change("remove", mnt.path(), &[&a]).assert_success();
+    let names: Vec<String> = fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let mut names = names;
+    names.sort();
+    assert_eq!(names, ["new.txt", "same.txt"]);
+    assert!(fs::metadata(d.join("big.bin")).is_err() && fs::metadata(d.join("kept.txt")).is_err());
+    // Never read before: every byte comes from the removed shard, through the daemon.
+    let mut bytes = Vec::new();
+    old_big.read_to_end(&mut bytes).unwrap();
+    assert!(bytes == big, "a removed shard's open file must read its own bytes");
+    assert!(!fs::read_to_string(&log).unwrap().contains("no longer in use; released"), "released while open");
+    drop((old_big, old_same));
+    let released = wait_until(Duration::from_secs(20), || {
+        fs::read_to_string(&log).unwrap_or_default().contains("a removed shard is no longer in use; released")
+    });
+    assert!(released, "the removed shard was not released once closed:\n{}", fs::read_to_string(&log).unwrap());
+    mnt.unmount().assert_success();
+}
+
+#[test]
+fn a_directory_listing_never_mixes_two_states() {
+    require_root();
+    let tmp = TempDir::new("growing-atomic");
+    // Long names: one listing takes several READDIR requests.
+    let name = |k: usize, i: usize| format!("c/{}-{k}-{i:04}.txt", "x".repeat(120));
+    let files = |k: usize| -> Vec<(String, Vec<u8>)> { (0..700).map(|i| (name(k, i), vec![b'a'; 1])).collect() };
+    let (a, b) = (tmp.join("a.tar"), tmp.join("b.tar"));
+    for (k, path) in [(0, &a), (1, &b)] {
+        let f = files(k);
+        let refs: Vec<(&str, &[u8])> = f.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect();
+        tar_of(tmp.path(), path, &refs);
+    }
+    let mnt = Mounted::with_args(&["--growing"], &a, &tmp.join("mnt"));
+    let dir = mnt.path().join("c");
+    let stop = AtomicBool::new(false);
+    let counts = std::thread::scope(|scope| {
+        let lister = scope.spawn(|| {
+            let mut counts = std::collections::BTreeMap::<usize, usize>::new();
+            while !stop.load(Ordering::Relaxed) {
+                *counts.entry(fs::read_dir(&dir).unwrap().count()).or_default() += 1;
+            }
+            counts
+        });
+        for _ in 0..6 {
+            change("add", mnt.path(), &[&b]).assert_success();
+            change("remove", mnt.path(), &[&b]).assert_success();
+        }
+        stop.store(true, Ordering::Relaxed);
+        lister.join().unwrap()
+    });
+    assert!(counts.keys().all(|&n| n == 700 || n == 1400), "listings mixed two states: {counts:?}");
+    mnt.unmount().assert_success();
+}
+
+#[test]
+fn watch_adds_shards_once_complete_and_removes_deleted_ones() {
+    require_root();
+    let tmp = TempDir::new("growing-watch");
+    let cache = tmp.join("cache");
+    fs::create_dir_all(&cache).unwrap();
+    let made = tmp.join("made");
+    fs::create_dir_all(&made).unwrap();
+    let big: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+    for k in 1..=3 {
+        tar_of(
+            tmp.path(),
+            &made.join(format!("{k}.tar")),
+            &[(&format!("s{k}/big.bin"), &big), (&format!("s{k}/k.txt"), format!("{k}\n").as_bytes())],
+        );
+    }
+    let pattern = cache.join("w-*.tar");
+    // Nothing matches yet: the mount starts empty and waits.
+    let mnt = Mounted::with_args(&["--watch=200ms"], &pattern, &tmp.join("mnt"));
+    assert_eq!(fs::read_dir(mnt.path()).unwrap().count(), 0);
+    let appears = |rel: &str| wait_until(Duration::from_secs(20), || mnt.path().join(rel).exists());
+
+    fs::copy(made.join("1.tar"), cache.join("w-1.tar")).unwrap();
+    assert!(appears("s1/k.txt"), "a complete shard was not added");
+    assert_eq!(read(&mnt.path().join("s1/big.bin")), big);
+
+    // Half a shard (a writer stopped mid-member) fails to open: skipped, and retried once
+    // its file changes. A garbage file beside it does not hold the good shard back.
+    let whole = fs::read(made.join("2.tar")).unwrap();
+    fs::write(cache.join("w-2.tar"), &whole[..whole.len() / 2]).unwrap();
+    fs::write(cache.join("w-0-garbage.tar"), vec![0x5a; 4096]).unwrap();
+    fs::copy(made.join("3.tar"), cache.join("w-3.tar")).unwrap();
+    assert!(appears("s3/k.txt"), "a good shard was held back by bad ones");
+    assert!(!mnt.path().join("s2").exists());
+    fs::write(cache.join("w-2.tar"), &whole).unwrap();
+    assert!(appears("s2/k.txt"), "a shard completed later was not added");
+    assert_eq!(read(&mnt.path().join("s2/big.bin")), big);
+
+    fs::remove_file(cache.join("w-1.tar")).unwrap();
+    assert!(wait_until(Duration::from_secs(20), || !mnt.path().join("s1").exists()), "a deleted shard stayed");
+    mnt.unmount().assert_success();
+}
+
+#[test]
+fn changes_that_cannot_be_made_say_what_to_do_and_change_nothing() {
+    require_root();
+    let tmp = TempDir::new("growing-errors");
+    let (a, b) = (tmp.join("a.tar"), tmp.join("b.tar"));
+    tar_of(tmp.path(), &a, &[("a.txt", b"a\n")]);
+    tar_of(tmp.path(), &b, &[("b.txt", b"b\n")]);
+    let garbage = tmp.join("garbage.tar");
+    fs::write(&garbage, vec![0x5a; 4096]).unwrap();
+
+    // A fixed mount takes no shards.
+    let fixed = Mounted::new(&a, &tmp.join("fixed"));
+    change("add", fixed.path(), &[&b]).assert_code(2).assert_stderr_has(&["--growing"]);
+    fixed.unmount().assert_success();
+    // Nothing mounted there.
+    fs::create_dir_all(tmp.join("empty")).unwrap();
+    change("add", &tmp.join("empty"), &[&b]).assert_code(6).assert_stderr_has(&["not a stagefs mount of yours"]);
+
+    let mnt = Mounted::with_args(&["--growing"], &a, &tmp.join("mnt"));
+    change("add", mnt.path(), &[&garbage]).assert_code(3).assert_stderr_has(&["garbage.tar"]);
+    change("add", mnt.path(), &[&tmp.join("missing.tar")]).assert_code(3).assert_stderr_has(&["missing.tar"]);
+    change("remove", mnt.path(), &[&b]).assert_code(2).assert_stderr_has(&["is not a shard of this mount"]);
+    let names: Vec<_> = fs::read_dir(mnt.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["a.txt"], "a refused change changed the tree");
+    // The last shard may go: the tree is then empty.
+    change("remove", mnt.path(), &[&a]).assert_success();
+    assert_eq!(fs::read_dir(mnt.path()).unwrap().count(), 0);
+    mnt.unmount().assert_success();
+
+    // --watch follows a pattern; --broadcast sends one archive.
+    mount_must_fail(&[OsStr::new("--watch"), a.as_os_str(), tmp.join("w").as_os_str()], 2, "--watch of one archive")
+        .assert_stderr_has(&["--watch follows one quoted glob pattern"]);
+    let at: PathBuf = tmp.join("mnt2");
+    mount_must_fail(
+        &[OsStr::new("--growing"), OsStr::new("--broadcast"), a.as_os_str(), at.as_os_str()],
+        2,
+        "--broadcast",
+    )
+    .assert_stderr_has(&["--broadcast"]);
+}
