@@ -238,3 +238,56 @@ fn changes_that_cannot_be_made_say_what_to_do_and_change_nothing() {
     )
     .assert_stderr_has(&["--broadcast"]);
 }
+
+#[test]
+fn reads_during_changes_get_the_right_bytes_or_not_found_never_others() {
+    require_root();
+    let tmp = TempDir::new("growing-reads");
+    let content = |k: usize, i: usize| -> Vec<u8> {
+        (0..65_536u32 + i as u32).map(|j| (j as usize * 31 + k * 7 + i) as u8).collect()
+    };
+    let files = |k: usize| -> Vec<(String, Vec<u8>)> {
+        (0..40).map(|i| (format!("d/{k}-{i:02}.bin"), content(k, i))).collect()
+    };
+    let (a, b) = (tmp.join("a.tar"), tmp.join("b.tar"));
+    for (k, path) in [(0, &a), (1, &b)] {
+        let f = files(k);
+        let refs: Vec<(&str, &[u8])> = f.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect();
+        tar_of(tmp.path(), path, &refs);
+    }
+    let mnt = Mounted::with_args(&["--growing", "--warm=no"], &a, &tmp.join("mnt"));
+    let stop = AtomicBool::new(false);
+    let (root, stop_ref) = (mnt.path(), &stop);
+    let reads = std::thread::scope(|scope| {
+        let readers: Vec<_> = (0..3)
+            .map(|t| {
+                scope.spawn(move || {
+                    let mut served = 0u64;
+                    let mut i = t;
+                    while !stop_ref.load(Ordering::Relaxed) {
+                        let (k, n) = (i % 2, (i / 2) % 40);
+                        i += 7;
+                        match fs::read(root.join(format!("d/{k}-{n:02}.bin"))) {
+                            Ok(bytes) => {
+                                assert!(bytes == content(k, n), "wrong bytes for d/{k}-{n:02}.bin");
+                                served += 1;
+                            }
+                            Err(e) => {
+                                assert!(k == 1 && e.kind() == std::io::ErrorKind::NotFound, "d/{k}-{n:02}.bin: {e}")
+                            }
+                        }
+                    }
+                    served
+                })
+            })
+            .collect();
+        for _ in 0..8 {
+            change("add", mnt.path(), &[&b]).assert_success();
+            change("remove", mnt.path(), &[&b]).assert_success();
+        }
+        stop.store(true, Ordering::Relaxed);
+        readers.into_iter().map(|r| r.join().unwrap()).sum::<u64>()
+    });
+    assert!(reads > 0);
+    mnt.unmount().assert_success();
+}
