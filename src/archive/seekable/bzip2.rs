@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use super::parallel::Ordered;
+use super::parallel::{self, Ordered};
 use super::Point;
 use crate::archive::Backing;
 
@@ -163,7 +163,7 @@ pub(super) fn point(out: u64, start: u64, end: u64) -> Point {
 pub(super) struct Pass {
     input: Backing,
     blocks: Arc<Vec<(u64, u64)>>,
-    ordered: Ordered,
+    ordered: Ordered<Result<Vec<u8>, String>>,
     /// The next block to read, and blocks to drop unread (merged into the one before).
     next: usize,
     skip: usize,
@@ -189,7 +189,7 @@ impl Pass {
                 block_stream(&source, start, end).ok_or("a block past the end of the file, or longer than any")?;
             decode_block(&stream, MAX_BLOCK_OUTPUT)
         };
-        let ordered = Ordered::new(blocks.len(), Arc::new(decode));
+        let ordered = Ordered::new(blocks.len(), Arc::new(decode), parallel::threads() * parallel::AHEAD_PER_WORKER);
         Pass {
             input: input.clone(),
             blocks,
@@ -221,7 +221,7 @@ impl Pass {
             self.ordered.take();
             self.skip -= 1;
         }
-        let Some(first) = self.ordered.take() else { return Ok(None) };
+        let Some(first) = self.ordered.take().map(Result::flatten) else { return Ok(None) };
         let start = self.blocks[self.next].0;
         let mut error = match first {
             Ok(bytes) => {

@@ -1,6 +1,9 @@
-//! zstd random access by frame: every frame starts a restart point (pzstd, `zstd` runs concatenated, the seekable format), decoded whole on demand.
+//! zstd random access by frame: every frame starts a restart point (pzstd, `zstd` runs concatenated, the seekable format), decoded whole on demand; the first pass decodes frames on every core.
 
-use super::Point;
+use std::sync::Arc;
+
+use super::parallel::{self, Ordered};
+use super::{Backing, Point};
 
 /// Skippable frames (pzstd's size headers, the seekable format's seek table): magic
 /// 0x184D2A50 to 0x184D2A5F, little-endian.
@@ -33,57 +36,128 @@ pub(super) fn has_frames(input: &[u8]) -> bool {
     matches!(next_frame(input, 0), Ok(Some((at, len))) if matches!(next_frame(input, at + len), Ok(Some(_))))
 }
 
-/// The first pass over a multi-frame zstd file: a `Read` of its decoded bytes, frame by
-/// frame, noting where each starts.
-pub(super) struct Pass<'a> {
-    input: &'a [u8],
-    /// Where to look for the next frame (found one at a time, so that the pass maps
-    /// the file only as it goes).
+/// Largest frame a worker decodes ahead of the pass; a larger one (a high level's 512 MiB
+/// frame) is decoded by the pass itself, streaming, so memory stays bounded.
+const AHEAD_FRAME: usize = 16 << 20;
+/// Decoded bytes waiting ahead of the pass, at most.
+const AHEAD_BYTES: usize = 128 << 20;
+
+/// A frame decoded ahead, or `None`: too large, the pass decodes it itself.
+type Decoded = Result<Option<Vec<u8>>, String>;
+
+/// The frames' decoded bytes as the pass reads them.
+enum Current {
+    Ahead(Vec<u8>, usize),
+    Streaming(Box<zstd::stream::read::Decoder<'static, std::io::BufReader<Range>>>),
+}
+
+/// Bytes `pos..end` of the compressed file, as a `Read` a decoder can own.
+struct Range {
+    input: Backing,
+    pos: usize,
+    end: usize,
+}
+
+impl std::io::Read for Range {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(self.end - self.pos);
+        buf[..n].copy_from_slice(&self.input[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+/// The first pass over a multi-frame zstd file: its frames found by their headers (no
+/// decoding), decoded on every core, read in order, each one a restart point.
+pub(super) struct Pass {
+    input: Backing,
+    frames: Arc<Vec<(usize, usize)>>,
+    ordered: Ordered<Decoded>,
+    /// The next frame to take.
     next: usize,
-    current: Option<zstd::stream::read::Decoder<'a, &'a [u8]>>,
-    frame_at: usize,
-    frame_len: usize,
-    /// The end of the last frame read to its end.
-    read_to: usize,
+    current: Option<Current>,
     out: u64,
     pub(super) points: Vec<Point>,
 }
 
-impl<'a> Pass<'a> {
-    pub(super) fn new(input: &'a [u8]) -> Result<Pass<'a>, String> {
-        Ok(Pass { input, next: 0, current: None, frame_at: 0, read_to: 0, frame_len: 0, out: 0, points: Vec::new() })
+impl Pass {
+    pub(super) fn new(input: &Backing) -> Result<Pass, String> {
+        let limit = super::max_points(input.len() as u64);
+        let mut frames = Vec::new();
+        let mut pos = 0;
+        while let Some((at, len)) = next_frame(input, pos)? {
+            if frames.len() >= limit {
+                return Err(super::too_many_points(super::Codec::Zstd, input.len() as u64));
+            }
+            frames.push((at, len));
+            pos = at + len;
+        }
+        let frames = Arc::new(frames);
+        let (source, units) = (input.clone(), frames.clone());
+        let decode = move |i: usize| -> Decoded {
+            let (at, len) = units[i];
+            let frame = zstd::stream::read::Decoder::with_buffer(&source[at..at + len])
+                .map_err(|e| format!("cannot start zstd at byte {at}: {e}"))?;
+            let mut out = Vec::new();
+            std::io::Read::read_to_end(
+                &mut std::io::Read::take(frame.single_frame(), AHEAD_FRAME as u64 + 1),
+                &mut out,
+            )
+            .map_err(|e| format!("{e} in the frame at byte {at}"))?;
+            Ok((out.len() <= AHEAD_FRAME).then_some(out))
+        };
+        let ahead = (parallel::threads() * parallel::AHEAD_PER_WORKER).min(AHEAD_BYTES / AHEAD_FRAME);
+        let ordered = Ordered::new(frames.len(), Arc::new(decode), ahead);
+        Ok(Pass { input: input.clone(), frames, ordered, next: 0, current: None, out: 0, points: Vec::new() })
     }
 
+    /// The end of the frames taken so far.
     pub(super) fn consumed(&self) -> u64 {
-        self.read_to as u64
+        self.frames.get(self.next.wrapping_sub(1)).map_or(0, |&(at, len)| (at + len) as u64)
     }
 
     pub(super) fn total(&self) -> u64 {
         self.out
     }
 
+    /// Takes the next frame; false after the last.
+    fn take(&mut self) -> Result<bool, String> {
+        let Some(decoded) = self.ordered.take() else { return Ok(false) };
+        let (at, len) = self.frames[self.next];
+        self.next += 1;
+        self.points.push(Point { out: self.out, input: at as u64, bits: 0, window: None, end: 0 });
+        self.current = Some(match decoded.and_then(|d| d)? {
+            Some(bytes) => Current::Ahead(bytes, 0),
+            None => {
+                let range = Range { input: self.input.clone(), pos: at, end: at + len };
+                let decoder = zstd::stream::read::Decoder::new(range)
+                    .map_err(|e| format!("cannot start zstd at byte {at}: {e}"))?;
+                Current::Streaming(Box::new(decoder.single_frame()))
+            }
+        });
+        Ok(true)
+    }
+
     fn read_some(&mut self, buf: &mut [u8]) -> Result<usize, String> {
         loop {
-            let Some(decoder) = self.current.as_mut() else {
-                let Some((at, len)) = next_frame(self.input, self.next)? else { return Ok(0) };
-                // Empty frames give no output to return on: bound their points here.
-                if self.points.len() >= super::max_points(self.input.len() as u64) {
-                    return Err(super::too_many_points(super::Codec::Zstd, self.input.len() as u64));
+            let n = match &mut self.current {
+                None => {
+                    if !self.take()? {
+                        return Ok(0);
+                    }
+                    continue;
                 }
-                self.next = at + len;
-                let decoder = zstd::stream::read::Decoder::with_buffer(&self.input[at..at + len])
-                    .map_err(|e| format!("cannot start zstd at byte {at}: {e}"))?;
-                self.current = Some(decoder.single_frame());
-                self.points.push(Point { out: self.out, input: at as u64, bits: 0, window: None, end: 0 });
-                (self.frame_at, self.read_to) = (at, self.read_to.max(at));
-                self.frame_len = len;
-                continue;
+                Some(Current::Ahead(bytes, used)) => {
+                    let n = buf.len().min(bytes.len() - *used);
+                    buf[..n].copy_from_slice(&bytes[*used..*used + n]);
+                    *used += n;
+                    n
+                }
+                Some(Current::Streaming(decoder)) => std::io::Read::read(decoder, buf)
+                    .map_err(|e| format!("{e} in the frame at byte {}", self.frames[self.next - 1].0))?,
             };
-            let n =
-                std::io::Read::read(decoder, buf).map_err(|e| format!("{e} in the frame at byte {}", self.frame_at))?;
             if n == 0 && !buf.is_empty() {
                 self.current = None;
-                self.read_to = self.frame_at + self.frame_len;
                 continue;
             }
             self.out += n as u64;
@@ -92,7 +166,7 @@ impl<'a> Pass<'a> {
     }
 }
 
-impl std::io::Read for Pass<'_> {
+impl std::io::Read for Pass {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         self.read_some(buf).map_err(std::io::Error::other)
     }
