@@ -221,7 +221,7 @@ impl Pass {
             self.ordered.take();
             self.skip -= 1;
         }
-        let Some(first) = self.ordered.take().map(Result::flatten) else { return Ok(None) };
+        let Some(first) = self.ordered.take().map(|unit| unit.and_then(|block| block)) else { return Ok(None) };
         let start = self.blocks[self.next].0;
         let mut error = match first {
             Ok(bytes) => {
