@@ -173,7 +173,8 @@ silently incomplete or torn.")]
         /// One JSON object per line and mount: mountpoint, archive, state (live or dead), pid,
         /// started (Unix time), staging, staged_bytes, warmed_bytes, disk_bytes and stage_dir
         /// (staged to the local disk: how much, and where; 0 and null otherwise), reads, errors
-        /// (failed reads served, EIO), last_error (a string, or null)
+        /// (failed reads served, EIO), last_error (a string, or null), shards (the shards a growing set
+        /// serves now, or null)
         #[arg(long)]
         json: bool,
     },

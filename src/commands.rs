@@ -55,7 +55,7 @@ pub fn status(json: bool) -> Result<(), Failure> {
     if json {
         for r in &records {
             println!(
-                "{{\"mountpoint\":{},\"archive\":{},\"state\":\"live\",\"pid\":{},\"started\":{},\"staging\":{},\"staged_bytes\":{},\"warmed_bytes\":{},\"disk_bytes\":{},\"stage_dir\":{},\"reads\":{},\"errors\":{},\"last_error\":{}}}",
+                "{{\"mountpoint\":{},\"archive\":{},\"state\":\"live\",\"pid\":{},\"started\":{},\"staging\":{},\"staged_bytes\":{},\"warmed_bytes\":{},\"disk_bytes\":{},\"stage_dir\":{},\"reads\":{},\"errors\":{},\"last_error\":{},\"shards\":{}}}",
                 json_string(&r.mountpoint.to_string_lossy()),
                 json_string(&r.archive.to_string_lossy()),
                 r.pid,
@@ -67,7 +67,8 @@ pub fn status(json: bool) -> Result<(), Failure> {
                 r.stage_dir.as_deref().map_or_else(|| "null".to_string(), |d| json_string(&d.to_string_lossy())),
                 r.reads,
                 r.errors,
-                r.last_error.as_deref().map_or_else(|| "null".to_string(), json_string)
+                r.last_error.as_deref().map_or_else(|| "null".to_string(), json_string),
+                r.shards.map_or_else(|| "null".to_string(), |n| n.to_string())
             );
         }
         for m in &unrecorded {
@@ -104,6 +105,12 @@ pub fn status(json: bool) -> Result<(), Failure> {
                 "    staged to the local disk: {} in {} (a nameless file, gone with the mount)",
                 report::human(r.disk_bytes),
                 dir.display()
+            );
+        }
+        if let Some(shards) = r.shards {
+            println!(
+                "    growing: {shards} shard{} now (stagefs add / stagefs remove)",
+                if shards == 1 { "" } else { "s" }
             );
         }
         if let Some(last) = &r.last_error {

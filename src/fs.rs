@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::archive::{Archive, Bytes, ReadError};
 use crate::growing::{GrowingSet, Shard, Tree};
-use crate::index::{Data, Index, Inode, InodeId, ROOT};
+use crate::index::{Data, Index, Inode, InodeId};
 
 /// Why a request failed; `errno` is the single place these become kernel error codes.
 #[derive(Debug, thiserror::Error)]
@@ -256,7 +256,7 @@ impl Fs {
         };
         seen.entry(ino)
             .or_insert_with(|| {
-                let path = path_of(index, id);
+                let path = index.path_of(id);
                 log(&path);
                 path
             })
@@ -425,27 +425,6 @@ impl View<'_> {
     }
 }
 
-/// The path of position `id` in `index`, for log lines (a linear search: only used on error paths).
-fn path_of(index: &Index, id: InodeId) -> String {
-    let mut parts = Vec::new();
-    let mut current = id;
-    while current != ROOT && parts.len() < 4096 {
-        let Some(pos) = index.dirents.iter().position(|d| d.inode == current) else { break };
-        parts.push(crate::escape::escape(index.bytes(index.dirents[pos].name)));
-        // The directory holding dirent `pos` is the one whose child range contains it.
-        let holder = index.inodes.iter().position(|n| match n.data {
-            Data::Dir { first, count, .. } => (first as usize..(first + count) as usize).contains(&pos),
-            _ => false,
-        });
-        match holder {
-            Some(h) => current = h as InodeId,
-            None => break,
-        }
-    }
-    parts.reverse();
-    format!("/{}", parts.join("/"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -521,6 +500,6 @@ mod tests {
         let rest: Vec<_> = fs.view().readdir(1, 3).unwrap().map(|e| e.name.to_vec()).collect();
         assert_eq!(rest, [b"hard".to_vec()]);
         assert!(fs.view().readdir(1, 99).unwrap().next().is_none());
-        assert_eq!(path_of(&fs.view().archive().index, 3), "/dir/link");
+        assert_eq!(fs.view().archive().index.path_of(3), "/dir/link");
     }
 }

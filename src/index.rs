@@ -132,6 +132,28 @@ impl Index {
         self.inodes.get(id as usize)
     }
 
+    /// The path of position `id`, from the root ("/" for the root itself), names escaped
+    /// for messages. A linear search: for log lines and warnings only.
+    pub fn path_of(&self, id: InodeId) -> String {
+        let mut parts = Vec::new();
+        let mut current = id;
+        while current != ROOT && parts.len() < 4096 {
+            let Some(pos) = self.dirents.iter().position(|d| d.inode == current) else { break };
+            parts.push(crate::escape::escape(self.bytes(self.dirents[pos].name)));
+            // The directory holding dirent `pos` is the one whose child range contains it.
+            let holder = self.inodes.iter().position(|n| match n.data {
+                Data::Dir { first, count, .. } => (first as usize..(first + count) as usize).contains(&pos),
+                _ => false,
+            });
+            match holder {
+                Some(h) => current = h as InodeId,
+                None => break,
+            }
+        }
+        parts.reverse();
+        format!("/{}", parts.join("/"))
+    }
+
     /// The children of a directory, sorted by name; empty for anything else.
     pub fn children(&self, dir: &Inode) -> &[Dirent] {
         match dir.data {

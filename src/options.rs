@@ -127,6 +127,11 @@ impl MountOptions {
                 "--broadcast sends one archive; it cannot be used with --growing or --watch".into(),
             ));
         }
+        if self.stage == StageMode::Disk {
+            // As for any shard set (each shard would need its own copy): checked before the
+            // mount, since a watched set may start with no shard to refuse it then.
+            return Err(crate::stage::StageError::DiskSet(archive.to_owned()).into());
+        }
         let watch = match self.watch {
             Some(interval) => {
                 let text = archive.to_string_lossy();

@@ -31,6 +31,9 @@ pub struct Record {
     /// Failures served (EIO) and the last one, refreshed soon after each.
     pub errors: u64,
     pub last_error: Option<String>,
+    /// The shards a growing set serves now (refreshed as it changes); `None` for a mount
+    /// whose content is fixed.
+    pub shards: Option<usize>,
     /// The directories made for this mount (mountpoint included), outermost first, which
     /// the daemon removes on exit: after a `kill -9`, `stagefs umount` removes them.
     pub created: Vec<PathBuf>,
@@ -62,6 +65,9 @@ pub fn write(record: &Record) -> std::io::Result<()> {
     }
     if let Some(last) = &record.last_error {
         text += &format!("last_error={}\n", last.replace('\n', " "));
+    }
+    if let Some(shards) = record.shards {
+        text += &format!("shards={shards}\n");
     }
     for dir in &record.created {
         text += &format!("created={}\n", dir.display());
@@ -132,6 +138,7 @@ fn parse_any(text: &str) -> Option<Record> {
         reads: field("reads")?.parse().ok()?,
         errors: field("errors").and_then(|e| e.parse().ok()).unwrap_or(0),
         last_error: field("last_error").map(str::to_owned),
+        shards: field("shards").and_then(|n| n.parse().ok()),
         created: text.lines().filter_map(|l| l.strip_prefix("created=")).map(PathBuf::from).collect(),
     })
 }
@@ -190,6 +197,7 @@ mod tests {
             reads: 9,
             errors: 2,
             last_error: Some("/x: corrupt data at archive byte 5: bad".into()),
+            shards: Some(12),
             created: vec!["/some/where".into(), mountpoint.clone()],
         };
         write(&mine).unwrap();

@@ -56,6 +56,13 @@ fn shards_added_and_removed_while_mounted_match_extraction_in_order() {
     let expected = tmp.join("expected-012");
     extract_all(&shards, &expected);
     assert_trees_equal(&expected, mnt.path(), &opts);
+    // `stagefs status` follows the set (its record is refreshed within a fraction of a second).
+    let shown = wait_until(Duration::from_secs(10), || {
+        let text = stagefs(["status"]).stdout;
+        let json = stagefs(["status", "--json"]).stdout;
+        text.contains("growing: 3 shards now") && json.contains("\"shards\":3}")
+    });
+    assert!(shown, "{}", stagefs(["status"]).describe());
 
     let out = change("remove", mnt.path(), &[&shards[1]]);
     out.assert_success();
@@ -227,7 +234,14 @@ fn changes_that_cannot_be_made_say_what_to_do_and_change_nothing() {
     assert_eq!(fs::read_dir(mnt.path()).unwrap().count(), 0);
     mnt.unmount().assert_success();
 
-    // --watch follows a pattern; --broadcast sends one archive.
+    // --watch follows a pattern; --broadcast sends one archive; a set is not staged to disk.
+    let pattern = tmp.join("w-*.tar");
+    mount_must_fail(
+        &[OsStr::new("--watch"), OsStr::new("--stage=disk"), pattern.as_os_str(), tmp.join("w").as_os_str()],
+        2,
+        "--stage disk",
+    )
+    .assert_stderr_has(&["--stage disk"]);
     mount_must_fail(&[OsStr::new("--watch"), a.as_os_str(), tmp.join("w").as_os_str()], 2, "--watch of one archive")
         .assert_stderr_has(&["--watch follows one quoted glob pattern"]);
     let at: PathBuf = tmp.join("mnt2");

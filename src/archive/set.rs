@@ -220,33 +220,12 @@ impl Merger {
     fn conflict(&mut self, existing: InodeId, path: &Path, index: &Index, local_dir: InodeId, name: &[u8]) {
         self.conflicts += 1;
         if self.first_conflict.is_none() {
-            let mut full = path_in(index, local_dir);
-            full.push('/');
-            full.push_str(&crate::escape::escape(name));
+            let dir = index.path_of(local_dir);
+            let full = format!("{}/{}", dir.trim_end_matches('/'), crate::escape::escape(name));
             let shard = self.starts.partition_point(|&s| s <= existing).saturating_sub(1);
             let earlier = self.paths.get(shard).cloned().unwrap_or_default();
             self.first_conflict = Some(Conflict { path: full, earlier, later: path.to_owned() });
         }
-    }
-}
-
-/// The path of directory `id` in `index` (a linear search: only for the one warning).
-fn path_in(index: &Index, id: InodeId) -> String {
-    let mut parts = Vec::new();
-    let mut current = id;
-    while current != ROOT && parts.len() < 4096 {
-        let Some(pos) = index.dirents.iter().position(|d| d.inode == current) else { break };
-        parts.push(crate::escape::escape(index.bytes(index.dirents[pos].name)));
-        match index.inodes[current as usize].data {
-            Data::Dir { parent, .. } => current = parent,
-            _ => break,
-        }
-    }
-    parts.reverse();
-    if parts.is_empty() {
-        String::new()
-    } else {
-        format!("/{}", parts.join("/"))
     }
 }
 

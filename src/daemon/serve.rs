@@ -17,7 +17,7 @@ use crate::registry::{self, Record};
 pub const RECORD_REFRESH: Duration = Duration::from_millis(200);
 
 /// Refreshes the mount's record for `stagefs status` every [`RECORD_REFRESH`] while the
-/// counters move (reads, failed reads and the last error). Once reads pause, hands what they freed (read buffers, SquashFS
+/// counters move (reads, failed reads and the last error, a growing set's shards). Once reads pause, hands what they freed (read buffers, SquashFS
 /// fragments whose files were all served) back to the system: the allocator keeps freed
 /// blocks in the middle of its heap otherwise, and the daemon lives for the whole job.
 /// Keeps the default log under its cap.
@@ -29,13 +29,14 @@ pub(super) fn housekeeping(mut record: Record, fs: Arc<Fs>, log: Option<File>) {
         let mut reads_at_upkeep = 0;
         for tick in 1u32.. {
             std::thread::sleep(RECORD_REFRESH);
-            if let Some(set) = fs.growing() {
+            let shards = fs.growing().map(|set| {
                 set.release_unused();
-            }
+                set.current().shards.len()
+            });
             let (errors, last_error) = fs.errors_served();
             let reads = fs.reads_served();
-            let changed = errors != record.errors || reads != record.reads;
-            (record.errors, record.last_error, record.reads) = (errors, last_error, reads);
+            let changed = errors != record.errors || reads != record.reads || shards != record.shards;
+            (record.errors, record.last_error, record.reads, record.shards) = (errors, last_error, reads, shards);
             if tick % TICKS_PER_UPKEEP == 0 {
                 if reads == reads_at_upkeep && !trimmed {
                     return_free_memory();

@@ -112,6 +112,7 @@ pub(super) fn start(
         reads: 0,
         errors: 0,
         last_error: None,
+        shards: fs.growing().map(|set| set.current().shards.len()),
         created: created.to_vec(),
     };
     if let Err(e) = registry::write(&record) {

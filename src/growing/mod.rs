@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
-use crate::open::{open_shard, Indexing, OpenArchiveError, Opened};
+use crate::open::{Indexing, OpenArchiveError, Opened};
 use crate::shards::ShardError;
 use crate::stage::{StageMode, Staging};
 use tree::{diff, serial_of, DirNumbers};
@@ -215,16 +215,20 @@ impl GrowingSet {
             return Ok(outcome);
         }
         let mut shards: Vec<Arc<Shard>> = old.shards.iter().filter(|s| !removed.contains(&s.serial)).cloned().collect();
-        for path in &added {
-            // --max-ram covers the whole set, as at mount time, and the removed shards still held.
+        if !added.is_empty() {
+            // Opened in parallel as the mount's own were; --max-ram covers the whole set, the
+            // removed shards still held included.
             let held: u64 = self.retired.lock().map_or(0, |r| r.values().map(|s| s.staged_bytes).sum());
             let staged = held + shards.iter().map(|s| s.staged_bytes).sum::<u64>();
             let budget = self.opening.max_ram.map(|m| m.saturating_sub(staged));
             let indexing = Indexing { force_save: false, recursive: self.opening.recursive };
-            let opened = open_shard(path, self.opening.mode, (budget, None), None, indexing, 1)?;
-            let serial = changing.next_serial;
-            changing.next_serial += 1;
-            shards.push(Arc::new(shard(path, opened, serial)));
+            let mut serial = changing.next_serial;
+            crate::shards::open_each(&self.label, &added, self.opening.mode, budget, indexing, |path, opened| {
+                shards.push(Arc::new(shard(path, opened, serial)));
+                serial += 1;
+                Ok(())
+            })?;
+            changing.next_serial = serial;
         }
         let started = Instant::now();
         let new = Arc::new(Tree::build(shards, &mut changing.numbers).map_err(OpenArchiveError::from)?);
