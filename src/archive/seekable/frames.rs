@@ -91,7 +91,10 @@ impl Pass {
             }
             frames.push((at, len));
             pos = at + len;
+            // Only the frames' headers are read: let them go behind, a frame at a time.
+            input.unmap_before(at as u64);
         }
+        input.unmap_scanned();
         let frames = Arc::new(frames);
         let (source, units) = (input.clone(), frames.clone());
         let decode = move |i: usize| -> Decoded {

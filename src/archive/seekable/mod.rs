@@ -7,11 +7,13 @@
 //! the points (a compressed 32 KiB window per gzip point), never the size of the
 //! archive. The points are saved with the index, so a remount decodes nothing.
 //!
-//! gzip restarts every [`SPAN`] of output (see `gzip`), bzip2 at every block (see
+//! gzip restarts every [`SPAN`] of output (see `gzip`; bgzip's members are cut into
+//! runs before decoding and decoded on every core, see `bgzf`), bzip2 at every block (see
 //! `bzip2`), xz at every block its index lists (see `xz`), zstd at frame starts (see
 //! `frames`); a single-frame zstd file, a single-block xz file and lz4 are still
 //! decompressed whole.
 
+mod bgzf;
 mod bzip2;
 pub use bzip2::MAX_BLOCK_BITS as BZIP2_MAX_BLOCK_BITS;
 pub use frames::skippable as zstd_skippable;
@@ -136,6 +138,7 @@ pub struct FirstPass<'a> {
 
 enum PassKind<'a> {
     Gzip(gzip::Pass<'a>),
+    Bgzf(bgzf::Pass),
     Zstd(frames::Pass),
     Bzip2(bzip2::Pass),
     Xz(xz::Pass<'a>),
@@ -144,13 +147,16 @@ enum PassKind<'a> {
 impl<'a> FirstPass<'a> {
     pub fn new(codec: Codec, input: &'a Backing) -> Result<FirstPass<'a>, String> {
         let pass = match codec {
-            Codec::Gzip => PassKind::Gzip(gzip::Pass::new(input)?),
+            Codec::Gzip => match bgzf::Pass::new(input) {
+                Some(pass) => PassKind::Bgzf(pass),
+                None => PassKind::Gzip(gzip::Pass::new(input)?),
+            },
             Codec::Zstd => PassKind::Zstd(frames::Pass::new(input)?),
             Codec::Bzip2 => PassKind::Bzip2(bzip2::Pass::new(input)?),
             Codec::Xz => PassKind::Xz(xz::Pass::new(input)?),
         };
-        // Finding the frames or blocks read the whole file: let its pages go again.
-        if matches!(codec, Codec::Bzip2 | Codec::Zstd) {
+        // Finding the blocks read the whole file: let its pages go again.
+        if codec == Codec::Bzip2 {
             input.unmap_scanned();
         }
         Ok(FirstPass { codec, input_len: input.len() as u64, pass })
@@ -160,6 +166,7 @@ impl<'a> FirstPass<'a> {
     pub fn consumed(&self) -> u64 {
         match &self.pass {
             PassKind::Gzip(p) => p.consumed(),
+            PassKind::Bgzf(p) => p.consumed(),
             PassKind::Zstd(p) => p.consumed(),
             PassKind::Bzip2(p) => p.consumed(),
             PassKind::Xz(p) => p.consumed(),
@@ -170,6 +177,10 @@ impl<'a> FirstPass<'a> {
     pub fn finish(self) -> Points {
         let (mut list, total) = match self.pass {
             PassKind::Gzip(p) => {
+                let total = p.total();
+                (p.points, total)
+            }
+            PassKind::Bgzf(p) => {
                 let total = p.total();
                 (p.points, total)
             }
@@ -199,6 +210,7 @@ impl Read for FirstPass<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let (n, points) = match &mut self.pass {
             PassKind::Gzip(p) => (p.read(buf)?, p.points.len()),
+            PassKind::Bgzf(p) => (p.read(buf)?, p.points.len()),
             PassKind::Zstd(p) => (p.read(buf)?, p.points.len()),
             PassKind::Bzip2(p) => (p.read(buf)?, p.points.len()),
             PassKind::Xz(p) => (p.read(buf)?, p.points.len()),
@@ -426,6 +438,41 @@ mod tests {
         let file = served(&compressed, &data);
         assert!(file.points().list.iter().any(|p| p.out > 0 && p.window.is_none()), "member starts are points");
         reads_match(&file, &data);
+    }
+
+    /// `data` as bgzip writes it: members of 60 KiB input, each stating its size in a
+    /// `BC` extra subfield, then the empty end-of-file member.
+    fn bgzf(data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for piece in data.chunks(60 << 10).chain([&[][..]]) {
+            let mut encoder = flate2::GzBuilder::new()
+                .extra(vec![b'B', b'C', 2, 0, 0, 0])
+                .write(Vec::new(), flate2::Compression::default());
+            encoder.write_all(piece).unwrap();
+            let mut member = encoder.finish().unwrap();
+            let bsize = (member.len() - 1) as u16;
+            member[16..18].copy_from_slice(&bsize.to_le_bytes());
+            out.extend_from_slice(&member);
+        }
+        out
+    }
+
+    #[test]
+    fn bgzf_members_decode_in_parallel_runs_and_restart_there() {
+        let data = text_like(7, 21 << 20);
+        let compressed = bgzf(&data);
+        assert!(bgzf::Pass::new(&Source::memory(&compressed)).is_some(), "taken for BGZF");
+        assert!(bgzf::Pass::new(&Source::memory(&gzip(&data))).is_none(), "one plain member is not BGZF");
+        let file = served(&compressed, &data);
+        let points = &file.points().list;
+        assert!(points.len() >= 10 && points.iter().all(|p| p.window.is_none() && p.bits == 0), "{}", points.len());
+        reads_match(&file, &data);
+        // A damaged member fails the pass, naming where its run starts.
+        let mut damaged = compressed.clone();
+        let at = compressed.len() / 2;
+        damaged[at] ^= 0x55;
+        let err = FirstPass::new(Codec::Gzip, &Source::memory(&damaged)).unwrap().read_to_end(&mut Vec::new());
+        assert!(err.unwrap_err().to_string().contains("in the members at byte"));
     }
 
     #[test]
