@@ -131,6 +131,9 @@ pub struct View<'a> {
     tree: Option<Arc<Tree>>,
     /// A removed shard still serving an open file, held for this request.
     retired: std::sync::OnceLock<Arc<Shard>>,
+    /// Held until the request is answered: a change waits for it before it tells the
+    /// kernel what to forget, so no answer from the old tree can arrive after that.
+    _answering: Option<crate::growing::Answering<'a>>,
 }
 
 impl Fs {
@@ -160,8 +163,9 @@ impl Fs {
 
     /// The state to answer one request from.
     pub fn view(&self) -> View<'_> {
+        let answering = self.growing().map(|set| set.answering());
         let tree = self.growing().map(|set| set.current());
-        View { fs: self, tree, retired: std::sync::OnceLock::new() }
+        View { fs: self, tree, retired: std::sync::OnceLock::new(), _answering: answering }
     }
 
     /// A handle for a directory being opened: a growing set lists it from the tree of now
@@ -177,10 +181,11 @@ impl Fs {
 
     /// The state to list the directory opened as `handle` from.
     pub fn dir_view(&self, handle: u64) -> View<'_> {
-        match self.open_dirs.lock().ok().and_then(|dirs| dirs.get(&handle).cloned()) {
-            Some(tree) => View { fs: self, tree: Some(tree), retired: std::sync::OnceLock::new() },
-            None => self.view(),
+        let mut view = self.view();
+        if let Some(tree) = self.open_dirs.lock().ok().and_then(|dirs| dirs.get(&handle).cloned()) {
+            view.tree = Some(tree);
         }
+        view
     }
 
     pub fn close_dir(&self, handle: u64) {
@@ -265,6 +270,15 @@ impl Fs {
 }
 
 impl View<'_> {
+    /// Whether this view shows the tree of now (a directory opened before a change lists
+    /// the tree of then, whose entries the kernel must not keep).
+    pub fn is_current(&self) -> bool {
+        match (&self.tree, self.fs.growing()) {
+            (Some(tree), Some(set)) => Arc::ptr_eq(tree, &set.current()),
+            _ => true,
+        }
+    }
+
     /// The archive whose index is the tree: the fixed one, or the growing set's merged tree.
     fn archive(&self) -> &Archive {
         match (&self.fs.content, &self.tree) {

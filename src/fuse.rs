@@ -302,6 +302,9 @@ impl Filesystem for FuseAdapter {
 
     fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
         let view = self.fs.dir_view(fh.0);
+        // A directory opened before a growing set changed lists the old tree: the kernel
+        // may show those entries but must look each up again before it uses one.
+        let ttl = if view.is_current() { TTL } else { Duration::ZERO };
         match view.readdir(ino.0, offset) {
             Ok(entries) => {
                 for e in entries {
@@ -310,7 +313,7 @@ impl Filesystem for FuseAdapter {
                         INodeNo(e.ino),
                         e.next,
                         OsStr::from_bytes(e.name),
-                        &TTL,
+                        &ttl,
                         &file_attr(&attr),
                         Generation(0),
                     ) {

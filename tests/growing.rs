@@ -305,3 +305,25 @@ fn reads_during_changes_get_the_right_bytes_or_not_found_never_others() {
     assert!(reads > 0);
     mnt.unmount().assert_success();
 }
+
+#[test]
+fn a_directory_opened_before_a_change_lists_its_old_state_without_the_kernel_keeping_it() {
+    require_root();
+    let tmp = TempDir::new("growing-stale-listing");
+    let (a, b) = (tmp.join("a.tar"), tmp.join("b.tar"));
+    tar_of(tmp.path(), &a, &[("d/a.txt", b"a\n")]);
+    tar_of(tmp.path(), &b, &[("d/b.txt", b"b\n")]);
+    let mnt = Mounted::with_args(&["--growing", "--archive", &b.to_string_lossy()], &a, &tmp.join("mnt"));
+    let d = mnt.path().join("d");
+    // Opened (opendir) before the change, listed (READDIRPLUS) after it.
+    let listing = fs::read_dir(&d).unwrap();
+    change("remove", mnt.path(), &[&a]).assert_success();
+    let mut names: Vec<String> = listing.map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["a.txt", "b.txt"], "one listing shows one state: the one it was opened in");
+    // The kernel must not keep the old entries it was just given.
+    assert!(fs::metadata(d.join("a.txt")).is_err(), "a removed name is served from a stale listing");
+    let now: Vec<_> = fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(now, ["b.txt"]);
+    mnt.unmount().assert_success();
+}

@@ -78,7 +78,12 @@ pub struct GrowingSet {
     retired: Mutex<HashMap<u32, Arc<Shard>>>,
     /// One change at a time.
     changing: Mutex<Changing>,
+    /// Read-held by every request while it is answered (see [`GrowingSet::answering`]).
+    answering: RwLock<()>,
 }
+
+/// A request being answered (see [`GrowingSet::answering`]).
+pub type Answering<'a> = std::sync::RwLockReadGuard<'a, ()>;
 
 struct Changing {
     numbers: DirNumbers,
@@ -116,6 +121,7 @@ impl GrowingSet {
             tree: RwLock::new(Arc::new(tree)),
             retired: Mutex::new(HashMap::new()),
             changing: Mutex::new(changing),
+            answering: RwLock::new(()),
         };
         Ok((set, staged_bytes, staging))
     }
@@ -125,6 +131,14 @@ impl GrowingSet {
         if let Ok(mut changing) = self.changing.lock() {
             changing.kernel = Some(kernel);
         }
+    }
+
+    /// Held by a request from before it reads the tree until its answer is sent. A change
+    /// swaps the tree, then waits for the requests under way (which may have read the old
+    /// one) before it notifies the kernel: an answer from the old tree that reached the
+    /// kernel after the notification would be cached for good.
+    pub fn answering(&self) -> Answering<'_> {
+        self.answering.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The tree requests are answered from now.
@@ -239,6 +253,7 @@ impl GrowingSet {
             map.extend(old.shards.iter().filter(|s| removed.contains(&s.serial)).map(|s| (s.serial, s.clone())));
         }
         *self.tree.write().unwrap_or_else(|p| p.into_inner()) = new.clone();
+        drop(self.answering.write().unwrap_or_else(|p| p.into_inner()));
         let changes = diff(&old, &new);
         if let Some(kernel) = &changing.kernel {
             for change in &changes.names {
