@@ -34,6 +34,15 @@ fn tar_of(tmp: &Path, out: &Path, files: &[(&str, &[u8])]) {
     run_tool("tar", args);
 }
 
+/// Shards 0 and 1 at `paths`, holding `files(k)` (path, bytes) each.
+fn two_shards(tmp: &Path, paths: [&Path; 2], files: impl Fn(usize) -> Vec<(String, Vec<u8>)>) {
+    for (k, path) in paths.into_iter().enumerate() {
+        let f = files(k);
+        let refs: Vec<(&str, &[u8])> = f.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect();
+        tar_of(tmp, path, &refs);
+    }
+}
+
 #[test]
 fn shards_added_and_removed_while_mounted_match_extraction_in_order() {
     require_root();
@@ -135,11 +144,7 @@ fn a_directory_listing_never_mixes_two_states() {
     let name = |k: usize, i: usize| format!("c/{}-{k}-{i:04}.txt", "x".repeat(120));
     let files = |k: usize| -> Vec<(String, Vec<u8>)> { (0..700).map(|i| (name(k, i), vec![b'a'; 1])).collect() };
     let (a, b) = (tmp.join("a.tar"), tmp.join("b.tar"));
-    for (k, path) in [(0, &a), (1, &b)] {
-        let f = files(k);
-        let refs: Vec<(&str, &[u8])> = f.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect();
-        tar_of(tmp.path(), path, &refs);
-    }
+    two_shards(tmp.path(), [&a, &b], files);
     let mnt = Mounted::with_args(&["--growing"], &a, &tmp.join("mnt"));
     let dir = mnt.path().join("c");
     let stop = AtomicBool::new(false);
@@ -264,11 +269,7 @@ fn reads_during_changes_get_the_right_bytes_or_not_found_never_others() {
         (0..40).map(|i| (format!("d/{k}-{i:02}.bin"), content(k, i))).collect()
     };
     let (a, b) = (tmp.join("a.tar"), tmp.join("b.tar"));
-    for (k, path) in [(0, &a), (1, &b)] {
-        let f = files(k);
-        let refs: Vec<(&str, &[u8])> = f.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect();
-        tar_of(tmp.path(), path, &refs);
-    }
+    two_shards(tmp.path(), [&a, &b], files);
     let mnt = Mounted::with_args(&["--growing", "--warm=no"], &a, &tmp.join("mnt"));
     let stop = AtomicBool::new(false);
     let (root, stop_ref) = (mnt.path(), &stop);
