@@ -71,7 +71,7 @@ pub(super) struct Pass {
     current: Vec<u8>,
     used: usize,
     out: u64,
-    pub(super) points: Vec<Point>,
+    points: Vec<Point>,
 }
 
 impl Pass {
@@ -95,13 +95,19 @@ impl Pass {
         let ordered = Ordered::new(runs.len(), Arc::new(decode), parallel::threads() * parallel::AHEAD_PER_WORKER);
         Some(Pass { runs, ordered, next: 0, current: Vec::new(), used: 0, out: 0, points: Vec::new() })
     }
+}
 
-    pub(super) fn consumed(&self) -> u64 {
+impl super::CodecPass for Pass {
+    fn consumed(&self) -> u64 {
         self.runs.get(self.next.wrapping_sub(1)).map_or(0, |r| r.1 as u64)
     }
 
-    pub(super) fn total(&self) -> u64 {
+    fn total(&self) -> u64 {
         self.out
+    }
+
+    fn points(&mut self) -> &mut Vec<Point> {
+        &mut self.points
     }
 }
 

@@ -170,7 +170,7 @@ pub(super) struct Pass {
     current: Vec<u8>,
     used: usize,
     out: u64,
-    pub(super) points: Vec<Point>,
+    points: Vec<Point>,
 }
 
 impl Pass {
@@ -201,17 +201,6 @@ impl Pass {
             out: 0,
             points: Vec::new(),
         }
-    }
-
-    pub(super) fn consumed(&self) -> u64 {
-        if self.next == self.blocks.len() && self.used == self.current.len() {
-            return self.input.len() as u64;
-        }
-        self.blocks.get(self.next.saturating_sub(1)).map_or(0, |b| b.1 / 8)
-    }
-
-    pub(super) fn total(&self) -> u64 {
-        self.out
     }
 
     /// The next block, merged with the ones after it while it fails: a block magic found
@@ -246,6 +235,23 @@ impl Pass {
             }
         }
         Err(format!("{error} in the block at compressed byte {}", start / 8))
+    }
+}
+
+impl super::CodecPass for Pass {
+    fn consumed(&self) -> u64 {
+        if self.next == self.blocks.len() && self.used == self.current.len() {
+            return self.input.len() as u64;
+        }
+        self.blocks.get(self.next.saturating_sub(1)).map_or(0, |b| b.1 / 8)
+    }
+
+    fn total(&self) -> u64 {
+        self.out
+    }
+
+    fn points(&mut self) -> &mut Vec<Point> {
+        &mut self.points
     }
 }
 

@@ -77,7 +77,7 @@ pub(super) struct Pass {
     next: usize,
     current: Option<Current>,
     out: u64,
-    pub(super) points: Vec<Point>,
+    points: Vec<Point>,
 }
 
 impl Pass {
@@ -112,15 +112,6 @@ impl Pass {
         let ahead = (parallel::threads() * parallel::AHEAD_PER_WORKER).min(AHEAD_BYTES / AHEAD_FRAME);
         let ordered = Ordered::new(frames.len(), Arc::new(decode), ahead);
         Ok(Pass { input: input.clone(), frames, ordered, next: 0, current: None, out: 0, points: Vec::new() })
-    }
-
-    /// The end of the frames taken so far.
-    pub(super) fn consumed(&self) -> u64 {
-        self.frames.get(self.next.wrapping_sub(1)).map_or(0, |&(at, len)| (at + len) as u64)
-    }
-
-    pub(super) fn total(&self) -> u64 {
-        self.out
     }
 
     /// Takes the next frame; false after the last.
@@ -166,6 +157,20 @@ impl Pass {
             self.out += n as u64;
             return Ok(n);
         }
+    }
+}
+
+impl super::CodecPass for Pass {
+    fn consumed(&self) -> u64 {
+        self.frames.get(self.next.wrapping_sub(1)).map_or(0, |&(at, len)| (at + len) as u64)
+    }
+
+    fn total(&self) -> u64 {
+        self.out
+    }
+
+    fn points(&mut self) -> &mut Vec<Point> {
+        &mut self.points
     }
 }
 

@@ -135,7 +135,7 @@ pub(super) struct Pass<'a> {
     pos: usize,
     inflater: Inflater,
     out: u64,
-    pub(super) points: Vec<Point>,
+    points: Vec<Point>,
     done: bool,
 }
 
@@ -143,14 +143,6 @@ impl<'a> Pass<'a> {
     pub(super) fn new(input: &'a [u8]) -> Result<Pass<'a>, String> {
         let points = vec![Point { out: 0, input: 0, bits: 0, window: None, end: 0 }];
         Ok(Pass { input, pos: 0, inflater: Inflater::new(GZIP)?, out: 0, points, done: false })
-    }
-
-    pub(super) fn consumed(&self) -> u64 {
-        self.pos as u64
-    }
-
-    pub(super) fn total(&self) -> u64 {
-        self.out
     }
 
     /// Whether a point is due `span` bytes of output after the last one.
@@ -209,6 +201,20 @@ impl<'a> Pass<'a> {
             }
         }
         Ok(0)
+    }
+}
+
+impl super::CodecPass for Pass<'_> {
+    fn consumed(&self) -> u64 {
+        self.pos as u64
+    }
+
+    fn total(&self) -> u64 {
+        self.out
+    }
+
+    fn points(&mut self) -> &mut Vec<Point> {
+        &mut self.points
     }
 }
 

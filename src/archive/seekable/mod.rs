@@ -129,31 +129,33 @@ pub struct Points {
     pub total: u64,
 }
 
+/// One codec's first pass: its decoded bytes, and where it is.
+trait CodecPass: Read {
+    /// Compressed bytes consumed so far (for progress and error offsets).
+    fn consumed(&self) -> u64;
+    /// Decoded bytes read so far.
+    fn total(&self) -> u64;
+    /// The restart points noted so far.
+    fn points(&mut self) -> &mut Vec<Point>;
+}
+
 /// The first pass: a `Read` of the decoded stream that notes restart points.
 pub struct FirstPass<'a> {
     codec: Codec,
     input_len: u64,
-    pass: PassKind<'a>,
-}
-
-enum PassKind<'a> {
-    Gzip(gzip::Pass<'a>),
-    Bgzf(bgzf::Pass),
-    Zstd(frames::Pass),
-    Bzip2(bzip2::Pass),
-    Xz(xz::Pass<'a>),
+    pass: Box<dyn CodecPass + 'a>,
 }
 
 impl<'a> FirstPass<'a> {
     pub fn new(codec: Codec, input: &'a Backing) -> Result<FirstPass<'a>, String> {
-        let pass = match codec {
+        let pass: Box<dyn CodecPass + 'a> = match codec {
             Codec::Gzip => match bgzf::Pass::new(input) {
-                Some(pass) => PassKind::Bgzf(pass),
-                None => PassKind::Gzip(gzip::Pass::new(input)?),
+                Some(pass) => Box::new(pass),
+                None => Box::new(gzip::Pass::new(input)?),
             },
-            Codec::Zstd => PassKind::Zstd(frames::Pass::new(input)?),
-            Codec::Bzip2 => PassKind::Bzip2(bzip2::Pass::new(input)?),
-            Codec::Xz => PassKind::Xz(xz::Pass::new(input)?),
+            Codec::Zstd => Box::new(frames::Pass::new(input)?),
+            Codec::Bzip2 => Box::new(bzip2::Pass::new(input)?),
+            Codec::Xz => Box::new(xz::Pass::new(input)?),
         };
         // Finding the blocks read the whole file: let its pages go again.
         if codec == Codec::Bzip2 {
@@ -164,36 +166,13 @@ impl<'a> FirstPass<'a> {
 
     /// Compressed bytes consumed so far (for progress and error offsets).
     pub fn consumed(&self) -> u64 {
-        match &self.pass {
-            PassKind::Gzip(p) => p.consumed(),
-            PassKind::Bgzf(p) => p.consumed(),
-            PassKind::Zstd(p) => p.consumed(),
-            PassKind::Bzip2(p) => p.consumed(),
-            PassKind::Xz(p) => p.consumed(),
-        }
+        self.pass.consumed()
     }
 
     /// The points noted, once the whole stream has been read.
-    pub fn finish(self) -> Points {
-        let (mut list, total) = match self.pass {
-            PassKind::Gzip(p) => {
-                let total = p.total();
-                (p.points, total)
-            }
-            PassKind::Bgzf(p) => {
-                let total = p.total();
-                (p.points, total)
-            }
-            PassKind::Zstd(p) => {
-                let total = p.total();
-                (p.points, total)
-            }
-            PassKind::Bzip2(mut p) => (std::mem::take(&mut p.points), p.total()),
-            PassKind::Xz(p) => {
-                let total = p.total();
-                (p.points, total)
-            }
-        };
+    pub fn finish(mut self) -> Points {
+        let total = self.pass.total();
+        let mut list = std::mem::take(self.pass.points());
         for point in &mut list {
             if let Some(window) = &mut point.window {
                 *window = zstd::bulk::compress(window, 1).unwrap_or_default();
@@ -208,14 +187,8 @@ impl<'a> FirstPass<'a> {
 
 impl Read for FirstPass<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let (n, points) = match &mut self.pass {
-            PassKind::Gzip(p) => (p.read(buf)?, p.points.len()),
-            PassKind::Bgzf(p) => (p.read(buf)?, p.points.len()),
-            PassKind::Zstd(p) => (p.read(buf)?, p.points.len()),
-            PassKind::Bzip2(p) => (p.read(buf)?, p.points.len()),
-            PassKind::Xz(p) => (p.read(buf)?, p.points.len()),
-        };
-        if points > max_points(self.input_len) {
+        let n = self.pass.read(buf)?;
+        if self.pass.points().len() > max_points(self.input_len) {
             return Err(std::io::Error::other(too_many_points(self.codec, self.input_len)));
         }
         Ok(n)
@@ -544,7 +517,7 @@ mod tests {
         let mut decoded = Vec::new();
         pass.read_to_end(&mut decoded).unwrap();
         assert!(decoded == data);
-        assert_eq!(pass.points.len(), blocks.len() - 1, "the false boundary is no point");
+        assert_eq!(pass.points().len(), blocks.len() - 1, "the false boundary is no point");
         // A block that fails with its neighbours too is damage, named with its offset.
         let mut damaged = compressed.clone();
         let middle = (blocks[2].0 / 8) as usize + 200;

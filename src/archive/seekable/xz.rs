@@ -168,7 +168,7 @@ pub(super) fn decoder<R: Read>(input: R) -> Result<liblzma::read::XzDecoder<R>, 
 /// verified), the points taken from the indexes.
 pub(super) struct Pass<'a> {
     decoder: liblzma::read::XzDecoder<std::io::Cursor<&'a [u8]>>,
-    pub(super) points: Vec<Point>,
+    points: Vec<Point>,
     total: u64,
 }
 
@@ -178,13 +178,19 @@ impl<'a> Pass<'a> {
         let total = blocks.iter().map(|b| b.output).sum();
         Ok(Pass { decoder: decoder(std::io::Cursor::new(input))?, points: points(&blocks), total })
     }
+}
 
-    pub(super) fn consumed(&self) -> u64 {
+impl super::CodecPass for Pass<'_> {
+    fn consumed(&self) -> u64 {
         self.decoder.get_ref().position()
     }
 
-    pub(super) fn total(&self) -> u64 {
+    fn total(&self) -> u64 {
         self.total
+    }
+
+    fn points(&mut self) -> &mut Vec<Point> {
+        &mut self.points
     }
 }
 
