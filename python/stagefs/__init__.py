@@ -147,7 +147,7 @@ class Mount:
         return self._mounted
 
     def add(self, *shards: PathLike, trust_shards: bool = False) -> str:
-        """Adds shards (archives, quoted-style glob patterns or ``@list`` files) to a mount
+        """Adds shards (archives, glob patterns expanded by stagefs, or ``@list`` files) to a mount
         made with ``growing=True`` or ``watch``, as ``stagefs add`` does: the tree shows
         them at once, later shards winning shared paths. Returns the command's summary;
         raises :class:`MountError` (e.g. code 3 for a damaged shard, code 2 for a mount
@@ -437,10 +437,13 @@ class Loader:
         if files is not None or isinstance(self._source, str):
             native = _native.Loader(self._source, **self._settings)
             listed = list(native.classes)
+            # ImageNet-21k has 21,841 classes: index them once, not a list search each.
+            index = {name: i for i, name in enumerate(self._classes)}
             for name in listed:
-                if name not in self._classes:
+                if name not in index:
+                    index[name] = len(self._classes)
                     self._classes.append(name)
-            relabel = [self._classes.index(name) for name in listed]
+            relabel = [index[name] for name in listed]
             self._relabel = None if relabel == list(range(len(relabel))) else relabel
             self._native = native
         self.epoch = int(epoch)
