@@ -15,6 +15,8 @@
 # Needs GNU tar, pigz, pzstd, lbzip2, xz and ratarmount with indexed_bzip2 (installed into
 # benches/.venv when missing). Root (drop_caches). Work files go to $TMPDIR (disk).
 set -euo pipefail
+# shellcheck source=benches/lib.sh
+. "$(dirname "$0")/lib.sh"
 bin=$(realpath "${1:-target/release/stagefs}")
 mib=${2:-2048}
 files=${3:-2000}
@@ -54,10 +56,6 @@ while total < mib << 20:
 PY
 }
 
-now() { date +%s.%N; }
-secs() { echo "$2 - $1" | bc; }
-drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
-hwm_kib() { awk '/^VmHWM/ {print $2}' "/proc/$1/status"; }
 
 # Random reads: the same FILES files (seeded shuffle of the tree's list) by 4 threads.
 random_reads() {  # mnt list -> "files/s MB/s p50_ms p99_ms"
@@ -103,7 +101,7 @@ run() {  # name archive mnt mount-cmd umount-cmd pid-cmd list
     local pid; pid=$(eval "$6")
     drop
     read -r rate mbs p50 p99 < <(random_reads "$mnt" "$7")
-    local hwm; hwm=$(hwm_kib "$pid")
+    local hwm; hwm=$(status_kib VmHWM "$pid")
     eval "$5"
     printf '%-9s %-10s first mount %7.2f s  remount %6.2f s  random reads %6d files/s %7.1f MB/s  p50 %6.1f ms  p99 %7.1f ms  peak %7d MiB\n' \
         "$(basename "$archive" | cut -d. -f2-)" "$name" "$first" "$remount" "$rate" "$mbs" "$p50" "$p99" "$((hwm / 1024))"

@@ -10,6 +10,8 @@
 #
 # Needs GNU tar and ratarmount (benches/run.sh installs it into benches/.venv). Root (drop_caches).
 set -euo pipefail
+# shellcheck source=benches/lib.sh
+. "$(dirname "$0")/lib.sh"
 bin=$(realpath "${1:-target/release/stagefs}")
 classes=${2:-100}
 files=${3:-500}
@@ -42,15 +44,11 @@ total=$((classes * files))
 size=$(stat -c %s "$work/train.tar")
 echo "archive: $total files, $((size / 1048576)) MiB"
 
-now() { date +%s.%N; }
-secs() { echo "$2 - $1" | bc; }
-drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 read_all() {  # prints seconds to read every file of $1 with 4 readers
     local t0; t0=$(now)
     find "$1" -type f -print0 | xargs -0 -P4 -n 256 cat > /dev/null
     secs "$t0" "$(now)"
 }
-rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 
 run() {  # name mount-command umount-command pid-command
     local name=$1 mnt=$2
@@ -69,7 +67,7 @@ run() {  # name mount-command umount-command pid-command
     drop
     local cold; cold=$(read_all "$mnt")
     local warm; warm=$(read_all "$mnt")
-    local rss; rss=$(rss_kib "$pid")
+    local rss; rss=$(status_kib VmRSS "$pid")
     eval "$4"
     printf '%-13s index %7.2f s  remount %6.2f s  rss %6d KiB (%5.0f B/file)  cold %8.0f files/s  warm %8.0f files/s\n' \
         "$name" "$index" "$remount" "$rss" "$(echo "$rss * 1024 / $total" | bc -l)" \
