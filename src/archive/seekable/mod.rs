@@ -436,6 +436,11 @@ mod tests {
         let compressed = bgzf(&data);
         assert!(bgzf::Pass::new(&Source::memory(&compressed)).is_some(), "taken for BGZF");
         assert!(bgzf::Pass::new(&Source::memory(&gzip(&data))).is_none(), "one plain member is not BGZF");
+        // A trailer stating more than BGZF's 64 KiB makes no BGZF member: nothing is sized by it.
+        let mut lying = compressed.clone();
+        let first_end = usize::from(u16::from_le_bytes([compressed[16], compressed[17]])) + 1;
+        lying[first_end - 4..first_end].copy_from_slice(&(1u32 << 30).to_le_bytes());
+        assert!(bgzf::Pass::new(&Source::memory(&lying)).is_none(), "a member stating 1 GiB");
         let file = served(&compressed, &data);
         let points = &file.points().list;
         assert!(points.len() >= 10 && points.iter().all(|p| p.window.is_none() && p.bits == 0), "{}", points.len());
