@@ -5,11 +5,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use crate::archive::tar::ustar_header;
 use crate::error::Failure;
-use crate::hash::hash;
 use crate::request::MountRequest;
 use crate::stage::StageMode;
+use stagefs_archive::hash::hash;
+use stagefs_archive::tar::ustar_header;
 
 const CLASSES: usize = 20;
 

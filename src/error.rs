@@ -1,11 +1,11 @@
 //! Failures as the command line reports them: a message and an exit code scripts can rely on.
 
-use crate::archive::OpenError;
 use crate::mountpoint::MountpointError;
 use crate::open::OpenArchiveError;
 use crate::places::PlaceError;
 use crate::shards::ShardError;
 use crate::stage::StageError;
+use stagefs_archive::OpenError;
 
 /// Exit codes (documented in the README).
 pub mod code {

@@ -10,9 +10,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::archive::{Archive, Bytes, ReadError};
 use crate::growing::{GrowingSet, Shard, Tree};
-use crate::index::{Data, Index, Inode, InodeId};
+use stagefs_archive::index::{Data, Index, Inode, InodeId};
+use stagefs_archive::{Archive, Bytes, ReadError};
 
 /// Why a request failed; `errno` is the single place these become kernel error codes.
 #[derive(Debug, thiserror::Error)]

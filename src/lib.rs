@@ -1,22 +1,18 @@
 //! stagefs: mount tar, zip and SquashFS archives read-only with FUSE, for HPC deep-learning jobs.
 //!
-//! Layers, each usable alone: [`archive`] parses formats into an [`index::Index`] with no
-//! FUSE types; [`fs`] is the filesystem behaviour; `fuse` (private) adapts it to the kernel;
+//! Layers, each usable alone: the `stagefs-archive` crate parses formats into an index with
+//! no FUSE types; [`fs`] is the filesystem behaviour; `fuse` (private) adapts it to the kernel;
 //! [`daemon`] and [`mountpoint`] manage the mount's life.
 
-pub mod archive;
 pub mod cancel;
 pub mod cli;
 pub mod commands;
 pub mod daemon;
 pub mod demo;
 pub mod error;
-pub mod escape;
 pub mod fs;
 mod fuse;
 pub mod growing;
-pub mod hash;
-pub mod index;
 pub mod mountpoint;
 pub mod node;
 pub mod open;
@@ -26,14 +22,11 @@ pub mod places;
 pub mod registry;
 pub mod report;
 pub mod request;
+pub mod saved_index;
 pub mod shards;
 pub mod stage;
 mod test_hooks;
 pub mod warm;
 
 #[cfg(test)]
-mod test_kit;
-#[cfg(test)]
-mod test_rng;
-#[cfg(test)]
-mod test_support;
+use stagefs_archive::test_support;

@@ -4,9 +4,10 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::archive::tar::{nested, saved, TarReader};
-use crate::archive::{Archive, OpenError};
+use crate::saved_index as saved;
 use crate::stage::{self, StageError, StageMode, Staging};
+use stagefs_archive::tar::{nested, TarReader};
+use stagefs_archive::{Archive, OpenError};
 
 /// Why an archive could not be opened to serve.
 #[derive(Debug, thiserror::Error)]
@@ -39,10 +40,10 @@ pub struct Opened {
 }
 
 /// Runs the scan `f` of an archive of `len` bytes with a progress bar on a terminal (a
-/// tar of a million members takes seconds), drawn from [`crate::archive::SCAN_PROGRESS`].
+/// tar of a million members takes seconds), drawn from [`stagefs_archive::SCAN_PROGRESS`].
 fn with_scan_progress<T>(len: u64, f: impl FnOnce() -> T) -> T {
     use std::sync::atomic::{AtomicBool, Ordering};
-    crate::archive::SCAN_PROGRESS.store(0, Ordering::Relaxed);
+    stagefs_archive::SCAN_PROGRESS.store(0, Ordering::Relaxed);
     let bar = crate::report::progress(Some(len), "indexing");
     if bar.is_hidden() {
         return f(); // Not a terminal (or a shard of a set): nothing to draw.
@@ -51,7 +52,7 @@ fn with_scan_progress<T>(len: u64, f: impl FnOnce() -> T) -> T {
     std::thread::scope(|s| {
         let drawer = s.spawn(|| {
             while !done.load(Ordering::Acquire) {
-                bar.set_position(crate::archive::SCAN_PROGRESS.load(Ordering::Relaxed));
+                bar.set_position(stagefs_archive::SCAN_PROGRESS.load(Ordering::Relaxed));
                 std::thread::park_timeout(Duration::from_millis(100));
             }
             bar.finish_and_clear();
@@ -210,15 +211,15 @@ fn check_format(path: &Path) -> Result<(), OpenError> {
     let mut head = [0u8; 512];
     let n = file.read_at(&mut head, 0).map_err(io)?;
     let head = &head[..n];
-    if stage::Compression::detect(head).is_some() || crate::archive::Format::detect(head).is_some() {
+    if stage::Compression::detect(head).is_some() || stagefs_archive::Format::detect(head).is_some() {
         return Ok(());
     }
     // A zip behind a prefix (a self-extracting stub) is known by its end record only.
     let len = file.metadata().map_err(io)?.len();
-    let mut tail = vec![0u8; len.min(crate::archive::zip::TAIL_SEARCH as u64) as usize];
+    let mut tail = vec![0u8; len.min(stagefs_archive::zip::TAIL_SEARCH as u64) as usize];
     let from = len - tail.len() as u64;
     let n = file.read_at(&mut tail, from).map_err(io)?;
-    if crate::archive::zip::find_end(&tail[..n]).is_some() {
+    if stagefs_archive::zip::find_end(&tail[..n]).is_some() {
         return Ok(());
     }
     Err(OpenError::unknown_format(path, head))

@@ -254,7 +254,7 @@ fn choose_runtime_dir() -> PathBuf {
 /// The runtime file `<hash of the mountpoint path>.<extension>`: every per-mountpoint
 /// file (record, lock, users, log) is named this way.
 pub fn mountpoint_file(mountpoint: &Path, extension: &str) -> Result<PathBuf, PlaceError> {
-    let hash = crate::hash::hash(mountpoint.as_os_str().as_encoded_bytes());
+    let hash = stagefs_archive::hash::hash(mountpoint.as_os_str().as_encoded_bytes());
     Ok(runtime_dir()?.join(format!("{hash:016x}.{extension}")))
 }
 

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 pub use open::{open_each, open_set, report_indexed, warn_conflicts, SetStats};
 
-use crate::archive::OpenError;
+use stagefs_archive::OpenError;
 /// Why a shard set could not be named, each saying what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum ShardError {
@@ -75,7 +75,7 @@ pub fn resolve(spec: &Path, more: &[PathBuf], trust_shards: bool) -> Result<Arch
     if !more.is_empty() {
         text += &format!(" + {} more", more.len());
     }
-    let mut digest = crate::hash::Hasher::default();
+    let mut digest = stagefs_archive::hash::Hasher::default();
     for shard in &shards {
         digest.write(shard.as_os_str().as_encoded_bytes());
         digest.write(b"\0");
@@ -115,7 +115,7 @@ pub fn check_not_an_archive(mountpoint: &Path) -> Result<(), ShardError> {
     }
     let n = file.read(&mut head).unwrap_or(0);
     let head = &head[..n];
-    if crate::archive::Format::detect(head).is_none() && crate::stage::Compression::detect(head).is_none() {
+    if stagefs_archive::Format::detect(head).is_none() && crate::stage::Compression::detect(head).is_none() {
         return Ok(());
     }
     Err(ShardError::Refused(format!(

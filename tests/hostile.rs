@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use stagefs::archive::tar::{pax_record, ustar_header};
-use stagefs::archive::{Archive, OpenError};
+use stagefs_archive::tar::{pax_record, ustar_header};
+use stagefs_archive::{Archive, OpenError};
 
 use crate::util::*;
 
@@ -784,7 +784,7 @@ fn tar_xattr_names_that_cannot_be_listed_are_skipped() {
     let member = ustar_header("f", b'0', 0o644, 0, "");
     let tar = pax_then_member(&records, &member, b"");
     exercise::tar(&tar).expect("the archive opens");
-    let (index, _) = stagefs::archive::tar::open(Path::new("x.tar"), exercise::backing(&tar)).unwrap();
+    let (index, _) = stagefs_archive::tar::open(Path::new("x.tar"), exercise::backing(&tar)).unwrap();
     let f = index.lookup(&index.inodes[0], b"f").unwrap();
     let names: Vec<&[u8]> = index.xattrs_of(&index.inodes[f as usize]).iter().map(|x| index.bytes(x.name)).collect();
     assert_eq!(names, [&b"user.ok"[..]]);

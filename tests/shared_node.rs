@@ -47,7 +47,7 @@ fn assert_code(out: &CmdOutput, code: i32, needles: &[&str]) {
 
 /// The runtime file name stagefs derives from a mountpoint (what an attacker computes).
 fn runtime_name(mountpoint: &Path, extension: &str) -> String {
-    format!("{:016x}.{extension}", stagefs::hash::hash(mountpoint.as_os_str().as_encoded_bytes()))
+    format!("{:016x}.{extension}", stagefs_archive::hash::hash(mountpoint.as_os_str().as_encoded_bytes()))
 }
 
 #[test]
@@ -124,7 +124,7 @@ fn index_path(archive: &Path) -> PathBuf {
 /// Re-seals a tampered index with the checksum stagefs expects (it is not a secret).
 fn reseal(mut bytes: Vec<u8>) -> Vec<u8> {
     let body = bytes.len() - 8;
-    let sum = stagefs::hash::hash(&bytes[..body]);
+    let sum = stagefs_archive::hash::hash(&bytes[..body]);
     bytes[body..].copy_from_slice(&sum.to_le_bytes());
     bytes
 }

@@ -18,15 +18,9 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// The tests' one pseudo-random generator, shared with the unit tests.
-#[path = "../src/test_rng.rs"]
-mod test_rng;
-pub use test_rng::{pseudo_random, text_like, Rng};
-
-/// The kit's base, shared with the unit tests.
-#[path = "../src/test_kit.rs"]
-mod test_kit;
-pub use test_kit::{mounts, require_tool, MountInfo, TempDir};
+/// The tests' one pseudo-random generator and the kit's base, shared with the unit tests.
+pub use stagefs_archive::test_kit::{mounts, require_tool, MountInfo, TempDir};
+pub use stagefs_archive::test_rng::{pseudo_random, text_like, Rng};
 
 /// Tests that empty the whole page cache (`drop_caches`) and tests that check what it
 /// holds take this lock, so that one never empties the cache under the other's check.

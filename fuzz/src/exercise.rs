@@ -9,8 +9,8 @@
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
-use stagefs::archive::{Archive, Backing, Source};
 use stagefs::fs::{Fs, FsError};
+use stagefs_archive::{Archive, Backing, Source};
 
 /// Bytes of file content one input may read in all (sparse files can claim exabytes).
 const READ_BUDGET: u64 = 32 << 20;
@@ -31,7 +31,7 @@ pub fn tar(data: &[u8]) -> Result<(), String> {
         return Err("empty".into());
     }
     let backing = backing(data);
-    let (index, reader) = stagefs::archive::tar::open(Path::new("fuzz.tar"), backing).map_err(|e| e.to_string())?;
+    let (index, reader) = stagefs_archive::tar::open(Path::new("fuzz.tar"), backing).map_err(|e| e.to_string())?;
     serve(Archive::from_saved_tar(index, reader));
     Ok(())
 }
@@ -50,7 +50,7 @@ pub fn squashfs(data: &[u8]) -> Result<(), String> {
 /// The zip reader over arbitrary bytes (detected by content, as `stagefs mount` does).
 pub fn zip(data: &[u8]) -> Result<(), String> {
     let (index, reader) =
-        stagefs::archive::zip::open(Path::new("fuzz.zip"), backing(data)).map_err(|e| e.to_string())?;
+        stagefs_archive::zip::open(Path::new("fuzz.zip"), backing(data)).map_err(|e| e.to_string())?;
     serve(Archive::from_zip(index, reader));
     Ok(())
 }
@@ -62,8 +62,8 @@ pub fn index_cache(data: &[u8]) -> Result<(), String> {
         let bytes: Vec<u8> = (0..1u32 << 20).map(|i| (i.wrapping_mul(2654435761) >> 24) as u8).collect();
         backing(&bytes)
     });
-    let (index, reader) = stagefs::archive::tar::decode_for_fuzz(data, archive)?;
-    serve(stagefs::archive::Archive::from_saved_tar(index, reader));
+    let (index, reader) = stagefs_archive::tar::decode_for_fuzz(data, archive)?;
+    serve(stagefs_archive::Archive::from_saved_tar(index, reader));
     Ok(())
 }
 

@@ -212,7 +212,7 @@ impl GrowingSet {
         let mut added = Vec::new();
         for path in add {
             let canonical = path.canonicalize().map_err(|source| {
-                OpenArchiveError::from(crate::archive::OpenError::Io { path: path.clone(), source })
+                OpenArchiveError::from(stagefs_archive::OpenError::Io { path: path.clone(), source })
             })?;
             if old.shards.iter().any(|s| s.path == canonical) || added.contains(&canonical) {
                 outcome.already += 1;

@@ -13,9 +13,9 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use crate::archive::set::{Conflict, Merger};
-use crate::archive::{Archive, OpenError};
-use crate::index::{Inode, InodeId, ROOT};
+use stagefs_archive::index::{Inode, InodeId, ROOT};
+use stagefs_archive::set::{Conflict, Merger};
+use stagefs_archive::{Archive, OpenError};
 
 /// The root directory's FUSE number.
 pub const ROOT_INO: u64 = 1;
@@ -237,7 +237,7 @@ mod tests {
         let bytes = python_tar("", script);
         let mut map = memmap2::MmapMut::map_anon(bytes.len().max(1)).unwrap();
         map[..bytes.len()].copy_from_slice(&bytes);
-        let backing = Arc::new(crate::archive::Source::private(map.make_read_only().unwrap()));
+        let backing = Arc::new(stagefs_archive::Source::private(map.make_read_only().unwrap()));
         let path = PathBuf::from(format!("s{serial}.tar"));
         let archive = Archive::from_backing(&path, backing).unwrap();
         Arc::new(Shard { path, serial, archive: Arc::new(archive), staged_bytes: 0, lookups: AtomicU64::new(0) })

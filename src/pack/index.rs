@@ -4,10 +4,10 @@
 //! same members (`archive::tar`), so a mount of the fresh archive with this saved index
 //! sees exactly what a scan would have built; a unit test compares the two.
 
-use crate::archive::tar::{Extent, SparseFile};
-use crate::index::{Attrs, BuildError, Data, Index, IndexBuilder, InodeId, ROOT};
+use stagefs_archive::index::{Attrs, BuildError, Data, Index, IndexBuilder, InodeId, ROOT};
+use stagefs_archive::tar::{Extent, SparseFile};
 
-use crate::archive::tar::write::Kind;
+use stagefs_archive::tar::write::Kind;
 
 /// An index being built, one member at a time, in archive order.
 #[derive(Default)]
@@ -125,8 +125,8 @@ impl ShardIndex {
 
 #[cfg(test)]
 mod tests {
-    use crate::archive::Archive;
     use crate::test_support::TempDir;
+    use stagefs_archive::Archive;
 
     /// The index saved by `pack` is the index a scan of the archive builds: same inodes,
     /// same entries, same arena, so a mount cannot tell which it got.
@@ -158,10 +158,10 @@ mod tests {
         args.run().unwrap(); // not execute(): it would catch signals in the test process
         let path = out.canonicalize().unwrap();
         let scanned = Archive::open(&path).unwrap();
-        let key = crate::archive::tar::saved::Key::of(&path).unwrap();
-        let backing = crate::archive::map_file(&std::fs::File::open(&path).unwrap()).unwrap();
+        let key = crate::saved_index::Key::of(&path).unwrap();
+        let backing = stagefs_archive::map_file(&std::fs::File::open(&path).unwrap()).unwrap();
         let (index, saved) =
-            crate::archive::tar::saved::load(&path, &key, &backing, None, false).expect("pack saved a matching index");
+            crate::saved_index::load(&path, &key, &backing, None, false).expect("pack saved a matching index");
         assert_eq!(index.inodes, scanned.index.inodes);
         assert_eq!(index.dirents, scanned.index.dirents);
         assert_eq!(index.arena, scanned.index.arena);

@@ -107,7 +107,7 @@ pub enum PackError {
     #[error("{}: {what}: {source}", path.display())]
     Output { path: PathBuf, what: String, source: std::io::Error },
     #[error("cannot index the archive: {0}")]
-    Index(crate::index::BuildError),
+    Index(stagefs_archive::index::BuildError),
     #[error("interrupted by {}; the partial archive was removed", crate::cancel::signal_name(.0 .0))]
     Interrupted(crate::cancel::Interrupted),
 }
@@ -256,11 +256,11 @@ fn save_index(out: &mut output::Output) -> Result<(), String> {
     let path = out.final_path.canonicalize().map_err(|e| e.to_string())?;
     let (index, sparse_files, extents) = std::mem::take(&mut out.index).finish().map_err(|e| e.to_string())?;
     let file = std::fs::File::open(&path).map_err(|e| e.to_string())?;
-    let backing = crate::archive::map_file(&file).map_err(|e| e.to_string())?;
-    let reader = crate::archive::tar::TarReader::from_parts(backing, sparse_files, extents)
+    let backing = stagefs_archive::map_file(&file).map_err(|e| e.to_string())?;
+    let reader = stagefs_archive::tar::TarReader::from_parts(backing, sparse_files, extents)
         .ok_or("sparse tables out of bounds")?;
-    let key = crate::archive::tar::saved::Key::of(&path).map_err(|e| e.to_string())?;
-    let at = crate::archive::tar::saved::save(&path, &key, &index, &reader, false).map_err(|e| e.to_string())?;
+    let key = crate::saved_index::Key::of(&path).map_err(|e| e.to_string())?;
+    let at = crate::saved_index::save(&path, &key, &index, &reader, false).map_err(|e| e.to_string())?;
     tracing::info!(index = %at.display(), "saved the index");
     Ok(())
 }

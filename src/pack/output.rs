@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use super::index::ShardIndex;
 use super::PackError;
-use crate::archive::tar::write as tar_writer;
+use stagefs_archive::tar::write as tar_writer;
 
 /// An archive being written.
 pub struct Output {

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::Member;
-use crate::archive::tar::write::member_len;
+use stagefs_archive::tar::write::member_len;
 
 /// The sample a member belongs to: (directory, stem); `None` for directories, which
 /// never hold a shard boundary back.

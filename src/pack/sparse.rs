@@ -3,7 +3,7 @@
 use std::fs::File;
 use std::os::fd::AsRawFd;
 
-use crate::archive::tar::write::sparse_map;
+use stagefs_archive::tar::write::sparse_map;
 
 /// The runs (offset, length) of data in a file of `size` bytes, ending with a zero-length
 /// run at `size` when the file ends in a hole (as GNU tar writes them, so that extraction

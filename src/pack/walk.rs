@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex};
 
 use super::PackError;
-use crate::escape::escape;
+use stagefs_archive::escape::escape;
 
 /// Names stat'ed per task: small enough to spread a flat directory over every thread.
 const STAT_BATCH: usize = 32;
@@ -251,7 +251,7 @@ pub fn read_list(list: &Path) -> Result<Vec<Vec<u8>>, PackError> {
         if line.starts_with(b"/") {
             return Err(bad("an absolute path; list paths relative to DIR"));
         }
-        let parts = crate::archive::tar::normalise(line).ok_or_else(|| bad("a path with '..'"))?;
+        let parts = stagefs_archive::tar::normalise(line).ok_or_else(|| bad("a path with '..'"))?;
         if parts.is_empty() {
             continue;
         }

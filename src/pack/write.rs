@@ -10,8 +10,8 @@ use super::shards::shard_path;
 use super::sparse;
 use super::walk::{full_path, Stat};
 use super::{Member, Options, PackError};
-use crate::archive::tar::write::{self as tar_writer, Header, Kind};
-use crate::index::Attrs;
+use stagefs_archive::index::Attrs;
+use stagefs_archive::tar::write::{self as tar_writer, Header, Kind};
 
 /// Chunk size when streaming a large file.
 const CHUNK: usize = 1 << 20;

@@ -33,7 +33,7 @@ pub(crate) fn random_suffix() -> String {
     if got.is_err() {
         // No /dev/urandom (a bare container): O_EXCL still refuses any planted name.
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        bytes = (crate::hash::hash(&nanos.to_le_bytes()) ^ u64::from(std::process::id())).to_le_bytes();
+        bytes = (stagefs_archive::hash::hash(&nanos.to_le_bytes()) ^ u64::from(std::process::id())).to_le_bytes();
     }
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -117,7 +117,7 @@ mod tests {
         ("open.rs", "opens the archive read-only, non-blocking"),
         ("daemon/start.rs", "opens /dev/fuse and /dev/null"),
         ("daemon/log.rs", "appends to the user's own --log-file"),
-        ("archive/tar/saved.rs", "renews a cached index's mtime (O_NOFOLLOW)"),
+        ("saved_index.rs", "renews a cached index's mtime (O_NOFOLLOW)"),
         ("pack/output.rs", "writes the user's OUT through an O_EXCL temp name"),
         ("pack/read.rs", "reads the dataset read-only (O_NOFOLLOW)"),
         ("demo.rs", "writes in its own work directory, made by places::own_dir"),

@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Instant;
 
-use crate::archive::set::{Conflict, Merger};
-use crate::archive::OpenError;
 use crate::open::{open_shard, Indexing, OpenArchiveError, Opened};
 use crate::report;
 use crate::stage::{self, StageMode, Staging};
+use stagefs_archive::set::{Conflict, Merger};
+use stagefs_archive::OpenError;
 
 /// What opening a set did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

@@ -128,7 +128,8 @@ pub fn plan(
         Some(base) => super::disk::staging_dir_path(base),
         None => Path::new("/dev/shm").join(places::user_name()),
     };
-    let name = format!(".stagefs-bcast-{job}-{:016x}", crate::hash::hash(archive.as_os_str().as_encoded_bytes()));
+    let name =
+        format!(".stagefs-bcast-{job}-{:016x}", stagefs_archive::hash::hash(archive.as_os_str().as_encoded_bytes()));
     let plan = Plan {
         data: dir.join(&name).join(COPY),
         dir,

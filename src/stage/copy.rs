@@ -42,7 +42,7 @@ pub fn parallel_copy(
                         target.write_all_at(&buf[..n], offset).map_err(|e| write_error(offset, e))?;
                         // Read once: leave no second copy in the page cache (nor the
                         // Lustre/GPFS client cache, which the job's cgroup pays for).
-                        crate::archive::drop_file_cache(source, offset, n as u64);
+                        stagefs_archive::drop_file_cache(source, offset, n as u64);
                         bar.inc(n as u64);
                     }
                 })

@@ -11,7 +11,7 @@ use std::time::Instant;
 use super::budget::RamBudget;
 use super::error::StageError;
 use super::ram::{map_staged, memfd};
-use crate::archive::Backing;
+use stagefs_archive::Backing;
 
 /// Compressions a tar may come in, detected by magic bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,7 +31,7 @@ impl Compression {
             Some(Compression::Bzip2)
         } else if head.starts_with(&[0xfd, b'7', b'z', b'X', b'Z', 0]) {
             Some(Compression::Xz)
-        } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) || crate::archive::seekable::zstd_skippable(head) {
+        } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) || stagefs_archive::seekable::zstd_skippable(head) {
             // pzstd starts with a skippable frame (0x184D2A5?) holding the next frame's size.
             Some(Compression::Zstd)
         } else if head.starts_with(&[0x04, 0x22, 0x4d, 0x18]) {
@@ -152,10 +152,10 @@ pub fn decompress(path: &Path, file: File, kind: Compression, budget: &RamBudget
         bar.set_position(written);
         // The compressed bytes are read once: drop them from the page cache behind us.
         if written % (256 << 20) < n as u64 {
-            crate::archive::drop_file_cache(&source, 0, consumed.load(Ordering::Relaxed));
+            stagefs_archive::drop_file_cache(&source, 0, consumed.load(Ordering::Relaxed));
         }
     }
-    crate::archive::drop_file_cache(&source, 0, 0);
+    stagefs_archive::drop_file_cache(&source, 0, 0);
     bar.finish_and_clear();
     target.set_len(written).map_err(|source| StageError::Io {
         path: path.to_owned(),

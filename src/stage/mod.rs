@@ -25,14 +25,14 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use crate::archive::seekable::Codec;
-use crate::archive::Backing;
 use crate::report::human;
 pub use budget::headroom;
 use budget::{is_network_filesystem, RamBudget};
 use decompress::decompress;
 pub use decompress::Compression;
 pub use error::StageError;
+use stagefs_archive::seekable::Codec;
+use stagefs_archive::Backing;
 
 /// Whether to bring the archive into RAM before serving it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -176,7 +176,7 @@ pub fn load(
     }
     let compression = Compression::detect(&head[..n]);
     let codec = match compression {
-        Some(_) => Codec::for_tar(&crate::archive::map_file(&file).map_err(io("cannot map"))?),
+        Some(_) => Codec::for_tar(&stagefs_archive::map_file(&file).map_err(io("cannot map"))?),
         None => None,
     };
     // Only `auto` asks where the archive lies: statfs on a hung mount can be slow.
@@ -246,7 +246,7 @@ pub fn load(
 }
 
 fn in_place(path: &Path, file: &File, staging: Staging) -> Result<Loaded, StageError> {
-    let backing = crate::archive::map_file(file).map_err(|source| StageError::Io {
+    let backing = stagefs_archive::map_file(file).map_err(|source| StageError::Io {
         path: path.to_owned(),
         what: "cannot map".into(),
         source,
@@ -259,7 +259,7 @@ fn in_place(path: &Path, file: &File, staging: Staging) -> Result<Loaded, StageE
 fn serve_received(path: &Path, received: broadcast::Received) -> Result<Loaded, StageError> {
     let size = received.file.metadata().map(|m| m.len()).unwrap_or(0);
     if received.to_disk {
-        let backing = crate::archive::map_file(&received.file).map_err(|source| StageError::Io {
+        let backing = stagefs_archive::map_file(&received.file).map_err(|source| StageError::Io {
             path: received.dir.clone(),
             what: "cannot map the broadcast copy".into(),
             source,
@@ -284,7 +284,7 @@ fn auto_disk_dir(path: &Path, stage_dir: Option<&Path>, size: u64) -> Result<cra
 fn stage_to_disk(path: &Path, file: &File, size: u64, dir: &crate::places::CheckedDir) -> Result<Loaded, StageError> {
     let free = disk::check_room(path, dir, size)?;
     let copy = disk::copy_to_disk(path, file, size, dir, free)?;
-    let backing = crate::archive::map_file(&copy).map_err(|source| StageError::Io {
+    let backing = stagefs_archive::map_file(&copy).map_err(|source| StageError::Io {
         path: dir.path().to_owned(),
         what: "cannot map the staged copy".into(),
         source,

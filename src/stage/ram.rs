@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::error::StageError;
-use crate::archive::Backing;
+use stagefs_archive::Backing;
 
 /// An anonymous memory file, sized to `len`, named after the archive for `/proc/PID/maps`.
 ///
@@ -46,7 +46,7 @@ pub fn map_staged(path: &Path, file: &File) -> Result<Backing, StageError> {
         what: "cannot map the staged copy".into(),
         source,
     })?;
-    Ok(Arc::new(crate::archive::Source::private(map)))
+    Ok(Arc::new(stagefs_archive::Source::private(map)))
 }
 
 /// Copies into RAM with several large reads in flight (see [`parallel_copy`]).

@@ -9,7 +9,7 @@
 use std::sync::{Condvar, Mutex};
 
 use super::stream::Stream;
-use crate::archive::{Backing, ReadError};
+use crate::{Backing, ReadError};
 
 /// Most decoders kept between reads; the least recently used goes first.
 const KEPT: usize = 16;

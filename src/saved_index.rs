@@ -19,14 +19,14 @@
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-pub use super::key::Key;
-use super::saved_format::{decode, encode};
-use super::TarReader;
-use crate::archive::seekable::Codec;
-use crate::archive::Backing;
-use crate::hash;
-use crate::index::Index;
 use crate::places;
+use stagefs_archive::hash;
+use stagefs_archive::index::Index;
+use stagefs_archive::seekable::Codec;
+pub use stagefs_archive::tar::key::Key;
+use stagefs_archive::tar::saved_format::{decode, encode};
+use stagefs_archive::tar::TarReader;
+use stagefs_archive::Backing;
 
 /// The saved index next to `archive` (a canonical path).
 fn beside(archive: &Path, recursive: bool) -> PathBuf {
@@ -224,10 +224,10 @@ mod tests {
         let dir = tmp.path();
         let path = sample_archive(dir);
         let key = Key::of(&path).unwrap();
-        let fresh = crate::archive::Archive::open(&path).unwrap();
+        let fresh = stagefs_archive::Archive::open(&path).unwrap();
         let saved_at = save(&path, &key, &fresh.index, fresh.tar_reader().unwrap(), false).unwrap();
         assert_eq!(saved_at, dir.join("a.tar.stagefs-index"));
-        let backing = crate::archive::map_file(&File::open(&path).unwrap()).unwrap();
+        let backing = stagefs_archive::map_file(&File::open(&path).unwrap()).unwrap();
         let (loaded, _) = load(&path, &key, &backing, None, false).expect("a matching index loads");
         assert_eq!(loaded.inodes, fresh.index.inodes);
         assert_eq!(loaded.dirents, fresh.index.dirents);
@@ -242,12 +242,9 @@ mod tests {
         for i in (0..bytes.len()).step_by(7) {
             let mut damaged = bytes.clone();
             damaged[i] ^= 0x5a;
-            assert!(
-                super::super::saved_format::decode(&damaged, &key, &backing, None).is_err(),
-                "corruption at byte {i} was accepted"
-            );
+            assert!(decode(&damaged, &key, &backing, None).is_err(), "corruption at byte {i} was accepted");
         }
-        assert!(super::super::saved_format::decode(&bytes[..bytes.len() / 2], &key, &backing, None).is_err());
+        assert!(decode(&bytes[..bytes.len() / 2], &key, &backing, None).is_err());
     }
 
     #[test]

@@ -3,7 +3,10 @@
 //! Nothing here knows about FUSE: the readers work on a byte slice (an mmap of the
 //! archive) and return plain Rust errors that name the archive offset at fault.
 
+pub mod escape;
 mod fault;
+pub mod hash;
+pub mod index;
 pub mod seekable;
 pub mod set;
 pub mod squashfs;
@@ -526,3 +529,10 @@ impl Archive {
         }
     }
 }
+
+#[cfg(any(test, feature = "test-support"))]
+pub mod test_kit;
+#[cfg(any(test, feature = "test-support"))]
+pub mod test_rng;
+#[cfg(any(test, feature = "test-support"))]
+pub mod test_support;

@@ -9,12 +9,11 @@
 //! "map" is the decoded byte space that `archive::seekable` serves.
 
 mod header;
-mod key;
+pub mod key;
 mod member;
 pub mod nested;
 mod pax;
-pub mod saved;
-mod saved_format;
+pub mod saved_format;
 mod scan;
 mod sparse;
 #[cfg(test)]
@@ -27,7 +26,7 @@ use std::path::Path;
 use super::seekable::{Codec, FirstPass, Seekable};
 use super::{Backing, Bytes, OpenError, ReadError, Source};
 use crate::index::{Data, Index};
-pub(crate) use header::normalise;
+pub use header::normalise;
 use header::{checksum_ok, BLOCK};
 use member::Scan;
 pub use saved_format::decode_for_fuzz;
@@ -121,7 +120,7 @@ impl std::io::Read for Progress<'_, '_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let read = self.pass.read(buf);
         let consumed = self.pass.consumed();
-        crate::archive::SCAN_PROGRESS.store(consumed, std::sync::atomic::Ordering::Relaxed);
+        crate::SCAN_PROGRESS.store(consumed, std::sync::atomic::Ordering::Relaxed);
         if consumed >= self.unmapped + (16 << 20) {
             self.input.unmap_before(consumed);
             self.unmapped = consumed;

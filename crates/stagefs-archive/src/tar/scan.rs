@@ -9,9 +9,9 @@ use super::header::{
 use super::member::{Globals, Member, Scan};
 use super::pax::parse_pax;
 use super::window::{Window, LOOKAHEAD};
-use crate::archive::OpenError;
 use crate::escape::escape;
 use crate::index::{Attrs, Data, IndexBuilder, InodeId, MAX_LINK_TARGET, ROOT};
+use crate::OpenError;
 
 impl<'a> Scan<'a> {
     pub(super) fn new(path: &'a Path, map: &'a [u8]) -> Scan<'a> {
@@ -59,7 +59,7 @@ impl Scan<'_> {
         let mut pax: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
         loop {
             if self.window.limit() != u64::MAX {
-                crate::archive::SCAN_PROGRESS.store(pos as u64, std::sync::atomic::Ordering::Relaxed);
+                crate::SCAN_PROGRESS.store(pos as u64, std::sync::atomic::Ordering::Relaxed);
             }
             self.window.prepare(pos as u64).map_err(|e| self.corrupt(pos as u64, format!("cannot decompress: {e}")))?;
             if pos as u64 >= self.window.limit() {

@@ -5,12 +5,12 @@
 use std::ffi::OsStr;
 use std::path::Path;
 
-pub(crate) use crate::test_kit::TempDir;
+pub use crate::test_kit::TempDir;
 use std::process::{Command, Stdio};
 
 /// Runs `tool ARGS...` (stdin from `stdin`, else nothing) and returns its stdout; panics
 /// with its stderr unless it succeeds, and with the package to install when it is missing.
-pub(crate) fn run_tool<S: AsRef<OsStr>>(tool: &str, args: &[S], stdin: Option<&Path>) -> Vec<u8> {
+pub fn run_tool<S: AsRef<OsStr>>(tool: &str, args: &[S], stdin: Option<&Path>) -> Vec<u8> {
     let mut command = Command::new(crate::test_kit::require_tool(tool));
     command.args(args).stdin(match stdin {
         Some(input) => Stdio::from(std::fs::File::open(input).unwrap()),
@@ -33,7 +33,7 @@ pub(crate) fn run_tool<S: AsRef<OsStr>>(tool: &str, args: &[S], stdin: Option<&P
 /// A tar archive written by Python's `tarfile` module: `script` gets `tarfile`, `io`
 /// and an open `tarfile.TarFile` named `t` writing to stdout (plus `add(name, data,
 /// **attrs)` for a regular member); `open_args` are extra `tarfile.open` arguments.
-pub(crate) fn python_tar(open_args: &str, script: &str) -> Vec<u8> {
+pub fn python_tar(open_args: &str, script: &str) -> Vec<u8> {
     let program = format!(
         "import io, sys, tarfile\n\
          def add(name, data=b'', **attrs):\n    \

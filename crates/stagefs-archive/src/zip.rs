@@ -232,7 +232,12 @@ fn attrs_of(e: &Entry) -> Attrs {
     let size = if mode & libc::S_IFMT == libc::S_IFREG { e.size } else { 0 };
     let mtime = e.unix_mtime.unwrap_or_else(|| dos_time(e.dos_date, e.dos_time));
     // A zip records no owner: its members are the mounting user's, as unzip makes them.
-    Attrs { mode, uid: crate::places::my_uid(), gid: my_gid(), mtime, mtime_nsec: 0, size }
+    Attrs { mode, uid: my_uid(), gid: my_gid(), mtime, mtime_nsec: 0, size }
+}
+
+fn my_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
 }
 
 fn my_gid() -> u32 {

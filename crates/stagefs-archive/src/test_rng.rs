@@ -3,7 +3,7 @@
 //! tests use it as `crate::test_rng`; the integration tests include this file from
 //! `tests/util.rs`.
 
-#![allow(dead_code)]
+#![allow(dead_code, clippy::should_implement_trait)]
 
 /// xorshift64*: the same sequence for the same seed, everywhere.
 pub struct Rng(u64);

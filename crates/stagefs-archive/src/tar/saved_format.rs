@@ -2,10 +2,10 @@
 
 use super::key::Key;
 use super::{Extent, SparseFile, TarReader};
-use crate::archive::seekable::{max_points, Codec, Point, Points, Seekable, BZIP2_MAX_BLOCK_BITS};
-use crate::archive::{Backing, Source};
 use crate::hash;
 use crate::index::{Attrs, Data, Dirent, Index, Inode, Span, Xattr};
+use crate::seekable::{max_points, Codec, Point, Points, Seekable, BZIP2_MAX_BLOCK_BITS};
+use crate::{Backing, Source};
 
 const MAGIC: &[u8; 16] = b"STAGEFS-INDEX\0v3";
 
@@ -22,7 +22,7 @@ impl Writer {
     }
 }
 
-pub(super) fn encode(key: &Key, index: &Index, reader: &TarReader) -> Vec<u8> {
+pub fn encode(key: &Key, index: &Index, reader: &TarReader) -> Vec<u8> {
     let mut w = Writer::default();
     w.0.extend_from_slice(MAGIC);
     for v in key.fields() {
@@ -225,12 +225,7 @@ const INODE_BYTES: usize = 4 * 3 + 8 + 4 + 8 + 4 + 8 + 4 * 5;
 
 /// Decodes a saved index of the archive in `backing`; `codec` says whether `backing`
 /// holds a compressed tar to serve by the saved restart points.
-pub(super) fn decode(
-    bytes: &[u8],
-    key: &Key,
-    backing: &Backing,
-    codec: Option<Codec>,
-) -> Result<(Index, TarReader), String> {
+pub fn decode(bytes: &[u8], key: &Key, backing: &Backing, codec: Option<Codec>) -> Result<(Index, TarReader), String> {
     let body_len = bytes.len().checked_sub(8).ok_or("file is truncated")?;
     let (body, stored_hash) = bytes.split_at(body_len);
     if stored_hash != hash::hash(body).to_le_bytes() {

@@ -15,9 +15,9 @@ use std::path::Path;
 use super::header::BLOCK;
 use super::member::Scan;
 use super::{looks_like_tar, Extent, SparseFile};
-use crate::archive::OpenError;
 use crate::escape::escape;
 use crate::index::{Attrs, BuildError, Data, Index, IndexBuilder, InodeId, ROOT};
+use crate::OpenError;
 
 /// How deep archives may nest: deeper ones stay files.
 pub const MAX_DEPTH: usize = 8;

@@ -10,7 +10,7 @@ use super::codec::Compressor;
 use super::inode::{FileInode, NO_FRAGMENT};
 use super::metadata::{Cursor, MetaReader};
 use super::Fault;
-use crate::archive::{Backing, ByteWeight, Bytes, ReadError};
+use crate::{Backing, ByteWeight, Bytes, ReadError};
 
 /// Set in a block or fragment size when the data is stored uncompressed.
 const STORED_BIT: u32 = 1 << 24;

@@ -14,7 +14,7 @@ use quick_cache::sync::Cache;
 use super::cursors::{Cursors, Decodable};
 use super::directory::{u16le, Entry};
 use super::stream::{method_name, Stream};
-use crate::archive::{Backing, ByteWeight, Bytes, ReadError};
+use crate::{Backing, ByteWeight, Bytes, ReadError};
 
 const LOCAL_SIG: &[u8; 4] = b"PK\x03\x04";
 const LOCAL_LEN: usize = 30;

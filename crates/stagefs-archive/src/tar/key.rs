@@ -9,13 +9,13 @@ use crate::hash::Hasher;
 /// Identifies one version of an archive's bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Key {
-    pub(super) size: u64,
+    pub size: u64,
     mtime: i64,
     mtime_nsec: i64,
     ctime: i64,
     ctime_nsec: i64,
     inode: u64,
-    pub(super) fingerprint: u64,
+    pub fingerprint: u64,
 }
 
 impl Key {
@@ -49,7 +49,7 @@ impl Key {
     }
 
     /// The key's fields in the order a saved index stores them.
-    pub(super) fn fields(&self) -> [u64; 7] {
+    pub(crate) fn fields(&self) -> [u64; 7] {
         [
             self.size,
             self.mtime as u64,
@@ -61,7 +61,7 @@ impl Key {
         ]
     }
 
-    pub(super) fn from_fields(f: [u64; 7]) -> Key {
+    pub(crate) fn from_fields(f: [u64; 7]) -> Key {
         Key {
             size: f[0],
             mtime: f[1] as i64,

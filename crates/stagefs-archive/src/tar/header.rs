@@ -13,7 +13,7 @@ pub(super) fn round_up(n: u64) -> usize {
 
 /// Splits a member name into components the way GNU tar extracts it: leading `/` and
 /// `./` removed, `.` components dropped. `None` if a component is `..`.
-pub(crate) fn normalise(path: &[u8]) -> Option<Vec<&[u8]>> {
+pub fn normalise(path: &[u8]) -> Option<Vec<&[u8]>> {
     let mut parts = Vec::new();
     for part in path.split(|&b| b == b'/') {
         match part {
