@@ -101,6 +101,10 @@ Example (a dataset that grows between epochs):
         /// for data you trust
         #[arg(long)]
         trust_shards: bool,
+        /// Give up after this long (opening large shards takes time); a change given up on is
+        /// not made
+        #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = crate::node::parse_duration)]
+        timeout: std::time::Duration,
     },
     /// Remove shards from a set mounted with --growing; open files of theirs keep working until closed
     #[command(after_help = "The merged tree loses the shards' files at once; where an earlier shard has the same
@@ -113,6 +117,9 @@ be deleted: it is named by the path it was added with.")]
         /// Shards to remove, as added (paths; the files may be gone already)
         #[arg(required = true)]
         shards: Vec<PathBuf>,
+        /// Give up after this long; a change given up on is not made
+        #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = crate::node::parse_duration)]
+        timeout: std::time::Duration,
     },
     /// Mount once per node, run a command with the mount, unmount after the node's last task
     Run(crate::node::RunArgs),

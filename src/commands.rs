@@ -1,5 +1,6 @@
 //! The short commands: status and index (umount lives in `node/umount.rs`: `run` unmounts too).
 
+use stagefs_archive::escape::Shown;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -14,24 +15,24 @@ use crate::stage::StageMode;
 
 /// `stagefs add`: the shards `specs` name (archives, patterns, lists) join the growing set
 /// mounted at `mountpoint`. The daemon checks their owners (unless `trust`).
-pub fn add(mountpoint: &Path, specs: &[std::path::PathBuf], trust: bool) -> Result<(), Failure> {
+pub fn add(mountpoint: &Path, specs: &[std::path::PathBuf], trust: bool, timeout: Duration) -> Result<(), Failure> {
     let mountpoint = mountpoint::resolve(mountpoint)?;
     let mut paths = Vec::new();
     for spec in specs {
-        // The daemon checks trust itself: it is the one that opens them.
-        paths.extend(crate::shards::resolve(spec, &[], true)?.shards);
+        // As named, links not followed: the daemon opens them, judging every link on the way.
+        paths.extend(crate::shards::expand(spec)?);
     }
     let request = Request { verb: Verb::Add, trust, paths };
-    println!("{}", control::ask(&mountpoint, &request)?);
+    println!("{}", control::ask(&mountpoint, &request, timeout)?);
     Ok(())
 }
 
 /// `stagefs remove`: the shards at `paths` leave the growing set mounted at `mountpoint`.
-pub fn remove(mountpoint: &Path, paths: &[std::path::PathBuf]) -> Result<(), Failure> {
+pub fn remove(mountpoint: &Path, paths: &[std::path::PathBuf], timeout: Duration) -> Result<(), Failure> {
     let mountpoint = mountpoint::resolve(mountpoint)?;
     let absolute = |p: &std::path::PathBuf| std::path::absolute(p).unwrap_or_else(|_| p.clone());
     let request = Request { verb: Verb::Remove, trust: false, paths: paths.iter().map(absolute).collect() };
-    println!("{}", control::ask(&mountpoint, &request)?);
+    println!("{}", control::ask(&mountpoint, &request, timeout)?);
     Ok(())
 }
 
@@ -91,20 +92,20 @@ pub fn status(json: bool) -> Result<(), Failure> {
         let up = registry::now().saturating_sub(r.started);
         println!(
             "{:<40} {:>10} {:>10} {:>8} {:>9} {:>10} {:>7}  {}",
-            r.mountpoint.display(),
+            r.mountpoint.shown(),
             if r.staged_bytes == 0 { "-".to_string() } else { report::human(r.staged_bytes) },
             if r.warmed_bytes == 0 { "-".to_string() } else { report::human(r.warmed_bytes) },
             r.pid,
             format!("{}:{:02}:{:02}", up / 3600, up / 60 % 60, up % 60),
             r.reads,
             r.errors,
-            r.archive.display()
+            r.archive.shown()
         );
         if let Some(dir) = &r.stage_dir {
             println!(
                 "    staged to the local disk: {} in {} (a nameless file, gone with the mount)",
                 report::human(r.disk_bytes),
-                dir.display()
+                dir.shown()
             );
         }
         if let Some(shards) = r.shards {
@@ -121,14 +122,14 @@ pub fn status(json: bool) -> Result<(), Failure> {
         println!(
             "{:<40} LIVE: it answers, but its daemon's record is in no runtime directory this shell knows \
              (set STAGEFS_RUNTIME_DIR as in the shell that mounted it to see its numbers)",
-            m.display()
+            m.shown()
         );
     }
     for m in dead {
         println!(
             "{:<40} DEAD: its daemon is gone and reads fail; clear it with `stagefs umount {}`",
-            m.display(),
-            m.display()
+            m.shown(),
+            m.shown()
         );
     }
     Ok(())
@@ -157,7 +158,8 @@ pub fn index(path: &Path, trust_shards: bool, recursive: bool) -> Result<(), Fai
     // Saved indexes are keyed by the canonical path, which is what mounts look up.
     let set = crate::shards::resolve(path, &[], trust_shards)?;
     if set.shards.len() > 1 {
-        let (opened, stats) = crate::shards::open_set(&set.label, &set.shards, StageMode::None, None, indexing)?;
+        let how = crate::shards::How { mode: StageMode::None, max_ram: None, trust: set.trust, not_on: None };
+        let (opened, stats) = crate::shards::open_set(&set.label, &set.shards, how, indexing)?;
         let index = &opened.archive.index;
         println!(
             "indexed {} shards in {:.2} s: {} entries, {} in memory merged ({} bytes per entry); saved {} indexes \
@@ -172,16 +174,16 @@ pub fn index(path: &Path, trust_shards: bool, recursive: bool) -> Result<(), Fai
         return Ok(());
     }
     let path = set.label;
-    let opened = open_archive(&path, StageMode::None, None, None, None, indexing)?;
+    let opened = open_archive(&path, set.trust, StageMode::None, None, None, None, indexing)?;
     let index = &opened.archive.index;
     let entries = index.dirents.len();
     let saved = match &opened.saved_index {
-        Some(saved) => format!("saved to {}", saved.display()),
+        Some(saved) => format!("saved to {}", saved.shown()),
         None => format!("nothing to save: a {:?} archive carries its own index", opened.archive.format),
     };
     println!(
         "indexed {} in {:.2} s: {entries} entries, {} in memory ({} bytes per entry); {saved}",
-        path.display(),
+        path.shown(),
         started.elapsed().as_secs_f64(),
         report::human(index.heap_bytes() as u64),
         index.heap_bytes() / entries.max(1)

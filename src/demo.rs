@@ -1,5 +1,6 @@
 //! `stagefs demo`: builds an ImageNet-like tar, mounts it in place and staged in RAM, reads both and a plain directory of the same files, reports throughput side by side.
 
+use stagefs_archive::escape::Shown;
 use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -38,7 +39,7 @@ pub fn run(files: usize, readers: usize, dir: Option<PathBuf>, keep: bool) -> Re
         "stagefs demo: writing {} into {}: a tar of {files} files (20-200 KB, {CLASSES} classes) and the same \
          files as a plain directory to compare with; {} at the end (--dir chooses the place, --files the size)",
         mb(needed),
-        work.display(),
+        work.shown(),
         if keep { "the archive is kept, the rest removed" } else { "all removed" }
     );
     let free_in = work.ancestors().find(|d| d.exists()).unwrap_or(Path::new("/"));
@@ -47,7 +48,7 @@ pub fn run(files: usize, readers: usize, dir: Option<PathBuf>, keep: bool) -> Re
         if free < needed + needed / 10 {
             return Err(Failure::other(format!(
                 "demo: {} has {} free, the demo needs about {}; choose another place with --dir or fewer --files",
-                free_in.display(),
+                free_in.shown(),
                 mb(free),
                 mb(needed)
             )));
@@ -63,7 +64,7 @@ pub fn run(files: usize, readers: usize, dir: Option<PathBuf>, keep: bool) -> Re
     let result = compare(&archive, &plain, &work, files, readers);
     let _ = std::fs::remove_dir_all(&plain);
     if keep {
-        println!("kept the archive: {} (list it with tar -tvf)", archive.display());
+        println!("kept the archive: {} (list it with tar -tvf)", archive.shown());
     } else {
         let _ = std::fs::remove_file(&archive);
         crate::places::remove_created(&created);
@@ -99,9 +100,9 @@ fn compare(archive: &Path, plain: &Path, work: &Path, files: usize, readers: usi
     let total: u64 = expected.iter().map(|(_, len, _)| *len).sum();
     println!(
         "built {} ({files} files, {:.1} MB) and the plain directory {} in {:.2} s",
-        archive.display(),
+        archive.shown(),
         total as f64 / 1e6,
-        plain.display(),
+        plain.shown(),
         started.elapsed().as_secs_f64()
     );
     // Both mounts come first: mounting forks the daemon, which needs a process without
@@ -115,6 +116,7 @@ fn compare(archive: &Path, plain: &Path, work: &Path, files: usize, readers: usi
         let request = MountRequest {
             archive: archive.to_owned(),
             shards: vec![archive.to_owned()],
+            trust: crate::places::Trust::Named,
             mountpoint: mountpoint.clone(),
             foreground: false,
             threads: crate::options::default_threads(),
@@ -137,7 +139,7 @@ fn compare(archive: &Path, plain: &Path, work: &Path, files: usize, readers: usi
         println!(
             "mounted {} at {} in {:.2} s",
             if stage == StageMode::Ram { "staged in RAM (and warmed)" } else { "in place" },
-            mountpoint.display(),
+            mountpoint.shown(),
             started.elapsed().as_secs_f64()
         );
     }
@@ -162,7 +164,7 @@ fn read_all(expected: &[(String, u64, u64)], total: u64, readers: usize, roots: 
         for (epoch, rate) in rate.iter_mut().enumerate() {
             let (secs, bad) = read_epoch(root, expected, readers, epoch as u64 + 1);
             if bad > 0 {
-                let wrong = format!("demo: {bad} files under {} read back wrong bytes", root.display());
+                let wrong = format!("demo: {bad} files under {} read back wrong bytes", root.shown());
                 return Err(Failure::other(wrong));
             }
             *rate = expected.len() as f64 / secs.max(1e-9);

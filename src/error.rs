@@ -87,12 +87,25 @@ impl From<StageError> for Failure {
     }
 }
 
+impl From<crate::places::OutsideError> for Failure {
+    fn from(e: crate::places::OutsideError) -> Failure {
+        let code = match e {
+            crate::places::OutsideError::Io { .. } => code::BAD_ARCHIVE,
+            crate::places::OutsideError::Untrusted { .. } | crate::places::OutsideError::OnOwnMount { .. } => {
+                code::MOUNTPOINT
+            }
+        };
+        Failure::new(code, e.to_string())
+    }
+}
+
 impl From<ShardError> for Failure {
     fn from(e: ShardError) -> Failure {
         let code = match e {
             ShardError::Open(_) | ShardError::NotFound(_) => code::BAD_ARCHIVE,
             ShardError::BadPattern { .. } => code::USAGE,
             ShardError::Refused(_) => code::MOUNTPOINT,
+            ShardError::Outside(e) => return e.into(),
         };
         Failure::new(code, e.to_string())
     }
@@ -104,6 +117,8 @@ impl From<crate::growing::GrowError> for Failure {
             crate::growing::GrowError::Open(e) => e.into(),
             crate::growing::GrowError::Shard(e) => e.into(),
             crate::growing::GrowError::NotInSet(message) => Failure::new(code::USAGE, message),
+            crate::growing::GrowError::Outside(e) => e.into(),
+            crate::growing::GrowError::Abandoned => Failure::other(e.to_string()),
         }
     }
 }
@@ -114,6 +129,7 @@ impl From<OpenArchiveError> for Failure {
             OpenArchiveError::Open(e) => e.into(),
             OpenArchiveError::Stage(e) => e.into(),
             OpenArchiveError::Interrupted(e) => e.into(),
+            OpenArchiveError::Outside(e) => e.into(),
             OpenArchiveError::SaveIndex { .. } | OpenArchiveError::NoShards => Failure::other(e.to_string()),
         }
     }

@@ -161,6 +161,13 @@ impl Fs {
         }
     }
 
+    /// The state to answer a read of file bytes from: as [`Fs::view`], without holding up
+    /// a change (see [`GrowingSet::answering`]).
+    pub fn data_view(&self) -> View<'_> {
+        let tree = self.growing().map(|set| set.current());
+        View { fs: self, tree, retired: std::sync::OnceLock::new(), _answering: None }
+    }
+
     /// The state to answer one request from.
     pub fn view(&self) -> View<'_> {
         let answering = self.growing().map(|set| set.answering());
@@ -460,7 +467,7 @@ mod tests {
         let mut args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
         args.extend([src.as_os_str(), OsStr::new("-cf"), path.as_os_str(), OsStr::new("dir"), OsStr::new("hard")]);
         run_tool("tar", &args, None);
-        let archive = Archive::open(&path).unwrap();
+        let archive = Archive::open(&std::fs::File::open(&path).unwrap(), &path).unwrap();
         Fs::new(archive)
     }
 

@@ -248,7 +248,7 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
-        match self.fs.view().read(ino.0, offset, size) {
+        match self.fs.data_view().read(ino.0, offset, size) {
             Ok(bytes) => reply.data(&bytes),
             Err(e) => reply.error(self.errno(&e)),
         }

@@ -1,5 +1,6 @@
 //! The `stagefs` command: parse arguments, run the command, exit with a code scripts can rely on.
 
+use stagefs_archive::escape::Shown;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -50,7 +51,7 @@ fn run(command: Command) -> Result<(), Failure> {
                 match job_step {
                     Some(_) => tracing::info!(
                         "tied to SLURM job {job}: {} is unmounted when the job ends",
-                        request.mountpoint.display()
+                        request.mountpoint.shown()
                     ),
                     // An srun step's detached daemon is no process of the job's steps:
                     // where proctrack does not kill escaped processes, it and its mount
@@ -59,7 +60,7 @@ fn run(command: Command) -> Result<(), Failure> {
                         "stagefs: note: this detached mount is not tied to SLURM job {job}: unmount it with `stagefs \
                          umount {}` before the job ends (a bash `trap ... EXIT`), or let `stagefs run ARCHIVE -- CMD` \
                          mount it for CMD's lifetime",
-                        request.mountpoint.display()
+                        request.mountpoint.shown()
                     ),
                 }
             }
@@ -70,7 +71,7 @@ fn run(command: Command) -> Result<(), Failure> {
                     let path = stagefs::commands::json_string(&mountpoint.to_string_lossy());
                     println!("{{\"mountpoint\":{path},\"mounted\":{mounted}}}");
                 } else {
-                    println!("{}", mountpoint.display());
+                    println!("{}", mountpoint.shown());
                 }
             }
             Ok(())
@@ -85,8 +86,10 @@ fn run(command: Command) -> Result<(), Failure> {
             Ok(())
         }
         Command::Umount { mountpoint, lazy } => commands::umount(&mountpoint, lazy),
-        Command::Add { mountpoint, shards, trust_shards } => commands::add(&mountpoint, &shards, trust_shards),
-        Command::Remove { mountpoint, shards } => commands::remove(&mountpoint, &shards),
+        Command::Add { mountpoint, shards, trust_shards, timeout } => {
+            commands::add(&mountpoint, &shards, trust_shards, timeout)
+        }
+        Command::Remove { mountpoint, shards, timeout } => commands::remove(&mountpoint, &shards, timeout),
         Command::Status { json } => commands::status(json),
         Command::Index { archive, trust_shards, recursive } => commands::index(&archive, trust_shards, recursive),
         Command::Pack(args) => args.execute(),
@@ -135,8 +138,20 @@ fn init_logging(verbose: u8, colour: bool) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    // Every field, the message included, is escaped: whatever text from outside a log line
+    // quotes (a name another user chose, a path), it stays one line and drives no terminal.
+    use tracing_subscriber::field::MakeExt;
+    let escaped = tracing_subscriber::fmt::format::debug_fn(|writer, field, value| {
+        let text = format!("{value:?}");
+        match field.name() {
+            "message" => write!(writer, "{}", text.shown()),
+            name => write!(writer, "{name}={}", text.shown()),
+        }
+    })
+    .delimited(" ");
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .fmt_fields(escaped)
         .with_writer(std::io::stderr)
         .with_ansi(colour && std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)

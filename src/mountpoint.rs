@@ -1,5 +1,6 @@
 //! Mountpoint checks: create, detect live or stale mounts, unmount (as root or via fusermount3).
 
+use stagefs_archive::escape::Shown;
 use std::io::ErrorKind;
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::MetadataExt;
@@ -11,19 +12,19 @@ use crate::places;
 /// Problems with the mountpoint itself, each telling the user what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum MountpointError {
-    #[error("{}: mountpoint is not empty; choose an empty or new directory", .0.display())]
+    #[error("{}: mountpoint is not empty; choose an empty or new directory", .0.shown())]
     NotEmpty(PathBuf),
-    #[error("{}: already mounted{}; run `stagefs umount {}` first", .0.display(), describe(.1), .0.display())]
+    #[error("{}: already mounted{}; run `stagefs umount {}` first", .0.shown(), describe(.1), .0.shown())]
     AlreadyMounted(PathBuf, Option<String>),
-    #[error("{}: not a directory", .0.display())]
+    #[error("{}: not a directory", .0.shown())]
     NotADirectory(PathBuf),
-    #[error("{}: mount is busy (a process has a file open or its working directory inside); stop it, or use `stagefs umount --lazy`", .0.display())]
+    #[error("{}: mount is busy (a process has a file open or its working directory inside); stop it, or use `stagefs umount --lazy`", .0.shown())]
     Busy(PathBuf),
-    #[error("{}: not mounted", .0.display())]
+    #[error("{}: not mounted", .0.shown())]
     NotMounted(PathBuf),
-    #[error("{}: {what}: {source}", path.display())]
+    #[error("{}: {what}: {source}", path.shown())]
     Io { path: PathBuf, what: &'static str, source: std::io::Error },
-    #[error("cannot unmount {}: {message}", path.display())]
+    #[error("cannot unmount {}: {message}", path.shown())]
     Unmount { path: PathBuf, message: String },
     #[error(transparent)]
     Place(#[from] places::PlaceError),
@@ -72,7 +73,7 @@ pub fn prepare(path: &Path) -> Result<Vec<PathBuf>, MountpointError> {
         }
         // ENOTCONN: the daemon is gone; ECONNABORTED: it died while a request was in flight.
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED)) => {
-            tracing::warn!(mountpoint = %path.display(), "found a stale mount (its daemon died); unmounting it");
+            tracing::warn!(mountpoint = %path.shown(), "found a stale mount (its daemon died); unmounting it");
             unmount(path, true)?;
         }
         Err(source) => {

@@ -1,9 +1,10 @@
 //! Opening an archive to serve: format check, index key, staging, then the saved index or a scan (saved when it was costly).
 
-use std::fs::File;
+use stagefs_archive::escape::Shown;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::places::{self, OutsideFile, Trust};
 use crate::saved_index as saved;
 use crate::stage::{self, StageError, StageMode, Staging};
 use stagefs_archive::tar::{nested, TarReader};
@@ -18,10 +19,12 @@ pub enum OpenArchiveError {
     Stage(#[from] StageError),
     #[error(transparent)]
     Interrupted(#[from] crate::cancel::Interrupted),
-    #[error("cannot save the index of {}: {source}", path.display())]
+    #[error("cannot save the index of {}: {source}", path.shown())]
     SaveIndex { path: PathBuf, source: std::io::Error },
     #[error("a shard set needs at least one archive")]
     NoShards,
+    #[error(transparent)]
+    Outside(#[from] places::OutsideError),
 }
 
 /// An archive ready to serve.
@@ -74,36 +77,40 @@ pub struct Indexing {
     pub recursive: bool,
 }
 
-/// Loads (staging per `mode`) and indexes an archive (a canonical path), reusing a saved
-/// index when one matches. Saves the index of a tar when scanning was costly, or always
-/// with `force_save`.
+/// Loads (staging per `mode`) and indexes the archive at `path` (opened as `trust` says),
+/// reusing a saved index when one matches. Saves the index of a tar when scanning was costly, or
+/// always with `force_save`.
 pub fn open_archive(
     path: &Path,
+    trust: Trust,
     mode: StageMode,
     max_ram: Option<u64>,
     stage_dir: Option<&Path>,
     received: Option<crate::stage::broadcast::Received>,
     indexing: Indexing,
 ) -> Result<Opened, OpenArchiveError> {
-    open_shard(path, mode, (max_ram, stage_dir), received, indexing, 1)
+    let file = places::open_outside(path, trust, None)?;
+    open_shard(&file, mode, (max_ram, stage_dir), received, indexing, 1)
 }
 
-/// [`open_archive`] for one of `shards` archives mounted together: scanning is judged
-/// costly for the whole set (1,000 shards of 1,000 files are worth saving).
+/// [`open_archive`] for the archive `archive`, opened by the caller (one of `shards`
+/// archives mounted together: scanning is judged costly for the whole set, 1,000 shards
+/// of 1,000 files are worth saving).
 pub fn open_shard(
-    path: &Path,
+    file: &OutsideFile,
     mode: StageMode,
     (max_ram, stage_dir): (Option<u64>, Option<&Path>),
     received: Option<crate::stage::broadcast::Received>,
     Indexing { force_save, recursive }: Indexing,
     shards: usize,
 ) -> Result<Opened, OpenArchiveError> {
-    check_format(path)?;
-    let key = saved::Key::of(path).map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
-    let loaded = stage::load(path, mode, max_ram, stage_dir, received)?;
+    let path = file.resolved();
+    check_format(file)?;
+    let key = saved::Key::of(file.file()).map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
+    let loaded = stage::load(file, mode, max_ram, stage_dir, received)?;
     crate::cancel::check()?;
     if !force_save {
-        if let Some((index, reader)) = saved::load(path, &key, &loaded.backing, loaded.codec, recursive) {
+        if let Some((index, reader)) = saved::load(file, &key, &loaded.backing, loaded.codec, recursive) {
             let archive = Archive::from_saved_tar(index, reader);
             return Ok(Opened {
                 archive,
@@ -122,7 +129,7 @@ pub fn open_shard(
         tracing::warn!(
             "{}: --recursive opens inner tars of an uncompressed tar; this {} tar is served compressed, so they \
              stay files (mount it with --stage copy to decompress it whole and open them)",
-            path.display(),
+            path.shown(),
             loaded.codec.map_or("", |c| c.name())
         );
     } else if recursive {
@@ -131,7 +138,7 @@ pub fn open_shard(
     let elapsed = started.elapsed();
     let index = &archive.index;
     tracing::info!(
-        archive = %path.display(),
+        archive = %path.shown(),
         format = ?archive.format,
         entries = index.dirents.len(),
         index_bytes = index.heap_bytes(),
@@ -143,7 +150,7 @@ pub fn open_shard(
         // A file of zeros is a valid, empty tar: mounting it is no error, but rarely meant.
         tracing::warn!(
             "{} holds no files or directories ({} bytes): an empty archive, a file of zeros, or not the file you meant",
-            path.display(),
+            path.shown(),
             archive.size()
         );
     }
@@ -151,9 +158,9 @@ pub fn open_shard(
     let worth_saving = index.dirents.len() * shards >= 10_000 || elapsed * shards as u32 >= Duration::from_millis(200);
     let mut saved_index = None;
     if let Some(reader) = archive.tar_reader().filter(|_| force_save || worth_saving) {
-        match saved::save(path, &key, &archive.index, reader, recursive) {
+        match saved::save(file, &key, &archive.index, reader, recursive) {
             Ok(saved) => {
-                tracing::info!(index = %saved.display(), "saved the index for faster remounts");
+                tracing::info!(index = %saved.shown(), "saved the index for faster remounts");
                 saved_index = Some(saved);
             }
             Err(source) if force_save => return Err(OpenArchiveError::SaveIndex { path: path.to_owned(), source }),
@@ -174,17 +181,13 @@ pub fn open_shard(
 /// formats as they are, with one line saying so.
 fn open_nested(path: &Path, archive: Archive) -> Result<Archive, OpenArchiveError> {
     let Some(reader) = archive.tar_reader() else {
-        tracing::warn!(
-            "{}: --recursive opens tars inside a tar; this is a {:?} archive",
-            path.display(),
-            archive.format
-        );
+        tracing::warn!("{}: --recursive opens tars inside a tar; this is a {:?} archive", path.shown(), archive.format);
         return Ok(archive);
     };
     let backing = reader.backing().clone();
-    let (index, sparse_files, extents, opened) =
+    let nested::Expanded { index, sparse_files, extents, opened, .. } =
         nested::expand(path, &backing, &archive.index, reader.sparse_files(), reader.extents())?;
-    tracing::info!(archive = %path.display(), inner_archives = opened, "opened inner tars (--recursive)");
+    tracing::info!(archive = %path.shown(), inner_archives = opened, "opened inner tars (--recursive)");
     let reader = TarReader::from_parts(backing, sparse_files, extents).ok_or_else(|| OpenError::Corrupt {
         path: path.to_owned(),
         offset: 0,
@@ -194,15 +197,16 @@ fn open_nested(path: &Path, archive: Archive) -> Result<Archive, OpenArchiveErro
 }
 
 /// Refuses an unknown format before any byte is staged.
-fn check_format(path: &Path) -> Result<(), OpenError> {
-    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+fn check_format(archive: &OutsideFile) -> Result<(), OpenError> {
+    use std::os::unix::fs::FileExt;
+    let path = archive.resolved();
     let io = |source| OpenError::Io { path: path.to_owned(), source };
-    // Without blocking: a FIFO in the archive's place must not hang the mount.
-    let file = File::options().read(true).custom_flags(libc::O_NONBLOCK).open(path).map_err(io)?;
+    let file = archive.file();
     let kind = file.metadata().map_err(io)?.file_type();
     if kind.is_dir() {
         return Err(io(std::io::Error::other(
-            "is a directory; pack it first (tar -cf data.tar -C DIR . or mksquashfs DIR data.sqsh), then mount the archive",
+            "is a directory; pack it first (stagefs pack DIR data.tar, or tar -cf data.tar -C DIR . or mksquashfs DIR \
+             data.sqsh), then mount the archive",
         )));
     }
     if !kind.is_file() && !std::os::unix::fs::FileTypeExt::is_block_device(&kind) {

@@ -87,13 +87,18 @@ impl MountOptions {
             false => None,
         };
         let growing = self.growing_request(archive)?;
-        let set = match crate::shards::resolve(archive, &self.more_archives, self.trust_shards) {
+        let resolved = match self.watch {
+            Some(_) => crate::shards::resolve_watched(archive, self.trust_shards),
+            None => crate::shards::resolve(archive, &self.more_archives, self.trust_shards),
+        };
+        let set = match resolved {
             // A watched pattern may start empty: the shards are on their way.
             Err(crate::shards::ShardError::NotFound(why)) if self.watch.is_some() => {
                 tracing::info!("{why}; waiting for shards to appear");
                 crate::shards::ArchiveSet {
                     label: std::path::absolute(archive).unwrap_or(archive.into()),
                     shards: vec![],
+                    trust: if self.trust_shards { crate::places::Trust::Named } else { crate::places::Trust::Member },
                 }
             }
             other => other?,
@@ -102,6 +107,7 @@ impl MountOptions {
         Ok(MountRequest {
             archive: set.label,
             shards: set.shards,
+            trust: set.trust,
             mountpoint,
             foreground,
             threads: self.threads.unwrap_or_else(default_threads),

@@ -9,6 +9,7 @@
 //! ours; they are still opened with `O_NOFOLLOW`, and temp files with `O_EXCL` and an
 //! unpredictable name, so a mistake elsewhere cannot turn into a write through a link.
 
+use stagefs_archive::escape::Shown;
 use std::io::ErrorKind;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
@@ -16,9 +17,11 @@ use std::sync::OnceLock;
 
 mod checked;
 mod files;
+mod outside;
 pub use checked::CheckedDir;
 pub(crate) use files::random_suffix;
-pub use files::{open_private, read_trusted, remove_file, write_atomically, Distrust};
+pub use files::{open_private, read_all, read_checked, read_own, remove_file, write_atomically, Distrust};
+pub use outside::{open_outside, OutsideError, OutsideFile, Trust};
 
 /// A place stagefs cannot use safely, with what to do about it.
 #[derive(Debug, thiserror::Error)]
@@ -26,25 +29,25 @@ pub enum PlaceError {
     #[error(
         "{}: belongs to {owner}, not to you: another user may be trying to intercept stagefs's files; \
          {advice}",
-        path.display()
+        path.shown()
     )]
     NotOwned { path: PathBuf, owner: String, advice: String },
-    #[error("{}: is a symbolic link (or not a directory) where stagefs expects its own directory; {advice}", path.display())]
+    #[error("{}: is a symbolic link (or not a directory) where stagefs expects its own directory; {advice}", path.shown())]
     NotADirectory { path: PathBuf, advice: String },
     #[error(
         "{}: is writable by other users (mode {mode:04o}), so they could replace stagefs's files in it; {advice}",
-        path.display()
+        path.shown()
     )]
     Writable { path: PathBuf, mode: u32, advice: String },
     #[error(
         "{}: is writable by other users (mode {mode:04o}) without the sticky bit, so they could rename {} and \
          put their own in its place; use a path whose parents only you (or root) can write (such as \
          /dev/shm/$USER/...), or ask the directory's owner for `chmod +t` (as /tmp has)",
-        dir.display(),
-        child.display()
+        dir.shown(),
+        child.shown()
     )]
     Renamable { dir: PathBuf, child: PathBuf, mode: u32 },
-    #[error("{}: {what}: {source}", path.display())]
+    #[error("{}: {what}: {source}", path.shown())]
     Io { path: PathBuf, what: &'static str, source: std::io::Error },
 }
 
@@ -403,14 +406,26 @@ mod tests {
         let file = dir.join("index");
         std::fs::write(&file, b"0123456789").unwrap();
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
-        assert_eq!(read_trusted(&file, &[me], 100).unwrap(), b"0123456789");
-        assert!(read_trusted(&file, &[me], 5).unwrap_err().contains("larger"));
-        assert!(read_trusted(&file, &[me + 1], 100).unwrap_err().contains("belongs to"));
+        let checked = |path: &Path, owners: &[u32], cap: u64| {
+            use std::os::unix::fs::OpenOptionsExt;
+            let file = std::fs::File::options()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(path)
+                .map_err(|e| format!("cannot open it: {e}"))?;
+            read_checked(file, owners, cap)
+        };
+        assert_eq!(checked(&file, &[me], 100).unwrap(), b"0123456789");
+        assert!(checked(&file, &[me], 5).unwrap_err().contains("larger"));
+        assert!(checked(&file, &[me + 1], 100).unwrap_err().contains("belongs to"));
+        assert_eq!(read_own(&file, 100).as_deref(), Some(&b"0123456789"[..]));
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap();
-        assert!(read_trusted(&file, &[me], 100).unwrap_err().contains("may write"));
+        assert!(checked(&file, &[me], 100).unwrap_err().contains("may write"));
+        assert_eq!(read_own(&file, 100), None);
         nix::unistd::mkfifo(&dir.join("fifo"), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
-        assert!(read_trusted(&dir.join("fifo"), &[me], 100).unwrap_err().contains("not a regular file"));
+        assert!(checked(&dir.join("fifo"), &[me], 100).unwrap_err().contains("not a regular file"));
         std::os::unix::fs::symlink(&file, dir.join("link")).unwrap();
-        assert!(read_trusted(&dir.join("link"), &[me], 100).unwrap_err().contains("cannot open"));
+        assert!(checked(&dir.join("link"), &[me], 100).unwrap_err().contains("cannot open"));
+        assert_eq!(read_own(&dir.join("link"), 100), None);
     }
 }

@@ -11,10 +11,16 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use crate::places::{self, PlaceError};
 
 /// A running daemon as recorded at mount time.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Stored as JSON: its fields hold text from outside (an archive's path, a shard pattern,
+/// an error message quoting a member name), and a format with quoting is one that such
+/// text cannot extend with a line of its own (a path holding `\nmountpoint=...`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Record {
     pub pid: u32,
+    #[serde(with = "path_json")]
     pub archive: PathBuf,
+    #[serde(with = "path_json")]
     pub mountpoint: PathBuf,
     pub started: u64,
     /// Bytes of the archive held in a private copy in RAM (`--stage copy`, compressed tars).
@@ -25,6 +31,7 @@ pub struct Record {
     pub warmed_bytes: u64,
     /// Bytes staged to the local disk (`--stage disk`), and the directory holding them.
     pub disk_bytes: u64,
+    #[serde(with = "path_json::option")]
     pub stage_dir: Option<PathBuf>,
     /// FUSE read requests served, refreshed by the daemon every few seconds.
     pub reads: u64,
@@ -36,7 +43,64 @@ pub struct Record {
     pub shards: Option<usize>,
     /// The directories made for this mount (mountpoint included), outermost first, which
     /// the daemon removes on exit: after a `kill -9`, `stagefs umount` removes them.
+    #[serde(with = "path_json::list")]
     pub created: Vec<PathBuf>,
+}
+
+/// Paths in JSON: a string when they are UTF-8, else the array of their bytes, so that any
+/// path round-trips exactly (a directory to remove must be the very one that was made).
+mod path_json {
+    use std::os::unix::ffi::OsStringExt;
+    use std::path::{Path, PathBuf};
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    #[serde(untagged)]
+    enum Json {
+        Text(String),
+        Bytes(Vec<u8>),
+    }
+
+    fn to_json(path: &Path) -> Json {
+        match path.to_str() {
+            Some(text) => Json::Text(text.to_owned()),
+            None => Json::Bytes(path.as_os_str().as_encoded_bytes().to_vec()),
+        }
+    }
+
+    fn from_json(json: Json) -> PathBuf {
+        match json {
+            Json::Text(text) => text.into(),
+            Json::Bytes(bytes) => std::ffi::OsString::from_vec(bytes).into(),
+        }
+    }
+
+    pub fn serialize<S: serde::Serializer>(path: &Path, s: S) -> Result<S::Ok, S::Error> {
+        serde::Serialize::serialize(&to_json(path), s)
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<PathBuf, D::Error> {
+        <Json as serde::Deserialize>::deserialize(d).map(from_json)
+    }
+
+    pub mod option {
+        use super::*;
+        pub fn serialize<S: serde::Serializer>(path: &Option<PathBuf>, s: S) -> Result<S::Ok, S::Error> {
+            serde::Serialize::serialize(&path.as_deref().map(to_json), s)
+        }
+        pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<PathBuf>, D::Error> {
+            <Option<Json> as serde::Deserialize>::deserialize(d).map(|j| j.map(from_json))
+        }
+    }
+
+    pub mod list {
+        use super::*;
+        pub fn serialize<S: serde::Serializer>(paths: &[PathBuf], s: S) -> Result<S::Ok, S::Error> {
+            serde::Serialize::serialize(&paths.iter().map(|p| to_json(p)).collect::<Vec<_>>(), s)
+        }
+        pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<PathBuf>, D::Error> {
+            <Vec<Json> as serde::Deserialize>::deserialize(d).map(|j| j.into_iter().map(from_json).collect())
+        }
+    }
 }
 
 fn record_path(mountpoint: &Path) -> Result<PathBuf, PlaceError> {
@@ -45,34 +109,8 @@ fn record_path(mountpoint: &Path) -> Result<PathBuf, PlaceError> {
 
 pub fn write(record: &Record) -> std::io::Result<()> {
     let path = record_path(&record.mountpoint).map_err(std::io::Error::other)?;
-    let mut text = format!(
-        "pid={}\narchive={}\nmountpoint={}\nstarted={}\nstaged_bytes={}\nstaging={}\nwarmed_bytes={}\nreads={}\nerrors={}\n",
-        record.pid,
-        record.archive.display(),
-        record.mountpoint.display(),
-        record.started,
-        record.staged_bytes,
-        record.staging,
-        record.warmed_bytes,
-        record.reads,
-        record.errors
-    );
-    if record.disk_bytes > 0 {
-        text += &format!("disk_bytes={}\n", record.disk_bytes);
-    }
-    if let Some(dir) = &record.stage_dir {
-        text += &format!("stage_dir={}\n", dir.display());
-    }
-    if let Some(last) = &record.last_error {
-        text += &format!("last_error={}\n", last.replace('\n', " "));
-    }
-    if let Some(shards) = record.shards {
-        text += &format!("shards={shards}\n");
-    }
-    for dir in &record.created {
-        text += &format!("created={}\n", dir.display());
-    }
-    places::write_atomically(&path, text.as_bytes(), 0o600)
+    let text = serde_json::to_vec(record).map_err(std::io::Error::other)?;
+    places::write_atomically(&path, &text, 0o600)
 }
 
 pub fn now() -> u64 {
@@ -92,7 +130,7 @@ pub fn read_any(mountpoint: &Path) -> Option<Record> {
     let name = path.file_name()?;
     let found: Vec<Record> = places::runtime_dirs()
         .iter()
-        .filter_map(|dir| parse_any(&std::fs::read_to_string(dir.join(name)).ok()?))
+        .filter_map(|dir| parse_any(&read_record(&dir.join(name))?))
         .filter(|r| r.mountpoint == mountpoint)
         .collect();
     let alive = found.iter().position(|r| process_alive(r.pid)).unwrap_or(0);
@@ -108,7 +146,7 @@ pub fn list() -> Result<Vec<Record>, PlaceError> {
         .filter_map(|dir| std::fs::read_dir(dir).ok())
         .flat_map(|entries| entries.flatten())
         .filter(|e| e.path().extension().is_some_and(|x| x == "mount"))
-        .filter_map(|e| parse(&std::fs::read_to_string(e.path()).ok()?))
+        .filter_map(|e| parse(&read_record(&e.path())?))
         .collect();
     records.sort_by(|a, b| a.mountpoint.cmp(&b.mountpoint));
     records.dedup_by(|a, b| a.mountpoint == b.mountpoint);
@@ -120,27 +158,14 @@ fn parse(text: &str) -> Option<Record> {
     parse_any(text).filter(|r| process_alive(r.pid))
 }
 
-/// Parses a record, alive or not. Fields added later are optional, so that a newer
-/// `stagefs status` still lists the mounts of an older daemon.
+/// A record file's text (a few KiB; 1 MiB is no record).
+fn read_record(path: &Path) -> Option<String> {
+    String::from_utf8(places::read_own(path, 1 << 20)?).ok()
+}
+
+/// Parses a record, alive or not.
 fn parse_any(text: &str) -> Option<Record> {
-    let field = |key: &str| text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix('='));
-    Some(Record {
-        pid: field("pid")?.parse().ok()?,
-        archive: field("archive")?.into(),
-        mountpoint: field("mountpoint")?.into(),
-        started: field("started")?.parse().ok()?,
-        staged_bytes: field("staged_bytes")?.parse().ok()?,
-        // Records of daemons from before staging was recorded still parse.
-        staging: field("staging").unwrap_or("in place").to_string(),
-        warmed_bytes: field("warmed_bytes").and_then(|w| w.parse().ok()).unwrap_or(0),
-        disk_bytes: field("disk_bytes").and_then(|b| b.parse().ok()).unwrap_or(0),
-        stage_dir: field("stage_dir").map(PathBuf::from),
-        reads: field("reads")?.parse().ok()?,
-        errors: field("errors").and_then(|e| e.parse().ok()).unwrap_or(0),
-        last_error: field("last_error").map(str::to_owned),
-        shards: field("shards").and_then(|n| n.parse().ok()),
-        created: text.lines().filter_map(|l| l.strip_prefix("created=")).map(PathBuf::from).collect(),
-    })
+    serde_json::from_str(text).ok()
 }
 
 /// Deletes the records in `dir` of daemons that died without removing their own (SIGKILL),
@@ -150,7 +175,7 @@ pub fn sweep_dead_in(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     let uid = places::my_uid();
     for path in entries.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "mount")) {
-        let record = std::fs::read_to_string(&path).ok().and_then(|text| parse_any(&text));
+        let record = read_record(&path).and_then(|text| parse_any(&text));
         let needed = record.is_some_and(|r| {
             process_alive(r.pid) || crate::mountpoint::mount_at(&r.mountpoint).is_some_and(|m| m.is_stagefs_of(uid))
         });
@@ -206,14 +231,22 @@ mod tests {
         assert!(list().unwrap().contains(&mine));
         write(&Record { pid: u32::MAX - 1, ..mine.clone() }).unwrap();
         assert_eq!(read(&mountpoint), None, "a dead pid's record is ignored");
-        assert_eq!(read_any(&mountpoint), Some(Record { pid: u32::MAX - 1, ..mine }), "unless asked for");
-        // A record from before errors and created were kept still parses.
-        let old = parse_any(
-            "pid=1\narchive=/a\nmountpoint=/m\nstarted=1\nstaged_bytes=0\nstaging=copy\nwarmed_bytes=0\nreads=3\n",
-        )
-        .unwrap();
-        assert_eq!((old.disk_bytes, old.stage_dir), (0, None));
-        assert_eq!((old.reads, old.errors, old.last_error, old.created.len()), (3, 0, None, 0));
+        assert_eq!(read_any(&mountpoint), Some(Record { pid: u32::MAX - 1, ..mine.clone() }), "unless asked for");
+        // Text from outside cannot add a record or a field of its own.
+        let forged = PathBuf::from("/x\npid=1\nmountpoint=/fake\nstage_dir=/home/fake-stage\n\u{1b}[2J");
+        let odd = Record { archive: forged.clone(), last_error: Some("a\nmountpoint=/m".into()), ..mine.clone() };
+        write(&odd).unwrap();
+        let back = read(&mountpoint).unwrap();
+        assert_eq!(
+            (back.archive, back.mountpoint, back.stage_dir),
+            (forged, mountpoint.clone(), mine.stage_dir.clone())
+        );
+        // A path that is not UTF-8 round-trips exactly.
+        let bytes =
+            PathBuf::from(<std::ffi::OsString as std::os::unix::ffi::OsStringExt>::from_vec(b"/d\xff/x".to_vec()));
+        write(&Record { created: vec![bytes.clone()], ..mine.clone() }).unwrap();
+        assert_eq!(read(&mountpoint).unwrap().created, [bytes]);
+        assert_eq!(parse_any("pid=1\narchive=/a\nmountpoint=/m\n"), None, "the old text format is no record");
         remove(&mountpoint);
         assert!(!record_path(&mountpoint).unwrap().exists());
     }

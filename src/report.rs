@@ -1,5 +1,6 @@
 //! Words and bars for people: sizes (`1.5 GiB`, `8G`), progress bars on long work, and the one-line summary each long step leaves.
 
+use stagefs_archive::escape::Shown;
 use std::path::Path;
 use std::time::Instant;
 
@@ -44,7 +45,7 @@ pub fn summary(verb: &str, path: &Path, bytes: u64, started: Instant) {
     let secs = started.elapsed().as_secs_f64().max(1e-9);
     let line = format!(
         "{verb} {} into RAM: {} in {secs:.2} s ({:.0} MB/s)",
-        path.display(),
+        path.shown(),
         human(bytes),
         bytes as f64 / 1e6 / secs
     );

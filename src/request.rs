@@ -16,8 +16,10 @@ pub struct MountRequest {
     /// The archive, canonical; for a shard set, its label (see `shards.rs`), which keys the
     /// election. Resolved once where the request is made (`options.rs`), never below.
     pub archive: PathBuf,
-    /// The archives served (canonical, in the order they win): one, or a set's shards.
+    /// The archives served (resolved, in the order they win): one, or a set's shards.
     pub shards: Vec<PathBuf>,
+    /// The checks every shard passes when the daemon opens it (see `places::outside`).
+    pub trust: crate::places::Trust,
     /// Absolute, its parents' symlinks resolved (`mountpoint::resolve`), once, like `archive`.
     pub mountpoint: PathBuf,
     pub foreground: bool,

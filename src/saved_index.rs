@@ -16,10 +16,11 @@
 //! larger than an index of that archive can be. It is written with the archive's read
 //! permissions at most, so it never shows member names to someone who cannot read them.
 
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::places;
+use crate::places::{self, OutsideFile};
+use stagefs_archive::escape::Shown;
 use stagefs_archive::hash;
 use stagefs_archive::index::Index;
 use stagefs_archive::seekable::Codec;
@@ -28,10 +29,20 @@ use stagefs_archive::tar::saved_format::{decode, encode};
 use stagefs_archive::tar::TarReader;
 use stagefs_archive::Backing;
 
-/// The saved index next to `archive` (a canonical path).
-fn beside(archive: &Path, recursive: bool) -> PathBuf {
+/// The name of the saved index beside an archive named `archive_name`.
+fn beside_name(archive: &Path, recursive: bool) -> String {
     let name = archive.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    archive.with_file_name(format!("{name}.stagefs-index{}", flavor(recursive)))
+    format!("{name}{INDEX_SUFFIX}{}", flavor(recursive))
+}
+
+/// What every saved index beside an archive has in its name (a shard pattern must not
+/// take one for a shard, whatever its flavour).
+pub const INDEX_SUFFIX: &str = ".stagefs-index";
+
+/// Whether a file of this name is a saved index beside its archive (of any flavour).
+pub fn is_saved_index(name: &std::ffi::OsStr) -> bool {
+    let name = name.as_encoded_bytes();
+    [INDEX_SUFFIX, &format!("{INDEX_SUFFIX}{}", flavor(true))].iter().any(|suffix| name.ends_with(suffix.as_bytes()))
 }
 
 /// A `--recursive` index (inner tars opened) is another file than the flat one: the two
@@ -44,20 +55,17 @@ fn flavor(recursive: bool) -> &'static str {
     }
 }
 
-/// The saved index of `archive` (a canonical path) in the cache directory `dir`.
-fn in_cache(dir: &Path, archive: &Path, recursive: bool) -> PathBuf {
+/// The name of `archive`'s saved index (a resolved path) in the cache directory.
+fn cache_name(archive: &Path, recursive: bool) -> String {
     let name = archive.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let path_hash = hash::hash(archive.as_os_str().as_encoded_bytes());
-    dir.join(format!("{path_hash:016x}-{name}{}.index", flavor(recursive)))
+    format!("{path_hash:016x}-{name}{}.index", flavor(recursive))
 }
 
-/// Where an index for `archive` may live, preferred first (looked up, never created).
-fn candidates(archive: &Path, recursive: bool) -> Vec<PathBuf> {
-    let mut paths = vec![beside(archive, recursive)];
-    if let Ok(dir) = places::cache_dir() {
-        paths.push(in_cache(&dir, archive, recursive));
-    }
-    paths
+/// The user's cache directory, held open (none when there is no usable one).
+fn cache() -> Option<places::CheckedDir> {
+    let dir = places::cache_dir().ok()?;
+    places::CheckedDir::open(&dir, "").ok()
 }
 
 /// The largest index an archive of `archive_len` bytes can have: a tar member takes at
@@ -71,46 +79,50 @@ fn size_cap(archive_len: u64) -> u64 {
 /// module docs); says why it ignores one.
 /// `codec`: `backing` holds a compressed tar, served by the restart points saved with the index.
 pub fn load(
-    archive: &Path,
+    archive: &OutsideFile,
     key: &Key,
     backing: &Backing,
     codec: Option<Codec>,
     recursive: bool,
 ) -> Option<(Index, TarReader)> {
-    let owners = [places::my_uid(), std::fs::metadata(archive).map_or(places::my_uid(), |m| m.uid())];
-    for path in candidates(archive, recursive) {
-        if std::fs::symlink_metadata(&path).is_err() {
-            continue;
-        }
-        let bytes = match places::read_trusted(&path, &owners, size_cap(key.size)) {
-            Ok(bytes) => bytes,
+    let cap = size_cap(key.size);
+    let beside = beside_name(archive.resolved(), recursive);
+    let cached_name = cache_name(archive.resolved(), recursive);
+    let cache = cache();
+    let found = [
+        (archive.resolved().with_file_name(&beside), archive.read_beside(&beside, cap)),
+        match &cache {
+            Some(dir) => (dir.path().join(&cached_name), dir.read_own(&cached_name, cap)),
+            None => (PathBuf::new(), Ok(None)),
+        },
+    ];
+    for (i, (path, read)) in found.into_iter().enumerate() {
+        let bytes = match read {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => continue,
             Err(why) => {
-                tracing::warn!(index = %path.display(), "ignoring saved index: {why}; scanning the archive");
+                tracing::warn!(index = %path.shown(), "ignoring saved index: {why}; scanning the archive");
                 continue;
             }
         };
         match decode(&bytes, key, backing, codec) {
             Ok(opened) => {
-                tracing::info!(index = %path.display(), "using saved index");
-                if path != beside(archive, recursive) {
+                tracing::info!(index = %path.shown(), "using saved index");
+                if let (1, Some(dir)) = (i, &cache) {
                     // A cached index in use is kept by `prune`: its mtime says when.
-                    let _ = std::fs::File::options()
-                        .write(true)
-                        .custom_flags(libc::O_NOFOLLOW)
-                        .open(&path)
-                        .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+                    dir.touch(&cached_name);
                 }
                 return Some(opened);
             }
-            Err(why) => tracing::warn!(index = %path.display(), "ignoring saved index: {why}; rebuilding it"),
+            Err(why) => tracing::warn!(index = %path.shown(), "ignoring saved index: {why}; rebuilding it"),
         }
     }
     None
 }
 
-/// Saves the index of a tar archive; returns where it went.
+/// Saves the index of a tar archive beside it, else in the cache; returns where it went.
 pub fn save(
-    archive_path: &Path,
+    archive: &OutsideFile,
     key: &Key,
     index: &Index,
     reader: &TarReader,
@@ -118,20 +130,23 @@ pub fn save(
 ) -> std::io::Result<PathBuf> {
     let bytes = encode(key, index, reader);
     // Never more readable than the archive: the index lists its member names.
-    let archive_mode = std::fs::metadata(archive_path)?.mode();
+    let archive_mode = archive.file().metadata()?.mode();
     let mode = 0o600 | (archive_mode & 0o044);
-    let beside = beside(archive_path, recursive);
-    let beside_error = match places::write_atomically(&beside, &bytes, mode) {
-        Ok(()) => return Ok(beside),
+    let beside = beside_name(archive.resolved(), recursive);
+    let beside_error = match archive.write_beside(&beside, &bytes, mode) {
+        Ok(()) => return Ok(archive.resolved().with_file_name(&beside)),
         Err(e) => e,
     };
-    let dir = places::cache_dir().map_err(|e| {
-        std::io::Error::other(format!("cannot write {} ({beside_error}), nor use the cache: {e}", beside.display()))
+    let dir = places::cache_dir().and_then(|dir| places::CheckedDir::open(&dir, "")).map_err(|e| {
+        std::io::Error::other(format!(
+            "cannot write {} ({beside_error}), nor use the cache: {e}",
+            archive.resolved().with_file_name(&beside).shown()
+        ))
     })?;
-    let cached = in_cache(&dir, archive_path, recursive);
-    places::write_atomically(&cached, &bytes, mode)?;
-    prune(&dir, CACHE_MAX_AGE, CACHE_MAX_BYTES);
-    Ok(cached)
+    let name = cache_name(archive.resolved(), recursive);
+    dir.write_atomically(&name, &bytes, mode)?;
+    prune(dir.path(), CACHE_MAX_AGE, CACHE_MAX_BYTES);
+    Ok(dir.path().join(name))
 }
 
 /// Saved indexes in the cache directory not used for this long are removed.
@@ -165,9 +180,8 @@ fn prune(dir: &Path, max_age: std::time::Duration, max_bytes: u64) {
         if total <= max_bytes {
             break;
         }
-        if std::fs::remove_file(&path).is_ok() {
-            total -= len;
-        }
+        crate::places::remove_file(&path);
+        total -= len;
     }
 }
 
@@ -223,12 +237,13 @@ mod tests {
         let tmp = TempDir::new("index-cache");
         let dir = tmp.path();
         let path = sample_archive(dir);
-        let key = Key::of(&path).unwrap();
-        let fresh = stagefs_archive::Archive::open(&path).unwrap();
-        let saved_at = save(&path, &key, &fresh.index, fresh.tar_reader().unwrap(), false).unwrap();
-        assert_eq!(saved_at, dir.join("a.tar.stagefs-index"));
-        let backing = stagefs_archive::map_file(&File::open(&path).unwrap()).unwrap();
-        let (loaded, _) = load(&path, &key, &backing, None, false).expect("a matching index loads");
+        let file = places::open_outside(&path, places::Trust::Named, None).unwrap();
+        let key = Key::of(file.file()).unwrap();
+        let fresh = stagefs_archive::Archive::open(file.file(), &path).unwrap();
+        let saved_at = save(&file, &key, &fresh.index, fresh.tar_reader().unwrap(), false).unwrap();
+        assert_eq!(saved_at, file.resolved().with_file_name("a.tar.stagefs-index"));
+        let backing = stagefs_archive::map_file(file.file()).unwrap();
+        let (loaded, _) = load(&file, &key, &backing, None, false).expect("a matching index loads");
         assert_eq!(loaded.inodes, fresh.index.inodes);
         assert_eq!(loaded.dirents, fresh.index.dirents);
         assert_eq!(loaded.arena, fresh.index.arena);
@@ -236,7 +251,7 @@ mod tests {
         // A changed archive: different key, index ignored.
         let mut other = key;
         other.fingerprint ^= 1;
-        assert!(load(&path, &other, &backing, None, false).is_none());
+        assert!(load(&file, &other, &backing, None, false).is_none());
         // Every single-byte corruption is caught by the checksum or the bounds checks.
         let bytes = std::fs::read(&saved_at).unwrap();
         for i in (0..bytes.len()).step_by(7) {
@@ -252,11 +267,11 @@ mod tests {
         let tmp = TempDir::new("index-key");
         let path = tmp.join("x");
         std::fs::write(&path, vec![1u8; 300_000]).unwrap();
-        let a = Key::of(&path).unwrap();
+        let a = Key::of(&File::open(&path).unwrap()).unwrap();
         let mut bytes = vec![1u8; 300_000];
         bytes[299_999] = 2;
         std::fs::write(&path, &bytes).unwrap();
-        let b = Key::of(&path).unwrap();
+        let b = Key::of(&File::open(&path).unwrap()).unwrap();
         assert_ne!(a.fingerprint, b.fingerprint);
     }
 }

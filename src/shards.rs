@@ -17,10 +17,12 @@
 
 mod open;
 
+use stagefs_archive::escape::Shown;
 use std::path::{Path, PathBuf};
 
-pub use open::{open_each, open_set, report_indexed, warn_conflicts, SetStats};
+pub use open::{open_each, open_set, report_indexed, warn_conflicts, How, SetStats};
 
+use crate::places::{self, Trust};
 use stagefs_archive::OpenError;
 /// Why a shard set could not be named, each saying what to do.
 #[derive(Debug, thiserror::Error)]
@@ -37,41 +39,61 @@ pub enum ShardError {
     /// the mountpoint).
     #[error("{0}")]
     Refused(String),
+    #[error(transparent)]
+    Outside(#[from] places::OutsideError),
 }
 
 /// The archives a mount serves, in the order they win.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ArchiveSet {
-    /// The canonical path of a single archive; for a set, the spec and a digest of the list.
+    /// The resolved path of a single archive; for a set, the spec and a digest of the list.
     pub label: PathBuf,
-    /// Canonical paths, each once.
+    /// Resolved paths (every link followed), each once.
     pub shards: Vec<PathBuf>,
+    /// The checks each shard passes when it is opened to serve.
+    pub trust: Trust,
 }
 
-/// Saved indexes sit beside their shards; a pattern like `shards/*` must not take them for shards.
-const INDEX_SUFFIX: &str = ".stagefs-index";
-
-/// Resolves `spec` (an archive, a glob pattern or `@list`) and any `more` of them; a set
-/// is checked against other users (see the module's doc) unless `trust_shards`.
+/// Resolves `spec` (an archive, a glob pattern or `@list`) and any `more` of them; the
+/// shards of a set are checked against other users (see the module's doc) unless
+/// `trust_shards`, by opening each the one way files from outside are opened.
 pub fn resolve(spec: &Path, more: &[PathBuf], trust_shards: bool) -> Result<ArchiveSet, ShardError> {
+    resolve_as(spec, more, trust_shards, false)
+}
+
+/// [`resolve`] for a pattern `--watch` follows: a match that cannot serve (another user's,
+/// empty, damaged) is skipped with a warning, as the running watch skips it.
+pub fn resolve_watched(spec: &Path, trust_shards: bool) -> Result<ArchiveSet, ShardError> {
+    resolve_as(spec, &[], trust_shards, true)
+}
+
+fn resolve_as(spec: &Path, more: &[PathBuf], trust_shards: bool, skip: bool) -> Result<ArchiveSet, ShardError> {
+    let named: Vec<PathBuf> = std::iter::once(spec)
+        .chain(more.iter().map(PathBuf::as_path))
+        .map(expand)
+        .collect::<Result<Vec<_>, _>>()?
+        .concat();
+    let trust = if trust_shards || (named.len() == 1 && !is_set_spec(spec)) { Trust::Named } else { Trust::Member };
     let mut shards: Vec<PathBuf> = Vec::new();
-    for one in std::iter::once(spec).chain(more.iter().map(PathBuf::as_path)) {
-        for path in expand(one)? {
-            let canonical = path.canonicalize().map_err(|source| OpenError::Io { path: path.clone(), source })?;
-            // A shard named twice would only conflict with itself everywhere.
-            if !shards.contains(&canonical) {
-                shards.push(canonical);
+    for path in named {
+        let resolved = match places::open_outside(&path, trust, None) {
+            Ok(file) => file.resolved().to_owned(),
+            Err(e) if skip => {
+                tracing::warn!("--watch: not serving {}: {e}; retried once the file changes", path.shown());
+                continue;
             }
+            Err(e) => return Err(e.into()),
+        };
+        // A shard named twice would only conflict with itself everywhere.
+        if !shards.contains(&resolved) {
+            shards.push(resolved);
         }
-    }
-    if !trust_shards && (shards.len() > 1 || is_set_spec(spec)) {
-        shards.iter().try_for_each(|shard| check_trust(shard))?;
     }
     // A pattern or list that names one archive mounts it like that archive.
     if shards.len() == 1 {
-        return Ok(ArchiveSet { label: shards[0].clone(), shards });
+        return Ok(ArchiveSet { label: shards[0].clone(), shards, trust });
     }
-    let mut text = absolute(spec).display().to_string();
+    let mut text = absolute(spec).to_string_lossy().into_owned();
     if !more.is_empty() {
         text += &format!(" + {} more", more.len());
     }
@@ -81,7 +103,7 @@ pub fn resolve(spec: &Path, more: &[PathBuf], trust_shards: bool) -> Result<Arch
         digest.write(b"\0");
     }
     let label = format!("{text} ({} shard{}, set {:016x})", shards.len(), plural(shards.len()), digest.finish());
-    Ok(ArchiveSet { label: PathBuf::from(label), shards })
+    Ok(ArchiveSet { label: PathBuf::from(label), shards, trust })
 }
 
 /// The default mountpoint for `spec`: the archive's stem, or for a pattern or list its
@@ -107,13 +129,13 @@ pub fn default_mountpoint(spec: &Path) -> PathBuf {
 /// Refuses a MOUNTPOINT that is itself an archive: the shell expanded an unquoted
 /// pattern, and its second match took the mountpoint's place.
 pub fn check_not_an_archive(mountpoint: &Path) -> Result<(), ShardError> {
-    use std::io::Read;
+    use std::os::unix::fs::FileExt;
     let mut head = [0u8; 512];
-    let Ok(mut file) = std::fs::File::open(mountpoint) else { return Ok(()) };
-    if !file.metadata().is_ok_and(|m| m.is_file()) {
+    let Ok(file) = places::open_outside(mountpoint, Trust::Named, None) else { return Ok(()) };
+    if !file.file().metadata().is_ok_and(|m| m.is_file()) {
         return Ok(());
     }
-    let n = file.read(&mut head).unwrap_or(0);
+    let n = file.file().read_at(&mut head, 0).unwrap_or(0);
     let head = &head[..n];
     if stagefs_archive::Format::detect(head).is_none() && crate::stage::Compression::detect(head).is_none() {
         return Ok(());
@@ -121,7 +143,7 @@ pub fn check_not_an_archive(mountpoint: &Path) -> Result<(), ShardError> {
     Err(ShardError::Refused(format!(
         "{}: not a directory but an archive; did the shell expand a pattern? Quote it so that stagefs \
              expands it: stagefs mount 'shards/*.tar' MOUNTPOINT",
-        mountpoint.display()
+        mountpoint.shown()
     )))
 }
 
@@ -131,46 +153,18 @@ fn is_set_spec(spec: &Path) -> bool {
     text.starts_with('@') || is_pattern(&text)
 }
 
-/// Refuses a shard another user could have planted or could replace (see the module doc).
-pub fn check_trust(shard: &Path) -> Result<(), ShardError> {
-    use std::os::unix::fs::MetadataExt;
-    let dir = shard.parent().unwrap_or(Path::new("/"));
-    let io = |path: &Path, source| ShardError::Open(OpenError::Io { path: path.to_owned(), source });
-    let meta = std::fs::metadata(shard).map_err(|e| io(shard, e))?;
-    let dir_meta = std::fs::metadata(dir).map_err(|e| io(dir, e))?;
-    let me = crate::places::my_uid();
-    let refuse = |why: String| {
-        ShardError::Refused(format!(
-            "{}: {why}; refusing the shard set. Pass --trust-shards to use these shards on purpose",
-            shard.display()
-        ))
-    };
-    if ![me, 0, dir_meta.uid()].contains(&meta.uid()) {
-        return Err(refuse(format!(
-            "belongs to {}, neither you nor the owner of {} ({}): another user may have added it to the set",
-            crate::places::user_label(meta.uid()),
-            dir.display(),
-            crate::places::user_label(dir_meta.uid())
-        )));
-    }
-    if crate::places::others_can_write(&dir_meta) {
-        return Err(refuse(format!(
-            "its directory {} is writable by other users (mode {:04o}) without the sticky bit, so they could \
-             replace or add shards",
-            dir.display(),
-            dir_meta.mode() & 0o7777
-        )));
-    }
-    Ok(())
-}
-
 /// True for text with glob wildcards.
 pub fn is_pattern(text: &str) -> bool {
     text.contains(['*', '?', '['])
 }
 
-/// The paths one spec names: itself, the matches of a pattern, or the lines of a list.
-fn expand(spec: &Path) -> Result<Vec<PathBuf>, ShardError> {
+/// The paths one spec names: itself, the matches of a pattern, or the lines of a list;
+/// absolute, links not followed.
+pub fn expand(spec: &Path) -> Result<Vec<PathBuf>, ShardError> {
+    Ok(expand_relative(spec)?.into_iter().map(|p| absolute(&p)).collect())
+}
+
+fn expand_relative(spec: &Path) -> Result<Vec<PathBuf>, ShardError> {
     let text = spec.to_string_lossy();
     if let Some(list) = text.strip_prefix('@') {
         return read_list(Path::new(list));
@@ -184,7 +178,7 @@ fn expand(spec: &Path) -> Result<Vec<PathBuf>, ShardError> {
         let literal = if spec.exists() {
             format!(
                 "; {} exists, but its name is read as a pattern: escape it as {:?}",
-                spec.display(),
+                spec.shown(),
                 glob::Pattern::escape(&text)
             )
         } else {
@@ -193,7 +187,7 @@ fn expand(spec: &Path) -> Result<Vec<PathBuf>, ShardError> {
         return Err(ShardError::NotFound(format!(
             "no archive matches the pattern {text:?} (relative to {}); check the path, and quote the pattern so \
              that stagefs expands it{literal}",
-            std::env::current_dir().map_or_else(|_| "the current directory".into(), |d| d.display().to_string())
+            std::env::current_dir().map_or_else(|_| "the current directory".into(), |d| d.shown().to_string())
         )));
     }
     Ok(matches)
@@ -207,11 +201,11 @@ pub fn matches(pattern: &str) -> Result<Vec<PathBuf>, ShardError> {
         .filter_map(|entry| match entry {
             Ok(path) => Some(path),
             Err(e) => {
-                tracing::warn!("skipping {}: {}", e.path().display(), e.error());
+                tracing::warn!("skipping {}: {}", e.path().shown(), e.error());
                 None
             }
         })
-        .filter(|p| !p.to_string_lossy().ends_with(INDEX_SUFFIX))
+        .filter(|p| !p.file_name().is_some_and(crate::saved_index::is_saved_index))
         .collect();
     matches.sort();
     Ok(matches)
@@ -219,20 +213,21 @@ pub fn matches(pattern: &str) -> Result<Vec<PathBuf>, ShardError> {
 
 /// One archive per line; relative paths are taken from the list's directory.
 fn read_list(list: &Path) -> Result<Vec<PathBuf>, ShardError> {
-    let text = std::fs::read_to_string(list)
-        .map_err(|e| ShardError::NotFound(format!("cannot read the list of archives {}: {e}", list.display())))?;
+    /// A list names paths, not data: a larger file is not a list.
+    const MAX_LIST: u64 = 64 << 20;
+    let cannot =
+        |why: String| ShardError::NotFound(format!("cannot read the list of archives {}: {why}", list.shown()));
+    let file = places::open_outside(list, places::Trust::Named, None).map_err(|e| cannot(e.to_string()))?;
+    let bytes = places::read_all(file.file(), MAX_LIST).map_err(cannot)?;
+    let text = String::from_utf8(bytes).map_err(|_| cannot("it is not UTF-8 text".into()))?;
     let base = list.parent().unwrap_or(Path::new("."));
     let paths: Vec<PathBuf> =
         text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(|l| base.join(l)).collect();
     if paths.is_empty() {
-        return Err(ShardError::NotFound(format!("the list of archives {} names none", list.display())));
+        return Err(ShardError::NotFound(format!("the list of archives {} names none", list.shown())));
     }
     if let Some(missing) = paths.iter().find(|p| !p.exists()) {
-        return Err(ShardError::NotFound(format!(
-            "{} (listed in {}) does not exist",
-            missing.display(),
-            list.display()
-        )));
+        return Err(ShardError::NotFound(format!("{} (listed in {}) does not exist", missing.shown(), list.shown())));
     }
     Ok(paths)
 }

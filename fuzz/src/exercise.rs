@@ -72,7 +72,9 @@ pub fn index_cache(data: &[u8]) -> Result<(), String> {
 /// and served when they decompress.
 pub fn decompress(data: &[u8], scratch: &Path) -> Result<(), String> {
     std::fs::write(scratch, data).map_err(|e| format!("cannot write {}: {e}", scratch.display()))?;
-    let loaded = stagefs::stage::load(scratch, stagefs::stage::StageMode::None, Some(256 << 20), None, None);
+    let file =
+        stagefs::places::open_outside(scratch, stagefs::places::Trust::Named, None).map_err(|e| e.to_string())?;
+    let loaded = stagefs::stage::load(&file, stagefs::stage::StageMode::None, Some(256 << 20), None, None);
     let loaded = loaded.map_err(|e| e.to_string())?;
     let archive = Archive::from_staged(scratch, loaded.backing, loaded.codec).map_err(|e| e.to_string())?;
     serve(archive);

@@ -1,5 +1,6 @@
 //! Detaching the daemon: fork, wait for its verdict on a readiness pipe, pass signals on, and word a daemon that died before it answered.
 
+use stagefs_archive::escape::Shown;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -103,7 +104,7 @@ fn died_before_ready(archive: &Path, child: nix::unistd::Pid) -> Failure {
     Failure::other(match nix::sys::wait::waitpid(child, None) {
         Ok(WaitStatus::Signaled(_, Signal::SIGBUS, _)) => format!(
             "{} changed (was truncated) while it was being indexed; mount it once it is complete",
-            archive.display()
+            archive.shown()
         ),
         Ok(WaitStatus::Signaled(_, Signal::SIGKILL, _)) => "the mount daemon was killed (SIGKILL) before the mount \
              was ready; if nobody killed it, the kernel's OOM killer may have: check `dmesg` or the job's \

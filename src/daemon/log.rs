@@ -1,5 +1,6 @@
 //! The detached daemon's log: a capped file in the runtime directory, removed with the mount.
 
+use stagefs_archive::escape::Shown;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -31,12 +32,11 @@ impl DaemonLog {
                 .append(true)
                 .custom_flags(libc::O_CLOEXEC)
                 .open(path)
-                .map_err(|e| Failure::other(format!("cannot write the log file {}: {e}", path.display())))?;
+                .map_err(|e| Failure::other(format!("cannot write the log file {}: {e}", path.shown())))?;
             return Ok(DaemonLog { file, path: path.to_owned(), default: false });
         }
         let path = places::mountpoint_file(mountpoint, "log")?;
-        let cannot =
-            |e: std::io::Error| Failure::other(format!("cannot write the daemon's log {}: {e}", path.display()));
+        let cannot = |e: std::io::Error| Failure::other(format!("cannot write the daemon's log {}: {e}", path.shown()));
         let file = places::open_private(&path).map_err(cannot)?;
         // A killed daemon's log is not this mount's.
         file.set_len(0).map_err(cannot)?;

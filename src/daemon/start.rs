@@ -1,5 +1,6 @@
 //! The daemon's start-up, up to readiness: stage and index, mount, warm, record, then say "ok" on the readiness pipe; a failure or signal before that leaves nothing behind.
 
+use stagefs_archive::escape::Shown;
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::OwnedFd;
@@ -19,6 +20,7 @@ use crate::mountpoint::{self, MountpointError};
 use crate::open::{open_archive, Indexing, Opened};
 use crate::registry::{self, Record};
 use crate::request::MountRequest;
+use crate::shards::How;
 use crate::stage::Staging;
 
 /// A mount ready to serve: its FUSE session, its filesystem, and the local-disk staging
@@ -55,15 +57,17 @@ pub(super) fn start(
             max_ram: request.max_ram,
             recursive: request.recursive,
             trust_shards: growing.trust_shards,
+            skip_failing: growing.watch.is_some(),
         };
-        let (set, staged_bytes, staging) = GrowingSet::open(archive_path, &request.shards, opening)?;
+        let (set, staged_bytes, staging) = GrowingSet::open(archive_path, &request.shards, request.trust, opening)?;
         (Content::Growing(Arc::new(set)), staged_bytes, staging, None)
     } else {
         let Opened { archive, staged_bytes, staging, disk, .. } = if request.shards.len() > 1 {
-            crate::shards::open_set(archive_path, &request.shards, request.stage, request.max_ram, indexing)?.0
+            let how = How { mode: request.stage, max_ram: request.max_ram, trust: request.trust, not_on: None };
+            crate::shards::open_set(archive_path, &request.shards, how, indexing)?.0
         } else {
             let stage_dir = request.stage_dir.as_deref();
-            open_archive(archive_path, request.stage, request.max_ram, stage_dir, received, indexing)?
+            open_archive(archive_path, request.trust, request.stage, request.max_ram, stage_dir, received, indexing)?
         };
         (Content::Fixed(archive), staged_bytes, staging, disk)
     };
@@ -81,10 +85,13 @@ pub(super) fn start(
     wait_until_live(mountpoint).map_err(unmount_on_error)?;
     let control = match (fs.growing(), &request.growing) {
         (Some(set), Some(growing)) => {
-            set.connect(crate::fuse::kernel_cache(&session));
+            let dev = std::fs::metadata(mountpoint).map(|m| std::os::unix::fs::MetadataExt::dev(&m)).ok();
+            set.connect(crate::fuse::kernel_cache(&session), dev);
             let control = crate::growing::control::listen(set.clone(), mountpoint).map_err(unmount_on_error)?;
             if let Some((pattern, interval)) = &growing.watch {
-                crate::growing::watcher::spawn(set.clone(), pattern.clone(), *interval)
+                let mut memory = crate::growing::watcher::Memory::default();
+                set.take_refused().iter().for_each(|path| memory.refuse(path));
+                crate::growing::watcher::spawn(set.clone(), pattern.clone(), *interval, memory)
                     .map_err(|e| unmount_on_error(Failure::other(format!("cannot start --watch: {e}"))))?;
             }
             Some(control)
@@ -127,18 +134,18 @@ pub(super) fn start(
     });
     let capped = log.filter(|l| l.default).and_then(|l| l.file.try_clone().ok());
     housekeeping(record.clone(), fs.clone(), capped);
-    tracing::info!(mountpoint = %mountpoint.display(), pid = record.pid, "mounted");
+    tracing::info!(mountpoint = %mountpoint.shown(), pid = record.pid, "mounted");
     if let Some(mut pipe) = ready.take() {
         crate::cancel::release_parent();
         detach_stdio(log.and_then(|l| l.file.try_clone().ok()));
         let _ = pipe.write_all(b"ok ");
     } else {
-        println!("{}", mountpoint.display());
+        println!("{}", mountpoint.shown());
         eprintln!(
             "stagefs: ready: {} is mounted at {}; Ctrl-C (or `stagefs umount {}`) unmounts",
-            archive_path.display(),
-            mountpoint.display(),
-            mountpoint.display()
+            archive_path.shown(),
+            mountpoint.shown(),
+            mountpoint.shown()
         );
     }
     Ok(Live { session, fs, stage_dir: record.stage_dir, control })
@@ -181,7 +188,7 @@ fn which(program: &str) -> Option<PathBuf> {
 fn mount_failure(mountpoint: &Path, e: std::io::Error) -> Failure {
     let text = e.to_string();
     let text = text.trim().trim_start_matches("fusermount3: ");
-    let at = mountpoint.display();
+    let at = mountpoint.shown();
     match e.raw_os_error() {
         Some(libc::EBUSY) => return MountpointError::AlreadyMounted(mountpoint.to_owned(), None).into(),
         // fuser opens the mountpoint itself before it asks the kernel or fusermount3.
@@ -205,7 +212,7 @@ fn mountpoint_refused(mountpoint: &Path, why: &str) -> Failure {
         format!(
             "cannot mount on {}: {why}; mount on an empty directory you own (the default, under /dev/shm/$USER, \
              is one), or fix the directory's owner or permissions",
-            mountpoint.display()
+            mountpoint.shown()
         ),
     )
 }
@@ -219,7 +226,7 @@ fn wait_until_live(mountpoint: &Path) -> Result<(), Failure> {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    Err(Failure::other(format!("{}: the mount did not answer within 10 s", mountpoint.display())))
+    Err(Failure::other(format!("{}: the mount did not answer within 10 s", mountpoint.shown())))
 }
 
 /// Points stdin/stdout/stderr away from the terminal that launched us, stderr (the log) to

@@ -1,5 +1,6 @@
 //! Filling the mount's page cache before it is reported ready, within the RAM budget.
 
+use stagefs_archive::escape::Shown;
 use std::path::Path;
 
 use super::memory::return_free_memory;
@@ -46,7 +47,7 @@ pub(super) fn warm_page_cache(
                 format!(
                     "not enough RAM to stage {} (--stage ram): {why}; free memory, raise --max-ram, or use \
                      --stage none to serve it in place",
-                    archive.display()
+                    archive.shown()
                 ),
             ));
         }

@@ -2,33 +2,47 @@
 //!
 //! The socket sits beside the mount's record (`<hash of the mountpoint>.control`), in the
 //! runtime directory that `places` checked to be this user's alone, and is bound and
-//! reached through that directory's descriptor. The daemon also checks each caller's uid
-//! (SO_PEERCRED), and the caller the daemon's: root can reach any socket, and nobody else
-//! is ever answered. A request is NUL-separated fields: a magic, the verb, the trust flag,
-//! then the paths; the answer is the exit code and a message.
+//! reached through that directory's descriptor. The daemon checks each caller's uid
+//! (SO_PEERCRED) before it reads a byte, and the caller the daemon's: root can reach any
+//! socket, and nobody else is ever answered. Each connection is answered on a thread of
+//! its own (a few at a time), so a caller that sends slowly holds nobody else up; a
+//! request must arrive whole within [`REQUEST_TIMEOUT`].
+//!
+//! A request is its length (8 bytes, little-endian), then NUL-separated fields: a magic,
+//! the verb, the trust flag, then the paths; the answer is the exit code and a message.
+//! The caller keeps the connection open until it has the answer: a change is applied only
+//! while the caller still waits for it, so one that gave up (a timeout, Ctrl-C) never sees
+//! its change made behind its back.
 
 use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{GrowingSet, Outcome};
 use crate::error::{code, Failure};
 use crate::places::{self, CheckedDir};
+use stagefs_archive::escape::Shown;
 
-const MAGIC: &[u8] = b"stagefs-control-1";
+const MAGIC: &[u8] = b"stagefs-control-2";
 /// Largest request read: a list of paths, not data.
 const MAX_REQUEST: u64 = 16 << 20;
-/// A caller gets this long to send its request.
+/// A caller gets this long to send its whole request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections answered at once; more are told to retry.
+const MAX_CALLERS: usize = 8;
 
 /// What a caller asks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verb {
     Add,
     Remove,
+    /// Which shards the set serves now.
+    List,
 }
 
 /// One request: add or remove `paths`; `trust` skips the ownership check of added shards.
@@ -41,12 +55,18 @@ pub struct Request {
 
 impl Request {
     fn encode(&self) -> Vec<u8> {
-        let verb: &[u8] = if self.verb == Verb::Add { b"add" } else { b"remove" };
-        let mut out = [MAGIC, verb, if self.trust { b"1" } else { b"0" }].join(&0u8);
+        let verb: &[u8] = match self.verb {
+            Verb::Add => b"add",
+            Verb::Remove => b"remove",
+            Verb::List => b"list",
+        };
+        let mut body = [MAGIC, verb, if self.trust { b"1" } else { b"0" }].join(&0u8);
         for path in &self.paths {
-            out.push(0);
-            out.extend_from_slice(path.as_os_str().as_bytes());
+            body.push(0);
+            body.extend_from_slice(path.as_os_str().as_bytes());
         }
+        let mut out = (body.len() as u64).to_le_bytes().to_vec();
+        out.extend(body);
         out
     }
 
@@ -58,6 +78,7 @@ impl Request {
         let verb = match fields.next()? {
             b"add" => Verb::Add,
             b"remove" => Verb::Remove,
+            b"list" => Verb::List,
             _ => return None,
         };
         let trust = fields.next()? == b"1";
@@ -88,15 +109,28 @@ pub fn listen(set: Arc<GrowingSet>, mountpoint: &Path) -> Result<Control, Failur
     let dir = CheckedDir::open(places::runtime_dir()?, "")?;
     let name = socket_name(mountpoint)?;
     let failed =
-        |e: std::io::Error| Failure::other(format!("cannot make the control socket in {}: {e}", dir.path().display()));
+        |e: std::io::Error| Failure::other(format!("cannot make the control socket in {}: {e}", dir.path().shown()));
     // A socket left by a daemon that was killed: ours (the directory is), and dead.
     let _ = dir.remove(&name, false);
     let listener = UnixListener::bind(dir.fd_path(&name).map_err(failed)?).map_err(failed)?;
     std::thread::Builder::new()
         .name("control".into())
         .spawn(move || {
-            for stream in listener.incoming().flatten() {
-                answer(&set, stream);
+            let callers = Arc::new(AtomicUsize::new(0));
+            for mut stream in listener.incoming().flatten() {
+                if callers.fetch_add(1, Ordering::AcqRel) >= MAX_CALLERS {
+                    callers.fetch_sub(1, Ordering::AcqRel);
+                    reply(&mut stream, code::BUSY, "the daemon is answering other requests; try again");
+                    continue;
+                }
+                let (set, callers) = (set.clone(), callers.clone());
+                let spawned = std::thread::Builder::new().name("control-caller".into()).spawn(move || {
+                    answer(&set, stream);
+                    callers.fetch_sub(1, Ordering::AcqRel);
+                });
+                if spawned.is_err() {
+                    tracing::warn!("cannot start a thread for a control request");
+                }
             }
         })
         .map_err(failed)?;
@@ -108,29 +142,69 @@ fn peer_uid(stream: &UnixStream) -> Option<u32> {
     nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials).ok().map(|c| c.uid())
 }
 
+fn reply(stream: &mut UnixStream, code: u8, message: &str) {
+    let _ = stream.write_all(&[&[b'0' + code / 10, b'0' + code % 10, 0][..], message.as_bytes()].concat());
+}
+
+/// Reads exactly `buf.len()` bytes before `deadline`, however slowly they come.
+fn read_before(stream: &mut UnixStream, buf: &mut [u8], deadline: Instant) -> std::io::Result<()> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        stream.set_read_timeout(Some(left))?;
+        match stream.read(&mut buf[filled..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Whether the caller at the other end still waits for the answer (has not closed).
+fn still_waiting(stream: &UnixStream) -> bool {
+    let mut poll = libc::pollfd { fd: stream.as_raw_fd(), events: libc::POLLRDHUP, revents: 0 };
+    // SAFETY: one pollfd, as passed; a zero timeout only looks.
+    let ready = unsafe { libc::poll(&mut poll, 1, 0) };
+    ready == 0 || poll.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) == 0
+}
+
 fn answer(set: &GrowingSet, mut stream: UnixStream) {
-    let reply = |stream: &mut UnixStream, code: u8, message: &str| {
-        let _ = stream.write_all(&[&[b'0' + code / 10, b'0' + code % 10, 0][..], message.as_bytes()].concat());
-    };
-    // Read whole before any answer: an unread request would reset the connection, and the
-    // caller would lose the answer that says why it was refused.
-    let _ = stream.set_read_timeout(Some(REQUEST_TIMEOUT));
-    let mut bytes = Vec::new();
-    let read = (&mut stream).take(MAX_REQUEST + 1).read_to_end(&mut bytes);
+    // Who asks, before a byte of theirs is read.
     let caller = peer_uid(&stream);
     if caller != Some(places::my_uid()) {
         tracing::warn!(uid = ?caller, "refused a control request from another user");
         return reply(&mut stream, code::MOUNTPOINT, "this mount belongs to another user");
     }
-    if read.is_err() || bytes.len() as u64 > MAX_REQUEST {
-        return reply(&mut stream, code::USAGE, "the request was not read whole");
+    let deadline = Instant::now() + REQUEST_TIMEOUT;
+    let mut len = [0u8; 8];
+    let mut bytes = Vec::new();
+    let read = read_before(&mut stream, &mut len, deadline).and_then(|()| {
+        let len = u64::from_le_bytes(len);
+        if len > MAX_REQUEST {
+            return Err(std::io::Error::other("too long"));
+        }
+        bytes = vec![0u8; len as usize];
+        read_before(&mut stream, &mut bytes, deadline)
+    });
+    if let Err(e) = read {
+        return reply(&mut stream, code::USAGE, &format!("the request was not read whole ({e})"));
     }
     let Some(request) = Request::decode(&bytes) else {
         return reply(&mut stream, code::USAGE, "not a request this daemon understands (another stagefs version?)");
     };
+    let waiting = || still_waiting(&stream);
     let result = match request.verb {
-        Verb::Add => set.change(&request.paths, &[], request.trust),
-        Verb::Remove => set.change(&[], &request.paths, request.trust),
+        Verb::Add => set.change(&request.paths, &[], request.trust, &waiting),
+        Verb::Remove => set.change(&[], &request.paths, request.trust, &waiting),
+        Verb::List => {
+            let shards: Vec<String> = set.paths().iter().map(|p| p.shown().to_string()).collect();
+            return reply(&mut stream, 0, &shards.join("\n"));
+        }
     };
     match result {
         Ok(outcome) => reply(&mut stream, 0, &describe(&outcome)),
@@ -140,6 +214,10 @@ fn answer(set: &GrowingSet, mut stream: UnixStream) {
             reply(&mut stream, failure.code, &failure.message)
         }
     }
+}
+
+fn report_seconds(d: Duration) -> String {
+    format!("{} s", d.as_secs())
 }
 
 fn describe(o: &Outcome) -> String {
@@ -160,7 +238,9 @@ fn describe(o: &Outcome) -> String {
 }
 
 /// Sends `request` to the daemon of `mountpoint` and returns its message, or its failure.
-pub fn ask(mountpoint: &Path, request: &Request) -> Result<String, Failure> {
+/// Gives up after `timeout` (the daemon then drops the change: it is applied only while
+/// someone waits for it).
+pub fn ask(mountpoint: &Path, request: &Request, timeout: Duration) -> Result<String, Failure> {
     let name = socket_name(mountpoint)?;
     let mut stream = None;
     for dir in places::runtime_dirs() {
@@ -178,19 +258,30 @@ pub fn ask(mountpoint: &Path, request: &Request) -> Result<String, Failure> {
                 format!(
                     "{} does not take new shards: it was mounted without --growing. Remount it with \
                      `stagefs mount --growing ...` (or --watch) to add and remove shards while mounted",
-                    mountpoint.display()
+                    mountpoint.shown()
                 ),
             )
         } else {
-            Failure::new(code::NOT_MOUNTED, format!("{} is not a stagefs mount of yours", mountpoint.display()))
+            Failure::new(code::NOT_MOUNTED, format!("{} is not a stagefs mount of yours", mountpoint.shown()))
         });
     };
     if peer_uid(&stream) != Some(places::my_uid()) {
         return Err(Failure::new(code::MOUNTPOINT, "the control socket is not served by you; not asking it".into()));
     }
-    let lost = |e: std::io::Error| Failure::other(format!("lost the daemon of {}: {e}", mountpoint.display()));
+    let lost = |e: std::io::Error| {
+        if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
+            Failure::other(format!(
+                "no answer from the daemon of {} within {}; gave up, so it drops the change",
+                mountpoint.shown(),
+                report_seconds(timeout)
+            ))
+        } else {
+            Failure::other(format!("lost the daemon of {}: {e}", mountpoint.shown()))
+        }
+    };
     // A write error still leaves the daemon's answer to read: it says why.
-    let _ = stream.write_all(&request.encode()).and_then(|()| stream.shutdown(std::net::Shutdown::Write));
+    let _ = stream.write_all(&request.encode());
+    let _ = stream.set_read_timeout(Some(timeout));
     let mut answer = Vec::new();
     stream.take(MAX_REQUEST).read_to_end(&mut answer).map_err(lost)?;
     let text = String::from_utf8_lossy(&answer);
@@ -209,12 +300,15 @@ mod tests {
     #[test]
     fn requests_round_trip_and_garbage_is_refused() {
         let request = Request { verb: Verb::Remove, trust: true, paths: vec!["/a b/x.tar".into(), "/y\n.tar".into()] };
-        assert_eq!(Request::decode(&request.encode()), Some(request));
+        assert_eq!(Request::decode(&request.encode()[8..]), Some(request));
         let empty = Request { verb: Verb::Add, trust: false, paths: vec![] };
-        assert_eq!(Request::decode(&empty.encode()), Some(empty));
-        assert_eq!(Request::decode(b"stagefs-control-1\0add\x000\0relative.tar"), None, "relative paths");
+        let encoded = empty.encode();
+        assert_eq!(u64::from_le_bytes(encoded[..8].try_into().unwrap()), encoded.len() as u64 - 8);
+        assert_eq!(Request::decode(&encoded[8..]), Some(empty));
+        assert_eq!(Request::decode(b"stagefs-control-2\0add\x000\0relative.tar"), None, "relative paths");
         assert_eq!(Request::decode(b"stagefs-control-9\0add\x000"), None);
-        assert_eq!(Request::decode(b"stagefs-control-1\0format\x000"), None);
+        assert_eq!(Request::decode(b"stagefs-control-2\0format\x000"), None);
+        assert_eq!(Request::decode(b"stagefs-control-1\0add\x000"), None, "the old protocol");
         assert_eq!(Request::decode(b""), None);
     }
 }

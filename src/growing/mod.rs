@@ -11,6 +11,7 @@ pub mod control;
 pub mod tree;
 pub mod watcher;
 
+use stagefs_archive::escape::Shown;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,6 +19,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use crate::open::{Indexing, OpenArchiveError, Opened};
+use crate::places::{self, OutsideFile, Trust};
+use crate::shards::How;
 use crate::shards::ShardError;
 use crate::stage::{StageMode, Staging};
 use tree::{diff, serial_of, DirNumbers};
@@ -42,6 +45,8 @@ pub struct Opening {
     pub recursive: bool,
     /// Added shards skip the ownership check (`--trust-shards` at mount time).
     pub trust_shards: bool,
+    /// A shard that fails to open is left out with a warning, not a failure (`--watch`).
+    pub skip_failing: bool,
 }
 
 /// Why a change was refused; nothing changed.
@@ -54,6 +59,11 @@ pub enum GrowError {
     /// `remove` of a path the set does not have (a usage error).
     #[error("{0}")]
     NotInSet(String),
+    /// The caller stopped waiting before the change was made: nothing changed.
+    #[error("the caller gave up before the change was made; nothing changed")]
+    Abandoned,
+    #[error(transparent)]
+    Outside(#[from] crate::places::OutsideError),
 }
 
 /// What a change did.
@@ -80,6 +90,8 @@ pub struct GrowingSet {
     changing: Mutex<Changing>,
     /// Read-held by every request while it is answered (see [`GrowingSet::answering`]).
     answering: RwLock<()>,
+    /// Shards `--watch` left out when mounting, for its first poll to remember.
+    refused_at_start: Mutex<Vec<PathBuf>>,
 }
 
 /// A request being answered (see [`GrowingSet::answering`]).
@@ -89,32 +101,67 @@ struct Changing {
     numbers: DirNumbers,
     next_serial: u32,
     kernel: Option<Arc<dyn KernelCache>>,
+    /// The mount's own device: no shard may lie on it (reading it would need the very
+    /// daemon that waits for it, and it would keep the mount busy for good).
+    mount_dev: Option<u64>,
 }
 
 impl GrowingSet {
     /// The set of `shards` (canonical paths, in the order they win), opened as `opening`
     /// says; with the bytes they staged in RAM and how they reach it.
-    pub fn open(label: &Path, shards: &[PathBuf], opening: Opening) -> Result<(GrowingSet, u64, Staging), GrowError> {
+    pub fn open(
+        label: &Path,
+        shards: &[PathBuf],
+        trust: Trust,
+        opening: Opening,
+    ) -> Result<(GrowingSet, u64, Staging), GrowError> {
         let started = Instant::now();
         let indexing = Indexing { force_save: false, recursive: opening.recursive };
         let mut list = Vec::new();
-        // A watched pattern may start with no shard at all: an empty root, waiting.
-        let (stats, staged_bytes, staging) = match shards.is_empty() {
-            true => (crate::shards::SetStats::default(), 0, Staging::InPlace),
-            false => {
-                crate::shards::open_each(label, shards, opening.mode, opening.max_ram, indexing, |path, opened| {
-                    list.push(Arc::new(shard(path, opened, list.len() as u32 + 1)));
-                    Ok(())
-                })?
-            }
+        let how = How { mode: opening.mode, max_ram: opening.max_ram, trust, not_on: None };
+        let open = |shards: &[PathBuf], list: &mut Vec<Arc<Shard>>| {
+            crate::shards::open_each(label, shards, how, indexing, |file, opened| {
+                list.push(Arc::new(shard(file, opened, list.len() as u32 + 1)));
+                Ok(())
+            })
         };
+        let mut refused = Vec::new();
+        // A watched pattern may start with no shard at all: an empty root, waiting.
+        let (stats, staged_bytes, staging) = match open(shards, &mut list) {
+            _ if shards.is_empty() => (crate::shards::SetStats::default(), 0, Staging::InPlace),
+            Ok(opened) => opened,
+            // `--watch` skips a shard that cannot serve, as it does while running.
+            Err(_) if opening.skip_failing => {
+                list.clear();
+                let mut stats = crate::shards::SetStats::default();
+                let (mut staged_bytes, mut staging) = (0, Staging::InPlace);
+                for path in shards {
+                    match open(std::slice::from_ref(path), &mut list) {
+                        Ok((one, bytes, how)) => {
+                            stats.shards += 1;
+                            stats.reused += one.reused;
+                            stats.saved += one.saved;
+                            staged_bytes += bytes;
+                            staging = how;
+                        }
+                        Err(e) => {
+                            tracing::warn!("--watch: not serving {}: {e}; retried once the file changes", path.shown());
+                            refused.push(path.clone());
+                        }
+                    }
+                }
+                (stats, staged_bytes, staging)
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let next_serial = list.len() as u32 + 1;
         let mut numbers = DirNumbers::default();
         let tree = Tree::build(list, &mut numbers).map_err(OpenArchiveError::from)?;
         crate::shards::warn_conflicts(label, tree.conflicts.0, tree.conflicts.1.as_ref());
         if !shards.is_empty() {
             crate::shards::report_indexed(shards.len(), tree.entries(), started, &stats);
         }
-        let changing = Changing { numbers, next_serial: shards.len() as u32 + 1, kernel: None };
+        let changing = Changing { numbers, next_serial, kernel: None, mount_dev: None };
         let set = GrowingSet {
             label: label.to_owned(),
             opening,
@@ -122,21 +169,27 @@ impl GrowingSet {
             retired: Mutex::new(HashMap::new()),
             changing: Mutex::new(changing),
             answering: RwLock::new(()),
+            refused_at_start: Mutex::new(refused),
         };
         Ok((set, staged_bytes, staging))
     }
 
-    /// Where changes tell the kernel what to forget (set once mounted).
-    pub fn connect(&self, kernel: Arc<dyn KernelCache>) {
+    /// Where changes tell the kernel what to forget, and the device of the mount (set
+    /// once mounted).
+    pub fn connect(&self, kernel: Arc<dyn KernelCache>, mount_dev: Option<u64>) {
         if let Ok(mut changing) = self.changing.lock() {
             changing.kernel = Some(kernel);
+            changing.mount_dev = mount_dev;
         }
     }
 
-    /// Held by a request from before it reads the tree until its answer is sent. A change
-    /// swaps the tree, then waits for the requests under way (which may have read the old
-    /// one) before it notifies the kernel: an answer from the old tree that reached the
-    /// kernel after the notification would be cached for good.
+    /// Held by a request that answers names or attributes from the tree, from before it
+    /// reads the tree until its answer is sent. A change swaps the tree, then waits for the
+    /// requests under way (which may have read the old one) before it notifies the kernel:
+    /// an answer from the old tree that reached the kernel after the notification would be
+    /// cached for good. Reads of file bytes do not hold it: what a number means never
+    /// changes, and a read stuck on a stalled shard must not hold up a change (nor, behind
+    /// it, every request of the mount).
     pub fn answering(&self) -> Answering<'_> {
         self.answering.read().unwrap_or_else(|p| p.into_inner())
     }
@@ -157,6 +210,21 @@ impl GrowingSet {
     /// The paths of the shards now served, in the order they win.
     pub fn paths(&self) -> Vec<PathBuf> {
         self.current().shards.iter().map(|s| s.path.clone()).collect()
+    }
+
+    /// The shards now served: their paths and their files as opened.
+    pub fn served(&self) -> Vec<(PathBuf, stagefs_archive::FileId)> {
+        self.current().shards.iter().map(|s| (s.path.clone(), s.id)).collect()
+    }
+
+    /// The shards left out when mounting (see [`Opening::skip_failing`]), once.
+    pub fn take_refused(&self) -> Vec<PathBuf> {
+        self.refused_at_start.lock().map(|mut r| std::mem::take(&mut *r)).unwrap_or_default()
+    }
+
+    /// The device of the mount, once mounted.
+    pub fn mount_dev(&self) -> Option<u64> {
+        self.changing.lock().map_or(None, |c| c.mount_dev)
     }
 
     /// Counts a name of file `ino` given to the kernel from `tree` (a lookup or a
@@ -194,34 +262,39 @@ impl GrowingSet {
             std::sync::atomic::fence(Ordering::Acquire);
             let keep = !unheld || shard.lookups.load(Ordering::Acquire) > 0;
             if !keep {
-                tracing::info!(shard = %shard.path.display(), "a removed shard is no longer in use; released");
+                tracing::info!(shard = %shard.path.shown(), "a removed shard is no longer in use; released");
             }
             keep
         });
     }
 
-    /// Adds `add` (paths) after the shards served and removes `remove`, as one change: the
-    /// tree swaps once, and the kernel forgets the names that changed.
-    pub fn change(&self, add: &[PathBuf], remove: &[PathBuf], trust: bool) -> Result<Outcome, GrowError> {
+    /// Adds `add` (paths as named) after the shards served and removes `remove`, as one
+    /// change: the tree swaps once, and the kernel forgets the names that changed. The
+    /// change is made only if `waiting()` still says its caller waits for it.
+    pub fn change(
+        &self,
+        add: &[PathBuf],
+        remove: &[PathBuf],
+        trust: bool,
+        waiting: &dyn Fn() -> bool,
+    ) -> Result<Outcome, GrowError> {
         let mut changing = self.changing.lock().unwrap_or_else(|p| p.into_inner());
         let old = self.current();
         let mut outcome = Outcome::default();
         let mut removed: Vec<u32> = remove.iter().map(|p| find(&old, p)).collect::<Result<_, _>>()?;
         removed.sort_unstable();
         removed.dedup();
+        let rule = if trust || self.opening.trust_shards { Trust::Named } else { Trust::Member };
         let mut added = Vec::new();
         for path in add {
-            let canonical = path.canonicalize().map_err(|source| {
-                OpenArchiveError::from(stagefs_archive::OpenError::Io { path: path.clone(), source })
-            })?;
-            if old.shards.iter().any(|s| s.path == canonical) || added.contains(&canonical) {
+            // Checked here, the way every file from outside is opened; opened again below.
+            let resolved = places::open_outside(path, rule, changing.mount_dev)?.resolved().to_owned();
+            let served = old.shards.iter().any(|s| s.path == resolved && !removed.contains(&s.serial));
+            if served || added.contains(&resolved) {
                 outcome.already += 1;
                 continue;
             }
-            if !(trust || self.opening.trust_shards) {
-                crate::shards::check_trust(&canonical)?;
-            }
-            added.push(canonical);
+            added.push(resolved);
         }
         if added.is_empty() && removed.is_empty() {
             outcome.shards = old.shards.len();
@@ -236,9 +309,15 @@ impl GrowingSet {
             let staged = held + shards.iter().map(|s| s.staged_bytes).sum::<u64>();
             let budget = self.opening.max_ram.map(|m| m.saturating_sub(staged));
             let indexing = Indexing { force_save: false, recursive: self.opening.recursive };
+            let how = How { mode: self.opening.mode, max_ram: budget, trust: rule, not_on: changing.mount_dev };
+            // Messages about what is added name it, not the set's first shard.
+            let label = match added.as_slice() {
+                [one] => one.clone(),
+                more => PathBuf::from(format!("{} shards added to {}", more.len(), self.label.shown())),
+            };
             let mut serial = changing.next_serial;
-            crate::shards::open_each(&self.label, &added, self.opening.mode, budget, indexing, |path, opened| {
-                shards.push(Arc::new(shard(path, opened, serial)));
+            crate::shards::open_each(&label, &added, how, indexing, |file, opened| {
+                shards.push(Arc::new(shard(file, opened, serial)));
                 serial += 1;
                 Ok(())
             })?;
@@ -246,6 +325,9 @@ impl GrowingSet {
         }
         let started = Instant::now();
         let new = Arc::new(Tree::build(shards, &mut changing.numbers).map_err(OpenArchiveError::from)?);
+        if !waiting() {
+            return Err(GrowError::Abandoned);
+        }
         crate::shards::warn_conflicts(&self.label, new.conflicts.0, new.conflicts.1.as_ref());
         // Retired before the swap (a request on the old tree may still ask for them), and
         // before the kernel is told (the forgets its notifications cause must find them).
@@ -288,9 +370,10 @@ impl GrowingSet {
     }
 }
 
-fn shard(path: &Path, opened: Opened, serial: u32) -> Shard {
+fn shard(file: &OutsideFile, opened: Opened, serial: u32) -> Shard {
     Shard {
-        path: path.to_owned(),
+        path: file.resolved().to_owned(),
+        id: file.id(),
         serial,
         archive: Arc::new(opened.archive),
         staged_bytes: opened.staged_bytes,
@@ -308,7 +391,7 @@ fn find(tree: &Tree, path: &Path) -> Result<u32, GrowError> {
     tree.shards.iter().find(|s| s.path == resolved || s.path == path).map(|s| s.serial).ok_or_else(|| {
         GrowError::NotInSet(format!(
             "{} is not a shard of this mount (it serves {} shards)",
-            path.display(),
+            path.shown(),
             tree.shards.len()
         ))
     })

@@ -22,7 +22,10 @@ pub const ROOT_INO: u64 = 1;
 
 /// One archive of the set, with its own index (merged again at every change).
 pub struct Shard {
+    /// The file, every link followed.
     pub path: PathBuf,
+    /// The file as it was when opened: a shard rewritten since is read again (`--watch`).
+    pub id: stagefs_archive::FileId,
     /// Its numbers' high half; never reused in one mount.
     pub serial: u32,
     pub archive: Arc<Archive>,
@@ -240,7 +243,14 @@ mod tests {
         let backing = Arc::new(stagefs_archive::Source::private(map.make_read_only().unwrap()));
         let path = PathBuf::from(format!("s{serial}.tar"));
         let archive = Archive::from_backing(&path, backing).unwrap();
-        Arc::new(Shard { path, serial, archive: Arc::new(archive), staged_bytes: 0, lookups: AtomicU64::new(0) })
+        Arc::new(Shard {
+            path,
+            id: Default::default(),
+            serial,
+            archive: Arc::new(archive),
+            staged_bytes: 0,
+            lookups: AtomicU64::new(0),
+        })
     }
 
     /// The number `path` leads to in `tree`, through lookups from the root.

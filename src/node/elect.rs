@@ -1,5 +1,6 @@
 //! Electing the one process per node that mounts, and waiting for its mount (or its error).
 
+use stagefs_archive::escape::Shown;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -71,7 +72,7 @@ impl Lease {
 pub fn elect(archive: &Path, mountpoint: &Path, task: &SlurmTask, timeout: Duration) -> Result<Election, Failure> {
     sweep_stale();
     let files = NodeFiles::for_mountpoint(mountpoint)?;
-    let what = format!("{} on {}", archive.display(), mountpoint.display());
+    let what = format!("{} on {}", archive.shown(), mountpoint.shown());
     elect_with(&files.lock, task, timeout, &what, &|| is_mounted(archive, mountpoint))
 }
 
@@ -95,7 +96,7 @@ fn elect_with(
         }
         if candidate {
             let lock = LockFile::try_acquire(lock_path, Mode::Exclusive)
-                .map_err(|e| Failure::other(format!("cannot take the mount lock {}: {e}", lock_path.display())))?;
+                .map_err(|e| Failure::other(format!("cannot take the mount lock {}: {e}", lock_path.shown())))?;
             if let Some(lock) = lock {
                 // A leader may have finished between our check and our lock.
                 if mounted()? {
@@ -151,10 +152,10 @@ fn is_mounted(archive: &Path, mountpoint: &Path) -> Result<bool, Failure> {
             code::MOUNTPOINT,
             format!(
                 "{} is already mounted with another archive ({}, daemon pid {}); unmount it with `stagefs umount {}`, or give another MOUNTPOINT (stagefs mount ARCHIVE DIR)",
-                mountpoint.display(),
-                record.archive.display(),
+                mountpoint.shown(),
+                record.archive.shown(),
                 record.pid,
-                mountpoint.display()
+                mountpoint.shown()
             ),
         ));
     }
@@ -199,7 +200,7 @@ pub fn mount(request: &MountRequest, timeout: Duration, idle: Option<Duration>) 
         Election::AlreadyMounted => {
             if task.local_id.is_some_and(|id| id != 0) {
                 // SLURM followers always find their leader's mount: nothing to say.
-                tracing::info!(mountpoint = %mountpoint.display(), "already mounted by this node's leader");
+                tracing::info!(mountpoint = %mountpoint.shown(), "already mounted by this node's leader");
             } else {
                 eprintln!("stagefs: {}", already_mounted(mountpoint, request));
             }
@@ -218,13 +219,13 @@ fn already_mounted(mountpoint: &Path, request: &MountRequest) -> String {
     let record = registry::read(mountpoint);
     let pid = record.as_ref().map_or_else(|| "?".to_string(), |r| r.pid.to_string());
     let mut line =
-        format!("{} is already mounted with this archive (daemon pid {pid}); nothing to do", mountpoint.display());
+        format!("{} is already mounted with this archive (daemon pid {pid}); nothing to do", mountpoint.shown());
     let in_place = record.is_some_and(|r| r.staging == crate::stage::Staging::InPlace.name());
     if matches!(request.stage, crate::stage::StageMode::Ram | crate::stage::StageMode::Copy) && in_place {
         line += &format!(
             ". Note: it is served in place, not staged in RAM as --stage asks; to stage it, \
              `stagefs umount {}` and mount again",
-            mountpoint.display()
+            mountpoint.shown()
         );
     }
     line
@@ -249,7 +250,7 @@ pub fn wait(mountpoint: &Path, timeout: Duration) -> Result<(), Failure> {
             if same_job || status.at_ms + RECENT_MS >= started_ms {
                 return Err(Failure::new(
                     status.code,
-                    format!("mounting {} failed (pid {}): {}", mountpoint.display(), status.pid, status.message),
+                    format!("mounting {} failed (pid {}): {}", mountpoint.shown(), status.pid, status.message),
                 ));
             }
         }
@@ -260,7 +261,7 @@ pub fn wait(mountpoint: &Path, timeout: Duration) -> Result<(), Failure> {
                 .unwrap_or_default();
             return Err(Failure::new(
                 code::NOT_MOUNTED,
-                format!("{} is not a live stagefs mount after waiting {timeout:?}{last}", mountpoint.display()),
+                format!("{} is not a live stagefs mount after waiting {timeout:?}{last}", mountpoint.shown()),
             ));
         }
         std::thread::sleep(POLL);
@@ -364,8 +365,9 @@ mod tests {
     #[test]
     fn a_leader_that_died_while_mounting_is_reported() {
         let (_dir, path) = lock_path("died");
-        std::fs::write(&path, format!("state=mounting\npid={}\ntag=42.3\nat_ms=0\ncode=0\nmessage=\n", u32::MAX - 1))
-            .unwrap();
+        let status = Status { pid: u32::MAX - 1, at_ms: 0, ..Status::mounting(Some("42.3".into())) };
+        std::fs::write(&path, serde_json::to_string(&status).unwrap()).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
         let err = elect_with(&path, &slurm(2, "3"), Duration::from_secs(5), "test", &|| Ok(false)).unwrap_err();
         assert!(err.message.contains("died before its mount was ready"), "{}", err.message);
     }

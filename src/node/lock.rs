@@ -4,6 +4,7 @@
 //! a deleted inode while newcomers lock a new file. So every acquisition re-checks that
 //! the path still names the locked inode, and retries if not; only a holder deletes.
 
+use stagefs_archive::escape::Shown;
 use std::fs::File;
 use std::io::{self, ErrorKind};
 use std::os::fd::AsRawFd;
@@ -58,7 +59,7 @@ impl LockFile {
         match io::Error::last_os_error() {
             e if e.kind() == ErrorKind::WouldBlock => Ok(false),
             e if e.raw_os_error() == Some(libc::EINTR) => Ok(false),
-            e => Err(io::Error::new(e.kind(), format!("cannot lock {}: {e}", self.path.display()))),
+            e => Err(io::Error::new(e.kind(), format!("cannot lock {}: {e}", self.path.shown()))),
         }
     }
 
@@ -97,7 +98,7 @@ impl LockFile {
         let text = status.to_text();
         let _ = self.file.set_len(0);
         if let Err(e) = self.file.write_all_at(text.as_bytes(), 0) {
-            tracing::warn!("cannot write status to {}: {e}", self.path.display());
+            tracing::warn!("cannot write status to {}: {e}", self.path.shown());
         }
     }
 
@@ -109,12 +110,13 @@ impl LockFile {
     }
 
     pub(crate) fn read_text(&self) -> String {
-        std::fs::read_to_string(&self.path).unwrap_or_default()
+        crate::places::read_own(&self.path, 1 << 20).and_then(|b| String::from_utf8(b).ok()).unwrap_or_default()
     }
 }
 
-/// What a leader last said about its mount attempt.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What a leader last said about its mount attempt; stored as JSON (the message quotes
+/// text from outside, which a format with quoting keeps from adding fields).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Status {
     pub failed: bool,
     pub pid: u32,
@@ -131,31 +133,16 @@ impl Status {
     }
 
     fn to_text(&self) -> String {
-        let state = if self.failed { "failed" } else { "mounting" };
-        let tag = self.tag.as_deref().unwrap_or("-");
-        // The message goes last and may contain anything but a newline.
-        let message = self.message.replace('\n', " ");
-        format!(
-            "state={state}\npid={}\ntag={tag}\nat_ms={}\ncode={}\nmessage={message}\n",
-            self.pid, self.at_ms, self.code
-        )
+        serde_json::to_string(self).unwrap_or_default()
     }
 
     pub(crate) fn parse(text: &str) -> Option<Status> {
-        let field = |key: &str| text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix('='));
-        Some(Status {
-            failed: field("state")? == "failed",
-            pid: field("pid")?.parse().ok()?,
-            tag: field("tag").filter(|t| *t != "-").map(str::to_owned),
-            at_ms: field("at_ms")?.parse().ok()?,
-            code: field("code")?.parse().ok()?,
-            message: field("message")?.to_owned(),
-        })
+        serde_json::from_str(text).ok()
     }
 
     /// The status in the file at `path`, if it exists and parses.
     pub(crate) fn read(path: &Path) -> Option<Status> {
-        Status::parse(&std::fs::read_to_string(path).ok()?)
+        Status::parse(&String::from_utf8(crate::places::read_own(path, 1 << 20)?).ok()?)
     }
 }
 
@@ -189,8 +176,7 @@ mod tests {
         s.code = 4;
         s.message = "bad\nthing".into();
         let back = Status::parse(&s.to_text()).unwrap();
-        assert_eq!(back.message, "bad thing");
-        assert_eq!(Status { message: "bad thing".into(), ..s }, back);
+        assert_eq!(back, s, "the message keeps its newline, inside its field");
         assert_eq!(Status::parse("garbage"), None);
     }
 

@@ -6,6 +6,7 @@
 //! command, until all of its step's tasks on this node have joined (so a slow starter is
 //! not left without a mount) and then for the exclusive lock, then unmounts.
 
+use stagefs_archive::escape::Shown;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::ExitStatusExt;
@@ -60,7 +61,7 @@ pub fn run(request: &RunRequest) -> Result<u8, Failure> {
             die_with_this_process(&mut command);
             match command.spawn() {
                 Ok(child) => Ok(signals.wait(child)),
-                Err(e) => Err(Failure::new(127, format!("cannot run {}: {e}", Path::new(program).display()))),
+                Err(e) => Err(Failure::new(127, format!("cannot run {}: {e}", Path::new(program).shown()))),
             }
         }
     };
@@ -85,7 +86,7 @@ fn join(mount: &MountRequest, task: &SlurmTask, timeout: Duration) -> Result<(Lo
             match LockFile::try_acquire(&files.users, Mode::Shared) {
                 Ok(Some(users)) => break users,
                 Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-                Err(e) => return Err(Failure::other(format!("cannot use {}: {e}", files.users.display()))),
+                Err(e) => return Err(Failure::other(format!("cannot use {}: {e}", files.users.shown()))),
             }
         };
         if registry::read(&mount.mountpoint).is_some_and(|r| r.archive == mount.archive)
@@ -93,7 +94,7 @@ fn join(mount: &MountRequest, task: &SlurmTask, timeout: Duration) -> Result<(Lo
         {
             let line = format!("{} {}", task.step_tag().unwrap_or_else(|| "-".into()), std::process::id());
             if let Err(e) = users.append_line(&line) {
-                tracing::warn!("cannot record this task in {}: {e}", files.users.display());
+                tracing::warn!("cannot record this task in {}: {e}", files.users.shown());
             }
             return Ok((users, leader));
         }
@@ -146,7 +147,7 @@ fn teardown(users: &LockFile, mountpoint: &Path, task: &SlurmTask, signalled: bo
             }
         }
         if signalled && started.elapsed() > SIGNAL_GRACE {
-            tracing::warn!("other tasks still use {} after a signal; detaching it", mountpoint.display());
+            tracing::warn!("other tasks still use {} after a signal; detaching it", mountpoint.shown());
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -157,7 +158,7 @@ fn teardown(users: &LockFile, mountpoint: &Path, task: &SlurmTask, signalled: bo
         other => other,
     };
     match result {
-        Ok(()) => tracing::info!(mountpoint = %mountpoint.display(), "last task done; unmounted"),
+        Ok(()) => tracing::info!(mountpoint = %mountpoint.shown(), "last task done; unmounted"),
         Err(f) if f.code == crate::error::code::NOT_MOUNTED => {}
         Err(f) => eprintln!("stagefs: warning: {}", f.message),
     }

@@ -1,5 +1,6 @@
 //! `stagefs umount`: unmount one's own stagefs mount, wait for its daemon, and clear what a killed daemon left.
 
+use stagefs_archive::escape::Shown;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -26,7 +27,7 @@ pub fn umount(path: &Path, lazy: bool) -> Result<(), Failure> {
                 format!(
                     "{} is not a stagefs mount of yours: {} is mounted there; stagefs umount only unmounts \
                      what you mounted with stagefs",
-                    mountpoint.display(),
+                    mountpoint.shown(),
                     entry.describe()
                 ),
             ))
@@ -53,7 +54,7 @@ pub fn umount(path: &Path, lazy: bool) -> Result<(), Failure> {
                 }
                 return Err(Failure::other(format!(
                     "{} is unmounted but its daemon (pid {}) is still running after 10 s (files still open after a lazy unmount?)",
-                    mountpoint.display(),
+                    mountpoint.shown(),
                     record.pid
                 )));
             }
@@ -82,7 +83,7 @@ fn report_errors_served(record: &registry::Record) {
     }
     eprintln!(
         "stagefs: {} served {} failed read{} (EIO) while mounted; the last: {}",
-        record.mountpoint.display(),
+        record.mountpoint.shown(),
         record.errors,
         if record.errors == 1 { "" } else { "s" },
         record.last_error.as_deref().unwrap_or("(not recorded)")

@@ -156,12 +156,12 @@ mod tests {
             read_ahead: 1 << 20,
         };
         args.run().unwrap(); // not execute(): it would catch signals in the test process
-        let path = out.canonicalize().unwrap();
-        let scanned = Archive::open(&path).unwrap();
-        let key = crate::saved_index::Key::of(&path).unwrap();
-        let backing = stagefs_archive::map_file(&std::fs::File::open(&path).unwrap()).unwrap();
+        let file = crate::places::open_outside(&out, crate::places::Trust::Named, None).unwrap();
+        let scanned = Archive::open(file.file(), &out).unwrap();
+        let key = crate::saved_index::Key::of(file.file()).unwrap();
+        let backing = stagefs_archive::map_file(file.file()).unwrap();
         let (index, saved) =
-            crate::saved_index::load(&path, &key, &backing, None, false).expect("pack saved a matching index");
+            crate::saved_index::load(&file, &key, &backing, None, false).expect("pack saved a matching index");
         assert_eq!(index.inodes, scanned.index.inodes);
         assert_eq!(index.dirents, scanned.index.dirents);
         assert_eq!(index.arena, scanned.index.arena);

@@ -16,6 +16,7 @@ mod sparse;
 mod walk;
 mod write;
 
+use stagefs_archive::escape::Shown;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -90,21 +91,21 @@ impl Member {
 pub enum PackError {
     #[error("{0}")]
     Usage(String),
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}: {source}", path.shown())]
     Source { path: PathBuf, source: std::io::Error },
     #[error(
         "{} changed while it was read, twice ({what}): the archive would hold a torn copy, so none was written; \
          pack again once nothing writes to it, or leave it out with --exclude",
-        path.display()
+        path.shown()
     )]
     Changed { path: PathBuf, what: String },
     #[error(
         "{} was replaced by another file (or a directory above it by a link) after its directory was listed; \
          nothing was written: pack again once nothing renames files in DIR",
-        path.display()
+        path.shown()
     )]
     Replaced { path: PathBuf },
-    #[error("{}: {what}: {source}", path.display())]
+    #[error("{}: {what}: {source}", path.shown())]
     Output { path: PathBuf, what: String, source: std::io::Error },
     #[error("cannot index the archive: {0}")]
     Index(stagefs_archive::index::BuildError),
@@ -157,14 +158,14 @@ impl PackArgs {
         let started = Instant::now();
         match std::fs::metadata(&self.dir) {
             Ok(meta) if meta.is_dir() => {}
-            Ok(_) => return Err(PackError::Usage(format!("{} is not a directory", self.dir.display()))),
-            Err(e) => return Err(PackError::Usage(format!("cannot pack {}: {e}", self.dir.display()))),
+            Ok(_) => return Err(PackError::Usage(format!("{} is not a directory", self.dir.shown()))),
+            Err(e) => return Err(PackError::Usage(format!("cannot pack {}: {e}", self.dir.shown()))),
         }
         if self.out.is_dir() {
             return Err(PackError::Usage(format!(
                 "{} is a directory; name the archive to write (e.g. {}/data.tar)",
-                self.out.display(),
-                self.out.display()
+                self.out.shown(),
+                self.out.shown()
             )));
         }
         let threads = match self.threads {
@@ -206,8 +207,14 @@ impl PackArgs {
             result
         })?;
         let write::Writer { mut outputs, totals, .. } = writer;
-        for out in &mut outputs {
-            out.install()?;
+        // All or nothing: every shard is checked first, and one that still fails to go into
+        // place takes the ones installed before it back out.
+        outputs.iter().try_for_each(output::Output::check_installable)?;
+        for i in 0..outputs.len() {
+            if let Err(e) = outputs[i].install() {
+                outputs[..i].iter_mut().for_each(output::Output::uninstall);
+                return Err(e);
+            }
         }
         let mut saved = 0;
         for out in &mut outputs {
@@ -215,7 +222,7 @@ impl PackArgs {
                 Ok(()) => saved += 1,
                 Err(e) => tracing::warn!(
                     "{}: the index was not saved ({e}); the first mount will scan it",
-                    out.final_path.display()
+                    out.final_path.shown()
                 ),
             }
         }
@@ -224,8 +231,8 @@ impl PackArgs {
         }
         let secs = started.elapsed().as_secs_f64().max(1e-6);
         let written = match outputs.len() {
-            1 => outputs[0].final_path.display().to_string(),
-            n => format!("{n} shards {}", shards::shard_path(&self.out, 0).display()).replace("-000000.tar", "-*.tar"),
+            1 => outputs[0].final_path.shown().to_string(),
+            n => format!("{n} shards {}", shards::shard_path(&self.out, 0).shown()).replace("-000000.tar", "-*.tar"),
         };
         eprintln!(
             "stagefs: packed {} files ({}) into {written} in {secs:.2} s: {:.0} files/s, {:.1} MB/s, {threads} readers; \
@@ -243,7 +250,7 @@ impl PackArgs {
 /// Sockets cannot be archived (GNU tar skips them too): skipped with a warning.
 fn keep(root: &Path, e: &walk::Entry) -> bool {
     if e.stat.file_type() == libc::S_IFSOCK {
-        tracing::warn!("{}: socket ignored (tar cannot store sockets)", walk::full_path(root, &e.path).display());
+        tracing::warn!("{}: socket ignored (tar cannot store sockets)", walk::full_path(root, &e.path).shown());
         return false;
     }
     let name = e.path.rsplit(|&b| b == b'/').next().unwrap_or(&[]);
@@ -253,15 +260,15 @@ fn keep(root: &Path, e: &walk::Entry) -> bool {
 
 /// Saves an installed archive's index, keyed by the archive as it now is (after the rename).
 fn save_index(out: &mut output::Output) -> Result<(), String> {
-    let path = out.final_path.canonicalize().map_err(|e| e.to_string())?;
     let (index, sparse_files, extents) = std::mem::take(&mut out.index).finish().map_err(|e| e.to_string())?;
-    let file = std::fs::File::open(&path).map_err(|e| e.to_string())?;
-    let backing = stagefs_archive::map_file(&file).map_err(|e| e.to_string())?;
+    let file =
+        crate::places::open_outside(&out.final_path, crate::places::Trust::Named, None).map_err(|e| e.to_string())?;
+    let backing = stagefs_archive::map_file(file.file()).map_err(|e| e.to_string())?;
     let reader = stagefs_archive::tar::TarReader::from_parts(backing, sparse_files, extents)
         .ok_or("sparse tables out of bounds")?;
-    let key = crate::saved_index::Key::of(&path).map_err(|e| e.to_string())?;
-    let at = crate::saved_index::save(&path, &key, &index, &reader, false).map_err(|e| e.to_string())?;
-    tracing::info!(index = %at.display(), "saved the index");
+    let key = crate::saved_index::Key::of(file.file()).map_err(|e| e.to_string())?;
+    let at = crate::saved_index::save(&file, &key, &index, &reader, false).map_err(|e| e.to_string())?;
+    tracing::info!(index = %at.shown(), "saved the index");
     Ok(())
 }
 
@@ -274,8 +281,8 @@ fn warn_stale_shards(out: &Path, count: u32) {
     if n > count {
         tracing::warn!(
             "{} to {} are left from an earlier pack and would be mounted with this one by a pattern: remove them",
-            shards::shard_path(out, count).display(),
-            shards::shard_path(out, n - 1).display()
+            shards::shard_path(out, count).shown(),
+            shards::shard_path(out, n - 1).shown()
         );
     }
 }

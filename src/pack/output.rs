@@ -6,6 +6,7 @@
 //! is at OUT itself, never what a symlink there points to. Dropped before [`Output::install`],
 //! the temp file is removed: an error or a signal leaves no partial archive.
 
+use stagefs_archive::escape::Shown;
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::{BufWriter, Seek, Write};
@@ -43,7 +44,7 @@ impl Output {
             .open(&tmp)
             .map_err(|source| PackError::Output {
                 path: final_path.to_owned(),
-                what: format!("cannot create a temporary file in {}", dir_of(final_path).display()),
+                what: format!("cannot create a temporary file in {}", dir_of(final_path).shown()),
                 source,
             })?;
         Ok(Output {
@@ -96,6 +97,46 @@ impl Output {
         self.file.flush().map_err(|e| self.error("cannot write", e))?;
         let file = self.file.get_ref();
         file.set_permissions(std::fs::Permissions::from_mode(mode)).map_err(|e| self.error("cannot chmod", e))
+    }
+
+    /// Checks, before any archive of a pack is renamed into place, that this one can be:
+    /// its name is free, or an entry the rename may replace (in a sticky directory, only
+    /// the user's own or the directory owner's entries can be replaced).
+    pub fn check_installable(&self) -> Result<(), PackError> {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(there) = std::fs::symlink_metadata(&self.final_path) else { return Ok(()) };
+        let refuse = |why: &str| self.error(why, std::io::Error::from_raw_os_error(libc::EPERM));
+        if there.is_dir() {
+            return Err(refuse("a directory has this name"));
+        }
+        let dir =
+            std::fs::metadata(dir_of(&self.final_path)).map_err(|e| self.error("cannot inspect its directory", e))?;
+        let me = crate::places::my_uid();
+        if dir.mode() & libc::S_ISVTX != 0 && there.uid() != me && dir.uid() != me && me != 0 {
+            return Err(refuse(&format!(
+                "it exists and belongs to {}, in a directory with the sticky bit: it cannot be replaced; nothing \
+                 was installed",
+                crate::places::user_label(there.uid())
+            )));
+        }
+        Ok(())
+    }
+
+    /// Takes an installed archive back out (a later shard of the same pack could not be
+    /// installed): nothing partial is left. Only the file this pack wrote is removed.
+    pub fn uninstall(&mut self) {
+        use std::os::unix::fs::MetadataExt;
+        if !self.installed {
+            return;
+        }
+        let ours = self.file.get_ref().metadata().map(|m| (m.dev(), m.ino()));
+        let there = std::fs::symlink_metadata(&self.final_path).map(|m| (m.dev(), m.ino()));
+        if let (Ok(ours), Ok(there)) = (ours, there) {
+            if ours == there {
+                let _ = std::fs::remove_file(&self.final_path);
+            }
+        }
+        self.installed = false;
     }
 
     /// Renames the finished archive into place.

@@ -4,6 +4,7 @@
 //! million files waits a million times. Here a directory's listing is cut into batches of
 //! names that any thread stats, so one huge flat directory keeps every thread busy too.
 
+use stagefs_archive::escape::Shown;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
@@ -234,11 +235,16 @@ fn run(
     Ok(())
 }
 
+/// The most bytes a `--files-from` list may have (paths, not data).
+const MAX_LIST: u64 = 1 << 30;
+
 /// Reads `--files-from`: one path per line, relative to DIR (a leading `./` and trailing
 /// `/` are dropped; empty lines skipped). An absolute path or `..` is refused.
 pub fn read_list(list: &Path) -> Result<Vec<Vec<u8>>, PackError> {
-    let bytes = std::fs::read(list)
-        .map_err(|e| PackError::Usage(format!("--files-from {}: cannot read it: {e}", list.display())))?;
+    let cannot = |e: String| PackError::Usage(format!("--files-from {}: cannot read it: {e}", list.shown()));
+    let file =
+        crate::places::open_outside(list, crate::places::Trust::Named, None).map_err(|e| cannot(e.to_string()))?;
+    let bytes = crate::places::read_all(file.file(), MAX_LIST).map_err(cannot)?;
     let mut paths = Vec::new();
     for (n, line) in bytes.split(|&b| b == b'\n').enumerate() {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -246,7 +252,7 @@ pub fn read_list(list: &Path) -> Result<Vec<Vec<u8>>, PackError> {
             continue;
         }
         let bad = |why: &str| {
-            PackError::Usage(format!("--files-from {} line {}: {why}: {}", list.display(), n + 1, escape(line)))
+            PackError::Usage(format!("--files-from {} line {}: {why}: {}", list.shown(), n + 1, escape(line)))
         };
         if line.starts_with(b"/") {
             return Err(bad("an absolute path; list paths relative to DIR"));

@@ -7,9 +7,10 @@
 //! checked is what it uses. Its path is kept for messages and for tools that need a path
 //! (sbcast), which [`CheckedDir::still_at_path`] can verify.
 
+use stagefs_archive::escape::Shown;
 use std::ffi::CString;
 use std::fs::{File, Metadata};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -126,6 +127,29 @@ impl CheckedDir {
         Ok(unsafe { File::from_raw_fd(fd) })
     }
 
+    /// Writes the file `name` inside atomically (see [`super::files::write_atomically_at`]).
+    pub fn write_atomically(&self, name: &str, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+        c_name(name)?;
+        super::files::write_atomically_at(self.fd.as_fd(), std::ffi::OsStr::new(name), bytes, mode)
+    }
+
+    /// Reads the file `name` inside, if there is one, when it is a regular file of this
+    /// user's, writable by nobody else, of at most `cap` bytes.
+    pub fn read_own(&self, name: &str, cap: u64) -> Result<Option<Vec<u8>>, String> {
+        match self.open_file(name) {
+            Ok(file) => super::read_checked(file, &[super::my_uid()], cap).map(Some),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(format!("cannot open it: {e}")),
+        }
+    }
+
+    /// Sets the mtime of the file `name` inside to now (without following a link).
+    pub fn touch(&self, name: &str) {
+        let Ok(c) = c_name(name) else { return };
+        // SAFETY: a NUL-terminated name relative to our descriptor; NULL times mean now.
+        unsafe { libc::utimensat(self.fd.as_raw_fd(), c.as_ptr(), std::ptr::null(), libc::AT_SYMLINK_NOFOLLOW) };
+    }
+
     /// A path to `name` inside that goes through our descriptor (`/proc/self/fd/N/name`),
     /// for calls that only take a path, such as a Unix socket's bind and connect: it
     /// reaches this very directory, and stays short whatever the directory's own path
@@ -164,7 +188,7 @@ impl CheckedDir {
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)) => {
                     tracing::debug!(
                         "{} does not support O_TMPFILE ({e}); creating a file and unlinking it",
-                        self.path.display()
+                        self.path.shown()
                     );
                 }
                 Err(e) => return Err(e),

@@ -1,8 +1,11 @@
 //! The files stagefs keeps in its checked directories: opened without following links, written atomically, read only when trusted, and removed here alone.
 
-use std::ffi::OsString;
+use stagefs_archive::escape::Shown;
+use std::ffi::{CString, OsStr, OsString};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
@@ -21,7 +24,7 @@ pub fn open_private(path: &Path) -> std::io::Result<File> {
         .open(path)?;
     let meta = file.metadata()?;
     if !meta.file_type().is_file() || meta.uid() != my_uid() {
-        return Err(std::io::Error::other(format!("{} is not a regular file of yours", path.display())));
+        return Err(std::io::Error::other(format!("{} is not a regular file of yours", path.shown())));
     }
     Ok(file)
 }
@@ -38,42 +41,81 @@ pub(crate) fn random_suffix() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Writes `bytes` to `path` atomically: a temp file beside it, created with `O_EXCL` and
-/// `O_NOFOLLOW` under an unpredictable name with exactly `mode`, then renamed over `path`
-/// (rename replaces a planted symlink itself, never what it points to).
+/// Writes `bytes` to `path` atomically: see [`write_atomically_at`], in `path`'s directory.
 pub fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
-    let mut name = OsString::from(".");
-    name.push(path.file_name().unwrap_or_default());
-    name.push(format!(".{}.tmp", random_suffix()));
-    let tmp = path.with_file_name(name);
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&tmp)?;
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = File::options().read(true).custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW).open(dir)?;
+    write_atomically_at(dir.as_fd(), path.file_name().unwrap_or_default(), bytes, mode)
+}
+
+/// Writes `bytes` to the file `name` of the directory `dir` atomically: a temp file beside
+/// it, created with `O_EXCL` and `O_NOFOLLOW` under an unpredictable name with exactly
+/// `mode`, then renamed over `name` (rename replaces a planted symlink itself, never what
+/// it points to; in a sticky directory it fails on another user's entry).
+pub fn write_atomically_at(dir: BorrowedFd<'_>, name: &OsStr, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    let mut tmp = OsString::from(".");
+    tmp.push(name);
+    tmp.push(format!(".{}.tmp", random_suffix()));
+    let c =
+        |n: &OsStr| CString::new(n.as_bytes()).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e));
+    let (c_tmp, c_name) = (c(&tmp)?, c(name)?);
+    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // SAFETY: a NUL-terminated name relative to a descriptor we hold; the result is owned below.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), c_tmp.as_ptr(), flags, mode) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: just opened.
+    let mut file = unsafe { File::from_raw_fd(fd) };
     let result = file
         .set_permissions(std::fs::Permissions::from_mode(mode))
         .and_then(|()| file.write_all(bytes))
-        .and_then(|()| std::fs::rename(&tmp, path));
+        .and_then(|()| {
+            // SAFETY: NUL-terminated names relative to the same descriptor.
+            let rc = unsafe { libc::renameat(dir.as_raw_fd(), c_tmp.as_ptr(), dir.as_raw_fd(), c_name.as_ptr()) };
+            if rc == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
     if result.is_err() {
-        remove_file(&tmp);
+        // SAFETY: as above.
+        unsafe { libc::unlinkat(dir.as_raw_fd(), c_tmp.as_ptr(), 0) };
     }
     result
+}
+
+/// All of an open file, refused past `cap` bytes.
+pub fn read_all(file: &File, cap: u64) -> Result<Vec<u8>, String> {
+    let mut bytes = Vec::new();
+    file.take(cap + 1).read_to_end(&mut bytes).map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > cap {
+        return Err(format!("it is larger than {cap} bytes"));
+    }
+    Ok(bytes)
+}
+
+/// A file stagefs wrote in one of its checked directories (a record, a status), read back
+/// without following a link: `None` unless it is a regular file of this user's, writable
+/// by nobody else, of at most `cap` bytes.
+pub fn read_own(path: &Path, cap: u64) -> Option<Vec<u8>> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+        .open(path)
+        .ok()?;
+    read_checked(file, &[my_uid()], cap).ok()
 }
 
 /// Why a file was not trusted, for the log line.
 pub type Distrust = String;
 
-/// Reads a file only if it deserves trust: a regular file (opened without following a
-/// symlink and without blocking on a FIFO), owned by one of `owners`, writable by nobody
-/// else, and at most `cap` bytes.
-pub fn read_trusted(path: &Path, owners: &[u32], cap: u64) -> Result<Vec<u8>, Distrust> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
-        .open(path)
-        .map_err(|e| format!("cannot open it: {e}"))?;
+/// Reads an open file only if it deserves trust: a regular file (opened without following
+/// a symlink and without blocking on a FIFO, by [`super::OutsideFile::read_beside`] or
+/// [`super::CheckedDir::open_file`]), owned by one of `owners`, writable by nobody else,
+/// and at most `cap` bytes.
+pub fn read_checked(file: File, owners: &[u32], cap: u64) -> Result<Vec<u8>, Distrust> {
     let meta = file.metadata().map_err(|e| format!("cannot inspect it: {e}"))?;
     if !meta.file_type().is_file() {
         return Err("it is not a regular file".into());
@@ -102,7 +144,7 @@ pub fn read_trusted(path: &Path, owners: &[u32], cap: u64) -> Result<Vec<u8>, Di
 pub fn remove_file(path: &Path) {
     if let Err(e) = std::fs::remove_file(path) {
         if e.kind() != std::io::ErrorKind::NotFound {
-            tracing::debug!("cannot remove {}: {e}", path.display());
+            tracing::debug!("cannot remove {}: {e}", path.shown());
         }
     }
 }
@@ -114,10 +156,9 @@ mod tests {
         ("places.rs", "makes the checked directories"),
         ("places/checked.rs", "works under a checked directory's descriptor"),
         ("places/files.rs", "this file"),
-        ("open.rs", "opens the archive read-only, non-blocking"),
+        ("places/outside.rs", "writes a saved index beside its archive, through the directory's descriptor"),
         ("daemon/start.rs", "opens /dev/fuse and /dev/null"),
         ("daemon/log.rs", "appends to the user's own --log-file"),
-        ("saved_index.rs", "renews a cached index's mtime (O_NOFOLLOW)"),
         ("pack/output.rs", "writes the user's OUT through an O_EXCL temp name"),
         ("pack/read.rs", "reads the dataset read-only (O_NOFOLLOW)"),
         ("demo.rs", "writes in its own work directory, made by places::own_dir"),
@@ -125,43 +166,117 @@ mod tests {
     const WRITES: &[&str] =
         &["remove_file(", "create_dir", "File::create", "File::options", "OpenOptions", "fs::write("];
 
+    /// Files that open a file by its path by themselves, and why each may: every archive,
+    /// shard, list, saved index or record is opened through `places` (`open_outside`,
+    /// `read_own`, a `CheckedDir`), which judges who made it and uses only what it opened.
+    const MAY_OPEN: &[(&str, &str)] = &[
+        ("places.rs", "the mechanism"),
+        ("places/checked.rs", "the mechanism"),
+        ("places/files.rs", "the mechanism"),
+        ("places/outside.rs", "the mechanism"),
+        ("daemon/start.rs", "/dev/fuse and /dev/null"),
+        ("daemon/log.rs", "the user's own --log-file"),
+        ("stage/budget.rs", "/proc/meminfo and the cgroup's limits"),
+        ("node.rs", "/proc/PID/stat and cmdline"),
+        ("registry.rs", "/proc/PID/stat"),
+        ("mountpoint.rs", "/proc/self/mountinfo"),
+        ("pack/read.rs", "the dataset being packed, read-only, O_NOFOLLOW"),
+        ("pack/output.rs", "OUT's O_EXCL temp file"),
+        ("demo.rs", "the files of its own mount"),
+        ("growing/mod.rs", "resolves the directory of a shard to remove, to match it: opens nothing"),
+    ];
+    const OPENS: &[&str] = &[
+        "File::open(",
+        "fs::read(",
+        "fs::read_to_string(",
+        "File::options(",
+        "OpenOptions::new(",
+        "libc::open(",
+        "libc::openat(",
+        "canonicalize(",
+    ];
+
+    /// The product code of every crate: (crate-relative name, text before its test module).
+    fn product_files() -> Vec<(String, bool, String)> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut found = Vec::new();
+        for (src, daemon) in [(root.join("src"), true), (root.join("crates/stagefs-archive/src"), false)] {
+            let mut stack = vec![src.clone()];
+            while let Some(dir) = stack.pop() {
+                for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+                    let path = entry.path();
+                    if path.is_dir() {
+                        stack.push(path);
+                        continue;
+                    }
+                    let rel = path.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
+                    if !rel.ends_with(".rs") || rel.ends_with("tests.rs") || rel.starts_with("test_") {
+                        continue;
+                    }
+                    let text = std::fs::read_to_string(&path).unwrap();
+                    // Test modules sit at the end of each file.
+                    let product = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("").to_string();
+                    found.push((rel, daemon, product));
+                }
+            }
+        }
+        found
+    }
+
+    fn offending(allowed: &[(&str, &str)], calls: &[&str]) -> Vec<String> {
+        let mut found = Vec::new();
+        for (rel, daemon, product) in product_files() {
+            // The archive crate opens and writes nothing by itself: it is handed open files.
+            if daemon && allowed.iter().any(|(file, _)| *file == rel) {
+                continue;
+            }
+            for (n, line) in product.lines().enumerate() {
+                let code = line.trim_start();
+                // A call, not the tail of a longer name (`LockFile::open(` is no `File::open(`).
+                let calls_one = calls.iter().any(|w| {
+                    code.match_indices(w).any(|(i, _)| {
+                        !code[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_') || w.starts_with('.')
+                    })
+                });
+                if !code.starts_with("//") && calls_one && !code.contains("places::") {
+                    let krate = if daemon { "src" } else { "crates/stagefs-archive/src" };
+                    found.push(format!("{krate}/{rel}:{}: {}", n + 1, code));
+                }
+            }
+        }
+        found
+    }
+
     /// Everything stagefs keeps on a node goes through `places`: no other product code
     /// creates, opens for writing or deletes a path by itself (test modules excepted).
     #[test]
     fn only_places_writes_and_deletes_on_the_node() {
-        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        let mut found = Vec::new();
-        let mut stack = vec![src.clone()];
-        while let Some(dir) = stack.pop() {
-            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
-                let path = entry.path();
-                if path.is_dir() {
-                    stack.push(path);
-                    continue;
-                }
-                let rel = path.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
-                if !rel.ends_with(".rs") || rel.ends_with("tests.rs") || rel.starts_with("test_") {
-                    continue;
-                }
-                if MAY_WRITE.iter().any(|(file, _)| *file == rel) {
-                    continue;
-                }
-                let text = std::fs::read_to_string(&path).unwrap();
-                // Test modules sit at the end of each file.
-                let product = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
-                for (n, line) in product.lines().enumerate() {
-                    let code = line.trim_start();
-                    if !code.starts_with("//") && WRITES.iter().any(|w| code.contains(w)) && !code.contains("places::")
-                    {
-                        found.push(format!("src/{rel}:{}: {}", n + 1, code));
-                    }
-                }
-            }
-        }
+        let found = offending(MAY_WRITE, WRITES);
         assert!(
             found.is_empty(),
             "write or delete through places (or list the file with a reason):\n{}",
             found.join("\n")
         );
+    }
+
+    /// Every file from outside is opened the one way (`places::open_outside`, or `read_own`
+    /// for what stagefs wrote itself): no other product code opens a path by itself, nor
+    /// resolves one with `canonicalize` to check it and open it again.
+    #[test]
+    fn only_places_opens_files_from_outside() {
+        let found = offending(MAY_OPEN, OPENS);
+        assert!(
+            found.is_empty(),
+            "open files from outside through places::open_outside (or list the file with a reason):\n{}",
+            found.join("\n")
+        );
+    }
+
+    /// Text from outside reaches terminals, logs and records escaped: paths are shown with
+    /// `Shown::shown`, never `display()`.
+    #[test]
+    fn paths_are_shown_escaped() {
+        let found = offending(&[("escape.rs", "defines the one way")], &[".display()"]);
+        assert!(found.is_empty(), "show paths with .shown() (stagefs_archive::escape::Shown):\n{}", found.join("\n"));
     }
 }

@@ -1,5 +1,6 @@
 //! Opening a shard set: shards staged and indexed in parallel (or read from their saved indexes), merged in order.
 
+use stagefs_archive::escape::Shown;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -7,10 +8,10 @@ use std::sync::mpsc;
 use std::time::Instant;
 
 use crate::open::{open_shard, Indexing, OpenArchiveError, Opened};
+use crate::places::{self, OutsideFile, Trust};
 use crate::report;
 use crate::stage::{self, StageMode, Staging};
 use stagefs_archive::set::{Conflict, Merger};
-use stagefs_archive::OpenError;
 
 /// What opening a set did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -31,16 +32,15 @@ pub struct SetStats {
 pub fn open_set(
     label: &Path,
     shards: &[PathBuf],
-    mode: StageMode,
-    max_ram: Option<u64>,
+    how: How,
     indexing: Indexing,
 ) -> Result<(Opened, SetStats), OpenArchiveError> {
     let started = Instant::now();
     let mut merger = Merger::new();
     let mut merging = std::time::Duration::ZERO;
-    let (mut stats, staged_bytes, staging) = open_each(label, shards, mode, max_ram, indexing, |path, opened| {
+    let (mut stats, staged_bytes, staging) = open_each(label, shards, how, indexing, |file, opened| {
         let merge_started = Instant::now();
-        let added = merger.add(path, opened.archive);
+        let added = merger.add(file.resolved(), opened.archive);
         merging += merge_started.elapsed();
         Ok(added?)
     })?;
@@ -50,7 +50,7 @@ pub fn open_set(
     let archive = merger.finish()?;
     let index = &archive.index;
     tracing::info!(
-        set = %label.display(),
+        set = %label.shown(),
         shards = shards.len(),
         entries = index.dirents.len(),
         index_bytes = index.heap_bytes(),
@@ -70,25 +70,36 @@ pub fn open_set(
     Ok((opened, stats))
 }
 
+/// How a set's shards are opened and staged.
+#[derive(Debug, Clone, Copy)]
+pub struct How {
+    pub mode: StageMode,
+    /// `--max-ram`, for the whole set.
+    pub max_ram: Option<u64>,
+    /// The owner checks each shard passes (see `places::outside`).
+    pub trust: Trust,
+    /// The device of the mount the shards are added to: none may lie on it.
+    pub not_on: Option<u64>,
+}
+
 /// Opens every shard as [`open_set`] does, handing each to `take` in order, its own index
 /// kept (a growing set merges them again at every change). Returns what opening them did,
 /// the bytes they staged and how they reach RAM.
 pub fn open_each(
     label: &Path,
     shards: &[PathBuf],
-    mode: StageMode,
-    max_ram: Option<u64>,
+    How { mode, max_ram, trust, not_on }: How,
     indexing: Indexing,
-    mut take: impl FnMut(&Path, Opened) -> Result<(), OpenArchiveError>,
+    mut take: impl FnMut(&OutsideFile, Opened) -> Result<(), OpenArchiveError>,
 ) -> Result<(SetStats, u64, Staging), OpenArchiveError> {
-    let sizes = shards
-        .iter()
-        .map(|p| std::fs::metadata(p).map(|m| m.len()).map_err(|source| OpenError::Io { path: p.clone(), source }))
-        .collect::<Result<Vec<u64>, _>>()?;
-    let total: u64 = sizes.iter().sum();
-    let first = shards.first().ok_or(OpenArchiveError::NoShards)?;
-    let mode = stage::mode_for_set(label, first, total, mode, max_ram)?;
     raise_fd_limit(shards.len());
+    // Each shard is opened once, here, and used only through that descriptor from now on.
+    let files =
+        shards.iter().map(|p| places::open_outside(p, trust, not_on)).collect::<Result<Vec<OutsideFile>, _>>()?;
+    let sizes: Vec<u64> = files.iter().map(|f| f.id().size).collect();
+    let total: u64 = sizes.iter().sum();
+    let first = files.first().ok_or(OpenArchiveError::NoShards)?;
+    let mode = stage::mode_for_set(label, first, total, mode, max_ram)?;
     // Threads overlap the latency of a parallel filesystem as much as they share the CPU.
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get() * 2).clamp(2, 16).min(shards.len());
     let bar = report::progress(Some(total), &format!("indexing {} shards", shards.len()));
@@ -99,7 +110,7 @@ pub fn open_each(
     let taken = std::thread::scope(|scope| -> Result<(), OpenArchiveError> {
         for _ in 0..threads {
             let tx = tx.clone();
-            let (next, stop, staged) = (&next, &stop, &staged);
+            let (next, stop, staged, files) = (&next, &stop, &staged, &files);
             scope.spawn(move || {
                 report::quietly(|| loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
@@ -110,7 +121,7 @@ pub fn open_each(
                     let budget = max_ram.map(|m| m.saturating_sub(staged.load(Ordering::Relaxed)));
                     let result = crate::cancel::check()
                         .map_err(OpenArchiveError::from)
-                        .and_then(|()| open_shard(&shards[i], mode, (budget, None), None, indexing, shards.len()));
+                        .and_then(|()| open_shard(&files[i], mode, (budget, None), None, indexing, shards.len()));
                     if let Ok(opened) = &result {
                         staged.fetch_add(opened.staged_bytes, Ordering::Relaxed);
                     }
@@ -137,7 +148,7 @@ pub fn open_each(
                 stats.saved += usize::from(opened.saved_index.is_some());
                 staged_bytes += opened.staged_bytes;
                 staging = most_staged(staging, opened.staging);
-                if let Err(e) = take(&shards[done], opened) {
+                if let Err(e) = take(&files[done], opened) {
                     stop.store(true, Ordering::Relaxed);
                     return Err(e);
                 }
@@ -159,10 +170,10 @@ pub fn warn_conflicts(label: &Path, conflicts: u64, first: Option<&Conflict>) {
             "{conflicts} path{} in more than one shard of {}; each is served from the last shard that has it \
              (the first: {} in {}, served from {})",
             if conflicts == 1 { " is" } else { "s are" },
-            label.display(),
+            label.shown(),
             first.path,
-            first.earlier.display(),
-            first.later.display()
+            first.earlier.shown(),
+            first.later.shown()
         );
     }
 }

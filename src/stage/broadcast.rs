@@ -22,6 +22,7 @@
 //! Outside SLURM, and in a one-node job, there is nothing to fan out: `--broadcast` is a
 //! no-op with one info line, unless `STAGEFS_BROADCAST_ALWAYS=1` (for testing on one node).
 
+use stagefs_archive::escape::Shown;
 use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
@@ -115,10 +116,9 @@ pub fn plan(
         return Ok(None);
     }
     let Some(JobView { job, nodes, sender, .. }) = view else { return Ok(None) };
-    let archive = archive.canonicalize().map_err(|source| StageError::Io {
-        path: archive.to_owned(),
-        what: "cannot open".into(),
-        source,
+    let archive = places::open_outside(archive, places::Trust::Named, None).map_err(|e| match e {
+        places::OutsideError::Io { path, source } => StageError::Io { path, what: "cannot open".into(), source },
+        other => StageError::Broadcast(other.to_string()),
     })?;
     let disk_base = match to_disk {
         true => Some(super::disk::base_dir(stage_dir).ok_or(StageError::NoStageDir)?),
@@ -128,8 +128,10 @@ pub fn plan(
         Some(base) => super::disk::staging_dir_path(base),
         None => Path::new("/dev/shm").join(places::user_name()),
     };
-    let name =
-        format!(".stagefs-bcast-{job}-{:016x}", stagefs_archive::hash::hash(archive.as_os_str().as_encoded_bytes()));
+    let name = format!(
+        ".stagefs-bcast-{job}-{:016x}",
+        stagefs_archive::hash::hash(archive.resolved().as_os_str().as_encoded_bytes())
+    );
     let plan = Plan {
         data: dir.join(&name).join(COPY),
         dir,
@@ -149,19 +151,20 @@ pub fn plan(
 /// Runs `sbcast` (and then broadcasts the status); a failure is recorded in the status for
 /// every node's leader to report, not returned: this task must still join its node's
 /// election, or the other tasks on its node would wait for a leader that never comes.
-fn send(archive: &Path, plan: &Plan, nodes: u32) -> Result<(), StageError> {
+fn send(file: &places::OutsideFile, plan: &Plan, nodes: u32) -> Result<(), StageError> {
     crate::cancel::arm().map_err(|e| StageError::Broadcast(format!("cannot install signal handlers: {e}")))?;
-    let size = std::fs::metadata(archive).map(|m| m.len()).unwrap_or(0);
+    let (archive, size) = (file.resolved(), file.id().size);
     let (dir, inbox) = plan.open_inbox()?;
     // Measured before: sbcast's message for a full disk is "Unspecified error".
     let free_before = dir.free_space().ok().map(|(free, _)| free);
     let started = Instant::now();
-    let line = match sbcast(archive, &plan.data) {
+    // sbcast reads the very file opened above, through the descriptor it inherits.
+    let line = match sbcast(Source::Open(file.file()), &plan.data) {
         Ok(()) => {
             let secs = started.elapsed().as_secs_f64().max(1e-9);
             crate::report::report_done(&format!(
                 "broadcast {} to {nodes} node(s) with sbcast: {} in {secs:.2} s ({:.0} MB/s)",
-                archive.display(),
+                archive.shown(),
                 human(size),
                 size as f64 / 1e6 / secs
             ));
@@ -174,22 +177,30 @@ fn send(archive: &Path, plan: &Plan, nodes: u32) -> Result<(), StageError> {
                 format!(
                     " (the archive needs {}; {} had {} free on this node before)",
                     human(size),
-                    dir.path().display(),
+                    dir.path().shown(),
                     human(free)
                 )
             });
-            format!("failed broadcasting {} with sbcast failed: {message}{room}\n", archive.display())
+            format!("failed broadcasting {} with sbcast failed: {message}{room}\n", archive.shown())
         }
     };
     places::write_atomically(&plan.status, line.as_bytes(), 0o600)
-        .map_err(|e| StageError::Broadcast(format!("cannot write {}: {e}", plan.status.display())))?;
+        .map_err(|e| StageError::Broadcast(format!("cannot write {}: {e}", plan.status.shown())))?;
     if nodes > 1 {
-        if let Err(message) = sbcast(&plan.status, &plan.status) {
+        if let Err(message) = sbcast(Source::Path(&plan.status), &plan.status) {
             tracing::warn!("cannot broadcast the broadcast's status to the other nodes: {message}");
         }
     }
     crate::cancel::check()?;
     Ok(())
+}
+
+/// What sbcast sends: a file of ours by path, or an open file from outside (passed as
+/// `/dev/fd/N`, so that it reads what was opened and checked, not what the path names now).
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    Path(&'a Path),
+    Open(&'a std::fs::File),
 }
 
 /// How often, and how long apart, a broadcast is retried while a node lacks the directory.
@@ -199,12 +210,12 @@ const MISSING_DIR_PAUSE: Duration = Duration::from_secs(2);
 /// [`sbcast_once`], retried a few times while a node says "No such file or directory":
 /// sbcast creates no directories, and the other nodes' tasks (which make the staging and
 /// runtime directories) may start a little after this one.
-fn sbcast(source: &Path, dest: &Path) -> Result<(), String> {
+fn sbcast(source: Source<'_>, dest: &Path) -> Result<(), String> {
     let mut tries = 1;
     loop {
         match sbcast_once(source, dest) {
             Err(message) if message.contains("No such file or directory") && tries < MISSING_DIR_TRIES => {
-                tracing::info!("sbcast: a node lacks {} yet; trying again: {message}", dest.display());
+                tracing::info!("sbcast: a node lacks {} yet; trying again: {message}", dest.shown());
                 let until = Instant::now() + MISSING_DIR_PAUSE;
                 while Instant::now() < until && crate::cancel::received().is_none() {
                     std::thread::sleep(Duration::from_millis(50));
@@ -219,13 +230,29 @@ fn sbcast(source: &Path, dest: &Path) -> Result<(), String> {
 /// `sbcast -f SOURCE DEST`, with `--compress` when `STAGEFS_SBCAST_COMPRESS` names a
 /// compression (see doc/slurm.md for why it is off by default); stops at a signal.
 /// `Err`: sbcast's own message.
-fn sbcast_once(source: &Path, dest: &Path) -> Result<(), String> {
+fn sbcast_once(source: Source<'_>, dest: &Path) -> Result<(), String> {
     let mut cmd = Command::new("sbcast");
     cmd.arg("-f");
     if let Some(kind) = std::env::var("STAGEFS_SBCAST_COMPRESS").ok().filter(|k| !k.is_empty()) {
         cmd.arg(format!("--compress={kind}"));
     }
-    cmd.arg(source).arg(dest).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+    match source {
+        Source::Path(path) => cmd.arg(path),
+        Source::Open(file) => {
+            use std::os::fd::AsRawFd;
+            use std::os::unix::process::CommandExt;
+            let fd = file.as_raw_fd();
+            // SAFETY: between fork and exec only fcntl runs, which is async-signal-safe.
+            unsafe {
+                cmd.pre_exec(move || match libc::fcntl(fd, libc::F_SETFD, 0) {
+                    -1 => Err(std::io::Error::last_os_error()),
+                    _ => Ok(()),
+                })
+            };
+            cmd.arg(format!("/dev/fd/{fd}"))
+        }
+    };
+    cmd.arg(dest).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
     let mut child = cmd.spawn().map_err(|e| format!("cannot run sbcast: {e}"))?;
     loop {
         if crate::cancel::received().is_some() {
@@ -266,7 +293,8 @@ pub fn receive(plan: &Plan, timeout: Duration) -> Result<Option<Received>, Stage
             return Err(interrupted.into());
         }
         // A complete line only: on other nodes the status arrives through sbcast, not atomically.
-        if let Some(text) = std::fs::read_to_string(&plan.status).ok().filter(|t| t.ends_with('\n')) {
+        let read = crate::places::read_own(&plan.status, 1 << 20).and_then(|b| String::from_utf8(b).ok());
+        if let Some(text) = read.filter(|t| t.ends_with('\n')) {
             break text.trim_end().to_string();
         }
         if Instant::now() >= deadline {
@@ -298,13 +326,12 @@ pub fn receive(plan: &Plan, timeout: Duration) -> Result<Option<Received>, Stage
     // Unlinked at once, before any check: whatever happens next leaves nothing behind,
     // not even `/dev/shm/$USER` when the copy was all it held (it stays while in use).
     plan.discard(&dir, &inbox);
-    let file =
-        opened.map_err(|e| StageError::Broadcast(format!("cannot open the copy {}: {e}", plan.data.display())))?;
+    let file = opened.map_err(|e| StageError::Broadcast(format!("cannot open the copy {}: {e}", plan.data.shown())))?;
     let meta = file.metadata().map_err(|e| StageError::Broadcast(e.to_string()))?;
     if !meta.is_file() || meta.uid() != places::my_uid() || meta.len() != size {
         return Err(StageError::Broadcast(format!(
             "{} is not the broadcast copy (a regular file of yours of {size} bytes); not serving it",
-            plan.data.display()
+            plan.data.shown()
         )));
     }
     Ok(Some(Received { file, dir: plan.dir.clone(), to_disk: plan.to_disk }))
@@ -344,7 +371,7 @@ fn sweep(dir: &CheckedDir, job: &str) {
         other != job && !job_running(other).unwrap_or_else(|| !older_than(&dir.path().join(name), 86_400))
     };
     for name in dir.entries().unwrap_or_default().into_iter().filter(|n| stale(n)) {
-        tracing::info!("removing {}, left by a job no longer running", dir.path().join(&name).display());
+        tracing::info!("removing {}, left by a job no longer running", dir.path().join(&name).shown());
         // An inbox with its copy, or a copy left by a version without inboxes.
         if dir.remove(&name, false).is_err() {
             if let Ok(inbox) = dir.subdir(&name, SHM_ADVICE) {

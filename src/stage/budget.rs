@@ -85,7 +85,7 @@ fn cgroup_limit() -> Option<(u64, u64)> {
 }
 
 /// Network and parallel filesystems, where staging pays off (statfs magic numbers).
-pub fn is_network_filesystem(path: &Path) -> bool {
+pub fn is_network_filesystem(file: &std::fs::File) -> bool {
     const REMOTE: &[i64] = &[
         0x6969,     // NFS
         0x0BD00BD0, // Lustre
@@ -100,7 +100,7 @@ pub fn is_network_filesystem(path: &Path) -> bool {
     ];
     // f_type is i64 on x86-64 but narrower on some targets.
     #[allow(clippy::unnecessary_cast)]
-    let remote = nix::sys::statfs::statfs(path).is_ok_and(|s| REMOTE.contains(&(s.filesystem_type().0 as i64)));
+    let remote = nix::sys::statfs::fstatfs(file).is_ok_and(|s| REMOTE.contains(&(s.filesystem_type().0 as i64)));
     remote
 }
 

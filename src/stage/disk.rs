@@ -6,6 +6,7 @@
 //! archive in place, with the page cache as its RAM cache. The file has no name, so
 //! nothing is left on the disk after any exit, SIGKILL included.
 
+use stagefs_archive::escape::Shown;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -122,8 +123,8 @@ pub fn copy_to_disk(
     let secs = started.elapsed().as_secs_f64().max(1e-9);
     crate::report::report_done(&format!(
         "staged {} to the local disk ({}): {} in {secs:.2} s ({:.0} MB/s)",
-        path.display(),
-        dir.path().display(),
+        path.shown(),
+        dir.path().shown(),
         human(len),
         len as f64 / 1e6 / secs
     ));

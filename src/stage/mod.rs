@@ -21,10 +21,12 @@ pub mod disk;
 mod error;
 mod ram;
 
+use stagefs_archive::escape::Shown;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
+use crate::places::OutsideFile;
 use crate::report::human;
 pub use budget::headroom;
 use budget::{is_network_filesystem, RamBudget};
@@ -149,18 +151,19 @@ pub fn decide(facts: &Facts) -> Decision {
 /// Opens `path` per `mode`: maps it in place, copies it into RAM or to the local disk
 /// (under `stage_dir`, see [`disk::base_dir`]), or decompresses it into RAM.
 pub fn load(
-    path: &Path,
+    archive: &OutsideFile,
     mode: StageMode,
     max_ram: Option<u64>,
     stage_dir: Option<&Path>,
     received: Option<broadcast::Received>,
 ) -> Result<Loaded, StageError> {
+    let path = archive.resolved();
     let io = |what: &str| {
         let what = what.to_string();
         move |source| StageError::Io { path: path.to_owned(), what, source }
     };
-    let file = File::open(path).map_err(io("cannot open"))?;
-    let size = file.metadata().map_err(io("cannot stat"))?.len();
+    let file = archive.try_clone_file().map_err(io("cannot open"))?;
+    let size = archive.id().size;
     let mut head = [0u8; 6];
     let n = file.read_at(&mut head, 0).map_err(io("cannot read"))?;
     let budget = RamBudget::measure(max_ram);
@@ -180,13 +183,13 @@ pub fn load(
         None => None,
     };
     // Only `auto` asks where the archive lies: statfs on a hung mount can be slow.
-    let remote = mode == StageMode::Auto && is_network_filesystem(path);
+    let remote = mode == StageMode::Auto && is_network_filesystem(&file);
     let facts = Facts { mode, size, compression, remote, budget: budget.bytes, seekable: codec.is_some() };
     let decision = decide(&facts);
     if mode == StageMode::Auto && !matches!(decision, Decision::Decompress(_)) {
         tracing::info!(
             "--stage auto: {} ({}) is on a {} filesystem, the RAM budget is {} ({}): {}",
-            path.display(),
+            path.shown(),
             human(size),
             if remote { "network" } else { "local" },
             human(budget.bytes),
@@ -214,7 +217,7 @@ pub fn load(
                 tracing::warn!(
                     "{} is on a network filesystem but does not fit the RAM budget ({}, {}), nor the local disk \
                      ({why}); serving it in place",
-                    path.display(),
+                    path.shown(),
                     human(budget.bytes),
                     budget.reason
                 );
@@ -298,7 +301,7 @@ fn stage_to_disk(path: &Path, file: &File, size: u64, dir: &crate::places::Check
 /// total size), and `ram`/`copy` are refused at once when the set does not fit.
 pub fn mode_for_set(
     label: &Path,
-    first: &Path,
+    first: &OutsideFile,
     total: u64,
     mode: StageMode,
     max_ram: Option<u64>,
@@ -309,17 +312,17 @@ pub fn mode_for_set(
         StageMode::Disk => Err(StageError::DiskSet(label.to_owned())),
         StageMode::Ram | StageMode::Copy => budget.check(label, total).map(|()| mode),
         StageMode::Auto => {
-            let remote = is_network_filesystem(first);
+            let remote = is_network_filesystem(first.file());
             if remote && total > budget.bytes {
                 tracing::warn!(
                     "{} is on a network filesystem but does not fit the RAM budget; serving it in place",
-                    label.display()
+                    label.shown()
                 );
             }
             let staged = remote && total <= budget.bytes;
             tracing::info!(
                 "--stage auto: {} ({}) is on a {} filesystem: {}",
-                label.display(),
+                label.shown(),
                 human(total),
                 if remote { "network" } else { "local" },
                 if staged { "staging it in RAM" } else { "serving it in place" }

@@ -30,9 +30,51 @@ pub fn escape(bytes: &[u8]) -> String {
     out
 }
 
-/// [`escape`] for text that is already a `str` (a message that may quote an archive).
-pub fn escape_str(text: &str) -> String {
-    escape(text.as_bytes())
+/// Text from outside — a path, a member, shard or user-chosen name, a URL — formatted
+/// for a terminal, a log line or a message: its only way to be shown is escaped (see
+/// [`escape`]). Product code shows paths with `.shown()`, never `.display()` (a test of
+/// the stagefs crate fails on any `.display()` in product code).
+pub trait Shown {
+    fn shown(&self) -> Escaped<'_>;
+}
+
+/// Bytes that show escaped (see [`Shown`]).
+pub struct Escaped<'a>(&'a [u8]);
+
+impl std::fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(&escape(self.0))
+    }
+}
+
+impl std::fmt::Debug for Escaped<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "\"{}\"", escape(self.0))
+    }
+}
+
+impl Shown for std::path::Path {
+    fn shown(&self) -> Escaped<'_> {
+        Escaped(self.as_os_str().as_encoded_bytes())
+    }
+}
+
+impl Shown for std::ffi::OsStr {
+    fn shown(&self) -> Escaped<'_> {
+        Escaped(self.as_encoded_bytes())
+    }
+}
+
+impl Shown for str {
+    fn shown(&self) -> Escaped<'_> {
+        Escaped(self.as_bytes())
+    }
+}
+
+impl Shown for [u8] {
+    fn shown(&self) -> Escaped<'_> {
+        Escaped(self)
+    }
 }
 
 /// Characters that reorder how the rest of a line is displayed.
@@ -52,5 +94,8 @@ mod tests {
         assert_eq!(escape(b"bad\xff\\"), "bad\\xff\\\\");
         assert_eq!(escape("evil\u{202e}txt.exe".as_bytes()), "evil\\u{202e}txt.exe");
         assert_eq!(escape("\u{9b}31m".as_bytes()), "\\u{9b}31m");
+        let path = std::path::Path::new("/a\nERROR forged\u{1b}[2J");
+        assert_eq!(path.shown().to_string(), "/a\\nERROR forged\\u{1b}[2J");
+        assert_eq!(format!("{:>5}", "ab".shown()), "   ab", "padding applies");
     }
 }

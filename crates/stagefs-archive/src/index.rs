@@ -121,6 +121,16 @@ pub enum BuildError {
     ArenaFull,
     #[error("archive has more than 4 billion entries; not supported")]
     TooManyEntries,
+    /// A name no directory can hold; every format leaves such members out before linking.
+    #[error("{0:?} cannot be a file name")]
+    BadName(String),
+}
+
+/// Whether `name` can name an entry of a directory: one path component, neither `.` nor
+/// `..`, without `/` or NUL (the kernel's names end at a NUL: such a name would be listed
+/// cut short, and never found).
+pub fn is_file_name(name: &[u8]) -> bool {
+    !name.is_empty() && name != b"." && name != b".." && !name.contains(&b'/') && !name.contains(&0)
 }
 
 impl Index {
@@ -295,6 +305,9 @@ impl IndexBuilder {
     /// One hash lookup and one key allocation per call (the merge of a shard set calls
     /// it for every file of every shard).
     pub fn relink(&mut self, parent: InodeId, name: &[u8], child: InodeId) -> Result<Option<InodeId>, BuildError> {
+        if !is_file_name(name) {
+            return Err(BuildError::BadName(crate::escape::escape(name)));
+        }
         let next = self.entries.len();
         let slot = match self.names.entry((parent, Box::from(name))) {
             std::collections::hash_map::Entry::Occupied(e) => {

@@ -6,6 +6,7 @@
 pub mod escape;
 mod fault;
 pub mod hash;
+mod identity;
 pub mod index;
 pub mod seekable;
 pub mod set;
@@ -13,11 +14,13 @@ pub mod squashfs;
 pub mod tar;
 pub mod zip;
 
+use crate::escape::Shown;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::index::{Data, Index, Inode, InodeId};
+pub use identity::FileId;
 
 /// The archive's bytes, shared by all request threads.
 pub type Backing = Arc<Source>;
@@ -42,8 +45,7 @@ pub struct Source {
 #[derive(Debug)]
 struct InPlace {
     file: std::fs::File,
-    size: u64,
-    mtime: (i64, i64),
+    id: FileId,
 }
 
 impl InPlace {
@@ -81,30 +83,20 @@ impl InPlace {
     }
 
     fn unchanged(&self) -> Result<(), ReadError> {
-        use std::os::unix::fs::MetadataExt;
-        let meta = self.file.metadata().map_err(|e| ReadError {
+        let now = FileId::of_file(&self.file).map_err(|e| ReadError {
             offset: ReadError::WHOLE_ARCHIVE,
             what: format!("cannot stat the archive: {e}"),
         })?;
-        let mtime = (meta.mtime(), meta.mtime_nsec());
-        if meta.len() != self.size || mtime != self.mtime {
-            let change = if meta.len() != self.size {
-                format!("its size went from {} to {} bytes", self.size, meta.len())
-            } else {
-                format!(
-                    "same size, but its contents were modified: mtime {}.{:09} at mount, {}.{:09} now",
-                    self.mtime.0, self.mtime.1, mtime.0, mtime.1
-                )
-            };
-            return Err(ReadError {
+        match self.id.change_to(&now) {
+            None => Ok(()),
+            Some(change) => Err(ReadError {
                 offset: ReadError::WHOLE_ARCHIVE,
                 what: format!(
                     "the archive file changed since it was mounted ({change}); remount to serve the new version, \
                      or mount with --stage copy to keep a private copy"
                 ),
-            });
+            }),
         }
-        Ok(())
     }
 }
 
@@ -265,35 +257,34 @@ pub fn drop_file_cache(file: &std::fs::File, offset: u64, len: u64) {
 
 /// Maps a file to serve in place (see [`Source`] for why reads then use pread).
 pub fn map_file(file: &std::fs::File) -> std::io::Result<Backing> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = file.metadata()?;
+    let id = FileId::of_file(file)?;
     // SAFETY: read-only; only indexing touches the map directly, and a truncation during
     // indexing is reported as such by the parent (SIGBUS); see doc/guarantees.md.
     let map = unsafe { memmap2::Mmap::map(file) }?;
     // The map serves the index scan, which is sequential for tar: let the kernel read ahead.
     let _ = map.advise(memmap2::Advice::Sequential);
-    let in_place = InPlace { file: file.try_clone()?, size: meta.len(), mtime: (meta.mtime(), meta.mtime_nsec()) };
+    let in_place = InPlace { file: file.try_clone()?, id };
     Ok(Arc::new(Source { map, in_place: Some(in_place), decoded: None }))
 }
 
 /// Damage found while opening or indexing an archive: fatal for the mount.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}: {source}", path.shown())]
     Io { path: PathBuf, source: std::io::Error },
-    #[error("{}: not a tar, zip or SquashFS archive (first bytes: {magic}); stagefs mounts tar (plain, or compressed with gzip, bzip2, xz, zstd or lz4), zip and SquashFS 4.0 images", path.display())]
+    #[error("{}: not a tar, zip or SquashFS archive (first bytes: {magic}); stagefs mounts tar (plain, or compressed with gzip, bzip2, xz, zstd or lz4), zip and SquashFS 4.0 images", path.shown())]
     UnknownFormat { path: PathBuf, magic: String },
-    #[error("{}: is empty (0 bytes), not an archive; was the copy or the archiving step complete?", path.display())]
+    #[error("{}: is empty (0 bytes), not an archive; was the copy or the archiving step complete?", path.shown())]
     Empty { path: PathBuf },
-    #[error("{}: corrupt archive at byte {offset}: {what}", path.display())]
+    #[error("{}: corrupt archive at byte {offset}: {what}", path.shown())]
     Corrupt { path: PathBuf, offset: u64, what: String },
-    #[error("{}: archive is truncated at byte {offset}: {what} (was the copy complete?)", path.display())]
+    #[error("{}: archive is truncated at byte {offset}: {what} (was the copy complete?)", path.shown())]
     Truncated { path: PathBuf, offset: u64, what: String },
-    #[error("{}: {what}", path.display())]
+    #[error("{}: {what}", path.shown())]
     Unsupported { path: PathBuf, what: String },
-    #[error("{}: corrupt {kind} stream at or before compressed byte {offset}: {message}", path.display())]
+    #[error("{}: corrupt {kind} stream at or before compressed byte {offset}: {message}", path.shown())]
     CorruptStream { path: PathBuf, kind: &'static str, offset: u64, message: String },
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {source}", path.shown())]
     Index { path: PathBuf, source: crate::index::BuildError },
 }
 
@@ -384,11 +375,11 @@ enum Reader {
 }
 
 impl Archive {
-    /// Maps `path` in place and indexes it.
-    pub fn open(path: &Path) -> Result<Archive, OpenError> {
-        let io_err = |source| OpenError::Io { path: path.to_owned(), source };
-        let file = std::fs::File::open(path).map_err(io_err)?;
-        Archive::from_backing(path, map_file(&file).map_err(io_err)?)
+    /// Maps the open archive `file` in place and indexes it; `name` names it in messages.
+    /// (The crate opens no path itself: which files to trust is the caller's rule.)
+    pub fn open(file: &std::fs::File, name: &Path) -> Result<Archive, OpenError> {
+        let backing = map_file(file).map_err(|source| OpenError::Io { path: name.to_owned(), source })?;
+        Archive::from_backing(name, backing)
     }
 
     /// Indexes an archive whose bytes are already mapped.

@@ -69,6 +69,11 @@ fn add(
     e: &Entry,
     cd_start: u64,
 ) -> Result<(), Fault> {
+    if e.name.contains(&0) {
+        // The kernel's names end at a NUL: listed cut short, such a member could never be opened.
+        tracing::warn!(name = %show(&e.name), "skipping a member whose name holds a NUL byte: no file can have it");
+        return Ok(());
+    }
     let components = components(&e.name);
     let attrs = attrs_of(e);
     // The member's data must lie before the central directory; the local header is

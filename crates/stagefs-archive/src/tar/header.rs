@@ -12,13 +12,15 @@ pub(super) fn round_up(n: u64) -> usize {
 }
 
 /// Splits a member name into components the way GNU tar extracts it: leading `/` and
-/// `./` removed, `.` components dropped. `None` if a component is `..`.
+/// `./` removed, `.` components dropped. `None` if a component is `..`, or holds a NUL
+/// byte (a pax name can; no file name can).
 pub fn normalise(path: &[u8]) -> Option<Vec<&[u8]>> {
     let mut parts = Vec::new();
     for part in path.split(|&b| b == b'/') {
         match part {
             b"" | b"." => {}
             b".." => return None,
+            p if p.contains(&0) => return None,
             p => parts.push(p),
         }
     }

@@ -1,12 +1,14 @@
-//! The saved index's key: which version of an archive's bytes an index belongs to (size, times, inode, a content fingerprint).
+//! The saved index's key: which version of an archive's bytes an index belongs to (the file's identity and a content fingerprint).
 
 use std::fs::File;
-use std::os::unix::fs::{FileExt, MetadataExt};
-use std::path::Path;
+use std::os::unix::fs::FileExt;
 
 use crate::hash::Hasher;
+use crate::FileId;
 
-/// Identifies one version of an archive's bytes.
+/// Identifies one version of an archive's bytes: its [`FileId`] but the device (a saved
+/// index serves every node of a job, and the same file on a network filesystem has
+/// another device number on each node), and samples of its bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Key {
     pub size: u64,
@@ -19,11 +21,11 @@ pub struct Key {
 }
 
 impl Key {
-    /// Reads 64 KiB at each end and 16 samples of 4 KiB in between.
-    pub fn of(path: &Path) -> std::io::Result<Key> {
-        let file = File::open(path)?;
-        let meta = file.metadata()?;
-        let size = meta.len();
+    /// The key of the open archive `file`: its identity, and 64 KiB at each end and 16
+    /// samples of 4 KiB in between.
+    pub fn of(file: &File) -> std::io::Result<Key> {
+        let id = FileId::of_file(file)?;
+        let size = id.size;
         let mut samples = Hasher::default();
         let mut buf = vec![0u8; 64 << 10];
         let mut sample = |offset: u64, len: usize| -> std::io::Result<()> {
@@ -39,11 +41,11 @@ impl Key {
         sample(size.saturating_sub(64 << 10), 64 << 10)?;
         Ok(Key {
             size,
-            mtime: meta.mtime(),
-            mtime_nsec: meta.mtime_nsec(),
-            ctime: meta.ctime(),
-            ctime_nsec: meta.ctime_nsec(),
-            inode: meta.ino(),
+            mtime: id.mtime.0,
+            mtime_nsec: id.mtime.1,
+            ctime: id.ctime.0,
+            ctime_nsec: id.ctime.1,
+            inode: id.ino,
             fingerprint: samples.finish(),
         })
     }

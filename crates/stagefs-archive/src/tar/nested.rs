@@ -9,7 +9,8 @@
 //! does not scan as a tar (it is then simply a file that happens to end in `.tar`).
 //! Compressed inner members (`.tar.gz` inside a tar) stay files.
 
-use std::collections::HashMap;
+use crate::escape::Shown;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use super::header::BLOCK;
@@ -40,28 +41,53 @@ struct Nester<'a> {
     sparse_files: Vec<SparseFile>,
     extents: Vec<Extent>,
     opened: usize,
+    /// Inner archives scanned (whether they turned out to be tars or not): each at most
+    /// once, whatever the number of names it has.
+    scans: usize,
+    /// Sibling names looked at to find a directory name taken: linear in the names.
+    name_work: usize,
+}
+
+/// The outer tree with its inner tars opened.
+pub struct Expanded {
+    pub index: Index,
+    pub sparse_files: Vec<SparseFile>,
+    pub extents: Vec<Extent>,
+    /// Inner archives opened as directories.
+    pub opened: usize,
+    /// Inner archives scanned (opened or not).
+    pub scans: usize,
+    /// Sibling names looked at to check directory names (linear in the names, never more).
+    pub name_work: usize,
 }
 
 /// Rebuilds `index` (scanned from `map`, the whole outer archive at `path`) with every
-/// inner tar opened as a directory. Returns the new tree, its sparse tables and how many
-/// inner archives were opened.
+/// inner tar opened as a directory.
 pub fn expand(
     path: &Path,
     map: &[u8],
     index: &Index,
     sparse_files: &[SparseFile],
     extents: &[Extent],
-) -> Result<(Index, Vec<SparseFile>, Vec<Extent>, usize), OpenError> {
+) -> Result<Expanded, OpenError> {
     let index_err = |source| OpenError::Index { path: path.to_owned(), source };
-    let mut nester =
-        Nester { path, map, builder: IndexBuilder::new(), sparse_files: Vec::new(), extents: Vec::new(), opened: 0 };
+    let mut nester = Nester {
+        path,
+        map,
+        builder: IndexBuilder::new(),
+        sparse_files: Vec::new(),
+        extents: Vec::new(),
+        opened: 0,
+        scans: 0,
+        name_work: 0,
+    };
     let root = &index.inodes[ROOT as usize];
     nester.builder.set_inode(ROOT, root.attrs, Data::None);
     nester.copy_xattrs(ROOT, index, ROOT).map_err(index_err)?;
     let level = Level { index, sparse_files, extents, base: 0, depth: 0 };
     nester.copy_dir(&level, ROOT, ROOT)?;
-    let Nester { builder, sparse_files, extents, opened, .. } = nester;
-    Ok((builder.finish().map_err(index_err)?, sparse_files, extents, opened))
+    let Nester { builder, sparse_files, extents, opened, scans, name_work, .. } = nester;
+    Ok(Expanded { index: builder.finish().map_err(index_err)?, sparse_files, extents, opened, scans, name_work })
 }
 
 impl Nester<'_> {
@@ -69,14 +95,17 @@ impl Nester<'_> {
     fn copy_dir(&mut self, level: &Level, from: InodeId, to: InodeId) -> Result<(), OpenError> {
         let index_err = |source| OpenError::Index { path: self.path.to_owned(), source };
         // Hard links: several names of one inode of this level map to one new inode. An
-        // inner tar opens once, at its first name: more names of it stay files (a crafted
-        // archive of many links to one big inner tar must not scan it once per name).
+        // inner tar is scanned once, at its first name, whether it opens or not: more names
+        // of it stay files (a crafted archive of many links to one big inner tar that fails
+        // late must not scan it once per name).
         let mut copied: HashMap<InodeId, InodeId> = HashMap::new();
-        let mut opened: std::collections::HashSet<InodeId> = std::collections::HashSet::new();
+        let mut tried: HashSet<InodeId> = HashSet::new();
         let mut stack = vec![(from, to)];
         while let Some((from, to)) = stack.pop() {
             let dir = &level.index.inodes[from as usize];
             let children = level.index.children(dir);
+            // The siblings' names, once per directory (a search per inner tar is quadratic).
+            let names: std::cell::OnceCell<HashSet<&[u8]>> = std::cell::OnceCell::new();
             for dirent in children {
                 let name = level.index.bytes(dirent.name);
                 let child = &level.index.inodes[dirent.inode as usize];
@@ -87,12 +116,20 @@ impl Nester<'_> {
                     stack.push((dirent.inode, id));
                     continue;
                 }
-                let taken = |stem: &[u8]| children.iter().any(|d| level.index.bytes(d.name) == stem);
-                let first_name = !opened.contains(&dirent.inode);
+                let work = std::cell::Cell::new(0);
+                let taken = |stem: &[u8]| {
+                    work.set(work.get() + 1);
+                    let names = names.get_or_init(|| {
+                        work.set(work.get() + children.len());
+                        children.iter().map(|d| level.index.bytes(d.name)).collect()
+                    });
+                    names.contains(stem)
+                };
+                let first_name = tried.insert(dirent.inode);
                 let inner =
                     first_name.then(|| self.inner_archive(level, name, child.data, child.attrs.size, &taken)).flatten();
+                self.name_work += work.get();
                 if let Some((stem, inner)) = inner {
-                    opened.insert(dirent.inode);
                     let attrs = Attrs { mode: libc::S_IFDIR | 0o755, size: 0, ..child.attrs };
                     let id = self.builder.add_inode(attrs, Data::None).map_err(index_err)?;
                     self.builder.link(to, stem, id).map_err(index_err)?;
@@ -147,14 +184,15 @@ impl Nester<'_> {
     /// and the scanned inner archive (tree, sparse tables, base offset).
     #[allow(clippy::type_complexity)]
     fn inner_archive<'n>(
-        &self,
+        &mut self,
         level: &Level,
         name: &'n [u8],
         data: Data,
         size: u64,
         taken: &dyn Fn(&[u8]) -> bool,
     ) -> Option<(&'n [u8], (Index, Vec<SparseFile>, Vec<Extent>, u64))> {
-        let stem = name.strip_suffix(b".tar").filter(|s| !s.is_empty())?;
+        // `..tar` and `...tar` would become `.` and `..`: they stay files.
+        let stem = name.strip_suffix(b".tar").filter(|s| crate::index::is_file_name(s))?;
         let Data::Slice { offset } = data else { return None };
         if level.depth >= MAX_DEPTH || size < BLOCK as u64 {
             return None;
@@ -167,15 +205,16 @@ impl Nester<'_> {
         if taken(stem) {
             tracing::warn!(
                 "{}: {} stays a file: its directory name {} is taken by a sibling",
-                self.path.display(),
+                self.path.shown(),
                 escape(name),
                 escape(stem)
             );
             return None;
         }
+        self.scans += 1;
         let mut scan = Scan::new(self.path, bytes);
         if let Err(e) = scan.run() {
-            tracing::info!("{}: {} stays a file: it does not scan as a tar ({e})", self.path.display(), escape(name));
+            tracing::info!("{}: {} stays a file: it does not scan as a tar ({e})", self.path.shown(), escape(name));
             return None;
         }
         let Scan { builder, sparse_files, extents, .. } = scan;
@@ -224,7 +263,8 @@ mod tests {
         );
         let outer = python_tar("", &script);
         let (index, sparse, extents) = scan(&outer);
-        let (nested, _, _, opened) = expand(Path::new("t.tar"), &outer, &index, &sparse, &extents).unwrap();
+        let Expanded { index: nested, opened, .. } =
+            expand(Path::new("t.tar"), &outer, &index, &sparse, &extents).unwrap();
         assert_eq!(opened, 1);
         let mut top = names(&nested, ROOT);
         top.sort();
@@ -245,10 +285,64 @@ mod tests {
         );
         let outer = python_tar("", &script);
         let (index, sparse, extents) = scan(&outer);
-        let (nested, _, _, opened) = expand(Path::new("t.tar"), &outer, &index, &sparse, &extents).unwrap();
+        let Expanded { index: nested, opened, .. } =
+            expand(Path::new("t.tar"), &outer, &index, &sparse, &extents).unwrap();
         assert_eq!(opened, 1, "scanned once, not once per name");
         let mut top = names(&nested, ROOT);
         top.sort();
         assert_eq!(top, ["good", "link0.tar", "link1.tar", "link2.tar"]);
+    }
+
+    /// An inner tar that fails its scan late, with 100 names: scanned once, not 100 times.
+    #[test]
+    fn an_inner_tar_that_fails_late_is_scanned_once_whatever_its_links() {
+        // Many good members, then a header whose checksum is wrong: the scan fails at the end.
+        let mut inner = python_tar("", "for i in range(50): add(f'f{i}.txt', b'x' * 100)");
+        inner.truncate(50 * 1024);
+        inner.extend_from_slice(&[b'z'; 512]);
+        inner.extend_from_slice(&[0u8; 1024]);
+        let hex: String = inner.iter().map(|x| format!("{x:02x}")).collect();
+        let script = format!(
+            "add('bad.tar', bytes.fromhex('{hex}'))\n\
+             for i in range(100):\n    l = tarfile.TarInfo(f'link{{i}}.tar'); l.type = tarfile.LNKTYPE; l.linkname = 'bad.tar'; t.addfile(l)"
+        );
+        let outer = python_tar("", &script);
+        let (index, sparse, extents) = scan(&outer);
+        let expanded = expand(Path::new("t.tar"), &outer, &index, &sparse, &extents).unwrap();
+        assert_eq!((expanded.opened, expanded.scans), (0, 1), "one scan for 101 names of a tar that fails");
+        assert_eq!(names(&expanded.index, ROOT).len(), 101, "all stay files");
+    }
+
+    /// `..tar` and `...tar` would be directories `.` and `..`: they stay files, listed once,
+    /// and the tree passes the saved index's own checks.
+    #[test]
+    fn inner_tars_named_dot_dot_tar_stay_files() {
+        let inner = python_tar("", "add('a.txt', b'inside')");
+        let hex: String = inner.iter().map(|x| format!("{x:02x}")).collect();
+        let script = format!("add('..tar', bytes.fromhex('{hex}'))\nadd('...tar', bytes.fromhex('{hex}'))\nadd('ok.tar', bytes.fromhex('{hex}'))");
+        let outer = python_tar("", &script);
+        let (index, sparse, extents) = scan(&outer);
+        let expanded = expand(Path::new("t.tar"), &outer, &index, &sparse, &extents).unwrap();
+        let mut top = names(&expanded.index, ROOT);
+        top.sort();
+        assert_eq!(top, ["...tar", "..tar", "ok"]);
+        assert_eq!(expanded.opened, 1);
+    }
+
+    /// Many inner tars in one directory: the sibling-name check is a set, built once (the
+    /// scan per inner tar was quadratic: 80,000 inner tars took 3 s).
+    #[test]
+    fn many_inner_tars_in_one_directory_open_each() {
+        let inner = python_tar("", "add('a.txt', b'inside')");
+        let hex: String = inner.iter().map(|x| format!("{x:02x}")).collect();
+        let script = format!("data = bytes.fromhex('{hex}')\nfor i in range(5000): add(f'c{{i}}.tar', data)");
+        let outer = python_tar("", &script);
+        let (index, sparse, extents) = scan(&outer);
+        let expanded = expand(Path::new("t.tar"), &outer, &index, &sparse, &extents).unwrap();
+        assert_eq!((expanded.opened, expanded.scans), (5000, 5000));
+        assert!(expanded.name_work <= 2 * 5000, "{} sibling names looked at for 5000", expanded.name_work);
+        let top = names(&expanded.index, ROOT);
+        assert_eq!(top.len(), 5000);
+        assert!(top.iter().all(|n| !n.ends_with(".tar")));
     }
 }

@@ -339,12 +339,7 @@ fn check_bounds(index: &Index, n_sparse: usize, archive_len: u64) -> Result<(), 
         }
     }
     // A name is one path component, as the scan makes them.
-    let component_ok = |s: Span| {
-        span_ok(s) && {
-            let name = index.bytes(s);
-            !name.is_empty() && name != b"." && name != b".." && !name.contains(&b'/') && !name.contains(&0)
-        }
-    };
+    let component_ok = |s: Span| span_ok(s) && crate::index::is_file_name(index.bytes(s));
     let dirents_ok = index.dirents.iter().all(|d| component_ok(d.name) && (d.inode as usize) < index.inodes.len());
     // listxattr separates names with NUL: a name must be non-empty and NUL-free.
     let name_ok = |s: Span| span_ok(s) && s.len > 0 && !index.bytes(s).contains(&0);

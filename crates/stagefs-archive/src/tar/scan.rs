@@ -243,7 +243,10 @@ impl Scan<'_> {
     /// Adds a member to the index under its normalised path.
     pub(super) fn add(&mut self, mut m: Member) -> Result<(), OpenError> {
         let Some(components) = normalise(&m.path) else {
-            tracing::warn!(path = %escape(&m.path), "skipping member whose name contains '..' (as GNU tar does)");
+            tracing::warn!(
+                path = %escape(&m.path),
+                "skipping member whose name contains '..' (as GNU tar does) or a NUL byte (no file can have it)"
+            );
             return Ok(());
         };
         let mut attrs = m.attrs.take().expect("member() always sets attrs");

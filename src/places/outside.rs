@@ -1,0 +1,341 @@
+//! The one way stagefs opens a file it did not make — an archive, a shard, a list of shards, a saved index beside an archive — with links judged by who made them.
+//!
+//! Other users of a shared directory can plant entries in it: a file, or a symbolic link
+//! to a file of theirs elsewhere. Checking the canonical path judges a link by its target
+//! (eve's file in eve's own directory looks like "the dataset owner's"), and checking a
+//! path then opening it again lets the entry be swapped in between. So the path is walked
+//! here one component at a time, through directory descriptors opened with `O_NOFOLLOW`;
+//! a link is read and followed by this code, after judging the link itself (who made it,
+//! in which directory), and the file is opened `O_NOFOLLOW | O_NONBLOCK` relative to the
+//! descriptor of the directory that holds it. Its [`FileId`] comes from the descriptor
+//! that was opened, and everything after (format check, index key, staging, reading) uses
+//! that descriptor, never the path again.
+//!
+//! The rule for a member of a shard set ([`Trust::Member`]): every link on the way and the
+//! file itself must belong to the user, to root, or to the owner of the directory that
+//! holds it (the dataset's owner), and the file's directory must not let other users
+//! rename its entries (writable by them without the sticky bit). An archive the user
+//! names alone ([`Trust::Named`]) is theirs to judge: it is opened the same way, unchecked.
+
+use std::ffi::{CString, OsStr, OsString};
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Component, Path, PathBuf};
+
+use stagefs_archive::escape::Shown;
+use stagefs_archive::FileId;
+
+use super::{my_uid, others_can_write, user_label};
+
+/// How far to trust what a path leads to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trust {
+    /// An archive the user named alone: whoever made it, it is what they asked for.
+    Named,
+    /// A member of a set that other users must not join (a pattern's match, a listed,
+    /// added or watched shard): see the module's doc.
+    Member,
+}
+
+/// Why a file from outside was not opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OutsideError {
+    #[error("cannot open {}: {source}", path.shown())]
+    Io { path: PathBuf, source: std::io::Error },
+    /// Another user could have made what the path leads to.
+    #[error("{}: {why}; refusing it. Pass --trust-shards to use such shards on purpose", path.shown())]
+    Untrusted { path: PathBuf, why: String },
+    /// The file lies on the very mount that would serve it.
+    #[error("{}: lies on this stagefs mount itself; a shard must come from outside the mount it is added to", path.shown())]
+    OnOwnMount { path: PathBuf },
+}
+
+/// A file from outside, opened once and checked; used only through its descriptor.
+#[derive(Debug)]
+pub struct OutsideFile {
+    file: File,
+    id: FileId,
+    /// The directory that holds it, as it was walked (for files beside it).
+    dir: OwnedFd,
+    dir_uid: u32,
+    /// The path as named (absolute), for messages.
+    named: PathBuf,
+    /// The path with every link followed: the file's name in sets and saved indexes.
+    resolved: PathBuf,
+}
+
+/// At most this many links are followed (the kernel's own limit).
+const MAX_LINKS: usize = 40;
+
+/// Opens `path` for reading the way the module's doc describes. `not_on`: a device the
+/// file must not lie on (a mount's own, for shards added to it); checked on every
+/// directory walked, before anything below it is opened.
+pub fn open_outside(path: &Path, trust: Trust, not_on: Option<u64>) -> Result<OutsideFile, OutsideError> {
+    let named = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+    let io = |source| OutsideError::Io { path: named.clone(), source };
+    let untrusted = |why: String| OutsideError::Untrusted { path: named.clone(), why };
+    // Components still to walk, front first; links push their targets' in front.
+    let mut todo: Vec<OsString> = Vec::new();
+    push_components(&mut todo, &named);
+    let mut dirs = vec![Dir::root().map_err(io)?];
+    let mut links = 0;
+    while let Some(name) = todo.pop() {
+        if name == ".." {
+            if dirs.len() > 1 {
+                dirs.pop();
+            }
+            continue;
+        }
+        let dir = dirs.last().expect("the root stays");
+        if not_on.is_some_and(|dev| dir.meta.dev() == dev) {
+            return Err(OutsideError::OnOwnMount { path: named.clone() });
+        }
+        let last = todo.is_empty();
+        let opened = if last { dir.open_file(&name) } else { dir.open_dir(&name) };
+        match opened {
+            Ok(Opened::Dir(next)) => dirs.push(next),
+            Ok(Opened::File(file, meta)) => {
+                let dir = dirs.pop().expect("the file's directory");
+                if trust == Trust::Member {
+                    check_entry(&dir, &name, meta.uid(), "the file").map_err(untrusted)?;
+                    if others_can_write(&dir.meta) {
+                        return Err(untrusted(format!(
+                            "its directory {} is writable by other users (mode {:04o}) without the sticky bit, so \
+                             they could replace or add shards",
+                            dir.path.shown(),
+                            dir.meta.mode() & 0o7777
+                        )));
+                    }
+                }
+                if not_on.is_some_and(|dev| meta.dev() == dev) {
+                    return Err(OutsideError::OnOwnMount { path: named.clone() });
+                }
+                let resolved = dir.path.join(&name);
+                return Ok(OutsideFile {
+                    file,
+                    id: FileId::of(&meta),
+                    dir_uid: dir.meta.uid(),
+                    dir: dir.fd,
+                    named,
+                    resolved,
+                });
+            }
+            Err(Step::Link(owner, target)) => {
+                links += 1;
+                if links > MAX_LINKS {
+                    return Err(io(std::io::Error::from_raw_os_error(libc::ELOOP)));
+                }
+                if trust == Trust::Member {
+                    check_entry(dir, &name, owner, "the symbolic link").map_err(untrusted)?;
+                }
+                if Path::new(&target).is_absolute() {
+                    dirs.truncate(1);
+                }
+                push_components(&mut todo, Path::new(&target));
+            }
+            Err(Step::Failed(e)) => return Err(io(e)),
+        }
+    }
+    // The path named `/`.
+    Err(io(std::io::Error::from_raw_os_error(libc::EISDIR)))
+}
+
+/// Pushes `path`'s components onto `todo` so that the first is popped first.
+fn push_components(todo: &mut Vec<OsString>, path: &Path) {
+    let parts: Vec<OsString> = path
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(name) => Some(name.to_owned()),
+            Component::ParentDir => Some(OsString::from("..")),
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => None,
+        })
+        .collect();
+    todo.extend(parts.into_iter().rev());
+}
+
+/// An entry of `dir` owned by `owner` may serve a set when its maker could only be the
+/// user, root or the directory's owner.
+fn check_entry(dir: &Dir, name: &OsStr, owner: u32, what: &str) -> Result<(), String> {
+    if [my_uid(), 0, dir.meta.uid()].contains(&owner) {
+        return Ok(());
+    }
+    Err(format!(
+        "{what} {} belongs to {}, neither you nor the owner of {} ({}): another user may have put it there",
+        dir.path.join(name).shown(),
+        user_label(owner),
+        dir.path.shown(),
+        user_label(dir.meta.uid())
+    ))
+}
+
+/// A directory on the way, held open.
+struct Dir {
+    fd: OwnedFd,
+    meta: std::fs::Metadata,
+    path: PathBuf,
+}
+
+enum Opened {
+    Dir(Dir),
+    File(File, std::fs::Metadata),
+}
+
+enum Step {
+    /// A symbolic link: its owner and target.
+    Link(u32, OsString),
+    Failed(std::io::Error),
+}
+
+impl Dir {
+    fn root() -> std::io::Result<Dir> {
+        let fd = open_at(libc::AT_FDCWD, OsStr::new("/"), libc::O_PATH | libc::O_DIRECTORY)?;
+        Dir::from_fd(fd, PathBuf::from("/"))
+    }
+
+    fn from_fd(fd: OwnedFd, path: PathBuf) -> std::io::Result<Dir> {
+        let meta = File::from(fd.try_clone()?).metadata()?;
+        Ok(Dir { fd, meta, path })
+    }
+
+    fn open_dir(&self, name: &OsStr) -> Result<Opened, Step> {
+        match open_at(self.fd.as_raw_fd(), name, libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW) {
+            Ok(fd) => Dir::from_fd(fd, self.path.join(name)).map(Opened::Dir).map_err(Step::Failed),
+            // A link, or not a directory: which one, the entry says.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) => Err(self.link_or(name, e)),
+            Err(e) => Err(Step::Failed(e)),
+        }
+    }
+
+    fn open_file(&self, name: &OsStr) -> Result<Opened, Step> {
+        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+        match open_at(self.fd.as_raw_fd(), name, flags) {
+            Ok(fd) => {
+                let file = File::from(fd);
+                let meta = file.metadata().map_err(Step::Failed)?;
+                Ok(Opened::File(file, meta))
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => Err(self.link_or(name, e)),
+            Err(e) => Err(Step::Failed(e)),
+        }
+    }
+
+    /// The link `name` is (its owner and target), or `error` when it is no link.
+    fn link_or(&self, name: &OsStr, error: std::io::Error) -> Step {
+        let Ok(c) = CString::new(name.as_bytes()) else { return Step::Failed(error) };
+        // SAFETY: a NUL-terminated name relative to our descriptor; `stat` is written by the call.
+        let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstatat(self.fd.as_raw_fd(), c.as_ptr(), &mut stat, libc::AT_SYMLINK_NOFOLLOW) } != 0 {
+            return Step::Failed(std::io::Error::last_os_error());
+        }
+        if stat.st_mode & libc::S_IFMT != libc::S_IFLNK {
+            return Step::Failed(error);
+        }
+        let mut target = vec![0u8; libc::PATH_MAX as usize];
+        // SAFETY: the buffer is as long as the length passed.
+        let n = unsafe { libc::readlinkat(self.fd.as_raw_fd(), c.as_ptr(), target.as_mut_ptr().cast(), target.len()) };
+        if n < 0 {
+            return Step::Failed(std::io::Error::last_os_error());
+        }
+        target.truncate(n as usize);
+        Step::Link(stat.st_uid, OsString::from(std::ffi::OsStr::from_bytes(&target)))
+    }
+}
+
+fn open_at(dir: libc::c_int, name: &OsStr, flags: libc::c_int) -> std::io::Result<OwnedFd> {
+    let c = CString::new(name.as_bytes()).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: a NUL-terminated name; the descriptor returned is owned below.
+    let fd = unsafe { libc::openat(dir, c.as_ptr(), flags | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: just opened, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+impl OutsideFile {
+    /// The open file: read it only through this.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Its identity when opened.
+    pub fn id(&self) -> FileId {
+        self.id
+    }
+
+    /// The path as the caller named it, for messages.
+    pub fn named(&self) -> &Path {
+        &self.named
+    }
+
+    /// The path with every link followed.
+    pub fn resolved(&self) -> &Path {
+        &self.resolved
+    }
+
+    /// The uid owning the file.
+    pub fn owner(&self) -> u32 {
+        self.file.metadata().map_or(my_uid(), |m| m.uid())
+    }
+
+    /// Reads the file `name` beside this one (a saved index) if it deserves trust: a
+    /// regular file there (no link, no FIFO), owned by the user or by this file's owner,
+    /// writable by nobody else, at most `cap` bytes. `Ok(None)` when there is none.
+    pub fn read_beside(&self, name: &str, cap: u64) -> Result<Option<Vec<u8>>, String> {
+        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+        let file = match open_at(self.dir.as_raw_fd(), OsStr::new(name), flags) {
+            Ok(fd) => File::from(fd),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err("it is a symbolic link".into()),
+            Err(e) => return Err(format!("cannot open it: {e}")),
+        };
+        super::files::read_checked(file, &[my_uid(), self.owner()], cap).map(Some)
+    }
+
+    /// Writes the file `name` beside this one atomically, through the directory's
+    /// descriptor (see [`super::files::write_atomically_at`]).
+    pub fn write_beside(&self, name: &str, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+        use std::os::fd::AsFd;
+        super::files::write_atomically_at(self.dir.as_fd(), OsStr::new(name), bytes, mode)
+    }
+
+    /// The owner of the directory holding the file.
+    pub fn dir_owner(&self) -> u32 {
+        self.dir_uid
+    }
+
+    /// The file as a `File` of its own (for readers that keep it).
+    pub fn try_clone_file(&self) -> std::io::Result<File> {
+        self.file.try_clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::TempDir;
+
+    #[test]
+    fn links_are_followed_by_the_walk_and_dot_dot_pops() {
+        let tmp = TempDir::new("outside-walk");
+        std::fs::create_dir_all(tmp.join("a/b")).unwrap();
+        std::fs::write(tmp.join("a/b/f.tar"), b"x").unwrap();
+        std::os::unix::fs::symlink("a/b", tmp.join("lb")).unwrap();
+        std::os::unix::fs::symlink("../b/f.tar", tmp.join("a/b/rel")).unwrap();
+        std::os::unix::fs::symlink(tmp.join("a/b/f.tar"), tmp.join("abs")).unwrap();
+        let real = tmp.join("a/b/f.tar").canonicalize().unwrap();
+        for named in [tmp.join("lb/f.tar"), tmp.join("lb/rel"), tmp.join("abs"), tmp.join("a/../a/b/./f.tar")] {
+            let opened = open_outside(&named, Trust::Member, None).unwrap();
+            assert_eq!(opened.resolved(), real, "{}", named.display());
+            assert_eq!(opened.named(), named);
+        }
+        std::os::unix::fs::symlink("loop", tmp.join("loop")).unwrap();
+        assert!(matches!(open_outside(&tmp.join("loop"), Trust::Named, None), Err(OutsideError::Io { .. })));
+        let dir = open_outside(&tmp.join("a"), Trust::Named, None).unwrap();
+        assert!(dir.file().metadata().unwrap().is_dir(), "a directory opens: its caller says what to do with it");
+        let dev = std::fs::metadata(tmp.path()).unwrap().dev();
+        assert!(matches!(open_outside(&real, Trust::Named, Some(dev)), Err(OutsideError::OnOwnMount { .. })));
+    }
+}
