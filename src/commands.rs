@@ -115,7 +115,7 @@ pub fn status(json: bool) -> Result<(), Failure> {
             );
         }
         if let Some(last) = &r.last_error {
-            println!("    last error: {last}");
+            println!("    last error: {}", last.shown());
         }
     }
     for m in unrecorded {

@@ -13,6 +13,7 @@ mod formats;
 mod growing;
 mod hostile;
 mod memory;
+mod neighbours;
 mod nested;
 mod one_copy;
 mod pack;
