@@ -115,7 +115,7 @@ pub fn status(json: bool) -> Result<(), Failure> {
             );
         }
         if let Some(last) = &r.last_error {
-            println!("    last error: {}", last.shown());
+            println!("    last error: {}", stagefs_archive::escape::sanitize(last));
         }
     }
     for m in unrecorded {

@@ -142,10 +142,10 @@ fn init_logging(verbose: u8, colour: bool) {
     // quotes (a name another user chose, a path), it stays one line and drives no terminal.
     use tracing_subscriber::field::MakeExt;
     let escaped = tracing_subscriber::fmt::format::debug_fn(|writer, field, value| {
-        let text = format!("{value:?}");
+        let text = stagefs_archive::escape::sanitize(&format!("{value:?}"));
         match field.name() {
-            "message" => write!(writer, "{}", text.shown()),
-            name => write!(writer, "{name}={}", text.shown()),
+            "message" => write!(writer, "{text}"),
+            name => write!(writer, "{name}={text}"),
         }
     })
     .delimited(" ");

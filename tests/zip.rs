@@ -816,3 +816,24 @@ with open(sys.argv[1], "wb") as f:
     assert_eq!(at(1 << 32, 46), [&[0u8; 23][..], b"tail of the big member\n"].concat());
     assert!(at((1 << 32) - 4096, 4096).iter().all(|&b| b == 0));
 }
+
+/// A member name holding a NUL byte (no file can have it: the kernel's names end there)
+/// is left out with a warning, instead of being listed cut short (`ok.txt` twice) and
+/// failing to open; the member whose name it would shadow reads right.
+#[test]
+fn zip_names_with_a_nul_byte_are_left_out() {
+    let tmp = TempDir::new("zip-nul");
+    let members = [Craft::stored(b"ok.txt", b"the real one\n"), Craft::stored(b"ok.txt\0evil", b"cut short\n")];
+    let archive = tmp.join("nul.zip");
+    fs::write(&archive, craft(&members)).unwrap();
+    let (mnt, log) = (tmp.join("mnt"), tmp.join("daemon.log"));
+    let out = stagefs([os("mount"), os("--log-file"), log.as_os_str(), archive.as_os_str(), mnt.as_os_str()]);
+    out.assert_success();
+    let m = Mounted::adopt(&archive, &mnt);
+    let names: Vec<String> =
+        fs::read_dir(m.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    assert_eq!(names, ["ok.txt"], "listed once, by its own name");
+    assert_eq!(read(&m.path().join("ok.txt")), b"the real one\n");
+    assert!(out.stderr.contains("NUL byte") && out.stderr.contains("ok.txt\\u{0}evil"), "{}", out.describe());
+    m.unmount().assert_success();
+}

@@ -35,6 +35,16 @@ pub struct Memory {
 }
 
 impl Memory {
+    /// Forgets the refused names that no longer match (another user may create and delete
+    /// names without end); what is left stays within [`MAX_REFUSED`].
+    fn forget_absent(&mut self, named: &HashSet<PathBuf>) {
+        self.refused.retain(|path, _| named.contains(path));
+        while self.refused.len() > MAX_REFUSED {
+            let Some(any) = self.refused.keys().next().cloned() else { break };
+            self.refused.remove(&any);
+        }
+    }
+
     /// Remembers that `path` (as named) failed to serve.
     pub fn refuse(&mut self, path: &Path) {
         let id = look(path, None).map(|(_, id)| id);
@@ -94,12 +104,7 @@ fn poll(set: &GrowingSet, pattern: &str, memory: &mut Memory) {
         now.insert(path, id);
     }
     memory.seen = now;
-    // Refused names that are gone are forgotten; what is left stays bounded.
-    memory.refused.retain(|path, _| named.contains(path));
-    while memory.refused.len() > MAX_REFUSED {
-        let Some(oldest) = memory.refused.keys().next().cloned() else { break };
-        memory.refused.remove(&oldest);
-    }
+    memory.forget_absent(&named);
     let gone: Vec<PathBuf> = served.into_keys().filter(|p| !present.contains(p)).collect();
     for (path, resolved) in &rewritten {
         tracing::info!("--watch: {} changed since it was added; reading it again", path.shown());
@@ -126,5 +131,28 @@ fn poll(set: &GrowingSet, pattern: &str, memory: &mut Memory) {
     }
     if let Err(e) = set.change(&[], &gone, false, &|| true) {
         tracing::warn!("--watch: cannot remove the shards whose files are gone: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Names another user creates, keeps for two polls and deletes cost nothing once gone,
+    /// and however many are present at once, at most MAX_REFUSED are remembered.
+    #[test]
+    fn refused_names_are_forgotten_once_gone_and_bounded() {
+        let mut memory = Memory::default();
+        let names: Vec<PathBuf> = (0..1000).map(|i| PathBuf::from(format!("/shared/s-{i}.tar"))).collect();
+        for name in &names {
+            memory.refused.insert(name.clone(), Some(FileId::default()));
+        }
+        let present: HashSet<PathBuf> = names[..10].iter().cloned().collect();
+        memory.forget_absent(&present);
+        assert_eq!(memory.refused.len(), 10, "the deleted names are forgotten");
+        let many: Vec<PathBuf> = (0..MAX_REFUSED + 50).map(|i| PathBuf::from(format!("/shared/m-{i}.tar"))).collect();
+        memory.refused.extend(many.iter().map(|n| (n.clone(), None)));
+        memory.forget_absent(&many.into_iter().collect());
+        assert_eq!(memory.refused.len(), MAX_REFUSED);
     }
 }

@@ -9,11 +9,22 @@ use std::fmt::Write;
 /// `bytes` as one printable line: `\n`, `\t`, `\r`, `\\` and other control characters,
 /// Unicode bidi controls and bytes that are not UTF-8 become backslash escapes.
 pub fn escape(bytes: &[u8]) -> String {
+    escape_with(bytes, true)
+}
+
+/// A message made of stagefs's own words and escaped text from outside, kept to one
+/// printable line at a sink (a log line, a terminal): as [`escape`], but a backslash stays
+/// as it is, so that text escaped when the message was made is not escaped twice.
+pub fn sanitize(text: &str) -> String {
+    escape_with(text.as_bytes(), false)
+}
+
+fn escape_with(bytes: &[u8], backslash: bool) -> String {
     let mut out = String::with_capacity(bytes.len());
     for chunk in bytes.utf8_chunks() {
         for c in chunk.valid().chars() {
             match c {
-                '\\' => out.push_str("\\\\"),
+                '\\' if backslash => out.push_str("\\\\"),
                 '\n' => out.push_str("\\n"),
                 '\t' => out.push_str("\\t"),
                 '\r' => out.push_str("\\r"),
