@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::growing::{GrowingSet, Shard, Tree};
 use stagefs_archive::index::{Data, Index, Inode, InodeId};
-use stagefs_archive::{Archive, Bytes, ReadError};
+use stagefs_archive::{Access, Archive, Bytes, ReadError};
 
 /// Why a request failed; `errno` is the single place these become kernel error codes.
 #[derive(Debug, thiserror::Error)]
@@ -117,9 +117,11 @@ pub fn ino_of(id: InodeId) -> u64 {
     id as u64 + 1
 }
 
-/// Where a number leads: the archive whose index holds it, its position there.
+/// Where a number leads: the index holding it, its position there, and the archive that
+/// reads its bytes (none for a directory of a growing set's merged tree).
 struct Node<'a> {
-    archive: &'a Archive,
+    index: &'a Index,
+    archive: Option<&'a Archive>,
     id: InodeId,
     inode: &'a Inode,
 }
@@ -213,8 +215,7 @@ impl Fs {
     /// Non-empty regular files, each inode once: (ino, size).
     pub fn files(&self) -> Vec<(u64, u64)> {
         let view = self.view();
-        let archive = view.archive();
-        let inodes = archive.index.inodes.iter().enumerate();
+        let inodes = view.index().inodes.iter().enumerate();
         inodes
             // nlink 0: replaced by a later member or shard of the same name, unreachable.
             .filter(|(_, n)| n.attrs.file_type() == libc::S_IFREG && n.attrs.size > 0 && n.nlink > 0)
@@ -222,14 +223,22 @@ impl Fs {
             .collect()
     }
 
-    /// Frees the archive readers' caches (see [`Archive::release_caches`]).
+    /// Frees the archive readers' caches (see [`stagefs_archive::Reader::release_caches`]).
     pub fn release_caches(&self) {
-        self.view().archive().release_caches();
+        self.each_archive(Archive::release_caches);
     }
 
-    /// See [`Archive::drop_source_cache`].
+    /// See [`stagefs_archive::Reader::drop_source_cache`].
     pub fn drop_source_cache(&self) {
-        self.view().archive().drop_source_cache();
+        self.each_archive(Archive::drop_source_cache);
+    }
+
+    /// Calls `f` on the fixed archive, or on every shard a growing set serves now.
+    fn each_archive(&self, f: impl Fn(&Archive)) {
+        match &self.content {
+            Content::Fixed(archive) => f(archive),
+            Content::Growing(set) => set.current().shards.iter().for_each(|s| f(&s.archive)),
+        }
     }
 
     /// Read requests served so far.
@@ -286,11 +295,19 @@ impl View<'_> {
         }
     }
 
-    /// The archive whose index is the tree: the fixed one, or the growing set's merged tree.
-    fn archive(&self) -> &Archive {
+    /// The fixed archive (none for a growing set, whose tree is its merged index).
+    fn fixed(&self) -> Option<&Archive> {
+        match (&self.fs.content, &self.tree) {
+            (Content::Fixed(archive), None) => Some(archive),
+            _ => None,
+        }
+    }
+
+    /// The tree's index: the fixed archive's, or the growing set's merged one.
+    fn index(&self) -> &Index {
         match (&self.fs.content, &self.tree) {
             (_, Some(tree)) => &tree.merged,
-            (Content::Fixed(archive), None) => archive,
+            (Content::Fixed(archive), None) => &archive.index,
             (Content::Growing(_), None) => unreachable!("a view of a growing set holds its tree"),
         }
     }
@@ -305,19 +322,20 @@ impl View<'_> {
 
     fn node(&self, ino: u64) -> Result<Node<'_>> {
         let Some(tree) = &self.tree else {
-            let archive = self.archive();
+            let archive = self.fixed().ok_or(FsError::NotFound)?;
             let id = ino.checked_sub(1).and_then(|i| InodeId::try_from(i).ok()).ok_or(FsError::NotFound)?;
-            return archive.index.inode(id).map(|inode| Node { archive, id, inode }).ok_or(FsError::NotFound);
+            let inode = archive.index.inode(id).ok_or(FsError::NotFound)?;
+            return Ok(Node { index: &archive.index, archive: Some(archive), id, inode });
         };
         if let Some(node) = tree.node(ino) {
-            return Ok(Node { archive: node.archive, id: node.id, inode: node.inode });
+            return Ok(Node { index: node.index, archive: node.archive, id: node.id, inode: node.inode });
         }
         // A file of a removed shard, still open (or still known to the kernel).
         let set = self.fs.growing().ok_or(FsError::NotFound)?;
         let shard = set.retired(crate::growing::tree::serial_of(ino)).ok_or(FsError::NotFound)?;
         let shard = self.retired.get_or_init(|| shard);
         let node = crate::growing::tree::file_node(&shard.archive, ino).ok_or(FsError::NotFound)?;
-        Ok(Node { archive: node.archive, id: node.id, inode: node.inode })
+        Ok(Node { index: node.index, archive: node.archive, id: node.id, inode: node.inode })
     }
 
     fn attr(&self, ino: u64, inode: &Inode) -> Attr {
@@ -345,7 +363,7 @@ impl View<'_> {
         if !dir.inode.attrs.is_dir() {
             return Err(FsError::NotDir);
         }
-        let id = dir.archive.index.lookup(dir.inode, name).ok_or(FsError::NotFound)?;
+        let id = dir.index.lookup(dir.inode, name).ok_or(FsError::NotFound)?;
         self.getattr(self.ino_at(id))
     }
 
@@ -360,7 +378,7 @@ impl View<'_> {
     pub fn readlink(&self, ino: u64) -> Result<&[u8]> {
         let node = self.node(ino)?;
         match node.inode.data {
-            Data::Symlink(target) => Ok(node.archive.index.bytes(target)),
+            Data::Symlink(target) => Ok(node.index.bytes(target)),
             _ => Err(FsError::NotSymlink),
         }
     }
@@ -374,12 +392,9 @@ impl View<'_> {
 
     /// Reads file content without counting a served request (the page-cache warm-up).
     pub fn content(&self, ino: u64, offset: u64, size: u32) -> Result<Bytes<'_>> {
-        let Node { archive, id, inode } = self.node(ino)?;
-        if inode.attrs.is_dir() {
-            return Err(FsError::IsDir);
-        }
-        let index = &archive.index;
-        if let Some(why) = archive.denied(inode) {
+        let Node { index, archive, id, inode } = self.node(ino)?;
+        let Some(archive) = archive.filter(|_| !inode.attrs.is_dir()) else { return Err(FsError::IsDir) };
+        if let Access::Denied(why) = archive.access(id, inode) {
             let path = self.fs.logged_once(ino, index, id, |path| tracing::error!(path, "{why}; returning EACCES"));
             return Err(FsError::Denied { path, why });
         }
@@ -393,9 +408,8 @@ impl View<'_> {
 
     /// Lists a directory from `offset`: 0 is ".", 1 is "..", then the children in order.
     pub fn readdir(&self, ino: u64, offset: u64) -> Result<impl Iterator<Item = DirEntry<'_>>> {
-        let Node { archive, id, inode: dir } = self.node(ino)?;
+        let Node { index, id, inode: dir, .. } = self.node(ino)?;
         let Data::Dir { parent, .. } = dir.data else { return Err(FsError::NotDir) };
-        let index = &archive.index;
         let dots = [(b".".as_slice(), id), (b"..".as_slice(), parent)]
             .into_iter()
             .map(move |(name, id)| (name, id, libc::S_IFDIR));
@@ -412,8 +426,7 @@ impl View<'_> {
     }
 
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<&[u8]> {
-        let Node { archive, inode, .. } = self.node(ino)?;
-        let index = &archive.index;
+        let Node { index, inode, .. } = self.node(ino)?;
         if index.xattrs.is_empty() && self.tree.is_none() {
             return Err(FsError::NoXattrs);
         }
@@ -427,8 +440,7 @@ impl View<'_> {
 
     /// Extended attribute names, each followed by a NUL, as `listxattr(2)` returns them.
     pub fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
-        let Node { archive, inode, .. } = self.node(ino)?;
-        let index = &archive.index;
+        let Node { index, inode, .. } = self.node(ino)?;
         if index.xattrs.is_empty() && self.tree.is_none() {
             return Err(FsError::NoXattrs);
         }
@@ -441,8 +453,12 @@ impl View<'_> {
     }
 
     pub fn statfs(&self) -> FsStats {
-        let archive = self.archive();
-        FsStats { bytes: archive.size(), files: archive.index.inodes.len() as u64 }
+        let bytes = match (&self.tree, self.fixed()) {
+            (Some(tree), _) => tree.size(),
+            (None, Some(archive)) => archive.size(),
+            (None, None) => 0,
+        };
+        FsStats { bytes, files: self.index().inodes.len() as u64 }
     }
 }
 
@@ -521,6 +537,6 @@ mod tests {
         let rest: Vec<_> = fs.view().readdir(1, 3).unwrap().map(|e| e.name.to_vec()).collect();
         assert_eq!(rest, [b"hard".to_vec()]);
         assert!(fs.view().readdir(1, 99).unwrap().next().is_none());
-        assert_eq!(fs.view().archive().index.path_of(3), "/dir/link");
+        assert_eq!(fs.view().index().path_of(3), "/dir/link");
     }
 }

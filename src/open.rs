@@ -8,7 +8,8 @@ use crate::places::{self, OutsideFile, Trust};
 use crate::saved_index as saved;
 use crate::stage::{self, StageError, StageMode, Staging};
 use stagefs_archive::tar::{nested, TarReader};
-use stagefs_archive::{Archive, OpenError};
+use stagefs_archive::{Archive, Format, OpenError};
+use std::sync::Arc;
 
 /// Why an archive could not be opened to serve.
 #[derive(Debug, thiserror::Error)]
@@ -111,7 +112,7 @@ pub fn open_shard(
     crate::cancel::check()?;
     if !force_save {
         if let Some((index, reader)) = saved::load(file, &key, &loaded.backing, loaded.codec, recursive) {
-            let archive = Archive::from_saved_tar(index, reader);
+            let archive = Archive::new(index, Format::Tar, Arc::new(reader));
             return Ok(Opened {
                 archive,
                 staged_bytes: loaded.staged_bytes,
@@ -157,7 +158,7 @@ pub fn open_shard(
     // Small archives index in milliseconds: a saved index would only litter.
     let worth_saving = index.dirents.len() * shards >= 10_000 || elapsed * shards as u32 >= Duration::from_millis(200);
     let mut saved_index = None;
-    if let Some(reader) = archive.tar_reader().filter(|_| force_save || worth_saving) {
+    if let Some(reader) = archive.saved().filter(|_| force_save || worth_saving) {
         match saved::save(file, &key, &archive.index, reader, recursive) {
             Ok(saved) => {
                 tracing::info!(index = %saved.shown(), "saved the index for faster remounts");
@@ -180,7 +181,7 @@ pub fn open_shard(
 /// The tar `archive` with its inner tars opened (see `archive::tar::nested`); other
 /// formats as they are, with one line saying so.
 fn open_nested(path: &Path, archive: Archive) -> Result<Archive, OpenArchiveError> {
-    let Some(reader) = archive.tar_reader() else {
+    let Some(reader) = archive.saved() else {
         tracing::warn!("{}: --recursive opens tars inside a tar; this is a {:?} archive", path.shown(), archive.format);
         return Ok(archive);
     };
@@ -193,7 +194,7 @@ fn open_nested(path: &Path, archive: Archive) -> Result<Archive, OpenArchiveErro
         offset: 0,
         what: "the sparse tables of its inner archives do not fit it".into(),
     })?;
-    Ok(Archive::from_saved_tar(index, reader))
+    Ok(Archive::new(index, Format::Tar, Arc::new(reader)))
 }
 
 /// Refuses an unknown format before any byte is staged.

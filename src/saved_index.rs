@@ -240,7 +240,7 @@ mod tests {
         let file = places::open_outside(&path, places::Trust::Named, None).unwrap();
         let key = Key::of(file.file()).unwrap();
         let fresh = stagefs_archive::Archive::open(file.file(), &path).unwrap();
-        let saved_at = save(&file, &key, &fresh.index, fresh.tar_reader().unwrap(), false).unwrap();
+        let saved_at = save(&file, &key, &fresh.index, fresh.saved().unwrap(), false).unwrap();
         assert_eq!(saved_at, file.resolved().with_file_name("a.tar.stagefs-index"));
         let backing = stagefs_archive::map_file(file.file()).unwrap();
         let (loaded, _) = load(&file, &key, &backing, None, false).expect("a matching index loads");

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use stagefs::fs::{Fs, FsError};
-use stagefs_archive::{Archive, Backing, Source};
+use stagefs_archive::{Archive, Backing, Format, Source};
 
 /// Bytes of file content one input may read in all (sparse files can claim exabytes).
 const READ_BUDGET: u64 = 32 << 20;
@@ -32,7 +32,7 @@ pub fn tar(data: &[u8]) -> Result<(), String> {
     }
     let backing = backing(data);
     let (index, reader) = stagefs_archive::tar::open(Path::new("fuzz.tar"), backing).map_err(|e| e.to_string())?;
-    serve(Archive::from_saved_tar(index, reader));
+    serve(Archive::new(index, Format::Tar, Arc::new(reader)));
     Ok(())
 }
 
@@ -51,7 +51,7 @@ pub fn squashfs(data: &[u8]) -> Result<(), String> {
 pub fn zip(data: &[u8]) -> Result<(), String> {
     let (index, reader) =
         stagefs_archive::zip::open(Path::new("fuzz.zip"), backing(data)).map_err(|e| e.to_string())?;
-    serve(Archive::from_zip(index, reader));
+    serve(Archive::new(index, Format::Zip, Arc::new(reader)));
     Ok(())
 }
 
@@ -63,7 +63,7 @@ pub fn index_cache(data: &[u8]) -> Result<(), String> {
         backing(&bytes)
     });
     let (index, reader) = stagefs_archive::tar::decode_for_fuzz(data, archive)?;
-    serve(stagefs_archive::Archive::from_saved_tar(index, reader));
+    serve(Archive::new(index, Format::Tar, Arc::new(reader)));
     Ok(())
 }
 

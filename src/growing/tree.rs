@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use stagefs_archive::index::{Inode, InodeId, ROOT};
+use stagefs_archive::index::{Index, Inode, InodeId, ROOT};
 use stagefs_archive::set::{Conflict, Merger};
 use stagefs_archive::{Archive, OpenError};
 
@@ -71,8 +71,8 @@ impl DirNumbers {
 
 /// The merged tree of the set's shards at one moment.
 pub struct Tree {
-    /// The merged index (its reader is not used: files are read through their shard).
-    pub merged: Archive,
+    /// The merged index: directories are its own, files are read through their shard.
+    pub merged: Index,
     /// FUSE number of each merged position (0: unreachable, replaced by a later shard).
     ino_of: Vec<u64>,
     /// Merged position of each directory number.
@@ -84,9 +84,10 @@ pub struct Tree {
 }
 
 /// Where a number leads: the index holding it, its position there, and the archive that
-/// reads it.
+/// reads it (none for a directory of the merged tree).
 pub struct Node<'a> {
-    pub archive: &'a Archive,
+    pub index: &'a Index,
+    pub archive: Option<&'a Archive>,
     pub id: InodeId,
     pub inode: &'a Inode,
 }
@@ -96,12 +97,12 @@ impl Tree {
     pub fn build(shards: Vec<Arc<Shard>>, numbers: &mut DirNumbers) -> Result<Tree, OpenError> {
         let mut merger = Merger::new();
         for shard in &shards {
-            merger.add_indexed(&shard.path, shard.archive.clone(), &shard.archive.index)?;
+            merger.add_indexed(&shard.path, shard.archive.reader().clone(), &shard.archive.index)?;
         }
         let (count, first) = merger.conflicts();
         let conflicts = (count, first.cloned());
-        let (merged, origins) = merger.finish_with_origins()?;
-        let index = &merged.index;
+        let (merged, origins) = merger.finish_index()?;
+        let index = &merged;
         let mut ino_of = vec![0u64; index.inodes.len()];
         let mut dir_at = HashMap::new();
         ino_of[ROOT as usize] = ROOT_INO;
@@ -141,7 +142,7 @@ impl Tree {
         match serial_of(ino) {
             0 => {
                 let id = *self.dir_at.get(&ino)?;
-                Some(Node { archive: &self.merged, id, inode: self.merged.index.inode(id)? })
+                Some(Node { index: &self.merged, archive: None, id, inode: self.merged.inode(id)? })
             }
             serial => file_node(&self.shard(serial)?.archive, ino),
         }
@@ -149,7 +150,12 @@ impl Tree {
 
     /// Entries of the merged tree.
     pub fn entries(&self) -> usize {
-        self.merged.index.dirents.len()
+        self.merged.dirents.len()
+    }
+
+    /// Bytes its shards serve.
+    pub fn size(&self) -> u64 {
+        self.shards.iter().map(|s| s.archive.size()).sum()
     }
 }
 
@@ -157,7 +163,7 @@ impl Tree {
 pub fn file_node(archive: &Archive, ino: u64) -> Option<Node<'_>> {
     let id = ino as InodeId;
     let inode = archive.index.inode(id).filter(|n| !n.attrs.is_dir())?;
-    Some(Node { archive, id, inode })
+    Some(Node { index: &archive.index, archive: Some(archive), id, inode })
 }
 
 /// A name whose meaning changed between two states: `old` and `new` are its numbers
@@ -186,7 +192,7 @@ pub fn diff(old: &Tree, new: &Tree) -> Diff {
     let mut names: Vec<(usize, Change)> = Vec::new();
     // (directory number, its old position, whether the new state has it, depth)
     let mut work = vec![(ROOT_INO, ROOT, true, 0usize)];
-    let (oi, ni) = (&old.merged.index, &new.merged.index);
+    let (oi, ni) = (&old.merged, &new.merged);
     while let Some((ino, old_dir, kept, depth)) = work.pop() {
         let old_inode = &oi.inodes[old_dir as usize];
         let new_inode = kept.then(|| new.dir_at.get(&ino).map(|&d| &ni.inodes[d as usize])).flatten();
@@ -258,7 +264,7 @@ mod tests {
         let mut ino = ROOT_INO;
         for part in path.split('/') {
             let dir = tree.node(ino).unwrap();
-            let id = dir.archive.index.lookup(dir.inode, part.as_bytes()).unwrap();
+            let id = dir.index.lookup(dir.inode, part.as_bytes()).unwrap();
             ino = tree.ino_of(id);
         }
         ino
@@ -286,7 +292,7 @@ mod tests {
         let node = t3.node(old_same);
         assert!(node.is_none(), "t3 lacks shard 1");
         let node = t2.node(old_same).unwrap();
-        assert_eq!(&*node.archive.read(node.id, node.inode, 0, 64).unwrap(), b"from a");
+        assert_eq!(&*node.archive.unwrap().read(node.id, node.inode, 0, 64).unwrap(), b"from a");
         let (d, root) = (ino(&t1, "d"), ROOT_INO);
 
         let grew = diff(&t1, &t2);

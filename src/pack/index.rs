@@ -165,7 +165,7 @@ mod tests {
         assert_eq!(index.inodes, scanned.index.inodes);
         assert_eq!(index.dirents, scanned.index.dirents);
         assert_eq!(index.arena, scanned.index.arena);
-        let scanned = scanned.tar_reader().unwrap();
+        let scanned = scanned.saved().unwrap();
         assert_eq!(saved.sparse_files().len(), 1, "the sparse file is stored sparse");
         assert_eq!(saved.sparse_files(), scanned.sparse_files());
         assert_eq!(saved.extents(), scanned.extents());

@@ -8,6 +8,7 @@ mod fault;
 pub mod hash;
 mod identity;
 pub mod index;
+mod reader;
 pub mod seekable;
 pub mod set;
 pub mod squashfs;
@@ -21,6 +22,7 @@ use std::sync::Arc;
 
 use crate::index::{Data, Index, Inode, InodeId};
 pub use identity::FileId;
+pub use reader::{Access, Reader};
 
 /// The archive's bytes, shared by all request threads.
 pub type Backing = Arc<Source>;
@@ -363,18 +365,15 @@ impl Format {
 pub struct Archive {
     pub index: Index,
     pub format: Format,
-    reader: Reader,
-}
-
-enum Reader {
-    Tar(tar::TarReader),
-    SquashFs(squashfs::SquashReader),
-    Zip(zip::ZipReader),
-    /// Many archives merged into one index (see `set.rs`).
-    Set(set::SetReader),
+    reader: Arc<dyn Reader>,
 }
 
 impl Archive {
+    /// An archive of `format` whose `index` `reader` serves.
+    pub fn new(index: Index, format: Format, reader: Arc<dyn Reader>) -> Archive {
+        Archive { index, format, reader }
+    }
+
     /// Maps the open archive `file` in place and indexes it; `name` names it in messages.
     /// (The crate opens no path itself: which files to trust is the caller's rule.)
     pub fn open(file: &std::fs::File, name: &Path) -> Result<Archive, OpenError> {
@@ -389,15 +388,15 @@ impl Archive {
         let archive = match Format::detect_with_tail(head, tail) {
             Some(Format::Tar) => {
                 let (index, reader) = tar::open(path, backing.clone())?;
-                Archive { index, format: Format::Tar, reader: Reader::Tar(reader) }
+                Archive::new(index, Format::Tar, Arc::new(reader))
             }
             Some(Format::SquashFs) => {
                 let (index, reader) = squashfs::open(path, backing.clone())?;
-                Archive { index, format: Format::SquashFs, reader: Reader::SquashFs(reader) }
+                Archive::new(index, Format::SquashFs, Arc::new(reader))
             }
             Some(Format::Zip) => {
                 let (index, reader) = zip::open(path, backing.clone())?;
-                Archive { index, format: Format::Zip, reader: Reader::Zip(reader) }
+                Archive::new(index, Format::Zip, Arc::new(reader))
             }
             None => return Err(OpenError::unknown_format(path, head)),
         };
@@ -411,113 +410,66 @@ impl Archive {
         match codec {
             Some(codec) => {
                 let (index, reader) = tar::open_compressed(path, backing, codec)?;
-                Ok(Archive { index, format: Format::Tar, reader: Reader::Tar(reader) })
+                Ok(Archive::new(index, Format::Tar, Arc::new(reader)))
             }
             None => Archive::from_backing(path, backing),
         }
     }
 
-    /// Frees what the readers cache for speed (SquashFS blocks); later reads refill it.
+    /// The reader serving the index's files (a shard set shares its shards' readers).
+    pub fn reader(&self) -> &Arc<dyn Reader> {
+        &self.reader
+    }
+
+    /// See [`Reader::release_caches`].
     pub fn release_caches(&self) {
-        match &self.reader {
-            Reader::SquashFs(r) => r.clear_cache(),
-            Reader::Zip(r) => r.clear_cache(),
-            Reader::Set(set) => set.shards().iter().for_each(|a| a.release_caches()),
-            Reader::Tar(_) => {}
-        }
+        self.reader.release_caches()
     }
 
-    /// Size of the archive's bytes as served (decompressed, for compressed tars).
+    /// See [`Reader::size`].
     pub fn size(&self) -> u64 {
-        if let Reader::Set(set) = &self.reader {
-            return set.shards().iter().map(|a| a.size()).sum();
-        }
-        self.backing().len() as u64
+        self.reader.size()
     }
 
-    /// The bytes the readers serve from (a set's shards each have their own).
-    fn backing(&self) -> &Backing {
-        match &self.reader {
-            Reader::Tar(r) => r.backing(),
-            Reader::SquashFs(r) => r.backing(),
-            Reader::Zip(r) => r.backing(),
-            Reader::Set(set) => set.shards()[0].backing(),
-        }
-    }
-
-    /// Drops the archive file's pages from the page cache when it is served in place:
-    /// once the warm-up copied its files into the mount's own page cache, keeping the
-    /// source's too would hold the data twice. Later reads fetch what they need again.
+    /// See [`Reader::drop_source_cache`].
     pub fn drop_source_cache(&self) {
-        if let Reader::Set(set) = &self.reader {
-            return set.shards().iter().for_each(|a| a.drop_source_cache());
-        }
-        self.backing().drop_page_cache();
+        self.reader.drop_source_cache()
     }
 
-    /// Reassembles a tar archive from a saved index (see `tar::saved`).
-    pub fn from_saved_tar(index: Index, reader: tar::TarReader) -> Archive {
-        Archive { index, format: Format::Tar, reader: Reader::Tar(reader) }
+    /// See [`Reader::saved`].
+    pub fn saved(&self) -> Option<&tar::TarReader> {
+        self.reader.saved()
     }
 
-    /// Reassembles a zip archive from its parts (the fuzz targets open zips directly).
-    pub fn from_zip(index: Index, reader: zip::ZipReader) -> Archive {
-        Archive { index, format: Format::Zip, reader: Reader::Zip(reader) }
+    /// See [`Reader::access`].
+    pub fn access(&self, id: InodeId, inode: &Inode) -> Access {
+        self.reader.access(id, inode)
     }
 
-    /// The tar reader's own tables, for saving the index.
-    pub fn tar_reader(&self) -> Option<&tar::TarReader> {
-        match &self.reader {
-            Reader::Tar(r) => Some(r),
-            Reader::SquashFs(_) | Reader::Zip(_) | Reader::Set(_) => None,
-        }
-    }
-
-    /// Why reading this file is refused outright rather than failing (an encrypted zip
-    /// member: EACCES, not EIO), if it is.
-    pub fn denied(&self, inode: &Inode) -> Option<&'static str> {
-        match (&self.reader, inode.data) {
-            (Reader::Zip(r), Data::Extern(handle)) => r.denied(handle),
-            _ => None,
-        }
-    }
-
-    /// The number of archives merged in this one: 1, or a shard set's size.
-    pub fn shard_count(&self) -> usize {
-        match &self.reader {
-            Reader::Set(set) => set.shards().len(),
-            _ => 1,
-        }
-    }
-
-    /// Reads up to `len` bytes of the content of `inode`, the regular file at position `id`,
-    /// starting at `offset`; short only at end of file. (A shard set needs the position to
-    /// find the shard that serves it.)
+    /// Reads up to `len` bytes of the content of `inode`, the regular file at position
+    /// `id`, starting at `offset`; short only at end of file.
     pub fn read(&self, id: InodeId, inode: &Inode, offset: u64, len: u32) -> Result<Bytes<'_>, ReadError> {
-        match &self.reader {
-            Reader::Set(set) => set.read(id, inode, offset, len),
-            _ => self.read_own(inode, offset, len),
-        }
+        read_file(&*self.reader, id, inode, offset, len)
     }
+}
 
-    /// [`Archive::read`] for an archive that is no set: the inode alone says where its bytes are.
-    fn read_own(&self, inode: &Inode, offset: u64, len: u32) -> Result<Bytes<'_>, ReadError> {
-        let size = inode.attrs.size;
-        if offset >= size || len == 0 {
-            return Ok(Bytes::Borrowed(&[]));
-        }
-        let len = (len as u64).min(size - offset) as usize;
-        match (&self.reader, inode.data) {
-            (_, Data::None) => Ok(Bytes::Owned(vec![0; len])),
-            (Reader::Tar(r), data) => r.read(data, size, offset, len),
-            (Reader::SquashFs(r), Data::Extern(handle)) => r.read(handle, size, offset, len),
-            (Reader::SquashFs(_), other) => {
-                Err(ReadError { offset: 0, what: format!("inode has no SquashFS data ({other:?})") })
-            }
-            (Reader::Zip(r), Data::Extern(handle)) => r.read(handle, size, offset, len),
-            (Reader::Zip(_), other) => Err(ReadError { offset: 0, what: format!("inode has no zip data ({other:?})") }),
-            (Reader::Set(_), _) => Err(ReadError { offset: 0, what: "a shard set inside a shard set".into() }),
-        }
+/// [`Reader::read`] as a request asks it: clamped to the file's size (short only at its
+/// end), a file without data read as zeros.
+pub fn read_file<'a>(
+    reader: &'a dyn Reader,
+    id: InodeId,
+    inode: &Inode,
+    offset: u64,
+    len: u32,
+) -> Result<Bytes<'a>, ReadError> {
+    let size = inode.attrs.size;
+    if offset >= size || len == 0 {
+        return Ok(Bytes::Borrowed(&[]));
+    }
+    let len = (len as u64).min(size - offset) as usize;
+    match inode.data {
+        Data::None => Ok(Bytes::Owned(vec![0; len])),
+        _ => reader.read(id, inode, offset, len),
     }
 }
 

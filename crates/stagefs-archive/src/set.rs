@@ -11,30 +11,48 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{Archive, Bytes, OpenError, ReadError};
+use super::{Access, Archive, Bytes, Format, OpenError, ReadError, Reader};
 use crate::index::{Attrs, Data, Index, IndexBuilder, Inode, InodeId, ROOT};
 
-/// Serves file bytes of a merged set from the shard each inode came from.
+/// Serves file bytes of a merged set from the shard each inode came from: one [`Reader`]
+/// over the shards' readers. A merged inode keeps its shard's content locator, so the
+/// shard's reader serves it as its own.
 pub struct SetReader {
-    /// The shards in merge order (a fixed set drops their indexes once merged; a growing
-    /// one keeps them, to merge again).
-    shards: Vec<Arc<Archive>>,
+    /// The shards' readers in merge order (their indexes are not kept).
+    shards: Vec<Arc<dyn Reader>>,
     /// `starts[k]`: the first merged position added while merging shard `k`.
     starts: Vec<InodeId>,
 }
 
 impl SetReader {
-    pub fn shards(&self) -> &[Arc<Archive>] {
-        &self.shards
+    /// The reader of the shard merged position `id` came from.
+    fn shard_of(&self, id: InodeId) -> Option<&Arc<dyn Reader>> {
+        self.shards.get(self.starts.partition_point(|&s| s <= id).saturating_sub(1))
     }
+}
 
-    /// Reads inode `id` (its merged position) through its shard's reader.
-    pub fn read(&self, id: InodeId, inode: &Inode, offset: u64, len: u32) -> Result<Bytes<'_>, ReadError> {
-        let shard = self.starts.partition_point(|&s| s <= id).saturating_sub(1);
-        match self.shards.get(shard) {
-            Some(archive) => archive.read_own(inode, offset, len),
+impl Reader for SetReader {
+    fn read(&self, id: InodeId, inode: &Inode, offset: u64, len: usize) -> Result<Bytes<'_>, ReadError> {
+        match self.shard_of(id) {
+            Some(shard) => shard.read(id, inode, offset, len),
             None => Err(ReadError { offset: 0, what: format!("inode {id} belongs to no shard") }),
         }
+    }
+
+    fn access(&self, id: InodeId, inode: &Inode) -> Access {
+        self.shard_of(id).map_or(Access::Read, |shard| shard.access(id, inode))
+    }
+
+    fn release_caches(&self) {
+        self.shards.iter().for_each(|s| s.release_caches());
+    }
+
+    fn drop_source_cache(&self) {
+        self.shards.iter().for_each(|s| s.drop_source_cache());
+    }
+
+    fn size(&self) -> u64 {
+        self.shards.iter().map(|s| s.size()).sum()
     }
 }
 
@@ -63,7 +81,9 @@ pub struct Conflict {
 /// Builds the merged index, one shard at a time, in the order they must win.
 pub struct Merger {
     builder: IndexBuilder,
-    shards: Vec<Arc<Archive>>,
+    shards: Vec<Arc<dyn Reader>>,
+    /// The first shard's format, the set's.
+    format: Option<Format>,
     paths: Vec<PathBuf>,
     starts: Vec<InodeId>,
     /// Names a later shard replaced, and the first of them (for the one warning line).
@@ -85,6 +105,7 @@ impl Merger {
         Merger {
             builder: IndexBuilder::new(),
             shards: Vec::new(),
+            format: None,
             paths: Vec::new(),
             starts: Vec::new(),
             conflicts: 0,
@@ -95,17 +116,17 @@ impl Merger {
 
     /// Merges `archive` (the next shard, opened from `path`) over the shards added before,
     /// dropping its own index: only its reader serves.
-    pub fn add(&mut self, path: &Path, mut archive: Archive) -> Result<(), OpenError> {
-        let index = std::mem::take(&mut archive.index);
-        self.add_indexed(path, Arc::new(archive), &index)
+    pub fn add(&mut self, path: &Path, archive: Archive) -> Result<(), OpenError> {
+        self.format.get_or_insert(archive.format);
+        self.add_indexed(path, archive.reader.clone(), &archive.index)
     }
 
     /// Merges a shard whose `index` the caller keeps (a growing set merges it again).
-    pub fn add_indexed(&mut self, path: &Path, archive: Arc<Archive>, index: &Index) -> Result<(), OpenError> {
+    pub fn add_indexed(&mut self, path: &Path, reader: Arc<dyn Reader>, index: &Index) -> Result<(), OpenError> {
         let shard = self.shards.len();
         self.starts.push(self.builder.len() as InodeId);
         self.merge(shard, path, index).map_err(|source| OpenError::Index { path: path.to_owned(), source })?;
-        self.shards.push(archive);
+        self.shards.push(reader);
         self.paths.push(path.to_owned());
         Ok(())
     }
@@ -115,23 +136,30 @@ impl Merger {
         (self.conflicts, self.first_conflict.as_ref())
     }
 
-    /// The merged archive.
+    /// The merged archive: the merged index, served by one reader over the shards'.
     pub fn finish(self) -> Result<Archive, OpenError> {
-        Ok(self.finish_with_origins()?.0)
+        let format = self.format.unwrap_or(Format::Tar);
+        let (index, _, shards, starts) = self.finish_parts()?;
+        Ok(Archive::new(index, format, Arc::new(SetReader { shards, starts })))
     }
 
-    /// The merged archive, and where each of its inodes came from: its shard (the last
+    /// The merged index alone, and where each of its inodes came from: its shard (the last
     /// `k` with `starts[k] <=` its position) and its position in that shard's own index
-    /// (`origins[position]`; a directory several shards have is the first's).
-    pub fn finish_with_origins(self) -> Result<(Archive, Origins), OpenError> {
+    /// (`origins[position]`; a directory several shards have is the first's). A growing set
+    /// reads each file through its own shard, which keeps its index.
+    pub fn finish_index(self) -> Result<(Index, Origins), OpenError> {
+        let (index, origins, ..) = self.finish_parts()?;
+        Ok((index, origins))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn finish_parts(self) -> Result<(Index, Origins, Vec<Arc<dyn Reader>>, Vec<InodeId>), OpenError> {
         let origins = Origins { starts: self.starts.clone(), local: self.origins };
-        let format = self.shards.first().map_or(super::Format::Tar, |a| a.format);
         let index = self
             .builder
             .finish()
             .map_err(|source| OpenError::Index { path: self.paths.first().cloned().unwrap_or_default(), source })?;
-        let reader = super::Reader::Set(SetReader { shards: self.shards, starts: self.starts });
-        Ok((Archive { index, format, reader }, origins))
+        Ok((index, origins, self.shards, self.starts))
     }
 
     /// Walks the shard's tree from its root, adding what it has to the merged tree.

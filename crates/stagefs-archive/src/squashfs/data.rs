@@ -10,6 +10,7 @@ use super::codec::Compressor;
 use super::inode::{FileInode, NO_FRAGMENT};
 use super::metadata::{Cursor, MetaReader};
 use super::Fault;
+use crate::index::{Data, Inode, InodeId};
 use crate::{Backing, ByteWeight, Bytes, ReadError};
 
 /// Set in a block or fragment size when the data is stored uncompressed.
@@ -198,6 +199,27 @@ pub struct SquashReader {
     zeros: Arc<[u8]>,
 }
 
+impl crate::Reader for SquashReader {
+    fn read(&self, _id: InodeId, inode: &Inode, offset: u64, len: usize) -> Result<Bytes<'_>, ReadError> {
+        match inode.data {
+            Data::Extern(handle) => self.read_file(handle, inode.attrs.size, offset, len),
+            other => Err(ReadError { offset: 0, what: format!("inode has no SquashFS data ({other:?})") }),
+        }
+    }
+
+    fn release_caches(&self) {
+        self.clear_cache();
+    }
+
+    fn drop_source_cache(&self) {
+        self.backing.drop_page_cache();
+    }
+
+    fn size(&self) -> u64 {
+        self.backing.len() as u64
+    }
+}
+
 impl SquashReader {
     pub(super) fn new(backing: Backing, compressor: Compressor, layouts: Layouts, cache_bytes: u64) -> SquashReader {
         let block_size = layouts.block_size as usize;
@@ -236,7 +258,7 @@ impl SquashReader {
     }
 
     /// Regular-file content: `len` bytes (already clamped to the file size) at `offset`.
-    pub fn read(&self, handle: u32, size: u64, offset: u64, len: usize) -> Result<Bytes<'_>, ReadError> {
+    pub fn read_file(&self, handle: u32, size: u64, offset: u64, len: usize) -> Result<Bytes<'_>, ReadError> {
         let file = self
             .layouts
             .files

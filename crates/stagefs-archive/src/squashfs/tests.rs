@@ -101,7 +101,7 @@ fn read_all(reader: &SquashReader, inode: &Inode, chunk: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(size as usize);
     while (out.len() as u64) < size {
         let len = chunk.min((size - out.len() as u64) as usize);
-        let bytes = reader.read(handle, size, out.len() as u64, len).unwrap();
+        let bytes = reader.read_file(handle, size, out.len() as u64, len).unwrap();
         assert_eq!(bytes.len(), len);
         out.extend_from_slice(&bytes);
     }
@@ -246,7 +246,7 @@ fn uncompressed_image_is_served_from_the_map() {
     let small = index.inode(lookup_path(&index, "small.txt")).unwrap();
     for (inode, offset, len) in [(big, 5000, 100), (small, 3, 5)] {
         let Data::Extern(handle) = inode.data else { panic!() };
-        assert!(matches!(reader.read(handle, inode.attrs.size, offset, len).unwrap(), Bytes::Borrowed(_)));
+        assert!(matches!(reader.read_file(handle, inode.attrs.size, offset, len).unwrap(), Bytes::Borrowed(_)));
     }
 }
 
@@ -257,13 +257,13 @@ fn compressed_blocks_are_shared_from_the_cache() {
     let Data::Extern(handle) = big.data else { panic!() };
     // The second half of big.bin is text: its blocks are compressed.
     let at = 2_000_000 / 65536 * 65536 + 100;
-    let first = reader.read(handle, big.attrs.size, at, 1000).unwrap();
-    let again = reader.read(handle, big.attrs.size, at + 1000, 1000).unwrap();
+    let first = reader.read_file(handle, big.attrs.size, at, 1000).unwrap();
+    let again = reader.read_file(handle, big.attrs.size, at + 1000, 1000).unwrap();
     match (&first, &again) {
         (Bytes::Shared(a, _), Bytes::Shared(b, _)) => assert!(Arc::ptr_eq(a, b), "one decompression serves both"),
         other => panic!("expected shared cached blocks, got {other:?}"),
     }
-    let spanning = reader.read(handle, big.attrs.size, at + 65000, 2000).unwrap();
+    let spanning = reader.read_file(handle, big.attrs.size, at + 65000, 2000).unwrap();
     assert!(matches!(spanning, Bytes::Owned(_)));
 }
 
@@ -482,10 +482,10 @@ fn corrupt_data_block_fails_that_read_only() {
     let (index, reader) = open_bytes(&image).unwrap();
     let file = index.inode(lookup_path(&index, "file")).unwrap();
     let Data::Extern(handle) = file.data else { panic!() };
-    let err = reader.read(handle, file.attrs.size, 0, 100).unwrap_err();
+    let err = reader.read_file(handle, file.attrs.size, 0, 100).unwrap_err();
     assert!(err.what.contains("does not decompress"), "{err}");
     // Later blocks and the tail fragment are intact.
-    let tail = reader.read(handle, file.attrs.size, 4096, content.len() - 4096).unwrap();
+    let tail = reader.read_file(handle, file.attrs.size, 4096, content.len() - 4096).unwrap();
     assert_eq!(&tail[..], &content[4096..]);
 }
 
@@ -522,7 +522,7 @@ fn damage_rounds(options: &[&str]) {
                 let size = inode.attrs.size;
                 for offset in [0, size / 2] {
                     let len = (size - offset).min(9000) as usize;
-                    failed_reads += reader.read(handle, size, offset, len).is_err() as usize;
+                    failed_reads += reader.read_file(handle, size, offset, len).is_err() as usize;
                 }
             }
         }
@@ -594,7 +594,7 @@ fn entries_naming_one_inode_share_its_block_list() {
         let inode = index.inode(id).unwrap();
         assert_eq!(inode.attrs.size, 2 << 30);
         let Data::Extern(handle) = inode.data else { panic!("{name}: {:?}", inode.data) };
-        assert!(reader.read(handle, inode.attrs.size, (1 << 30) + 5, 4096).unwrap().iter().all(|&b| b == 0));
+        assert!(reader.read_file(handle, inode.attrs.size, (1 << 30) + 5, 4096).unwrap().iter().all(|&b| b == 0));
     }
     assert_eq!(index.inode(big).unwrap().nlink, names.len() as u32, "the names are links of one inode");
 }

@@ -25,7 +25,7 @@ use std::path::Path;
 
 use super::seekable::{Codec, FirstPass, Seekable};
 use super::{Backing, Bytes, OpenError, ReadError, Source};
-use crate::index::{Data, Index};
+use crate::index::{Data, Index, Inode, InodeId};
 pub use header::normalise;
 use header::{checksum_ok, BLOCK};
 use member::Scan;
@@ -132,6 +132,24 @@ impl std::io::Read for Progress<'_, '_> {
     }
 }
 
+impl crate::Reader for TarReader {
+    fn read(&self, _id: InodeId, inode: &Inode, offset: u64, len: usize) -> Result<Bytes<'_>, ReadError> {
+        self.read_data(inode.data, offset, len)
+    }
+
+    fn drop_source_cache(&self) {
+        self.backing.drop_page_cache();
+    }
+
+    fn size(&self) -> u64 {
+        self.backing.len() as u64
+    }
+
+    fn saved(&self) -> Option<&TarReader> {
+        Some(self)
+    }
+}
+
 impl TarReader {
     /// A reader over tables saved earlier (see `saved`), checked against the archive.
     pub fn from_parts(backing: Backing, sparse_files: Vec<SparseFile>, extents: Vec<Extent>) -> Option<TarReader> {
@@ -165,7 +183,8 @@ impl TarReader {
         &self.extents
     }
 
-    pub fn read(&self, data: Data, _size: u64, offset: u64, len: usize) -> Result<Bytes<'_>, ReadError> {
+    /// `len` bytes at `offset` of the member whose content is at `data`.
+    pub(crate) fn read_data(&self, data: Data, offset: u64, len: usize) -> Result<Bytes<'_>, ReadError> {
         match data {
             Data::Slice { offset: start } => Ok(self.backing.read_at(start + offset, len)?.into()),
             Data::Extern(handle) => self.read_sparse(handle, offset, len),

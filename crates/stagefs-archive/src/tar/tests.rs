@@ -70,8 +70,8 @@ fn indexes_members_and_implicit_dirs() {
     let f = index.lookup(&index.inodes[b as usize], b"file.txt").unwrap();
     let inode = index.inodes[f as usize];
     assert_eq!(inode.attrs.size, 6);
-    assert_eq!(&*reader.read(inode.data, 6, 0, 6).unwrap(), b"second");
-    assert_eq!(&*reader.read(inode.data, 6, 2, 3).unwrap(), b"con");
+    assert_eq!(&*reader.read_data(inode.data, 0, 6).unwrap(), b"second");
+    assert_eq!(&*reader.read_data(inode.data, 2, 3).unwrap(), b"con");
 }
 
 #[test]
@@ -207,7 +207,7 @@ fn sparse_reads_fill_holes_with_zeros() {
             Extent { file_offset: 10, len: 4, archive_offset: 4 },
         ],
     };
-    let got = reader.read(Data::Extern(0), 16, 0, 16).unwrap();
+    let got = reader.read_data(Data::Extern(0), 0, 16).unwrap();
     assert_eq!(&*got, b"\0\0AAAA\0\0\0\0BBBB\0\0");
-    assert_eq!(&*reader.read(Data::Extern(0), 16, 4, 8).unwrap(), b"AA\0\0\0\0BB");
+    assert_eq!(&*reader.read_data(Data::Extern(0), 4, 8).unwrap(), b"AA\0\0\0\0BB");
 }

@@ -14,7 +14,8 @@ use quick_cache::sync::Cache;
 use super::cursors::{Cursors, Decodable};
 use super::directory::{u16le, Entry};
 use super::stream::{method_name, Stream};
-use crate::{Backing, ByteWeight, Bytes, ReadError};
+use crate::index::{Data, Inode, InodeId};
+use crate::{Access, Backing, ByteWeight, Bytes, ReadError};
 
 const LOCAL_SIG: &[u8; 4] = b"PK\x03\x04";
 const LOCAL_LEN: usize = 30;
@@ -214,6 +215,36 @@ pub struct ZipReader {
 /// than one shard's share is not kept.
 const SHARDS: usize = 8;
 
+impl crate::Reader for ZipReader {
+    fn read(&self, _id: InodeId, inode: &Inode, offset: u64, len: usize) -> Result<Bytes<'_>, ReadError> {
+        match inode.data {
+            Data::Extern(handle) => self.read_member(handle, inode.attrs.size, offset, len),
+            other => Err(ReadError { offset: 0, what: format!("inode has no zip data ({other:?})") }),
+        }
+    }
+
+    /// Encrypted members are refused outright.
+    fn access(&self, _id: InodeId, inode: &Inode) -> Access {
+        let Data::Extern(handle) = inode.data else { return Access::Read };
+        match self.members.get(handle as usize) {
+            Some(m) if m.flags & FLAG_ENCRYPTED != 0 => Access::Denied(ENCRYPTED),
+            _ => Access::Read,
+        }
+    }
+
+    fn release_caches(&self) {
+        self.clear_cache();
+    }
+
+    fn drop_source_cache(&self) {
+        self.backing.drop_page_cache();
+    }
+
+    fn size(&self) -> u64 {
+        self.backing.len() as u64
+    }
+}
+
 impl ZipReader {
     pub(super) fn new(backing: Backing, members: Vec<Member>, cache_bytes: u64) -> ZipReader {
         let options = quick_cache::OptionsBuilder::new()
@@ -238,11 +269,6 @@ impl ZipReader {
         self.cursors.clear();
     }
 
-    /// Why reading this member is refused outright (encryption), if it is.
-    pub fn denied(&self, handle: u32) -> Option<&'static str> {
-        self.members.get(handle as usize).filter(|m| m.flags & FLAG_ENCRYPTED != 0).map(|_| ENCRYPTED)
-    }
-
     /// How many times the member's decoding started from its first byte (a check and
     /// each decoder count once).
     pub fn decodes(&self, handle: u32) -> u32 {
@@ -250,7 +276,7 @@ impl ZipReader {
     }
 
     /// Regular-file content: `len` bytes (already clamped to the file size) at `offset`.
-    pub fn read(&self, handle: u32, size: u64, offset: u64, len: usize) -> Result<Bytes<'_>, ReadError> {
+    fn read_member(&self, handle: u32, size: u64, offset: u64, len: usize) -> Result<Bytes<'_>, ReadError> {
         let m = self
             .members
             .get(handle as usize)

@@ -1,0 +1,42 @@
+//! The one interface every format serves file bytes through: a new format is a new implementation of [`Reader`], never new arms in every match.
+
+use crate::index::{Inode, InodeId};
+use crate::tar::TarReader;
+use crate::{Bytes, ReadError};
+
+/// Whether a file may be read at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    /// Refused outright, and why (an encrypted zip member): EACCES, not EIO.
+    Denied(&'static str),
+}
+
+/// Serves the bytes of the regular files of one index.
+pub trait Reader: Send + Sync {
+    /// `len` bytes (more than 0, within the file's size) at `offset` of the regular file at
+    /// position `id` of the index this reader serves, whose inode is `inode`.
+    fn read(&self, id: InodeId, inode: &Inode, offset: u64, len: usize) -> Result<Bytes<'_>, ReadError>;
+
+    /// Whether the regular file at position `id`, whose inode is `inode`, may be read at all.
+    fn access(&self, _id: InodeId, _inode: &Inode) -> Access {
+        Access::Read
+    }
+
+    /// Frees what it caches for speed; later reads refill it.
+    fn release_caches(&self) {}
+
+    /// Drops the archive file's pages from the page cache when it is served in place (the
+    /// mount's page cache holds the files once warmed: keeping the source's too would hold
+    /// the data twice).
+    fn drop_source_cache(&self);
+
+    /// Bytes served: the archive's size (decoded, for a compressed tar).
+    fn size(&self) -> u64;
+
+    /// The tables a saved index keeps besides the tree: only a tar has them (zip and
+    /// SquashFS carry their index inside the archive).
+    fn saved(&self) -> Option<&TarReader> {
+        None
+    }
+}
