@@ -4,8 +4,8 @@ use stagefs_archive::escape::Shown;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::control::{self, Request, Verb};
 use crate::error::Failure;
-use crate::growing::control::{self, Request, Verb};
 use crate::mountpoint;
 pub use crate::node::umount;
 use crate::open::{open_archive, Indexing};

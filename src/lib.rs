@@ -7,8 +7,10 @@
 pub mod cancel;
 pub mod cli;
 pub mod commands;
+pub mod control;
 pub mod daemon;
 pub mod demo;
+pub mod duration;
 pub mod error;
 pub mod fs;
 mod fuse;

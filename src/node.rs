@@ -17,7 +17,6 @@
 //! never contend; elsewhere every caller is a candidate and the `flock` decides.
 
 mod args;
-mod duration;
 mod elect;
 mod lock;
 mod run;
@@ -28,7 +27,6 @@ use std::path::{Path, PathBuf};
 
 pub use crate::request::DEFAULT_WAIT;
 pub use args::{RunArgs, WaitArgs};
-pub use duration::parse_duration;
 pub use elect::{elect, mount, publish_failure, wait, Election, Lease};
 pub use run::{run, RunRequest};
 pub use sweep::{clear_leftovers, reap_failure};

@@ -60,7 +60,7 @@ pub struct MountOptions {
     /// for INTERVAL), remove those deleted; checks every INTERVAL (--watch=2s; default 5s). Implies --growing;
     /// the pattern may match nothing yet
     #[arg(long, value_name = "INTERVAL", num_args = 0..=1, require_equals = true, default_missing_value = "5s",
-          value_parser = crate::node::parse_duration)]
+          value_parser = crate::duration::parse_duration)]
     pub watch: Option<std::time::Duration>,
     /// FUSE request threads, 1 to 256 (default: 2 per core, at most 16)
     #[arg(long, value_parser = threads_parser())]

@@ -30,7 +30,7 @@ pub(super) struct Live {
     pub fs: Arc<Fs>,
     pub stage_dir: Option<PathBuf>,
     /// A growing set's control socket, removed when dropped.
-    pub control: Option<crate::growing::control::Control>,
+    pub control: Option<crate::control::Control>,
 }
 
 /// Everything up to readiness: returns the live mount to serve.
@@ -87,7 +87,7 @@ pub(super) fn start(
         (Some(set), Some(growing)) => {
             let dev = std::fs::metadata(mountpoint).map(|m| std::os::unix::fs::MetadataExt::dev(&m)).ok();
             set.connect(crate::fuse::kernel_cache(&session), dev);
-            let control = crate::growing::control::listen(set.clone(), mountpoint).map_err(unmount_on_error)?;
+            let control = crate::control::listen(set.clone(), mountpoint).map_err(unmount_on_error)?;
             if let Some((pattern, interval)) = &growing.watch {
                 let mut memory = crate::growing::watcher::Memory::default();
                 set.take_refused().iter().for_each(|path| memory.refuse(path));

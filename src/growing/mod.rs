@@ -7,7 +7,6 @@
 //! is still read from that shard: the shard is kept until the kernel has forgotten the
 //! last of its files, and only then are its RAM and descriptors released.
 
-pub mod control;
 pub mod tree;
 pub mod watcher;
 

@@ -4,7 +4,8 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{parse_duration, run, wait, RunRequest};
+use super::{run, wait, RunRequest};
+use crate::duration::parse_duration;
 use crate::error::Failure;
 use crate::shards::default_mountpoint;
 

@@ -23,8 +23,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{GrowingSet, Outcome};
 use crate::error::{code, Failure};
+use crate::growing::{GrowingSet, Outcome};
 use crate::places::{self, CheckedDir};
 use stagefs_archive::escape::Shown;
 
