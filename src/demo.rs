@@ -128,6 +128,7 @@ fn compare(archive: &Path, plain: &Path, work: &Path, files: usize, readers: usi
             recursive: false,
             broadcast: None,
             growing: None,
+            presentation: Default::default(),
         };
         // Not through the per-node election: the demo's mountpoints are its own, and under
         // srun a task with SLURM_LOCALID > 0 would wait for a leader that never comes.

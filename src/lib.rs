@@ -21,6 +21,7 @@ pub mod open;
 pub mod options;
 pub mod pack;
 pub mod places;
+pub mod presentation;
 pub mod registry;
 pub mod report;
 pub mod request;

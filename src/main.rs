@@ -149,11 +149,45 @@ fn init_logging(verbose: u8, colour: bool) {
         }
     })
     .delimited(" ");
+    let ansi = colour && std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .fmt_fields(escaped)
+        .event_format(Lines { log: tracing_subscriber::fmt::format().with_target(false).with_ansi(ansi) })
         .with_writer(std::io::stderr)
-        .with_ansi(colour && std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
         .init();
+}
+
+/// Log lines as a reader meets them: on a terminal, `stagefs: warning: ...` like every other
+/// message stagefs prints; in a log file (a detached daemon's), with time and level.
+struct Lines<F> {
+    log: F,
+}
+
+impl<S, N, F> tracing_subscriber::fmt::FormatEvent<S, N> for Lines<F>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+    F: tracing_subscriber::fmt::FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            return self.log.format_event(ctx, writer, event);
+        }
+        let level = match *event.metadata().level() {
+            tracing::Level::ERROR => "error",
+            tracing::Level::WARN => "warning",
+            tracing::Level::INFO => "info",
+            tracing::Level::DEBUG => "debug",
+            tracing::Level::TRACE => "trace",
+        };
+        write!(writer, "stagefs: {level}: ")?;
+        tracing_subscriber::fmt::FormatFields::format_fields(ctx, writer.by_ref(), event)?;
+        writeln!(writer)
+    }
 }

@@ -62,6 +62,24 @@ pub struct MountOptions {
     #[arg(long, value_name = "INTERVAL", num_args = 0..=1, require_equals = true, default_missing_value = "5s",
           value_parser = crate::duration::parse_duration)]
     pub watch: Option<std::time::Duration>,
+    /// Show every file and directory as owned by this user: `me` (who mounts), UID or UID:GID.
+    /// For an archive packed with owners and modes that lock you out (root's 0600 files)
+    #[arg(long, value_name = "me|UID[:GID]", value_parser = crate::presentation::parse_owner)]
+    pub owner: Option<(u32, u32)>,
+    /// Clear these permission bits from every entry as shown, e.g. 022
+    #[arg(long, value_name = "OCTAL", value_parser = crate::presentation::parse_octal)]
+    pub umask: Option<u32>,
+    /// Show every file with these permission bits, e.g. 0644 (directories and executables
+    /// get x where it reads, as chmod X)
+    #[arg(long, value_name = "OCTAL", value_parser = crate::presentation::parse_octal)]
+    pub mode: Option<u32>,
+    /// Mount only this directory of the archive as the root, e.g. --prefix imagenet/train
+    #[arg(long, value_name = "DIR")]
+    pub prefix: Option<PathBuf>,
+    /// Options as ratarmount and squashfuse take them: uid=N, gid=N, umask=OCTAL. Mounts are
+    /// private by design: allow_other and allow_root are refused
+    #[arg(short = 'o', value_name = "OPTIONS", value_delimiter = ',')]
+    pub fuse_options: Vec<String>,
     /// FUSE request threads, 1 to 256 (default: 2 per core, at most 16)
     #[arg(long, value_parser = threads_parser())]
     pub threads: Option<usize>,
@@ -104,6 +122,7 @@ impl MountOptions {
             other => other?,
         };
         let mountpoint = crate::mountpoint::resolve(&mountpoint)?;
+        let presentation = self.presentation()?;
         Ok(MountRequest {
             archive: set.label,
             shards: set.shards,
@@ -119,7 +138,41 @@ impl MountOptions {
             recursive: self.recursive,
             broadcast,
             growing,
+            presentation,
         })
+    }
+
+    /// `--owner`, `--umask`, `--mode`, `--prefix` and their `-o` spellings, as one.
+    fn presentation(&self) -> Result<crate::presentation::Presentation, Failure> {
+        let usage = |m: String| Failure::new(crate::error::code::USAGE, m);
+        let mut shown = crate::presentation::Presentation {
+            owner: self.owner,
+            umask: self.umask,
+            mode: self.mode,
+            prefix: self.prefix.clone(),
+        };
+        for option in self.fuse_options.iter().filter(|o| !o.is_empty()) {
+            let (key, value) = option.split_once('=').unwrap_or((option, ""));
+            let number = || value.parse::<u32>().map_err(|_| usage(format!("-o {option}: {key} takes a number")));
+            match key {
+                "uid" => shown.owner = Some((number()?, shown.owner.map_or(number()?, |o| o.1))),
+                "gid" => shown.owner = Some((shown.owner.map_or_else(|| nix::unistd::geteuid().as_raw(), |o| o.0), number()?)),
+                "umask" => shown.umask = Some(crate::presentation::parse_octal(value).map_err(usage)?),
+                "allow_other" | "allow_root" => {
+                    return Err(usage(format!(
+                        "-o {key}: stagefs mounts are private by design (only you can read them, so nobody else \
+                         on the node can reach your data through them); to share a dataset, let each user mount \
+                         it, or use --owner/--mode to make its files readable to you"
+                    )))
+                }
+                "ro" | "default_permissions" => {}
+                _ => return Err(usage(format!("-o {option}: unknown; stagefs takes uid=, gid= and umask= (or --owner, --umask, --mode, --prefix)"))),
+            }
+        }
+        if shown.prefix.is_some() && (self.growing || self.watch.is_some()) {
+            return Err(usage("--prefix cannot be used with --growing or --watch".into()));
+        }
+        Ok(shown)
     }
 
     /// What `--growing` and `--watch` ask for; `--watch` needs a pattern to follow.

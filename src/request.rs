@@ -38,6 +38,8 @@ pub struct MountRequest {
     pub broadcast: Option<crate::stage::broadcast::Plan>,
     /// Keep the set open to `stagefs add` and `stagefs remove` (`--growing`, `--watch`).
     pub growing: Option<Growing>,
+    /// Owners, modes and root as shown (`--owner`, `--umask`, `--mode`, `--prefix`).
+    pub presentation: crate::presentation::Presentation,
 }
 
 /// How a growing set changes while mounted.

@@ -74,7 +74,10 @@ pub(super) fn start(
     crate::cancel::phase("mounting")?;
     // Building the index peaks well above what the finished index keeps.
     return_free_memory();
-    let fs = Arc::new(Fs::with(content));
+    let fs = Fs::presented(content, request.presentation.clone())
+        .map_err(|m| Failure::new(crate::error::code::USAGE, m))?;
+    warn_unreadable(&fs, archive_path);
+    let fs = Arc::new(fs);
     let session =
         crate::fuse::mount(fs.clone(), mountpoint, request.threads).map_err(|e| mount_failure(mountpoint, e))?;
     // From here on, a failure must take the mount down with it.
@@ -240,3 +243,19 @@ fn detach_stdio(log: Option<File>) {
         let _ = nix::unistd::dup2_stderr(&out);
     }
 }
+
+/// Says when files of the mount are not readable by the user who mounts it (a tar packed
+/// by root with mode 0600): every read would fail with EACCES, and nothing else says why.
+fn warn_unreadable(fs: &Fs, archive: &Path) {
+    let (count, first) = fs.unreadable();
+    if let Some(first) = first {
+        tracing::warn!(
+            "{count} file{} of {} {} not readable by you as the archive stores them (the first: {first}); \
+             remount with --owner me (or --mode 0644), or repack it with `stagefs pack --normalize`",
+            if count == 1 { "" } else { "s" },
+            archive.shown(),
+            if count == 1 { "is" } else { "are" }
+        );
+    }
+}
+

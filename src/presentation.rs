@@ -1,0 +1,169 @@
+//! How a mount shows the archive's tree: whose files they are, their permission bits, and which directory is its root (`--owner`, `--umask`, `--mode`, `--prefix`).
+//!
+//! A tar packed by root with mode 0600 mounts fine and then refuses every read to the user
+//! who mounted it (the kernel checks the modes the archive stores: mounts are private,
+//! without `allow_other`, so `default_permissions` is the only check there is). These
+//! options change what `stat` shows, as `ratarmount -o uid=,gid=,umask=` and squashfuse's
+//! `-o uid=,gid=` do; they never make a mount reachable by other users.
+
+use std::path::{Component, Path, PathBuf};
+
+use stagefs_archive::escape::Shown;
+use stagefs_archive::index::{Index, InodeId, ROOT};
+
+/// What a mount changes in how it shows the archive's tree.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Presentation {
+    /// Every entry owned by this uid and gid (`--owner`).
+    pub owner: Option<(u32, u32)>,
+    /// Permission bits cleared from every entry (`--umask`).
+    pub umask: Option<u32>,
+    /// Every file's permission bits (`--mode`); directories, and files with an execute
+    /// bit, get execute where the mode reads (as `chmod X`).
+    pub mode: Option<u32>,
+    /// The directory of the archive shown as the mount's root (`--prefix`).
+    pub prefix: Option<PathBuf>,
+}
+
+impl Presentation {
+    /// `st_mode`, uid and gid as shown.
+    pub fn attrs(&self, mode: u32, uid: u32, gid: u32) -> (u32, u32, u32) {
+        let kind = mode & libc::S_IFMT;
+        let mut perm = mode & 0o7777;
+        if let Some(set) = self.mode {
+            let searchable = kind == libc::S_IFDIR || perm & 0o111 != 0;
+            let x = if searchable { (set & 0o444) >> 2 } else { 0 };
+            perm = (set & 0o7777) | x;
+        }
+        if let Some(umask) = self.umask {
+            perm &= !umask;
+        }
+        let (uid, gid) = self.owner.unwrap_or((uid, gid));
+        (kind | perm, uid, gid)
+    }
+
+    /// Whether anything is changed at all.
+    pub fn is_plain(&self) -> bool {
+        *self == Presentation::default()
+    }
+
+    /// The position of the `--prefix` directory in `index` (the root without one).
+    pub fn root(&self, index: &Index) -> Result<InodeId, String> {
+        let Some(prefix) = &self.prefix else { return Ok(ROOT) };
+        let mut at = ROOT;
+        for part in prefix.components() {
+            let name = match part {
+                Component::Normal(name) => name.as_encoded_bytes(),
+                Component::RootDir | Component::CurDir => continue,
+                Component::ParentDir | Component::Prefix(_) => {
+                    return Err(format!("--prefix {}: name a directory inside the archive", prefix.shown()))
+                }
+            };
+            let inode = index.inode(at).ok_or("the index has no root")?;
+            at = match index.lookup(inode, name).filter(|&id| index.inode(id).is_some_and(|n| n.attrs.is_dir())) {
+                Some(id) => id,
+                None => return Err(missing(index, at, prefix, name)),
+            };
+        }
+        Ok(at)
+    }
+
+    /// Regular files of `index` below `root` that `uid` (in groups `gids`) could not read
+    /// as shown: how many, and the first one's path.
+    pub fn unreadable(&self, index: &Index, root: InodeId, uid: u32, gids: &[u32]) -> (u64, Option<String>) {
+        let (mut count, mut first) = (0u64, None);
+        let mut stack = vec![root];
+        while let Some(dir) = stack.pop() {
+            let Some(inode) = index.inode(dir) else { continue };
+            for dirent in index.children(inode) {
+                let Some(child) = index.inode(dirent.inode) else { continue };
+                if child.attrs.is_dir() {
+                    stack.push(dirent.inode);
+                    continue;
+                }
+                if child.attrs.file_type() != libc::S_IFREG {
+                    continue;
+                }
+                let (mode, owner, group) = self.attrs(child.attrs.mode, child.attrs.uid, child.attrs.gid);
+                let readable = match () {
+                    _ if uid == 0 => true,
+                    _ if owner == uid => mode & 0o400 != 0,
+                    _ if gids.contains(&group) => mode & 0o040 != 0,
+                    _ => mode & 0o004 != 0,
+                };
+                if !readable {
+                    count += 1;
+                    first.get_or_insert_with(|| index.path_of(dirent.inode));
+                }
+            }
+        }
+        (count, first)
+    }
+}
+
+/// The message for a `--prefix` that names no directory of the archive.
+fn missing(index: &Index, at: InodeId, prefix: &Path, name: &[u8]) -> String {
+    let mut names: Vec<String> = index
+        .inode(at)
+        .map(|dir| index.children(dir).iter().take(12).map(|d| index.bytes(d.name).shown().to_string()).collect())
+        .unwrap_or_default();
+    if names.len() == 12 {
+        names.push("...".into());
+    }
+    format!(
+        "--prefix {}: the archive has no directory {} in {}; there: {}",
+        prefix.shown(),
+        name.shown(),
+        index.path_of(at),
+        if names.is_empty() { "nothing".into() } else { names.join(", ") }
+    )
+}
+
+/// Parses `--owner`: `me` (the mounting user), `UID` or `UID:GID`.
+pub fn parse_owner(text: &str) -> Result<(u32, u32), String> {
+    if text == "me" {
+        // SAFETY: geteuid and getegid have no preconditions.
+        return Ok(unsafe { (libc::geteuid(), libc::getegid()) });
+    }
+    let bad = || format!("--owner {text:?}: use me, UID or UID:GID");
+    let (uid, gid) = text.split_once(':').unwrap_or((text, ""));
+    let uid: u32 = uid.parse().map_err(|_| bad())?;
+    let gid = if gid.is_empty() {
+        nix::unistd::User::from_uid(uid.into()).ok().flatten().map_or(uid, |u| u.gid.as_raw())
+    } else {
+        gid.parse().map_err(|_| bad())?
+    };
+    Ok((uid, gid))
+}
+
+/// Parses an octal mode or umask (`022`, `0644`).
+pub fn parse_octal(text: &str) -> Result<u32, String> {
+    u32::from_str_radix(text.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|m| *m <= 0o7777)
+        .ok_or_else(|| format!("{text:?} is not an octal mode (e.g. 022 or 0644)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owners_and_modes_as_shown() {
+        let plain = Presentation::default();
+        assert!(plain.is_plain());
+        assert_eq!(plain.attrs(libc::S_IFREG | 0o600, 0, 0), (libc::S_IFREG | 0o600, 0, 0));
+        let me = Presentation { owner: Some((1000, 100)), ..Presentation::default() };
+        assert_eq!(me.attrs(libc::S_IFREG | 0o600, 0, 0), (libc::S_IFREG | 0o600, 1000, 100));
+        let umask = Presentation { umask: Some(0o027), ..Presentation::default() };
+        assert_eq!(umask.attrs(libc::S_IFDIR | 0o777, 0, 0).0, libc::S_IFDIR | 0o750);
+        let mode = Presentation { mode: Some(0o644), ..Presentation::default() };
+        assert_eq!(mode.attrs(libc::S_IFREG | 0o600, 0, 0).0, libc::S_IFREG | 0o644);
+        assert_eq!(mode.attrs(libc::S_IFREG | 0o700, 0, 0).0, libc::S_IFREG | 0o755, "executables stay so");
+        assert_eq!(mode.attrs(libc::S_IFDIR | 0o700, 0, 0).0, libc::S_IFDIR | 0o755, "directories searchable");
+        assert_eq!(parse_owner("12:34"), Ok((12, 34)));
+        assert!(parse_owner("x").is_err());
+        assert_eq!(parse_octal("022"), Ok(0o22));
+        assert!(parse_octal("99").is_err());
+    }
+}
