@@ -156,7 +156,10 @@ impl MountOptions {
             let number = || value.parse::<u32>().map_err(|_| usage(format!("-o {option}: {key} takes a number")));
             match key {
                 "uid" => shown.owner = Some((number()?, shown.owner.map_or(number()?, |o| o.1))),
-                "gid" => shown.owner = Some((shown.owner.map_or_else(|| nix::unistd::geteuid().as_raw(), |o| o.0), number()?)),
+                "gid" => {
+                    shown.owner =
+                        Some((shown.owner.map_or_else(|| nix::unistd::geteuid().as_raw(), |o| o.0), number()?))
+                }
                 "umask" => shown.umask = Some(crate::presentation::parse_octal(value).map_err(usage)?),
                 "allow_other" | "allow_root" => {
                     return Err(usage(format!(
@@ -166,7 +169,9 @@ impl MountOptions {
                     )))
                 }
                 "ro" | "default_permissions" => {}
-                _ => return Err(usage(format!("-o {option}: unknown; stagefs takes uid=, gid= and umask= (or --owner, --umask, --mode, --prefix)"))),
+                _ => return Err(usage(format!(
+                    "-o {option}: unknown; stagefs takes uid=, gid= and umask= (or --owner, --umask, --mode, --prefix)"
+                ))),
             }
         }
         if shown.prefix.is_some() && (self.growing || self.watch.is_some()) {

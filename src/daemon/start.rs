@@ -74,8 +74,8 @@ pub(super) fn start(
     crate::cancel::phase("mounting")?;
     // Building the index peaks well above what the finished index keeps.
     return_free_memory();
-    let fs = Fs::presented(content, request.presentation.clone())
-        .map_err(|m| Failure::new(crate::error::code::USAGE, m))?;
+    let fs =
+        Fs::presented(content, request.presentation.clone()).map_err(|m| Failure::new(crate::error::code::USAGE, m))?;
     warn_unreadable(&fs, archive_path);
     let fs = Arc::new(fs);
     let session =
@@ -258,4 +258,3 @@ fn warn_unreadable(fs: &Fs, archive: &Path) {
         );
     }
 }
-
