@@ -17,7 +17,7 @@ page-cache speed instead of hammering the parallel filesystem's metadata servers
   python train.py --data-root /dev/shm/$USER/data
   stagefs umount /dev/shm/$USER/data
 
-  stagefs demo                                    # archive vs. plain directory, in place vs. staged in RAM
+  stagefs demo                                    # archive vs. directory, in place vs. in RAM
 
 In a SLURM job (one task per node mounts, all run the command, the last one out unmounts):
   srun stagefs run data.sqsh -- python train.py --data-root '{mount}'
@@ -106,7 +106,7 @@ Example (a dataset that grows between epochs):
         #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = crate::duration::parse_duration)]
         timeout: std::time::Duration,
     },
-    /// Remove shards from a set mounted with --growing; open files of theirs keep working until closed
+    /// Remove shards from a set mounted with --growing or --watch; open files of theirs keep working until closed
     #[command(after_help = "The merged tree loses the shards' files at once; where an earlier shard has the same
 path, its file is served again. A removed shard's RAM (or disk copy) is released once no
 process has its files open and the kernel has let go of them. The file itself may already
@@ -130,6 +130,7 @@ be deleted: it is named by the path it was added with.")]
     ReapFailure { lock: PathBuf, at_ms: u64 },
     /// Unmount and wait until the daemon has exited
     Umount {
+        /// The mountpoint, or the archive when it is mounted once
         mountpoint: PathBuf,
         /// Detach even while files are open inside; the daemon exits once they are closed
         #[arg(short = 'z', long)]
@@ -175,13 +176,17 @@ Unlike tar, which warns and goes on, an unreadable file stops the pack with an e
 and so does a file that changes while it is read (after one re-read): a dataset is never
 silently incomplete or torn.")]
     Pack(crate::pack::PackArgs),
-    /// List this user's mounts on this node: archive, staged RAM, daemon pid, uptime, reads served, failed reads and the last error
+    /// List this user's mounts on this node: how each is served, its RAM, pid, uptime, read requests, failed reads, the last error and a growing set's shards
     Status {
         /// One JSON object per line and mount: mountpoint, archive, state (live or dead), pid,
-        /// started (Unix time), staging, staged_bytes, warmed_bytes, disk_bytes and stage_dir
-        /// (staged to the local disk: how much, and where; 0 and null otherwise), reads, errors
-        /// (failed reads served, EIO), last_error (a string, or null), shards (the shards a growing set
-        /// serves now, or null)
+        /// started (Unix time), staging (ram, copy, local disk or in place), served (in words),
+        /// compressed (the codec a tar is decoded from piece by piece, or null), staged_bytes
+        /// (a private copy in RAM), warmed_bytes (files put in the page cache at mount), rss_bytes
+        /// (the daemon's resident memory), disk_bytes and stage_dir (staged to the local disk: how
+        /// much, and where; 0 and null otherwise), read_requests (read requests the daemon served:
+        /// reads the kernel's page cache answers never reach it; also as reads), errors (failed
+        /// reads served, EIO), last_error (a string, or null), shards (the paths a growing set
+        /// serves now, in the order they win, or null) and shard_count
         #[arg(long)]
         json: bool,
     },

@@ -54,29 +54,15 @@ pub fn status(json: bool) -> Result<(), Failure> {
         .filter(|m| !records.iter().any(|r| &r.mountpoint == m))
         .partition(|m| nix::sys::statvfs::statvfs(m).is_ok());
     if json {
+        let line = |value: serde_json::Value| println!("{value}");
         for r in &records {
-            println!(
-                "{{\"mountpoint\":{},\"archive\":{},\"state\":\"live\",\"pid\":{},\"started\":{},\"staging\":{},\"staged_bytes\":{},\"warmed_bytes\":{},\"disk_bytes\":{},\"stage_dir\":{},\"reads\":{},\"errors\":{},\"last_error\":{},\"shards\":{}}}",
-                json_string(&r.mountpoint.to_string_lossy()),
-                json_string(&r.archive.to_string_lossy()),
-                r.pid,
-                r.started,
-                json_string(&r.staging),
-                r.staged_bytes,
-                r.warmed_bytes,
-                r.disk_bytes,
-                r.stage_dir.as_deref().map_or_else(|| "null".to_string(), |d| json_string(&d.to_string_lossy())),
-                r.reads,
-                r.errors,
-                r.last_error.as_deref().map_or_else(|| "null".to_string(), json_string),
-                r.shards.map_or_else(|| "null".to_string(), |n| n.to_string())
-            );
+            line(status_json(r));
         }
         for m in &unrecorded {
-            println!("{{\"mountpoint\":{},\"state\":\"live\"}}", json_string(&m.to_string_lossy()));
+            line(serde_json::json!({ "mountpoint": m.to_string_lossy(), "state": "live" }));
         }
         for m in &dead {
-            println!("{{\"mountpoint\":{},\"state\":\"dead\"}}", json_string(&m.to_string_lossy()));
+            line(serde_json::json!({ "mountpoint": m.to_string_lossy(), "state": "dead" }));
         }
         return Ok(());
     }
@@ -85,21 +71,26 @@ pub fn status(json: bool) -> Result<(), Failure> {
         return Ok(());
     }
     println!(
-        "{:<40} {:>10} {:>10} {:>8} {:>9} {:>10} {:>7}  ARCHIVE",
-        "MOUNTPOINT", "STAGED", "WARMED", "PID", "UPTIME", "READS", "ERRORS"
+        "{:<40} {:<16} {:>10} {:>8} {:>9} {:>10} {:>7}  ARCHIVE",
+        "MOUNTPOINT", "SERVED", "RAM", "PID", "UPTIME", "READ REQS", "ERRORS"
     );
     for r in records {
         let up = registry::now().saturating_sub(r.started);
+        let archive = match &r.shards {
+            Some(shards) => {
+                format!("{} (growing: {} shard{} now)", r.archive.shown(), shards.len(), plural(shards.len()))
+            }
+            None => r.archive.shown().to_string(),
+        };
         println!(
-            "{:<40} {:>10} {:>10} {:>8} {:>9} {:>10} {:>7}  {}",
+            "{:<40} {:<16} {:>10} {:>8} {:>9} {:>10} {:>7}  {archive}",
             r.mountpoint.shown(),
-            if r.staged_bytes == 0 { "-".to_string() } else { report::human(r.staged_bytes) },
-            if r.warmed_bytes == 0 { "-".to_string() } else { report::human(r.warmed_bytes) },
+            served(&r),
+            report::human(r.staged_bytes + r.warmed_bytes + r.rss_bytes),
             r.pid,
             format!("{}:{:02}:{:02}", up / 3600, up / 60 % 60, up % 60),
             r.reads,
             r.errors,
-            r.archive.shown()
         );
         if let Some(dir) = &r.stage_dir {
             println!(
@@ -108,11 +99,14 @@ pub fn status(json: bool) -> Result<(), Failure> {
                 dir.shown()
             );
         }
-        if let Some(shards) = r.shards {
-            println!(
-                "    growing: {shards} shard{} now (stagefs add / stagefs remove)",
-                if shards == 1 { "" } else { "s" }
-            );
+        if let Some(shards) = &r.shards {
+            const SHOWN: usize = 10;
+            for shard in shards.iter().take(SHOWN) {
+                println!("    shard: {}", shard.shown());
+            }
+            if shards.len() > SHOWN {
+                println!("    ... and {} more shards (stagefs status --json lists them all)", shards.len() - SHOWN);
+            }
         }
         if let Some(last) = &r.last_error {
             println!("    last error: {}", stagefs_archive::escape::sanitize(last));
@@ -133,6 +127,55 @@ pub fn status(json: bool) -> Result<(), Failure> {
         );
     }
     Ok(())
+}
+
+/// How a mount is served, in a few words: in RAM (its files in the page cache, or a
+/// private copy), on the local disk, or in place; a compressed tar decoded piece by piece.
+fn served(r: &registry::Record) -> String {
+    let how = match r.staging.as_str() {
+        "ram" | "page cache" => "RAM",
+        "copy" => "RAM copy",
+        "local disk" => "local disk",
+        _ => "in place",
+    };
+    match &r.compressed {
+        Some(codec) => format!("{how}, {codec}"),
+        None => how.to_string(),
+    }
+}
+
+/// One mount as `stagefs status --json` prints it.
+fn status_json(r: &registry::Record) -> serde_json::Value {
+    let text = |p: &std::path::Path| p.to_string_lossy().into_owned();
+    serde_json::json!({
+        "mountpoint": text(&r.mountpoint),
+        "archive": text(&r.archive),
+        "state": "live",
+        "pid": r.pid,
+        "started": r.started,
+        "staging": r.staging,
+        "served": served(r),
+        "compressed": r.compressed,
+        "staged_bytes": r.staged_bytes,
+        "warmed_bytes": r.warmed_bytes,
+        "rss_bytes": r.rss_bytes,
+        "disk_bytes": r.disk_bytes,
+        "stage_dir": r.stage_dir.as_deref().map(text),
+        "read_requests": r.reads,
+        "reads": r.reads,
+        "errors": r.errors,
+        "last_error": r.last_error,
+        "shards": r.shards.as_ref().map(|s| s.iter().map(|p| text(p)).collect::<Vec<_>>()),
+        "shard_count": r.shards.as_ref().map(Vec::len),
+    })
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
 }
 
 /// A JSON string literal.

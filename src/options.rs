@@ -169,9 +169,11 @@ impl MountOptions {
                     )))
                 }
                 "ro" | "default_permissions" => {}
-                _ => return Err(usage(format!(
+                _ => {
+                    return Err(usage(format!(
                     "-o {option}: unknown; stagefs takes uid=, gid= and umask= (or --owner, --umask, --mode, --prefix)"
-                ))),
+                )))
+                }
             }
         }
         if shown.prefix.is_some() && (self.growing || self.watch.is_some()) {

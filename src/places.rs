@@ -193,13 +193,19 @@ pub fn remove_created(created: &[PathBuf]) {
             break;
         }
     }
-    // `/dev/shm/$USER/stagefs` and `/dev/shm/$USER` are stagefs's own: they go with the
-    // last mount in them, whichever mount made them (a mount racing in makes them again).
+    tidy_shm();
+}
+
+/// The one rule for what stagefs leaves in `/dev/shm`: `/dev/shm/$USER/stagefs` and
+/// `/dev/shm/$USER` go as soon as they are empty, whichever mount or broadcast made them,
+/// at the end of every mount and broadcast (a mount racing in makes them again). `rmdir`
+/// removes nothing that holds anything, and in sticky `/dev/shm` nothing of another user's.
+/// The runtime directory stays: it coordinates the mounts that start at the same time.
+pub fn tidy_shm() {
     let root = default_mount_root();
-    if let (Some(first), Some(user_dir)) = (created.first(), root.parent()) {
-        if first.starts_with(user_dir) && std::fs::remove_dir(&root).is_ok() {
-            let _ = std::fs::remove_dir(user_dir);
-        }
+    let _ = std::fs::remove_dir(&root);
+    if let Some(user_dir) = root.parent() {
+        let _ = std::fs::remove_dir(user_dir);
     }
 }
 

@@ -25,22 +25,29 @@ pub struct Record {
     pub started: u64,
     /// Bytes of the archive held in a private copy in RAM (`--stage copy`, compressed tars).
     pub staged_bytes: u64,
-    /// How the archive reaches RAM: "copy", "page cache" or "in place".
+    /// How the archive reaches RAM: "ram" (its files in the page cache), "copy" (a private
+    /// copy), "local disk" or "in place".
     pub staging: String,
+    /// The compression a tar served in place is decoded from piece by piece ("gzip"...).
+    pub compressed: Option<String>,
+    /// The daemon's resident memory, refreshed with the counters.
+    pub rss_bytes: u64,
     /// Bytes the warm-up put into the page cache when mounting (0: not warmed).
     pub warmed_bytes: u64,
     /// Bytes staged to the local disk (`--stage disk`), and the directory holding them.
     pub disk_bytes: u64,
     #[serde(with = "path_json::option")]
     pub stage_dir: Option<PathBuf>,
-    /// FUSE read requests served, refreshed by the daemon every few seconds.
+    /// FUSE read requests the daemon served, refreshed every few seconds (reads the
+    /// kernel's page cache answers never reach it: this is no count of files read).
     pub reads: u64,
     /// Failures served (EIO) and the last one, refreshed soon after each.
     pub errors: u64,
     pub last_error: Option<String>,
-    /// The shards a growing set serves now (refreshed as it changes); `None` for a mount
-    /// whose content is fixed.
-    pub shards: Option<usize>,
+    /// The shards a growing set serves now, in the order they win (refreshed as it
+    /// changes); `None` for a mount whose content is fixed.
+    #[serde(with = "path_json::option_list")]
+    pub shards: Option<Vec<PathBuf>>,
     /// The directories made for this mount (mountpoint included), outermost first, which
     /// the daemon removes on exit: after a `kill -9`, `stagefs umount` removes them.
     #[serde(with = "path_json::list")]
@@ -89,6 +96,17 @@ mod path_json {
         }
         pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<PathBuf>, D::Error> {
             <Option<Json> as serde::Deserialize>::deserialize(d).map(|j| j.map(from_json))
+        }
+    }
+
+    pub mod option_list {
+        use super::*;
+        pub fn serialize<S: serde::Serializer>(paths: &Option<Vec<PathBuf>>, s: S) -> Result<S::Ok, S::Error> {
+            serde::Serialize::serialize(&paths.as_ref().map(|p| p.iter().map(|p| to_json(p)).collect::<Vec<_>>()), s)
+        }
+        pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<PathBuf>>, D::Error> {
+            <Option<Vec<Json>> as serde::Deserialize>::deserialize(d)
+                .map(|j| j.map(|j| j.into_iter().map(from_json).collect()))
         }
     }
 
@@ -158,9 +176,10 @@ fn parse(text: &str) -> Option<Record> {
     parse_any(text).filter(|r| process_alive(r.pid))
 }
 
-/// A record file's text (a few KiB; 1 MiB is no record).
+/// A record file's text (a few KiB; a growing set of 100,000 shards lists them: 64 MiB is
+/// no record).
 fn read_record(path: &Path) -> Option<String> {
-    String::from_utf8(places::read_own(path, 1 << 20)?).ok()
+    String::from_utf8(places::read_own(path, 64 << 20)?).ok()
 }
 
 /// Parses a record, alive or not.
@@ -222,7 +241,9 @@ mod tests {
             reads: 9,
             errors: 2,
             last_error: Some("/x: corrupt data at archive byte 5: bad".into()),
-            shards: Some(12),
+            shards: Some(vec!["/s/1.tar".into(), "/s/2.tar".into()]),
+            compressed: Some("gzip".into()),
+            rss_bytes: 1 << 20,
             created: vec!["/some/where".into(), mountpoint.clone()],
         };
         write(&mine).unwrap();

@@ -554,7 +554,7 @@ fn stage_auto_stages_an_archive_on_a_fuse_filesystem() {
     assert!(memfd_mapping(daemon_pid(inner_m.path()), "inner.tar").is_none(), "auto must not copy the archive");
     let status = stagefs(["status", "--json"]);
     let line = status.stdout.lines().find(|l| l.contains(&*inner_m.path().to_string_lossy())).unwrap_or_default();
-    assert!(line.contains("\"staging\":\"page cache\",\"staged_bytes\":0"), "{}", status.stdout);
+    assert!(line.contains("\"staging\":\"ram\"") && line.contains("\"staged_bytes\":0"), "{}", status.stdout);
     assert!(!line.contains("\"warmed_bytes\":0"), "auto staging must warm the page cache: {line}");
     assert_trees_equal(&expected, inner_m.path(), &Options::default().root(false));
     // Evicted pages come from the archive again: the inner mount needs the outer one.

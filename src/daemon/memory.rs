@@ -22,3 +22,11 @@ pub(super) fn return_free_memory() {
     // SAFETY: malloc_trim only releases free heap pages; it touches no live allocation.
     unsafe { libc::malloc_trim(0) };
 }
+
+/// This process's resident memory (VmRSS), for `stagefs status`.
+pub fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib =
+        status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok());
+    kib.unwrap_or(0u64) * 1024
+}

@@ -31,13 +31,16 @@ pub(super) fn housekeeping(mut record: Record, fs: Arc<Fs>, log: Option<File>) {
             std::thread::sleep(RECORD_REFRESH);
             let shards = fs.growing().map(|set| {
                 set.release_unused();
-                set.current().shards.len()
+                set.paths()
             });
             let (errors, last_error) = fs.errors_served();
             let reads = fs.reads_served();
-            let changed = errors != record.errors || reads != record.reads || shards != record.shards;
+            let mut changed = errors != record.errors || reads != record.reads || shards != record.shards;
             (record.errors, record.last_error, record.reads, record.shards) = (errors, last_error, reads, shards);
             if tick % TICKS_PER_UPKEEP == 0 {
+                let rss = super::memory::resident_bytes();
+                changed |= rss != record.rss_bytes;
+                record.rss_bytes = rss;
                 if reads == reads_at_upkeep && !trimmed {
                     return_free_memory();
                     trimmed = true;

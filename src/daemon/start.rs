@@ -51,7 +51,7 @@ pub(super) fn start(
         None => None,
     };
     let indexing = Indexing { force_save: false, recursive: request.recursive };
-    let (content, staged_bytes, staging, disk) = if let Some(growing) = &request.growing {
+    let (content, staged_bytes, staging, disk, compressed) = if let Some(growing) = &request.growing {
         let opening = Opening {
             mode: request.stage,
             max_ram: request.max_ram,
@@ -60,7 +60,7 @@ pub(super) fn start(
             skip_failing: growing.watch.is_some(),
         };
         let (set, staged_bytes, staging) = GrowingSet::open(archive_path, &request.shards, request.trust, opening)?;
-        (Content::Growing(Arc::new(set)), staged_bytes, staging, None)
+        (Content::Growing(Arc::new(set)), staged_bytes, staging, None, None)
     } else {
         let Opened { archive, staged_bytes, staging, disk, .. } = if request.shards.len() > 1 {
             let how = How { mode: request.stage, max_ram: request.max_ram, trust: request.trust, not_on: None };
@@ -69,7 +69,8 @@ pub(super) fn start(
             let stage_dir = request.stage_dir.as_deref();
             open_archive(archive_path, request.trust, request.stage, request.max_ram, stage_dir, received, indexing)?
         };
-        (Content::Fixed(archive), staged_bytes, staging, disk)
+        let compressed = archive.compression();
+        (Content::Fixed(archive), staged_bytes, staging, disk, compressed)
     };
     crate::cancel::phase("mounting")?;
     // Building the index peaks well above what the finished index keeps.
@@ -122,7 +123,9 @@ pub(super) fn start(
         reads: 0,
         errors: 0,
         last_error: None,
-        shards: fs.growing().map(|set| set.current().shards.len()),
+        shards: fs.growing().map(|set| set.paths()),
+        compressed: compressed.map(str::to_owned),
+        rss_bytes: super::memory::resident_bytes(),
         created: created.to_vec(),
     };
     if let Err(e) = registry::write(&record) {

@@ -388,10 +388,19 @@ fn find(tree: &Tree, path: &Path) -> Result<u32, GrowError> {
         _ => path.to_owned(),
     };
     tree.shards.iter().find(|s| s.path == resolved || s.path == path).map(|s| s.serial).ok_or_else(|| {
+        const SHOWN: usize = 5;
+        let mut names: Vec<String> = tree.shards.iter().take(SHOWN).map(|s| s.path.shown().to_string()).collect();
+        if tree.shards.len() > SHOWN {
+            names.push(format!("and {} more (stagefs status --json lists them)", tree.shards.len() - SHOWN));
+        }
         GrowError::NotInSet(format!(
-            "{} is not a shard of this mount (it serves {} shards)",
+            "{} is not a shard of this mount; it serves {}: {}",
             path.shown(),
-            tree.shards.len()
+            match tree.shards.len() {
+                1 => "1 shard".to_string(),
+                n => format!("{n} shards"),
+            },
+            names.join(", ")
         ))
     })
 }

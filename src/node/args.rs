@@ -57,6 +57,7 @@ impl RunArgs {
 Exits 0 once the mount answers; non-zero with the mounter's own error if it failed,
 or with exit code 6 at the timeout.")]
 pub struct WaitArgs {
+    /// The mountpoint to wait for (as the mounting task names it)
     mountpoint: PathBuf,
     /// Give up after this long (e.g. 90, 30s, 10m, 1h)
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10m")]

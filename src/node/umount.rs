@@ -8,9 +8,13 @@ use crate::error::Failure;
 use crate::mountpoint::{self, MountpointError};
 use crate::registry;
 
-/// `stagefs umount`: unmount, then wait for the daemon (if we know it) to exit.
+/// `stagefs umount`: unmount, then wait for the daemon (if we know it) to exit. `path` is
+/// the mountpoint, or the archive mounted (when it is mounted once).
 pub fn umount(path: &Path, lazy: bool) -> Result<(), Failure> {
-    let mountpoint = mountpoint::resolve(path)?;
+    let mountpoint = match mount_of_archive(path)? {
+        Some(mountpoint) => mountpoint,
+        None => mountpoint::resolve(path)?,
+    };
     let record = registry::read(&mountpoint);
     // A daemon killed with SIGKILL left its record, lock, log and the directories it made.
     let killed = registry::read_any(&mountpoint).filter(|_| record.is_none());
@@ -18,6 +22,12 @@ pub fn umount(path: &Path, lazy: bool) -> Result<(), Failure> {
         None => {
             if let Some(killed) = &killed {
                 clear_after_killed_daemon(killed);
+            }
+            if std::fs::symlink_metadata(&mountpoint).is_err() && killed.is_none() {
+                return Err(Failure::new(
+                    crate::error::code::NOT_MOUNTED,
+                    format!("{} does not exist (nothing is mounted there)", mountpoint.shown()),
+                ));
             }
             return Err(MountpointError::NotMounted(mountpoint).into());
         }
@@ -46,9 +56,10 @@ pub fn umount(path: &Path, lazy: bool) -> Result<(), Failure> {
         while registry::process_alive(record.pid) {
             if Instant::now() > deadline {
                 if lazy {
-                    tracing::warn!(
-                        pid = record.pid,
-                        "detached; the daemon exits once the last open file inside is closed"
+                    eprintln!(
+                        "stagefs: {} is detached; its daemon (pid {}) exits once the last open file inside is closed",
+                        mountpoint.shown(),
+                        record.pid
                     );
                     return Ok(());
                 }
@@ -62,6 +73,41 @@ pub fn umount(path: &Path, lazy: bool) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// The mountpoint of the archive at `path`, when `path` is a file (an archive, not a
+/// mountpoint) that one live mount of this user serves; an error saying where it is mounted
+/// when several do, or that it is not mounted.
+fn mount_of_archive(path: &Path) -> Result<Option<std::path::PathBuf>, Failure> {
+    if !std::fs::symlink_metadata(path).is_ok_and(|m| !m.is_dir()) {
+        return Ok(None);
+    }
+    let Ok(archive) = crate::places::open_outside(path, crate::places::Trust::Named, None) else { return Ok(None) };
+    let archive = archive.resolved();
+    let mounts: Vec<_> = registry::list()?
+        .into_iter()
+        .filter(|r| r.archive == archive || r.shards.as_ref().is_some_and(|s| s.iter().any(|p| p == archive)))
+        .map(|r| r.mountpoint)
+        .collect();
+    match mounts.as_slice() {
+        [one] => {
+            eprintln!("stagefs: {} is an archive; unmounting {}, where it is mounted", path.shown(), one.shown());
+            Ok(Some(one.clone()))
+        }
+        [] => Err(Failure::new(
+            crate::error::code::NOT_MOUNTED,
+            format!("{} is an archive, not a mountpoint, and it is not mounted", path.shown()),
+        )),
+        many => Err(Failure::new(
+            crate::error::code::USAGE,
+            format!(
+                "{} is an archive mounted at {} places: {}; name the mountpoint to unmount",
+                path.shown(),
+                many.len(),
+                many.iter().map(|m| m.shown().to_string()).collect::<Vec<_>>().join(", ")
+            ),
+        )),
+    }
 }
 
 /// What a daemon killed by SIGKILL could not remove: its record, log and lock (unless a new

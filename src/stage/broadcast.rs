@@ -356,7 +356,7 @@ impl Plan {
         let _ = inbox.remove(COPY, false);
         let _ = dir.remove(&self.inbox_name, true);
         if !self.to_disk {
-            let _ = std::fs::remove_dir(dir.path());
+            places::tidy_shm();
         }
     }
 }

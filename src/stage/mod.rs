@@ -74,7 +74,7 @@ impl Staging {
     pub fn name(self) -> &'static str {
         match self {
             Staging::InPlace => "in place",
-            Staging::PageCache => "page cache",
+            Staging::PageCache => "ram",
             Staging::Copy => "copy",
             Staging::Disk => "local disk",
         }

@@ -436,6 +436,11 @@ impl Archive {
         self.reader.drop_source_cache()
     }
 
+    /// See [`Reader::compression`].
+    pub fn compression(&self) -> Option<&'static str> {
+        self.reader.compression()
+    }
+
     /// See [`Reader::saved`].
     pub fn saved(&self) -> Option<&tar::TarReader> {
         self.reader.saved()

@@ -34,6 +34,11 @@ pub trait Reader: Send + Sync {
     /// Bytes served: the archive's size (decoded, for a compressed tar).
     fn size(&self) -> u64;
 
+    /// The compression its bytes are decoded from piece by piece, if any (`stagefs status`).
+    fn compression(&self) -> Option<&'static str> {
+        None
+    }
+
     /// The tables a saved index keeps besides the tree: only a tar has them (zip and
     /// SquashFS carry their index inside the archive).
     fn saved(&self) -> Option<&TarReader> {

@@ -54,6 +54,10 @@ impl Reader for SetReader {
     fn size(&self) -> u64 {
         self.shards.iter().map(|s| s.size()).sum()
     }
+
+    fn compression(&self) -> Option<&'static str> {
+        self.shards.iter().find_map(|s| s.compression())
+    }
 }
 
 /// Where the inodes of a merged index came from (see [`Merger::finish_with_origins`]).

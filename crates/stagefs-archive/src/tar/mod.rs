@@ -148,6 +148,10 @@ impl crate::Reader for TarReader {
     fn saved(&self) -> Option<&TarReader> {
         Some(self)
     }
+
+    fn compression(&self) -> Option<&'static str> {
+        self.backing.seekable().map(|s| s.points().codec.name())
+    }
 }
 
 impl TarReader {
