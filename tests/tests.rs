@@ -17,6 +17,7 @@ mod neighbours;
 mod nested;
 mod one_copy;
 mod pack;
+mod second_day;
 mod seekable;
 mod shards;
 mod shared_node;

@@ -1,0 +1,182 @@
+//! A user's second day (issue 35), as an ordinary user: what `status` says about how a mount
+//! is served and what a growing set serves, the options ratarmount and squashfuse users
+//! reach for (`--owner`, `--umask`, `--mode`, `-o`, `--prefix`, `stagefs ls`, `--index-dir`,
+//! `--recursion-depth`), and messages that say what is true and what to do.
+
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use crate::util::*;
+
+fn os(s: &str) -> &OsStr {
+    OsStr::new(s)
+}
+
+/// A tar made by root with `files` (path, bytes, mode), readable by everyone as a file.
+fn root_tar(tmp: &TempDir, name: &str, files: &[(&str, &[u8], u32)]) -> PathBuf {
+    let src = tmp.join(format!("src-{name}"));
+    for (path, bytes, mode) in files {
+        fs::create_dir_all(src.join(path).parent().unwrap()).unwrap();
+        fs::write(src.join(path), bytes).unwrap();
+        fs::set_permissions(src.join(path), fs::Permissions::from_mode(*mode)).unwrap();
+    }
+    let archive = tmp.join(name);
+    let names: Vec<&str> = files.iter().map(|(p, _, _)| p.split('/').next().unwrap()).collect();
+    let mut args: Vec<&OsStr> = vec![os("--owner=0"), os("--group=0"), os("-C"), src.as_os_str(), os("-cf")];
+    args.push(archive.as_os_str());
+    args.extend(names.iter().map(|n| os(n)));
+    run_tool("tar", args).assert_success();
+    fs::set_permissions(&archive, fs::Permissions::from_mode(0o644)).unwrap();
+    archive
+}
+
+fn user_and_tmp(name: &str) -> (User, TempDir) {
+    let user = User::get("sfs-dayuser");
+    let tmp = TempDir::new(name);
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    (user, tmp)
+}
+
+fn fresh(user: &User, name: &str) -> PathBuf {
+    let mnt = user.home.join(name);
+    remove_tree(&mnt);
+    mnt
+}
+
+/// Items 5 and 12: a tar packed by root with 0600 files mounts with a warning that says
+/// what to do; `--owner me`, `--mode` and `-o uid=` make its files readable; `--umask`
+/// clears bits; `-o allow_other` is refused, saying mounts are private by design.
+#[test]
+fn a_colleagues_0600_tar_is_readable_with_owner_or_mode() {
+    let (user, tmp) = user_and_tmp("day-owner");
+    let archive = root_tar(&tmp, "root.tar", &[("data/a.txt", b"secret\n", 0o600), ("data/b.txt", b"open\n", 0o644)]);
+    let mnt = fresh(&user, "mnt-owner");
+    let out = user.stagefs([os("mount"), archive.as_os_str(), mnt.as_os_str()]);
+    out.assert_success();
+    out.assert_stderr_has(&["1 file of", "not readable by you", "--owner me", "stagefs pack --normalize"]);
+    assert!(!user.try_sh(&format!("cat {}/data/a.txt", mnt.display())).success());
+    user.stagefs([os("umount"), mnt.as_os_str()]).assert_success();
+    let uid = user.uid.to_string();
+    for flags in [vec!["--owner", "me"], vec!["--mode", "0644"], vec!["-o", &format!("uid={uid},gid={uid}")]] {
+        let mut args: Vec<&OsStr> = vec![os("mount")];
+        args.extend(flags.iter().map(|f| os(f)));
+        args.extend([archive.as_os_str(), mnt.as_os_str()]);
+        let out = user.stagefs(args);
+        out.assert_success();
+        assert!(!out.stderr.contains("not readable"), "{flags:?}: {}", out.describe());
+        assert_eq!(user.sh(&format!("cat {}/data/a.txt", mnt.display())).stdout, "secret\n", "{flags:?}");
+        user.stagefs([os("umount"), mnt.as_os_str()]).assert_success();
+    }
+    user.stagefs([os("mount"), os("--umask"), os("077"), os("--owner"), os("me"), archive.as_os_str(), mnt.as_os_str()])
+        .assert_success();
+    let mode = fs::metadata(mnt.join("data/b.txt")).map(|m| m.permissions().mode() & 0o777);
+    assert_eq!(user.sh(&format!("stat -c %a {}/data/b.txt", mnt.display())).stdout.trim(), "600", "{mode:?}");
+    user.stagefs([os("umount"), mnt.as_os_str()]).assert_success();
+    let out = user.stagefs([os("mount"), os("-o"), os("allow_other"), archive.as_os_str(), mnt.as_os_str()]);
+    assert_eq!(out.code(), Some(2), "{}", out.describe());
+    out.assert_stderr_has(&["private by design"]);
+    assert!(!out.stderr.contains("-- -o"), "clap's tip instead of ours: {}", out.describe());
+    assert_nothing_left(&mnt, "after the owner tests");
+}
+
+/// Item 13: `--prefix` mounts one directory of the archive as the root (`..` of the root
+/// stays inside); a prefix the archive lacks is a usage error naming what is there.
+#[test]
+fn prefix_mounts_one_directory_as_the_root() {
+    let (user, tmp) = user_and_tmp("day-prefix");
+    let archive = root_tar(
+        &tmp,
+        "imagenet.tar",
+        &[("imagenet/train/n01/a.JPEG", b"a", 0o644), ("imagenet/val/n01/b.JPEG", b"b", 0o644)],
+    );
+    let mnt = fresh(&user, "mnt-prefix");
+    user.stagefs([os("mount"), os("--prefix"), os("imagenet/train"), archive.as_os_str(), mnt.as_os_str()])
+        .assert_success();
+    assert_eq!(user.sh(&format!("ls -a {}", mnt.display())).stdout, ".\n..\nn01\n");
+    assert_eq!(user.sh(&format!("cat {}/n01/a.JPEG", mnt.display())).stdout, "a");
+    user.stagefs([os("umount"), mnt.as_os_str()]).assert_success();
+    let out = user.stagefs([os("mount"), os("--prefix"), os("imagenet/test"), archive.as_os_str(), mnt.as_os_str()]);
+    assert_eq!(out.code(), Some(2), "{}", out.describe());
+    out.assert_stderr_has(&["--prefix imagenet/test", "no directory test", "train, val"]);
+    assert_nothing_left(&mnt, "after the prefix tests");
+}
+
+/// Items 2, 3, 4 and 6: status says how each mount is served and what it holds in RAM,
+/// counts read requests under that name, lists a growing set's shards (text and JSON);
+/// remove of a wrong name names the shards; umount of the archive finds its mount, of a
+/// missing path says it does not exist.
+#[test]
+fn status_says_how_mounts_are_served_and_what_a_growing_set_serves() {
+    let (user, tmp) = user_and_tmp("day-status");
+    let archive = root_tar(&tmp, "plain.tar", &[("p/x.txt", b"x\n", 0o644)]);
+    let gz = tmp.join("plain.tar.gz");
+    run_tool("sh", [os("-c"), os(&format!("gzip -c {} > {}", archive.display(), gz.display()))]).assert_success();
+    fs::set_permissions(&gz, fs::Permissions::from_mode(0o644)).unwrap();
+    let shard = |k: usize| root_tar(&tmp, &format!("shard-{k}.tar"), &[(&format!("s{k}/f.txt"), b"f\n", 0o644)]);
+    let shards = [shard(0), shard(1)];
+    let (m_ram, m_gz, m_grow) = (fresh(&user, "mnt-ram"), fresh(&user, "mnt-gz"), fresh(&user, "mnt-grow"));
+    user.stagefs([os("mount"), os("--stage"), os("ram"), archive.as_os_str(), m_ram.as_os_str()]).assert_success();
+    user.stagefs([os("mount"), os("--stage"), os("none"), gz.as_os_str(), m_gz.as_os_str()]).assert_success();
+    user.stagefs([os("mount"), os("--growing"), shards[0].as_os_str(), m_grow.as_os_str()]).assert_success();
+    user.stagefs([os("add"), m_grow.as_os_str(), shards[1].as_os_str()]).assert_success();
+    let text = user.stagefs([os("status")]);
+    text.assert_success();
+    let row = |mnt: &Path| text.stdout.lines().find(|l| l.starts_with(&*mnt.to_string_lossy())).unwrap_or_default();
+    assert!(text.stdout.starts_with("MOUNTPOINT") && text.stdout.contains("READ REQS"), "{}", text.stdout);
+    assert!(row(&m_ram).contains(" RAM "), "{}", text.stdout);
+    assert!(row(&m_gz).contains("in place, gzip"), "{}", text.stdout);
+    assert!(row(&m_grow).contains("(growing: 2 shards now)"), "{}", text.stdout);
+    for s in &shards {
+        assert!(text.stdout.contains(&format!("    shard: {}", s.display())), "{}", text.stdout);
+    }
+    let json = user.stagefs([os("status"), os("--json")]);
+    let line = json.stdout.lines().find(|l| l.contains(&*m_grow.to_string_lossy())).unwrap_or_default();
+    let listed = format!("\"shards\":[\"{}\",\"{}\"]", shards[0].display(), shards[1].display());
+    assert!(line.contains(&listed) && line.contains("\"shard_count\":2"), "{line}");
+    let gz_line = json.stdout.lines().find(|l| l.contains(&*m_gz.to_string_lossy())).unwrap_or_default();
+    assert!(gz_line.contains("\"compressed\":\"gzip\"") && gz_line.contains("\"read_requests\":"), "{gz_line}");
+    let out = user.stagefs([os("remove"), m_grow.as_os_str(), tmp.join("nope.tar").as_os_str()]);
+    assert_eq!(out.code(), Some(2), "{}", out.describe());
+    out.assert_stderr_has(&["it serves 2 shards", "shard-0.tar", "shard-1.tar"]);
+    // umount ARCHIVE: the archive's one mount is unmounted.
+    let out = user.stagefs([os("umount"), gz.as_os_str()]);
+    out.assert_success();
+    out.assert_stderr_has(&["is an archive; unmounting", &m_gz.to_string_lossy()]);
+    assert!(!is_mounted(&m_gz));
+    let out = user.stagefs([os("umount"), gz.as_os_str()]);
+    assert_eq!(out.code(), Some(6), "{}", out.describe());
+    out.assert_stderr_has(&["is an archive, not a mountpoint, and it is not mounted"]);
+    let out = user.stagefs([os("umount"), os("/nonexistent/stagefs-mount")]);
+    assert_eq!(out.code(), Some(6), "{}", out.describe());
+    out.assert_stderr_has(&["does not exist"]);
+    for mnt in [&m_ram, &m_grow] {
+        user.stagefs([os("umount"), mnt.as_os_str()]).assert_success();
+    }
+}
+
+/// Items 8 and 10: `umount --lazy` of a busy mount speaks like every other message (no log
+/// line), and mounting a directory names `stagefs pack` first.
+#[test]
+fn messages_speak_one_way_and_name_stagefs_pack() {
+    let (user, tmp) = user_and_tmp("day-messages");
+    let archive = root_tar(&tmp, "a.tar", &[("d/x.txt", b"x\n", 0o644)]);
+    let mnt = fresh(&user, "mnt-lazy");
+    user.stagefs([os("mount"), archive.as_os_str(), mnt.as_os_str()]).assert_success();
+    let mut busy = KillOnDrop(
+        user.command(&[], Path::new("/bin/sh")).arg("-c").arg(format!("cd {} && sleep 30", mnt.display())).spawn().unwrap(),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let out = user.stagefs([os("umount"), os("--lazy"), mnt.as_os_str()]);
+    out.assert_success();
+    assert!(out.stderr.lines().all(|l| l.starts_with("stagefs: ")), "{}", out.describe());
+    assert!(!out.stderr.contains(" WARN "), "{}", out.describe());
+    let _ = busy.0.kill();
+    let _ = busy.0.wait();
+    let dir = tmp.join("a-directory");
+    fs::create_dir(&dir).unwrap();
+    let out = user.stagefs([os("mount"), dir.as_os_str(), fresh(&user, "mnt-dir").as_os_str()]);
+    assert_eq!(out.code(), Some(3), "{}", out.describe());
+    out.assert_stderr_has(&["is a directory; pack it first (stagefs pack"]);
+}
