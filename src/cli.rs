@@ -151,6 +151,38 @@ the index by themselves when scanning took long (10,000+ entries).")]
         /// Save the index of `mount --recursive`: tars inside the archive opened as directories
         #[arg(long)]
         recursive: bool,
+        /// Save it in this private directory of yours instead (as `mount --index-dir`)
+        #[arg(long, value_name = "DIR")]
+        index_dir: Option<PathBuf>,
+        /// Then print what the index holds: files, bytes, directories, links, its size
+        #[arg(long)]
+        print_stats: bool,
+    },
+    /// List an archive's files without mounting it (from its saved index when there is one: instant)
+    #[command(after_help = "Examples:
+  stagefs ls imagenet.tar                  # the top level
+  stagefs ls -lR imagenet.tar train/n01    # a subtree, with modes, owners, sizes and times (UTC)
+  stagefs ls --json data.tar.gz            # one JSON object per entry
+
+Like tar -tvf, but a saved index (stagefs index, stagefs pack) makes it instant; without one
+the archive is scanned (and its index saved when that took long).")]
+    Ls {
+        /// The archive (tar, compressed tar, zip or SquashFS)
+        archive: PathBuf,
+        /// The directory (or file) inside the archive to list
+        path: Option<PathBuf>,
+        /// Modes, owners, sizes and modification times, as tar -tvf
+        #[arg(short, long)]
+        long: bool,
+        /// The whole subtree
+        #[arg(short = 'R', long)]
+        recursive: bool,
+        /// One JSON object per entry: path, type, size, mode, uid, gid, mtime, target, links
+        #[arg(long)]
+        json: bool,
+        /// Look saved indexes up in this directory of yours only (as `mount --index-dir`)
+        #[arg(long, value_name = "DIR")]
+        index_dir: Option<PathBuf>,
     },
     /// Pack a directory into a tar archive (or shards) and its saved index, many files at once: for parallel filesystems
     #[command(after_help = "Examples:

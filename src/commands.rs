@@ -195,29 +195,32 @@ pub fn json_string(text: &str) -> String {
 }
 
 /// `stagefs index`: builds and saves an archive's index ahead of time (on a login node).
-pub fn index(path: &Path, trust_shards: bool, recursive: bool) -> Result<(), Failure> {
+pub fn index(path: &Path, trust_shards: bool, indexing: Indexing, stats: bool) -> Result<(), Failure> {
     let started = Instant::now();
-    let indexing = Indexing { force_save: true, recursive };
+    let indexing = Indexing { force_save: true, ..indexing };
     // Saved indexes are keyed by the canonical path, which is what mounts look up.
     let set = crate::shards::resolve(path, &[], trust_shards)?;
     if set.shards.len() > 1 {
         let how = crate::shards::How { mode: StageMode::None, max_ram: None, trust: set.trust, not_on: None };
-        let (opened, stats) = crate::shards::open_set(&set.label, &set.shards, how, indexing)?;
+        let (opened, set_stats) = crate::shards::open_set(&set.label, &set.shards, how, &indexing)?;
         let index = &opened.archive.index;
         println!(
             "indexed {} shards in {:.2} s: {} entries, {} in memory merged ({} bytes per entry); saved {} indexes \
              (SquashFS shards carry their own)",
-            stats.shards,
+            set_stats.shards,
             started.elapsed().as_secs_f64(),
             index.dirents.len(),
             report::human(index.heap_bytes() as u64),
             index.heap_bytes() / index.dirents.len().max(1),
-            stats.saved
+            set_stats.saved
         );
+        if stats {
+            crate::listing::print_stats(&opened);
+        }
         return Ok(());
     }
     let path = set.label;
-    let opened = open_archive(&path, set.trust, StageMode::None, None, None, None, indexing)?;
+    let opened = open_archive(&path, set.trust, StageMode::None, None, None, None, &indexing)?;
     let index = &opened.archive.index;
     let entries = index.dirents.len();
     let saved = match &opened.saved_index {
@@ -231,6 +234,9 @@ pub fn index(path: &Path, trust_shards: bool, recursive: bool) -> Result<(), Fai
         report::human(index.heap_bytes() as u64),
         index.heap_bytes() / entries.max(1)
     );
+    if stats {
+        crate::listing::print_stats(&opened);
+    }
     Ok(())
 }
 

@@ -126,6 +126,7 @@ fn compare(archive: &Path, plain: &Path, work: &Path, files: usize, readers: usi
             max_ram: None,
             warm: crate::warm::WarmMode::Auto,
             recursive: false,
+            index_dir: None,
             broadcast: None,
             growing: None,
             presentation: Default::default(),

@@ -15,6 +15,7 @@ pub mod error;
 pub mod fs;
 mod fuse;
 pub mod growing;
+pub mod listing;
 pub mod mountpoint;
 pub mod node;
 pub mod open;

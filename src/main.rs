@@ -91,7 +91,15 @@ fn run(command: Command) -> Result<(), Failure> {
         }
         Command::Remove { mountpoint, shards, timeout } => commands::remove(&mountpoint, &shards, timeout),
         Command::Status { json } => commands::status(json),
-        Command::Index { archive, trust_shards, recursive } => commands::index(&archive, trust_shards, recursive),
+        Command::Index { archive, trust_shards, recursive, index_dir, print_stats } => {
+            let indexing = stagefs::open::Indexing { recursive, index_dir, ..Default::default() };
+            commands::index(&archive, trust_shards, indexing, print_stats)
+        }
+        Command::Ls { archive, path, long, recursive, json, index_dir } => {
+            let style = stagefs::listing::Style { long, recursive, json };
+            let indexing = stagefs::open::Indexing { index_dir, ..Default::default() };
+            stagefs::listing::ls(&archive, path.as_deref(), style, indexing)
+        }
         Command::Pack(args) => args.execute(),
         Command::Demo { files, readers, dir, keep } => stagefs::demo::run(files, readers, dir, keep),
     }

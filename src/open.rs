@@ -69,13 +69,16 @@ fn with_scan_progress<T>(len: u64, f: impl FnOnce() -> T) -> T {
 }
 
 /// How an archive's index is built and kept.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Indexing {
     /// Scan and save the index whatever it cost (`stagefs index`), ignoring a saved one.
     pub force_save: bool,
     /// Open uncompressed tars inside a tar as directories (`--recursive`, see
     /// `archive::tar::nested`).
     pub recursive: bool,
+    /// Where saved indexes are looked up and written instead of beside the archive and in
+    /// the cache (`--index-dir`: a private directory of the user's).
+    pub index_dir: Option<PathBuf>,
 }
 
 /// Loads (staging per `mode`) and indexes the archive at `path` (opened as `trust` says),
@@ -88,7 +91,7 @@ pub fn open_archive(
     max_ram: Option<u64>,
     stage_dir: Option<&Path>,
     received: Option<crate::stage::broadcast::Received>,
-    indexing: Indexing,
+    indexing: &Indexing,
 ) -> Result<Opened, OpenArchiveError> {
     let file = places::open_outside(path, trust, None)?;
     open_shard(&file, mode, (max_ram, stage_dir), received, indexing, 1)
@@ -102,16 +105,21 @@ pub fn open_shard(
     mode: StageMode,
     (max_ram, stage_dir): (Option<u64>, Option<&Path>),
     received: Option<crate::stage::broadcast::Received>,
-    Indexing { force_save, recursive }: Indexing,
+    indexing: &Indexing,
     shards: usize,
 ) -> Result<Opened, OpenArchiveError> {
+    let Indexing { force_save, recursive, .. } = *indexing;
     let path = file.resolved();
-    check_format(file)?;
+    let compressed = check_format(file)?;
     let key = saved::Key::of(file.file()).map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
     let loaded = stage::load(file, mode, max_ram, stage_dir, received)?;
     crate::cancel::check()?;
+    // A compressed tar decoded whole has another index than one served from restart points:
+    // both are kept, each under its own name.
+    let flavor =
+        saved::Flavor { recursive, whole: compressed && loaded.codec.is_none(), dir: indexing.index_dir.as_deref() };
     if !force_save {
-        if let Some((index, reader)) = saved::load(file, &key, &loaded.backing, loaded.codec, recursive) {
+        if let Some((index, reader)) = saved::load(file, &key, &loaded.backing, loaded.codec, &flavor) {
             let archive = Archive::new(index, Format::Tar, Arc::new(reader));
             return Ok(Opened {
                 archive,
@@ -159,7 +167,7 @@ pub fn open_shard(
     let worth_saving = index.dirents.len() * shards >= 10_000 || elapsed * shards as u32 >= Duration::from_millis(200);
     let mut saved_index = None;
     if let Some(reader) = archive.saved().filter(|_| force_save || worth_saving) {
-        match saved::save(file, &key, &archive.index, reader, recursive) {
+        match saved::save(file, &key, &archive.index, reader, &flavor) {
             Ok(saved) => {
                 tracing::info!(index = %saved.shown(), "saved the index for faster remounts");
                 saved_index = Some(saved);
@@ -197,8 +205,8 @@ fn open_nested(path: &Path, archive: Archive) -> Result<Archive, OpenArchiveErro
     Ok(Archive::new(index, Format::Tar, Arc::new(reader)))
 }
 
-/// Refuses an unknown format before any byte is staged.
-fn check_format(archive: &OutsideFile) -> Result<(), OpenError> {
+/// Refuses an unknown format before any byte is staged; says whether it is compressed.
+fn check_format(archive: &OutsideFile) -> Result<bool, OpenError> {
     use std::os::unix::fs::FileExt;
     let path = archive.resolved();
     let io = |source| OpenError::Io { path: path.to_owned(), source };
@@ -216,8 +224,11 @@ fn check_format(archive: &OutsideFile) -> Result<(), OpenError> {
     let mut head = [0u8; 512];
     let n = file.read_at(&mut head, 0).map_err(io)?;
     let head = &head[..n];
-    if stage::Compression::detect(head).is_some() || stagefs_archive::Format::detect(head).is_some() {
-        return Ok(());
+    if stage::Compression::detect(head).is_some() {
+        return Ok(true);
+    }
+    if stagefs_archive::Format::detect(head).is_some() {
+        return Ok(false);
     }
     // A zip behind a prefix (a self-extracting stub) is known by its end record only.
     let len = file.metadata().map_err(io)?.len();
@@ -225,7 +236,7 @@ fn check_format(archive: &OutsideFile) -> Result<(), OpenError> {
     let from = len - tail.len() as u64;
     let n = file.read_at(&mut tail, from).map_err(io)?;
     if stagefs_archive::zip::find_end(&tail[..n]).is_some() {
-        return Ok(());
+        return Ok(false);
     }
     Err(OpenError::unknown_format(path, head))
 }

@@ -44,6 +44,11 @@ pub struct MountOptions {
     /// directory of its files, named without .tar, served in place from the outer archive
     #[arg(long)]
     pub recursive: bool,
+    /// Keep saved indexes in this private directory of yours (for archives on a read-only or
+    /// shared filesystem): looked up and written there only, instead of beside the archive
+    /// and in ~/.cache/stagefs
+    #[arg(long, value_name = "DIR")]
+    pub index_dir: Option<PathBuf>,
     /// One more archive (or pattern, or @FILE) to merge after ARCHIVE; repeatable
     #[arg(long = "archive", value_name = "ARCHIVE", id = "more_archives")]
     pub more_archives: Vec<PathBuf>,
@@ -136,6 +141,7 @@ impl MountOptions {
             max_ram: self.max_ram,
             warm: self.warm,
             recursive: self.recursive,
+            index_dir: self.index_dir.clone(),
             broadcast,
             growing,
             presentation,

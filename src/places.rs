@@ -301,6 +301,45 @@ pub fn mountpoint_parents(mountpoint: &Path) -> Result<Vec<PathBuf>, PlaceError>
     private_dir(Path::new("/"), parent, false, MOUNT_ADVICE)
 }
 
+/// Creates the missing directories above `out` (an archive `stagefs pack` writes), as a
+/// mountpoint's are: none below a directory others could rename entries in, each made
+/// without following a link and checked to be this user's after creation; but with the
+/// user's usual mode (`mode`, umask applied), since what goes in them is to be shared.
+/// Returns the directories created, outermost first.
+pub fn output_parents(out: &Path, mode: u32) -> Result<Vec<PathBuf>, PlaceError> {
+    let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) else { return Ok(Vec::new()) };
+    check_ancestors(out)?;
+    let absolute = std::path::absolute(parent).unwrap_or_else(|_| parent.to_owned());
+    let mut created = Vec::new();
+    let mut current = PathBuf::new();
+    for component in absolute.components() {
+        current.push(component);
+        if !matches!(component, Component::Normal(_)) {
+            continue;
+        }
+        match std::fs::DirBuilder::new().mode(mode).create(&current) {
+            Ok(()) => {
+                let meta = std::fs::symlink_metadata(&current).map_err(|source| PlaceError::Io {
+                    path: current.clone(),
+                    what: "cannot inspect the directory just made",
+                    source,
+                })?;
+                if !meta.is_dir() || meta.uid() != my_uid() {
+                    return Err(PlaceError::NotOwned {
+                        path: current,
+                        owner: user_label(meta.uid()),
+                        advice: "it was replaced as it was made; pack again".into(),
+                    });
+                }
+                created.push(current.clone());
+            }
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+            Err(source) => return Err(PlaceError::Io { path: current, what: "cannot create this directory", source }),
+        }
+    }
+    Ok(created)
+}
+
 /// Creates `mountpoint` itself (0700) and checks it, when it is missing.
 pub fn create_mountpoint(mountpoint: &Path) -> Result<(), PlaceError> {
     std::fs::DirBuilder::new().mode(0o700).create(mountpoint).map_err(|source| PlaceError::Io {

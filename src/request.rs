@@ -34,6 +34,8 @@ pub struct MountRequest {
     pub warm: WarmMode,
     /// Open uncompressed tars inside a tar as directories (`--recursive`).
     pub recursive: bool,
+    /// Where saved indexes are kept (`--index-dir`).
+    pub index_dir: Option<PathBuf>,
     /// Receive the archive from a broadcast (`--broadcast`) instead of reading it.
     pub broadcast: Option<crate::stage::broadcast::Plan>,
     /// Keep the set open to `stagefs add` and `stagefs remove` (`--growing`, `--watch`).

@@ -29,10 +29,29 @@ use stagefs_archive::tar::saved_format::{decode, encode};
 use stagefs_archive::tar::TarReader;
 use stagefs_archive::Backing;
 
-/// The name of the saved index beside an archive named `archive_name`.
-fn beside_name(archive: &Path, recursive: bool) -> String {
-    let name = archive.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    format!("{name}{INDEX_SUFFIX}{}", flavor(recursive))
+/// Which saved index of an archive, and where it may be.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Flavor<'a> {
+    /// `--recursive`'s tree (inner tars opened): another tree than the flat one.
+    pub recursive: bool,
+    /// A compressed tar decoded whole (`--stage copy`), not served from restart points:
+    /// other offsets, so another index (both are kept).
+    pub whole: bool,
+    /// `--index-dir`: the one place looked up and written, instead of beside the archive
+    /// and the cache.
+    pub dir: Option<&'a Path>,
+}
+
+impl Flavor<'_> {
+    /// What follows [`INDEX_SUFFIX`] in the file's name.
+    fn suffix(&self) -> &'static str {
+        match (self.recursive, self.whole) {
+            (false, false) => "",
+            (true, false) => "-recursive",
+            (false, true) => "-whole",
+            (true, true) => "-recursive-whole",
+        }
+    }
 }
 
 /// What every saved index beside an archive has in its name (a shard pattern must not
@@ -42,30 +61,40 @@ pub const INDEX_SUFFIX: &str = ".stagefs-index";
 /// Whether a file of this name is a saved index beside its archive (of any flavour).
 pub fn is_saved_index(name: &std::ffi::OsStr) -> bool {
     let name = name.as_encoded_bytes();
-    [INDEX_SUFFIX, &format!("{INDEX_SUFFIX}{}", flavor(true))].iter().any(|suffix| name.ends_with(suffix.as_bytes()))
+    let flavors = [(false, false), (true, false), (false, true), (true, true)];
+    flavors.iter().any(|&(recursive, whole)| {
+        let suffix = format!("{INDEX_SUFFIX}{}", Flavor { recursive, whole, dir: None }.suffix());
+        name.ends_with(suffix.as_bytes())
+    })
 }
 
-/// A `--recursive` index (inner tars opened) is another file than the flat one: the two
-/// trees differ, and mounts of either kind must not replace each other's index.
-fn flavor(recursive: bool) -> &'static str {
-    if recursive {
-        "-recursive"
-    } else {
-        ""
-    }
+/// The name of the saved index beside the archive at `archive`.
+fn beside_name(archive: &Path, flavor: &Flavor) -> String {
+    let name = archive.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    format!("{name}{INDEX_SUFFIX}{}", flavor.suffix())
 }
 
-/// The name of `archive`'s saved index (a resolved path) in the cache directory.
-fn cache_name(archive: &Path, recursive: bool) -> String {
+/// The name of `archive`'s saved index (a resolved path) in the cache or `--index-dir`.
+fn cache_name(archive: &Path, flavor: &Flavor) -> String {
     let name = archive.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let path_hash = hash::hash(archive.as_os_str().as_encoded_bytes());
-    format!("{path_hash:016x}-{name}{}.index", flavor(recursive))
+    format!("{path_hash:016x}-{name}{}.index", flavor.suffix())
 }
 
-/// The user's cache directory, held open (none when there is no usable one).
-fn cache() -> Option<places::CheckedDir> {
-    let dir = places::cache_dir().ok()?;
-    places::CheckedDir::open(&dir, "").ok()
+const INDEX_DIR_ADVICE: &str = "--index-dir must be a directory of yours that nobody else can write";
+
+/// The directory a flavor's indexes are kept in, besides the archive's own: `--index-dir`
+/// (made if missing, checked as the user's own), else the user's cache.
+fn index_dir(flavor: &Flavor) -> Result<places::CheckedDir, String> {
+    match flavor.dir {
+        Some(dir) => {
+            places::own_dir(dir, INDEX_DIR_ADVICE).map_err(|e| e.to_string())?;
+            places::CheckedDir::open(dir, INDEX_DIR_ADVICE).map_err(|e| e.to_string())
+        }
+        None => places::cache_dir()
+            .and_then(|dir| places::CheckedDir::open(&dir, ""))
+            .map_err(|e| format!("no cache directory: {e}")),
+    }
 }
 
 /// The largest index an archive of `archive_len` bytes can have: a tar member takes at
@@ -83,20 +112,23 @@ pub fn load(
     key: &Key,
     backing: &Backing,
     codec: Option<Codec>,
-    recursive: bool,
+    flavor: &Flavor,
 ) -> Option<(Index, TarReader)> {
     let cap = size_cap(key.size);
-    let beside = beside_name(archive.resolved(), recursive);
-    let cached_name = cache_name(archive.resolved(), recursive);
-    let cache = cache();
-    let found = [
-        (archive.resolved().with_file_name(&beside), archive.read_beside(&beside, cap)),
-        match &cache {
-            Some(dir) => (dir.path().join(&cached_name), dir.read_own(&cached_name, cap)),
-            None => (PathBuf::new(), Ok(None)),
-        },
-    ];
-    for (i, (path, read)) in found.into_iter().enumerate() {
+    let beside = beside_name(archive.resolved(), flavor);
+    let cached_name = cache_name(archive.resolved(), flavor);
+    let kept = index_dir(flavor);
+    if let (Some(_), Err(why)) = (flavor.dir, &kept) {
+        tracing::warn!("{why}; scanning the archive");
+    }
+    let mut found = Vec::new();
+    if flavor.dir.is_none() {
+        found.push((archive.resolved().with_file_name(&beside), archive.read_beside(&beside, cap)));
+    }
+    if let Ok(dir) = &kept {
+        found.push((dir.path().join(&cached_name), dir.read_own(&cached_name, cap)));
+    }
+    for (path, read) in found {
         let bytes = match read {
             Ok(Some(bytes)) => bytes,
             Ok(None) => continue,
@@ -108,8 +140,8 @@ pub fn load(
         match decode(&bytes, key, backing, codec) {
             Ok(opened) => {
                 tracing::info!(index = %path.shown(), "using saved index");
-                if let (1, Some(dir)) = (i, &cache) {
-                    // A cached index in use is kept by `prune`: its mtime says when.
+                if let Ok(dir) = &kept {
+                    // A kept index in use is kept by `prune`: its mtime says when.
                     dir.touch(&cached_name);
                 }
                 return Some(opened);
@@ -120,32 +152,39 @@ pub fn load(
     None
 }
 
-/// Saves the index of a tar archive beside it, else in the cache; returns where it went.
+/// Saves the index of a tar archive beside it (unless `--index-dir` says where), else in
+/// the cache; returns where it went.
 pub fn save(
     archive: &OutsideFile,
     key: &Key,
     index: &Index,
     reader: &TarReader,
-    recursive: bool,
+    flavor: &Flavor,
 ) -> std::io::Result<PathBuf> {
     let bytes = encode(key, index, reader);
     // Never more readable than the archive: the index lists its member names.
     let archive_mode = archive.file().metadata()?.mode();
     let mode = 0o600 | (archive_mode & 0o044);
-    let beside = beside_name(archive.resolved(), recursive);
-    let beside_error = match archive.write_beside(&beside, &bytes, mode) {
-        Ok(()) => return Ok(archive.resolved().with_file_name(&beside)),
-        Err(e) => e,
+    let beside = beside_name(archive.resolved(), flavor);
+    let beside_error = match flavor.dir {
+        Some(_) => None,
+        None => match archive.write_beside(&beside, &bytes, mode) {
+            Ok(()) => return Ok(archive.resolved().with_file_name(&beside)),
+            Err(e) => Some(e),
+        },
     };
-    let dir = places::cache_dir().and_then(|dir| places::CheckedDir::open(&dir, "")).map_err(|e| {
-        std::io::Error::other(format!(
+    let dir = index_dir(flavor).map_err(|e| match beside_error {
+        Some(beside_error) => std::io::Error::other(format!(
             "cannot write {} ({beside_error}), nor use the cache: {e}",
             archive.resolved().with_file_name(&beside).shown()
-        ))
+        )),
+        None => std::io::Error::other(e),
     })?;
-    let name = cache_name(archive.resolved(), recursive);
+    let name = cache_name(archive.resolved(), flavor);
     dir.write_atomically(&name, &bytes, mode)?;
-    prune(dir.path(), CACHE_MAX_AGE, CACHE_MAX_BYTES);
+    if flavor.dir.is_none() {
+        prune(dir.path(), CACHE_MAX_AGE, CACHE_MAX_BYTES);
+    }
     Ok(dir.path().join(name))
 }
 

@@ -23,7 +23,8 @@ fn root_tar(tmp: &TempDir, name: &str, files: &[(&str, &[u8], u32)]) -> PathBuf 
         fs::set_permissions(src.join(path), fs::Permissions::from_mode(*mode)).unwrap();
     }
     let archive = tmp.join(name);
-    let names: Vec<&str> = files.iter().map(|(p, _, _)| p.split('/').next().unwrap()).collect();
+    let mut names: Vec<&str> = files.iter().map(|(p, _, _)| p.split('/').next().unwrap()).collect();
+    names.dedup();
     let mut args: Vec<&OsStr> = vec![os("--owner=0"), os("--group=0"), os("-C"), src.as_os_str(), os("-cf")];
     args.push(archive.as_os_str());
     args.extend(names.iter().map(|n| os(n)));
@@ -69,8 +70,16 @@ fn a_colleagues_0600_tar_is_readable_with_owner_or_mode() {
         assert_eq!(user.sh(&format!("cat {}/data/a.txt", mnt.display())).stdout, "secret\n", "{flags:?}");
         user.stagefs([os("umount"), mnt.as_os_str()]).assert_success();
     }
-    user.stagefs([os("mount"), os("--umask"), os("077"), os("--owner"), os("me"), archive.as_os_str(), mnt.as_os_str()])
-        .assert_success();
+    user.stagefs([
+        os("mount"),
+        os("--umask"),
+        os("077"),
+        os("--owner"),
+        os("me"),
+        archive.as_os_str(),
+        mnt.as_os_str(),
+    ])
+    .assert_success();
     let mode = fs::metadata(mnt.join("data/b.txt")).map(|m| m.permissions().mode() & 0o777);
     assert_eq!(user.sh(&format!("stat -c %a {}/data/b.txt", mnt.display())).stdout.trim(), "600", "{mode:?}");
     user.stagefs([os("umount"), mnt.as_os_str()]).assert_success();
@@ -165,7 +174,11 @@ fn messages_speak_one_way_and_name_stagefs_pack() {
     let mnt = fresh(&user, "mnt-lazy");
     user.stagefs([os("mount"), archive.as_os_str(), mnt.as_os_str()]).assert_success();
     let mut busy = KillOnDrop(
-        user.command(&[], Path::new("/bin/sh")).arg("-c").arg(format!("cd {} && sleep 30", mnt.display())).spawn().unwrap(),
+        user.command(&[], Path::new("/bin/sh"))
+            .arg("-c")
+            .arg(format!("cd {} && sleep 30", mnt.display()))
+            .spawn()
+            .unwrap(),
     );
     std::thread::sleep(std::time::Duration::from_millis(300));
     let out = user.stagefs([os("umount"), os("--lazy"), mnt.as_os_str()]);
@@ -179,4 +192,147 @@ fn messages_speak_one_way_and_name_stagefs_pack() {
     let out = user.stagefs([os("mount"), dir.as_os_str(), fresh(&user, "mnt-dir").as_os_str()]);
     assert_eq!(out.code(), Some(3), "{}", out.describe());
     out.assert_stderr_has(&["is a directory; pack it first (stagefs pack"]);
+}
+
+/// Item 14: `stagefs ls` lists an archive like `tar -tf` (and `-lR`, `--json`), from the
+/// saved index once there is one; `stagefs index --print-stats` says what the index holds.
+#[test]
+fn ls_lists_an_archive_without_mounting_it() {
+    let (user, tmp) = user_and_tmp("day-ls");
+    let archive = root_tar(
+        &tmp,
+        "data.tar",
+        &[("data/train/a.txt", b"aaa", 0o644), ("data/train/b.txt", b"bb", 0o600), ("data/val/c.txt", b"c", 0o644)],
+    );
+    let tar_list = run_tool("tar", [os("-tf"), archive.as_os_str()]).stdout;
+    let sorted = |text: &str| {
+        let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+        lines.sort();
+        lines
+    };
+    let listed = user.stagefs([os("ls"), os("-R"), archive.as_os_str()]);
+    listed.assert_success();
+    assert_eq!(sorted(&listed.stdout), sorted(&tar_list), "as tar -tf lists it");
+    let long = user.stagefs([os("ls"), os("-l"), archive.as_os_str(), os("data/train")]);
+    assert!(
+        long.stdout.lines().any(|l| l.starts_with("-rw------- ") && l.ends_with(" data/train/b.txt")),
+        "{}",
+        long.stdout
+    );
+    let json = user.stagefs([os("ls"), os("--json"), archive.as_os_str(), os("data/train/a.txt")]);
+    assert!(
+        json.stdout.contains("\"path\":\"data/train/a.txt\"") && json.stdout.contains("\"size\":3"),
+        "{}",
+        json.stdout
+    );
+    let missing = user.stagefs([os("ls"), archive.as_os_str(), os("data/test")]);
+    assert_eq!(missing.code(), Some(2), "{}", missing.describe());
+    // With a saved index, the archive's members are never read again: the index says it all.
+    let index_dir = user.home.join("indexes");
+    remove_tree(&index_dir);
+    let stats =
+        user.stagefs([os("index"), os("--print-stats"), os("--index-dir"), index_dir.as_os_str(), archive.as_os_str()]);
+    stats.assert_success();
+    for line in ["files: 3 (6 B", "directories: 3", "saved index: "] {
+        assert!(stats.stdout.contains(line), "{line}: {}", stats.stdout);
+    }
+    assert!(!tmp.join("data.tar.stagefs-index").exists(), "--index-dir keeps it there only");
+    let again =
+        user.stagefs([os("-v"), os("ls"), os("-R"), os("--index-dir"), index_dir.as_os_str(), archive.as_os_str()]);
+    assert_eq!(sorted(&again.stdout), sorted(&tar_list));
+    assert!(again.stderr.contains("using saved index"), "{}", again.describe());
+}
+
+/// Item 15: `--index-dir` keeps saved indexes where the archive's directory cannot take
+/// them; it must be the user's own: another user's directory is refused, never written.
+#[test]
+fn index_dir_keeps_indexes_and_must_be_your_own() {
+    let (user, tmp) = user_and_tmp("day-index-dir");
+    let other = User::get("sfs-eve");
+    let ro = tmp.join("readonly");
+    fs::create_dir(&ro).unwrap();
+    let files: Vec<(String, Vec<u8>, u32)> =
+        (0..12_000).map(|i| (format!("d/f{i:05}"), vec![b'x'; 10], 0o644)).collect();
+    let refs: Vec<(&str, &[u8], u32)> = files.iter().map(|(p, d, m)| (p.as_str(), d.as_slice(), *m)).collect();
+    let archive = root_tar(&tmp, "big.tar", &refs);
+    fs::rename(&archive, ro.join("big.tar")).unwrap();
+    let archive = ro.join("big.tar");
+    fs::set_permissions(&ro, fs::Permissions::from_mode(0o555)).unwrap();
+    let mine = user.home.join("idx");
+    remove_tree(&mine);
+    let mnt = fresh(&user, "mnt-index-dir");
+    user.stagefs([os("mount"), os("--index-dir"), mine.as_os_str(), archive.as_os_str(), mnt.as_os_str()])
+        .assert_success();
+    user.stagefs([os("umount"), mnt.as_os_str()]).assert_success();
+    let kept: Vec<_> = fs::read_dir(&mine).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    let out = user.stagefs([
+        os("-v"),
+        os("mount"),
+        os("--index-dir"),
+        mine.as_os_str(),
+        archive.as_os_str(),
+        mnt.as_os_str(),
+    ]);
+    out.assert_success();
+    assert!(out.stderr.contains("using saved index"), "{}", out.describe());
+    user.stagefs([os("umount"), mnt.as_os_str()]).assert_success();
+    // Another user's directory: refused (the index would be theirs to forge), nothing written.
+    let theirs = other.home.join("shared-idx");
+    remove_tree(&theirs);
+    other.sh(&format!("mkdir -m 0777 {}", theirs.display()));
+    let out = user.stagefs([os("mount"), os("--index-dir"), theirs.as_os_str(), archive.as_os_str(), mnt.as_os_str()]);
+    out.assert_success();
+    assert!(out.stderr.contains("--index-dir must be a directory of yours"), "{}", out.describe());
+    assert_eq!(fs::read_dir(&theirs).unwrap().count(), 0, "nothing written in another user's directory");
+    user.stagefs([os("umount"), mnt.as_os_str()]).assert_success();
+    fs::set_permissions(&ro, fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// Items 1 and 11: `pack --shard-size` makes OUT's missing directories; a `.tar.gz`
+/// mounted with `--stage copy` and then as it is keeps both indexes (no rebuild each way).
+#[test]
+fn pack_makes_out_dirs_and_both_indexes_of_a_tar_gz_stay() {
+    let (user, tmp) = user_and_tmp("day-pack");
+    let data = user.home.join("day-pack-data");
+    remove_tree(&data);
+    user.sh(&format!(
+        "mkdir -p {0}/d && for i in $(seq 1 20); do head -c 1000 /dev/urandom > {0}/d/f$i; done",
+        data.display()
+    ));
+    let out_dir = user.home.join("day-pack-out");
+    remove_tree(&out_dir);
+    let out = user.stagefs([
+        os("pack"),
+        os("--shard-size"),
+        os("50M"),
+        data.as_os_str(),
+        out_dir.join("shards/train.tar").as_os_str(),
+    ]);
+    out.assert_success();
+    assert!(out_dir.join("shards/train-000000.tar").exists(), "{}", out.describe());
+    let files: Vec<(String, Vec<u8>, u32)> =
+        (0..12_000).map(|i| (format!("t/f{i:05}"), vec![b'y'; 20], 0o644)).collect();
+    let refs: Vec<(&str, &[u8], u32)> = files.iter().map(|(p, d, m)| (p.as_str(), d.as_slice(), *m)).collect();
+    let tar = root_tar(&tmp, "t.tar", &refs);
+    let gz = user.home.join("day-pack-t.tar.gz");
+    run_tool("sh", [os("-c"), os(&format!("gzip -c {} > {}", tar.display(), gz.display()))]).assert_success();
+    user.chown(&gz);
+    let mnt = fresh(&user, "mnt-both");
+    for round in 0..2 {
+        for stage in ["copy", "none"] {
+            let out = user.stagefs([os("-v"), os("mount"), os("--stage"), os(stage), gz.as_os_str(), mnt.as_os_str()]);
+            out.assert_success();
+            assert!(!out.stderr.contains("ignoring saved index"), "round {round}, --stage {stage}: {}", out.describe());
+            if round == 1 {
+                assert!(out.stderr.contains("using saved index"), "round {round}, --stage {stage}: {}", out.describe());
+            }
+            user.stagefs([os("umount"), mnt.as_os_str()]).assert_success();
+        }
+    }
+    remove_tree(&data);
+    remove_tree(&out_dir);
+    let _ = fs::remove_file(&gz);
+    let _ = fs::remove_file(user.home.join("day-pack-t.tar.gz.stagefs-index"));
+    let _ = fs::remove_file(user.home.join("day-pack-t.tar.gz.stagefs-index-whole"));
 }

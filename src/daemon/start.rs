@@ -50,7 +50,7 @@ pub(super) fn start(
         Some(plan) => crate::stage::broadcast::receive(plan, crate::request::DEFAULT_WAIT)?,
         None => None,
     };
-    let indexing = Indexing { force_save: false, recursive: request.recursive };
+    let indexing = Indexing { force_save: false, recursive: request.recursive, index_dir: request.index_dir.clone() };
     let (content, staged_bytes, staging, disk, compressed) = if let Some(growing) = &request.growing {
         let opening = Opening {
             mode: request.stage,
@@ -58,16 +58,17 @@ pub(super) fn start(
             recursive: request.recursive,
             trust_shards: growing.trust_shards,
             skip_failing: growing.watch.is_some(),
+            index_dir: request.index_dir.clone(),
         };
         let (set, staged_bytes, staging) = GrowingSet::open(archive_path, &request.shards, request.trust, opening)?;
         (Content::Growing(Arc::new(set)), staged_bytes, staging, None, None)
     } else {
         let Opened { archive, staged_bytes, staging, disk, .. } = if request.shards.len() > 1 {
             let how = How { mode: request.stage, max_ram: request.max_ram, trust: request.trust, not_on: None };
-            crate::shards::open_set(archive_path, &request.shards, how, indexing)?.0
+            crate::shards::open_set(archive_path, &request.shards, how, &indexing)?.0
         } else {
             let stage_dir = request.stage_dir.as_deref();
-            open_archive(archive_path, request.trust, request.stage, request.max_ram, stage_dir, received, indexing)?
+            open_archive(archive_path, request.trust, request.stage, request.max_ram, stage_dir, received, &indexing)?
         };
         let compressed = archive.compression();
         (Content::Fixed(archive), staged_bytes, staging, disk, compressed)

@@ -46,6 +46,8 @@ pub struct Opening {
     pub trust_shards: bool,
     /// A shard that fails to open is left out with a warning, not a failure (`--watch`).
     pub skip_failing: bool,
+    /// `--index-dir`.
+    pub index_dir: Option<PathBuf>,
 }
 
 /// Why a change was refused; nothing changed.
@@ -115,11 +117,12 @@ impl GrowingSet {
         opening: Opening,
     ) -> Result<(GrowingSet, u64, Staging), GrowError> {
         let started = Instant::now();
-        let indexing = Indexing { force_save: false, recursive: opening.recursive };
+        let indexing =
+            Indexing { recursive: opening.recursive, index_dir: opening.index_dir.clone(), ..Default::default() };
         let mut list = Vec::new();
         let how = How { mode: opening.mode, max_ram: opening.max_ram, trust, not_on: None };
         let open = |shards: &[PathBuf], list: &mut Vec<Arc<Shard>>| {
-            crate::shards::open_each(label, shards, how, indexing, |file, opened| {
+            crate::shards::open_each(label, shards, how, &indexing, |file, opened| {
                 list.push(Arc::new(shard(file, opened, list.len() as u32 + 1)));
                 Ok(())
             })
@@ -307,7 +310,11 @@ impl GrowingSet {
             let held: u64 = self.retired.lock().map_or(0, |r| r.values().map(|s| s.staged_bytes).sum());
             let staged = held + shards.iter().map(|s| s.staged_bytes).sum::<u64>();
             let budget = self.opening.max_ram.map(|m| m.saturating_sub(staged));
-            let indexing = Indexing { force_save: false, recursive: self.opening.recursive };
+            let indexing = Indexing {
+                recursive: self.opening.recursive,
+                index_dir: self.opening.index_dir.clone(),
+                ..Default::default()
+            };
             let how = How { mode: self.opening.mode, max_ram: budget, trust: rule, not_on: changing.mount_dev };
             // Messages about what is added name it, not the set's first shard.
             let label = match added.as_slice() {
@@ -315,7 +322,7 @@ impl GrowingSet {
                 more => PathBuf::from(format!("{} shards added to {}", more.len(), self.label.shown())),
             };
             let mut serial = changing.next_serial;
-            crate::shards::open_each(&label, &added, how, indexing, |file, opened| {
+            crate::shards::open_each(&label, &added, how, &indexing, |file, opened| {
                 shards.push(Arc::new(shard(file, opened, serial)));
                 serial += 1;
                 Ok(())

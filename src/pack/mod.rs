@@ -186,6 +186,10 @@ impl PackArgs {
             None => self.out.clone(),
         };
         // Before the walk, which may take minutes: an unwritable destination fails at once.
+        let made = crate::places::output_parents(&first_path, 0o777 & !umask())
+            .map_err(|e| PackError::Usage(format!("cannot make the directory of {}: {e}", first_path.shown())))?;
+        // Directories made for OUT go again if the pack fails: nothing partial is left.
+        let mut made = Made(made);
         let first = output::Output::create(&first_path)?;
         let entries = walk::walk(&self.dir, listed, &filter, threads)?;
         let mut members: Vec<Member> = entries
@@ -229,6 +233,7 @@ impl PackArgs {
         if self.shard_size.is_some() {
             warn_stale_shards(&self.out, outputs.len() as u32);
         }
+        made.0.clear();
         let secs = started.elapsed().as_secs_f64().max(1e-6);
         let written = match outputs.len() {
             1 => outputs[0].final_path.shown().to_string(),
@@ -244,6 +249,15 @@ impl PackArgs {
             if saved == 1 { "" } else { "es" }
         );
         Ok(())
+    }
+}
+
+/// The directories made for OUT, removed when dropped (a failed pack) unless cleared.
+struct Made(Vec<PathBuf>);
+
+impl Drop for Made {
+    fn drop(&mut self) {
+        crate::places::remove_created(&self.0);
     }
 }
 
@@ -267,7 +281,7 @@ fn save_index(out: &mut output::Output) -> Result<(), String> {
     let reader = stagefs_archive::tar::TarReader::from_parts(backing, sparse_files, extents)
         .ok_or("sparse tables out of bounds")?;
     let key = crate::saved_index::Key::of(file.file()).map_err(|e| e.to_string())?;
-    let at = crate::saved_index::save(&file, &key, &index, &reader, false).map_err(|e| e.to_string())?;
+    let at = crate::saved_index::save(&file, &key, &index, &reader, &Default::default()).map_err(|e| e.to_string())?;
     tracing::info!(index = %at.shown(), "saved the index");
     Ok(())
 }

@@ -33,7 +33,7 @@ pub fn open_set(
     label: &Path,
     shards: &[PathBuf],
     how: How,
-    indexing: Indexing,
+    indexing: &Indexing,
 ) -> Result<(Opened, SetStats), OpenArchiveError> {
     let started = Instant::now();
     let mut merger = Merger::new();
@@ -89,7 +89,7 @@ pub fn open_each(
     label: &Path,
     shards: &[PathBuf],
     How { mode, max_ram, trust, not_on }: How,
-    indexing: Indexing,
+    indexing: &Indexing,
     mut take: impl FnMut(&OutsideFile, Opened) -> Result<(), OpenArchiveError>,
 ) -> Result<(SetStats, u64, Staging), OpenArchiveError> {
     raise_fd_limit(shards.len());

@@ -1,0 +1,182 @@
+//! `stagefs ls` and `stagefs index --print-stats`: an archive's tree without mounting it, from its saved index when there is one (instant), else a scan.
+
+use std::path::Path;
+
+use crate::error::{code, Failure};
+use crate::open::{open_archive, Indexing, Opened};
+use crate::places::Trust;
+use crate::report::human;
+use crate::stage::StageMode;
+use stagefs_archive::escape::Shown;
+use stagefs_archive::index::{Data, Index, InodeId, ROOT};
+
+/// What `stagefs ls` prints.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Style {
+    /// Mode, owner, size and time, as `tar -tvf`.
+    pub long: bool,
+    /// The whole subtree.
+    pub recursive: bool,
+    /// One JSON object per entry.
+    pub json: bool,
+}
+
+/// `stagefs ls ARCHIVE [PATH]`: the entries of `path` inside `archive` (a directory's
+/// children, or the one file it names).
+pub fn ls(archive: &Path, path: Option<&Path>, style: Style, indexing: Indexing) -> Result<(), Failure> {
+    let opened = open_archive(archive, Trust::Named, StageMode::None, None, None, None, &indexing)?;
+    let index = &opened.archive.index;
+    let at = resolve(index, path.unwrap_or(Path::new("/"))).ok_or_else(|| {
+        Failure::new(
+            code::USAGE,
+            format!("{}: no {} in the archive", archive.shown(), path.unwrap_or(Path::new("/")).shown()),
+        )
+    })?;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let inode = index.inode(at).ok_or_else(|| Failure::other("the index has no such entry".into()))?;
+    if !inode.attrs.is_dir() {
+        return print_entry(&mut out, index, at, &index.path_of(at), style);
+    }
+    // Depth-first in name order, each directory before what it holds (as `find` lists).
+    let mut stack: Vec<InodeId> = index.children(inode).iter().rev().map(|d| d.inode).collect();
+    while let Some(id) = stack.pop() {
+        print_entry(&mut out, index, id, &index.path_of(id), style)?;
+        match index.inode(id) {
+            Some(child) if style.recursive && child.attrs.is_dir() => {
+                stack.extend(index.children(child).iter().rev().map(|d| d.inode))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// `path` (components separated by `/`) in `index`.
+fn resolve(index: &Index, path: &Path) -> Option<InodeId> {
+    let mut at = ROOT;
+    for part in path.components() {
+        match part {
+            std::path::Component::Normal(name) => at = index.lookup(index.inode(at)?, name.as_encoded_bytes())?,
+            std::path::Component::RootDir | std::path::Component::CurDir => {}
+            _ => return None,
+        }
+    }
+    Some(at)
+}
+
+fn print_entry(
+    out: &mut impl std::io::Write,
+    index: &Index,
+    id: InodeId,
+    path: &str,
+    style: Style,
+) -> Result<(), Failure> {
+    let failed = |e: std::io::Error| Failure::other(format!("cannot write the listing: {e}"));
+    let Some(inode) = index.inode(id) else { return Ok(()) };
+    let a = &inode.attrs;
+    // As tar -t shows them: relative, directories ending in `/`.
+    let path = path.trim_start_matches('/');
+    let shown = if a.is_dir() && !style.json { format!("{path}/") } else { path.to_string() };
+    let target = match inode.data {
+        Data::Symlink(span) => Some(index.bytes(span).shown().to_string()),
+        _ => None,
+    };
+    let kind = match a.mode & libc::S_IFMT {
+        libc::S_IFDIR => "directory",
+        libc::S_IFLNK => "symlink",
+        libc::S_IFREG => "file",
+        libc::S_IFCHR => "character device",
+        libc::S_IFBLK => "block device",
+        libc::S_IFIFO => "fifo",
+        _ => "other",
+    };
+    let line = if style.json {
+        serde_json::json!({
+            "path": path, "type": kind, "size": a.size, "mode": format!("{:04o}", a.mode & 0o7777),
+            "uid": a.uid, "gid": a.gid, "mtime": a.mtime, "target": target, "links": inode.nlink,
+        })
+        .to_string()
+    } else if style.long {
+        let time = chrono_like(a.mtime);
+        let link = target.map_or(String::new(), |t| format!(" -> {t}"));
+        format!("{} {:>5}/{:<5} {:>12} {time} {shown}{link}", mode_string(a.mode), a.uid, a.gid, a.size)
+    } else {
+        shown
+    };
+    writeln!(out, "{line}").map_err(failed)
+}
+
+/// `drwxr-xr-x` from `st_mode`.
+fn mode_string(mode: u32) -> String {
+    let kind = match mode & libc::S_IFMT {
+        libc::S_IFDIR => 'd',
+        libc::S_IFLNK => 'l',
+        libc::S_IFCHR => 'c',
+        libc::S_IFBLK => 'b',
+        libc::S_IFIFO => 'p',
+        _ => '-',
+    };
+    let bits = "rwxrwxrwx".chars().enumerate().map(|(i, c)| if mode & (0o400 >> i) != 0 { c } else { '-' });
+    std::iter::once(kind).chain(bits).collect()
+}
+
+/// `YYYY-MM-DD HH:MM` in UTC (days from the civil calendar, as `zip::dos_time` inverts).
+fn chrono_like(secs: i64) -> String {
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}", rem / 3600, rem / 60 % 60)
+}
+
+/// The lines `stagefs index --print-stats` adds: what the index holds.
+pub fn print_stats(opened: &Opened) {
+    let index = &opened.archive.index;
+    let (mut files, mut dirs, mut links, mut bytes, mut largest) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    for inode in index.inodes.iter().skip(1) {
+        match inode.attrs.mode & libc::S_IFMT {
+            libc::S_IFDIR => dirs += 1,
+            libc::S_IFLNK => links += 1,
+            libc::S_IFREG if inode.nlink > 0 => {
+                files += 1;
+                bytes += inode.attrs.size;
+                largest = largest.max(inode.attrs.size);
+            }
+            _ => {}
+        }
+    }
+    println!(
+        "format: {:?}{}",
+        opened.archive.format,
+        opened.archive.compression().map_or(String::new(), |c| format!(", {c}"))
+    );
+    println!("files: {files} ({}, the largest {})", human(bytes), human(largest));
+    println!("directories: {dirs}");
+    println!("symbolic links: {links}");
+    println!("entries: {} (index in memory: {})", index.dirents.len(), human(index.heap_bytes() as u64));
+    println!("archive: {}", human(opened.archive.size()));
+    if let Some(path) = &opened.saved_index {
+        let size = std::fs::symlink_metadata(path).map_or(0, |m| m.len());
+        println!("saved index: {} ({})", path.shown(), human(size));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_and_times_as_tar_shows_them() {
+        assert_eq!(mode_string(libc::S_IFDIR | 0o755), "drwxr-xr-x");
+        assert_eq!(mode_string(libc::S_IFREG | 0o640), "-rw-r-----");
+        assert_eq!(chrono_like(0), "1970-01-01 00:00");
+        assert_eq!(chrono_like(1_728_053_248), "2024-10-04 14:47");
+    }
+}
