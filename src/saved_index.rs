@@ -279,10 +279,10 @@ mod tests {
         let file = places::open_outside(&path, places::Trust::Named, None).unwrap();
         let key = Key::of(file.file()).unwrap();
         let fresh = stagefs_archive::Archive::open(file.file(), &path).unwrap();
-        let saved_at = save(&file, &key, &fresh.index, fresh.saved().unwrap(), false).unwrap();
+        let saved_at = save(&file, &key, &fresh.index, fresh.saved().unwrap(), &Flavor::default()).unwrap();
         assert_eq!(saved_at, file.resolved().with_file_name("a.tar.stagefs-index"));
         let backing = stagefs_archive::map_file(file.file()).unwrap();
-        let (loaded, _) = load(&file, &key, &backing, None, false).expect("a matching index loads");
+        let (loaded, _) = load(&file, &key, &backing, None, &Flavor::default()).expect("a matching index loads");
         assert_eq!(loaded.inodes, fresh.index.inodes);
         assert_eq!(loaded.dirents, fresh.index.dirents);
         assert_eq!(loaded.arena, fresh.index.arena);
@@ -290,7 +290,7 @@ mod tests {
         // A changed archive: different key, index ignored.
         let mut other = key;
         other.fingerprint ^= 1;
-        assert!(load(&file, &other, &backing, None, false).is_none());
+        assert!(load(&file, &other, &backing, None, &Flavor::default()).is_none());
         // Every single-byte corruption is caught by the checksum or the bounds checks.
         let bytes = std::fs::read(&saved_at).unwrap();
         for i in (0..bytes.len()).step_by(7) {

@@ -161,7 +161,7 @@ mod tests {
         let key = crate::saved_index::Key::of(file.file()).unwrap();
         let backing = stagefs_archive::map_file(file.file()).unwrap();
         let (index, saved) =
-            crate::saved_index::load(&file, &key, &backing, None, false).expect("pack saved a matching index");
+            crate::saved_index::load(&file, &key, &backing, None, &Default::default()).expect("pack saved a matching index");
         assert_eq!(index.inodes, scanned.index.inodes);
         assert_eq!(index.dirents, scanned.index.dirents);
         assert_eq!(index.arena, scanned.index.arena);
