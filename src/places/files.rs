@@ -179,6 +179,7 @@ mod tests {
         ("stage/budget.rs", "/proc/meminfo and the cgroup's limits"),
         ("node.rs", "/proc/PID/stat and cmdline"),
         ("registry.rs", "/proc/PID/stat"),
+        ("daemon/memory.rs", "/proc/self/status"),
         ("mountpoint.rs", "/proc/self/mountinfo"),
         ("pack/read.rs", "the dataset being packed, read-only, O_NOFOLLOW"),
         ("pack/output.rs", "OUT's O_EXCL temp file"),
