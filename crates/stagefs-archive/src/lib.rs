@@ -1,7 +1,40 @@
-//! Archive readers: detect the format from its bytes, build the [`Index`], serve file bytes.
+//! Read tar (plain, compressed, nested), zip and SquashFS archives and shard sets into one compact index, and serve their files' bytes — without FUSE.
 //!
-//! Nothing here knows about FUSE: the readers work on a byte slice (an mmap of the
-//! archive) and return plain Rust errors that name the archive offset at fault.
+//! An [`Archive`] is an [`index::Index`] (the tree: names, attributes, where each file's
+//! bytes are) plus a [`Reader`] that serves those bytes; every format is one implementation
+//! of the trait (tar in [`tar`], zip in [`zip`], SquashFS in [`squashfs`], a shard set over
+//! its shards' readers in [`set`]), and compressed tars are read from restart points
+//! ([`seekable`]). Nothing here knows about FUSE, a command line or signals, and nothing
+//! opens a path by itself: the caller opens the file (and decides whom to trust), the
+//! crate maps it. Errors name the archive offset at fault; a damaged file fails its reads
+//! alone.
+//!
+//! ```
+//! use std::io::Write;
+//! use stagefs_archive::{index::ROOT, tar::write, Archive};
+//!
+//! // A tar with one file, as any tar tool writes it.
+//! let dir = std::env::temp_dir().join(format!("stagefs-archive-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir)?;
+//! let path = dir.join("hello.tar");
+//! let mut tar = std::fs::File::create(&path)?;
+//! tar.write_all(&write::ustar_header("greeting.txt", b'0', 0o644, 6, ""))?;
+//! tar.write_all(b"hello\n")?;
+//! tar.write_all(&vec![0u8; write::padding(6)])?;
+//! tar.write_all(&write::end())?;
+//!
+//! // Open it, list the root, read the file.
+//! let archive = Archive::open(&std::fs::File::open(&path)?, &path)?;
+//! let index = &archive.index;
+//! let root = index.inode(ROOT).unwrap();
+//! let names: Vec<&[u8]> = index.children(root).iter().map(|d| index.bytes(d.name)).collect();
+//! assert_eq!(names, [b"greeting.txt"]);
+//! let id = index.lookup(root, b"greeting.txt").unwrap();
+//! let bytes = archive.read(id, index.inode(id).unwrap(), 0, 4096)?;
+//! assert_eq!(&*bytes, b"hello\n");
+//! std::fs::remove_dir_all(&dir)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 pub mod escape;
 mod fault;
