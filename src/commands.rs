@@ -54,15 +54,13 @@ pub fn status(json: bool) -> Result<(), Failure> {
         .filter(|m| !records.iter().any(|r| &r.mountpoint == m))
         .partition(|m| nix::sys::statvfs::statvfs(m).is_ok());
     if json {
-        let line = |value: serde_json::Value| println!("{value}");
         for r in &records {
-            line(status_json(r));
+            println!("{}", status_json(r));
         }
-        for m in &unrecorded {
-            line(serde_json::json!({ "mountpoint": m.to_string_lossy(), "state": "live" }));
-        }
-        for m in &dead {
-            line(serde_json::json!({ "mountpoint": m.to_string_lossy(), "state": "dead" }));
+        for (mounts, state) in [(&unrecorded, "live"), (&dead, "dead")] {
+            for m in mounts {
+                println!("{}", serde_json::json!({ "mountpoint": m.to_string_lossy(), "state": state }));
+            }
         }
         return Ok(());
     }
@@ -144,30 +142,54 @@ fn served(r: &registry::Record) -> String {
     }
 }
 
-/// One mount as `stagefs status --json` prints it.
-fn status_json(r: &registry::Record) -> serde_json::Value {
+/// One mount as `stagefs status --json` prints it, its fields in this order.
+#[derive(serde::Serialize)]
+struct StatusLine<'a> {
+    mountpoint: String,
+    archive: String,
+    state: &'static str,
+    pid: u32,
+    started: u64,
+    staging: &'a str,
+    served: String,
+    compressed: Option<&'a str>,
+    staged_bytes: u64,
+    warmed_bytes: u64,
+    rss_bytes: u64,
+    disk_bytes: u64,
+    stage_dir: Option<String>,
+    read_requests: u64,
+    reads: u64,
+    errors: u64,
+    last_error: Option<&'a str>,
+    shards: Option<Vec<String>>,
+    shard_count: Option<usize>,
+}
+
+fn status_json(r: &registry::Record) -> String {
     let text = |p: &std::path::Path| p.to_string_lossy().into_owned();
-    serde_json::json!({
-        "mountpoint": text(&r.mountpoint),
-        "archive": text(&r.archive),
-        "state": "live",
-        "pid": r.pid,
-        "started": r.started,
-        "staging": r.staging,
-        "served": served(r),
-        "compressed": r.compressed,
-        "staged_bytes": r.staged_bytes,
-        "warmed_bytes": r.warmed_bytes,
-        "rss_bytes": r.rss_bytes,
-        "disk_bytes": r.disk_bytes,
-        "stage_dir": r.stage_dir.as_deref().map(text),
-        "read_requests": r.reads,
-        "reads": r.reads,
-        "errors": r.errors,
-        "last_error": r.last_error,
-        "shards": r.shards.as_ref().map(|s| s.iter().map(|p| text(p)).collect::<Vec<_>>()),
-        "shard_count": r.shards.as_ref().map(Vec::len),
-    })
+    let line = StatusLine {
+        mountpoint: text(&r.mountpoint),
+        archive: text(&r.archive),
+        state: "live",
+        pid: r.pid,
+        started: r.started,
+        staging: &r.staging,
+        served: served(r),
+        compressed: r.compressed.as_deref(),
+        staged_bytes: r.staged_bytes,
+        warmed_bytes: r.warmed_bytes,
+        rss_bytes: r.rss_bytes,
+        disk_bytes: r.disk_bytes,
+        stage_dir: r.stage_dir.as_deref().map(text),
+        read_requests: r.reads,
+        reads: r.reads,
+        errors: r.errors,
+        last_error: r.last_error.as_deref(),
+        shards: r.shards.as_ref().map(|s| s.iter().map(|p| text(p)).collect()),
+        shard_count: r.shards.as_ref().map(Vec::len),
+    };
+    serde_json::to_string(&line).unwrap_or_default()
 }
 
 fn plural(n: usize) -> &'static str {

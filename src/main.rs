@@ -90,12 +90,16 @@ fn run(command: Command) -> Result<(), Failure> {
             commands::add(&mountpoint, &shards, trust_shards, timeout)
         }
         Command::Remove { mountpoint, shards, timeout } => commands::remove(&mountpoint, &shards, timeout),
-        Command::Status { json } => commands::status(json),
+        Command::Status { json } => {
+            quiet_broken_pipe();
+            commands::status(json)
+        }
         Command::Index { archive, trust_shards, recursive, index_dir, print_stats } => {
             let indexing = stagefs::open::Indexing { recursive, index_dir, ..Default::default() };
             commands::index(&archive, trust_shards, indexing, print_stats)
         }
         Command::Ls { archive, path, long, recursive, json, index_dir } => {
+            quiet_broken_pipe();
             let style = stagefs::listing::Style { long, recursive, json };
             let indexing = stagefs::open::Indexing { index_dir, ..Default::default() };
             stagefs::listing::ls(&archive, path.as_deref(), style, indexing)
@@ -198,4 +202,12 @@ where
         tracing_subscriber::fmt::FormatFields::format_fields(ctx, writer.by_ref(), event)?;
         writeln!(writer)
     }
+}
+
+/// A listing piped into `head` ends quietly when the reader goes, as `ls` does, instead of
+/// panicking on the failed write (only for commands that print lists: the daemon must
+/// survive a control client that hangs up).
+fn quiet_broken_pipe() {
+    // SAFETY: restores the default disposition of one signal, before any thread exists.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
 }

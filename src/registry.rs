@@ -15,7 +15,9 @@ use crate::places::{self, PlaceError};
 /// Stored as JSON: its fields hold text from outside (an archive's path, a shard pattern,
 /// an error message quoting a member name), and a format with quoting is one that such
 /// text cannot extend with a line of its own (a path holding `\nmountpoint=...`).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+// A field added later reads as its default in a record of an older daemon's.
+#[serde(default)]
 pub struct Record {
     pub pid: u32,
     #[serde(with = "path_json")]

@@ -69,7 +69,7 @@ fn shards_added_and_removed_while_mounted_match_extraction_in_order() {
     let shown = wait_until(Duration::from_secs(10), || {
         let text = stagefs(["status"]).stdout;
         let json = stagefs(["status", "--json"]).stdout;
-        text.contains("growing: 3 shards now") && json.contains("\"shards\":3}")
+        text.contains("growing: 3 shards now") && json.contains("\"shard_count\":3}")
     });
     assert!(shown, "{}", stagefs(["status"]).describe());
 

@@ -355,8 +355,12 @@ fn missing_or_wrong_paths_are_clear_errors() {
     out.assert_code(2).assert_stderr_has(&["is not a directory"]);
     let out = pack(&[src.as_os_str(), tmp.path().as_os_str()]);
     out.assert_code(2).assert_stderr_has(&["is a directory; name the archive"]);
-    let out = pack(&[src.as_os_str(), tmp.join("no-dir/x.tar").as_os_str()]);
-    out.assert_code(1).assert_stderr_has(&["cannot create a temporary file in", "no-dir", "No such file"]);
+    // OUT's missing directories are made; a file where one should be is a clear error.
+    pack(&[src.as_os_str(), tmp.join("no-dir/x.tar").as_os_str()]).assert_success();
+    assert!(tmp.join("no-dir/x.tar").exists());
+    fs::write(tmp.join("a-file"), b"x").unwrap();
+    let out = pack(&[src.as_os_str(), tmp.join("a-file/x.tar").as_os_str()]);
+    out.assert_code(2).assert_stderr_has(&["cannot make the directory of", "a-file"]);
     let out = pack(&[OsStr::new("--exclude"), OsStr::new("[z-a"), src.as_os_str(), tmp.join("x.tar").as_os_str()]);
     out.assert_code(2).assert_stderr_has(&["--exclude", "not a valid pattern"]);
     assert!(!tmp.join("x.tar").exists());

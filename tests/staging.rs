@@ -203,20 +203,15 @@ fn proc_mounts_naming(mp: &Path) -> Vec<String> {
     text.lines().filter(|l| l.split(' ').nth(1) == Some(&*mp)).map(str::to_string).collect()
 }
 
-/// The STAGED column of `stagefs status` for `mp`, or None if it is not listed.
+/// The private copy in RAM `stagefs status --json` reports for `mp` ("-" for none, else
+/// its size as status shows sizes), or None if it is not listed.
 fn status_staged(mp: &Path) -> Option<String> {
-    let out = stagefs(["status"]);
+    let out = stagefs(["status", "--json"]);
     out.assert_success();
-    let mp = mp.to_string_lossy();
-    out.stdout.lines().find_map(|line| {
-        let rest = line.strip_prefix(&*mp)?.strip_prefix(' ')?.trim_start();
-        // STAGED is "-" or "<number> <unit>"; the PID follows.
-        if rest.starts_with("- ") {
-            return Some("-".to_string());
-        }
-        let mut words = rest.split_whitespace();
-        Some(format!("{} {}", words.next()?, words.next()?))
-    })
+    let needle = format!("\"mountpoint\":\"{}\"", mp.display());
+    let line = out.stdout.lines().find(|l| l.contains(&needle))?;
+    let bytes: u64 = line.split("\"staged_bytes\":").nth(1)?.split(',').next()?.parse().ok()?;
+    Some(if bytes == 0 { "-".to_string() } else { stagefs::report::human(bytes) })
 }
 
 fn assert_status_staged(mp: &Path, expected: &str) {

@@ -160,8 +160,8 @@ mod tests {
         let scanned = Archive::open(file.file(), &out).unwrap();
         let key = crate::saved_index::Key::of(file.file()).unwrap();
         let backing = stagefs_archive::map_file(file.file()).unwrap();
-        let (index, saved) =
-            crate::saved_index::load(&file, &key, &backing, None, &Default::default()).expect("pack saved a matching index");
+        let (index, saved) = crate::saved_index::load(&file, &key, &backing, None, &Default::default())
+            .expect("pack saved a matching index");
         assert_eq!(index.inodes, scanned.index.inodes);
         assert_eq!(index.dirents, scanned.index.dirents);
         assert_eq!(index.arena, scanned.index.arena);

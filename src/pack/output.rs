@@ -114,8 +114,8 @@ impl Output {
         let me = crate::places::my_uid();
         if dir.mode() & libc::S_ISVTX != 0 && there.uid() != me && dir.uid() != me && me != 0 {
             return Err(refuse(&format!(
-                "cannot rename the finished archive into place: it exists and belongs to {}, in a directory with \
-                 the sticky bit; nothing was installed",
+                "cannot rename the finished archive into place: it exists and belongs to another user, {}, in a \
+                 directory with the sticky bit; nothing was installed",
                 crate::places::user_label(there.uid())
             )));
         }
