@@ -1,0 +1,104 @@
+//! Saved indexes of objects: the key of one version (size, ETag, Last-Modified, content samples), the sidecar `KEY.stagefs-index` beside the object, the user's cache, and `stagefs index URL --upload`.
+//!
+//! A sidecar is trusted as far as the object: whoever may write it beside the object may
+//! replace the object too, and it is used only when its key matches this version of the
+//! object (and its checksum and bounds check out, as for any saved index).
+
+use std::path::{Path, PathBuf};
+
+use stagefs_remote::{Client, Object};
+
+use super::RemoteFailure;
+use crate::archive::tar::saved::{self, Key};
+use crate::archive::tar::TarReader;
+use crate::error::Failure;
+use crate::index::Index;
+use crate::open::{Indexing, OpenArchiveError, SavedIndexes};
+use crate::stage::{Loaded, StageMode};
+
+/// The key of `object`'s version, its samples read by `read` (from the staged copy, or
+/// by ranges).
+pub fn key_of(
+    object: &Object,
+    read: &mut dyn FnMut(u64, &mut [u8]) -> std::io::Result<()>,
+) -> Result<Key, OpenArchiveError> {
+    let v = &object.version;
+    let fingerprint = saved::fingerprint(v.size, read)
+        .map_err(|source| crate::archive::OpenError::Io { path: PathBuf::from(object.url.display()), source })?;
+    let etag = crate::hash::hash(v.etag.as_deref().unwrap_or("").as_bytes());
+    Ok(Key::of_object(v.size, v.modified_unix().unwrap_or(0), etag, fingerprint))
+}
+
+/// The saved index beside the object (fetched), else in the cache.
+pub struct RemoteIndexes<'a> {
+    pub client: &'a Client,
+    pub object: &'a Object,
+    pub key: Key,
+}
+
+impl RemoteIndexes<'_> {
+    fn sidecar(&self, recursive: bool) -> stagefs_remote::ObjectUrl {
+        self.object.url.with_suffix(&format!(".stagefs-index{}", saved::flavor(recursive)))
+    }
+}
+
+impl SavedIndexes for RemoteIndexes<'_> {
+    fn load(&self, path: &Path, loaded: &Loaded, recursive: bool) -> Option<(Index, TarReader)> {
+        let sidecar = self.sidecar(recursive);
+        match self.client.get_small(&sidecar, saved::size_cap(self.object.version.size)) {
+            Ok(Some(bytes)) => match saved::decode_bytes(&bytes, &self.key, &loaded.backing, loaded.codec) {
+                Ok(opened) => {
+                    tracing::info!("using the saved index {}", sidecar.display());
+                    return Some(opened);
+                }
+                Err(why) => tracing::warn!("ignoring the saved index {}: {why}", sidecar.display()),
+            },
+            Ok(None) => tracing::debug!("no saved index at {}", sidecar.display()),
+            Err(e) => tracing::info!("cannot read the saved index {}: {e}", sidecar.display()),
+        }
+        saved::load_cached(path, &self.key, &loaded.backing, loaded.codec, recursive)
+    }
+
+    fn save(&self, path: &Path, index: &Index, reader: &TarReader, recursive: bool) -> std::io::Result<PathBuf> {
+        saved::save_cached(path, &self.key, index, reader, recursive)
+    }
+}
+
+/// `stagefs index URL`: indexes the object (staged as a mount would, `auto`), saves the
+/// index to the cache and, with `upload`, beside the object (`KEY.stagefs-index`), where
+/// every node's mount finds it.
+pub fn index_command(spec: &Path, recursive: bool, upload: bool) -> Result<(), Failure> {
+    let set = super::resolve(spec, &[], false)?;
+    let started = std::time::Instant::now();
+    for shard in &set.shards {
+        let url = super::parse(shard)?;
+        let client = super::client()?;
+        let indexing = Indexing { force_save: true, recursive };
+        let opened = super::open(shard, StageMode::Auto, (None, None), None, indexing, set.shards.len())?;
+        let Some(reader) = opened.archive.tar_reader() else {
+            println!("{}: a {:?} archive carries its own index; nothing to save", url.display(), opened.archive.format);
+            continue;
+        };
+        let mut saved = opened.saved_index.as_ref().map(|p| p.display().to_string()).into_iter().collect::<Vec<_>>();
+        if upload {
+            let object = client.stat(&url).map_err(RemoteFailure)?;
+            let key = key_of(&object, &mut |offset, buf| {
+                let got =
+                    client.get_range(&object, offset, buf.len()).map_err(|e| std::io::Error::other(e.to_string()))?;
+                buf.copy_from_slice(&got);
+                Ok(())
+            })?;
+            let sidecar = url.with_suffix(&format!(".stagefs-index{}", saved::flavor(recursive)));
+            client.put(&sidecar, &saved::encode_bytes(&key, &opened.archive.index, reader)).map_err(RemoteFailure)?;
+            saved.push(sidecar.display());
+        }
+        println!(
+            "indexed {} in {:.2} s: {} entries; saved to {}",
+            url.display(),
+            started.elapsed().as_secs_f64(),
+            opened.archive.index.dirents.len(),
+            saved.join(" and ")
+        );
+    }
+    Ok(())
+}
