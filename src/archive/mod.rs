@@ -40,7 +40,8 @@ pub struct Source {
 /// `remote`): [`Source::read_at`] delegates to it; the map then holds only what indexing
 /// reads (a zip's directory, SquashFS tables), and a tar is scanned from [`Ranged::stream`].
 pub trait Ranged: Send + Sync + std::fmt::Debug {
-    fn len(&self) -> u64;
+    /// The size of the bytes.
+    fn size(&self) -> u64;
     /// `len` bytes at `offset` (fewer only at the end), or why not.
     fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>, String>;
     /// All bytes in order, for a scan that has no map (a tar); `None` when the map holds
@@ -149,7 +150,7 @@ impl Source {
     pub fn len(&self) -> usize {
         match (&self.decoded, &self.ranged) {
             (Some(decoded), _) => decoded.decoded_len() as usize,
-            (None, Some(ranged)) => ranged.len() as usize,
+            (None, Some(ranged)) => ranged.size() as usize,
             (None, None) => self.map.len(),
         }
     }

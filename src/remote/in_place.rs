@@ -85,7 +85,7 @@ impl std::fmt::Debug for ObjectBytes {
 }
 
 impl Ranged for ObjectBytes {
-    fn len(&self) -> u64 {
+    fn size(&self) -> u64 {
         self.reader.len()
     }
 
@@ -159,7 +159,7 @@ fn squashfs_tables(head: &[u8], size: u64) -> Result<Vec<(u64, u64)>, String> {
 }
 
 /// A zip's central directory and end records (with a zip64 end record if there is one):
-/// from the directory's start to the end of the object. `None`: no end record (no zip).
+/// from the directory's start to the end of the object; and its first 4 KiB. `None`: no end record (no zip).
 fn zip_tables(
     client: &Client,
     object: &Object,
@@ -185,7 +185,9 @@ fn zip_tables(
         before = 20 + 56;
     }
     let start = end_at.saturating_sub(directory).saturating_sub(before);
-    Ok(Some(vec![(start, size - start)]))
+    // The first bytes too: the format is detected from them (zeros would read as an empty tar).
+    let front = size.min(4096).min(start);
+    Ok(Some(vec![(0, front), (start, size - start)]))
 }
 
 fn object_path(object: &Object) -> std::path::PathBuf {

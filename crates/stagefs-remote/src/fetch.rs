@@ -9,6 +9,9 @@ use std::time::Duration;
 use crate::client::{parse_content_range, Ask, Client, Object};
 use crate::error::RemoteError;
 
+/// Where the bytes of a range go as they arrive: `(offset, bytes)`.
+pub(crate) type Sink<'a> = dyn FnMut(u64, &[u8]) -> Result<(), RemoteError> + 'a;
+
 /// What the caller sees of a fetch while it runs, on its own thread.
 pub struct Hooks<'a> {
     /// Bytes written so far (called every 50 ms or so).
@@ -133,28 +136,29 @@ impl Shared {
     }
 }
 
-/// Bytes `offset..end` of `object` (at most `tries` tries without progress), handed to `sink` in pieces as they arrive (each with
-/// its offset), by range requests pinned to the object's version. A try that fails after
-/// some bytes arrived resumes after them, with its count of tries reset (progress was
-/// made); `stopped` ends it early (returns `Ok` with the range incomplete).
+/// Bytes `offset..end` of `object` (at most `tries` tries), handed to `sink` in pieces as
+/// they arrive (each with its offset), by range requests pinned to the object's version.
+/// A try that fails after some bytes arrived resumes after them; `stopped` ends it early
+/// (returns `Ok` with the range incomplete).
 pub(crate) fn read_range(
     client: &Client,
     object: &Object,
     (offset, end, tries): (u64, u64, u32),
     stopped: &dyn Fn() -> bool,
-    sink: &mut dyn FnMut(u64, &[u8]) -> Result<(), RemoteError>,
+    sink: &mut Sink,
 ) -> Result<(), RemoteError> {
     let mut at = offset;
     let mut failed = 0;
     let what = object.url.display();
     while at < end {
         let Some(_permit) = client.inner.permits.acquire(stopped) else { return Ok(()) };
-        let before = at;
         match one_try(client, object, &mut at, end, stopped, sink) {
             Ok(()) if stopped() => return Ok(()),
             Ok(()) => {}
             Err(e) if e.is_transient() => {
-                failed = if at > before { 1 } else { failed + 1 };
+                // Progress does not reset the count: a server that stalls after a little
+                // of every answer must end in an error, not trickle on forever.
+                failed += 1;
                 if failed >= tries.max(1) {
                     return Err(RemoteError::Unavailable(format!("{e} (gave up after {failed} tries)")));
                 }
@@ -177,7 +181,7 @@ fn one_try(
     at: &mut u64,
     end: u64,
     stopped: &dyn Fn() -> bool,
-    sink: &mut dyn FnMut(u64, &[u8]) -> Result<(), RemoteError>,
+    sink: &mut Sink,
 ) -> Result<(), RemoteError> {
     let what = object.url.display();
     let version = &object.version;

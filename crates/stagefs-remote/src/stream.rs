@@ -50,9 +50,12 @@ impl Client {
     }
 }
 
+/// Chunks fetched, by number, and the first error.
+type Fetched = (BTreeMap<u64, Vec<u8>>, Option<RemoteError>);
+
 struct StreamShared {
     /// Fetched chunks by number, and the first error.
-    chunks: Mutex<(BTreeMap<u64, Vec<u8>>, Option<RemoteError>)>,
+    chunks: Mutex<Fetched>,
     changed: Condvar,
     next: AtomicU64,
     /// Chunks the reader has taken: workers stay within `ahead` of it.
