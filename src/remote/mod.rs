@@ -256,7 +256,10 @@ pub fn default_mountpoint(spec: &Path) -> Option<PathBuf> {
     let url = parse(spec).ok()?;
     let name = url.file_name();
     let literal = &name[..name.find(['*', '?', '[', '{']).unwrap_or(name.len())];
-    let stem = crate::places::archive_stem(Path::new(literal));
+    let stem = match literal.is_empty() {
+        true => String::new(),
+        false => crate::places::archive_stem(Path::new(literal)),
+    };
     let stem = stem.trim_matches(|c| "-_.".contains(c));
     let name = match (stem.is_empty(), &url) {
         (false, _) => stem.to_string(),
