@@ -7,6 +7,7 @@
 # A benchmark: it checks that every copy has the object's size, and the mount its files.
 #
 #   benches/remote.sh [STAGEFS] [MIB] [RUNS] [STREAMS]   (defaults: target/release/stagefs 2048 3 16)
+#   DELAY_MS=20 WINDOW_MIB=2 benches/remote.sh ...         (the latency model, below)
 #
 # Latency: this machine's kernel has no netem qdisc, so `tc qdisc add dev lo root netem
 # delay 20ms` fails; benches/delay_proxy.rs (built here with rustc) delays every byte by
@@ -21,6 +22,7 @@ mib=${2:-2048}
 runs=${3:-3}
 streams=${4:-16}
 delay_ms=${DELAY_MS:-20}
+window_mib=${WINDOW_MIB:-2}
 for tool in s3s-fs rclone curl rustc; do
     command -v "$tool" >/dev/null || { echo "benches/remote.sh: needs $tool" >&2; exit 1; }
 done
@@ -49,7 +51,7 @@ s3s-fs --host 127.0.0.1 --port "$s3_port" --access-key $ak --secret-key $sk "$wo
 pids+=($!)
 rustc -O --edition 2021 -o "$work/delay_proxy" "$(dirname "$0")/delay_proxy.rs"
 proxy_port=$(port)
-"$work/delay_proxy" "$proxy_port" "$s3_port" "$delay_ms" &
+"$work/delay_proxy" "$proxy_port" "$s3_port" "$delay_ms" "$window_mib" &
 pids+=($!)
 sleep 1
 sign=(--aws-sigv4 "aws:amz:us-east-1:s3" --user "$ak:$sk" -H "x-amz-content-sha256: UNSIGNED-PAYLOAD")
@@ -58,7 +60,7 @@ sign=(--aws-sigv4 "aws:amz:us-east-1:s3" --user "$ak:$sk" -H "x-amz-content-sha2
 curl -sf "${sign[@]}" -T "$work/data.tar" "http://127.0.0.1:$s3_port/bench/data.tar" -o /dev/null
 rm "$work/data.tar"
 endpoint="http://127.0.0.1:$proxy_port"
-echo "== s3://bench/data.tar: $size bytes; ${delay_ms} ms each way; $streams streams; $runs runs each (2 cores, shared machine)"
+echo "== s3://bench/data.tar: $size bytes; ${delay_ms} ms each way, ${window_mib} MiB in flight per connection and direction; $streams streams; $runs runs each"
 
 export AWS_ACCESS_KEY_ID=$ak AWS_SECRET_ACCESS_KEY=$sk AWS_REGION=us-east-1 AWS_EC2_METADATA_DISABLED=true
 export XDG_CACHE_HOME="$work/cache"
@@ -69,10 +71,12 @@ run_stagefs() {
     "$bin" mount --stage ram --warm no --remote-concurrency "$streams" --endpoint-url "$endpoint" \
         s3://bench/data.tar "$work/mnt" > /dev/null 2> "$work/stagefs.err"
     [[ $(ls "$work/mnt" | wc -l) -eq 16 ]] || { cat "$work/stagefs.err"; exit 1; }
+    grep -o 'fetched .*' "$work/stagefs.err" | sed 's/^/    stagefs: /'
     "$bin" umount "$work/mnt" > /dev/null
 }
 run_rclone() {
-    rclone copyto "bench:bench/data.tar" "$shm/rclone.tar" --multi-thread-streams "$streams" \
+    # rclone (the AWS Go SDK) refuses an AWS_CA_BUNDLE with a plain http:// endpoint.
+    env -u AWS_CA_BUNDLE rclone copyto "bench:bench/data.tar" "$shm/rclone.tar" --multi-thread-streams "$streams" \
         --multi-thread-cutoff 1M --ignore-checksum 2> "$work/rclone.err" || { cat "$work/rclone.err"; exit 1; }
     [[ $(stat -c %s "$shm/rclone.tar") -eq $size ]] || exit 1
     rm "$shm/rclone.tar"

@@ -1,5 +1,6 @@
 //! Archives in object storage: `stagefs mount` of `http://` (nginx) and `s3://` (s3s-fs) URLs for every format, staged and in place, compared with what GNU tar, unzip and unsquashfs extract; faults from a misbehaving proxy; S3 credentials, errors, listings and saved indexes beside the object.
 
+mod cluster;
 mod faults;
 mod formats;
 mod proxy;

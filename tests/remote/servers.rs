@@ -13,9 +13,9 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-fn wait_for_port(port: u16, what: &str, log: &Path) {
-    let up = wait_until(Duration::from_secs(20), || TcpStream::connect(("127.0.0.1", port)).is_ok());
-    assert!(up, "{what} did not listen on 127.0.0.1:{port}:\n{}", std::fs::read_to_string(log).unwrap_or_default());
+fn wait_for_port(host: &str, port: u16, what: &str, log: &Path) {
+    let up = wait_until(Duration::from_secs(20), || TcpStream::connect((host, port)).is_ok());
+    assert!(up, "{what} did not listen on {host}:{port}:\n{}", std::fs::read_to_string(log).unwrap_or_default());
 }
 
 /// nginx serving `root` on 127.0.0.1 with a temporary configuration; its access log
@@ -23,16 +23,24 @@ fn wait_for_port(port: u16, what: &str, log: &Path) {
 pub struct Nginx {
     pub port: u16,
     pub root: PathBuf,
+    /// The address it listens on: 127.0.0.1, or the test cluster's bridge.
+    pub host: String,
     dir: TempDir,
     child: Option<KillOnDrop>,
 }
 
 impl Nginx {
     pub fn start(name: &str) -> Nginx {
+        Nginx::start_on(name, "127.0.0.1")
+    }
+
+    /// On `host`, an address of this machine (the cluster's nodes reach its bridge's).
+    pub fn start_on(name: &str, host: &str) -> Nginx {
         let dir = TempDir::new(&format!("nginx-{name}"));
         let root = dir.join("www");
         std::fs::create_dir_all(&root).unwrap();
-        let mut nginx = Nginx { port: free_port(), root, dir, child: None };
+        let port = free_port();
+        let mut nginx = Nginx { port, root, host: host.to_string(), dir, child: None };
         nginx.launch();
         nginx
     }
@@ -47,9 +55,10 @@ http {{
   access_log {d}/access.log counted;
   client_body_temp_path {d}/tmp; proxy_temp_path {d}/tmp; fastcgi_temp_path {d}/tmp;
   uwsgi_temp_path {d}/tmp; scgi_temp_path {d}/tmp;
-  server {{ listen 127.0.0.1:{}; root {}; }}
+  server {{ listen {}:{}; root {}; }}
 }}
 ",
+            self.host,
             self.port,
             self.root.display()
         );
@@ -66,13 +75,13 @@ http {{
             .spawn()
             .expect("start nginx");
         self.child = Some(KillOnDrop(child));
-        wait_for_port(self.port, "nginx", &self.dir.join("error.log"));
+        wait_for_port(&self.host, self.port, "nginx", &self.dir.join("error.log"));
     }
 
     /// Stops it: connections are refused from now on.
     pub fn stop(&mut self) {
         self.child = None;
-        assert!(wait_until(Duration::from_secs(10), || TcpStream::connect(("127.0.0.1", self.port)).is_err()));
+        assert!(wait_until(Duration::from_secs(10), || TcpStream::connect((self.host.as_str(), self.port)).is_err()));
     }
 
     /// Starts it again on the same port.
@@ -81,7 +90,7 @@ http {{
     }
 
     pub fn url(&self, name: &str) -> String {
-        format!("http://127.0.0.1:{}/{name}", self.port)
+        format!("http://{}:{}/{name}", self.host, self.port)
     }
 
     /// Lines of the access log: `METHOD PATH STATUS BYTES "RANGE"`.
@@ -127,7 +136,7 @@ impl S3 {
             .stderr(Stdio::null())
             .spawn()
             .expect("start s3s-fs (cargo install s3s-fs --locked --features binary, as .ci/run does)");
-        wait_for_port(port, "s3s-fs", &log);
+        wait_for_port("127.0.0.1", port, "s3s-fs", &log);
         S3 { port, root, _dir: dir, _child: KillOnDrop(child) }
     }
 

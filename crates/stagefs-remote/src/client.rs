@@ -388,6 +388,10 @@ impl Client {
             }
         }
         match (status, code.as_str()) {
+            (301 | 302 | 303 | 307 | 308, _) => RemoteError::Unsupported(format!(
+                "{what}: the server redirects ({said}); stagefs does not follow redirects (each request must reach \
+                 the same version of one object): mount the URL it redirects to"
+            )),
             (404, "NoSuchBucket") => RemoteError::NotFound(format!("{what}: no such bucket ({said}{message})")),
             (404, _) => {
                 RemoteError::NotFound(format!("{what}: no such object ({said}{message}); check the key or path"))
