@@ -406,7 +406,14 @@ fn submit(cluster: &Cluster, work: &Work, template: &str, name: &str, tree: &Pat
 }
 
 /// Submits a job script of ours (bash, `body` after the shebang) like a template.
-pub(crate) fn submit_script(cluster: &Cluster, work: &Work, name: &str, tree: &Path, body: &str, env: &[(&str, &str)]) -> Job {
+pub(crate) fn submit_script(
+    cluster: &Cluster,
+    work: &Work,
+    name: &str,
+    tree: &Path,
+    body: &str,
+    env: &[(&str, &str)],
+) -> Job {
     let script = work.join(&format!("{name}.sh"));
     fs::write(&script, format!("#!/bin/bash\n{body}\n")).unwrap();
     submit_file(cluster, work, &script, TASKS_PER_NODE, name, tree, env)

@@ -30,7 +30,11 @@ fn cluster_an_object_is_fetched_once_per_job_with_broadcast_and_once_per_node_wi
         assert!(results.iter().all(|l| l.contains(" ok ") && l.contains(" daemons=1 ")), "{}", job.context());
         // Each mounter also asks for byte 0 (the version it pins): a few bytes, not a fetch.
         let sent = nginx.bytes_sent("/data.tar") - before;
-        assert!(sent >= fetches * size && sent < fetches * size + 64, "{name}: {sent} bytes sent for a {size}-byte object; want {fetches} fetch(es)\n{}", job.context());
+        assert!(
+            sent >= fetches * size && sent < fetches * size + 64,
+            "{name}: {sent} bytes sent for a {size}-byte object; want {fetches} fetch(es)\n{}",
+            job.context()
+        );
         let left = cluster.wait_clean(std::path::Path::new(&url));
         assert!(left.is_empty(), "left behind: {left:#?}\n{}", job.context());
     }
