@@ -45,7 +45,10 @@ impl RemoteIndexes<'_> {
 impl SavedIndexes for RemoteIndexes<'_> {
     fn load(&self, path: &Path, loaded: &Loaded, recursive: bool) -> Option<(Index, TarReader)> {
         let sidecar = self.sidecar(recursive);
-        match self.client.get_small(&sidecar, saved::size_cap(self.object.version.size)) {
+        // No larger than an index of this object can be, nor than 1 GiB (a tar of tens of
+        // millions of members): the server says how long the body is, not this process.
+        let cap = saved::size_cap(self.object.version.size).min(1 << 30);
+        match self.client.get_small(&sidecar, cap) {
             Ok(Some(bytes)) => match saved::decode_bytes(&bytes, &self.key, &loaded.backing, loaded.codec) {
                 Ok(opened) => {
                     tracing::info!("using the saved index {}", sidecar.display());

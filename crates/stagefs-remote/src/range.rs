@@ -75,30 +75,30 @@ impl RangeReader {
         let mut out = Vec::with_capacity((end - offset) as usize);
         let mut block = offset / BLOCK;
         while block * BLOCK < end {
-            let bytes = match self.cache.get(&block) {
-                Some(bytes) => bytes,
+            let blocks = match self.cache.get(&block) {
+                Some(bytes) => vec![bytes],
+                // Fetch from this block to the end of the read, or the window if larger;
+                // used from here (the cache may not keep them: other reads insert too).
                 None => {
-                    // Fetch from this block to the end of the read, or the window if larger.
                     let last = (end.div_ceil(BLOCK)).max(block + window / BLOCK).min(size.div_ceil(BLOCK));
-                    self.fetch(block, last)?;
-                    self.cache.get(&block).ok_or_else(|| {
-                        RemoteError::Unavailable(format!(
-                            "{}: a block fell out of the cache",
-                            self.object.url.display()
-                        ))
-                    })?
+                    self.fetch(block, last)?
                 }
             };
-            let from = offset.max(block * BLOCK) - block * BLOCK;
-            let to = (end - block * BLOCK).min(bytes.len() as u64);
-            out.extend_from_slice(&bytes[from as usize..to as usize]);
-            block += 1;
+            for bytes in blocks {
+                if block * BLOCK >= end {
+                    break;
+                }
+                let from = offset.max(block * BLOCK) - block * BLOCK;
+                let to = (end - block * BLOCK).min(bytes.len() as u64);
+                out.extend_from_slice(&bytes[from as usize..to as usize]);
+                block += 1;
+            }
         }
         Ok(out)
     }
 
-    /// Blocks `first..last` in one request, into the cache.
-    fn fetch(&self, first: u64, last: u64) -> Result<(), RemoteError> {
+    /// Blocks `first..last` in one request, put in the cache and returned.
+    fn fetch(&self, first: u64, last: u64) -> Result<Vec<Arc<[u8]>>, RemoteError> {
         let (start, end) = (first * BLOCK, (last * BLOCK).min(self.len()));
         let mut buf = vec![0u8; (end - start) as usize];
         read_range(&self.client, &self.object, (start, end, READ_TRIES), &|| false, &mut |at, bytes| {
@@ -106,9 +106,10 @@ impl RangeReader {
             buf[from..from + bytes.len()].copy_from_slice(bytes);
             Ok(())
         })?;
-        for (i, piece) in buf.chunks(BLOCK as usize).enumerate() {
-            self.cache.insert(first + i as u64, Arc::from(piece));
+        let blocks: Vec<Arc<[u8]>> = buf.chunks(BLOCK as usize).map(Arc::from).collect();
+        for (i, bytes) in blocks.iter().enumerate() {
+            self.cache.insert(first + i as u64, bytes.clone());
         }
-        Ok(())
+        Ok(blocks)
     }
 }
