@@ -70,7 +70,7 @@ export RCLONE_CONFIG_BENCH_ACCESS_KEY_ID=$ak RCLONE_CONFIG_BENCH_SECRET_ACCESS_K
 run_stagefs() {
     "$bin" mount --stage ram --warm no --remote-concurrency "$streams" --endpoint-url "$endpoint" \
         s3://bench/data.tar "$work/mnt" > /dev/null 2> "$work/stagefs.err"
-    [[ $(ls "$work/mnt" | wc -l) -eq 16 ]] || { cat "$work/stagefs.err"; exit 1; }
+    [[ $(find "$work/mnt" -mindepth 1 -maxdepth 1 | wc -l) -eq 16 ]] || { cat "$work/stagefs.err"; exit 1; }
     grep -o 'fetched .*' "$work/stagefs.err" | sed 's/^/    stagefs: /'
     "$bin" umount "$work/mnt" > /dev/null
 }
