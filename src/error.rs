@@ -114,6 +114,7 @@ impl From<OpenArchiveError> for Failure {
             OpenArchiveError::Open(e) => e.into(),
             OpenArchiveError::Stage(e) => e.into(),
             OpenArchiveError::Interrupted(e) => e.into(),
+            OpenArchiveError::Remote(e) => e.into(),
             OpenArchiveError::SaveIndex { .. } | OpenArchiveError::NoShards => Failure::other(e.to_string()),
         }
     }

@@ -20,6 +20,7 @@ pub mod options;
 pub mod pack;
 pub mod places;
 pub mod registry;
+pub mod remote;
 pub mod report;
 pub mod request;
 pub mod saved_index;

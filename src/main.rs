@@ -88,7 +88,19 @@ fn run(command: Command) -> Result<(), Failure> {
         Command::Add { mountpoint, shards, trust_shards } => commands::add(&mountpoint, &shards, trust_shards),
         Command::Remove { mountpoint, shards } => commands::remove(&mountpoint, &shards),
         Command::Status { json } => commands::status(json),
-        Command::Index { archive, trust_shards, recursive } => commands::index(&archive, trust_shards, recursive),
+        Command::Index { archive, trust_shards, recursive, upload, remote } => {
+            stagefs::remote::configure(&remote)?;
+            match stagefs::remote::is_url(&archive) {
+                true => stagefs::remote::index_command(&archive, recursive, upload),
+                false if upload => Err(Failure::new(
+                    stagefs::error::code::USAGE,
+                    "--upload saves the index beside an object (s3:// or https://); a local archive's index is \
+                     saved beside it anyway"
+                        .into(),
+                )),
+                false => commands::index(&archive, trust_shards, recursive),
+            }
+        }
         Command::Pack(args) => args.execute(),
         Command::Demo { files, readers, dir, keep } => stagefs::demo::run(files, readers, dir, keep),
     }

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::saved_index as saved;
+use stagefs_archive::index::Index;
 use crate::stage::{self, StageError, StageMode, Staging};
 use stagefs_archive::tar::{nested, TarReader};
 use stagefs_archive::{Archive, OpenError};
@@ -22,6 +23,8 @@ pub enum OpenArchiveError {
     SaveIndex { path: PathBuf, source: std::io::Error },
     #[error("a shard set needs at least one archive")]
     NoShards,
+    #[error(transparent)]
+    Remote(#[from] crate::remote::RemoteFailure),
 }
 
 /// An archive ready to serve.
@@ -98,12 +101,56 @@ pub fn open_shard(
     Indexing { force_save, recursive }: Indexing,
     shards: usize,
 ) -> Result<Opened, OpenArchiveError> {
+    if crate::remote::is_url(path) {
+        return crate::remote::open(
+            path,
+            mode,
+            (max_ram, stage_dir),
+            received,
+            Indexing { force_save, recursive },
+            shards,
+        );
+    }
     check_format(path)?;
     let key = saved::Key::of(path).map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
     let loaded = stage::load(path, mode, max_ram, stage_dir, received)?;
     crate::cancel::check()?;
+    index_loaded(path, loaded, Indexing { force_save, recursive }, shards, &LocalIndexes(key))
+}
+
+/// Where an archive's saved index is looked up and saved: beside a local archive or in
+/// the cache ([`LocalIndexes`], see `saved`); for an object in a store, see `remote`.
+pub trait SavedIndexes {
+    /// The saved index that matches the archive, if one is trusted.
+    fn load(&self, path: &Path, loaded: &stage::Loaded, recursive: bool) -> Option<(Index, TarReader)>;
+    /// Saves the index; returns where it went.
+    fn save(&self, path: &Path, index: &Index, reader: &TarReader, recursive: bool) -> std::io::Result<PathBuf>;
+}
+
+/// The saved indexes of a local archive, keyed by its [`saved::Key`].
+pub struct LocalIndexes(pub saved::Key);
+
+impl SavedIndexes for LocalIndexes {
+    fn load(&self, path: &Path, loaded: &stage::Loaded, recursive: bool) -> Option<(Index, TarReader)> {
+        saved::load(path, &self.0, &loaded.backing, loaded.codec, recursive)
+    }
+
+    fn save(&self, path: &Path, index: &Index, reader: &TarReader, recursive: bool) -> std::io::Result<PathBuf> {
+        saved::save(path, &self.0, index, reader, recursive)
+    }
+}
+
+/// Indexes staged bytes: from a saved index when `indexes` has one that matches (unless
+/// `force_save`), else by a scan, saved when it was costly (or always with `force_save`).
+pub fn index_loaded(
+    path: &Path,
+    loaded: stage::Loaded,
+    Indexing { force_save, recursive }: Indexing,
+    shards: usize,
+    indexes: &dyn SavedIndexes,
+) -> Result<Opened, OpenArchiveError> {
     if !force_save {
-        if let Some((index, reader)) = saved::load(path, &key, &loaded.backing, loaded.codec, recursive) {
+        if let Some((index, reader)) = indexes.load(path, &loaded, recursive) {
             let archive = Archive::from_saved_tar(index, reader);
             return Ok(Opened {
                 archive,
@@ -151,7 +198,7 @@ pub fn open_shard(
     let worth_saving = index.dirents.len() * shards >= 10_000 || elapsed * shards as u32 >= Duration::from_millis(200);
     let mut saved_index = None;
     if let Some(reader) = archive.tar_reader().filter(|_| force_save || worth_saving) {
-        match saved::save(path, &key, &archive.index, reader, recursive) {
+        match indexes.save(path, &archive.index, reader, recursive) {
             Ok(saved) => {
                 tracing::info!(index = %saved.display(), "saved the index for faster remounts");
                 saved_index = Some(saved);

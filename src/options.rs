@@ -62,6 +62,8 @@ pub struct MountOptions {
     #[arg(long, value_name = "INTERVAL", num_args = 0..=1, require_equals = true, default_missing_value = "5s",
           value_parser = crate::node::parse_duration)]
     pub watch: Option<std::time::Duration>,
+    #[command(flatten)]
+    pub remote: crate::remote::RemoteOptions,
     /// FUSE request threads, 1 to 256 (default: 2 per core, at most 16)
     #[arg(long, value_parser = threads_parser())]
     pub threads: Option<usize>,
@@ -77,6 +79,7 @@ impl MountOptions {
     /// broadcast (the sending task sends here), resolves the shard set and the mountpoint,
     /// once: no layer below resolves them again.
     pub fn request(self, archive: &Path, mountpoint: PathBuf, foreground: bool) -> Result<MountRequest, Failure> {
+        crate::remote::configure(&self.remote)?;
         let broadcast = match self.broadcast {
             true => crate::stage::broadcast::plan(
                 archive,
@@ -87,7 +90,12 @@ impl MountOptions {
             false => None,
         };
         let growing = self.growing_request(archive)?;
-        let set = match crate::shards::resolve(archive, &self.more_archives, self.trust_shards) {
+        let remote = crate::remote::is_url(archive) || self.more_archives.iter().any(|a| crate::remote::is_url(a));
+        let resolved = match remote {
+            true => Ok(crate::remote::resolve(archive, &self.more_archives, growing.is_some())?),
+            false => crate::shards::resolve(archive, &self.more_archives, self.trust_shards),
+        };
+        let set = match resolved {
             // A watched pattern may start empty: the shards are on their way.
             Err(crate::shards::ShardError::NotFound(why)) if self.watch.is_some() => {
                 tracing::info!("{why}; waiting for shards to appear");

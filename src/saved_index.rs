@@ -23,7 +23,7 @@ use crate::places;
 use stagefs_archive::hash;
 use stagefs_archive::index::Index;
 use stagefs_archive::seekable::Codec;
-pub use stagefs_archive::tar::key::Key;
+pub use stagefs_archive::tar::key::{fingerprint, Key};
 use stagefs_archive::tar::saved_format::{decode, encode};
 use stagefs_archive::tar::TarReader;
 use stagefs_archive::Backing;
@@ -36,7 +36,7 @@ fn beside(archive: &Path, recursive: bool) -> PathBuf {
 
 /// A `--recursive` index (inner tars opened) is another file than the flat one: the two
 /// trees differ, and mounts of either kind must not replace each other's index.
-fn flavor(recursive: bool) -> &'static str {
+pub fn flavor(recursive: bool) -> &'static str {
     if recursive {
         "-recursive"
     } else {
@@ -63,7 +63,7 @@ fn candidates(archive: &Path, recursive: bool) -> Vec<PathBuf> {
 /// The largest index an archive of `archive_len` bytes can have: a tar member takes at
 /// least a 512-byte header, its index entry far less, even with the directories its path
 /// implies; sparse maps cost at most a few times their text.
-fn size_cap(archive_len: u64) -> u64 {
+pub fn size_cap(archive_len: u64) -> u64 {
     archive_len.saturating_mul(8).saturating_add(16 << 20)
 }
 
@@ -130,6 +130,72 @@ pub fn save(
     })?;
     let cached = in_cache(&dir, archive_path, recursive);
     places::write_atomically(&cached, &bytes, mode)?;
+    prune(&dir, CACHE_MAX_AGE, CACHE_MAX_BYTES);
+    Ok(cached)
+}
+
+/// A saved index for an archive that is no local file (an object in a store, named by
+/// `archive`, its URL): decoded from `bytes` if it matches `key`, else why not.
+pub fn decode_bytes(
+    bytes: &[u8],
+    key: &Key,
+    backing: &Backing,
+    codec: Option<Codec>,
+) -> Result<(Index, TarReader), String> {
+    decode(bytes, key, backing, codec)
+}
+
+/// The bytes [`save`] writes, for storing elsewhere (uploaded beside an object).
+pub fn encode_bytes(key: &Key, index: &Index, reader: &TarReader) -> Vec<u8> {
+    encode(key, index, reader)
+}
+
+/// [`load`] for an archive that is no local file: only the cache directory is looked at,
+/// and only indexes of this user are trusted.
+pub fn load_cached(
+    archive: &Path,
+    key: &Key,
+    backing: &Backing,
+    codec: Option<Codec>,
+    recursive: bool,
+) -> Option<(Index, TarReader)> {
+    let path = in_cache(&places::cache_dir().ok()?, archive, recursive);
+    std::fs::symlink_metadata(&path).ok()?;
+    let bytes = match places::read_trusted(&path, &[places::my_uid()], size_cap(key.size)) {
+        Ok(bytes) => bytes,
+        Err(why) => {
+            tracing::warn!(index = %path.display(), "ignoring saved index: {why}");
+            return None;
+        }
+    };
+    match decode(&bytes, key, backing, codec) {
+        Ok(opened) => {
+            tracing::info!(index = %path.display(), "using saved index");
+            let _ = std::fs::File::options()
+                .write(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&path)
+                .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+            Some(opened)
+        }
+        Err(why) => {
+            tracing::info!(index = %path.display(), "not using saved index: {why}");
+            None
+        }
+    }
+}
+
+/// [`save`] for an archive that is no local file: into the cache directory, mode 0600.
+pub fn save_cached(
+    archive: &Path,
+    key: &Key,
+    index: &Index,
+    reader: &TarReader,
+    recursive: bool,
+) -> std::io::Result<PathBuf> {
+    let dir = places::cache_dir().map_err(|e| std::io::Error::other(e.to_string()))?;
+    let cached = in_cache(&dir, archive, recursive);
+    places::write_atomically(&cached, &encode(key, index, reader), 0o600)?;
     prune(&dir, CACHE_MAX_AGE, CACHE_MAX_BYTES);
     Ok(cached)
 }

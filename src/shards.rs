@@ -88,6 +88,9 @@ pub fn resolve(spec: &Path, more: &[PathBuf], trust_shards: bool) -> Result<Arch
 /// name without the wildcards (`train-*.tar` mounts at `.../stagefs/train`); a pattern
 /// that names nothing but an extension (`shards/*.tar`) takes its directory's name.
 pub fn default_mountpoint(spec: &Path) -> PathBuf {
+    if let Some(mountpoint) = crate::remote::default_mountpoint(spec) {
+        return mountpoint;
+    }
     if !is_set_spec(spec) {
         return crate::places::default_mountpoint(spec);
     }

@@ -16,6 +16,7 @@ mod memory;
 mod nested;
 mod one_copy;
 mod pack;
+mod remote;
 mod seekable;
 mod shards;
 mod shared_node;

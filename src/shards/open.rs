@@ -83,8 +83,13 @@ pub fn open_each(
 ) -> Result<(SetStats, u64, Staging), OpenArchiveError> {
     let sizes = shards
         .iter()
-        .map(|p| std::fs::metadata(p).map(|m| m.len()).map_err(|source| OpenError::Io { path: p.clone(), source }))
-        .collect::<Result<Vec<u64>, _>>()?;
+        .map(|p| match crate::remote::is_url(p) {
+            true => crate::remote::listed_size(p).map_err(OpenArchiveError::from),
+            false => {
+                std::fs::metadata(p).map(|m| m.len()).map_err(|source| OpenError::Io { path: p.clone(), source }.into())
+            }
+        })
+        .collect::<Result<Vec<u64>, OpenArchiveError>>()?;
     let total: u64 = sizes.iter().sum();
     let first = shards.first().ok_or(OpenArchiveError::NoShards)?;
     let mode = stage::mode_for_set(label, first, total, mode, max_ram)?;

@@ -115,11 +115,14 @@ pub fn plan(
         return Ok(None);
     }
     let Some(JobView { job, nodes, sender, .. }) = view else { return Ok(None) };
-    let archive = archive.canonicalize().map_err(|source| StageError::Io {
-        path: archive.to_owned(),
-        what: "cannot open".into(),
-        source,
-    })?;
+    let archive = match crate::remote::is_url(archive) {
+        true => archive.to_owned(),
+        false => archive.canonicalize().map_err(|source| StageError::Io {
+            path: archive.to_owned(),
+            what: "cannot open".into(),
+            source,
+        })?,
+    };
     let disk_base = match to_disk {
         true => Some(super::disk::base_dir(stage_dir).ok_or(StageError::NoStageDir)?),
         false => None,
@@ -141,7 +144,7 @@ pub fn plan(
         to_disk,
     };
     if sender {
-        send(&archive, &plan, nodes)?;
+        send(&archive, &plan, nodes, stage_dir)?;
     }
     Ok(Some(plan))
 }
@@ -149,8 +152,22 @@ pub fn plan(
 /// Runs `sbcast` (and then broadcasts the status); a failure is recorded in the status for
 /// every node's leader to report, not returned: this task must still join its node's
 /// election, or the other tasks on its node would wait for a leader that never comes.
-fn send(archive: &Path, plan: &Plan, nodes: u32) -> Result<(), StageError> {
+fn send(archive: &Path, plan: &Plan, nodes: u32, stage_dir: Option<&Path>) -> Result<(), StageError> {
     crate::cancel::arm().map_err(|e| StageError::Broadcast(format!("cannot install signal handlers: {e}")))?;
+    // An object in a store is fetched once, here, and sbcast reads that copy (its
+    // descriptor is held until sbcast is done).
+    let fetched = match crate::remote::is_url(archive) {
+        true => Some(crate::remote::fetch_for_broadcast(archive, stage_dir)?),
+        false => None,
+    };
+    let shown = match &fetched {
+        Some(_) => PathBuf::from(crate::remote::parse(archive).map(|u| u.display()).unwrap_or_default()),
+        None => archive.to_owned(),
+    };
+    let (archive, shown) = match &fetched {
+        Some((copy, _, _)) => (copy.as_path(), shown.as_path()),
+        None => (archive, archive),
+    };
     let size = std::fs::metadata(archive).map(|m| m.len()).unwrap_or(0);
     let (dir, inbox) = plan.open_inbox()?;
     // Measured before: sbcast's message for a full disk is "Unspecified error".
@@ -161,7 +178,7 @@ fn send(archive: &Path, plan: &Plan, nodes: u32) -> Result<(), StageError> {
             let secs = started.elapsed().as_secs_f64().max(1e-9);
             crate::report::report_done(&format!(
                 "broadcast {} to {nodes} node(s) with sbcast: {} in {secs:.2} s ({:.0} MB/s)",
-                archive.display(),
+                shown.display(),
                 human(size),
                 size as f64 / 1e6 / secs
             ));
@@ -178,7 +195,7 @@ fn send(archive: &Path, plan: &Plan, nodes: u32) -> Result<(), StageError> {
                     human(free)
                 )
             });
-            format!("failed broadcasting {} with sbcast failed: {message}{room}\n", archive.display())
+            format!("failed broadcasting {} with sbcast failed: {message}{room}\n", shown.display())
         }
     };
     places::write_atomically(&plan.status, line.as_bytes(), 0o600)

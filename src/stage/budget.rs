@@ -86,6 +86,9 @@ fn cgroup_limit() -> Option<(u64, u64)> {
 
 /// Network and parallel filesystems, where staging pays off (statfs magic numbers).
 pub fn is_network_filesystem(path: &Path) -> bool {
+    if crate::remote::is_url(path) {
+        return true; // An object in a store: further away than any mount.
+    }
     const REMOTE: &[i64] = &[
         0x6969,     // NFS
         0x0BD00BD0, // Lustre

@@ -19,7 +19,7 @@ mod copy;
 mod decompress;
 pub mod disk;
 mod error;
-mod ram;
+pub(crate) mod ram;
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -27,8 +27,8 @@ use std::path::Path;
 
 use crate::report::human;
 pub use budget::headroom;
-use budget::{is_network_filesystem, RamBudget};
-use decompress::decompress;
+pub(crate) use budget::{is_network_filesystem, RamBudget};
+pub(crate) use decompress::decompress;
 pub use decompress::Compression;
 pub use error::StageError;
 use stagefs_archive::seekable::Codec;
