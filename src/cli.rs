@@ -142,7 +142,8 @@ writable, else in $XDG_CACHE_HOME/stagefs. It is keyed by the archive's size, mt
 inode and a content fingerprint: a changed archive is never served with a stale index. Mounts save
 the index by themselves when scanning took long (10,000+ entries).")]
     Index {
-        /// The archive, or a quoted glob pattern or @FILE: every shard's index is saved
+        /// The archive, or a quoted glob pattern or @FILE: every shard's index is saved; or an object
+        /// (s3://BUCKET/KEY, https://HOST/PATH, or a pattern of them)
         archive: PathBuf,
         /// Accept shards owned by another user than you, root or the owner of their directory, or in a
         /// directory others can write without the sticky bit: only for data you trust
@@ -157,6 +158,12 @@ the index by themselves when scanning took long (10,000+ entries).")]
         /// Then print what the index holds: files, bytes, directories, links, its size
         #[arg(long)]
         print_stats: bool,
+        /// For an object (s3://, https://): also save the index beside it, as KEY.stagefs-index
+        /// (needs write access there), where every node's mount finds it
+        #[arg(long)]
+        upload: bool,
+        #[command(flatten)]
+        remote: crate::remote::RemoteOptions,
     },
     /// List an archive's files without mounting it (from its saved index when there is one: instant)
     #[command(after_help = "Examples:

@@ -130,6 +130,7 @@ impl From<OpenArchiveError> for Failure {
             OpenArchiveError::Stage(e) => e.into(),
             OpenArchiveError::Interrupted(e) => e.into(),
             OpenArchiveError::Outside(e) => e.into(),
+            OpenArchiveError::Remote(e) => e.into(),
             OpenArchiveError::SaveIndex { .. } | OpenArchiveError::NoShards => Failure::other(e.to_string()),
         }
     }

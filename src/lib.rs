@@ -24,6 +24,7 @@ pub mod pack;
 pub mod places;
 pub mod presentation;
 pub mod registry;
+pub mod remote;
 pub mod report;
 pub mod request;
 pub mod saved_index;

@@ -94,9 +94,19 @@ fn run(command: Command) -> Result<(), Failure> {
             quiet_broken_pipe();
             commands::status(json)
         }
-        Command::Index { archive, trust_shards, recursive, index_dir, print_stats } => {
+        Command::Index { archive, trust_shards, recursive, index_dir, print_stats, upload, remote } => {
+            stagefs::remote::configure(&remote)?;
             let indexing = stagefs::open::Indexing { recursive, index_dir, ..Default::default() };
-            commands::index(&archive, trust_shards, indexing, print_stats)
+            match stagefs::remote::is_url(&archive) {
+                true => stagefs::remote::index_command(&archive, &indexing, upload),
+                false if upload => Err(Failure::new(
+                    stagefs::error::code::USAGE,
+                    "--upload saves the index beside an object (s3:// or https://); a local archive's index is \
+                     saved beside it anyway"
+                        .into(),
+                )),
+                false => commands::index(&archive, trust_shards, indexing, print_stats),
+            }
         }
         Command::Ls { archive, path, long, recursive, json, index_dir } => {
             quiet_broken_pipe();

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use crate::places::{self, OutsideFile, Trust};
 use crate::saved_index as saved;
 use crate::stage::{self, StageError, StageMode, Staging};
+use stagefs_archive::index::Index;
 use stagefs_archive::tar::{nested, TarReader};
 use stagefs_archive::{Archive, Format, OpenError};
 use std::sync::Arc;
@@ -26,6 +27,8 @@ pub enum OpenArchiveError {
     NoShards,
     #[error(transparent)]
     Outside(#[from] places::OutsideError),
+    #[error(transparent)]
+    Remote(#[from] crate::remote::RemoteFailure),
 }
 
 /// An archive ready to serve.
@@ -93,6 +96,9 @@ pub fn open_archive(
     received: Option<crate::stage::broadcast::Received>,
     indexing: &Indexing,
 ) -> Result<Opened, OpenArchiveError> {
+    if crate::remote::is_url(path) {
+        return crate::remote::open(path, mode, (max_ram, stage_dir), received, indexing, 1);
+    }
     let file = places::open_outside(path, trust, None)?;
     open_shard(&file, mode, (max_ram, stage_dir), received, indexing, 1)
 }
@@ -108,18 +114,58 @@ pub fn open_shard(
     indexing: &Indexing,
     shards: usize,
 ) -> Result<Opened, OpenArchiveError> {
-    let Indexing { force_save, recursive, .. } = *indexing;
     let path = file.resolved();
     let compressed = check_format(file)?;
     let key = saved::Key::of(file.file()).map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
     let loaded = stage::load(file, mode, max_ram, stage_dir, received)?;
     crate::cancel::check()?;
+    index_loaded(path, loaded, compressed, indexing, shards, &LocalIndexes { file, key })
+}
+
+/// Where an archive's saved index is looked up and saved: beside a local archive, in
+/// `--index-dir` or the cache ([`LocalIndexes`], see `saved_index`); for an object in a
+/// store, see `remote`.
+pub trait SavedIndexes {
+    /// The saved index of `flavor` that matches the archive, if one is trusted.
+    fn load(&self, loaded: &stage::Loaded, flavor: &saved::Flavor) -> Option<(Index, TarReader)>;
+    /// Saves the index; returns where it went.
+    fn save(&self, index: &Index, reader: &TarReader, flavor: &saved::Flavor) -> std::io::Result<PathBuf>;
+}
+
+/// The saved indexes of a local archive, keyed by its [`saved::Key`].
+pub struct LocalIndexes<'a> {
+    pub file: &'a OutsideFile,
+    pub key: saved::Key,
+}
+
+impl SavedIndexes for LocalIndexes<'_> {
+    fn load(&self, loaded: &stage::Loaded, flavor: &saved::Flavor) -> Option<(Index, TarReader)> {
+        saved::load(self.file, &self.key, &loaded.backing, loaded.codec, flavor)
+    }
+
+    fn save(&self, index: &Index, reader: &TarReader, flavor: &saved::Flavor) -> std::io::Result<PathBuf> {
+        saved::save(self.file, &self.key, index, reader, flavor)
+    }
+}
+
+/// Indexes staged bytes (of an archive file that was `compressed`): from a saved index
+/// when `indexes` has one that matches (unless `force_save`), else by a scan, saved when it
+/// was costly (or always with `force_save`).
+pub fn index_loaded(
+    path: &Path,
+    loaded: stage::Loaded,
+    compressed: bool,
+    indexing: &Indexing,
+    shards: usize,
+    indexes: &dyn SavedIndexes,
+) -> Result<Opened, OpenArchiveError> {
+    let Indexing { force_save, recursive, .. } = *indexing;
     // A compressed tar decoded whole has another index than one served from restart points:
     // both are kept, each under its own name.
     let flavor =
         saved::Flavor { recursive, whole: compressed && loaded.codec.is_none(), dir: indexing.index_dir.as_deref() };
     if !force_save {
-        if let Some((index, reader)) = saved::load(file, &key, &loaded.backing, loaded.codec, &flavor) {
+        if let Some((index, reader)) = indexes.load(&loaded, &flavor) {
             let archive = Archive::new(index, Format::Tar, Arc::new(reader));
             return Ok(Opened {
                 archive,
@@ -167,7 +213,7 @@ pub fn open_shard(
     let worth_saving = index.dirents.len() * shards >= 10_000 || elapsed * shards as u32 >= Duration::from_millis(200);
     let mut saved_index = None;
     if let Some(reader) = archive.saved().filter(|_| force_save || worth_saving) {
-        match saved::save(file, &key, &archive.index, reader, &flavor) {
+        match indexes.save(&archive.index, reader, &flavor) {
             Ok(saved) => {
                 tracing::info!(index = %saved.shown(), "saved the index for faster remounts");
                 saved_index = Some(saved);

@@ -85,6 +85,8 @@ pub struct MountOptions {
     /// private by design: allow_other and allow_root are refused
     #[arg(short = 'o', value_name = "OPTIONS", value_delimiter = ',')]
     pub fuse_options: Vec<String>,
+    #[command(flatten)]
+    pub remote: crate::remote::RemoteOptions,
     /// FUSE request threads, 1 to 256 (default: 2 per core, at most 16)
     #[arg(long, value_parser = threads_parser())]
     pub threads: Option<usize>,
@@ -100,6 +102,7 @@ impl MountOptions {
     /// broadcast (the sending task sends here), resolves the shard set and the mountpoint,
     /// once: no layer below resolves them again.
     pub fn request(self, archive: &Path, mountpoint: PathBuf, foreground: bool) -> Result<MountRequest, Failure> {
+        crate::remote::configure(&self.remote)?;
         let broadcast = match self.broadcast {
             true => crate::stage::broadcast::plan(
                 archive,
@@ -110,9 +113,11 @@ impl MountOptions {
             false => None,
         };
         let growing = self.growing_request(archive)?;
-        let resolved = match self.watch {
-            Some(_) => crate::shards::resolve_watched(archive, self.trust_shards),
-            None => crate::shards::resolve(archive, &self.more_archives, self.trust_shards),
+        let remote = crate::remote::is_url(archive) || self.more_archives.iter().any(|a| crate::remote::is_url(a));
+        let resolved = match (remote, self.watch) {
+            (true, _) => Ok(crate::remote::resolve(archive, &self.more_archives, growing.is_some())?),
+            (false, Some(_)) => crate::shards::resolve_watched(archive, self.trust_shards),
+            (false, None) => crate::shards::resolve(archive, &self.more_archives, self.trust_shards),
         };
         let set = match resolved {
             // A watched pattern may start empty: the shards are on their way.

@@ -24,7 +24,7 @@ use stagefs_archive::escape::Shown;
 use stagefs_archive::hash;
 use stagefs_archive::index::Index;
 use stagefs_archive::seekable::Codec;
-pub use stagefs_archive::tar::key::Key;
+pub use stagefs_archive::tar::key::{fingerprint, Key};
 use stagefs_archive::tar::saved_format::{decode, encode};
 use stagefs_archive::tar::TarReader;
 use stagefs_archive::Backing;
@@ -44,7 +44,7 @@ pub struct Flavor<'a> {
 
 impl Flavor<'_> {
     /// What follows [`INDEX_SUFFIX`] in the file's name.
-    fn suffix(&self) -> &'static str {
+    pub fn suffix(&self) -> &'static str {
         match (self.recursive, self.whole) {
             (false, false) => "",
             (true, false) => "-recursive",
@@ -100,7 +100,7 @@ fn index_dir(flavor: &Flavor) -> Result<places::CheckedDir, String> {
 /// The largest index an archive of `archive_len` bytes can have: a tar member takes at
 /// least a 512-byte header, its index entry far less, even with the directories its path
 /// implies; sparse maps cost at most a few times their text.
-fn size_cap(archive_len: u64) -> u64 {
+pub fn size_cap(archive_len: u64) -> u64 {
     archive_len.saturating_mul(8).saturating_add(16 << 20)
 }
 
@@ -114,21 +114,47 @@ pub fn load(
     codec: Option<Codec>,
     flavor: &Flavor,
 ) -> Option<(Index, TarReader)> {
-    let cap = size_cap(key.size);
     let beside = beside_name(archive.resolved(), flavor);
-    let cached_name = cache_name(archive.resolved(), flavor);
+    let found = match flavor.dir {
+        None => Some((archive.resolved().with_file_name(&beside), archive.read_beside(&beside, size_cap(key.size)))),
+        Some(_) => None,
+    };
+    load_found(found, archive.resolved(), key, backing, codec, flavor)
+}
+
+/// [`load`] for an archive that is no local file (an object in a store, named by
+/// `archive`, its URL): only the kept ones (`--index-dir` or the cache), this user's.
+pub fn load_kept(
+    archive: &Path,
+    key: &Key,
+    backing: &Backing,
+    codec: Option<Codec>,
+    flavor: &Flavor,
+) -> Option<(Index, TarReader)> {
+    load_found(None, archive, key, backing, codec, flavor)
+}
+
+/// The first of `found` (a saved index beside the archive, read) and the kept one that
+/// decodes to `key`'s version; says why it ignores the others.
+/// A saved index found (where, and its bytes if it was there and trusted, or why not).
+type Found = (PathBuf, Result<Option<Vec<u8>>, String>);
+
+fn load_found(
+    found: Option<Found>,
+    archive: &Path,
+    key: &Key,
+    backing: &Backing,
+    codec: Option<Codec>,
+    flavor: &Flavor,
+) -> Option<(Index, TarReader)> {
+    let cap = size_cap(key.size);
+    let cached_name = cache_name(archive, flavor);
     let kept = index_dir(flavor);
     if let (Some(_), Err(why)) = (flavor.dir, &kept) {
         tracing::warn!("{why}; scanning the archive");
     }
-    let mut found = Vec::new();
-    if flavor.dir.is_none() {
-        found.push((archive.resolved().with_file_name(&beside), archive.read_beside(&beside, cap)));
-    }
-    if let Ok(dir) = &kept {
-        found.push((dir.path().join(&cached_name), dir.read_own(&cached_name, cap)));
-    }
-    for (path, read) in found {
+    let kept_found = kept.as_ref().ok().map(|dir| (dir.path().join(&cached_name), dir.read_own(&cached_name, cap)));
+    for (path, read) in found.into_iter().chain(kept_found) {
         let bytes = match read {
             Ok(Some(bytes)) => bytes,
             Ok(None) => continue,
@@ -166,26 +192,51 @@ pub fn save(
     let archive_mode = archive.file().metadata()?.mode();
     let mode = 0o600 | (archive_mode & 0o044);
     let beside = beside_name(archive.resolved(), flavor);
-    let beside_error = match flavor.dir {
-        Some(_) => None,
-        None => match archive.write_beside(&beside, &bytes, mode) {
+    if flavor.dir.is_none() {
+        match archive.write_beside(&beside, &bytes, mode) {
             Ok(()) => return Ok(archive.resolved().with_file_name(&beside)),
-            Err(e) => Some(e),
-        },
-    };
-    let dir = index_dir(flavor).map_err(|e| match beside_error {
-        Some(beside_error) => std::io::Error::other(format!(
-            "cannot write {} ({beside_error}), nor use the cache: {e}",
-            archive.resolved().with_file_name(&beside).shown()
-        )),
-        None => std::io::Error::other(e),
-    })?;
-    let name = cache_name(archive.resolved(), flavor);
-    dir.write_atomically(&name, &bytes, mode)?;
+            Err(e) => tracing::debug!("cannot write {} ({e}); keeping it in the cache", beside.shown()),
+        }
+    }
+    save_bytes(archive.resolved(), &bytes, mode, flavor)
+}
+
+/// [`save`] for an archive that is no local file (an object, named by its URL): kept in
+/// `--index-dir` or the cache, mode 0600.
+pub fn save_kept(
+    archive: &Path,
+    key: &Key,
+    index: &Index,
+    reader: &TarReader,
+    flavor: &Flavor,
+) -> std::io::Result<PathBuf> {
+    save_bytes(archive, &encode(key, index, reader), 0o600, flavor)
+}
+
+fn save_bytes(archive: &Path, bytes: &[u8], mode: u32, flavor: &Flavor) -> std::io::Result<PathBuf> {
+    let dir = index_dir(flavor).map_err(std::io::Error::other)?;
+    let name = cache_name(archive, flavor);
+    dir.write_atomically(&name, bytes, mode)?;
     if flavor.dir.is_none() {
         prune(dir.path(), CACHE_MAX_AGE, CACHE_MAX_BYTES);
     }
     Ok(dir.path().join(name))
+}
+
+/// A saved index for an archive that is no local file (an object in a store): decoded
+/// from `bytes` if it matches `key`, else why not.
+pub fn decode_bytes(
+    bytes: &[u8],
+    key: &Key,
+    backing: &Backing,
+    codec: Option<Codec>,
+) -> Result<(Index, TarReader), String> {
+    decode(bytes, key, backing, codec)
+}
+
+/// The bytes [`save`] writes, for storing elsewhere (uploaded beside an object).
+pub fn encode_bytes(key: &Key, index: &Index, reader: &TarReader) -> Vec<u8> {
+    encode(key, index, reader)
 }
 
 /// Saved indexes in the cache directory not used for this long are removed.

@@ -20,7 +20,7 @@ mod open;
 use stagefs_archive::escape::Shown;
 use std::path::{Path, PathBuf};
 
-pub use open::{open_each, open_set, report_indexed, warn_conflicts, How, SetStats};
+pub use open::{open_each, open_set, report_indexed, warn_conflicts, How, Member, SetStats};
 
 use crate::places::{self, Trust};
 use stagefs_archive::OpenError;
@@ -110,6 +110,9 @@ fn resolve_as(spec: &Path, more: &[PathBuf], trust_shards: bool, skip: bool) -> 
 /// name without the wildcards (`train-*.tar` mounts at `.../stagefs/train`); a pattern
 /// that names nothing but an extension (`shards/*.tar`) takes its directory's name.
 pub fn default_mountpoint(spec: &Path) -> PathBuf {
+    if let Some(mountpoint) = crate::remote::default_mountpoint(spec) {
+        return mountpoint;
+    }
     if !is_set_spec(spec) {
         return crate::places::default_mountpoint(spec);
     }

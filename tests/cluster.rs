@@ -21,7 +21,7 @@ use crate::util::{pseudo_random, require_root, require_tool, run_cmd, stagefs_bi
 
 const POLL: Duration = Duration::from_millis(250);
 const NODES: usize = 3;
-const TASKS_PER_NODE: usize = 4;
+pub(crate) const TASKS_PER_NODE: usize = 4;
 const ENDED: [&str; 7] = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"];
 
 fn repo() -> PathBuf {
@@ -33,7 +33,7 @@ fn script() -> PathBuf {
 }
 
 /// The three-node cluster; stopped on drop (also when a test fails) if this test started it.
-struct Cluster {
+pub(crate) struct Cluster {
     dir: PathBuf,
     conf: PathBuf,
     started_here: bool,
@@ -41,7 +41,7 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn up() -> Cluster {
+    pub(crate) fn up() -> Cluster {
         require_root();
         // One cluster, its nodes' /dev/shm measured: one test at a time (see `slurm_guard`).
         let serial = crate::util::slurm_guard();
@@ -97,7 +97,7 @@ impl Cluster {
     }
 
     /// Waits for job `id` to end; its final state.
-    fn wait_end(&self, id: &str, timeout: Duration) -> String {
+    pub(crate) fn wait_end(&self, id: &str, timeout: Duration) -> String {
         let mut state = String::new();
         let ended = wait_until_every(timeout, POLL, || {
             state = self.state(id);
@@ -137,7 +137,7 @@ impl Cluster {
     }
 
     /// Waits up to 30 s for nothing to be left; what is left then.
-    fn wait_clean(&self, archive: &Path) -> Vec<String> {
+    pub(crate) fn wait_clean(&self, archive: &Path) -> Vec<String> {
         wait_until_every(Duration::from_secs(30), POLL, || self.leftovers(archive).is_empty());
         self.leftovers(archive)
     }
@@ -326,24 +326,24 @@ impl Watcher {
 }
 
 /// A test's working directory in the shared dir (visible on every node), removed on drop.
-struct Work {
+pub(crate) struct Work {
     path: PathBuf,
 }
 
 impl Work {
-    fn new(cluster: &Cluster, label: &str) -> Work {
+    pub(crate) fn new(cluster: &Cluster, label: &str) -> Work {
         let path = cluster.shared().join(format!("{label}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&path);
         fs::create_dir_all(&path).unwrap();
         Work { path }
     }
 
-    fn join(&self, p: &str) -> PathBuf {
+    pub(crate) fn join(&self, p: &str) -> PathBuf {
         self.path.join(p)
     }
 
     /// A tree of `big` bytes spread over a few files, and its tar `name.tar`.
-    fn archive(&self, name: &str, big: usize) -> (PathBuf, PathBuf) {
+    pub(crate) fn archive(&self, name: &str, big: usize) -> (PathBuf, PathBuf) {
         let tree = self.join(&format!("{name}-tree"));
         for (i, size) in [0usize, 1, 4096, 100_000, big].iter().enumerate() {
             fs::create_dir_all(tree.join(format!("class{}", i % 2))).unwrap();
@@ -375,20 +375,20 @@ fn sbcast_calls(work: &Work, archive: &Path) -> Vec<String> {
 }
 
 /// One template job on all three nodes and what it reported.
-struct Job {
+pub(crate) struct Job {
     name: String,
-    id: String,
+    pub(crate) id: String,
     archive: PathBuf,
     out: PathBuf,
     log: PathBuf,
 }
 
 impl Job {
-    fn results(&self) -> Vec<String> {
+    pub(crate) fn results(&self) -> Vec<String> {
         crate::util::task_results(&self.out)
     }
 
-    fn context(&self) -> String {
+    pub(crate) fn context(&self) -> String {
         format!(
             "job {} ({})\nresults: {:#?}\nlog:\n{}",
             self.id,
@@ -406,7 +406,14 @@ fn submit(cluster: &Cluster, work: &Work, template: &str, name: &str, tree: &Pat
 }
 
 /// Submits a job script of ours (bash, `body` after the shebang) like a template.
-fn submit_script(cluster: &Cluster, work: &Work, name: &str, tree: &Path, body: &str, env: &[(&str, &str)]) -> Job {
+pub(crate) fn submit_script(
+    cluster: &Cluster,
+    work: &Work,
+    name: &str,
+    tree: &Path,
+    body: &str,
+    env: &[(&str, &str)],
+) -> Job {
     let script = work.join(&format!("{name}.sh"));
     fs::write(&script, format!("#!/bin/bash\n{body}\n")).unwrap();
     submit_file(cluster, work, &script, TASKS_PER_NODE, name, tree, env)
@@ -640,7 +647,7 @@ fn known_failure_leftovers(left: Vec<String>) -> Vec<String> {
 }
 
 /// The job's tasks run `stagefs run` with these options and the reader, labelled by task.
-fn run_line(options: &str) -> String {
+pub(crate) fn run_line(options: &str) -> String {
     format!(
         "srun -l --export=ALL {} run {options} \"$ARCHIVE\" -- python3 \"$TRAIN_SCRIPT\" --data-root '{{mount}}'",
         stagefs_bin().display()

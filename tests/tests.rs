@@ -17,6 +17,7 @@ mod neighbours;
 mod nested;
 mod one_copy;
 mod pack;
+mod remote;
 mod second_day;
 mod seekable;
 mod shards;

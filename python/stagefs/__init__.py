@@ -200,6 +200,12 @@ class Mount:
         return f"<stagefs.Mount {str(self.archive)!r} on {str(self.path)!r} ({state})>"
 
 
+def _is_url(text: Union[str, bytes]) -> bool:
+    """True for an object in a store or on a server (``s3://``, ``http://``, ``https://``)."""
+    lower = (text.decode(errors="replace") if isinstance(text, bytes) else text)[:8].lower()
+    return lower.startswith(("s3://", "http://", "https://"))
+
+
 def mount(
     archive: PathLike,
     mountpoint: Optional[PathLike] = None,
@@ -234,10 +240,18 @@ def mount(
     (decoded piece by piece as read, RAM bounded by a 128 MiB cache); ``stage="copy"``
     decompresses one whole into RAM instead.
 
+    ``archive`` may be an object in a store or on a server: ``"s3://bucket/key.tar"``,
+    ``"https://host/path/data.tar"`` (or a brace range or glob of them); it is fetched
+    once into RAM or the local disk (``stage="none"`` reads it in place by ranges).
+    Credentials come from the usual AWS chain (environment, ``~/.aws``, instance role)
+    or ``~/.netrc``; see doc/remote.md.
+
     Raises :class:`MountError` (an ``OSError``) with the command's message and
     exit code, e.g. code 3 for a missing or unreadable archive.
     """
-    archive_path = Path(os.fspath(archive))
+    archive_text = os.fspath(archive)
+    # An object URL (s3://, https://) stays text: a Path would fold its "//".
+    archive_path = archive_text if _is_url(archive_text) else Path(archive_text)
     cmd = [executable(), "mount", "--json", str(archive_path)]
     if mountpoint is not None:
         cmd.append(os.fspath(mountpoint))

@@ -68,7 +68,9 @@ pub(super) fn start(
             crate::shards::open_set(archive_path, &request.shards, how, &indexing)?.0
         } else {
             let stage_dir = request.stage_dir.as_deref();
-            open_archive(archive_path, request.trust, request.stage, request.max_ram, stage_dir, received, &indexing)?
+            // The archive itself: for an object, its URL as given (the label shows no query).
+            let archive = request.shards.first().map_or(archive_path, |p| p.as_path());
+            open_archive(archive, request.trust, request.stage, request.max_ram, stage_dir, received, &indexing)?
         };
         let compressed = archive.compression();
         (Content::Fixed(archive), staged_bytes, staging, disk, compressed)

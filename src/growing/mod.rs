@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use crate::open::{Indexing, OpenArchiveError, Opened};
-use crate::places::{self, OutsideFile, Trust};
+use crate::places::{self, Trust};
 use crate::shards::How;
 use crate::shards::ShardError;
 use crate::stage::{StageMode, Staging};
@@ -376,10 +376,10 @@ impl GrowingSet {
     }
 }
 
-fn shard(file: &OutsideFile, opened: Opened, serial: u32) -> Shard {
+fn shard(member: &crate::shards::Member, opened: Opened, serial: u32) -> Shard {
     Shard {
-        path: file.resolved().to_owned(),
-        id: file.id(),
+        path: member.name().to_owned(),
+        id: member.id(),
         serial,
         archive: Arc::new(opened.archive),
         staged_bytes: opened.staged_bytes,

@@ -38,9 +38,9 @@ pub fn open_set(
     let started = Instant::now();
     let mut merger = Merger::new();
     let mut merging = std::time::Duration::ZERO;
-    let (mut stats, staged_bytes, staging) = open_each(label, shards, how, indexing, |file, opened| {
+    let (mut stats, staged_bytes, staging) = open_each(label, shards, how, indexing, |member, opened| {
         let merge_started = Instant::now();
-        let added = merger.add(file.resolved(), opened.archive);
+        let added = merger.add(member.name(), opened.archive);
         merging += merge_started.elapsed();
         Ok(added?)
     })?;
@@ -82,6 +82,54 @@ pub struct How {
     pub not_on: Option<u64>,
 }
 
+/// One shard of a set, opened: a local file (checked and held, see `places::outside`) or an
+/// object in a store (`s3://`, `https://`, see `remote`).
+pub enum Member {
+    File(OutsideFile),
+    Object(PathBuf),
+}
+
+impl Member {
+    fn open(path: &Path, trust: Trust, not_on: Option<u64>) -> Result<Member, OpenArchiveError> {
+        Ok(match crate::remote::is_url(path) {
+            true => Member::Object(path.to_owned()),
+            false => Member::File(places::open_outside(path, trust, not_on)?),
+        })
+    }
+
+    /// Its name in the set: the file's path with every link followed, or the object's URL.
+    pub fn name(&self) -> &Path {
+        match self {
+            Member::File(file) => file.resolved(),
+            Member::Object(url) => url,
+        }
+    }
+
+    /// The file as it was when opened (an object has none: its version is pinned instead).
+    pub fn id(&self) -> stagefs_archive::FileId {
+        match self {
+            Member::File(file) => file.id(),
+            Member::Object(_) => Default::default(),
+        }
+    }
+
+    fn size(&self) -> Result<u64, OpenArchiveError> {
+        match self {
+            Member::File(file) => Ok(file.id().size),
+            Member::Object(url) => Ok(crate::remote::listed_size(url)?),
+        }
+    }
+
+    fn open_staged(&self, mode: StageMode, budget: Option<u64>, indexing: &Indexing, shards: usize) -> OpenResult {
+        match self {
+            Member::File(file) => open_shard(file, mode, (budget, None), None, indexing, shards),
+            Member::Object(url) => crate::remote::open(url, mode, (budget, None), None, indexing, shards),
+        }
+    }
+}
+
+type OpenResult = Result<Opened, OpenArchiveError>;
+
 /// Opens every shard as [`open_set`] does, handing each to `take` in order, its own index
 /// kept (a growing set merges them again at every change). Returns what opening them did,
 /// the bytes they staged and how they reach RAM.
@@ -90,16 +138,18 @@ pub fn open_each(
     shards: &[PathBuf],
     How { mode, max_ram, trust, not_on }: How,
     indexing: &Indexing,
-    mut take: impl FnMut(&OutsideFile, Opened) -> Result<(), OpenArchiveError>,
+    mut take: impl FnMut(&Member, Opened) -> Result<(), OpenArchiveError>,
 ) -> Result<(SetStats, u64, Staging), OpenArchiveError> {
     raise_fd_limit(shards.len());
     // Each shard is opened once, here, and used only through that descriptor from now on.
-    let files =
-        shards.iter().map(|p| places::open_outside(p, trust, not_on)).collect::<Result<Vec<OutsideFile>, _>>()?;
-    let sizes: Vec<u64> = files.iter().map(|f| f.id().size).collect();
+    let files = shards.iter().map(|p| Member::open(p, trust, not_on)).collect::<Result<Vec<Member>, _>>()?;
+    let sizes = files.iter().map(Member::size).collect::<Result<Vec<u64>, _>>()?;
     let total: u64 = sizes.iter().sum();
-    let first = files.first().ok_or(OpenArchiveError::NoShards)?;
-    let mode = stage::mode_for_set(label, first, total, mode, max_ram)?;
+    let remote = match files.first().ok_or(OpenArchiveError::NoShards)? {
+        Member::File(file) => stage::is_network_filesystem(file.file()),
+        Member::Object(_) => true,
+    };
+    let mode = stage::mode_for_set(label, remote, total, mode, max_ram)?;
     // Threads overlap the latency of a parallel filesystem as much as they share the CPU.
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get() * 2).clamp(2, 16).min(shards.len());
     let bar = report::progress(Some(total), &format!("indexing {} shards", shards.len()));
@@ -121,7 +171,7 @@ pub fn open_each(
                     let budget = max_ram.map(|m| m.saturating_sub(staged.load(Ordering::Relaxed)));
                     let result = crate::cancel::check()
                         .map_err(OpenArchiveError::from)
-                        .and_then(|()| open_shard(&files[i], mode, (budget, None), None, indexing, shards.len()));
+                        .and_then(|()| files[i].open_staged(mode, budget, indexing, shards.len()));
                     if let Ok(opened) = &result {
                         staged.fetch_add(opened.staged_bytes, Ordering::Relaxed);
                     }

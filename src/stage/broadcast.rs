@@ -116,10 +116,15 @@ pub fn plan(
         return Ok(None);
     }
     let Some(JobView { job, nodes, sender, .. }) = view else { return Ok(None) };
-    let archive = places::open_outside(archive, places::Trust::Named, None).map_err(|e| match e {
-        places::OutsideError::Io { path, source } => StageError::Io { path, what: "cannot open".into(), source },
-        other => StageError::Broadcast(other.to_string()),
-    })?;
+    // What is sent: an object in a store (fetched once by the sender), or the archive
+    // opened the one way files from outside are.
+    let archive = match crate::remote::is_url(archive) {
+        true => Sent::Object(archive.to_owned()),
+        false => Sent::File(places::open_outside(archive, places::Trust::Named, None).map_err(|e| match e {
+            places::OutsideError::Io { path, source } => StageError::Io { path, what: "cannot open".into(), source },
+            other => StageError::Broadcast(other.to_string()),
+        })?),
+    };
     let disk_base = match to_disk {
         true => Some(super::disk::base_dir(stage_dir).ok_or(StageError::NoStageDir)?),
         false => None,
@@ -130,7 +135,7 @@ pub fn plan(
     };
     let name = format!(
         ".stagefs-bcast-{job}-{:016x}",
-        stagefs_archive::hash::hash(archive.resolved().as_os_str().as_encoded_bytes())
+        stagefs_archive::hash::hash(archive.name().as_os_str().as_encoded_bytes())
     );
     let plan = Plan {
         data: dir.join(&name).join(COPY),
@@ -143,7 +148,7 @@ pub fn plan(
         to_disk,
     };
     if sender {
-        send(&archive, &plan, nodes)?;
+        send(&archive, &plan, nodes, stage_dir)?;
     }
     Ok(Some(plan))
 }
@@ -151,20 +156,31 @@ pub fn plan(
 /// Runs `sbcast` (and then broadcasts the status); a failure is recorded in the status for
 /// every node's leader to report, not returned: this task must still join its node's
 /// election, or the other tasks on its node would wait for a leader that never comes.
-fn send(file: &places::OutsideFile, plan: &Plan, nodes: u32) -> Result<(), StageError> {
+fn send(sent: &Sent, plan: &Plan, nodes: u32, stage_dir: Option<&Path>) -> Result<(), StageError> {
     crate::cancel::arm().map_err(|e| StageError::Broadcast(format!("cannot install signal handlers: {e}")))?;
-    let (archive, size) = (file.resolved(), file.id().size);
+    // An object in a store is fetched once, here, and sbcast reads that copy (its
+    // descriptor is held until sbcast is done).
+    let fetched = match sent {
+        Sent::Object(url) => Some(crate::remote::fetch_for_broadcast(url, stage_dir)?),
+        Sent::File(_) => None,
+    };
+    let (file, size) = match (sent, &fetched) {
+        (_, Some((_, size, copy))) => (copy, *size),
+        (Sent::File(file), None) => (file.file(), file.id().size),
+        (Sent::Object(_), None) => unreachable!("an object is fetched above"),
+    };
+    let shown = sent.shown();
     let (dir, inbox) = plan.open_inbox()?;
     // Measured before: sbcast's message for a full disk is "Unspecified error".
     let free_before = dir.free_space().ok().map(|(free, _)| free);
     let started = Instant::now();
     // sbcast reads the very file opened above, through the descriptor it inherits.
-    let line = match sbcast(Source::Open(file.file()), &plan.data) {
+    let line = match sbcast(Source::Open(file), &plan.data) {
         Ok(()) => {
             let secs = started.elapsed().as_secs_f64().max(1e-9);
             crate::report::report_done(&format!(
                 "broadcast {} to {nodes} node(s) with sbcast: {} in {secs:.2} s ({:.0} MB/s)",
-                archive.shown(),
+                shown,
                 human(size),
                 size as f64 / 1e6 / secs
             ));
@@ -181,7 +197,7 @@ fn send(file: &places::OutsideFile, plan: &Plan, nodes: u32) -> Result<(), Stage
                     human(free)
                 )
             });
-            format!("failed broadcasting {} with sbcast failed: {message}{room}\n", archive.shown())
+            format!("failed broadcasting {shown} with sbcast failed: {message}{room}\n")
         }
     };
     places::write_atomically(&plan.status, line.as_bytes(), 0o600)
@@ -193,6 +209,32 @@ fn send(file: &places::OutsideFile, plan: &Plan, nodes: u32) -> Result<(), Stage
     }
     crate::cancel::check()?;
     Ok(())
+}
+
+/// The archive a broadcast sends.
+enum Sent {
+    /// An object in a store (`s3://`, `https://`), by its URL.
+    Object(PathBuf),
+    /// A local archive, opened.
+    File(places::OutsideFile),
+}
+
+impl Sent {
+    /// What names it (the broadcast's name is made from this).
+    fn name(&self) -> &Path {
+        match self {
+            Sent::Object(url) => url,
+            Sent::File(file) => file.resolved(),
+        }
+    }
+
+    /// It, in messages (a URL without its query).
+    fn shown(&self) -> String {
+        match self {
+            Sent::Object(url) => crate::remote::parse(url).map(|u| u.shown()).unwrap_or_default(),
+            Sent::File(file) => file.resolved().shown().to_string(),
+        }
+    }
 }
 
 /// What sbcast sends: a file of ours by path, or an open file from outside (passed as

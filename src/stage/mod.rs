@@ -19,7 +19,7 @@ mod copy;
 mod decompress;
 pub mod disk;
 mod error;
-mod ram;
+pub(crate) mod ram;
 
 use stagefs_archive::escape::Shown;
 use std::fs::File;
@@ -29,8 +29,8 @@ use std::path::Path;
 use crate::places::OutsideFile;
 use crate::report::human;
 pub use budget::headroom;
-use budget::{is_network_filesystem, RamBudget};
-use decompress::decompress;
+pub(crate) use budget::{is_network_filesystem, RamBudget};
+pub(crate) use decompress::decompress;
 pub use decompress::Compression;
 pub use error::StageError;
 use stagefs_archive::seekable::Codec;
@@ -301,7 +301,7 @@ fn stage_to_disk(path: &Path, file: &File, size: u64, dir: &crate::places::Check
 /// total size), and `ram`/`copy` are refused at once when the set does not fit.
 pub fn mode_for_set(
     label: &Path,
-    first: &OutsideFile,
+    remote: bool,
     total: u64,
     mode: StageMode,
     max_ram: Option<u64>,
@@ -312,7 +312,6 @@ pub fn mode_for_set(
         StageMode::Disk => Err(StageError::DiskSet(label.to_owned())),
         StageMode::Ram | StageMode::Copy => budget.check(label, total).map(|()| mode),
         StageMode::Auto => {
-            let remote = is_network_filesystem(first.file());
             if remote && total > budget.bytes {
                 tracing::warn!(
                     "{} is on a network filesystem but does not fit the RAM budget; serving it in place",

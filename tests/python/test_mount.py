@@ -160,3 +160,42 @@ def test_a_second_caller_shares_the_mount_and_only_the_owner_unmounts(fixture_ta
         busy.kill()
         busy.wait()
     assert not os.path.ismount(mp)
+
+
+def test_an_object_url_mounts_as_the_archive_would(tree, fixture_tar, tmp_path):
+    # nginx on 127.0.0.1 (its own configuration, a free port) serves the archive; the URL
+    # stays text (a Path would fold its "//"), and the mount shows it without its query.
+    import shutil
+    import socket
+    import time
+
+    www = tmp_path / "www"
+    www.mkdir()
+    shutil.copy(fixture_tar, www / "data.tar")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    conf = tmp_path / "nginx.conf"
+    conf.write_text(
+        f"daemon off; master_process off; pid {tmp_path}/nginx.pid; error_log {tmp_path}/error.log;\n"
+        "events { worker_connections 64; }\n"
+        f"http {{ access_log off; client_body_temp_path {tmp_path}; proxy_temp_path {tmp_path};\n"
+        f"  fastcgi_temp_path {tmp_path}; uwsgi_temp_path {tmp_path}; scgi_temp_path {tmp_path};\n"
+        f"  server {{ listen 127.0.0.1:{port}; root {www}; }} }}\n"
+    )
+    nginx = shutil.which("nginx") or "/usr/sbin/nginx"
+    server = subprocess.Popen([nginx, "-c", str(conf), "-e", str(tmp_path / "error.log")])
+    try:
+        deadline = time.monotonic() + 20
+        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+            assert time.monotonic() < deadline, "nginx did not start"
+            time.sleep(0.05)
+        url = f"http://127.0.0.1:{port}/data.tar?token=not-shown"
+        for stage in (None, "none"):
+            with stagefs.mount(url, tmp_path / "mnt", stage=stage) as root:
+                assert read_tree(root) == read_tree(tree)
+                status = subprocess.run([stagefs.executable(), "status"], capture_output=True, text=True).stdout
+                assert f"http://127.0.0.1:{port}/data.tar" in status and "not-shown" not in status
+    finally:
+        server.kill()
+        server.wait()

@@ -74,6 +74,20 @@ pub struct Source {
     map: memmap2::Mmap,
     in_place: Option<InPlace>,
     decoded: Option<seekable::Seekable>,
+    ranged: Option<Box<dyn Ranged>>,
+}
+
+/// Bytes read by offset from elsewhere (an object in a store read in place, see
+/// `remote`): [`Source::read_at`] delegates to it; the map then holds only what indexing
+/// reads (a zip's directory, SquashFS tables), and a tar is scanned from [`Ranged::stream`].
+pub trait Ranged: Send + Sync + std::fmt::Debug {
+    /// The size of the bytes.
+    fn size(&self) -> u64;
+    /// `len` bytes at `offset` (fewer only at the end), or why not.
+    fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>, String>;
+    /// All bytes in order, for a scan that has no map (a tar); `None` when the map holds
+    /// what indexing reads.
+    fn stream(&self) -> Option<Box<dyn std::io::Read + '_>>;
 }
 
 /// The archive file as it was when mounted.
@@ -138,13 +152,23 @@ impl InPlace {
 impl Source {
     /// Bytes only this process holds (a staged memfd, or memory in tests).
     pub fn private(map: memmap2::Mmap) -> Source {
-        Source { map, in_place: None, decoded: None }
+        Source { map, in_place: None, decoded: None, ranged: None }
     }
 
     /// The decoded bytes of a compressed file, served by its restart points.
     pub fn decoded(seekable: seekable::Seekable) -> std::io::Result<Source> {
         let map = memmap2::MmapOptions::new().len(1).map_anon()?.make_read_only()?;
-        Ok(Source { map, in_place: None, decoded: Some(seekable) })
+        Ok(Source { map, in_place: None, decoded: Some(seekable), ranged: None })
+    }
+
+    /// Bytes read through `ranged`; `map` holds what indexing reads of them.
+    pub fn ranged(map: memmap2::Mmap, ranged: Box<dyn Ranged>) -> Source {
+        Source { map, in_place: None, decoded: None, ranged: Some(ranged) }
+    }
+
+    /// The bytes in order, for a source read by ranges whose map does not hold them.
+    pub fn stream(&self) -> Option<Box<dyn std::io::Read + '_>> {
+        self.ranged.as_ref().and_then(|r| r.stream())
     }
 
     /// The restart points and compressed bytes, when this is a compressed file's decoding.
@@ -154,9 +178,10 @@ impl Source {
 
     /// Bytes served: the decoded size of a compressed file, else the file's size.
     pub fn len(&self) -> usize {
-        match &self.decoded {
-            Some(decoded) => decoded.decoded_len() as usize,
-            None => self.map.len(),
+        match (&self.decoded, &self.ranged) {
+            (Some(decoded), _) => decoded.decoded_len() as usize,
+            (None, Some(ranged)) => ranged.size() as usize,
+            (None, None) => self.map.len(),
         }
     }
 
@@ -169,7 +194,7 @@ impl Source {
         let mut map = memmap2::MmapMut::map_anon(bytes.len().max(1)).expect("anonymous map");
         map[..bytes.len()].copy_from_slice(bytes);
         let map = map.make_read_only().expect("read-only map");
-        Arc::new(Source { map, in_place: None, decoded: None })
+        Arc::new(Source { map, in_place: None, decoded: None, ranged: None })
     }
 
     /// `len` bytes at `offset`, or an error if they lie past the end or the archive
@@ -177,6 +202,14 @@ impl Source {
     pub fn read_at(&self, offset: u64, len: usize) -> Result<std::borrow::Cow<'_, [u8]>, ReadError> {
         if let Some(decoded) = &self.decoded {
             return decoded.read_at(offset, len).map(std::borrow::Cow::Owned);
+        }
+        if let Some(ranged) = &self.ranged {
+            let bytes =
+                ranged.read_at(offset, len).map_err(|what| ReadError { offset: ReadError::WHOLE_ARCHIVE, what })?;
+            if bytes.len() != len {
+                return Err(ReadError { offset, what: format!("{len} bytes run past the end of the archive") });
+            }
+            return Ok(std::borrow::Cow::Owned(bytes));
         }
         let past_end = || ReadError {
             offset,
@@ -299,7 +332,7 @@ pub fn map_file(file: &std::fs::File) -> std::io::Result<Backing> {
     // The map serves the index scan, which is sequential for tar: let the kernel read ahead.
     let _ = map.advise(memmap2::Advice::Sequential);
     let in_place = InPlace { file: file.try_clone()?, id };
-    Ok(Arc::new(Source { map, in_place: Some(in_place), decoded: None }))
+    Ok(Arc::new(Source { map, in_place: Some(in_place), decoded: None, ranged: None }))
 }
 
 /// Damage found while opening or indexing an archive: fatal for the mount.
@@ -416,6 +449,11 @@ impl Archive {
 
     /// Indexes an archive whose bytes are already mapped.
     pub fn from_backing(path: &Path, backing: Backing) -> Result<Archive, OpenError> {
+        if let Some(mut stream) = backing.stream() {
+            // A tar read by ranges has no map: scanned as a stream (see `Ranged`).
+            let (index, reader) = tar::open_stream(path, backing.clone(), &mut *stream)?;
+            return Ok(Archive::new(index, Format::Tar, Arc::new(reader)));
+        }
         let head = &backing[..backing.len().min(512)];
         let tail = &backing[backing.len().saturating_sub(zip::TAIL_SEARCH)..];
         let archive = match Format::detect_with_tail(head, tail) {

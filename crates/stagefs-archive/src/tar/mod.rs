@@ -73,6 +73,20 @@ pub fn open(path: &Path, backing: Backing) -> Result<(Index, TarReader), OpenErr
     Ok((index, TarReader { backing, sparse_files, extents }))
 }
 
+/// Indexes the tar `backing` serves from `stream`, its bytes in order (an object in a
+/// store read in place: no map to scan).
+pub fn open_stream(
+    path: &Path,
+    backing: Backing,
+    stream: &mut dyn std::io::Read,
+) -> Result<(Index, TarReader), OpenError> {
+    let mut scan = Scan::streaming(path, stream);
+    scan.run()?;
+    let Scan { builder, sparse_files, extents, .. } = scan;
+    let index = builder.finish().map_err(|source| OpenError::Index { path: path.to_owned(), source })?;
+    Ok((index, TarReader { backing, sparse_files, extents }))
+}
+
 /// Indexes a compressed tar (`input` holds the compressed bytes) from its decoded stream,
 /// in one pass that also notes the restart points (see `archive::seekable`); the reader
 /// then serves each read by decoding the chunk it lies in.

@@ -1,0 +1,110 @@
+//! The AWS credential chain as users already have it set up, in aws-cli's order: environment, profile files, web identity, `credential_process`, the EC2 instance role; else anonymous.
+//!
+//! Written by hand (about 300 lines with `profile` and `services`) because the one crate
+//! that does it, `aws-config`, brings the AWS SDK's async runtime along (see doc/remote.md).
+//! Not supported: `role_arn` with `source_profile` (a signed STS AssumeRole), SSO
+//! profiles (`aws sso login` caches), ECS container credentials.
+
+mod profile;
+mod services;
+
+use std::sync::Mutex;
+use std::time::SystemTime;
+
+use crate::error::RemoteError;
+use crate::sigv4::Keys;
+use profile::env;
+pub use profile::Profile;
+
+/// Credentials with where they came from and when they expire.
+#[derive(Clone, Debug)]
+pub struct Temporary {
+    pub keys: Keys,
+    pub expires: Option<SystemTime>,
+    /// Words for messages ("the environment", "profile lab").
+    pub source: &'static str,
+}
+
+/// The chain, resolved at the first signed request and again before temporary
+/// credentials expire.
+pub struct Chain {
+    profile: Profile,
+    anonymous: bool,
+    cached: Mutex<Option<Option<Temporary>>>,
+}
+
+impl Chain {
+    /// `profile`: `--profile` (else `AWS_PROFILE`, else `default`); `anonymous`:
+    /// `--no-sign-request`, never sign.
+    pub fn new(profile: Option<&str>, anonymous: bool) -> Chain {
+        Chain { profile: profile::load(profile), anonymous, cached: Mutex::new(None) }
+    }
+
+    /// `AWS_REGION`, `AWS_DEFAULT_REGION`, the profile's `region`, else `us-east-1`.
+    pub fn region(&self) -> String {
+        env("AWS_REGION")
+            .or_else(|| env("AWS_DEFAULT_REGION"))
+            .or_else(|| self.profile.get("region").map(str::to_string))
+            .unwrap_or_else(|| "us-east-1".into())
+    }
+
+    /// A custom S3 endpoint: `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`, the profile's `endpoint_url`.
+    pub fn endpoint(&self) -> Option<String> {
+        env("AWS_ENDPOINT_URL_S3")
+            .or_else(|| env("AWS_ENDPOINT_URL"))
+            .or_else(|| self.profile.get("endpoint_url").map(str::to_string))
+    }
+
+    /// The keys to sign with, `None` to send unsigned requests (`--no-sign-request`, or
+    /// no credentials anywhere: a public bucket still works).
+    pub fn keys(&self, agent: &ureq::Agent) -> Result<Option<Temporary>, RemoteError> {
+        if self.anonymous {
+            return Ok(None);
+        }
+        let mut cached = self.cached.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(found) = cached.as_ref() {
+            if !services::stale(found.as_ref().and_then(|t| t.expires)) {
+                return Ok(found.clone());
+            }
+        }
+        let found = self.resolve(agent).map_err(RemoteError::Denied)?;
+        *cached = Some(found.clone());
+        Ok(found)
+    }
+
+    /// Forgets cached credentials (after the store said they expired).
+    pub fn forget(&self) {
+        *self.cached.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    fn resolve(&self, agent: &ureq::Agent) -> Result<Option<Temporary>, String> {
+        if let (Some(access_key), Some(secret_key)) = (env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY")) {
+            let keys = Keys { access_key, secret_key, session_token: env("AWS_SESSION_TOKEN") };
+            return Ok(Some(Temporary { keys, expires: None, source: "the environment (AWS_ACCESS_KEY_ID)" }));
+        }
+        let p = &self.profile;
+        if let (Some(access_key), Some(secret_key)) = (p.get("aws_access_key_id"), p.get("aws_secret_access_key")) {
+            let keys = Keys {
+                access_key: access_key.into(),
+                secret_key: secret_key.into(),
+                session_token: p.get("aws_session_token").map(str::to_string),
+            };
+            return Ok(Some(Temporary { keys, expires: None, source: "the profile files (~/.aws)" }));
+        }
+        let token_file =
+            env("AWS_WEB_IDENTITY_TOKEN_FILE").or_else(|| p.get("web_identity_token_file").map(Into::into));
+        let role_arn = env("AWS_ROLE_ARN").or_else(|| p.get("role_arn").map(Into::into));
+        if let (Some(token_file), Some(role_arn)) = (token_file, role_arn) {
+            return services::web_identity(agent, &token_file, &role_arn, &self.region()).map(Some);
+        }
+        if let Some(command) = p.get("credential_process") {
+            return services::credential_process(command).map(Some);
+        }
+        services::imds(agent)
+    }
+
+    /// The profile in use, for messages.
+    pub fn profile_name(&self) -> &str {
+        &self.profile.name
+    }
+}

@@ -1,0 +1,138 @@
+//! Temporary credentials from services: EC2 instance metadata (IMDSv2) and STS web identity (Kubernetes/IRSA, GitHub OIDC, Slurm-issued tokens).
+
+use std::time::{Duration, SystemTime};
+
+use super::profile::env;
+use super::Temporary;
+use crate::sigv4::Keys;
+
+/// IMDSv2: a session token by PUT, then the instance role's credentials. Off EC2 the
+/// address does not answer: the short connect timeout keeps that to one second.
+/// `AWS_EC2_METADATA_SERVICE_ENDPOINT` moves it (tests), `AWS_EC2_METADATA_DISABLED=true` skips it.
+pub fn imds(agent: &ureq::Agent) -> Result<Option<Temporary>, String> {
+    if env("AWS_EC2_METADATA_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
+        return Ok(None);
+    }
+    let base = env("AWS_EC2_METADATA_SERVICE_ENDPOINT").unwrap_or_else(|| "http://169.254.169.254".into());
+    let base = base.trim_end_matches('/');
+    let quick = |r: ureq::RequestBuilder<ureq::typestate::WithBody>| {
+        r.config().timeout_connect(Some(Duration::from_secs(1))).timeout_global(Some(Duration::from_secs(5))).build()
+    };
+    let token = match quick(agent.put(format!("{base}/latest/api/token")))
+        .header("x-aws-ec2-metadata-token-ttl-seconds", "21600")
+        .send_empty()
+    {
+        Ok(r) if r.status() == 200 => read_text(r)?,
+        // Nothing there: not an EC2 instance (or metadata turned off).
+        Ok(_) | Err(_) => return Ok(None),
+    };
+    let get = |path: &str| -> Result<String, String> {
+        let r = agent
+            .get(format!("{base}/latest/meta-data/iam/security-credentials/{path}"))
+            .config()
+            .timeout_global(Some(Duration::from_secs(5)))
+            .build()
+            .header("x-aws-ec2-metadata-token", token.trim())
+            .call()
+            .map_err(|e| format!("instance metadata: {e}"))?;
+        match r.status().as_u16() {
+            200 => read_text(r),
+            404 => Ok(String::new()),
+            code => Err(format!("instance metadata answered HTTP {code}")),
+        }
+    };
+    let role = get("")?;
+    let Some(role) = role.lines().next().map(str::trim).filter(|r| !r.is_empty()) else {
+        return Ok(None); // An instance without a role.
+    };
+    let body = get(role)?;
+    let json: serde_json::Value =
+        serde_json::from_str(&body).map_err(|e| format!("instance metadata credentials are not JSON: {e}"))?;
+    let field = |k: &str| json.get(k).and_then(|v| v.as_str()).map(str::to_string);
+    let (Some(access_key), Some(secret_key)) = (field("AccessKeyId"), field("SecretAccessKey")) else {
+        return Err("instance metadata credentials lack AccessKeyId or SecretAccessKey".into());
+    };
+    let keys = Keys { access_key, secret_key, session_token: field("Token") };
+    let expires = field("Expiration").and_then(|e| crate::time::parse_iso8601(&e));
+    Ok(Some(Temporary { keys, expires, source: "the EC2 instance role (IMDSv2)" }))
+}
+
+/// `AssumeRoleWithWebIdentity`: the token in `token_file` exchanged at STS for the
+/// role's credentials (an unsigned request: the token is the proof).
+pub fn web_identity(agent: &ureq::Agent, token_file: &str, role_arn: &str, region: &str) -> Result<Temporary, String> {
+    let token = std::fs::read_to_string(token_file)
+        .map_err(|e| format!("cannot read the web identity token file {token_file}: {e}"))?;
+    let session = env("AWS_ROLE_SESSION_NAME").unwrap_or_else(|| format!("stagefs-{}", std::process::id()));
+    let endpoint = env("AWS_ENDPOINT_URL_STS")
+        .or_else(|| env("AWS_ENDPOINT_URL"))
+        .unwrap_or_else(|| format!("https://sts.{region}.amazonaws.com"));
+    let form = [
+        ("Action", "AssumeRoleWithWebIdentity"),
+        ("Version", "2011-06-15"),
+        ("RoleArn", role_arn),
+        ("RoleSessionName", session.as_str()),
+        ("WebIdentityToken", token.trim()),
+    ];
+    let body = crate::sigv4::canonical_query(&form);
+    let response = agent
+        .post(endpoint.trim_end_matches('/').to_string() + "/")
+        .config()
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .header("content-type", "application/x-www-form-urlencoded")
+        .send(body.as_bytes())
+        .map_err(|e| format!("STS (web identity): {e}"))?;
+    let status = response.status().as_u16();
+    let text = read_text(response)?;
+    if status != 200 {
+        let code = crate::xml::first(&text, "Code").unwrap_or_default();
+        let message = crate::xml::first(&text, "Message").unwrap_or_default();
+        return Err(format!(
+            "STS refused the web identity token for role {} (HTTP {status} {}: {})",
+            crate::url::display_text(role_arn),
+            crate::url::display_text(&code),
+            crate::url::display_text(&message)
+        ));
+    }
+    let field = |k: &str| crate::xml::first(&text, k);
+    let (Some(access_key), Some(secret_key)) = (field("AccessKeyId"), field("SecretAccessKey")) else {
+        return Err("STS answered without AccessKeyId or SecretAccessKey".into());
+    };
+    let keys = Keys { access_key, secret_key, session_token: field("SessionToken") };
+    let expires = field("Expiration").and_then(|e| crate::time::parse_iso8601(&e));
+    Ok(Temporary { keys, expires, source: "web identity (AWS_WEB_IDENTITY_TOKEN_FILE)" })
+}
+
+/// `credential_process` of a profile: a command that prints the credentials as JSON
+/// (`{"Version": 1, "AccessKeyId": ..., "SecretAccessKey": ..., "SessionToken": ..., "Expiration": ...}`).
+pub fn credential_process(command: &str) -> Result<Temporary, String> {
+    let output = std::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(command)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run the profile's credential_process: {e}"))?;
+    if !output.status.success() {
+        return Err(format!("the profile's credential_process exited with {}", output.status));
+    }
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .map_err(|e| format!("the profile's credential_process printed no JSON: {e}"))?;
+    let field = |k: &str| json.get(k).and_then(|v| v.as_str()).map(str::to_string);
+    let (Some(access_key), Some(secret_key)) = (field("AccessKeyId"), field("SecretAccessKey")) else {
+        return Err("the profile's credential_process printed no AccessKeyId or SecretAccessKey".into());
+    };
+    let keys = Keys { access_key, secret_key, session_token: field("SessionToken") };
+    let expires = field("Expiration").and_then(|e| crate::time::parse_iso8601(&e));
+    Ok(Temporary { keys, expires, source: "the profile's credential_process" })
+}
+
+/// A body read as text, at most 1 MiB (credential answers are a few hundred bytes).
+fn read_text(response: ureq::http::Response<ureq::Body>) -> Result<String, String> {
+    let mut body = response.into_body();
+    body.with_config().limit(1 << 20).read_to_string().map_err(|e| format!("cannot read the answer: {e}"))
+}
+
+/// When temporary credentials should be fetched again: 5 minutes before they expire.
+pub fn stale(expires: Option<SystemTime>) -> bool {
+    expires.is_some_and(|at| SystemTime::now() + Duration::from_secs(300) >= at)
+}

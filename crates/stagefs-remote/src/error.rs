@@ -1,0 +1,46 @@
+//! What can go wrong with an object, each error naming the object (never a credential) and saying what to do.
+
+/// A failed request or fetch. Messages carry [`crate::ObjectUrl::display`] forms only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RemoteError {
+    /// The URL or an option does not make sense (a usage error).
+    BadUrl(String),
+    /// 404: no such object, or no such bucket.
+    NotFound(String),
+    /// 401/403, a bad signature, an unknown access key, or no credentials where needed.
+    Denied(String),
+    /// The object was replaced while it was read: its bytes would mix two versions.
+    Changed(String),
+    /// The server does not do what is needed (no Range support, no size).
+    Unsupported(String),
+    /// Timeouts, refused or reset connections and 5xx, still failing after every retry.
+    Unavailable(String),
+    /// Writing the fetched bytes (memfd or local disk) failed: `errno` tells ENOSPC apart.
+    Write { what: String, errno: Option<i32> },
+    /// The caller's cancellation check said stop (Ctrl-C).
+    Cancelled,
+}
+
+impl RemoteError {
+    /// Whether another try may succeed (connection trouble, 5xx, 429, timeouts).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, RemoteError::Unavailable(_))
+    }
+}
+
+impl std::fmt::Display for RemoteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RemoteError::BadUrl(m)
+            | RemoteError::NotFound(m)
+            | RemoteError::Denied(m)
+            | RemoteError::Changed(m)
+            | RemoteError::Unsupported(m)
+            | RemoteError::Unavailable(m) => f.write_str(m),
+            RemoteError::Write { what, .. } => f.write_str(what),
+            RemoteError::Cancelled => f.write_str("cancelled"),
+        }
+    }
+}
+
+impl std::error::Error for RemoteError {}

@@ -1,0 +1,148 @@
+//! HTTP(S) credentials and trust as curl users have them: `~/.netrc` (or `$NETRC`) entries, and CA certificates from `SSL_CERT_FILE`/`AWS_CA_BUNDLE` or the system bundle.
+
+use std::sync::Arc;
+
+/// One `machine` (or `default`) entry.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// `None` for `default`.
+    pub machine: Option<String>,
+    pub login: String,
+    pub password: String,
+}
+
+/// The entries of `$NETRC` or `~/.netrc`; none if it is missing, or readable by others
+/// (as curl and ftp refuse a password file others can read, with a warning).
+pub fn load() -> Vec<Entry> {
+    let path = std::env::var_os("NETRC")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".netrc")));
+    let Some(path) = path else { return Vec::new() };
+    let Ok(meta) = std::fs::metadata(&path) else { return Vec::new() };
+    if std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o077 != 0 {
+        tracing::warn!("ignoring {}: other users can read it (chmod 600 it)", path.display());
+        return Vec::new();
+    }
+    std::fs::read_to_string(&path).map(|t| parse(&t)).unwrap_or_default()
+}
+
+/// The tokens `machine M login L password P` and `default login L password P`.
+pub fn parse(text: &str) -> Vec<Entry> {
+    let mut entries = Vec::new();
+    let mut words = text.split_whitespace();
+    let mut current: Option<Entry> = None;
+    while let Some(word) = words.next() {
+        match word {
+            "machine" | "default" => {
+                entries.extend(current.take());
+                let machine = if word == "machine" { words.next().map(str::to_string) } else { None };
+                current = Some(Entry { machine, login: String::new(), password: String::new() });
+            }
+            "login" => {
+                if let (Some(e), Some(v)) = (current.as_mut(), words.next()) {
+                    e.login = v.to_string();
+                }
+            }
+            "password" => {
+                if let (Some(e), Some(v)) = (current.as_mut(), words.next()) {
+                    e.password = v.to_string();
+                }
+            }
+            "macdef" => break, // Macros run to a blank line; nothing after them is needed here.
+            _ => {}
+        }
+    }
+    entries.extend(current);
+    entries
+}
+
+/// The entry for `host`, else the `default` one.
+pub fn find<'a>(entries: &'a [Entry], host: &str) -> Option<&'a Entry> {
+    entries
+        .iter()
+        .find(|e| e.machine.as_deref().is_some_and(|m| m.eq_ignore_ascii_case(host)))
+        .or_else(|| entries.iter().find(|e| e.machine.is_none()))
+}
+
+/// Standard base64 with padding (HTTP basic authentication).
+pub fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = (u32::from(chunk[0]) << 16)
+            | (u32::from(*chunk.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*chunk.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// `%XX` decoded (a URL's `user:password@`).
+pub fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Trusted CA certificates: `AWS_CA_BUNDLE` or `SSL_CERT_FILE` if set, else the system
+/// bundle (where clusters add their own CAs), else the Mozilla roots built in.
+pub fn tls_config() -> ureq::tls::TlsConfig {
+    let named = ["AWS_CA_BUNDLE", "SSL_CERT_FILE"].iter().find_map(|k| std::env::var_os(k).filter(|v| !v.is_empty()));
+    let system = [
+        "/etc/ssl/certs/ca-certificates.crt", // Debian, Ubuntu
+        "/etc/pki/tls/certs/ca-bundle.crt",   // RHEL, Rocky, Alma
+        "/etc/ssl/ca-bundle.pem",             // SUSE
+    ];
+    let candidates: Vec<std::path::PathBuf> = match named {
+        Some(path) => vec![path.into()],
+        None => system.iter().map(std::path::PathBuf::from).collect(),
+    };
+    for path in candidates {
+        let Ok(pem) = std::fs::read(&path) else { continue };
+        let certs: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(&pem)
+            .filter_map(|item| match item {
+                Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+                _ => None,
+            })
+            .collect();
+        if !certs.is_empty() {
+            return ureq::tls::TlsConfig::builder().root_certs(ureq::tls::RootCerts::Specific(Arc::new(certs))).build();
+        }
+    }
+    ureq::tls::TlsConfig::builder().root_certs(ureq::tls::RootCerts::WebPki).build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn netrc_entries_and_base64() {
+        let entries = parse("machine data.example.org login alice password s3cret\ndefault login anon password x\n");
+        assert_eq!(find(&entries, "DATA.example.org").map(|e| e.password.as_str()), Some("s3cret"));
+        assert_eq!(find(&entries, "other").map(|e| e.login.as_str()), Some("anon"));
+        assert_eq!(base64(b"Aladdin:open sesame"), "QWxhZGRpbjpvcGVuIHNlc2FtZQ==");
+        assert_eq!(base64(b"ab"), "YWI=");
+        assert_eq!(percent_decode("al%40ce:p%3Ass"), "al@ce:p:ss");
+    }
+}

@@ -1,0 +1,115 @@
+//! Reads in place (`--stage none`): `read_at` served from a bounded cache of blocks, forward sequential reads coalesced into larger requests.
+
+use std::sync::{Arc, Mutex};
+
+use crate::client::{Client, Object};
+use crate::error::RemoteError;
+use crate::fetch::read_range;
+
+/// Cache blocks: the unit of requests and of the cache.
+const BLOCK: u64 = 1 << 20;
+/// Tries of one read before it fails (EIO in a mount): a gone server must not stall a
+/// reader for long; the next read tries again.
+const READ_TRIES: u32 = 3;
+
+#[derive(Clone)]
+struct ByWeight;
+
+impl quick_cache::Weighter<u64, Arc<[u8]>> for ByWeight {
+    fn weight(&self, _block: &u64, bytes: &Arc<[u8]>) -> u64 {
+        bytes.len() as u64 + 64
+    }
+}
+
+/// An object read by ranges, pinned to one version. Memory: at most `budget` bytes of
+/// cached blocks, plus the requests in flight (each at most a window, and no more windows
+/// than the client's concurrency: the window is sized so that they too fit the budget).
+pub struct RangeReader {
+    client: Client,
+    object: Object,
+    cache: quick_cache::sync::Cache<u64, Arc<[u8]>, ByWeight>,
+    /// The largest request of a sequential run.
+    max_window: u64,
+    /// Where the last read ended, and the window the next one continuing it fetches.
+    run: Mutex<(u64, u64)>,
+}
+
+impl RangeReader {
+    /// `budget`: bytes of memory for the cache and the requests in flight (at least 8 MiB).
+    pub fn new(client: Client, object: Object, budget: u64) -> RangeReader {
+        let budget = budget.max(8 << 20);
+        let in_flight = client.config().concurrency.max(1) as u64;
+        let max_window = (budget / 2 / in_flight).clamp(BLOCK, 16 << 20) / BLOCK * BLOCK;
+        let blocks = (budget / 2 / BLOCK).max(2) as usize;
+        let cache = quick_cache::sync::Cache::with_weighter(blocks, budget / 2, ByWeight);
+        RangeReader { client, object, cache, max_window, run: Mutex::new((u64::MAX, BLOCK)) }
+    }
+
+    pub fn object(&self) -> &Object {
+        &self.object
+    }
+
+    pub fn len(&self) -> u64 {
+        self.object.version.size
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `len` bytes at `offset` (fewer at the end of the object).
+    pub fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>, RemoteError> {
+        let size = self.len();
+        let end = offset.saturating_add(len as u64).min(size);
+        if offset >= end {
+            return Ok(Vec::new());
+        }
+        let window = {
+            let mut run = self.run.lock().unwrap_or_else(|p| p.into_inner());
+            // A read that starts where the last one ended continues a sequential run:
+            // its window doubles; any other read starts over with one block.
+            run.1 = if offset == run.0 { (run.1 * 2).min(self.max_window) } else { BLOCK };
+            run.0 = end;
+            run.1
+        };
+        let mut out = Vec::with_capacity((end - offset) as usize);
+        let mut block = offset / BLOCK;
+        while block * BLOCK < end {
+            let blocks = match self.cache.get(&block) {
+                Some(bytes) => vec![bytes],
+                // Fetch from this block to the end of the read, or the window if larger;
+                // used from here (the cache may not keep them: other reads insert too).
+                None => {
+                    let last = (end.div_ceil(BLOCK)).max(block + window / BLOCK).min(size.div_ceil(BLOCK));
+                    self.fetch(block, last)?
+                }
+            };
+            for bytes in blocks {
+                if block * BLOCK >= end {
+                    break;
+                }
+                let from = offset.max(block * BLOCK) - block * BLOCK;
+                let to = (end - block * BLOCK).min(bytes.len() as u64);
+                out.extend_from_slice(&bytes[from as usize..to as usize]);
+                block += 1;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Blocks `first..last` in one request, put in the cache and returned.
+    fn fetch(&self, first: u64, last: u64) -> Result<Vec<Arc<[u8]>>, RemoteError> {
+        let (start, end) = (first * BLOCK, (last * BLOCK).min(self.len()));
+        let mut buf = vec![0u8; (end - start) as usize];
+        read_range(&self.client, &self.object, (start, end, READ_TRIES), &|| false, &mut |at, bytes| {
+            let from = (at - start) as usize;
+            buf[from..from + bytes.len()].copy_from_slice(bytes);
+            Ok(())
+        })?;
+        let blocks: Vec<Arc<[u8]>> = buf.chunks(BLOCK as usize).map(Arc::from).collect();
+        for (i, bytes) in blocks.iter().enumerate() {
+            self.cache.insert(first + i as u64, bytes.clone());
+        }
+        Ok(blocks)
+    }
+}

@@ -1,0 +1,113 @@
+//! Saved indexes of objects: the key of one version (size, ETag, Last-Modified, content samples), the sidecar `KEY.stagefs-index` beside the object, the user's cache, and `stagefs index URL --upload`.
+//!
+//! A sidecar is trusted as far as the object: whoever may write it beside the object may
+//! replace the object too, and it is used only when its key matches this version of the
+//! object (and its checksum and bounds check out, as for any saved index).
+
+use stagefs_archive::escape::Shown;
+use std::path::{Path, PathBuf};
+
+use stagefs_remote::{Client, Object};
+
+use super::RemoteFailure;
+use crate::error::Failure;
+use crate::open::{Indexing, OpenArchiveError, SavedIndexes};
+use crate::saved_index::{self, Key};
+use crate::stage::{Loaded, StageMode};
+use stagefs_archive::index::Index;
+use stagefs_archive::tar::TarReader;
+
+/// The key of `object`'s version, its samples read by `read` (from the staged copy, or
+/// by ranges).
+pub fn key_of(
+    object: &Object,
+    read: &mut dyn FnMut(u64, &mut [u8]) -> std::io::Result<()>,
+) -> Result<Key, OpenArchiveError> {
+    let v = &object.version;
+    let fingerprint = saved_index::fingerprint(v.size, read)
+        .map_err(|source| stagefs_archive::OpenError::Io { path: PathBuf::from(object.url.shown()), source })?;
+    let etag = stagefs_archive::hash::hash(v.etag.as_deref().unwrap_or("").as_bytes());
+    Ok(Key::of_object(v.size, v.modified_unix().unwrap_or(0), etag, fingerprint))
+}
+
+/// The saved index beside the object (fetched), else the kept one (`--index-dir`, cache).
+pub struct RemoteIndexes<'a> {
+    pub client: &'a Client,
+    pub object: &'a Object,
+    pub key: Key,
+    /// The object's name in messages and in the cache (its URL without a query).
+    pub shown: &'a Path,
+}
+
+impl RemoteIndexes<'_> {
+    fn sidecar(&self, flavor: &saved_index::Flavor) -> stagefs_remote::ObjectUrl {
+        self.object.url.with_suffix(&format!("{}{}", saved_index::INDEX_SUFFIX, flavor.suffix()))
+    }
+}
+
+impl SavedIndexes for RemoteIndexes<'_> {
+    fn load(&self, loaded: &Loaded, flavor: &saved_index::Flavor) -> Option<(Index, TarReader)> {
+        let sidecar = self.sidecar(flavor);
+        // No larger than an index of this object can be, nor than 1 GiB (a tar of tens of
+        // millions of members): the server says how long the body is, not this process.
+        let cap = saved_index::size_cap(self.object.version.size).min(1 << 30);
+        match self.client.get_small(&sidecar, cap) {
+            Ok(Some(bytes)) => match saved_index::decode_bytes(&bytes, &self.key, &loaded.backing, loaded.codec) {
+                Ok(opened) => {
+                    tracing::info!("using the saved index {}", sidecar.shown());
+                    return Some(opened);
+                }
+                Err(why) => tracing::warn!("ignoring the saved index {}: {why}", sidecar.shown()),
+            },
+            Ok(None) => tracing::debug!("no saved index at {}", sidecar.shown()),
+            Err(e) => tracing::info!("cannot read the saved index {}: {e}", sidecar.shown()),
+        }
+        saved_index::load_kept(self.shown, &self.key, &loaded.backing, loaded.codec, flavor)
+    }
+
+    fn save(&self, index: &Index, reader: &TarReader, flavor: &saved_index::Flavor) -> std::io::Result<PathBuf> {
+        saved_index::save_kept(self.shown, &self.key, index, reader, flavor)
+    }
+}
+
+/// `stagefs index URL`: indexes the object (staged as a mount would, `auto`), saves the
+/// index to the cache and, with `upload`, beside the object (`KEY.stagefs-index`), where
+/// every node's mount finds it.
+pub fn index_command(spec: &Path, indexing: &Indexing, upload: bool) -> Result<(), Failure> {
+    let set = super::resolve(spec, &[], false)?;
+    let started = std::time::Instant::now();
+    for shard in &set.shards {
+        let url = super::parse(shard)?;
+        let client = super::client()?;
+        let indexing = Indexing { force_save: true, ..indexing.clone() };
+        let opened = super::open(shard, StageMode::Auto, (None, None), None, &indexing, set.shards.len())?;
+        let Some(reader) = opened.archive.saved() else {
+            println!("{}: a {:?} archive carries its own index; nothing to save", url.shown(), opened.archive.format);
+            continue;
+        };
+        let mut saved = opened.saved_index.as_ref().map(|p| p.shown().to_string()).into_iter().collect::<Vec<_>>();
+        if upload {
+            let object = client.stat(&url).map_err(RemoteFailure)?;
+            let key = key_of(&object, &mut |offset, buf| {
+                let got =
+                    client.get_range(&object, offset, buf.len()).map_err(|e| std::io::Error::other(e.to_string()))?;
+                buf.copy_from_slice(&got);
+                Ok(())
+            })?;
+            let flavor = saved_index::Flavor { recursive: indexing.recursive, ..Default::default() };
+            let sidecar = url.with_suffix(&format!("{}{}", saved_index::INDEX_SUFFIX, flavor.suffix()));
+            client
+                .put(&sidecar, &saved_index::encode_bytes(&key, &opened.archive.index, reader))
+                .map_err(RemoteFailure)?;
+            saved.push(sidecar.shown());
+        }
+        println!(
+            "indexed {} in {:.2} s: {} entries; saved to {}",
+            url.shown(),
+            started.elapsed().as_secs_f64(),
+            opened.archive.index.dirents.len(),
+            saved.join(" and ")
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,302 @@
+//! Archives in object storage (`s3://bucket/key.tar`, `https://host/x.tar`): the command-line options, the one client of the process, and naming objects and shard sets (the client itself is `crates/stagefs-remote`).
+//!
+//! An object is fetched once per node straight into the private staged copy (a memfd, or
+//! a nameless file on the local disk) with many range requests, then served like any
+//! staged archive; with `--stage none` it is read in place by ranges. See doc/remote.md.
+
+mod in_place;
+mod index;
+mod open;
+
+use crate::places::Trust;
+use stagefs_archive::escape::Shown;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+pub use index::index_command;
+pub use open::{fetch_for_broadcast, open};
+pub use stagefs_remote::ObjectUrl;
+use stagefs_remote::{Client, Config, RemoteError};
+
+use crate::error::{code, Failure};
+
+/// How to reach objects in a store or on an HTTP(S) server.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Archives in object storage (s3://BUCKET/KEY, https://HOST/PATH)")]
+pub struct RemoteOptions {
+    /// Range requests in flight while fetching an object, 1 to 256
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub remote_concurrency: u16,
+    /// Give up on a server silent this long (connecting, answering, each read; then retried), e.g. 30s
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::duration::parse_duration)]
+    pub remote_timeout: Duration,
+    /// Tries per request (connection resets, timeouts, 5xx and 429 are retried with backoff)
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub remote_tries: u32,
+    /// An S3-compatible store (MinIO, Ceph, ...): its URL, addressed path-style.
+    /// Default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or the profile's endpoint_url, else AWS
+    #[arg(long, value_name = "URL")]
+    pub endpoint_url: Option<String>,
+    /// Send S3 requests unsigned (public buckets), like aws-cli's --no-sign-request
+    #[arg(long)]
+    pub no_sign_request: bool,
+    /// The AWS profile of ~/.aws/config and ~/.aws/credentials (default: AWS_PROFILE, else default)
+    #[arg(long, value_name = "NAME")]
+    pub profile: Option<String>,
+    /// A file holding a bearer token for https:// URLs (sent as Authorization: Bearer);
+    /// a token is never taken on the command line, where other users see it
+    #[arg(long, value_name = "FILE")]
+    pub bearer_token_file: Option<PathBuf>,
+    /// Allow plain http:// (unencrypted, unauthenticated bytes) to hosts other than this machine
+    #[arg(long)]
+    pub allow_http: bool,
+}
+
+impl Default for RemoteOptions {
+    fn default() -> RemoteOptions {
+        RemoteOptions {
+            remote_concurrency: 16,
+            remote_timeout: Duration::from_secs(30),
+            remote_tries: 8,
+            endpoint_url: None,
+            no_sign_request: false,
+            profile: None,
+            bearer_token_file: None,
+            allow_http: false,
+        }
+    }
+}
+
+/// The client of this process, made once from the options of the command that runs.
+static CLIENT: OnceLock<Client> = OnceLock::new();
+
+/// Makes the process's client from `options` (the first call wins).
+pub fn configure(options: &RemoteOptions) -> Result<(), Failure> {
+    if CLIENT.get().is_some() {
+        return Ok(());
+    }
+    let bearer_token = match &options.bearer_token_file {
+        Some(file) => Some(read_token(file)?),
+        None => None,
+    };
+    let config = Config {
+        concurrency: options.remote_concurrency.into(),
+        timeout: options.remote_timeout.max(Duration::from_millis(100)),
+        tries: options.remote_tries,
+        endpoint_url: options.endpoint_url.clone(),
+        no_sign_request: options.no_sign_request,
+        profile: options.profile.clone(),
+        bearer_token,
+        allow_http: options.allow_http,
+        ..Config::default()
+    };
+    let client = Client::new(config).map_err(|e| Failure::from(RemoteFailure(e)))?;
+    let _ = CLIENT.set(client);
+    Ok(())
+}
+
+/// The process's client (made with default options if no command configured it).
+pub fn client() -> Result<&'static Client, RemoteFailure> {
+    if let Some(client) = CLIENT.get() {
+        return Ok(client);
+    }
+    let client = Client::new(Config::default())?;
+    Ok(CLIENT.get_or_init(|| client))
+}
+
+/// A token file, checked as ssh checks keys: a token others can read is no secret.
+fn read_token(file: &Path) -> Result<String, Failure> {
+    use std::os::unix::fs::MetadataExt;
+    let usage = |why: String| Failure::new(code::USAGE, format!("--bearer-token-file {}: {why}", file.shown()));
+    let opened = crate::places::open_outside(file, Trust::Named, None).map_err(|e| usage(e.to_string()))?;
+    let meta = opened.file().metadata().map_err(|e| usage(e.to_string()))?;
+    if meta.mode() & 0o077 != 0 {
+        return Err(usage(format!("other users can read it (mode {:04o}); chmod 600 it first", meta.mode() & 0o7777)));
+    }
+    let bytes = crate::places::read_all(opened.file(), 1 << 20).map_err(usage)?;
+    let text = String::from_utf8(bytes).map_err(|_| usage("it is not text".into()))?;
+    let token = text.trim();
+    if token.is_empty() || token.contains(['\n', '\r']) {
+        return Err(usage("it must hold one token on one line".into()));
+    }
+    Ok(token.to_string())
+}
+
+/// A failure of the object store or server, with the exit code it gives.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct RemoteFailure(pub RemoteError);
+
+impl From<RemoteError> for RemoteFailure {
+    fn from(e: RemoteError) -> RemoteFailure {
+        RemoteFailure(e)
+    }
+}
+
+impl From<RemoteFailure> for Failure {
+    /// 2 for a bad URL, 3 for an object that is missing, refused or replaced (as for a
+    /// local archive that is missing or unreadable), 8 for a full disk, 1 for a server
+    /// that stays unreachable, 128+N for a signal.
+    fn from(e: RemoteFailure) -> Failure {
+        let code = match &e.0 {
+            RemoteError::BadUrl(_) => code::USAGE,
+            RemoteError::NotFound(_)
+            | RemoteError::Denied(_)
+            | RemoteError::Changed(_)
+            | RemoteError::Unsupported(_) => code::BAD_ARCHIVE,
+            RemoteError::Write { errno: Some(libc::ENOSPC | libc::EDQUOT), .. } => code::NO_ROOM,
+            RemoteError::Cancelled => {
+                return crate::cancel::check().map_or_else(Failure::from, |()| Failure::other("cancelled".into()))
+            }
+            RemoteError::Unavailable(_) | RemoteError::Write { .. } => code::OTHER,
+        };
+        Failure::new(code, e.to_string())
+    }
+}
+
+/// True for a path that is an object URL (`s3://`, `http://`, `https://`).
+pub fn is_url(path: &Path) -> bool {
+    path.to_str().is_some_and(stagefs_remote::is_url)
+}
+
+/// The URL in `path`.
+pub fn parse(path: &Path) -> Result<ObjectUrl, RemoteFailure> {
+    let text = path.to_str().ok_or_else(|| RemoteError::BadUrl("a URL must be UTF-8".into()))?;
+    let allow_http = CLIENT.get().is_some_and(|c| c.config().allow_http);
+    ObjectUrl::parse(text, allow_http).map_err(|e| RemoteError::BadUrl(e.to_string()).into())
+}
+
+/// The text a shard path holds for `url`: what [`parse`] reads back (no user; the query
+/// only of an URL that had one).
+pub fn request_text(url: &ObjectUrl) -> String {
+    match url {
+        ObjectUrl::S3 { bucket, key } => format!("s3://{bucket}/{key}"),
+        ObjectUrl::Http(u) => u.request_url(),
+    }
+}
+
+/// Sizes the listing gave, so that a set's shards need no request each for it.
+static LISTED: std::sync::Mutex<Vec<(String, u64)>> = std::sync::Mutex::new(Vec::new());
+
+/// The size of the object at `path` (a shard): from its listing, else by asking.
+pub fn listed_size(path: &Path) -> Result<u64, RemoteFailure> {
+    let text = path.to_string_lossy();
+    if let Some((_, size)) = LISTED.lock().unwrap_or_else(|p| p.into_inner()).iter().find(|(t, _)| *t == text) {
+        return Ok(*size);
+    }
+    Ok(client()?.stat(&parse(path)?)?.version.size)
+}
+
+/// The archives a remote spec names, as `shards::resolve` names local ones: one object
+/// (labelled by its URL without query or user), or a set (a brace range or a glob over
+/// an S3 listing, expanded here, with `more`).
+pub fn resolve(spec: &Path, more: &[PathBuf], growing: bool) -> Result<crate::shards::ArchiveSet, Failure> {
+    if growing {
+        return Err(Failure::new(
+            code::USAGE,
+            "--growing and --watch follow local shards; an object store's shards are mounted as a fixed set".into(),
+        ));
+    }
+    let specs: Vec<&Path> = std::iter::once(spec).chain(more.iter().map(PathBuf::as_path)).collect();
+    if let Some(local) = specs.iter().find(|s| !is_url(s)) {
+        return Err(Failure::new(
+            code::USAGE,
+            format!("{}: a set mixes local archives and objects; mount them separately", local.shown()),
+        ));
+    }
+    let first = parse(spec)?;
+    let is_set = |url: &ObjectUrl| stagefs_remote::list::is_pattern(&url_key(url));
+    if specs.len() == 1 && !is_set(&first) {
+        let label = PathBuf::from(first.shown());
+        return Ok(crate::shards::ArchiveSet { label, shards: vec![spec.to_owned()], trust: Trust::Named });
+    }
+    let client = client()?;
+    let mut shards: Vec<PathBuf> = Vec::new();
+    let mut digest = stagefs_archive::hash::Hasher::default();
+    for one in &specs {
+        let url = parse(one)?;
+        let found: Vec<(ObjectUrl, Option<u64>)> = match is_set(&url) {
+            true => stagefs_remote::list::resolve(client, &url).map_err(RemoteFailure)?,
+            false => vec![(url, None)],
+        };
+        for (url, size) in found {
+            let text = request_text(&url);
+            if let Some(size) = size {
+                LISTED.lock().unwrap_or_else(|p| p.into_inner()).push((text.clone(), size));
+            }
+            digest.write(text.as_bytes());
+            digest.write(b"\0");
+            if !shards.iter().any(|s| s.as_os_str() == text.as_str()) {
+                shards.push(PathBuf::from(text));
+            }
+        }
+    }
+    if shards.len() == 1 {
+        return Ok(crate::shards::ArchiveSet {
+            label: PathBuf::from(parse(&shards[0])?.shown()),
+            shards,
+            trust: Trust::Named,
+        });
+    }
+    let mut text = first.shown();
+    if !more.is_empty() {
+        text += &format!(" + {} more", more.len());
+    }
+    let label = format!("{text} ({} shards, set {:016x})", shards.len(), digest.finish());
+    // Objects are judged by the store's own access rules and pinned to their version.
+    Ok(crate::shards::ArchiveSet { label: PathBuf::from(label), shards, trust: Trust::Named })
+}
+
+fn url_key(url: &ObjectUrl) -> String {
+    match url {
+        ObjectUrl::S3 { key, .. } => key.clone(),
+        ObjectUrl::Http(u) => u.path.clone(),
+    }
+}
+
+/// The default mountpoint for an object or a pattern of them: its name up to the first
+/// pattern character, without extensions (`s3://b/train-{000..009}.tar` mounts at
+/// `.../stagefs/train`); `None` for a local path.
+pub fn default_mountpoint(spec: &Path) -> Option<PathBuf> {
+    if !is_url(spec) {
+        return None;
+    }
+    let url = parse(spec).ok()?;
+    let name = url.file_name();
+    let literal = &name[..name.find(['*', '?', '[', '{']).unwrap_or(name.len())];
+    let stem = match literal.is_empty() {
+        true => String::new(),
+        false => crate::places::archive_stem(Path::new(literal)),
+    };
+    let stem = stem.trim_matches(|c| "-_.".contains(c));
+    let name = match (stem.is_empty(), &url) {
+        (false, _) => stem.to_string(),
+        (true, ObjectUrl::S3 { bucket, .. }) => bucket.clone(),
+        (true, ObjectUrl::Http(_)) => "shards".into(),
+    };
+    // A name from outside becomes one path component, never a path.
+    let name = name.replace(['/', '\0'], "_");
+    let name = if name == "." || name == ".." { "shards".into() } else { name };
+    Some(crate::places::default_mount_root().join(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn objects_name_mountpoints_and_labels() {
+        let mp = |s: &str| default_mountpoint(Path::new(s)).unwrap();
+        assert!(mp("s3://bucket/sets/train-{000..009}.tar").ends_with("stagefs/train"));
+        assert!(mp("s3://bucket/sets/*.tar").ends_with("stagefs/bucket"));
+        assert!(mp("https://h/x/imagenet.tar.gz?sig=1").ends_with("stagefs/imagenet"));
+        assert!(default_mountpoint(Path::new("/local/a.tar")).is_none());
+        let set = resolve(Path::new("https://h.example/a.tar?sig=secret"), &[], false).unwrap();
+        assert_eq!(set.label, PathBuf::from("https://h.example/a.tar"), "no query in the label");
+        assert_eq!(set.shards, [PathBuf::from("https://h.example/a.tar?sig=secret")]);
+        let usage = resolve(Path::new("s3://bucket/a.tar"), &[PathBuf::from("/local.tar")], false).unwrap_err();
+        assert_eq!(usage.code, code::USAGE);
+        assert_eq!(resolve(Path::new("http://example.org/a.tar"), &[], false).unwrap_err().code, code::USAGE);
+    }
+}

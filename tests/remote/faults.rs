@@ -1,0 +1,145 @@
+//! Faults between stagefs and the server, each made real: connections reset midway (retried, bytes right), the object replaced during the copy (refused, never mixed), a server that stops answering (a timeout, not a hang), a server gone while mounted in place (EIO per read, the mount stays up), Ctrl-C during a fetch.
+
+use std::fs;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::proxy::{Fault, Proxy, Silent};
+use super::servers::{base_env, Nginx};
+use super::{command_with, contents, mount_fails, mount_url, stagefs_with};
+use crate::util::{is_mounted, pack_tar, pseudo_random, require_root, wait_timeout, wait_until, KillOnDrop, TempDir};
+
+/// A tar of a few large random files (`MiB` MiB in all) in nginx's root as `name`.
+fn big_tar(nginx: &Nginx, tmp: &TempDir, name: &str, mib: usize) -> std::path::PathBuf {
+    let src = tmp.join(format!("src-{name}"));
+    fs::create_dir_all(&src).unwrap();
+    for i in 0..4 {
+        fs::write(src.join(format!("part{i}.bin")), pseudo_random(i as u64 + 7, mib << 18)).unwrap();
+    }
+    pack_tar(&src, &nginx.root.join(name), &["."]);
+    src
+}
+
+/// Every third request is reset after 64 KiB: each range is resumed where it broke, and
+/// the mount serves exactly the archive's bytes.
+#[test]
+fn connections_reset_midway_are_resumed_and_the_bytes_are_right() {
+    require_root();
+    let nginx = Nginx::start("reset");
+    let tmp = TempDir::new("remote-reset");
+    let src = big_tar(&nginx, &tmp, "big.tar", 48);
+    let proxy = Proxy::start(nginx.port, Fault::ResetEvery(3));
+    let env = base_env(&tmp.join("cache"));
+    let mnt =
+        mount_url(&env, &["--stage", "ram", "--remote-concurrency", "4"], &proxy.url("big.tar"), &tmp.join("mnt"));
+    assert_eq!(contents(&src), contents(mnt.path()));
+    // 48 MiB in 8 MiB ranges, a third of them broken: retries happened.
+    assert!(proxy.requests.load(Ordering::SeqCst) >= 9, "{} requests", proxy.requests.load(Ordering::SeqCst));
+    mnt.unmount().assert_success();
+}
+
+/// The object is replaced (same size, new bytes, a later mtime) after the first requests
+/// of the copy: the mount fails saying so (exit 3), and nothing is mounted.
+#[test]
+fn an_object_replaced_during_the_copy_is_refused_never_mixed() {
+    require_root();
+    let nginx = Nginx::start("replaced");
+    let tmp = TempDir::new("remote-replaced");
+    big_tar(&nginx, &tmp, "big.tar", 32);
+    let (object, staged) = (nginx.root.join("big.tar"), tmp.join("new.tar"));
+    let mut other = fs::read(&object).unwrap();
+    // Bytes in the middle of members' data: still a tar, with other file contents.
+    let len = other.len();
+    for at in [len / 3, len / 2, len * 2 / 3] {
+        other[at] ^= 0xff;
+    }
+    fs::write(&staged, &other).unwrap();
+    let new_tree = tmp.join("new-tree");
+    crate::util::extract_tar(&staged, &new_tree);
+    let (from, to) = (staged.clone(), object.clone());
+    let replace = Arc::new(move || {
+        let later = fs::metadata(&to).unwrap().modified().unwrap() + Duration::from_secs(100);
+        fs::File::options().write(true).open(&from).unwrap().set_modified(later).unwrap();
+        fs::rename(&from, &to).unwrap();
+    });
+    let proxy = Proxy::start(nginx.port, Fault::HookBefore(3, replace));
+    let env = base_env(&tmp.join("cache"));
+    mount_fails(&env, &["--stage", "ram", "--remote-concurrency", "2"], &proxy.url("big.tar"), 3, &["replaced"]);
+    // Mounting again reads the new version, whole.
+    let mnt = mount_url(&env, &["--stage", "ram"], &nginx.url("big.tar"), &tmp.join("mnt"));
+    assert_eq!(contents(&new_tree), contents(mnt.path()), "the new version, whole");
+    mnt.unmount().assert_success();
+}
+
+/// A server that accepts and never answers, and one that stops sending midway: each
+/// ends in a timeout error (exit 1) after the configured tries, never a hang.
+#[test]
+fn a_server_that_stops_answering_ends_in_a_timeout_not_a_hang() {
+    require_root();
+    let tmp = TempDir::new("remote-silent");
+    let env = base_env(&tmp.join("cache"));
+    let silent = Silent::start();
+    let opts = ["--remote-timeout", "1s", "--remote-tries", "2"];
+    let url = format!("http://127.0.0.1:{}/x.tar", silent.port);
+    mount_fails(&env, &opts, &url, 1, &["timed out", "gave up after 2 tries"]);
+    let nginx = Nginx::start("stall");
+    big_tar(&nginx, &tmp, "big.tar", 8);
+    let proxy = Proxy::start(nginx.port, Fault::StallAfter(100 << 10));
+    mount_fails(&env, &opts, &proxy.url("big.tar"), 1, &["timed out"]);
+}
+
+/// In place, the server goes away: reads fail with EIO, the tree is still listed, the
+/// mount stays up and counts the errors; once the server is back, reads work again.
+#[test]
+fn in_place_with_the_server_gone_reads_fail_with_eio_and_the_mount_stays_up() {
+    require_root();
+    let mut nginx = Nginx::start("gone");
+    let tmp = TempDir::new("remote-gone");
+    let src = big_tar(&nginx, &tmp, "big.tar", 8);
+    let env = base_env(&tmp.join("cache"));
+    let mnt = mount_url(&env, &["--stage", "none"], &nginx.url("big.tar"), &tmp.join("mnt"));
+    assert_eq!(fs::read(mnt.path().join("part0.bin")).unwrap(), fs::read(src.join("part0.bin")).unwrap());
+    nginx.stop();
+    for _ in 0..2 {
+        let err = fs::read(mnt.path().join("part3.bin")).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    }
+    assert_eq!(fs::read_dir(mnt.path()).unwrap().count(), 4, "the tree is still served");
+    let status = stagefs_with(&env, &["status"]);
+    assert!(status.stdout.contains(&nginx.url("big.tar")), "{}", status.describe());
+    assert!(
+        status.stdout.contains("last error") && status.stdout.contains("connection refused"),
+        "{}",
+        status.describe()
+    );
+    nginx.restart();
+    assert_eq!(fs::read(mnt.path().join("part3.bin")).unwrap(), fs::read(src.join("part3.bin")).unwrap());
+    mnt.unmount().assert_success();
+}
+
+/// Ctrl-C while the fetch waits on a stalled server: the foreground mount stops (exit
+/// 130) well before any read timeout, with nothing mounted.
+#[test]
+fn ctrl_c_ends_a_fetch_at_once() {
+    require_root();
+    let nginx = Nginx::start("ctrl-c");
+    let tmp = TempDir::new("remote-ctrl-c");
+    big_tar(&nginx, &tmp, "big.tar", 16);
+    let proxy = Proxy::start(nginx.port, Fault::StallAfter(256 << 10));
+    let env = base_env(&tmp.join("cache"));
+    let mp = tmp.join("mnt");
+    let mut cmd = command_with(&env, &["mount", "-f", "--stage", "ram", &proxy.url("big.tar"), mp.to_str().unwrap()]);
+    let mut child = KillOnDrop(cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap());
+    assert!(wait_until(Duration::from_secs(30), || proxy.requests.load(Ordering::SeqCst) >= 3), "the fetch began");
+    std::thread::sleep(Duration::from_millis(300));
+    let sent = Instant::now();
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    // A hang guard, far below the 30 s read timeout the stalled requests would need.
+    let status = wait_timeout(&mut child.0, Duration::from_secs(10)).expect("Ctrl-C ended the fetch");
+    eprintln!("Ctrl-C to exit: {:?}", sent.elapsed());
+    assert_eq!(status.code(), Some(130), "{status:?}");
+    assert!(!is_mounted(&mp) && !Path::new(&mp).join("part0.bin").exists());
+}

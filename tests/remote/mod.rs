@@ -1,0 +1,93 @@
+//! Archives in object storage: `stagefs mount` of `http://` (nginx) and `s3://` (s3s-fs) URLs for every format, staged and in place, compared with what GNU tar, unzip and unsquashfs extract; faults from a misbehaving proxy; S3 credentials, errors, listings and saved indexes beside the object.
+
+mod cluster;
+mod faults;
+mod formats;
+mod proxy;
+mod s3;
+mod servers;
+
+use std::ffi::OsString;
+use std::fs;
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::util::{is_mounted, pseudo_random, stagefs, Mounted, TempDir};
+pub use servers::{command_with, stagefs_with};
+
+/// A tree with directories, files of several sizes (some compressible), a symlink and an
+/// executable, all with the same mtime (zip keeps no sub-second times).
+pub fn make_tree(src: &Path) {
+    fs::create_dir_all(src.join("train/cats")).unwrap();
+    fs::create_dir_all(src.join("train/dogs")).unwrap();
+    fs::create_dir_all(src.join("empty")).unwrap();
+    for i in 0..40u64 {
+        let class = if i % 2 == 0 { "cats" } else { "dogs" };
+        let size = (i as usize * 7919) % 150_000 + 1;
+        fs::write(src.join(format!("train/{class}/{i:03}.jpg")), pseudo_random(i, size)).unwrap();
+    }
+    let text: Vec<u8> = (0..300_000u32).flat_map(|i| format!("token {i}\n").into_bytes()).collect();
+    fs::write(src.join("train/labels.txt"), text).unwrap();
+    fs::write(src.join("big.bin"), pseudo_random(99, 3 << 20)).unwrap();
+    fs::write(src.join("run.sh"), b"#!/bin/sh\necho hi\n").unwrap();
+    fs::set_permissions(src.join("run.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+    symlink("train/labels.txt", src.join("labels")).unwrap();
+    Command::new("find").arg(src).args(["-exec", "touch", "-h", "-d", "@1700000000", "{}", "+"]).status().unwrap();
+}
+
+/// Mounts `url` with `env` and `extra` options at `mp`; panics with stagefs's output if
+/// it fails. The guard unmounts on drop.
+pub fn mount_url(env: &[(OsString, OsString)], extra: &[&str], url: &str, mp: &Path) -> Mounted {
+    let mp_text = mp.to_str().unwrap();
+    let mut args = vec!["mount"];
+    args.extend_from_slice(extra);
+    args.extend([url, mp_text]);
+    let out = stagefs_with(env, &args);
+    assert!(out.success(), "stagefs mount {url} failed:\n{}", out.describe());
+    assert!(is_mounted(mp), "exit 0 but nothing mounted at {}", mp.display());
+    Mounted::adopt(Path::new(url), mp)
+}
+
+/// A mount that must fail with `code`, its stderr containing each of `needles`; never
+/// leaves a mount behind. Returns stderr.
+pub fn mount_fails(env: &[(OsString, OsString)], extra: &[&str], url: &str, code: i32, needles: &[&str]) -> String {
+    let tmp = TempDir::new("remote-fails");
+    let mp = tmp.join("mnt");
+    let mp_text = mp.to_str().unwrap().to_string();
+    let mut args = vec!["mount"];
+    args.extend_from_slice(extra);
+    args.extend([url, mp_text.as_str()]);
+    let out = stagefs_with(env, &args);
+    if out.success() {
+        let _ = stagefs([OsString::from("umount"), mp.clone().into()]);
+        panic!("mounting {url} must fail with exit {code}:\n{}", out.describe());
+    }
+    out.assert_code(code).assert_stderr_has(needles);
+    assert!(!is_mounted(&mp));
+    out.stderr
+}
+
+/// The files of a tree, relative path and bytes (or link target), sorted: a comparison
+/// that needs no owner or mode rules (the format tests use `compare` for those).
+pub fn contents(root: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = fs::symlink_metadata(&path).unwrap();
+            let rel = path.strip_prefix(root).unwrap().to_path_buf();
+            if meta.is_dir() {
+                stack.push(path);
+                out.push((rel, b"<dir>".to_vec()));
+            } else if meta.file_type().is_symlink() {
+                out.push((rel, fs::read_link(&path).unwrap().into_os_string().into_encoded_bytes()));
+            } else {
+                out.push((rel, fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))));
+            }
+        }
+    }
+    out.sort();
+    out
+}

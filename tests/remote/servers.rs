@@ -1,0 +1,190 @@
+//! Real servers on 127.0.0.1 for the remote tests: Debian's nginx (ranges, ETags, If-Match) and s3s-fs (an S3 server that checks SigV4 signatures), each on a free port with its own files, stopped on drop; and `stagefs` run against them.
+
+use std::ffi::OsString;
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::util::{require_tool, run_cmd, stagefs_bin, wait_until, CmdOutput, KillOnDrop, TempDir, CMD_TIMEOUT};
+
+/// A port free a moment ago (the server binds it right after).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn wait_for_port(host: &str, port: u16, what: &str, log: &Path) {
+    let up = wait_until(Duration::from_secs(20), || TcpStream::connect((host, port)).is_ok());
+    assert!(up, "{what} did not listen on {host}:{port}:\n{}", std::fs::read_to_string(log).unwrap_or_default());
+}
+
+/// nginx serving `root` on 127.0.0.1 with a temporary configuration; its access log
+/// (method, path, status, bytes sent, Range header) counts what was fetched.
+pub struct Nginx {
+    pub port: u16,
+    pub root: PathBuf,
+    /// The address it listens on: 127.0.0.1, or the test cluster's bridge.
+    pub host: String,
+    dir: TempDir,
+    child: Option<KillOnDrop>,
+}
+
+impl Nginx {
+    pub fn start(name: &str) -> Nginx {
+        Nginx::start_on(name, "127.0.0.1")
+    }
+
+    /// On `host`, an address of this machine (the cluster's nodes reach its bridge's).
+    pub fn start_on(name: &str, host: &str) -> Nginx {
+        let dir = TempDir::new(&format!("nginx-{name}"));
+        let root = dir.join("www");
+        std::fs::create_dir_all(&root).unwrap();
+        let port = free_port();
+        let mut nginx = Nginx { port, root, host: host.to_string(), dir, child: None };
+        nginx.launch();
+        nginx
+    }
+
+    fn launch(&mut self) {
+        let d = self.dir.path().display();
+        let conf = format!(
+            "daemon off; master_process off; pid {d}/nginx.pid; error_log {d}/error.log;
+events {{ worker_connections 512; }}
+http {{
+  log_format counted '$request_method $uri $status $body_bytes_sent \"$http_range\"';
+  access_log {d}/access.log counted;
+  client_body_temp_path {d}/tmp; proxy_temp_path {d}/tmp; fastcgi_temp_path {d}/tmp;
+  uwsgi_temp_path {d}/tmp; scgi_temp_path {d}/tmp;
+  server {{ listen {}:{}; root {}; }}
+}}
+",
+            self.host,
+            self.port,
+            self.root.display()
+        );
+        std::fs::create_dir_all(self.dir.join("tmp")).unwrap();
+        std::fs::write(self.dir.join("nginx.conf"), conf).unwrap();
+        let child = Command::new(require_tool("nginx"))
+            .arg("-c")
+            .arg(self.dir.join("nginx.conf"))
+            .arg("-e")
+            .arg(self.dir.join("error.log"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start nginx");
+        self.child = Some(KillOnDrop(child));
+        wait_for_port(&self.host, self.port, "nginx", &self.dir.join("error.log"));
+    }
+
+    /// Stops it: connections are refused from now on.
+    pub fn stop(&mut self) {
+        self.child = None;
+        assert!(wait_until(Duration::from_secs(10), || TcpStream::connect((self.host.as_str(), self.port)).is_err()));
+    }
+
+    /// Starts it again on the same port.
+    pub fn restart(&mut self) {
+        self.launch();
+    }
+
+    pub fn url(&self, name: &str) -> String {
+        format!("http://{}:{}/{name}", self.host, self.port)
+    }
+
+    /// Lines of the access log: `METHOD PATH STATUS BYTES "RANGE"`.
+    pub fn access_log(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.join("access.log")).unwrap_or_default().lines().map(str::to_string).collect()
+    }
+
+    /// Body bytes sent for `path` (`/a.tar`) by GET requests.
+    pub fn bytes_sent(&self, path: &str) -> u64 {
+        self.access_log()
+            .iter()
+            .filter(|l| l.starts_with(&format!("GET {path} ")))
+            .filter_map(|l| l.split_whitespace().nth(3)?.parse::<u64>().ok())
+            .sum()
+    }
+}
+
+/// s3s-fs on 127.0.0.1 with one user (access key and secret) and its data directory:
+/// each subdirectory is a bucket.
+pub struct S3 {
+    pub port: u16,
+    pub root: PathBuf,
+    _dir: TempDir,
+    _child: KillOnDrop,
+}
+
+pub const ACCESS_KEY: &str = "AKIASTAGEFSTEST00001";
+pub const SECRET_KEY: &str = "stagefs/test/Secret+Key/0123456789abcdef";
+
+impl S3 {
+    pub fn start(name: &str) -> S3 {
+        let dir = TempDir::new(&format!("s3-{name}"));
+        let root = dir.join("data");
+        std::fs::create_dir_all(&root).unwrap();
+        let port = free_port();
+        let log = dir.join("s3s.log");
+        let child = Command::new(require_tool("s3s-fs"))
+            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--access-key", ACCESS_KEY])
+            .args(["--secret-key", SECRET_KEY])
+            .arg(&root)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start s3s-fs (cargo install s3s-fs --locked --features binary, as .ci/run does)");
+        wait_for_port("127.0.0.1", port, "s3s-fs", &log);
+        S3 { port, root, _dir: dir, _child: KillOnDrop(child) }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// A bucket (a directory of the server's data).
+    pub fn bucket(&self, name: &str) -> PathBuf {
+        let path = self.root.join(name);
+        std::fs::create_dir_all(&path).unwrap();
+        path
+    }
+}
+
+/// What every remote test runs stagefs with: its own index cache, no instance metadata
+/// (the chain must never reach for 169.254.169.254), no credentials but the ones given.
+pub fn base_env(cache: &Path) -> Vec<(OsString, OsString)> {
+    vec![
+        ("XDG_CACHE_HOME".into(), cache.into()),
+        ("AWS_EC2_METADATA_DISABLED".into(), "true".into()),
+        ("AWS_CONFIG_FILE".into(), "/nonexistent".into()),
+        ("AWS_SHARED_CREDENTIALS_FILE".into(), "/nonexistent".into()),
+        ("AWS_REGION".into(), "us-east-1".into()),
+    ]
+}
+
+/// [`base_env`] with the test user's keys.
+pub fn s3_env(cache: &Path) -> Vec<(OsString, OsString)> {
+    let mut env = base_env(cache);
+    env.push(("AWS_ACCESS_KEY_ID".into(), ACCESS_KEY.into()));
+    env.push(("AWS_SECRET_ACCESS_KEY".into(), SECRET_KEY.into()));
+    env
+}
+
+/// `stagefs ARGS` with `env` (and no AWS variables of the test's own environment).
+pub fn stagefs_with(env: &[(OsString, OsString)], args: &[&str]) -> CmdOutput {
+    let mut cmd = command_with(env, args);
+    run_cmd(&mut cmd, CMD_TIMEOUT * 2)
+}
+
+pub fn command_with(env: &[(OsString, OsString)], args: &[&str]) -> Command {
+    let mut cmd = Command::new(stagefs_bin());
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("AWS_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.envs(env.iter().map(|(k, v)| (k, v))).args(args);
+    cmd
+}
