@@ -7,6 +7,7 @@ mod fault;
 pub mod seekable;
 pub mod set;
 pub mod squashfs;
+pub mod stop;
 pub mod tar;
 pub mod zip;
 

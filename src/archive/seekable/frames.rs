@@ -86,6 +86,9 @@ impl Pass {
         let mut frames = Vec::new();
         let mut pos = 0;
         while let Some((at, len)) = next_frame(input, pos)? {
+            if frames.len() % 4096 == 0 {
+                crate::archive::stop::check().map_err(|e| e.to_string())?;
+            }
             if frames.len() >= limit {
                 return Err(super::too_many_points(super::Codec::Zstd, input.len() as u64));
             }

@@ -138,6 +138,8 @@ trait CodecPass: Read {
 pub struct FirstPass<'a> {
     codec: Codec,
     input_len: u64,
+    /// The pass is marked once under way (see `stop::phase`).
+    marked: bool,
     pass: Box<dyn CodecPass + 'a>,
 }
 
@@ -156,7 +158,7 @@ impl<'a> FirstPass<'a> {
         if codec == Codec::Bzip2 {
             input.unmap_scanned();
         }
-        Ok(FirstPass { codec, input_len: input.len() as u64, pass })
+        Ok(FirstPass { codec, input_len: input.len() as u64, marked: false, pass })
     }
 
     /// Compressed bytes consumed so far (for progress and error offsets).
@@ -183,9 +185,14 @@ impl<'a> FirstPass<'a> {
 impl Read for FirstPass<'_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         // Every codec's pass is read through here, a few hundred KiB at a time: a signal
-        // ends it within milliseconds (see `cancel`).
-        crate::cancel::check().map_err(std::io::Error::other)?;
+        // ends it within milliseconds (see `stop`).
+        crate::archive::stop::check_io()?;
         let n = self.pass.read(buf)?;
+        if !self.marked && self.pass.total() >= 1 << 20 {
+            // Tests hold this point to signal a pass under way, its workers decoding ahead.
+            self.marked = true;
+            crate::archive::stop::phase("first pass");
+        }
         if self.pass.points().len() > max_points(self.input_len) {
             return Err(std::io::Error::other(too_many_points(self.codec, self.input_len)));
         }

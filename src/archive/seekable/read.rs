@@ -255,9 +255,9 @@ impl Shared {
         let at = &list[point];
         let input = Compressed { source: self.input.clone(), pos: at.input };
         Ok(match self.points.codec {
-            Codec::Zstd => Box::new(
-                zstd::stream::read::Decoder::new(input).map_err(|e| self.fail(point, e))?.single_frame(),
-            ),
+            Codec::Zstd => {
+                Box::new(zstd::stream::read::Decoder::new(input).map_err(|e| self.fail(point, e))?.single_frame())
+            }
             Codec::Bzip2 => Box::new(std::io::Cursor::new(self.bzip2_block(at).map_err(|e| self.fail(point, e))?)),
             Codec::Xz => {
                 let stream = xz::block_stream(at, self.unit_len(point), input);

@@ -126,8 +126,7 @@ fn zstd_frames_larger_than_the_look_ahead_are_decoded_streaming() {
     // ones; and a frame that is damaged fails the pass with its offset.
     let data = text_like(6, 23 << 20);
     let cuts = [0, 1 << 20, 21 << 20, data.len()];
-    let frames: Vec<Vec<u8>> =
-        cuts.windows(2).map(|w| zstd::bulk::compress(&data[w[0]..w[1]], 1).unwrap()).collect();
+    let frames: Vec<Vec<u8>> = cuts.windows(2).map(|w| zstd::bulk::compress(&data[w[0]..w[1]], 1).unwrap()).collect();
     let compressed = frames.concat();
     let file = served(&compressed, &data);
     assert_eq!(file.points().list.iter().map(|p| p.out).collect::<Vec<_>>(), [0, 1 << 20, 21 << 20]);
@@ -238,10 +237,8 @@ fn damaged_and_truncated_gzip_fail_with_the_offset() {
     assert!(err.to_string().contains("truncated"), "{err}");
     let middle = compressed.len() / 2;
     compressed[middle..middle + 64].fill(0xff);
-    let err = FirstPass::new(Codec::Gzip, &Source::memory(&compressed))
-        .unwrap()
-        .read_to_end(&mut Vec::new())
-        .unwrap_err();
+    let err =
+        FirstPass::new(Codec::Gzip, &Source::memory(&compressed)).unwrap().read_to_end(&mut Vec::new()).unwrap_err();
     assert!(err.to_string().contains("compressed byte"), "{err}");
 }
 
