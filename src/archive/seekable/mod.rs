@@ -21,6 +21,7 @@ mod frames;
 mod gzip;
 mod parallel;
 mod read;
+pub mod seek_table;
 mod xz;
 
 pub use read::{set_cache_budget, Seekable};
