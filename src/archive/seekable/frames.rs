@@ -14,7 +14,7 @@ pub fn skippable(bytes: &[u8]) -> bool {
 /// The next data frame at or after byte `pos` of `input` (skippable frames stepped over):
 /// where it starts and how many bytes it takes; an error names a frame that cannot be
 /// measured.
-fn next_frame(input: &[u8], mut pos: usize) -> Result<Option<(usize, usize)>, String> {
+pub(super) fn next_frame(input: &[u8], mut pos: usize) -> Result<Option<(usize, usize)>, String> {
     while pos < input.len() {
         let len = zstd::zstd_safe::find_frame_compressed_size(&input[pos..])
             .map_err(|code| format!("no zstd frame at byte {pos}: {}", zstd::zstd_safe::get_error_name(code)))?;

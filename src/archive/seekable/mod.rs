@@ -103,6 +103,21 @@ impl Codec {
     }
 }
 
+/// The decoded size of a compressed file decoded whole, when it says so cheaply: a zstd
+/// file's frame headers (every frame must state it), an xz file's indexes.
+pub fn decoded_size(input: &[u8]) -> Option<u64> {
+    if input.starts_with(xz::HEADER_MAGIC) {
+        return xz::blocks(input).map(|blocks| blocks.iter().map(|b| b.output).sum());
+    }
+    let mut total = 0u64;
+    let mut pos = 0;
+    while let Ok(Some((at, len))) = frames::next_frame(input, pos) {
+        total = total.checked_add(zstd::zstd_safe::get_frame_content_size(&input[at..]).ok()??)?;
+        pos = at + len;
+    }
+    (pos > 0).then_some(total)
+}
+
 /// Where decoding can start: output offset `out` is compressed byte `input`. gzip: less
 /// `bits` bits of the byte before it, with `window` as the history (none at a member
 /// start). bzip2: `bits` bits into that byte, the block ending at bit `end`. xz: the
