@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use quick_cache::sync::Cache;
 
 use super::{bzip2, gzip, xz, Codec, Point, Points};
-use crate::archive::{Backing, ByteWeight, ReadError};
+use crate::archive::{Backing, ReadError};
 
 /// A unit decoding to at most this is decoded whole and cached as one entry.
 pub const WHOLE_UNIT: u64 = 32 << 20;
@@ -37,11 +37,24 @@ pub fn set_cache_budget(budget: u64) {
     CACHE_BYTES.store((budget / 16).clamp(64 << 20, 1 << 30), Ordering::Relaxed);
 }
 
+/// Decoded bytes as cached: the `Vec` the decoder filled, shared without a copy.
+type Unit = Arc<Vec<u8>>;
+
 /// (file, restart point, piece) -> decoded bytes.
-type UnitCache = Cache<(u64, usize, u64), Arc<[u8]>, ByteWeight>;
+type UnitCache = Cache<(u64, usize, u64), Unit, UnitWeight>;
+
+/// Weighs a cached unit by its bytes.
+#[derive(Clone)]
+struct UnitWeight;
+
+impl quick_cache::Weighter<(u64, usize, u64), Unit> for UnitWeight {
+    fn weight(&self, _key: &(u64, usize, u64), unit: &Unit) -> u64 {
+        unit.len() as u64 + 64
+    }
+}
 
 fn unit_cache(bytes: u64) -> UnitCache {
-    Cache::with_weighter((bytes / (1 << 20)).max(64) as usize, bytes, ByteWeight)
+    Cache::with_weighter((bytes / (1 << 20)).max(64) as usize, bytes, UnitWeight)
 }
 
 /// The process's one cache of decoded units.
@@ -208,7 +221,7 @@ impl Shared {
 
     /// Piece `piece` of the unit at `point` (the whole unit if it is small), from the
     /// cache or decoded; one being decoded for another reader is waited for.
-    fn chunk(self: &Arc<Self>, point: usize, piece: u64) -> Result<Arc<[u8]>, ReadError> {
+    fn chunk(self: &Arc<Self>, point: usize, piece: u64) -> Result<Unit, ReadError> {
         let key = (self.id, point, piece);
         if let Some(chunk) = self.cache.get(&key) {
             return Ok(chunk);
@@ -216,9 +229,9 @@ impl Shared {
         let chunk = self.cache.get_or_insert_with(&key, || {
             tracing::debug!(point, piece, "decoding a compressed unit");
             if self.unit_len(point) <= WHOLE_UNIT {
-                self.decode_whole(point).map(Arc::from)
+                self.decode_whole(point).map(Arc::new)
             } else {
-                self.decode_piece(point, piece).map(Arc::from)
+                self.decode_piece(point, piece).map(Arc::new)
             }
         })?;
         if piece == 0 && self.last_decoded.swap(point, Ordering::Relaxed) == point.wrapping_sub(1) {
@@ -240,7 +253,7 @@ impl Shared {
         let shared = self.clone();
         let spawned = std::thread::Builder::new().name("stagefs-ahead".into()).spawn(move || {
             let key = (shared.id, point, 0);
-            let _ = shared.cache.get_or_insert_with(&key, || shared.decode_whole(point).map(Arc::<[u8]>::from));
+            let _ = shared.cache.get_or_insert_with(&key, || shared.decode_whole(point).map(Arc::new));
             shared.ahead.store(false, Ordering::Release);
         });
         if spawned.is_err() {
@@ -282,14 +295,39 @@ impl Shared {
         bzip2::decode_block(&stream, bzip2::MAX_BLOCK_OUTPUT)
     }
 
-    /// The unit at `point`, decoded whole.
+    /// The unit at `point`, decoded whole. A zstd frame or xz block is read with one
+    /// `pread` of its compressed bytes (up to the next point): a cold read then waits for
+    /// the disk once, not once per buffer the decoder fills.
     fn decode_whole(&self, point: usize) -> Result<Vec<u8>, ReadError> {
         let len = self.unit_len(point) as usize;
-        if self.points.codec == Codec::Gzip {
-            return self.decode_gzip(point, 0, len);
-        }
+        let list = &self.points.list;
+        let at = &list[point];
         let mut out = vec![0u8; len];
-        self.decoder(point)?.read_exact(&mut out).map_err(|e| self.fail(point, e))?;
+        match self.points.codec {
+            Codec::Gzip => return self.decode_gzip(point, 0, len),
+            Codec::Bzip2 => {
+                // The block is read in one go already (see `bzip2_block`).
+                self.decoder(point)?.read_exact(&mut out).map_err(|e| self.fail(point, e))?;
+                return Ok(out);
+            }
+            Codec::Zstd | Codec::Xz => {}
+        }
+        self.started.fetch_add(1, Ordering::Relaxed);
+        let end = list.get(point + 1).map_or(self.input.len() as u64, |p| p.input);
+        let compressed = usize::try_from(end.saturating_sub(at.input)).map_err(|e| self.fail(point, e))?;
+        let bytes = self.input.read_at(at.input, compressed).map_err(|e| self.fail(point, e.what))?;
+        let io = |e: std::io::Error| self.fail(point, e);
+        match self.points.codec {
+            Codec::Zstd => zstd::stream::read::Decoder::with_buffer(&bytes[..])
+                .map_err(io)?
+                .single_frame()
+                .read_exact(&mut out)
+                .map_err(io)?,
+            _ => xz::decoder(xz::block_stream(at, len as u64, &bytes[..]))
+                .map_err(|e| self.fail(point, e))?
+                .read_exact(&mut out)
+                .map_err(io)?,
+        }
         Ok(out)
     }
 
@@ -338,7 +376,7 @@ impl Shared {
             cursor.decoder.read_exact(&mut passed).map_err(io)?;
             let key = (self.id, point, cursor.piece);
             if !self.cache.contains_key(&key) {
-                self.cache.insert(key, Arc::from(passed));
+                self.cache.insert(key, Arc::new(passed));
             }
             cursor.piece += 1;
         }
