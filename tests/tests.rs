@@ -7,6 +7,7 @@
 mod broadcast;
 mod cluster;
 mod compare;
+mod decode_whole;
 mod disk;
 mod errors;
 mod formats;

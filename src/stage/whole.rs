@@ -78,8 +78,8 @@ impl<'a> Target<'a> {
             Place::Ram => target.spill = Some(Err(String::new())),
             Place::RamThenDisk(dir) => {
                 target.spill = Some(dir);
-                if needed.is_some_and(|n| n > budget.bytes) {
-                    target.spill_now()?;
+                if let Some(needed) = needed.filter(|&n| n > budget.bytes) {
+                    target.spill_now(needed)?;
                 }
             }
         }
@@ -119,9 +119,10 @@ impl<'a> Target<'a> {
         Ok(())
     }
 
-    /// RAM is short: move what is decoded to the disk, if there is one with room.
-    fn spill_now(&mut self) -> Result<(), StageError> {
-        let needed = self.needed.unwrap_or(self.written + 1);
+    /// RAM is short (`so_far` bytes decoded): move what is decoded to the disk, if
+    /// there is one with room.
+    fn spill_now(&mut self, so_far: u64) -> Result<(), StageError> {
+        let needed = self.needed.unwrap_or(so_far);
         let dir = match self.spill.take() {
             Some(Ok(base)) => match disk::staging_dir(&base) {
                 Ok(dir) => dir,
@@ -165,7 +166,7 @@ impl<'a> Target<'a> {
     pub fn write(&mut self, bytes: &[u8]) -> Result<(), StageError> {
         let end = self.written + bytes.len() as u64;
         if self.disk.is_none() && end > self.budget.bytes {
-            self.spill_now()?;
+            self.spill_now(end)?;
         }
         match (&self.disk, &self.ram) {
             (Some((file, dir)), _) => {
