@@ -98,6 +98,8 @@ fn bgzf_member(input: &[u8], level: u32) -> std::io::Result<Vec<u8>> {
 
 /// A frame handed to the workers, its compressed bytes coming back on `done`.
 type Job = (Arc<Vec<u8>>, mpsc::Sender<std::io::Result<Vec<u8>>>);
+/// A frame at the workers: its tar offset and length, and where its compressed bytes come.
+type Pending = (u64, usize, mpsc::Receiver<std::io::Result<Vec<u8>>>);
 
 /// Tar bytes in, compressed frames out in order, with what the index needs: each
 /// frame's tar offset and compressed offset.
@@ -107,7 +109,7 @@ pub struct Framer {
     buffer: Vec<u8>,
     buffer_at: u64,
     /// Frames sent to the workers, oldest first.
-    pending: VecDeque<(u64, usize, mpsc::Receiver<std::io::Result<Vec<u8>>>)>,
+    pending: VecDeque<Pending>,
     jobs: Option<mpsc::Sender<Job>>,
     workers: Vec<std::thread::JoinHandle<()>>,
     /// Frames written: (tar offset, compressed offset, compressed size, tar size).
@@ -173,7 +175,7 @@ impl Framer {
             self.judged = (self.judged.0 + 1, self.judged.1 + u64::from(tar), self.judged.2 + u64::from(compressed));
         }
         let (_, tar, compressed) = self.judged;
-        let wanted = if compressed == 0 { 0 } else { MIN_COMPRESSED.saturating_mul(tar) / compressed };
+        let wanted = MIN_COMPRESSED.saturating_mul(tar).checked_div(compressed).unwrap_or(0);
         Ok((wanted as usize).clamp(MIN_FRAME, FRAME))
     }
 
@@ -231,7 +233,7 @@ impl Framer {
         if tar_at >= self.buffer_at {
             let keep = usize::try_from(tar_at - self.buffer_at).map_err(std::io::Error::other)?;
             self.buffer.truncate(keep);
-            return Ok(self.compressed_after_drain(out)?);
+            return self.compressed_after_drain(out);
         }
         self.drain(out)?;
         let Some(first) = self.written.iter().position(|w| w.0 == tar_at) else {

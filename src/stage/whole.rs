@@ -74,7 +74,7 @@ impl<'a> Target<'a> {
     ) -> Result<Target<'a>, StageError> {
         let mut target = Target { path, budget, why, needed, ram: None, disk: None, spill: None, written: 0 };
         match place {
-            Place::Disk(dir) => target.to_disk(dir)?,
+            Place::Disk(dir) => target.onto_disk(dir)?,
             Place::Ram => target.spill = Some(Err(String::new())),
             Place::RamThenDisk(dir) => {
                 target.spill = Some(dir);
@@ -95,7 +95,7 @@ impl<'a> Target<'a> {
 
     /// Decodes onto the disk from now on, in a nameless file of `dir` (room checked for
     /// the whole decoded size if known, else for what is decoded so far).
-    fn to_disk(&mut self, dir: CheckedDir) -> Result<(), StageError> {
+    fn onto_disk(&mut self, dir: CheckedDir) -> Result<(), StageError> {
         match disk::check_room(self.path, &dir, self.needed.unwrap_or(self.written)) {
             Ok(_) => {}
             Err(StageError::NoDiskRoom { dir: at, free, margin, .. }) => {
@@ -143,7 +143,7 @@ impl<'a> Target<'a> {
             self.budget.reason,
             dir.path().display()
         );
-        self.to_disk(dir)?;
+        self.onto_disk(dir)?;
         if let Some(ram) = self.ram.take() {
             let (file, dir) = self.disk.as_ref().expect("just made");
             let mut buf = vec![0u8; 8 << 20];

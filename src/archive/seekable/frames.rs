@@ -86,7 +86,10 @@ pub(super) struct Pass {
 
 /// The frames of `input`: from its seek table if it ends with one (their decoded sizes
 /// too, to be checked), else by walking their headers.
-fn frames_of(input: &Backing) -> Result<(Vec<(usize, usize)>, Option<Vec<u32>>), String> {
+/// Frames as (start, compressed length), and the decoded sizes a seek table states.
+type Frames = (Vec<(usize, usize)>, Option<Vec<u32>>);
+
+fn frames_of(input: &Backing) -> Result<Frames, String> {
     match super::seek_table::parse(input) {
         Some(Ok(entries)) => {
             input.unmap_scanned();
