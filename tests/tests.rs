@@ -17,6 +17,7 @@ mod memory;
 mod nested;
 mod one_copy;
 mod pack;
+mod pack_compress;
 mod seekable;
 mod shards;
 mod shared_node;
