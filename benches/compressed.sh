@@ -133,12 +133,18 @@ for kind in $kinds; do
     make_tree "$kind" "$work/src"
     (cd "$work/src" && find . -type f -printf '%P\t%s\n') > "$work/list"
     tar -C "$work/src" -cf "$work/$kind.tar" .
-    pigz -p 2 -c "$work/$kind.tar" > "$work/$kind.tar.gz"
-    pzstd -q -p 2 -c "$work/$kind.tar" > "$work/$kind.tar.zst"
-    lbzip2 -n 2 -c "$work/$kind.tar" > "$work/$kind.tar.bz2"
-    xz -T2 -1 --block-size=4MiB -c "$work/$kind.tar" > "$work/$kind.tar.xz"
-    echo "$kind: tar $(mib_of "$work/$kind.tar"), gz $(mib_of "$work/$kind.tar.gz"), zst $(mib_of "$work/$kind.tar.zst")," \
-        "bz2 $(mib_of "$work/$kind.tar.bz2"), xz $(mib_of "$work/$kind.tar.xz"), $(wc -l < "$work/list") files"
+    sizes="tar $(mib_of "$work/$kind.tar")"
+    for ext in $exts; do
+        case $ext in
+            gz) pigz -p 2 -c "$work/$kind.tar" > "$work/$kind.tar.gz" ;;
+            zst) pzstd -q -p 2 -c "$work/$kind.tar" > "$work/$kind.tar.zst" ;;
+            bz2) lbzip2 -n 2 -c "$work/$kind.tar" > "$work/$kind.tar.bz2" ;;
+            xz) xz -T2 -1 --block-size=4MiB -c "$work/$kind.tar" > "$work/$kind.tar.xz" ;;
+            *) continue ;;
+        esac
+        sizes="$sizes, $ext $(mib_of "$work/$kind.tar.$ext")"
+    done
+    echo "$kind: $sizes, $(wc -l < "$work/list") files"
     for ext in $exts; do
         if [ "$ext" = pack ]; then
             # stagefs pack --compress zstd against the plain tar stagefs packs, both in

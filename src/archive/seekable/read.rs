@@ -10,7 +10,7 @@
 //! compressed shards takes no more than one.
 
 use std::io::{Read, Seek, SeekFrom};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use quick_cache::sync::Cache;
@@ -109,8 +109,8 @@ struct Shared {
     input: Backing,
     points: Points,
     cursors: Mutex<Vec<Cursor>>,
-    /// The unit last decoded for a reader (`usize::MAX`: none), to see reads in file order.
-    last_decoded: AtomicUsize,
+    /// The (unit, piece) a reader read last, to see reads in file order.
+    last_read: Mutex<Option<(usize, u64)>>,
     /// A unit is being decoded ahead.
     ahead: AtomicBool,
     /// Decoders started (whole units and cursors), for tests.
@@ -148,7 +148,7 @@ impl Seekable {
             input,
             points,
             cursors: Mutex::new(Vec::new()),
-            last_decoded: AtomicUsize::new(usize::MAX),
+            last_read: Mutex::new(None),
             ahead: AtomicBool::new(false),
             started: AtomicU64::new(0),
         };
@@ -226,35 +226,57 @@ impl Shared {
         if let Some(chunk) = self.cache.get(&key) {
             return Ok(chunk);
         }
-        let chunk = self.cache.get_or_insert_with(&key, || {
-            tracing::debug!(point, piece, "decoding a compressed unit");
-            if self.unit_len(point) <= WHOLE_UNIT {
-                self.decode_whole(point).map(Arc::new)
-            } else {
-                self.decode_piece(point, piece).map(Arc::new)
+        let chunk = self.cache.get_or_insert_with(&key, || self.decode(point, piece))?;
+        let last = self.last_read.lock().unwrap_or_else(|e| e.into_inner()).replace((point, piece));
+        if last.and_then(|(u, p)| self.next_after(u, p)) == Some((point, piece)) {
+            if let Some((next, next_piece)) = self.next_after(point, piece) {
+                self.read_ahead(next, next_piece);
             }
-        })?;
-        if piece == 0 && self.last_decoded.swap(point, Ordering::Relaxed) == point.wrapping_sub(1) {
-            self.read_ahead(point + 1);
         }
         Ok(chunk)
     }
 
-    /// Decodes the unit at `point` into the cache in the background, when reads go in
-    /// file order (the previous unit decoded was the one before): one at a time.
-    fn read_ahead(self: &Arc<Self>, point: usize) {
-        if point >= self.points.list.len()
-            || self.unit_len(point) > WHOLE_UNIT
-            || self.cache.contains_key(&(self.id, point, 0))
-            || self.ahead.swap(true, Ordering::AcqRel)
-        {
+    fn decode(&self, point: usize, piece: u64) -> Result<Unit, ReadError> {
+        tracing::debug!(point, piece, "decoding a compressed unit");
+        if self.unit_len(point) <= WHOLE_UNIT {
+            self.decode_whole(point).map(Arc::new)
+        } else {
+            self.decode_piece(point, piece).map(Arc::new)
+        }
+    }
+
+    /// The (unit, piece) after `piece` of the unit at `point`, in file order.
+    fn next_after(&self, point: usize, piece: u64) -> Option<(usize, u64)> {
+        let unit = self.unit_len(point);
+        if unit > WHOLE_UNIT && (piece + 1) * PIECE < unit {
+            Some((point, piece + 1))
+        } else {
+            (point + 1 < self.points.list.len()).then_some((point + 1, 0))
+        }
+    }
+
+    /// Decodes piece `piece` of the unit at `point` into the cache in the background,
+    /// when reads go in file order (the read before was of the piece before): one at a
+    /// time; the reader who wants it meanwhile waits for that decode.
+    fn read_ahead(self: &Arc<Self>, point: usize, piece: u64) {
+        let key = (self.id, point, piece);
+        if self.cache.contains_key(&key) || self.ahead.swap(true, Ordering::AcqRel) {
             return;
         }
         let shared = self.clone();
         let spawned = std::thread::Builder::new().name("stagefs-ahead".into()).spawn(move || {
-            let key = (shared.id, point, 0);
-            let _ = shared.cache.get_or_insert_with(&key, || shared.decode_whole(point).map(Arc::new));
-            shared.ahead.store(false, Ordering::Release);
+            let mut decoded_here = false;
+            let _ = shared.cache.get_or_insert_with(&key, || {
+                let decoded = shared.decode(point, piece);
+                // Free before the piece is in the cache: the reader who finds it there
+                // may start the next read-ahead at once.
+                decoded_here = true;
+                shared.ahead.store(false, Ordering::Release);
+                decoded
+            });
+            if !decoded_here {
+                shared.ahead.store(false, Ordering::Release);
+            }
         });
         if spawned.is_err() {
             self.ahead.store(false, Ordering::Release);
