@@ -85,7 +85,11 @@ fn strike_with(phase: &str, blow: Blow, archive: &Path, options: &[&str], tmp: &
         Blow::KillDaemon => signal(daemon, nix::sys::signal::Signal::SIGKILL),
     }
     let status = wait_timeout(&mut child.0, Duration::from_secs(60)).unwrap_or_else(|| panic!("{context}: hung"));
-    log.extend(seen.try_iter());
+    // Until stderr closes (or stays silent for 10 s): on a loaded machine the reader
+    // thread may not have passed on the last lines yet.
+    while let Ok(line) = seen.recv_timeout(Duration::from_secs(10)) {
+        log.push(line);
+    }
     let expected = match blow {
         Blow::TermDaemon => Some((143, "interrupted by SIGTERM")),
         Blow::InterruptMount => Some((130, "interrupted by SIGINT")),
