@@ -220,6 +220,13 @@ impl Fs {
         self.view().archive().release_caches();
     }
 
+    /// The compressed file, when this is a compressed tar served by restart points.
+    pub fn compressed_input(&self) -> Option<stagefs_archive::Backing> {
+        let view = self.view();
+        let reader = view.archive().tar_reader()?;
+        Some(reader.backing().seekable()?.input().clone())
+    }
+
     /// See [`Archive::drop_source_cache`].
     pub fn drop_source_cache(&self) {
         self.view().archive().drop_source_cache();

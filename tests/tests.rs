@@ -7,6 +7,7 @@
 mod broadcast;
 mod cluster;
 mod compare;
+mod decode_whole;
 mod disk;
 mod errors;
 mod formats;
@@ -16,6 +17,7 @@ mod memory;
 mod nested;
 mod one_copy;
 mod pack;
+mod pack_compress;
 mod seekable;
 mod shards;
 mod shared_node;

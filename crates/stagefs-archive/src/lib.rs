@@ -10,6 +10,7 @@ pub mod index;
 pub mod seekable;
 pub mod set;
 pub mod squashfs;
+pub mod stop;
 pub mod tar;
 pub mod zip;
 
