@@ -2,18 +2,23 @@
 # Compressed tars served in place, beside ratarmount (issue 24, section 2): an
 # ImageNet-like tree (random bytes, 20-200 KB files: does not compress) and a text-like
 # one (words, 4-60 KB files: compresses ~4x), each packed by GNU tar and compressed as
-# .tar.gz (pigz: one gzip member, like gzip), .tar.zst (pzstd: several frames) and
-# .tar.bz2 (lbzip2). stagefs serves gzip and multi-frame zstd from restart points and
-# decompresses bzip2 whole into RAM; ratarmount uses rapidgzip, indexed_zstd and
-# indexed_bzip2. Prints, per archive and system: first mount (no saved index, page
-# cache dropped), remount (saved index), random reads of FILES files by 4 readers after
-# drop_caches (files/s, MB/s, per-file latency p50/p99), and the daemon's peak memory.
+# .tar.gz (pigz: one gzip member, like gzip), .tar.zst (pzstd: several frames),
+# .tar.bz2 (lbzip2) and .tar.xz (xz -T2, 4 MiB blocks). stagefs serves all from restart
+# points; ratarmount uses rapidgzip, indexed_zstd, indexed_bzip2 and python-xz. Then the
+# same tree packed by `stagefs pack --compress zstd` against `stagefs pack` (plain tar),
+# both served in place, and its size against `zstd -3` of the whole tar. Prints, per
+# archive and system: first mount (no saved index, page cache dropped), remount (saved
+# index), random reads of FILES files by 4 readers after drop_caches (files/s, MB/s,
+# per-file latency p50/p99), and the daemon's peak memory (VmHWM).
 # A benchmark: it asserts only that every file sampled reads back with the right size.
 #
 #   benches/compressed.sh [STAGEFS] [MIB] [FILES]   (defaults: target/release/stagefs 2048 2000)
 #
-# Needs GNU tar, pigz, pzstd, lbzip2, xz and ratarmount with indexed_bzip2 (installed into
-# benches/.venv when missing). Root (drop_caches). Work files go to $TMPDIR (disk).
+# Environment: KINDS (default "imagenet text"), EXTS (default "gz zst bz2 xz pack"),
+# BASELINE=/path/to/an/older/stagefs adds its rows (labelled "before") beside the others.
+# Needs GNU tar, pigz, pzstd, zstd, lbzip2, xz and ratarmount 1.3.0 with indexed_bzip2
+# (installed into benches/.venv when missing). Root (drop_caches). Work files go to
+# $TMPDIR (disk).
 set -euo pipefail
 # shellcheck source=benches/lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -22,6 +27,10 @@ mib=${2:-2048}
 files=${3:-2000}
 venv=$(dirname "$0")/.venv
 ratarmount=${RATARMOUNT:-$venv/bin/ratarmount}
+kinds=${KINDS:-imagenet text}
+exts=${EXTS:-gz zst bz2 xz pack}
+baseline=${BASELINE:+$(realpath "$BASELINE")}
+[ -x "$ratarmount" ] || { python3 -m venv "$venv" && "$venv/bin/pip" install -q --disable-pip-version-check 'ratarmount==1.3.0'; }
 "$venv/bin/python" -c 'import indexed_bzip2' 2>/dev/null ||
     "$venv/bin/pip" install -q --disable-pip-version-check 'indexed_bzip2>=1.6,<2'
 work=$(mktemp -d "${TMPDIR:-/tmp}/stagefs-compressed.XXXXXX")
@@ -107,34 +116,62 @@ run() {  # name archive mnt mount-cmd umount-cmd pid-cmd list
         "$(basename "$archive" | cut -d. -f2-)" "$name" "$first" "$remount" "$rate" "$mbs" "$p50" "$p99" "$((hwm / 1024))"
 }
 
+stagefs_run() {  # label binary archive [mount options]
+    local label=$1 b=$2 archive=$3 opts=${4:-}
+    run "$label" "$archive" "$work/mnt-stagefs" \
+        "'$b' mount $opts '$archive' '$work/mnt-stagefs' > /dev/null" \
+        "'$b' umount '$work/mnt-stagefs'" \
+        "'$b' status --json | python3 -c 'import json,sys; print([d[\"pid\"] for d in map(json.loads, sys.stdin) if \"mnt-stagefs\" in d[\"mountpoint\"] and \"pid\" in d][0])'" \
+        "$work/list"
+}
+
+mib_of() { echo "$(($(stat -c %s "$1") >> 20)) MiB"; }
+
 mkdir -p "$work/mnt-stagefs" "$work/mnt-ratar"
-for kind in imagenet text; do
+for kind in $kinds; do
     echo "making the $kind tree ($mib MiB)" >&2
     make_tree "$kind" "$work/src"
     (cd "$work/src" && find . -type f -printf '%P\t%s\n') > "$work/list"
     tar -C "$work/src" -cf "$work/$kind.tar" .
-    rm -rf "$work/src"
-    pigz -p 2 -c "$work/$kind.tar" > "$work/$kind.tar.gz"
-    pzstd -q -p 2 -c "$work/$kind.tar" > "$work/$kind.tar.zst"
-    lbzip2 -n 2 -c "$work/$kind.tar" > "$work/$kind.tar.bz2"
-    xz -T2 -1 --block-size=4MiB -c "$work/$kind.tar" > "$work/$kind.tar.xz"
-    echo "$kind: tar $(($(stat -c %s "$work/$kind.tar") >> 20)) MiB, gz $(($(stat -c %s "$work/$kind.tar.gz") >> 20)) MiB," \
-        "zst $(($(stat -c %s "$work/$kind.tar.zst") >> 20)) MiB, bz2 $(($(stat -c %s "$work/$kind.tar.bz2") >> 20)) MiB," \
-        "xz $(($(stat -c %s "$work/$kind.tar.xz") >> 20)) MiB," \
-        "$(wc -l < "$work/list") files"
-    rm "$work/$kind.tar"
-    for ext in gz zst bz2 xz; do
+    sizes="tar $(mib_of "$work/$kind.tar")"
+    for ext in $exts; do
+        case $ext in
+            gz) pigz -p 2 -c "$work/$kind.tar" > "$work/$kind.tar.gz" ;;
+            zst) pzstd -q -p 2 -c "$work/$kind.tar" > "$work/$kind.tar.zst" ;;
+            bz2) lbzip2 -n 2 -c "$work/$kind.tar" > "$work/$kind.tar.bz2" ;;
+            xz) xz -T2 -1 --block-size=4MiB -c "$work/$kind.tar" > "$work/$kind.tar.xz" ;;
+            *) continue ;;
+        esac
+        sizes="$sizes, $ext $(mib_of "$work/$kind.tar.$ext")"
+    done
+    echo "$kind: $sizes, $(wc -l < "$work/list") files"
+    for ext in $exts; do
+        if [ "$ext" = pack ]; then
+            # stagefs pack --compress zstd against the plain tar stagefs packs, both in
+            # place and cold; its size against zstd -3 of the whole tar (2 threads).
+            "$bin" pack "$work/src" "$work/$kind.pack.tar" 2> /dev/null
+            t0=$(now)
+            "$bin" pack --compress zstd "$work/src" "$work/$kind.pack.tar.zst" 2> /dev/null
+            packed=$(secs "$t0" "$(now)")
+            zstd -q -3 -T2 -c "$work/$kind.tar" > "$work/$kind.tar.zst3"
+            size=$(stat -c %s "$work/$kind.pack.tar.zst")
+            z3=$(stat -c %s "$work/$kind.tar.zst3")
+            echo "$kind: pack --compress zstd $size bytes in $packed s; zstd -3 $z3 bytes; ratio $(echo "scale=4; $size / $z3" | bc)"
+            # run() removes the indexes pack saved: the first mount scans (the zstd one
+            # by its seek table), the remount uses the index that scan saved.
+            stagefs_run stagefs "$bin" "$work/$kind.pack.tar" "--stage none"
+            stagefs_run stagefs "$bin" "$work/$kind.pack.tar.zst" "--stage none"
+            rm -f "$work/$kind".pack.* "$work/$kind.tar.zst3"
+            continue
+        fi
         archive="$work/$kind.tar.$ext"
-        run stagefs "$archive" "$work/mnt-stagefs" \
-            "'$bin' mount '$archive' '$work/mnt-stagefs' > /dev/null" \
-            "'$bin' umount '$work/mnt-stagefs'" \
-            "'$bin' status --json | python3 -c 'import json,sys; print([json.loads(l)[\"pid\"] for l in sys.stdin if \"mnt-stagefs\" in l][0])'" \
-            "$work/list"
+        stagefs_run stagefs "$bin" "$archive"
+        [ -z "$baseline" ] || stagefs_run before "$baseline" "$archive"
         run ratarmount "$archive" "$work/mnt-ratar" \
             "'$ratarmount' '$archive' '$work/mnt-ratar' > /dev/null 2>&1; while ! mountpoint -q '$work/mnt-ratar'; do sleep 0.05; done" \
             "fusermount3 -u '$work/mnt-ratar'; while pgrep -f 'ratarmount.*mnt-ratar' > /dev/null; do sleep 0.05; done" \
             "pgrep -f 'ratarmount.*mnt-ratar' | head -1" \
             "$work/list"
     done
-    rm -f "$work/$kind".tar.*
+    rm -rf "$work/src" "$work/$kind".tar*
 done

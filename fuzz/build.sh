@@ -16,7 +16,7 @@ cd "$(dirname "$0")"
 export RUSTC_BOOTSTRAP=1
 export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
 sanitizer="${SANITIZER:-address}"
-targets="tar squashfs index_cache decompress zip"
+targets="tar squashfs index_cache decompress seek_table zip"
 
 cargo fuzz build -a -s "$sanitizer"
 

@@ -28,6 +28,11 @@ impl Interrupted {
 
 /// Catches SIGTERM, SIGINT and SIGHUP from now on; they only set the flag [`check`] reads.
 pub fn arm() -> std::io::Result<()> {
+    // The archive code's long work polls the same flag.
+    stagefs_archive::stop::on_stop(|| received().is_some());
+    stagefs_archive::stop::on_phase(|name| {
+        let _ = phase(name);
+    });
     for signal in [SIGTERM, SIGINT, SIGHUP] {
         // Keep the first signal: a later one must not hide why start-up stopped.
         let flag = RECEIVED.clone();

@@ -74,7 +74,7 @@ impl From<StageError> for Failure {
     fn from(e: StageError) -> Failure {
         let code = match e {
             StageError::NoRoom { .. }
-            | StageError::NoRoomDecompressing { .. }
+            | StageError::NoRoomWhole(_)
             | StageError::NoDiskRoom { .. }
             | StageError::DiskFilled { .. } => code::NO_ROOM,
             StageError::NoStageDir | StageError::DiskSet(_) => code::USAGE,

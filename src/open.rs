@@ -179,7 +179,10 @@ pub fn index_loaded(
     }
     let started = Instant::now();
     let scanned = loaded.backing.len() as u64;
-    let mut archive = with_scan_progress(scanned, || Archive::from_staged(path, loaded.backing, loaded.codec))?;
+    let scanned = with_scan_progress(scanned, || Archive::from_staged(path, loaded.backing, loaded.codec));
+    // A pass or scan stopped by a signal fails as best it can: report the signal.
+    crate::cancel::check()?;
+    let mut archive = scanned?;
     if recursive && loaded.codec.is_some() {
         tracing::warn!(
             "{}: --recursive opens inner tars of an uncompressed tar; this {} tar is served compressed, so they \
@@ -188,7 +191,9 @@ pub fn index_loaded(
             loaded.codec.map_or("", |c| c.name())
         );
     } else if recursive {
-        archive = open_nested(path, archive)?;
+        let nested = open_nested(path, archive);
+        crate::cancel::check()?;
+        archive = nested?;
     }
     let elapsed = started.elapsed();
     let index = &archive.index;

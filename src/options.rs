@@ -13,8 +13,10 @@ pub struct MountOptions {
     /// Bring the archive close first: auto (from a network filesystem: into RAM when it fits,
     /// else to the local disk when it fits there), ram, copy, disk (to --stage-dir), none.
     /// Compressed tars (.gz .bz2, .xz of several blocks, .zst of several frames) are
-    /// staged compressed and decoded piece by piece as read; `copy` decompresses them whole
-    /// into RAM, as always happens to .lz4, single-block .xz and single-frame .zst.
+    /// staged compressed and decoded piece by piece as read (`ram` warms their decoded files
+    /// when they fit the RAM budget, else the compressed archive); `copy` decompresses them
+    /// whole into RAM. .lz4, single-block .xz and single-frame .zst are always decompressed
+    /// whole: into RAM, or onto the local disk with `disk` (and `auto` when RAM is short).
     #[arg(long, value_enum, default_value_t = StageMode::Auto)]
     pub stage: StageMode,
     /// The node-local directory --stage disk copies to (in a private stagefs-<uid> directory

@@ -58,6 +58,7 @@ fn fuzz_regressions_replay() {
                     "squashfs" => exercise::squashfs(&data),
                     "index_cache" => exercise::index_cache(&data),
                     "decompress" => exercise::decompress(&data, &scratch.join("input")),
+                    "seek_table" => exercise::seek_table(&data, &scratch.join("input")),
                     "zip" => exercise::zip(&data),
                     other => panic!("fuzz/{corpus}/{other}: no such fuzz target"),
                 };

@@ -16,13 +16,13 @@ use crate::compare::{assert_trees_equal, Options};
 use crate::util::*;
 
 /// `stagefs pack ARGS...`.
-fn pack<S: AsRef<OsStr>>(args: &[S]) -> CmdOutput {
+pub(crate) fn pack<S: AsRef<OsStr>>(args: &[S]) -> CmdOutput {
     let mut all: Vec<OsString> = vec!["pack".into()];
     all.extend(args.iter().map(|a| a.as_ref().to_os_string()));
     stagefs(&all)
 }
 
-fn write(path: &Path, bytes: &[u8]) {
+pub(crate) fn write(path: &Path, bytes: &[u8]) {
     fs::create_dir_all(path.parent().unwrap()).unwrap();
     fs::write(path, bytes).unwrap();
 }
@@ -31,7 +31,7 @@ fn write(path: &Path, bytes: &[u8]) {
 /// names that are not UTF-8 (short and long), empty files and directories, hard links
 /// across directories, symlinks (relative, absolute, dangling), a file large enough to be
 /// streamed in chunks, and some ordinary files.
-fn hard_tree(root: &Path) {
+pub(crate) fn hard_tree(root: &Path) {
     let mut rng = Rng::new(27);
     for i in 0..40 {
         let len = (rng.below(50_000)) as usize;
@@ -56,7 +56,7 @@ fn hard_tree(root: &Path) {
 }
 
 /// Compares what a tool extracted (or a mount shows) with the source, mtimes to the second.
-fn assert_same_tree(expected: &Path, actual: &Path) {
+pub(crate) fn assert_same_tree(expected: &Path, actual: &Path) {
     assert_trees_equal(expected, actual, &Options::default().nanos(false).xattrs(false));
 }
 

@@ -213,3 +213,61 @@ with tarfile.open(sys.argv[1], "w", format=tarfile.PAX_FORMAT) as t:
     assert_eq!(read(&m.path().join("big-xattr.txt")), b"hello");
     m.unmount().assert_success();
 }
+
+/// A `.tar.zst` of `zstd` runs concatenated, one of them a 48 MiB frame (past the 32 MiB
+/// a read decodes whole): the large file inside it read front to back in 128 KiB reads
+/// (kept decoders, not one decode per piece from the frame's start), then the small
+/// files around it by 4 readers at once; every byte compared with GNU tar's extraction.
+#[test]
+fn a_large_zstd_frame_reads_front_to_back_and_its_neighbours_read_at_once() {
+    require_root();
+    let tmp = TempDir::new("seekable-big-frame");
+    let src = tmp.join("src");
+    fs::create_dir_all(src.join("small")).unwrap();
+    fs::write(src.join("big.bin"), text_like(21, 48 << 20)).unwrap();
+    for i in 0..200 {
+        fs::write(src.join(format!("small/{i:03}.txt")), text_like(1000 + i, 10_000 + (i as usize * 331) % 40_000))
+            .unwrap();
+    }
+    // Three tars: the small files, the big file, the small files again under another
+    // name order; each run of `zstd` makes a frame, concatenated into one tar stream.
+    let tar = tmp.join("data.tar");
+    run_tool("tar", ["-C".as_ref(), src.as_os_str(), "-cf".as_ref(), tar.as_os_str(), ".".as_ref()]).assert_success();
+    let bytes = read(&tar);
+    let big_at = bytes.windows(7).position(|w| w == b"big.bin").expect("big.bin's header") as u64 / 512 * 512;
+    let cuts = [0, big_at as usize, (big_at as usize + 512 + (48 << 20)).min(bytes.len()), bytes.len()];
+    let mut zst = Vec::new();
+    for w in cuts.windows(2).filter(|w| w[0] < w[1]) {
+        let part = tmp.join("part");
+        fs::write(&part, &bytes[w[0]..w[1]]).unwrap();
+        let out = tmp.join("part.zst");
+        run_tool("zstd", ["-q".as_ref(), "-f".as_ref(), part.as_os_str(), "-o".as_ref(), out.as_os_str()])
+            .assert_success();
+        zst.extend(read(&out));
+    }
+    let archive = tmp.join("data.tar.zst");
+    fs::write(&archive, zst).unwrap();
+    let extracted = tmp.join("extracted");
+    extract_tar(&tar, &extracted);
+    let m = Mounted::new(&archive, &tmp.join("mnt"));
+    let want = read(&extracted.join("big.bin"));
+    let f = fs::File::open(m.path().join("big.bin")).unwrap();
+    let mut buf = vec![0u8; 128 << 10];
+    for at in (0..want.len()).step_by(buf.len()) {
+        let n = f.read_at(&mut buf, at as u64).unwrap();
+        assert!(buf[..n] == want[at..at + n], "big.bin differs at {at}");
+    }
+    drop(f);
+    std::thread::scope(|s| {
+        for reader in 0..4 {
+            let (mnt, extracted) = (m.path(), &extracted);
+            s.spawn(move || {
+                for i in (reader..200).step_by(4) {
+                    let name = format!("small/{i:03}.txt");
+                    assert!(read(&mnt.join(&name)) == read(&extracted.join(&name)), "{name} differs");
+                }
+            });
+        }
+    });
+    m.unmount().assert_success();
+}

@@ -7,6 +7,7 @@
 mod broadcast;
 mod cluster;
 mod compare;
+mod decode_whole;
 mod disk;
 mod errors;
 mod formats;
@@ -17,6 +18,7 @@ mod neighbours;
 mod nested;
 mod one_copy;
 mod pack;
+mod pack_compress;
 mod remote;
 mod second_day;
 mod seekable;

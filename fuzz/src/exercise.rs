@@ -67,6 +67,24 @@ pub fn index_cache(data: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+/// The zstd seek table parser over arbitrary bytes: a table it accepts lists frames that
+/// tile the bytes before it, no more than the restart point cap allows; then the bytes
+/// go through the decompress path (a table that lies must fail there, never serve).
+pub fn seek_table(data: &[u8], scratch: &Path) -> Result<(), String> {
+    use stagefs_archive::seekable::{max_points, seek_table};
+    if let Some(Ok(frames)) = seek_table::parse(data) {
+        assert!(frames.len() <= max_points(data.len() as u64), "{} frames pass the cap", frames.len());
+        let mut at = 0;
+        for frame in &frames {
+            assert_eq!(frame.at, at, "frames tile the file");
+            assert!(frame.compressed > 0 && frame.decoded <= seek_table::MAX_FRAME_DECODED);
+            at += u64::from(frame.compressed);
+        }
+        assert!(at < data.len() as u64, "the table follows the frames");
+    }
+    decompress(data, scratch)
+}
+
 /// The decompressors of compressed tars: the bytes are written to `scratch` and loaded
 /// the way `stagefs mount` loads an archive (staging capped at 256 MiB), then indexed
 /// and served when they decompress.

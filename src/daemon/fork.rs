@@ -62,9 +62,12 @@ pub(super) fn spawn_daemon(
             let code = match result {
                 Ok(()) => 0,
                 Err(failure) => {
-                    if let Some(mut pipe) = ready.take() {
-                        let _ = write!(pipe, "{} {}", failure.code, failure.message);
-                    } else {
+                    // The waiting `stagefs mount` prints it; if it died (the pipe is
+                    // broken) or readiness was reported already, the log says it.
+                    let told = ready.take().is_some_and(|mut pipe| {
+                        write!(pipe, "{} {}", failure.code, failure.message).and_then(|()| pipe.flush()).is_ok()
+                    });
+                    if !told {
                         tracing::error!("{}", failure.message);
                     }
                     failure.code

@@ -60,12 +60,10 @@ pub(super) fn serve(
     ready: &mut Option<File>,
 ) -> Result<(), Failure> {
     let result = start::start(archive_path, mountpoint, request, created, log, ready);
-    if let Err(failure) = &result {
-        if crate::cancel::received().is_some() {
-            // Nobody may be left to report this (the parent died): leave no lock either.
-            watch::daemon_exiting(mountpoint);
-            tracing::warn!("{}", failure.message);
-        }
+    if result.is_err() && crate::cancel::received().is_some() {
+        // Leave no lock; the failure itself is reported once, by whoever is left (see
+        // `fork`: the waiting `stagefs mount`, or this log when it died).
+        watch::daemon_exiting(mountpoint);
     }
     let start::Live { session, fs, stage_dir, control } = result?;
     let result = session.join();

@@ -36,6 +36,19 @@ pub(super) fn warm_page_cache(
         Some(_) => None,
     };
     if let Some(why) = why_not {
+        if let Some(compressed) = fs.compressed_input().filter(|c| c.len() as u64 <= headroom) {
+            // Staged compressed, as `--stage ram` promises for a tar with restart points:
+            // the compressed bytes in the page cache, the files decoded from them as read.
+            let started = std::time::Instant::now();
+            let bytes = warm_compressed(&compressed);
+            report::report_done(&format!(
+                "warmed the compressed archive ({}) into the page cache in {:.2} s; the files are decoded from it \
+                 as read ({why})",
+                report::human(bytes),
+                started.elapsed().as_secs_f64()
+            ));
+            return Ok(bytes);
+        }
         if staging == Staging::Disk {
             // Expected for an archive staged to disk because it is larger than RAM.
             tracing::info!("not warming the page cache: {why}; reads go to the copy on the local disk");
@@ -83,6 +96,21 @@ pub(super) fn warm_page_cache(
         if warmed.skipped > 0 { format!(" ({} left cold, see -vv)", warmed.skipped) } else { String::new() }
     ));
     Ok(warmed.bytes)
+}
+
+/// Reads the compressed file once, so its pages are in the page cache: the bytes read.
+fn warm_compressed(compressed: &stagefs_archive::Backing) -> u64 {
+    const STEP: usize = 8 << 20;
+    let len = compressed.len() as u64;
+    let mut at = 0u64;
+    while at < len && crate::cancel::check().is_ok() {
+        let n = STEP.min((len - at) as usize);
+        if compressed.read_at(at, n).is_err() {
+            break;
+        }
+        at += n as u64;
+    }
+    at
 }
 
 /// How often the warm-up of a file served in place drops the file's cached pages.

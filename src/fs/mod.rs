@@ -240,6 +240,14 @@ impl Fs {
         self.each_archive(Archive::release_caches);
     }
 
+    /// The compressed file, when this is a compressed tar served by restart points.
+    pub fn compressed_input(&self) -> Option<stagefs_archive::Backing> {
+        match &self.content {
+            Content::Fixed(archive) => archive.reader().compressed_input(),
+            Content::Growing(_) => None,
+        }
+    }
+
     /// See [`stagefs_archive::Reader::drop_source_cache`].
     pub fn drop_source_cache(&self) {
         self.each_archive(Archive::drop_source_cache);

@@ -154,6 +154,8 @@ mod tests {
             shard_size: None,
             normalize: false,
             read_ahead: 1 << 20,
+            compress: None,
+            level: None,
         };
         args.run().unwrap(); // not execute(): it would catch signals in the test process
         let file = crate::places::open_outside(&out, crate::places::Trust::Named, None).unwrap();

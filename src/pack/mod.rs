@@ -8,6 +8,7 @@
 //! index saved, since the saved index's key includes the archive's ctime, which the
 //! rename changes. The same tree always gives the same bytes, whatever the thread count.
 
+pub mod compress;
 mod index;
 mod output;
 mod read;
@@ -53,6 +54,15 @@ pub struct PackArgs {
     /// Most bytes of file content read ahead of the writer
     #[arg(long, value_name = "SIZE", value_parser = crate::report::parse_size, default_value = "256M")]
     pub read_ahead: u64,
+    /// Compress the tar as it is written, in independent frames of at most 1 MiB of tar cut
+    /// between members, so that stagefs reads any file by decoding its own frame: zstd
+    /// (with the seekable format's seek table) or gzip (BGZF members, as bgzip writes). Every
+    /// zstd or gzip tool reads the result; compression runs on every core
+    #[arg(long, value_name = "CODEC")]
+    pub compress: Option<compress::Compression>,
+    /// Compression level (zstd: 1-19, default 3; gzip: 1-9, default 6)
+    #[arg(long, requires = "compress", value_parser = clap::value_parser!(i32).range(1..=19))]
+    pub level: Option<i32>,
 }
 
 /// What the writer needs of the arguments.
@@ -61,6 +71,8 @@ pub struct Options {
     pub normalize: bool,
     /// The archives' final mode (0666 less the umask, as tar creates them).
     pub mode: u32,
+    /// `--compress` and `--level`.
+    pub compress: Option<(compress::Compression, Option<i32>)>,
 }
 
 /// One path to archive, in archive order.
@@ -186,11 +198,17 @@ impl PackArgs {
             None => self.out.clone(),
         };
         // Before the walk, which may take minutes: an unwritable destination fails at once.
+        if let (Some(compression), Some(level)) = (self.compress, self.level) {
+            if compression == compress::Compression::Gzip && level > 9 {
+                return Err(PackError::Usage(format!("--level {level}: gzip's levels are 1 to 9")));
+            }
+        }
         let made = crate::places::output_parents(&first_path, 0o777 & !umask())
             .map_err(|e| PackError::Usage(format!("cannot make the directory of {}: {e}", first_path.shown())))?;
         // Directories made for OUT go again if the pack fails: nothing partial is left.
         let mut made = Made(made);
-        let first = output::Output::create(&first_path)?;
+        let compress = self.compress.map(|c| (c, self.level));
+        let first = output::Output::create(&first_path, compress)?;
         let entries = walk::walk(&self.dir, listed, &filter, threads)?;
         let mut members: Vec<Member> = entries
             .into_iter()
@@ -199,7 +217,7 @@ impl PackArgs {
             .collect();
         shards::plan(&mut members, self.shard_size);
         shards::link_hardlinks(&mut members);
-        let opts = Options { out: self.out.clone(), normalize: self.normalize, mode: 0o666 & !umask() };
+        let opts = Options { out: self.out.clone(), normalize: self.normalize, mode: 0o666 & !umask(), compress };
         let window = read::Window::new(&self.dir, &members, self.read_ahead);
         let mut writer = write::Writer::new(&self.dir, &members, &opts, first);
         std::thread::scope(|s| {
@@ -277,7 +295,24 @@ fn save_index(out: &mut output::Output) -> Result<(), String> {
     let (index, sparse_files, extents) = std::mem::take(&mut out.index).finish().map_err(|e| e.to_string())?;
     let file =
         crate::places::open_outside(&out.final_path, crate::places::Trust::Named, None).map_err(|e| e.to_string())?;
-    let backing = stagefs_archive::map_file(file.file()).map_err(|e| e.to_string())?;
+    let mut backing = stagefs_archive::map_file(file.file()).map_err(|e| e.to_string())?;
+    if let Some(framer) = &out.framer {
+        // A compressed archive's index holds its frames as restart points: a mount reads
+        // any file at once, decoding only its frame.
+        use stagefs_archive::seekable::{Codec, Point, Points, Seekable};
+        let codec = match framer.compression() {
+            compress::Compression::Zstd => Codec::Zstd,
+            compress::Compression::Gzip => Codec::Gzip,
+        };
+        let list = framer
+            .written
+            .iter()
+            .map(|&(tar_at, at, _, _)| Point { out: tar_at, input: at, bits: 0, window: None, end: 0 })
+            .collect();
+        let points = Points { codec, list, total: out.pos() };
+        let decoded = stagefs_archive::Source::decoded(Seekable::new(backing, points)).map_err(|e| e.to_string())?;
+        backing = std::sync::Arc::new(decoded);
+    }
     let reader = stagefs_archive::tar::TarReader::from_parts(backing, sparse_files, extents)
         .ok_or("sparse tables out of bounds")?;
     let key = crate::saved_index::Key::of(file.file()).map_err(|e| e.to_string())?;

@@ -13,6 +13,7 @@ use std::io::{BufWriter, Seek, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use super::compress::{Compression, Framer};
 use super::index::ShardIndex;
 use super::PackError;
 use stagefs_archive::tar::write as tar_writer;
@@ -27,11 +28,13 @@ pub struct Output {
     /// Directories already written to this archive.
     pub dirs: std::collections::HashSet<Vec<u8>>,
     installed: bool,
+    /// `--compress`: the tar goes through this into frames.
+    pub framer: Option<Framer>,
 }
 
 impl Output {
     /// Creates the temp file for `final_path`.
-    pub fn create(final_path: &Path) -> Result<Output, PackError> {
+    pub fn create(final_path: &Path, compress: Option<(Compression, Option<i32>)>) -> Result<Output, PackError> {
         let mut name = OsString::from(".");
         name.push(final_path.file_name().unwrap_or_default());
         name.push(format!(".{}.stagefs-pack", crate::places::random_suffix()));
@@ -55,6 +58,7 @@ impl Output {
             index: ShardIndex::default(),
             dirs: Default::default(),
             installed: false,
+            framer: compress.map(|(compression, level)| Framer::new(compression, level)),
         })
     }
 
@@ -67,8 +71,21 @@ impl Output {
         self.pos
     }
 
+    /// A member of `len` tar bytes starts here (`u64::MAX`: not known yet): where a
+    /// compressed archive may cut a frame.
+    pub fn member_starts(&mut self, len: u64) -> Result<(), PackError> {
+        if let Some(framer) = &mut self.framer {
+            framer.member_starts(len, &mut self.file).map_err(|e| self.error("cannot write", e))?;
+        }
+        Ok(())
+    }
+
     pub fn write(&mut self, bytes: &[u8]) -> Result<(), PackError> {
-        self.file.write_all(bytes).map_err(|e| self.error("cannot write", e))?;
+        let written = match &mut self.framer {
+            Some(framer) => framer.write(bytes, &mut self.file),
+            None => self.file.write_all(bytes),
+        };
+        written.map_err(|e| self.error("cannot write", e))?;
         self.pos += bytes.len() as u64;
         Ok(())
     }
@@ -81,9 +98,13 @@ impl Output {
 
     /// Drops everything from `pos` on (a member whose file changed while it was copied).
     pub fn truncate(&mut self, pos: u64) -> Result<(), PackError> {
+        let file_pos = match &mut self.framer {
+            Some(framer) => framer.truncate(pos, &mut self.file).map_err(|e| self.error("cannot write", e))?,
+            None => pos,
+        };
         self.file.flush().map_err(|e| self.error("cannot write", e))?;
         let file = self.file.get_mut();
-        let result = file.set_len(pos).and_then(|()| file.seek(std::io::SeekFrom::Start(pos)));
+        let result = file.set_len(file_pos).and_then(|()| file.seek(std::io::SeekFrom::Start(file_pos)));
         result.map_err(|e| self.error("cannot truncate", e))?;
         self.pos = pos;
         Ok(())
@@ -93,7 +114,15 @@ impl Output {
     /// fsync'ed (tar does not either): the rename protects against errors and signals,
     /// not against a crash of the machine.
     pub fn finish(&mut self, mode: u32) -> Result<(), PackError> {
+        self.member_starts(tar_writer::end().len() as u64)?;
         self.write(&tar_writer::end())?;
+        if let Some(framer) = &mut self.framer {
+            framer.finish(&mut self.file).map_err(|e| PackError::Output {
+                path: self.final_path.clone(),
+                what: "cannot write".into(),
+                source: e,
+            })?;
+        }
         self.file.flush().map_err(|e| self.error("cannot write", e))?;
         let file = self.file.get_ref();
         file.set_permissions(std::fs::Permissions::from_mode(mode)).map_err(|e| self.error("cannot chmod", e))

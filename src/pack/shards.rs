@@ -75,8 +75,10 @@ pub fn link_hardlinks(members: &mut [Member]) {
 /// The file shard `n` goes to: `OUT-000000.tar` for `OUT.tar` (or `OUT`).
 pub fn shard_path(out: &Path, n: u32) -> PathBuf {
     let name = out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let stem = name.strip_suffix(".tar").unwrap_or(&name);
-    out.with_file_name(format!("{stem}-{n:06}.tar"))
+    // A compressed archive's shards keep its extension.
+    let suffix = [".tar.zst", ".tar.gz", ".tar"].into_iter().find(|s| name.ends_with(s)).unwrap_or(".tar");
+    let stem = name.strip_suffix(suffix).unwrap_or(&name);
+    out.with_file_name(format!("{stem}-{n:06}{suffix}"))
 }
 
 #[cfg(test)]

@@ -75,7 +75,7 @@ impl<'a> Writer<'a> {
             let content = window.take(i)?;
             if m.shard as usize >= self.outputs.len() {
                 self.outputs.last_mut().expect("shard 0 exists").finish(self.opts.mode)?;
-                self.outputs.push(Output::create(&shard_path(&self.opts.out, m.shard))?);
+                self.outputs.push(Output::create(&shard_path(&self.opts.out, m.shard), self.opts.compress)?);
             }
             self.parents(&m.path)?;
             if m.stat.file_type() != libc::S_IFDIR || !self.current().dirs.contains(&m.path) {
@@ -182,6 +182,7 @@ impl<'a> Writer<'a> {
         stat.size = size;
         let (header, attrs) = self.header(&path, kind, &stat, &link, None);
         let out = self.current();
+        out.member_starts(header.len() as u64 + size + tar_writer::padding(size) as u64)?;
         out.write(&header)?;
         let offset = out.pos();
         out.write(data)?;
@@ -253,6 +254,9 @@ impl<'a> Writer<'a> {
             };
             let stored = runs.as_deref().map(sparse::stored_len);
             let (header, attrs) = self.header(tar_path, Kind::File, &before, &[], stored);
+            // A large member starts a compressed frame of its own: written again after
+            // a change, it is cut back to that frame's start.
+            self.current().member_starts(u64::MAX)?;
             self.current().write(&header)?;
             if let Some(runs) = &runs {
                 self.current().write(&tar_writer::sparse_map(runs))?;

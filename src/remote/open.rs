@@ -198,9 +198,14 @@ fn from_copy(
     if let (Some(compression), None) = (compression, codec) {
         drop(mapped);
         let budget = crate::stage::RamBudget::measure(max_ram);
-        let backing = crate::stage::decompress(shown, file, compression, &budget)?;
-        let staged_bytes = backing.len() as u64;
-        return Ok(Loaded { backing, staged_bytes, staging: Staging::Copy, disk: None, codec: None });
+        let staged = crate::stage::decompress_into_ram(shown, file, compression, mode, &budget)?;
+        return Ok(Loaded {
+            backing: staged.backing,
+            staged_bytes: staged.staged_bytes,
+            staging: staged.staging,
+            disk: staged.disk,
+            codec: None,
+        });
     }
     let (staged_bytes, staging) = if disk.is_some() { (0, Staging::Disk) } else { (size, Staging::Copy) };
     Ok(Loaded { backing: mapped, staged_bytes, staging, disk, codec })

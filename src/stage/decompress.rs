@@ -1,17 +1,14 @@
-//! Compressed tars decompressed whole into private RAM, within the budget: `--stage copy`, and those without restart points (lz4, one xz block, one zstd frame).
+//! Compressed tars decompressed whole, into private RAM within the budget or onto the local disk (see `whole`): `--stage copy`, and those without restart points (lz4, one xz block, one zstd frame).
 
 use std::fs::File;
 use std::io::Read;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::budget::RamBudget;
 use super::error::StageError;
-use super::ram::{map_staged, memfd};
-use stagefs_archive::Backing;
+use super::whole::{Staged, Target};
 
 /// Compressions a tar may come in, detected by magic bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,9 +85,10 @@ impl<R: std::io::BufRead> Read for Lz4Frames<R> {
     }
 }
 
-/// Decompresses the whole stream into RAM, checking the budget as it grows (the final
-/// size of most compressed streams is unknown until the end).
-pub fn decompress(path: &Path, file: File, kind: Compression, budget: &RamBudget) -> Result<Backing, StageError> {
+/// Decompresses the whole stream into `target` (RAM within the budget, or the local
+/// disk; see `whole`), which checks the room as it grows (the final size of most
+/// compressed streams is unknown until the end).
+pub fn decompress(path: &Path, file: File, kind: Compression, mut target: Target) -> Result<Staged, StageError> {
     let started = Instant::now();
     let consumed = Arc::new(AtomicU64::new(0));
     let source = file.try_clone().map_err(|e| StageError::Io {
@@ -110,11 +108,8 @@ pub fn decompress(path: &Path, file: File, kind: Compression, budget: &RamBudget
             })?),
             Compression::Lz4 => Box::new(Lz4Frames { decoder: Some(lz4_flex::frame::FrameDecoder::new(input)) }),
         };
-    // A memfd's size costs nothing until written: size it to the budget, trim at the end.
-    let target = memfd(path, budget.bytes)?;
     let bar = crate::report::progress(None, &format!("decompressing {}", kind.name()));
     let mut buf = vec![0u8; 8 << 20];
-    let mut written = 0u64;
     loop {
         if let Err(interrupted) = crate::cancel::check() {
             bar.finish_and_clear();
@@ -134,36 +129,24 @@ pub fn decompress(path: &Path, file: File, kind: Compression, budget: &RamBudget
                 });
             }
         };
-        if written + n as u64 > budget.bytes {
-            bar.finish_and_clear();
-            return Err(StageError::NoRoomDecompressing {
-                path: path.to_owned(),
-                so_far: written + n as u64,
-                budget: budget.bytes,
-                budget_reason: budget.reason.clone(),
-            });
+        let before = target.written();
+        target.write(&buf[..n]).inspect_err(|_| bar.finish_and_clear())?;
+        if before == 0 {
+            // Tests hold this point to signal a decompression under way.
+            crate::cancel::phase("decompressing").inspect_err(|_| bar.finish_and_clear())?;
         }
-        target.write_all_at(&buf[..n], written).map_err(|source| StageError::Io {
-            path: path.to_owned(),
-            what: format!("out of staging memory at byte {written}"),
-            source,
-        })?;
-        written += n as u64;
-        bar.set_position(written);
+        bar.set_position(target.written());
         // The compressed bytes are read once: drop them from the page cache behind us.
-        if written % (256 << 20) < n as u64 {
+        if target.written() % (256 << 20) < n as u64 {
             stagefs_archive::drop_file_cache(&source, 0, consumed.load(Ordering::Relaxed));
         }
     }
     stagefs_archive::drop_file_cache(&source, 0, 0);
     bar.finish_and_clear();
-    target.set_len(written).map_err(|source| StageError::Io {
-        path: path.to_owned(),
-        what: "cannot trim the staging memory".into(),
-        source,
-    })?;
+    let written = target.written();
+    let staged = target.finish()?;
     crate::report::summary(&format!("decompressed ({})", kind.name()), path, written, started);
-    map_staged(path, &target)
+    Ok(staged)
 }
 
 #[cfg(test)]

@@ -13,6 +13,8 @@ pub enum StageError {
     NoRoom { path: PathBuf, needed: u64, budget: u64, budget_reason: String },
     #[error("not enough RAM to decompress {}: it needs more than {}, the budget is {} ({budget_reason}); free memory, raise --max-ram, or mount without --stage copy (gzip, bzip2, multi-block xz and multi-frame zstd tars are then served compressed)", path.shown(), human(*so_far), human(*budget))]
     NoRoomDecompressing { path: PathBuf, so_far: u64, budget: u64, budget_reason: String },
+    #[error("{0}")]
+    NoRoomWhole(Box<super::whole::NoRoomWhole>),
     #[error("{}: corrupt {kind} stream at or before compressed byte {offset}: {message}", path.shown())]
     CorruptStream { path: PathBuf, kind: &'static str, offset: u64, message: String },
     #[error("not enough room on the local disk to stage {}: it needs {}, {} has {} free less a margin of {} (for others on the node); free space there, give another --stage-dir, or use --stage none to serve it in place", path.shown(), human(*needed), dir.shown(), human(*free), human(*margin))]

@@ -20,6 +20,7 @@ mod decompress;
 pub mod disk;
 mod error;
 pub(crate) mod ram;
+mod whole;
 
 use stagefs_archive::escape::Shown;
 use std::fs::File;
@@ -96,8 +97,11 @@ pub struct Loaded {
 /// What to do with an archive: the staging decision, a pure function of [`Facts`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
-    /// Decompress it whole into private RAM.
+    /// Decompress it whole into private RAM (`--stage auto`: onto the local disk once RAM
+    /// is short, if it has room).
     Decompress(Compression),
+    /// Decompress it whole onto the local disk (`--stage disk`).
+    DecompressToDisk(Compression),
     /// Copy it to the local disk (`--stage disk`: a missing staging directory is an error).
     Disk,
     /// Copy it to the local disk if there is a staging directory with room; else in place.
@@ -128,9 +132,13 @@ pub struct Facts {
 /// The staging decision. `auto` stages in RAM what is remote and fits, sends what is
 /// remote and too large to the local disk, and serves local archives in place (the page
 /// cache keeps what is read). A compressed tar that has restart points is staged the
-/// same way, compressed; others, and any with `--stage copy`, are decompressed whole.
+/// same way, compressed; others, and any with `--stage copy`, are decompressed whole:
+/// into RAM, or onto the local disk with `--stage disk` (and `auto` once RAM is short).
 pub fn decide(facts: &Facts) -> Decision {
     if let Some(compression) = facts.compression {
+        if !facts.seekable && facts.mode == StageMode::Disk {
+            return Decision::DecompressToDisk(compression);
+        }
         if !facts.seekable || facts.mode == StageMode::Copy {
             return Decision::Decompress(compression);
         }
@@ -146,6 +154,20 @@ pub fn decide(facts: &Facts) -> Decision {
             (false, _) => Decision::InPlace,
         },
     }
+}
+
+/// Decompresses the whole of `file` into private RAM (a copy that arrived whole: a broadcast,
+/// an object fetched from a store).
+pub(crate) fn decompress_into_ram(
+    path: &Path,
+    file: File,
+    compression: Compression,
+    mode: StageMode,
+    budget: &RamBudget,
+) -> Result<whole::Staged, StageError> {
+    let why = whole::Why { kind: compression, mode };
+    let target = whole::Target::new(path, budget, whole::Place::Ram, None, why)?;
+    decompress(path, file, compression, target)
 }
 
 /// Opens `path` per `mode`: maps it in place, copies it into RAM or to the local disk
@@ -167,26 +189,35 @@ pub fn load(
     let mut head = [0u8; 6];
     let n = file.read_at(&mut head, 0).map_err(io("cannot read"))?;
     let budget = RamBudget::measure(max_ram);
+    stagefs_archive::seekable::set_cache_budget(budget.bytes);
     if let Some(received) = received {
         // A compressed tar is broadcast as it is, and decompressed from the node's copy.
         let n = received.file.read_at(&mut head, 0).map_err(io("cannot read its broadcast copy"))?;
         if let Some(compression) = Compression::detect(&head[..n]) {
-            let backing = decompress(path, received.file, compression, &budget)?;
-            let staged_bytes = backing.len() as u64;
-            return Ok(Loaded { backing, staged_bytes, staging: Staging::Copy, disk: None, codec: None });
+            let staged = decompress_into_ram(path, received.file, compression, mode, &budget)?;
+            let whole::Staged { backing, staging, staged_bytes, disk } = staged;
+            return Ok(Loaded { backing, staged_bytes, staging, disk, codec: None });
         }
         return serve_received(path, received);
     }
     let compression = Compression::detect(&head[..n]);
+    let mut decoded_size = None;
     let codec = match compression {
-        Some(_) => Codec::for_tar(&stagefs_archive::map_file(&file).map_err(io("cannot map"))?),
+        Some(_) => {
+            let map = stagefs_archive::map_file(&file).map_err(io("cannot map"))?;
+            let codec = Codec::for_tar(&map);
+            if codec.is_none() {
+                decoded_size = stagefs_archive::seekable::decoded_size(&map);
+            }
+            codec
+        }
         None => None,
     };
     // Only `auto` asks where the archive lies: statfs on a hung mount can be slow.
     let remote = mode == StageMode::Auto && is_network_filesystem(&file);
     let facts = Facts { mode, size, compression, remote, budget: budget.bytes, seekable: codec.is_some() };
     let decision = decide(&facts);
-    if mode == StageMode::Auto && !matches!(decision, Decision::Decompress(_)) {
+    if mode == StageMode::Auto && !matches!(decision, Decision::Decompress(_) | Decision::DecompressToDisk(_)) {
         tracing::info!(
             "--stage auto: {} ({}) is on a {} filesystem, the RAM budget is {} ({}): {}",
             path.shown(),
@@ -202,10 +233,20 @@ pub fn load(
         );
     }
     let mut loaded = match decision {
-        Decision::Decompress(compression) => {
-            let backing = decompress(path, file, compression, &budget)?;
-            let staged_bytes = backing.len() as u64;
-            Loaded { backing, staged_bytes, staging: Staging::Copy, disk: None, codec: None }
+        Decision::Decompress(compression) | Decision::DecompressToDisk(compression) => {
+            let place = match decision {
+                Decision::DecompressToDisk(_) => {
+                    let base = disk::base_dir(stage_dir).ok_or(StageError::NoStageDir)?;
+                    whole::Place::Disk(disk::staging_dir(&base)?)
+                }
+                // `auto` decodes onto the local disk what does not fit in RAM.
+                _ if mode == StageMode::Auto => whole::Place::RamThenDisk(auto_whole_dir(stage_dir)),
+                _ => whole::Place::Ram,
+            };
+            let why = whole::Why { kind: compression, mode };
+            let target = whole::Target::new(path, &budget, place, decoded_size, why)?;
+            let whole::Staged { backing, staging, staged_bytes, disk } = decompress(path, file, compression, target)?;
+            Loaded { backing, staged_bytes, staging, disk, codec: None }
         }
         Decision::Disk => {
             let base = disk::base_dir(stage_dir).ok_or(StageError::NoStageDir)?;
@@ -242,7 +283,7 @@ pub fn load(
         }
         Decision::InPlace => in_place(path, &file, Staging::InPlace)?,
     };
-    if !matches!(decision, Decision::Decompress(_)) {
+    if !matches!(decision, Decision::Decompress(_) | Decision::DecompressToDisk(_)) {
         loaded.codec = codec;
     }
     Ok(loaded)
@@ -281,6 +322,14 @@ fn auto_disk_dir(path: &Path, stage_dir: Option<&Path>, size: u64) -> Result<cra
     let dir = disk::staging_dir(&base).map_err(|e| e.to_string())?;
     disk::check_room(path, &dir, size).map_err(|e| e.to_string())?;
     Ok(dir)
+}
+
+/// `--stage auto`'s local disk for a tar decoded whole that outgrows RAM (its room is
+/// checked once its size is known), or why there is none.
+fn auto_whole_dir(stage_dir: Option<&Path>) -> Result<std::path::PathBuf, String> {
+    disk::base_dir(stage_dir).ok_or_else(|| {
+        "there is no local disk to decode onto: no --stage-dir, SLURM_TMPDIR or TMPDIR is set".to_string()
+    })
 }
 
 /// Copies the archive to a nameless file in `dir` (room checked first) and serves it in place.
@@ -342,7 +391,9 @@ mod tests {
         const GB: u64 = 1 << 30;
         let gz = Some(Compression::Gzip);
         // (mode, size, compression, remote, budget) -> decision, for a compressed tar
-        // without restart points (bzip2, xz, lz4, one zstd frame) when compressed.
+        // without restart points (lz4, one xz block, one zstd frame) when compressed:
+        // decoded whole into RAM (`auto`: onto the local disk once RAM is short), or onto
+        // the local disk with `--stage disk`.
         let table = [
             (Auto, GB, None, true, 8 * GB, PageCache),
             (Auto, 16 * GB, None, true, 8 * GB, DiskIfRoom),
@@ -352,7 +403,7 @@ mod tests {
             (Ram, 16 * GB, None, false, 8 * GB, PageCache),
             (CopyMode, GB, None, false, 8 * GB, Copy),
             (DiskMode, GB, None, true, 8 * GB, Disk),
-            (DiskMode, GB, gz, true, 8 * GB, Decompress(Compression::Gzip)),
+            (DiskMode, GB, gz, true, 8 * GB, DecompressToDisk(Compression::Gzip)),
             (NoneMode, GB, None, true, 8 * GB, InPlace),
             (NoneMode, GB, gz, false, 8 * GB, Decompress(Compression::Gzip)),
         ];

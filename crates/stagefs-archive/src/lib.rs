@@ -45,6 +45,7 @@ mod reader;
 pub mod seekable;
 pub mod set;
 pub mod squashfs;
+pub mod stop;
 pub mod tar;
 pub mod zip;
 

@@ -39,6 +39,12 @@ pub trait Reader: Send + Sync {
         None
     }
 
+    /// The compressed file they are decoded from, then (the warm-up reads it into the page
+    /// cache: staged compressed).
+    fn compressed_input(&self) -> Option<crate::Backing> {
+        None
+    }
+
     /// The tables a saved index keeps besides the tree: only a tar has them (zip and
     /// SquashFS carry their index inside the archive).
     fn saved(&self) -> Option<&TarReader> {

@@ -248,16 +248,16 @@ mod tests {
     fn s3_and_https_urls_parse_and_show_no_secrets() {
         let s3 = ObjectUrl::parse("s3://my-bucket/shards/train 1.tar", false).unwrap();
         assert_eq!(s3, ObjectUrl::S3 { bucket: "my-bucket".into(), key: "shards/train 1.tar".into() });
-        assert_eq!(s3.display(), "s3://my-bucket/shards/train 1.tar");
+        assert_eq!(s3.shown(), "s3://my-bucket/shards/train 1.tar");
         assert_eq!(s3.file_name(), "train 1.tar");
-        assert_eq!(s3.with_suffix(".stagefs-index").display(), "s3://my-bucket/shards/train 1.tar.stagefs-index");
+        assert_eq!(s3.with_suffix(".stagefs-index").shown(), "s3://my-bucket/shards/train 1.tar.stagefs-index");
         let signed = "https://alice:hunter2@data.example.org:8443/sets/a.tar?X-Amz-Signature=abc&X-Amz-Credential=k#f";
         let https = ObjectUrl::parse(signed, false).unwrap();
         let u = https.http().unwrap();
         assert_eq!((u.host.as_str(), u.port, u.path.as_str()), ("data.example.org", Some(8443), "/sets/a.tar"));
         assert_eq!(u.request_url(), "https://data.example.org:8443/sets/a.tar?X-Amz-Signature=abc&X-Amz-Credential=k");
         assert_eq!(u.userinfo.as_deref(), Some("alice:hunter2"));
-        let shown = https.display();
+        let shown = https.shown();
         assert_eq!(shown, "https://data.example.org:8443/sets/a.tar");
         assert!(!format!("{https:?}").contains("hunter2") && !format!("{https:?}").contains("Signature"));
         assert_eq!(https.with_suffix(".stagefs-index").http().unwrap().query, None);

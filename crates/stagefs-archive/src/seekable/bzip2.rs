@@ -37,6 +37,9 @@ fn markers(input: &Backing) -> Option<Vec<(u64, bool)>> {
     let mut found = Vec::new();
     let mut from = 0;
     while from < input.len() {
+        if crate::stop::check().is_err() {
+            return None; // The caller reports the signal.
+        }
         // Windows overlap by a needle's length, so no magic falls between two.
         let window = &input[from..input.len().min(from + WINDOW + 6)];
         for (needle, back, magic, is_block) in &needles {

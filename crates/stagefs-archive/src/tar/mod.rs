@@ -166,6 +166,10 @@ impl crate::Reader for TarReader {
     fn compression(&self) -> Option<&'static str> {
         self.backing.seekable().map(|s| s.points().codec.name())
     }
+
+    fn compressed_input(&self) -> Option<Backing> {
+        self.backing.seekable().map(|s| s.input().clone())
+    }
 }
 
 impl TarReader {

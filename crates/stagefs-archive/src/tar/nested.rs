@@ -102,6 +102,13 @@ impl Nester<'_> {
         let mut tried: HashSet<InodeId> = HashSet::new();
         let mut stack = vec![(from, to)];
         while let Some((from, to)) = stack.pop() {
+            if crate::stop::check().is_err() {
+                return Err(OpenError::Corrupt {
+                    path: self.path.to_owned(),
+                    offset: 0,
+                    what: crate::stop::Stopped.to_string(),
+                });
+            }
             let dir = &level.index.inodes[from as usize];
             let children = level.index.children(dir);
             // The siblings' names, once per directory (a search per inner tar is quadratic).
@@ -142,6 +149,10 @@ impl Nester<'_> {
                         depth: level.depth + 1,
                     };
                     self.opened += 1;
+                    if self.opened == 1 {
+                        // Tests hold this point to signal the opening under way.
+                        crate::stop::phase("opening inner tars");
+                    }
                     self.copy_dir(&inner_level, ROOT, id)?;
                     continue;
                 }

@@ -57,7 +57,11 @@ impl Scan<'_> {
         let mut long_name: Option<Vec<u8>> = None;
         let mut long_link: Option<Vec<u8>> = None;
         let mut pax: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+        let mut marked = false;
         loop {
+            if crate::stop::check().is_err() {
+                return Err(self.corrupt(pos as u64, crate::stop::Stopped.to_string()));
+            }
             if self.window.limit() != u64::MAX {
                 crate::SCAN_PROGRESS.store(pos as u64, std::sync::atomic::Ordering::Relaxed);
             }
@@ -139,6 +143,10 @@ impl Scan<'_> {
                     };
                     self.last_data = (end, at);
                     self.add(member)?;
+                    if !std::mem::replace(&mut marked, true) {
+                        // Tests hold this point to signal a scan under way.
+                        crate::stop::phase("scanning headers");
+                    }
                     pos = round_up(end);
                     continue;
                 }
