@@ -119,7 +119,13 @@ pub fn open_shard(
     let key = saved::Key::of(file.file()).map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
     let loaded = stage::load(file, mode, max_ram, stage_dir, received)?;
     crate::cancel::check()?;
-    index_loaded(path, loaded, compressed, indexing, shards, &LocalIndexes { file, key })
+    // Decoded whole although it could be served from restart points (`--stage copy`): an
+    // index of its own. (A tar that can only be decoded whole has one way of serving.)
+    let whole = compressed
+        && loaded.codec.is_none()
+        && stagefs_archive::map_file(file.file())
+            .is_ok_and(|map| stagefs_archive::seekable::Codec::for_tar(&map).is_some());
+    index_loaded(path, loaded, whole, indexing, shards, &LocalIndexes { file, key })
 }
 
 /// Where an archive's saved index is looked up and saved: beside a local archive, in
@@ -148,13 +154,14 @@ impl SavedIndexes for LocalIndexes<'_> {
     }
 }
 
-/// Indexes staged bytes (of an archive file that was `compressed`): from a saved index
-/// when `indexes` has one that matches (unless `force_save`), else by a scan, saved when it
-/// was costly (or always with `force_save`).
+/// Indexes staged bytes (`whole`: of a compressed tar decoded whole that could have been
+/// served from restart points): from a saved index when `indexes` has one that matches
+/// (unless `force_save`), else by a scan, saved when it was costly (or always with
+/// `force_save`).
 pub fn index_loaded(
     path: &Path,
     loaded: stage::Loaded,
-    compressed: bool,
+    whole: bool,
     indexing: &Indexing,
     shards: usize,
     indexes: &dyn SavedIndexes,
@@ -162,8 +169,7 @@ pub fn index_loaded(
     let Indexing { force_save, recursive, .. } = *indexing;
     // A compressed tar decoded whole has another index than one served from restart points:
     // both are kept, each under its own name.
-    let flavor =
-        saved::Flavor { recursive, whole: compressed && loaded.codec.is_none(), dir: indexing.index_dir.as_deref() };
+    let flavor = saved::Flavor { recursive, whole, dir: indexing.index_dir.as_deref() };
     if !force_save {
         if let Some((index, reader)) = indexes.load(&loaded, &flavor) {
             let archive = Archive::new(index, Format::Tar, Arc::new(reader));

@@ -333,7 +333,13 @@ pub fn output_parents(out: &Path, mode: u32) -> Result<Vec<PathBuf>, PlaceError>
                 }
                 created.push(current.clone());
             }
-            Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+            Err(e) if e.kind() == ErrorKind::AlreadyExists && current.is_dir() => {}
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                return Err(PlaceError::NotADirectory {
+                    path: current,
+                    advice: "name a directory (or a path where one can be made) for the archive".into(),
+                })
+            }
             Err(source) => return Err(PlaceError::Io { path: current, what: "cannot create this directory", source }),
         }
     }

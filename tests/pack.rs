@@ -360,7 +360,7 @@ fn missing_or_wrong_paths_are_clear_errors() {
     assert!(tmp.join("no-dir/x.tar").exists());
     fs::write(tmp.join("a-file"), b"x").unwrap();
     let out = pack(&[src.as_os_str(), tmp.join("a-file/x.tar").as_os_str()]);
-    out.assert_code(2).assert_stderr_has(&["cannot make the directory of", "a-file"]);
+    out.assert_code(2).assert_stderr_has(&["cannot make the directory of", "a-file", "not a directory"]);
     let out = pack(&[OsStr::new("--exclude"), OsStr::new("[z-a"), src.as_os_str(), tmp.join("x.tar").as_os_str()]);
     out.assert_code(2).assert_stderr_has(&["--exclude", "not a valid pattern"]);
     assert!(!tmp.join("x.tar").exists());
