@@ -151,6 +151,10 @@ the index by themselves when scanning took long (10,000+ entries).")]
         /// Save the index of `mount --recursive`: tars inside the archive opened as directories
         #[arg(long)]
         recursive: bool,
+        /// Save the index of `mount --recursion-depth N` (implies --recursive; the saved index is
+        /// used only by mounts asking the same depth)
+        #[arg(long, value_name = "N", value_parser = crate::options::depth_parser())]
+        recursion_depth: Option<usize>,
     },
     /// Pack a directory into a tar archive (or shards) and its saved index, many files at once: for parallel filesystems
     #[command(after_help = "Examples:

@@ -195,9 +195,9 @@ pub fn json_string(text: &str) -> String {
 }
 
 /// `stagefs index`: builds and saves an archive's index ahead of time (on a login node).
-pub fn index(path: &Path, trust_shards: bool, recursive: bool) -> Result<(), Failure> {
+pub fn index(path: &Path, trust_shards: bool, depth: usize) -> Result<(), Failure> {
     let started = Instant::now();
-    let indexing = Indexing { force_save: true, recursive };
+    let indexing = Indexing { force_save: true, depth };
     // Saved indexes are keyed by the canonical path, which is what mounts look up.
     let set = crate::shards::resolve(path, &[], trust_shards)?;
     if set.shards.len() > 1 {

@@ -91,7 +91,9 @@ fn run(command: Command) -> Result<(), Failure> {
         }
         Command::Remove { mountpoint, shards, timeout } => commands::remove(&mountpoint, &shards, timeout),
         Command::Status { json } => commands::status(json),
-        Command::Index { archive, trust_shards, recursive } => commands::index(&archive, trust_shards, recursive),
+        Command::Index { archive, trust_shards, recursive, recursion_depth } => {
+            commands::index(&archive, trust_shards, stagefs::options::nesting_depth(recursive, recursion_depth))
+        }
         Command::Pack(args) => args.execute(),
         Command::Demo { files, readers, dir, keep } => stagefs::demo::run(files, readers, dir, keep),
     }

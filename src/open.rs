@@ -7,9 +7,8 @@ use std::time::{Duration, Instant};
 use crate::places::{self, OutsideFile, Trust};
 use crate::saved_index as saved;
 use crate::stage::{self, StageError, StageMode, Staging};
-use stagefs_archive::tar::{nested, TarReader};
+use stagefs_archive::tar::nested;
 use stagefs_archive::{Archive, Format, OpenError};
-use std::sync::Arc;
 
 /// Why an archive could not be opened to serve.
 #[derive(Debug, thiserror::Error)]
@@ -73,9 +72,9 @@ fn with_scan_progress<T>(len: u64, f: impl FnOnce() -> T) -> T {
 pub struct Indexing {
     /// Scan and save the index whatever it cost (`stagefs index`), ignoring a saved one.
     pub force_save: bool,
-    /// Open uncompressed tars inside a tar as directories (`--recursive`, see
-    /// `archive::tar::nested`).
-    pub recursive: bool,
+    /// Levels of tars inside a tar opened as directories (`--recursive`,
+    /// `--recursion-depth`; 0: none; see `archive::tar::nested`).
+    pub depth: usize,
 }
 
 /// Loads (staging per `mode`) and indexes the archive at `path` (opened as `trust` says),
@@ -102,7 +101,7 @@ pub fn open_shard(
     mode: StageMode,
     (max_ram, stage_dir): (Option<u64>, Option<&Path>),
     received: Option<crate::stage::broadcast::Received>,
-    Indexing { force_save, recursive }: Indexing,
+    Indexing { force_save, depth }: Indexing,
     shards: usize,
 ) -> Result<Opened, OpenArchiveError> {
     let path = file.resolved();
@@ -111,8 +110,8 @@ pub fn open_shard(
     let loaded = stage::load(file, mode, max_ram, stage_dir, received)?;
     crate::cancel::check()?;
     if !force_save {
-        if let Some((index, reader)) = saved::load(file, &key, &loaded.backing, loaded.codec, recursive) {
-            let archive = Archive::new(index, Format::Tar, Arc::new(reader));
+        if let Some((index, reader)) = saved::load(file, &key, &loaded.backing, loaded.codec, depth) {
+            let archive = Archive::new(index, Format::Tar, reader);
             return Ok(Opened {
                 archive,
                 staged_bytes: loaded.staged_bytes,
@@ -126,15 +125,15 @@ pub fn open_shard(
     let started = Instant::now();
     let scanned = loaded.backing.len() as u64;
     let mut archive = with_scan_progress(scanned, || Archive::from_staged(path, loaded.backing, loaded.codec))?;
-    if recursive && loaded.codec.is_some() {
+    if depth > 0 && loaded.codec.is_some() {
         tracing::warn!(
             "{}: --recursive opens inner tars of an uncompressed tar; this {} tar is served compressed, so they \
              stay files (mount it with --stage copy to decompress it whole and open them)",
             path.shown(),
             loaded.codec.map_or("", |c| c.name())
         );
-    } else if recursive {
-        archive = open_nested(path, archive)?;
+    } else if depth > 0 {
+        archive = open_nested(path, archive, depth)?;
     }
     let elapsed = started.elapsed();
     let index = &archive.index;
@@ -159,7 +158,7 @@ pub fn open_shard(
     let worth_saving = index.dirents.len() * shards >= 10_000 || elapsed * shards as u32 >= Duration::from_millis(200);
     let mut saved_index = None;
     if let Some(reader) = archive.saved().filter(|_| force_save || worth_saving) {
-        match saved::save(file, &key, &archive.index, reader, recursive) {
+        match saved::save(file, &key, depth, &archive.index, reader) {
             Ok(saved) => {
                 tracing::info!(index = %saved.shown(), "saved the index for faster remounts");
                 saved_index = Some(saved);
@@ -178,23 +177,30 @@ pub fn open_shard(
     })
 }
 
-/// The tar `archive` with its inner tars opened (see `archive::tar::nested`); other
-/// formats as they are, with one line saying so.
-fn open_nested(path: &Path, archive: Archive) -> Result<Archive, OpenArchiveError> {
-    let Some(reader) = archive.saved() else {
+/// The tar `archive` with its inner tars opened `depth` levels deep (see
+/// `archive::tar::nested`); other formats as they are, with one line saying so. A signal
+/// stops the work between inner tars and while one is decoded.
+fn open_nested(path: &Path, archive: Archive, depth: usize) -> Result<Archive, OpenArchiveError> {
+    let Some(tables) = archive.saved() else {
         tracing::warn!("{}: --recursive opens tars inside a tar; this is a {:?} archive", path.shown(), archive.format);
         return Ok(archive);
     };
-    let backing = reader.backing().clone();
-    let nested::Expanded { index, sparse_files, extents, opened, .. } =
-        nested::expand(path, &backing, &archive.index, reader.sparse_files(), reader.extents())?;
-    tracing::info!(archive = %path.shown(), inner_archives = opened, "opened inner tars (--recursive)");
-    let reader = TarReader::from_parts(backing, sparse_files, extents).ok_or_else(|| OpenError::Corrupt {
-        path: path.to_owned(),
-        offset: 0,
-        what: "the sparse tables of its inner archives do not fit it".into(),
-    })?;
-    Ok(Archive::new(index, Format::Tar, Arc::new(reader)))
+    let outer = tables.outer;
+    let backing = outer.backing().clone();
+    let cancelled = || crate::cancel::received().is_some();
+    let nesting = nested::Nesting { depth, cancelled: &cancelled };
+    let expanded = nested::expand(path, &backing, &archive.index, (outer.sparse_files(), outer.extents()), nesting)
+        .map_err(|e| match crate::cancel::check() {
+            Err(interrupted) => OpenArchiveError::from(interrupted),
+            Ok(()) => e.into(),
+        })?;
+    tracing::info!(
+        archive = %path.shown(),
+        inner_archives = expanded.opened,
+        compressed = expanded.compressed,
+        "opened inner tars (--recursive)"
+    );
+    Ok(Archive::new(expanded.index, Format::Tar, expanded.reader))
 }
 
 /// Refuses an unknown format before any byte is staged.

@@ -26,13 +26,14 @@ use stagefs_archive::index::Index;
 use stagefs_archive::seekable::Codec;
 pub use stagefs_archive::tar::key::Key;
 use stagefs_archive::tar::saved_format::{decode, encode};
-use stagefs_archive::tar::TarReader;
-use stagefs_archive::Backing;
+use stagefs_archive::tar::SavedTables;
+use stagefs_archive::{Backing, Reader};
+use std::sync::Arc;
 
 /// The name of the saved index beside an archive named `archive_name`.
-fn beside_name(archive: &Path, recursive: bool) -> String {
+fn beside_name(archive: &Path, depth: usize) -> String {
     let name = archive.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    format!("{name}{INDEX_SUFFIX}{}", flavor(recursive))
+    format!("{name}{INDEX_SUFFIX}{}", flavor(depth))
 }
 
 /// What every saved index beside an archive has in its name (a shard pattern must not
@@ -42,13 +43,14 @@ pub const INDEX_SUFFIX: &str = ".stagefs-index";
 /// Whether a file of this name is a saved index beside its archive (of any flavour).
 pub fn is_saved_index(name: &std::ffi::OsStr) -> bool {
     let name = name.as_encoded_bytes();
-    [INDEX_SUFFIX, &format!("{INDEX_SUFFIX}{}", flavor(true))].iter().any(|suffix| name.ends_with(suffix.as_bytes()))
+    [INDEX_SUFFIX, &format!("{INDEX_SUFFIX}{}", flavor(1))].iter().any(|suffix| name.ends_with(suffix.as_bytes()))
 }
 
 /// A `--recursive` index (inner tars opened) is another file than the flat one: the two
-/// trees differ, and mounts of either kind must not replace each other's index.
-fn flavor(recursive: bool) -> &'static str {
-    if recursive {
+/// trees differ, and mounts of either kind must not replace each other's index. The depth
+/// it opened is recorded inside: a mount asking another depth rebuilds it.
+fn flavor(depth: usize) -> &'static str {
+    if depth > 0 {
         "-recursive"
     } else {
         ""
@@ -56,10 +58,10 @@ fn flavor(recursive: bool) -> &'static str {
 }
 
 /// The name of `archive`'s saved index (a resolved path) in the cache directory.
-fn cache_name(archive: &Path, recursive: bool) -> String {
+fn cache_name(archive: &Path, depth: usize) -> String {
     let name = archive.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let path_hash = hash::hash(archive.as_os_str().as_encoded_bytes());
-    format!("{path_hash:016x}-{name}{}.index", flavor(recursive))
+    format!("{path_hash:016x}-{name}{}.index", flavor(depth))
 }
 
 /// The user's cache directory, held open (none when there is no usable one).
@@ -77,17 +79,18 @@ fn size_cap(archive_len: u64) -> u64 {
 
 /// Loads a saved index for `archive` if one matches `key` and deserves trust (see the
 /// module docs); says why it ignores one.
-/// `codec`: `backing` holds a compressed tar, served by the restart points saved with the index.
+/// `codec`: `backing` holds a compressed tar, served by the restart points saved with the
+/// index; `depth`: the levels of inner tars the mount opens (`--recursive`; 0: none).
 pub fn load(
     archive: &OutsideFile,
     key: &Key,
     backing: &Backing,
     codec: Option<Codec>,
-    recursive: bool,
-) -> Option<(Index, TarReader)> {
+    depth: usize,
+) -> Option<(Index, Arc<dyn Reader>)> {
     let cap = size_cap(key.size);
-    let beside = beside_name(archive.resolved(), recursive);
-    let cached_name = cache_name(archive.resolved(), recursive);
+    let beside = beside_name(archive.resolved(), depth);
+    let cached_name = cache_name(archive.resolved(), depth);
     let cache = cache();
     let found = [
         (archive.resolved().with_file_name(&beside), archive.read_beside(&beside, cap)),
@@ -105,7 +108,7 @@ pub fn load(
                 continue;
             }
         };
-        match decode(&bytes, key, backing, codec) {
+        match decode(&bytes, key, depth, backing, codec) {
             Ok(opened) => {
                 tracing::info!(index = %path.shown(), "using saved index");
                 if let (1, Some(dir)) = (i, &cache) {
@@ -120,19 +123,20 @@ pub fn load(
     None
 }
 
-/// Saves the index of a tar archive beside it, else in the cache; returns where it went.
+/// Saves the index of a tar archive (opened `depth` levels deep, served by the readers
+/// `tables` describes) beside it, else in the cache; returns where it went.
 pub fn save(
     archive: &OutsideFile,
     key: &Key,
+    depth: usize,
     index: &Index,
-    reader: &TarReader,
-    recursive: bool,
+    tables: SavedTables,
 ) -> std::io::Result<PathBuf> {
-    let bytes = encode(key, index, reader);
+    let bytes = encode(key, depth, index, tables);
     // Never more readable than the archive: the index lists its member names.
     let archive_mode = archive.file().metadata()?.mode();
     let mode = 0o600 | (archive_mode & 0o044);
-    let beside = beside_name(archive.resolved(), recursive);
+    let beside = beside_name(archive.resolved(), depth);
     let beside_error = match archive.write_beside(&beside, &bytes, mode) {
         Ok(()) => return Ok(archive.resolved().with_file_name(&beside)),
         Err(e) => e,
@@ -143,7 +147,7 @@ pub fn save(
             archive.resolved().with_file_name(&beside).shown()
         ))
     })?;
-    let name = cache_name(archive.resolved(), recursive);
+    let name = cache_name(archive.resolved(), depth);
     dir.write_atomically(&name, &bytes, mode)?;
     prune(dir.path(), CACHE_MAX_AGE, CACHE_MAX_BYTES);
     Ok(dir.path().join(name))
@@ -240,10 +244,10 @@ mod tests {
         let file = places::open_outside(&path, places::Trust::Named, None).unwrap();
         let key = Key::of(file.file()).unwrap();
         let fresh = stagefs_archive::Archive::open(file.file(), &path).unwrap();
-        let saved_at = save(&file, &key, &fresh.index, fresh.saved().unwrap(), false).unwrap();
+        let saved_at = save(&file, &key, 0, &fresh.index, fresh.saved().unwrap()).unwrap();
         assert_eq!(saved_at, file.resolved().with_file_name("a.tar.stagefs-index"));
         let backing = stagefs_archive::map_file(file.file()).unwrap();
-        let (loaded, _) = load(&file, &key, &backing, None, false).expect("a matching index loads");
+        let (loaded, _) = load(&file, &key, &backing, None, 0).expect("a matching index loads");
         assert_eq!(loaded.inodes, fresh.index.inodes);
         assert_eq!(loaded.dirents, fresh.index.dirents);
         assert_eq!(loaded.arena, fresh.index.arena);
@@ -251,15 +255,15 @@ mod tests {
         // A changed archive: different key, index ignored.
         let mut other = key;
         other.fingerprint ^= 1;
-        assert!(load(&file, &other, &backing, None, false).is_none());
+        assert!(load(&file, &other, &backing, None, 0).is_none());
         // Every single-byte corruption is caught by the checksum or the bounds checks.
         let bytes = std::fs::read(&saved_at).unwrap();
         for i in (0..bytes.len()).step_by(7) {
             let mut damaged = bytes.clone();
             damaged[i] ^= 0x5a;
-            assert!(decode(&damaged, &key, &backing, None).is_err(), "corruption at byte {i} was accepted");
+            assert!(decode(&damaged, &key, 0, &backing, None).is_err(), "corruption at byte {i} was accepted");
         }
-        assert!(decode(&bytes[..bytes.len() / 2], &key, &backing, None).is_err());
+        assert!(decode(&bytes[..bytes.len() / 2], &key, 0, &backing, None).is_err());
     }
 
     #[test]

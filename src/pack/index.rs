@@ -161,11 +161,11 @@ mod tests {
         let key = crate::saved_index::Key::of(file.file()).unwrap();
         let backing = stagefs_archive::map_file(file.file()).unwrap();
         let (index, saved) =
-            crate::saved_index::load(&file, &key, &backing, None, false).expect("pack saved a matching index");
+            crate::saved_index::load(&file, &key, &backing, None, 0).expect("pack saved a matching index");
         assert_eq!(index.inodes, scanned.index.inodes);
         assert_eq!(index.dirents, scanned.index.dirents);
         assert_eq!(index.arena, scanned.index.arena);
-        let scanned = scanned.saved().unwrap();
+        let (saved, scanned) = (saved.saved().unwrap().outer, scanned.saved().unwrap().outer);
         assert_eq!(saved.sparse_files().len(), 1, "the sparse file is stored sparse");
         assert_eq!(saved.sparse_files(), scanned.sparse_files());
         assert_eq!(saved.extents(), scanned.extents());

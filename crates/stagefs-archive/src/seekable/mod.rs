@@ -82,6 +82,23 @@ impl Codec {
         }
     }
 
+    /// The codec of `input` from its first bytes alone, whether or not it restarts
+    /// inside (a compressed tar inside a tar is judged by its restart points after the
+    /// first pass, see `tar::nested`).
+    pub fn by_magic(input: &[u8]) -> Option<Codec> {
+        if gzip::member_starts(input) {
+            Some(Codec::Gzip)
+        } else if input.starts_with(b"BZh") && input.get(3).is_some_and(|l| (b'1'..=b'9').contains(l)) {
+            Some(Codec::Bzip2)
+        } else if input.starts_with(xz::HEADER_MAGIC) {
+            Some(Codec::Xz)
+        } else if input.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) || frames::skippable(input) {
+            Some(Codec::Zstd)
+        } else {
+            None
+        }
+    }
+
     /// The codec to serve `input` in place with, when it restarts inside and holds a tar
     /// (other archives inside a compressed file are decompressed whole).
     pub fn for_tar(input: &[u8]) -> Option<Codec> {
@@ -226,13 +243,24 @@ impl Seek for Compressed<'_> {
     }
 }
 
+/// Decoded chunks of one or more compressed files, in one budget of [`CACHE_BYTES`]:
+/// (file, restart point, piece), the piece counted in [`MAX_CHUNK`]s from the point
+/// (almost always 0: points are [`SPAN`] apart). A compressed tar has its own; the
+/// compressed tars inside one tar (`--recursive`) share one, however many they are.
+pub(crate) type Chunks = Arc<Cache<(u32, usize, u64), Arc<[u8]>, ByteWeight>>;
+
+/// An empty [`Chunks`] cache.
+pub(crate) fn chunks() -> Chunks {
+    Arc::new(Cache::with_weighter((CACHE_BYTES / SPAN) as usize, CACHE_BYTES, ByteWeight))
+}
+
 /// A compressed file served by its restart points.
 pub struct Seekable {
     input: Backing,
     points: Points,
-    /// Decoded chunks: (restart point, piece), the piece counted in [`MAX_CHUNK`]s
-    /// from the point (almost always 0: points are [`SPAN`] apart).
-    cache: Cache<(usize, u64), Arc<[u8]>, ByteWeight>,
+    /// Decoded chunks, under this file's number `file` (see [`Chunks`]).
+    cache: Chunks,
+    file: u32,
 }
 
 impl std::fmt::Debug for Seekable {
@@ -243,8 +271,13 @@ impl std::fmt::Debug for Seekable {
 
 impl Seekable {
     pub fn new(input: Backing, points: Points) -> Seekable {
-        let items = (CACHE_BYTES / SPAN) as usize;
-        Seekable { input, points, cache: Cache::with_weighter(items, CACHE_BYTES, ByteWeight) }
+        Seekable::sharing(input, points, chunks(), 0)
+    }
+
+    /// A compressed file whose decoded chunks go into `cache`, shared with other files,
+    /// each under its own number `file`.
+    pub(crate) fn sharing(input: Backing, points: Points, cache: Chunks, file: u32) -> Seekable {
+        Seekable { input, points, cache, file }
     }
 
     pub fn points(&self) -> &Points {
@@ -290,7 +323,7 @@ impl Seekable {
     /// Decoded piece `piece` after restart point `point`, from the cache or decoded. A
     /// chunk being decoded by another request is waited for, not decoded twice.
     fn chunk(&self, point: usize, piece: u64) -> Result<Arc<[u8]>, ReadError> {
-        self.cache.get_or_insert_with(&(point, piece), || self.decode(point, piece).map(Arc::from))
+        self.cache.get_or_insert_with(&(self.file, point, piece), || self.decode(point, piece).map(Arc::from))
     }
 
     /// The block starting at `point`, decoded whole (a block is at most ~46 MB).
@@ -337,8 +370,8 @@ impl Seekable {
         for before in 0..piece {
             let mut skipped = vec![0u8; MAX_CHUNK];
             decoder.read_exact(&mut skipped).map_err(io)?;
-            if self.cache.get(&(index, before)).is_none() {
-                self.cache.insert((index, before), Arc::from(skipped));
+            if self.cache.get(&(self.file, index, before)).is_none() {
+                self.cache.insert((self.file, index, before), Arc::from(skipped));
             }
         }
         let mut out = vec![0u8; len];
