@@ -149,9 +149,7 @@ mod tests {
     #[test]
     fn restart_points_of_all_inner_tars_share_one_budget() {
         let data = crate::test_rng::text_like(4, 9 << 20);
-        let mut tar = crate::tar::write::ustar_header("big", b'0', 0o644, data.len() as u64, "").to_vec();
-        tar.extend_from_slice(&data);
-        tar.extend_from_slice(&crate::tar::write::end());
+        let tar = crate::test_support::ustar(&[("big", &data)]);
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         gz.write_all(&tar).unwrap();
         let gz = gz.finish().unwrap();

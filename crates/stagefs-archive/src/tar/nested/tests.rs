@@ -3,22 +3,9 @@
 use std::io::Write;
 
 use super::*;
-use crate::tar::write::{end, padding, ustar_header};
 use crate::test_rng::text_like;
-use crate::test_support::python_tar;
+use crate::test_support::{python_tar, ustar as tar};
 use crate::Source;
-
-/// A ustar archive of regular files.
-fn tar(members: &[(&str, &[u8])]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for (name, data) in members {
-        out.extend_from_slice(&ustar_header(name, b'0', 0o644, data.len() as u64, ""));
-        out.extend_from_slice(data);
-        out.resize(out.len() + padding(data.len() as u64), 0);
-    }
-    out.extend_from_slice(&end());
-    out
-}
 
 fn gzip(data: &[u8]) -> Vec<u8> {
     let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());

@@ -82,19 +82,8 @@ mod tests {
     use super::super::{decode, encode};
     use crate::tar::key::Key;
     use crate::tar::nested::{expand, Nesting};
-    use crate::tar::write::{end, padding, ustar_header};
+    use crate::test_support::ustar as tar;
     use crate::{Archive, Source};
-
-    fn tar(members: &[(&str, &[u8])]) -> Vec<u8> {
-        let mut out = Vec::new();
-        for (name, data) in members {
-            out.extend_from_slice(&ustar_header(name, b'0', 0o644, data.len() as u64, ""));
-            out.extend_from_slice(data);
-            out.resize(out.len() + padding(data.len() as u64), 0);
-        }
-        out.extend_from_slice(&end());
-        out
-    }
 
     /// A nested index with a compressed inner tar saves and loads whole (its range,
     /// sparse table, restart points and runs), serves the same bytes, and is refused for
