@@ -157,8 +157,8 @@ pub fn open_shard(
     // Small archives index in milliseconds: a saved index would only litter.
     let worth_saving = index.dirents.len() * shards >= 10_000 || elapsed * shards as u32 >= Duration::from_millis(200);
     let mut saved_index = None;
-    if let Some(reader) = archive.saved().filter(|_| force_save || worth_saving) {
-        match saved::save(file, &key, depth, &archive.index, reader) {
+    if let Some(tables) = archive.saved().filter(|_| force_save || worth_saving) {
+        match saved::save(file, &key, depth, &archive.index, tables) {
             Ok(saved) => {
                 tracing::info!(index = %saved.shown(), "saved the index for faster remounts");
                 saved_index = Some(saved);

@@ -243,9 +243,9 @@ fn compressed_inner_tars_mount_as_directories_and_their_index_is_saved() {
     m.unmount().assert_success();
 }
 
-/// 120 compressed inner tars of 3 MiB each (zeros: quick to decode in a debug build), all
-/// read: their decoded chunks share one 128 MiB cache, so the daemon's peak stays far
-/// below the 360 MiB that a cache per inner tar would keep.
+/// 80 compressed inner tars of 3 MiB each, all read: their decoded chunks share one
+/// 128 MiB cache, so the daemon's peak stays below what a cache per inner tar would keep
+/// (measured on a debug build: a peak of 145 MiB shared, 256 MiB with a cache each).
 #[test]
 fn many_compressed_inner_tars_share_one_cache() {
     let tmp = TempDir::new("nested-many");
@@ -256,7 +256,7 @@ fn many_compressed_inner_tars_share_one_cache() {
     tar_compressed("gzip", &class, &one);
     let outer = tmp.join("outer");
     fs::create_dir_all(&outer).unwrap();
-    for i in 0..120 {
+    for i in 0..80 {
         fs::copy(&one, outer.join(format!("c{i:03}.tar.gz"))).unwrap();
     }
     let archive = tmp.join("many.tar");
@@ -264,12 +264,12 @@ fn many_compressed_inner_tars_share_one_cache() {
     let mnt = tmp.join("mnt");
     let m = Mounted::with_args(&["--recursive", "--stage", "none"], &archive, &mnt);
     let want = vec![0u8; 3 << 20];
-    for i in 0..120 {
+    for i in 0..80 {
         assert!(fs::read(mnt.join(format!("c{i:03}/a.bin"))).unwrap() == want, "c{i:03}/a.bin");
     }
     let pid = m.daemon_pids().first().copied().expect("a daemon");
     let peak = proc_kb_field(&format!("/proc/{pid}/status"), "VmHWM");
     m.unmount().assert_success();
     eprintln!("daemon peak: {} MiB", peak >> 20);
-    assert!(peak < 256 << 20, "the daemon's peak is {} MiB", peak >> 20);
+    assert!(peak < 200 << 20, "the daemon's peak is {} MiB", peak >> 20);
 }
