@@ -162,6 +162,10 @@ the index by themselves when scanning took long (10,000+ entries).")]
         /// (needs write access there), where every node's mount finds it
         #[arg(long)]
         upload: bool,
+        /// Save the index of `mount --recursion-depth N` (implies --recursive; the saved index is
+        /// used only by mounts asking the same depth)
+        #[arg(long, value_name = "N", value_parser = crate::options::depth_parser())]
+        recursion_depth: Option<usize>,
         #[command(flatten)]
         remote: crate::remote::RemoteOptions,
     },

@@ -146,6 +146,22 @@ fn reply(stream: &mut UnixStream, code: u8, message: &str) {
     let _ = stream.write_all(&[&[b'0' + code / 10, b'0' + code % 10, 0][..], message.as_bytes()].concat());
 }
 
+/// Throws away what the caller sent, unread, for a moment after a refusal: closing a socket
+/// with bytes still queued resets it, and the caller would lose the answer.
+fn discard_the_rest(stream: &mut UnixStream) {
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let mut sink = [0u8; 4096];
+    let mut left = MAX_REQUEST as usize + 8;
+    while left > 0 && !deadline.saturating_duration_since(Instant::now()).is_zero() {
+        let _ = stream.set_read_timeout(Some(deadline.saturating_duration_since(Instant::now())));
+        match stream.read(&mut sink) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => left = left.saturating_sub(n),
+        }
+    }
+}
+
 /// Reads exactly `buf.len()` bytes before `deadline`, however slowly they come.
 fn read_before(stream: &mut UnixStream, buf: &mut [u8], deadline: Instant) -> std::io::Result<()> {
     let mut filled = 0;
@@ -178,7 +194,8 @@ fn answer(set: &GrowingSet, mut stream: UnixStream) {
     let caller = peer_uid(&stream);
     if caller != Some(places::my_uid()) {
         tracing::warn!(uid = ?caller, "refused a control request from another user");
-        return reply(&mut stream, code::MOUNTPOINT, "this mount belongs to another user");
+        reply(&mut stream, code::MOUNTPOINT, "this mount belongs to another user");
+        return discard_the_rest(&mut stream);
     }
     let deadline = Instant::now() + REQUEST_TIMEOUT;
     let mut len = [0u8; 8];
@@ -192,7 +209,8 @@ fn answer(set: &GrowingSet, mut stream: UnixStream) {
         read_before(&mut stream, &mut bytes, deadline)
     });
     if let Err(e) = read {
-        return reply(&mut stream, code::USAGE, &format!("the request was not read whole ({e})"));
+        reply(&mut stream, code::USAGE, &format!("the request was not read whole ({e})"));
+        return discard_the_rest(&mut stream);
     }
     let Some(request) = Request::decode(&bytes) else {
         return reply(&mut stream, code::USAGE, "not a request this daemon understands (another stagefs version?)");

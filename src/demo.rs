@@ -125,7 +125,7 @@ fn compare(archive: &Path, plain: &Path, work: &Path, files: usize, readers: usi
             stage_dir: None,
             max_ram: None,
             warm: crate::warm::WarmMode::Auto,
-            recursive: false,
+            recursion_depth: 0,
             index_dir: None,
             broadcast: None,
             growing: None,

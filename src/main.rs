@@ -94,9 +94,19 @@ fn run(command: Command) -> Result<(), Failure> {
             quiet_broken_pipe();
             commands::status(json)
         }
-        Command::Index { archive, trust_shards, recursive, index_dir, print_stats, upload, remote } => {
+        Command::Index {
+            archive,
+            trust_shards,
+            recursive,
+            recursion_depth,
+            index_dir,
+            print_stats,
+            upload,
+            remote,
+        } => {
             stagefs::remote::configure(&remote)?;
-            let indexing = stagefs::open::Indexing { recursive, index_dir, ..Default::default() };
+            let depth = stagefs::options::nesting_depth(recursive, recursion_depth);
+            let indexing = stagefs::open::Indexing { depth, index_dir, ..Default::default() };
             match stagefs::remote::is_url(&archive) {
                 true => stagefs::remote::index_command(&archive, &indexing, upload),
                 false if upload => Err(Failure::new(

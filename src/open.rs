@@ -8,7 +8,8 @@ use crate::places::{self, OutsideFile, Trust};
 use crate::saved_index as saved;
 use crate::stage::{self, StageError, StageMode, Staging};
 use stagefs_archive::index::Index;
-use stagefs_archive::tar::{nested, TarReader};
+use stagefs_archive::tar::{nested, SavedTables};
+use stagefs_archive::Reader;
 use stagefs_archive::{Archive, Format, OpenError};
 use std::sync::Arc;
 
@@ -76,9 +77,9 @@ fn with_scan_progress<T>(len: u64, f: impl FnOnce() -> T) -> T {
 pub struct Indexing {
     /// Scan and save the index whatever it cost (`stagefs index`), ignoring a saved one.
     pub force_save: bool,
-    /// Open uncompressed tars inside a tar as directories (`--recursive`, see
-    /// `archive::tar::nested`).
-    pub recursive: bool,
+    /// Levels of tars inside a tar opened as directories (`--recursive`,
+    /// `--recursion-depth`, see `archive::tar::nested`; 0: none).
+    pub depth: usize,
     /// Where saved indexes are looked up and written instead of beside the archive and in
     /// the cache (`--index-dir`: a private directory of the user's).
     pub index_dir: Option<PathBuf>,
@@ -133,9 +134,9 @@ pub fn open_shard(
 /// store, see `remote`.
 pub trait SavedIndexes {
     /// The saved index of `flavor` that matches the archive, if one is trusted.
-    fn load(&self, loaded: &stage::Loaded, flavor: &saved::Flavor) -> Option<(Index, TarReader)>;
+    fn load(&self, loaded: &stage::Loaded, flavor: &saved::Flavor) -> Option<(Index, Arc<dyn Reader>)>;
     /// Saves the index; returns where it went.
-    fn save(&self, index: &Index, reader: &TarReader, flavor: &saved::Flavor) -> std::io::Result<PathBuf>;
+    fn save(&self, index: &Index, tables: SavedTables, flavor: &saved::Flavor) -> std::io::Result<PathBuf>;
 }
 
 /// The saved indexes of a local archive, keyed by its [`saved::Key`].
@@ -145,12 +146,12 @@ pub struct LocalIndexes<'a> {
 }
 
 impl SavedIndexes for LocalIndexes<'_> {
-    fn load(&self, loaded: &stage::Loaded, flavor: &saved::Flavor) -> Option<(Index, TarReader)> {
+    fn load(&self, loaded: &stage::Loaded, flavor: &saved::Flavor) -> Option<(Index, Arc<dyn Reader>)> {
         saved::load(self.file, &self.key, &loaded.backing, loaded.codec, flavor)
     }
 
-    fn save(&self, index: &Index, reader: &TarReader, flavor: &saved::Flavor) -> std::io::Result<PathBuf> {
-        saved::save(self.file, &self.key, index, reader, flavor)
+    fn save(&self, index: &Index, tables: SavedTables, flavor: &saved::Flavor) -> std::io::Result<PathBuf> {
+        saved::save(self.file, &self.key, index, tables, flavor)
     }
 }
 
@@ -166,13 +167,13 @@ pub fn index_loaded(
     shards: usize,
     indexes: &dyn SavedIndexes,
 ) -> Result<Opened, OpenArchiveError> {
-    let Indexing { force_save, recursive, .. } = *indexing;
+    let Indexing { force_save, depth, .. } = *indexing;
     // A compressed tar decoded whole has another index than one served from restart points:
     // both are kept, each under its own name.
-    let flavor = saved::Flavor { recursive, whole, dir: indexing.index_dir.as_deref() };
+    let flavor = saved::Flavor { depth, whole, dir: indexing.index_dir.as_deref() };
     if !force_save {
         if let Some((index, reader)) = indexes.load(&loaded, &flavor) {
-            let archive = Archive::new(index, Format::Tar, Arc::new(reader));
+            let archive = Archive::new(index, Format::Tar, reader);
             return Ok(Opened {
                 archive,
                 staged_bytes: loaded.staged_bytes,
@@ -189,15 +190,15 @@ pub fn index_loaded(
     // A pass or scan stopped by a signal fails as best it can: report the signal.
     crate::cancel::check()?;
     let mut archive = scanned?;
-    if recursive && loaded.codec.is_some() {
+    if depth > 0 && loaded.codec.is_some() {
         tracing::warn!(
             "{}: --recursive opens inner tars of an uncompressed tar; this {} tar is served compressed, so they \
              stay files (mount it with --stage copy to decompress it whole and open them)",
             path.shown(),
             loaded.codec.map_or("", |c| c.name())
         );
-    } else if recursive {
-        let nested = open_nested(path, archive);
+    } else if depth > 0 {
+        let nested = open_nested(path, archive, depth);
         crate::cancel::check()?;
         archive = nested?;
     }
@@ -223,8 +224,8 @@ pub fn index_loaded(
     // Small archives index in milliseconds: a saved index would only litter.
     let worth_saving = index.dirents.len() * shards >= 10_000 || elapsed * shards as u32 >= Duration::from_millis(200);
     let mut saved_index = None;
-    if let Some(reader) = archive.saved().filter(|_| force_save || worth_saving) {
-        match indexes.save(&archive.index, reader, &flavor) {
+    if let Some(tables) = archive.saved().filter(|_| force_save || worth_saving) {
+        match indexes.save(&archive.index, tables, &flavor) {
             Ok(saved) => {
                 tracing::info!(index = %saved.shown(), "saved the index for faster remounts");
                 saved_index = Some(saved);
@@ -243,23 +244,30 @@ pub fn index_loaded(
     })
 }
 
-/// The tar `archive` with its inner tars opened (see `archive::tar::nested`); other
-/// formats as they are, with one line saying so.
-fn open_nested(path: &Path, archive: Archive) -> Result<Archive, OpenArchiveError> {
-    let Some(reader) = archive.saved() else {
+/// The tar `archive` with its inner tars opened `depth` levels deep (see
+/// `archive::tar::nested`); other formats as they are, with one line saying so. A signal
+/// stops the work between inner tars and while one is decoded.
+fn open_nested(path: &Path, archive: Archive, depth: usize) -> Result<Archive, OpenArchiveError> {
+    let Some(tables) = archive.saved() else {
         tracing::warn!("{}: --recursive opens tars inside a tar; this is a {:?} archive", path.shown(), archive.format);
         return Ok(archive);
     };
-    let backing = reader.backing().clone();
-    let nested::Expanded { index, sparse_files, extents, opened, .. } =
-        nested::expand(path, &backing, &archive.index, reader.sparse_files(), reader.extents())?;
-    tracing::info!(archive = %path.shown(), inner_archives = opened, "opened inner tars (--recursive)");
-    let reader = TarReader::from_parts(backing, sparse_files, extents).ok_or_else(|| OpenError::Corrupt {
-        path: path.to_owned(),
-        offset: 0,
-        what: "the sparse tables of its inner archives do not fit it".into(),
-    })?;
-    Ok(Archive::new(index, Format::Tar, Arc::new(reader)))
+    let outer = tables.outer;
+    let backing = outer.backing().clone();
+    let cancelled = || crate::cancel::received().is_some();
+    let nesting = nested::Nesting { depth, cancelled: &cancelled };
+    let expanded = nested::expand(path, &backing, &archive.index, (outer.sparse_files(), outer.extents()), nesting)
+        .map_err(|e| match crate::cancel::check() {
+            Err(interrupted) => OpenArchiveError::from(interrupted),
+            Ok(()) => e.into(),
+        })?;
+    tracing::info!(
+        archive = %path.shown(),
+        inner_archives = expanded.opened,
+        compressed = expanded.compressed,
+        "opened inner tars (--recursive)"
+    );
+    Ok(Archive::new(expanded.index, Format::Tar, expanded.reader))
 }
 
 /// Refuses an unknown format before any byte is staged; says whether it is compressed.

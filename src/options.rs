@@ -42,8 +42,9 @@ pub struct MountOptions {
     /// With --broadcast: if the broadcast fails, stage from the parallel filesystem instead of failing
     #[arg(long, requires = "broadcast")]
     pub broadcast_fallback: bool,
-    /// Show each uncompressed tar inside the archive (ImageNet's n01440764.tar, to any depth) as a
-    /// directory of its files, named without .tar, served in place from the outer archive
+    /// Show each tar inside the archive (ImageNet's n01440764.tar; .tar.gz, .tar.zst, .tar.bz2 and
+    /// .tar.xz too) as a directory of its files, named without the suffix, 8 levels deep, served
+    /// from the outer archive
     #[arg(long)]
     pub recursive: bool,
     /// Keep saved indexes in this private directory of yours (for archives on a read-only or
@@ -51,6 +52,10 @@ pub struct MountOptions {
     /// and in ~/.cache/stagefs
     #[arg(long, value_name = "DIR")]
     pub index_dir: Option<PathBuf>,
+    /// How many levels of archives inside archives --recursive opens (implies --recursive):
+    /// 1 only those in the archive itself, 0 none; default 8, at most 32
+    #[arg(long, value_name = "N", value_parser = depth_parser())]
+    pub recursion_depth: Option<usize>,
     /// One more archive (or pattern, or @FILE) to merge after ARCHIVE; repeatable
     #[arg(long = "archive", value_name = "ARCHIVE", id = "more_archives")]
     pub more_archives: Vec<PathBuf>,
@@ -147,7 +152,7 @@ impl MountOptions {
             stage_dir: self.stage_dir,
             max_ram: self.max_ram,
             warm: self.warm,
-            recursive: self.recursive,
+            recursion_depth: nesting_depth(self.recursive, self.recursion_depth),
             index_dir: self.index_dir.clone(),
             broadcast,
             growing,
@@ -240,4 +245,19 @@ pub fn threads_parser() -> clap::builder::RangedU64ValueParser<usize> {
 /// FUSE request threads by default: 2 per core, at most 16.
 pub fn default_threads() -> usize {
     std::thread::available_parallelism().map(|n| n.get() * 2).unwrap_or(4).min(16)
+}
+
+/// The levels of inner archives to open: `--recursion-depth` when given (it implies
+/// `--recursive`), else the default with `--recursive`, else none.
+pub fn nesting_depth(recursive: bool, depth: Option<usize>) -> usize {
+    match (recursive, depth) {
+        (_, Some(depth)) => depth,
+        (true, None) => stagefs_archive::tar::nested::DEFAULT_DEPTH,
+        (false, None) => 0,
+    }
+}
+
+/// `--recursion-depth`: 0 to [`stagefs_archive::tar::nested::MAX_DEPTH`].
+pub fn depth_parser() -> impl clap::builder::TypedValueParser<Value = usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(0..=stagefs_archive::tar::nested::MAX_DEPTH as u64)
 }

@@ -32,8 +32,9 @@ pub struct MountRequest {
     pub stage_dir: Option<PathBuf>,
     pub max_ram: Option<u64>,
     pub warm: WarmMode,
-    /// Open uncompressed tars inside a tar as directories (`--recursive`).
-    pub recursive: bool,
+    /// Levels of tars inside the tar opened as directories (`--recursive`,
+    /// `--recursion-depth`; 0: none).
+    pub recursion_depth: usize,
     /// Where saved indexes are kept (`--index-dir`).
     pub index_dir: Option<PathBuf>,
     /// Receive the archive from a broadcast (`--broadcast`) instead of reading it.

@@ -26,14 +26,18 @@ use stagefs_archive::index::Index;
 use stagefs_archive::seekable::Codec;
 pub use stagefs_archive::tar::key::{fingerprint, Key};
 use stagefs_archive::tar::saved_format::{decode, encode};
-use stagefs_archive::tar::TarReader;
+use stagefs_archive::tar::SavedTables;
 use stagefs_archive::Backing;
+use stagefs_archive::Reader;
+use std::sync::Arc;
 
 /// Which saved index of an archive, and where it may be.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Flavor<'a> {
-    /// `--recursive`'s tree (inner tars opened): another tree than the flat one.
-    pub recursive: bool,
+    /// `--recursive`'s tree (inner tars opened this many levels deep; 0: none): another
+    /// tree than the flat one. The depth is recorded inside: a mount asking another depth
+    /// rebuilds it.
+    pub depth: usize,
     /// A compressed tar decoded whole (`--stage copy`), not served from restart points:
     /// other offsets, so another index (both are kept).
     pub whole: bool,
@@ -45,7 +49,7 @@ pub struct Flavor<'a> {
 impl Flavor<'_> {
     /// What follows [`INDEX_SUFFIX`] in the file's name.
     pub fn suffix(&self) -> &'static str {
-        match (self.recursive, self.whole) {
+        match (self.depth > 0, self.whole) {
             (false, false) => "",
             (true, false) => "-recursive",
             (false, true) => "-whole",
@@ -63,7 +67,7 @@ pub fn is_saved_index(name: &std::ffi::OsStr) -> bool {
     let name = name.as_encoded_bytes();
     let flavors = [(false, false), (true, false), (false, true), (true, true)];
     flavors.iter().any(|&(recursive, whole)| {
-        let suffix = format!("{INDEX_SUFFIX}{}", Flavor { recursive, whole, dir: None }.suffix());
+        let suffix = format!("{INDEX_SUFFIX}{}", Flavor { depth: usize::from(recursive), whole, dir: None }.suffix());
         name.ends_with(suffix.as_bytes())
     })
 }
@@ -113,7 +117,7 @@ pub fn load(
     backing: &Backing,
     codec: Option<Codec>,
     flavor: &Flavor,
-) -> Option<(Index, TarReader)> {
+) -> Option<(Index, Arc<dyn Reader>)> {
     let beside = beside_name(archive.resolved(), flavor);
     let found = match flavor.dir {
         None => Some((archive.resolved().with_file_name(&beside), archive.read_beside(&beside, size_cap(key.size)))),
@@ -130,7 +134,7 @@ pub fn load_kept(
     backing: &Backing,
     codec: Option<Codec>,
     flavor: &Flavor,
-) -> Option<(Index, TarReader)> {
+) -> Option<(Index, Arc<dyn Reader>)> {
     load_found(None, archive, key, backing, codec, flavor)
 }
 
@@ -146,7 +150,7 @@ fn load_found(
     backing: &Backing,
     codec: Option<Codec>,
     flavor: &Flavor,
-) -> Option<(Index, TarReader)> {
+) -> Option<(Index, Arc<dyn Reader>)> {
     let cap = size_cap(key.size);
     let cached_name = cache_name(archive, flavor);
     let kept = index_dir(flavor);
@@ -163,7 +167,7 @@ fn load_found(
                 continue;
             }
         };
-        match decode(&bytes, key, backing, codec) {
+        match decode(&bytes, key, flavor.depth, backing, codec) {
             Ok(opened) => {
                 tracing::info!(index = %path.shown(), "using saved index");
                 if let Ok(dir) = &kept {
@@ -184,10 +188,10 @@ pub fn save(
     archive: &OutsideFile,
     key: &Key,
     index: &Index,
-    reader: &TarReader,
+    tables: SavedTables,
     flavor: &Flavor,
 ) -> std::io::Result<PathBuf> {
-    let bytes = encode(key, index, reader);
+    let bytes = encode(key, flavor.depth, index, tables);
     // Never more readable than the archive: the index lists its member names.
     let archive_mode = archive.file().metadata()?.mode();
     let mode = 0o600 | (archive_mode & 0o044);
@@ -207,10 +211,10 @@ pub fn save_kept(
     archive: &Path,
     key: &Key,
     index: &Index,
-    reader: &TarReader,
+    tables: SavedTables,
     flavor: &Flavor,
 ) -> std::io::Result<PathBuf> {
-    save_bytes(archive, &encode(key, index, reader), 0o600, flavor)
+    save_bytes(archive, &encode(key, flavor.depth, index, tables), 0o600, flavor)
 }
 
 fn save_bytes(archive: &Path, bytes: &[u8], mode: u32, flavor: &Flavor) -> std::io::Result<PathBuf> {
@@ -230,13 +234,14 @@ pub fn decode_bytes(
     key: &Key,
     backing: &Backing,
     codec: Option<Codec>,
-) -> Result<(Index, TarReader), String> {
-    decode(bytes, key, backing, codec)
+    depth: usize,
+) -> Result<(Index, Arc<dyn Reader>), String> {
+    decode(bytes, key, depth, backing, codec)
 }
 
 /// The bytes [`save`] writes, for storing elsewhere (uploaded beside an object).
-pub fn encode_bytes(key: &Key, index: &Index, reader: &TarReader) -> Vec<u8> {
-    encode(key, index, reader)
+pub fn encode_bytes(key: &Key, depth: usize, index: &Index, tables: SavedTables) -> Vec<u8> {
+    encode(key, depth, index, tables)
 }
 
 /// Saved indexes in the cache directory not used for this long are removed.
@@ -347,9 +352,9 @@ mod tests {
         for i in (0..bytes.len()).step_by(7) {
             let mut damaged = bytes.clone();
             damaged[i] ^= 0x5a;
-            assert!(decode(&damaged, &key, &backing, None).is_err(), "corruption at byte {i} was accepted");
+            assert!(decode(&damaged, &key, 0, &backing, None).is_err(), "corruption at byte {i} was accepted");
         }
-        assert!(decode(&bytes[..bytes.len() / 2], &key, &backing, None).is_err());
+        assert!(decode(&bytes[..bytes.len() / 2], &key, 0, &backing, None).is_err());
     }
 
     #[test]

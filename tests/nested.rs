@@ -1,13 +1,15 @@
-//! `--recursive`: tars inside a tar (ImageNet's shape) mount as directories to any depth,
-//! compared against what GNU tar extracts; what cannot be opened stays a file; the saved
-//! index covers the nesting and is kept apart from the flat one.
+//! `--recursive`: tars inside a tar (ImageNet's shape), plain or compressed (ImageNet-21k's
+//! `.tar.gz` classes), mount as directories to the depth asked, compared byte for byte
+//! against what GNU tar extracts; what cannot be opened stays a file; the saved index
+//! covers the nesting (compressed inner tars included), records its depth and is kept
+//! apart from the flat one.
 
 use std::ffi::OsStr;
 use std::fs;
 use std::path::Path;
 
 use crate::compare::{assert_trees_equal, Options};
-use crate::util::{extract_tar, pseudo_random, run_tool, stagefs, Mounted, TempDir};
+use crate::util::{extract_tar, proc_kb_field, pseudo_random, run_tool, stagefs, text_like, Mounted, TempDir};
 
 /// `tar -cf ARCHIVE -C DIR .` with GNU tar, in `format`.
 fn tar_dir(format: &str, dir: &Path, archive: &Path) {
@@ -58,15 +60,22 @@ fn imagenet_like(tmp: &TempDir) -> (std::path::PathBuf, std::path::PathBuf) {
     // its extraction (the nested one too).
     let expected = tmp.join("expected");
     extract_tar(&archive, &expected);
-    for name in ["n01440764", "n01443537"] {
-        let inner = expected.join(format!("{name}.tar"));
-        extract_tar(&inner, &expected.join(name));
-        fs::remove_file(inner).unwrap();
+    for inner in ["n01440764.tar", "n01443537.tar", "zipped.tar.gz"] {
+        open_in_place(&expected, inner);
     }
-    let deeper = expected.join("n01443537/deeper.tar");
-    extract_tar(&deeper, &expected.join("n01443537/deeper"));
-    fs::remove_file(deeper).unwrap();
+    open_in_place(&expected, "n01443537/deeper.tar");
     (archive, expected)
+}
+
+/// Replaces the inner tar at `inner` (relative to `tree`) with the directory GNU tar
+/// extracts it to, named without its suffix: what `--recursive` shows.
+fn open_in_place(tree: &Path, inner: &str) {
+    let stem = [".tar.gz", ".tgz", ".tar.zst", ".tar.bz2", ".tar.xz", ".tar"]
+        .iter()
+        .find_map(|suffix| inner.strip_suffix(suffix))
+        .unwrap();
+    extract_tar(&tree.join(inner), &tree.join(stem));
+    fs::remove_file(tree.join(inner)).unwrap();
 }
 
 #[test]
@@ -81,7 +90,7 @@ fn recursive_mounts_inner_tars_as_directories_to_any_depth() {
     // Directories made from inner tars take the tar member's owner and time; those the
     // extraction made are GNU tar's: only their content and names are compared.
     let opts = Options::default().root(false).xattrs(false).dir_nlink(false);
-    let opts = opts.skip_dir_attrs(["n01440764", "n01443537", "n01443537/deeper"]);
+    let opts = opts.skip_dir_attrs(["n01440764", "n01443537", "n01443537/deeper", "zipped"]);
     assert_trees_equal(&expected, &mnt, &opts);
     m.unmount().assert_success();
 
@@ -122,4 +131,145 @@ fn the_saved_index_covers_the_nesting_and_is_kept_apart_from_the_flat_one() {
     assert!(!out.stderr.contains("using saved index"), "{}", out.describe());
     assert!(mnt.join("n01440764.tar").is_file());
     m.unmount().assert_success();
+}
+
+/// `tar --format=gnu -C DIR -cf ARCHIVE .` compressed by `program` (`-I`).
+fn tar_compressed(program: &str, dir: &Path, archive: &Path) {
+    let args = ["--format=gnu", "-I", program, "-C"].map(OsStr::new);
+    run_tool(
+        "tar",
+        args.iter().copied().chain([dir.as_os_str(), OsStr::new("-cf"), archive.as_os_str(), OsStr::new(".")]),
+    );
+}
+
+/// An ImageNet-21k-shaped archive: classes as `.tar.gz` (pigz, one of 20 MiB: several
+/// restart points), `.tar.zst` (zstd's single frame, and pzstd), `.tar.xz` (`xz -T0`),
+/// `.tar.bz2` and a `.tgz` holding a plain tar of its own; plus `broken.tar.gz`, a gzip
+/// tar damaged in its middle. Returns the archive and the tree `--recursive` shows.
+fn imagenet21k_like(tmp: &TempDir) -> (std::path::PathBuf, std::path::PathBuf) {
+    let outer = tmp.join("outer21k");
+    fs::create_dir_all(&outer).unwrap();
+    let class = |name: &str, files: usize, big: usize| {
+        let dir = tmp.join("classes21k").join(name);
+        fs::create_dir_all(&dir).unwrap();
+        for i in 0..files {
+            fs::write(dir.join(format!("{name}_{i}.JPEG")), pseudo_random(i as u64 + 100, 2000 + i * 131)).unwrap();
+        }
+        if big > 0 {
+            fs::write(dir.join("big.bin"), text_like(5, big)).unwrap();
+        }
+        dir
+    };
+    tar_compressed("pigz", &class("n00001", 30, 20 << 20), &outer.join("n00001.tar.gz"));
+    tar_compressed("zstd", &class("n00002", 10, 0), &outer.join("n00002.tar.zst"));
+    tar_compressed("pzstd", &class("n00003", 10, 0), &outer.join("n00003.tar.zst"));
+    tar_compressed("xz -T0", &class("n00004", 10, 0), &outer.join("n00004.tar.xz"));
+    tar_compressed("bzip2", &class("n00005", 10, 300 << 10), &outer.join("n00005.tar.bz2"));
+    let holder = class("n00006", 3, 0);
+    tar_dir("gnu", &class("inside", 4, 0), &holder.join("inside.tar"));
+    tar_compressed("gzip", &holder, &outer.join("n00006.tgz"));
+    tar_compressed("gzip", &class("broken", 5, 2 << 20), &outer.join("broken.tar.gz"));
+    let mut damaged = fs::read(outer.join("broken.tar.gz")).unwrap();
+    let middle = damaged.len() / 2;
+    damaged[middle..middle + 256].fill(0x55);
+    fs::write(outer.join("broken.tar.gz"), damaged).unwrap();
+    let archive = tmp.join("winter21.tar");
+    tar_dir("gnu", &outer, &archive);
+    let expected = tmp.join("expected21k");
+    extract_tar(&archive, &expected);
+    for inner in ["n00001.tar.gz", "n00002.tar.zst", "n00003.tar.zst", "n00004.tar.xz", "n00005.tar.bz2", "n00006.tgz"]
+    {
+        open_in_place(&expected, inner);
+    }
+    open_in_place(&expected, "n00006/inside.tar");
+    (archive, expected)
+}
+
+const OPENED_21K: [&str; 7] = ["n00001", "n00002", "n00003", "n00004", "n00005", "n00006", "n00006/inside"];
+
+/// Compressed inner tars open as directories, every byte as GNU tar extracts it; the
+/// damaged one stays a file (one log line) and the mount stays up. `stagefs index
+/// --recursive` saves them all (ranges, restart points), a later mount uses that index,
+/// and a mount asking another depth rebuilds instead.
+#[test]
+fn compressed_inner_tars_mount_as_directories_and_their_index_is_saved() {
+    let tmp = TempDir::new("nested-21k");
+    let (archive, expected) = imagenet21k_like(&tmp);
+    let mnt = tmp.join("mnt");
+    let out = stagefs([OsStr::new("mount"), OsStr::new("--recursive"), archive.as_os_str(), mnt.as_os_str()]);
+    let m = Mounted::adopt(&archive, &mnt);
+    out.assert_success();
+    let said: Vec<&str> = out.stderr.lines().filter(|l| l.contains("broken.tar.gz stays a file")).collect();
+    assert_eq!(said.len(), 1, "one line for the damaged inner tar:\n{}", out.describe());
+    assert!(said[0].contains("does not decode as a gzip tar"), "{}", said[0]);
+    let opts = Options::default().root(false).xattrs(false).dir_nlink(false).skip_dir_attrs(OPENED_21K);
+    assert_trees_equal(&expected, &mnt, &opts);
+    assert!(mnt.join("broken.tar.gz").is_file(), "the damaged gzip stays a file");
+    assert_eq!(
+        fs::read(mnt.join("n00002/n00002_3.JPEG")).unwrap(),
+        fs::read(expected.join("n00002/n00002_3.JPEG")).unwrap()
+    );
+    m.unmount().assert_success();
+
+    let out = stagefs([OsStr::new("index"), OsStr::new("--recursive"), archive.as_os_str()]);
+    out.assert_success();
+    let verbose_mount = |extra: &[&str]| {
+        let mut args = vec![OsStr::new("-v"), OsStr::new("mount")];
+        args.extend(extra.iter().map(OsStr::new));
+        args.extend([archive.as_os_str(), mnt.as_os_str()]);
+        let out = stagefs(args);
+        (Mounted::adopt(&archive, &mnt), out)
+    };
+    let (m, out) = verbose_mount(&["--recursive"]);
+    out.assert_success();
+    assert!(out.stderr.contains("using saved index"), "the saved index is used:\n{}", out.describe());
+    assert_trees_equal(&expected, &mnt, &opts);
+    m.unmount().assert_success();
+
+    // One level: the saved index (8 levels) is not used, and the tar inside n00006 stays a file.
+    let (m, out) = verbose_mount(&["--recursion-depth", "1"]);
+    out.assert_success();
+    assert!(
+        out.stderr.contains("with --recursion-depth 8, this mount asks with --recursion-depth 1"),
+        "{}",
+        out.describe()
+    );
+    assert!(mnt.join("n00006/inside.tar").is_file() && mnt.join("n00001/big.bin").is_file());
+    m.unmount().assert_success();
+    // Depth 0 is no nesting at all.
+    let (m, out) = verbose_mount(&["--recursion-depth", "0"]);
+    out.assert_success();
+    assert!(mnt.join("n00001.tar.gz").is_file() && !mnt.join("n00001").exists());
+    m.unmount().assert_success();
+}
+
+/// 80 compressed inner tars of 3 MiB each, all read: their decoded units share the process's
+/// one cache, sized from `--max-ram` (1 GiB gives 64 MiB), so the daemon's peak stays below
+/// the 240 MiB a cache per inner tar would keep.
+#[test]
+fn many_compressed_inner_tars_share_one_cache() {
+    let tmp = TempDir::new("nested-many");
+    let class = tmp.join("class");
+    fs::create_dir_all(&class).unwrap();
+    fs::write(class.join("a.bin"), vec![0u8; 3 << 20]).unwrap();
+    let one = tmp.join("one.tar.gz");
+    tar_compressed("gzip", &class, &one);
+    let outer = tmp.join("outer");
+    fs::create_dir_all(&outer).unwrap();
+    for i in 0..80 {
+        fs::copy(&one, outer.join(format!("c{i:03}.tar.gz"))).unwrap();
+    }
+    let archive = tmp.join("many.tar");
+    tar_dir("gnu", &outer, &archive);
+    let mnt = tmp.join("mnt");
+    let m = Mounted::with_args(&["--recursive", "--stage", "none", "--max-ram", "1G"], &archive, &mnt);
+    let want = vec![0u8; 3 << 20];
+    for i in 0..80 {
+        assert!(fs::read(mnt.join(format!("c{i:03}/a.bin"))).unwrap() == want, "c{i:03}/a.bin");
+    }
+    let pid = m.daemon_pids().first().copied().expect("a daemon");
+    let peak = proc_kb_field(&format!("/proc/{pid}/status"), "VmHWM");
+    m.unmount().assert_success();
+    eprintln!("daemon peak: {} MiB", peak >> 20);
+    assert!(peak < 200 << 20, "the daemon's peak is {} MiB", peak >> 20);
 }

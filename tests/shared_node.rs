@@ -143,10 +143,11 @@ fn swap_offsets(bytes: &[u8]) -> Vec<u8> {
 }
 
 /// Sets the nanoseconds of inode 1 (the first member) to 2·10⁹: after 16 bytes of magic,
-/// 32 of key and 48 of counts come 64-byte inodes, nanoseconds at byte 20 of each.
+/// 56 of key, 4 of nesting depth and 48 of counts come 64-byte inodes, nanoseconds at
+/// byte 20 of each.
 fn bad_nanoseconds(bytes: &[u8]) -> Vec<u8> {
     let mut out = bytes.to_vec();
-    let at = 96 + 64 + 20;
+    let at = 124 + 64 + 20;
     out[at..at + 4].copy_from_slice(&2_000_000_000u32.to_le_bytes());
     reseal(out)
 }
@@ -370,10 +371,11 @@ fn planted_restart_points_of_a_compressed_tar_are_ignored() {
     s.victim.chown(&gz);
     let mnt = s.victim.home.join("mnt");
     let genuine = genuine_index(&gz);
-    // The points section ends the tables: ... input (8), bits (4), window length (4), then
-    // the checksum (8). Move the one point's compressed offset.
+    // The points section ends with the last point's input (8), end (8), bits (4) and window
+    // length (4); then come the inner tars and runs of `--recursive` (none: 8 + 8) and the
+    // checksum (8). Move the one point's compressed offset.
     let mut moved = genuine.clone();
-    let at = moved.len() - 8 - 4 - 4 - 8;
+    let at = moved.len() - 8 - 16 - 4 - 4 - 8 - 8;
     moved[at..at + 8].copy_from_slice(&10u64.to_le_bytes());
     let moved = reseal(moved);
     let index = index_path(&gz);

@@ -63,7 +63,7 @@ pub fn index_cache(data: &[u8]) -> Result<(), String> {
         backing(&bytes)
     });
     let (index, reader) = stagefs_archive::tar::decode_for_fuzz(data, archive)?;
-    serve(Archive::new(index, Format::Tar, Arc::new(reader)));
+    serve(Archive::new(index, Format::Tar, reader));
     Ok(())
 }
 

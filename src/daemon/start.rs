@@ -50,12 +50,12 @@ pub(super) fn start(
         Some(plan) => crate::stage::broadcast::receive(plan, crate::request::DEFAULT_WAIT)?,
         None => None,
     };
-    let indexing = Indexing { force_save: false, recursive: request.recursive, index_dir: request.index_dir.clone() };
+    let indexing = Indexing { force_save: false, depth: request.recursion_depth, index_dir: request.index_dir.clone() };
     let (content, staged_bytes, staging, disk, compressed) = if let Some(growing) = &request.growing {
         let opening = Opening {
             mode: request.stage,
             max_ram: request.max_ram,
-            recursive: request.recursive,
+            depth: request.recursion_depth,
             trust_shards: growing.trust_shards,
             skip_failing: growing.watch.is_some(),
             index_dir: request.index_dir.clone(),

@@ -41,7 +41,8 @@ pub trait KernelCache: Send + Sync {
 pub struct Opening {
     pub mode: StageMode,
     pub max_ram: Option<u64>,
-    pub recursive: bool,
+    /// Levels of inner tars opened (`--recursive`, `--recursion-depth`).
+    pub depth: usize,
     /// Added shards skip the ownership check (`--trust-shards` at mount time).
     pub trust_shards: bool,
     /// A shard that fails to open is left out with a warning, not a failure (`--watch`).
@@ -117,8 +118,7 @@ impl GrowingSet {
         opening: Opening,
     ) -> Result<(GrowingSet, u64, Staging), GrowError> {
         let started = Instant::now();
-        let indexing =
-            Indexing { recursive: opening.recursive, index_dir: opening.index_dir.clone(), ..Default::default() };
+        let indexing = Indexing { depth: opening.depth, index_dir: opening.index_dir.clone(), ..Default::default() };
         let mut list = Vec::new();
         let how = How { mode: opening.mode, max_ram: opening.max_ram, trust, not_on: None };
         let open = |shards: &[PathBuf], list: &mut Vec<Arc<Shard>>| {
@@ -310,11 +310,8 @@ impl GrowingSet {
             let held: u64 = self.retired.lock().map_or(0, |r| r.values().map(|s| s.staged_bytes).sum());
             let staged = held + shards.iter().map(|s| s.staged_bytes).sum::<u64>();
             let budget = self.opening.max_ram.map(|m| m.saturating_sub(staged));
-            let indexing = Indexing {
-                recursive: self.opening.recursive,
-                index_dir: self.opening.index_dir.clone(),
-                ..Default::default()
-            };
+            let indexing =
+                Indexing { depth: self.opening.depth, index_dir: self.opening.index_dir.clone(), ..Default::default() };
             let how = How { mode: self.opening.mode, max_ram: budget, trust: rule, not_on: changing.mount_dev };
             // Messages about what is added name it, not the set's first shard.
             let label = match added.as_slice() {

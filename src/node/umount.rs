@@ -26,7 +26,7 @@ pub fn umount(path: &Path, lazy: bool) -> Result<(), Failure> {
             if std::fs::symlink_metadata(&mountpoint).is_err() && killed.is_none() {
                 return Err(Failure::new(
                     crate::error::code::NOT_MOUNTED,
-                    format!("{} does not exist (nothing is mounted there)", mountpoint.shown()),
+                    format!("{} is not mounted: the directory does not exist", mountpoint.shown()),
                 ));
             }
             return Err(MountpointError::NotMounted(mountpoint).into());

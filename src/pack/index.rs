@@ -167,7 +167,7 @@ mod tests {
         assert_eq!(index.inodes, scanned.index.inodes);
         assert_eq!(index.dirents, scanned.index.dirents);
         assert_eq!(index.arena, scanned.index.arena);
-        let scanned = scanned.saved().unwrap();
+        let (saved, scanned) = (saved.saved().unwrap().outer, scanned.saved().unwrap().outer);
         assert_eq!(saved.sparse_files().len(), 1, "the sparse file is stored sparse");
         assert_eq!(saved.sparse_files(), scanned.sparse_files());
         assert_eq!(saved.extents(), scanned.extents());

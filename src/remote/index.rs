@@ -15,7 +15,9 @@ use crate::open::{Indexing, OpenArchiveError, SavedIndexes};
 use crate::saved_index::{self, Key};
 use crate::stage::{Loaded, StageMode};
 use stagefs_archive::index::Index;
-use stagefs_archive::tar::TarReader;
+use stagefs_archive::tar::SavedTables;
+use stagefs_archive::Reader;
+use std::sync::Arc;
 
 /// The key of `object`'s version, its samples read by `read` (from the staged copy, or
 /// by ranges).
@@ -46,27 +48,29 @@ impl RemoteIndexes<'_> {
 }
 
 impl SavedIndexes for RemoteIndexes<'_> {
-    fn load(&self, loaded: &Loaded, flavor: &saved_index::Flavor) -> Option<(Index, TarReader)> {
+    fn load(&self, loaded: &Loaded, flavor: &saved_index::Flavor) -> Option<(Index, Arc<dyn Reader>)> {
         let sidecar = self.sidecar(flavor);
         // No larger than an index of this object can be, nor than 1 GiB (a tar of tens of
         // millions of members): the server says how long the body is, not this process.
         let cap = saved_index::size_cap(self.object.version.size).min(1 << 30);
         match self.client.get_small(&sidecar, cap) {
-            Ok(Some(bytes)) => match saved_index::decode_bytes(&bytes, &self.key, &loaded.backing, loaded.codec) {
-                Ok(opened) => {
-                    tracing::info!("using the saved index {}", sidecar.shown());
-                    return Some(opened);
+            Ok(Some(bytes)) => {
+                match saved_index::decode_bytes(&bytes, &self.key, &loaded.backing, loaded.codec, flavor.depth) {
+                    Ok(opened) => {
+                        tracing::info!("using the saved index {}", sidecar.shown());
+                        return Some(opened);
+                    }
+                    Err(why) => tracing::warn!("ignoring the saved index {}: {why}", sidecar.shown()),
                 }
-                Err(why) => tracing::warn!("ignoring the saved index {}: {why}", sidecar.shown()),
-            },
+            }
             Ok(None) => tracing::debug!("no saved index at {}", sidecar.shown()),
             Err(e) => tracing::info!("cannot read the saved index {}: {e}", sidecar.shown()),
         }
         saved_index::load_kept(self.shown, &self.key, &loaded.backing, loaded.codec, flavor)
     }
 
-    fn save(&self, index: &Index, reader: &TarReader, flavor: &saved_index::Flavor) -> std::io::Result<PathBuf> {
-        saved_index::save_kept(self.shown, &self.key, index, reader, flavor)
+    fn save(&self, index: &Index, tables: SavedTables, flavor: &saved_index::Flavor) -> std::io::Result<PathBuf> {
+        saved_index::save_kept(self.shown, &self.key, index, tables, flavor)
     }
 }
 
@@ -81,7 +85,7 @@ pub fn index_command(spec: &Path, indexing: &Indexing, upload: bool) -> Result<(
         let client = super::client()?;
         let indexing = Indexing { force_save: true, ..indexing.clone() };
         let opened = super::open(shard, StageMode::Auto, (None, None), None, &indexing, set.shards.len())?;
-        let Some(reader) = opened.archive.saved() else {
+        let Some(tables) = opened.archive.saved() else {
             println!("{}: a {:?} archive carries its own index; nothing to save", url.shown(), opened.archive.format);
             continue;
         };
@@ -94,10 +98,10 @@ pub fn index_command(spec: &Path, indexing: &Indexing, upload: bool) -> Result<(
                 buf.copy_from_slice(&got);
                 Ok(())
             })?;
-            let flavor = saved_index::Flavor { recursive: indexing.recursive, ..Default::default() };
+            let flavor = saved_index::Flavor { depth: indexing.depth, ..Default::default() };
             let sidecar = url.with_suffix(&format!("{}{}", saved_index::INDEX_SUFFIX, flavor.suffix()));
             client
-                .put(&sidecar, &saved_index::encode_bytes(&key, &opened.archive.index, reader))
+                .put(&sidecar, &saved_index::encode_bytes(&key, indexing.depth, &opened.archive.index, tables))
                 .map_err(RemoteFailure)?;
             saved.push(sidecar.shown());
         }

@@ -47,6 +47,7 @@ pub mod set;
 pub mod squashfs;
 pub mod stop;
 pub mod tar;
+mod within;
 pub mod zip;
 
 use crate::escape::Shown;
@@ -70,12 +71,16 @@ pub type Backing = Arc<Source>;
 /// A compressed tar served in place is a third kind: its decoded bytes exist only chunk
 /// by chunk (see [`seekable`]), so it has no map to index from: `Deref` gives no bytes,
 /// [`Source::len`] its decoded size, and [`Source::read_at`] decodes.
+///
+/// A byte range of another source is a fourth (see [`Source::within`]): a compressed tar
+/// stored inside a tar, decoded from there.
 #[derive(Debug)]
 pub struct Source {
     map: memmap2::Mmap,
     in_place: Option<InPlace>,
     decoded: Option<seekable::Seekable>,
     ranged: Option<Box<dyn Ranged>>,
+    within: Option<within::Within>,
 }
 
 /// Bytes read by offset from elsewhere (an object in a store read in place, see
@@ -153,18 +158,18 @@ impl InPlace {
 impl Source {
     /// Bytes only this process holds (a staged memfd, or memory in tests).
     pub fn private(map: memmap2::Mmap) -> Source {
-        Source { map, in_place: None, decoded: None, ranged: None }
+        Source { map, in_place: None, decoded: None, ranged: None, within: None }
     }
 
     /// The decoded bytes of a compressed file, served by its restart points.
     pub fn decoded(seekable: seekable::Seekable) -> std::io::Result<Source> {
         let map = memmap2::MmapOptions::new().len(1).map_anon()?.make_read_only()?;
-        Ok(Source { map, in_place: None, decoded: Some(seekable), ranged: None })
+        Ok(Source { map, in_place: None, decoded: Some(seekable), ranged: None, within: None })
     }
 
     /// Bytes read through `ranged`; `map` holds what indexing reads of them.
     pub fn ranged(map: memmap2::Mmap, ranged: Box<dyn Ranged>) -> Source {
-        Source { map, in_place: None, decoded: None, ranged: Some(ranged) }
+        Source { map, in_place: None, decoded: None, ranged: Some(ranged), within: None }
     }
 
     /// The bytes in order, for a source read by ranges whose map does not hold them.
@@ -179,10 +184,11 @@ impl Source {
 
     /// Bytes served: the decoded size of a compressed file, else the file's size.
     pub fn len(&self) -> usize {
-        match (&self.decoded, &self.ranged) {
-            (Some(decoded), _) => decoded.decoded_len() as usize,
-            (None, Some(ranged)) => ranged.size() as usize,
-            (None, None) => self.map.len(),
+        match (&self.decoded, &self.ranged, &self.within) {
+            (Some(decoded), ..) => decoded.decoded_len() as usize,
+            (None, Some(ranged), _) => ranged.size() as usize,
+            (None, None, Some(within)) => within.len() as usize,
+            (None, None, None) => self.map.len(),
         }
     }
 
@@ -195,7 +201,7 @@ impl Source {
         let mut map = memmap2::MmapMut::map_anon(bytes.len().max(1)).expect("anonymous map");
         map[..bytes.len()].copy_from_slice(bytes);
         let map = map.make_read_only().expect("read-only map");
-        Arc::new(Source { map, in_place: None, decoded: None, ranged: None })
+        Arc::new(Source { map, in_place: None, decoded: None, ranged: None, within: None })
     }
 
     /// `len` bytes at `offset`, or an error if they lie past the end or the archive
@@ -211,6 +217,9 @@ impl Source {
                 return Err(ReadError { offset, what: format!("{len} bytes run past the end of the archive") });
             }
             return Ok(std::borrow::Cow::Owned(bytes));
+        }
+        if let Some(within) = &self.within {
+            return within.read_at(offset, len);
         }
         let past_end = || ReadError {
             offset,
@@ -249,11 +258,21 @@ impl Source {
 
     /// [`Source::unmap_scanned`] for the bytes before `offset` (a pass still under way).
     pub(crate) fn unmap_before(&self, offset: u64) {
-        let len = (offset as usize).min(self.map.len()) & !(page_size() - 1);
-        if self.in_place.is_some() && len > 0 {
+        match &self.within {
+            Some(within) => within.unmap_before(offset),
+            None => self.unmap_range(0, offset),
+        }
+    }
+
+    /// [`Source::unmap_scanned`] for the whole pages between `from` and `to`.
+    pub(crate) fn unmap_range(&self, from: u64, to: u64) {
+        let page = page_size();
+        let start = (from as usize).next_multiple_of(page);
+        let end = (to as usize).min(self.map.len()) & !(page - 1);
+        if self.in_place.is_some() && end > start {
             // SAFETY: a read-only shared file map: DONTNEED only drops page-table entries,
             // and a later access faults the same file bytes back in.
-            let _ = unsafe { self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, 0, len) };
+            let _ = unsafe { self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) };
         }
     }
 }
@@ -262,9 +281,10 @@ impl std::ops::Deref for Source {
     type Target = [u8];
     /// The mapped bytes; none for a decoded compressed file (see [`Source`]).
     fn deref(&self) -> &[u8] {
-        match self.decoded {
-            Some(_) => &[],
-            None => &self.map,
+        match (&self.decoded, &self.within) {
+            (Some(_), _) => &[],
+            (None, Some(within)) => within.bytes(),
+            (None, None) => &self.map,
         }
     }
 }
@@ -333,7 +353,7 @@ pub fn map_file(file: &std::fs::File) -> std::io::Result<Backing> {
     // The map serves the index scan, which is sequential for tar: let the kernel read ahead.
     let _ = map.advise(memmap2::Advice::Sequential);
     let in_place = InPlace { file: file.try_clone()?, id };
-    Ok(Arc::new(Source { map, in_place: Some(in_place), decoded: None, ranged: None }))
+    Ok(Arc::new(Source { map, in_place: Some(in_place), decoded: None, ranged: None, within: None }))
 }
 
 /// Damage found while opening or indexing an archive: fatal for the mount.
@@ -355,6 +375,8 @@ pub enum OpenError {
     CorruptStream { path: PathBuf, kind: &'static str, offset: u64, message: String },
     #[error("{}: {source}", path.shown())]
     Index { path: PathBuf, source: crate::index::BuildError },
+    #[error("{}: stopped before its inner archives were all opened", path.shown())]
+    Stopped { path: PathBuf },
 }
 
 impl OpenError {
@@ -514,7 +536,7 @@ impl Archive {
     }
 
     /// See [`Reader::saved`].
-    pub fn saved(&self) -> Option<&tar::TarReader> {
+    pub fn saved(&self) -> Option<tar::SavedTables<'_>> {
         self.reader.saved()
     }
 

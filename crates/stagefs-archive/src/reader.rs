@@ -1,7 +1,7 @@
 //! The one interface every format serves file bytes through: a new format is a new implementation of [`Reader`], never new arms in every match.
 
 use crate::index::{Inode, InodeId};
-use crate::tar::TarReader;
+use crate::tar::SavedTables;
 use crate::{Bytes, ReadError};
 
 /// Whether a file may be read at all.
@@ -47,7 +47,7 @@ pub trait Reader: Send + Sync {
 
     /// The tables a saved index keeps besides the tree: only a tar has them (zip and
     /// SquashFS carry their index inside the archive).
-    fn saved(&self) -> Option<&TarReader> {
+    fn saved(&self) -> Option<SavedTables<'_>> {
         None
     }
 }

@@ -46,3 +46,16 @@ pub fn python_tar(open_args: &str, script: &str) -> Vec<u8> {
     );
     run_tool("python3", &["-c", &program], None)
 }
+
+/// A ustar archive of regular files (mode 0644), written by the crate's own tar writer.
+pub fn ustar(members: &[(&str, &[u8])]) -> Vec<u8> {
+    use crate::tar::write::{end, padding, ustar_header};
+    let mut out = Vec::new();
+    for (name, data) in members {
+        out.extend_from_slice(&ustar_header(name, b'0', 0o644, data.len() as u64, ""));
+        out.extend_from_slice(data);
+        out.resize(out.len() + padding(data.len() as u64), 0);
+    }
+    out.extend_from_slice(&end());
+    out
+}

@@ -49,12 +49,13 @@ fn cache_bytes_for(archive_bytes: u64) -> u64 {
 pub fn open_with_cache(path: &Path, backing: Backing, cache_bytes: u64) -> Result<(Index, ZipReader), OpenError> {
     let fail = |fault: Fault| fault.into_open_error(path);
     let mut dir = directory::read(&backing).map_err(fail)?;
-    unwrap_stored_sizes(&backing, &mut dir.entries, dir.start);
+    let starts = Starts::of(&dir.entries, dir.start);
+    unwrap_stored_sizes(&backing, &mut dir.entries, &starts);
     refuse_aliases(&dir.entries).map_err(fail)?;
     let mut builder = IndexBuilder::new();
     let mut members = Vec::new();
     for entry in &dir.entries {
-        add(&backing, &mut builder, &mut members, entry, dir.start).map_err(fail)?;
+        add(&backing, &mut builder, &mut members, entry, &starts).map_err(fail)?;
     }
     let index = builder.finish().map_err(|source| OpenError::Index { path: path.to_owned(), source })?;
     members.shrink_to_fit();
@@ -67,8 +68,9 @@ fn add(
     builder: &mut IndexBuilder,
     members: &mut Vec<Member>,
     e: &Entry,
-    cd_start: u64,
+    starts: &Starts,
 ) -> Result<(), Fault> {
+    let cd_start = starts.cd_start;
     if e.name.contains(&0) {
         // The kernel's names end at a NUL: listed cut short, such a member could never be opened.
         tracing::warn!(name = %show(&e.name), "skipping a member whose name holds a NUL byte: no file can have it");
@@ -90,7 +92,7 @@ fn add(
             ),
         ));
     }
-    let member = Member::from_entry(e);
+    let member = Member::from_entry(e, starts.after(e.local));
     let data = match attrs.file_type() {
         libc::S_IFLNK if e.size > MAX_LINK_TARGET as u64 => {
             tracing::warn!(
@@ -100,10 +102,15 @@ fn add(
             );
             return Ok(());
         }
-        libc::S_IFLNK => {
-            let target = member.whole(backing).map_err(|err| Fault::corrupt(err.offset, err.what))?;
-            Data::Symlink(builder.intern(&target)?)
-        }
+        libc::S_IFLNK => match member.whole(backing) {
+            Ok(target) => Data::Symlink(builder.intern(&target)?),
+            // A link has no bytes to fail a read with: one bad member must not take the
+            // mount down, so it is left out, as bsdtar leaves it unextracted.
+            Err(err) => {
+                tracing::warn!(name = %show(&e.name), "skipping symlink member whose target cannot be read: {err}");
+                return Ok(());
+            }
+        },
         libc::S_IFREG if attrs.size > 0 || e.compressed > 0 => {
             let handle = u32::try_from(members.len()).map_err(|_| BuildError::TooManyEntries)?;
             members.push(member);
@@ -135,19 +142,47 @@ fn add(
     Ok(())
 }
 
-/// Gives back the 4 GiB a writer without zip64 dropped from a stored member's sizes: a
-/// stored member of 4 GiB or more whose headers carry its size modulo 2^32 (a known bug
-/// of old writers). When the bytes between its data start and the next member (or the
-/// central directory) are its declared size plus whole multiples of 4 GiB, that is its
-/// size; the CRC-32 checked before its first byte goes out confirms it. Reads one local
-/// header per such member, none for any other.
-fn unwrap_stored_sizes(backing: &Backing, entries: &mut [Entry], cd_start: u64) {
-    let mut starts: Vec<u64> = entries.iter().map(|e| e.local).collect();
-    starts.sort_unstable();
-    for e in entries.iter_mut().filter(|e| e.method == 0 && e.compressed == e.size && e.size <= u64::from(u32::MAX)) {
-        let next = starts.get(starts.partition_point(|&s| s <= e.local)).copied().unwrap_or(cd_start).min(cd_start);
+/// Where each member's bytes must end: at the next local header, or the central directory.
+struct Starts {
+    sorted: Vec<u64>,
+    cd_start: u64,
+}
+
+impl Starts {
+    fn of(entries: &[Entry], cd_start: u64) -> Starts {
+        let mut sorted: Vec<u64> = entries.iter().map(|e| e.local).collect();
+        sorted.sort_unstable();
+        Starts { sorted, cd_start }
+    }
+
+    /// The first local header after `local`, or the central directory, whichever is first.
+    fn after(&self, local: u64) -> u64 {
+        let next = self.sorted.get(self.sorted.partition_point(|&s| s <= local)).copied();
+        next.unwrap_or(self.cd_start).min(self.cd_start)
+    }
+}
+
+/// Stored members whose two sizes a writer got wrong by whole multiples of 4 GiB (a known
+/// bug of writers without zip64, which keep sizes modulo 2^32):
+/// - both sizes 4 GiB short of a member of 4 GiB or more: when the bytes between its data
+///   start and the next member (or the central directory) are its declared size plus
+///   whole multiples of 4 GiB, that is its size;
+/// - an uncompressed size whole multiples of 4 GiB above the compressed one: the stored
+///   bytes are the member (as unzip "continues with the compressed size value", and
+///   Python and bsdtar 3.6 extract them).
+///
+/// Either way the CRC-32 checked before its first byte goes out confirms it. Reads one
+/// local header per such member, none for any other.
+fn unwrap_stored_sizes(backing: &Backing, entries: &mut [Entry], starts: &Starts) {
+    const FOUR_GIB: u64 = 1 << 32;
+    let off_by_4_gib = |e: &Entry| e.compressed != e.size && e.compressed.abs_diff(e.size) % FOUR_GIB == 0;
+    for e in entries.iter_mut().filter(|e| e.method == 0) {
+        let next = starts.after(e.local);
         let named_end = e.local + 30 + u64::from(e.stored_name_len);
-        if next.saturating_sub(named_end) < e.size + (1 << 32) {
+        let declared = e.size.min(e.compressed);
+        let maybe_short = e.compressed == e.size && e.size <= u64::from(u32::MAX);
+        let may_be_longer = maybe_short && next.saturating_sub(named_end) >= e.size + FOUR_GIB;
+        if !off_by_4_gib(e) && !may_be_longer {
             continue;
         }
         let Ok(header) = backing.read_at(e.local, 30) else { continue };
@@ -155,21 +190,27 @@ fn unwrap_stored_sizes(backing: &Backing, entries: &mut [Entry], cd_start: u64) 
         let room = next - named_end.saturating_add(extra).min(next);
         // A data descriptor (flag bit 3) may follow the data: 12 bytes, or 16 with its signature.
         let descriptors: &[u64] = if e.flags & 8 != 0 { &[16, 12] } else { &[0] };
-        let real = descriptors
+        let fits = descriptors
             .iter()
             .filter_map(|d| room.checked_sub(*d))
-            .find(|real| *real > e.size && (real - e.size) % (1 << 32) == 0);
-        if let Some(real) = real {
-            tracing::warn!(
-                name = %show(&e.name),
-                declared = e.size,
-                real,
-                "stored member's declared size is {} GiB short (a writer without zip64 dropped it); \
-                 serving its {real} bytes, which its CRC-32 must confirm",
-                (real - e.size) >> 30
-            );
-            (e.size, e.compressed) = (real, real);
+            .find(|real| *real >= declared && (real - declared) % FOUR_GIB == 0);
+        let real = match fits {
+            Some(real) => real,
+            None if e.compressed < e.size => e.compressed,
+            None => continue,
+        };
+        if (real, real) == (e.size, e.compressed) {
+            continue;
         }
+        tracing::warn!(
+            name = %show(&e.name),
+            declared = e.size,
+            compressed = e.compressed,
+            real,
+            "stored member's sizes are off by whole multiples of 4 GiB (a writer kept them modulo 2^32); \
+             serving its {real} stored bytes, which its CRC-32 must confirm"
+        );
+        (e.size, e.compressed) = (real, real);
     }
 }
 
@@ -301,6 +342,51 @@ mod tests {
         let attrs = attrs_of(&dir.entries[0]);
         // SAFETY: geteuid/getegid have no preconditions.
         assert_eq!((attrs.uid, attrs.gid), unsafe { (libc::geteuid(), libc::getegid()) });
+    }
+
+    /// Reads all of the regular file at `path` of a zip opened from `bytes`.
+    fn read_member(bytes: &[u8], path: &str) -> Result<Vec<u8>, crate::ReadError> {
+        let (index, reader) = open(Path::new("t.zip"), crate::Source::memory(bytes)).unwrap();
+        let id = index.lookup(&index.inodes[ROOT as usize], path.as_bytes()).unwrap();
+        let inode = &index.inodes[id as usize];
+        crate::read_file(&reader, id, inode, 0, inode.attrs.size as u32).map(|b| b.to_vec())
+    }
+
+    /// A local header whose name differs from the central one serves the data after its own
+    /// name and extra field; one whose lengths would move the data into the next member's
+    /// bytes is refused, whatever its CRC says: no name serves another member's bytes.
+    #[test]
+    fn a_local_header_cannot_move_a_member_into_its_neighbour() {
+        let zip = directory::tests::python_zip("z.writestr('a', b'first')\nz.writestr('b', b'second')");
+        // Same length, other name in the local header: served under the central name.
+        let mut renamed = zip.clone();
+        renamed[30] = b'x';
+        assert_eq!(read_member(&renamed, "a").unwrap(), b"first");
+        // A local extra field of 6 bytes: the data would be "second"'s header bytes.
+        let mut moved = zip.clone();
+        moved[28] = 6;
+        let err = read_member(&moved, "a").unwrap_err();
+        assert!(err.what.contains("run into the next member"), "{err}");
+        assert_eq!(read_member(&moved, "b").unwrap(), b"second", "the neighbour is served");
+    }
+
+    /// A stored member whose uncompressed size is 4 GiB more than its compressed one (the
+    /// zip64 field of libarchive's `uncompressed_size_off_by_4gib`) serves its stored bytes.
+    #[test]
+    fn a_stored_size_off_by_4_gib_serves_the_stored_bytes() {
+        let script = "i = zipfile.ZipInfo('hello.txt')\nz.writestr(i, b'hello')";
+        let zip = directory::tests::python_zip(script);
+        let dir = directory::read(&zip).unwrap();
+        let mut entries = dir.entries;
+        entries[0].size += 1 << 32;
+        let backing = crate::Source::memory(&zip);
+        let starts = Starts::of(&entries, dir.start);
+        unwrap_stored_sizes(&backing, &mut entries, &starts);
+        assert_eq!((entries[0].size, entries[0].compressed), (5, 5));
+        // Off by anything else: left as declared (reads then fail with EIO).
+        entries[0].size = 7;
+        unwrap_stored_sizes(&backing, &mut entries, &starts);
+        assert_eq!((entries[0].size, entries[0].compressed), (7, 5));
     }
 
     #[test]

@@ -78,6 +78,23 @@ impl Codec {
         }
     }
 
+    /// The codec of `input` from its first bytes alone, whether or not it restarts
+    /// inside (a compressed tar inside a tar is judged by its restart points after the
+    /// first pass, see `tar::nested`).
+    pub fn by_magic(input: &[u8]) -> Option<Codec> {
+        if gzip::member_starts(input) {
+            Some(Codec::Gzip)
+        } else if input.starts_with(b"BZh") && input.get(3).is_some_and(|l| (b'1'..=b'9').contains(l)) {
+            Some(Codec::Bzip2)
+        } else if input.starts_with(xz::HEADER_MAGIC) {
+            Some(Codec::Xz)
+        } else if input.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) || frames::skippable(input) {
+            Some(Codec::Zstd)
+        } else {
+            None
+        }
+    }
+
     /// The codec to serve `input` in place with, when it restarts inside and holds a tar
     /// (other archives inside a compressed file are decompressed whole).
     pub fn for_tar(input: &[u8]) -> Option<Codec> {

@@ -29,8 +29,19 @@ use crate::index::{Data, Index, Inode, InodeId};
 pub use header::normalise;
 use header::{checksum_ok, BLOCK};
 use member::Scan;
+pub use nested::{InnerTar, NestedReader, Run};
 pub use saved_format::decode_for_fuzz;
 pub use write::{pax_record, ustar_header};
+
+/// What a saved index keeps of a tar's readers besides the tree: the archive's sparse
+/// tables (and restart points, compressed), and for `--recursive` the compressed inner
+/// tars' and which inodes each serves (see [`nested`]).
+#[derive(Clone, Copy)]
+pub struct SavedTables<'a> {
+    pub outer: &'a TarReader,
+    pub inner: &'a [InnerTar],
+    pub runs: &'a [Run],
+}
 
 /// Serves member content; holds the sparse maps the index points into.
 pub struct TarReader {
@@ -91,11 +102,25 @@ pub fn open_stream(
 /// in one pass that also notes the restart points (see `archive::seekable`); the reader
 /// then serves each read by decoding the chunk it lies in.
 pub fn open_compressed(path: &Path, input: Backing, codec: Codec) -> Result<(Index, TarReader), OpenError> {
+    let (index, sparse_files, extents, points) = scan_compressed(path, &input, codec, None)?;
+    let decoded = Source::decoded(Seekable::new(input, points))
+        .map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
+    Ok((index, TarReader { backing: std::sync::Arc::new(decoded), sparse_files, extents }))
+}
+
+/// The tables of a compressed tar scanned from its decoded stream, and the restart points
+/// its first pass noted (see [`open_compressed`]); `stop`, polled as it goes, ends it.
+pub(crate) fn scan_compressed(
+    path: &Path,
+    input: &Backing,
+    codec: Codec,
+    stop: Option<&dyn Fn() -> bool>,
+) -> Result<(Index, Vec<SparseFile>, Vec<Extent>, crate::seekable::Points), OpenError> {
     let corrupt =
         |offset, message| OpenError::CorruptStream { path: path.to_owned(), kind: codec.name(), offset, message };
-    let mut pass = FirstPass::new(codec, &input).map_err(|what| corrupt(0, what))?;
+    let mut pass = FirstPass::new(codec, input).map_err(|what| corrupt(0, what))?;
     let (builder, sparse_files, extents) = {
-        let mut decoded = Progress { pass: &mut pass, input: &input, unmapped: 0, failed: None };
+        let mut decoded = Progress { pass: &mut pass, input, unmapped: 0, failed: None, stop };
         let mut scan = Scan::streaming(path, &mut decoded);
         let scanned = scan.run();
         let Scan { builder, sparse_files, extents, .. } = scan;
@@ -113,9 +138,7 @@ pub fn open_compressed(path: &Path, input: Backing, codec: Codec) -> Result<(Ind
     let index = builder.finish().map_err(|source| OpenError::Index { path: path.to_owned(), source })?;
     let points = pass.finish();
     input.unmap_scanned();
-    let decoded = Source::decoded(Seekable::new(input.clone(), points))
-        .map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
-    Ok((index, TarReader { backing: std::sync::Arc::new(decoded), sparse_files, extents }))
+    Ok((index, sparse_files, extents, points))
 }
 
 /// The decoded stream of a first pass, reporting compressed bytes consumed as the scan's
@@ -128,6 +151,7 @@ struct Progress<'p, 'a> {
     input: &'p Backing,
     unmapped: u64,
     failed: Option<(u64, String)>,
+    stop: Option<&'p dyn Fn() -> bool>,
 }
 
 impl std::io::Read for Progress<'_, '_> {
@@ -138,6 +162,9 @@ impl std::io::Read for Progress<'_, '_> {
         if consumed >= self.unmapped + (16 << 20) {
             self.input.unmap_before(consumed);
             self.unmapped = consumed;
+            if self.stop.is_some_and(|stop| stop()) {
+                return Err(std::io::Error::other("stopped"));
+            }
         }
         if let Err(e) = &read {
             self.failed.get_or_insert_with(|| (consumed, e.to_string()));
@@ -159,8 +186,8 @@ impl crate::Reader for TarReader {
         self.backing.len() as u64
     }
 
-    fn saved(&self) -> Option<&TarReader> {
-        Some(self)
+    fn saved(&self) -> Option<SavedTables<'_>> {
+        Some(SavedTables { outer: self, inner: &[], runs: &[] })
     }
 
     fn compression(&self) -> Option<&'static str> {

@@ -1,45 +1,89 @@
-//! Archives inside archives (`--recursive`): every uncompressed tar member that is itself a tar becomes a directory of its members, served as slices of the outer archive.
+//! Archives inside archives (`--recursive`): every tar member that is itself a tar, plain or compressed, becomes a directory of its members.
 //!
 //! ImageNet's `ILSVRC2012_img_train.tar` holds 1,000 tars, one per class. An inner tar
 //! stored plainly is a byte range of the outer one, so it is scanned in place and its
 //! members keep pointing into the outer archive's bytes: no copy, no second staging, and
 //! RAM stays one outer archive. `n01440764.tar` becomes the directory `n01440764` (the
-//! name without `.tar`), to any depth (at most [`MAX_DEPTH`]). An inner tar stays a plain
-//! file, with one log line, when its directory name is taken by a sibling, or when it
-//! does not scan as a tar (it is then simply a file that happens to end in `.tar`).
-//! Compressed inner members (`.tar.gz` inside a tar) stay files.
+//! name without `.tar`), to the depth asked ([`DEFAULT_DEPTH`], at most [`MAX_DEPTH`]).
+//!
+//! A compressed inner tar (`.tar.gz`, `.tgz`, `.tar.zst`, `.tar.bz2`, `.tar.xz`, as
+//! ImageNet-21k and many published sets ship their classes) is a byte range too: it is
+//! decoded from there by the same first pass and restart points as an outer compressed
+//! tar (see `compressed`), and its members point into its decoded bytes, served by a
+//! reader of its own. The tree then holds inodes of several readers, in runs of positions
+//! ([`NestedReader`]). All compressed inner tars share one decoded-chunk cache, and their
+//! restart points together stay within what one compressed file of the outer archive's
+//! size may have (`seekable::max_points`).
+//!
+//! An inner tar stays a plain file, with one log line, when its directory name is taken
+//! by a sibling, when it does not scan (or decode) as a tar, and when it is compressed
+//! inside a compressed tar.
+
+mod compressed;
+mod reader;
+#[cfg(test)]
+mod tests;
 
 use crate::escape::Shown;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
+use std::sync::Arc;
 
 use super::header::BLOCK;
 use super::member::Scan;
-use super::{looks_like_tar, Extent, SparseFile};
+use super::{looks_like_tar, Extent, SparseFile, TarReader};
 use crate::escape::escape;
 use crate::index::{Attrs, BuildError, Data, Index, IndexBuilder, InodeId, ROOT};
-use crate::OpenError;
+use crate::{Backing, OpenError, Reader};
+pub use reader::{InnerTar, NestedReader, Run};
 
-/// How deep archives may nest: deeper ones stay files.
-pub const MAX_DEPTH: usize = 8;
+/// How deep `--recursive` opens archives unless told (`--recursion-depth`).
+pub const DEFAULT_DEPTH: usize = 8;
+/// The deepest `--recursion-depth` allowed: each level is a frame of recursion here.
+pub const MAX_DEPTH: usize = 32;
+
+/// How far to open archives inside archives.
+#[derive(Clone, Copy)]
+pub struct Nesting<'a> {
+    /// Levels of inner archives opened: 1 opens those of the archive itself, 0 none.
+    pub depth: usize,
+    /// Polled between inner archives and during their decoding: `true` stops the work.
+    pub cancelled: &'a dyn Fn() -> bool,
+}
 
 /// One scanned archive: its tree and its sparse tables, with offsets relative to `base`
-/// in the outermost archive.
+/// in the byte space of reader `reader` (0: the outer archive; k: compressed inner tar
+/// k - 1, decoded).
 struct Level<'a> {
     index: &'a Index,
     sparse_files: &'a [SparseFile],
     extents: &'a [Extent],
+    reader: u32,
     base: u64,
     depth: usize,
 }
 
-/// The outer tree rebuilt with inner tars opened, and the sparse tables of all levels.
-struct Nester<'a> {
-    path: &'a Path,
-    map: &'a [u8],
-    builder: IndexBuilder,
+/// An inner archive scanned, ready to be copied in as a directory.
+struct Opened {
+    index: Index,
     sparse_files: Vec<SparseFile>,
     extents: Vec<Extent>,
+    reader: u32,
+    base: u64,
+}
+
+/// The outer tree rebuilt with inner tars opened, and the tables of every reader.
+struct Nester<'a> {
+    path: &'a Path,
+    outer: &'a Backing,
+    nesting: Nesting<'a>,
+    builder: IndexBuilder,
+    /// Sparse tables per reader: `[0]` the outer archive's, `[k]` inner tar k - 1's.
+    tables: Vec<(Vec<SparseFile>, Vec<Extent>)>,
+    /// The compressed inner tars opened, and their shared cache and point budget.
+    inner: compressed::Opener,
+    /// Which reader serves which positions (see [`Run`]).
+    runs: Vec<Run>,
     opened: usize,
     /// Inner archives scanned (whether they turned out to be tars or not): each at most
     /// once, whatever the number of names it has.
@@ -48,35 +92,38 @@ struct Nester<'a> {
     name_work: usize,
 }
 
-/// The outer tree with its inner tars opened.
+/// The outer tree with its inner tars opened, and the reader that serves it.
 pub struct Expanded {
     pub index: Index,
-    pub sparse_files: Vec<SparseFile>,
-    pub extents: Vec<Extent>,
-    /// Inner archives opened as directories.
+    pub reader: Arc<dyn Reader>,
+    /// Inner archives opened as directories (compressed ones among them).
     pub opened: usize,
+    pub compressed: usize,
     /// Inner archives scanned (opened or not).
     pub scans: usize,
     /// Sibling names looked at to check directory names (linear in the names, never more).
     pub name_work: usize,
 }
 
-/// Rebuilds `index` (scanned from `map`, the whole outer archive at `path`) with every
-/// inner tar opened as a directory.
+/// Rebuilds `index` (scanned from `outer`, the whole outer archive at `path`, whose
+/// reader `tables` come from) with inner tars opened as directories, `nesting.depth`
+/// levels deep.
 pub fn expand(
     path: &Path,
-    map: &[u8],
+    outer: &Backing,
     index: &Index,
-    sparse_files: &[SparseFile],
-    extents: &[Extent],
+    (sparse_files, extents): (&[SparseFile], &[Extent]),
+    nesting: Nesting,
 ) -> Result<Expanded, OpenError> {
     let index_err = |source| OpenError::Index { path: path.to_owned(), source };
     let mut nester = Nester {
         path,
-        map,
+        outer,
+        nesting,
         builder: IndexBuilder::new(),
-        sparse_files: Vec::new(),
-        extents: Vec::new(),
+        tables: vec![(Vec::new(), Vec::new())],
+        inner: compressed::Opener::new(outer.len() as u64),
+        runs: Vec::new(),
         opened: 0,
         scans: 0,
         name_work: 0,
@@ -84,10 +131,28 @@ pub fn expand(
     let root = &index.inodes[ROOT as usize];
     nester.builder.set_inode(ROOT, root.attrs, Data::None);
     nester.copy_xattrs(ROOT, index, ROOT).map_err(index_err)?;
-    let level = Level { index, sparse_files, extents, base: 0, depth: 0 };
+    let level = Level { index, sparse_files, extents, reader: 0, base: 0, depth: 0 };
     nester.copy_dir(&level, ROOT, ROOT)?;
-    let Nester { builder, sparse_files, extents, opened, scans, name_work, .. } = nester;
-    Ok(Expanded { index: builder.finish().map_err(index_err)?, sparse_files, extents, opened, scans, name_work })
+    let Nester { builder, mut tables, inner, runs, opened, scans, name_work, .. } = nester;
+    // The inner tars' scans mapped the outer archive's pages again: let them go.
+    outer.unmap_scanned();
+    let index = builder.finish().map_err(index_err)?;
+    let unfit = || OpenError::Corrupt {
+        path: path.to_owned(),
+        offset: 0,
+        what: "the sparse tables of its inner archives do not fit them".into(),
+    };
+    let inner_tables = tables.split_off(1);
+    let (sparse_files, extents) = tables.pop().unwrap_or_default();
+    let outer_reader = TarReader::from_parts(outer.clone(), sparse_files, extents).ok_or_else(unfit)?;
+    let compressed = inner.count();
+    let reader: Arc<dyn Reader> = if compressed == 0 {
+        Arc::new(outer_reader)
+    } else {
+        let inner = inner.finish(inner_tables).ok_or_else(unfit)?;
+        Arc::new(NestedReader::new(outer_reader, inner, runs).ok_or_else(unfit)?)
+    };
+    Ok(Expanded { index, reader, opened, compressed, scans, name_work })
 }
 
 impl Nester<'_> {
@@ -133,19 +198,21 @@ impl Nester<'_> {
                     names.contains(stem)
                 };
                 let first_name = tried.insert(dirent.inode);
-                let inner =
-                    first_name.then(|| self.inner_archive(level, name, child.data, child.attrs.size, &taken)).flatten();
+                let inner = match first_name {
+                    true => self.inner_archive(level, name, child.data, child.attrs.size, &taken)?,
+                    false => None,
+                };
                 self.name_work += work.get();
                 if let Some((stem, inner)) = inner {
                     let attrs = Attrs { mode: libc::S_IFDIR | 0o755, size: 0, ..child.attrs };
                     let id = self.builder.add_inode(attrs, Data::None).map_err(index_err)?;
                     self.builder.link(to, stem, id).map_err(index_err)?;
-                    let (index, sparse_files, extents, base) = inner;
                     let inner_level = Level {
-                        index: &index,
-                        sparse_files: &sparse_files,
-                        extents: &extents,
-                        base,
+                        index: &inner.index,
+                        sparse_files: &inner.sparse_files,
+                        extents: &inner.extents,
+                        reader: inner.reader,
+                        base: inner.base,
                         depth: level.depth + 1,
                     };
                     self.opened += 1;
@@ -160,6 +227,7 @@ impl Nester<'_> {
                     Some(&id) => id,
                     None => {
                         let data = self.data(level, child.data).map_err(index_err)?;
+                        self.served_by(level.reader);
                         let id = self.builder.add_inode(child.attrs, data).map_err(index_err)?;
                         self.copy_xattrs(id, level.index, dirent.inode).map_err(index_err)?;
                         copied.insert(dirent.inode, id);
@@ -172,7 +240,14 @@ impl Nester<'_> {
         Ok(())
     }
 
-    /// A member's content location in the outermost archive.
+    /// The next inodes added are served by reader `reader`.
+    fn served_by(&mut self, reader: u32) {
+        if self.runs.last().map_or(0, |r| r.reader) != reader {
+            self.runs.push(Run { start: self.builder.len() as InodeId, reader });
+        }
+    }
+
+    /// A member's content location in its reader's byte space.
     fn data(&mut self, level: &Level, data: Data) -> Result<Data, BuildError> {
         Ok(match data {
             Data::Slice { offset } => Data::Slice { offset: offset + level.base },
@@ -181,19 +256,18 @@ impl Nester<'_> {
                 // Out of range only if the scan broke its own tables: then no content.
                 let Some(file) = level.sparse_files.get(handle as usize) else { return Ok(Data::None) };
                 let runs = &level.extents[file.first as usize..(file.first + file.count) as usize];
-                let first = self.extents.len() as u32;
-                self.extents
-                    .extend(runs.iter().map(|e| Extent { archive_offset: e.archive_offset + level.base, ..*e }));
-                self.sparse_files.push(SparseFile { first, count: file.count });
-                Data::Extern(self.sparse_files.len() as u32 - 1)
+                let (sparse_files, extents) = &mut self.tables[level.reader as usize];
+                let first = u32::try_from(extents.len()).map_err(|_| BuildError::TooManyEntries)?;
+                extents.extend(runs.iter().map(|e| Extent { archive_offset: e.archive_offset + level.base, ..*e }));
+                sparse_files.push(SparseFile { first, count: file.count });
+                Data::Extern(u32::try_from(sparse_files.len() - 1).map_err(|_| BuildError::TooManyEntries)?)
             }
             other => other,
         })
     }
 
-    /// For a member `name` that is an uncompressed tar this can open: the directory name
-    /// and the scanned inner archive (tree, sparse tables, base offset).
-    #[allow(clippy::type_complexity)]
+    /// For a member `name` that is a tar this can open: the directory name and the
+    /// scanned inner archive. Errors only when the work was stopped.
     fn inner_archive<'n>(
         &mut self,
         level: &Level,
@@ -201,36 +275,130 @@ impl Nester<'_> {
         data: Data,
         size: u64,
         taken: &dyn Fn(&[u8]) -> bool,
-    ) -> Option<(&'n [u8], (Index, Vec<SparseFile>, Vec<Extent>, u64))> {
+    ) -> Result<Option<(&'n [u8], Opened)>, OpenError> {
         // `..tar` and `...tar` would become `.` and `..`: they stay files.
-        let stem = name.strip_suffix(b".tar").filter(|s| crate::index::is_file_name(s))?;
-        let Data::Slice { offset } = data else { return None };
-        if level.depth >= MAX_DEPTH || size < BLOCK as u64 {
+        let Some((stem, packed)) = compressed::stem(name).filter(|(s, _)| crate::index::is_file_name(s)) else {
+            return Ok(None);
+        };
+        let Data::Slice { offset } = data else { return Ok(None) };
+        if level.depth >= self.nesting.depth || size < if packed { 18 } else { BLOCK as u64 } {
+            return Ok(None);
+        }
+        if (self.nesting.cancelled)() {
+            return Err(OpenError::Stopped { path: self.path.to_owned() });
+        }
+        let Some(start) = level.base.checked_add(offset) else { return Ok(None) };
+        let opened = match (packed, level.reader) {
+            (false, 0) => self.plain(name, stem, start, size, taken),
+            (false, reader) => self.plain_in_decoded(name, stem, (reader, start), size, taken),
+            (true, 0) => self.compressed(name, stem, start, size, taken)?,
+            (true, _) => {
+                tracing::warn!(
+                    "{}: {} stays a file: a compressed tar inside a compressed tar is not opened",
+                    self.path.shown(),
+                    escape(name)
+                );
+                None
+            }
+        };
+        Ok(opened.map(|opened| (stem, opened)))
+    }
+
+    /// An uncompressed tar stored in the outer archive's bytes, scanned in place.
+    fn plain(
+        &mut self,
+        name: &[u8],
+        stem: &[u8],
+        start: u64,
+        size: u64,
+        taken: &dyn Fn(&[u8]) -> bool,
+    ) -> Option<Opened> {
+        let bytes = self.outer.get(start as usize..start.checked_add(size)? as usize)?;
+        if !looks_like_tar(bytes) || self.taken(name, stem, taken) {
             return None;
         }
-        let start = level.base.checked_add(offset)?;
-        let bytes = self.map.get(start as usize..start.checked_add(size)? as usize)?;
-        if !looks_like_tar(bytes) {
+        self.scans += 1;
+        let mut scan = Scan::new(self.path, bytes);
+        self.scanned(name, scan.run().map(|()| scan), 0, start)
+    }
+
+    /// An uncompressed tar inside a compressed inner tar: scanned from its decoded bytes.
+    fn plain_in_decoded(
+        &mut self,
+        name: &[u8],
+        stem: &[u8],
+        (reader, start): (u32, u64),
+        size: u64,
+        taken: &dyn Fn(&[u8]) -> bool,
+    ) -> Option<Opened> {
+        let decoded = self.inner.decoded(reader)?.clone();
+        let head = decoded.read_at(start, BLOCK).ok()?;
+        if !looks_like_tar(&head) || self.taken(name, stem, taken) {
             return None;
         }
-        if taken(stem) {
+        self.scans += 1;
+        let mut bytes = compressed::Bytes { source: &decoded, pos: start, end: start.checked_add(size)? };
+        let mut scan = Scan::streaming(self.path, &mut bytes);
+        let scanned = scan.run().map(|()| scan);
+        self.scanned(name, scanned, reader, start)
+    }
+
+    /// A compressed tar stored in the outer archive's bytes, decoded by a reader of its own.
+    fn compressed(
+        &mut self,
+        name: &[u8],
+        stem: &[u8],
+        start: u64,
+        size: u64,
+        taken: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<Option<Opened>, OpenError> {
+        let Some(codec) = self.outer.get(start as usize..).and_then(crate::seekable::Codec::by_magic) else {
+            return Ok(None);
+        };
+        if self.taken(name, stem, taken) {
+            return Ok(None);
+        }
+        self.scans += 1;
+        let opened = self.inner.open(self.path, self.outer, (start, size), codec, self.nesting.cancelled);
+        let (index, sparse_files, extents, reader) = match opened {
+            Ok(opened) => opened,
+            Err(compressed::Refused::Stopped) => return Err(OpenError::Stopped { path: self.path.to_owned() }),
+            Err(compressed::Refused::Why(why)) => {
+                tracing::warn!("{}: {} stays a file: {why}", self.path.shown(), escape(name));
+                return Ok(None);
+            }
+        };
+        self.tables.push((Vec::new(), Vec::new()));
+        Ok(Some(Opened { index, sparse_files, extents, reader, base: 0 }))
+    }
+
+    /// Whether the directory name `stem` of inner tar `name` is taken (said once if so).
+    fn taken(&self, name: &[u8], stem: &[u8], taken: &dyn Fn(&[u8]) -> bool) -> bool {
+        let is = taken(stem);
+        if is {
             tracing::warn!(
                 "{}: {} stays a file: its directory name {} is taken by a sibling",
                 self.path.shown(),
                 escape(name),
                 escape(stem)
             );
-            return None;
         }
-        self.scans += 1;
-        let mut scan = Scan::new(self.path, bytes);
-        if let Err(e) = scan.run() {
-            tracing::info!("{}: {} stays a file: it does not scan as a tar ({e})", self.path.shown(), escape(name));
-            return None;
-        }
+        is
+    }
+
+    /// A plain inner tar's scan as a level at `base` of reader `reader`, or `None` (said
+    /// once) when it failed.
+    fn scanned(&self, name: &[u8], scan: Result<Scan, OpenError>, reader: u32, base: u64) -> Option<Opened> {
+        let scan = match scan {
+            Ok(scan) => scan,
+            Err(e) => {
+                tracing::info!("{}: {} stays a file: it does not scan as a tar ({e})", self.path.shown(), escape(name));
+                return None;
+            }
+        };
         let Scan { builder, sparse_files, extents, .. } = scan;
         let index = builder.finish().ok()?;
-        Some((stem, (index, sparse_files, extents, start)))
+        Some(Opened { index, sparse_files, extents, reader, base })
     }
 
     fn copy_xattrs(&mut self, id: InodeId, index: &Index, from: InodeId) -> Result<(), BuildError> {
@@ -241,119 +409,5 @@ impl Nester<'_> {
             self.builder.set_xattrs(id, &pairs)?;
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::test_support::python_tar;
-
-    fn scan(bytes: &[u8]) -> (Index, Vec<SparseFile>, Vec<Extent>) {
-        let mut scan = Scan::new(Path::new("t.tar"), bytes);
-        scan.run().unwrap();
-        let Scan { builder, sparse_files, extents, .. } = scan;
-        (builder.finish().unwrap(), sparse_files, extents)
-    }
-
-    fn names(index: &Index, dir: InodeId) -> Vec<String> {
-        let dir = &index.inodes[dir as usize];
-        index.children(dir).iter().map(|d| String::from_utf8_lossy(index.bytes(d.name)).into_owned()).collect()
-    }
-
-    #[test]
-    fn a_damaged_inner_tar_stays_a_file_and_a_good_one_opens_in_place() {
-        let inner = python_tar("", "add('a.txt', b'inside')");
-        // A valid first header, then the member's data cut short: it does not scan.
-        let damaged = python_tar("", "add('big.bin', b'x' * 5000)")[..1024].to_vec();
-        let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
-        let script = format!(
-            "add('good.tar', bytes.fromhex('{}'))\nadd('bad.tar', bytes.fromhex('{}'))",
-            hex(&inner),
-            hex(&damaged)
-        );
-        let outer = python_tar("", &script);
-        let (index, sparse, extents) = scan(&outer);
-        let Expanded { index: nested, opened, .. } =
-            expand(Path::new("t.tar"), &outer, &index, &sparse, &extents).unwrap();
-        assert_eq!(opened, 1);
-        let mut top = names(&nested, ROOT);
-        top.sort();
-        assert_eq!(top, ["bad.tar", "good"]);
-        let good = nested.lookup(&nested.inodes[ROOT as usize], b"good").unwrap();
-        let a = nested.lookup(&nested.inodes[good as usize], b"a.txt").unwrap();
-        let Data::Slice { offset } = nested.inodes[a as usize].data else { panic!("a slice of the outer archive") };
-        assert_eq!(&outer[offset as usize..offset as usize + 6], b"inside", "served in place from the outer bytes");
-    }
-
-    #[test]
-    fn an_inner_tar_with_many_names_opens_once() {
-        let inner = python_tar("", "add('a.txt', b'inside')");
-        let hex: String = inner.iter().map(|x| format!("{x:02x}")).collect();
-        let script = format!(
-            "add('good.tar', bytes.fromhex('{hex}'))\n\
-             for i in range(3):\n    l = tarfile.TarInfo(f'link{{i}}.tar'); l.type = tarfile.LNKTYPE; l.linkname = 'good.tar'; t.addfile(l)"
-        );
-        let outer = python_tar("", &script);
-        let (index, sparse, extents) = scan(&outer);
-        let Expanded { index: nested, opened, .. } =
-            expand(Path::new("t.tar"), &outer, &index, &sparse, &extents).unwrap();
-        assert_eq!(opened, 1, "scanned once, not once per name");
-        let mut top = names(&nested, ROOT);
-        top.sort();
-        assert_eq!(top, ["good", "link0.tar", "link1.tar", "link2.tar"]);
-    }
-
-    /// An inner tar that fails its scan late, with 100 names: scanned once, not 100 times.
-    #[test]
-    fn an_inner_tar_that_fails_late_is_scanned_once_whatever_its_links() {
-        // Many good members, then a header whose checksum is wrong: the scan fails at the end.
-        let mut inner = python_tar("", "for i in range(50): add(f'f{i}.txt', b'x' * 100)");
-        inner.truncate(50 * 1024);
-        inner.extend_from_slice(&[b'z'; 512]);
-        inner.extend_from_slice(&[0u8; 1024]);
-        let hex: String = inner.iter().map(|x| format!("{x:02x}")).collect();
-        let script = format!(
-            "add('bad.tar', bytes.fromhex('{hex}'))\n\
-             for i in range(100):\n    l = tarfile.TarInfo(f'link{{i}}.tar'); l.type = tarfile.LNKTYPE; l.linkname = 'bad.tar'; t.addfile(l)"
-        );
-        let outer = python_tar("", &script);
-        let (index, sparse, extents) = scan(&outer);
-        let expanded = expand(Path::new("t.tar"), &outer, &index, &sparse, &extents).unwrap();
-        assert_eq!((expanded.opened, expanded.scans), (0, 1), "one scan for 101 names of a tar that fails");
-        assert_eq!(names(&expanded.index, ROOT).len(), 101, "all stay files");
-    }
-
-    /// `..tar` and `...tar` would be directories `.` and `..`: they stay files, listed once,
-    /// and the tree passes the saved index's own checks.
-    #[test]
-    fn inner_tars_named_dot_dot_tar_stay_files() {
-        let inner = python_tar("", "add('a.txt', b'inside')");
-        let hex: String = inner.iter().map(|x| format!("{x:02x}")).collect();
-        let script = format!("add('..tar', bytes.fromhex('{hex}'))\nadd('...tar', bytes.fromhex('{hex}'))\nadd('ok.tar', bytes.fromhex('{hex}'))");
-        let outer = python_tar("", &script);
-        let (index, sparse, extents) = scan(&outer);
-        let expanded = expand(Path::new("t.tar"), &outer, &index, &sparse, &extents).unwrap();
-        let mut top = names(&expanded.index, ROOT);
-        top.sort();
-        assert_eq!(top, ["...tar", "..tar", "ok"]);
-        assert_eq!(expanded.opened, 1);
-    }
-
-    /// Many inner tars in one directory: the sibling-name check is a set, built once (the
-    /// scan per inner tar was quadratic: 80,000 inner tars took 3 s).
-    #[test]
-    fn many_inner_tars_in_one_directory_open_each() {
-        let inner = python_tar("", "add('a.txt', b'inside')");
-        let hex: String = inner.iter().map(|x| format!("{x:02x}")).collect();
-        let script = format!("data = bytes.fromhex('{hex}')\nfor i in range(5000): add(f'c{{i}}.tar', data)");
-        let outer = python_tar("", &script);
-        let (index, sparse, extents) = scan(&outer);
-        let expanded = expand(Path::new("t.tar"), &outer, &index, &sparse, &extents).unwrap();
-        assert_eq!((expanded.opened, expanded.scans), (5000, 5000));
-        assert!(expanded.name_work <= 2 * 5000, "{} sibling names looked at for 5000", expanded.name_work);
-        let top = names(&expanded.index, ROOT);
-        assert_eq!(top.len(), 5000);
-        assert!(top.iter().all(|n| !n.ends_with(".tar")));
     }
 }

@@ -1,13 +1,18 @@
 //! The saved index's bytes: little-endian tables with a checksum, every number bounds-checked on load so a damaged file never reaches the request path.
 
+mod nested;
+
+use std::sync::Arc;
+
 use super::key::Key;
-use super::{Extent, SparseFile, TarReader};
+use super::{Extent, NestedReader, SavedTables, SparseFile, TarReader};
 use crate::hash;
 use crate::index::{Attrs, Data, Dirent, Index, Inode, Span, Xattr};
 use crate::seekable::{max_points, Codec, Point, Points, Seekable, BZIP2_MAX_BLOCK_BITS};
-use crate::{Backing, Source};
+use crate::{Backing, Reader as _, Source};
 
-const MAGIC: &[u8; 16] = b"STAGEFS-INDEX\0v3";
+/// v4: the nesting depth after the key; the compressed inner tars and runs at the end.
+const MAGIC: &[u8; 16] = b"STAGEFS-INDEX\0v4";
 
 /// Little-endian writer for the index file.
 #[derive(Default)]
@@ -22,12 +27,16 @@ impl Writer {
     }
 }
 
-pub fn encode(key: &Key, index: &Index, reader: &TarReader) -> Vec<u8> {
+/// The saved index of `index`, served by the readers `tables` describes, for a mount
+/// that opens `depth` levels of inner archives (0: none).
+pub fn encode(key: &Key, depth: usize, index: &Index, tables: SavedTables) -> Vec<u8> {
+    let reader = tables.outer;
     let mut w = Writer::default();
     w.0.extend_from_slice(MAGIC);
     for v in key.fields() {
         w.u64(v);
     }
+    w.u32(depth as u32);
     let counts = [
         index.inodes.len(),
         index.dirents.len(),
@@ -74,6 +83,15 @@ pub fn encode(key: &Key, index: &Index, reader: &TarReader) -> Vec<u8> {
         }
     }
     w.0.extend_from_slice(&index.arena);
+    encode_sparse(&mut w, reader);
+    encode_points(&mut w, reader.backing().seekable().map(Seekable::points));
+    nested::encode(&mut w, tables);
+    w.u64(hash::hash(&w.0));
+    w.0
+}
+
+/// A sparse table: counts, then the files' runs, then the extents.
+fn encode_sparse(w: &mut Writer, reader: &TarReader) {
     for f in reader.sparse_files() {
         w.u32(f.first);
         w.u32(f.count);
@@ -83,9 +101,6 @@ pub fn encode(key: &Key, index: &Index, reader: &TarReader) -> Vec<u8> {
         w.u64(e.len);
         w.u64(e.archive_offset);
     }
-    encode_points(&mut w, reader.backing().seekable().map(Seekable::points));
-    w.u64(hash::hash(&w.0));
-    w.0
 }
 
 /// The restart points of a compressed tar: codec (0: none), decoded size, then each
@@ -184,13 +199,13 @@ fn decode_points(r: &mut Reader, codec: Option<Codec>, input_len: u64) -> Result
 /// saved index of `backing` with a valid checksum and key: the entry point of the
 /// `index_cache` fuzz target, which would otherwise never get past the checksum.
 #[doc(hidden)]
-pub fn decode_for_fuzz(tables: &[u8], backing: &Backing) -> Result<(Index, TarReader), String> {
+pub fn decode_for_fuzz(tables: &[u8], backing: &Backing) -> Result<(Index, Arc<dyn crate::Reader>), String> {
     let key = Key::from_fields([0; 7]);
     let mut bytes = MAGIC.to_vec();
-    bytes.extend_from_slice(&[0; 32]);
+    bytes.extend_from_slice(&[0; 56 + 4]);
     bytes.extend_from_slice(tables);
     bytes.extend_from_slice(&hash::hash(&bytes).to_le_bytes());
-    decode(&bytes, &key, backing, None)
+    decode(&bytes, &key, 0, backing, None)
 }
 
 /// Little-endian reader that fails instead of panicking on a short file.
@@ -223,9 +238,16 @@ impl Reader<'_> {
 
 const INODE_BYTES: usize = 4 * 3 + 8 + 4 + 8 + 4 + 8 + 4 * 5;
 
-/// Decodes a saved index of the archive in `backing`; `codec` says whether `backing`
-/// holds a compressed tar to serve by the saved restart points.
-pub fn decode(bytes: &[u8], key: &Key, backing: &Backing, codec: Option<Codec>) -> Result<(Index, TarReader), String> {
+/// Decodes a saved index of the archive in `backing` for a mount that opens `depth`
+/// levels of inner archives; `codec` says whether `backing` holds a compressed tar to
+/// serve by the saved restart points.
+pub fn decode(
+    bytes: &[u8],
+    key: &Key,
+    depth: usize,
+    backing: &Backing,
+    codec: Option<Codec>,
+) -> Result<(Index, Arc<dyn crate::Reader>), String> {
     let body_len = bytes.len().checked_sub(8).ok_or("file is truncated")?;
     let (body, stored_hash) = bytes.split_at(body_len);
     if stored_hash != hash::hash(body).to_le_bytes() {
@@ -242,6 +264,10 @@ pub fn decode(bytes: &[u8], key: &Key, backing: &Backing, codec: Option<Codec>) 
     let saved = Key::from_fields(fields);
     if saved != *key {
         return Err("the archive changed since the index was saved".into());
+    }
+    let saved_depth = r.u32()? as usize;
+    if saved_depth != depth {
+        return Err(format!("it was built {}, this mount asks {}", nesting(saved_depth), nesting(depth)));
     }
     let n_inodes = r.count(INODE_BYTES)?;
     let n_dirents = r.count(12)?;
@@ -281,6 +307,42 @@ pub fn decode(bytes: &[u8], key: &Key, backing: &Backing, codec: Option<Codec>) 
         });
     }
     index.arena = r.take(n_arena)?.to_vec();
+    let (sparse, extents) = decode_sparse(&mut r, n_sparse, n_extents)?;
+    let points = decode_points(&mut r, codec, backing.len() as u64)?;
+    let outer = match points {
+        Some(points) => {
+            Arc::new(Source::decoded(Seekable::new(backing.clone(), points)).map_err(|e| format!("cannot map: {e}"))?)
+        }
+        None => backing.clone(),
+    };
+    let inner = nested::decode_inner(&mut r, backing, codec)?;
+    let runs = nested::decode_runs(&mut r, inner.len(), index.inodes.len())?;
+    if !r.0.is_empty() {
+        return Err("trailing bytes".into());
+    }
+    let outer = TarReader::from_parts(outer, sparse, extents).ok_or("sparse table out of bounds")?;
+    if inner.is_empty() {
+        check_bounds(&index, &|_| (outer.size(), outer.sparse_files().len()))?;
+        return Ok((index, Arc::new(outer)));
+    }
+    let reader = NestedReader::new(outer, inner, runs).ok_or("runs out of order")?;
+    check_bounds(&index, &|id| {
+        let served = reader.reader_of(id);
+        (served.size(), served.sparse_files().len())
+    })?;
+    Ok((index, Arc::new(reader)))
+}
+
+/// How a mount opening `depth` levels of inner archives is asked for.
+fn nesting(depth: usize) -> String {
+    match depth {
+        0 => "without --recursive".into(),
+        n => format!("with --recursion-depth {n}"),
+    }
+}
+
+/// Reads a sparse table of `n_sparse` files and `n_extents` extents (see `encode_sparse`).
+fn decode_sparse(r: &mut Reader, n_sparse: usize, n_extents: usize) -> Result<(Vec<SparseFile>, Vec<Extent>), String> {
     let mut sparse = Vec::with_capacity(n_sparse);
     for _ in 0..n_sparse {
         sparse.push(SparseFile { first: r.u32()?, count: r.u32()? });
@@ -289,32 +351,25 @@ pub fn decode(bytes: &[u8], key: &Key, backing: &Backing, codec: Option<Codec>) 
     for _ in 0..n_extents {
         extents.push(Extent { file_offset: r.u64()?, len: r.u64()?, archive_offset: r.u64()? });
     }
-    let points = decode_points(&mut r, codec, backing.len() as u64)?;
-    if !r.0.is_empty() {
-        return Err("trailing bytes".into());
-    }
-    let backing = match points {
-        Some(points) => std::sync::Arc::new(
-            Source::decoded(Seekable::new(backing.clone(), points)).map_err(|e| format!("cannot map: {e}"))?,
-        ),
-        None => backing.clone(),
-    };
-    check_bounds(&index, sparse.len(), backing.len() as u64)?;
-    let reader = TarReader::from_parts(backing, sparse, extents).ok_or("sparse table out of bounds")?;
-    Ok((index, reader))
+    Ok((sparse, extents))
 }
 
 /// Every reference in the index must point inside it (and file data inside the archive,
 /// where a tar puts data: after a 512-byte header), every field must be one the scan could
 /// have produced, and the directories must form a tree, so that nothing read from disk can
-/// make the request path panic, loop or index out of bounds.
-fn check_bounds(index: &Index, n_sparse: usize, archive_len: u64) -> Result<(), String> {
+/// make the request path panic, loop or index out of bounds. `served(position)`: the
+/// size of the byte space and the number of sparse files of the reader serving it.
+fn check_bounds(index: &Index, served: &dyn Fn(u32) -> (u64, usize)) -> Result<(), String> {
     let span_ok = |s: Span| (s.offset as u64 + s.len as u64) <= index.arena.len() as u64;
     let range_ok = |first: u32, count: u32, len: usize| (first as u64 + count as u64) <= len as u64;
     if index.inodes.is_empty() || !index.inodes[0].attrs.is_dir() {
         return Err("no root directory".into());
     }
-    for inode in &index.inodes {
+    for (id, inode) in index.inodes.iter().enumerate() {
+        let (archive_len, n_sparse) = match inode.data {
+            Data::Slice { .. } | Data::Extern(_) => served(id as u32),
+            _ => (0, 0),
+        };
         // No file may be larger than Linux allows (`off_t` is signed), as when scanning.
         let ok = inode.attrs.size <= i64::MAX as u64
             && range_ok(inode.xattr_first, inode.xattr_count, index.xattrs.len())

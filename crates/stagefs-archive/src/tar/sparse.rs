@@ -16,8 +16,16 @@ impl Scan<'_> {
         let mut lines = data.split(|&b| b == b'\n');
         let mut used = 0u64;
         let mut next = |what: &str| -> Result<u64, OpenError> {
-            let line = lines.next().ok_or_else(|| self.truncated(at, format!("sparse map ends before its {what}")))?;
-            used += line.len() as u64 + 1;
+            // Lines starting with '#' are comments (`#!gnu-sparse-format`), skipped as
+            // libarchive skips them; GNU tar writes none. Each is bytes of `data`: bounded.
+            let line = loop {
+                let line =
+                    lines.next().ok_or_else(|| self.truncated(at, format!("sparse map ends before its {what}")))?;
+                used += line.len() as u64 + 1;
+                if !line.starts_with(b"#") {
+                    break line;
+                }
+            };
             std::str::from_utf8(line)
                 .ok()
                 .and_then(|s| s.parse().ok())

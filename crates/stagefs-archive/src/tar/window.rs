@@ -66,24 +66,27 @@ impl<'a> Window<'a> {
             buf.drain(..(pos - self.base) as usize);
             self.base = pos;
         }
+        // Zeroed once, then filled by as many reads as the decoder needs: a pass returns a
+        // deflate block (tens of KiB) per read, and zeroing the 16 MiB again for each cost
+        // more than the decoding.
         let target = 2 * LOOKAHEAD;
-        while buf.len() < target {
-            let filled = buf.len();
-            buf.resize(target, 0);
-            let n = match feed.read(&mut buf[filled..]) {
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => 0,
+        let mut filled = buf.len();
+        buf.resize(target, 0);
+        while filled < target {
+            match feed.read(&mut buf[filled..]) {
+                Ok(0) => {
+                    self.end = Some(self.base + filled as u64);
+                    break;
+                }
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     buf.truncate(filled);
                     return Err(e);
                 }
-            };
-            buf.truncate(filled + n);
-            if n == 0 {
-                self.end = Some(self.base + buf.len() as u64);
-                break;
             }
         }
+        buf.truncate(filled);
         Ok(())
     }
 }

@@ -6,6 +6,8 @@
 
 use std::borrow::Cow;
 
+mod headless;
+
 use super::Fault;
 
 const EOCD_SIG: &[u8; 4] = b"PK\x05\x06";
@@ -72,6 +74,7 @@ pub fn find_end(bytes: &[u8]) -> Option<usize> {
 }
 
 /// The central directory: every entry, in the order the archive lists them.
+#[derive(Debug)]
 pub(super) struct Directory<'a> {
     pub entries: Vec<Entry<'a>>,
     /// Where the central directory starts (members' data lies before it).
@@ -82,13 +85,16 @@ pub(super) struct Directory<'a> {
 pub(super) fn read(map: &[u8]) -> Result<Directory<'_>, Fault> {
     let len = map.len() as u64;
     let Some(eocd) = find_end(map) else {
-        return Err(Fault::truncated(
-            len,
-            format!(
-                "no end-of-central-directory record (PK\\x05\\x06) in the last {} bytes; a zip ends with one",
-                map.len().min(TAIL_SEARCH)
-            ),
-        ));
+        return headless::read(map).map_err(|why| {
+            Fault::truncated(
+                len,
+                format!(
+                    "no end-of-central-directory record (PK\\x05\\x06) in the last {} bytes; a zip ends with one \
+                     (nor is its central directory whole after its members: {why})",
+                    map.len().min(TAIL_SEARCH)
+                ),
+            )
+        });
     };
     let mut count = u64::from(u16le(map, eocd + 10));
     let mut cd_size = u64::from(u32le(map, eocd + 12));
@@ -373,9 +379,11 @@ pub(super) mod tests {
         let mut broken = zip.clone();
         let second = dir.entries[1].at as usize;
         broken[second..second + 4].copy_from_slice(b"XXXX");
-        let fault = read(&broken).err().expect("a damaged directory is refused");
+        let fault = read(&broken).expect_err("a damaged directory is refused");
         assert!(fault.offset >= dir.start, "the fault names where the damage is: {fault:?}");
         assert!(find_end(b"not a zip at all, just text").is_none());
-        assert!(read(&zip[..zip.len() - 10]).is_err(), "an end record cut short");
+        // Without its end record, a zip whose directory is cut short too is refused (one
+        // whose directory is whole is read: see `headless`).
+        assert!(read(&zip[..zip.len() - 30]).is_err(), "an end record and directory cut short");
     }
 }

@@ -37,7 +37,9 @@ pub(super) struct Member {
     crc: u32,
     pub(super) method: u16,
     flags: u16,
-    name_len: u16,
+    /// Where the next member's local header (or the central directory) starts: this
+    /// member's data must end before it, whatever its local header says.
+    limit: u64,
     /// Whether the whole member passed its CRC-32 (stored and streamed members; a
     /// member decoded whole is checked on every decode).
     verdict: OnceLock<Result<(), String>>,
@@ -60,7 +62,7 @@ impl Decodable for Member {
 }
 
 impl Member {
-    pub(super) fn from_entry(e: &Entry) -> Member {
+    pub(super) fn from_entry(e: &Entry, limit: u64) -> Member {
         Member {
             local: e.local,
             data: AtomicU64::new(0),
@@ -69,7 +71,7 @@ impl Member {
             crc: e.crc,
             method: e.method,
             flags: e.flags,
-            name_len: e.stored_name_len,
+            limit,
             verdict: OnceLock::new(),
             decodes: AtomicU32::new(0),
         }
@@ -80,7 +82,11 @@ impl Member {
     }
 
     /// Where the member's data starts, after checking that the local header agrees
-    /// with the central directory.
+    /// with the central directory on the method and keeps the data inside the member's
+    /// own bytes. The local name may differ from the central one (unzip warns and takes
+    /// the central name; some writers put a differently encoded name there), so the data
+    /// is found from the local header's own lengths and checked to end before the next
+    /// member: whatever the local header says, no name serves another member's bytes.
     fn data_offset(&self, backing: &Backing) -> Result<u64, ReadError> {
         let known = self.data.load(Ordering::Relaxed);
         if known != 0 {
@@ -92,20 +98,26 @@ impl Member {
                 self.error("expected a local file header (PK\\x03\\x04) here, as the central directory says".into())
             );
         }
-        let (method, name_len) = (u16le(&header, 8), u16le(&header, 26));
-        if method != self.method || name_len != self.name_len {
-            return Err(self.error(format!(
-                "local header says method {method} and a {name_len}-byte name, the central directory method {} and {} bytes",
-                self.method, self.name_len
-            )));
+        let method = u16le(&header, 8);
+        if method != self.method {
+            return Err(
+                self.error(format!("local header says method {method}, the central directory method {}", self.method))
+            );
         }
-        let start = self.local + (LOCAL_LEN + name_len as usize + u16le(&header, 28) as usize) as u64;
+        let start = self.local + (LOCAL_LEN + u16le(&header, 26) as usize + u16le(&header, 28) as usize) as u64;
         let end = start.checked_add(self.compressed).filter(|&e| e <= backing.len() as u64);
         if end.is_none() {
             return Err(self.error(format!(
                 "{} bytes of member data at {start} run past the end of the archive ({} bytes)",
                 self.compressed,
                 backing.len()
+            )));
+        }
+        if end.is_some_and(|end| end > self.limit) {
+            return Err(self.error(format!(
+                "{} bytes of member data at {start} (after the local header's name and extra field) run into the \
+                 next member or the central directory at {}: refused, so that no name serves another member's bytes",
+                self.compressed, self.limit
             )));
         }
         self.data.store(start, Ordering::Relaxed);

@@ -1,0 +1,67 @@
+//! A nested tree served by several tar readers: the outer archive's, and one per compressed tar inside it, each inode by the reader of the run of positions it lies in (as `set::SetReader` serves shards).
+
+use crate::index::{Inode, InodeId};
+use crate::tar::{SavedTables, TarReader};
+use crate::{Bytes, ReadError, Reader};
+
+/// A compressed tar stored inside the outer archive: `len` bytes from `start`, decoded
+/// from restart points by its own reader (whose byte space is its decoded tar).
+pub struct InnerTar {
+    pub start: u64,
+    pub len: u64,
+    pub reader: TarReader,
+}
+
+/// From position `start` on, up to the next run, inodes are served by reader `reader`:
+/// 0 the outer archive's, `k` inner tar `k - 1`'s. Positions before the first run are
+/// the outer archive's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Run {
+    pub start: InodeId,
+    pub reader: u32,
+}
+
+/// Serves a nested tree: each inode by the reader of its run.
+pub struct NestedReader {
+    outer: TarReader,
+    inner: Vec<InnerTar>,
+    runs: Vec<Run>,
+}
+
+impl NestedReader {
+    /// The reader over `outer` and `inner`; `None` unless the runs are in order and name
+    /// readers that exist.
+    pub fn new(outer: TarReader, inner: Vec<InnerTar>, runs: Vec<Run>) -> Option<NestedReader> {
+        let ordered = runs.windows(2).all(|w| w[0].start < w[1].start);
+        let known = runs.iter().all(|r| r.reader as usize <= inner.len());
+        (ordered && known).then_some(NestedReader { outer, inner, runs })
+    }
+
+    /// The reader serving position `id`.
+    pub fn reader_of(&self, id: InodeId) -> &TarReader {
+        let run = self.runs.partition_point(|r| r.start <= id).checked_sub(1).map(|i| self.runs[i].reader);
+        match run {
+            Some(k) if k > 0 => &self.inner[k as usize - 1].reader,
+            _ => &self.outer,
+        }
+    }
+}
+
+impl Reader for NestedReader {
+    fn read(&self, id: InodeId, inode: &Inode, offset: u64, len: usize) -> Result<Bytes<'_>, ReadError> {
+        self.reader_of(id).read_data(inode.data, offset, len)
+    }
+
+    /// The inner tars are ranges of the outer archive: its pages are theirs.
+    fn drop_source_cache(&self) {
+        self.outer.drop_source_cache();
+    }
+
+    fn size(&self) -> u64 {
+        self.outer.size()
+    }
+
+    fn saved(&self) -> Option<SavedTables<'_>> {
+        Some(SavedTables { outer: &self.outer, inner: &self.inner, runs: &self.runs })
+    }
+}

@@ -1,0 +1,68 @@
+//! A byte range of another archive's bytes, served as a source of its own: a compressed tar stored inside a tar (`--recursive`) is decoded from there.
+
+use std::borrow::Cow;
+
+use crate::{Backing, ReadError, Source};
+
+/// `len` bytes of `outer` from `start`; reads go through `outer`, so an archive served
+/// in place is still read with `pread` and checked to be unchanged.
+#[derive(Debug)]
+pub(crate) struct Within {
+    outer: Backing,
+    start: u64,
+    len: u64,
+}
+
+impl Within {
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// The range's mapped bytes, for a first pass (none when `outer` has no map).
+    pub(crate) fn bytes(&self) -> &[u8] {
+        let end = self.start + self.len;
+        self.outer.get(self.start as usize..end as usize).unwrap_or_default()
+    }
+
+    pub(crate) fn read_at(&self, offset: u64, len: usize) -> Result<Cow<'_, [u8]>, ReadError> {
+        if offset.checked_add(len as u64).is_none_or(|end| end > self.len) {
+            return Err(ReadError {
+                offset: self.start.saturating_add(offset),
+                what: format!("{len} bytes run past the end of the {}-byte member they are read from", self.len),
+            });
+        }
+        self.outer.read_at(self.start + offset, len)
+    }
+
+    /// Lets go of the mapped pages of the range before `offset` (see `Source::unmap_scanned`).
+    pub(crate) fn unmap_before(&self, offset: u64) {
+        self.outer.unmap_range(self.start, self.start + offset.min(self.len));
+    }
+}
+
+impl Source {
+    /// The `len` bytes of `outer` from `start`, as a source of their own; `None` when they
+    /// do not lie inside `outer`.
+    pub fn within(outer: &Backing, start: u64, len: u64) -> Option<Backing> {
+        start.checked_add(len).filter(|&end| end <= outer.len() as u64)?;
+        let map = memmap2::MmapOptions::new().len(1).map_anon().ok()?.make_read_only().ok()?;
+        let within = Within { outer: outer.clone(), start, len };
+        Some(std::sync::Arc::new(Source { map, in_place: None, decoded: None, ranged: None, within: Some(within) }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_range_reads_and_maps_its_own_bytes_only() {
+        let outer = Source::memory(b"0123456789");
+        let inner = Source::within(&outer, 3, 4).unwrap();
+        assert_eq!((inner.len(), &inner[..]), (4, &b"3456"[..]));
+        assert_eq!(&*inner.read_at(1, 3).unwrap(), b"456");
+        assert!(inner.read_at(2, 3).is_err(), "past the range, although inside the outer bytes");
+        assert!(Source::within(&outer, 8, 3).is_none());
+        assert!(Source::within(&outer, u64::MAX, 2).is_none());
+    }
+}
