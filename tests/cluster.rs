@@ -364,8 +364,10 @@ impl Drop for Work {
 }
 
 /// Logs the node and arguments of every sbcast a job runs, then runs the real one (the
-/// log's path follows).
-const SBCAST_WRAPPER: &str = "#!/bin/sh\necho \"$(hostname) $*\" >> ";
+/// log's path follows). stagefs hands sbcast the archive it opened and checked as
+/// `/dev/fd/N`: the file that descriptor is open on is logged after the arguments.
+const SBCAST_WRAPPER: &str =
+    "#!/bin/sh\necho \"$(hostname) $* $(for a; do case $a in (/dev/fd/*) readlink \"$a\";; esac; done)\" >> ";
 
 /// The nodes that ran sbcast with `archive` as its source, one entry per run.
 fn sbcast_calls(work: &Work, archive: &Path) -> Vec<String> {
