@@ -65,9 +65,20 @@ def _open_native(path: str, stage: str, max_ram: Any, stage_dir: Optional[str], 
     archive, logged = _native.open(path, stage=stage, max_ram=max_ram, stage_dir=stage_dir, recursive=recursive,
                                    trust_shards=trust_shards)  # fmt: skip
     for line in logged:
-        warnings.warn(f"stagefs: {line}", ArchiveWarning, stacklevel=4)
+        warnings.warn(f"stagefs: {line}", ArchiveWarning, stacklevel=_outside_stacklevel())
     with _opened_lock:
         return _opened.setdefault(key, archive)
+
+
+def _outside_stacklevel() -> int:
+    """The stacklevel of the first caller outside stagefs and fsspec (the user's line)."""
+    import sys
+
+    ours = (os.path.dirname(__file__), os.path.dirname(fsspec.__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(ours):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _local_path(fo: Any, target_protocol: Optional[str], target_options: Optional[dict]) -> str:
