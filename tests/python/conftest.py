@@ -141,3 +141,14 @@ def run_as(account, args, timeout: float = 300, cwd=None) -> subprocess.Complete
     cmd = ["setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--init-groups", "--reset-env",
            "--", "env", *env, *map(str, args)]  # fmt: skip
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+def fnv(data: bytes) -> int:
+    """stagefs_archive::hash::hash: FNV-1a over little-endian 8-byte words, then bytes."""
+    h, prime, mask = 0xCBF29CE484222325, 0x100000001B3, (1 << 64) - 1
+    whole = len(data) // 8 * 8
+    for i in range(0, whole, 8):
+        h = ((h ^ int.from_bytes(data[i : i + 8], "little")) * prime) & mask
+    for b in data[whole:]:
+        h = ((h ^ b) * prime) & mask
+    return h

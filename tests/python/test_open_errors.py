@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import stagefs
+from conftest import fnv
 
 FUZZ = Path(__file__).resolve().parents[2] / "fuzz"
 
@@ -137,17 +138,6 @@ def test_an_archive_changed_underneath(small_tar):
             fs.cat_file("d/f.bin")
         assert e.value.errno == errno.EIO and "changed" in str(e.value)
         assert copy.cat_file("d/f.bin") == b"x" * 5000  # a private copy keeps its bytes
-
-
-def fnv(data: bytes) -> int:
-    """stagefs_archive::hash::hash: FNV-1a over little-endian 8-byte words, then bytes."""
-    h, prime, mask = 0xCBF29CE484222325, 0x100000001B3, (1 << 64) - 1
-    whole = len(data) // 8 * 8
-    for i in range(0, whole, 8):
-        h = ((h ^ int.from_bytes(data[i : i + 8], "little")) * prime) & mask
-    for b in data[whole:]:
-        h = ((h ^ b) * prime) & mask
-    return h
 
 
 REPLAY = textwrap.dedent("""
