@@ -242,7 +242,10 @@ class ArchiveFileSystem(fsspec.AbstractFileSystem):
         path = self._strip_protocol(path)
         if maxdepth is not None and maxdepth < 1:
             raise ValueError("maxdepth must be at least 1")
-        info = self.info(path)
+        try:
+            info = self.info(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return {} if detail else []  # as fsspec's own find: nothing there
         if info["type"] != "directory":
             found = [info]
         else:

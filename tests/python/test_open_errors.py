@@ -41,6 +41,7 @@ def test_missing_members_and_wrong_kinds(small_tar):
         for call in (fs.info, fs.cat_file, fs.open, fs.ls):
             with pytest.raises(FileNotFoundError):
                 call("d/missing")
+        assert fs.find("d/missing") == [] and fs.glob("missing/*") == []  # as fsspec's own
         with pytest.raises(IsADirectoryError):
             fs.open("d")
         with pytest.raises(NotADirectoryError):

@@ -38,8 +38,11 @@ impl Drop for Shared {
     }
 }
 
-/// Largest piece one `Archive::read` call serves.
-const PIECE: usize = 1 << 30;
+/// Largest piece one `Archive::read` call serves when filling a buffer: what a read in
+/// place allocates on its way (a `pread` into a buffer of the reader's) stays this small.
+const PIECE: usize = 16 << 20;
+/// Largest member a view shows by one read, in place where its bytes lie in memory.
+const VIEW_PIECE: u64 = 1 << 30;
 
 impl Shared {
     /// The regular file at `path`, links followed.
@@ -86,9 +89,13 @@ impl Shared {
     ) -> Result<Held, MemberError> {
         self.allowed(inode, path)?;
         let len = len.min(inode.attrs.size.saturating_sub(offset));
-        if len > PIECE as u64 {
-            // Larger than one read serves: assembled into a buffer of its own.
-            let mut bytes = vec![0; len as usize];
+        if len > VIEW_PIECE {
+            // Larger than one read serves: assembled into a buffer of its own, if there is
+            // room (a sparse member may claim far more than memory holds).
+            let no_memory = || MemberError::NoMemory { path: path.to_string(), len };
+            let mut bytes = Vec::new();
+            bytes.try_reserve_exact(usize::try_from(len).map_err(|_| no_memory())?).map_err(|_| no_memory())?;
+            bytes.resize(len as usize, 0);
             self.fill(id, inode, path, offset, &mut bytes)?;
             let ptr = bytes.as_ptr();
             return Ok(Held { keep: Box::new(bytes), ptr, len: len as usize });

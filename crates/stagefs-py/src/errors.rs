@@ -6,7 +6,7 @@
 //! failure on a mount would be; a damaged archive is `stagefs.ArchiveError`, with the
 //! archive offset at fault as `offset`.
 
-use pyo3::exceptions::{PyKeyboardInterrupt, PyOSError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyKeyboardInterrupt, PyMemoryError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use stagefs::open::OpenArchiveError;
 use stagefs::places::{OutsideError, PlaceError};
@@ -164,6 +164,8 @@ pub enum MemberError {
     /// Damage found while reading: this member fails, the archive stays usable.
     #[error("{path}: {source}")]
     Read { path: String, source: ReadError },
+    #[error("{path}: cannot hold its {len} bytes in memory at once; read it in pieces")]
+    NoMemory { path: String, len: u64 },
     #[error("{0}")]
     Closed(&'static str),
 }
@@ -179,6 +181,7 @@ impl MemberError {
             MemberError::NotFile { .. } => libc::EINVAL,
             MemberError::Denied { .. } => libc::EACCES,
             MemberError::Read { .. } => libc::EIO,
+            MemberError::NoMemory { .. } => libc::ENOMEM,
             MemberError::Closed(_) => libc::EBADF,
         }
     }
@@ -189,7 +192,8 @@ impl MemberError {
             | MemberError::IsDir { path }
             | MemberError::NotFile { path }
             | MemberError::Denied { path, .. }
-            | MemberError::Read { path, .. } => path,
+            | MemberError::Read { path, .. }
+            | MemberError::NoMemory { path, .. } => path,
             MemberError::Closed(_) => "",
         }
     }
@@ -197,8 +201,10 @@ impl MemberError {
 
 impl From<MemberError> for PyErr {
     fn from(e: MemberError) -> PyErr {
-        if let MemberError::Closed(what) = e {
-            return PyValueError::new_err(what);
+        match e {
+            MemberError::Closed(what) => return PyValueError::new_err(what),
+            MemberError::NoMemory { .. } => return PyMemoryError::new_err(e.to_string()),
+            _ => {}
         }
         os_error(e.errno(), e.to_string(), &PathBuf::from(e.path()))
     }
