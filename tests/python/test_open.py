@@ -210,6 +210,7 @@ def test_fsspec_finds_it_by_name_and_url(plain_tar, tree, tmp_path):
     walked = {os.path.join(d, f) for d, _, fs_ in fs.walk("") for f in fs_}
     assert walked == set(extracted(tree))
     assert fs.isdir("dog/d1") and fs.isfile("dog/d1/d2/d3/deep.bin") and not fs.exists("nope")
+    assert fs.cat_file(Path("dog") / "dog_001.bin") == expected and fs.isdir(Path("dog/d1"))  # pathlib paths
     assert fs.ls("cat", detail=False) == sorted(f"cat/{p.name}" for p in (tree / "cat").iterdir())
     assert fs.info("cat/cat_002.bin")["size"] == (tree / "cat" / "cat_002.bin").stat().st_size
     with pytest.raises(OSError) as e:
