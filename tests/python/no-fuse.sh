@@ -22,7 +22,7 @@ id "$user" >/dev/null 2>&1 || useradd --create-home --user-group --shell /bin/sh
 uid=$(id -u "$user")
 gid=$(id -g "$user")
 home=$(getent passwd "$user" | cut -d: -f6)
-if ! setpriv --reuid="$uid" --regid="$gid" --init-groups -- "$python" -c '' 2>/dev/null; then
+if ! setpriv --reuid="$uid" --regid="$gid" --init-groups -- env "$python" -c '' 2>/dev/null; then
     echo "no-fuse.sh: $user cannot run $python (an interpreter under /root?); make the venv from one every user can run" >&2
     exit 1
 fi

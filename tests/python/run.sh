@@ -27,7 +27,8 @@ rm -rf "$VENV"
 # interpreter must be one they can run, not one under /root (pyenv's, say).
 PYTHON=${STAGEFS_TEST_PYTHON:-python3}
 real=$("$PYTHON" -c 'import os, sys; print(os.path.realpath(sys.executable))')
-if ! setpriv --reuid=65534 --regid=65534 --clear-groups -- "$real" -c '' 2>/dev/null; then
+# Through env, as the tests run it: setpriv's own exec can succeed where the user's cannot.
+if ! setpriv --reuid=65534 --regid=65534 --clear-groups -- env "$real" -c '' 2>/dev/null; then
     echo "run.sh: other users cannot run $real; making the test venv with /usr/bin/python3" >&2
     PYTHON=/usr/bin/python3
 fi
