@@ -247,9 +247,11 @@ def loader_batches(source, rank, **kw):
     return ld, out
 
 
-@pytest.mark.parametrize("how", ["path", "fs", "squashfs"])
+@pytest.mark.parametrize("how", ["path", "fs", "gzip", "squashfs"])
 def test_the_loader_over_an_archive_gives_the_extracted_tree_s_batches(plain_tar, tree, tmp_path, how):
     source = plain_tar
+    if how == "gzip":  # read through its restart points by the I/O threads
+        source = compressed(plain_tar, "gzip")
     if how == "squashfs":
         source = tmp_path / "tree.sqsh"
         sh("mksquashfs", tree, source, "-quiet", "-no-progress")
