@@ -281,3 +281,14 @@ def test_the_loader_takes_a_directory_inside_the_archive(tree, tmp_path):
         assert [p for b in ld for p in b.paths] == ["train/eel/big.bin", "train/cat/cat_002.bin"]
         with pytest.raises(NotADirectoryError):
             stagefs.Loader(fs, archive_root="train/eel/big.bin", device="cpu")
+
+
+def test_stage_ram_reads_it_into_the_page_cache_within_the_budget(plain_tar, tree):
+    with stagefs.open(plain_tar, stage="ram") as fs:
+        assert fs.staging == "page cache" and fs.archive.staged_bytes == 0  # shared, not private
+        assert members(fs) == extracted(tree)
+    with stagefs.open(plain_tar, stage="copy", max_ram="1G") as fs:
+        assert fs.staging == "copy" and fs.archive.staged_bytes == plain_tar.stat().st_size
+    with pytest.raises(OSError) as e:
+        stagefs.open(plain_tar, stage="ram", max_ram=4096)
+    assert e.value.errno == 12 and "max-ram" in str(e.value)  # ENOMEM: the budget refuses it
