@@ -1,10 +1,12 @@
-"""stagefs: mount tar / SquashFS archives read-only with FUSE, and load files as batches.
+"""stagefs: read tar / zip / SquashFS archives with or without FUSE, and load files as batches.
 
 * :func:`mount` runs the native ``stagefs mount`` command (installed with this
   package) and unmounts on exit: ``with stagefs.mount("data.tar") as root: ...``.
-* :class:`Loader` streams the files of a directory (e.g. the mount) in shuffled,
-  rank-sharded batches, read by native threads and handed to torch or numpy
-  through DLPack without a copy through Python.
+* :func:`open` opens an archive in this process, without a mount (no ``/dev/fuse``
+  needed), as a read-only fsspec filesystem (``stagefs://``).
+* :class:`Loader` streams the files of a directory (e.g. the mount) or of an archive
+  in shuffled, rank-sharded batches, read by native threads and handed to torch or
+  numpy through DLPack without a copy through Python.
 
 This module is a thin face: ordering, sharding, labels and reading live in the
 Rust crate ``stagefs-reader`` (shared with its CLI), exposed by ``stagefs._native``.
@@ -27,11 +29,16 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Union
 
 from . import _native
-from ._native import CudaUnavailableError, FileChangedError, ForkError
+from ._native import ArchiveError, CudaUnavailableError, FileChangedError, ForkError
+from .archive import ArchiveFile, ArchiveFileSystem, ArchiveWarning, open
 
 __version__: str = _native.__version__
 
 __all__ = [
+    "ArchiveError",
+    "ArchiveFile",
+    "ArchiveFileSystem",
+    "ArchiveWarning",
     "Batch",
     "CudaUnavailableError",
     "FileChangedError",
@@ -41,6 +48,7 @@ __all__ = [
     "MountError",
     "executable",
     "mount",
+    "open",
 ]
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -348,11 +356,16 @@ class Batch:
 
 
 class Loader:
-    """Streams the files of a directory (or a list of paths) in batches.
+    """Streams the files of a directory, of an archive, or of a list of paths in batches.
 
     ``Loader(root, batch_size=64, shuffle=True, seed=0, device="cpu")`` lists ``root``
     once (recursively, sorted; classes are its sorted immediate subdirectories, as
-    torchvision's ImageFolder). Each epoch the order is shuffled with ``seed`` and
+    torchvision's ImageFolder). ``root`` may also be an archive (a path that is not a
+    directory: tar, compressed tar, zip, SquashFS, a shard pattern or ``@list``, opened
+    with :func:`open`'s defaults) or a filesystem :func:`open` returned: its members are
+    listed and labelled the same way (below the archive directory ``archive_root``, by
+    default its root) and read straight from the archive's bytes by the native threads,
+    with no mount; ``Batch.paths`` are then the members' paths in the archive. Each epoch the order is shuffled with ``seed`` and
     the epoch number (the same permutation on every rank), then sharded like
     ``DistributedSampler``: rank ``r`` of ``world_size`` takes every
     ``world_size``-th file; with ``drop_last=False`` the order is padded by
@@ -392,20 +405,31 @@ class Loader:
         depth: int = 3,
         slot_bytes: Optional[int] = None,
         output: Optional[str] = None,
+        archive_root: Optional[str] = None,
         _upload_delay_ms: int = 0,
     ) -> None:
         r, w = _rank_world(rank, world_size)
-        if isinstance(source, (str, os.PathLike)):
-            src: Any = os.fspath(source)
+        self._archive: Optional[ArchiveFileSystem] = None
+        if isinstance(source, ArchiveFileSystem):
+            self._archive = source
+        elif isinstance(source, (str, os.PathLike)) and not os.path.isdir(source):
+            self._archive = open(source)
+        if self._archive is not None:
+            src: Any = self._archive.archive
+        elif isinstance(source, (str, os.PathLike)):
+            src = os.fspath(source)
         else:
             src = [os.fspath(p) for p in source]
+        if archive_root is not None and self._archive is None:
+            raise ValueError("archive_root applies to an archive source only")
+        self._archive_root = archive_root
         self._settings = dict(
             batch_size=batch_size, shuffle=shuffle, seed=seed, rank=r, world_size=w,
             drop_last=drop_last, device=device, io_threads=io_threads, depth=depth, slot_bytes=slot_bytes,
             _upload_delay_ms=_upload_delay_ms,  # test hook: a slow pipeline for the Ctrl-C test
         )  # fmt: skip
         self._source: Any = src
-        self._native = _native.Loader(src, **self._settings)
+        self._native = _native.Loader(src, root=archive_root, **self._settings)
         self._classes: List[str] = list(self._native.classes)
         self._relabel: Optional[List[int]] = None
         self.batch_size = batch_size
@@ -439,13 +463,22 @@ class Loader:
         ``--growing`` mount, or by ``--watch``) is seen whole, and files of removed shards
         are not read. ``files`` gives the epoch a new list of paths instead (from then on
         the source is that list). Listing a directory costs one walk of it; a path list
-        costs nothing.
+        costs nothing. An archive source is not listed again (it does not change while
+        open); ``files`` then names members of it.
 
         Labels stay stable across epochs: a class already seen keeps its index, and a
         class folder that appears later is appended to :attr:`classes` (ImageFolder's
         sorted order holds for the first listing only, so a model's outputs keep their
         meaning). Call it between epochs: an iteration under way keeps its own list.
         """
+        if self._archive is not None:
+            # An archive does not change while open; `files` names members of it.
+            if files is not None:
+                members = [os.fspath(p) for p in files]
+                self._native = _native.Loader(self._archive.archive, members=members, **self._settings)
+                self._relabel = None
+            self.epoch = int(epoch)
+            return
         if files is not None:
             self._source = [os.fspath(p) for p in files]
         if files is not None or isinstance(self._source, str):

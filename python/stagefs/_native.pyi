@@ -1,6 +1,10 @@
-"""Type stubs for ``stagefs._native``, the pyo3 binding over the ``stagefs-reader`` crate."""
+"""Type stubs for ``stagefs._native``, the pyo3 binding over the ``stagefs-reader`` crate
+and the daemon's archive code (archives read in process)."""
 
-from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
+import os
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+_Path = Union[str, bytes, "os.PathLike[str]"]
 
 __version__: str
 
@@ -12,6 +16,65 @@ class ForkError(RuntimeError):
 
 class CudaUnavailableError(RuntimeError):
     """``device='cuda'`` was asked for but cannot be served."""
+
+class ArchiveError(OSError):
+    """An archive stagefs cannot serve: damaged (errno EIO) or not an archive it knows (EINVAL)."""
+
+    offset: Optional[int]
+    """The archive byte at fault (compressed byte for a compressed stream), or None."""
+
+def open(
+    spec: _Path,
+    *,
+    stage: str = "none",
+    max_ram: Union[int, str, None] = None,
+    stage_dir: Optional[_Path] = None,
+    recursive: bool = False,
+    trust_shards: bool = False,
+) -> Tuple["Archive", List[str]]:
+    """Opens an archive, a glob pattern of shards or an @list as ``stagefs mount`` would
+    (trust rules, staging, saved indexes); returns it and the warnings opening it logged.
+    Releases the GIL; Ctrl-C raises KeyboardInterrupt at once."""
+
+Info = Dict[str, Any]
+
+class Archive:
+    """An open archive: its tree and members, read in process."""
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def format(self) -> str: ...
+    @property
+    def staging(self) -> str: ...
+    @property
+    def staged_bytes(self) -> int: ...
+    @property
+    def shards(self) -> int: ...
+    def info(self, path: _Path) -> Info:
+        """fsspec's description of the entry (links followed; ``islink`` says if it is one)."""
+    def ls(self, path: _Path) -> List[Info]: ...
+    def find(self, path: _Path, maxdepth: Optional[int] = None, withdirs: bool = False) -> List[Info]: ...
+    def open(self, path: _Path) -> "Member": ...
+    def cat(self, path: _Path, start: Optional[int] = None, end: Optional[int] = None) -> bytes: ...
+    def view(self, path: _Path) -> memoryview:
+        """The whole member, read-only, without a copy where its bytes lie in memory."""
+
+class Member:
+    """An open member: a position and reads that release the GIL."""
+
+    @property
+    def size(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
+    def read(self, size: Optional[int] = -1) -> bytes: ...
+    def readinto(self, buffer: Any) -> int: ...
+    def read_view(self, size: Optional[int] = -1) -> memoryview: ...
+    def seek(self, offset: int, whence: int = 0) -> int: ...
+    def tell(self) -> int: ...
+    def close(self) -> None: ...
 
 def cuda_driver_present() -> bool:
     """Whether libcuda.so can be loaded (no CUDA call is made)."""
@@ -46,7 +109,7 @@ class Loader:
 
     def __init__(
         self,
-        source: Union[str, Sequence[str]],
+        source: Union[str, Sequence[str], Archive],
         *,
         batch_size: int,
         shuffle: bool,
@@ -58,6 +121,8 @@ class Loader:
         io_threads: Optional[int] = None,
         depth: int = 3,
         slot_bytes: Optional[int] = None,
+        root: Optional[_Path] = None,
+        members: Optional[Sequence[_Path]] = None,
     ) -> None: ...
     def __len__(self) -> int: ...
     @property

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 pub use index::index_command;
 pub use open::{fetch_for_broadcast, open};
-pub use stagefs_remote::ObjectUrl;
-use stagefs_remote::{Client, Config, RemoteError};
+use stagefs_remote::{Client, Config};
+pub use stagefs_remote::{ObjectUrl, RemoteError};
 
 use crate::error::{code, Failure};
 

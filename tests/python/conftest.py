@@ -91,3 +91,64 @@ def read_tree(root: Path) -> dict:
             p = Path(dirpath) / f
             out[str(p.relative_to(root))] = p.read_bytes()
     return out
+
+
+def make_archive_tree(root: Path) -> dict:
+    """make_tree's ImageFolder tree plus what archives carry beyond plain files: a symbolic
+    link to a file, a hard link, an empty class folder, names with a space and non-ASCII
+    letters, a deep path. Returns {relative path: bytes} of the files (links followed)."""
+    content = make_tree(root)
+    (root / "cat" / "a name with spaces é.bin").write_bytes(b"spaces and an accent")
+    content["cat/a name with spaces é.bin"] = b"spaces and an accent"
+    deep = root / "dog" / "d1" / "d2" / "d3"
+    deep.mkdir(parents=True)
+    (deep / "deep.bin").write_bytes(b"deep" * 1000)
+    content["dog/d1/d2/d3/deep.bin"] = b"deep" * 1000
+    os.symlink("../cat/cat_002.bin", root / "dog" / "link_to_cat.bin")
+    content["dog/link_to_cat.bin"] = content["cat/cat_002.bin"]
+    os.link(root / "eel" / "big.bin", root / "eel" / "big_hardlink.bin")
+    content["eel/big_hardlink.bin"] = content["eel/big.bin"]
+    (root / "empty_class").mkdir()
+    return content
+
+
+def extracted(root: Path) -> dict:
+    """{relative path: bytes} of every file below root, links to files followed (as a walk
+    of a directory lists them)."""
+    out = {}
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            p = Path(dirpath) / f
+            out[str(p.relative_to(root))] = p.read_bytes()
+    return out
+
+
+def user(name: str):
+    """The account `name` (created with a home and a group of its own if missing; root only)."""
+    import pwd
+
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", "--user-group", "--shell", "/bin/sh", name], check=True)
+        return pwd.getpwnam(name)
+
+
+def run_as(account, args, timeout: float = 300, cwd=None) -> subprocess.CompletedProcess:
+    """`args` run as `account` (a pwd entry) with a login-like environment, the way the Rust
+    tests' `User::command` runs them (setpriv, groups initialised, environment reset)."""
+    env = [f"HOME={account.pw_dir}", f"USER={account.pw_name}", "PATH=/usr/local/bin:/usr/bin:/bin"]
+    cmd = ["setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--init-groups", "--reset-env",
+           "--", "env", *env, *map(str, args)]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+def fnv(data: bytes) -> int:
+    """stagefs_archive::hash::hash: FNV-1a over little-endian 8-byte words, then bytes."""
+    h, prime, mask = 0xCBF29CE484222325, 0x100000001B3, (1 << 64) - 1
+    whole = len(data) // 8 * 8
+    for i in range(0, whole, 8):
+        h = ((h ^ int.from_bytes(data[i : i + 8], "little")) * prime) & mask
+    for b in data[whole:]:
+        h = ((h ^ b) * prime) & mask
+    return h

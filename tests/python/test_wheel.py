@@ -43,3 +43,16 @@ def test_cli_mounts_a_gnu_tar_and_reads_it_back(venv_stagefs, tree, fixture_tar,
     finally:
         subprocess.run([str(venv_stagefs), "umount", str(mp)], check=True, timeout=120)
     assert not os.path.ismount(mp)
+
+
+def test_the_wheel_registers_the_fsspec_protocol():
+    from importlib import metadata
+
+    import fsspec
+
+    eps = metadata.entry_points()
+    group = eps.select(group="fsspec.specs") if hasattr(eps, "select") else eps.get("fsspec.specs", [])
+    specs = {ep.name: ep.value for ep in group}
+    assert specs.get("stagefs") == "stagefs.archive:ArchiveFileSystem"
+    assert any(r.startswith("fsspec") for r in metadata.requires("stagefs") or [])
+    assert fsspec.get_filesystem_class("stagefs") is stagefs.ArchiveFileSystem

@@ -126,6 +126,22 @@ pub enum BuildError {
     BadName(String),
 }
 
+/// Why [`Index::resolve`] found nothing at a path, as the kernel would say it on the mount.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    #[error("no such file or directory in the archive")]
+    NotFound,
+    #[error("a component of the path is not a directory")]
+    NotDir,
+    #[error("too many levels of symbolic links")]
+    Loop,
+    #[error("a symbolic link on the way points outside the archive (an absolute target)")]
+    Outside,
+}
+
+/// At most this many links are followed in one path (the kernel's own limit).
+const MAX_LINKS: usize = 40;
+
 /// Whether `name` can name an entry of a directory: one path component, neither `.` nor
 /// `..`, without `/` or NUL (the kernel's names end at a NUL: such a name would be listed
 /// cut short, and never found).
@@ -176,6 +192,49 @@ impl Index {
     pub fn lookup(&self, dir: &Inode, name: &[u8]) -> Option<InodeId> {
         let children = self.children(dir);
         children.binary_search_by(|d| self.bytes(d.name).cmp(name)).ok().map(|i| children[i].inode)
+    }
+
+    /// The position `path` names, walked from the root the way the kernel walks a path on the
+    /// mount: components split at `/` (empty ones and `.` skipped, `..` to the parent),
+    /// symbolic links on the way followed, the last one only with `follow_last`. A link's
+    /// relative target is taken from the link's directory; an absolute target points
+    /// outside the archive (on the mount, into the host's tree), so it names nothing here.
+    pub fn resolve(&self, path: &[u8], follow_last: bool) -> Result<InodeId, PathError> {
+        // Components still to walk, last first; a followed link pushes its target's.
+        let mut todo: Vec<&[u8]> = path.split(|&b| b == b'/').rev().collect();
+        let mut current = ROOT;
+        let mut links = 0;
+        while let Some(name) = todo.pop() {
+            let dir = self.inode(current).ok_or(PathError::NotFound)?;
+            let Data::Dir { parent, .. } = dir.data else { return Err(PathError::NotDir) };
+            match name {
+                b"" | b"." => continue,
+                b".." => {
+                    current = parent;
+                    continue;
+                }
+                _ => {}
+            }
+            let child = self.lookup(dir, name).ok_or(PathError::NotFound)?;
+            let inode = self.inode(child).ok_or(PathError::NotFound)?;
+            // A trailing `/` leaves an empty component: the link must then be followed.
+            let last = todo.is_empty();
+            match inode.data {
+                Data::Symlink(target) if follow_last || !last => {
+                    links += 1;
+                    if links > MAX_LINKS {
+                        return Err(PathError::Loop);
+                    }
+                    let target = self.bytes(target);
+                    if target.first() == Some(&b'/') {
+                        return Err(PathError::Outside);
+                    }
+                    todo.extend(target.split(|&b| b == b'/').rev());
+                }
+                _ => current = child,
+            }
+        }
+        Ok(current)
     }
 
     pub fn xattrs_of(&self, inode: &Inode) -> &[Xattr] {
@@ -427,5 +486,36 @@ mod tests {
         assert_eq!(index.children(&index.inodes[0]).len(), 1);
         assert_eq!(index.inodes[second as usize].nlink, 1);
         assert_eq!(index.inodes[first as usize].nlink, 0);
+    }
+
+    #[test]
+    fn paths_resolve_through_links_as_on_the_mount() {
+        let mut b = IndexBuilder::new();
+        let dir = b.add_inode(Attrs::implicit_dir(), Data::None).unwrap();
+        b.link(ROOT, b"d", dir).unwrap();
+        let f = b.add_inode(file(5), Data::Slice { offset: 512 }).unwrap();
+        b.link(dir, b"f", f).unwrap();
+        let link = |b: &mut IndexBuilder, name: &[u8], target: &[u8]| {
+            let span = b.intern(target).unwrap();
+            let attrs = Attrs { mode: libc::S_IFLNK | 0o777, ..file(0) };
+            let id = b.add_inode(attrs, Data::Symlink(span)).unwrap();
+            b.link(ROOT, name, id).unwrap();
+            id
+        };
+        let to_f = link(&mut b, b"to-f", b"d/../d/./f");
+        link(&mut b, b"to-d", b"d");
+        link(&mut b, b"loop", b"loop");
+        link(&mut b, b"abs", b"/etc/passwd");
+        let index = b.finish().unwrap();
+        assert_eq!(index.resolve(b"", true), Ok(ROOT));
+        assert_eq!(index.resolve(b"/d//f", true), Ok(f));
+        assert_eq!(index.resolve(b"to-f", true), Ok(f));
+        assert_eq!(index.resolve(b"to-f", false), Ok(to_f), "the last link stays unless followed");
+        assert_eq!(index.resolve(b"to-d/f", false), Ok(f), "links on the way are followed");
+        assert_eq!(index.resolve(b"d/../to-d/", false), Ok(dir), "a trailing slash follows the link");
+        assert_eq!(index.resolve(b"d/missing", true), Err(PathError::NotFound));
+        assert_eq!(index.resolve(b"d/f/x", true), Err(PathError::NotDir));
+        assert_eq!(index.resolve(b"loop", true), Err(PathError::Loop));
+        assert_eq!(index.resolve(b"abs", true), Err(PathError::Outside));
     }
 }

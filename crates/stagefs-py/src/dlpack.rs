@@ -77,7 +77,7 @@ pub trait Storage: Send + Sync + 'static {
     /// DLPack device (type, ordinal).
     fn device(&self) -> (i32, i32);
     /// The GPU memory behind it, when it is some (for stream ordering).
-    fn as_device(&self) -> Option<&crate::DeviceBytes> {
+    fn as_device(&self) -> Option<&crate::batch::DeviceBytes> {
         None
     }
 }

@@ -1,7 +1,9 @@
-//! The list of files to load: explicit paths or a directory walked once, with sizes.
+//! The list of files to load: explicit paths, a directory walked once, or entries of another source, with sizes.
 
 use crate::error::{Error, Result};
+use crate::source::{FileSource, Paths};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// One file and the size it had when the list was built.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -12,11 +14,18 @@ pub struct FileEntry {
     pub len: u64,
 }
 
-/// An ordered list of regular files. Sizes are taken once, up front, because
-/// batch packing needs them before any byte is read.
-#[derive(Debug, Clone, Default)]
+/// An ordered list of regular files and where to read them from. Sizes are taken once,
+/// up front, because batch packing needs them before any byte is read.
+#[derive(Debug, Clone)]
 pub struct FileList {
     entries: Vec<FileEntry>,
+    source: Arc<dyn FileSource>,
+}
+
+impl Default for FileList {
+    fn default() -> Self {
+        FileList { entries: Vec::new(), source: Arc::new(Paths) }
+    }
 }
 
 impl FileList {
@@ -28,7 +37,18 @@ impl FileList {
         P: Into<PathBuf>,
     {
         let entries = paths.into_iter().map(|p| stat_file(p.into())).collect::<Result<Vec<_>>>()?;
-        Ok(FileList { entries })
+        Ok(FileList { entries, source: Arc::new(Paths) })
+    }
+
+    /// Files that `source` reads (an archive's members, say), in the given order; each
+    /// entry's path names it in batches and errors, its `len` is what `source` must fill.
+    pub fn from_source(entries: Vec<FileEntry>, source: Arc<dyn FileSource>) -> Self {
+        FileList { entries, source }
+    }
+
+    /// Where the files are read from.
+    pub fn source(&self) -> &Arc<dyn FileSource> {
+        &self.source
     }
 
     /// Walks `dir` recursively once and lists its regular files sorted by path,
@@ -87,9 +107,16 @@ impl ClassFolders {
             let entry = entry.map_err(|e| Error::io(root, "read directory", e))?;
             // Follows symlinks, as ImageFolder's `entry.is_dir()` does.
             if std::fs::metadata(entry.path()).is_ok_and(|m| m.is_dir()) {
-                classes.push(entry.file_name());
+                classes.push(PathBuf::from(entry.file_name()));
             }
         }
+        Ok(Self::label(files, root, classes))
+    }
+
+    /// Labels `files` (paths under `root`) by the class folders `classes` (names of the
+    /// root's immediate subdirectories, in any order): the one rule for every source, so
+    /// an archive's members get the labels its extracted tree would.
+    pub fn label(files: FileList, root: &Path, mut classes: Vec<PathBuf>) -> Self {
         classes.sort();
         let labels = files
             .entries()
@@ -104,7 +131,7 @@ impl ClassFolders {
             })
             .collect();
         let classes = classes.into_iter().map(|c| c.to_string_lossy().into_owned()).collect();
-        Ok(ClassFolders { files, classes, labels })
+        ClassFolders { files, classes, labels }
     }
 }
 
@@ -138,6 +165,6 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
 impl FileList {
     /// Builds a list without touching the file system (planning tests).
     pub(crate) fn from_entries_for_test(entries: Vec<FileEntry>) -> Self {
-        FileList { entries }
+        FileList { entries, source: Arc::new(Paths) }
     }
 }

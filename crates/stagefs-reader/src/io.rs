@@ -1,9 +1,7 @@
-//! I/O worker threads: `pread` each file straight into its place in a ring slot.
+//! I/O worker threads: each file read straight into its place in a ring slot (by its list's [`crate::FileSource`]).
 
 use crate::error::{Error, Result};
 use crate::shared::Shared;
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -85,18 +83,7 @@ fn worker_loop(shared: &Shared, jobs: &Mutex<mpsc::Receiver<Job>>, done: &mpsc::
 
 fn read_one(shared: &Shared, job: &Job) -> Result<()> {
     let entry = &shared.files.entries()[job.file];
-    let path = &entry.path;
     let t0 = Instant::now();
-    let file = File::open(path).map_err(|e| Error::io(path, "open", e))?;
-    let meta = file.metadata().map_err(|e| Error::io(path, "stat", e))?;
-    if !meta.is_file() {
-        return Err(Error::NotAFile { path: path.clone() });
-    }
-    // The slot range was sized from the listing; reading a different amount
-    // would either truncate the file or overrun into the next one.
-    if meta.len() != entry.len {
-        return Err(Error::SizeChanged { path: path.clone(), listed: entry.len, actual: meta.len() });
-    }
     // SAFETY: the slot belongs to this batch (its previous upload completed
     // before it was handed out) and file ranges within a batch are disjoint
     // and inside slot_bytes (checked by the planner).
@@ -106,7 +93,7 @@ fn read_one(shared: &Shared, job: &Job) -> Result<()> {
             job.len as usize,
         )
     };
-    file.read_exact_at(dst, 0).map_err(|e| Error::io(path, "read", e))?;
+    shared.files.source().read_at(job.file, entry, 0, dst)?;
     shared.read.add(job.len, t0.elapsed());
     Ok(())
 }

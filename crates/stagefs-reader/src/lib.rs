@@ -2,12 +2,13 @@
 //! and upload them to the GPU in batches, overlapping reads with uploads.
 //!
 //! * A [`FileList`] is built once (explicit paths, or a directory walked once
-//!   and sorted).
+//!   and sorted, or entries of any [`FileSource`], such as an archive's members
+//!   read in process).
 //! * Each epoch the order is optionally shuffled with a seed and sharded by
 //!   rank / world size ([`order`]), then packed into batches that fit one ring
 //!   slot.
-//! * I/O threads `pread` every file straight into its place in a slot of a
-//!   ring allocated once; the last file of a batch queues an asynchronous
+//! * I/O threads `pread` every file (or have its [`FileSource`] fill it) straight
+//!   into its place in a slot of a ring allocated once; the last file of a batch queues an asynchronous
 //!   upload on a CUDA stream followed by the slot's event. A slot is refilled
 //!   only after that event completed.
 //! * Without libcuda (or without the `cuda` feature) the same API runs on a
@@ -50,6 +51,7 @@ pub mod order;
 mod plan;
 mod ring;
 mod shared;
+mod source;
 mod stats;
 
 // Lets the unit tests share `tests/common` (which names the crate) with the integration tests.
@@ -65,6 +67,7 @@ pub use error::{Error, Result};
 pub use files::{ClassFolders, FileEntry, FileList};
 pub use loader::{Loader, Next};
 pub use order::Sharding;
+pub use source::{FileSource, Paths};
 pub use stats::Stats;
 
 /// Re-export of the cudarc version this crate is built against, so users can

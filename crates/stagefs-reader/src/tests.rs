@@ -273,3 +273,44 @@ fn restart_reuses_the_ring_and_matches_a_fresh_loader() {
     let log = l.shared().log.as_ref().unwrap().lock().unwrap().clone();
     assert_eq!(reuse_violations(&log), Vec::<String>::new());
 }
+
+/// Bytes of a [`crate::FileSource`] that holds its files in memory: the loader reads
+/// them through it, never through a path (the paths name no file on disk).
+#[derive(Debug)]
+struct Memory {
+    fail_at: Option<usize>,
+}
+
+impl crate::FileSource for Memory {
+    fn read_at(&self, index: usize, entry: &crate::FileEntry, offset: u64, dst: &mut [u8]) -> crate::Result<()> {
+        if self.fail_at == Some(index) {
+            let source = std::io::Error::from_raw_os_error(5); // EIO: a damaged member
+            return Err(Error::Io { path: entry.path.clone(), op: "read", source });
+        }
+        let bytes = content(index, entry.len as usize);
+        dst.copy_from_slice(&bytes[offset as usize..offset as usize + dst.len()]);
+        Ok(())
+    }
+}
+
+fn memory_list(n: usize, fail_at: Option<usize>) -> FileList {
+    let entries = sizes(n)
+        .into_iter()
+        .enumerate()
+        .map(|(i, len)| crate::FileEntry { path: format!("member/{i}").into(), len: len as u64 })
+        .collect();
+    FileList::from_source(entries, std::sync::Arc::new(Memory { fail_at }))
+}
+
+#[test]
+fn a_file_source_other_than_paths_feeds_the_same_pipeline() {
+    let mut l = Loader::new(memory_list(40, None), host().shuffle(Some(3))).unwrap();
+    let got = drain(&mut l);
+    let mut flat: Vec<usize> = got.iter().flat_map(|(_, f)| f.clone()).collect();
+    assert_ne!(flat, (0..40).collect::<Vec<_>>(), "shuffled");
+    flat.sort_unstable();
+    assert_eq!(flat, (0..40).collect::<Vec<_>>());
+    let mut failing = Loader::new(memory_list(40, Some(7)), host()).unwrap();
+    let err = std::iter::from_fn(|| Some(failing.next_batch())).find_map(|r| r.err()).unwrap();
+    assert!(matches!(&err, Error::Io { path, .. } if path.to_str() == Some("member/7")), "{err}");
+}

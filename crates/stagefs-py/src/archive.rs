@@ -1,0 +1,458 @@
+//! `stagefs.open`'s native half: an archive or shard set opened exactly as the daemon opens one, its tree and members served to Python in process, with no mount.
+
+use crate::background;
+use crate::errors::{open_error, MemberError, OpenFailure};
+use crate::member::Member;
+use crate::pybuf::{self, Held};
+use crate::tree::{self, Described};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+use stagefs::open::{open_archive, Indexing};
+use stagefs::options::nesting_depth;
+use stagefs::shards::{self, How};
+use stagefs::stage::{StageMode, Staging};
+use stagefs_archive::index::{Inode, InodeId, PathError};
+use stagefs_archive::{Access, Archive as Opened, Bytes, ReadError};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// An open archive, shared by its Python objects, open files, views and loaders.
+pub struct Shared {
+    pub archive: Opened,
+    /// The archive's resolved path, or a set's label.
+    pub label: PathBuf,
+    pub staging: Staging,
+    pub staged_bytes: u64,
+    /// Archives merged in this one: 1, or a shard set's size.
+    pub shards: usize,
+    /// The local-disk staging directory, removed when it is empty at the end.
+    disk_dir: Option<PathBuf>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.disk_dir {
+            stagefs::stage::disk::remove_if_empty(dir);
+        }
+    }
+}
+
+/// Largest piece one `Archive::read` call serves when filling a buffer: what a read in
+/// place allocates on its way (a `pread` into a buffer of the reader's) stays this small.
+const PIECE: usize = 16 << 20;
+/// Largest member a view shows by one read, in place where its bytes lie in memory.
+const VIEW_PIECE: u64 = 1 << 30;
+
+impl Shared {
+    /// The regular file at `path`, links followed.
+    pub fn regular(&self, path: &[u8]) -> Result<(InodeId, &Inode), MemberError> {
+        let shown = || String::from_utf8_lossy(path).into_owned();
+        let index = &self.archive.index;
+        let id = index.resolve(path, true).map_err(|source| MemberError::Path { path: shown(), source })?;
+        let inode = index.inode(id).ok_or(MemberError::Path { path: shown(), source: PathError::NotFound })?;
+        match inode.attrs.file_type() {
+            libc::S_IFREG => Ok((id, inode)),
+            libc::S_IFDIR => Err(MemberError::IsDir { path: shown() }),
+            _ => Err(MemberError::NotFile { path: shown() }),
+        }
+    }
+
+    /// Fills `dst` with the bytes of file `id` from `offset`; `path` names it in errors.
+    pub fn fill(&self, id: InodeId, inode: &Inode, path: &str, offset: u64, dst: &mut [u8]) -> Result<(), MemberError> {
+        self.allowed(id, inode, path)?;
+        let mut done = 0;
+        while done < dst.len() {
+            let want = (dst.len() - done).min(PIECE) as u32;
+            let bytes = self.read(id, inode, path, offset + done as u64, want)?;
+            let n = bytes.len().min(dst.len() - done);
+            if n == 0 {
+                let what = format!("the member ends at byte {}, before its stated size", offset + done as u64);
+                let source = ReadError { offset: ReadError::WHOLE_ARCHIVE, what };
+                return Err(MemberError::Read { path: path.to_string(), source });
+            }
+            dst[done..done + n].copy_from_slice(&bytes[..n]);
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// `len` bytes of file `id` from `offset` (fewer at its end), kept alive for a view:
+    /// no copy when they lie in the archive's map or a cache block.
+    pub fn held(
+        self: &Arc<Self>,
+        id: InodeId,
+        inode: &Inode,
+        path: &str,
+        offset: u64,
+        len: u64,
+    ) -> Result<Held, MemberError> {
+        self.allowed(id, inode, path)?;
+        let len = len.min(inode.attrs.size.saturating_sub(offset));
+        if len > VIEW_PIECE {
+            // Larger than one read serves: assembled into a buffer of its own, if there is
+            // room (a sparse member may claim far more than memory holds).
+            let no_memory = || MemberError::NoMemory { path: path.to_string(), len };
+            let mut bytes = Vec::new();
+            bytes.try_reserve_exact(usize::try_from(len).map_err(|_| no_memory())?).map_err(|_| no_memory())?;
+            bytes.resize(len as usize, 0);
+            self.fill(id, inode, path, offset, &mut bytes)?;
+            let ptr = bytes.as_ptr();
+            return Ok(Held { keep: Box::new(bytes), ptr, len: len as usize });
+        }
+        Ok(match self.read(id, inode, path, offset, len as u32)? {
+            Bytes::Borrowed(slice) => Held { keep: Box::new(Arc::clone(self)), ptr: slice.as_ptr(), len: slice.len() },
+            Bytes::Shared(block, range) => {
+                let ptr = block[range.clone()].as_ptr();
+                Held { keep: Box::new(block), ptr, len: range.len() }
+            }
+            Bytes::Owned(bytes) => {
+                let (ptr, len) = (bytes.as_ptr(), bytes.len());
+                Held { keep: Box::new(bytes), ptr, len }
+            }
+        })
+    }
+
+    fn allowed(&self, id: InodeId, inode: &Inode, path: &str) -> Result<(), MemberError> {
+        match self.archive.access(id, inode) {
+            Access::Denied(why) => Err(MemberError::Denied { path: path.to_string(), why }),
+            Access::Read => Ok(()),
+        }
+    }
+
+    fn read(&self, id: InodeId, inode: &Inode, path: &str, offset: u64, len: u32) -> Result<Bytes<'_>, MemberError> {
+        self.archive.read(id, inode, offset, len).map_err(|source| MemberError::Read { path: path.to_string(), source })
+    }
+}
+
+/// How to open: the `stagefs mount` options that apply without a mount.
+struct Options {
+    mode: StageMode,
+    max_ram: Option<u64>,
+    stage_dir: Option<PathBuf>,
+    recursive: bool,
+    trust_shards: bool,
+}
+
+/// Opens `spec` (an archive, a glob pattern, an `@list`) as `stagefs mount` does: the same
+/// trust rules, staging, saved indexes and scan.
+fn open_spec(spec: &Path, o: &Options, stop: &AtomicBool) -> Result<Shared, OpenFailure> {
+    let set = shards::resolve(spec, &[], o.trust_shards)?;
+    let indexing = Indexing { depth: nesting_depth(o.recursive, None), ..Indexing::default() };
+    let opened = if set.shards.len() > 1 {
+        let how = How { mode: o.mode, max_ram: o.max_ram, trust: set.trust, not_on: None };
+        shards::open_set(&set.label, &set.shards, how, &indexing)?.0
+    } else {
+        open_archive(&set.label, set.trust, o.mode, o.max_ram, o.stage_dir.as_deref(), None, &indexing)?
+    };
+    if opened.staging == Staging::PageCache {
+        // What the daemon's warm-up does for a mount: the archive's pages in the page
+        // cache once, shared by every process of the node that opens it.
+        set.shards.iter().for_each(|shard| warm(shard, stop));
+    }
+    Ok(Shared {
+        archive: opened.archive,
+        shards: set.shards.len(),
+        label: set.label,
+        staging: opened.staging,
+        staged_bytes: opened.staged_bytes,
+        disk_dir: opened.disk.map(|d| d.dir),
+    })
+}
+
+/// Reads the file at `path` once, into the page cache (only a cache: the bytes served are
+/// read through the descriptor opened when the archive was). Stops when asked to. Opened
+/// without following a link and without waiting, and read only if it is a regular file:
+/// what another user may have put at the path since can neither hang it nor be served.
+fn warm(path: &Path, stop: &AtomicBool) {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let opened = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path);
+    let Ok(mut file) = opened else { return };
+    if !file.metadata().is_ok_and(|m| m.is_file()) {
+        return;
+    }
+    let mut buf = vec![0u8; 8 << 20];
+    while !stop.load(Ordering::Relaxed) {
+        match file.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Runs `f` with the warnings it logs (tracing, WARN and above) collected as lines.
+fn collecting_warnings<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Lines {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .without_time()
+        .with_target(false)
+        .with_level(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let value = tracing::subscriber::with_default(subscriber, f);
+    let text = String::from_utf8_lossy(&lines.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned();
+    (value, text.lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect())
+}
+
+fn stage_mode(stage: &str) -> PyResult<StageMode> {
+    Ok(match stage {
+        "none" => StageMode::None,
+        "ram" => StageMode::Ram,
+        "copy" => StageMode::Copy,
+        "auto" => StageMode::Auto,
+        "disk" => StageMode::Disk,
+        other => {
+            return Err(PyValueError::new_err(format!("stage must be none, ram, copy, auto or disk, not {other:?}")))
+        }
+    })
+}
+
+fn size_of(value: Option<Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
+    let Some(value) = value.filter(|v| !v.is_none()) else { return Ok(None) };
+    if let Ok(n) = value.extract::<u64>() {
+        return Ok(Some(n));
+    }
+    let text: String = value
+        .extract()
+        .map_err(|_| PyTypeError::new_err("max_ram must be bytes (an int) or a size such as \"64G\""))?;
+    stagefs::report::parse_size(&text).map(Some).map_err(PyValueError::new_err)
+}
+
+/// Opens an archive; returns it and the warnings opening it logged.
+#[pyfunction]
+#[pyo3(signature = (spec, *, stage="none", max_ram=None, stage_dir=None, recursive=false, trust_shards=false))]
+pub fn open(
+    py: Python<'_>,
+    spec: PathBuf,
+    stage: &str,
+    max_ram: Option<Bound<'_, PyAny>>,
+    stage_dir: Option<PathBuf>,
+    recursive: bool,
+    trust_shards: bool,
+) -> PyResult<(Archive, Vec<String>)> {
+    let options = Options { mode: stage_mode(stage)?, max_ram: size_of(max_ram)?, stage_dir, recursive, trust_shards };
+    let what = spec.clone();
+    let (opened, warnings) = background::run(py, "open", move |stop| {
+        // No progress bars or summaries: several ranks may open at once, in a notebook too.
+        stagefs::report::quietly(|| collecting_warnings(|| open_spec(&what, &options, stop)))
+    })?;
+    let shared = opened.map_err(|e| open_error(py, e, &spec))?;
+    Ok((Archive { shared: Arc::new(shared) }, warnings))
+}
+
+/// The bytes of a path given by Python (str, bytes or os.PathLike).
+fn path_bytes(path: &Path) -> &[u8] {
+    path.as_os_str().as_bytes()
+}
+
+/// A name for Python: the bytes decoded as the file system's names are (undecodable
+/// bytes kept as surrogates, as `os.fsdecode` does).
+pub fn py_name<'py>(py: Python<'py>, name: &[u8]) -> PyResult<Bound<'py, PyAny>> {
+    Ok(OsStr::from_bytes(name).into_pyobject(py)?.into_any())
+}
+
+/// fsspec's description of an entry (plus what `os.stat` shows).
+fn info_dict<'py>(py: Python<'py>, name: &[u8], d: &Described<'_>) -> PyResult<Bound<'py, PyDict>> {
+    let a = &d.inode.attrs;
+    let dict = PyDict::new(py);
+    dict.set_item("name", py_name(py, name)?)?;
+    dict.set_item("size", d.size)?;
+    dict.set_item("type", d.kind)?;
+    dict.set_item("mode", a.mode)?;
+    dict.set_item("uid", a.uid)?;
+    dict.set_item("gid", a.gid)?;
+    dict.set_item("mtime", a.mtime as f64 + a.mtime_nsec as f64 * 1e-9)?;
+    dict.set_item("nlink", d.inode.nlink.max(1))?;
+    dict.set_item("ino", d.ino)?;
+    dict.set_item("islink", d.link_target.is_some())?;
+    if let Some(target) = d.link_target {
+        dict.set_item("destination", py_name(py, target)?)?;
+    }
+    Ok(dict)
+}
+
+/// An open archive: its tree and members (`stagefs.open` wraps it in an fsspec filesystem).
+#[pyclass(module = "stagefs._native", frozen, weakref)]
+pub struct Archive {
+    pub shared: Arc<Shared>,
+}
+
+impl Archive {
+    fn described<'a>(&'a self, path: &[u8]) -> Result<Described<'a>, MemberError> {
+        let index = &self.shared.archive.index;
+        let shown = || String::from_utf8_lossy(path).into_owned();
+        let (target, link) = tree::lookup(index, path).map_err(|source| MemberError::Path { path: shown(), source })?;
+        tree::describe(index, target, link).ok_or(MemberError::Path { path: shown(), source: PathError::NotFound })
+    }
+}
+
+#[pymethods]
+impl Archive {
+    /// The archive's resolved path, or a shard set's label.
+    #[getter]
+    fn label(&self) -> PathBuf {
+        self.shared.label.clone()
+    }
+
+    /// "tar", "zip" or "squashfs" (a set's first shard's).
+    #[getter]
+    fn format(&self) -> String {
+        format!("{:?}", self.shared.archive.format).to_lowercase()
+    }
+
+    /// How its bytes reach RAM: "in place", "page cache", "copy" or "local disk".
+    #[getter]
+    fn staging(&self) -> &'static str {
+        self.shared.staging.name()
+    }
+
+    /// Bytes this process holds privately (a copy staged in RAM).
+    #[getter]
+    fn staged_bytes(&self) -> u64 {
+        self.shared.staged_bytes
+    }
+
+    /// Archives merged in this one: 1, or a shard set's size.
+    #[getter]
+    fn shards(&self) -> usize {
+        self.shared.shards
+    }
+
+    /// The description of the entry at `path` (links followed; `islink` says if it is one).
+    fn info<'py>(&self, py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDict>> {
+        let bytes = path_bytes(&path);
+        let described = self.described(bytes)?;
+        info_dict(py, tree::trimmed(bytes), &described)
+    }
+
+    /// The entries of the directory at `path`, described; a file's own description.
+    fn ls<'py>(&self, py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyList>> {
+        let bytes = path_bytes(&path);
+        let described = self.described(bytes)?;
+        let list = PyList::empty(py);
+        if described.kind != "directory" {
+            list.append(info_dict(py, tree::trimmed(bytes), &described)?)?;
+            return Ok(list);
+        }
+        let index = &self.shared.archive.index;
+        let dir = index
+            .resolve(bytes, true)
+            .map_err(|source| MemberError::Path { path: path.display().to_string(), source })?;
+        let mut failed = None;
+        tree::walk(index, bytes, dir, Some(1), |met| {
+            if failed.is_some() {
+                return;
+            }
+            if let Some(d) = tree::describe(index, met.target, met.link) {
+                if let Err(e) = info_dict(py, met.path, &d).and_then(|info| list.append(info)) {
+                    failed = Some(e);
+                }
+            }
+        })
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        failed.map_or(Ok(list), Err)
+    }
+
+    /// Every entry below the directory `path` (down to `maxdepth` levels), sorted by name:
+    /// files only, or directories too with `withdirs`. Links to directories are followed.
+    #[pyo3(signature = (path, maxdepth=None, withdirs=false))]
+    fn find<'py>(
+        &self,
+        py: Python<'py>,
+        path: PathBuf,
+        maxdepth: Option<usize>,
+        withdirs: bool,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let bytes = path_bytes(&path);
+        let index = &self.shared.archive.index;
+        let described = self.described(bytes)?;
+        let mut found: Vec<(Vec<u8>, Option<InodeId>, Option<InodeId>)> = Vec::new();
+        if described.kind == "directory" {
+            let dir = index
+                .resolve(bytes, true)
+                .map_err(|source| MemberError::Path { path: path.display().to_string(), source })?;
+            tree::walk(index, bytes, dir, maxdepth, |met| found.push((met.path.to_vec(), met.target, met.link)))
+                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        }
+        found.sort_by(|a, b| a.0.cmp(&b.0));
+        let list = PyList::empty(py);
+        for (name, target, link) in found {
+            let Some(d) = tree::describe(index, target, link) else { continue };
+            if d.kind != "directory" || withdirs {
+                list.append(info_dict(py, &name, &d)?)?;
+            }
+        }
+        Ok(list)
+    }
+
+    /// The regular file at `path`, opened for reading.
+    fn open(&self, path: PathBuf) -> PyResult<Member> {
+        let bytes = path_bytes(&path);
+        let (id, inode) = self.shared.regular(bytes)?;
+        let name = String::from_utf8_lossy(tree::trimmed(bytes)).into_owned();
+        Ok(Member::new(Arc::clone(&self.shared), id, inode.attrs.size, name))
+    }
+
+    /// Bytes `start..end` of the file at `path` (Python slice rules: negative from the
+    /// end, None for the ends).
+    #[pyo3(signature = (path, start=None, end=None))]
+    fn cat<'py>(
+        &self,
+        py: Python<'py>,
+        path: PathBuf,
+        start: Option<i64>,
+        end: Option<i64>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let bytes = path_bytes(&path);
+        let (id, inode) = self.shared.regular(bytes)?;
+        let size = inode.attrs.size as i64;
+        let clamp = |v: i64| if v < 0 { (size + v).max(0) } else { v.min(size) };
+        let (from, to) = (clamp(start.unwrap_or(0)), clamp(end.unwrap_or(size)));
+        let len = (to - from).max(0) as usize;
+        let name = path.display().to_string();
+        let shared = &self.shared;
+        PyBytes::new_with(py, len, |dst| {
+            py.detach(|| shared.fill(id, inode, &name, from as u64, dst)).map_err(PyErr::from)
+        })
+    }
+
+    /// The whole file at `path` as a read-only memoryview: no copy where its bytes lie in
+    /// memory (a staged copy's map, a cached block); they stay valid while the view lives.
+    fn view<'py>(&self, py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyAny>> {
+        let bytes = path_bytes(&path);
+        let (id, inode) = self.shared.regular(bytes)?;
+        let name = path.display().to_string();
+        let shared = &self.shared;
+        let held = py.detach(|| shared.held(id, inode, &name, 0, inode.attrs.size))?;
+        pybuf::memoryview(py, held)
+    }
+
+    fn __repr__(&self) -> String {
+        let s = &self.shared;
+        format!(
+            "<stagefs archive {} ({}, {} entries, {})>",
+            s.label.display(),
+            self.format(),
+            s.archive.index.inodes.len(),
+            s.staging.name()
+        )
+    }
+}
