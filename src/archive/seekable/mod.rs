@@ -15,11 +15,16 @@
 
 mod bgzf;
 mod bzip2;
+mod chunk;
+mod deflate;
+mod finder;
 pub use bzip2::MAX_BLOCK_BITS as BZIP2_MAX_BLOCK_BITS;
 pub use frames::skippable as zstd_skippable;
 mod frames;
 mod gzip;
 mod parallel;
+mod pgzip;
+mod sequential;
 mod xz;
 
 use std::io::{Read, Seek, SeekFrom};
@@ -33,7 +38,7 @@ use super::{Backing, ByteWeight, ReadError};
 pub const SPAN: u64 = 4 << 20;
 /// The most a cached chunk holds: a chunk is cut here even when the next restart point
 /// is further on (one deflate block or zstd frame may decode to gigabytes).
-const MAX_CHUNK: usize = SPAN as usize;
+pub(super) const MAX_CHUNK: usize = SPAN as usize;
 /// Decoded chunks kept for later reads.
 pub const CACHE_BYTES: u64 = 128 << 20;
 
@@ -151,6 +156,8 @@ impl<'a> FirstPass<'a> {
         let pass: Box<dyn CodecPass + 'a> = match codec {
             Codec::Gzip => match bgzf::Pass::new(input) {
                 Some(pass) => Box::new(pass),
+                // One core: the parallel pass's guessing and markers would only cost.
+                None if parallel::threads() > 1 || pgzip::forced() => Box::new(pgzip::Pass::new(input)?),
                 None => Box::new(gzip::Pass::new(input)?),
             },
             Codec::Zstd => Box::new(frames::Pass::new(input)?),

@@ -1,0 +1,432 @@
+//! The first pass over a gzip file on every core (rapidgzip's scheme): the compressed file cut into chunks, each decoded by a worker from a guessed block start, then joined in order where the guesses prove right.
+//!
+//! Worker `i` decodes from the first guessed block start in its chunk's bits to the
+//! first block start at or past chunk `i + 1`'s first bit (`chunk`). In order, the pass
+//! keeps the verified position: the block start where the output so far ends. A chunk is
+//! used only when it starts exactly there; its markers are then replaced from the last
+//! 32 KiB decoded, and its start becomes a restart point with that window. Where no
+//! chunk starts there (a false guess, a block that was not looked for, a chunk cut at
+//! its memory cap), the pass decodes on itself with zlib from the verified position
+//! until it meets the next chunk's start. Every byte is therefore decoded from a
+//! verified position, and every member's CRC-32 and size are checked here, in order.
+//!
+//! Memory: at most `2 × threads` chunks in flight, each holding at most [`CHUNK_CAP`]
+//! bytes of output; nothing grows with the file but the restart points.
+
+use std::io::Read;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use super::chunk::{self, Buffers, Chunk, Limits};
+use super::deflate::{MARKER, WINDOW};
+use super::parallel::{self, Ordered};
+use super::sequential::{header_end, Event, Outcome, Sequential};
+use super::{Backing, Point, SPAN};
+
+/// Compressed bytes per chunk.
+pub(super) const CHUNK_BYTES: usize = 4 << 20;
+/// The most output one chunk holds (its markers count 2 bytes each).
+pub(super) const CHUNK_CAP: usize = 32 << 20;
+/// The most the pass decodes itself at a time, between chunks.
+const PIECE: usize = 4 << 20;
+
+/// How the chunks fared (for tests and the log).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Stats {
+    /// Chunks used as the workers decoded them.
+    pub(super) accepted: u32,
+    /// Chunks whose start did not meet the verified position.
+    pub(super) rejected: u32,
+    /// Guesses that failed to decode, in all chunks.
+    pub(super) false_starts: u32,
+    /// Bytes the pass decoded itself.
+    pub(super) sequential: u64,
+    /// Output of the used chunks after the first, and how much of it was marked.
+    pub(super) guessed: u64,
+    pub(super) marked: u64,
+    /// The workers were stopped: the markers cost more than the cores gain.
+    pub(super) gave_up: bool,
+}
+
+/// The parallel first pass: a `Read` of the decoded bytes that notes restart points.
+pub(super) struct Pass<'a> {
+    input: &'a [u8],
+    chunks: Ordered<Chunk>,
+    buffers: Arc<Buffers>,
+    stop: Arc<AtomicBool>,
+    /// The next chunk, taken from the workers and not yet used or dropped.
+    pending: Option<Chunk>,
+    /// The verified position: the block start (bit) where the output so far ends.
+    pos: u64,
+    ended: bool,
+    /// The pass's own decoder while it bridges a gap between chunks.
+    bridge: Option<Sequential<'a>>,
+    /// Never set: the pass's own decoding stops only for a signal.
+    own: AtomicBool,
+    workers: Option<usize>,
+    /// The last (up to) 32 KiB of output.
+    window: Vec<u8>,
+    /// CRC-32 and size of the current member's output so far.
+    crc: crc32fast::Hasher,
+    member_bytes: u64,
+    /// The decoded bytes being served: `head` then `tail`.
+    head: Vec<u8>,
+    tail: Vec<u8>,
+    used: usize,
+    produced: u64,
+    consumed: u64,
+    points: Vec<Point>,
+    failed: Option<String>,
+    stats: Stats,
+}
+
+/// Whether tests ask for the parallel pass whatever the cores (`STAGEFS_TEST_GZIP_CHUNK`).
+pub(super) fn forced() -> bool {
+    crate::test_hooks::var("STAGEFS_TEST_GZIP_CHUNK").is_some()
+}
+
+/// How the pass cuts and limits its work (tests use small chunks).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Tuning {
+    /// Compressed bytes per chunk.
+    pub(super) chunk_bytes: usize,
+    /// The most output one chunk holds (markers count 2 bytes each).
+    pub(super) cap: usize,
+    /// The workers the rule for giving up on them counts (see [`Pass::accept`]); `None`:
+    /// never give up.
+    pub(super) workers: Option<usize>,
+}
+
+impl Default for Tuning {
+    fn default() -> Tuning {
+        let chunk_bytes = crate::test_hooks::var("STAGEFS_TEST_GZIP_CHUNK").and_then(|n| n.parse().ok());
+        Tuning { chunk_bytes: chunk_bytes.unwrap_or(CHUNK_BYTES), cap: CHUNK_CAP, workers: Some(parallel::threads()) }
+    }
+}
+
+impl<'a> Pass<'a> {
+    pub(super) fn new(input: &'a Backing) -> Result<Pass<'a>, String> {
+        Pass::tuned(input, Tuning::default())
+    }
+
+    pub(super) fn tuned(input: &'a Backing, tuning: Tuning) -> Result<Pass<'a>, String> {
+        let Tuning { chunk_bytes, cap, .. } = tuning;
+        let chunk_bytes = chunk_bytes.max(1);
+        let bytes: &'a [u8] = input;
+        let first = header_end(bytes, 0)?.ok_or("not a gzip file")? as u64 * 8;
+        let stop = Arc::new(AtomicBool::new(false));
+        let limits = Limits { cap, trial_bits: 4 * 8 * chunk_bytes as u64 };
+        let buffers = Arc::new(Buffers::default());
+        let (source, halt, pool) = (input.clone(), stop.clone(), buffers.clone());
+        let decode = move |i: usize| {
+            let bits = |i: usize| (i * chunk_bytes) as u64 * 8;
+            let known = (i == 0).then_some(first);
+            chunk::decode(&source, (bits(i), bits(i + 1)), known, limits, &pool, &halt)
+        };
+        let count = bytes.len().div_ceil(chunk_bytes);
+        let chunks = Ordered::new(count, Arc::new(decode), 2 * parallel::threads());
+        Ok(Pass {
+            input: bytes,
+            chunks,
+            buffers,
+            stop,
+            pending: None,
+            pos: first,
+            ended: false,
+            bridge: None,
+            own: AtomicBool::new(false),
+            workers: tuning.workers,
+            window: Vec::new(),
+            crc: crc32fast::Hasher::new(),
+            member_bytes: 0,
+            head: Vec::new(),
+            tail: Vec::new(),
+            used: 0,
+            produced: 0,
+            consumed: 0,
+            points: vec![Point { out: 0, input: 0, bits: 0, window: None, end: 0 }],
+            failed: None,
+            stats: Stats::default(),
+        })
+    }
+
+    #[cfg(test)]
+    pub(super) fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// Decodes the next piece of output into `head`/`tail`, or ends the stream.
+    fn advance(&mut self) -> Result<(), String> {
+        if self.stats.gave_up {
+            return self.bridge(u64::MAX);
+        }
+        loop {
+            if self.pending.is_none() {
+                self.pending = self.chunks.take().transpose()?;
+            }
+            let pos = self.pos;
+            match self.pending.as_ref().map(|c| c.start) {
+                Some(Some(start)) if start.lo <= pos && pos <= start.bit => {
+                    let chunk = self.pending.take().expect("pending");
+                    return self.accept(chunk);
+                }
+                Some(start) if start.is_none_or(|s| s.bit < pos) => {
+                    self.stats.rejected += u32::from(start.is_some());
+                    self.pending = None;
+                }
+                // A gap before the next chunk's start (or no chunk left): bridged here.
+                next => return self.bridge(next.flatten().map_or(u64::MAX, |s| s.lo)),
+            }
+        }
+    }
+
+    /// Uses a chunk that starts at the verified position.
+    fn accept(&mut self, chunk: Chunk) -> Result<(), String> {
+        self.bridge = None;
+        self.stats.accepted += 1;
+        self.stats.false_starts += chunk.false_starts;
+        if self.stats.accepted > 1 {
+            self.stats.guessed += (chunk.marked.len() + chunk.plain.len()) as u64;
+            self.stats.marked += chunk.marked.len() as u64;
+            // A marked symbol costs a worker about 5 times what zlib spends on a byte
+            // (and the pass resolves it): with W workers, marking more than (W - 1) / 4
+            // of the output is slower than decoding here alone.
+            let workers = self.workers.map_or(u64::MAX / 8, |w| w as u64);
+            if self.stats.accepted > 2 && self.stats.marked * 4 > self.stats.guessed * workers.saturating_sub(1) {
+                self.stats.gave_up = true;
+                self.stop.store(true, Ordering::Relaxed);
+            }
+        }
+        if self.due(self.produced, SPAN) {
+            let window = self.window.clone();
+            self.points.push(point(self.produced, self.pos, Some(window)));
+        }
+        let head = self.resolve(&chunk.marked)?;
+        self.buffers.give_symbols(chunk.marked);
+        self.absorb(head, chunk.plain, &chunk.events)?;
+        match chunk.end {
+            Some(Outcome::Stopped(bit)) => (self.pos, self.consumed) = (bit, bit / 8),
+            Some(Outcome::StreamEnd(byte)) => self.end_stream(byte as usize),
+            _ => unreachable!("a chunk with a start has an end"),
+        }
+        Ok(())
+    }
+
+    /// The marked output with every marker replaced by the window byte it stands for.
+    /// A marker may only reach bytes of the member the chunk starts in.
+    fn resolve(&self, marked: &[u16]) -> Result<Vec<u8>, String> {
+        let reach = self.member_bytes.min(WINDOW as u64) as usize;
+        let lowest = MARKER + (WINDOW - reach) as u16;
+        // (Checked only near a member's start; a fold, not `any`, so that it vectorizes.)
+        let span = lowest - MARKER;
+        if span > 0 && marked.iter().fold(false, |bad, &s| bad | (s.wrapping_sub(MARKER) < span)) {
+            return Err(format!(
+                "invalid distance too far back (before the member's start) in the chunk at compressed byte {}",
+                self.pos / 8
+            ));
+        }
+        // Every symbol through one table: bytes stand for themselves, marker `MARKER + i`
+        // for the byte WINDOW - i before the chunk's start (within `reach`, so within
+        // the window).
+        let mut table = vec![0u8; 1 << 16];
+        for (byte, entry) in table[..256].iter_mut().enumerate() {
+            *entry = byte as u8;
+        }
+        let marks = usize::from(MARKER) + WINDOW - reach;
+        table[marks..marks + reach].copy_from_slice(&self.window[self.window.len() - reach..]);
+        let table: &[u8; 1 << 16] = table.as_slice().try_into().expect("64 KiB");
+        let mut out = self.buffers.bytes();
+        out.extend(marked.iter().map(|&s| table[usize::from(s)]));
+        Ok(out)
+    }
+
+    /// Decodes on from the verified position to the block start at or past `target`.
+    fn bridge(&mut self, target: u64) -> Result<(), String> {
+        if self.bridge.is_none() {
+            let reach = self.member_bytes.min(self.window.len() as u64) as usize;
+            let window = &self.window[self.window.len() - reach..];
+            self.bridge = Some(Sequential::new(self.input, self.pos, window, 0)?);
+        }
+        let bridge = self.bridge.as_mut().expect("set above");
+        let base = bridge.out();
+        let (mut piece, mut events) = (self.buffers.bytes(), Vec::new());
+        let outcome = bridge.run(&mut piece, PIECE, target, &mut events, &self.own);
+        self.consumed = bridge.position();
+        let outcome = outcome?;
+        for event in &mut events {
+            match event {
+                Event::Boundary { out, .. } | Event::MemberEnd { out, .. } => *out -= base,
+            }
+        }
+        self.stats.sequential += piece.len() as u64;
+        self.absorb(self.buffers.bytes(), piece, &events)?;
+        match outcome {
+            Outcome::Stopped(bit) => self.pos = bit,
+            Outcome::StreamEnd(byte) => self.end_stream(byte as usize),
+            Outcome::Full => {}
+        }
+        Ok(())
+    }
+
+    /// Takes `head` then `tail` as the next output: checks each member that ends in it,
+    /// notes restart points, keeps the window, and serves them.
+    fn absorb(&mut self, head: Vec<u8>, tail: Vec<u8>, events: &[Event]) -> Result<(), String> {
+        let len = head.len() + tail.len();
+        let mut hashed = 0;
+        for event in events {
+            match *event {
+                Event::Boundary { out, bit } => {
+                    if self.due(self.produced + out, SPAN) {
+                        let window = self.window_before(&head, &tail, out as usize);
+                        self.points.push(point(self.produced + out, bit, Some(window)));
+                    }
+                }
+                Event::MemberEnd { out, crc, size, trailer, next } => {
+                    self.hash(&head, &tail, hashed, out as usize);
+                    hashed = out as usize;
+                    let crc_now = std::mem::take(&mut self.crc).finalize();
+                    if crc_now != crc {
+                        return Err(format!(
+                            "incorrect data check (CRC-32) in the gzip trailer at compressed byte {trailer}"
+                        ));
+                    }
+                    if self.member_bytes as u32 != size {
+                        return Err(format!("incorrect length check in the gzip trailer at compressed byte {trailer}"));
+                    }
+                    self.member_bytes = 0;
+                    match next {
+                        Some(header) if self.due(self.produced + out, SPAN / 2) => {
+                            self.points.push(Point {
+                                out: self.produced + out,
+                                input: header,
+                                bits: 0,
+                                window: None,
+                                end: 0,
+                            });
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        self.hash(&head, &tail, hashed, len);
+        self.window = self.window_before(&head, &tail, len);
+        self.produced += len as u64;
+        self.buffers.give_bytes(std::mem::replace(&mut self.head, head));
+        self.buffers.give_bytes(std::mem::replace(&mut self.tail, tail));
+        self.used = 0;
+        Ok(())
+    }
+
+    /// Adds output bytes `from..to` of `head` ++ `tail` to the member's CRC and size.
+    fn hash(&mut self, head: &[u8], tail: &[u8], from: usize, to: usize) {
+        for (part, offset) in [(head, 0), (tail, head.len())] {
+            let (a, b) = (from.clamp(offset, offset + part.len()), to.clamp(offset, offset + part.len()));
+            self.crc.update(&part[a - offset..b - offset]);
+        }
+        self.member_bytes += (to - from) as u64;
+    }
+
+    /// The 32 KiB (or all there is) before output offset `at` of `head` ++ `tail`.
+    fn window_before(&self, head: &[u8], tail: &[u8], at: usize) -> Vec<u8> {
+        let mut window = Vec::with_capacity(WINDOW);
+        let from = (self.window.len() + at).saturating_sub(WINDOW);
+        let mut offset = 0;
+        for part in [&self.window[..], head, tail] {
+            let (a, b) = (from.clamp(offset, offset + part.len()), (self.window.len() + at).min(offset + part.len()));
+            if a < b {
+                window.extend_from_slice(&part[a - offset..b - offset]);
+            }
+            offset += part.len();
+        }
+        window
+    }
+
+    fn due(&self, out: u64, span: u64) -> bool {
+        out > 0 && self.points.last().is_none_or(|p| out >= p.out + span)
+    }
+
+    /// The last member ended with its trailer at `end`: trailing zeros are ignored (as
+    /// gzip does), other trailing bytes with a warning.
+    fn end_stream(&mut self, end: usize) {
+        let rest = &self.input[end.min(self.input.len())..];
+        if !rest.iter().all(|&b| b == 0) {
+            tracing::warn!(offset = end, bytes = rest.len(), "ignoring trailing bytes after the last gzip member");
+        }
+        (self.ended, self.consumed, self.pending, self.bridge) = (true, self.input.len() as u64, None, None);
+        self.stop.store(true, Ordering::Relaxed);
+        let Stats { accepted, rejected, false_starts, sequential, .. } = self.stats;
+        tracing::info!(
+            workers = parallel::threads(),
+            chunks_used = accepted,
+            chunks_dropped = rejected,
+            false_starts,
+            decoded_in_order = sequential,
+            gave_up = self.stats.gave_up,
+            "gzip decoded in parallel chunks"
+        );
+    }
+
+    fn read_some(&mut self, buf: &mut [u8]) -> Result<usize, String> {
+        loop {
+            crate::cancel::check().map_err(|e| e.to_string())?;
+            let (head, tail) = (self.head.len(), self.tail.len());
+            if self.used < head + tail {
+                let (part, at) =
+                    if self.used < head { (&self.head, self.used) } else { (&self.tail, self.used - head) };
+                let n = buf.len().min(part.len() - at);
+                buf[..n].copy_from_slice(&part[at..at + n]);
+                self.used += n;
+                return Ok(n);
+            }
+            if self.ended || buf.is_empty() {
+                return Ok(0);
+            }
+            self.advance()?;
+        }
+    }
+}
+
+/// A restart point at output `out`, bit `bit` of the file.
+fn point(out: u64, bit: u64, window: Option<Vec<u8>>) -> Point {
+    let input = bit.div_ceil(8);
+    Point { out, input, bits: (input * 8 - bit) as u8, window, end: 0 }
+}
+
+impl super::CodecPass for Pass<'_> {
+    fn consumed(&self) -> u64 {
+        self.consumed
+    }
+
+    fn total(&self) -> u64 {
+        self.produced
+    }
+
+    fn points(&mut self) -> &mut Vec<Point> {
+        &mut self.points
+    }
+}
+
+impl Read for Pass<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if let Some(failed) = &self.failed {
+            return Err(std::io::Error::other(failed.clone()));
+        }
+        self.read_some(buf).map_err(|e| {
+            self.stop.store(true, Ordering::Relaxed);
+            self.failed = Some(e.clone());
+            std::io::Error::other(e)
+        })
+    }
+}
+
+impl Drop for Pass<'_> {
+    fn drop(&mut self) {
+        // Workers stop at their next check rather than finish their chunks.
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+#[path = "pgzip_tests.rs"]
+mod tests;
