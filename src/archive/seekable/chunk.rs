@@ -6,12 +6,12 @@
 //! chunk stops at a memory cap. What a worker returns is checked by the pass (`pgzip`):
 //! nothing here is trusted until the previous chunk's verified end meets this start.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 
 use super::deflate::{Bits, Codes, Error, Output, WINDOW};
 use super::finder::{Finder, Start};
-use super::sequential::{header_end, member_end, stopping, Event, Outcome, Sequential, BOUNDARY_GRID};
+use super::sequential::{header_end, member_end, phase, Event, Halt, Outcome, Sequential, BOUNDARY_GRID};
 
 /// What a worker decoded.
 #[derive(Debug, Default)]
@@ -84,9 +84,14 @@ pub(super) fn decode(
     known: Option<u64>,
     limits: Limits,
     buffers: &Buffers,
-    stop: &AtomicBool,
+    halt: Halt,
 ) -> Chunk {
-    let work = Work { input, to, limits, buffers, stop };
+    let work = Work { input, to, limits, buffers, halt };
+    let state = halt.chunk.expect("a chunk's state");
+    let start = if known.is_some() { phase::FAST } else { phase::SLOW };
+    if state.compare_exchange(phase::WAITING, start, Ordering::Relaxed, Ordering::Relaxed).is_err() {
+        return Chunk::default(); // Abandoned before it began.
+    }
     if let Some(bit) = known {
         let mut chunk = work.attempt(bit, 0).unwrap_or_default();
         chunk.start = chunk.end.map(|_| Start { lo: bit, bit });
@@ -95,9 +100,11 @@ pub(super) fn decode(
     let mut spent = 0u64;
     let mut false_starts = 0;
     for start in Finder::new(input, from, to) {
-        if spent > limits.trial_bits || stopping(stop) {
+        if spent > limits.trial_bits || halt.now() {
             break;
         }
+        // A guess starts with markers again (a failed one may have reached zlib).
+        let _ = state.compare_exchange(phase::FAST, phase::SLOW, Ordering::Relaxed, Ordering::Relaxed);
         match work.attempt(start.bit, WINDOW) {
             Ok(mut chunk) => {
                 chunk.start = Some(start);
@@ -120,7 +127,7 @@ struct Work<'a> {
     to: u64,
     limits: Limits,
     buffers: &'a Buffers,
-    stop: &'a AtomicBool,
+    halt: Halt<'a>,
 }
 
 impl Work<'_> {
@@ -160,7 +167,7 @@ impl Work<'_> {
                 chunk.end = Some(Outcome::Stopped(here));
                 return Ok(());
             }
-            if stopping(self.stop) {
+            if self.halt.now() {
                 return Err(here);
             }
             let produced = out.symbols.len();
@@ -210,18 +217,21 @@ impl Work<'_> {
 
     /// The rest of a chunk after its markers, decoded by zlib from block start `bit`.
     fn zlib(&self, bit: u64, out: &Output, chunk: &mut Chunk) -> Result<(), u64> {
+        if let Some(state) = self.halt.chunk {
+            let _ = state.compare_exchange(phase::SLOW, phase::FAST, Ordering::Relaxed, Ordering::Relaxed);
+        }
         let produced = out.symbols.len();
         let window: Vec<u8> =
             out.symbols[produced - (produced - out.member_start).min(WINDOW)..].iter().map(|&s| s as u8).collect();
         let mut zlib = Sequential::new(self.input, bit, &window, produced as u64).map_err(|_| bit)?;
         let room = self.limits.cap.saturating_sub(produced * 2);
         let mut events = Vec::new();
-        let outcome = zlib.run(&mut chunk.plain, room, self.to, &mut events, self.stop);
+        let outcome = zlib.run(&mut chunk.plain, room, self.to, &mut events, self.halt);
         let outcome = outcome.map_err(|_| zlib.position() * 8)?;
         let before = chunk.events.len();
         chunk.events.append(&mut events);
         chunk.end = Some(match outcome {
-            Outcome::Full if stopping(self.stop) => return Err(zlib.position() * 8),
+            Outcome::Full if self.halt.now() => return Err(zlib.position() * 8),
             Outcome::Full => {
                 // The memory cap: the chunk ends at the last block start before it.
                 let (at, bit, events) = zlib.last_boundary();

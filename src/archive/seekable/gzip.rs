@@ -244,8 +244,17 @@ impl super::CodecPass for Pass<'_> {
 }
 
 impl std::io::Read for Pass<'_> {
+    /// Fills `buf` as far as the stream goes (zlib stops at every block boundary here,
+    /// and readers such as the tar scan prepare their whole buffer for each read).
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.read_some(buf).map_err(std::io::Error::other)
+        let mut filled = 0;
+        while filled < buf.len() {
+            match self.read_some(&mut buf[filled..]).map_err(std::io::Error::other)? {
+                0 => break,
+                n => filled += n,
+            }
+        }
+        Ok(filled)
     }
 }
 

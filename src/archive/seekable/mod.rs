@@ -51,6 +51,14 @@ pub fn max_points(input_len: u64) -> usize {
     usize::try_from(input_len / 1024).unwrap_or(usize::MAX).max(65_536)
 }
 
+/// For the fuzzers (`fuzz/src/exercise.rs`): the parallel gzip first pass over `input`
+/// in chunks of `chunk_bytes`, which must decode what the sequential pass decodes and
+/// fail where it fails (it panics otherwise). Returns the decoded size.
+#[doc(hidden)]
+pub fn fuzz_parallel_gzip(input: &Backing, chunk_bytes: usize) -> Result<u64, String> {
+    pgzip::agrees_with_sequential(input, chunk_bytes)
+}
+
 /// The error for a file past [`max_points`].
 fn too_many_points(codec: Codec, input_len: u64) -> String {
     format!(

@@ -10,23 +10,26 @@
 //! until it meets the next chunk's start. Every byte is therefore decoded from a
 //! verified position, and every member's CRC-32 and size are checked here, in order.
 //!
-//! Memory: at most `2 × threads` chunks in flight, each holding at most [`CHUNK_CAP`]
-//! bytes of output; nothing grows with the file but the restart points.
+//! Memory: at most `2 × threads` chunks in flight (and [`IN_FLIGHT_BYTES`] in all), each
+//! holding at most [`CHUNK_CAP`] bytes of output; nothing grows with the file but the
+//! restart points.
 
 use std::io::Read;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use super::chunk::{self, Buffers, Chunk, Limits};
 use super::deflate::{MARKER, WINDOW};
 use super::parallel::{self, Ordered};
-use super::sequential::{header_end, Event, Outcome, Sequential};
+use super::sequential::{header_end, phase, Event, Halt, Outcome, Sequential};
 use super::{Backing, Point, SPAN};
 
 /// Compressed bytes per chunk.
 pub(super) const CHUNK_BYTES: usize = 4 << 20;
 /// The most output one chunk holds (its markers count 2 bytes each).
 pub(super) const CHUNK_CAP: usize = 32 << 20;
+/// Chunks in flight (decoding, or decoded and waiting) hold at most this much output.
+const IN_FLIGHT_BYTES: usize = 512 << 20;
 /// The most the pass decodes itself at a time, between chunks.
 const PIECE: usize = 4 << 20;
 
@@ -39,6 +42,8 @@ pub(super) struct Stats {
     pub(super) rejected: u32,
     /// Guesses that failed to decode, in all chunks.
     pub(super) false_starts: u32,
+    /// Chunks the pass decoded itself rather than wait for a slow worker.
+    pub(super) abandoned: u32,
     /// Bytes the pass decoded itself.
     pub(super) sequential: u64,
     /// Output of the used chunks after the first, and how much of it was marked.
@@ -52,6 +57,10 @@ pub(super) struct Stats {
 pub(super) struct Pass<'a> {
     input: &'a [u8],
     chunks: Ordered<Chunk>,
+    /// Each chunk's state (see `sequential::phase`), and the next one to take.
+    phases: Arc<Vec<AtomicU8>>,
+    next_chunk: usize,
+    chunk_bits: u64,
     buffers: Arc<Buffers>,
     stop: Arc<AtomicBool>,
     /// The next chunk, taken from the workers and not yet used or dropped.
@@ -64,6 +73,7 @@ pub(super) struct Pass<'a> {
     /// Never set: the pass's own decoding stops only for a signal.
     own: AtomicBool,
     workers: Option<usize>,
+    patient: bool,
     /// The last (up to) 32 KiB of output.
     window: Vec<u8>,
     /// CRC-32 and size of the current member's output so far.
@@ -95,12 +105,15 @@ pub(super) struct Tuning {
     /// The workers the rule for giving up on them counts (see [`Pass::accept`]); `None`:
     /// never give up.
     pub(super) workers: Option<usize>,
+    /// Always wait for a chunk's worker, however slow (tests of the joining).
+    pub(super) patient: bool,
 }
 
 impl Default for Tuning {
     fn default() -> Tuning {
         let chunk_bytes = crate::test_hooks::var("STAGEFS_TEST_GZIP_CHUNK").and_then(|n| n.parse().ok());
-        Tuning { chunk_bytes: chunk_bytes.unwrap_or(CHUNK_BYTES), cap: CHUNK_CAP, workers: Some(parallel::threads()) }
+        let chunk_bytes = chunk_bytes.unwrap_or(CHUNK_BYTES);
+        Tuning { chunk_bytes, cap: CHUNK_CAP, workers: Some(parallel::threads()), patient: false }
     }
 }
 
@@ -117,17 +130,23 @@ impl<'a> Pass<'a> {
         let stop = Arc::new(AtomicBool::new(false));
         let limits = Limits { cap, trial_bits: 4 * 8 * chunk_bytes as u64 };
         let buffers = Arc::new(Buffers::default());
-        let (source, halt, pool) = (input.clone(), stop.clone(), buffers.clone());
+        let count = bytes.len().div_ceil(chunk_bytes);
+        let ahead = (2 * parallel::threads()).min(IN_FLIGHT_BYTES / cap.max(1)).max(2);
+        let phases: Arc<Vec<AtomicU8>> = Arc::new((0..count).map(|_| AtomicU8::new(phase::WAITING)).collect());
+        let (source, halt, pool, states) = (input.clone(), stop.clone(), buffers.clone(), phases.clone());
         let decode = move |i: usize| {
             let bits = |i: usize| (i * chunk_bytes) as u64 * 8;
             let known = (i == 0).then_some(first);
-            chunk::decode(&source, (bits(i), bits(i + 1)), known, limits, &pool, &halt)
+            let halt = Halt { pass: &halt, chunk: Some(&states[i]) };
+            chunk::decode(&source, (bits(i), bits(i + 1)), known, limits, &pool, halt)
         };
-        let count = bytes.len().div_ceil(chunk_bytes);
-        let chunks = Ordered::new(count, Arc::new(decode), 2 * parallel::threads());
+        let chunks = Ordered::new(count, Arc::new(decode), ahead);
         Ok(Pass {
             input: bytes,
             chunks,
+            phases,
+            next_chunk: 0,
+            chunk_bits: chunk_bytes as u64 * 8,
             buffers,
             stop,
             pending: None,
@@ -136,6 +155,7 @@ impl<'a> Pass<'a> {
             bridge: None,
             own: AtomicBool::new(false),
             workers: tuning.workers,
+            patient: tuning.patient,
             window: Vec::new(),
             crc: crc32fast::Hasher::new(),
             member_bytes: 0,
@@ -162,7 +182,24 @@ impl<'a> Pass<'a> {
         }
         loop {
             if self.pending.is_none() {
+                let next = self.next_chunk;
+                if next < self.phases.len() && !self.patient && !self.chunks.ready() {
+                    let first_bit = next as u64 * self.chunk_bits;
+                    if self.pos < first_bit {
+                        // The last chunk ended early (at its memory cap): decode on to this one.
+                        return self.bridge(first_bit);
+                    }
+                    // Waiting pays only for a worker past its markers (as fast as zlib here,
+                    // and ahead); otherwise the chunk is decoded here and its worker stopped.
+                    if self.phases[next].load(Ordering::Relaxed) != phase::FAST {
+                        if self.phases[next].swap(phase::ABANDONED, Ordering::Relaxed) != phase::ABANDONED {
+                            self.note_abandoned();
+                        }
+                        return self.bridge(first_bit + self.chunk_bits);
+                    }
+                }
                 self.pending = self.chunks.take().transpose()?;
+                self.next_chunk += 1;
             }
             let pos = self.pos;
             match self.pending.as_ref().map(|c| c.start) {
@@ -172,7 +209,9 @@ impl<'a> Pass<'a> {
                 }
                 Some(start) if start.is_none_or(|s| s.bit < pos) => {
                     self.stats.rejected += u32::from(start.is_some());
-                    self.pending = None;
+                    let dropped = self.pending.take().expect("pending");
+                    self.buffers.give_symbols(dropped.marked);
+                    self.buffers.give_bytes(dropped.plain);
                 }
                 // A gap before the next chunk's start (or no chunk left): bridged here.
                 next => return self.bridge(next.flatten().map_or(u64::MAX, |s| s.lo)),
@@ -180,36 +219,58 @@ impl<'a> Pass<'a> {
         }
     }
 
+    /// Counts a chunk the pass decoded itself; once that happens more often than a
+    /// worker's chunk is used, the workers are given up.
+    fn note_abandoned(&mut self) {
+        self.stats.abandoned += 1;
+        if self.workers.is_some() && self.stats.abandoned >= 3 && self.stats.abandoned > self.stats.accepted {
+            self.stats.gave_up = true;
+            self.stop.store(true, Ordering::Relaxed);
+        }
+    }
+
     /// Uses a chunk that starts at the verified position.
     fn accept(&mut self, chunk: Chunk) -> Result<(), String> {
         self.bridge = None;
-        self.stats.accepted += 1;
-        self.stats.false_starts += chunk.false_starts;
-        if self.stats.accepted > 1 {
-            self.stats.guessed += (chunk.marked.len() + chunk.plain.len()) as u64;
-            self.stats.marked += chunk.marked.len() as u64;
-            // A marked symbol costs a worker about 5 times what zlib spends on a byte
-            // (and the pass resolves it): with W workers, marking more than (W - 1) / 4
-            // of the output is slower than decoding here alone.
-            let workers = self.workers.map_or(u64::MAX / 8, |w| w as u64);
-            if self.stats.accepted > 2 && self.stats.marked * 4 > self.stats.guessed * workers.saturating_sub(1) {
-                self.stats.gave_up = true;
-                self.stop.store(true, Ordering::Relaxed);
-            }
-        }
+        self.note_rates(&chunk);
         if self.due(self.produced, SPAN) {
             let window = self.window.clone();
             self.points.push(point(self.produced, self.pos, Some(window)));
         }
+        // Damage found from here on lies before the chunk's end (errors name it).
+        self.consumed = match chunk.end {
+            Some(Outcome::Stopped(bit)) => bit.div_ceil(8),
+            Some(Outcome::StreamEnd(byte)) => byte,
+            _ => unreachable!("a chunk with a start has an end"),
+        };
         let head = self.resolve(&chunk.marked)?;
         self.buffers.give_symbols(chunk.marked);
         self.absorb(head, chunk.plain, &chunk.events)?;
         match chunk.end {
-            Some(Outcome::Stopped(bit)) => (self.pos, self.consumed) = (bit, bit / 8),
             Some(Outcome::StreamEnd(byte)) => self.end_stream(byte as usize),
-            _ => unreachable!("a chunk with a start has an end"),
+            Some(Outcome::Stopped(bit)) => self.pos = bit,
+            _ => {}
         }
         Ok(())
+    }
+
+    /// Counts the chunk, and gives the workers up when their markers cost more than
+    /// they gain: a marked symbol costs a worker about 5 times what zlib spends on a
+    /// byte (and the pass resolves it), so with W workers, marking more than (W - 1) / 4
+    /// of the output is slower than decoding here alone.
+    fn note_rates(&mut self, chunk: &Chunk) {
+        self.stats.accepted += 1;
+        self.stats.false_starts += chunk.false_starts;
+        if self.stats.accepted == 1 {
+            return; // The first chunk starts at a known place: no markers.
+        }
+        self.stats.guessed += (chunk.marked.len() + chunk.plain.len()) as u64;
+        self.stats.marked += chunk.marked.len() as u64;
+        let workers = self.workers.map_or(u64::MAX / 8, |w| w as u64);
+        if self.stats.marked * 4 > self.stats.guessed * workers.saturating_sub(1) {
+            self.stats.gave_up = true;
+            self.stop.store(true, Ordering::Relaxed);
+        }
     }
 
     /// The marked output with every marker replaced by the window byte it stands for.
@@ -250,7 +311,7 @@ impl<'a> Pass<'a> {
         let bridge = self.bridge.as_mut().expect("set above");
         let base = bridge.out();
         let (mut piece, mut events) = (self.buffers.bytes(), Vec::new());
-        let outcome = bridge.run(&mut piece, PIECE, target, &mut events, &self.own);
+        let outcome = bridge.run(&mut piece, PIECE, target, &mut events, Halt { pass: &self.own, chunk: None });
         self.consumed = bridge.position();
         let outcome = outcome?;
         for event in &mut events {
@@ -367,23 +428,58 @@ impl<'a> Pass<'a> {
         );
     }
 
+    /// Fills `buf` as far as the stream goes (readers such as the tar scan prepare
+    /// their whole buffer for each read: small reads would cost them).
     fn read_some(&mut self, buf: &mut [u8]) -> Result<usize, String> {
-        loop {
+        let mut filled = 0;
+        while filled < buf.len() {
             crate::cancel::check().map_err(|e| e.to_string())?;
             let (head, tail) = (self.head.len(), self.tail.len());
             if self.used < head + tail {
                 let (part, at) =
                     if self.used < head { (&self.head, self.used) } else { (&self.tail, self.used - head) };
-                let n = buf.len().min(part.len() - at);
-                buf[..n].copy_from_slice(&part[at..at + n]);
+                let n = (buf.len() - filled).min(part.len() - at);
+                buf[filled..filled + n].copy_from_slice(&part[at..at + n]);
                 self.used += n;
-                return Ok(n);
+                filled += n;
+                continue;
             }
-            if self.ended || buf.is_empty() {
-                return Ok(0);
+            if self.ended {
+                break;
             }
             self.advance()?;
         }
+        Ok(filled)
+    }
+}
+
+/// The parallel pass over `input` in chunks of `chunk_bytes` (fuzzing makes them tiny,
+/// so that a small input has many), checked against the sequential pass (`gzip.rs`):
+/// both decode to the same bytes, or both fail. Returns the decoded size or the
+/// parallel pass's error; panics where the two disagree.
+pub(super) fn agrees_with_sequential(input: &Backing, chunk_bytes: usize) -> Result<u64, String> {
+    if !super::gzip::member_starts(input) {
+        return Err("not a gzip file".into());
+    }
+    let mut expected = Vec::new();
+    let sequential = super::gzip::Pass::new(input)?.read_to_end(&mut expected).map_err(|e| e.to_string());
+    let mut decoded = Vec::new();
+    // Both ways of joining: waiting for every worker, or decoding here past slow ones.
+    let tuning = Tuning { chunk_bytes, cap: 1 << 20, workers: None, patient: chunk_bytes.trailing_zeros() % 2 == 0 };
+    let parallel = Pass::tuned(input, tuning)?.read_to_end(&mut decoded).map_err(|e| e.to_string());
+    match (sequential, parallel) {
+        (Ok(_), Ok(_)) => {
+            assert!(
+                decoded == expected,
+                "the passes decode differently ({} and {} bytes)",
+                decoded.len(),
+                expected.len()
+            );
+            Ok(decoded.len() as u64)
+        }
+        (Err(_), Err(e)) => Err(e),
+        (Ok(_), Err(e)) => panic!("the parallel pass fails where the sequential pass decodes: {e}"),
+        (Err(e), Ok(_)) => panic!("the parallel pass decodes what the sequential pass refuses: {e}"),
     }
 }
 

@@ -76,7 +76,7 @@ fn sequential(compressed: &[u8]) -> Result<Vec<u8>, String> {
 
 /// Small chunks, every worker kept: the guessing and joining are what is tested.
 fn small(chunk_bytes: usize) -> Tuning {
-    Tuning { chunk_bytes, cap: CHUNK_CAP, workers: None }
+    Tuning { chunk_bytes, cap: CHUNK_CAP, workers: None, patient: true }
 }
 
 /// Raw deflate of `data` (level `level`, flushed with `flush`), with a preset dictionary.
@@ -160,6 +160,8 @@ fn members_of_every_shape_are_checked_and_restart_points() {
     let data = parts.concat();
     for chunk in [8 << 10, 100 << 10, 1 << 20] {
         decodes(&compressed, &data, small(chunk));
+        // The pass decodes itself past workers still guessing or marking.
+        decodes(&compressed, &data, Tuning { patient: false, ..small(chunk) });
     }
     // Trailing zeros are ignored, as gzip does; other trailing bytes too (with a warning).
     for tail in [&[0u8; 1000][..], b"not gzip"] {
@@ -192,8 +194,8 @@ fn damage_fails_with_the_compressed_byte_as_the_sequential_pass_does() {
     cases.push(("a wrong size", size, "incorrect length check"));
     for (what, damaged, says) in cases {
         assert!(sequential(&damaged).is_err(), "{what}: the sequential pass fails too");
-        for chunk in [16 << 10, 256 << 10] {
-            let err = run(&damaged, small(chunk)).0.expect_err(what);
+        for tuning in [small(16 << 10), small(256 << 10), Tuning { patient: false, ..small(64 << 10) }] {
+            let err = run(&damaged, tuning).0.expect_err(what);
             assert!(err.contains(says), "{what}: {err}");
         }
     }
@@ -254,7 +256,7 @@ fn a_chunk_at_its_memory_cap_is_cut_and_the_pass_decodes_on() {
     // Text compressing ~10:1 in chunks of 64 KiB, each allowed 128 KiB of output.
     let data = text_like(61, 4 << 20);
     let compressed = compress("gzip", &["-9", "-c"], &data);
-    let stats = decodes(&compressed, &data, Tuning { chunk_bytes: 64 << 10, cap: 128 << 10, workers: None });
+    let stats = decodes(&compressed, &data, Tuning { cap: 128 << 10, ..small(64 << 10) });
     assert!(stats.sequential > 0 && stats.accepted > 1, "{stats:?}");
 }
 
@@ -264,11 +266,11 @@ fn workers_are_given_up_where_markers_outweigh_them() {
     // never die out; with two workers, decoding in order alone is faster.
     let data = text_like(71, 6 << 20);
     let compressed = compress("gzip", &["-6", "-c"], &data);
-    let stats = decodes(&compressed, &data, Tuning { chunk_bytes: 64 << 10, cap: CHUNK_CAP, workers: Some(2) });
+    let stats = decodes(&compressed, &data, Tuning { workers: Some(2), ..small(64 << 10) });
     assert!(stats.gave_up && stats.sequential > data.len() as u64 / 2, "{stats:?}");
     // Random data leaves no markers past each chunk's first 32 KiB: the workers stay.
     let data = pseudo_random(72, 4 << 20);
     let compressed = compress("gzip", &["-6", "-c"], &data);
-    let stats = decodes(&compressed, &data, Tuning { chunk_bytes: 256 << 10, cap: CHUNK_CAP, workers: Some(2) });
+    let stats = decodes(&compressed, &data, Tuning { workers: Some(2), ..small(256 << 10) });
     assert!(!stats.gave_up && stats.marked * 4 < stats.guessed, "{stats:?}");
 }

@@ -4,7 +4,7 @@
 //! and trailer of each member are parsed here, and the CRC-32 is checked by the pass
 //! (`pgzip`), which sees every byte in order.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use libz_rs_sys as z;
 
@@ -39,9 +39,32 @@ pub(super) enum Outcome {
     Full,
 }
 
-/// Why decoding is asked to stop: the pass ended, or a signal arrived.
-pub(super) fn stopping(stop: &AtomicBool) -> bool {
-    stop.load(Ordering::Relaxed) || crate::cancel::received().is_some()
+/// A chunk's state, as its worker and the pass see it (see `pgzip`).
+pub(super) mod phase {
+    /// No worker has started it.
+    pub(in super::super) const WAITING: u8 = 0;
+    /// Its worker guesses a start or decodes with markers: slower than zlib.
+    pub(in super::super) const SLOW: u8 = 1;
+    /// Its worker decodes with zlib (or is done): as fast as the pass would.
+    pub(in super::super) const FAST: u8 = 2;
+    /// The pass decodes it itself: its worker stops.
+    pub(in super::super) const ABANDONED: u8 = 3;
+}
+
+/// What stops decoding early: the pass ending, a signal, or (for a worker's chunk) the
+/// pass decoding that chunk itself.
+#[derive(Clone, Copy)]
+pub(super) struct Halt<'a> {
+    pub(super) pass: &'a AtomicBool,
+    pub(super) chunk: Option<&'a AtomicU8>,
+}
+
+impl Halt<'_> {
+    pub(super) fn now(&self) -> bool {
+        self.pass.load(Ordering::Relaxed)
+            || crate::cancel::received().is_some()
+            || self.chunk.is_some_and(|c| c.load(Ordering::Relaxed) == phase::ABANDONED)
+    }
 }
 
 /// The end of the gzip member header at byte `at`; `None` if no member starts there.
@@ -147,19 +170,19 @@ impl<'a> Sequential<'a> {
 
     /// Decodes into `out` until a block boundary at or past bit `stop_at`, the end of
     /// the stream, or `room` more bytes; notes boundaries and member ends in `events`.
-    /// Errors name the compressed byte; a stop request ends it with `Full`.
+    /// Errors name the compressed byte; `halt` ends it with `Full`.
     pub(super) fn run(
         &mut self,
         out: &mut Vec<u8>,
         room: usize,
         stop_at: u64,
         events: &mut Vec<Event>,
-        stop: &AtomicBool,
+        halt: Halt,
     ) -> Result<Outcome, String> {
         let limit = out.len() + room;
         self.last_boundary.2 = 0;
         loop {
-            if out.len() >= limit || stopping(stop) {
+            if out.len() >= limit || halt.now() {
                 return Ok(Outcome::Full);
             }
             let end = self.input.len().min(self.pos + INPUT_STEP);
