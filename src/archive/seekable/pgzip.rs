@@ -10,6 +10,11 @@
 //! until it meets the next chunk's start. Every byte is therefore decoded from a
 //! verified position, and every member's CRC-32 and size are checked here, in order.
 //!
+//! The pass does not wait for a worker still guessing or decoding with markers (several
+//! times slower than zlib): it decodes that chunk itself and stops the worker. Where
+//! that keeps happening, or markers fill much of the chunks (back-references that chain
+//! through the whole file), the workers are stopped for good (see doc/gzip.md).
+//!
 //! Memory: at most `2 × threads` chunks in flight (and [`IN_FLIGHT_BYTES`] in all), each
 //! holding at most [`CHUNK_CAP`] bytes of output; nothing grows with the file but the
 //! restart points.
@@ -31,7 +36,7 @@ pub(super) const CHUNK_CAP: usize = 32 << 20;
 /// Chunks in flight (decoding, or decoded and waiting) hold at most this much output.
 const IN_FLIGHT_BYTES: usize = 512 << 20;
 /// The most the pass decodes itself at a time, between chunks.
-const PIECE: usize = 4 << 20;
+pub(super) const PIECE: usize = 4 << 20;
 
 /// How the chunks fared (for tests and the log).
 #[derive(Clone, Copy, Debug, Default)]
@@ -68,12 +73,16 @@ pub(super) struct Pass<'a> {
     /// The verified position: the block start (bit) where the output so far ends.
     pos: u64,
     ended: bool,
-    /// The pass's own decoder while it bridges a gap between chunks.
+    /// The pass's own decoder while it bridges a gap between chunks, and whether it
+    /// stopped inside a block (then `pos` is behind it, and no chunk may be used before
+    /// it reaches the next block start).
     bridge: Option<Sequential<'a>>,
+    mid_block: bool,
     /// Never set: the pass's own decoding stops only for a signal.
     own: AtomicBool,
     workers: Option<usize>,
-    patient: bool,
+    wait: Wait,
+    piece: usize,
     /// The last (up to) 32 KiB of output.
     window: Vec<u8>,
     /// CRC-32 and size of the current member's output so far.
@@ -95,6 +104,18 @@ pub(super) fn forced() -> bool {
     crate::test_hooks::var("STAGEFS_TEST_GZIP_CHUNK").is_some()
 }
 
+/// When the pass waits for a worker's chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Wait {
+    /// When it is decoded, or its worker is past its markers (as fast as zlib here).
+    ForFast,
+    /// Always, however slow the worker (tests of the joining).
+    Always,
+    /// Never: every chunk after the first is decoded here, whatever its worker did
+    /// (tests of the pass's own decoding meeting the workers' chunks).
+    Never,
+}
+
 /// How the pass cuts and limits its work (tests use small chunks).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Tuning {
@@ -102,18 +123,20 @@ pub(super) struct Tuning {
     pub(super) chunk_bytes: usize,
     /// The most output one chunk holds (markers count 2 bytes each).
     pub(super) cap: usize,
-    /// The workers the rule for giving up on them counts (see [`Pass::accept`]); `None`:
-    /// never give up.
+    /// The workers the rules for giving up on them count (see `Pass::note_rates` and
+    /// `Pass::note_abandoned`); `None`: never give up.
     pub(super) workers: Option<usize>,
-    /// Always wait for a chunk's worker, however slow (tests of the joining).
-    pub(super) patient: bool,
+    /// When the pass waits for a chunk's worker rather than decode the chunk itself.
+    pub(super) wait: Wait,
+    /// The most the pass decodes itself at a time.
+    pub(super) piece: usize,
 }
 
 impl Default for Tuning {
     fn default() -> Tuning {
         let chunk_bytes = crate::test_hooks::var("STAGEFS_TEST_GZIP_CHUNK").and_then(|n| n.parse().ok());
         let chunk_bytes = chunk_bytes.unwrap_or(CHUNK_BYTES);
-        Tuning { chunk_bytes, cap: CHUNK_CAP, workers: Some(parallel::threads()), patient: false }
+        Tuning { chunk_bytes, cap: CHUNK_CAP, workers: Some(parallel::threads()), wait: Wait::ForFast, piece: PIECE }
     }
 }
 
@@ -153,9 +176,11 @@ impl<'a> Pass<'a> {
             pos: first,
             ended: false,
             bridge: None,
+            mid_block: false,
             own: AtomicBool::new(false),
             workers: tuning.workers,
-            patient: tuning.patient,
+            wait: tuning.wait,
+            piece: tuning.piece.max(1),
             window: Vec::new(),
             crc: crc32fast::Hasher::new(),
             member_bytes: 0,
@@ -180,24 +205,37 @@ impl<'a> Pass<'a> {
         if self.stats.gave_up {
             return self.bridge(u64::MAX);
         }
+        if self.mid_block {
+            // Output past `pos` was decoded here already: on to the next block start.
+            return self.bridge(0);
+        }
         loop {
-            if self.pending.is_none() {
+            if self.pending.is_none() && self.next_chunk < self.phases.len() {
                 let next = self.next_chunk;
-                if next < self.phases.len() && !self.patient && !self.chunks.ready() {
-                    let first_bit = next as u64 * self.chunk_bits;
+                let first_bit = next as u64 * self.chunk_bits;
+                let slow = match self.wait {
+                    Wait::ForFast => !self.chunks.ready(),
+                    Wait::Always => false,
+                    Wait::Never => next > 0,
+                };
+                // (Once past the chunk's bits, its result is only taken, and dropped.)
+                if slow && self.pos < first_bit + self.chunk_bits {
                     if self.pos < first_bit {
                         // The last chunk ended early (at its memory cap): decode on to this one.
                         return self.bridge(first_bit);
                     }
-                    // Waiting pays only for a worker past its markers (as fast as zlib here,
-                    // and ahead); otherwise the chunk is decoded here and its worker stopped.
-                    if self.phases[next].load(Ordering::Relaxed) != phase::FAST {
+                    // Waiting pays only for a worker past its markers (as fast as zlib
+                    // here, and ahead); otherwise the chunk is decoded here, its worker
+                    // stopped.
+                    if self.phases[next].load(Ordering::Relaxed) != phase::FAST || self.wait == Wait::Never {
                         if self.phases[next].swap(phase::ABANDONED, Ordering::Relaxed) != phase::ABANDONED {
                             self.note_abandoned();
                         }
                         return self.bridge(first_bit + self.chunk_bits);
                     }
                 }
+            }
+            if self.pending.is_none() {
                 self.pending = self.chunks.take().transpose()?;
                 self.next_chunk += 1;
             }
@@ -311,7 +349,7 @@ impl<'a> Pass<'a> {
         let bridge = self.bridge.as_mut().expect("set above");
         let base = bridge.out();
         let (mut piece, mut events) = (self.buffers.bytes(), Vec::new());
-        let outcome = bridge.run(&mut piece, PIECE, target, &mut events, Halt { pass: &self.own, chunk: None });
+        let outcome = bridge.run(&mut piece, self.piece, target, &mut events, Halt { pass: &self.own, chunk: None });
         self.consumed = bridge.position();
         let outcome = outcome?;
         for event in &mut events {
@@ -321,6 +359,7 @@ impl<'a> Pass<'a> {
         }
         self.stats.sequential += piece.len() as u64;
         self.absorb(self.buffers.bytes(), piece, &events)?;
+        self.mid_block = outcome == Outcome::Full;
         match outcome {
             Outcome::Stopped(bit) => self.pos = bit,
             Outcome::StreamEnd(byte) => self.end_stream(byte as usize),
@@ -464,8 +503,9 @@ pub(super) fn agrees_with_sequential(input: &Backing, chunk_bytes: usize) -> Res
     let mut expected = Vec::new();
     let sequential = super::gzip::Pass::new(input)?.read_to_end(&mut expected).map_err(|e| e.to_string());
     let mut decoded = Vec::new();
-    // Both ways of joining: waiting for every worker, or decoding here past slow ones.
-    let tuning = Tuning { chunk_bytes, cap: 1 << 20, workers: None, patient: chunk_bytes.trailing_zeros() % 2 == 0 };
+    // Every way of joining, and small pieces: the pass often stops inside a block.
+    let wait = [Wait::ForFast, Wait::Always, Wait::Never][chunk_bytes.trailing_zeros() as usize % 3];
+    let tuning = Tuning { chunk_bytes, cap: 1 << 20, workers: None, wait, piece: 4096 };
     let parallel = Pass::tuned(input, tuning)?.read_to_end(&mut decoded).map_err(|e| e.to_string());
     match (sequential, parallel) {
         (Ok(_), Ok(_)) => {

@@ -76,7 +76,7 @@ fn sequential(compressed: &[u8]) -> Result<Vec<u8>, String> {
 
 /// Small chunks, every worker kept: the guessing and joining are what is tested.
 fn small(chunk_bytes: usize) -> Tuning {
-    Tuning { chunk_bytes, cap: CHUNK_CAP, workers: None, patient: true }
+    Tuning { chunk_bytes, cap: CHUNK_CAP, workers: None, wait: Wait::Always, piece: PIECE }
 }
 
 /// Raw deflate of `data` (level `level`, flushed with `flush`), with a preset dictionary.
@@ -160,8 +160,11 @@ fn members_of_every_shape_are_checked_and_restart_points() {
     let data = parts.concat();
     for chunk in [8 << 10, 100 << 10, 1 << 20] {
         decodes(&compressed, &data, small(chunk));
-        // The pass decodes itself past workers still guessing or marking.
-        decodes(&compressed, &data, Tuning { patient: false, ..small(chunk) });
+        // The pass decodes chunks itself (in pieces that often end inside a block), and
+        // meets the workers' chunks of the same places after.
+        for wait in [Wait::ForFast, Wait::Never] {
+            decodes(&compressed, &data, Tuning { wait, piece: 10_000, ..small(chunk) });
+        }
     }
     // Trailing zeros are ignored, as gzip does; other trailing bytes too (with a warning).
     for tail in [&[0u8; 1000][..], b"not gzip"] {
@@ -194,7 +197,9 @@ fn damage_fails_with_the_compressed_byte_as_the_sequential_pass_does() {
     cases.push(("a wrong size", size, "incorrect length check"));
     for (what, damaged, says) in cases {
         assert!(sequential(&damaged).is_err(), "{what}: the sequential pass fails too");
-        for tuning in [small(16 << 10), small(256 << 10), Tuning { patient: false, ..small(64 << 10) }] {
+        for tuning in
+            [small(16 << 10), small(256 << 10), Tuning { wait: Wait::Never, piece: 10_000, ..small(64 << 10) }]
+        {
             let err = run(&damaged, tuning).0.expect_err(what);
             assert!(err.contains(says), "{what}: {err}");
         }
