@@ -41,8 +41,13 @@ impl Failure {
 }
 
 impl From<OpenError> for Failure {
+    /// An archive whose reading a signal cut short (the parallel gzip pass polls for one)
+    /// ends start-up as interrupted, not as a bad archive.
     fn from(e: OpenError) -> Failure {
-        Failure::new(code::BAD_ARCHIVE, e.to_string())
+        match crate::cancel::received() {
+            Some(signal) => crate::cancel::Interrupted(signal).into(),
+            None => Failure::new(code::BAD_ARCHIVE, e.to_string()),
+        }
     }
 }
 

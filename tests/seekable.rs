@@ -273,3 +273,148 @@ fn a_large_zstd_frame_reads_front_to_back_and_its_neighbours_read_at_once() {
     });
     m.unmount().assert_success();
 }
+
+/// Chunks of 256 KiB for the parallel gzip pass (a test hook; 4 MiB otherwise), so that
+/// these archives have dozens of chunk ends, and the parallel pass even on one core.
+const SMALL_CHUNKS: &str = "262144";
+
+/// A tree of `files` files made by `content(i)`, packed by GNU tar; returns (the tree
+/// as `tar -x` extracts it, tar).
+fn tree_tar(tmp: &TempDir, name: &str, files: u64, content: impl Fn(u64) -> Vec<u8>) -> (PathBuf, PathBuf) {
+    let src = tmp.join(name);
+    fs::create_dir_all(src.join("d")).unwrap();
+    for i in 0..files {
+        fs::write(src.join(format!("d/{i:04}.bin")), content(i)).unwrap();
+    }
+    let tar = tmp.join(format!("{name}.tar"));
+    run_tool("tar", ["-cf".as_ref(), tar.as_os_str(), "-C".as_ref(), src.as_os_str(), ".".as_ref()]).assert_success();
+    let extracted = tmp.join(format!("{name}-extracted"));
+    extract_tar(&tar, &extracted);
+    (extracted, tar)
+}
+
+/// Bytes that look like deflate block starts at almost every offset once stored
+/// verbatim (`pigz -0`): chains of empty stored blocks (`00 | 00 00 ff ff`, which decode
+/// without error and can run into the true chain) and copies of a dynamic-Huffman
+/// block with a valid header, flushed with a sync marker.
+fn lookalikes(seed: u64, len: usize) -> Vec<u8> {
+    let mut compress = flate2::Compress::new(flate2::Compression::best(), false);
+    let mut dynamic = Vec::with_capacity(8192);
+    compress.compress_vec(&text_like(seed, 3000), &mut dynamic, flate2::FlushCompress::Sync).unwrap();
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::with_capacity(len + 300_000);
+    while out.len() < len {
+        match rng.below(3) {
+            0 => (0..rng.below(4000)).for_each(|_| out.extend_from_slice(&[0, 0, 0, 0xff, 0xff])),
+            1 => (0..rng.below(40)).for_each(|_| out.extend_from_slice(&dynamic)),
+            _ => out.extend(pseudo_random(rng.next(), rng.below(3000) as usize)),
+        }
+    }
+    out.truncate(len);
+    out
+}
+
+/// `tool ARGS` over `input`, written to `out` (several inputs: their outputs concatenated).
+fn compress_parts(tool: &str, args: &[&str], inputs: &[&Path], out: &Path) {
+    let mut all = Vec::new();
+    for input in inputs {
+        let part = out.with_extension("part");
+        compress(tool, args, input, &part);
+        all.extend(fs::read(&part).unwrap());
+    }
+    fs::write(out, all).unwrap();
+}
+
+/// gzip tars from the real tools and crafted ones, each mounted with `--stage none`: the
+/// parallel first pass (in small chunks) indexes them, and every file matches what GNU
+/// tar extracts.
+#[test]
+fn gzip_tars_decoded_in_parallel_chunks_match_gnu_tar() {
+    require_root();
+    let tmp = TempDir::new("seekable-pgzip");
+    let (data_src, data_tar) = dataset(&tmp);
+    let (random_src, random_tar) =
+        tree_tar(&tmp, "random", 60, |i| pseudo_random(i, 50_000 + (i as usize % 7) * 40_000));
+    let (text_src, text_tar) = tree_tar(&tmp, "text", 40, |i| text_like(i, 300_000 + (i as usize % 5) * 100_000));
+    let (crafted_src, crafted_tar) = tree_tar(&tmp, "crafted", 12, |i| lookalikes(i, 1 << 20));
+    // The dataset's tar cut into three pieces at odd offsets, with an empty piece between.
+    let bytes = fs::read(&data_tar).unwrap();
+    let cuts = [0, 1_234_567, 1_234_567, 9_999_999, bytes.len()];
+    let pieces: Vec<PathBuf> = cuts
+        .windows(2)
+        .enumerate()
+        .map(|(i, w)| {
+            let piece = tmp.join(format!("piece{i}"));
+            fs::write(&piece, &bytes[w[0]..w[1]]).unwrap();
+            piece
+        })
+        .collect();
+    let piece_refs: Vec<&Path> = pieces.iter().map(PathBuf::as_path).collect();
+    // (archive, the tree it holds, compressor, its options, what it compresses)
+    type Case<'a> = (&'a str, &'a Path, &'a str, &'a [&'a str], Vec<&'a Path>);
+    let cases: [Case; 8] = [
+        ("gzip-1.tar.gz", &data_src, "gzip", &["-1", "-c"], vec![&data_tar]),
+        ("gzip-9.tar.gz", &data_src, "gzip", &["-9", "-c"], vec![&data_tar]),
+        ("pigz.tar.gz", &data_src, "pigz", &["-p", "2", "-c"], vec![&data_tar]),
+        ("members.tar.gz", &data_src, "gzip", &["-c"], piece_refs),
+        ("random.tar.gz", &random_src, "pigz", &["-p", "2", "-c"], vec![&random_tar]),
+        ("text.tar.gz", &text_src, "gzip", &["-6", "-c"], vec![&text_tar]),
+        ("crafted-stored.tar.gz", &crafted_src, "pigz", &["-0", "-c"], vec![&crafted_tar]),
+        ("crafted.tar.gz", &crafted_src, "gzip", &["-1", "-c"], vec![&crafted_tar]),
+    ];
+    for (name, src, tool, args, inputs) in cases {
+        let archive = tmp.join(name);
+        compress_parts(tool, args, &inputs, &archive);
+        let mnt = tmp.join("mnt");
+        let env = [("STAGEFS_TEST_GZIP_CHUNK", Path::new(SMALL_CHUNKS))];
+        let fg = Foreground::start_with(&["--stage", "none"], &archive, &mnt, &tmp.join("mount.log"), &env);
+        assert_trees_equal(src, &mnt, &Options::default().root(false));
+        let log = fg.finish();
+        assert!(log.contains("gzip decoded in parallel chunks"), "{name}: the parallel pass indexed it:\n{log}");
+    }
+}
+
+/// Truncated and damaged gzip tars: the mount fails with exit 3, naming the compressed
+/// byte, whichever chunk the damage falls in.
+#[test]
+fn damaged_gzip_tars_fail_the_parallel_pass_with_the_offset() {
+    require_root();
+    let tmp = TempDir::new("seekable-pgzip-damaged");
+    let (_, tar) = tree_tar(&tmp, "random", 30, |i| pseudo_random(i, 200_000));
+    let (_, text_tar) = tree_tar(&tmp, "text", 20, |i| text_like(i, 400_000));
+    let stored = tmp.join("stored.tar.gz");
+    compress("pigz", &["-0", "-c"], &tar, &stored);
+    let text = tmp.join("text.tar.gz");
+    compress("gzip", &["-c"], &text_tar, &text);
+    let (stored, text) = (fs::read(&stored).unwrap(), fs::read(&text).unwrap());
+    let mut garbled = text.clone();
+    let middle = garbled.len() / 2;
+    garbled[middle..middle + 64].fill(0xff);
+    // Stored blocks hold the tar verbatim: a flipped byte there is found by the CRC-32.
+    let mut flipped = stored.clone();
+    flipped[stored.len() * 3 / 4] ^= 0x10;
+    let cases = [
+        ("truncated", text[..text.len() * 2 / 3].to_vec(), "truncated"),
+        ("garbled", garbled, "at compressed byte"),
+        ("flipped", flipped, "incorrect data check"),
+    ];
+    for (name, bytes, says) in cases {
+        let archive = tmp.join(format!("{name}.tar.gz"));
+        fs::write(&archive, bytes).unwrap();
+        let mnt = tmp.join("mnt");
+        fs::create_dir_all(&mnt).unwrap();
+        let mut cmd = std::process::Command::new(stagefs_bin());
+        cmd.args(["mount".as_ref(), "--stage".as_ref(), "none".as_ref(), archive.as_os_str(), mnt.as_os_str()]);
+        cmd.env("STAGEFS_TEST_GZIP_CHUNK", SMALL_CHUNKS);
+        let out = run_cmd(&mut cmd, CMD_TIMEOUT);
+        if out.success() {
+            let _ = stagefs([std::ffi::OsStr::new("umount"), mnt.as_os_str()]);
+        }
+        out.assert_code(3);
+        assert!(
+            out.stderr.contains("corrupt gzip stream at or before compressed byte") && out.stderr.contains(says),
+            "{name}: {}",
+            out.describe()
+        );
+    }
+}

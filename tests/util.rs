@@ -519,10 +519,17 @@ pub struct Foreground {
 
 impl Foreground {
     pub fn start(archive: &Path, mp: &Path, log: &Path, env: &[(&str, &Path)]) -> Foreground {
+        Foreground::start_with(&[], archive, mp, log, env)
+    }
+
+    /// [`Foreground::start`] with `extra` options after `mount -f`.
+    pub fn start_with(extra: &[&str], archive: &Path, mp: &Path, log: &Path, env: &[(&str, &Path)]) -> Foreground {
         require_root();
         let file = fs::File::create(log).unwrap();
         let mut cmd = Command::new(stagefs_bin());
-        cmd.args([OsStr::new("-v"), OsStr::new("mount"), OsStr::new("-f"), archive.as_os_str(), mp.as_os_str()]);
+        cmd.args([OsStr::new("-v"), OsStr::new("mount"), OsStr::new("-f")]);
+        cmd.args(extra);
+        cmd.args([archive.as_os_str(), mp.as_os_str()]);
         for (k, v) in env {
             cmd.env(k, v);
         }

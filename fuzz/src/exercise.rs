@@ -87,8 +87,15 @@ pub fn seek_table(data: &[u8], scratch: &Path) -> Result<(), String> {
 
 /// The decompressors of compressed tars: the bytes are written to `scratch` and loaded
 /// the way `stagefs mount` loads an archive (staging capped at 256 MiB), then indexed
-/// and served when they decompress.
+/// and served when they decompress. A gzip file is first decoded by the parallel first
+/// pass in tiny chunks and checked against the sequential pass.
 pub fn decompress(data: &[u8], scratch: &Path) -> Result<(), String> {
+    // A gzip file also goes through the parallel first pass in tiny chunks (64 B to
+    // 8 KiB, chosen by the last byte), which must agree with the sequential one.
+    if data.starts_with(&[0x1f, 0x8b]) {
+        let chunk = 64 << (data.last().copied().unwrap_or(0) % 8);
+        let _ = stagefs_archive::seekable::fuzz_parallel_gzip(&backing(data), chunk);
+    }
     std::fs::write(scratch, data).map_err(|e| format!("cannot write {}: {e}", scratch.display()))?;
     let file =
         stagefs::places::open_outside(scratch, stagefs::places::Trust::Named, None).map_err(|e| e.to_string())?;

@@ -13,27 +13,27 @@ pub(super) const WINDOW: usize = 32 << 10;
 /// `windowBits` for a gzip member (header and trailer parsed and checked).
 const GZIP: i32 = 31;
 /// `windowBits` for raw deflate, as a restart point resumes it.
-const RAW: i32 = -15;
+pub(super) const RAW: i32 = -15;
 /// zlib's `data_type` bits after `Z_BLOCK`: at a block boundary, and in the last block.
-const AT_BOUNDARY: i32 = 128;
-const LAST_BLOCK: i32 = 64;
+pub(super) const AT_BOUNDARY: i32 = 128;
+pub(super) const LAST_BLOCK: i32 = 64;
 /// Compressed bytes handed to zlib at a time.
 const INPUT_STEP: usize = 256 << 10;
 
 /// One zlib inflate stream. Boxed: zlib's state points back at the stream.
-struct Inflater {
+pub(super) struct Inflater {
     strm: Box<z::z_stream>,
 }
 
 /// What one `inflate` call did.
-struct Step {
-    consumed: usize,
-    produced: usize,
-    code: i32,
+pub(super) struct Step {
+    pub(super) consumed: usize,
+    pub(super) produced: usize,
+    pub(super) code: i32,
 }
 
 impl Inflater {
-    fn new(window_bits: i32) -> Result<Inflater, String> {
+    pub(super) fn new(window_bits: i32) -> Result<Inflater, String> {
         let mut strm = Box::new(z::z_stream::default());
         // SAFETY: a default stream (allocator set) and zlib-rs's own version string.
         let code = unsafe {
@@ -54,24 +54,30 @@ impl Inflater {
     }
 
     /// Starts the next gzip member on the same stream.
-    fn reset(&mut self, window_bits: i32) -> Result<(), String> {
+    pub(super) fn reset(&mut self, window_bits: i32) -> Result<(), String> {
         // SAFETY: the stream was initialised in `new`.
         let code = unsafe { z::inflateReset2(&mut *self.strm, window_bits) };
         self.check(code, "restarting the decoder")
     }
 
     /// Feeds the `bits` high bits of the byte before the restart point.
-    fn prime(&mut self, bits: u8, byte: u8) -> Result<(), String> {
+    pub(super) fn prime(&mut self, bits: u8, byte: u8) -> Result<(), String> {
         let value = i32::from(byte) >> (8 - bits);
         // SAFETY: the stream was initialised in `new`.
         let code = unsafe { z::inflatePrime(&mut *self.strm, i32::from(bits), value) };
         self.check(code, "priming the decoder")
     }
 
-    fn set_dictionary(&mut self, window: &[u8]) -> Result<(), String> {
+    pub(super) fn set_dictionary(&mut self, window: &[u8]) -> Result<(), String> {
         // SAFETY: the stream was initialised in `new`; zlib copies `window.len()` bytes.
         let code = unsafe { z::inflateSetDictionary(&mut *self.strm, window.as_ptr(), window.len() as u32) };
         self.check(code, "setting the window")
+    }
+
+    /// zlib's `data_type` after the last call: unused bits of the last byte taken, plus
+    /// [`AT_BOUNDARY`] and [`LAST_BLOCK`].
+    pub(super) fn data_type(&self) -> i32 {
+        self.strm.data_type
     }
 
     /// The last (up to) 32 KiB of output: what decoding from here on may refer back to.
@@ -84,15 +90,34 @@ impl Inflater {
         window
     }
 
-    fn inflate(&mut self, input: &[u8], output: &mut [u8], flush: i32) -> Step {
+    pub(super) fn inflate(&mut self, input: &[u8], output: &mut [u8], flush: i32) -> Step {
+        // SAFETY: a live slice, writable for its length.
+        unsafe { self.inflate_into(input, output.as_mut_ptr(), output.len(), flush) }
+    }
+
+    /// [`Inflater::inflate`] into the spare capacity of `out` (up to `room` bytes),
+    /// whose length grows by what zlib wrote: no zeroing of space zlib may not use.
+    pub(super) fn inflate_append(&mut self, input: &[u8], out: &mut Vec<u8>, room: usize, flush: i32) -> Step {
+        out.reserve(room);
+        let len = out.len();
+        // SAFETY: `room` bytes of spare capacity are reserved; zlib writes only there.
+        let step = unsafe { self.inflate_into(input, out.as_mut_ptr().add(len), room, flush) };
+        // SAFETY: zlib wrote (initialised) `produced` bytes after `len`.
+        unsafe { out.set_len(len + step.produced) };
+        step
+    }
+
+    /// # Safety
+    /// `output` must be valid for writes of `output_len` bytes during the call.
+    unsafe fn inflate_into(&mut self, input: &[u8], output: *mut u8, output_len: usize, flush: i32) -> Step {
         let input = &input[..input.len().min(u32::MAX as usize)];
-        let output_len = output.len().min(u32::MAX as usize);
+        let output_len = output_len.min(u32::MAX as usize);
         self.strm.next_in = input.as_ptr();
         self.strm.avail_in = input.len() as u32;
-        self.strm.next_out = output.as_mut_ptr();
+        self.strm.next_out = output;
         self.strm.avail_out = output_len as u32;
-        // SAFETY: next_in/next_out point at live buffers of the lengths given, used
-        // only during this call.
+        // SAFETY: next_in points at a live buffer of the length given, next_out as the
+        // caller promises; both used only during this call.
         let code = unsafe { z::inflate(&mut *self.strm, flush) };
         let step = Step {
             consumed: input.len() - self.strm.avail_in as usize,
@@ -106,7 +131,7 @@ impl Inflater {
         step
     }
 
-    fn error(&self, code: i32) -> String {
+    pub(super) fn error(&self, code: i32) -> String {
         if self.strm.msg.is_null() {
             format!("zlib code {code}")
         } else {
@@ -219,8 +244,17 @@ impl super::CodecPass for Pass<'_> {
 }
 
 impl std::io::Read for Pass<'_> {
+    /// Fills `buf` as far as the stream goes (zlib stops at every block boundary here,
+    /// and readers such as the tar scan prepare their whole buffer for each read).
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.read_some(buf).map_err(std::io::Error::other)
+        let mut filled = 0;
+        while filled < buf.len() {
+            match self.read_some(&mut buf[filled..]).map_err(std::io::Error::other)? {
+                0 => break,
+                n => filled += n,
+            }
+        }
+        Ok(filled)
     }
 }
 

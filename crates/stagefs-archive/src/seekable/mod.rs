@@ -15,15 +15,21 @@
 
 mod bgzf;
 mod bzip2;
+mod chunk;
+mod deflate;
+mod finder;
 pub use bzip2::MAX_BLOCK_BITS as BZIP2_MAX_BLOCK_BITS;
 pub use frames::skippable as zstd_skippable;
 mod frames;
 mod gzip;
 mod parallel;
+mod pgzip;
 mod read;
 pub mod seek_table;
+mod sequential;
 mod xz;
 
+pub use pgzip::force_parallel_gzip;
 pub use read::{set_cache_budget, Seekable};
 
 use std::io::Read;
@@ -40,6 +46,14 @@ pub const SPAN: u64 = 4 << 20;
 /// list several times the file's size.
 pub fn max_points(input_len: u64) -> usize {
     usize::try_from(input_len / 1024).unwrap_or(usize::MAX).max(65_536)
+}
+
+/// For the fuzzers (`fuzz/src/exercise.rs`): the parallel gzip first pass over `input`
+/// in chunks of `chunk_bytes`, which must decode what the sequential pass decodes and
+/// fail where it fails (it panics otherwise). Returns the decoded size.
+#[doc(hidden)]
+pub fn fuzz_parallel_gzip(input: &Backing, chunk_bytes: usize) -> Result<u64, String> {
+    pgzip::agrees_with_sequential(input, chunk_bytes)
 }
 
 /// The error for a file past [`max_points`].
@@ -181,6 +195,8 @@ impl<'a> FirstPass<'a> {
         let pass: Box<dyn CodecPass + 'a> = match codec {
             Codec::Gzip => match bgzf::Pass::new(input) {
                 Some(pass) => Box::new(pass),
+                // One core: the parallel pass's guessing and markers would only cost.
+                None if parallel::threads() > 1 || pgzip::forced() => Box::new(pgzip::Pass::new(input)?),
                 None => Box::new(gzip::Pass::new(input)?),
             },
             Codec::Zstd => Box::new(frames::Pass::new(input)?),

@@ -57,6 +57,12 @@ impl<T: Send + 'static> Ordered<T> {
         Ordered { shared, count, next: 0, workers }
     }
 
+    /// Whether [`Ordered::take`] would return without waiting.
+    pub(super) fn ready(&self) -> bool {
+        let state = self.shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        self.next == self.count || state.panicked || state.done.contains_key(&self.next)
+    }
+
     /// The next unit, or `None` after the last; an error if a decoder panicked.
     pub(super) fn take(&mut self) -> Option<Result<T, String>> {
         if self.next == self.count {
