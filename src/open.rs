@@ -125,7 +125,7 @@ pub fn open_shard(
     let whole = compressed
         && loaded.codec.is_none()
         && stagefs_archive::map_file(file.file())
-            .is_ok_and(|map| stagefs_archive::seekable::Codec::for_tar(&map).is_some());
+            .is_ok_and(|map| stagefs_archive::tar::compressed_codec(&map).is_some());
     index_loaded(path, loaded, whole, indexing, shards, &LocalIndexes { file, key })
 }
 

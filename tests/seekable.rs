@@ -393,10 +393,19 @@ fn damaged_gzip_tars_fail_the_parallel_pass_with_the_offset() {
     // Stored blocks hold the tar verbatim: a flipped byte there is found by the CRC-32.
     let mut flipped = stored.clone();
     flipped[stored.len() * 3 / 4] ^= 0x10;
+    // Junk or zeros between members: refused, never served as the members before them.
+    let after = tmp.join("after.gz");
+    fs::write(tmp.join("after"), b"more").unwrap();
+    compress("gzip", &["-c"], &tmp.join("after"), &after);
+    let after = fs::read(&after).unwrap();
+    let junk = [&text[..], b"junk", &after].concat();
+    let zeros = [&text[..], &[0u8; 4096], &after].concat();
     let cases = [
         ("truncated", text[..text.len() * 2 / 3].to_vec(), "truncated"),
         ("garbled", garbled, "at compressed byte"),
         ("flipped", flipped, "incorrect data check"),
+        ("junk-between", junk, "another gzip member starts at byte"),
+        ("zeros-between", zeros, "another gzip member starts at byte"),
     ];
     for (name, bytes, says) in cases {
         let archive = tmp.join(format!("{name}.tar.gz"));

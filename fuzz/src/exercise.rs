@@ -1,6 +1,7 @@
 //! What every fuzz target does with its input, shared with the regression replay in
 //! tests/hostile.rs (included there with `#[path]`), so a regression input takes exactly
-//! the code path that found it. Only the public `stagefs` API is used.
+//! the code path that found it. Only the public API of `stagefs-archive` is used: the
+//! fuzzers link the archive library alone, no FUSE, command line or daemon.
 //!
 //! Each function returns `Err(message)` when stagefs rejects the input (the expected
 //! outcome for almost all fuzz inputs) and panics when a promise is broken: a read that
@@ -9,8 +10,9 @@
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
-use stagefs::fs::{Fs, FsError};
-use stagefs_archive::{Archive, Backing, Format, Source};
+use stagefs_archive::codec::Compression;
+use stagefs_archive::index::{Data, InodeId};
+use stagefs_archive::{Access, Archive, Backing, Format, Source};
 
 /// Bytes of file content one input may read in all (sparse files can claim exabytes).
 const READ_BUDGET: u64 = 32 << 20;
@@ -85,10 +87,12 @@ pub fn seek_table(data: &[u8], scratch: &Path) -> Result<(), String> {
     decompress(data, scratch)
 }
 
-/// The decompressors of compressed tars: the bytes are written to `scratch` and loaded
-/// the way `stagefs mount` loads an archive (staging capped at 256 MiB), then indexed
-/// and served when they decompress. A gzip file is first decoded by the parallel first
-/// pass in tiny chunks and checked against the sequential pass.
+/// The decompressors of compressed tars: the bytes are written to `scratch` and opened
+/// the way `stagefs mount --stage none` opens an archive: a tar that restarts inside
+/// (gzip, bzip2, multi-block xz, multi-frame zstd) through its first pass and restart
+/// points, any other compressed file decoded whole (capped at 256 MiB, as staging is by
+/// its budget), then indexed and served. A gzip file is first decoded by the parallel
+/// first pass in tiny chunks and checked against the sequential pass.
 pub fn decompress(data: &[u8], scratch: &Path) -> Result<(), String> {
     // A gzip file also goes through the parallel first pass in tiny chunks (64 B to
     // 8 KiB, chosen by the last byte), which must agree with the sequential one.
@@ -97,53 +101,69 @@ pub fn decompress(data: &[u8], scratch: &Path) -> Result<(), String> {
         let _ = stagefs_archive::seekable::fuzz_parallel_gzip(&backing(data), chunk);
     }
     std::fs::write(scratch, data).map_err(|e| format!("cannot write {}: {e}", scratch.display()))?;
-    let file =
-        stagefs::places::open_outside(scratch, stagefs::places::Trust::Named, None).map_err(|e| e.to_string())?;
-    let loaded = stagefs::stage::load(&file, stagefs::stage::StageMode::None, Some(256 << 20), None, None);
-    let loaded = loaded.map_err(|e| e.to_string())?;
-    let archive = Archive::from_staged(scratch, loaded.backing, loaded.codec).map_err(|e| e.to_string())?;
-    serve(archive);
+    let file = std::fs::File::open(scratch).map_err(|e| e.to_string())?;
+    let mapped = stagefs_archive::map_file(&file).map_err(|e| e.to_string())?;
+    let archive = if let Some(codec) = stagefs_archive::tar::compressed_codec(&mapped) {
+        Archive::from_staged(scratch, mapped, Some(codec))
+    } else if let Some(compression) = Compression::detect(&mapped) {
+        const CAP: u64 = 256 << 20;
+        let mut decoded = Vec::new();
+        let decoder = compression.decoder(&mapped[..]).map_err(|e| e.to_string())?;
+        std::io::Read::read_to_end(&mut std::io::Read::take(decoder, CAP + 1), &mut decoded)
+            .map_err(|e| e.to_string())?;
+        if decoded.len() as u64 > CAP {
+            return Err("decodes past the 256 MiB cap".into());
+        }
+        Archive::from_backing(scratch, backing(&decoded))
+    } else {
+        Archive::from_backing(scratch, mapped)
+    };
+    serve(archive.map_err(|e| e.to_string())?);
     Ok(())
 }
 
-/// Issues the requests the kernel would: getattr, readdir + lookup, readlink,
-/// listxattr + getxattr and reads (whole small files, pieces of big ones) on every inode.
+/// Asks of every inode what the kernel would: its attributes, each directory's names
+/// (each one looked up, which must agree), a link's target, its extended attributes,
+/// and reads (whole small files, pieces of big ones).
 pub fn serve(archive: Archive) {
-    let inodes = archive.index.inodes.len() as u64;
-    let fs = Fs::new(archive);
-    let fs = fs.view();
+    let index = &archive.index;
+    let count = index.inodes.len();
     let mut budget = READ_BUDGET;
-    for ino in 1..=inodes {
-        let attr = fs.getattr(ino).expect("getattr of an indexed inode");
-        assert_eq!(attr.ino, ino);
-        if let Ok(entries) = fs.readdir(ino, 0) {
-            let entries: Vec<(u64, Vec<u8>)> = entries.map(|e| (e.ino, e.name.to_vec())).collect();
-            for (child, name) in entries.iter().skip(2) {
-                assert!(*child >= 1 && *child <= inodes, "readdir names inode {child} of {inodes}");
-                if let Ok(found) = fs.lookup(ino, name) {
-                    assert_eq!(found.ino, *child, "lookup disagrees with readdir");
+    for id in 0..count as InodeId {
+        let inode = index.inode(id).expect("an indexed inode");
+        match inode.data {
+            Data::Dir { .. } => {
+                for dirent in index.children(inode) {
+                    assert!((dirent.inode as usize) < count, "a name of inode {id} points past the {count} inodes");
+                    let name = index.bytes(dirent.name);
+                    assert!(!name.is_empty() && !name.contains(&b'/'), "a name that is no file name");
+                    assert_eq!(index.lookup(inode, name), Some(dirent.inode), "lookup disagrees with the listing");
                 }
             }
-        }
-        let _ = fs.readlink(ino);
-        if let Ok(names) = fs.listxattr(ino) {
-            for name in names.split(|&b| b == 0).filter(|n| !n.is_empty()) {
-                fs.getxattr(ino, name).expect("listed xattr is readable");
+            Data::Symlink(target) => {
+                let _ = index.bytes(target);
             }
+            _ => {}
         }
-        if attr.mode & libc::S_IFMT == libc::S_IFREG {
-            read_file(&fs, ino, attr.size, &mut budget);
+        for xattr in index.xattrs_of(inode) {
+            let _ = (index.bytes(xattr.name), index.bytes(xattr.value));
+        }
+        let _ = index.path_of(id);
+        if inode.attrs.file_type() == libc::S_IFREG {
+            read_file(&archive, id, inode.attrs.size, &mut budget);
         }
     }
-    let _ = fs.statfs();
-    // Past the last inode and inode 0 are errors, never panics.
-    assert!(fs.getattr(inodes + 1).is_err());
-    assert!(fs.getattr(0).is_err());
+    // Past the last inode: no inode, never a panic.
+    assert!(index.inode(count as InodeId).is_none());
 }
 
 /// Reads a file's start, its end, a piece across its middle and past its end,
 /// checking that every successful read has exactly the length the size promises.
-fn read_file(fs: &stagefs::fs::View<'_>, ino: u64, size: u64, budget: &mut u64) {
+fn read_file(archive: &Archive, id: InodeId, size: u64, budget: &mut u64) {
+    let inode = archive.index.inode(id).expect("an indexed inode");
+    if let Access::Denied(_) = archive.access(id, inode) {
+        return;
+    }
     let mut offsets =
         vec![(0, MAX_READ), (size / 2 - (size / 2).min(4099), 8193), (size.saturating_sub(5000), 5000), (size, 10)];
     if size <= 4 * u64::from(MAX_READ) {
@@ -154,13 +174,11 @@ fn read_file(fs: &stagefs::fs::View<'_>, ino: u64, size: u64, budget: &mut u64) 
             return;
         }
         *budget -= u64::from(len);
-        match fs.read(ino, offset, len) {
-            Ok(bytes) => {
-                let want = u64::from(len).min(size.saturating_sub(offset));
-                assert_eq!(bytes.len() as u64, want, "read of {len} at {offset} of a {size}-byte file");
-            }
-            Err(FsError::Corrupt { .. } | FsError::Denied { .. }) => {}
-            Err(other) => panic!("read of a regular file failed with {other:?}"),
+        // A damaged member fails its reads (EIO for the kernel); a read that succeeds
+        // has exactly the length the size promises.
+        if let Ok(bytes) = archive.read(id, inode, offset, len) {
+            let want = u64::from(len).min(size.saturating_sub(offset));
+            assert_eq!(bytes.len() as u64, want, "read of {len} at {offset} of a {size}-byte file");
         }
     }
 }

@@ -25,6 +25,7 @@ import sys
 import sysconfig
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Union
 
@@ -309,6 +310,22 @@ def _rank_world(rank: Optional[int], world_size: Optional[int]) -> "tuple[int, i
     return (r if rank is None else int(rank), w if world_size is None else int(world_size))
 
 
+_warned_host_tensors = False
+
+
+def _warn_host_tensors(why: str) -> None:
+    """Says once per process that a Loader without ``device`` gives host tensors."""
+    global _warned_host_tensors
+    if not _warned_host_tensors:
+        _warned_host_tensors = True
+        warnings.warn(
+            f"stagefs.Loader gives host (CPU) tensors: {why}. Pass device='cpu' to say so and "
+            "silence this, or device='cuda' to require a GPU.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
 def _pick_output(output: Optional[str]) -> str:
     if output is not None:
         if output not in ("torch", "numpy", "dlpack"):
@@ -382,7 +399,9 @@ class Loader:
     batch. The GIL is released while waiting and Ctrl-C interrupts promptly.
     ``device="cuda"`` uploads each batch from the pinned ring to the GPU and gives torch
     CUDA tensors (DLPack, ordered on the consumer's current stream); it raises
-    :class:`CudaUnavailableError` without a usable GPU. ``device="cpu"`` gives host
+    :class:`CudaUnavailableError` without a usable GPU. Without ``device``, a Loader
+    takes the GPU when there is one and otherwise gives host tensors, with one
+    :class:`RuntimeWarning` per process. ``device="cpu"`` gives host
     tensors: the right choice for ``torchvision.io.decode_jpeg(batch.data, device="cuda")``,
     whose input must be on the CPU.
 
@@ -399,7 +418,7 @@ class Loader:
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         drop_last: bool = False,
-        device: str = "cuda",
+        device: Optional[str] = None,
         *,
         io_threads: Optional[int] = None,
         depth: int = 3,
@@ -423,13 +442,26 @@ class Loader:
         if archive_root is not None and self._archive is None:
             raise ValueError("archive_root applies to an archive source only")
         self._archive_root = archive_root
+        self._output = _pick_output(output)
+        # No device asked for: the GPU when there is one (and torch to hand its tensors
+        # to), else the CPU with one warning.
+        chosen = device or ("cuda" if self._output == "torch" else "cpu")
         self._settings = dict(
             batch_size=batch_size, shuffle=shuffle, seed=seed, rank=r, world_size=w,
-            drop_last=drop_last, device=device, io_threads=io_threads, depth=depth, slot_bytes=slot_bytes,
+            drop_last=drop_last, device=chosen, io_threads=io_threads, depth=depth, slot_bytes=slot_bytes,
             _upload_delay_ms=_upload_delay_ms,  # test hook: a slow pipeline for the Ctrl-C test
         )  # fmt: skip
         self._source: Any = src
-        self._native = _native.Loader(src, root=archive_root, **self._settings)
+        try:
+            self._native = _native.Loader(src, root=archive_root, **self._settings)
+        except CudaUnavailableError as e:
+            if device is not None:
+                raise
+            chosen = self._settings["device"] = "cpu"
+            self._native = _native.Loader(src, root=archive_root, **self._settings)
+            _warn_host_tensors(str(e))
+        if device is None and chosen == "cpu" and self._output != "torch":
+            _warn_host_tensors("torch is not installed, so batches come as numpy arrays")
         self._classes: List[str] = list(self._native.classes)
         self._relabel: Optional[List[int]] = None
         self.batch_size = batch_size
@@ -438,10 +470,9 @@ class Loader:
         self.rank = r
         self.world_size = w
         self.drop_last = drop_last
-        self.device = device
+        self.device = chosen
         self.epoch = 0
-        self._output = _pick_output(output)
-        if device != "cpu" and self._output != "torch":
+        if chosen != "cpu" and self._output != "torch":
             raise ValueError(f"device={device!r} gives torch CUDA tensors: install torch, or use device='cpu'")
 
     @property

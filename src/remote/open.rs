@@ -17,7 +17,6 @@ use crate::report::human;
 use crate::saved_index::Key;
 use crate::stage::disk::{self, DiskStaged};
 use crate::stage::{Compression, Loaded, StageError, StageMode, Staging};
-use stagefs_archive::seekable::Codec;
 
 /// [`crate::open::open_shard`] for an object (`path` holds its URL): stats it (pinning
 /// the version every later request asks for), stages it per `mode` (or takes the copy a
@@ -194,7 +193,8 @@ fn from_copy(
     };
     let size = mapped.len() as u64;
     let compression = Compression::detect(&mapped[..mapped.len().min(6)]);
-    let codec = compression.filter(|_| mode != StageMode::Copy).and_then(|_| Codec::for_tar(&mapped));
+    let codec =
+        compression.filter(|_| mode != StageMode::Copy).and_then(|_| stagefs_archive::tar::compressed_codec(&mapped));
     if let (Some(compression), None) = (compression, codec) {
         drop(mapped);
         let budget = crate::stage::RamBudget::measure(max_ram);

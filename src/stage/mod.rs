@@ -32,8 +32,8 @@ use crate::report::human;
 pub use budget::headroom;
 pub(crate) use budget::{is_network_filesystem, RamBudget};
 pub(crate) use decompress::decompress;
-pub use decompress::Compression;
 pub use error::StageError;
+pub use stagefs_archive::codec::Compression;
 use stagefs_archive::seekable::Codec;
 use stagefs_archive::Backing;
 
@@ -165,8 +165,8 @@ pub(crate) fn decompress_into_ram(
     mode: StageMode,
     budget: &RamBudget,
 ) -> Result<whole::Staged, StageError> {
-    let why = whole::Why { kind: compression, mode };
-    let target = whole::Target::new(path, budget, whole::Place::Ram, None, why)?;
+    let why = error::Why { kind: compression, mode };
+    let target = whole::Target::new(path, budget, whole::Destination::Ram, None, why)?;
     decompress(path, file, compression, target)
 }
 
@@ -205,7 +205,7 @@ pub fn load(
     let codec = match compression {
         Some(_) => {
             let map = stagefs_archive::map_file(&file).map_err(io("cannot map"))?;
-            let codec = Codec::for_tar(&map);
+            let codec = stagefs_archive::tar::compressed_codec(&map);
             if codec.is_none() {
                 decoded_size = stagefs_archive::seekable::decoded_size(&map);
             }
@@ -237,13 +237,13 @@ pub fn load(
             let place = match decision {
                 Decision::DecompressToDisk(_) => {
                     let base = disk::base_dir(stage_dir).ok_or(StageError::NoStageDir)?;
-                    whole::Place::Disk(disk::staging_dir(&base)?)
+                    whole::Destination::Disk(disk::staging_dir(&base)?)
                 }
                 // `auto` decodes onto the local disk what does not fit in RAM.
-                _ if mode == StageMode::Auto => whole::Place::RamThenDisk(auto_whole_dir(stage_dir)),
-                _ => whole::Place::Ram,
+                _ if mode == StageMode::Auto => whole::Destination::RamThenDisk(auto_whole_dir(stage_dir)),
+                _ => whole::Destination::Ram,
             };
-            let why = whole::Why { kind: compression, mode };
+            let why = error::Why { kind: compression, mode };
             let target = whole::Target::new(path, &budget, place, decoded_size, why)?;
             let whole::Staged { backing, staging, staged_bytes, disk } = decompress(path, file, compression, target)?;
             Loaded { backing, staged_bytes, staging, disk, codec: None }

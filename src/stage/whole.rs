@@ -15,15 +15,15 @@ use std::path::{Path, PathBuf};
 
 use super::budget::RamBudget;
 use super::disk::{self, DiskStaged};
-use super::error::StageError;
+use super::error::{NoRoomWhole, StageError, Why};
 use super::ram::{map_staged, memfd};
-use super::{Compression, StageMode, Staging};
+use super::Staging;
 use crate::places::CheckedDir;
 use crate::report::human;
 use stagefs_archive::Backing;
 
 /// Where the decoded tar may go.
-pub enum Place {
+pub enum Destination {
     /// Private RAM only.
     Ram,
     /// The local disk (`--stage disk`).
@@ -31,13 +31,6 @@ pub enum Place {
     /// RAM, or a staging directory in this base directory once RAM is short (`--stage
     /// auto`); or why there is none.
     RamThenDisk(Result<PathBuf, String>),
-}
-
-/// Why the tar is decoded whole, and what the user asked for (for the refusal's words).
-#[derive(Clone, Copy, Debug)]
-pub struct Why {
-    pub kind: Compression,
-    pub mode: StageMode,
 }
 
 /// The decoded tar as staged.
@@ -69,15 +62,15 @@ impl<'a> Target<'a> {
     pub fn new(
         path: &'a Path,
         budget: &'a RamBudget,
-        place: Place,
+        place: Destination,
         needed: Option<u64>,
         why: Why,
     ) -> Result<Target<'a>, StageError> {
         let mut target = Target { path, budget, why, needed, ram: None, disk: None, spill: None, written: 0 };
         match place {
-            Place::Disk(dir) => target.onto_disk(dir)?,
-            Place::Ram => target.spill = Some(Err(String::new())),
-            Place::RamThenDisk(dir) => {
+            Destination::Disk(dir) => target.onto_disk(dir)?,
+            Destination::Ram => target.spill = Some(Err(String::new())),
+            Destination::RamThenDisk(dir) => {
                 target.spill = Some(dir);
                 if let Some(needed) = needed.filter(|&n| n > budget.bytes) {
                     target.spill_now(needed)?;
@@ -243,62 +236,4 @@ fn write_error(path: &Path, dir: &CheckedDir, needed: u64, e: std::io::Error) ->
         };
     }
     StageError::Io { path: dir.path().to_owned(), what: "cannot write the decoded copy".into(), source: e }
-}
-
-/// What [`StageError::NoRoomWhole`] says.
-#[derive(Debug)]
-pub struct NoRoomWhole {
-    pub path: PathBuf,
-    pub why: Why,
-    pub needed: u64,
-    /// `needed` is the decoded size (else: more than that).
-    pub known: bool,
-    pub budget: u64,
-    pub budget_reason: String,
-    /// Why the local disk was no way out, when `--stage auto` or `disk` looked at it.
-    pub disk: Option<String>,
-}
-
-impl std::fmt::Display for NoRoomWhole {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let name = self.path.file_name().map_or_else(|| "x".into(), |n| n.to_string_lossy().into_owned());
-        let size = if self.known { human(self.needed) } else { format!("more than {}", human(self.needed)) };
-        let budget = format!("the RAM budget is {} ({})", human(self.budget), self.budget_reason);
-        if self.why.mode == StageMode::Copy {
-            return write!(
-                f,
-                "not enough RAM to decompress {} (--stage copy keeps a private decompressed copy): it needs {size}, \
-                 {budget}; free memory, raise --max-ram, or mount without --stage copy (gzip, bzip2, multi-block xz \
-                 and multi-frame zstd tars are then served compressed)",
-                self.path.shown()
-            );
-        }
-        let (what, recompress) = match self.why.kind {
-            Compression::Zstd => (
-                "one zstd frame",
-                format!(
-                    "`zstd -dc {name} | pzstd -o frames.tar.zst` (or extract it and `stagefs pack --compress zstd`)"
-                ),
-            ),
-            Compression::Xz => ("one xz block", format!("`xz -dc {name} | xz -T0 --block-size=16MiB > blocks.tar.xz`")),
-            _ => (
-                "lz4, which has no restart points,",
-                format!(
-                    "`lz4 -dc {name} | pzstd -o frames.tar.zst` (or extract it and `stagefs pack --compress zstd`)"
-                ),
-            ),
-        };
-        let disk = match &self.disk {
-            Some(why) => format!("; {why}"),
-            None => String::new(),
-        };
-        write!(
-            f,
-            "cannot serve {}: it is {what} so it must be decoded whole before any file can be read, and the decoded \
-             tar needs {size}; {budget}{disk}. Recompress it in frames, which stagefs serves without decoding it \
-             whole: {recompress}; or decode it onto the node's local disk with --stage disk --stage-dir DIR (a \
-             directory there with room)",
-            self.path.shown()
-        )
-    }
 }

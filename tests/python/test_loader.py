@@ -10,9 +10,11 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
+
 import pytest
 
 import stagefs
@@ -256,7 +258,21 @@ def test_cuda_without_a_gpu_is_a_clear_error(tree):
     if stagefs._native.cuda_driver_present():
         pytest.skip("this machine has a CUDA driver; the gpu-marked tests cover it")
     with pytest.raises(stagefs.CudaUnavailableError, match="device='cpu'"):
-        stagefs.Loader(tree)  # device="cuda" is the default
+        stagefs.Loader(tree, device="cuda")
+
+
+def test_without_a_device_a_loader_takes_the_cpu_and_says_so_once(tree, monkeypatch):
+    if stagefs._native.cuda_driver_present():
+        pytest.skip("this machine has a CUDA driver: the default is the GPU there")
+    monkeypatch.setattr(stagefs, "_warned_host_tensors", False)
+    with pytest.warns(RuntimeWarning, match="host .CPU. tensors.*device='cpu'"):
+        ld = stagefs.Loader(tree, batch_size=2, output="numpy")
+    assert ld.device == "cpu"
+    batch = next(iter(ld))
+    assert len(batch.labels) == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert stagefs.Loader(tree, batch_size=2, output="numpy").device == "cpu"
 
 
 def test_stopping_early_joins_the_threads(tree):

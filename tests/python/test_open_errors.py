@@ -176,9 +176,9 @@ def test_the_fuzzers_inputs_replay_through_python(tmp_path, venv_stagefs):
                 copy = tmp_path / f"{corpus}-{target}-{p.name}"
                 copy.write_bytes(p.read_bytes())
                 inputs.append(copy)
-    # Saved-index inputs (the tables after the key): planted as the saved index of a real
-    # archive, with its key, the empty restart-point list the inputs predate, and a valid
-    # checksum, so that opening the archive decodes the tables.
+    # Saved-index inputs (what follows the key and nesting depth): planted as the saved
+    # index of a real archive, with its key and depth and a valid checksum, so that opening
+    # the archive decodes the tables.
     src = tmp_path / "src"
     src.mkdir()
     (src / "blob.bin").write_bytes(os.urandom(1 << 20))
@@ -188,7 +188,7 @@ def test_the_fuzzers_inputs_replay_through_python(tmp_path, venv_stagefs):
             sh("tar", "-cf", archive, "-C", src, "blob.bin")
             sh(venv_stagefs, "index", archive, stdout=subprocess.DEVNULL)
             saved = Path(f"{archive}.stagefs-index")
-            body = saved.read_bytes()[: 16 + 56] + p.read_bytes() + bytes(4)  # magic, key, tables, points
+            body = saved.read_bytes()[: 16 + 56 + 4] + p.read_bytes()  # magic, key, depth; tables, points
             saved.write_bytes(body + fnv(body).to_bytes(8, "little"))
             inputs.append(archive)
     assert len(inputs) > 40, inputs

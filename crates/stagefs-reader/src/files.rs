@@ -1,18 +1,9 @@
 //! The list of files to load: explicit paths, a directory walked once, or entries of another source, with sizes.
 
 use crate::error::{Error, Result};
-use crate::source::{FileSource, Paths};
+use crate::source::{FileEntry, FileSource, Paths};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-/// One file and the size it had when the list was built.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FileEntry {
-    /// Path as given (or as found by the directory walk).
-    pub path: PathBuf,
-    /// Size in bytes at listing time; a different size at read time is an error.
-    pub len: u64,
-}
 
 /// An ordered list of regular files and where to read them from. Sizes are taken once,
 /// up front, because batch packing needs them before any byte is read.

@@ -64,10 +64,10 @@ pub use backend::{cuda_driver_present, Backend, BackendChoice};
 pub use batch::{Batch, DeviceBuffer};
 pub use config::{available_cpus, Config};
 pub use error::{Error, Result};
-pub use files::{ClassFolders, FileEntry, FileList};
+pub use files::{ClassFolders, FileList};
 pub use loader::{Loader, Next};
 pub use order::Sharding;
-pub use source::{FileSource, Paths};
+pub use source::{FileEntry, FileSource, Paths};
 pub use stats::Stats;
 
 /// Re-export of the cudarc version this crate is built against, so users can

@@ -76,7 +76,7 @@ pub(crate) fn plan_epoch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::files::FileEntry;
+    use crate::source::FileEntry;
 
     fn list(sizes: &[u64]) -> FileList {
         FileList::from_entries_for_test(

@@ -1,9 +1,18 @@
 //! Where the files of a list are read from: the file system by path, or any [`FileSource`] (an archive read in process).
 
 use crate::error::{Error, Result};
-use crate::files::FileEntry;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+
+/// One file and the size it had when the list was built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileEntry {
+    /// Path as given (or as found by the directory walk).
+    pub path: PathBuf,
+    /// Size in bytes at listing time; a different size at read time is an error.
+    pub len: u64,
+}
 
 /// Fills a buffer with a file's bytes. The I/O threads call it concurrently, one file
 /// each, with `dst` the file's place in a ring slot.

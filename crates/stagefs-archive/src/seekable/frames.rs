@@ -5,11 +5,7 @@ use std::sync::Arc;
 use super::parallel::{self, Ordered};
 use super::{Backing, Point};
 
-/// Skippable frames (pzstd's size headers, the seekable format's seek table): magic
-/// 0x184D2A50 to 0x184D2A5F, little-endian.
-pub fn skippable(bytes: &[u8]) -> bool {
-    bytes.len() >= 4 && bytes[0] & 0xf0 == 0x50 && bytes[1..4] == [0x2a, 0x4d, 0x18]
-}
+pub(super) use crate::codec::zstd_skippable as skippable;
 
 /// The next data frame at or after byte `pos` of `input` (skippable frames stepped over):
 /// where it starts and how many bytes it takes; an error names a frame that cannot be
@@ -140,8 +136,7 @@ fn decode_ahead(source: &[u8], (at, len): (usize, usize), stated: Option<u32>) -
             }
         }
     }
-    let decoder =
-        zstd::stream::read::Decoder::with_buffer(frame).map_err(|e| format!("cannot start zstd at byte {at}: {e}"))?;
+    let decoder = crate::codec::zstd_decoder(frame).map_err(|e| format!("cannot start zstd at byte {at}: {e}"))?;
     let mut out = Vec::new();
     std::io::Read::read_to_end(&mut std::io::Read::take(decoder.single_frame(), AHEAD_FRAME as u64 + 1), &mut out)
         .map_err(|e| format!("{e} in the frame at byte {at}"))?;
@@ -185,7 +180,7 @@ impl Pass {
             Some(bytes) => Current::Ahead(bytes, 0),
             None => {
                 let range = Range { input: self.input.clone(), pos: at, end: at + len };
-                let decoder = zstd::stream::read::Decoder::new(range)
+                let decoder = crate::codec::zstd_decoder(std::io::BufReader::new(range))
                     .map_err(|e| format!("cannot start zstd at byte {at}: {e}"))?;
                 Current::Streaming(Box::new(decoder.single_frame()))
             }

@@ -153,6 +153,28 @@ pub(super) fn member_starts(bytes: &[u8]) -> bool {
     bytes.starts_with(&[0x1f, 0x8b, 8])
 }
 
+/// What may follow the member that ends at byte `end` when no member starts there: zeros
+/// only (tape padding, ignored as gzip does). Anything else is refused: gzip -d stops
+/// there too ("trailing garbage ignored"), and serving the members before it alone would
+/// drop whatever follows (junk or zeros between members) without a word.
+pub(super) fn after_last_member(input: &[u8], end: usize) -> Result<(), String> {
+    let rest = &input[end.min(input.len())..];
+    let Some(junk) = rest.iter().position(|&b| b != 0) else {
+        return Ok(());
+    };
+    let again = rest
+        .windows(3)
+        .position(member_starts)
+        .map_or(String::new(), |at| format!(" (another gzip member starts at byte {})", end + at));
+    Err(format!(
+        "{} bytes that are no gzip member follow the member ending at compressed byte {end}, the first \
+         nonzero at byte {}{again}; refusing rather than serve only the members before them: \
+         remove them (truncate -s {end}) or recompress the archive",
+        rest.len(),
+        end + junk
+    ))
+}
+
 /// The first pass over a gzip file: a `Read` of its decoded bytes (every member's, each
 /// CRC-checked at its end) that notes restart points on the way.
 pub(super) struct Pass<'a> {
@@ -175,8 +197,8 @@ impl<'a> Pass<'a> {
         self.points.last().is_none_or(|p| self.out - p.out >= span)
     }
 
-    /// After a member's end: another member, or the end of the file (trailing zeros are
-    /// ignored, as gzip does; other trailing bytes with a warning).
+    /// After a member's end: another member, or the end of the file (see
+    /// [`after_last_member`]).
     fn next_member(&mut self) -> Result<(), String> {
         let rest = &self.input[self.pos..];
         if member_starts(rest) {
@@ -187,9 +209,7 @@ impl<'a> Pass<'a> {
             }
             return Ok(());
         }
-        if !rest.iter().all(|&b| b == 0) {
-            tracing::warn!(offset = self.pos, bytes = rest.len(), "ignoring trailing bytes after the last gzip member");
-        }
+        after_last_member(self.input, self.pos)?;
         self.done = true;
         Ok(())
     }

@@ -19,22 +19,23 @@ mod chunk;
 mod deflate;
 mod finder;
 pub use bzip2::MAX_BLOCK_BITS as BZIP2_MAX_BLOCK_BITS;
-pub use frames::skippable as zstd_skippable;
 mod frames;
 mod gzip;
 mod parallel;
 mod pgzip;
+mod pgzip_tuning;
 mod read;
 pub mod seek_table;
 mod sequential;
 mod xz;
 
-pub use pgzip::force_parallel_gzip;
+pub use pgzip_tuning::force_parallel_gzip;
 pub use read::{set_cache_budget, Seekable};
 
 use std::io::Read;
 
 use super::Backing;
+use crate::codec::Compression;
 
 /// Output between restart points, and the unit of decoding and caching.
 pub const SPAN: u64 = 4 << 20;
@@ -77,51 +78,40 @@ pub enum Codec {
 
 impl Codec {
     /// The codec of the compressed file `input`, if it can restart inside it (a zstd
-    /// file needs several frames).
+    /// file needs several frames, an xz file several blocks).
     pub fn of(input: &[u8]) -> Option<Codec> {
-        if gzip::member_starts(input) {
-            Some(Codec::Gzip)
-        } else if input.starts_with(b"BZh") && input.get(3).is_some_and(|l| (b'1'..=b'9').contains(l)) {
-            Some(Codec::Bzip2)
-        } else if input.starts_with(xz::HEADER_MAGIC) {
-            xz::blocks(input).filter(|blocks| blocks.len() > 1).map(|_| Codec::Xz)
-        } else if frames::has_frames(input) {
-            Some(Codec::Zstd)
-        } else {
-            None
+        match Codec::by_magic(input)? {
+            Codec::Xz => xz::blocks(input).filter(|blocks| blocks.len() > 1).map(|_| Codec::Xz),
+            Codec::Zstd => frames::has_frames(input).then_some(Codec::Zstd),
+            codec => Some(codec),
         }
     }
 
-    /// The codec of `input` from its first bytes alone, whether or not it restarts
-    /// inside (a compressed tar inside a tar is judged by its restart points after the
-    /// first pass, see `tar::nested`).
+    /// The codec of `input` from its first bytes alone ([`Compression::detect`]), whether
+    /// or not it restarts inside (a compressed tar inside a tar is judged by its restart
+    /// points after the first pass, see `tar::nested`).
     pub fn by_magic(input: &[u8]) -> Option<Codec> {
-        if gzip::member_starts(input) {
-            Some(Codec::Gzip)
-        } else if input.starts_with(b"BZh") && input.get(3).is_some_and(|l| (b'1'..=b'9').contains(l)) {
-            Some(Codec::Bzip2)
-        } else if input.starts_with(xz::HEADER_MAGIC) {
-            Some(Codec::Xz)
-        } else if input.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) || frames::skippable(input) {
-            Some(Codec::Zstd)
-        } else {
-            None
+        match Compression::detect(input)? {
+            Compression::Gzip => gzip::member_starts(input).then_some(Codec::Gzip),
+            Compression::Bzip2 => input.get(3).is_some_and(|l| (b'1'..=b'9').contains(l)).then_some(Codec::Bzip2),
+            Compression::Xz => Some(Codec::Xz),
+            Compression::Zstd => Some(Codec::Zstd),
+            Compression::Lz4 => None,
         }
     }
 
-    /// The codec to serve `input` in place with, when it restarts inside and holds a tar
-    /// (other archives inside a compressed file are decompressed whole).
-    pub fn for_tar(input: &[u8]) -> Option<Codec> {
-        let codec = Codec::of(input)?;
-        let decoder: Box<dyn Read + '_> = match codec {
-            Codec::Gzip => Box::new(flate2::read::MultiGzDecoder::new(input)),
-            Codec::Zstd => Box::new(zstd::stream::read::Decoder::with_buffer(input).ok()?),
-            Codec::Bzip2 => Box::new(::bzip2::read::MultiBzDecoder::new(input)),
-            Codec::Xz => Box::new(xz::decoder(input).ok()?),
+    /// The first `n` bytes `input` decodes to (fewer if it holds fewer); `None` if it does
+    /// not decode that far.
+    pub fn decoded_head(self, input: &[u8], n: u64) -> Option<Vec<u8>> {
+        let compression = match self {
+            Codec::Gzip => Compression::Gzip,
+            Codec::Zstd => Compression::Zstd,
+            Codec::Bzip2 => Compression::Bzip2,
+            Codec::Xz => Compression::Xz,
         };
-        let mut head = Vec::with_capacity(512);
-        decoder.take(512).read_to_end(&mut head).ok()?;
-        super::tar::looks_like_tar(&head).then_some(codec)
+        let mut head = Vec::new();
+        compression.decoder(input).ok()?.take(n).read_to_end(&mut head).ok()?;
+        Some(head)
     }
 
     pub fn name(self) -> &'static str {
@@ -196,7 +186,7 @@ impl<'a> FirstPass<'a> {
             Codec::Gzip => match bgzf::Pass::new(input) {
                 Some(pass) => Box::new(pass),
                 // One core: the parallel pass's guessing and markers would only cost.
-                None if parallel::threads() > 1 || pgzip::forced() => Box::new(pgzip::Pass::new(input)?),
+                None if parallel::threads() > 1 || pgzip_tuning::forced() => Box::new(pgzip::Pass::new(input)?),
                 None => Box::new(gzip::Pass::new(input)?),
             },
             Codec::Zstd => Box::new(frames::Pass::new(input)?),

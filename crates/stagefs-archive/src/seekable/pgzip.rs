@@ -16,28 +16,22 @@
 //! through the whole file), the workers are stopped for good (see doc/gzip.md).
 //!
 //! Memory: at most `2 × threads` chunks in flight (and [`IN_FLIGHT_BYTES`] in all), each
-//! holding at most [`CHUNK_CAP`] bytes of output; nothing grows with the file but the
+//! holding at most `CHUNK_CAP` bytes of output; nothing grows with the file but the
 //! restart points.
 
 use std::io::Read;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use super::chunk::{self, Buffers, Chunk, Limits};
 use super::deflate::{MARKER, WINDOW};
 use super::parallel::{self, Ordered};
+use super::pgzip_tuning::{Tuning, Wait};
 use super::sequential::{header_end, phase, Event, Halt, Outcome, Sequential};
 use super::{Backing, Point, SPAN};
 
-/// Compressed bytes per chunk.
-pub(super) const CHUNK_BYTES: usize = 4 << 20;
-/// The most output one chunk holds (its markers count 2 bytes each).
-pub(super) const CHUNK_CAP: usize = 32 << 20;
 /// Chunks in flight (decoding, or decoded and waiting) hold at most this much output.
 const IN_FLIGHT_BYTES: usize = 512 << 20;
-/// The most the pass decodes itself at a time, between chunks.
-pub(super) const PIECE: usize = 4 << 20;
-
 /// How the chunks fared (for tests and the log).
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct Stats {
@@ -97,59 +91,6 @@ pub(super) struct Pass<'a> {
     points: Vec<Point>,
     failed: Option<String>,
     stats: Stats,
-}
-
-/// Compressed bytes per chunk that tests set ([`force_parallel_gzip`]); 0: none set.
-static FORCED_CHUNK: AtomicUsize = AtomicUsize::new(0);
-
-/// Makes every gzip first pass parallel, whatever the cores, in chunks of `chunk_bytes`
-/// (the daemon calls it for its tests' `STAGEFS_TEST_GZIP_CHUNK`).
-#[doc(hidden)]
-pub fn force_parallel_gzip(chunk_bytes: usize) {
-    FORCED_CHUNK.store(chunk_bytes.max(1), Ordering::Relaxed);
-}
-
-/// Whether tests ask for the parallel pass whatever the cores.
-pub(super) fn forced() -> bool {
-    FORCED_CHUNK.load(Ordering::Relaxed) != 0
-}
-
-/// When the pass waits for a worker's chunk.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Wait {
-    /// When it is decoded, or its worker is past its markers (as fast as zlib here).
-    ForFast,
-    /// Always, however slow the worker (tests of the joining).
-    Always,
-    /// Never: every chunk after the first is decoded here, whatever its worker did
-    /// (tests of the pass's own decoding meeting the workers' chunks).
-    Never,
-}
-
-/// How the pass cuts and limits its work (tests use small chunks).
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Tuning {
-    /// Compressed bytes per chunk.
-    pub(super) chunk_bytes: usize,
-    /// The most output one chunk holds (markers count 2 bytes each).
-    pub(super) cap: usize,
-    /// The workers the rules for giving up on them count (see `Pass::note_rates` and
-    /// `Pass::note_abandoned`); `None`: never give up.
-    pub(super) workers: Option<usize>,
-    /// When the pass waits for a chunk's worker rather than decode the chunk itself.
-    pub(super) wait: Wait,
-    /// The most the pass decodes itself at a time.
-    pub(super) piece: usize,
-}
-
-impl Default for Tuning {
-    fn default() -> Tuning {
-        let chunk_bytes = match FORCED_CHUNK.load(Ordering::Relaxed) {
-            0 => CHUNK_BYTES,
-            forced => forced,
-        };
-        Tuning { chunk_bytes, cap: CHUNK_CAP, workers: Some(parallel::threads()), wait: Wait::ForFast, piece: PIECE }
-    }
 }
 
 impl<'a> Pass<'a> {
@@ -297,7 +238,7 @@ impl<'a> Pass<'a> {
         self.buffers.give_symbols(chunk.marked);
         self.absorb(head, chunk.plain, &chunk.events)?;
         match chunk.end {
-            Some(Outcome::StreamEnd(byte)) => self.end_stream(byte as usize),
+            Some(Outcome::StreamEnd(byte)) => self.end_stream(byte as usize)?,
             Some(Outcome::Stopped(bit)) => self.pos = bit,
             _ => {}
         }
@@ -374,7 +315,7 @@ impl<'a> Pass<'a> {
         self.mid_block = outcome == Outcome::Full;
         match outcome {
             Outcome::Stopped(bit) => self.pos = bit,
-            Outcome::StreamEnd(byte) => self.end_stream(byte as usize),
+            Outcome::StreamEnd(byte) => self.end_stream(byte as usize)?,
             Outcome::Full => {}
         }
         Ok(())
@@ -458,12 +399,12 @@ impl<'a> Pass<'a> {
         out > 0 && self.points.last().is_none_or(|p| out >= p.out + span)
     }
 
-    /// The last member ended with its trailer at `end`: trailing zeros are ignored (as
-    /// gzip does), other trailing bytes with a warning.
-    fn end_stream(&mut self, end: usize) {
-        let rest = &self.input[end.min(self.input.len())..];
-        if !rest.iter().all(|&b| b == 0) {
-            tracing::warn!(offset = end, bytes = rest.len(), "ignoring trailing bytes after the last gzip member");
+    /// The last member ended with its trailer at `end`: only zeros may follow (see
+    /// [`super::gzip::after_last_member`]).
+    fn end_stream(&mut self, end: usize) -> Result<(), String> {
+        if let Err(e) = super::gzip::after_last_member(self.input, end) {
+            self.stop.store(true, Ordering::Relaxed);
+            return Err(e);
         }
         (self.ended, self.consumed, self.pending, self.bridge) = (true, self.input.len() as u64, None, None);
         self.stop.store(true, Ordering::Relaxed);
@@ -477,6 +418,7 @@ impl<'a> Pass<'a> {
             gave_up = self.stats.gave_up,
             "gzip decoded in parallel chunks"
         );
+        Ok(())
     }
 
     /// Fills `buf` as far as the stream goes (readers such as the tar scan prepare

@@ -4,9 +4,10 @@ use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 
 use super::*;
+use crate::seekable::pgzip_tuning::{CHUNK_CAP, PIECE};
 use crate::seekable::{gzip, Codec, CodecPass, Points, Seekable};
-use crate::Source;
 use crate::test_rng::{pseudo_random, text_like, Rng};
+use crate::Source;
 
 /// `data` compressed by `tool ARGS` (gzip, pigz: on every test machine, see .ci/run).
 fn compress(tool: &str, args: &[&str], data: &[u8]) -> Vec<u8> {
@@ -166,10 +167,21 @@ fn members_of_every_shape_are_checked_and_restart_points() {
             decodes(&compressed, &data, Tuning { wait, piece: 10_000, ..small(chunk) });
         }
     }
-    // Trailing zeros are ignored, as gzip does; other trailing bytes too (with a warning).
-    for tail in [&[0u8; 1000][..], b"not gzip"] {
-        let padded = [&compressed[..], tail].concat();
-        assert!(run(&padded, small(64 << 10)).0.unwrap() == data);
+    // Trailing zeros are ignored, as gzip does; other trailing bytes are refused by both
+    // passes, and so are zeros or junk with members after them (never served without them).
+    let padded = [&compressed[..], &[0u8; 1000]].concat();
+    assert!(run(&padded, small(64 << 10)).0.unwrap() == data);
+    assert!(sequential(&padded).unwrap() == data);
+    let last = compress("gzip", &["-c"], b"after the gap");
+    for (tail, says) in [
+        (b"not gzip".to_vec(), "the first nonzero at byte"),
+        ([&[0u8; 512][..], &last].concat(), "another gzip member starts at byte"),
+        ([&b"junk"[..], &last].concat(), "another gzip member starts at byte"),
+    ] {
+        let bad = [&compressed[..], &tail].concat();
+        for e in [run(&bad, small(64 << 10)).0.unwrap_err(), sequential(&bad).unwrap_err()] {
+            assert!(e.contains(says) && e.contains(&format!("compressed byte {}", compressed.len())), "{e}");
+        }
     }
 }
 

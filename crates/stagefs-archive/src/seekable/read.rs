@@ -303,7 +303,8 @@ impl Shared {
         let input = Compressed { source: self.input.clone(), pos: at.input };
         Ok(match self.points.codec {
             Codec::Zstd => {
-                Box::new(zstd::stream::read::Decoder::new(input).map_err(|e| self.fail(point, e))?.single_frame())
+                let input = std::io::BufReader::new(input);
+                Box::new(crate::codec::zstd_decoder(input).map_err(|e| self.fail(point, e))?.single_frame())
             }
             Codec::Bzip2 => Box::new(std::io::Cursor::new(self.bzip2_block(at).map_err(|e| self.fail(point, e))?)),
             Codec::Xz => {

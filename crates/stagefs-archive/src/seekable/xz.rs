@@ -153,14 +153,9 @@ pub(super) fn points(blocks: &[Block]) -> Vec<Point> {
         .collect()
 }
 
-/// Decoder memory allowed (the LZMA2 dictionary, mostly): `xz -9` needs 65 MiB; a block
-/// asking for more is refused rather than allocated.
-pub(super) const MEMLIMIT: u64 = 128 << 20;
-
-/// A decoder of the xz stream `input` within [`MEMLIMIT`].
+/// A decoder of the xz stream `input` within [`crate::codec::WINDOW_LIMIT`].
 pub(super) fn decoder<R: Read>(input: R) -> Result<liblzma::read::XzDecoder<R>, String> {
-    let stream = liblzma::stream::Stream::new_stream_decoder(MEMLIMIT, liblzma::stream::CONCATENATED)
-        .map_err(|e| format!("cannot start xz: {e}"))?;
+    let stream = crate::codec::xz_stream(liblzma::stream::CONCATENATED)?;
     Ok(liblzma::read::XzDecoder::new_stream(input, stream))
 }
 

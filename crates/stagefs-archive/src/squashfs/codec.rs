@@ -23,10 +23,6 @@ pub(super) enum Compressor {
     Zstd,
 }
 
-/// Largest dictionary an xz/lzma block may ask for; SquashFS dictionaries never exceed
-/// the 1 MiB block size, so this only stops a corrupt header from reserving gigabytes.
-const LZMA_MEMORY_LIMIT: u64 = 256 << 20;
-
 thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     static INFLATE: RefCell<Option<flate2::Decompress>> = const { RefCell::new(None) };
@@ -82,13 +78,11 @@ impl Compressor {
         match self {
             Compressor::Gzip => inflate(input, out),
             Compressor::Xz => {
-                let stream = liblzma::stream::Stream::new_stream_decoder(LZMA_MEMORY_LIMIT, 0);
-                run_lzma(stream.map_err(|e| format!("xz decoder: {e}"))?, input, out)
+                // SquashFS dictionaries never exceed the 1 MiB block size: the bound only
+                // stops a corrupt header from reserving gigabytes.
+                run_lzma(crate::codec::xz_stream(0)?, input, out)
             }
-            Compressor::Lzma => {
-                let stream = liblzma::stream::Stream::new_lzma_decoder(LZMA_MEMORY_LIMIT);
-                run_lzma(stream.map_err(|e| format!("lzma decoder: {e}"))?, input, out)
-            }
+            Compressor::Lzma => run_lzma(crate::codec::lzma_alone_stream()?, input, out),
             Compressor::Lz4 => lz4_flex::block::decompress_into(input, out).map_err(|e| format!("lz4: {e}")),
             Compressor::Zstd => unzstd(input, out),
             Compressor::Lzo => lzo::decompress(input, out).map_err(|e| format!("lzo: {e}")),

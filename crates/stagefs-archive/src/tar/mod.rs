@@ -74,6 +74,13 @@ pub fn looks_like_tar(head: &[u8]) -> bool {
     block.get(257..262) == Some(b"ustar") || block.iter().all(|&b| b == 0) || checksum_ok(block).unwrap_or(false)
 }
 
+/// The codec to serve the compressed file `input` in place with, when it restarts
+/// inside and holds a tar (other archives inside a compressed file are decompressed whole).
+pub fn compressed_codec(input: &[u8]) -> Option<Codec> {
+    let codec = Codec::of(input)?;
+    looks_like_tar(&codec.decoded_head(input, BLOCK as u64)?).then_some(codec)
+}
+
 /// Indexes the whole archive.
 pub fn open(path: &Path, backing: Backing) -> Result<(Index, TarReader), OpenError> {
     let mut scan = Scan::new(path, &backing);

@@ -9,9 +9,9 @@ use crate::Backing;
 
 /// Compressed bytes read from the archive at a time.
 const CHUNK: usize = 256 << 10;
-/// Largest LZMA or xz dictionary, and zstd window, a member may ask for: bounds each
-/// decoder's memory (7-Zip's "ultra" uses 64 MiB).
-pub(super) const DICT_LIMIT: u64 = 64 << 20;
+/// Largest LZMA dictionary a member may ask for: the one bound of every decoder's window
+/// (7-Zip's "ultra" uses 64 MiB).
+pub(super) const DICT_LIMIT: u64 = crate::codec::WINDOW_LIMIT;
 
 /// A decoder that turns input into output a step at a time.
 trait Codec: Send {
@@ -92,17 +92,8 @@ impl Stream {
             8 => (Box::new(Deflate(flate2::Decompress::new(false))), true, at),
             12 => (Box::new(Bzip2(bzip2::Decompress::new(false))), true, at),
             14 => (Box::new(Lzma(lzma_in_zip(backing, at, compressed)?)), false, at + 9),
-            93 => {
-                let mut d = zstd::stream::raw::Decoder::new().map_err(|e| e.to_string())?;
-                d.set_parameter(zstd::stream::raw::DParameter::WindowLogMax(DICT_LIMIT.ilog2()))
-                    .map_err(|e| e.to_string())?;
-                (Box::new(Zstd(d)), true, at)
-            }
-            95 => {
-                let stream = liblzma::stream::Stream::new_stream_decoder(DICT_LIMIT * 2, 0)
-                    .map_err(|e| format!("xz decoder: {e}"))?;
-                (Box::new(Lzma(stream)), true, at)
-            }
+            93 => (Box::new(Zstd(crate::codec::zstd_raw().map_err(|e| e.to_string())?)), true, at),
+            95 => (Box::new(Lzma(crate::codec::xz_stream(0)?)), true, at),
             other => return Err(format!("compression method {other} ({}) is not supported", method_name(other))),
         };
         Ok(Stream {

@@ -76,10 +76,9 @@ pub trait Storage: Send + Sync + 'static {
     fn len(&self) -> usize;
     /// DLPack device (type, ordinal).
     fn device(&self) -> (i32, i32);
-    /// The GPU memory behind it, when it is some (for stream ordering).
-    fn as_device(&self) -> Option<&crate::batch::DeviceBytes> {
-        None
-    }
+    /// The storage itself, for its owner to find out what it is (the batch code looks
+    /// for GPU memory behind it, for stream ordering).
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// What the manager context owns: the storage and the shape array the tensor points at.

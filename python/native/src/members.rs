@@ -1,7 +1,8 @@
 //! The Loader's files taken from an open archive: listed and labelled as its extracted tree would be, read straight from the archive's bytes by the I/O threads.
 
-use crate::archive::{Archive, Shared};
+use crate::archive::Archive;
 use crate::errors::MemberError;
+use crate::shared::Shared;
 use crate::tree;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;

@@ -22,6 +22,9 @@ impl Storage for HostBytes {
     fn device(&self) -> (i32, i32) {
         (KDL_CPU, 0)
     }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 /// Device bytes of one batch, owned: copied on the GPU out of the ring slot (microseconds),
@@ -82,8 +85,8 @@ impl Storage for DeviceBytes {
     fn device(&self) -> (i32, i32) {
         (KDL_CUDA, self.stream.context().ordinal() as i32)
     }
-    fn as_device(&self) -> Option<&DeviceBytes> {
-        Some(self)
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 
@@ -129,7 +132,7 @@ impl BatchBuffer {
             Some(s) if !s.is_none() => Some(s.extract()?),
             _ => None,
         };
-        match self.storage.as_device() {
+        match self.storage.as_any().downcast_ref::<DeviceBytes>() {
             None if stream.is_some() => {
                 return Err(PyValueError::new_err("stream must be None for a host (kDLCPU) buffer"));
             }

@@ -30,6 +30,7 @@ mod loader;
 mod member;
 mod members;
 mod pybuf;
+mod shared;
 mod tree;
 
 use errors::{ArchiveError, CudaUnavailableError, FileChangedError, ForkError};

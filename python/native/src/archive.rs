@@ -3,7 +3,8 @@
 use crate::background;
 use crate::errors::{open_error, MemberError, OpenFailure};
 use crate::member::Member;
-use crate::pybuf::{self, Held};
+use crate::pybuf;
+use crate::shared::Shared;
 use crate::tree::{self, Described};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -12,121 +13,12 @@ use stagefs::open::{open_archive, Indexing};
 use stagefs::options::nesting_depth;
 use stagefs::shards::{self, How};
 use stagefs::stage::{StageMode, Staging};
-use stagefs_archive::index::{Inode, InodeId, PathError};
-use stagefs_archive::{Access, Archive as Opened, Bytes, ReadError};
+use stagefs_archive::index::{InodeId, PathError};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-
-/// An open archive, shared by its Python objects, open files, views and loaders.
-pub struct Shared {
-    pub archive: Opened,
-    /// The archive's resolved path, or a set's label.
-    pub label: PathBuf,
-    pub staging: Staging,
-    pub staged_bytes: u64,
-    /// Archives merged in this one: 1, or a shard set's size.
-    pub shards: usize,
-    /// The local-disk staging directory, removed when it is empty at the end.
-    disk_dir: Option<PathBuf>,
-}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        if let Some(dir) = &self.disk_dir {
-            stagefs::stage::disk::remove_if_empty(dir);
-        }
-    }
-}
-
-/// Largest piece one `Archive::read` call serves when filling a buffer: what a read in
-/// place allocates on its way (a `pread` into a buffer of the reader's) stays this small.
-const PIECE: usize = 16 << 20;
-/// Largest member a view shows by one read, in place where its bytes lie in memory.
-const VIEW_PIECE: u64 = 1 << 30;
-
-impl Shared {
-    /// The regular file at `path`, links followed.
-    pub fn regular(&self, path: &[u8]) -> Result<(InodeId, &Inode), MemberError> {
-        let shown = || String::from_utf8_lossy(path).into_owned();
-        let index = &self.archive.index;
-        let id = index.resolve(path, true).map_err(|source| MemberError::Path { path: shown(), source })?;
-        let inode = index.inode(id).ok_or(MemberError::Path { path: shown(), source: PathError::NotFound })?;
-        match inode.attrs.file_type() {
-            libc::S_IFREG => Ok((id, inode)),
-            libc::S_IFDIR => Err(MemberError::IsDir { path: shown() }),
-            _ => Err(MemberError::NotFile { path: shown() }),
-        }
-    }
-
-    /// Fills `dst` with the bytes of file `id` from `offset`; `path` names it in errors.
-    pub fn fill(&self, id: InodeId, inode: &Inode, path: &str, offset: u64, dst: &mut [u8]) -> Result<(), MemberError> {
-        self.allowed(id, inode, path)?;
-        let mut done = 0;
-        while done < dst.len() {
-            let want = (dst.len() - done).min(PIECE) as u32;
-            let bytes = self.read(id, inode, path, offset + done as u64, want)?;
-            let n = bytes.len().min(dst.len() - done);
-            if n == 0 {
-                let what = format!("the member ends at byte {}, before its stated size", offset + done as u64);
-                let source = ReadError { offset: ReadError::WHOLE_ARCHIVE, what };
-                return Err(MemberError::Read { path: path.to_string(), source });
-            }
-            dst[done..done + n].copy_from_slice(&bytes[..n]);
-            done += n;
-        }
-        Ok(())
-    }
-
-    /// `len` bytes of file `id` from `offset` (fewer at its end), kept alive for a view:
-    /// no copy when they lie in the archive's map or a cache block.
-    pub fn held(
-        self: &Arc<Self>,
-        id: InodeId,
-        inode: &Inode,
-        path: &str,
-        offset: u64,
-        len: u64,
-    ) -> Result<Held, MemberError> {
-        self.allowed(id, inode, path)?;
-        let len = len.min(inode.attrs.size.saturating_sub(offset));
-        if len > VIEW_PIECE {
-            // Larger than one read serves: assembled into a buffer of its own, if there is
-            // room (a sparse member may claim far more than memory holds).
-            let no_memory = || MemberError::NoMemory { path: path.to_string(), len };
-            let mut bytes = Vec::new();
-            bytes.try_reserve_exact(usize::try_from(len).map_err(|_| no_memory())?).map_err(|_| no_memory())?;
-            bytes.resize(len as usize, 0);
-            self.fill(id, inode, path, offset, &mut bytes)?;
-            let ptr = bytes.as_ptr();
-            return Ok(Held { keep: Box::new(bytes), ptr, len: len as usize });
-        }
-        Ok(match self.read(id, inode, path, offset, len as u32)? {
-            Bytes::Borrowed(slice) => Held { keep: Box::new(Arc::clone(self)), ptr: slice.as_ptr(), len: slice.len() },
-            Bytes::Shared(block, range) => {
-                let ptr = block[range.clone()].as_ptr();
-                Held { keep: Box::new(block), ptr, len: range.len() }
-            }
-            Bytes::Owned(bytes) => {
-                let (ptr, len) = (bytes.as_ptr(), bytes.len());
-                Held { keep: Box::new(bytes), ptr, len }
-            }
-        })
-    }
-
-    fn allowed(&self, id: InodeId, inode: &Inode, path: &str) -> Result<(), MemberError> {
-        match self.archive.access(id, inode) {
-            Access::Denied(why) => Err(MemberError::Denied { path: path.to_string(), why }),
-            Access::Read => Ok(()),
-        }
-    }
-
-    fn read(&self, id: InodeId, inode: &Inode, path: &str, offset: u64, len: u32) -> Result<Bytes<'_>, MemberError> {
-        self.archive.read(id, inode, offset, len).map_err(|source| MemberError::Read { path: path.to_string(), source })
-    }
-}
 
 /// How to open: the `stagefs mount` options that apply without a mount.
 struct Options {
@@ -321,7 +213,7 @@ impl Archive {
     /// How its bytes reach RAM: "in place", "page cache", "copy" or "local disk".
     #[getter]
     fn staging(&self) -> &'static str {
-        self.shared.staging.name()
+        staging_name(self.shared.staging)
     }
 
     /// Bytes this process holds privately (a copy staged in RAM).
@@ -452,7 +344,16 @@ impl Archive {
             s.label.display(),
             self.format(),
             s.archive.index.inodes.len(),
-            s.staging.name()
+            staging_name(s.staging)
         )
+    }
+}
+
+/// How the bytes reach RAM, in the words `ArchiveFileSystem.staging` documents: the CLI's
+/// `ram` (the page cache holds the one copy) is `page cache` here.
+fn staging_name(staging: Staging) -> &'static str {
+    match staging {
+        Staging::PageCache => "page cache",
+        other => other.name(),
     }
 }

@@ -1,8 +1,8 @@
 //! One member of an open archive, read like a file: a position, `read`, `readinto`, `seek`, and the whole of it as a memoryview.
 
-use crate::archive::Shared;
 use crate::errors::MemberError;
 use crate::pybuf::{self, Writable};
+use crate::shared::Shared;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;

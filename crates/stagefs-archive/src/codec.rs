@@ -1,0 +1,162 @@
+//! Compression in one place: the codec of a file from its first bytes, the decoder of a whole stream, and the one bound on a decoder's window or dictionary that every path (staging, restart points, zip members, SquashFS blocks) goes through.
+//!
+//! A decoder's memory is what the stream asks for: an xz or LZMA dictionary, a zstd
+//! window. A crafted header can ask for gigabytes before a byte is decoded, so every
+//! decoder made anywhere is made here, within [`WINDOW_LIMIT`].
+
+use std::io::{BufRead, Read};
+
+/// The most one decoder's window or dictionary may take: `xz -9` needs 64 MiB,
+/// `zstd --long=27` 128 MiB (zstd's own default cap). A stream asking for more is refused
+/// rather than allocated.
+pub const WINDOW_LIMIT: u64 = 128 << 20;
+
+/// What a compressed file is compressed with, as its first bytes say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    Gzip,
+    Bzip2,
+    Xz,
+    Zstd,
+    Lz4,
+}
+
+/// xz's stream header magic.
+const XZ_MAGIC: &[u8] = &[0xfd, b'7', b'z', b'X', b'Z', 0];
+
+/// Skippable zstd frames (pzstd's size headers, the seekable format's seek table): magic
+/// 0x184D2A50 to 0x184D2A5F, little-endian.
+pub fn zstd_skippable(bytes: &[u8]) -> bool {
+    bytes.len() >= 4 && bytes[0] & 0xf0 == 0x50 && bytes[1..4] == [0x2a, 0x4d, 0x18]
+}
+
+impl Compression {
+    /// The compression of a file that starts with `head`; `None` for anything else (a
+    /// zip, a plain tar, a SquashFS image).
+    pub fn detect(head: &[u8]) -> Option<Compression> {
+        if head.starts_with(&[0x1f, 0x8b]) {
+            Some(Compression::Gzip)
+        } else if head.starts_with(b"BZh") {
+            Some(Compression::Bzip2)
+        } else if head.starts_with(XZ_MAGIC) {
+            Some(Compression::Xz)
+        } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) || zstd_skippable(head) {
+            // pzstd starts with a skippable frame (0x184D2A5?) holding the next frame's size.
+            Some(Compression::Zstd)
+        } else if head.starts_with(&[0x04, 0x22, 0x4d, 0x18]) {
+            Some(Compression::Lz4)
+        } else {
+            None
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Compression::Gzip => "gzip",
+            Compression::Bzip2 => "bzip2",
+            Compression::Xz => "xz",
+            Compression::Zstd => "zstd",
+            Compression::Lz4 => "lz4",
+        }
+    }
+
+    /// A decoder of the whole of `input`: every gzip member, bzip2 stream, xz stream,
+    /// zstd or LZ4 frame in turn, within [`WINDOW_LIMIT`].
+    pub fn decoder<'a>(self, input: impl BufRead + Send + 'a) -> std::io::Result<Box<dyn Read + Send + 'a>> {
+        Ok(match self {
+            Compression::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(input)),
+            Compression::Bzip2 => Box::new(bzip2::bufread::MultiBzDecoder::new(input)),
+            Compression::Xz => {
+                let stream = xz_stream(liblzma::stream::CONCATENATED).map_err(std::io::Error::other)?;
+                Box::new(liblzma::bufread::XzDecoder::new_stream(input, stream))
+            }
+            Compression::Zstd => Box::new(zstd_decoder(input)?),
+            Compression::Lz4 => Box::new(Lz4Frames { decoder: Some(lz4_flex::frame::FrameDecoder::new(input)) }),
+        })
+    }
+}
+
+/// An xz stream decoder (`flags`: liblzma's, e.g. `CONCATENATED`) within [`WINDOW_LIMIT`].
+pub(crate) fn xz_stream(flags: u32) -> Result<liblzma::stream::Stream, String> {
+    // liblzma's limit counts all of the decoder's memory: the dictionary and a little more.
+    liblzma::stream::Stream::new_stream_decoder(WINDOW_LIMIT + (1 << 20), flags)
+        .map_err(|e| format!("cannot start xz: {e}"))
+}
+
+/// A raw LZMA (`.lzma`, "LZMA alone") decoder within [`WINDOW_LIMIT`].
+pub(crate) fn lzma_alone_stream() -> Result<liblzma::stream::Stream, String> {
+    liblzma::stream::Stream::new_lzma_decoder(WINDOW_LIMIT + (1 << 20)).map_err(|e| format!("cannot start lzma: {e}"))
+}
+
+/// A zstd decoder of the frames of `input` whose window stays within [`WINDOW_LIMIT`].
+pub(crate) fn zstd_decoder<'a, R: BufRead + 'a>(input: R) -> std::io::Result<zstd::stream::read::Decoder<'a, R>> {
+    let mut decoder = zstd::stream::read::Decoder::with_buffer(input)?;
+    decoder.window_log_max(WINDOW_LIMIT.ilog2())?;
+    Ok(decoder)
+}
+
+/// A raw zstd decoder (driven a step at a time) within [`WINDOW_LIMIT`].
+pub(crate) fn zstd_raw() -> std::io::Result<zstd::stream::raw::Decoder<'static>> {
+    let mut decoder = zstd::stream::raw::Decoder::new()?;
+    decoder.set_parameter(zstd::stream::raw::DParameter::WindowLogMax(WINDOW_LIMIT.ilog2()))?;
+    Ok(decoder)
+}
+
+/// Reads concatenated LZ4 frames (`cat a.lz4 b.lz4`, or lz4 appending), which
+/// `lz4_flex`'s decoder stops after the first of.
+struct Lz4Frames<R: BufRead> {
+    decoder: Option<lz4_flex::frame::FrameDecoder<R>>,
+}
+
+impl<R: BufRead> Read for Lz4Frames<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while let Some(decoder) = self.decoder.as_mut() {
+            let n = decoder.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+            let mut input = self.decoder.take().expect("checked above").into_inner();
+            if !input.fill_buf()?.is_empty() {
+                self.decoder = Some(lz4_flex::frame::FrameDecoder::new(input));
+            }
+        }
+        Ok(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compression_magic() {
+        assert_eq!(Compression::detect(&[0x1f, 0x8b, 8]), Some(Compression::Gzip));
+        assert_eq!(Compression::detect(b"BZh91AY"), Some(Compression::Bzip2));
+        assert_eq!(Compression::detect(&[0x28, 0xb5, 0x2f, 0xfd]), Some(Compression::Zstd));
+        assert_eq!(Compression::detect(&[0x50, 0x2a, 0x4d, 0x18, 4, 0]), Some(Compression::Zstd), "pzstd");
+        assert_eq!(Compression::detect(b"ustar"), None);
+        // A zip is no compressed tar, whatever follows its local header magic.
+        assert_eq!(Compression::detect(b"PK\x03\x04\x14\x00\x08\x00\x08\x00"), None);
+        assert_eq!(Compression::detect(b"PK\x05\x06\0\0\0\0"), None);
+    }
+
+    /// A zstd frame whose window is past the limit is refused by every zstd decoder made
+    /// here, whatever path made it; one within it decodes.
+    #[test]
+    fn a_window_past_the_limit_is_refused_everywhere() {
+        let data = vec![7u8; 1 << 20];
+        // Streamed (size unknown), so that zstd keeps the window asked for.
+        let mut encoder = zstd::stream::write::Encoder::new(Vec::new(), 1).unwrap();
+        encoder.set_parameter(zstd::stream::raw::CParameter::WindowLog(28)).unwrap();
+        encoder.set_parameter(zstd::stream::raw::CParameter::EnableLongDistanceMatching(true)).unwrap();
+        std::io::Write::write_all(&mut encoder, &data).unwrap();
+        let wide = encoder.finish().unwrap();
+        let narrow = zstd::bulk::compress(&data, 1).unwrap();
+        let decode = |bytes: &[u8]| {
+            let mut out = Vec::new();
+            Compression::Zstd.decoder(bytes).unwrap().read_to_end(&mut out).map(|_| out)
+        };
+        assert!(decode(&wide).is_err(), "a 256 MiB window was accepted");
+        assert!(decode(&narrow).unwrap() == data);
+    }
+}

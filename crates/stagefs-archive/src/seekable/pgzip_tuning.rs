@@ -1,0 +1,65 @@
+//! How the parallel gzip pass cuts and limits its work: chunk sizes, when it waits for a worker, and the small chunks tests and the fuzzer force.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::parallel;
+
+/// Compressed bytes per chunk.
+pub(super) const CHUNK_BYTES: usize = 4 << 20;
+/// The most output one chunk holds (its markers count 2 bytes each).
+pub(super) const CHUNK_CAP: usize = 32 << 20;
+/// The most the pass decodes itself at a time, between chunks.
+pub(super) const PIECE: usize = 4 << 20;
+
+/// Compressed bytes per chunk that tests set ([`force_parallel_gzip`]); 0: none set.
+static FORCED_CHUNK: AtomicUsize = AtomicUsize::new(0);
+
+/// Makes every gzip first pass parallel, whatever the cores, in chunks of `chunk_bytes`
+/// (the daemon calls it for its tests' `STAGEFS_TEST_GZIP_CHUNK`).
+#[doc(hidden)]
+pub fn force_parallel_gzip(chunk_bytes: usize) {
+    FORCED_CHUNK.store(chunk_bytes.max(1), Ordering::Relaxed);
+}
+
+/// Whether tests ask for the parallel pass whatever the cores.
+pub(super) fn forced() -> bool {
+    FORCED_CHUNK.load(Ordering::Relaxed) != 0
+}
+
+/// When the pass waits for a worker's chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Wait {
+    /// When it is decoded, or its worker is past its markers (as fast as zlib here).
+    ForFast,
+    /// Always, however slow the worker (tests of the joining).
+    Always,
+    /// Never: every chunk after the first is decoded here, whatever its worker did
+    /// (tests of the pass's own decoding meeting the workers' chunks).
+    Never,
+}
+
+/// How the pass cuts and limits its work (tests use small chunks).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Tuning {
+    /// Compressed bytes per chunk.
+    pub(super) chunk_bytes: usize,
+    /// The most output one chunk holds (markers count 2 bytes each).
+    pub(super) cap: usize,
+    /// The workers the rules for giving up on them count (see `Pass::note_rates` and
+    /// `Pass::note_abandoned`); `None`: never give up.
+    pub(super) workers: Option<usize>,
+    /// When the pass waits for a chunk's worker rather than decode the chunk itself.
+    pub(super) wait: Wait,
+    /// The most the pass decodes itself at a time.
+    pub(super) piece: usize,
+}
+
+impl Default for Tuning {
+    fn default() -> Tuning {
+        let chunk_bytes = match FORCED_CHUNK.load(Ordering::Relaxed) {
+            0 => CHUNK_BYTES,
+            forced => forced,
+        };
+        Tuning { chunk_bytes, cap: CHUNK_CAP, workers: Some(parallel::threads()), wait: Wait::ForFast, piece: PIECE }
+    }
+}
