@@ -258,7 +258,7 @@ impl<'a> Pass<'a> {
         self.stats.guessed += (chunk.marked.len() + chunk.plain.len()) as u64;
         self.stats.marked += chunk.marked.len() as u64;
         let workers = self.workers.map_or(u64::MAX / 8, |w| w as u64);
-        if self.stats.marked * 4 > self.stats.guessed * workers.saturating_sub(1) {
+        if self.stats.marked.saturating_mul(4) > self.stats.guessed.saturating_mul(workers.saturating_sub(1)) {
             self.stats.gave_up = true;
             self.stop.store(true, Ordering::Relaxed);
         }
