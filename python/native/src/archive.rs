@@ -13,6 +13,7 @@ use stagefs::open::{open_archive, Indexing};
 use stagefs::options::nesting_depth;
 use stagefs::shards::{self, How};
 use stagefs::stage::{StageMode, Staging};
+use stagefs_archive::escape::Shown;
 use stagefs_archive::index::{InodeId, PathError};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -247,7 +248,7 @@ impl Archive {
         let index = &self.shared.archive.index;
         let dir = index
             .resolve(bytes, true)
-            .map_err(|source| MemberError::Path { path: path.display().to_string(), source })?;
+            .map_err(|source| MemberError::Path { path: path.shown().to_string(), source })?;
         let mut failed = None;
         tree::walk(index, bytes, dir, Some(1), |met| {
             if failed.is_some() {
@@ -280,7 +281,7 @@ impl Archive {
         if described.kind == "directory" {
             let dir = index
                 .resolve(bytes, true)
-                .map_err(|source| MemberError::Path { path: path.display().to_string(), source })?;
+                .map_err(|source| MemberError::Path { path: path.shown().to_string(), source })?;
             tree::walk(index, bytes, dir, maxdepth, |met| found.push((met.path.to_vec(), met.target, met.link)))
                 .map_err(|e| PyValueError::new_err(e.to_string()))?;
         }
@@ -319,7 +320,7 @@ impl Archive {
         let clamp = |v: i64| if v < 0 { (size + v).max(0) } else { v.min(size) };
         let (from, to) = (clamp(start.unwrap_or(0)), clamp(end.unwrap_or(size)));
         let len = (to - from).max(0) as usize;
-        let name = path.display().to_string();
+        let name = path.shown().to_string();
         let shared = &self.shared;
         PyBytes::new_with(py, len, |dst| {
             py.detach(|| shared.fill(id, inode, &name, from as u64, dst)).map_err(PyErr::from)
@@ -331,7 +332,7 @@ impl Archive {
     fn view<'py>(&self, py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyAny>> {
         let bytes = path_bytes(&path);
         let (id, inode) = self.shared.regular(bytes)?;
-        let name = path.display().to_string();
+        let name = path.shown().to_string();
         let shared = &self.shared;
         let held = py.detach(|| shared.held(id, inode, &name, 0, inode.attrs.size))?;
         pybuf::memoryview(py, held)
@@ -341,7 +342,7 @@ impl Archive {
         let s = &self.shared;
         format!(
             "<stagefs archive {} ({}, {} entries, {})>",
-            s.label.display(),
+            s.label.shown(),
             self.format(),
             s.archive.index.inodes.len(),
             staging_name(s.staging)

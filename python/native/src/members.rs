@@ -6,6 +6,7 @@ use crate::shared::Shared;
 use crate::tree;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use stagefs_archive::escape::Shown;
 use stagefs_archive::index::InodeId;
 use stagefs_reader::{ClassFolders, FileEntry, FileList, FileSource};
 use std::ffi::OsStr;
@@ -21,7 +22,7 @@ struct ArchiveFiles {
 
 impl std::fmt::Debug for ArchiveFiles {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ArchiveFiles({} files of {})", self.ids.len(), self.shared.label.display())
+        write!(f, "ArchiveFiles({} files of {})", self.ids.len(), self.shared.label.shown())
     }
 }
 
@@ -52,7 +53,7 @@ pub fn class_folders(archive: &Archive, root: &Path) -> PyResult<ClassFolders> {
         return Err(err.into());
     }
     let (files, classes) = tree::files_below(index, root_bytes, dir)
-        .map_err(|e| PyValueError::new_err(format!("{}: {e}", shared.label.display())))?;
+        .map_err(|e| PyValueError::new_err(format!("{}: {e}", shared.label.shown())))?;
     let mut entries = Vec::with_capacity(files.len());
     let mut ids = Vec::with_capacity(files.len());
     for (path, id) in files {

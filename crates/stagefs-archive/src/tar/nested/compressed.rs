@@ -144,13 +144,14 @@ mod tests {
     use super::*;
 
     /// The inner tars' restart points share one budget: once it is spent, the next inner
-    /// tar stays a file (17 MiB tars of several points each, a budget one point short; the
-    /// parallel gzip pass may place its first point well past 4 MiB, so 9 MiB could hold one).
+    /// tar stays a file (9 MiB tars of several points each, a budget one point short).
+    /// Compressed at the default level: zlib-rs's fastest level wrote this text as one
+    /// block, which has no restart point inside (gzip and pigz cut blocks of ~16-64 KiB).
     #[test]
     fn restart_points_of_all_inner_tars_share_one_budget() {
-        let data = crate::test_rng::text_like(4, 17 << 20);
+        let data = crate::test_rng::text_like(4, 9 << 20);
         let tar = crate::test_support::ustar(&[("big", &data)]);
-        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
         gz.write_all(&tar).unwrap();
         let gz = gz.finish().unwrap();
         let outer = Source::memory(&[gz.clone(), gz.clone()].concat());
@@ -160,7 +161,7 @@ mod tests {
         let first = opener.open(path, &outer, (0, gz.len() as u64), Codec::Gzip, &|| false);
         assert!(matches!(first, Ok((_, _, _, 1))), "the first fits");
         let used = budget - opener.points_left;
-        assert!(used >= 2, "{used} restart points in 17 MiB");
+        assert!(used >= 2, "{used} restart points in 9 MiB");
         opener.points_left = used - 1;
         let second = opener.open(path, &outer, (gz.len() as u64, gz.len() as u64), Codec::Gzip, &|| false);
         assert!(matches!(second, Err(Refused::Why(why)) if why.contains("more restart points")));
