@@ -41,29 +41,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-make_tree() {  # kind dir: about $mib MiB of files
-    python3 - "$1" "$2" "$mib" <<'PY'
-import os, random, sys
-kind, root, mib = sys.argv[1], sys.argv[2], int(sys.argv[3])
-rng = random.Random(1)
-words = [w.encode() for w in "tensor batch epoch gradient loss node shard the of and a to in is".split()]
-total, i = 0, 0
-while total < mib << 20:
-    d = os.path.join(root, f"n{i // 1000:08d}")
-    os.makedirs(d, exist_ok=True)
-    if kind == "imagenet":
-        data = rng.randbytes(rng.randint(20_000, 200_000))
-        name = f"n{i // 1000:08d}_{i}.JPEG"
-    else:
-        n = rng.randint(4_000, 60_000)
-        data = b" ".join(rng.choice(words) for _ in range(n // 5))[:n]
-        name = f"doc{i}.txt"
-    with open(os.path.join(d, name), "wb") as f:
-        f.write(data)
-    total += len(data)
-    i += 1
-PY
-}
 
 
 # Random reads: the same FILES files (seeded shuffle of the tree's list) by 4 threads.
@@ -130,7 +107,7 @@ mib_of() { echo "$(($(stat -c %s "$1") >> 20)) MiB"; }
 mkdir -p "$work/mnt-stagefs" "$work/mnt-ratar"
 for kind in $kinds; do
     echo "making the $kind tree ($mib MiB)" >&2
-    make_tree "$kind" "$work/src"
+    make_tree "$kind" "$work/src" "$mib"
     (cd "$work/src" && find . -type f -printf '%P\t%s\n') > "$work/list"
     tar -C "$work/src" -cf "$work/$kind.tar" .
     sizes="tar $(mib_of "$work/$kind.tar")"

@@ -35,29 +35,6 @@ cleanup() {
 trap cleanup EXIT
 mkdir -p "$mnt"
 
-make_tree() {  # kind dir: about $mib MiB of files (as compressed.sh makes them)
-    python3 - "$1" "$2" "$mib" <<'PY'
-import os, random, sys
-kind, root, mib = sys.argv[1], sys.argv[2], int(sys.argv[3])
-rng = random.Random(1)
-words = [w.encode() for w in "tensor batch epoch gradient loss node shard the of and a to in is".split()]
-total, i = 0, 0
-while total < mib << 20:
-    d = os.path.join(root, f"n{i // 1000:08d}")
-    os.makedirs(d, exist_ok=True)
-    if kind == "imagenet":
-        data = rng.randbytes(rng.randint(20_000, 200_000))
-        name = f"n{i // 1000:08d}_{i}.JPEG"
-    else:
-        n = rng.randint(4_000, 60_000)
-        data = b" ".join(rng.choice(words) for _ in range(n // 5))[:n]
-        name = f"doc{i}.txt"
-    with open(os.path.join(d, name), "wb") as f:
-        f.write(data)
-    total += len(data)
-    i += 1
-PY
-}
 
 # One first mount: prints its seconds. Removes every saved index first, drops the
 # page cache, mounts, checks the file count, unmounts.
@@ -96,7 +73,7 @@ fi
 echo "$(nproc) cores; $rounds rounds; each line: median first mount, stagefs / this (all in one run)"
 for kind in imagenet text; do
     echo "making the $kind tree ($mib MiB)" >&2
-    make_tree "$kind" "$work/src"
+    make_tree "$kind" "$work/src" "$mib"
     files=$(find "$work/src" -type f | wc -l)
     tar -C "$work/src" -cf "$work/$kind.tar" .
     rm -rf "$work/src"

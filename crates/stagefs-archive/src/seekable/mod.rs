@@ -30,12 +30,16 @@ mod sequential;
 mod xz;
 
 pub use pgzip_tuning::force_parallel_gzip;
+pub(crate) use read::Compressed;
 pub use read::{set_cache_budget, Seekable};
 
 use std::io::Read;
 
 use super::Backing;
 use crate::codec::Compression;
+
+/// The parallel gzip pass runs with more threads than this (see `FirstPass::new`).
+const PGZIP_MIN_THREADS: usize = 2;
 
 /// Output between restart points, and the unit of decoding and caching.
 pub const SPAN: u64 = 4 << 20;
@@ -185,8 +189,11 @@ impl<'a> FirstPass<'a> {
         let pass: Box<dyn CodecPass + 'a> = match codec {
             Codec::Gzip => match bgzf::Pass::new(input) {
                 Some(pass) => Box::new(pass),
-                // One core: the parallel pass's guessing and markers would only cost.
-                None if parallel::threads() > 1 || pgzip_tuning::forced() => Box::new(pgzip::Pass::new(input)?),
+                // Two cores or fewer take the sequential pass: one worker beside the pass
+                // measured 0.82-0.95x of it (benches/gzip_first_mount.sh, doc/gzip.md).
+                None if parallel::threads() > PGZIP_MIN_THREADS || pgzip_tuning::forced() => {
+                    Box::new(pgzip::Pass::new(input)?)
+                }
                 None => Box::new(gzip::Pass::new(input)?),
             },
             Codec::Zstd => Box::new(frames::Pass::new(input)?),

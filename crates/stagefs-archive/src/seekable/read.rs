@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use quick_cache::sync::Cache;
 
-use super::{bzip2, gzip, xz, Codec, Point, Points};
+use super::{bzip2, gzip, xz, Codec, Point, Points, SPAN};
 use crate::{Backing, ReadError};
 
 /// A unit decoding to at most this is decoded whole and cached as one entry.
@@ -75,17 +75,27 @@ fn process_cache() -> Arc<UnitCache> {
     CACHE.get_or_init(|| Arc::new(unit_cache(CACHE_BYTES.load(Ordering::Relaxed)))).clone()
 }
 
-/// The compressed file read through [`crate::Source::read_at`] (so a file
-/// served in place is checked to be unchanged), as a stream for the decoders.
-pub(super) struct Compressed {
-    pub(super) source: Backing,
-    pub(super) pos: u64,
+/// Bytes `pos..end` of a source read through [`crate::Source::read_at`] (so a file served
+/// in place is checked to be unchanged), as a stream: the compressed file for the
+/// decoders, or a decoded inner tar for the scan of a tar inside it. A read takes at most
+/// [`SPAN`] (a scan's 16 MiB buffer is filled in pieces, not by one allocation).
+pub(crate) struct Compressed {
+    pub(crate) source: Backing,
+    pub(crate) pos: u64,
+    pub(crate) end: u64,
+}
+
+impl Compressed {
+    /// `source` from byte `pos` to its end.
+    pub(crate) fn to_end(source: Backing, pos: u64) -> Compressed {
+        let end = source.len() as u64;
+        Compressed { source, pos, end }
+    }
 }
 
 impl Read for Compressed {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let left = (self.source.len() as u64).saturating_sub(self.pos);
-        let n = (buf.len() as u64).min(left) as usize;
+        let n = (buf.len() as u64).min(self.end.saturating_sub(self.pos)).min(SPAN) as usize;
         if n == 0 {
             return Ok(0);
         }
@@ -300,7 +310,7 @@ impl Shared {
         self.started.fetch_add(1, Ordering::Relaxed);
         let list = &self.points.list;
         let at = &list[point];
-        let input = Compressed { source: self.input.clone(), pos: at.input };
+        let input = Compressed::to_end(self.input.clone(), at.input);
         Ok(match self.points.codec {
             Codec::Zstd => {
                 let input = std::io::BufReader::new(input);
@@ -355,7 +365,7 @@ impl Shared {
             None => None,
         };
         self.started.fetch_add(1, Ordering::Relaxed);
-        let input = Compressed { source: self.input.clone(), pos: at.input };
+        let input = Compressed::to_end(self.input.clone(), at.input);
         let mut decoder = gzip::Resume::new(input, at, window.as_deref()).map_err(|e| self.fail(point, e))?;
         std::io::copy(&mut (&mut decoder).take(skip), &mut std::io::sink()).map_err(|e| self.fail(point, e))?;
         let mut out = vec![0u8; len];

@@ -337,7 +337,8 @@ impl Nester<'_> {
             return None;
         }
         self.scans += 1;
-        let mut bytes = compressed::Bytes { source: &decoded, pos: start, end: start.checked_add(size)? };
+        let end = start.checked_add(size)?;
+        let mut bytes = crate::seekable::Compressed { source: decoded, pos: start, end };
         let mut scan = Scan::streaming(self.path, &mut bytes);
         let scanned = scan.run().map(|()| scan);
         self.scanned(name, scanned, reader, start)

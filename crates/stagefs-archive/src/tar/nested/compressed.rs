@@ -1,6 +1,5 @@
 //! Compressed tars inside a tar (`--recursive`): each decoded from its byte range of the outer archive by the first pass and restart points of a compressed tar, sharing one restart-point budget.
 
-use std::io::Read;
 use std::path::Path;
 
 use crate::index::Index;
@@ -115,26 +114,6 @@ impl Opener {
 pub(crate) fn largest_gap(points: &Points) -> u64 {
     let ends = points.list.iter().skip(1).map(|p| p.out).chain([points.total]);
     points.list.iter().zip(ends).map(|(p, end)| end.saturating_sub(p.out)).max().unwrap_or(0)
-}
-
-/// Bytes `pos..end` of a decoded inner tar, as a stream (a tar inside it is scanned so).
-pub(super) struct Bytes<'a> {
-    pub(super) source: &'a Backing,
-    pub(super) pos: u64,
-    pub(super) end: u64,
-}
-
-impl Read for Bytes<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = (buf.len() as u64).min(self.end.saturating_sub(self.pos)).min(seekable::SPAN) as usize;
-        if n == 0 {
-            return Ok(0);
-        }
-        let bytes = self.source.read_at(self.pos, n).map_err(|e| std::io::Error::other(e.to_string()))?;
-        buf[..n].copy_from_slice(&bytes);
-        self.pos += n as u64;
-        Ok(n)
-    }
 }
 
 #[cfg(test)]
