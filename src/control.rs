@@ -153,8 +153,12 @@ fn discard_the_rest(stream: &mut UnixStream) {
     let deadline = Instant::now() + Duration::from_secs(1);
     let mut sink = [0u8; 4096];
     let mut left = MAX_REQUEST as usize + 8;
-    while left > 0 && !deadline.saturating_duration_since(Instant::now()).is_zero() {
-        let _ = stream.set_read_timeout(Some(deadline.saturating_duration_since(Instant::now())));
+    loop {
+        // Never a read without a timeout: a caller that keeps the socket open gets 1 s.
+        let time_left = deadline.saturating_duration_since(Instant::now());
+        if left == 0 || time_left.is_zero() || stream.set_read_timeout(Some(time_left)).is_err() {
+            return;
+        }
         match stream.read(&mut sink) {
             Ok(0) | Err(_) => return,
             Ok(n) => left = left.saturating_sub(n),
