@@ -2,7 +2,7 @@
 //!
 //! An [`Archive`] is an [`index::Index`] (the tree: names, attributes, where each file's
 //! bytes are) plus a [`Reader`] that serves those bytes; every format is one implementation
-//! of the trait (tar in [`tar`], zip in [`zip`], SquashFS in [`squashfs`], a shard set over
+//! of the trait (tar in [`tar`], zip in [`zip`], SquashFS in `squashfs` (private: opened through [`Archive::from_backing`]), a shard set over
 //! its shards' readers in [`set`]), and compressed tars are read from restart points
 //! ([`seekable`]). Nothing here knows about FUSE, a command line or signals, and nothing
 //! opens a path by itself: the caller opens the file (and decides whom to trust), the
@@ -46,7 +46,7 @@ mod reader;
 pub mod seekable;
 pub mod set;
 mod source;
-pub mod squashfs;
+mod squashfs;
 pub mod stop;
 pub mod tar;
 mod within;

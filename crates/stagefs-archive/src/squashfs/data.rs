@@ -171,6 +171,7 @@ impl Layouts {
     }
 
     /// Heap bytes held by the layout tables.
+    #[cfg(test)]
     fn heap_bytes(&self) -> usize {
         self.files.capacity() * std::mem::size_of::<FileLayout>()
             + self.sizes.capacity() * std::mem::size_of::<u32>()
@@ -248,13 +249,9 @@ impl SquashReader {
 
     /// Heap bytes of the per-file block layouts: with the index's, what an open image
     /// costs to keep.
+    #[cfg(test)]
     pub fn table_bytes(&self) -> usize {
         self.layouts.heap_bytes()
-    }
-
-    /// The image's bytes this reader serves from.
-    pub fn backing(&self) -> &Backing {
-        &self.backing
     }
 
     /// Regular-file content: `len` bytes (already clamped to the file size) at `offset`.
