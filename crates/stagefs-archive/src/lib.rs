@@ -2,9 +2,10 @@
 //!
 //! An [`Archive`] is an [`index::Index`] (the tree: names, attributes, where each file's
 //! bytes are) plus a [`Reader`] that serves those bytes; every format is one implementation
-//! of the trait (tar in [`tar`], zip in [`zip`], SquashFS in `squashfs` (private: opened through [`Archive::from_backing`]), a shard set over
-//! its shards' readers in [`set`]), and compressed tars are read from restart points
-//! ([`seekable`]). Nothing here knows about FUSE, a command line or signals, and nothing
+//! of the trait (tar in [`tar`], zip in [`zip`], SquashFS in a private module opened
+//! through [`Archive::from_backing`], a shard set over its shards' readers in [`set`]),
+//! and compressed tars are read from restart points ([`seekable`]); [`codec`] makes every
+//! decoder. Nothing here knows about FUSE, a command line or signals, and nothing
 //! opens a path by itself: the caller opens the file (and decides whom to trust), the
 //! crate maps it. Errors name the archive offset at fault; a damaged file fails its reads
 //! alone.
