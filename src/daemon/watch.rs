@@ -39,13 +39,18 @@ pub fn set_idle_timeout(idle: Option<Duration>) {
     }
 }
 
-/// For the daemon, after its session ended: deletes the election lock it held, so nothing
-/// is left in the runtime directory.
-pub fn daemon_exiting(_mountpoint: &Path) {
+/// For the daemon, after its session ended: deletes the election lock it held, and the
+/// mount's users tally once no `stagefs run` task holds it (the task that mounted removes
+/// it at its end, unless it was killed first: a job's time limit ends with SIGKILL), so
+/// nothing is left in the runtime directory.
+pub fn daemon_exiting(mountpoint: &Path) {
     use std::os::unix::fs::MetadataExt;
     let Some((dev, ino, path)) = LEASE.lock().ok().and_then(|l| l.clone()) else { return };
     if std::fs::metadata(&path).is_ok_and(|m| m.dev() == dev && m.ino() == ino) {
         crate::places::remove_file(&path);
+    }
+    if let Ok(users) = crate::places::mountpoint_file(mountpoint, "users") {
+        crate::places::remove_unless_locked(&users);
     }
 }
 

@@ -84,9 +84,7 @@ fn sweep_stale_in(dir: &Path) {
 
 /// Removes a coordination file unless a process holds a lock on it (a `stagefs run` task).
 fn remove_unheld(path: &Path) {
-    if let Ok(Some(file)) = LockFile::try_acquire(path, Mode::Exclusive) {
-        file.remove();
-    }
+    crate::places::remove_unless_locked(path);
 }
 
 /// For `stagefs umount` of a mount whose daemon was killed: removes its lock (unless a new

@@ -149,6 +149,27 @@ pub fn remove_file(path: &Path) {
     }
 }
 
+/// Removes a coordination file of ours (a users tally, a lock) unless a process holds an
+/// `flock` on it: locked exclusively without waiting, checked to be the file the path
+/// still names, then removed. A file already gone is no error.
+pub fn remove_unless_locked(path: &Path) {
+    if std::fs::symlink_metadata(path).is_err() {
+        return;
+    }
+    let Ok(file) = open_private(path) else { return };
+    // SAFETY: flock on a descriptor we own; LOCK_NB never waits.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return;
+    }
+    let same = match (file.metadata(), std::fs::symlink_metadata(path)) {
+        (Ok(held), Ok(named)) => held.dev() == named.dev() && held.ino() == named.ino(),
+        _ => false,
+    };
+    if same {
+        remove_file(path);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     /// Files that create or delete on a node by themselves, and why each may.

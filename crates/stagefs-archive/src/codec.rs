@@ -159,4 +159,29 @@ mod tests {
         assert!(decode(&wide).is_err(), "a 256 MiB window was accepted");
         assert!(decode(&narrow).unwrap() == data);
     }
+
+    /// An xz stream whose header asks for a 192 MiB dictionary is refused before the
+    /// dictionary is allocated, by the same decoder staging uses; `xz -9` (64 MiB) decodes.
+    #[test]
+    fn an_xz_dictionary_past_the_limit_is_refused() {
+        let data = b"the same few words again and again ".repeat(4096);
+        let xz = |args: &[&str]| {
+            let mut child = std::process::Command::new("xz")
+                .args(args)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("xz (xz-utils) on PATH");
+            std::io::Write::write_all(child.stdin.as_mut().unwrap(), &data).unwrap();
+            drop(child.stdin.take());
+            child.wait_with_output().unwrap().stdout
+        };
+        let decode = |bytes: &[u8]| {
+            let mut out = Vec::new();
+            Compression::Xz.decoder(bytes).unwrap().read_to_end(&mut out).map(|_| out)
+        };
+        let err = decode(&xz(&["-c", "--lzma2=dict=192MiB"])).unwrap_err();
+        assert!(err.to_string().to_lowercase().contains("memory"), "{err}");
+        assert!(decode(&xz(&["-c", "-9"])).unwrap() == data);
+    }
 }
