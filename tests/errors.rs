@@ -615,6 +615,32 @@ fn run_exits_with_the_commands_code_and_127_when_it_cannot_execute() {
     assert_nothing_left(&mp, "after `stagefs run` of a file that is not executable");
 }
 
+/// `stagefs run` killed with SIGKILL while its command runs (a job's time limit ends so):
+/// its command gets SIGTERM, its daemon unmounts, and its runtime directory is left empty
+/// (the users tally too, which the killed task would have removed at its end).
+#[test]
+fn run_killed_mid_command_leaves_no_runtime_file() {
+    require_root();
+    let tmp = TempDir::new("run-killed");
+    let archive = tmp.join("a.tar");
+    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    let (mp, runtime) = (tmp.join("mnt"), tmp.join("runtime"));
+    let mut cmd = Command::new(stagefs_bin());
+    cmd.env("STAGEFS_RUNTIME_DIR", &runtime).env_remove("SLURM_LOCALID").env_remove("SLURM_JOB_ID");
+    cmd.args(["run", "-m"]).arg(&mp).arg(&archive).args(["--", "sleep", "600"]);
+    let mut run = KillOnDrop(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap());
+    assert!(wait_until(Duration::from_secs(30), || is_mounted(&mp)), "stagefs run never mounted");
+    let files = || -> Vec<PathBuf> {
+        let entries = fs::read_dir(&runtime).into_iter().flatten().flatten();
+        entries.map(|e| e.path()).filter(|p| p.is_file()).collect()
+    };
+    assert!(files().iter().any(|p| p.extension().is_some_and(|x| x == "users")), "no users tally: {:?}", files());
+    run.0.kill().unwrap();
+    run.0.wait().unwrap();
+    assert_nothing_left(&mp, "after `stagefs run` was killed");
+    assert!(wait_until(Duration::from_secs(10), || files().is_empty()), "left behind: {:?}", files());
+}
+
 #[test]
 fn mountpoint_that_is_a_file_exits_4() {
     let tmp = TempDir::new("mp-file");
