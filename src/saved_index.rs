@@ -138,11 +138,11 @@ pub fn load_kept(
     load_found(None, archive, key, backing, codec, flavor)
 }
 
-/// The first of `found` (a saved index beside the archive, read) and the kept one that
-/// decodes to `key`'s version; says why it ignores the others.
 /// A saved index found (where, and its bytes if it was there and trusted, or why not).
 type Found = (PathBuf, Result<Option<Vec<u8>>, String>);
 
+/// The first of `found` (a saved index beside the archive, read) and the kept one that
+/// decodes to `key`'s version; says why it ignores the others.
 fn load_found(
     found: Option<Found>,
     archive: &Path,

@@ -76,23 +76,18 @@ fn sweep_stale_in(dir: &Path) {
     for path in &paths {
         let kind = path.extension().and_then(|x| x.to_str());
         if matches!(kind, Some("users" | "log")) && !is_locked(&path.with_extension("lock")) {
-            remove_unheld(path);
+            crate::places::remove_unless_locked(path);
         }
     }
     registry::sweep_dead_in(dir);
-}
-
-/// Removes a coordination file unless a process holds a lock on it (a `stagefs run` task).
-fn remove_unheld(path: &Path) {
-    crate::places::remove_unless_locked(path);
 }
 
 /// For `stagefs umount` of a mount whose daemon was killed: removes its lock (unless a new
 /// mounter holds it), its users tally (unless a task still holds it) and its log.
 pub fn clear_leftovers(mountpoint: &Path) {
     let Ok(files) = NodeFiles::for_mountpoint(mountpoint) else { return };
-    remove_unheld(&files.lock);
-    remove_unheld(&files.users);
+    crate::places::remove_unless_locked(&files.lock);
+    crate::places::remove_unless_locked(&files.users);
     if let Ok(log) = crate::places::mountpoint_file(mountpoint, "log") {
         crate::places::remove_file(&log);
     }

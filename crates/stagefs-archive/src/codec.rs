@@ -22,7 +22,7 @@ pub enum Compression {
 }
 
 /// xz's stream header magic.
-const XZ_MAGIC: &[u8] = &[0xfd, b'7', b'z', b'X', b'Z', 0];
+pub(crate) const XZ_MAGIC: &[u8; 6] = b"\xfd7zXZ\0";
 
 /// Skippable zstd frames (pzstd's size headers, the seekable format's seek table): magic
 /// 0x184D2A50 to 0x184D2A5F, little-endian.

@@ -11,7 +11,7 @@ use std::io::Read;
 
 use super::Point;
 
-pub(super) const HEADER_MAGIC: &[u8; 6] = b"\xfd7zXZ\0";
+pub(super) use crate::codec::XZ_MAGIC as HEADER_MAGIC;
 const FOOTER_MAGIC: &[u8; 2] = b"YZ";
 
 /// One block: where it starts, its unpadded size (header, data, check), its output.
