@@ -9,6 +9,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-cargo test --workspace
+# --no-fail-fast: one failing crate must not hide the failures of the others.
+cargo test --workspace --no-fail-fast
 # Through bash, not the run bit: a lost bit must not skip the Python suite silently.
 bash tests/python/run.sh

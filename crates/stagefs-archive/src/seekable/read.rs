@@ -196,6 +196,16 @@ impl Seekable {
         self.shared.started.load(Ordering::Relaxed)
     }
 
+    /// Whether the unit (or piece) holding decoded byte `offset` is in the cache.
+    #[cfg(test)]
+    pub(super) fn is_cached(&self, offset: u64) -> bool {
+        let shared = &self.shared;
+        let list = &shared.points.list;
+        let point = list.partition_point(|p| p.out <= offset).saturating_sub(1);
+        let piece = if shared.unit_len(point) <= WHOLE_UNIT { 0 } else { (offset - list[point].out) / PIECE };
+        shared.cache.contains_key(&(shared.id, point, piece))
+    }
+
     /// `len` decoded bytes at `offset`.
     pub fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>, ReadError> {
         let shared = &self.shared;
@@ -245,17 +255,25 @@ impl Shared {
     /// cache or decoded; one being decoded for another reader is waited for.
     fn chunk(self: &Arc<Self>, point: usize, piece: u64) -> Result<Unit, ReadError> {
         let key = (self.id, point, piece);
-        if let Some(chunk) = self.cache.get(&key) {
-            return Ok(chunk);
-        }
-        let chunk = self.cache.get_or_insert_with(&key, || self.decode(point, piece))?;
+        let chunk = match self.cache.get(&key) {
+            Some(chunk) => chunk,
+            None => self.cache.get_or_insert_with(&key, || self.decode(point, piece))?,
+        };
+        self.note_read(point, piece);
+        Ok(chunk)
+    }
+
+    /// Records a read of `piece` of the unit at `point`; when it follows the read before
+    /// in file order, the next piece is decoded ahead. A piece found in the cache (the
+    /// last read-ahead finished first) counts too: else a reader faster than nothing
+    /// would get read-ahead only every other piece.
+    fn note_read(self: &Arc<Self>, point: usize, piece: u64) {
         let last = self.last_read.lock().unwrap_or_else(|e| e.into_inner()).replace((point, piece));
-        if last.and_then(|(u, p)| self.next_after(u, p)) == Some((point, piece)) {
+        if last != Some((point, piece)) && last.and_then(|(u, p)| self.next_after(u, p)) == Some((point, piece)) {
             if let Some((next, next_piece)) = self.next_after(point, piece) {
                 self.read_ahead(next, next_piece);
             }
         }
-        Ok(chunk)
     }
 
     fn decode(&self, point: usize, piece: u64) -> Result<Unit, ReadError> {

@@ -290,15 +290,26 @@ fn a_large_frame_read_front_to_back_is_decoded_once() {
     let compressed: Vec<u8> =
         cuts.windows(2).flat_map(|w| zstd::bulk::compress(&data[w[0]..w[1]], 1).unwrap()).collect();
     let file = served(&compressed, &data);
+    let wait_until_cached = |at: u64| {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !file.is_cached(at) && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        file.is_cached(at)
+    };
     for at in (1u64 << 20..97 << 20).step_by(1 << 20) {
         assert!(file.read_at(at, 1 << 20).unwrap() == data[at as usize..][..1 << 20], "at {at}");
+        // From the third piece on (the large frame starts at 1 MiB), each next piece is
+        // decoded ahead; waiting for it makes the reader find it in the cache, and such
+        // a read must go on reading ahead.
+        let (next, frame) = (at + (1 << 20), 1u64 << 20);
+        if next >= frame + 2 * read::PIECE && (next - frame) % read::PIECE == 0 {
+            assert!(wait_until_cached(next), "the piece at {next} is decoded ahead");
+        }
     }
     // One kept decoder for the large frame (its pieces decoded ahead of the reader by
     // that decoder), and the small frame after it decoded ahead once the reader got there.
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while file.decoders_started() < 2 && std::time::Instant::now() < until {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    assert!(wait_until_cached(97 << 20), "the frame after the large one is decoded ahead");
     assert_eq!(file.decoders_started(), 2, "one decoder for the large frame, one for the next");
     reads_match(&file, &data);
 }
