@@ -8,9 +8,10 @@ use crate::control::{self, Request, Verb};
 use crate::error::Failure;
 use crate::mountpoint;
 pub use crate::node::umount;
-use crate::open::{open_archive, Indexing};
+use crate::open::Indexing;
 use crate::registry;
 use crate::report;
+use crate::shards::open_archive;
 use crate::stage::StageMode;
 
 /// `stagefs add`: the shards `specs` name (archives, patterns, lists) join the growing set

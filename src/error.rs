@@ -3,9 +3,11 @@
 use crate::mountpoint::MountpointError;
 use crate::open::OpenArchiveError;
 use crate::places::PlaceError;
+use crate::remote::RemoteFailure;
 use crate::shards::ShardError;
 use crate::stage::StageError;
 use stagefs_archive::OpenError;
+use stagefs_remote::RemoteError;
 
 /// Exit codes (documented in the README).
 pub mod code {
@@ -125,6 +127,36 @@ impl From<crate::growing::GrowError> for Failure {
             crate::growing::GrowError::Outside(e) => e.into(),
             crate::growing::GrowError::Abandoned => Failure::other(e.to_string()),
         }
+    }
+}
+
+impl From<RemoteFailure> for Failure {
+    fn from(e: RemoteFailure) -> Failure {
+        match e {
+            RemoteFailure::Usage(message) => Failure::new(code::USAGE, message),
+            RemoteFailure::Store(e) => e.into(),
+        }
+    }
+}
+
+impl From<RemoteError> for Failure {
+    /// 2 for a bad URL, 3 for an object that is missing, refused or replaced (as for a
+    /// local archive that is missing or unreadable), 8 for a full disk, 1 for a server
+    /// that stays unreachable, 128+N for a signal.
+    fn from(e: RemoteError) -> Failure {
+        let code = match &e {
+            RemoteError::BadUrl(_) => code::USAGE,
+            RemoteError::NotFound(_)
+            | RemoteError::Denied(_)
+            | RemoteError::Changed(_)
+            | RemoteError::Unsupported(_) => code::BAD_ARCHIVE,
+            RemoteError::Write { errno: Some(libc::ENOSPC | libc::EDQUOT), .. } => code::NO_ROOM,
+            RemoteError::Cancelled => {
+                return crate::cancel::check().map_or_else(Failure::from, |()| Failure::other("cancelled".into()))
+            }
+            RemoteError::Unavailable(_) | RemoteError::Write { .. } => code::OTHER,
+        };
+        Failure::new(code, e.to_string())
     }
 }
 

@@ -3,9 +3,10 @@
 use std::path::Path;
 
 use crate::error::{code, Failure};
-use crate::open::{open_archive, Indexing, Opened};
+use crate::open::{Indexing, Opened};
 use crate::places::Trust;
 use crate::report::human;
+use crate::shards::open_archive;
 use crate::stage::StageMode;
 use stagefs_archive::escape::Shown;
 use stagefs_archive::index::{Data, Index, InodeId, ROOT};

@@ -30,7 +30,7 @@ fn run(command: Command) -> Result<(), Failure> {
             if let Some(mountpoint) = &mountpoint {
                 stagefs::shards::check_not_an_archive(mountpoint)?;
             }
-            let mountpoint = mountpoint.unwrap_or_else(|| stagefs::shards::default_mountpoint(&archive));
+            let mountpoint = mountpoint.unwrap_or_else(|| stagefs::options::default_mountpoint(&archive));
             // A failure here (a mistyped ARCHIVE) is published for the mountpoint, so that
             // `stagefs wait` there fails at once with it instead of waiting for a mount.
             let published = |f: Failure| {
@@ -108,7 +108,10 @@ fn run(command: Command) -> Result<(), Failure> {
             let depth = stagefs::options::nesting_depth(recursive, recursion_depth);
             let indexing = stagefs::open::Indexing { depth, index_dir, ..Default::default() };
             match stagefs::remote::is_url(&archive) {
-                true => stagefs::remote::index_command(&archive, &indexing, upload),
+                true => {
+                    let set = stagefs::remote::resolve(&archive, &[], false)?;
+                    Ok(stagefs::remote::index_command(&set, &indexing, upload)?)
+                }
                 false if upload => Err(Failure::new(
                     stagefs::error::code::USAGE,
                     "--upload saves the index beside an object (s3:// or https://); a local archive's index is \

@@ -4,7 +4,7 @@ use stagefs_archive::escape::Shown;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::places::{self, OutsideFile, Trust};
+use crate::places::{self, OutsideFile};
 use crate::saved_index as saved;
 use crate::stage::{self, StageError, StageMode, Staging};
 use stagefs_archive::index::Index;
@@ -29,7 +29,7 @@ pub enum OpenArchiveError {
     #[error(transparent)]
     Outside(#[from] places::OutsideError),
     #[error(transparent)]
-    Remote(#[from] crate::remote::RemoteFailure),
+    Remote(#[from] stagefs_remote::RemoteError),
 }
 
 /// An archive ready to serve.
@@ -85,26 +85,7 @@ pub struct Indexing {
     pub index_dir: Option<PathBuf>,
 }
 
-/// Loads (staging per `mode`) and indexes the archive at `path` (opened as `trust` says),
-/// reusing a saved index when one matches. Saves the index of a tar when scanning was costly, or
-/// always with `force_save`.
-pub fn open_archive(
-    path: &Path,
-    trust: Trust,
-    mode: StageMode,
-    max_ram: Option<u64>,
-    stage_dir: Option<&Path>,
-    received: Option<crate::stage::broadcast::Received>,
-    indexing: &Indexing,
-) -> Result<Opened, OpenArchiveError> {
-    if crate::remote::is_url(path) {
-        return crate::remote::open(path, mode, (max_ram, stage_dir), received, indexing, 1);
-    }
-    let file = places::open_outside(path, trust, None)?;
-    open_shard(&file, mode, (max_ram, stage_dir), received, indexing, 1)
-}
-
-/// [`open_archive`] for the archive `archive`, opened by the caller (one of `shards`
+/// [`crate::shards::open_archive`] for the archive `archive`, opened by the caller (one of `shards`
 /// archives mounted together: scanning is judged costly for the whole set, 1,000 shards
 /// of 1,000 files are worth saving).
 pub fn open_shard(

@@ -113,6 +113,7 @@ impl MountOptions {
         let broadcast = match self.broadcast {
             true => crate::stage::broadcast::plan(
                 archive,
+                crate::remote::to_broadcast(archive),
                 self.stage == StageMode::Disk,
                 self.stage_dir.as_deref(),
                 self.broadcast_fallback,
@@ -260,4 +261,10 @@ pub fn nesting_depth(recursive: bool, depth: Option<usize>) -> usize {
 /// `--recursion-depth`: 0 to [`stagefs_archive::tar::nested::MAX_DEPTH`].
 pub fn depth_parser() -> impl clap::builder::TypedValueParser<Value = usize> {
     clap::builder::RangedU64ValueParser::<usize>::new().range(0..=stagefs_archive::tar::nested::MAX_DEPTH as u64)
+}
+
+/// The default mountpoint for `spec`: an object's (see `remote`) or a local archive's or
+/// set's (see `shards`).
+pub fn default_mountpoint(spec: &Path) -> PathBuf {
+    crate::remote::default_mountpoint(spec).unwrap_or_else(|| crate::shards::default_mountpoint(spec))
 }

@@ -20,7 +20,8 @@ mod open;
 use stagefs_archive::escape::Shown;
 use std::path::{Path, PathBuf};
 
-pub use open::{open_each, open_set, report_indexed, warn_conflicts, How, Member, SetStats};
+pub use crate::places::ArchiveSet;
+pub use open::{open_archive, open_each, open_set, report_indexed, warn_conflicts, How, Member, SetStats};
 
 use crate::places::{self, Trust};
 use stagefs_archive::OpenError;
@@ -41,17 +42,6 @@ pub enum ShardError {
     Refused(String),
     #[error(transparent)]
     Outside(#[from] places::OutsideError),
-}
-
-/// The archives a mount serves, in the order they win.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ArchiveSet {
-    /// The resolved path of a single archive; for a set, the spec and a digest of the list.
-    pub label: PathBuf,
-    /// Resolved paths (every link followed), each once.
-    pub shards: Vec<PathBuf>,
-    /// The checks each shard passes when it is opened to serve.
-    pub trust: Trust,
 }
 
 /// Resolves `spec` (an archive, a glob pattern or `@list`) and any `more` of them; the
@@ -106,13 +96,10 @@ fn resolve_as(spec: &Path, more: &[PathBuf], trust_shards: bool, skip: bool) -> 
     Ok(ArchiveSet { label: PathBuf::from(label), shards, trust })
 }
 
-/// The default mountpoint for `spec`: the archive's stem, or for a pattern or list its
-/// name without the wildcards (`train-*.tar` mounts at `.../stagefs/train`); a pattern
+/// The default mountpoint for local `spec`: the archive's stem, or for a pattern or list
+/// its name without the wildcards (`train-*.tar` mounts at `.../stagefs/train`); a pattern
 /// that names nothing but an extension (`shards/*.tar`) takes its directory's name.
 pub fn default_mountpoint(spec: &Path) -> PathBuf {
-    if let Some(mountpoint) = crate::remote::default_mountpoint(spec) {
-        return mountpoint;
-    }
     if !is_set_spec(spec) {
         return crate::places::default_mountpoint(spec);
     }

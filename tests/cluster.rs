@@ -96,15 +96,35 @@ impl Cluster {
         crate::util::slurm_job_state(&mut self.cmd("scontrol"), id)
     }
 
-    /// Waits for job `id` to end; its final state.
-    pub(crate) fn wait_end(&self, id: &str, timeout: Duration) -> String {
+    /// Waits for `job` to end; its final state. One that does not end is cancelled, after
+    /// what it was doing is gathered for the failure's message.
+    pub(crate) fn wait_end(&self, job: &Job, timeout: Duration) -> String {
         let mut state = String::new();
         let ended = wait_until_every(timeout, POLL, || {
-            state = self.state(id);
+            state = self.state(&job.id);
             ENDED.contains(&state.as_str())
         });
-        assert!(ended, "job {id} did not end within {timeout:?} (state {state})");
+        if !ended {
+            let doing = self.doing(job);
+            let _ = run_cmd(self.cmd("scancel").arg(&job.id), Duration::from_secs(30));
+            panic!("job {} did not end within {timeout:?} (state {state}); cancelled it\n{doing}", job.id);
+        }
         state
+    }
+
+    /// What a job that does not end is doing: its log, what its tasks have on each node
+    /// (runtime files, with the text of status and log files), its processes.
+    fn doing(&self, job: &Job) -> String {
+        let mut said = job.context();
+        for line in self.leftovers(&job.archive) {
+            said.push_str(&format!("\n{line}"));
+            let Some(path) = line.split_once(": file ").map(|(_, p)| PathBuf::from(p)) else { continue };
+            if path.extension().is_some_and(|e| e == "status" || e == "log") {
+                let text = fs::read(&path).unwrap_or_default();
+                said.push_str(&format!("\n    {}", String::from_utf8_lossy(&text[..text.len().min(4000)])));
+            }
+        }
+        said
     }
 
     /// What `archive`'s jobs left on any node: FUSE mounts, files in /dev/shm or on the
@@ -515,7 +535,7 @@ fn run_templates(specs: &[Spec]) {
     // One job at a time: each measures its nodes' /dev/shm, which a job beside it would fill.
     for (template, name, source, env) in specs {
         let job = submit(&cluster, &work, template, name, &tree, env);
-        let state = cluster.wait_end(&job.id, Duration::from_secs(180));
+        let state = cluster.wait_end(&job, Duration::from_secs(180));
         let results = job.results();
         let mut wrong = Vec::new();
         if state != "COMPLETED" {
@@ -605,7 +625,7 @@ fn cluster_a_node_with_a_foreign_shm_dir() {
     let made = cluster.enter("node2", other.uid, other.gid, &["mkdir", "-m", "0777", "/dev/shm/root"]);
     assert!(made.success(), "{}", made.describe());
     let job = submit(&cluster, &work, "6-broadcast", "foreign", &tree, &[("STAGE", "ram")]);
-    let state = cluster.wait_end(&job.id, Duration::from_secs(180));
+    let state = cluster.wait_end(&job, Duration::from_secs(180));
     let inside = files_under(&foreign);
     let _ = fs::remove_dir_all(&foreign);
     let log = fs::read_to_string(&job.log).unwrap_or_default();
@@ -682,7 +702,7 @@ fn cluster_broadcast_failing_on_one_node() {
         &run_line("--broadcast --stage disk --stage-dir /tmp/small"),
         &[],
     );
-    let state = cluster.wait_end(&job.id, Duration::from_secs(180));
+    let state = cluster.wait_end(&job, Duration::from_secs(180));
     let in_small = files_under(&node3_small);
     let _ = cluster.enter("node3", 0, 0, &["umount", "/tmp/small"]);
     let log = fs::read_to_string(&job.log).unwrap_or_default();
@@ -726,7 +746,7 @@ fn cluster_a_daemon_killed_mid_job() {
         .collect();
     assert_eq!(daemons.len(), 1, "want node2's one daemon:\n{}", job.context());
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(daemons[0]), nix::sys::signal::Signal::SIGKILL).unwrap();
-    let state = cluster.wait_end(&job.id, Duration::from_secs(180));
+    let state = cluster.wait_end(&job, Duration::from_secs(180));
     let log = fs::read_to_string(&job.log).unwrap_or_default();
     for node in ["node1", "node3"] {
         let ok = job.results().iter().filter(|l| l.starts_with(&format!("{node} ok "))).count();
@@ -764,7 +784,7 @@ fn cluster_scancel_mid_broadcast() {
     });
     assert!(staging, "no node began receiving the broadcast:\n{}", job.context());
     run_cmd(cluster.cmd("scancel").arg(&job.id), Duration::from_secs(30)).assert_success();
-    let state = cluster.wait_end(&job.id, Duration::from_secs(180));
+    let state = cluster.wait_end(&job, Duration::from_secs(180));
     assert_eq!(state, "CANCELLED", "{}", job.context());
     assert!(job.results().is_empty(), "cancelled while staging, yet a task read:\n{}", job.context());
     // Each node's leader, stopped while its copy arrived, takes back what arrived.

@@ -17,9 +17,10 @@ use crate::error::Failure;
 use crate::fs::{Content, Fs};
 use crate::growing::{GrowingSet, Opening};
 use crate::mountpoint::{self, MountpointError};
-use crate::open::{open_archive, Indexing, Opened};
+use crate::open::{Indexing, Opened};
 use crate::registry::{self, Record};
 use crate::request::MountRequest;
+use crate::shards::open_archive;
 use crate::shards::How;
 use crate::stage::Staging;
 

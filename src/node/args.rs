@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::{run, wait, RunRequest};
 use crate::duration::parse_duration;
 use crate::error::Failure;
-use crate::shards::default_mountpoint;
+use crate::options::default_mountpoint;
 
 /// Mount (once per node), run a command with the mount, unmount after the node's last task
 #[derive(Debug, clap::Args)]

@@ -29,6 +29,17 @@ use stagefs_archive::FileId;
 
 use super::{my_uid, others_can_write, user_label};
 
+/// The archives a mount serves, in the order they win.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArchiveSet {
+    /// The resolved path of a single archive (or an object's URL); for a set, the spec and a digest of the list.
+    pub label: std::path::PathBuf,
+    /// Resolved paths (every link followed), each once.
+    pub shards: Vec<std::path::PathBuf>,
+    /// The checks each shard passes when it is opened to serve.
+    pub trust: Trust,
+}
+
 /// How far to trust what a path leads to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Trust {

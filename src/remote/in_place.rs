@@ -16,7 +16,6 @@ use std::sync::Arc;
 use stagefs_remote::{Client, Object, RangeReader};
 
 use super::index::key_of;
-use super::RemoteFailure;
 use crate::open::OpenArchiveError;
 use crate::report::human;
 use crate::saved_index::Key;
@@ -31,7 +30,7 @@ const MAX_TABLES: u64 = 1 << 30;
 /// Opens `object` to be read in place: the bytes to index, and the key of its version.
 pub fn open(client: &Client, object: &Object, shown: &Path) -> Result<(Loaded, Key), OpenArchiveError> {
     let size = object.version.size;
-    let fail = |e| OpenArchiveError::from(RemoteFailure(e));
+    let fail = |e| OpenArchiveError::from(e);
     let head = client.get_range(object, 0, 512).map_err(fail)?;
     if Compression::detect(&head).is_some() {
         return Err(OpenError::Unsupported {
@@ -132,7 +131,7 @@ fn sparse_map(
         while at < offset + len {
             crate::cancel::check()?;
             let piece = (offset + len - at).min(8 << 20) as usize;
-            let bytes = client.get_range(object, at, piece).map_err(RemoteFailure)?;
+            let bytes = client.get_range(object, at, piece)?;
             file.write_all_at(&bytes, at).map_err(|source| OpenError::Io { path: shown.to_owned(), source })?;
             at += piece as u64;
         }
@@ -178,7 +177,7 @@ fn zip_tables(
         let record_at = end_at
             .checked_sub(20 + 56)
             .ok_or_else(|| corrupt(&object_path(object), "a zip64 archive without its zip64 end record".into()))?;
-        let record = client.get_range(object, record_at, 56).map_err(RemoteFailure)?;
+        let record = client.get_range(object, record_at, 56)?;
         if le32(&record, 0) != 0x0606_4b50 {
             return Err(corrupt(&object_path(object), "the zip64 end record is not where the locator implies".into()));
         }

@@ -4,16 +4,13 @@
 //! replace the object too, and it is used only when its key matches this version of the
 //! object (and its checksum and bounds check out, as for any saved index).
 
-use stagefs_archive::escape::Shown;
 use std::path::{Path, PathBuf};
 
 use stagefs_remote::{Client, Object};
 
-use super::RemoteFailure;
-use crate::error::Failure;
-use crate::open::{Indexing, OpenArchiveError, SavedIndexes};
+use crate::open::{OpenArchiveError, SavedIndexes};
 use crate::saved_index::{self, Key};
-use crate::stage::{Loaded, StageMode};
+use crate::stage::Loaded;
 use stagefs_archive::index::Index;
 use stagefs_archive::tar::SavedTables;
 use stagefs_archive::Reader;
@@ -72,46 +69,4 @@ impl SavedIndexes for RemoteIndexes<'_> {
     fn save(&self, index: &Index, tables: SavedTables, flavor: &saved_index::Flavor) -> std::io::Result<PathBuf> {
         saved_index::save_kept(self.shown, &self.key, index, tables, flavor)
     }
-}
-
-/// `stagefs index URL`: indexes the object (staged as a mount would, `auto`), saves the
-/// index to the cache and, with `upload`, beside the object (`KEY.stagefs-index`), where
-/// every node's mount finds it.
-pub fn index_command(spec: &Path, indexing: &Indexing, upload: bool) -> Result<(), Failure> {
-    let set = super::resolve(spec, &[], false)?;
-    let started = std::time::Instant::now();
-    for shard in &set.shards {
-        let url = super::parse(shard)?;
-        let client = super::client()?;
-        let indexing = Indexing { force_save: true, ..indexing.clone() };
-        let opened = super::open(shard, StageMode::Auto, (None, None), None, &indexing, set.shards.len())?;
-        let Some(tables) = opened.archive.saved() else {
-            println!("{}: a {:?} archive carries its own index; nothing to save", url.shown(), opened.archive.format);
-            continue;
-        };
-        let mut saved = opened.saved_index.as_ref().map(|p| p.shown().to_string()).into_iter().collect::<Vec<_>>();
-        if upload {
-            let object = client.stat(&url).map_err(RemoteFailure)?;
-            let key = key_of(&object, &mut |offset, buf| {
-                let got =
-                    client.get_range(&object, offset, buf.len()).map_err(|e| std::io::Error::other(e.to_string()))?;
-                buf.copy_from_slice(&got);
-                Ok(())
-            })?;
-            let flavor = saved_index::Flavor { depth: indexing.depth, ..Default::default() };
-            let sidecar = url.with_suffix(&format!("{}{}", saved_index::INDEX_SUFFIX, flavor.suffix()));
-            client
-                .put(&sidecar, &saved_index::encode_bytes(&key, indexing.depth, &opened.archive.index, tables))
-                .map_err(RemoteFailure)?;
-            saved.push(sidecar.shown());
-        }
-        println!(
-            "indexed {} in {:.2} s: {} entries; saved to {}",
-            url.shown(),
-            started.elapsed().as_secs_f64(),
-            opened.archive.index.dirents.len(),
-            saved.join(" and ")
-        );
-    }
-    Ok(())
 }

@@ -14,12 +14,9 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-pub use index::index_command;
 pub use open::{fetch_for_broadcast, open};
 use stagefs_remote::{Client, Config};
 pub use stagefs_remote::{ObjectUrl, RemoteError};
-
-use crate::error::{code, Failure};
 
 /// How to reach objects in a store or on an HTTP(S) server.
 #[derive(Debug, Clone, clap::Args)]
@@ -72,7 +69,7 @@ impl Default for RemoteOptions {
 static CLIENT: OnceLock<Client> = OnceLock::new();
 
 /// Makes the process's client from `options` (the first call wins).
-pub fn configure(options: &RemoteOptions) -> Result<(), Failure> {
+pub fn configure(options: &RemoteOptions) -> Result<(), RemoteFailure> {
     if CLIENT.get().is_some() {
         return Ok(());
     }
@@ -91,13 +88,13 @@ pub fn configure(options: &RemoteOptions) -> Result<(), Failure> {
         allow_http: options.allow_http,
         ..Config::default()
     };
-    let client = Client::new(config).map_err(|e| Failure::from(RemoteFailure(e)))?;
+    let client = Client::new(config)?;
     let _ = CLIENT.set(client);
     Ok(())
 }
 
 /// The process's client (made with default options if no command configured it).
-pub fn client() -> Result<&'static Client, RemoteFailure> {
+pub fn client() -> Result<&'static Client, RemoteError> {
     if let Some(client) = CLIENT.get() {
         return Ok(client);
     }
@@ -106,9 +103,9 @@ pub fn client() -> Result<&'static Client, RemoteFailure> {
 }
 
 /// A token file, checked as ssh checks keys: a token others can read is no secret.
-fn read_token(file: &Path) -> Result<String, Failure> {
+fn read_token(file: &Path) -> Result<String, RemoteFailure> {
     use std::os::unix::fs::MetadataExt;
-    let usage = |why: String| Failure::new(code::USAGE, format!("--bearer-token-file {}: {why}", file.shown()));
+    let usage = |why: String| RemoteFailure::Usage(format!("--bearer-token-file {}: {why}", file.shown()));
     let opened = crate::places::open_outside(file, Trust::Named, None).map_err(|e| usage(e.to_string()))?;
     let meta = opened.file().metadata().map_err(|e| usage(e.to_string()))?;
     if meta.mode() & 0o077 != 0 {
@@ -123,36 +120,28 @@ fn read_token(file: &Path) -> Result<String, Failure> {
     Ok(token.to_string())
 }
 
-/// A failure of the object store or server, with the exit code it gives.
+/// A remote spec or option that cannot be used, or the store's answer to it (exit codes
+/// are given in `error.rs`, with every other failure's; opening an object fails with
+/// `OpenArchiveError::Remote`).
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct RemoteFailure(pub RemoteError);
-
-impl From<RemoteError> for RemoteFailure {
-    fn from(e: RemoteError) -> RemoteFailure {
-        RemoteFailure(e)
-    }
+pub enum RemoteFailure {
+    #[error("{0}")]
+    Store(#[from] RemoteError),
+    /// A wrong option or spec (exit 2).
+    #[error("{0}")]
+    Usage(String),
 }
 
-impl From<RemoteFailure> for Failure {
-    /// 2 for a bad URL, 3 for an object that is missing, refused or replaced (as for a
-    /// local archive that is missing or unreadable), 8 for a full disk, 1 for a server
-    /// that stays unreachable, 128+N for a signal.
-    fn from(e: RemoteFailure) -> Failure {
-        let code = match &e.0 {
-            RemoteError::BadUrl(_) => code::USAGE,
-            RemoteError::NotFound(_)
-            | RemoteError::Denied(_)
-            | RemoteError::Changed(_)
-            | RemoteError::Unsupported(_) => code::BAD_ARCHIVE,
-            RemoteError::Write { errno: Some(libc::ENOSPC | libc::EDQUOT), .. } => code::NO_ROOM,
-            RemoteError::Cancelled => {
-                return crate::cancel::check().map_or_else(Failure::from, |()| Failure::other("cancelled".into()))
-            }
-            RemoteError::Unavailable(_) | RemoteError::Write { .. } => code::OTHER,
-        };
-        Failure::new(code, e.to_string())
+/// The object `archive` names, to broadcast (`--broadcast`); `None` for a local archive.
+pub fn to_broadcast(archive: &Path) -> Option<crate::stage::broadcast::Object> {
+    if !is_url(archive) {
+        return None;
     }
+    let url = archive.to_owned();
+    Some(crate::stage::broadcast::Object {
+        shown: parse(archive).map(|u| u.shown()).unwrap_or_default(),
+        fetch: Box::new(move |stage_dir| fetch_for_broadcast(&url, stage_dir)),
+    })
 }
 
 /// True for a path that is an object URL (`s3://`, `http://`, `https://`).
@@ -161,10 +150,10 @@ pub fn is_url(path: &Path) -> bool {
 }
 
 /// The URL in `path`.
-pub fn parse(path: &Path) -> Result<ObjectUrl, RemoteFailure> {
+pub fn parse(path: &Path) -> Result<ObjectUrl, RemoteError> {
     let text = path.to_str().ok_or_else(|| RemoteError::BadUrl("a URL must be UTF-8".into()))?;
     let allow_http = CLIENT.get().is_some_and(|c| c.config().allow_http);
-    ObjectUrl::parse(text, allow_http).map_err(|e| RemoteError::BadUrl(e.to_string()).into())
+    ObjectUrl::parse(text, allow_http).map_err(|e| RemoteError::BadUrl(e.to_string()))
 }
 
 /// The text a shard path holds for `url`: what [`parse`] reads back (no user; the query
@@ -180,7 +169,7 @@ pub fn request_text(url: &ObjectUrl) -> String {
 static LISTED: std::sync::Mutex<Vec<(String, u64)>> = std::sync::Mutex::new(Vec::new());
 
 /// The size of the object at `path` (a shard): from its listing, else by asking.
-pub fn listed_size(path: &Path) -> Result<u64, RemoteFailure> {
+pub fn listed_size(path: &Path) -> Result<u64, RemoteError> {
     let text = path.to_string_lossy();
     if let Some((_, size)) = LISTED.lock().unwrap_or_else(|p| p.into_inner()).iter().find(|(t, _)| *t == text) {
         return Ok(*size);
@@ -191,25 +180,24 @@ pub fn listed_size(path: &Path) -> Result<u64, RemoteFailure> {
 /// The archives a remote spec names, as `shards::resolve` names local ones: one object
 /// (labelled by its URL without query or user), or a set (a brace range or a glob over
 /// an S3 listing, expanded here, with `more`).
-pub fn resolve(spec: &Path, more: &[PathBuf], growing: bool) -> Result<crate::shards::ArchiveSet, Failure> {
+pub fn resolve(spec: &Path, more: &[PathBuf], growing: bool) -> Result<crate::places::ArchiveSet, RemoteFailure> {
     if growing {
-        return Err(Failure::new(
-            code::USAGE,
+        return Err(RemoteFailure::Usage(
             "--growing and --watch follow local shards; an object store's shards are mounted as a fixed set".into(),
         ));
     }
     let specs: Vec<&Path> = std::iter::once(spec).chain(more.iter().map(PathBuf::as_path)).collect();
     if let Some(local) = specs.iter().find(|s| !is_url(s)) {
-        return Err(Failure::new(
-            code::USAGE,
-            format!("{}: a set mixes local archives and objects; mount them separately", local.shown()),
-        ));
+        return Err(RemoteFailure::Usage(format!(
+            "{}: a set mixes local archives and objects; mount them separately",
+            local.shown()
+        )));
     }
     let first = parse(spec)?;
     let is_set = |url: &ObjectUrl| stagefs_remote::list::is_pattern(&url_key(url));
     if specs.len() == 1 && !is_set(&first) {
         let label = PathBuf::from(first.shown());
-        return Ok(crate::shards::ArchiveSet { label, shards: vec![spec.to_owned()], trust: Trust::Named });
+        return Ok(crate::places::ArchiveSet { label, shards: vec![spec.to_owned()], trust: Trust::Named });
     }
     let client = client()?;
     let mut shards: Vec<PathBuf> = Vec::new();
@@ -217,7 +205,7 @@ pub fn resolve(spec: &Path, more: &[PathBuf], growing: bool) -> Result<crate::sh
     for one in &specs {
         let url = parse(one)?;
         let found: Vec<(ObjectUrl, Option<u64>)> = match is_set(&url) {
-            true => stagefs_remote::list::resolve(client, &url).map_err(RemoteFailure)?,
+            true => stagefs_remote::list::resolve(client, &url)?,
             false => vec![(url, None)],
         };
         for (url, size) in found {
@@ -233,7 +221,7 @@ pub fn resolve(spec: &Path, more: &[PathBuf], growing: bool) -> Result<crate::sh
         }
     }
     if shards.len() == 1 {
-        return Ok(crate::shards::ArchiveSet {
+        return Ok(crate::places::ArchiveSet {
             label: PathBuf::from(parse(&shards[0])?.shown()),
             shards,
             trust: Trust::Named,
@@ -245,7 +233,7 @@ pub fn resolve(spec: &Path, more: &[PathBuf], growing: bool) -> Result<crate::sh
     }
     let label = format!("{text} ({} shards, set {:016x})", shards.len(), digest.finish());
     // Objects are judged by the store's own access rules and pinned to their version.
-    Ok(crate::shards::ArchiveSet { label: PathBuf::from(label), shards, trust: Trust::Named })
+    Ok(crate::places::ArchiveSet { label: PathBuf::from(label), shards, trust: Trust::Named })
 }
 
 fn url_key(url: &ObjectUrl) -> String {
@@ -281,6 +269,52 @@ pub fn default_mountpoint(spec: &Path) -> Option<PathBuf> {
     Some(crate::places::default_mount_root().join(name))
 }
 
+/// `stagefs index URL`: indexes each object of `set` (staged as a mount would, `auto`),
+/// saves the index to the cache and, with `upload`, beside the object
+/// (`KEY.stagefs-index`), where every node's mount finds it.
+pub fn index_command(
+    set: &crate::places::ArchiveSet,
+    indexing: &crate::open::Indexing,
+    upload: bool,
+) -> Result<(), crate::open::OpenArchiveError> {
+    let started = std::time::Instant::now();
+    for shard in &set.shards {
+        let url = parse(shard)?;
+        let client = client()?;
+        let indexing = crate::open::Indexing { force_save: true, ..indexing.clone() };
+        let opened = open(shard, crate::stage::StageMode::Auto, (None, None), None, &indexing, set.shards.len())?;
+        let Some(tables) = opened.archive.saved() else {
+            println!("{}: a {:?} archive carries its own index; nothing to save", url.shown(), opened.archive.format);
+            continue;
+        };
+        let mut saved = opened.saved_index.as_ref().map(|p| p.shown().to_string()).into_iter().collect::<Vec<_>>();
+        if upload {
+            let object = client.stat(&url)?;
+            let key = index::key_of(&object, &mut |offset, buf| {
+                let got =
+                    client.get_range(&object, offset, buf.len()).map_err(|e| std::io::Error::other(e.to_string()))?;
+                buf.copy_from_slice(&got);
+                Ok(())
+            })?;
+            let flavor = crate::saved_index::Flavor { depth: indexing.depth, ..Default::default() };
+            let sidecar = url.with_suffix(&format!("{}{}", crate::saved_index::INDEX_SUFFIX, flavor.suffix()));
+            client.put(
+                &sidecar,
+                &crate::saved_index::encode_bytes(&key, indexing.depth, &opened.archive.index, tables),
+            )?;
+            saved.push(sidecar.shown());
+        }
+        println!(
+            "indexed {} in {:.2} s: {} entries; saved to {}",
+            url.shown(),
+            started.elapsed().as_secs_f64(),
+            opened.archive.index.dirents.len(),
+            saved.join(" and ")
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -295,8 +329,8 @@ mod tests {
         let set = resolve(Path::new("https://h.example/a.tar?sig=secret"), &[], false).unwrap();
         assert_eq!(set.label, PathBuf::from("https://h.example/a.tar"), "no query in the label");
         assert_eq!(set.shards, [PathBuf::from("https://h.example/a.tar?sig=secret")]);
-        let usage = resolve(Path::new("s3://bucket/a.tar"), &[PathBuf::from("/local.tar")], false).unwrap_err();
-        assert_eq!(usage.code, code::USAGE);
-        assert_eq!(resolve(Path::new("http://example.org/a.tar"), &[], false).unwrap_err().code, code::USAGE);
+        let usage = |e: RemoteFailure| crate::error::Failure::from(e).code == crate::error::code::USAGE;
+        assert!(usage(resolve(Path::new("s3://bucket/a.tar"), &[PathBuf::from("/local.tar")], false).unwrap_err()));
+        assert!(usage(resolve(Path::new("http://example.org/a.tar"), &[], false).unwrap_err()));
     }
 }

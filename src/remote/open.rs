@@ -10,7 +10,6 @@ use std::time::Instant;
 use stagefs_remote::{Client, Hooks, Object, RemoteError};
 
 use super::index::{key_of, RemoteIndexes};
-use super::RemoteFailure;
 use crate::open::{Indexing, OpenArchiveError, Opened};
 use crate::places::CheckedDir;
 use crate::report::human;
@@ -31,7 +30,7 @@ pub fn open(
 ) -> Result<Opened, OpenArchiveError> {
     let url = super::parse(path)?;
     let client = super::client()?;
-    let object = client.stat(&url).map_err(RemoteFailure)?;
+    let object = client.stat(&url)?;
     let shown = PathBuf::from(url.shown());
     let (loaded, key) = match received {
         Some(copy) => {
@@ -156,11 +155,9 @@ pub(super) fn fetch(
     match fetched {
         Ok(()) => {}
         Err(RemoteError::Cancelled) => {
-            return Err(crate::cancel::check()
-                .err()
-                .map_or_else(|| RemoteFailure(RemoteError::Cancelled).into(), Into::into))
+            return Err(crate::cancel::check().err().map_or_else(|| RemoteError::Cancelled.into(), Into::into))
         }
-        Err(e) => return Err(RemoteFailure(e).into()),
+        Err(e) => return Err(e.into()),
     }
     let secs = started.elapsed().as_secs_f64().max(1e-9);
     crate::report::report_done(&format!(
@@ -212,9 +209,9 @@ fn from_copy(
 }
 
 /// For `--broadcast` of an object: the sending task fetches it once, here, into RAM (or
-/// the local disk when it does not fit), and sbcast reads that copy through
-/// `/proc/PID/fd/N`. Returns that path, the size, and the descriptor to hold meanwhile.
-pub fn fetch_for_broadcast(archive: &Path, stage_dir: Option<&Path>) -> Result<(PathBuf, u64, File), StageError> {
+/// the local disk when it does not fit), and sbcast reads that copy (handed its
+/// descriptor). Returns the copy and its size.
+pub fn fetch_for_broadcast(archive: &Path, stage_dir: Option<&Path>) -> Result<(File, u64), StageError> {
     let failed = |e: OpenArchiveError| StageError::Broadcast(e.to_string());
     let url = super::parse(archive).map_err(|e| StageError::Broadcast(e.to_string()))?;
     let client = super::client().map_err(|e| StageError::Broadcast(e.to_string()))?;
@@ -231,5 +228,5 @@ pub fn fetch_for_broadcast(archive: &Path, stage_dir: Option<&Path>) -> Result<(
         }
     };
     fetch(client, &object, &shown, &file, "to broadcast it").map_err(failed)?;
-    Ok((PathBuf::from(format!("/proc/{}/fd/{}", std::process::id(), file.as_raw_fd())), size, file))
+    Ok((file, size))
 }

@@ -82,6 +82,21 @@ pub struct How {
     pub not_on: Option<u64>,
 }
 
+/// Loads (staging per `mode`) and indexes the archive at `path` (a local file, opened as
+/// `trust` says, or an object's URL), reusing a saved index when one matches. Saves the
+/// index of a tar when scanning was costly, or always with `force_save`.
+pub fn open_archive(
+    path: &Path,
+    trust: Trust,
+    mode: StageMode,
+    max_ram: Option<u64>,
+    stage_dir: Option<&Path>,
+    received: Option<crate::stage::broadcast::Received>,
+    indexing: &Indexing,
+) -> Result<Opened, OpenArchiveError> {
+    Member::open(path, trust, None)?.open_staged(mode, (max_ram, stage_dir), received, indexing, 1)
+}
+
 /// One shard of a set, opened: a local file (checked and held, see `places::outside`) or an
 /// object in a store (`s3://`, `https://`, see `remote`).
 pub enum Member {
@@ -120,10 +135,18 @@ impl Member {
         }
     }
 
-    fn open_staged(&self, mode: StageMode, budget: Option<u64>, indexing: &Indexing, shards: usize) -> OpenResult {
+    /// Staged and indexed (see `open::open_shard`): one of `shards` archives mounted together.
+    fn open_staged(
+        &self,
+        mode: StageMode,
+        budget: (Option<u64>, Option<&Path>),
+        received: Option<crate::stage::broadcast::Received>,
+        indexing: &Indexing,
+        shards: usize,
+    ) -> OpenResult {
         match self {
-            Member::File(file) => open_shard(file, mode, (budget, None), None, indexing, shards),
-            Member::Object(url) => crate::remote::open(url, mode, (budget, None), None, indexing, shards),
+            Member::File(file) => open_shard(file, mode, budget, received, indexing, shards),
+            Member::Object(url) => crate::remote::open(url, mode, budget, received, indexing, shards),
         }
     }
 }
@@ -171,7 +194,7 @@ pub fn open_each(
                     let budget = max_ram.map(|m| m.saturating_sub(staged.load(Ordering::Relaxed)));
                     let result = crate::cancel::check()
                         .map_err(OpenArchiveError::from)
-                        .and_then(|()| files[i].open_staged(mode, budget, indexing, shards.len()));
+                        .and_then(|()| files[i].open_staged(mode, (budget, None), None, indexing, shards.len()));
                     if let Ok(opened) = &result {
                         staged.fetch_add(opened.staged_bytes, Ordering::Relaxed);
                     }

@@ -99,10 +99,12 @@ pub fn worth_it(view: Option<&JobView>) -> Result<(), &'static str> {
     }
 }
 
-/// Plans `--broadcast` for this process, and sends the archive when this task is the one
-/// that sends. `None`: nothing to broadcast here (said in one line).
+/// Plans `--broadcast` of `archive` for this process, and sends it when this task is the
+/// one that sends. `object`: the archive is an object in a store (its URL), fetched once
+/// by the sender (see `remote`). `None`: nothing to broadcast here (said in one line).
 pub fn plan(
     archive: &Path,
+    object: Option<Object>,
     to_disk: bool,
     stage_dir: Option<&Path>,
     fallback: bool,
@@ -118,9 +120,9 @@ pub fn plan(
     let Some(JobView { job, nodes, sender, .. }) = view else { return Ok(None) };
     // What is sent: an object in a store (fetched once by the sender), or the archive
     // opened the one way files from outside are.
-    let archive = match crate::remote::is_url(archive) {
-        true => Sent::Object(archive.to_owned()),
-        false => Sent::File(places::open_outside(archive, places::Trust::Named, None).map_err(|e| match e {
+    let archive = match object {
+        Some(object) => Sent::Object(archive.to_owned(), object),
+        None => Sent::File(places::open_outside(archive, places::Trust::Named, None).map_err(|e| match e {
             places::OutsideError::Io { path, source } => StageError::Io { path, what: "cannot open".into(), source },
             other => StageError::Broadcast(other.to_string()),
         })?),
@@ -148,7 +150,7 @@ pub fn plan(
         to_disk,
     };
     if sender {
-        send(&archive, &plan, nodes, stage_dir)?;
+        send(archive, &plan, nodes, stage_dir)?;
     }
     Ok(Some(plan))
 }
@@ -156,20 +158,19 @@ pub fn plan(
 /// Runs `sbcast` (and then broadcasts the status); a failure is recorded in the status for
 /// every node's leader to report, not returned: this task must still join its node's
 /// election, or the other tasks on its node would wait for a leader that never comes.
-fn send(sent: &Sent, plan: &Plan, nodes: u32, stage_dir: Option<&Path>) -> Result<(), StageError> {
+fn send(sent: Sent, plan: &Plan, nodes: u32, stage_dir: Option<&Path>) -> Result<(), StageError> {
     crate::cancel::arm().map_err(|e| StageError::Broadcast(format!("cannot install signal handlers: {e}")))?;
     // An object in a store is fetched once, here, and sbcast reads that copy (its
     // descriptor is held until sbcast is done).
-    let fetched = match sent {
-        Sent::Object(url) => Some(crate::remote::fetch_for_broadcast(url, stage_dir)?),
-        Sent::File(_) => None,
-    };
-    let (file, size) = match (sent, &fetched) {
-        (_, Some((_, size, copy))) => (copy, *size),
-        (Sent::File(file), None) => (file.file(), file.id().size),
-        (Sent::Object(_), None) => unreachable!("an object is fetched above"),
-    };
     let shown = sent.shown();
+    let fetched;
+    let (file, size) = match sent {
+        Sent::Object(_, object) => {
+            fetched = (object.fetch)(stage_dir)?;
+            (&fetched.0, fetched.1)
+        }
+        Sent::File(ref file) => (file.file(), file.id().size),
+    };
     let (dir, inbox) = plan.open_inbox()?;
     // Measured before: sbcast's message for a full disk is "Unspecified error".
     let free_before = dir.free_space().ok().map(|(free, _)| free);
@@ -211,10 +212,20 @@ fn send(sent: &Sent, plan: &Plan, nodes: u32, stage_dir: Option<&Path>) -> Resul
     Ok(())
 }
 
+/// An object in a store (`s3://`, `https://`) to broadcast.
+pub struct Object {
+    /// Its URL without query or user, for messages.
+    pub shown: String,
+    /// Fetches it into a private copy (RAM, or the local disk under the `--stage-dir`
+    /// given) that sbcast then reads; the copy and its size.
+    #[allow(clippy::type_complexity)]
+    pub fetch: Box<dyn FnOnce(Option<&Path>) -> Result<(File, u64), StageError>>,
+}
+
 /// The archive a broadcast sends.
 enum Sent {
-    /// An object in a store (`s3://`, `https://`), by its URL.
-    Object(PathBuf),
+    /// An object in a store, by its URL.
+    Object(PathBuf, Object),
     /// A local archive, opened.
     File(places::OutsideFile),
 }
@@ -223,7 +234,7 @@ impl Sent {
     /// What names it (the broadcast's name is made from this).
     fn name(&self) -> &Path {
         match self {
-            Sent::Object(url) => url,
+            Sent::Object(url, _) => url,
             Sent::File(file) => file.resolved(),
         }
     }
@@ -231,7 +242,7 @@ impl Sent {
     /// It, in messages (a URL without its query).
     fn shown(&self) -> String {
         match self {
-            Sent::Object(url) => crate::remote::parse(url).map(|u| u.shown()).unwrap_or_default(),
+            Sent::Object(_, object) => object.shown.clone(),
             Sent::File(file) => file.resolved().shown().to_string(),
         }
     }
@@ -245,24 +256,27 @@ enum Source<'a> {
     Open(&'a std::fs::File),
 }
 
-/// How often, and how long apart, a broadcast is retried while a node lacks the directory.
-const MISSING_DIR_TRIES: u32 = 6;
+/// How long, from the first try, a broadcast is retried while a node lacks the directory,
+/// and the pause between tries. A deadline, not a count of tries: one sbcast that fails on
+/// a node can itself take seconds on a loaded node, and every node waits for the sender.
+const MISSING_DIR_WAIT: Duration = Duration::from_secs(12);
 const MISSING_DIR_PAUSE: Duration = Duration::from_secs(2);
 
-/// [`sbcast_once`], retried a few times while a node says "No such file or directory":
+/// [`sbcast_once`], retried for a while when a node says "No such file or directory":
 /// sbcast creates no directories, and the other nodes' tasks (which make the staging and
 /// runtime directories) may start a little after this one.
 fn sbcast(source: Source<'_>, dest: &Path) -> Result<(), String> {
-    let mut tries = 1;
+    let give_up = Instant::now() + MISSING_DIR_WAIT;
     loop {
         match sbcast_once(source, dest) {
-            Err(message) if message.contains("No such file or directory") && tries < MISSING_DIR_TRIES => {
+            Err(message)
+                if message.contains("No such file or directory") && Instant::now() + MISSING_DIR_PAUSE < give_up =>
+            {
                 tracing::info!("sbcast: a node lacks {} yet; trying again: {message}", dest.shown());
                 let until = Instant::now() + MISSING_DIR_PAUSE;
                 while Instant::now() < until && crate::cancel::received().is_none() {
                     std::thread::sleep(Duration::from_millis(50));
                 }
-                tries += 1;
             }
             other => return other,
         }

@@ -23,7 +23,7 @@ fn cluster_an_object_is_fetched_once_per_job_with_broadcast_and_once_per_node_wi
         let before = nginx.bytes_sent("/data.tar");
         let env = [("ARCHIVE", url.as_str())];
         let job = submit_script(&cluster, &work, &format!("remote-{name}"), &tree, &run_line(options), &env);
-        let state = cluster.wait_end(&job.id, Duration::from_secs(180));
+        let state = cluster.wait_end(&job, Duration::from_secs(180));
         assert_eq!(state, "COMPLETED", "{}", job.context());
         let results = job.results();
         assert_eq!(results.len(), 3 * TASKS_PER_NODE, "{}", job.context());

@@ -104,7 +104,7 @@ pub fn open_error(py: Python<'_>, e: OpenFailure, spec: &Path) -> PyErr {
         OpenFailure::Open(OpenArchiveError::Interrupted(_)) => PyKeyboardInterrupt::new_err(msg),
         OpenFailure::Open(OpenArchiveError::SaveIndex { path, source }) => os_error(errno_of(&source, 0), msg, &path),
         OpenFailure::Open(OpenArchiveError::NoShards) => os_error(libc::ENOENT, msg, spec),
-        OpenFailure::Open(OpenArchiveError::Remote(e)) => remote_error(msg, e.0, spec),
+        OpenFailure::Open(OpenArchiveError::Remote(e)) => remote_error(msg, e, spec),
     }
 }
 
