@@ -216,11 +216,12 @@ fn send(sent: Sent, plan: &Plan, nodes: u32, stage_dir: Option<&Path>) -> Result
 pub struct Object {
     /// Its URL without query or user, for messages.
     pub shown: String,
-    /// Fetches it into a private copy (RAM, or the local disk under the `--stage-dir`
-    /// given) that sbcast then reads; the copy and its size.
-    #[allow(clippy::type_complexity)]
-    pub fetch: Box<dyn FnOnce(Option<&Path>) -> Result<(File, u64), StageError>>,
+    pub fetch: Fetch,
 }
+
+/// Fetches an object into a private copy (RAM, or the local disk under the `--stage-dir`
+/// given) that sbcast then reads; the copy and its size.
+pub type Fetch = Box<dyn FnOnce(Option<&Path>) -> Result<(File, u64), StageError>>;
 
 /// The archive a broadcast sends.
 enum Sent {

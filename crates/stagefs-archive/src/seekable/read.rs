@@ -200,9 +200,7 @@ impl Seekable {
     #[cfg(test)]
     pub(super) fn is_cached(&self, offset: u64) -> bool {
         let shared = &self.shared;
-        let list = &shared.points.list;
-        let point = list.partition_point(|p| p.out <= offset).saturating_sub(1);
-        let piece = if shared.unit_len(point) <= WHOLE_UNIT { 0 } else { (offset - list[point].out) / PIECE };
+        let (point, piece) = shared.locate(offset);
         shared.cache.contains_key(&(shared.id, point, piece))
     }
 
@@ -218,9 +216,7 @@ impl Seekable {
         let mut at = offset;
         while at < end {
             let list = &shared.points.list;
-            let point = list.partition_point(|p| p.out <= at).saturating_sub(1);
-            let whole = shared.unit_len(point) <= WHOLE_UNIT;
-            let piece = if whole { 0 } else { (at - list[point].out) / PIECE };
+            let (point, piece) = shared.locate(at);
             let chunk = shared.chunk(point, piece)?;
             let from = (at - list[point].out - piece * PIECE) as usize;
             let to = chunk.len().min(from + (end - at) as usize);
@@ -238,6 +234,15 @@ impl Seekable {
 }
 
 impl Shared {
+    /// The unit (its restart point) and the piece of it (0 for a unit decoded whole) that
+    /// hold decoded byte `offset`.
+    fn locate(&self, offset: u64) -> (usize, u64) {
+        let list = &self.points.list;
+        let point = list.partition_point(|p| p.out <= offset).saturating_sub(1);
+        let piece = if self.unit_len(point) <= WHOLE_UNIT { 0 } else { (offset - list[point].out) / PIECE };
+        (point, piece)
+    }
+
     /// Decoded bytes from restart point `point` to the next.
     fn unit_len(&self, point: usize) -> u64 {
         let list = &self.points.list;
@@ -265,11 +270,11 @@ impl Shared {
 
     /// Records a read of `piece` of the unit at `point`; when it follows the read before
     /// in file order, the next piece is decoded ahead. A piece found in the cache (the
-    /// last read-ahead finished first) counts too: else a reader faster than nothing
+    /// last read-ahead finished first) counts too: else a reader slower than the decoder
     /// would get read-ahead only every other piece.
     fn note_read(self: &Arc<Self>, point: usize, piece: u64) {
         let last = self.last_read.lock().unwrap_or_else(|e| e.into_inner()).replace((point, piece));
-        if last != Some((point, piece)) && last.and_then(|(u, p)| self.next_after(u, p)) == Some((point, piece)) {
+        if last.and_then(|(u, p)| self.next_after(u, p)) == Some((point, piece)) {
             if let Some((next, next_piece)) = self.next_after(point, piece) {
                 self.read_ahead(next, next_piece);
             }
