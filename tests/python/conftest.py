@@ -85,6 +85,8 @@ def fixture_tar(tmp_path, tree) -> Path:
 
 
 def read_tree(root: Path) -> dict:
+    """{relative path: bytes} of every file below root, links to files followed (as a walk
+    of a directory lists them)."""
     out = {}
     for dirpath, _dirs, files in os.walk(root):
         for f in files:
@@ -111,16 +113,6 @@ def make_archive_tree(root: Path) -> dict:
     (root / "empty_class").mkdir()
     return content
 
-
-def extracted(root: Path) -> dict:
-    """{relative path: bytes} of every file below root, links to files followed (as a walk
-    of a directory lists them)."""
-    out = {}
-    for dirpath, _dirs, files in os.walk(root):
-        for f in files:
-            p = Path(dirpath) / f
-            out[str(p.relative_to(root))] = p.read_bytes()
-    return out
 
 
 def user(name: str):

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import stagefs
-from conftest import extracted, make_archive_tree
+from conftest import make_archive_tree, read_tree
 
 
 def sh(*args, **kw):
@@ -80,8 +80,8 @@ def test_there_is_no_fuse_here(plain_tar, tmp_path):
 @pytest.mark.parametrize("stage", ["none", "copy"])
 def test_tars_read_as_gnu_tar_extracts_them(work, tree, plain_tar, codec, stage, tmp_path):
     archive = plain_tar if codec is None else compressed(plain_tar, *codec)
-    expected = extracted(extract_tar(archive, tmp_path / "x"))
-    assert expected == extracted(tree)
+    expected = read_tree(extract_tar(archive, tmp_path / "x"))
+    assert expected == read_tree(tree)
     with stagefs.open(archive, stage=stage) as fs:
         assert fs.format == "tar"
         assert members(fs) == expected
@@ -95,7 +95,7 @@ def test_zip_reads_as_unzip_extracts_it(work, tree, tmp_path):
     sh("unzip", "-q", archive, "-d", out)
     with stagefs.open(archive) as fs:
         assert fs.format == "zip"
-        assert members(fs) == extracted(out) == extracted(tree)
+        assert members(fs) == read_tree(out) == read_tree(tree)
         assert fs.info("dog/link_to_cat.bin")["islink"]
 
 
@@ -107,7 +107,7 @@ def test_squashfs_reads_as_unsquashfs_extracts_it(work, tree, tmp_path, comp):
     sh("unsquashfs", "-q", "-no-xattrs", "-d", out, image, stdout=subprocess.DEVNULL)
     with stagefs.open(image) as fs:
         assert fs.format == "squashfs"
-        assert members(fs) == extracted(out) == extracted(tree)
+        assert members(fs) == read_tree(out) == read_tree(tree)
         big, hard = fs.info("eel/big.bin"), fs.info("eel/big_hardlink.bin")
         assert big["ino"] == hard["ino"] and big["nlink"] == 2
 
@@ -123,7 +123,7 @@ def test_recursive_opens_inner_tars_as_directories(work, tree, tmp_path):
     out.mkdir()
     for cls in ("cat", "dog", "eel"):
         extract_tar(outer / f"{cls}.tar", out / cls)
-    expected = extracted(out)  # dog's link to ../cat resolves across the inner tars, as in the tree
+    expected = read_tree(out)  # dog's link to ../cat resolves across the inner tars, as in the tree
     assert "dog/link_to_cat.bin" in expected
     with stagefs.open(archive, recursive=True) as fs:
         assert members(fs) == expected
@@ -143,7 +143,7 @@ def test_a_shard_pattern_is_one_tree(work, tree, tmp_path):
     # dog's link to ../cat (another shard) resolves in the merged tree, as on a mounted set.
     with stagefs.open(shards / "train-*.tar") as fs:
         assert fs.archive.shards == 3
-        assert members(fs) == extracted(out) == extracted(tree)
+        assert members(fs) == read_tree(out) == read_tree(tree)
 
 
 def test_file_objects_seek_read_and_readinto(plain_tar, tree):
@@ -208,7 +208,7 @@ def test_fsspec_finds_it_by_name_and_url(plain_tar, tree, tmp_path):
     assert sorted(f.path for f in files) == sorted(f"cat/{p.name}" for p in (tree / "cat").glob("*.bin"))
     assert sorted(fs.glob("**/deep.bin")) == ["dog/d1/d2/d3/deep.bin"]
     walked = {os.path.join(d, f) for d, _, fs_ in fs.walk("") for f in fs_}
-    assert walked == set(extracted(tree))
+    assert walked == set(read_tree(tree))
     assert fs.isdir("dog/d1") and fs.isfile("dog/d1/d2/d3/deep.bin") and not fs.exists("nope")
     assert fs.cat_file(Path("dog") / "dog_001.bin") == expected and fs.isdir(Path("dog/d1"))  # pathlib paths
     assert fs.ls("cat", detail=False) == sorted(f"cat/{p.name}" for p in (tree / "cat").iterdir())
@@ -275,7 +275,7 @@ def test_the_loader_takes_a_directory_inside_the_archive(tree, tmp_path):
         ld = stagefs.Loader(fs, archive_root="train", batch_size=100, device="cpu", output="numpy")
         assert ld.classes == ["cat", "dog", "eel", "empty_class"]
         got = {p: (label, d.tobytes()) for b in ld for p, label, d in zip(b.paths, b.labels, b.data)}
-        assert {p: v[1] for p, v in got.items()} == {f"train/{k}": v for k, v in extracted(tree).items()}
+        assert {p: v[1] for p, v in got.items()} == {f"train/{k}": v for k, v in read_tree(tree).items()}
         assert got["train/dog/d1/d2/d3/deep.bin"][0] == 1
         ld.set_epoch(1, files=["train/eel/big.bin", "train/cat/cat_002.bin"])
         assert [p for b in ld for p in b.paths] == ["train/eel/big.bin", "train/cat/cat_002.bin"]
@@ -286,7 +286,7 @@ def test_the_loader_takes_a_directory_inside_the_archive(tree, tmp_path):
 def test_stage_ram_reads_it_into_the_page_cache_within_the_budget(plain_tar, tree):
     with stagefs.open(plain_tar, stage="ram") as fs:
         assert fs.staging == "page cache" and fs.archive.staged_bytes == 0  # shared, not private
-        assert members(fs) == extracted(tree)
+        assert members(fs) == read_tree(tree)
     with stagefs.open(plain_tar, stage="copy", max_ram="1G") as fs:
         assert fs.staging == "copy" and fs.archive.staged_bytes == plain_tar.stat().st_size
     with pytest.raises(OSError) as e:

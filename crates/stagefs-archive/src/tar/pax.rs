@@ -277,23 +277,9 @@ pub(super) fn pax_records(mut data: &[u8]) -> Result<Vec<PaxRecord<'_>>, String>
     Ok(records)
 }
 
+/// `%XX` decoded (a `LIBARCHIVE.xattr.` name).
 pub(super) fn percent_decode(s: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(s.len());
-    let mut i = 0;
-    while i < s.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        match (s[i], s.get(i + 1).and_then(|&b| hex(b)), s.get(i + 2).and_then(|&b| hex(b))) {
-            (b'%', Some(h), Some(l)) => {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-            }
-            (b, _, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    out
+    percent_encoding::percent_decode(s).collect()
 }
 
 pub(super) fn base64_decode(s: &[u8]) -> Option<Vec<u8>> {
