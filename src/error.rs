@@ -98,9 +98,9 @@ impl From<crate::places::OutsideError> for Failure {
     fn from(e: crate::places::OutsideError) -> Failure {
         let code = match e {
             crate::places::OutsideError::Io { .. } => code::BAD_ARCHIVE,
-            crate::places::OutsideError::Untrusted { .. } | crate::places::OutsideError::OnOwnMount { .. } => {
-                code::MOUNTPOINT
-            }
+            crate::places::OutsideError::Untrusted { .. }
+            | crate::places::OutsideError::Unsafe { .. }
+            | crate::places::OutsideError::OnOwnMount { .. } => code::MOUNTPOINT,
         };
         Failure::new(code, e.to_string())
     }

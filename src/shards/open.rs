@@ -38,7 +38,9 @@ pub fn open_set(
     let started = Instant::now();
     let mut merger = Merger::new();
     let mut merging = std::time::Duration::ZERO;
+    let mut identity = Vec::with_capacity(shards.len());
     let (mut stats, staged_bytes, staging) = open_each(label, shards, how, indexing, |member, opened| {
+        identity.push(member.id());
         let merge_started = Instant::now();
         let added = merger.add(member.name(), opened.archive);
         merging += merge_started.elapsed();
@@ -66,6 +68,7 @@ pub fn open_set(
         disk: None,
         saved_index: None,
         reused_index: stats.reused == shards.len(),
+        identity,
     };
     Ok((opened, stats))
 }

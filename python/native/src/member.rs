@@ -53,8 +53,10 @@ impl Member {
     fn read<'py>(&self, py: Python<'py>, size: Option<i64>) -> PyResult<Bound<'py, PyBytes>> {
         let inode = self.inode()?;
         let (pos, len) = self.ahead(size);
+        let at = (self.id, inode);
+        let first = py.detach(|| self.shared.first_piece(at, &self.name, pos, len))?;
         let bytes = PyBytes::new_with(py, len, |dst| {
-            py.detach(|| self.shared.fill(self.id, inode, &self.name, pos, dst)).map_err(PyErr::from)
+            py.detach(|| self.shared.fill_after(at, &self.name, pos, &first, dst)).map_err(PyErr::from)
         })?;
         self.pos.store(pos + len as u64, Ordering::Relaxed);
         Ok(bytes)
