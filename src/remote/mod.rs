@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 pub use open::{fetch_for_broadcast, open};
-use stagefs_remote::{Client, Config};
+use stagefs_remote::{Client, Config, Secret};
 pub use stagefs_remote::{ObjectUrl, RemoteError};
 
 /// How to reach objects in a store or on an HTTP(S) server.
@@ -103,7 +103,7 @@ pub fn client() -> Result<&'static Client, RemoteError> {
 }
 
 /// A token file, checked as ssh checks keys: a token others can read is no secret.
-fn read_token(file: &Path) -> Result<String, RemoteFailure> {
+fn read_token(file: &Path) -> Result<Secret, RemoteFailure> {
     use std::os::unix::fs::MetadataExt;
     let usage = |why: String| RemoteFailure::Usage(format!("--bearer-token-file {}: {why}", file.shown()));
     let opened = crate::places::open_outside(file, Trust::Named, None).map_err(|e| usage(e.to_string()))?;
@@ -117,7 +117,7 @@ fn read_token(file: &Path) -> Result<String, RemoteFailure> {
     if token.is_empty() || token.contains(['\n', '\r']) {
         return Err(usage("it must hold one token on one line".into()));
     }
-    Ok(token.to_string())
+    Ok(Secret::new(token))
 }
 
 /// A remote spec or option that cannot be used, or the store's answer to it (exit codes
@@ -157,11 +157,11 @@ pub fn parse(path: &Path) -> Result<ObjectUrl, RemoteError> {
 }
 
 /// The text a shard path holds for `url`: what [`parse`] reads back (no user; the query
-/// only of an URL that had one).
+/// only of an URL that had one: the process that fetches the shard must send it).
 pub fn request_text(url: &ObjectUrl) -> String {
     match url {
         ObjectUrl::S3 { bucket, key } => format!("s3://{bucket}/{key}"),
-        ObjectUrl::Http(u) => u.request_url(),
+        ObjectUrl::Http(u) => u.request_url().expose().to_string(),
     }
 }
 

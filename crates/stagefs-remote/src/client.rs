@@ -7,6 +7,7 @@ use crate::credentials::Chain;
 use crate::error::RemoteError;
 use crate::sigv4::{self, EMPTY_SHA256};
 use crate::url::{display_text, HttpUrl, ObjectUrl};
+use crate::Secret;
 
 /// How to reach objects; built once from the command line and the environment.
 #[derive(Clone, Debug)]
@@ -29,7 +30,7 @@ pub struct Config {
     /// `--profile`.
     pub profile: Option<String>,
     /// A bearer token for HTTP(S) URLs (read from `--bearer-token-file`, never the command line).
-    pub bearer_token: Option<String>,
+    pub bearer_token: Option<Secret>,
     /// `--allow-http`: plain http:// to hosts other than this machine.
     pub allow_http: bool,
 }
@@ -281,11 +282,13 @@ impl Client {
     /// One try of `ask`: addressed, authenticated, sent. Transport failures come back as
     /// [`RemoteError::Unavailable`]; any status is returned as it is.
     pub(crate) fn send(&self, ask: &Ask) -> Result<Answer, RemoteError> {
-        let (url, mut headers) = self.address(ask)?;
-        let mut builder = ureq::http::Request::builder().method(ask.method).uri(&url);
-        headers.extend(ask.headers.iter().map(|(k, v)| (k.to_string(), v.clone())));
-        for (k, v) in &headers {
-            builder = builder.header(k.as_str(), v.as_str());
+        let (url, authentication) = self.address(ask)?;
+        let mut builder = ureq::http::Request::builder().method(ask.method).uri(url.expose());
+        for (k, v) in &authentication {
+            builder = builder.header(k.as_str(), v.expose());
+        }
+        for (k, v) in &ask.headers {
+            builder = builder.header(*k, v.as_str());
         }
         let what = ask.url.shown();
         let sent = match ask.body {
@@ -296,8 +299,9 @@ impl Client {
         sent.map_err(|e| RemoteError::Unavailable(format!("{what}: {}", describe(&e))))
     }
 
-    /// The URL to send `ask` to and the headers that authenticate it.
-    fn address(&self, ask: &Ask) -> Result<(String, Vec<(String, String)>), RemoteError> {
+    /// The URL to send `ask` to and the headers that authenticate it (all kept as secrets:
+    /// the URL may be presigned, the headers hold signatures and tokens).
+    fn address(&self, ask: &Ask) -> Result<(Secret, Vec<(String, Secret)>), RemoteError> {
         let (bucket, key) = match ask.url {
             ObjectUrl::Http(u) => return Ok((u.request_url(), self.http_auth(u))),
             ObjectUrl::S3 { bucket, key } => (bucket, key),
@@ -324,20 +328,21 @@ impl Client {
         };
         let query = sigv4::canonical_query(ask.query);
         let url = if query.is_empty() { format!("{origin}{path}") } else { format!("{origin}{path}?{query}") };
+        let url = Secret::new(url);
         let Some(credentials) = self.inner.chain.keys(&self.inner.agent)? else {
             return Ok((url, Vec::new()));
         };
         let payload = ask.body.map_or_else(|| EMPTY_SHA256.to_string(), sigv4::sha256_hex);
         let amz_date = crate::time::amz_date(SystemTime::now());
         let mut signed = vec![
-            ("host".to_string(), host),
-            ("x-amz-content-sha256".to_string(), payload.clone()),
-            ("x-amz-date".to_string(), amz_date.clone()),
+            ("host".to_string(), Secret::new(host)),
+            ("x-amz-content-sha256".to_string(), Secret::new(payload.clone())),
+            ("x-amz-date".to_string(), Secret::new(amz_date.clone())),
         ];
         if let Some(token) = &credentials.keys.session_token {
             signed.push(("x-amz-security-token".to_string(), token.clone()));
         }
-        let pairs: Vec<(&str, &str)> = signed.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let pairs: Vec<(&str, &str)> = signed.iter().map(|(k, v)| (k.as_str(), v.expose())).collect();
         let request = sigv4::Request {
             method: ask.method,
             encoded_path: &path,
@@ -352,18 +357,19 @@ impl Client {
     }
 
     /// Authentication for an HTTP(S) URL: the bearer token, else the URL's user, else ~/.netrc.
-    fn http_auth(&self, url: &HttpUrl) -> Vec<(String, String)> {
+    fn http_auth(&self, url: &HttpUrl) -> Vec<(String, Secret)> {
         if let Some(token) = &self.inner.config.bearer_token {
-            return vec![("authorization".into(), format!("Bearer {}", token.trim()))];
+            return vec![("authorization".into(), Secret::new(format!("Bearer {}", token.expose().trim())))];
         }
-        let basic = |user_pass: String| {
-            vec![("authorization".into(), format!("Basic {}", crate::netrc::base64(user_pass.as_bytes())))]
+        let basic = |user_pass: Secret| {
+            let encoded = crate::netrc::base64(user_pass.expose().as_bytes());
+            vec![("authorization".into(), Secret::new(format!("Basic {encoded}")))]
         };
         if let Some(userinfo) = &url.userinfo {
-            return basic(crate::netrc::percent_decode(userinfo));
+            return basic(Secret::new(crate::netrc::percent_decode(userinfo.expose())));
         }
         match crate::netrc::find(&self.inner.netrc, url.bare_host()) {
-            Some(entry) => basic(format!("{}:{}", entry.login, entry.password)),
+            Some(entry) => basic(Secret::new(format!("{}:{}", entry.login, entry.password.expose()))),
             None => Vec::new(),
         }
     }
@@ -454,6 +460,8 @@ pub(crate) fn describe(e: &ureq::Error) -> String {
         ureq::Error::Io(io) => format!("connection failed: {}", io.kind()),
         ureq::Error::Tls(t) => format!("TLS failed: {t}"),
         ureq::Error::Protocol(p) => format!("bad HTTP from the server: {p}"),
+        // Its text is the URL, query (a presigned signature) included.
+        ureq::Error::BadUri(_) => "the URL is not one ureq can send".into(),
         other => format!("request failed: {}", other.to_string().split(" http").next().unwrap_or("error")),
     }
 }

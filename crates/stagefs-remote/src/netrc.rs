@@ -2,13 +2,15 @@
 
 use std::sync::Arc;
 
+use crate::Secret;
+
 /// One `machine` (or `default`) entry.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Entry {
     /// `None` for `default`.
     pub machine: Option<String>,
     pub login: String,
-    pub password: String,
+    pub password: Secret,
 }
 
 /// The entries of `$NETRC` or `~/.netrc`; none if it is missing, or readable by others
@@ -36,7 +38,7 @@ pub fn parse(text: &str) -> Vec<Entry> {
             "machine" | "default" => {
                 entries.extend(current.take());
                 let machine = if word == "machine" { words.next().map(str::to_string) } else { None };
-                current = Some(Entry { machine, login: String::new(), password: String::new() });
+                current = Some(Entry { machine, login: String::new(), password: Secret::default() });
             }
             "login" => {
                 if let (Some(e), Some(v)) = (current.as_mut(), words.next()) {
@@ -45,7 +47,7 @@ pub fn parse(text: &str) -> Vec<Entry> {
             }
             "password" => {
                 if let (Some(e), Some(v)) = (current.as_mut(), words.next()) {
-                    e.password = v.to_string();
+                    e.password = Secret::new(v);
                 }
             }
             "macdef" => break, // Macros run to a blank line; nothing after them is needed here.
@@ -123,7 +125,7 @@ mod tests {
     #[test]
     fn netrc_entries_and_base64() {
         let entries = parse("machine data.example.org login alice password s3cret\ndefault login anon password x\n");
-        assert_eq!(find(&entries, "DATA.example.org").map(|e| e.password.as_str()), Some("s3cret"));
+        assert_eq!(find(&entries, "DATA.example.org").map(|e| e.password.expose()), Some("s3cret"));
         assert_eq!(find(&entries, "other").map(|e| e.login.as_str()), Some("anon"));
         assert_eq!(base64(b"Aladdin:open sesame"), "QWxhZGRpbjpvcGVuIHNlc2FtZQ==");
         assert_eq!(base64(b"ab"), "YWI=");

@@ -13,6 +13,7 @@ use std::time::SystemTime;
 
 use crate::error::RemoteError;
 use crate::sigv4::Keys;
+use crate::Secret;
 use profile::env;
 pub use profile::Profile;
 
@@ -79,15 +80,19 @@ impl Chain {
 
     fn resolve(&self, agent: &ureq::Agent) -> Result<Option<Temporary>, String> {
         if let (Some(access_key), Some(secret_key)) = (env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY")) {
-            let keys = Keys { access_key, secret_key, session_token: env("AWS_SESSION_TOKEN") };
+            let keys = Keys {
+                access_key,
+                secret_key: Secret::new(secret_key),
+                session_token: env("AWS_SESSION_TOKEN").map(Secret::new),
+            };
             return Ok(Some(Temporary { keys, expires: None, source: "the environment (AWS_ACCESS_KEY_ID)" }));
         }
         let p = &self.profile;
         if let (Some(access_key), Some(secret_key)) = (p.get("aws_access_key_id"), p.get("aws_secret_access_key")) {
             let keys = Keys {
                 access_key: access_key.into(),
-                secret_key: secret_key.into(),
-                session_token: p.get("aws_session_token").map(str::to_string),
+                secret_key: Secret::new(secret_key),
+                session_token: p.get("aws_session_token").map(Secret::new),
             };
             return Ok(Some(Temporary { keys, expires: None, source: "the profile files (~/.aws)" }));
         }

@@ -4,10 +4,19 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 /// One profile's settings, from both files (the credentials file wins).
-#[derive(Debug, Default, Clone)]
+#[derive(Default, Clone)]
 pub struct Profile {
     pub name: String,
     settings: HashMap<String, String>,
+}
+
+impl std::fmt::Debug for Profile {
+    /// The names of the settings, never their values (secret keys are among them).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut keys: Vec<&String> = self.settings.keys().collect();
+        keys.sort();
+        f.debug_struct("Profile").field("name", &self.name).field("settings", &keys).finish()
+    }
 }
 
 impl Profile {
