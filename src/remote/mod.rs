@@ -16,7 +16,7 @@ use std::time::Duration;
 
 pub use open::{fetch_for_broadcast, open};
 use stagefs_remote::{Client, Config, Secret};
-pub use stagefs_remote::{ObjectUrl, RemoteError};
+pub use stagefs_remote::{ObjectUrl, RemoteError, LOG_FILTER};
 
 /// How to reach objects in a store or on an HTTP(S) server.
 #[derive(Debug, Clone, clap::Args)]

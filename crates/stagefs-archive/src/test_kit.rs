@@ -29,6 +29,7 @@ pub fn package_of(tool: &str) -> &'static str {
         "sleep" | "truncate" => "coreutils",
         "useradd" => "passwd",
         "setpriv" => "util-linux",
+        "openssl" => "openssl",
         _ => "(unknown package)",
     }
 }

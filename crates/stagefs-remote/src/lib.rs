@@ -25,3 +25,11 @@ pub use range::RangeReader;
 pub use secret::Secret;
 pub use stream::ObjectStream;
 pub use url::{is_url, ObjectUrl};
+
+/// What every tracing subscriber of a process using this crate must filter out, at every
+/// verbosity: the crates under it (ureq, ureq-proto, rustls) dump raw requests at debug and
+/// trace level, bearer tokens, Basic credentials, session tokens and signed `Authorization`
+/// headers included. In the directive syntax of `tracing_subscriber`'s `Targets` and
+/// `EnvFilter`: apply it as a filter of its own beside the user's (`RUST_LOG`, `-v`), never
+/// merged into it, where a more specific directive (`ureq::unversioned=trace`) would win.
+pub const LOG_FILTER: &str = "trace,ureq=off,ureq_proto=off,rustls=off";
