@@ -149,6 +149,7 @@ pub(crate) fn read_range(
 ) -> Result<(), RemoteError> {
     let mut at = offset;
     let mut failed = 0;
+    let started = std::time::Instant::now();
     let what = object.url.shown();
     while at < end {
         let Some(_permit) = client.inner.permits.acquire(stopped) else { return Ok(()) };
@@ -159,8 +160,8 @@ pub(crate) fn read_range(
                 // Progress does not reset the count: a server that stalls after a little
                 // of every answer must end in an error, not trickle on forever.
                 failed += 1;
-                if failed >= tries.max(1) {
-                    return Err(RemoteError::Unavailable(format!("{e} (gave up after {failed} tries)")));
+                if failed >= crate::retry::allowed(&e, tries) {
+                    return Err(crate::retry::gave_up(e, failed, started));
                 }
                 tracing::info!("{what}: range {at}-{end}: try {failed} failed, trying again: {e}");
                 drop(_permit);
@@ -218,7 +219,7 @@ fn one_try(
                  server that answers them (S3, nginx, Apache, Caddy do)"
             )))
         }
-        _ => return Err(client.refusal(answer, &what)),
+        _ => return Err(client.refusal(answer, &object.url, &what)),
     }
     for (name, pinned) in [("etag", &version.etag), ("last-modified", &version.last_modified)] {
         if let (Some(pinned), Some(now)) = (pinned, header(name)) {
@@ -244,9 +245,7 @@ fn one_try(
             }
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                return Err(RemoteError::Unavailable(format!("{what}: reading at byte {}: {}", *at, read_error(&e))))
-            }
+            Err(e) => return Err(client.failed_reading(&object.url, &e, *at)),
         };
         sink(*at, &buf[..n])?;
         *at += n as u64;
@@ -259,13 +258,4 @@ fn changed(what: &str, how: String) -> RemoteError {
         "{what}: the object was replaced while stagefs read it ({how}); no bytes of two versions were mixed: \
          mount again once the upload is complete"
     ))
-}
-
-/// A body read error in words (ureq wraps its own errors, timeouts included, in io errors).
-fn read_error(e: &std::io::Error) -> String {
-    match e.get_ref().and_then(|inner| inner.downcast_ref::<ureq::Error>()) {
-        Some(inner) => crate::client::describe(inner),
-        None if e.kind() == std::io::ErrorKind::TimedOut => "timed out: the server stopped sending".into(),
-        None => format!("connection failed: {}", e.kind()),
-    }
 }

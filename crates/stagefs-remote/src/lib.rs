@@ -7,14 +7,18 @@
 mod client;
 pub mod credentials;
 mod error;
+mod failure;
 mod fetch;
 pub mod list;
 mod netrc;
 mod range;
+mod refusal;
+mod retry;
 mod secret;
 pub mod sigv4;
 mod stream;
 mod time;
+mod trust;
 pub mod url;
 mod xml;
 

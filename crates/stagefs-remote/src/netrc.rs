@@ -1,6 +1,4 @@
-//! HTTP(S) credentials and trust as curl users have them: `~/.netrc` (or `$NETRC`) entries, and CA certificates from `SSL_CERT_FILE`/`AWS_CA_BUNDLE` or the system bundle.
-
-use std::sync::Arc;
+//! HTTP(S) credentials as curl users have them: `~/.netrc` (or `$NETRC`) entries, and the Basic authentication they and a URL's `user:password@` give.
 
 use crate::Secret;
 
@@ -11,6 +9,14 @@ pub struct Entry {
     pub machine: Option<String>,
     pub login: String,
     pub password: Secret,
+}
+
+/// The file's name for messages: `$NETRC=PATH` when set, else `~/.netrc`.
+pub fn shown_path() -> String {
+    match std::env::var_os("NETRC") {
+        Some(path) => format!("$NETRC={}", crate::url::display_text(&path.to_string_lossy())),
+        None => "~/.netrc".into(),
+    }
 }
 
 /// The entries of `$NETRC` or `~/.netrc`; none if it is missing, or readable by others
@@ -88,34 +94,6 @@ pub fn base64(bytes: &[u8]) -> String {
 /// `%XX` decoded (a URL's `user:password@`).
 pub fn percent_decode(text: &str) -> String {
     percent_encoding::percent_decode_str(text).decode_utf8_lossy().into_owned()
-}
-
-/// Trusted CA certificates: `AWS_CA_BUNDLE` or `SSL_CERT_FILE` if set, else the system
-/// bundle (where clusters add their own CAs), else the Mozilla roots built in.
-pub fn tls_config() -> ureq::tls::TlsConfig {
-    let named = ["AWS_CA_BUNDLE", "SSL_CERT_FILE"].iter().find_map(|k| std::env::var_os(k).filter(|v| !v.is_empty()));
-    let system = [
-        "/etc/ssl/certs/ca-certificates.crt", // Debian, Ubuntu
-        "/etc/pki/tls/certs/ca-bundle.crt",   // RHEL, Rocky, Alma
-        "/etc/ssl/ca-bundle.pem",             // SUSE
-    ];
-    let candidates: Vec<std::path::PathBuf> = match named {
-        Some(path) => vec![path.into()],
-        None => system.iter().map(std::path::PathBuf::from).collect(),
-    };
-    for path in candidates {
-        let Ok(pem) = std::fs::read(&path) else { continue };
-        let certs: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(&pem)
-            .filter_map(|item| match item {
-                Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
-                _ => None,
-            })
-            .collect();
-        if !certs.is_empty() {
-            return ureq::tls::TlsConfig::builder().root_certs(ureq::tls::RootCerts::Specific(Arc::new(certs))).build();
-        }
-    }
-    ureq::tls::TlsConfig::builder().root_certs(ureq::tls::RootCerts::WebPki).build()
 }
 
 #[cfg(test)]

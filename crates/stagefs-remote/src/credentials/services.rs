@@ -55,7 +55,7 @@ pub fn imds(agent: &ureq::Agent) -> Result<Option<Temporary>, String> {
     };
     let keys = Keys { access_key, secret_key: Secret::new(secret_key), session_token: field("Token").map(Secret::new) };
     let expires = field("Expiration").and_then(|e| crate::time::parse_iso8601(&e));
-    Ok(Some(Temporary { keys, expires, source: "the EC2 instance role (IMDSv2)" }))
+    Ok(Some(Temporary { keys, expires, source: "the EC2 instance role (IMDSv2)".into() }))
 }
 
 /// `AssumeRoleWithWebIdentity`: the token in `token_file` exchanged at STS for the
@@ -103,7 +103,7 @@ pub fn web_identity(agent: &ureq::Agent, token_file: &str, role_arn: &str, regio
     let keys =
         Keys { access_key, secret_key: Secret::new(secret_key), session_token: field("SessionToken").map(Secret::new) };
     let expires = field("Expiration").and_then(|e| crate::time::parse_iso8601(&e));
-    Ok(Temporary { keys, expires, source: "web identity (AWS_WEB_IDENTITY_TOKEN_FILE)" })
+    Ok(Temporary { keys, expires, source: format!("web identity (role {})", crate::url::display_text(role_arn)) })
 }
 
 /// `credential_process` of a profile: a command that prints the credentials as JSON
@@ -127,7 +127,7 @@ pub fn credential_process(command: &str) -> Result<Temporary, String> {
     let keys =
         Keys { access_key, secret_key: Secret::new(secret_key), session_token: field("SessionToken").map(Secret::new) };
     let expires = field("Expiration").and_then(|e| crate::time::parse_iso8601(&e));
-    Ok(Temporary { keys, expires, source: "the profile's credential_process" })
+    Ok(Temporary { keys, expires, source: "the profile's credential_process".into() })
 }
 
 /// A body read as text, at most 1 MiB (credential answers are a few hundred bytes).
