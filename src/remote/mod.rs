@@ -86,6 +86,8 @@ pub fn configure(options: &RemoteOptions) -> Result<(), RemoteFailure> {
         profile: options.profile.clone(),
         bearer_token,
         allow_http: options.allow_http,
+        // One line per retry on a terminal: a slow or failing server is never silent.
+        on_retry: Some(stagefs_remote::RetryHook::new(crate::report::notice)),
         ..Config::default()
     };
     let client = Client::new(config)?;

@@ -2,10 +2,11 @@
 
 use std::fs;
 use std::net::TcpListener;
+use std::process::Command;
 
 use super::servers::{base_env, Nginx, BASIC_PASSWORD, BASIC_USER};
 use super::{mount_fails, mount_url};
-use crate::util::{pack_tar, require_root, TempDir};
+use crate::util::{pack_tar, require_root, require_tool, run_cmd, stagefs_bin, TempDir, CMD_TIMEOUT};
 
 /// A one-file tar as `name` in nginx's root.
 fn small_tar(nginx: &Nginx, tmp: &TempDir, name: &str) {
@@ -64,8 +65,10 @@ fn an_untrusted_certificate_fails_at_once_naming_the_ca_setting_that_won() {
     mnt.unmount().assert_success();
 }
 
+/// Also: one line per retry on a terminal (a pty made by `script`), none on stderr where
+/// there is no terminal (the log has them).
 #[test]
-fn a_refused_connection_is_tried_a_few_times_only() {
+fn a_refused_connection_is_tried_a_few_times_only_each_retry_shown_on_a_terminal() {
     require_root();
     let tmp = TempDir::new("remote-refused");
     let env = base_env(&tmp.join("cache"));
@@ -73,9 +76,21 @@ fn a_refused_connection_is_tried_a_few_times_only() {
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let url = format!("http://127.0.0.1:{port}/a.tar");
     let refused = format!("connection refused by 127.0.0.1:{port}: nothing listens there");
-    mount_fails(&env, &[], &url, 1, &[&refused, "gave up after 4 tries"]);
+    let err = mount_fails(&env, &[], &url, 1, &[&refused, "gave up after 4 tries"]);
+    assert!(!err.contains("(try "), "no retry lines without a terminal: {err}");
     // Fewer tries asked for: fewer given.
     mount_fails(&env, &["--remote-tries", "2"], &url, 1, &[&refused, "gave up after 2 tries"]);
+
+    let line = format!("{} mount {url} {}", stagefs_bin().display(), tmp.join("mnt").display());
+    let mut on_a_terminal = Command::new(require_tool("script"));
+    on_a_terminal.args(["-qec", &line, "/dev/null"]).envs(env.iter().map(|(k, v)| (k, v)));
+    // `script` passes the pty's output, stderr included, to its stdout.
+    let out = run_cmd(&mut on_a_terminal, CMD_TIMEOUT);
+    assert_eq!(out.code(), Some(1), "{}", out.describe());
+    for n in 1..=3 {
+        assert!(out.stdout.contains(&format!("(try {n} of 4; again in ")), "{}", out.describe());
+    }
+    assert!(!out.stdout.contains("(try 4 of"), "{}", out.describe());
 }
 
 #[test]

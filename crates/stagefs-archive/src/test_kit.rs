@@ -30,6 +30,7 @@ pub fn package_of(tool: &str) -> &'static str {
         "useradd" => "passwd",
         "setpriv" => "util-linux",
         "openssl" => "openssl",
+        "script" => "bsdutils",
         _ => "(unknown package)",
     }
 }

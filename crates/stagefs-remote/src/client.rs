@@ -33,6 +33,8 @@ pub struct Config {
     pub bearer_token: Option<Secret>,
     /// `--allow-http`: plain http:// to hosts other than this machine.
     pub allow_http: bool,
+    /// Told of each failed try that will be tried again (the CLI prints it on a terminal).
+    pub on_retry: Option<crate::RetryHook>,
 }
 
 impl Default for Config {
@@ -48,6 +50,7 @@ impl Default for Config {
             profile: None,
             bearer_token: None,
             allow_http: false,
+            on_retry: None,
         }
     }
 }
@@ -181,7 +184,7 @@ impl Client {
     /// is missing, nor why it refuses).
     pub fn stat(&self, url: &ObjectUrl) -> Result<Object, RemoteError> {
         let what = url.shown();
-        self.retrying(&what, &|| false, || {
+        self.retrying(&|| false, || {
             let ask = Ask { method: "GET", url, query: &[], headers: vec![("range", "bytes=0-0".into())], body: None };
             let answer = self.send(&ask)?;
             let status = answer.status().as_u16();
@@ -206,7 +209,7 @@ impl Client {
     /// `None` when there is none (or it may not be read).
     pub fn get_small(&self, url: &ObjectUrl, limit: u64) -> Result<Option<Vec<u8>>, RemoteError> {
         let what = url.shown();
-        self.retrying(&what, &|| false, || {
+        self.retrying(&|| false, || {
             let answer = self.send(&Ask { method: "GET", url, query: &[], headers: vec![], body: None })?;
             match answer.status().as_u16() {
                 200 => {
@@ -228,7 +231,7 @@ impl Client {
     /// Uploads `bytes` as the object at `url` (one PUT).
     pub fn put(&self, url: &ObjectUrl, bytes: &[u8]) -> Result<(), RemoteError> {
         let what = url.shown();
-        self.retrying(&what, &|| false, || {
+        self.retrying(&|| false, || {
             let answer = self.send(&Ask { method: "PUT", url, query: &[], headers: vec![], body: Some(bytes) })?;
             match answer.status().as_u16() {
                 200..=299 => Ok(()),

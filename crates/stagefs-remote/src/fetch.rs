@@ -150,7 +150,6 @@ pub(crate) fn read_range(
     let mut at = offset;
     let mut failed = 0;
     let started = std::time::Instant::now();
-    let what = object.url.shown();
     while at < end {
         let Some(_permit) = client.inner.permits.acquire(stopped) else { return Ok(()) };
         match one_try(client, object, &mut at, end, stopped, sink) {
@@ -160,12 +159,13 @@ pub(crate) fn read_range(
                 // Progress does not reset the count: a server that stalls after a little
                 // of every answer must end in an error, not trickle on forever.
                 failed += 1;
-                if failed >= crate::retry::allowed(&e, tries) {
+                let of = crate::retry::allowed(&e, tries);
+                if failed >= of {
                     return Err(crate::retry::gave_up(e, failed, started));
                 }
-                tracing::info!("{what}: range {at}-{end}: try {failed} failed, trying again: {e}");
                 drop(_permit);
-                if !client.pause(failed, stopped) {
+                let line = |wait| format!("{e} (bytes {at}-{end}: try {failed} of {of}; again in {wait:.1} s)");
+                if !client.again(failed, stopped, line) {
                     return Ok(());
                 }
             }

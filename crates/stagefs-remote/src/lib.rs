@@ -26,6 +26,7 @@ pub use client::{Client, Config, Object, Version};
 pub use error::RemoteError;
 pub use fetch::{fetch_into, Hooks};
 pub use range::RangeReader;
+pub use retry::RetryHook;
 pub use secret::Secret;
 pub use stream::ObjectStream;
 pub use url::{is_url, ObjectUrl};

@@ -88,7 +88,7 @@ impl Client {
         let mut objects = Vec::new();
         let mut token: Option<String> = None;
         loop {
-            let page = self.retrying(&what, &|| false, || {
+            let page = self.retrying(&|| false, || {
                 let mut query = vec![("list-type", "2"), ("prefix", prefix)];
                 if let Some(t) = &token {
                     query.push(("continuation-token", t.as_str()));

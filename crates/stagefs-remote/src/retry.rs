@@ -1,5 +1,6 @@
 //! Trying again only what may change: timeouts, resets, 5xx and 429 with exponential backoff and jitter up to `Config::tries`; a refused connection a few times only; everything else (a name that does not resolve, an untrusted certificate, 400/401/403/404) never.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::client::Client;
@@ -10,6 +11,25 @@ use crate::error::RemoteError;
 /// down fails in about 2 s (all 8 tries took 25 s), and one that restarts (nginx does in
 /// well under a second) is still waited for.
 pub(crate) const REFUSED_TRIES: u32 = 4;
+
+/// Called with one line for each failed try that will be tried again ("...: connection
+/// refused by h:9000 ... (try 1 of 4; again in 0.3 s)"), so that a caller can show it
+/// where a person sees it (a terminal: this crate knows none). Without one, the line
+/// is logged at info level.
+#[derive(Clone)]
+pub struct RetryHook(Arc<dyn Fn(&str) + Send + Sync>);
+
+impl RetryHook {
+    pub fn new(f: impl Fn(&str) + Send + Sync + 'static) -> RetryHook {
+        RetryHook(Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for RetryHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RetryHook")
+    }
+}
 
 /// The tries `e` allows of `tries`.
 pub(crate) fn allowed(e: &RemoteError, tries: u32) -> u32 {
@@ -38,7 +58,6 @@ impl Client {
     /// `cancelled` is polled during the pauses.
     pub(crate) fn retrying<T>(
         &self,
-        what: &str,
         cancelled: &dyn Fn() -> bool,
         mut attempt: impl FnMut() -> Result<T, RemoteError>,
     ) -> Result<T, RemoteError> {
@@ -53,8 +72,8 @@ impl Client {
                     self.inner.chain.forget();
                 }
                 Err(e) if e.is_transient() && n < allowed(&e, tries) => {
-                    tracing::info!("{what}: try {n} failed, trying again: {e}");
-                    if !self.pause(n, cancelled) {
+                    let of = allowed(&e, tries);
+                    if !self.again(n, cancelled, |wait| format!("{e} (try {n} of {of}; again in {wait:.1} s)")) {
                         return Err(RemoteError::Cancelled);
                     }
                 }
@@ -65,11 +84,19 @@ impl Client {
         unreachable!("the loop returns")
     }
 
-    /// Sleeps the backoff before try `n + 1`; false if cancelled meanwhile.
-    pub(crate) fn pause(&self, n: u32, cancelled: &dyn Fn() -> bool) -> bool {
+    /// Says that try `n` failed and will be tried again (`line`, given the pause in
+    /// seconds: to the caller's [`RetryHook`], else the log), then sleeps the backoff
+    /// before try `n + 1`; false if cancelled meanwhile. `what` is in the line already: it
+    /// begins with the error, which names the object.
+    pub(crate) fn again(&self, n: u32, cancelled: &dyn Fn() -> bool, line: impl FnOnce(f64) -> String) -> bool {
         let base = self.inner.config.backoff.as_millis() as u64;
         let cap = base.saturating_mul(1 << n.min(16)).min(10_000);
         let wait = Duration::from_millis(cap / 2 + jitter(cap / 2 + 1));
+        let line = line(wait.as_secs_f64());
+        match &self.inner.config.on_retry {
+            Some(hook) => (hook.0)(&line),
+            None => tracing::info!("{line}"),
+        }
         let until = Instant::now() + wait;
         while Instant::now() < until {
             if cancelled() {

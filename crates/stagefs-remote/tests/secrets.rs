@@ -1,38 +1,12 @@
-//! Secrets given to the client (a bearer token, a URL's password, a presigned query) never appear in its errors or debug prints, whatever the server answers; a small HTTP server in the test (std only, on 127.0.0.1) answers with a fixed status.
+//! Secrets given to the client (a bearer token, a URL's password, a presigned query) never appear in its errors or debug prints, whatever the server answers (a small HTTP server in the test answers with a fixed status).
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
+mod common;
+
 use std::time::Duration;
 
-use stagefs_remote::{Client, Config, ObjectUrl, Secret};
+use common::{answer_with, closed_port};
 
-/// Answers every request with `status` and an empty body; returns the port.
-fn answer_with(status: &'static str) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().take(1000) {
-            let Ok(stream) = stream else { continue };
-            std::thread::spawn(move || {
-                let mut reader = BufReader::new(stream.try_clone().unwrap());
-                let mut out = stream;
-                loop {
-                    let mut line = String::new();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    if line == "\r\n" {
-                        let head = format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\n\r\n");
-                        if out.write_all(head.as_bytes()).is_err() {
-                            return;
-                        }
-                    }
-                }
-            });
-        }
-    });
-    port
-}
+use stagefs_remote::{Client, Config, ObjectUrl, Secret};
 
 const TOKEN: &str = "tok-Secret-7f3a9c";
 const PASSWORD: &str = "pw-Secret-51be02";
@@ -46,7 +20,7 @@ fn assert_clean(text: &str) {
 
 #[test]
 fn no_error_or_debug_print_holds_a_secret() {
-    let closed = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let closed = closed_port();
     for bearer in [true, false] {
         let config = Config {
             tries: 2,
