@@ -25,10 +25,17 @@ pub struct RemoteOptions {
     /// Range requests in flight while fetching an object, 1 to 256
     #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub remote_concurrency: u16,
-    /// Give up on a server silent this long (connecting, answering, each read; then retried), e.g. 30s
+    /// Give up on a server silent this long (connecting, answering, each read; then retried), e.g. 30s;
+    /// a whole request is bounded by --remote-deadline
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::duration::parse_duration)]
     pub remote_timeout: Duration,
-    /// Tries per request (connection resets, timeouts, 5xx and 429 are retried with backoff)
+    /// Give up on one request not done this long after it began, however steadily the server
+    /// trickles (then retried, resuming where it stopped); --remote-timeout's partner, e.g. 5m
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = crate::duration::parse_duration)]
+    pub remote_deadline: Duration,
+    /// Tries per request: timeouts, resets, 5xx and 429 are retried with backoff, a refused
+    /// connection at most 4 times; a name that does not resolve, an untrusted certificate and
+    /// 4xx never
     #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub remote_tries: u32,
     /// An S3-compatible store (MinIO, Ceph, ...): its URL, addressed path-style.
@@ -55,6 +62,7 @@ impl Default for RemoteOptions {
         RemoteOptions {
             remote_concurrency: 16,
             remote_timeout: Duration::from_secs(30),
+            remote_deadline: Duration::from_secs(300),
             remote_tries: 8,
             endpoint_url: None,
             no_sign_request: false,
@@ -77,9 +85,19 @@ pub fn configure(options: &RemoteOptions) -> Result<(), RemoteFailure> {
         Some(file) => Some(read_token(file)?),
         None => None,
     };
+    let timeout = options.remote_timeout.max(Duration::from_millis(100));
+    if options.remote_deadline < timeout {
+        return Err(RemoteFailure::Usage(format!(
+            "--remote-deadline ({} s) bounds a whole request, --remote-timeout ({} s) each wait within it: the \
+             deadline must not be shorter",
+            options.remote_deadline.as_secs_f64(),
+            timeout.as_secs_f64()
+        )));
+    }
     let config = Config {
         concurrency: options.remote_concurrency.into(),
-        timeout: options.remote_timeout.max(Duration::from_millis(100)),
+        timeout,
+        deadline: options.remote_deadline,
         tries: options.remote_tries,
         endpoint_url: options.endpoint_url.clone(),
         no_sign_request: options.no_sign_request,

@@ -19,6 +19,10 @@ pub struct Config {
     /// Connecting, waiting for an answer, and each read: a server silent this long fails
     /// that try (retried), never hangs.
     pub timeout: Duration,
+    /// The whole of one request, from connecting to its last byte: a server that trickles
+    /// (a byte a second never trips `timeout`) fails that try (retried, resuming where it
+    /// stopped) instead of holding a range for days. The partner of `timeout`.
+    pub deadline: Duration,
     /// Tries per request, the first included (connection trouble, 5xx, 429).
     pub tries: u32,
     /// First pause between tries; it doubles up to 10 s, with jitter.
@@ -43,6 +47,7 @@ impl Default for Config {
             concurrency: 16,
             chunk_size: 8 << 20,
             timeout: Duration::from_secs(30),
+            deadline: Duration::from_secs(300),
             tries: 8,
             backoff: Duration::from_millis(200),
             endpoint_url: None,
@@ -147,6 +152,7 @@ impl Client {
             ureq::Agent::config_builder()
                 .http_status_as_error(false)
                 .max_redirects(0)
+                .timeout_global(Some(config.deadline))
                 .timeout_connect(Some(config.timeout))
                 .timeout_recv_response(Some(config.timeout))
                 .timeout_per_read(Some(config.timeout))
@@ -294,7 +300,7 @@ impl Client {
             host: &host,
             from: &from,
             trust,
-            timeout: self.inner.config.timeout,
+            config: &self.inner.config,
         })
     }
 

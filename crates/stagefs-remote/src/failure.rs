@@ -1,8 +1,8 @@
 //! A request that got no answer, in words a user can act on (the host, the cause, where the setting came from), sorted by whether another try may help: a name that does not resolve and an untrusted certificate fail at once, a refused connection is tried briefly, timeouts and resets with the full backoff.
 
 use std::io::ErrorKind;
-use std::time::Duration;
 
+use crate::client::Config;
 use crate::error::RemoteError;
 
 /// What the words of a failure need besides the error itself.
@@ -18,8 +18,8 @@ pub(crate) struct Context<'a> {
     pub from: &'a str,
     /// Where the trusted CA certificates came from (see `trust`).
     pub trust: &'a str,
-    /// `--remote-timeout`.
-    pub timeout: Duration,
+    /// For its timeout and deadline.
+    pub config: &'a Config,
 }
 
 /// How a failure is retried.
@@ -130,8 +130,12 @@ fn tls(e: &rustls::Error, cx: &Context) -> (Class, String) {
 }
 
 fn timeout(t: ureq::Timeout, cx: &Context) -> (Class, String) {
-    let (host, seconds) = (cx.host, cx.timeout.as_secs_f64());
+    let (host, seconds) = (cx.host, cx.config.timeout.as_secs_f64());
     let words = match t {
+        ureq::Timeout::Global => format!(
+            "the request took longer than its deadline ({} s, --remote-deadline): {host} sends too slowly",
+            cx.config.deadline.as_secs_f64()
+        ),
         ureq::Timeout::Resolve => format!("timed out resolving {}{} ({seconds} s)", cx.name, cx.from),
         ureq::Timeout::Connect => format!("timed out connecting to {host}{} ({seconds} s)", cx.from),
         t => format!("timed out ({t}, {seconds} s): {host} stopped answering"),
