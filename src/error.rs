@@ -154,7 +154,10 @@ impl From<RemoteError> for Failure {
             RemoteError::Cancelled => {
                 return crate::cancel::check().map_or_else(Failure::from, |()| Failure::other("cancelled".into()))
             }
-            RemoteError::Unavailable(_) | RemoteError::Write { .. } => code::OTHER,
+            RemoteError::Unavailable(_)
+            | RemoteError::Refused(_)
+            | RemoteError::Unreachable(_)
+            | RemoteError::Write { .. } => code::OTHER,
         };
         Failure::new(code, e.to_string())
     }

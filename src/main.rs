@@ -211,11 +211,19 @@ fn init_logging(verbose: u8, colour: bool) {
     })
     .delimited(" ");
     let ansi = colour && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    // A filter of its own, after the user's: no `RUST_LOG` can let the HTTP and TLS crates'
+    // request dumps (credentials included) through.
+    let no_request_dumps: tracing_subscriber::filter::Targets =
+        stagefs_remote::LOG_FILTER.parse().expect("stagefs_remote::LOG_FILTER parses");
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .fmt_fields(escaped)
         .event_format(Lines { log: tracing_subscriber::fmt::format().with_target(false).with_ansi(ansi) })
         .with_writer(std::io::stderr)
+        .finish()
+        .with(no_request_dumps)
         .init();
 }
 

@@ -2,6 +2,8 @@
 
 use std::fmt::Write;
 
+use crate::Secret;
+
 /// Where an object lives.
 #[derive(Clone, PartialEq, Eq)]
 pub enum ObjectUrl {
@@ -21,9 +23,9 @@ pub struct HttpUrl {
     /// The path, starting with `/`, as written (already percent-encoded where needed).
     pub path: String,
     /// The query string without `?` (a presigned URL's signature): sent, never shown.
-    pub query: Option<String>,
+    pub query: Option<Secret>,
     /// `user:password@` in the URL (HTTP basic authentication): sent, never shown.
-    pub userinfo: Option<String>,
+    pub userinfo: Option<Secret>,
 }
 
 /// Why text is not an object URL stagefs can use.
@@ -67,11 +69,11 @@ impl ObjectUrl {
                 };
                 let (path_query, _fragment) = path_query.split_once('#').unwrap_or((path_query, ""));
                 let (path, query) = match path_query.split_once('?') {
-                    Some((p, q)) => (p.to_string(), Some(q.to_string())),
+                    Some((p, q)) => (p.to_string(), Some(Secret::new(q))),
                     None => (path_query.to_string(), None),
                 };
                 let (userinfo, hostport) = match authority.rsplit_once('@') {
-                    Some((u, h)) => (Some(u.to_string()), h),
+                    Some((u, h)) => (Some(Secret::new(u)), h),
                     None => (None, authority),
                 };
                 let (host, port) = split_port(hostport).ok_or_else(|| bad("bad host or port"))?;
@@ -157,11 +159,11 @@ impl HttpUrl {
         }
     }
 
-    /// What a request is sent to: origin, path and query, no user.
-    pub fn request_url(&self) -> String {
+    /// What a request is sent to: origin, path and query (a secret when presigned), no user.
+    pub fn request_url(&self) -> Secret {
         match &self.query {
-            Some(q) => format!("{}{}?{q}", self.origin(), self.path),
-            None => format!("{}{}", self.origin(), self.path),
+            Some(q) => Secret::new(format!("{}{}?{}", self.origin(), self.path, q.expose())),
+            None => Secret::new(format!("{}{}", self.origin(), self.path)),
         }
     }
 
@@ -255,8 +257,11 @@ mod tests {
         let https = ObjectUrl::parse(signed, false).unwrap();
         let u = https.http().unwrap();
         assert_eq!((u.host.as_str(), u.port, u.path.as_str()), ("data.example.org", Some(8443), "/sets/a.tar"));
-        assert_eq!(u.request_url(), "https://data.example.org:8443/sets/a.tar?X-Amz-Signature=abc&X-Amz-Credential=k");
-        assert_eq!(u.userinfo.as_deref(), Some("alice:hunter2"));
+        assert_eq!(
+            u.request_url().expose(),
+            "https://data.example.org:8443/sets/a.tar?X-Amz-Signature=abc&X-Amz-Credential=k"
+        );
+        assert_eq!(u.userinfo.as_ref().map(Secret::expose), Some("alice:hunter2"));
         let shown = https.shown();
         assert_eq!(shown, "https://data.example.org:8443/sets/a.tar");
         assert!(!format!("{https:?}").contains("hunter2") && !format!("{https:?}").contains("Signature"));

@@ -83,6 +83,10 @@ fn collecting_warnings<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
         .with_level(false)
         .with_writer(move || writer.clone())
         .finish();
+    // As the CLI's: the HTTP and TLS crates' request dumps (credentials included) never pass.
+    let no_request_dumps: tracing_subscriber::filter::Targets =
+        stagefs::remote::LOG_FILTER.parse().expect("stagefs_remote::LOG_FILTER parses");
+    let subscriber = tracing_subscriber::layer::SubscriberExt::with(subscriber, no_request_dumps);
     let value = tracing::subscriber::with_default(subscriber, f);
     let text = String::from_utf8_lossy(&lines.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned();
     (value, text.lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect())

@@ -149,7 +149,8 @@ fn remote_error(msg: String, e: RemoteError, spec: &Path) -> PyErr {
         RemoteError::Denied(_) => libc::EACCES,
         RemoteError::Changed(_) => libc::ESTALE,
         RemoteError::Unsupported(_) => libc::EINVAL,
-        RemoteError::Unavailable(_) => libc::EHOSTUNREACH,
+        RemoteError::Unavailable(_) | RemoteError::Unreachable(_) => libc::EHOSTUNREACH,
+        RemoteError::Refused(_) => libc::ECONNREFUSED,
         RemoteError::Write { errno, .. } => errno.unwrap_or(libc::EIO),
     };
     os_error(errno, msg, spec)
