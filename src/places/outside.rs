@@ -79,7 +79,7 @@ pub enum OutsideError {
     #[error("{}: {why}; refusing it. Pass --trust-shards to use such shards on purpose", path.shown())]
     Untrusted { path: PathBuf, why: String },
     /// Another user could have made (or could replace) a file stagefs would write.
-    #[error("{}: {why}; refusing to write it. Choose a path in a directory of your own", path.shown())]
+    #[error("{}: {why}; refusing it: use a file in a directory of your own", path.shown())]
     Unsafe { path: PathBuf, why: String },
     /// The file lies on the very mount that would serve it.
     #[error("{}: lies on this stagefs mount itself; a shard must come from outside the mount it is added to", path.shown())]
@@ -137,6 +137,22 @@ pub fn open_append(path: &Path) -> Result<File, OutsideError> {
         return Err(unsafe_(format!("other users may write it (mode {:04o})", meta.mode() & 0o7777)));
     }
     Ok(walked.file)
+}
+
+/// Reads a file of the user's own that stagefs trusts with secrets or trust (AWS config and
+/// credentials, a CA bundle, a token, `~/.netrc`): walked as a log is (nothing on the way
+/// that another user could have put there), a regular file owned by the user or root that
+/// nobody else may write, at most `cap` bytes. `Ok(None)` when there is none; its text and
+/// permission bits otherwise.
+pub fn read_own_file(path: &Path, cap: u64) -> Result<Option<(Vec<u8>, u32)>, OutsideError> {
+    let walked = match walk(path, Rule::Own, None, |dir, name| dir.open_file(name)) {
+        Err(OutsideError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        walked => walked?,
+    };
+    let unsafe_ = |why: String| OutsideError::Unsafe { path: walked.named.clone(), why };
+    let mode = walked.meta.mode();
+    let bytes = super::files::read_checked(walked.file, &[my_uid(), 0], cap).map_err(unsafe_)?;
+    Ok(Some((bytes, mode & 0o7777)))
 }
 
 /// What a walk ends with: the file, opened, and the directory holding it.

@@ -106,6 +106,7 @@ pub fn configure(options: &RemoteOptions) -> Result<(), RemoteFailure> {
         allow_http: options.allow_http,
         // One line per retry on a terminal: a slow or failing server is never silent.
         on_retry: Some(stagefs_remote::RetryHook::new(crate::report::notice)),
+        files: files(),
         ..Config::default()
     };
     let client = Client::new(config)?;
@@ -118,20 +119,28 @@ pub fn client() -> Result<&'static Client, RemoteError> {
     if let Some(client) = CLIENT.get() {
         return Ok(client);
     }
-    let client = Client::new(Config::default())?;
+    let client = Client::new(Config { files: files(), ..Config::default() })?;
     Ok(CLIENT.get_or_init(|| client))
 }
 
-/// A token file, checked as ssh checks keys: a token others can read is no secret.
+/// The door the client reads its files through (credentials, CA bundles, tokens,
+/// `~/.netrc`): `places::read_own_file`, the user's own files only.
+fn files() -> stagefs_remote::Files {
+    stagefs_remote::Files::new(|path, cap| match crate::places::read_own_file(path, cap) {
+        Ok(file) => Ok(file.map(|(bytes, mode)| stagefs_remote::ReadFile { bytes, mode })),
+        Err(e) => Err(e.to_string()),
+    })
+}
+
+/// A token file, read as the user's own files are (`places::read_own_file`) and checked as
+/// ssh checks keys: a token others can read is no secret.
 fn read_token(file: &Path) -> Result<Secret, RemoteFailure> {
-    use std::os::unix::fs::MetadataExt;
     let usage = |why: String| RemoteFailure::Usage(format!("--bearer-token-file {}: {why}", file.shown()));
-    let opened = crate::places::open_outside(file, Trust::Named, None).map_err(|e| usage(e.to_string()))?;
-    let meta = opened.file().metadata().map_err(|e| usage(e.to_string()))?;
-    if meta.mode() & 0o077 != 0 {
-        return Err(usage(format!("other users can read it (mode {:04o}); chmod 600 it first", meta.mode() & 0o7777)));
+    let read = crate::places::read_own_file(file, 1 << 20).map_err(|e| usage(e.to_string()))?;
+    let (bytes, mode) = read.ok_or_else(|| usage("it does not exist".into()))?;
+    if mode & 0o077 != 0 {
+        return Err(usage(format!("other users can read it (mode {mode:04o}); chmod 600 it first")));
     }
-    let bytes = crate::places::read_all(opened.file(), 1 << 20).map_err(usage)?;
     let text = String::from_utf8(bytes).map_err(|_| usage("it is not text".into()))?;
     let token = text.trim();
     if token.is_empty() || token.contains(['\n', '\r']) {

@@ -115,3 +115,42 @@ fn missing_objects_and_refused_passwords_are_asked_once_with_advice_for_each() {
     assert_eq!(fs::read(mnt.path().join("a.txt")).unwrap(), b"hello\n");
     mnt.unmount().assert_success();
 }
+
+/// The files the client trusts with secrets and trust are the user's own, judged as a log
+/// is: a CA bundle named by `SSL_CERT_FILE` that another user (eve) put in a shared sticky
+/// directory, as a file or a link, is refused (exit 2, naming it and eve); alice's own copy
+/// of the same CA is trusted.
+#[test]
+fn a_ca_bundle_another_user_put_in_place_is_not_trusted() {
+    let s = crate::util::scene("remote-ca-users");
+    let nginx = Nginx::start_tls("ca-users");
+    let tmp = TempDir::new("remote-ca-users");
+    small_tar(&nginx, &tmp, "a.tar");
+    let ca = nginx.ca.clone().unwrap();
+    let url = nginx.url("a.tar");
+    let shared = s.dir("shared", 0o1777, &s.alice);
+    let mnt = s.mountpoint("mnt-ca-users");
+    let mount = |bundle: &std::path::Path| {
+        let mut cmd = s.alice.command(&[("SSL_CERT_FILE", bundle.to_str().unwrap())], &stagefs_bin());
+        cmd.args(["mount", &url, mnt.to_str().unwrap()]);
+        run_cmd(&mut cmd, CMD_TIMEOUT)
+    };
+    let planted = shared.join("ca.pem");
+    fs::copy(&ca, &planted).unwrap();
+    s.eve.chown(&planted);
+    let out = mount(&planted);
+    out.assert_code(2).assert_stderr_has(&["ca.pem", "sfs-eve", "refusing it"]);
+    fs::remove_file(&planted).unwrap();
+    let eves = s.tmp.join("eve-ca.pem");
+    fs::copy(&ca, &eves).unwrap();
+    s.eve.chown(&eves);
+    s.eve.sh(&format!("ln -s {} {}", eves.display(), planted.display()));
+    mount(&planted).assert_code(2).assert_stderr_has(&["ca.pem", "symbolic link", "sfs-eve"]);
+    let own = s.alice.home.join("remote-ca-users.pem");
+    fs::copy(&ca, &own).unwrap();
+    s.alice.chown(&own);
+    mount(&own).assert_success();
+    assert_eq!(s.cat(&mnt.join("a.txt")).stdout, "hello\n");
+    s.umount(&mnt);
+    fs::remove_file(&own).unwrap();
+}

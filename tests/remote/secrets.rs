@@ -12,6 +12,7 @@ use crate::util::{is_mounted, pack_tar, require_root, wait_timeout, wait_until, 
 
 const TOKEN: &str = "tk9d1f2e7aQx4Lm8Wb";
 const SESSION_TOKEN: &str = "ss4b8c6e0dZp7Rw2Kq";
+const SIGNATURE: &str = "sg7e2c9f1bMv3Tn6Yh";
 /// What a user's `RUST_LOG` may ask for: ignored for these crates whatever it says.
 const RUST_LOG: &str = "trace,ureq=trace,ureq_proto::util=trace,ureq::unversioned=trace,rustls=trace";
 
@@ -75,9 +76,24 @@ fn secrets_never_reach_the_logs_even_at_trace_level() {
     let (log_text, mp) = (log_file.to_str().unwrap(), tmp.join("mnt-bg"));
     let token = token_file.to_str().unwrap();
     let opts = ["-vvv", "--log-file", log_text, "--bearer-token-file", token];
-    let mnt = mount_url(&env, &opts, &with_password("a.tar"), &mp);
+    // A presigned URL's signature in the query (nginx ignores it) besides the password.
+    let mnt = mount_url(&env, &opts, &with_password(&format!("a.tar?X-Amz-Signature={SIGNATURE}")), &mp);
     assert_eq!(fs::read(mnt.path().join("a.txt")).unwrap(), b"hello\n");
+    // What `ps` shows every user of the node, for the mount's whole life.
+    assert_no_secret(&command_lines(), &[BASIC_PASSWORD, SIGNATURE], "a command line");
     mnt.unmount().assert_success();
+    // The URL on standard input (`stagefs mount -`, as stagefs.mount() passes it).
+    let mp = tmp.join("mnt-stdin");
+    let mut cmd = command_with(&env, &["mount", "-", mp.to_str().unwrap()]);
+    let mut child = KillOnDrop(cmd.stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap());
+    std::io::Write::write_all(child.0.stdin.as_mut().unwrap(), format!("{}\n", with_password("a.tar")).as_bytes())
+        .unwrap();
+    drop(child.0.stdin.take());
+    let status = wait_timeout(&mut child.0, Duration::from_secs(60)).expect("mount - hung");
+    assert!(status.success() && is_mounted(&mp), "stagefs mount - failed");
+    assert_eq!(fs::read(mp.join("a.txt")).unwrap(), b"hello\n");
+    assert_no_secret(&command_lines(), &[BASIC_PASSWORD], "a command line (stdin)");
+    stagefs_with(&env, &["umount", mp.to_str().unwrap()]).assert_success();
     assert_no_secret(&fs::read_to_string(&log_file).unwrap(), &secrets, "--log-file (bearer)");
 
     // S3: signed requests (Authorization) with a session token, staged and in place.
@@ -96,6 +112,18 @@ fn secrets_never_reach_the_logs_even_at_trace_level() {
     assert_no_secret(&log, &secrets, "--log-file (S3)");
     // The secret key is never sent (it signs); its name for the test begins like every path here.
     assert!(!log.contains(SECRET_KEY) && !log.contains("Signature="), "a key or signature in the log:\n{log}");
+}
+
+/// Every process's command line, as `ps` shows it to every user (arguments joined by spaces).
+fn command_lines() -> String {
+    let mut all = String::new();
+    for entry in fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmdline) = fs::read(entry.path().join("cmdline")) {
+            all.push_str(&String::from_utf8_lossy(&cmdline).replace('\0', " "));
+            all.push('\n');
+        }
+    }
+    all
 }
 
 /// Standard base64 with padding (what a Basic header carries).

@@ -39,6 +39,9 @@ pub struct Config {
     pub allow_http: bool,
     /// Told of each failed try that will be tried again (the CLI prints it on a terminal).
     pub on_retry: Option<crate::RetryHook>,
+    /// The one door the client reads files through (credentials, CA bundles, tokens,
+    /// `~/.netrc`): see [`crate::Files`]. The default reads none.
+    pub files: crate::Files,
 }
 
 impl Default for Config {
@@ -56,6 +59,7 @@ impl Default for Config {
             bearer_token: None,
             allow_http: false,
             on_retry: None,
+            files: crate::Files::none(),
         }
     }
 }
@@ -126,7 +130,7 @@ pub(crate) type Answer = ureq::http::Response<ureq::Body>;
 
 impl Client {
     pub fn new(config: Config) -> Result<Client, RemoteError> {
-        let chain = Chain::new(config.profile.as_deref(), config.no_sign_request);
+        let chain = Chain::new(config.profile.as_deref(), config.no_sign_request, &config.files);
         let named = config.endpoint_url.clone().map(|url| (url, "--endpoint-url".to_string()));
         let endpoint = match named.or_else(|| chain.endpoint()) {
             Some((text, from)) => match ObjectUrl::parse(&text, true) {
@@ -147,7 +151,7 @@ impl Client {
             },
             None => None,
         };
-        let trust = crate::trust::load();
+        let trust = crate::trust::load(&config.files);
         let agent = ureq::Agent::new_with_config(
             ureq::Agent::config_builder()
                 .http_status_as_error(false)
@@ -164,7 +168,7 @@ impl Client {
                 .build(),
         );
         let region = chain.region();
-        let netrc = crate::netrc::load();
+        let netrc = crate::netrc::load(&config.files);
         let permits = Permits::new(config.concurrency.max(1));
         Ok(Client {
             inner: Arc::new(Inner {

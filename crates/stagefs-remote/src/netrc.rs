@@ -19,19 +19,27 @@ pub fn shown_path() -> String {
     }
 }
 
-/// The entries of `$NETRC` or `~/.netrc`; none if it is missing, or readable by others
-/// (as curl and ftp refuse a password file others can read, with a warning).
-pub fn load() -> Vec<Entry> {
+/// The entries of `$NETRC` or `~/.netrc`, read through `files`; none if it is missing,
+/// refused by the door, or readable by others (as curl and ftp refuse a password file
+/// others can read, with a warning).
+pub fn load(files: &crate::Files) -> Vec<Entry> {
     let path = std::env::var_os("NETRC")
         .map(std::path::PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".netrc")));
     let Some(path) = path else { return Vec::new() };
-    let Ok(meta) = std::fs::metadata(&path) else { return Vec::new() };
-    if std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o077 != 0 {
-        tracing::warn!("ignoring {}: other users can read it (chmod 600 it)", path.display());
+    let file = match files.read(&path, 1 << 20) {
+        Ok(Some(file)) => file,
+        Ok(None) => return Vec::new(),
+        Err(why) => {
+            tracing::warn!("ignoring {}: {why}", shown_path());
+            return Vec::new();
+        }
+    };
+    if file.mode & 0o077 != 0 {
+        tracing::warn!("ignoring {}: other users can read it (chmod 600 it)", shown_path());
         return Vec::new();
     }
-    std::fs::read_to_string(&path).map(|t| parse(&t)).unwrap_or_default()
+    String::from_utf8(file.bytes).map(|t| parse(&t)).unwrap_or_default()
 }
 
 /// The tokens `machine M login L password P` and `default login L password P`.

@@ -26,7 +26,7 @@ const SYSTEM_BUNDLES: [&str; 3] = [
 /// one client, one trust), then `SSL_CERT_FILE` (curl's, OpenSSL's).
 const VARIABLES: [&str; 2] = ["AWS_CA_BUNDLE", "SSL_CERT_FILE"];
 
-pub(crate) fn load() -> Trust {
+pub(crate) fn load(files: &crate::Files) -> Trust {
     let set: Vec<(&str, PathBuf)> = VARIABLES
         .iter()
         .filter_map(|k| std::env::var_os(k).filter(|v| !v.is_empty()).map(|v| (*k, PathBuf::from(v))))
@@ -37,7 +37,7 @@ pub(crate) fn load() -> Trust {
             let other_path = crate::url::display_text(&other_path.to_string_lossy());
             source += &format!(" (it takes precedence over ${other}={other_path})");
         }
-        return match certificates(path) {
+        return match certificates(files, path) {
             Ok(certs) => Trust { config: specific(certs), source, problem: None },
             Err(why) => Trust {
                 config: webpki(),
@@ -47,8 +47,8 @@ pub(crate) fn load() -> Trust {
         };
     }
     for path in SYSTEM_BUNDLES.iter().map(Path::new) {
-        if let Ok(certs) = certificates(path) {
-            let source = format!("CA bundle of the system ({})", path.display());
+        if let Ok(certs) = certificates(files, path) {
+            let source = format!("CA bundle of the system ({})", crate::url::display_text(&path.to_string_lossy()));
             return Trust { config: specific(certs), source, problem: None };
         }
     }
@@ -56,9 +56,13 @@ pub(crate) fn load() -> Trust {
     Trust { config: webpki(), source, problem: None }
 }
 
-/// The certificates of a PEM file, or why there are none.
-fn certificates(path: &Path) -> Result<Vec<ureq::tls::Certificate<'static>>, String> {
-    let pem = std::fs::read(path).map_err(|e| format!("cannot read it ({e})"))?;
+/// The certificates of a PEM file, read through `files`, or why there are none.
+fn certificates(files: &crate::Files, path: &Path) -> Result<Vec<ureq::tls::Certificate<'static>>, String> {
+    let pem = match files.read(path, 64 << 20) {
+        Ok(Some(file)) => file.bytes,
+        Ok(None) => return Err("cannot read it (it does not exist)".into()),
+        Err(why) => return Err(format!("cannot read it ({why})")),
+    };
     let certs: Vec<_> = ureq::tls::parse_pem(&pem)
         .filter_map(|item| match item {
             Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),

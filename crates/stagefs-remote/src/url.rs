@@ -1,7 +1,5 @@
 //! Object URLs: `s3://bucket/key`, `https://host/path` and `http://` (loopback or opted in), parsed once, shown without credentials or query strings.
 
-use std::fmt::Write;
-
 use crate::Secret;
 
 /// Where an object lives.
@@ -205,22 +203,7 @@ fn valid_bucket(bucket: &str) -> bool {
 /// line: control characters, bidi overrides and backslashes escaped; the query string
 /// and user of a URL are not this function's business (see [`ObjectUrl::display`]).
 pub fn display_text(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            '\r' => out.push_str("\\r"),
-            c if c.is_control()
-                || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}') =>
-            {
-                let _ = write!(out, "\\u{{{:x}}}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out
+    stagefs_text::escape(text.as_bytes())
 }
 
 /// A URL as the user wrote it, for a message about text that did not parse: its query

@@ -33,13 +33,16 @@ pub struct Chain {
     profile: Profile,
     anonymous: bool,
     cached: Mutex<Option<Option<Temporary>>>,
+    /// How its files (config, credentials, a web identity token) are read.
+    files: crate::Files,
 }
 
 impl Chain {
     /// `profile`: `--profile` (else `AWS_PROFILE`, else `default`); `anonymous`:
-    /// `--no-sign-request`, never sign.
-    pub fn new(profile: Option<&str>, anonymous: bool) -> Chain {
-        Chain { profile: profile::load(profile), anonymous, cached: Mutex::new(None) }
+    /// `--no-sign-request`, never sign; `files`: the door its files are read through.
+    pub fn new(profile: Option<&str>, anonymous: bool, files: &crate::Files) -> Chain {
+        let profile = profile::load(profile, files);
+        Chain { profile, anonymous, cached: Mutex::new(None), files: files.clone() }
     }
 
     /// `AWS_REGION`, `AWS_DEFAULT_REGION`, the profile's `region`, else `us-east-1`.
@@ -115,7 +118,8 @@ impl Chain {
             env("AWS_WEB_IDENTITY_TOKEN_FILE").or_else(|| p.get("web_identity_token_file").map(Into::into));
         let role_arn = env("AWS_ROLE_ARN").or_else(|| p.get("role_arn").map(Into::into));
         if let (Some(token_file), Some(role_arn)) = (token_file, role_arn) {
-            return services::web_identity(agent, &token_file, &role_arn, &self.region()).map(Some);
+            let token = services::token(&self.files, &token_file)?;
+            return services::web_identity(agent, token, &role_arn, &self.region()).map(Some);
         }
         if let Some(command) = p.get("credential_process") {
             return services::credential_process(command).map(Some);

@@ -57,15 +57,15 @@ impl Profile {
 }
 
 /// The profile in use: `explicit` (`--profile`), else `AWS_PROFILE`, else `default`.
-pub fn load(explicit: Option<&str>) -> Profile {
+pub fn load(explicit: Option<&str>, files: &crate::Files) -> Profile {
     let (name, named_by) = match (explicit, env("AWS_PROFILE"), env("AWS_DEFAULT_PROFILE")) {
         (Some(name), _, _) => (name.to_string(), Some("--profile")),
         (None, Some(name), _) => (name, Some("AWS_PROFILE")),
         (None, None, Some(name)) => (name, Some("AWS_DEFAULT_PROFILE")),
         (None, None, None) => ("default".to_string(), None),
     };
-    let config = file("AWS_CONFIG_FILE", ".aws/config");
-    let credentials = file("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials");
+    let config = file("AWS_CONFIG_FILE", ".aws/config", files);
+    let credentials = file("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials", files);
     let mut profile =
         Profile { name, named_by, files: [config.0.clone(), credentials.0.clone()], ..Profile::default() };
     let found = |section: Option<HashMap<String, String>>, shown: &str, profile: &mut Profile| {
@@ -92,13 +92,21 @@ pub fn load(explicit: Option<&str>) -> Profile {
 }
 
 /// One of the two files: its name for messages (`~/.aws/config`, or `$AWS_CONFIG_FILE=PATH`
-/// when the variable moves it) and its text, if it can be read.
-fn file(variable: &str, under_home: &str) -> (String, Option<String>) {
+/// when the variable moves it) and its text, if there is one that may be trusted (read
+/// through `files`; one refused is named in a warning and left out).
+fn file(variable: &str, under_home: &str, files: &crate::Files) -> (String, Option<String>) {
     let (shown, path) = match env(variable) {
         Some(path) => (format!("${variable}={}", crate::url::display_text(&path)), Some(PathBuf::from(path))),
         None => (format!("~/{under_home}"), env("HOME").map(|h| PathBuf::from(h).join(under_home))),
     };
-    (shown, path.and_then(|p| std::fs::read_to_string(p).ok()))
+    let text = path.and_then(|p| match files.text(&p, 1 << 20) {
+        Ok(text) => text,
+        Err(why) => {
+            tracing::warn!("ignoring {shown}: {why}");
+            None
+        }
+    });
+    (shown, text)
 }
 
 /// The names of the `[sections]` of an INI text.

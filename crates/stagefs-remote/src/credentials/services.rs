@@ -58,12 +58,19 @@ pub fn imds(agent: &ureq::Agent) -> Result<Option<Temporary>, String> {
     Ok(Some(Temporary { keys, expires, source: "the EC2 instance role (IMDSv2)".into() }))
 }
 
-/// `AssumeRoleWithWebIdentity`: the token in `token_file` exchanged at STS for the
-/// role's credentials (an unsigned request: the token is the proof).
-pub fn web_identity(agent: &ureq::Agent, token_file: &str, role_arn: &str, region: &str) -> Result<Temporary, String> {
-    let token = std::fs::read_to_string(token_file)
-        .map(Secret::new)
-        .map_err(|e| format!("cannot read the web identity token file {token_file}: {e}"))?;
+/// The web identity token in `token_file`, read through the client's door.
+pub fn token(files: &crate::Files, token_file: &str) -> Result<Secret, String> {
+    let shown = crate::url::display_text(token_file);
+    match files.text(std::path::Path::new(token_file), 64 << 10) {
+        Ok(Some(text)) => Ok(Secret::new(text)),
+        Ok(None) => Err(format!("the web identity token file {shown} does not exist")),
+        Err(why) => Err(format!("cannot read the web identity token file {shown}: {why}")),
+    }
+}
+
+/// `AssumeRoleWithWebIdentity`: the token (see [`token`]) exchanged at STS for the role's
+/// credentials (an unsigned request: the token is the proof).
+pub fn web_identity(agent: &ureq::Agent, token: Secret, role_arn: &str, region: &str) -> Result<Temporary, String> {
     let session = env("AWS_ROLE_SESSION_NAME").unwrap_or_else(|| format!("stagefs-{}", std::process::id()));
     let endpoint = env("AWS_ENDPOINT_URL_STS")
         .or_else(|| env("AWS_ENDPOINT_URL"))
