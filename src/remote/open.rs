@@ -39,10 +39,10 @@ pub fn open(
             let disk = copy.to_disk.then(|| DiskStaged { dir: copy.dir.clone(), bytes: object.version.size });
             (from_copy(&shown, copy.file, disk, mode, max_ram)?, key)
         }
-        None => stage(client, &object, &shown, mode, (max_ram, stage_dir))?,
+        None => stage(&client, &object, &shown, mode, (max_ram, stage_dir))?,
     };
     crate::cancel::check()?;
-    let indexes = RemoteIndexes { client, object: &object, key, shown: &shown };
+    let indexes = RemoteIndexes { client: &client, object: &object, key, shown: &shown };
     // An object staged compressed or decoded whole shares one kept index (both are staged:
     // see `stage`); a local archive keeps one per way of serving.
     crate::open::index_loaded(&shown, loaded, false, indexing, shards, &indexes)
@@ -227,6 +227,6 @@ pub fn fetch_for_broadcast(archive: &Path, stage_dir: Option<&Path>) -> Result<(
             nameless_on_disk(&dir, size)?
         }
     };
-    fetch(client, &object, &shown, &file, "to broadcast it").map_err(failed)?;
+    fetch(&client, &object, &shown, &file, "to broadcast it").map_err(failed)?;
     Ok((file, size))
 }
