@@ -159,16 +159,7 @@ pub fn index_loaded(
     let flavor = saved::Flavor { depth, whole, dir: indexing.index_dir.as_deref() };
     if !force_save {
         if let Some((index, reader)) = indexes.load(&loaded, &flavor) {
-            let archive = Archive::new(index, Format::Tar, reader);
-            return Ok(Opened {
-                archive,
-                staged_bytes: loaded.staged_bytes,
-                staging: loaded.staging,
-                disk: loaded.disk,
-                saved_index: None,
-                reused_index: true,
-                identity: Vec::new(),
-            });
+            return Ok(reused(loaded, index, reader));
         }
     }
     let started = Instant::now();
@@ -230,6 +221,19 @@ pub fn index_loaded(
         reused_index: false,
         identity: Vec::new(),
     })
+}
+
+/// A tar served from its saved index (`index`, served by `reader`) over `loaded` bytes.
+pub fn reused(loaded: stage::Loaded, index: Index, reader: Arc<dyn Reader>) -> Opened {
+    Opened {
+        archive: Archive::new(index, Format::Tar, reader),
+        staged_bytes: loaded.staged_bytes,
+        staging: loaded.staging,
+        disk: loaded.disk,
+        saved_index: None,
+        reused_index: true,
+        identity: Vec::new(),
+    }
 }
 
 /// The tar `archive` with its inner tars opened `depth` levels deep (see
