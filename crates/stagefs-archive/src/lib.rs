@@ -41,6 +41,7 @@ pub mod codec;
 /// Text from outside shown escaped (the workspace's one escaping type, [`escape::Shown`]).
 pub use stagefs_text as escape;
 mod fault;
+pub mod fill;
 pub mod guard;
 pub mod hash;
 mod identity;
@@ -63,7 +64,7 @@ use std::sync::Arc;
 use crate::index::{Data, Index, Inode, InodeId};
 pub use identity::FileId;
 pub use reader::{Access, Reader, SourceCache};
-pub use source::{drop_file_cache, map_file, Backing, Ranged, Source};
+pub use source::{drop_file_cache, map_file, Backing, Ranged, Source, StageChunkError};
 
 /// Weighs decompressed bytes in the readers' caches (SquashFS blocks, zip members) by
 /// their size, plus a little so that no entry weighs nothing.

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use crate::fill::{Fill, StagedCopy};
 use crate::guard::GuardedMap;
 use crate::{seekable, within, FileId, ReadError};
 
@@ -29,6 +30,9 @@ pub struct Source {
     pub(crate) decoded: Option<seekable::Seekable>,
     pub(crate) ranged: Option<Box<dyn Ranged>>,
     pub(crate) within: Option<within::Within>,
+    /// A copy being filled while it serves (`--stage copy|disk`, see [`crate::fill`]):
+    /// `in_place` is then the archive file the copy is made from.
+    pub(crate) fill: Option<Fill>,
 }
 
 /// Bytes read by offset from elsewhere (an object in a store read in place, see
@@ -102,39 +106,65 @@ impl InPlace {
         at
     }
 
-    fn unchanged(&self) -> Result<(), ReadError> {
+    /// Whether the file is still the version mapped; `staging`: a copy is being made of it
+    /// (the advice differs: that copy was the way to keep a private version).
+    fn unchanged(&self, staging: bool) -> Result<(), ReadError> {
         let now = FileId::of_file(&self.file).map_err(|e| ReadError {
             offset: ReadError::WHOLE_ARCHIVE,
             what: format!("cannot stat the archive: {e}"),
         })?;
+        let advice = match staging {
+            true => {
+                "the bytes staged before the change are still served, the others cannot be; remount to \
+                     serve the new version"
+            }
+            false => "remount to serve the new version, or mount with --stage copy to keep a private copy",
+        };
         match self.id.change_to(&now) {
             None => Ok(()),
             Some(change) => Err(ReadError {
                 offset: ReadError::WHOLE_ARCHIVE,
-                what: format!(
-                    "the archive file changed since it was mounted ({change}); remount to serve the new version, \
-                     or mount with --stage copy to keep a private copy"
-                ),
+                what: format!("the archive file changed since it was mounted ({change}); {advice}"),
             }),
         }
     }
 }
 
+/// Why a chunk could not be staged (see [`Source::stage_chunk`]).
+#[derive(Debug, thiserror::Error)]
+pub enum StageChunkError {
+    /// The archive file is another version than the one mounted: staging must stop, and
+    /// nothing read of it since enters the copy.
+    #[error("{0}")]
+    Changed(String),
+    #[error("cannot read the archive at byte {offset}: {source}")]
+    Read { offset: u64, source: std::io::Error },
+    #[error("cannot write the staged copy at byte {offset}: {source}")]
+    Write { offset: u64, source: std::io::Error },
+}
+
 impl Source {
     /// Bytes only this process holds (a staged memfd, or memory in tests).
     pub fn private(map: memmap2::Mmap) -> Source {
-        Source { map: GuardedMap::private(map), in_place: None, decoded: None, ranged: None, within: None }
+        Source { map: GuardedMap::private(map), in_place: None, decoded: None, ranged: None, within: None, fill: None }
     }
 
     /// The decoded bytes of a compressed file, served by its restart points.
     pub fn decoded(seekable: seekable::Seekable) -> std::io::Result<Source> {
         let map = GuardedMap::private(memmap2::MmapOptions::new().len(1).map_anon()?.make_read_only()?);
-        Ok(Source { map, in_place: None, decoded: Some(seekable), ranged: None, within: None })
+        Ok(Source { map, in_place: None, decoded: Some(seekable), ranged: None, within: None, fill: None })
     }
 
     /// Bytes read through `ranged`; `map` holds what indexing reads of them.
     pub fn ranged(map: memmap2::Mmap, ranged: Box<dyn Ranged>) -> Source {
-        Source { map: GuardedMap::private(map), in_place: None, decoded: None, ranged: Some(ranged), within: None }
+        Source {
+            map: GuardedMap::private(map),
+            in_place: None,
+            decoded: None,
+            ranged: Some(ranged),
+            within: None,
+            fill: None,
+        }
     }
 
     /// The bytes in order, for a source read by ranges whose map does not hold them.
@@ -166,7 +196,7 @@ impl Source {
         let mut map = memmap2::MmapMut::map_anon(bytes.len().max(1)).expect("anonymous map");
         map[..bytes.len()].copy_from_slice(bytes);
         let map = GuardedMap::private(map.make_read_only().expect("read-only map"));
-        Arc::new(Source { map, in_place: None, decoded: None, ranged: None, within: None })
+        Arc::new(Source { map, in_place: None, decoded: None, ranged: None, within: None, fill: None })
     }
 
     /// `len` bytes at `offset`, or an error if they lie past the end or the archive
@@ -191,6 +221,9 @@ impl Source {
             what: format!("{len} bytes run past the end of the archive ({} bytes)", self.map.len()),
         };
         let end = offset.checked_add(len as u64).filter(|&e| e <= self.map.len() as u64).ok_or_else(past_end)?;
+        if let Some(served) = self.fill.as_ref().and_then(|fill| fill.serve(offset, len)) {
+            return served;
+        }
         let Some(in_place) = &self.in_place else {
             return Ok(std::borrow::Cow::Borrowed(&self.map[offset as usize..end as usize]));
         };
@@ -198,7 +231,7 @@ impl Source {
             .read_exact_at(offset, len)
             .map_err(|e| ReadError { offset, what: format!("cannot read the archive: {e}") })?;
         // Checked after the read: a writer updates mtime before it changes data.
-        in_place.unchanged()?;
+        in_place.unchanged(self.fill.is_some())?;
         Ok(std::borrow::Cow::Owned(buf))
     }
 
@@ -217,7 +250,7 @@ impl Source {
             return Err("it was truncated while it was being read (pages past its new end read as zeros)".into());
         }
         match &self.in_place {
-            Some(in_place) => in_place.unchanged().map_err(|e| e.what),
+            Some(in_place) => in_place.unchanged(false).map_err(|e| e.what),
             None => Ok(()),
         }
     }
@@ -227,6 +260,9 @@ impl Source {
     pub fn source_cache(&self, what: crate::SourceCache<'_>) {
         if let Some(decoded) = &self.decoded {
             decoded.input().source_cache(what);
+        }
+        if let (Some(fill), crate::SourceCache::Drop) = (&self.fill, &what) {
+            fill.drop_copy_cache();
         }
         let Some(in_place) = &self.in_place else { return };
         match what {
@@ -295,19 +331,68 @@ pub fn drop_file_cache(file: &std::fs::File, offset: u64, len: u64) {
 
 /// Maps a file to serve in place (see [`Source`] for why reads then use pread).
 pub fn map_file(file: &std::fs::File) -> std::io::Result<Backing> {
+    let (map, in_place) = map_in_place(file)?;
+    Ok(Arc::new(Source { map, in_place: Some(in_place), decoded: None, ranged: None, within: None, fill: None }))
+}
+
+/// The guarded map indexing reads, and the file as it was when mapped.
+fn map_in_place(file: &std::fs::File) -> std::io::Result<(GuardedMap, InPlace)> {
     let id = FileId::of_file(file)?;
     // Guarded: only indexing touches the map directly, and a truncation meanwhile reads
     // zeros and is reported by `check_intact`; see doc/guarantees.md.
     let map = GuardedMap::file(file)?;
     // The map serves the index scan, which is sequential for tar: let the kernel read ahead.
     let _ = map.map().advise(memmap2::Advice::Sequential);
-    let in_place = InPlace { file: file.try_clone()?, id };
-    Ok(Arc::new(Source { map, in_place: Some(in_place), decoded: None, ranged: None, within: None }))
+    Ok((map, InPlace { file: file.try_clone()?, id }))
+}
+
+impl Source {
+    /// `file` served in place while `copy` (sized to it) is filled in `chunk`-byte pieces
+    /// by [`Source::stage_chunk`], each piece served from the copy once it is in (see
+    /// [`crate::fill`]). Indexing reads the file's guarded map, as in place.
+    pub fn filling(file: &std::fs::File, copy: StagedCopy, chunk: u64) -> std::io::Result<Backing> {
+        let (map, in_place) = map_in_place(file)?;
+        let fill = Fill::new(copy, in_place.id.size, chunk)?;
+        Ok(Arc::new(Source {
+            map,
+            in_place: Some(in_place),
+            decoded: None,
+            ranged: None,
+            within: None,
+            fill: Some(fill),
+        }))
+    }
+
+    /// The copy being filled, for whoever fills it and reports its progress.
+    pub fn fill(&self) -> Option<&Fill> {
+        self.fill.as_ref()
+    }
+
+    /// Copies chunk `i` of the archive file into the copy: read, then the file's identity
+    /// checked, then written and marked in (see [`crate::fill`]). `buf` is reused between
+    /// calls. Returns the bytes put in (0: the chunk was in already, or there is none).
+    pub fn stage_chunk(&self, i: u64, buf: &mut Vec<u8>) -> Result<u64, StageChunkError> {
+        let (Some(fill), Some(in_place)) = (&self.fill, &self.in_place) else { return Ok(0) };
+        let Some((offset, len)) = fill.chunk_range(i).filter(|_| !fill.is_staged(i)) else { return Ok(0) };
+        buf.resize(len, 0);
+        use std::os::unix::fs::FileExt;
+        let read = in_place.file.read_exact_at(&mut buf[..len], offset);
+        // After the read, before the copy: a chunk of another version never enters it (and
+        // a read cut short by a truncation says so).
+        in_place.unchanged(true).map_err(|e| StageChunkError::Changed(e.what))?;
+        read.map_err(|source| StageChunkError::Read { offset, source })?;
+        fill.put(i, &buf[..len]).map_err(|source| StageChunkError::Write { offset, source })?;
+        // Read once: leave no second copy in the page cache (nor a parallel filesystem's
+        // client cache, which the job's cgroup pays for).
+        drop_file_cache(&in_place.file, offset, len as u64);
+        Ok(len as u64)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::FileExt;
 
     /// The page-cache warm-up reads the file that was mapped, through its descriptor, as
     /// long as it was then: a path swapped for another file (a FIFO, a 2 TB sparse file)
@@ -324,6 +409,64 @@ mod tests {
         let in_place = backing.in_place.as_ref().unwrap();
         assert_eq!(in_place.warm(&|| false), 1 << 20);
         assert_eq!(in_place.warm(&|| true), 0, "stops when asked");
+    }
+
+    /// A copy filled chunk by chunk serves each chunk from the copy once it is in, the
+    /// rest from the file; a rewrite in the middle stops it: the chunk read after the
+    /// change never enters the copy, what was staged before is still served, and reads
+    /// of the rest fail.
+    #[test]
+    fn a_copy_filled_in_chunks_never_takes_a_chunk_of_another_version() {
+        let dir = crate::test_kit::TempDir::new("fill");
+        let path = dir.join("a.tar");
+        let old: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &old).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let copy = StagedCopy::Memory(crate::fill::tests::memfd(old.len() as u64));
+        let source = Source::filling(&file, copy, 4096).unwrap();
+        assert_eq!(&source[..], &old[..], "indexing reads the file's map");
+        assert_eq!(&*source.read_at(100, 5000).unwrap(), &old[100..5100], "from the file");
+        let mut buf = Vec::new();
+        assert_eq!(source.stage_chunk(0, &mut buf).unwrap(), 4096);
+        assert_eq!(source.stage_chunk(0, &mut buf).unwrap(), 0, "in already");
+        assert!(matches!(source.read_at(10, 20).unwrap(), std::borrow::Cow::Borrowed(_)), "from the memfd's map");
+        assert_eq!(&*source.read_at(10, 20).unwrap(), &old[10..30]);
+        // Rewritten in place, same size.
+        let new = vec![9u8; old.len()];
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().write_all_at(&new, 0).unwrap();
+        let err = source.stage_chunk(1, &mut buf).unwrap_err();
+        assert!(
+            matches!(&err, StageChunkError::Changed(what) if what.contains("changed since it was mounted")),
+            "{err}"
+        );
+        let fill = source.fill().unwrap();
+        assert!(!fill.is_staged(1) && !fill.is_complete());
+        assert_eq!(fill.staged_bytes(), 4096);
+        assert_eq!(&*source.read_at(0, 4096).unwrap(), &old[..4096], "staged before the change: still right");
+        let err = source.read_at(4096, 10).unwrap_err().what;
+        assert!(err.contains("the bytes staged before the change are still served"), "{err}");
+    }
+
+    #[test]
+    fn a_complete_copy_serves_every_read() {
+        let dir = crate::test_kit::TempDir::new("fill-done");
+        let path = dir.join("a.tar");
+        let bytes: Vec<u8> = (0..9000u32).map(|i| (i % 7) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let copy = dir.join("copy");
+        let copy_file = std::fs::File::options().read(true).write(true).create_new(true).open(&copy).unwrap();
+        copy_file.set_len(bytes.len() as u64).unwrap();
+        let source = Source::filling(&std::fs::File::open(&path).unwrap(), StagedCopy::Disk(copy_file), 4096).unwrap();
+        let mut buf = Vec::new();
+        for i in [2, 0, 1, 3] {
+            source.stage_chunk(i, &mut buf).unwrap();
+        }
+        assert!(source.fill().unwrap().is_complete());
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, b"another file").unwrap();
+        assert_eq!(&*source.read_at(4000, 5000).unwrap(), &bytes[4000..9000], "from the copy on disk");
+        assert_eq!(std::fs::read(&copy).unwrap(), bytes);
     }
 
     fn mkfifo(path: &std::path::Path) {

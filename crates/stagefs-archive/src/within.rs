@@ -53,7 +53,14 @@ impl Source {
         let map = memmap2::MmapOptions::new().len(1).map_anon().ok()?.make_read_only().ok()?;
         let map = crate::guard::GuardedMap::private(map);
         let within = Within { outer: outer.clone(), start, len };
-        Some(std::sync::Arc::new(Source { map, in_place: None, decoded: None, ranged: None, within: Some(within) }))
+        Some(std::sync::Arc::new(Source {
+            map,
+            in_place: None,
+            decoded: None,
+            ranged: None,
+            within: Some(within),
+            fill: None,
+        }))
     }
 }
 
