@@ -32,6 +32,7 @@ A dataset that grows while training runs (or --watch, which follows the pattern)
 Exit codes: 0 ok, 1 other error, 2 usage, 3 bad archive, 4 mountpoint problem (or a
 directory stagefs keeps was made by another user), 5 mount busy, 6 not mounted (or not a
 stagefs mount of yours), 7 FUSE unavailable, 8 not enough RAM (or local disk) to stage,
+9 staging failed (stagefs wait --staged: the archive changed while it was copied),
 128+N stopped by signal N before the mount was ready (130: Ctrl-C)."
 )]
 pub struct Cli {
@@ -123,7 +124,7 @@ be deleted: it is named by the path it was added with.")]
     },
     /// Mount once per node, run a command with the mount, unmount after the node's last task
     Run(crate::node::RunArgs),
-    /// Wait until a mountpoint is a live stagefs mount, or report why its mount failed
+    /// Wait until a mountpoint is a live stagefs mount (--staged: and has staged its archive), or report why not
     Wait(crate::node::WaitArgs),
     /// Internal: removes a failed mounter's status once waiters no longer need it
     #[command(hide = true)]

@@ -107,6 +107,9 @@ pub fn status(json: bool) -> Result<(), Failure> {
                 println!("    ... and {} more shards (stagefs status --json lists them all)", shards.len() - SHOWN);
             }
         }
+        if let Some(progress) = &r.staging_progress {
+            println!("    staging: {}", staging_words(progress));
+        }
         if let Some(last) = &r.last_error {
             println!("    last error: {}", stagefs_archive::escape::sanitize(last));
         }
@@ -126,6 +129,22 @@ pub fn status(json: bool) -> Result<(), Failure> {
         );
     }
     Ok(())
+}
+
+/// Where a mount's background staging stands, in words.
+fn staging_words(p: &registry::StagingProgress) -> String {
+    let of = |verb: &str| {
+        let percent = (p.done_bytes as f64 * 100.0 / p.total_bytes.max(1) as f64).min(100.0);
+        format!("{verb} {} of {} ({percent:.0} %)", report::human(p.done_bytes), report::human(p.total_bytes))
+    };
+    match p.state.as_str() {
+        "copying" => of("copying the archive:") + "; reads of the rest are served from the archive in place",
+        "warming" => of("warming the page cache:"),
+        "done" => format!("done ({}); `stagefs wait --staged` returns at once", report::human(p.total_bytes)),
+        _ => {
+            format!("FAILED: {}", stagefs_archive::escape::sanitize(p.error.as_deref().unwrap_or("no reason recorded")))
+        }
+    }
 }
 
 /// How a mount is served, in a few words: in RAM (its files in the page cache, or a
@@ -165,6 +184,7 @@ struct StatusLine<'a> {
     reads: u64,
     errors: u64,
     last_error: Option<&'a str>,
+    staging_progress: Option<&'a registry::StagingProgress>,
     shards: Option<Vec<String>>,
     shard_count: Option<usize>,
 }
@@ -191,6 +211,7 @@ fn status_json(r: &registry::Record) -> String {
         reads: r.reads,
         errors: r.errors,
         last_error: r.last_error.as_deref(),
+        staging_progress: r.staging_progress.as_ref(),
         shards: r.shards.as_ref().map(|s| s.iter().map(|p| text(p)).collect()),
         shard_count: r.shards.as_ref().map(Vec::len),
     };

@@ -19,6 +19,8 @@ pub mod code {
     pub const NOT_MOUNTED: u8 = 6;
     pub const NO_FUSE: u8 = 7;
     pub const NO_ROOM: u8 = 8;
+    /// The staging a mount does while it serves stopped for good (`stagefs wait --staged`).
+    pub const STAGING_FAILED: u8 = 9;
 }
 
 /// A failed command: what to print and how to exit.
@@ -86,6 +88,7 @@ impl From<StageError> for Failure {
             | StageError::DiskFilled { .. } => code::NO_ROOM,
             StageError::NoStageDir | StageError::DiskSet(_) => code::USAGE,
             StageError::Broadcast(_) => code::OTHER,
+            StageError::Staging { .. } => code::STAGING_FAILED,
             StageError::Place(_) => code::MOUNTPOINT,
             StageError::Interrupted(interrupted) => interrupted.exit_code(),
             _ => code::BAD_ARCHIVE,

@@ -20,6 +20,7 @@ mod args;
 mod elect;
 mod lock;
 mod run;
+mod staged;
 mod sweep;
 mod umount;
 
@@ -29,6 +30,7 @@ pub use crate::request::DEFAULT_WAIT;
 pub use args::{RunArgs, WaitArgs};
 pub use elect::{elect, mount, publish_failure, wait, Election, Lease};
 pub use run::{run, RunRequest};
+pub use staged::wait_staged;
 pub use sweep::{clear_leftovers, reap_failure};
 pub use umount::umount;
 

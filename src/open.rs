@@ -48,6 +48,23 @@ pub struct Opened {
     /// Each file served, as it was when opened (in the set's order; an object in a store
     /// has none, its version is pinned instead): what a reopening must find again.
     pub identity: Vec<stagefs_archive::FileId>,
+    /// The copy still to fill while the archive serves (see [`stage::Copier`]): the
+    /// daemon runs it in the background, others with [`Opened::stage_now`].
+    pub copier: Option<stage::Copier>,
+}
+
+impl Opened {
+    /// Fills the copy still to fill before anything is served (a shard of a set, an
+    /// archive opened in process), as staging did before mounts served while staging.
+    pub fn stage_now(&mut self) -> Result<(), OpenArchiveError> {
+        let Some(copier) = self.copier.take() else { return Ok(()) };
+        let progress = stage::Progress::new(stage::Phase::Copying, copier.len());
+        let finished = copier.run(&progress, &|| crate::cancel::received().is_some())?;
+        if finished == stage::Finished::Stopped {
+            crate::cancel::check()?;
+        }
+        Ok(())
+    }
 }
 
 /// Runs the scan `f` of an archive of `len` bytes with a progress bar on a terminal (a
@@ -220,6 +237,7 @@ pub fn index_loaded(
         saved_index,
         reused_index: false,
         identity: Vec::new(),
+        copier: loaded.copier,
     })
 }
 
@@ -233,6 +251,7 @@ pub fn reused(loaded: stage::Loaded, index: Index, reader: Arc<dyn Reader>) -> O
         saved_index: None,
         reused_index: true,
         identity: Vec::new(),
+        copier: loaded.copier,
     }
 }
 

@@ -17,6 +17,11 @@ pub struct MountOptions {
     /// when they fit the RAM budget, else the compressed archive); `copy` decompresses them
     /// whole into RAM. .lz4, single-block .xz and single-frame .zst are always decompressed
     /// whole: into RAM, or onto the local disk with `disk` (and `auto` when RAM is short).
+    /// The mount serves as soon as its index is ready: `copy` and `disk` copy the archive in
+    /// the background (reads of what is not copied yet come from the archive in place, and
+    /// the copy jumps ahead to them), `ram` warms the page cache in the background; `stagefs
+    /// status` shows how far it is, `stagefs wait --staged MOUNTPOINT` waits for it.
+    /// Decompressing stages, broadcasts and objects in a store are staged before serving.
     #[arg(long, value_enum, default_value_t = StageMode::Auto)]
     pub stage: StageMode,
     /// The node-local directory --stage disk copies to (in a private stagefs-<uid> directory
@@ -28,10 +33,12 @@ pub struct MountOptions {
     /// (default: free memory less a margin)
     #[arg(long, value_name = "SIZE", value_parser = crate::report::parse_size)]
     pub max_ram: Option<u64>,
-    /// Before the mount is ready, push every file into the kernel's page cache, so the first
-    /// epoch reads at page-cache speed instead of one FUSE round trip per file:
-    /// auto (when the archive was staged into RAM), yes (also in place: reads it all once), no.
-    /// Skipped with a warning when the RAM is not there; the cache stays reclaimable.
+    /// Push every file into the kernel's page cache, so the first epoch reads at page-cache
+    /// speed instead of one FUSE round trip per file: auto (when the archive is staged into
+    /// RAM), yes (also in place: reads it all once), no. Done in the background once mounted
+    /// (after the copy of --stage copy or disk; `stagefs wait --staged` waits for it); checked
+    /// against the RAM before the mount is ready, skipped with a warning when the RAM is not
+    /// there; the cache stays reclaimable.
     #[arg(long, value_enum, default_value_t = WarmMode::Auto)]
     pub warm: WarmMode,
     /// In a multi-node SLURM job, read the archive from the parallel filesystem once and fan it

@@ -57,6 +57,22 @@ pub struct Record {
     /// the daemon removes on exit: after a `kill -9`, `stagefs umount` removes them.
     #[serde(with = "path_json::list")]
     pub created: Vec<PathBuf>,
+    /// Where the staging that goes on after the mount is ready stands (the copy, then the
+    /// page-cache warm-up); `None` when there is none.
+    pub staging_progress: Option<StagingProgress>,
+}
+
+/// The progress of a mount's background staging, as recorded (see `stage::Progress`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct StagingProgress {
+    /// "copying", "warming", "done" or "failed".
+    pub state: String,
+    /// Bytes of the current phase done, of `total_bytes`.
+    pub done_bytes: u64,
+    pub total_bytes: u64,
+    /// Why it failed.
+    pub error: Option<String>,
 }
 
 impl Record {
@@ -260,6 +276,12 @@ mod tests {
             rss_bytes: 1 << 20,
             private_bytes: 1 << 19,
             created: vec!["/some/where".into(), mountpoint.clone()],
+            staging_progress: Some(StagingProgress {
+                state: "failed".into(),
+                done_bytes: 3,
+                total_bytes: 7,
+                error: Some("changed".into()),
+            }),
         };
         write(&mine).unwrap();
         assert_eq!(read(&mountpoint), Some(mine.clone()));

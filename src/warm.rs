@@ -3,8 +3,8 @@
 //! Without it the first epoch pays a FUSE round trip (and a second copy) per file read,
 //! about a third of tmpfs speed; with it the first epoch reads at page-cache speed, as
 //! every later epoch does. The kernel accepts pushed data only for inodes it knows, so
-//! the tree is listed first (READDIRPLUS brings in every entry), then each regular file
-//! is stored in index order, which for tar is archive order. Best effort throughout: a
+//! the tree is listed first (READDIRPLUS brings in every entry; before the mount is ready),
+//! then each regular file is stored in index order (in the background), which for tar is archive order. Best effort throughout: a
 //! file the kernel evicted, a damaged member or a refused store only leaves that file to
 //! be read on demand as usual.
 
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::fs::Fs;
 
-/// Whether `stagefs mount` fills the page cache before returning.
+/// Whether the mount fills the page cache (in the background once it serves).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum WarmMode {
     /// Warm when the archive was staged into RAM (its bytes are in memory anyway)
@@ -64,22 +64,22 @@ fn total_size(files: impl IntoIterator<Item = (u64, u64)>) -> Option<u64> {
     files.into_iter().try_fold(0u64, |sum, (_, size)| sum.checked_add(size))
 }
 
-/// Lists the tree under `mountpoint`, then stores every regular file's bytes with `store`
-/// (inode, offset, data) on `threads` threads.
-pub fn warm<S>(fs: &Fs, mountpoint: &Path, threads: usize, store: S) -> Warmed
+/// Stores every regular file's bytes with `store` (inode, offset, data) on `threads`
+/// threads, until `stop` says stop. The kernel keeps a store only for an inode it knows:
+/// [`list_tree`] the mount first.
+pub fn warm<S>(fs: &Fs, threads: usize, store: S, stop: &(dyn Fn() -> bool + Sync)) -> Warmed
 where
     S: Fn(u64, u64, &[u8]) -> std::io::Result<()> + Sync,
 {
     let started = Instant::now();
-    list_tree(mountpoint);
     let files = fs.files();
     let bar = crate::report::progress(total_size(files.iter().copied()), "warming the page cache");
     let (next, bytes, skipped) = (AtomicUsize::new(0), AtomicU64::new(0), AtomicU64::new(0));
     std::thread::scope(|scope| {
         for _ in 0..threads.max(1) {
             scope.spawn(|| loop {
-                if crate::cancel::received().is_some() {
-                    break; // The caller sees the signal and unwinds.
+                if stop() {
+                    break;
                 }
                 let first = next.fetch_add(BATCH, Ordering::Relaxed);
                 let Some(batch) = files.get(first..files.len().min(first + BATCH)).filter(|b| !b.is_empty()) else {
@@ -122,8 +122,10 @@ where
     Ok(())
 }
 
-/// Reads every directory under `dir`, so the kernel holds an inode for every entry.
-fn list_tree(dir: &Path) {
+/// Reads every directory under `dir`, so the kernel holds an inode for every entry. Done
+/// before the mount is reported ready: a directory the daemon holds open keeps the mount
+/// busy, and a `stagefs umount` right after the mount must not find it so.
+pub fn list_tree(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten() {
         if entry.file_type().is_ok_and(|t| t.is_dir()) {

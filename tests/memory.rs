@@ -155,7 +155,7 @@ fn status_counts_the_ram_of_a_mount_once() {
         let file = fs::File::open(&archive).unwrap();
         stagefs_archive::drop_file_cache(&file, 0, 0);
         let mp = tmp.join(format!("mnt-{stage}"));
-        let m = Mounted::with_args(&["--stage", stage, "--warm", "yes"], &archive, &mp);
+        let m = Mounted::staged(&["--stage", stage, "--warm", "yes"], &archive, &mp);
         let pid = m.daemon_pids()[0];
         // The counters are refreshed every few seconds; the record is written at mount.
         let (ram, staged) = status_ram(&mp);

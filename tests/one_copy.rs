@@ -64,7 +64,7 @@ fn stage_ram_holds_the_files_once_and_every_byte_survives_eviction() {
     fs::File::open(&tar).unwrap().sync_all().unwrap();
     let log = tmp.join("daemon.log");
     let mnt = tmp.join("mnt");
-    let m = Mounted::with_args(&["--stage", "ram", "--log-file", log.to_str().unwrap()], &tar, &mnt);
+    let m = Mounted::staged(&["--stage", "ram", "--log-file", log.to_str().unwrap()], &tar, &mnt);
 
     // One copy: the mount's page cache. No memfd, and the source's pages are gone.
     let pid = stagefs_pids(&mnt)[0];
@@ -126,7 +126,7 @@ fn stage_copy_is_immune_to_the_archive_changing() {
     require_root();
     let tmp = TempDir::new("copy-immune");
     let (src, tar) = one_file_tar(&tmp, &pseudo_random(7, FILE_LEN));
-    let m = Mounted::with_args(&["--stage", "copy"], &tar, &tmp.join("mnt"));
+    let m = Mounted::staged(&["--stage", "copy"], &tar, &tmp.join("mnt"));
     fs::remove_file(&tar).unwrap();
     drop_all_caches();
     assert!(read(&m.path().join("f")) == read(&src.join("f")), "a copied archive must survive its file's removal");

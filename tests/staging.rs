@@ -438,7 +438,7 @@ fn big_tar(label: &str) -> BigTar {
 /// shows the staged size, content right. Returns the guard, the daemon pid
 /// and Shmem while mounted.
 fn mount_staged(b: &BigTar, shmem_before: u64) -> (Mounted, i32, u64) {
-    let m = Mounted::with_args(&["--stage", "copy"], &b.tar, &b.tmp.join("mnt"));
+    let m = Mounted::staged(&["--stage", "copy"], &b.tar, &b.tmp.join("mnt"));
     let pid = daemon_pid(m.path());
     assert_memfd_mapped(pid, &b.tar, b.len);
     let during = shmem_bytes();

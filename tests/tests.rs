@@ -24,6 +24,7 @@ mod pack_compress;
 mod remote;
 mod second_day;
 mod seekable;
+mod serve_staging;
 mod shards;
 mod shared_node;
 mod slurm;

@@ -413,6 +413,24 @@ impl Mounted {
         m
     }
 
+    /// Mounts as [`Mounted::with_args`] does, then waits until the mount has staged what
+    /// its mode promises ([`Mounted::wait_staged`]): what `stagefs mount` itself waited for
+    /// before mounts served while staging.
+    pub fn staged(extra: &[&str], archive: &Path, mountpoint: &Path) -> Mounted {
+        let m = Self::with_args(extra, archive, mountpoint);
+        m.wait_staged();
+        m
+    }
+
+    /// `stagefs wait --staged` on this mount, which must succeed.
+    pub fn wait_staged(&self) {
+        let out = run_cmd(
+            Command::new(stagefs_bin()).args(["wait", "--staged"]).arg(&self.mountpoint),
+            Duration::from_secs(300),
+        );
+        assert!(out.success(), "stagefs wait --staged {} failed:\n{}", self.mountpoint.display(), out.describe());
+    }
+
     /// Takes responsibility for a mount made some other way (e.g. a
     /// foreground `stagefs mount -f`).
     pub fn adopt(archive: &Path, mountpoint: &Path) -> Mounted {

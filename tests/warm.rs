@@ -83,7 +83,8 @@ fn tar_case(name: &str, args: &[&str], expect_warm: bool) {
     let tmp = TempDir::new(&format!("warm-{name}"));
     let expected = tmp.join("expected");
     extract_tar(&fixture(name), &expected);
-    let m = Mounted::with_args(args, &fixture(name), &tmp.join("mnt"));
+    // The warm-up runs once the mount serves: wait for it.
+    let m = Mounted::staged(args, &fixture(name), &tmp.join("mnt"));
     check_warm(m.path(), &expected, expect_warm);
 }
 
@@ -92,12 +93,12 @@ fn squashfs_case(name: &str, args: &[&str], expect_warm: bool) {
     let tmp = TempDir::new(&format!("warm-{name}"));
     let expected = tmp.join("expected");
     extract_squashfs(&fixture(name), &expected);
-    let m = Mounted::with_args(args, &fixture(name), &tmp.join("mnt"));
+    let m = Mounted::staged(args, &fixture(name), &tmp.join("mnt"));
     check_warm(m.path(), &expected, expect_warm);
 }
 
 #[test]
-fn staged_tar_is_warm_on_return() {
+fn staged_tar_is_warm_once_staged() {
     let _no_drop_caches_meanwhile = crate::util::page_cache_guard();
     // Hard links, long names, several directories.
     tar_case("gnu.tar", &["--stage", "ram"], true);
@@ -150,7 +151,8 @@ fn warm_is_skipped_with_a_warning_when_max_ram_leaves_no_room() {
         mnt.to_str().unwrap(),
     ]);
     assert!(out.success(), "the mount must succeed without warming:\n{}", out.describe());
-    let _m = Mounted::adopt(&fixture(name), &mnt);
+    let m = Mounted::adopt(&fixture(name), &mnt);
+    m.wait_staged();
     assert!(
         out.stderr.contains("not warming the page cache"),
         "stagefs mount does not say why it did not warm:\n{}",
@@ -179,10 +181,11 @@ fn staged_tar_with_a_large_directory_is_warm() {
     let tar = tmp.join("large-dir.tar");
     pack_tar(&expected, &tar, &["class"]);
     let mnt = tmp.join("mnt");
-    let out = stagefs(["mount", "--stage", "ram", tar.to_str().unwrap(), mnt.to_str().unwrap()]);
-    assert!(out.success(), "{}", out.describe());
-    let _m = Mounted::adopt(&tar, &mnt);
-    // Not a terminal, so the daemon says what it did in one line instead of a bar.
-    assert!(out.stderr.contains("warmed the page cache: 3000 files"), "no warm-up summary:\n{}", out.describe());
+    let log = tmp.join("daemon.log");
+    let m = Mounted::staged(&["--stage", "ram", "--log-file", log.to_str().unwrap()], &tar, &mnt);
+    // The warm-up runs once the mount serves; it says what it did in one line of the log.
+    let log = fs::read_to_string(&log).unwrap();
+    assert!(log.contains("warmed the page cache: 3000 files"), "no warm-up summary:\n{log}");
+    let _m = m;
     check_warm(&mnt, &expected, true);
 }

@@ -63,7 +63,8 @@ class MountError(OSError):
     """``stagefs mount`` or ``stagefs umount`` failed.
 
     ``code`` is the command's exit code (2 usage, 3 bad archive, 4 mountpoint
-    problem, 5 mount busy, 6 not mounted, 7 FUSE unavailable, 8 not enough RAM);
+    problem, 5 mount busy, 6 not mounted, 7 FUSE unavailable, 8 not enough RAM, 9 staging
+    failed);
     ``message`` is what it printed on stderr.
     """
 
@@ -161,13 +162,30 @@ class Mount:
         """What ``stagefs status --json`` says of this mount: ``staging``, ``ram_bytes`` (the
         RAM it holds, each byte once: ``private_bytes`` of the daemon, ``staged_bytes`` of a
         private copy, ``warmed_bytes`` of page cache), ``reads``, ``errors``,
-        ``last_error``, ... Raises :class:`MountError` if it is no longer mounted."""
+        ``last_error``, ``staging_progress`` (``state``: ``"copying"``, ``"warming"``,
+        ``"done"`` or ``"failed"``, ``done_bytes`` of ``total_bytes``, ``error``; ``None``
+        when nothing is staged in the background), ... Raises :class:`MountError` if it
+        is no longer mounted."""
         out = _run([executable(), "status", "--json"], None)
         for line in out.splitlines():
             record = json.loads(line)
             if record.get("mountpoint") == str(self.path) and record.get("state") == "live":
                 return record
         raise MountError(f"{self.path} is not mounted", 6, ["stagefs", "status", "--json"])
+
+    def wait_staged(self, timeout: Optional[float] = None) -> None:
+        """Waits until the mount has staged what its ``stage`` promises, as ``stagefs wait
+        --staged`` does. A staged mount serves from the moment it is mounted: ``"copy"`` and
+        ``"disk"`` copy the archive in the background (what is not copied yet is read from
+        the archive in place), ``"ram"`` and ``warm`` fill the page cache in the background;
+        :meth:`status` shows how far (``staging_progress``). Returns at once when nothing is
+        staged. Raises :class:`MountError`: code 9 if staging failed (the archive changed
+        while it was copied; the message says why), 6 if the mount went away or
+        ``timeout`` (seconds) passed first."""
+        cmd = [executable(), "wait", "--staged", str(self.path)]
+        if timeout is not None:
+            cmd += ["--timeout", _duration(timeout)]
+        _run(cmd, None)
 
     def add(self, *shards: PathLike, trust_shards: bool = False) -> str:
         """Adds shards (archives, glob patterns expanded by stagefs, or ``@list`` files) to a mount

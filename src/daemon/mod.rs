@@ -5,6 +5,7 @@
 //! The daemon unmounts itself on SIGTERM, SIGINT and SIGHUP, and ignores SIGCONT (which
 //! slurmstepd sends before SIGTERM).
 
+mod background;
 mod fork;
 mod log;
 mod memory;
@@ -65,8 +66,13 @@ pub(super) fn serve(
         // `fork`: the waiting `stagefs mount`, or this log when it died).
         watch::daemon_exiting(mountpoint);
     }
-    let start::Live { session, fs, stage_dir, control } = result?;
+    let start::Live { session, fs, stage_dir, control, background } = result?;
     let result = session.join();
+    // Unmounted: the copy and the warm-up stop at their next chunk or file; the process
+    // exits without waiting for them, and the kernel frees the memfd or the nameless file.
+    if let Some(background) = background {
+        background.stop();
+    }
     drop(control);
     registry::remove(mountpoint);
     if let Some(dir) = stage_dir {

@@ -17,11 +17,17 @@ use crate::registry::{self, Record};
 pub const RECORD_REFRESH: Duration = Duration::from_millis(200);
 
 /// Refreshes the mount's record for `stagefs status` every [`RECORD_REFRESH`] while the
-/// counters move (reads, failed reads and the last error, a growing set's shards). Once reads pause, hands what they freed (read buffers, SquashFS
+/// counters move (reads, failed reads and the last error, a growing set's shards, the
+/// background staging's progress). Once reads pause, hands what they freed (read buffers, SquashFS
 /// fragments whose files were all served) back to the system: the allocator keeps freed
 /// blocks in the middle of its heap otherwise, and the daemon lives for the whole job.
 /// Keeps the default log under its cap.
-pub(super) fn housekeeping(mut record: Record, fs: Arc<Fs>, log: Option<File>) {
+pub(super) fn housekeeping(
+    mut record: Record,
+    fs: Arc<Fs>,
+    log: Option<File>,
+    background: Option<Arc<super::background::Background>>,
+) {
     // Trimming and log upkeep run every 2 s.
     const TICKS_PER_UPKEEP: u32 = 10;
     let _ = std::thread::Builder::new().name("housekeeping".into()).spawn(move || {
@@ -36,6 +42,9 @@ pub(super) fn housekeeping(mut record: Record, fs: Arc<Fs>, log: Option<File>) {
             let (errors, last_error) = fs.errors_served();
             let reads = fs.reads_served();
             let mut changed = errors != record.errors || reads != record.reads || shards != record.shards;
+            if let Some(background) = &background {
+                changed |= background.update(&mut record);
+            }
             (record.errors, record.last_error, record.reads, record.shards) = (errors, last_error, reads, shards);
             if tick % TICKS_PER_UPKEEP == 0 {
                 let (rss, private) = super::memory::resident_bytes();

@@ -1,4 +1,4 @@
-//! The daemon's start-up, up to readiness: stage and index, mount, warm, record, then say "ok" on the readiness pipe; a failure or signal before that leaves nothing behind.
+//! The daemon's start-up, up to readiness: index (the copy to stage made, not filled), mount, decide the warm-up, record, then say "ok" on the readiness pipe and leave the copy and the warm-up to the background; a failure or signal before that leaves nothing behind.
 
 use stagefs_archive::escape::Shown;
 use std::fs::File;
@@ -9,10 +9,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::background::{Background, Warm};
 use super::log::DaemonLog;
 use super::memory::{return_free_memory, tune_allocator};
 use super::serve::{housekeeping, unmount_on_signals};
-use super::warmup::warm_page_cache;
+use super::warmup;
 use crate::error::Failure;
 use crate::fs::{Content, Fs};
 use crate::growing::{GrowingSet, Opening};
@@ -32,6 +33,8 @@ pub(super) struct Live {
     pub stage_dir: Option<PathBuf>,
     /// A growing set's control socket, removed when dropped.
     pub control: Option<crate::control::Control>,
+    /// The staging that goes on while it serves, stopped once it is unmounted.
+    pub background: Option<Arc<Background>>,
 }
 
 /// Everything up to readiness: returns the live mount to serve.
@@ -52,7 +55,7 @@ pub(super) fn start(
         None => None,
     };
     let indexing = Indexing { force_save: false, depth: request.recursion_depth, index_dir: request.index_dir.clone() };
-    let (content, staged_bytes, staging, disk, compressed) = if let Some(growing) = &request.growing {
+    let (content, staged_bytes, staging, disk, compressed, copier) = if let Some(growing) = &request.growing {
         let opening = Opening {
             mode: request.stage,
             max_ram: request.max_ram,
@@ -62,9 +65,9 @@ pub(super) fn start(
             index_dir: request.index_dir.clone(),
         };
         let (set, staged_bytes, staging) = GrowingSet::open(archive_path, &request.shards, request.trust, opening)?;
-        (Content::Growing(Arc::new(set)), staged_bytes, staging, None, None)
+        (Content::Growing(Arc::new(set)), staged_bytes, staging, None, None, None)
     } else {
-        let Opened { archive, staged_bytes, staging, disk, .. } = if request.shards.len() > 1 {
+        let Opened { archive, staged_bytes, staging, disk, copier, .. } = if request.shards.len() > 1 {
             let how = How { mode: request.stage, max_ram: request.max_ram, trust: request.trust, not_on: None };
             crate::shards::open_set(archive_path, &request.shards, how, &indexing)?.0
         } else {
@@ -74,7 +77,7 @@ pub(super) fn start(
             open_archive(archive, request.trust, request.stage, request.max_ram, stage_dir, received, &indexing)?
         };
         let compressed = archive.compression();
-        (Content::Fixed(archive), staged_bytes, staging, disk, compressed)
+        (Content::Fixed(archive), staged_bytes, staging, disk, compressed, copier)
     };
     crate::cancel::phase("mounting")?;
     // Building the index peaks well above what the finished index keeps.
@@ -106,22 +109,27 @@ pub(super) fn start(
         }
         _ => None,
     };
-    let mut warmed_bytes = 0;
+    let mut warm = None;
     if request.warm.wanted(staging != Staging::InPlace) {
         crate::cancel::phase("warming").map_err(|i| unmount_on_error(i.into()))?;
-        let store = crate::fuse::page_cache_store(&session);
-        warmed_bytes = warm_page_cache(&fs, archive_path, mountpoint, store, request, (staged_bytes, staging))
+        // Decided now, against the RAM budget (a copy still to fill counts as taken); done
+        // in the background once the mount is ready (and the copy is in).
+        let pending = copier.as_ref().filter(|c| c.in_memory()).map_or(0, |c| c.len());
+        let plan = warmup::plan(&fs, (archive_path, mountpoint), request, (staged_bytes, staging), pending)
             .map_err(unmount_on_error)?;
+        let store = Box::new(crate::fuse::page_cache_store(&session));
+        warm = Some(Warm { plan, fs: fs.clone(), store, staging });
     }
     crate::cancel::phase("ready").map_err(|i| unmount_on_error(i.into()))?;
-    let record = Record {
+    let background = Background::new(copier.as_ref(), warm.as_ref());
+    let mut record = Record {
         pid: std::process::id(),
         archive: archive_path.to_owned(),
         mountpoint: mountpoint.to_owned(),
         started: registry::now(),
         staged_bytes,
         staging: staging.name().into(),
-        warmed_bytes,
+        warmed_bytes: 0,
         disk_bytes: disk.as_ref().map_or(0, |d| d.bytes),
         stage_dir: disk.map(|d| d.dir),
         reads: 0,
@@ -132,7 +140,11 @@ pub(super) fn start(
         rss_bytes: super::memory::resident_bytes().0,
         private_bytes: super::memory::resident_bytes().1,
         created: created.to_vec(),
+        staging_progress: None,
     };
+    if let Some(background) = &background {
+        background.update(&mut record);
+    }
     if let Err(e) = registry::write(&record) {
         tracing::warn!("cannot record the mount for `stagefs status`: {e}");
     }
@@ -144,7 +156,10 @@ pub(super) fn start(
         move || fs.reads_served()
     });
     let capped = log.filter(|l| l.default).and_then(|l| l.file.try_clone().ok());
-    housekeeping(record.clone(), fs.clone(), capped);
+    housekeeping(record.clone(), fs.clone(), capped, background.clone());
+    if let Some(background) = &background {
+        super::background::spawn(background.clone(), copier, warm);
+    }
     tracing::info!(mountpoint = %mountpoint.shown(), pid = record.pid, "mounted");
     if let Some(mut pipe) = ready.take() {
         crate::cancel::release_parent();
@@ -159,7 +174,7 @@ pub(super) fn start(
             mountpoint.shown()
         );
     }
-    Ok(Live { session, fs, stage_dir: record.stage_dir, control })
+    Ok(Live { session, fs, stage_dir: record.stage_dir, control, background })
 }
 
 /// Fails early, with advice, where FUSE cannot work at all.

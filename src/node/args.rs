@@ -55,17 +55,29 @@ impl RunArgs {
   srun --ntasks-per-node=1 stagefs wait /dev/shm/$USER/data
 
 Exits 0 once the mount answers; non-zero with the mounter's own error if it failed,
-or with exit code 6 at the timeout.")]
+or with exit code 6 at the timeout.
+
+A staged mount serves as soon as it is mounted and stages in the background (--stage
+copy and disk copy the archive, ram and --warm fill the page cache). With --staged,
+waits until that is done too: exit 0; exit 9 with the reason if staging failed (the
+archive changed while it was copied); exit 6 if the daemon went away. `stagefs status`
+shows how far it is.")]
 pub struct WaitArgs {
     /// The mountpoint to wait for (as the mounting task names it)
     mountpoint: PathBuf,
-    /// Give up after this long (e.g. 90, 30s, 10m, 1h)
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10m")]
-    timeout: Duration,
+    /// Also wait until the mount has staged everything its --stage mode promises
+    #[arg(long)]
+    staged: bool,
+    /// Give up after this long (e.g. 90, 30s, 10m, 1h; default 10m, with --staged no limit)
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    timeout: Option<Duration>,
 }
 
 impl WaitArgs {
     pub fn execute(self) -> Result<(), Failure> {
-        wait(&self.mountpoint, self.timeout)
+        match self.staged {
+            true => super::wait_staged(&self.mountpoint, self.timeout),
+            false => wait(&self.mountpoint, self.timeout.unwrap_or(Duration::from_secs(600))),
+        }
     }
 }

@@ -53,7 +53,14 @@ pub fn open(client: &Client, object: &Object, shown: &Path) -> Result<(Loaded, K
         let reader = RangeReader::new(client.clone(), object.clone(), CACHE_BUDGET);
         let bytes = ObjectBytes { reader, client: client.clone(), tar: false };
         let backing = Arc::new(Source::ranged(anonymous_byte()?, Box::new(bytes)));
-        let loaded = Loaded { backing, staged_bytes: 0, staging: Staging::InPlace, disk: None, codec: Some(codec) };
+        let loaded = Loaded {
+            backing,
+            staged_bytes: 0,
+            staging: Staging::InPlace,
+            disk: None,
+            codec: Some(codec),
+            copier: None,
+        };
         return Ok((loaded, key));
     }
     let (map, tar, tables) = match Format::detect(&head) {
@@ -77,7 +84,10 @@ pub fn open(client: &Client, object: &Object, shown: &Path) -> Result<(Loaded, K
     let reader = RangeReader::new(client.clone(), object.clone(), CACHE_BUDGET);
     let bytes = ObjectBytes { reader, client: client.clone(), tar };
     let backing = Arc::new(Source::ranged(map, Box::new(bytes)));
-    Ok((Loaded { backing, staged_bytes: tables, staging: Staging::InPlace, disk: None, codec: None }, key))
+    Ok((
+        Loaded { backing, staged_bytes: tables, staging: Staging::InPlace, disk: None, codec: None, copier: None },
+        key,
+    ))
 }
 
 /// An object read by ranges, as the archive readers see it.

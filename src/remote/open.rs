@@ -224,10 +224,11 @@ fn from_copy(
             staging: staged.staging,
             disk: staged.disk,
             codec: None,
+            copier: None,
         });
     }
     let (staged_bytes, staging) = if disk.is_some() { (0, Staging::Disk) } else { (size, Staging::Copy) };
-    Ok(Loaded { backing: mapped, staged_bytes, staging, disk, codec })
+    Ok(Loaded { backing: mapped, staged_bytes, staging, disk, codec, copier: None })
 }
 
 /// For `--broadcast` of an object: the sending task fetches it once, here, into RAM (or

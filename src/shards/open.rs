@@ -69,6 +69,7 @@ pub fn open_set(
         saved_index: None,
         reused_index: stats.reused == shards.len(),
         identity,
+        copier: None,
     };
     Ok((opened, stats))
 }
@@ -197,7 +198,9 @@ pub fn open_each(
                     let budget = max_ram.map(|m| m.saturating_sub(staged.load(Ordering::Relaxed)));
                     let result = crate::cancel::check()
                         .map_err(OpenArchiveError::from)
-                        .and_then(|()| files[i].open_staged(mode, (budget, None), None, indexing, shards.len()));
+                        .and_then(|()| files[i].open_staged(mode, (budget, None), None, indexing, shards.len()))
+                        // A set is staged whole before it serves: its shards have no copier of their own.
+                        .and_then(|mut opened| opened.stage_now().map(|()| opened));
                     if let Ok(opened) = &result {
                         staged.fetch_add(opened.staged_bytes, Ordering::Relaxed);
                     }

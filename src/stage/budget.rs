@@ -11,6 +11,18 @@ pub fn headroom(max_ram: Option<u64>, staged: u64) -> (u64, String) {
     (budget.bytes, budget.reason)
 }
 
+/// [`headroom`] while `pending` bytes of a staged copy are still to come into RAM (the
+/// copy is made in the background): the memory limits will have that much less, while
+/// `--max-ram` already counts them in `staged`.
+pub fn headroom_while_staging(max_ram: Option<u64>, staged: u64, pending: u64) -> (u64, String) {
+    let system = RamBudget::measure(None);
+    let limits = [
+        Some((system.bytes.saturating_sub(pending), format!("{} and the copy still to stage", system.reason))),
+        max_ram.map(|max| (max.saturating_sub(staged), "--max-ram".to_string())),
+    ];
+    limits.into_iter().flatten().min_by_key(|(b, _)| *b).expect("at least one limit")
+}
+
 /// How many bytes may be staged, and why that number.
 #[derive(Debug)]
 pub struct RamBudget {

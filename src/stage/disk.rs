@@ -6,15 +6,12 @@
 //! archive in place, with the page cache as its RAM cache. The file has no name, so
 //! nothing is left on the disk after any exit, SIGKILL included.
 
-use stagefs_archive::escape::Shown;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use super::error::StageError;
 use crate::places::CheckedDir;
-use crate::report::human;
 
 /// Where an archive was staged on disk, for `stagefs status`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,16 +75,9 @@ pub fn check_room(archive: &Path, dir: &CheckedDir, needed: u64) -> Result<u64, 
     Ok(free)
 }
 
-/// Copies `source` (`len` bytes) into a nameless file in `dir` and returns it. `free_at_check`
-/// is what [`check_room`] saw: a disk full now was filled by someone else since.
-pub fn copy_to_disk(
-    path: &Path,
-    source: &File,
-    len: u64,
-    dir: &CheckedDir,
-    free_at_check: u64,
-) -> Result<File, StageError> {
-    let started = Instant::now();
+/// A nameless file in `dir` with `len` bytes reserved, for the copy. `free_at_check` is
+/// what [`check_room`] saw: a disk full now was filled by someone else since.
+pub fn reserve(path: &Path, len: u64, dir: &CheckedDir, free_at_check: u64) -> Result<File, StageError> {
     let target = dir.nameless_file().map_err(|source| StageError::Io {
         path: dir.path().to_owned(),
         what: "cannot create the staging file (nameless, O_TMPFILE)".into(),
@@ -107,27 +97,14 @@ pub fn copy_to_disk(
             StageError::Io { path: dir.path().to_owned(), what: "cannot write the staged copy".into(), source: e }
         }
     };
-    // Reserve the blocks first: a disk that fills meanwhile fails now, not halfway through.
+    // Reserve the blocks first: a disk that fills meanwhile fails now, before the mount
+    // serves, not halfway through the copy.
     // SAFETY: posix_fallocate on a descriptor we own.
     match unsafe { libc::posix_fallocate(target.as_raw_fd(), 0, len as libc::off_t) } {
         0 => {}
         libc::EOPNOTSUPP | libc::EINVAL => target.set_len(len).map_err(no_room)?,
         errno => return Err(no_room(std::io::Error::from_raw_os_error(errno))),
     }
-    super::copy::parallel_copy(path, source, &target, len, "staging to disk", &|offset, e| match no_room(e) {
-        StageError::Io { path, source, .. } => {
-            StageError::Io { path, what: format!("cannot write the staged copy at byte {offset}"), source }
-        }
-        other => other,
-    })?;
-    let secs = started.elapsed().as_secs_f64().max(1e-9);
-    crate::report::report_done(&format!(
-        "staged {} to the local disk ({}): {} in {secs:.2} s ({:.0} MB/s)",
-        path.shown(),
-        dir.path().shown(),
-        human(len),
-        len as f64 / 1e6 / secs
-    ));
     Ok(target)
 }
 
@@ -144,8 +121,18 @@ mod tests {
         let bytes: Vec<u8> = (0..(20u32 << 20) + 77).map(|i| (i % 251) as u8).collect();
         std::fs::write(&archive, &bytes).unwrap();
         let dir = staging_dir(&tmp.join("base")).unwrap();
+        let copy = reserve(&archive, bytes.len() as u64, &dir, u64::MAX).unwrap();
         let source = File::open(&archive).unwrap();
-        let copy = copy_to_disk(&archive, &source, bytes.len() as u64, &dir, u64::MAX).unwrap();
+        let backing = stagefs_archive::Source::filling(
+            &source,
+            stagefs_archive::fill::StagedCopy::Disk(copy.try_clone().unwrap()),
+            super::super::copier::CHUNK,
+        )
+        .unwrap();
+        let copier = super::super::Copier::new(&archive, backing, Some(dir.path().to_owned()));
+        let progress = super::super::Progress::new(super::super::Phase::Copying, 0);
+        assert_eq!(copier.run(&progress, &|| false).unwrap(), super::super::Finished::Complete);
+        assert_eq!(progress.snapshot().done, bytes.len() as u64);
         let mut back = vec![0u8; bytes.len()];
         copy.read_exact_at(&mut back, 0).unwrap();
         assert!(back == bytes, "the copy holds the archive's bytes");
@@ -189,8 +176,7 @@ mod tests {
         let free = check_room(&archive, &dir, 2 << 20).unwrap();
         // The other stager: 3 MiB, after our check.
         std::fs::write(disk.join("other"), vec![1u8; 3 << 20]).unwrap();
-        let source = File::open(&archive).unwrap();
-        let err = copy_to_disk(&archive, &source, 2 << 20, &dir, free).unwrap_err();
+        let err = reserve(&archive, 2 << 20, &dir, free).unwrap_err();
         assert!(matches!(err, StageError::DiskFilled { .. }), "{err}");
         let text = err.to_string();
         assert!(text.contains("filled up while staging") && text.contains("wrote 3.0 MiB there meanwhile"), "{text}");

@@ -22,6 +22,8 @@ pub enum StageError {
     NoDiskRoom { path: PathBuf, dir: PathBuf, needed: u64, free: u64, margin: u64 },
     #[error("the local disk filled up while staging {}: {} had {} free when stagefs checked (it needs {}) and has {} now: another process on the node (another stager, a job) wrote {} there meanwhile; try again, give another --stage-dir, or use --stage none to serve it in place", path.shown(), dir.shown(), human(*free_at_check), human(*needed), human(*free_now), human(free_at_check.saturating_sub(*free_now)))]
     DiskFilled { path: PathBuf, dir: PathBuf, needed: u64, free_at_check: u64, free_now: u64 },
+    #[error("staging {} stopped at {} of {}{why}", path.shown(), human(*staged), human(*total))]
+    Staging { path: PathBuf, staged: u64, total: u64, why: String },
     #[error("--stage disk needs a directory on the node's local disk: give --stage-dir DIR, or set SLURM_TMPDIR or TMPDIR (neither is set)")]
     NoStageDir,
     #[error("{}: --stage disk does not take a set of archives yet; use --stage ram, copy or none", .0.shown())]

@@ -7,7 +7,8 @@
 //! `--stage copy`, and a compressed tar that cannot be served from restart points (see
 //! `archive::seekable`), copies or decompresses the archive into anonymous memory (a
 //! memfd): immune to changes of the file, at the cost of that copy. Other compressed
-//! tars are staged compressed, like any archive.
+//! tars are staged compressed, like any archive. A plain copy (`copy`, `disk`) is only made
+//! and sized here: the [`Copier`] fills it while the mount serves (see `copier.rs`).
 //! A memfd has no name in any filesystem, so there is nothing to clean up after any
 //! exit, SIGKILL included: the kernel frees the pages when the last mapping goes. Its
 //! pages count against the job's memory (cgroup) like any RAM, which is why the budget
@@ -15,10 +16,11 @@
 
 pub mod broadcast;
 mod budget;
-mod copy;
+pub mod copier;
 mod decompress;
 pub mod disk;
 mod error;
+pub mod progress;
 pub(crate) mod ram;
 mod whole;
 
@@ -29,10 +31,12 @@ use std::path::Path;
 
 use crate::places::OutsideFile;
 use crate::report::human;
-pub use budget::headroom;
+pub use budget::{headroom, headroom_while_staging};
 pub(crate) use budget::{is_network_filesystem, RamBudget};
+pub use copier::{Copier, Finished};
 pub(crate) use decompress::decompress;
 pub use error::StageError;
+pub use progress::{Phase, Progress, Snapshot};
 pub use stagefs_archive::codec::Compression;
 use stagefs_archive::seekable::Codec;
 use stagefs_archive::Backing;
@@ -43,14 +47,17 @@ pub enum StageMode {
     /// Like ram when the archive is on a network or parallel filesystem and fits the RAM budget;
     /// like disk when it does not fit the RAM budget but fits the local disk's free space
     Auto,
-    /// The files in the page cache once (read the archive once, keep no second copy);
-    /// evicted pages are read again from the archive (fail if it does not fit)
+    /// The files in the page cache once (read the archive once, keep no second copy), warmed
+    /// in the background once mounted; evicted pages are read again from the archive (fail if
+    /// it does not fit)
     Ram,
-    /// Copy the whole archive into private RAM: immune to changes of the archive file,
-    /// at the cost of that copy on top of the page cache
+    /// Copy the whole archive into private RAM, in the background once mounted (what is not
+    /// copied yet is read from the archive in place): immune to changes of the archive file
+    /// once copied, at the cost of that copy on top of the page cache
     Copy,
-    /// Copy the archive to the node's local disk (--stage-dir) and serve that copy, with the
-    /// page cache as its RAM cache; nothing is left on the disk after any exit
+    /// Copy the archive to the node's local disk (--stage-dir), in the background once
+    /// mounted, and serve that copy, with the page cache as its RAM cache; nothing is left on
+    /// the disk after any exit
     Disk,
     /// Serve from the archive in place, cold (compressed tars without restart points are
     /// still decompressed into RAM)
@@ -92,6 +99,10 @@ pub struct Loaded {
     /// The compression of a tar served by restart points: `backing` holds its
     /// compressed bytes, to be indexed with `tar::open_compressed`.
     pub codec: Option<Codec>,
+    /// The copy still to fill (`--stage copy|disk` of a local archive): `backing` serves
+    /// from the archive in place what is not in the copy yet. Whoever serves runs it, in
+    /// the background or before serving ([`Copier::run`]).
+    pub copier: Option<Copier>,
 }
 
 /// What to do with an archive: the staging decision, a pure function of [`Facts`].
@@ -196,7 +207,7 @@ pub fn load(
         if let Some(compression) = Compression::detect(&head[..n]) {
             let staged = decompress_into_ram(path, received.file, compression, mode, &budget)?;
             let whole::Staged { backing, staging, staged_bytes, disk } = staged;
-            return Ok(Loaded { backing, staged_bytes, staging, disk, codec: None });
+            return Ok(Loaded { backing, staged_bytes, staging, disk, codec: None, copier: None });
         }
         return serve_received(path, received);
     }
@@ -246,7 +257,7 @@ pub fn load(
             let why = error::Why { kind: compression, mode };
             let target = whole::Target::new(path, &budget, place, decoded_size, why)?;
             let whole::Staged { backing, staging, staged_bytes, disk } = decompress(path, file, compression, target)?;
-            Loaded { backing, staged_bytes, staging, disk, codec: None }
+            Loaded { backing, staged_bytes, staging, disk, codec: None, copier: None }
         }
         Decision::Disk => {
             let base = disk::base_dir(stage_dir).ok_or(StageError::NoStageDir)?;
@@ -268,13 +279,10 @@ pub fn load(
         Decision::Copy => {
             // Refused before any byte is read.
             budget.check(path, size)?;
-            Loaded {
-                backing: ram::copy_to_ram(path, &file, size)?,
-                staged_bytes: size,
-                staging: Staging::Copy,
-                disk: None,
-                codec: None,
-            }
+            let copy = stagefs_archive::fill::StagedCopy::Memory(ram::memfd(path, size)?);
+            let backing = filling(path, &file, copy)?;
+            let copier = Some(Copier::new(path, backing.clone(), None));
+            Loaded { backing, staged_bytes: size, staging: Staging::Copy, disk: None, codec: None, copier }
         }
         Decision::PageCache => {
             // Refused before any byte is read; the warm-up checks again with the files' real size.
@@ -295,7 +303,7 @@ fn in_place(path: &Path, file: &File, staging: Staging) -> Result<Loaded, StageE
         what: "cannot map".into(),
         source,
     })?;
-    Ok(Loaded { backing, staged_bytes: 0, staging, disk: None, codec: None })
+    Ok(Loaded { backing, staged_bytes: 0, staging, disk: None, codec: None, copier: None })
 }
 
 /// Serves a broadcast copy (see `broadcast`): on a local disk like `--stage disk`, in
@@ -309,10 +317,17 @@ fn serve_received(path: &Path, received: broadcast::Received) -> Result<Loaded, 
             source,
         })?;
         let disk = disk::DiskStaged { dir: received.dir, bytes: size };
-        return Ok(Loaded { backing, staged_bytes: 0, staging: Staging::Disk, disk: Some(disk), codec: None });
+        return Ok(Loaded {
+            backing,
+            staged_bytes: 0,
+            staging: Staging::Disk,
+            disk: Some(disk),
+            codec: None,
+            copier: None,
+        });
     }
     let backing = ram::map_staged(path, &received.file)?;
-    Ok(Loaded { backing, staged_bytes: size, staging: Staging::Copy, disk: None, codec: None })
+    Ok(Loaded { backing, staged_bytes: size, staging: Staging::Copy, disk: None, codec: None, copier: None })
 }
 
 /// `--stage auto`'s local disk for an archive too large for RAM: the staging directory,
@@ -332,17 +347,25 @@ fn auto_whole_dir(stage_dir: Option<&Path>) -> Result<std::path::PathBuf, String
     })
 }
 
-/// Copies the archive to a nameless file in `dir` (room checked first) and serves it in place.
+/// Serves the archive from `file` in place while it is copied (by the [`Copier`] returned
+/// with it) into `copy`.
+fn filling(path: &Path, file: &File, copy: stagefs_archive::fill::StagedCopy) -> Result<Backing, StageError> {
+    stagefs_archive::Source::filling(file, copy, copier::CHUNK).map_err(|source| StageError::Io {
+        path: path.to_owned(),
+        what: "cannot map".into(),
+        source,
+    })
+}
+
+/// Reserves a nameless file in `dir` for the archive (room checked first), to be filled
+/// by the copier while the archive is served in place.
 fn stage_to_disk(path: &Path, file: &File, size: u64, dir: &crate::places::CheckedDir) -> Result<Loaded, StageError> {
     let free = disk::check_room(path, dir, size)?;
-    let copy = disk::copy_to_disk(path, file, size, dir, free)?;
-    let backing = stagefs_archive::map_file(&copy).map_err(|source| StageError::Io {
-        path: dir.path().to_owned(),
-        what: "cannot map the staged copy".into(),
-        source,
-    })?;
+    let copy = disk::reserve(path, size, dir, free)?;
+    let backing = filling(path, file, stagefs_archive::fill::StagedCopy::Disk(copy))?;
+    let copier = Some(Copier::new(path, backing.clone(), Some(dir.path().to_owned())));
     let disk = disk::DiskStaged { dir: dir.path().to_owned(), bytes: size };
-    Ok(Loaded { backing, staged_bytes: 0, staging: Staging::Disk, disk: Some(disk), codec: None })
+    Ok(Loaded { backing, staged_bytes: 0, staging: Staging::Disk, disk: Some(disk), codec: None, copier })
 }
 
 /// One decision for a whole shard set, before any shard is staged: `auto` becomes `ram`

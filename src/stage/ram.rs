@@ -4,7 +4,6 @@ use std::fs::File;
 use std::os::fd::FromRawFd;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
 
 use super::error::StageError;
 use stagefs_archive::Backing;
@@ -47,17 +46,4 @@ pub fn map_staged(path: &Path, file: &File) -> Result<Backing, StageError> {
         source,
     })?;
     Ok(Arc::new(stagefs_archive::Source::private(map)))
-}
-
-/// Copies into RAM with several large reads in flight (see [`parallel_copy`]).
-pub fn copy_to_ram(path: &Path, source: &File, len: u64) -> Result<Backing, StageError> {
-    let started = Instant::now();
-    let target = memfd(path, len)?;
-    super::copy::parallel_copy(path, source, &target, len, "staging", &|offset, e| StageError::Io {
-        path: path.to_owned(),
-        what: format!("out of staging memory at byte {offset}"),
-        source: e,
-    })?;
-    crate::report::summary("staged", path, len, started);
-    map_staged(path, &target)
 }

@@ -38,6 +38,20 @@ def test_options_are_passed_to_the_command(tree, fixture_tar, tmp_path):
         m.unmount()
 
 
+def test_wait_staged_waits_for_the_background_copy(tree, fixture_tar, tmp_path):
+    # The mount serves at once; the copy goes on in the background until wait_staged.
+    m = stagefs.mount(fixture_tar, tmp_path / "mnt", stage="copy")
+    with m:
+        assert read_tree(m.path) == read_tree(tree)
+        m.wait_staged(timeout=120)
+        progress = m.status()["staging_progress"]
+        assert progress["state"] == "done" and progress["done_bytes"] == progress["total_bytes"] > 0
+    m = stagefs.mount(fixture_tar, tmp_path / "mnt", stage="none")
+    with m:
+        m.wait_staged()  # nothing to stage: at once
+        assert m.status()["staging_progress"] is None
+
+
 def test_recursive_opens_tars_inside_the_archive(tree, fixture_tar, tmp_path):
     outer = tmp_path / "outer"
     outer.mkdir()

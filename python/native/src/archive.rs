@@ -53,7 +53,10 @@ fn open_set(set: stagefs::places::ArchiveSet, o: &Options, stop: &AtomicBool) ->
     } else {
         // The archive itself: for an object, its URL as given (the label shows no query).
         let one = set.shards.first().unwrap_or(&set.label);
-        open_archive(one, set.trust, o.mode, o.max_ram, o.stage_dir.as_deref(), None, &indexing)?
+        let mut opened = open_archive(one, set.trust, o.mode, o.max_ram, o.stage_dir.as_deref(), None, &indexing)?;
+        // In process the copy is made before reading starts (a mount serves while it stages).
+        opened.stage_now()?;
+        opened
     };
     if opened.staging == Staging::PageCache {
         // What the daemon's warm-up does for a mount: the archive's pages in the page

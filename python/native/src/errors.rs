@@ -176,6 +176,8 @@ fn stage_error(py: Python<'_>, msg: String, e: StageError, spec: &Path) -> PyErr
         StageError::Place(_) => os_error(libc::EACCES, msg, spec),
         StageError::Interrupted(_) => PyKeyboardInterrupt::new_err(msg),
         StageError::Broadcast(_) => PyRuntimeError::new_err(msg),
+        // The archive changed (or could not be read) while it was copied.
+        StageError::Staging { path, .. } => os_error(libc::ESTALE, msg, &path),
     }
 }
 
