@@ -367,8 +367,9 @@ impl Dir {
     /// The link `name` is (its owner and target), or `error` when it is no link.
     fn link_or(&self, name: &OsStr, error: std::io::Error) -> Step {
         let Ok(c) = CString::new(name.as_bytes()) else { return Step::Failed(error) };
-        // SAFETY: a NUL-terminated name relative to our descriptor; `stat` is written by the call.
+        // SAFETY: all-zero bytes are a valid `stat` (plain integers).
         let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: a NUL-terminated name relative to our descriptor; `stat` is written by the call.
         if unsafe { libc::fstatat(self.fd.as_raw_fd(), c.as_ptr(), &mut stat, libc::AT_SYMLINK_NOFOLLOW) } != 0 {
             return Step::Failed(std::io::Error::last_os_error());
         }
