@@ -269,7 +269,7 @@ fn open_nested(path: &Path, archive: Archive, depth: usize) -> Result<Archive, O
     let nesting = nested::Nesting { depth, cancelled: &cancelled };
     let expanded = nested::expand(path, &backing, &archive.index, (outer.sparse_files(), outer.extents()), nesting);
     // The inner tars were read from the map: trusted only if the file stayed as it was.
-    backing.check_intact().map_err(|what| OpenError::Changed { path: path.to_owned(), what })?;
+    backing.check_intact().map_err(|c| OpenError::Changed { path: path.to_owned(), what: c.to_string() })?;
     let expanded = expanded.map_err(|e| match crate::cancel::check() {
         Err(interrupted) => OpenArchiveError::from(interrupted),
         Ok(()) => e.into(),

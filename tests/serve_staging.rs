@@ -170,7 +170,7 @@ fn a_copy_to_disk_serves_while_it_stages() {
     }
     wait_staged(&mp, &[]).assert_success();
     assert_eq!(progress(&mp).0, "done");
-    let own = base.join(format!("stagefs-{}", unsafe { libc::geteuid() }));
+    let own = base.join(format!("stagefs-{}", crate::util::euid()));
     assert_eq!(fs::read_dir(&own).unwrap().count(), 0, "the copy on disk has no name");
     m.unmount().assert_success();
     assert!(!own.exists(), "the staging directory goes with the mount");
@@ -259,7 +259,7 @@ fn unmounting_mid_staging_leaves_nothing() {
     let d = data("serve-unmount", 10, 4 << 20, 500);
     let base = d.tmp.join("local");
     fs::create_dir(&base).unwrap();
-    let own = base.join(format!("stagefs-{}", unsafe { libc::geteuid() }));
+    let own = base.join(format!("stagefs-{}", crate::util::euid()));
     for args in [vec!["--stage", "copy"], vec!["--stage", "disk", "--stage-dir", base.to_str().unwrap()]] {
         let mp = d.tmp.join("mnt");
         let m = mount_slowly(5000, &args, &d.tar, &mp);

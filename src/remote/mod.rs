@@ -201,6 +201,14 @@ pub fn is_url(path: &Path) -> bool {
     path.to_str().is_some_and(stagefs_remote::is_url)
 }
 
+/// An object's URL for messages and exceptions: no user, no query, escaped.
+pub fn shown(path: &Path) -> String {
+    match parse(path) {
+        Ok(url) => url.shown(),
+        Err(_) => stagefs_remote::url::display_unparsed(&path.to_string_lossy()),
+    }
+}
+
 /// The URL in `path`.
 pub fn parse(path: &Path) -> Result<ObjectUrl, RemoteError> {
     let text = path.to_str().ok_or_else(|| RemoteError::BadUrl("a URL must be UTF-8".into()))?;

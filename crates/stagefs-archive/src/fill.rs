@@ -57,7 +57,9 @@ pub struct Fill {
     complete: AtomicBool,
     /// Chunk numbers plus one (0: an empty slot).
     wanted: [AtomicU64; WANTED],
-    next_slot: AtomicUsize,
+    /// Reads that found a chunk missing (and went to the archive), which also picks the
+    /// next slot of `wanted`.
+    misses: AtomicUsize,
 }
 
 impl Fill {
@@ -83,7 +85,7 @@ impl Fill {
             staged_chunks: AtomicU64::new(0),
             complete: AtomicBool::new(chunks == 0),
             wanted: [const { AtomicU64::new(0) }; WANTED],
-            next_slot: AtomicUsize::new(0),
+            misses: AtomicUsize::new(0),
         };
         Ok(fill)
     }
@@ -137,6 +139,12 @@ impl Fill {
             .map(|w| w - 1)
     }
 
+    /// How many reads so far found a chunk missing and were served from the archive: the
+    /// copier gives way while this moves (readers in place share the archive's bandwidth).
+    pub fn misses(&self) -> u64 {
+        self.misses.load(Ordering::Relaxed) as u64
+    }
+
     /// The archive bytes of chunk `i`: `(offset, length)`.
     pub(crate) fn chunk_range(&self, i: u64) -> Option<(u64, usize)> {
         let offset = i.checked_mul(self.chunk).filter(|&o| o < self.len)?;
@@ -152,7 +160,7 @@ impl Fill {
         if !self.is_complete() {
             let (first, last) = (offset / self.chunk, (offset + len as u64 - 1) / self.chunk);
             if let Some(missing) = (first..=last).find(|&i| !self.is_staged(i)) {
-                let slot = self.next_slot.fetch_add(1, Ordering::Relaxed) % WANTED;
+                let slot = self.misses.fetch_add(1, Ordering::Relaxed) % WANTED;
                 self.wanted[slot].store(missing + 1, Ordering::Relaxed);
                 return None;
             }

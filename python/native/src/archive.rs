@@ -259,10 +259,11 @@ impl Archive {
 
 #[pymethods]
 impl Archive {
-    /// The archive's resolved path, or a shard set's label.
+    /// The archive's resolved path, an object's URL (no user, no query), or a shard set's
+    /// label: text, not a path (a path would fold a URL's `//`).
     #[getter]
-    fn label(&self) -> PathBuf {
-        self.shared.label.clone()
+    fn label(&self) -> std::ffi::OsString {
+        self.shared.label.clone().into_os_string()
     }
 
     /// "tar", "zip" or "squashfs" (a set's first shard's).

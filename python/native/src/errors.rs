@@ -95,6 +95,16 @@ pub enum OpenFailure {
 /// The exception for a refusal to open `spec`, as the daemon would refuse to mount it.
 pub fn open_error(py: Python<'_>, e: OpenFailure, spec: &Path) -> PyErr {
     let msg = e.to_string();
+    // The exception's filename: an object's URL without its user and query (a password or
+    // a signature must not ride along in a traceback).
+    let shown;
+    let spec = match stagefs::remote::is_url(spec) {
+        true => {
+            shown = PathBuf::from(stagefs::remote::shown(spec));
+            shown.as_path()
+        }
+        false => spec,
+    };
     match e {
         OpenFailure::Shards(ShardError::Open(e)) | OpenFailure::Open(OpenArchiveError::Open(e)) => {
             format_error(py, msg, e)

@@ -199,6 +199,7 @@ fn decode_points(r: &mut Reader, codec: Option<Codec>, input_len: u64) -> Result
 /// saved index of `backing` with a valid checksum and key: the entry point of the
 /// `index_cache` fuzz target, which would otherwise never get past the checksum.
 #[doc(hidden)]
+#[cfg(feature = "fuzzing")]
 pub fn decode_for_fuzz(tables: &[u8], backing: &Backing) -> Result<(Index, Arc<dyn crate::Reader>), String> {
     let key = Key::from_fields([0; 7]);
     let mut bytes = MAGIC.to_vec();
