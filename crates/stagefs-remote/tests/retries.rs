@@ -6,14 +6,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{answer_with, closed_port};
-use stagefs_remote::{Client, Config, ObjectUrl, RemoteError, RetryHook};
+use stagefs_remote::{Client, Config, Files, ObjectUrl, ReadFile, RemoteError, RetryHook};
 
 /// A client with `tries` and a hook that keeps the lines it is told.
 fn client(tries: u32) -> (Client, Arc<Mutex<Vec<String>>>) {
     let lines = Arc::new(Mutex::new(Vec::new()));
     let kept = lines.clone();
     let on_retry = Some(RetryHook::new(move |line| kept.lock().unwrap().push(line.to_string())));
-    let config = Config { tries, backoff: Duration::from_millis(1), on_retry, ..Config::default() };
+    // A plain door (the stagefs crate supplies the judging one): a CA bundle named in
+    // the environment, as CI's AWS_CA_BUNDLE, is read rather than refused.
+    let files = Files::new(|path, _| Ok(std::fs::read(path).ok().map(|bytes| ReadFile { bytes, mode: 0o644 })));
+    let config = Config { tries, backoff: Duration::from_millis(1), on_retry, files, ..Config::default() };
     (Client::new(config).unwrap(), lines)
 }
 
