@@ -8,8 +8,8 @@ use crate::places::Trust;
 use crate::report::human;
 use crate::shards::open_archive;
 use crate::stage::StageMode;
-use stagefs_archive::escape::Shown;
-use stagefs_archive::index::{Data, Index, InodeId, ROOT};
+use stagefs_archive::escape::{escape, Shown};
+use stagefs_archive::index::{Data, Index, InodeId};
 
 /// What `stagefs ls` prints.
 #[derive(Debug, Clone, Copy, Default)]
@@ -23,61 +23,56 @@ pub struct Style {
 }
 
 /// `stagefs ls ARCHIVE [PATH]`: the entries of `path` inside `archive` (a directory's
-/// children, or the one file it names).
+/// children, or the one file it names), each under the name the archive gives it.
 pub fn ls(archive: &Path, path: Option<&Path>, style: Style, indexing: Indexing) -> Result<(), Failure> {
     let opened = open_archive(archive, Trust::Named, StageMode::None, None, None, None, &indexing)?;
     let index = &opened.archive.index;
-    let at = resolve(index, path.unwrap_or(Path::new("/"))).ok_or_else(|| {
-        Failure::new(
-            code::USAGE,
-            format!("{}: no {} in the archive", archive.shown(), path.unwrap_or(Path::new("/")).shown()),
-        )
-    })?;
+    let wanted = path.unwrap_or(Path::new("/"));
+    let prefix = normalised(wanted);
+    let at = index
+        .resolve(wanted.as_os_str().as_encoded_bytes(), false)
+        .map_err(|_| Failure::new(code::USAGE, format!("{}: no {} in the archive", archive.shown(), wanted.shown())))?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let inode = index.inode(at).ok_or_else(|| Failure::other("the index has no such entry".into()))?;
     if !inode.attrs.is_dir() {
-        return print_entry(&mut out, index, at, &index.path_of(at), style);
+        return print_entry(&mut out, index, at, &prefix, style);
     }
-    // Depth-first in name order, each directory before what it holds (as `find` lists).
-    let mut stack: Vec<InodeId> = index.children(inode).iter().rev().map(|d| d.inode).collect();
-    while let Some(id) = stack.pop() {
-        print_entry(&mut out, index, id, &index.path_of(id), style)?;
-        match index.inode(id) {
-            Some(child) if style.recursive && child.attrs.is_dir() => {
-                stack.extend(index.children(child).iter().rev().map(|d| d.inode))
-            }
+    // Depth-first in name order, each directory before what it holds (as `find` lists),
+    // the path carried down the walk.
+    index.walk(at, &prefix, |entry| {
+        print_entry(&mut out, index, entry.id, entry.path, style)?;
+        let dir = index.inode(entry.id).is_some_and(|n| n.attrs.is_dir());
+        Ok::<_, Failure>((style.recursive && dir).then_some(entry.id))
+    })
+}
+
+/// `path` as the archive names it: relative, `.` and empty components left out, `..`
+/// taking the one before it away (what [`Index::resolve`] walks, links aside).
+fn normalised(path: &Path) -> Vec<u8> {
+    let mut parts: Vec<&[u8]> = Vec::new();
+    for part in path.components() {
+        match part {
+            std::path::Component::Normal(name) => parts.push(name.as_encoded_bytes()),
+            std::path::Component::ParentDir => drop(parts.pop()),
             _ => {}
         }
     }
-    Ok(())
-}
-
-/// `path` (components separated by `/`) in `index`.
-fn resolve(index: &Index, path: &Path) -> Option<InodeId> {
-    let mut at = ROOT;
-    for part in path.components() {
-        match part {
-            std::path::Component::Normal(name) => at = index.lookup(index.inode(at)?, name.as_encoded_bytes())?,
-            std::path::Component::RootDir | std::path::Component::CurDir => {}
-            _ => return None,
-        }
-    }
-    Some(at)
+    parts.join(&b'/')
 }
 
 fn print_entry(
     out: &mut impl std::io::Write,
     index: &Index,
     id: InodeId,
-    path: &str,
+    path: &[u8],
     style: Style,
 ) -> Result<(), Failure> {
     let failed = |e: std::io::Error| Failure::other(format!("cannot write the listing: {e}"));
     let Some(inode) = index.inode(id) else { return Ok(()) };
     let a = &inode.attrs;
     // As tar -t shows them: relative, directories ending in `/`.
-    let path = path.trim_start_matches('/');
-    let shown = if a.is_dir() && !style.json { format!("{path}/") } else { path.to_string() };
+    let path = escape(path);
+    let shown = if a.is_dir() && !style.json { format!("{path}/") } else { path.clone() };
     let target = match inode.data {
         Data::Symlink(span) => Some(index.bytes(span).shown().to_string()),
         _ => None,

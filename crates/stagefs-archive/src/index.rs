@@ -13,6 +13,9 @@
 
 use std::collections::HashMap;
 
+mod walk;
+pub use walk::{Entry, WalkError};
+
 /// Position of an inode in [`Index::inodes`]; FUSE sees `InodeId + 1`.
 pub type InodeId = u32;
 

@@ -15,9 +15,7 @@ pub struct Met<'a> {
 
 /// A walk that would visit more paths than the archive could name without links going
 /// round and round (hard links to directories in a crafted archive can multiply them).
-#[derive(Debug, thiserror::Error)]
-#[error("its links name the same directories over and over: more than {0} paths below one directory")]
-pub struct TooManyPaths(pub usize);
+pub use stagefs_archive::index::WalkError as TooManyPaths;
 
 /// Joins a directory's path and a name (the root's path is empty).
 pub fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
@@ -47,7 +45,8 @@ fn followed(index: &Index, path: &[u8], child: InodeId) -> (Option<InodeId>, Opt
 
 /// Calls `visit` for every entry below the directory `dir` (at `path`), depth first in
 /// name order, down to `maxdepth` levels (1: its children only). Links to directories
-/// are entered, except into a directory the walk is already inside of (a cycle).
+/// are entered, except into a directory the walk is already inside of (a cycle): the
+/// archive crate's one walk, its path carried down.
 pub fn walk(
     index: &Index,
     path: &[u8],
@@ -55,33 +54,12 @@ pub fn walk(
     maxdepth: Option<usize>,
     mut visit: impl FnMut(&Met<'_>),
 ) -> Result<(), TooManyPaths> {
-    // A tree with a few links names at most a few times its entries.
-    let budget = index.dirents.len().saturating_mul(4).max(1 << 20);
-    let mut visited = 0usize;
-    // (directory, its path, the next child to look at); the ancestors of the top are below it.
-    let mut stack: Vec<(InodeId, Vec<u8>, usize)> = vec![(dir, trimmed(path).to_vec(), 0)];
-    while let Some((dir_id, dir_path, next)) = stack.last_mut() {
-        let children = index.inode(*dir_id).map_or(&[][..], |d| index.children(d));
-        let Some(entry) = children.get(*next) else {
-            stack.pop();
-            continue;
-        };
-        *next += 1;
-        visited += 1;
-        if visited > budget {
-            return Err(TooManyPaths(budget));
-        }
-        let child_path = join(dir_path, index.bytes(entry.name));
-        let (target, link) = followed(index, &child_path, entry.inode);
-        visit(&Met { path: &child_path, target, link });
-        let Some(target) = target.filter(|&t| index.inode(t).is_some_and(|n| n.attrs.is_dir())) else { continue };
-        let deeper = maxdepth.is_none_or(|max| stack.len() < max);
-        let cycle = stack.iter().any(|(ancestor, _, _)| *ancestor == target);
-        if deeper && !cycle {
-            stack.push((target, child_path, 0));
-        }
-    }
-    Ok(())
+    index.walk(dir, trimmed(path), |entry| {
+        let (target, link) = followed(index, entry.path, entry.id);
+        visit(&Met { path: entry.path, target, link });
+        let deeper = maxdepth.is_none_or(|max| entry.depth < max);
+        Ok::<_, TooManyPaths>(target.filter(|_| deeper))
+    })
 }
 
 /// The regular files below `dir` (at `path`) with links followed, sorted by path as a
