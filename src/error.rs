@@ -42,8 +42,8 @@ impl Failure {
     }
 }
 
-impl From<stagefs_archive::index::WalkError> for Failure {
-    fn from(e: stagefs_archive::index::WalkError) -> Failure {
+impl From<stagefs_archive::index::IndexError> for Failure {
+    fn from(e: stagefs_archive::index::IndexError) -> Failure {
         Failure::new(code::BAD_ARCHIVE, format!("the archive's index: {e}"))
     }
 }

@@ -33,7 +33,7 @@ pub fn ls(archive: &Path, path: Option<&Path>, style: Style, indexing: Indexing)
         .resolve(wanted.as_os_str().as_encoded_bytes(), false)
         .map_err(|_| Failure::new(code::USAGE, format!("{}: no {} in the archive", archive.shown(), wanted.shown())))?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    let inode = index.inode(at).ok_or_else(|| Failure::other("the index has no such entry".into()))?;
+    let inode = index.inode(at)?;
     if !inode.attrs.is_dir() {
         return print_entry(&mut out, index, at, &prefix, style);
     }
@@ -41,7 +41,7 @@ pub fn ls(archive: &Path, path: Option<&Path>, style: Style, indexing: Indexing)
     // the path carried down the walk.
     index.walk(at, &prefix, |entry| {
         print_entry(&mut out, index, entry.id, entry.path, style)?;
-        let dir = index.inode(entry.id).is_some_and(|n| n.attrs.is_dir());
+        let dir = index.inode(entry.id)?.attrs.is_dir();
         Ok::<_, Failure>((style.recursive && dir).then_some(entry.id))
     })
 }
@@ -68,13 +68,13 @@ fn print_entry(
     style: Style,
 ) -> Result<(), Failure> {
     let failed = |e: std::io::Error| Failure::other(format!("cannot write the listing: {e}"));
-    let Some(inode) = index.inode(id) else { return Ok(()) };
+    let inode = index.inode(id)?;
     let a = &inode.attrs;
     // As tar -t shows them: relative, directories ending in `/`.
     let path = escape(path);
     let shown = if a.is_dir() && !style.json { format!("{path}/") } else { path.clone() };
     let target = match inode.data {
-        Data::Symlink(span) => Some(index.bytes(span).shown().to_string()),
+        Data::Symlink(span) => Some(index.bytes(span)?.shown().to_string()),
         _ => None,
     };
     let kind = match a.mode & libc::S_IFMT {
@@ -132,31 +132,25 @@ fn chrono_like(secs: i64) -> String {
     format!("{year:04}-{month:02}-{day:02} {:02}:{:02}", rem / 3600, rem / 60 % 60)
 }
 
-/// The lines `stagefs index --print-stats` adds: what the index holds.
+/// The lines `stagefs index --print-stats` adds: what the index holds (its summary, kept
+/// when it was built: a saved index is not read through).
 pub fn print_stats(opened: &Opened) {
     let index = &opened.archive.index;
-    let (mut files, mut dirs, mut links, mut bytes, mut largest) = (0u64, 0u64, 0u64, 0u64, 0u64);
-    for inode in index.inodes.iter().skip(1) {
-        match inode.attrs.mode & libc::S_IFMT {
-            libc::S_IFDIR => dirs += 1,
-            libc::S_IFLNK => links += 1,
-            libc::S_IFREG if inode.nlink > 0 => {
-                files += 1;
-                bytes += inode.attrs.size;
-                largest = largest.max(inode.attrs.size);
-            }
-            _ => {}
-        }
-    }
+    let s = index.summary();
     println!(
         "format: {:?}{}",
         opened.archive.format,
         opened.archive.compression().map_or(String::new(), |c| format!(", {c}"))
     );
-    println!("files: {files} ({}, the largest {})", human(bytes), human(largest));
-    println!("directories: {dirs}");
-    println!("symbolic links: {links}");
-    println!("entries: {} (index in memory: {})", index.dirents.len(), human(index.heap_bytes() as u64));
+    println!("files: {} ({}, the largest {})", s.files, human(s.file_bytes), human(s.largest));
+    println!("directories: {}", s.dirs);
+    println!("symbolic links: {}", s.symlinks);
+    let memory = index.memory();
+    let mapped = match index.source() {
+        Some(file) => format!(", mapped from {} ({})", file.shown(), human(memory.mapped)),
+        None => String::new(),
+    };
+    println!("entries: {} (index in memory: {}{mapped})", index.entry_count(), human(memory.heap));
     println!("archive: {}", human(opened.archive.size()));
     if let Some(path) = &opened.saved_index {
         let size = std::fs::symlink_metadata(path).map_or(0, |m| m.len());

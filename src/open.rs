@@ -116,8 +116,8 @@ pub fn open_shard(
 pub trait SavedIndexes {
     /// The saved index of `flavor` that matches the archive, if one is trusted.
     fn load(&self, loaded: &stage::Loaded, flavor: &saved::Flavor) -> Option<(Index, Arc<dyn Reader>)>;
-    /// Saves the index; returns where it went.
-    fn save(&self, index: &Index, tables: SavedTables, flavor: &saved::Flavor) -> std::io::Result<PathBuf>;
+    /// Saves the index; returns where it went, and the tree mapped from there.
+    fn save(&self, index: &Index, tables: SavedTables, flavor: &saved::Flavor) -> std::io::Result<saved::Saved>;
 }
 
 /// The saved indexes of a local archive, keyed by its [`saved::Key`].
@@ -131,7 +131,7 @@ impl SavedIndexes for LocalIndexes<'_> {
         saved::load(self.file, &self.key, &loaded.backing, loaded.codec, flavor)
     }
 
-    fn save(&self, index: &Index, tables: SavedTables, flavor: &saved::Flavor) -> std::io::Result<PathBuf> {
+    fn save(&self, index: &Index, tables: SavedTables, flavor: &saved::Flavor) -> std::io::Result<saved::Saved> {
         saved::save(self.file, &self.key, index, tables, flavor)
     }
 }
@@ -188,13 +188,13 @@ pub fn index_loaded(
     tracing::info!(
         archive = %path.shown(),
         format = ?archive.format,
-        entries = index.dirents.len(),
-        index_bytes = index.heap_bytes(),
-        bytes_per_entry = index.heap_bytes() / index.dirents.len().max(1),
+        entries = index.entry_count(),
+        index_heap = index.memory().heap,
+        index_mapped = index.memory().mapped,
         elapsed_ms = elapsed.as_millis() as u64,
         "indexed"
     );
-    if index.inodes.len() <= 1 {
+    if index.inode_count() <= 1 {
         // A file of zeros is a valid, empty tar: mounting it is no error, but rarely meant.
         tracing::warn!(
             "{} holds no files or directories ({} bytes): an empty archive, a file of zeros, or not the file you meant",
@@ -203,17 +203,24 @@ pub fn index_loaded(
         );
     }
     // Small archives index in milliseconds: a saved index would only litter.
-    let worth_saving = index.dirents.len() * shards >= 10_000 || elapsed * shards as u32 >= Duration::from_millis(200);
+    let worth_saving = index.entry_count() * shards >= 10_000 || elapsed * shards as u32 >= Duration::from_millis(200);
     let mut saved_index = None;
+    let mut mapped = None;
     if let Some(tables) = archive.saved().filter(|_| force_save || worth_saving) {
         match indexes.save(&archive.index, tables, &flavor) {
             Ok(saved) => {
-                tracing::info!(index = %saved.shown(), "saved the index for faster remounts");
-                saved_index = Some(saved);
+                tracing::info!(index = %saved.path.shown(), "saved the index for faster remounts");
+                saved_index = Some(saved.path);
+                // Served from the file from now on, as a remount would be: the scan's copy
+                // in the heap goes.
+                mapped = saved.mapped;
             }
             Err(source) if force_save => return Err(OpenArchiveError::SaveIndex { path: path.to_owned(), source }),
             Err(e) => tracing::debug!("not saving the index: {e}"),
         }
+    }
+    if let Some(index) = mapped {
+        archive.index = index;
     }
     Ok(Opened {
         archive,

@@ -1,9 +1,13 @@
-//! The index at scale (issue 41): `stagefs ls` names every entry as the archive does, in one walk.
+//! The index at scale (issue 41): `stagefs ls` names every entry in one walk; the saved index mapped, checked block by block, and trusted only from its owner.
 
+use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 
 use crate::util::*;
+use stagefs_archive::index::{tamper, SectionId};
 
 fn os(s: &str) -> &OsStr {
     OsStr::new(s)
@@ -68,4 +72,176 @@ fn ls_shows_each_hard_link_under_its_own_name() {
     assert!(json.contains("\"path\":\"z/second\"") && json.contains("\"links\":2"), "{json}");
     let json = ls(&[os("--json"), os("-R"), a]);
     assert!(json.contains("\"path\":\"a/first\"") && json.contains("\"path\":\"z/second\""), "{json}");
+}
+
+/// What each file of a test tree holds: its content and its `user.k` xattr.
+type Expected = BTreeMap<PathBuf, (Vec<u8>, Vec<u8>)>;
+
+/// A tree of `dirs` × `per_dir` small files, each with a `user.k` xattr, a symlink and a
+/// sparse file, packed by GNU tar as pax with xattrs and sparse maps: every section of a
+/// saved index holds something. Returns the tar and what each file path holds.
+fn rich_tar(tmp: &TempDir, dirs: usize, per_dir: usize) -> (PathBuf, Expected) {
+    let src = tmp.join("src");
+    let mut expected = BTreeMap::new();
+    for d in 0..dirs {
+        fs::create_dir_all(src.join(format!("d{d:03}"))).unwrap();
+        for f in 0..per_dir {
+            let rel = PathBuf::from(format!("d{d:03}/f{f:04}.txt"));
+            let (content, value) =
+                (format!("content of {d}/{f}\n").into_bytes(), format!("value {d}/{f}").into_bytes());
+            fs::write(src.join(&rel), &content).unwrap();
+            set_xattr(&src.join(&rel), "user.k", &value);
+            expected.insert(rel, (content, value));
+        }
+    }
+    std::os::unix::fs::symlink("d000/f0000.txt", src.join("link")).unwrap();
+    let sparse = fs::File::create(src.join("sparse.bin")).unwrap();
+    std::os::unix::fs::FileExt::write_at(&sparse, b"end", 10 << 20).unwrap();
+    let archive = tmp.join("rich.tar");
+    let args = ["--format=posix", "--sparse", "--xattrs", "--xattrs-include=user.*", "-C"];
+    let mut args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    args.extend([src.as_os_str(), os("-cf"), archive.as_os_str(), os(".")]);
+    run_tool("tar", args);
+    (archive, expected)
+}
+
+fn set_xattr(path: &Path, name: &str, value: &[u8]) {
+    let c = |s: &OsStr| std::ffi::CString::new(s.as_encoded_bytes()).unwrap();
+    let (p, n) = (c(path.as_os_str()), c(OsStr::new(name)));
+    // SAFETY: NUL-terminated strings and a buffer of `value.len()` bytes.
+    let rc = unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    assert_eq!(rc, 0, "setxattr {}: {}", path.display(), std::io::Error::last_os_error());
+}
+
+fn get_xattr(path: &Path, name: &str) -> std::io::Result<Vec<u8>> {
+    let c = |s: &OsStr| std::ffi::CString::new(s.as_encoded_bytes()).unwrap();
+    let (p, n) = (c(path.as_os_str()), c(OsStr::new(name)));
+    let mut buf = vec![0u8; 256];
+    // SAFETY: NUL-terminated strings and a buffer of `buf.len()` bytes.
+    let n = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
+}
+
+/// Reads every expected file of the mount: content and xattr. Returns how many requests
+/// failed with EIO; panics on any other failure, and on any byte that is not the archive's.
+fn read_back(mnt: &Path, expected: &Expected) -> usize {
+    let mut eio = 0;
+    let mut seen = |result: std::io::Result<Vec<u8>>, want: &[u8], what: &Path| match result {
+        Ok(got) => assert!(got == want, "{}: other bytes served", what.display()),
+        Err(e) if e.raw_os_error() == Some(libc::EIO) => eio += 1,
+        Err(e) => panic!("{}: {e} (only EIO may come of a damaged index)", what.display()),
+    };
+    for (rel, (content, value)) in expected {
+        let path = mnt.join(rel);
+        seen(fs::read(&path), content, &path);
+        seen(get_xattr(&path, "user.k"), value, &path);
+    }
+    let mut sparse = vec![0u8; (10 << 20) + 3];
+    sparse[10 << 20..].copy_from_slice(b"end");
+    seen(fs::read(mnt.join("sparse.bin")), &sparse, &mnt.join("sparse.bin"));
+    seen(fs::read(mnt.join("link")), &expected[Path::new("d000/f0000.txt")].0, &mnt.join("link"));
+    eio
+}
+
+/// A byte flipped in the middle of each section of a saved index. The tree's sections are
+/// read in place, checked block by block: the mount comes up on the index, the requests
+/// that read the damaged block fail with EIO and one log line naming the index file and
+/// what the block holds, everything else is served, no byte is wrong, and the mount stays
+/// up. The sections read whole at open (the summary, the tar's tables) make the mount
+/// ignore the file and scan the archive.
+#[test]
+fn damage_in_each_section_fails_what_it_holds() {
+    let tmp = TempDir::new("index-damage");
+    let (archive, expected) = rich_tar(&tmp, 40, 100);
+    stagefs([os("index"), archive.as_os_str()]).assert_success();
+    let index = archive.with_file_name("rich.tar.stagefs-index");
+    let pristine = fs::read(&index).unwrap();
+    let mnt = tmp.join("mnt");
+    let tree = [
+        (SectionId::Inodes, "inodes"),
+        (SectionId::Dirents, "directory entries"),
+        (SectionId::Names, "names"),
+        (SectionId::Xattrs, "extended attributes"),
+        (SectionId::XattrOwners, "which inodes have extended attributes"),
+    ];
+    for (id, what) in tree {
+        let range = tamper::section(&pristine, id);
+        assert!(range.len() > 8, "{what}: an empty section in the test's index");
+        let mut damaged = pristine.clone();
+        damaged[range.start + range.len() / 2] ^= 0x20;
+        fs::write(&index, &damaged).unwrap();
+        let fg = Foreground::start(&archive, &mnt, &tmp.join(format!("{id:?}.log")), &[]);
+        let eio = read_back(&mnt, &expected);
+        assert!(eio > 0, "{what}: the damaged block was never read");
+        assert!(is_mounted(&mnt) && !stagefs_pids(&mnt).is_empty(), "{what}: the mount and its daemon stay up");
+        let log = fg.finish();
+        assert!(log.contains("using saved index"), "{what}: {log}");
+        let named = format!("{}: block", index.display());
+        assert!(log.contains(&named) && log.contains(&format!("holding {what}")), "{what}: {log}");
+    }
+    for id in [SectionId::Summary, SectionId::SparseFiles, SectionId::Extents, SectionId::Points, SectionId::Nested] {
+        let range = tamper::section(&pristine, id);
+        let mut damaged = pristine.clone();
+        damaged[range.start + range.len() / 2] ^= 0x20;
+        fs::write(&index, &damaged).unwrap();
+        let fg = Foreground::start(&archive, &mnt, &tmp.join(format!("{id:?}.log")), &[]);
+        assert_eq!(read_back(&mnt, &expected), 0, "{id:?}: served whole from a scan");
+        let log = fg.finish();
+        assert!(log.contains("ignoring saved index") && log.contains("damaged"), "{id:?}: {log}");
+    }
+}
+
+/// Another user's index beside the victim's archive, even a sound one of that very
+/// archive, is never mapped: the victim's daemon maps no file of hers (its
+/// `/proc/PID/maps` lists none) and scans; the victim's own index, swapped by her for
+/// hers by rename in a directory both may write, is not either.
+#[test]
+fn another_users_index_is_never_mapped() {
+    let victim = User::get("sfs-mapvictim");
+    let mallory = User::get("sfs-mallory");
+    let project = TempDir::new("index-two-users");
+    fs::set_permissions(project.path(), fs::Permissions::from_mode(0o1777)).unwrap();
+    let (archive, expected) = rich_tar(&project, 4, 50);
+    victim.chown(&archive);
+    fs::set_permissions(&archive, fs::Permissions::from_mode(0o644)).unwrap();
+    let index = archive.with_file_name("rich.tar.stagefs-index");
+    // Mallory's copy of a sound index (made by the victim, then taken over).
+    victim.stagefs([os("index"), archive.as_os_str()]).assert_success();
+    let sound = fs::read(&index).unwrap();
+    let mnt = victim.home.join("mnt-index");
+    remove_tree(&mnt);
+    let mounted_maps = |user: &User| {
+        let out = user.stagefs([os("mount"), archive.as_os_str(), mnt.as_os_str()]);
+        out.assert_success();
+        let pids = stagefs_pids(&mnt);
+        let maps: String = pids.iter().map(|p| fs::read_to_string(format!("/proc/{p}/maps")).unwrap()).collect();
+        let read = user.sh(&format!("cat {}/d000/f0000.txt", mnt.display()));
+        assert_eq!(read.stdout.as_bytes(), expected[Path::new("d000/f0000.txt")].0.as_slice());
+        user.stagefs([os("umount"), mnt.as_os_str()]).assert_success();
+        (out.stderr, maps)
+    };
+    let (_, maps) = mounted_maps(&victim);
+    assert!(maps.contains(&index.display().to_string()), "the victim's own index is mapped:\n{maps}");
+    fs::remove_file(&index).unwrap();
+    fs::write(&index, &sound).unwrap();
+    mallory.chown(&index);
+    fs::set_permissions(&index, fs::Permissions::from_mode(0o644)).unwrap();
+    let (log, maps) = mounted_maps(&victim);
+    assert!(log.contains("ignoring saved index") && log.contains("sfs-mallory"), "{log}");
+    assert!(!maps.contains("stagefs-index"), "another user's index was mapped:\n{maps}");
+    // Swapped in by rename where the directory lets her (not sticky).
+    fs::set_permissions(project.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    fs::remove_file(&index).unwrap();
+    victim.stagefs([os("index"), archive.as_os_str()]).assert_success();
+    let hers = project.join("hers.index");
+    fs::write(&hers, &sound).unwrap();
+    mallory.chown(&hers);
+    mallory.sh(&format!("mv -f {} {}", hers.display(), index.display()));
+    let (log, maps) = mounted_maps(&victim);
+    assert!(log.contains("ignoring saved index") && log.contains("sfs-mallory"), "{log}");
+    assert!(!maps.contains("stagefs-index"), "a swapped index was mapped:\n{maps}");
 }

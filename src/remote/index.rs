@@ -52,7 +52,8 @@ impl SavedIndexes for RemoteIndexes<'_> {
         let cap = saved_index::size_cap(self.object.version.size).min(1 << 30);
         match self.client.get_small(&sidecar, cap) {
             Ok(Some(bytes)) => {
-                match saved_index::decode_bytes(&bytes, &self.key, &loaded.backing, loaded.codec, flavor.depth) {
+                let name = PathBuf::from(sidecar.shown());
+                match saved_index::decode_bytes(bytes, &name, &self.key, &loaded.backing, loaded.codec, flavor.depth) {
                     Ok(opened) => {
                         tracing::info!("using the saved index {}", sidecar.shown());
                         return Some(opened);
@@ -66,7 +67,12 @@ impl SavedIndexes for RemoteIndexes<'_> {
         saved_index::load_kept(self.shown, &self.key, &loaded.backing, loaded.codec, flavor)
     }
 
-    fn save(&self, index: &Index, tables: SavedTables, flavor: &saved_index::Flavor) -> std::io::Result<PathBuf> {
+    fn save(
+        &self,
+        index: &Index,
+        tables: SavedTables,
+        flavor: &saved_index::Flavor,
+    ) -> std::io::Result<saved_index::Saved> {
         saved_index::save_kept(self.shown, &self.key, index, tables, flavor)
     }
 }

@@ -52,13 +52,13 @@ pub fn open_set(
     tracing::info!(
         set = %label.shown(),
         shards = shards.len(),
-        entries = index.dirents.len(),
-        index_bytes = index.heap_bytes(),
-        bytes_per_entry = index.heap_bytes() / index.dirents.len().max(1),
+        entries = index.entry_count(),
+        index_heap = index.memory().heap,
+        index_mapped = index.memory().mapped,
         merge_ms = merging.as_millis() as u64,
         "merged"
     );
-    report_indexed(shards.len(), index.dirents.len(), started, &stats);
+    report_indexed(shards.len(), index.entry_count(), started, &stats);
     let opened = Opened {
         archive,
         staged_bytes,

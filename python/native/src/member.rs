@@ -27,11 +27,12 @@ impl Member {
         Member { shared, id, size, name, pos: AtomicU64::new(0), closed: AtomicBool::new(false) }
     }
 
-    fn inode(&self) -> Result<&Inode, MemberError> {
+    fn inode(&self) -> Result<Inode, MemberError> {
         if self.closed.load(Ordering::Relaxed) {
             return Err(MemberError::Closed("I/O operation on a closed archive member"));
         }
-        Ok(&self.shared.archive.index.inodes[self.id as usize])
+        let read = self.shared.archive.index.inode(self.id);
+        read.map_err(|e| MemberError::Path { path: self.name.clone(), source: e.into() })
     }
 
     /// Bytes left from the position, at most `limit` (all for a negative or no limit).

@@ -3,7 +3,7 @@
 use crate::errors::MemberError;
 use crate::pybuf::Held;
 use stagefs::stage::Staging;
-use stagefs_archive::index::{Inode, InodeId, PathError};
+use stagefs_archive::index::{Inode, InodeId};
 use stagefs_archive::{Access, Archive as Opened, Bytes, ReadError};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -37,11 +37,11 @@ const VIEW_PIECE: u64 = 1 << 30;
 
 impl Shared {
     /// The regular file at `path`, links followed.
-    pub fn regular(&self, path: &[u8]) -> Result<(InodeId, &Inode), MemberError> {
+    pub fn regular(&self, path: &[u8]) -> Result<(InodeId, Inode), MemberError> {
         let shown = || String::from_utf8_lossy(path).into_owned();
         let index = &self.archive.index;
         let id = index.resolve(path, true).map_err(|source| MemberError::Path { path: shown(), source })?;
-        let inode = index.inode(id).ok_or(MemberError::Path { path: shown(), source: PathError::NotFound })?;
+        let inode = index.inode(id).map_err(|e| MemberError::Path { path: shown(), source: e.into() })?;
         match inode.attrs.file_type() {
             libc::S_IFREG => Ok((id, inode)),
             libc::S_IFDIR => Err(MemberError::IsDir { path: shown() }),
@@ -50,7 +50,8 @@ impl Shared {
     }
 
     /// Fills `dst` with the bytes of file `id` from `offset`; `path` names it in errors.
-    pub fn fill(&self, id: InodeId, inode: &Inode, path: &str, offset: u64, dst: &mut [u8]) -> Result<(), MemberError> {
+    pub fn fill(&self, id: InodeId, inode: Inode, path: &str, offset: u64, dst: &mut [u8]) -> Result<(), MemberError> {
+        let inode = &inode;
         self.allowed(id, inode, path)?;
         let mut done = 0;
         while done < dst.len() {
@@ -73,11 +74,12 @@ impl Shared {
     pub fn held(
         self: &Arc<Self>,
         id: InodeId,
-        inode: &Inode,
+        inode: Inode,
         path: &str,
         offset: u64,
         len: u64,
     ) -> Result<Held, MemberError> {
+        let inode = &inode;
         self.allowed(id, inode, path)?;
         let len = len.min(inode.attrs.size.saturating_sub(offset));
         if len > VIEW_PIECE {
@@ -87,7 +89,7 @@ impl Shared {
             let mut bytes = Vec::new();
             bytes.try_reserve_exact(usize::try_from(len).map_err(|_| no_memory())?).map_err(|_| no_memory())?;
             bytes.resize(len as usize, 0);
-            self.fill(id, inode, path, offset, &mut bytes)?;
+            self.fill(id, *inode, path, offset, &mut bytes)?;
             let ptr = bytes.as_ptr();
             return Ok(Held { keep: Box::new(bytes), ptr, len: len as usize });
         }

@@ -4,7 +4,7 @@
 //! so a walk costs one pass over the directory entries and no search per entry (the
 //! path of an entry is never looked up: a hard link shows under its own name).
 
-use super::{Index, InodeId};
+use super::{Data, Index, IndexError, InodeId};
 
 /// One entry met by [`Index::walk`].
 pub struct Entry<'a> {
@@ -16,14 +16,6 @@ pub struct Entry<'a> {
     pub id: InodeId,
     /// Levels below the walk's start (1: a child of it).
     pub depth: usize,
-}
-
-/// Why a walk stopped before its end.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum WalkError {
-    /// Links (the visitor's to enter) name the same directories over and over.
-    #[error("its links name the same directories over and over: more than {0} paths below one directory")]
-    TooManyPaths(usize),
 }
 
 /// Appends `name` to `path`, after a `/` unless the path is empty or ends in one.
@@ -38,17 +30,18 @@ impl Index {
     /// Calls `visit` for every entry below the directory `dir`, whose path is `prefix`,
     /// depth first in name order, each entry before what it holds (as `find` lists). The
     /// visitor says what to walk into below an entry: `Some(directory)` (the entry itself,
-    /// or the directory a link leads to), or `None`. A directory the walk is already
-    /// inside of is not entered again (a cycle), and a walk that visits more than four
-    /// times the index's entries (at least 2^20) stops: links may multiply paths, a tree
-    /// never does.
-    pub fn walk<E: From<WalkError>>(
+    /// or the directory a link leads to), or `None`. A directory is entered as itself only
+    /// from the directory its parent field names (so a damaged tree cannot list one twice
+    /// or go round); a link's directory is not entered when the walk is already inside it
+    /// (a cycle), and a walk that visits more than four times the index's entries (at
+    /// least 2^20) stops: links may multiply paths, a tree never does.
+    pub fn walk<E: From<IndexError>>(
         &self,
         dir: InodeId,
         prefix: &[u8],
         mut visit: impl FnMut(&Entry<'_>) -> Result<Option<InodeId>, E>,
     ) -> Result<(), E> {
-        let budget = self.dirents.len().saturating_mul(4).max(1 << 20);
+        let budget = self.entry_count().saturating_mul(4).max(1 << 20);
         let mut visited = 0usize;
         let mut path = prefix.to_vec();
         // (directory, where its path ends in `path`, the next child to look at).
@@ -56,22 +49,29 @@ impl Index {
         while let Some(top) = stack.last_mut() {
             let (dir, end, next) = *top;
             top.2 += 1;
-            let children = self.inode(dir).map_or(&[][..], |d| self.children(d));
+            let children = self.children(&self.inode(dir)?)?;
             let Some(dirent) = children.get(next) else {
                 stack.pop();
                 continue;
             };
             visited += 1;
             if visited > budget {
-                return Err(WalkError::TooManyPaths(budget).into());
+                return Err(IndexError::TooManyPaths(budget).into());
             }
             path.truncate(end);
-            let name = self.bytes(dirent.name);
+            let name = self.name(&dirent)?;
             joined(&mut path, name);
             let entry = Entry { path: &path, name, id: dirent.inode, depth: stack.len() };
             let Some(into) = visit(&entry)? else { continue };
-            let is_dir = self.inode(into).is_some_and(|n| n.attrs.is_dir());
-            if is_dir && !stack.iter().any(|&(ancestor, ..)| ancestor == into) {
+            let Data::Dir { parent, .. } = self.inode(into)?.data else { continue };
+            let enter = match into == dirent.inode {
+                true if parent == dir => true,
+                true => {
+                    return Err(self.store().invalid(format!("directory {into} is listed outside its parent")).into())
+                }
+                false => !stack.iter().any(|&(ancestor, ..)| ancestor == into),
+            };
+            if enter {
                 stack.push((into, path.len(), 0));
             }
         }
@@ -103,9 +103,9 @@ mod tests {
         let index = b.finish().unwrap();
         let mut met = Vec::new();
         index
-            .walk::<WalkError>(ROOT, b"", |entry| {
+            .walk::<IndexError>(ROOT, b"", |entry| {
                 met.push((String::from_utf8_lossy(entry.path).into_owned(), entry.depth));
-                let dir = index.inode(entry.id).is_some_and(|n| n.attrs.is_dir());
+                let dir = index.inode(entry.id).is_ok_and(|n| n.attrs.is_dir());
                 Ok(dir.then_some(entry.id))
             })
             .unwrap();
@@ -113,9 +113,9 @@ mod tests {
         assert_eq!(met, expected.map(|(p, d)| (p.to_string(), d)));
         let mut below = Vec::new();
         index
-            .walk::<WalkError>(d, b"/top/d/", |entry| {
+            .walk::<IndexError>(d, b"/top/d/", |entry| {
                 below.push(String::from_utf8_lossy(entry.path).into_owned());
-                Ok(Some(entry.id))
+                Ok(index.inode(entry.id).is_ok_and(|n| n.attrs.is_dir()).then_some(entry.id))
             })
             .unwrap();
         assert_eq!(below, ["/top/d/e", "/top/d/e/first"]);
@@ -133,7 +133,7 @@ mod tests {
         let index = b.finish().unwrap();
         let mut count = 0;
         index
-            .walk::<WalkError>(ROOT, b"", |entry| {
+            .walk::<IndexError>(ROOT, b"", |entry| {
                 count += 1;
                 Ok(Some(if entry.name == b"loop" { d } else { entry.id }))
             })

@@ -242,7 +242,16 @@ impl TarReader {
     /// `len` bytes at `offset` of the member whose content is at `data`.
     pub(crate) fn read_data(&self, data: Data, offset: u64, len: usize) -> Result<Bytes<'_>, ReadError> {
         match data {
-            Data::Slice { offset: start } => Ok(self.backing.read_at(start + offset, len)?.into()),
+            // Data follows a 512-byte header, at a block boundary: a saved index that says
+            // otherwise points into a header, not at a member's bytes.
+            Data::Slice { offset: start } if start < 512 || start % 512 != 0 => {
+                Err(ReadError { offset: start, what: "the index places a member's data where no tar has data".into() })
+            }
+            Data::Slice { offset: start } => {
+                let at =
+                    start.checked_add(offset).ok_or_else(|| ReadError { offset: start, what: "past 2^64".into() })?;
+                Ok(self.backing.read_at(at, len)?.into())
+            }
             Data::Extern(handle) => self.read_sparse(handle, offset, len),
             other => Err(ReadError { offset: 0, what: format!("not a regular file ({other:?})") }),
         }
