@@ -110,6 +110,27 @@ pub fn open_shard(
     index_loaded(path, loaded, whole, indexing, shards, &LocalIndexes { file, key })
 }
 
+/// A shard's bytes staged as [`open_shard`] stages them, when it is a plain tar (its
+/// index then comes from its set's: see `shards/saved.rs`); `None` for anything else.
+pub fn stage_plain(
+    file: &OutsideFile,
+    mode: StageMode,
+    max_ram: Option<u64>,
+) -> Result<Option<stage::Loaded>, OpenArchiveError> {
+    use std::os::unix::fs::FileExt;
+    if check_format(file)? {
+        return Ok(None);
+    }
+    let mut head = [0u8; 512];
+    let n =
+        file.file().read_at(&mut head, 0).map_err(|source| OpenError::Io { path: file.resolved().into(), source })?;
+    if stagefs_archive::Format::detect(&head[..n]) != Some(Format::Tar) {
+        return Ok(None);
+    }
+    let loaded = stage::load(file, mode, max_ram, None, None)?;
+    Ok(loaded.codec.is_none().then_some(loaded))
+}
+
 /// Where an archive's saved index is looked up and saved: beside a local archive, in
 /// `--index-dir` or the cache ([`LocalIndexes`], see `saved_index`); for an object in a
 /// store, see `remote`.

@@ -90,7 +90,7 @@ const INDEX_DIR_ADVICE: &str = "--index-dir must be a directory of yours that no
 
 /// The directory a flavor's indexes are kept in, besides the archive's own: `--index-dir`
 /// (made if missing, checked as the user's own), else the user's cache.
-fn index_dir(flavor: &Flavor) -> Result<places::CheckedDir, String> {
+pub(crate) fn index_dir(flavor: &Flavor) -> Result<places::CheckedDir, String> {
     match flavor.dir {
         Some(dir) => {
             places::own_dir(dir, INDEX_DIR_ADVICE).map_err(|e| e.to_string())?;
@@ -270,14 +270,14 @@ pub fn encode_bytes(key: &Key, depth: usize, index: &Index, tables: SavedTables)
 }
 
 /// Saved indexes in the cache directory not used for this long are removed.
-const CACHE_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+pub(crate) const CACHE_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
 /// Beyond this many bytes of indexes in the cache directory, the least recently used go.
-const CACHE_MAX_BYTES: u64 = 2 << 30;
+pub(crate) const CACHE_MAX_BYTES: u64 = 2 << 30;
 
 /// Keeps the cache directory bounded, whatever happened to the archives (deleted long ago,
 /// moved): indexes unused for `max_age` go, then the least recently used until the rest
 /// holds at most `max_bytes`. Use is the file's mtime, renewed by [`load`].
-fn prune(dir: &Path, max_age: std::time::Duration, max_bytes: u64) {
+pub(crate) fn prune(dir: &Path, max_age: std::time::Duration, max_bytes: u64) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     let now = std::time::SystemTime::now();
     let mut kept: Vec<(std::time::SystemTime, u64, PathBuf)> = Vec::new();

@@ -245,3 +245,52 @@ fn another_users_index_is_never_mapped() {
     assert!(log.contains("ignoring saved index") && log.contains("sfs-mallory"), "{log}");
     assert!(!maps.contains("stagefs-index"), "a swapped index was mapped:\n{maps}");
 }
+
+/// A set of plain tars opens from its own saved index once one is kept: no shard's index
+/// is read (they are deleted first) and nothing is merged; a shard that changed since
+/// (its ctime moves with any write) makes the mount merge again and save anew.
+#[test]
+fn a_saved_set_opens_without_its_shards_indexes() {
+    let tmp = TempDir::new("index-set");
+    let dir = tmp.join("shards");
+    fs::create_dir_all(&dir).unwrap();
+    for k in 0..12 {
+        let src = tmp.join(format!("src{k}"));
+        fs::create_dir_all(src.join(format!("s{k:02}"))).unwrap();
+        for f in 0..1000 {
+            fs::write(src.join(format!("s{k:02}/f{f:04}")), format!("shard {k} file {f}\n")).unwrap();
+        }
+        fs::write(src.join("shared.txt"), format!("from shard {k}\n")).unwrap();
+        pack_tar(&src, &dir.join(format!("train-{k:02}.tar")), &[&format!("s{k:02}"), "shared.txt"]);
+    }
+    let indexes = tmp.join("indexes");
+    let glob = dir.join("train-*.tar");
+    let mnt = tmp.join("mnt");
+    let mount = |name: &str| {
+        let log = tmp.join(format!("{name}.log"));
+        Foreground::start_with(&["--index-dir", indexes.to_str().unwrap()], &glob, &mnt, &log, &[])
+    };
+    let check = || {
+        assert_eq!(fs::read(mnt.join("shared.txt")).unwrap(), b"from shard 11\n", "the later shard wins");
+        assert_eq!(fs::read(mnt.join("s03/f0999")).unwrap(), b"shard 3 file 999\n");
+        assert_eq!(fs::read_dir(mnt.join("s07")).unwrap().count(), 1000);
+    };
+    let first = mount("first");
+    check();
+    let log = first.finish();
+    assert!(log.contains("saved the set's index"), "{log}");
+    for entry in fs::read_dir(&indexes).unwrap().flatten() {
+        if !entry.file_name().to_string_lossy().contains("-set-") {
+            fs::remove_file(entry.path()).unwrap(); // the shards' own indexes
+        }
+    }
+    let second = mount("second");
+    check();
+    let log = second.finish();
+    assert!(log.contains("using the set's saved index") && !log.contains("merged"), "{log}");
+    std::process::Command::new("touch").arg(dir.join("train-05.tar")).status().unwrap();
+    let third = mount("third");
+    check();
+    let log = third.finish();
+    assert!(log.contains("ignoring the set's saved index") && log.contains("saved the set's index"), "{log}");
+}

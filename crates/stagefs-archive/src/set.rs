@@ -11,6 +11,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub mod saved;
+
 use super::{Access, Archive, Bytes, Format, OpenError, ReadError, Reader};
 use crate::index::{Attrs, Data, Dirent, Index, IndexBuilder, IndexError, Inode, InodeId, ROOT};
 
@@ -57,6 +59,10 @@ impl Reader for SetReader {
 
     fn compression(&self) -> Option<&'static str> {
         self.shards.iter().find_map(|s| s.compression())
+    }
+
+    fn shards(&self) -> Option<crate::reader::Shards<'_>> {
+        Some((&self.shards, &self.starts))
     }
 }
 

@@ -8,9 +8,9 @@ use std::borrow::Cow;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::layout::{u32_at, u64_at, Section, SectionId, ALIGN};
+use super::layout::{u32_at, u64_at, BodyWriter, Section, SectionId, ALIGN};
 use super::store::{Checks, IndexMap, Store, BLOCK};
-use super::IndexError;
+use super::{Index, IndexError};
 use crate::hash::block_sum;
 
 /// The first bytes of every saved index; the version is part of them.
@@ -60,9 +60,38 @@ impl Saving<'_> {
     }
 }
 
+/// Sections to save beside a tree (a tar's or a set's tables), laid out from offset 0.
+pub struct Extra {
+    pub(crate) body: Vec<u8>,
+    pub(crate) sections: Vec<(SectionId, Section)>,
+}
+
+/// The body of a saved index: first what is read whole at open (the tree's summary, then
+/// `extra`), padded to a checksum block of its own (`pad`; not in a fuzz input, which must
+/// stay small), so that damage in the tree never costs the whole file; then the tree's
+/// sections as they lie.
+#[allow(clippy::type_complexity)]
+pub(crate) fn body<'a>(index: &'a Index, extra: &Extra, pad: bool) -> (Vec<Cow<'a, [u8]>>, Vec<(SectionId, Section)>) {
+    let mut eager = BodyWriter::default();
+    eager.start(SectionId::Summary);
+    eager.bytes.extend_from_slice(&index.summary_bytes());
+    let (mut bytes, mut sections) = eager.finish();
+    let shift = bytes.len() as u64;
+    bytes.extend_from_slice(&extra.body);
+    sections.extend(extra.sections.iter().map(|&(id, s)| (id, Section { offset: s.offset + shift, len: s.len })));
+    if pad {
+        bytes.resize(bytes.len().next_multiple_of(BLOCK as usize), 0);
+    }
+    let tree = index.store().body_bytes();
+    let shift = bytes.len() as u64;
+    let tree_sections = index.sections().into_iter().filter(|(id, _)| *id != SectionId::Summary);
+    sections.extend(tree_sections.map(|(id, s)| (id, Section { offset: s.offset + shift, len: s.len })));
+    (vec![Cow::Owned(bytes), Cow::Borrowed(tree)], sections)
+}
+
 /// The file for `header` whose body is `parts` (each a multiple of [`ALIGN`] bytes) and
 /// whose sections are `sections` (offsets from the body's start).
-pub(crate) fn saving<'a>(header: &Header, parts: Vec<Cow<'a, [u8]>>, sections: &[(SectionId, Section)]) -> Saving<'a> {
+pub fn saving<'a>(header: &Header, parts: Vec<Cow<'a, [u8]>>, sections: &[(SectionId, Section)]) -> Saving<'a> {
     let body_len: u64 = parts.iter().map(|p| p.len() as u64).sum();
     let sums = block_sums(&parts.iter().map(|p| &**p).collect::<Vec<_>>(), body_len);
     let top = block_sums(&[&sums], sums.len() as u64);
@@ -126,7 +155,7 @@ fn block_sums(parts: &[&[u8]], len: u64) -> Vec<u8> {
 }
 
 /// A mapped index file, its header checked: the store to read it from and its sections.
-pub(crate) struct Opened {
+pub struct Opened {
     pub header: Header,
     pub store: Arc<Store>,
     pub sections: Vec<(SectionId, Section)>,
@@ -134,7 +163,7 @@ pub(crate) struct Opened {
 
 /// Opens the mapped file `map` (`name` for messages): the header and the top checksums are
 /// checked now, everything else when it is first read.
-pub(crate) fn open(map: IndexMap, name: &Path) -> Result<Opened, IndexError> {
+pub fn open(map: IndexMap, name: &Path) -> Result<Opened, IndexError> {
     let invalid = |what: &str| IndexError::Invalid { index: Arc::from(name), what: what.into() };
     let all = map.bytes();
     let Some(head) = all.get(..HEADER_LEN) else { return Err(invalid("shorter than an index's header")) };
@@ -230,5 +259,14 @@ pub mod tamper {
         bytes[136..144].copy_from_slice(&block_sum(&top).to_le_bytes());
         let sum = block_sum(&bytes[..HEADER_LEN - 8]);
         bytes[HEADER_LEN - 8..HEADER_LEN].copy_from_slice(&sum.to_le_bytes());
+    }
+}
+
+impl Opened {
+    /// The bytes of section `id`, checked (a section read whole at open).
+    pub(crate) fn section(&self, id: SectionId) -> Result<&[u8], IndexError> {
+        let s = self.sections.iter().find(|(i, _)| *i == id).map(|(_, s)| *s);
+        let s = s.ok_or_else(|| self.store.invalid(format!("no section of {}", id.what())))?;
+        self.store.body(s.offset, s.len, id)
     }
 }

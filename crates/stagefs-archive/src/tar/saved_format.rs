@@ -12,9 +12,8 @@ use std::sync::Arc;
 
 use super::key::Key;
 use super::{Extent, NestedReader, SavedTables, SparseFile, TarReader};
-use crate::index::file::{self, Header, Kind, Saving};
+use crate::index::file::{self, Extra, Header, Kind, Saving};
 use crate::index::layout::{BodyWriter, Section, SectionId};
-use crate::index::store::BLOCK;
 use crate::index::{Index, IndexError, IndexMap};
 use crate::seekable::{max_points, Codec, Point, Points, Seekable, BZIP2_MAX_BLOCK_BITS};
 use crate::{Backing, Source};
@@ -32,14 +31,8 @@ impl Writer {
     }
 }
 
-/// Where each section lies in a body.
-type Sections = Vec<(SectionId, Section)>;
-
-/// The tar's own sections (sparse maps, restart points, inner tars), to follow the tree's.
-pub struct Tables {
-    body: Vec<u8>,
-    sections: Sections,
-}
+/// The tar's own sections (sparse maps, restart points, inner tars), saved beside the tree.
+pub type Tables = Extra;
 
 /// The tables `tables` describes, laid out as sections (the tree's summary then joins
 /// them: see [`body`]).
@@ -60,37 +53,15 @@ pub fn tables(tables: SavedTables) -> Tables {
     nested::encode(&mut w, tables);
     body.bytes.append(&mut w.0);
     let (body, sections) = body.finish();
-    Tables { body, sections }
+    Extra { body, sections }
 }
 
 /// The saved index of `index`, served by the readers `tables` holds, for a mount that
 /// opens `depth` levels of inner archives (0: none): parts to write one after the other.
 pub fn encode<'a>(key: &Key, depth: usize, index: &'a Index, tables: &'a Tables) -> Saving<'a> {
-    let (parts, sections) = body(index, tables, true);
+    let (parts, sections) = file::body(index, tables, true);
     let header = Header { kind: Kind::Archive, depth: depth as u32, key: key.fields() };
     file::saving(&header, parts, &sections)
-}
-
-/// The body of a saved index: first what is read whole at open (the tree's summary, the
-/// tar's tables), padded to a checksum block of its own, so that damage in the tree never
-/// costs the whole file; then the tree's sections as they lie.
-/// (`pad`: false for a fuzz input, which must stay small.)
-fn body<'a>(index: &'a Index, tables: &'a Tables, pad: bool) -> (Vec<Cow<'a, [u8]>>, Sections) {
-    let mut eager = BodyWriter::default();
-    eager.start(SectionId::Summary);
-    eager.bytes.extend_from_slice(&index.summary_bytes());
-    let (mut bytes, mut sections) = eager.finish();
-    let shift = bytes.len() as u64;
-    bytes.extend_from_slice(&tables.body);
-    sections.extend(tables.sections.iter().map(|&(id, s)| (id, Section { offset: s.offset + shift, len: s.len })));
-    if pad {
-        bytes.resize(bytes.len().next_multiple_of(BLOCK as usize), 0);
-    }
-    let tree = index.store().body_bytes();
-    let shift = bytes.len() as u64;
-    let tree_sections = index.sections().into_iter().filter(|(id, _)| *id != SectionId::Summary);
-    sections.extend(tree_sections.map(|(id, s)| (id, Section { offset: s.offset + shift, len: s.len })));
-    (vec![Cow::Owned(bytes), Cow::Borrowed(tree)], sections)
 }
 
 /// A sparse table: the files' runs, then the extents.
@@ -211,7 +182,7 @@ fn decode_points(r: &mut Reader, codec: Option<Codec>, input_len: u64) -> Result
 #[doc(hidden)]
 pub fn fuzz_input(index: &Index, tables: SavedTables) -> Vec<u8> {
     let tables = self::tables(tables);
-    let (parts, sections) = body(index, &tables, false);
+    let (parts, sections) = file::body(index, &tables, false);
     let mut out = vec![sections.len() as u8];
     for (id, s) in &sections {
         out.push(*id as u8);
@@ -307,11 +278,7 @@ pub fn decode(
     let store = opened.store.clone();
     let invalid = |what: String| store.invalid(what);
     let index = Index::from_store(store.clone(), &opened.sections)?;
-    let section = |id: SectionId| -> Result<&[u8], IndexError> {
-        let s = opened.sections.iter().find(|(i, _)| *i == id).map(|(_, s)| *s);
-        let s = s.ok_or_else(|| invalid(format!("no section of {}", id.what())))?;
-        store.body(s.offset, s.len, id)
-    };
+    let section = |id: SectionId| opened.section(id);
     let sparse = section(SectionId::SparseFiles)?;
     let extents = section(SectionId::Extents)?;
     let (sparse, extents) = (
