@@ -21,7 +21,7 @@ pub fn add(mountpoint: &Path, specs: &[std::path::PathBuf], trust: bool, timeout
     let mut paths = Vec::new();
     for spec in specs {
         // As named, links not followed: the daemon opens them, judging every link on the way.
-        paths.extend(crate::shards::expand(spec)?);
+        paths.extend(crate::shards::expand(spec, trust)?);
     }
     let request = Request { verb: Verb::Add, trust, paths };
     println!("{}", control::ask(&mountpoint, &request, timeout)?);

@@ -104,9 +104,9 @@ impl From<crate::places::OutsideError> for Failure {
     fn from(e: crate::places::OutsideError) -> Failure {
         let code = match e {
             crate::places::OutsideError::Io { .. } => code::BAD_ARCHIVE,
-            crate::places::OutsideError::Untrusted { .. } | crate::places::OutsideError::OnOwnMount { .. } => {
-                code::MOUNTPOINT
-            }
+            crate::places::OutsideError::Untrusted { .. }
+            | crate::places::OutsideError::Unsafe { .. }
+            | crate::places::OutsideError::OnOwnMount { .. } => code::MOUNTPOINT,
         };
         Failure::new(code, e.to_string())
     }
@@ -160,7 +160,10 @@ impl From<RemoteError> for Failure {
             RemoteError::Cancelled => {
                 return crate::cancel::check().map_or_else(Failure::from, |()| Failure::other("cancelled".into()))
             }
-            RemoteError::Unavailable(_) | RemoteError::Write { .. } => code::OTHER,
+            RemoteError::Unavailable(_)
+            | RemoteError::Refused(_)
+            | RemoteError::Unreachable(_)
+            | RemoteError::Write { .. } => code::OTHER,
         };
         Failure::new(code, e.to_string())
     }

@@ -289,12 +289,11 @@ impl Filesystem for FuseAdapter {
     fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         match self.fs.dir_view(fh.0).readdir(ino.0, offset) {
             Ok(entries) => {
-                for (n, e) in entries.enumerate() {
+                for e in entries {
                     let e = match e {
                         Ok(e) => e,
-                        // What was listed goes out; the kernel asks again from the damage.
-                        Err(err) if n == 0 => return reply.error(self.errno(&err)),
-                        Err(_) => break,
+                        // Nothing of a listing that met damage goes out.
+                        Err(err) => return reply.error(self.errno(&err)),
                     };
                     if reply.add(INodeNo(e.ino), e.next, file_type(e.mode), OsStr::from_bytes(e.name)) {
                         break; // Reply buffer full: the kernel asks again from `next`.
@@ -313,11 +312,10 @@ impl Filesystem for FuseAdapter {
         let ttl = if view.is_current() { TTL } else { Duration::ZERO };
         match view.readdir(ino.0, offset) {
             Ok(entries) => {
-                for (n, e) in entries.enumerate() {
+                for e in entries {
                     let e = match e {
                         Ok(e) => e,
-                        Err(err) if n == 0 => return reply.error(self.errno(&err)),
-                        Err(_) => break,
+                        Err(err) => return reply.error(self.errno(&err)),
                     };
                     let Ok(attr) = view.getattr(e.ino) else { continue };
                     if reply.add(

@@ -3,6 +3,8 @@
 use stagefs_archive::escape::Shown;
 use std::process::ExitCode;
 
+mod argv;
+
 use clap::Parser;
 use stagefs::cli::{Cli, Command};
 use stagefs::commands;
@@ -10,7 +12,10 @@ use stagefs::error::Failure;
 use stagefs::node;
 
 fn main() -> ExitCode {
-    let cli = Cli::try_parse().unwrap_or_else(|e| usage_error(e));
+    // Copied first: `ps` shows the original memory, whose secrets are then overwritten.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    argv::hide_secrets();
+    let cli = Cli::try_parse_from(&args).unwrap_or_else(|e| usage_error(e, &args));
     // A daemon forked by these commands writes its log to a file: no colour codes there.
     let forks_daemon =
         matches!(cli.command, Command::Mount { foreground: false, .. } | Command::Run(_) | Command::Demo { .. });
@@ -27,6 +32,7 @@ fn main() -> ExitCode {
 fn run(command: Command) -> Result<(), Failure> {
     match command {
         Command::Mount { archive, mountpoint, foreground, options, idle_timeout, json } => {
+            let archive = archive_or_stdin(archive)?;
             if let Some(mountpoint) = &mountpoint {
                 stagefs::shards::check_not_an_archive(mountpoint)?;
             }
@@ -134,9 +140,29 @@ fn run(command: Command) -> Result<(), Failure> {
 
 /// Prints clap's error and exits 2 (0 for --help and --version); `stagefs run` without `--`
 /// also says where the command goes, since clap only sees an unexpected argument.
-fn usage_error(error: clap::Error) -> ! {
+/// `-` for the archive: its path or URL is the first line of standard input, where no
+/// other user can read it (a URL with a password or a signature stays out of `ps`).
+fn archive_or_stdin(archive: std::path::PathBuf) -> Result<std::path::PathBuf, Failure> {
+    if archive.as_os_str() != "-" {
+        return Ok(archive);
+    }
+    let mut line = String::new();
+    std::io::stdin()
+        .read_line(&mut line)
+        .map_err(|e| Failure::new(stagefs::error::code::USAGE, format!("cannot read the archive from stdin: {e}")))?;
+    let line = line.trim_end_matches(['\n', '\r']);
+    if line.is_empty() {
+        return Err(Failure::new(
+            stagefs::error::code::USAGE,
+            "ARCHIVE is `-`, but standard input holds no line naming it (echo \"$URL\" | stagefs mount - DIR)".into(),
+        ));
+    }
+    Ok(std::path::PathBuf::from(line))
+}
+
+fn usage_error(error: clap::Error, args: &[std::ffi::OsString]) -> ! {
     use clap::error::ErrorKind;
-    let args: Vec<_> = std::env::args_os().skip(1).collect();
+    let args = args.get(1..).unwrap_or_default();
     let subcommand = args.iter().find(|a| !a.to_string_lossy().starts_with('-'));
     let is_run = subcommand.is_some_and(|a| a == "run");
     let without_separator = !args.iter().any(|a| a == "--");
@@ -185,11 +211,19 @@ fn init_logging(verbose: u8, colour: bool) {
     })
     .delimited(" ");
     let ansi = colour && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    // A filter of its own, after the user's: no `RUST_LOG` can let the HTTP and TLS crates'
+    // request dumps (credentials included) through.
+    let no_request_dumps: tracing_subscriber::filter::Targets =
+        stagefs_remote::LOG_FILTER.parse().expect("stagefs_remote::LOG_FILTER parses");
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .fmt_fields(escaped)
         .event_format(Lines { log: tracing_subscriber::fmt::format().with_target(false).with_ansi(ansi) })
         .with_writer(std::io::stderr)
+        .finish()
+        .with(no_request_dumps)
         .init();
 }
 

@@ -45,6 +45,9 @@ pub struct Opened {
     pub saved_index: Option<PathBuf>,
     /// Whether a saved index was used instead of scanning.
     pub reused_index: bool,
+    /// Each file served, as it was when opened (in the set's order; an object in a store
+    /// has none, its version is pinned instead): what a reopening must find again.
+    pub identity: Vec<stagefs_archive::FileId>,
 }
 
 /// Runs the scan `f` of an archive of `len` bytes with a progress bar on a terminal (a
@@ -107,7 +110,9 @@ pub fn open_shard(
         && loaded.codec.is_none()
         && stagefs_archive::map_file(file.file())
             .is_ok_and(|map| stagefs_archive::tar::compressed_codec(&map).is_some());
-    index_loaded(path, loaded, whole, indexing, shards, &LocalIndexes { file, key })
+    let mut opened = index_loaded(path, loaded, whole, indexing, shards, &LocalIndexes { file, key })?;
+    opened.identity = vec![file.id()];
+    Ok(opened)
 }
 
 /// A shard's bytes staged as [`open_shard`] stages them, when it is a plain tar (its
@@ -183,6 +188,7 @@ pub fn index_loaded(
                 disk: loaded.disk,
                 saved_index: None,
                 reused_index: true,
+                identity: Vec::new(),
             });
         }
     }
@@ -250,6 +256,7 @@ pub fn index_loaded(
         disk: loaded.disk,
         saved_index,
         reused_index: false,
+        identity: Vec::new(),
     })
 }
 
@@ -265,11 +272,13 @@ fn open_nested(path: &Path, archive: Archive, depth: usize) -> Result<Archive, O
     let backing = outer.backing().clone();
     let cancelled = || crate::cancel::received().is_some();
     let nesting = nested::Nesting { depth, cancelled: &cancelled };
-    let expanded = nested::expand(path, &backing, &archive.index, (outer.sparse_files(), outer.extents()), nesting)
-        .map_err(|e| match crate::cancel::check() {
-            Err(interrupted) => OpenArchiveError::from(interrupted),
-            Ok(()) => e.into(),
-        })?;
+    let expanded = nested::expand(path, &backing, &archive.index, (outer.sparse_files(), outer.extents()), nesting);
+    // The inner tars were read from the map: trusted only if the file stayed as it was.
+    backing.check_intact().map_err(|what| OpenError::Changed { path: path.to_owned(), what })?;
+    let expanded = expanded.map_err(|e| match crate::cancel::check() {
+        Err(interrupted) => OpenArchiveError::from(interrupted),
+        Ok(()) => e.into(),
+    })?;
     tracing::info!(
         archive = %path.shown(),
         inner_archives = expanded.opened,

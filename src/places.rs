@@ -24,7 +24,7 @@ pub use files::{
     judged, open_private, read_all, read_checked, read_own, remove_file, remove_unless_locked, write_atomically,
     Distrust,
 };
-pub use outside::{open_outside, ArchiveSet, OutsideError, OutsideFile, Trust};
+pub use outside::{open_append, open_outside, read_own_file, ArchiveSet, OutsideError, OutsideFile, Trust};
 
 /// A place stagefs cannot use safely, with what to do about it.
 #[derive(Debug, thiserror::Error)]

@@ -4,7 +4,7 @@ use stagefs_archive::escape::Shown;
 use std::path::Path;
 use std::time::Instant;
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{ProgressBar, ProgressStyle, WeakProgressBar};
 
 thread_local! {
     /// Set on the threads that open the shards of a set: the set draws one progress bar and
@@ -19,6 +19,10 @@ pub fn quietly<T>(f: impl FnOnce() -> T) -> T {
     QUIET.with(|q| q.set(false));
     result
 }
+
+/// The bar drawn last: [`notice`] prints its lines above it (a line printed under
+/// indicatif's feet is erased at the bar's next redraw).
+static DRAWN: std::sync::Mutex<Option<WeakProgressBar>> = std::sync::Mutex::new(None);
 
 /// A progress bar for `len` bytes (a spinner when the length is unknown); hidden inside
 /// [`quietly`], and drawn by indicatif only when stderr is a terminal.
@@ -37,7 +41,24 @@ pub fn progress(len: Option<u64>, verb: &str) -> ProgressBar {
             ProgressStyle::with_template("{msg} {spinner} {bytes} {bytes_per_sec}").expect("valid template"),
         ),
     };
-    bar.with_message(verb.to_string())
+    let bar = bar.with_message(verb.to_string());
+    *DRAWN.lock().unwrap_or_else(|p| p.into_inner()) = Some(bar.downgrade());
+    bar
+}
+
+/// A line for the person waiting on a terminal, from any thread (a failed try that will be
+/// tried again): above the progress bar if one is drawn. Where stderr is no terminal (a
+/// job's output, a daemon's log file) it goes to the log at info level instead.
+pub fn notice(line: &str) {
+    if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        tracing::info!("{line}");
+        return;
+    }
+    let drawn = DRAWN.lock().unwrap_or_else(|p| p.into_inner()).as_ref().and_then(WeakProgressBar::upgrade);
+    match drawn.filter(|bar| !bar.is_finished()) {
+        Some(bar) => bar.suspend(|| eprintln!("stagefs: {line}")),
+        None => eprintln!("stagefs: {line}"),
+    }
 }
 
 /// "`verb` PATH into RAM: SIZE in S s (R MB/s)", as a summary (a debug line inside [`quietly`]).

@@ -168,15 +168,16 @@ fn load_found(
                 continue;
             }
         };
+        if let Some(dir) = kept.as_ref().ok().filter(|dir| path == dir.path().join(&cached_name)) {
+            // A kept index in use is kept by `prune`: its mtime says when. Touched before
+            // it is mapped: a mapped index whose identity changes is taken for rewritten.
+            dir.touch(&cached_name);
+        }
         let mapped = map_index(&file)
             .map_err(|e| IndexError::Invalid { index: Arc::from(path.as_path()), what: format!("cannot map it: {e}") });
         match mapped.and_then(|map| decode(map, &path, key, flavor.depth, backing, codec)) {
             Ok(opened) => {
                 tracing::info!(index = %path.shown(), "using saved index");
-                if let Ok(dir) = &kept {
-                    // A kept index in use is kept by `prune`: its mtime says when.
-                    dir.touch(&cached_name);
-                }
                 return Some(opened);
             }
             Err(why) => tracing::warn!("ignoring saved index: {why}; rebuilding it"),

@@ -61,7 +61,7 @@ pub fn resolve_watched(spec: &Path, trust_shards: bool) -> Result<ArchiveSet, Sh
 fn resolve_as(spec: &Path, more: &[PathBuf], trust_shards: bool, skip: bool) -> Result<ArchiveSet, ShardError> {
     let named: Vec<PathBuf> = std::iter::once(spec)
         .chain(more.iter().map(PathBuf::as_path))
-        .map(expand)
+        .map(|spec| expand(spec, trust_shards))
         .collect::<Result<Vec<_>, _>>()?
         .concat();
     let trust = if trust_shards || (named.len() == 1 && !is_set_spec(spec)) { Trust::Named } else { Trust::Member };
@@ -150,15 +150,17 @@ pub fn is_pattern(text: &str) -> bool {
 }
 
 /// The paths one spec names: itself, the matches of a pattern, or the lines of a list;
-/// absolute, links not followed.
-pub fn expand(spec: &Path) -> Result<Vec<PathBuf>, ShardError> {
-    Ok(expand_relative(spec)?.into_iter().map(|p| absolute(&p)).collect())
+/// absolute, links not followed. A list is judged as its shards are (`trust_shards`: not
+/// at all): a list someone else could have written names their shards.
+pub fn expand(spec: &Path, trust_shards: bool) -> Result<Vec<PathBuf>, ShardError> {
+    Ok(expand_relative(spec, trust_shards)?.into_iter().map(|p| absolute(&p)).collect())
 }
 
-fn expand_relative(spec: &Path) -> Result<Vec<PathBuf>, ShardError> {
+fn expand_relative(spec: &Path, trust_shards: bool) -> Result<Vec<PathBuf>, ShardError> {
     let text = spec.to_string_lossy();
     if let Some(list) = text.strip_prefix('@') {
-        return read_list(Path::new(list));
+        let trust = if trust_shards { Trust::Named } else { Trust::Member };
+        return read_list(Path::new(list), trust);
     }
     if !is_pattern(&text) {
         return Ok(vec![spec.to_owned()]);
@@ -203,12 +205,16 @@ pub fn matches(pattern: &str) -> Result<Vec<PathBuf>, ShardError> {
 }
 
 /// One archive per line; relative paths are taken from the list's directory.
-fn read_list(list: &Path) -> Result<Vec<PathBuf>, ShardError> {
+fn read_list(list: &Path, trust: Trust) -> Result<Vec<PathBuf>, ShardError> {
     /// A list names paths, not data: a larger file is not a list.
     const MAX_LIST: u64 = 64 << 20;
     let cannot =
         |why: String| ShardError::NotFound(format!("cannot read the list of archives {}: {why}", list.shown()));
-    let file = places::open_outside(list, places::Trust::Named, None).map_err(|e| cannot(e.to_string()))?;
+    let file = match places::open_outside(list, trust, None) {
+        Ok(file) => file,
+        Err(e @ places::OutsideError::Untrusted { .. }) => return Err(e.into()),
+        Err(e) => return Err(cannot(e.to_string())),
+    };
     let bytes = places::read_all(file.file(), MAX_LIST).map_err(cannot)?;
     let text = String::from_utf8(bytes).map_err(|_| cannot("it is not UTF-8 text".into()))?;
     let base = list.parent().unwrap_or(Path::new("."));

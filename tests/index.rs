@@ -294,3 +294,41 @@ fn a_saved_set_opens_without_its_shards_indexes() {
     let log = third.finish();
     assert!(log.contains("ignoring the set's saved index") && log.contains("saved the set's index"), "{log}");
 }
+
+/// The saved index mapped by a mount, truncated and then rewritten in place underneath:
+/// requests fail with EIO (the file named), never SIGBUS and never other bytes; the
+/// daemon lives on, and a remount serves everything again from a fresh scan.
+#[test]
+fn an_index_truncated_or_rewritten_while_mapped_gives_errors() {
+    let tmp = TempDir::new("index-torn");
+    let (archive, expected) = rich_tar(&tmp, 20, 100);
+    stagefs([os("index"), archive.as_os_str()]).assert_success();
+    let index = archive.with_file_name("rich.tar.stagefs-index");
+    let pristine = fs::read(&index).unwrap();
+    let mnt = tmp.join("mnt");
+    for (case, change) in [("truncated", 0usize), ("rewritten", 1)] {
+        fs::write(&index, &pristine).unwrap();
+        let fg = Foreground::start(&archive, &mnt, &tmp.join(format!("{case}.log")), &[]);
+        assert_eq!(fs::read(mnt.join("d000/f0000.txt")).unwrap(), expected[Path::new("d000/f0000.txt")].0);
+        let file = fs::OpenOptions::new().write(true).open(&index).unwrap();
+        match change {
+            0 => file.set_len(4096).unwrap(),
+            _ => std::os::unix::fs::FileExt::write_all_at(&file, b"rewritten", pristine.len() as u64 / 2).unwrap(),
+        }
+        drop(file);
+        let eio = read_back(&mnt, &expected);
+        assert!(eio > 0, "{case}: every request was served from an index changed underneath");
+        assert!(is_mounted(&mnt) && !stagefs_pids(&mnt).is_empty(), "{case}: the daemon lives on");
+        let log = fg.finish();
+        assert!(
+            log.contains("truncated or rewritten while in use") && log.contains(&index.display().to_string()),
+            "{case}: {log}"
+        );
+    }
+    // The damaged file is no index any more (cut short), or another version of one
+    // (rewritten): a remount ignores or uses it soundly, and serves every byte.
+    fs::write(&index, &pristine[..4096]).unwrap();
+    let fg = Foreground::start(&archive, &mnt, &tmp.join("after.log"), &[]);
+    assert_eq!(read_back(&mnt, &expected), 0);
+    fg.finish();
+}

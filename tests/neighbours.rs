@@ -6,75 +6,10 @@
 
 use std::ffi::OsStr;
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use crate::util::*;
-
-fn chmod(path: &Path, mode: u32) {
-    fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
-}
-
-/// A tar at `archive` holding `files` (path, bytes), made by GNU tar, owned by `owner`.
-fn tar_of(owner: &User, archive: &Path, files: &[(&str, &[u8])]) {
-    let src = TempDir::new("neighbours-src");
-    for (name, content) in files {
-        fs::create_dir_all(src.join(name).parent().unwrap()).unwrap();
-        fs::write(src.join(name), content).unwrap();
-    }
-    let names: Vec<&str> = files.iter().map(|(n, _)| *n).collect();
-    pack_tar(src.path(), archive, &names);
-    owner.chown(archive);
-}
-
-/// A scene: alice and eve, and a directory both can reach.
-struct Scene {
-    alice: User,
-    eve: User,
-    tmp: TempDir,
-}
-
-fn scene(name: &str) -> Scene {
-    let (alice, eve) = (User::get("sfs-alice"), User::get("sfs-eve"));
-    let tmp = TempDir::new(name);
-    chmod(tmp.path(), 0o755);
-    Scene { alice, eve, tmp }
-}
-
-impl Scene {
-    /// A directory of `mode` in the scene, owned by `owner`.
-    fn dir(&self, name: &str, mode: u32, owner: &User) -> PathBuf {
-        let dir = self.tmp.join(name);
-        fs::create_dir_all(&dir).unwrap();
-        owner.chown(&dir);
-        chmod(&dir, mode);
-        dir
-    }
-
-    fn mountpoint(&self, name: &str) -> PathBuf {
-        let mnt = self.alice.home.join(name);
-        remove_tree(&mnt);
-        mnt
-    }
-
-    fn alice_stagefs(&self, args: &[&OsStr]) -> CmdOutput {
-        self.alice.stagefs(args)
-    }
-
-    fn cat(&self, path: &Path) -> CmdOutput {
-        self.alice.try_sh(&format!("cat '{}'", path.display()))
-    }
-
-    fn umount(&self, mnt: &Path) {
-        self.alice_stagefs(&["umount".as_ref(), mnt.as_os_str()]).assert_success();
-        assert_nothing_left(mnt, "after the test's mount");
-    }
-}
-
-fn os(s: &str) -> &OsStr {
-    OsStr::new(s)
-}
 
 /// Item 1: eve's symlink in a shared directory, pointing at eve's own tar in eve's own
 /// directory, is judged by who made the link (eve), not by its target ("eve's file in

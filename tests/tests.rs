@@ -9,6 +9,7 @@ mod cluster;
 mod compare;
 mod decode_whole;
 mod disk;
+mod doors;
 mod errors;
 mod formats;
 mod growing;

@@ -4,14 +4,10 @@
 //! do, with nothing mounted and nothing written where eve could reach it.
 
 use std::fs;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::util::*;
-
-fn chmod(path: &Path, mode: u32) {
-    fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
-}
 
 /// A directory every test user can reach, with a shared directory of `mode` in it.
 fn shared_dir(tmp: &TempDir, mode: u32) -> PathBuf {

@@ -11,7 +11,7 @@ use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
@@ -710,6 +710,73 @@ impl User {
     pub fn tmp_runtime_dir(&self) -> PathBuf {
         PathBuf::from(format!("/tmp/stagefs-{}", self.uid))
     }
+}
+
+// ---------------------------------------------------------------------------
+// A two-user scene: `sfs-alice` runs stagefs, `sfs-eve` is another user of the node
+
+pub fn chmod(path: &Path, mode: u32) {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A tar at `archive` holding `files` (path, bytes), made by GNU tar, owned by `owner`.
+pub fn tar_of(owner: &User, archive: &Path, files: &[(&str, &[u8])]) {
+    let src = TempDir::new("neighbours-src");
+    for (name, content) in files {
+        fs::create_dir_all(src.join(name).parent().unwrap()).unwrap();
+        fs::write(src.join(name), content).unwrap();
+    }
+    let names: Vec<&str> = files.iter().map(|(n, _)| *n).collect();
+    pack_tar(src.path(), archive, &names);
+    owner.chown(archive);
+}
+
+/// A scene: alice and eve, and a directory both can reach.
+pub struct Scene {
+    pub alice: User,
+    pub eve: User,
+    pub tmp: TempDir,
+}
+
+pub fn scene(name: &str) -> Scene {
+    let (alice, eve) = (User::get("sfs-alice"), User::get("sfs-eve"));
+    let tmp = TempDir::new(name);
+    chmod(tmp.path(), 0o755);
+    Scene { alice, eve, tmp }
+}
+
+impl Scene {
+    /// A directory of `mode` in the scene, owned by `owner`.
+    pub fn dir(&self, name: &str, mode: u32, owner: &User) -> PathBuf {
+        let dir = self.tmp.join(name);
+        fs::create_dir_all(&dir).unwrap();
+        owner.chown(&dir);
+        chmod(&dir, mode);
+        dir
+    }
+
+    pub fn mountpoint(&self, name: &str) -> PathBuf {
+        let mnt = self.alice.home.join(name);
+        remove_tree(&mnt);
+        mnt
+    }
+
+    pub fn alice_stagefs(&self, args: &[&OsStr]) -> CmdOutput {
+        self.alice.stagefs(args)
+    }
+
+    pub fn cat(&self, path: &Path) -> CmdOutput {
+        self.alice.try_sh(&format!("cat '{}'", path.display()))
+    }
+
+    pub fn umount(&self, mnt: &Path) {
+        self.alice_stagefs(&["umount".as_ref(), mnt.as_os_str()]).assert_success();
+        assert_nothing_left(mnt, "after the test's mount");
+    }
+}
+
+pub fn os(s: &str) -> &OsStr {
+    OsStr::new(s)
 }
 
 /// Lazily unmounts whatever is mounted at or below `dir`, then removes it (as root).

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -123,10 +124,12 @@ def _duration(value: Union[str, int, float]) -> str:
     return str(value)
 
 
-def _run(cmd: List[str], timeout: Optional[float]) -> str:
-    """Runs a stagefs command; returns its stdout, raises MountError on failure."""
-    proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, timeout=timeout)  # fmt: skip
+def _run(cmd: List[str], timeout: Optional[float], stdin: Optional[str] = None) -> str:
+    """Runs a stagefs command (``stdin``: a line for its standard input, such as an
+    archive URL kept out of the command line); returns its stdout, raises MountError on
+    failure."""
+    proc = subprocess.run(cmd, input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)  # fmt: skip
     if proc.returncode != 0:
         message = (proc.stderr.strip() or proc.stdout.strip() or f"{cmd[1]} failed").replace("\n", "; ")
         raise MountError(message, proc.returncode, cmd)
@@ -206,7 +209,13 @@ class Mount:
 
     def __repr__(self) -> str:
         state = "mounted" if self._mounted else "unmounted"
-        return f"<stagefs.Mount {str(self.archive)!r} on {str(self.path)!r} ({state})>"
+        return f"<stagefs.Mount {_without_secrets(str(self.archive))!r} on {str(self.path)!r} ({state})>"
+
+
+def _without_secrets(text: str) -> str:
+    """``text`` with a URL's user information (``user:password@``) and query
+    (a presigned URL's signature) shown as ``***``: what repr and messages may show."""
+    return re.sub(r"(://)([^/?#@\s]*@)", r"\1***@", re.sub(r"(://[^\s]*?\?)([^#\s]*)", r"\1***", text))
 
 
 def _is_url(text: Union[str, bytes]) -> bool:
@@ -259,9 +268,12 @@ def mount(
     exit code, e.g. code 3 for a missing or unreadable archive.
     """
     archive_text = os.fspath(archive)
-    # An object URL (s3://, https://) stays text: a Path would fold its "//".
-    archive_path = archive_text if _is_url(archive_text) else Path(archive_text)
-    cmd = [executable(), "mount", "--json", str(archive_path)]
+    # An object URL (s3://, https://) stays text: a Path would fold its "//". It reaches
+    # the command on its standard input, never its command line, which every user of the
+    # node can read (`ps`): it may carry a password or a presigned signature.
+    url = _is_url(archive_text)
+    archive_path = archive_text if url else Path(archive_text)
+    cmd = [executable(), "mount", "--json", "-" if url else str(archive_path)]
     if mountpoint is not None:
         cmd.append(os.fspath(mountpoint))
     for flag, value in (("--stage", stage), ("--warm", warm), ("--threads", threads), ("--log-file", log_file)):
@@ -281,7 +293,7 @@ def mount(
         cmd.append(f"--watch={_duration(watch)}")
     # Interrupted (Ctrl-C, timeout) while the daemon is coming up, subprocess kills the
     # command; the daemon follows its parent and leaves nothing mounted or staged.
-    out = _run(cmd, timeout)
+    out = _run(cmd, timeout, stdin=archive_text + "\n" if url else None)
     # The command prints where it mounted and whether this call mounted (else another
     # process of the node did, and owns the mount).
     result = json.loads(out.strip().splitlines()[-1])

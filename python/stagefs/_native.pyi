@@ -51,6 +51,12 @@ class Archive:
     def staged_bytes(self) -> int: ...
     @property
     def shards(self) -> int: ...
+    @property
+    def identity(self) -> List[Tuple[int, int, int, int, int, int, int]]:
+        """Each file served as it was when opened: (device, inode, size, mtime s, mtime ns,
+        ctime s, ctime ns)."""
+    def changed_since(self, identity: List[Tuple[int, int, int, int, int, int, int]]) -> Optional[str]:
+        """What changed since an earlier ``identity``, in words; None when nothing did."""
     def info(self, path: _Path) -> Info:
         """fsspec's description of the entry (links followed; ``islink`` says if it is one)."""
     def ls(self, path: _Path) -> List[Info]: ...

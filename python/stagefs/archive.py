@@ -168,6 +168,19 @@ class ArchiveFile(io.BufferedIOBase):
         return f"<stagefs.ArchiveFile {self.path!r} of {self.fs.fo!r} ({self.size} bytes)>"
 
 
+def _reopen(cls: type, args: tuple, options: dict, identity: list) -> "ArchiveFileSystem":
+    """Unpickles an :class:`ArchiveFileSystem` (see its ``__reduce__``)."""
+    fs = cls(*args, **options)
+    changed = fs.archive.changed_since(identity)
+    if changed is not None:
+        raise OSError(
+            errno.ESTALE,
+            f"{fs.label}: changed since this filesystem was pickled ({changed}); this process would serve "
+            "another version than the one that pickled it: open the archive again in every process",
+        )
+    return fs
+
+
 class ArchiveFileSystem(fsspec.AbstractFileSystem):
     """A read-only fsspec filesystem over one archive (or shard set), served in process.
 
@@ -284,6 +297,14 @@ class ArchiveFileSystem(fsspec.AbstractFileSystem):
         raise OSError(errno.EROFS, "stagefs archives are read-only", path)
 
     # -- life --------------------------------------------------------------------------
+
+    def __reduce__(self) -> Any:
+        """Pickled (for a DataLoader worker, say) as its arguments plus the identity of
+        every file it serves: the copy made in the other process opens the archive by path
+        again, and refuses it (``OSError(ESTALE)``) unless it is the very same version. A
+        file replaced in between must never be served beside the old one."""
+        identity = self.archive.identity
+        return _reopen, (type(self), self.storage_args, self.storage_options, identity)
 
     def close(self) -> None:
         """Lets go of the archive (its map or staged copy goes once no open member, view or

@@ -25,14 +25,15 @@ pub const LOG_CAP: u64 = 1 << 20;
 
 impl DaemonLog {
     pub(super) fn open(mountpoint: &Path, chosen: Option<&Path>) -> Result<DaemonLog, Failure> {
-        use std::os::unix::fs::OpenOptionsExt;
         if let Some(path) = chosen {
-            let file = File::options()
-                .create(true)
-                .append(true)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(path)
-                .map_err(|e| Failure::other(format!("cannot write the log file {}: {e}", path.shown())))?;
+            // Through `places`: a log name planted as a link (to the user's ~/.bashrc, say) in
+            // a shared directory must never be written through.
+            let file = places::open_append(path).map_err(|e| match e {
+                places::OutsideError::Io { source, .. } => {
+                    Failure::other(format!("cannot write the log file {}: {source}", path.shown()))
+                }
+                e => Failure::from(e),
+            })?;
             return Ok(DaemonLog { file, path: path.to_owned(), default: false });
         }
         let path = places::mountpoint_file(mountpoint, "log")?;
@@ -50,7 +51,7 @@ impl DaemonLog {
     /// Deletes the default log (a `--log-file` stays).
     pub(super) fn remove_default(&self) {
         if self.default {
-            let _ = std::fs::remove_file(&self.path);
+            places::remove_file(&self.path);
         }
     }
 }

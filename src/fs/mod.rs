@@ -266,9 +266,9 @@ impl Fs {
         }
     }
 
-    /// See [`stagefs_archive::Reader::drop_source_cache`].
+    /// Drops the archives' own pages from the page cache (see [`stagefs_archive::SourceCache`]).
     pub fn drop_source_cache(&self) {
-        self.each_archive(Archive::drop_source_cache);
+        self.each_archive(|archive| archive.source_cache(stagefs_archive::SourceCache::Drop));
     }
 
     /// Calls `f` on the fixed archive, or on every shard a growing set serves now.

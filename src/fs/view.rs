@@ -73,6 +73,9 @@ impl View<'_> {
                 _ => ino.checked_sub(1).and_then(|i| InodeId::try_from(i).ok()).ok_or(FsError::NotFound)?,
             };
             let inode = archive.index.inode(id)?;
+            // What the request read of a saved index, and will read (names), is the file
+            // as mapped: one `fstat` per request.
+            archive.index.check_intact()?;
             return Ok(Node { index: &archive.index, archive: Some(archive), id, inode });
         };
         if let Some(node) = tree.node(ino) {
@@ -156,7 +159,8 @@ impl View<'_> {
     }
 
     /// Lists a directory from `offset`: 0 is ".", 1 is "..", then the children in order.
-    /// An entry in a damaged block of a saved index is an error, where the listing stops.
+    /// An entry in a damaged block of a saved index, or an index file changed while the
+    /// listing read it, is an error: the listing fails.
     pub fn readdir(&self, ino: u64, offset: u64) -> Result<impl Iterator<Item = Result<DirEntry<'_>>>> {
         let Node { index, id, inode: dir, .. } = self.node(ino)?;
         let Data::Dir { parent, .. } = dir.data else { return Err(FsError::NotDir) };
@@ -170,9 +174,12 @@ impl View<'_> {
             Ok((index.name(&d)?, d.inode, mode))
         });
         let listed = dots.chain(children).enumerate().skip(offset as usize);
-        Ok(listed.map(move |(i, entry)| {
+        let entries = listed.map(move |(i, entry)| {
             entry.map(|(name, id, mode)| DirEntry { ino: self.ino_at(id), next: i as u64 + 1, mode, name })
-        }))
+        });
+        // The names listed were read from the file as mapped: checked once they all were.
+        let intact = std::iter::once_with(move || index.check_intact()).filter_map(|r| r.err().map(|e| Err(e.into())));
+        Ok(entries.chain(intact))
     }
 
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<&[u8]> {

@@ -158,12 +158,11 @@ pub fn open(path: &Path, walked: &Stat) -> Result<std::fs::File, PackError> {
     Ok(file)
 }
 
-/// What differs between the stat before and after reading, if anything.
+/// What differs between the stat before and after reading, if anything: the one file
+/// identity (a writer that restores the mtime still moves the ctime), then the bytes read.
 pub fn change(before: &Stat, after: &std::fs::Metadata, read: u64) -> Option<String> {
-    if after.size() != before.size {
-        Some(format!("its size went from {} to {} bytes", before.size, after.size()))
-    } else if (after.mtime(), after.mtime_nsec()) != (before.mtime, before.mtime_nsec) {
-        Some("it was modified (mtime changed)".into())
+    if let Some(change) = before.id().change_to(&stagefs_archive::FileId::of(after)) {
+        Some(change)
     } else if read != before.size {
         Some(format!("{read} bytes could be read of the {} its size says", before.size))
     } else {
@@ -196,6 +195,26 @@ fn read_whole(path: &Path, walked: Stat) -> Result<(Vec<u8>, Stat), PackError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A rewrite of the same size that restores the mtime (`touch -r`, as `rsync --inplace
+    /// -t` does) is a change: the ctime moved. Before, size and mtime alone let a pack
+    /// finish with bytes that never stood on disk together.
+    #[test]
+    fn a_rewrite_that_restores_the_mtime_is_a_change() {
+        let tmp = crate::test_support::TempDir::new("pack-rewrite");
+        let path = tmp.join("f");
+        std::fs::write(&path, b"first").unwrap();
+        let before = Stat::of(&std::fs::symlink_metadata(&path).unwrap());
+        assert_eq!(change(&before, &std::fs::metadata(&path).unwrap(), 5), None);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&path, b"other").unwrap();
+        let mtime = std::time::UNIX_EPOCH + std::time::Duration::new(before.mtime as u64, before.mtime_nsec as u32);
+        std::fs::File::options().write(true).open(&path).unwrap().set_modified(mtime).unwrap();
+        let after = std::fs::metadata(&path).unwrap();
+        assert_eq!((after.len(), after.mtime(), after.mtime_nsec()), (5, before.mtime, before.mtime_nsec));
+        let why = change(&before, &after, 5).expect("a rewrite with its mtime restored is a change");
+        assert!(why.contains("ctime moved"), "{why}");
+    }
 
     /// A file renamed into the place of the one the walk saw is refused, not packed.
     #[test]

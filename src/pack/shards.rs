@@ -88,8 +88,21 @@ mod tests {
 
     fn member(path: &str, size: u64, dir: bool) -> Member {
         let mode = if dir { libc::S_IFDIR | 0o755 } else { libc::S_IFREG | 0o644 };
-        let stat =
-            Stat { mode, uid: 0, gid: 0, size, mtime: 0, mtime_nsec: 0, dev: 1, ino: 1, nlink: 1, rdev: 0, blocks: 0 };
+        let stat = Stat {
+            mode,
+            uid: 0,
+            gid: 0,
+            size,
+            mtime: 0,
+            mtime_nsec: 0,
+            ctime: 0,
+            ctime_nsec: 0,
+            dev: 1,
+            ino: 1,
+            nlink: 1,
+            rdev: 0,
+            blocks: 0,
+        };
         Member { path: path.as_bytes().to_vec(), stat, shard: 0, link_to: None }
     }
 

@@ -26,6 +26,8 @@ pub struct Stat {
     pub size: u64,
     pub mtime: i64,
     pub mtime_nsec: i64,
+    pub ctime: i64,
+    pub ctime_nsec: i64,
     pub dev: u64,
     pub ino: u64,
     pub nlink: u64,
@@ -43,11 +45,25 @@ impl Stat {
             size: meta.size(),
             mtime: meta.mtime(),
             mtime_nsec: meta.mtime_nsec(),
+            ctime: meta.ctime(),
+            ctime_nsec: meta.ctime_nsec(),
             dev: meta.dev(),
             ino: meta.ino(),
             nlink: meta.nlink(),
             rdev: meta.rdev(),
             blocks: meta.blocks(),
+        }
+    }
+
+    /// The one file identity (see `stagefs_archive::FileId`) of what was stat'ed.
+    pub fn id(&self) -> stagefs_archive::FileId {
+        stagefs_archive::FileId {
+            dev: self.dev,
+            ino: self.ino,
+            size: self.size,
+            mtime: (self.mtime, self.mtime_nsec),
+            ctime: (self.ctime, self.ctime_nsec),
+            nlink: self.nlink,
         }
     }
 

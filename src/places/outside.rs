@@ -1,21 +1,30 @@
-//! The one way stagefs opens a file it did not make — an archive, a shard, a list of shards, a saved index beside an archive — with links judged by who made them.
+//! The one way stagefs opens a file it did not make — an archive, a shard, a list of shards, a saved index beside an archive, a log it appends to — with every entry on the way judged by who could have put it there.
 //!
 //! Other users of a shared directory can plant entries in it: a file, or a symbolic link
-//! to a file of theirs elsewhere. Checking the canonical path judges a link by its target
-//! (eve's file in eve's own directory looks like "the dataset owner's"), and checking a
-//! path then opening it again lets the entry be swapped in between. So the path is walked
-//! here one component at a time, through directory descriptors opened with `O_NOFOLLOW`;
-//! a link is read and followed by this code, after judging the link itself (who made it,
-//! in which directory), and the file is opened `O_NOFOLLOW | O_NONBLOCK` relative to the
-//! descriptor of the directory that holds it. Its [`FileId`] comes from the descriptor
-//! that was opened, and everything after (format check, index key, staging, reading) uses
-//! that descriptor, never the path again.
+//! to a file of theirs elsewhere, or (where they may rename entries) a whole directory of
+//! their own in place of the user's. Checking the canonical path judges a link by its
+//! target (eve's file in eve's own directory looks like "the dataset owner's"), and
+//! checking a path then opening it again lets the entry be swapped in between. So the path
+//! is walked here one component at a time, through directory descriptors opened with
+//! `O_NOFOLLOW`; a link is read and followed by this code, after noting who made it, and
+//! the file is opened `O_NOFOLLOW | O_NONBLOCK` relative to the descriptor of the
+//! directory that holds it. Its [`FileId`] comes from the descriptor that was opened, and
+//! everything after (format check, index key, staging, reading) uses that descriptor,
+//! never the path again.
 //!
-//! The rule for a member of a shard set ([`Trust::Member`]): every link on the way and the
-//! file itself must belong to the user, to root, or to the owner of the directory that
-//! holds it (the dataset's owner), and the file's directory must not let other users
-//! rename its entries (writable by them without the sticky bit). An archive the user
-//! names alone ([`Trust::Named`]) is theirs to judge: it is opened the same way, unchecked.
+//! Who could have put an entry where the walk found it: the owner of its directory (and
+//! root), plus, in a sticky directory others may write (`/tmp`), the entry's own owner; a
+//! link's and the file's owner made them. A directory others may write without the sticky
+//! bit lets anyone replace what it holds. As OpenSSH's StrictModes does, every directory
+//! from `/` down to the file is judged this way, not only the file's own: a group
+//! directory (2770) holding the user's dataset directory lets any member of the group
+//! rename that directory away and put their own in its place.
+//!
+//! The rules ([`Rule`]): a member of a shard set ([`Trust::Member`]) may be put in place
+//! only by the user, root or the dataset's owner (the owner of the directory holding the
+//! file); a file stagefs writes (a `--log-file`) only by the user or root. An archive the
+//! user names alone ([`Trust::Named`]) is theirs to judge: it is opened the same way,
+//! unchecked.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
@@ -46,8 +55,19 @@ pub enum Trust {
     /// An archive the user named alone: whoever made it, it is what they asked for.
     Named,
     /// A member of a set that other users must not join (a pattern's match, a listed,
-    /// added or watched shard): see the module's doc.
+    /// added or watched shard, a list of shards): see the module's doc.
     Member,
+}
+
+/// Whom a walk lets have put the entries on its way (see the module's doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rule {
+    /// Nobody is judged.
+    Anyone,
+    /// The user, root and the owner of the file's directory.
+    Dataset,
+    /// The user and root: a file stagefs writes.
+    Own,
 }
 
 /// Why a file from outside was not opened.
@@ -58,6 +78,9 @@ pub enum OutsideError {
     /// Another user could have made what the path leads to.
     #[error("{}: {why}; refusing it. Pass --trust-shards to use such shards on purpose", path.shown())]
     Untrusted { path: PathBuf, why: String },
+    /// Another user could have made (or could replace) a file stagefs would write.
+    #[error("{}: {why}; refusing it: use a file in a directory of your own", path.shown())]
+    Unsafe { path: PathBuf, why: String },
     /// The file lies on the very mount that would serve it.
     #[error("{}: lies on this stagefs mount itself; a shard must come from outside the mount it is added to", path.shown())]
     OnOwnMount { path: PathBuf },
@@ -84,13 +107,78 @@ const MAX_LINKS: usize = 40;
 /// file must not lie on (a mount's own, for shards added to it); checked on every
 /// directory walked, before anything below it is opened.
 pub fn open_outside(path: &Path, trust: Trust, not_on: Option<u64>) -> Result<OutsideFile, OutsideError> {
+    let rule = match trust {
+        Trust::Named => Rule::Anyone,
+        Trust::Member => Rule::Dataset,
+    };
+    let Walked { dir, name, file, meta, named } = walk(path, rule, not_on, |dir, name| dir.open_file(name))?;
+    let resolved = dir.path.join(&name);
+    Ok(OutsideFile { file, id: FileId::of(&meta), dir_uid: dir.meta.uid(), dir: dir.fd, named, resolved })
+}
+
+/// Opens `path` to append to it (a `--log-file`), creating it (mode 0600) if it is
+/// missing: only where nobody but the user (or root) could have put anything on the way,
+/// never through a link someone else made, and only a regular file of the user's own,
+/// with no other name (a hard link to the user's `~/.bashrc` planted by someone else).
+pub fn open_append(path: &Path) -> Result<File, OutsideError> {
+    let walked = walk(path, Rule::Own, None, |dir, name| dir.open_append(name))?;
+    let unsafe_ = |why: String| OutsideError::Unsafe { path: walked.named.clone(), why };
+    let meta = &walked.meta;
+    if !meta.file_type().is_file() {
+        return Err(unsafe_("it is not a regular file".into()));
+    }
+    if meta.nlink() > 1 {
+        return Err(unsafe_(format!(
+            "it has {} names (hard links): another one may be a file you did not mean",
+            meta.nlink()
+        )));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(unsafe_(format!("other users may write it (mode {:04o})", meta.mode() & 0o7777)));
+    }
+    Ok(walked.file)
+}
+
+/// Reads a file of the user's own that stagefs trusts with secrets or trust (AWS config and
+/// credentials, a CA bundle, a token, `~/.netrc`): walked as a log is (nothing on the way
+/// that another user could have put there), a regular file owned by the user or root that
+/// nobody else may write, at most `cap` bytes. `Ok(None)` when there is none; its text and
+/// permission bits otherwise.
+pub fn read_own_file(path: &Path, cap: u64) -> Result<Option<(Vec<u8>, u32)>, OutsideError> {
+    let walked = match walk(path, Rule::Own, None, |dir, name| dir.open_file(name)) {
+        Err(OutsideError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        walked => walked?,
+    };
+    let unsafe_ = |why: String| OutsideError::Unsafe { path: walked.named.clone(), why };
+    let mode = walked.meta.mode();
+    let bytes = super::files::read_checked(walked.file, &[my_uid(), 0], cap).map_err(unsafe_)?;
+    Ok(Some((bytes, mode & 0o7777)))
+}
+
+/// What a walk ends with: the file, opened, and the directory holding it.
+struct Walked {
+    dir: Dir,
+    name: OsString,
+    file: File,
+    meta: std::fs::Metadata,
+    named: PathBuf,
+}
+
+/// Walks `path` from `/`, opening the last component with `open_last` and judging every
+/// entry on the way by `rule`.
+fn walk(
+    path: &Path,
+    rule: Rule,
+    not_on: Option<u64>,
+    open_last: impl Fn(&Dir, &OsStr) -> Result<Opened, Step>,
+) -> Result<Walked, OutsideError> {
     let named = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
     let io = |source| OutsideError::Io { path: named.clone(), source };
-    let untrusted = |why: String| OutsideError::Untrusted { path: named.clone(), why };
     // Components still to walk, front first; links push their targets' in front.
     let mut todo: Vec<OsString> = Vec::new();
     push_components(&mut todo, &named);
     let mut dirs = vec![Dir::root().map_err(io)?];
+    let mut makers = Makers::default();
     let mut links = 0;
     while let Some(name) = todo.pop() {
         if name == ".." {
@@ -104,43 +192,37 @@ pub fn open_outside(path: &Path, trust: Trust, not_on: Option<u64>) -> Result<Ou
             return Err(OutsideError::OnOwnMount { path: named.clone() });
         }
         let last = todo.is_empty();
-        let opened = if last { dir.open_file(&name) } else { dir.open_dir(&name) };
+        let opened = if last { open_last(dir, &name) } else { dir.open_dir(&name) };
         match opened {
-            Ok(Opened::Dir(next)) => dirs.push(next),
+            Ok(Opened::Dir(next)) => {
+                makers.note(dir, &name, next.meta.uid(), None);
+                dirs.push(next);
+            }
             Ok(Opened::File(file, meta)) => {
                 let dir = dirs.pop().expect("the file's directory");
-                if trust == Trust::Member {
-                    check_entry(&dir, &name, meta.uid(), "the file").map_err(untrusted)?;
-                    if others_can_write(&dir.meta) {
-                        return Err(untrusted(format!(
-                            "its directory {} is writable by other users (mode {:04o}) without the sticky bit, so \
-                             they could replace or add shards",
-                            dir.path.shown(),
-                            dir.meta.mode() & 0o7777
-                        )));
-                    }
-                }
                 if not_on.is_some_and(|dev| meta.dev() == dev) {
                     return Err(OutsideError::OnOwnMount { path: named.clone() });
                 }
-                let resolved = dir.path.join(&name);
-                return Ok(OutsideFile {
-                    file,
-                    id: FileId::of(&meta),
-                    dir_uid: dir.meta.uid(),
-                    dir: dir.fd,
-                    named,
-                    resolved,
-                });
+                makers.note(&dir, &name, meta.uid(), Some("owns the file"));
+                let trusted = match rule {
+                    Rule::Anyone => Ok(()),
+                    Rule::Dataset => makers.judge(&[my_uid(), 0, dir.meta.uid()], Some(dir.meta.uid())),
+                    Rule::Own => makers.judge(&[my_uid(), 0], None),
+                };
+                if let Err(why) = trusted {
+                    return Err(match rule {
+                        Rule::Own => OutsideError::Unsafe { path: named, why },
+                        _ => OutsideError::Untrusted { path: named, why },
+                    });
+                }
+                return Ok(Walked { dir, name, file, meta, named });
             }
             Err(Step::Link(owner, target)) => {
                 links += 1;
                 if links > MAX_LINKS {
                     return Err(io(std::io::Error::from_raw_os_error(libc::ELOOP)));
                 }
-                if trust == Trust::Member {
-                    check_entry(dir, &name, owner, "the symbolic link").map_err(untrusted)?;
-                }
+                makers.note(dir, &name, owner, Some("made the symbolic link"));
                 if Path::new(&target).is_absolute() {
                     dirs.truncate(1);
                 }
@@ -166,19 +248,55 @@ fn push_components(todo: &mut Vec<OsString>, path: &Path) {
     todo.extend(parts.into_iter().rev());
 }
 
-/// An entry of `dir` owned by `owner` may serve a set when its maker could only be the
-/// user, root or the directory's owner.
-fn check_entry(dir: &Dir, name: &OsStr, owner: u32, what: &str) -> Result<(), String> {
-    if [my_uid(), 0, dir.meta.uid()].contains(&owner) {
-        return Ok(());
+/// Who could have put each entry of a walk where it was found (see the module's doc).
+#[derive(Default)]
+struct Makers {
+    /// (uid, the entry, how they could): everyone who could.
+    could: Vec<(u32, PathBuf, &'static str)>,
+    /// A directory that lets anyone replace what it holds, with the entry it held.
+    open_to_all: Option<(PathBuf, PathBuf, u32)>,
+}
+
+impl Makers {
+    /// The entry `name` of `dir`, owned by `owner`; `made`: how its owner made what it is
+    /// (a link, a file's bytes), not only where it stands.
+    fn note(&mut self, dir: &Dir, name: &OsStr, owner: u32, made: Option<&'static str>) {
+        let entry = dir.path.join(name);
+        // First: the most telling reason is the one a refusal names.
+        if let Some(how) = made {
+            self.could.push((owner, entry.clone(), how));
+        }
+        if others_can_write(&dir.meta) {
+            if self.open_to_all.is_none() {
+                self.open_to_all = Some((dir.path.clone(), entry.clone(), dir.meta.mode() & 0o7777));
+            }
+        } else {
+            self.could.push((dir.meta.uid(), entry.clone(), "owns the directory holding"));
+            // Sticky and writable by others: each entry's owner may still rename it.
+            if dir.meta.mode() & 0o022 != 0 {
+                self.could.push((owner, entry, "owns, in a shared sticky directory,"));
+            }
+        }
     }
-    Err(format!(
-        "{what} {} belongs to {}, neither you nor the owner of {} ({}): another user may have put it there",
-        dir.path.join(name).shown(),
-        user_label(owner),
-        dir.path.shown(),
-        user_label(dir.meta.uid())
-    ))
+
+    /// Whether only `allowed` users could have put the entries in place; `dataset`: the
+    /// dataset's owner, named in the message.
+    fn judge(&self, allowed: &[u32], dataset: Option<u32>) -> Result<(), String> {
+        if let Some((dir, entry, mode)) = &self.open_to_all {
+            return Err(format!(
+                "{} is writable by other users (mode {mode:04o}) without the sticky bit, so they could replace {} \
+                 with their own",
+                dir.shown(),
+                entry.shown()
+            ));
+        }
+        let Some((uid, entry, how)) = self.could.iter().find(|(uid, ..)| !allowed.contains(uid)) else { return Ok(()) };
+        let whom = match dataset {
+            Some(owner) => format!("neither you nor the dataset's owner ({})", user_label(owner)),
+            None => "not you".to_string(),
+        };
+        Err(format!("{} {how} {}, {whom}: another user may have put it there", user_label(*uid), entry.shown()))
+    }
 }
 
 /// A directory on the way, held open.
@@ -232,6 +350,20 @@ impl Dir {
         }
     }
 
+    fn open_append(&self, name: &OsStr) -> Result<Opened, Step> {
+        let flags =
+            libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+        match open_at_mode(self.fd.as_raw_fd(), name, flags, 0o600) {
+            Ok(fd) => {
+                let file = File::from(fd);
+                let meta = file.metadata().map_err(Step::Failed)?;
+                Ok(Opened::File(file, meta))
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => Err(self.link_or(name, e)),
+            Err(e) => Err(Step::Failed(e)),
+        }
+    }
+
     /// The link `name` is (its owner and target), or `error` when it is no link.
     fn link_or(&self, name: &OsStr, error: std::io::Error) -> Step {
         let Ok(c) = CString::new(name.as_bytes()) else { return Step::Failed(error) };
@@ -255,9 +387,13 @@ impl Dir {
 }
 
 fn open_at(dir: libc::c_int, name: &OsStr, flags: libc::c_int) -> std::io::Result<OwnedFd> {
+    open_at_mode(dir, name, flags, 0)
+}
+
+fn open_at_mode(dir: libc::c_int, name: &OsStr, flags: libc::c_int, mode: libc::c_uint) -> std::io::Result<OwnedFd> {
     let c = CString::new(name.as_bytes()).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: a NUL-terminated name; the descriptor returned is owned below.
-    let fd = unsafe { libc::openat(dir, c.as_ptr(), flags | libc::O_CLOEXEC) };
+    let fd = unsafe { libc::openat(dir, c.as_ptr(), flags | libc::O_CLOEXEC, mode) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }

@@ -15,8 +15,8 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 pub use open::{fetch_for_broadcast, open};
-use stagefs_remote::{Client, Config};
-pub use stagefs_remote::{ObjectUrl, RemoteError};
+use stagefs_remote::{Client, Config, Secret};
+pub use stagefs_remote::{ObjectUrl, RemoteError, LOG_FILTER};
 
 /// How to reach objects in a store or on an HTTP(S) server.
 #[derive(Debug, Clone, clap::Args)]
@@ -25,10 +25,17 @@ pub struct RemoteOptions {
     /// Range requests in flight while fetching an object, 1 to 256
     #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=256))]
     pub remote_concurrency: u16,
-    /// Give up on a server silent this long (connecting, answering, each read; then retried), e.g. 30s
+    /// Give up on a server silent this long (connecting, answering, each read; then retried), e.g. 30s;
+    /// a whole request is bounded by --remote-deadline
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::duration::parse_duration)]
     pub remote_timeout: Duration,
-    /// Tries per request (connection resets, timeouts, 5xx and 429 are retried with backoff)
+    /// Give up on one request not done this long after it began, however steadily the server
+    /// trickles (then retried, resuming where it stopped); --remote-timeout's partner, e.g. 5m
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = crate::duration::parse_duration)]
+    pub remote_deadline: Duration,
+    /// Tries per request: timeouts, resets, 5xx and 429 are retried with backoff, a refused
+    /// connection at most 4 times; a name that does not resolve, an untrusted certificate and
+    /// 4xx never
     #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub remote_tries: u32,
     /// An S3-compatible store (MinIO, Ceph, ...): its URL, addressed path-style.
@@ -55,6 +62,7 @@ impl Default for RemoteOptions {
         RemoteOptions {
             remote_concurrency: 16,
             remote_timeout: Duration::from_secs(30),
+            remote_deadline: Duration::from_secs(300),
             remote_tries: 8,
             endpoint_url: None,
             no_sign_request: false,
@@ -77,15 +85,28 @@ pub fn configure(options: &RemoteOptions) -> Result<(), RemoteFailure> {
         Some(file) => Some(read_token(file)?),
         None => None,
     };
+    let timeout = options.remote_timeout.max(Duration::from_millis(100));
+    if options.remote_deadline < timeout {
+        return Err(RemoteFailure::Usage(format!(
+            "--remote-deadline ({} s) bounds a whole request, --remote-timeout ({} s) each wait within it: the \
+             deadline must not be shorter",
+            options.remote_deadline.as_secs_f64(),
+            timeout.as_secs_f64()
+        )));
+    }
     let config = Config {
         concurrency: options.remote_concurrency.into(),
-        timeout: options.remote_timeout.max(Duration::from_millis(100)),
+        timeout,
+        deadline: options.remote_deadline,
         tries: options.remote_tries,
         endpoint_url: options.endpoint_url.clone(),
         no_sign_request: options.no_sign_request,
         profile: options.profile.clone(),
         bearer_token,
         allow_http: options.allow_http,
+        // One line per retry on a terminal: a slow or failing server is never silent.
+        on_retry: Some(stagefs_remote::RetryHook::new(crate::report::notice)),
+        files: files(),
         ..Config::default()
     };
     let client = Client::new(config)?;
@@ -98,26 +119,34 @@ pub fn client() -> Result<&'static Client, RemoteError> {
     if let Some(client) = CLIENT.get() {
         return Ok(client);
     }
-    let client = Client::new(Config::default())?;
+    let client = Client::new(Config { files: files(), ..Config::default() })?;
     Ok(CLIENT.get_or_init(|| client))
 }
 
-/// A token file, checked as ssh checks keys: a token others can read is no secret.
-fn read_token(file: &Path) -> Result<String, RemoteFailure> {
-    use std::os::unix::fs::MetadataExt;
+/// The door the client reads its files through (credentials, CA bundles, tokens,
+/// `~/.netrc`): `places::read_own_file`, the user's own files only.
+fn files() -> stagefs_remote::Files {
+    stagefs_remote::Files::new(|path, cap| match crate::places::read_own_file(path, cap) {
+        Ok(file) => Ok(file.map(|(bytes, mode)| stagefs_remote::ReadFile { bytes, mode })),
+        Err(e) => Err(e.to_string()),
+    })
+}
+
+/// A token file, read as the user's own files are (`places::read_own_file`) and checked as
+/// ssh checks keys: a token others can read is no secret.
+fn read_token(file: &Path) -> Result<Secret, RemoteFailure> {
     let usage = |why: String| RemoteFailure::Usage(format!("--bearer-token-file {}: {why}", file.shown()));
-    let opened = crate::places::open_outside(file, Trust::Named, None).map_err(|e| usage(e.to_string()))?;
-    let meta = opened.file().metadata().map_err(|e| usage(e.to_string()))?;
-    if meta.mode() & 0o077 != 0 {
-        return Err(usage(format!("other users can read it (mode {:04o}); chmod 600 it first", meta.mode() & 0o7777)));
+    let read = crate::places::read_own_file(file, 1 << 20).map_err(|e| usage(e.to_string()))?;
+    let (bytes, mode) = read.ok_or_else(|| usage("it does not exist".into()))?;
+    if mode & 0o077 != 0 {
+        return Err(usage(format!("other users can read it (mode {mode:04o}); chmod 600 it first")));
     }
-    let bytes = crate::places::read_all(opened.file(), 1 << 20).map_err(usage)?;
     let text = String::from_utf8(bytes).map_err(|_| usage("it is not text".into()))?;
     let token = text.trim();
     if token.is_empty() || token.contains(['\n', '\r']) {
         return Err(usage("it must hold one token on one line".into()));
     }
-    Ok(token.to_string())
+    Ok(Secret::new(token))
 }
 
 /// A remote spec or option that cannot be used, or the store's answer to it (exit codes
@@ -157,11 +186,11 @@ pub fn parse(path: &Path) -> Result<ObjectUrl, RemoteError> {
 }
 
 /// The text a shard path holds for `url`: what [`parse`] reads back (no user; the query
-/// only of an URL that had one).
+/// only of an URL that had one: the process that fetches the shard must send it).
 pub fn request_text(url: &ObjectUrl) -> String {
     match url {
         ObjectUrl::S3 { bucket, key } => format!("s3://{bucket}/{key}"),
-        ObjectUrl::Http(u) => u.request_url(),
+        ObjectUrl::Http(u) => u.request_url().expose().to_string(),
     }
 }
 

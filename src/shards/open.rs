@@ -44,7 +44,9 @@ pub fn open_set(
     }
     let mut merger = Merger::new();
     let mut merging = std::time::Duration::ZERO;
+    let mut identity = Vec::with_capacity(shards.len());
     let (mut stats, staged_bytes, staging) = each_opened(label, &files, how, indexing, |member, opened| {
+        identity.push(member.id());
         let merge_started = Instant::now();
         let added = merger.add(member.name(), opened.archive);
         merging += merge_started.elapsed();
@@ -65,8 +67,15 @@ pub fn open_set(
     );
     let saved_index = super::saved::keep(&files, &mut archive, indexing);
     report_indexed(shards.len(), archive.index.entry_count(), started, &stats);
-    let opened =
-        Opened { archive, staged_bytes, staging, disk: None, saved_index, reused_index: stats.reused == shards.len() };
+    let opened = Opened {
+        archive,
+        staged_bytes,
+        staging,
+        disk: None,
+        saved_index,
+        reused_index: stats.reused == shards.len(),
+        identity,
+    };
     Ok((opened, stats))
 }
 

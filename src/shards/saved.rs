@@ -57,11 +57,13 @@ pub fn load(paths: &[&Path], keys: &[[u64; 7]], total: u64, dir: Option<&Path>) 
             return None;
         }
     };
+    // Kept by `prune` while in use; touched before it is mapped (a mapped index whose
+    // identity changes is taken for rewritten).
+    dir.touch(&name);
     let opened = map_index(&file).map_err(|e| e.to_string());
     match opened.and_then(|map| set_index::decode(map, &path, keys).map_err(|e| e.to_string())) {
         Ok(set) => {
             tracing::info!(index = %path.shown(), "using the set's saved index");
-            dir.touch(&name);
             Some((path, set))
         }
         Err(why) => {
@@ -130,7 +132,8 @@ pub fn open(
         return Ok(None);
     };
     let archive = Archive::new(set.index, Format::Tar, std::sync::Arc::new(reader));
-    let opened = Opened { archive, staged_bytes, staging, disk: None, saved_index: None, reused_index: true };
+    let identity = files.iter().map(Member::id).collect();
+    let opened = Opened { archive, staged_bytes, staging, disk: None, saved_index: None, reused_index: true, identity };
     Ok(Some((opened, SetStats { shards: files.len(), reused: files.len(), ..SetStats::default() })))
 }
 

@@ -40,7 +40,7 @@ extra=(torch torchvision)
 # Run from tests/python so that nothing in the source tree shadows the installed package.
 cd "$ROOT/tests/python"
 status=0
-no_fuse=(test_open.py test_open_errors.py)
+no_fuse=(test_open.py test_open_errors.py test_open_doors.py)
 "$VENV/bin/python" -m pytest -p no:cacheprovider -q "${no_fuse[@]/#/--ignore=}" "$@" . || status=$?
 # Exit 5: the arguments selected none of the no-FUSE tests (e.g. -m gpu), not a failure.
 bash no-fuse.sh "$VENV/bin/python" -p no:cacheprovider -q "$@" "${no_fuse[@]}" || { rc=$?; [[ $rc == 5 ]] || status=$rc; }

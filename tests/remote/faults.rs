@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::proxy::{Fault, Proxy, Silent};
+use super::proxy::{Fault, Proxy, Silent, Trickle};
 use super::servers::{base_env, Nginx};
 use super::{command_with, contents, mount_fails, mount_url, stagefs_with};
 use crate::util::{is_mounted, pack_tar, pseudo_random, require_root, wait_timeout, wait_until, KillOnDrop, TempDir};
@@ -89,6 +89,25 @@ fn a_server_that_stops_answering_ends_in_a_timeout_not_a_hang() {
     big_tar(&nginx, &tmp, "big.tar", 8);
     let proxy = Proxy::start(nginx.port, Fault::StallAfter(100 << 10));
     mount_fails(&env, &opts, &proxy.url("big.tar"), 1, &["timed out"]);
+}
+
+/// A server that answers at once and then trickles a byte every 200 ms: no read waits
+/// the 1 s `--remote-timeout`, yet each try ends at the 2 s `--remote-deadline` (resuming
+/// where it stopped), and the mount fails saying so. Before the deadline existed, this
+/// fetch of 1 MiB would have taken 58 hours.
+#[test]
+fn a_server_that_trickles_ends_at_the_request_deadline_not_in_days() {
+    require_root();
+    let tmp = TempDir::new("remote-trickle");
+    let env = base_env(&tmp.join("cache"));
+    let trickle = Trickle::start(1 << 20);
+    let opts = ["--stage", "ram", "--remote-timeout", "1s", "--remote-deadline", "2s", "--remote-tries", "2"];
+    let said = ["took longer than its deadline (2 s, --remote-deadline)", "gave up after 2 tries"];
+    let err = mount_fails(&env, &opts, &trickle.url("x.tar"), 1, &said);
+    assert!(err.contains("reading at byte "), "the body trickled, not the headers: {err}");
+    // A deadline shorter than the timeout is refused: it would make the timeout pointless.
+    let short = ["--remote-timeout", "10s", "--remote-deadline", "5s"];
+    mount_fails(&env, &short, &trickle.url("x.tar"), 2, &["--remote-deadline", "must not be shorter"]);
 }
 
 /// In place, the server goes away: reads fail with EIO, the tree is still listed, the

@@ -1,10 +1,12 @@
-//! Archives in object storage: `stagefs mount` of `http://` (nginx) and `s3://` (s3s-fs) URLs for every format, staged and in place, compared with what GNU tar, unzip and unsquashfs extract; faults from a misbehaving proxy; S3 credentials, errors, listings and saved indexes beside the object.
+//! Archives in object storage: `stagefs mount` of `http://` (nginx) and `s3://` (s3s-fs) URLs for every format, staged and in place, compared with what GNU tar, unzip and unsquashfs extract; faults from a misbehaving proxy; errors that name their cause at once; S3 credentials, errors, listings and saved indexes beside the object; secrets kept out of logs.
 
 mod cluster;
+mod errors;
 mod faults;
 mod formats;
 mod proxy;
 mod s3;
+mod secrets;
 mod servers;
 
 use std::ffi::OsString;

@@ -1,4 +1,4 @@
-//! A small HTTP proxy in front of a real server that misbehaves on purpose: resets every Nth request midway, stalls answers, or runs a hook (the object replaced) before the Nth request; and a server that accepts and never answers.
+//! A small HTTP proxy in front of a real server that misbehaves on purpose: resets every Nth request midway, stalls answers, or runs a hook (the object replaced) before the Nth request; a server that accepts and never answers; and one that answers at once but trickles its bodies a byte at a time.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -189,5 +189,86 @@ impl Silent {
 impl Drop for Silent {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A server of one object of `size` zero bytes that answers every range request at once
+/// (206, `Content-Range`, an ETag), sends a 1-byte range whole (the client's first request,
+/// which pins the version), and trickles every other body one byte per 200 ms: never
+/// silent for a per-read timeout, never done. Stopped on drop.
+pub struct Trickle {
+    pub port: u16,
+    stop: Arc<AtomicBool>,
+}
+
+impl Trickle {
+    pub fn start(size: u64) -> Trickle {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        listener.set_nonblocking(true).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        std::thread::spawn(move || {
+            let deadline = std::time::Instant::now() + Duration::from_secs(600);
+            while !s.load(Ordering::Relaxed) && std::time::Instant::now() < deadline {
+                match listener.accept() {
+                    Ok((c, _)) => {
+                        let s = s.clone();
+                        std::thread::spawn(move || {
+                            let _ = trickle(c, size, &s);
+                        });
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        Trickle { port, stop }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}/{path}", self.port)
+    }
+}
+
+impl Drop for Trickle {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Answers the requests of one connection, as [`Trickle`] says.
+fn trickle(mut client: TcpStream, size: u64, stop: &AtomicBool) -> std::io::Result<()> {
+    client.set_nonblocking(false)?;
+    let mut reader = std::io::BufReader::new(client.try_clone()?);
+    loop {
+        let mut range = (0, size - 1);
+        loop {
+            let mut line = String::new();
+            if std::io::BufRead::read_line(&mut reader, &mut line)? == 0 {
+                return Ok(());
+            }
+            if line == "\r\n" {
+                break;
+            }
+            if let Some(r) = line.to_ascii_lowercase().strip_prefix("range: bytes=") {
+                let (a, b) = r.trim().split_once('-').unwrap();
+                range = (a.parse().unwrap(), b.parse::<u64>().unwrap().min(size - 1));
+            }
+        }
+        let (a, b) = range;
+        write!(
+            client,
+            "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {a}-{b}/{size}\r\nETag: \"t\"\r\n\r\n",
+            b + 1 - a
+        )?;
+        for sent in 0..b + 1 - a {
+            if sent > 0 {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            if stop.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            client.write_all(&[0])?;
+        }
     }
 }

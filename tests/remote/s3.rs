@@ -70,10 +70,11 @@ fn s3_refusals_say_why_with_exit_3_and_never_show_secrets() {
     let mut wrong = base_env(&tmp.join("cache"));
     wrong.push(("AWS_ACCESS_KEY_ID".into(), ACCESS_KEY.into()));
     wrong.push(("AWS_SECRET_ACCESS_KEY".into(), "not-the-secret".into()));
-    let err =
-        mount_fails(&wrong, &args(&e, &[]), "s3://data/train.tar", 3, &["access denied", "SignatureDoesNotMatch"]);
+    let said = ["access denied", "SignatureDoesNotMatch", "keys from AWS_ACCESS_KEY_ID", "endpoint http://127.0.0.1"];
+    let err = mount_fails(&wrong, &args(&e, &[]), "s3://data/train.tar", 3, &said);
     assert!(!err.contains("not-the-secret") && !err.contains(SECRET_KEY));
-    mount_fails(&base_env(&tmp.join("cache")), &args(&e, &[]), "s3://data/train.tar", 3, &["access denied"]);
+    let unsigned = ["access denied", "no credentials found", "the requests were unsigned"];
+    mount_fails(&base_env(&tmp.join("cache")), &args(&e, &[]), "s3://data/train.tar", 3, &unsigned);
     mount_fails(
         &good,
         &args(&e, &["--no-sign-request"]),
@@ -124,7 +125,8 @@ fn s3_shard_sets_from_brace_ranges_and_listings() {
 
 /// Credentials as users have them: a profile of the shared credentials file picked by
 /// AWS_PROFILE, and an EC2 instance role from instance metadata (IMDSv2: a session token
-/// first), served here by a small metadata server on 127.0.0.1.
+/// first), served here by a small metadata server on 127.0.0.1. A profile named but not
+/// there fails (never unsigned requests); a refusal names the file the keys came from.
 #[test]
 fn s3_credentials_from_a_profile_and_from_instance_metadata() {
     require_root();
@@ -140,7 +142,18 @@ fn s3_credentials_from_a_profile_and_from_instance_metadata() {
     .unwrap();
     let mut env = base_env(&tmp.join("cache"));
     env.retain(|(k, _)| k != "AWS_SHARED_CREDENTIALS_FILE");
-    env.push(("AWS_SHARED_CREDENTIALS_FILE".into(), credentials.into()));
+    env.push(("AWS_SHARED_CREDENTIALS_FILE".into(), credentials.clone().into()));
+    let file = format!("profile default in $AWS_SHARED_CREDENTIALS_FILE={}", credentials.display());
+    mount_fails(&env, &args(&e, &[]), "s3://data/train.tar", 3, &["access denied", &format!("keys from {file}")]);
+    let mut mistyped = env.clone();
+    mistyped.push(("AWS_PROFILE".into(), "nosuch".into()));
+    let missing = [
+        "profile nosuch (from AWS_PROFILE) not found in $AWS_CONFIG_FILE=/nonexistent or $AWS_SHARED_CREDENTIALS_FILE=",
+        "the profiles there: default, lab",
+    ];
+    mount_fails(&mistyped, &args(&e, &[]), "s3://data/train.tar", 2, &missing);
+    let missing = ["profile nosuch (from --profile) not found"];
+    mount_fails(&env, &args(&e, &["--profile", "nosuch"]), "s3://data/train.tar", 2, &missing);
     env.push(("AWS_PROFILE".into(), "lab".into()));
     let mnt = mount_url(&env, &args(&e, &[]), "s3://data/train.tar", &tmp.join("mnt-profile"));
     assert_eq!(contents(&src), contents(mnt.path()));

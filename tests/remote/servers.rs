@@ -1,4 +1,4 @@
-//! Real servers on 127.0.0.1 for the remote tests: Debian's nginx (ranges, ETags, If-Match) and s3s-fs (an S3 server that checks SigV4 signatures), each on a free port with its own files, stopped on drop; and `stagefs` run against them.
+//! Real servers on 127.0.0.1 for the remote tests: Debian's nginx (ranges, ETags, If-Match; HTTPS with a certificate of a CA made for the test, Basic authentication under /private/) and s3s-fs (an S3 server that checks SigV4 signatures), each on a free port with its own files, stopped on drop; and `stagefs` run against them.
 
 use std::ffi::OsString;
 use std::net::{TcpListener, TcpStream};
@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::util::{require_tool, run_cmd, stagefs_bin, wait_until, CmdOutput, KillOnDrop, TempDir, CMD_TIMEOUT};
+use crate::util::{
+    require_tool, run_cmd, run_tool, stagefs_bin, wait_until, CmdOutput, KillOnDrop, TempDir, CMD_TIMEOUT,
+};
 
 /// A port free a moment ago (the server binds it right after).
 pub fn free_port() -> u16 {
@@ -18,13 +20,20 @@ fn wait_for_port(host: &str, port: u16, what: &str, log: &Path) {
     assert!(up, "{what} did not listen on {host}:{port}:\n{}", std::fs::read_to_string(log).unwrap_or_default());
 }
 
+/// The user and password nginx asks for under `/private/` (HTTP Basic authentication).
+pub const BASIC_USER: &str = "alice";
+pub const BASIC_PASSWORD: &str = "pwc0ffee9Yh3Nv5Tj";
+
 /// nginx serving `root` on 127.0.0.1 with a temporary configuration; its access log
-/// (method, path, status, bytes sent, Range header) counts what was fetched.
+/// (method, path, status, bytes sent, Range header) counts what was fetched. Files under
+/// `root/private/` need [`BASIC_USER`] and [`BASIC_PASSWORD`].
 pub struct Nginx {
     pub port: u16,
     pub root: PathBuf,
     /// The address it listens on: 127.0.0.1, or the test cluster's bridge.
     pub host: String,
+    /// For HTTPS: the certificate of the CA that signed the server's (for `SSL_CERT_FILE`).
+    pub ca: Option<PathBuf>,
     dir: TempDir,
     child: Option<KillOnDrop>,
 }
@@ -36,17 +45,33 @@ impl Nginx {
 
     /// On `host`, an address of this machine (the cluster's nodes reach its bridge's).
     pub fn start_on(name: &str, host: &str) -> Nginx {
+        Nginx::start_with(name, host, false)
+    }
+
+    /// HTTPS on 127.0.0.1, with a certificate for `127.0.0.1` and `localhost` signed by a CA
+    /// made for this server (`ca`): no system bundle trusts it.
+    pub fn start_tls(name: &str) -> Nginx {
+        Nginx::start_with(name, "127.0.0.1", true)
+    }
+
+    fn start_with(name: &str, host: &str, tls: bool) -> Nginx {
         let dir = TempDir::new(&format!("nginx-{name}"));
         let root = dir.join("www");
-        std::fs::create_dir_all(&root).unwrap();
+        std::fs::create_dir_all(root.join("private")).unwrap();
+        std::fs::write(dir.join("htpasswd"), format!("{BASIC_USER}:{{PLAIN}}{BASIC_PASSWORD}\n")).unwrap();
+        let ca = tls.then(|| make_certificates(dir.path()));
         let port = free_port();
-        let mut nginx = Nginx { port, root, host: host.to_string(), dir, child: None };
+        let mut nginx = Nginx { port, root, host: host.to_string(), ca, dir, child: None };
         nginx.launch();
         nginx
     }
 
     fn launch(&mut self) {
         let d = self.dir.path().display();
+        let tls = match self.ca {
+            Some(_) => format!("ssl; ssl_certificate {d}/server.pem; ssl_certificate_key {d}/server.key"),
+            None => String::new(),
+        };
         let conf = format!(
             "daemon off; master_process off; pid {d}/nginx.pid; error_log {d}/error.log;
 events {{ worker_connections 512; }}
@@ -55,7 +80,10 @@ http {{
   access_log {d}/access.log counted;
   client_body_temp_path {d}/tmp; proxy_temp_path {d}/tmp; fastcgi_temp_path {d}/tmp;
   uwsgi_temp_path {d}/tmp; scgi_temp_path {d}/tmp;
-  server {{ listen {}:{}; root {}; }}
+  server {{
+    listen {}:{} {tls}; root {};
+    location /private/ {{ auth_basic \"stagefs tests\"; auth_basic_user_file {d}/htpasswd; }}
+  }}
 }}
 ",
             self.host,
@@ -90,7 +118,8 @@ http {{
     }
 
     pub fn url(&self, name: &str) -> String {
-        format!("http://{}:{}/{name}", self.host, self.port)
+        let scheme = if self.ca.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}:{}/{name}", self.host, self.port)
     }
 
     /// Lines of the access log: `METHOD PATH STATUS BYTES "RANGE"`.
@@ -106,6 +135,28 @@ http {{
             .filter_map(|l| l.split_whitespace().nth(3)?.parse::<u64>().ok())
             .sum()
     }
+}
+
+/// A CA and a server certificate it signed (for `127.0.0.1` and `localhost`: a self-signed
+/// server certificate is a CA used as an end entity, which rustls refuses for that reason
+/// alone), made with the `openssl` command (Debian's ca-certificates depends on it) in
+/// `dir`; returns the CA's certificate.
+fn make_certificates(dir: &Path) -> PathBuf {
+    let p = |name: &str| dir.join(name).to_str().unwrap().to_string();
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    let (ca, ca_key) = (p("ca.pem"), p("ca.key"));
+    let ca_subject = ["-subj", "/CN=stagefs test CA"];
+    run_tool(
+        "openssl",
+        [&["req", "-x509"][..], &ec, &ca_subject, &["-keyout", &ca_key, "-out", &ca, "-days", "2"]].concat(),
+    );
+    std::fs::write(dir.join("san.cnf"), "subjectAltName=DNS:localhost,IP:127.0.0.1\n").unwrap();
+    let (csr, key) = (p("server.csr"), p("server.key"));
+    let subject = ["-subj", "/CN=localhost"];
+    run_tool("openssl", [&["req"][..], &ec, &subject, &["-keyout", &key, "-out", &csr]].concat());
+    let sign = ["x509", "-req", "-in", &csr, "-CA", &ca, "-CAkey", &ca_key, "-CAcreateserial", "-days", "2"];
+    run_tool("openssl", [&sign[..], &["-out", &p("server.pem"), "-extfile", &p("san.cnf")]].concat());
+    PathBuf::from(ca)
 }
 
 /// s3s-fs on 127.0.0.1 with one user (access key and secret) and its data directory:

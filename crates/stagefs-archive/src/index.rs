@@ -299,6 +299,13 @@ impl Index {
         }
     }
 
+    /// Fails once a mapped index file shrank or was rewritten since it was mapped (its
+    /// identity is compared: one `fstat`): a request checks once, before it trusts what it
+    /// read. A buffer is always intact.
+    pub fn check_intact(&self) -> Result<(), IndexError> {
+        self.store.check_intact()
+    }
+
     /// Inodes, the root included.
     pub fn inode_count(&self) -> usize {
         self.inodes.count(INODE_LEN) as usize
@@ -458,6 +465,7 @@ impl Index {
     /// relative target is taken from the link's directory; an absolute target points
     /// outside the archive (on the mount, into the host's tree), so it names nothing here.
     pub fn resolve(&self, path: &[u8], follow_last: bool) -> Result<InodeId, PathError> {
+        self.check_intact()?;
         // Components still to walk, last first; a followed link pushes its target's.
         let mut todo: Vec<&[u8]> = path.split(|&b| b == b'/').rev().collect();
         let mut current = ROOT;

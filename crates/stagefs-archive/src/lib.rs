@@ -38,8 +38,10 @@
 //! ```
 
 pub mod codec;
-pub mod escape;
+/// Text from outside shown escaped (the workspace's one escaping type, [`escape::Shown`]).
+pub use stagefs_text as escape;
 mod fault;
+pub mod guard;
 pub mod hash;
 mod identity;
 pub mod index;
@@ -60,7 +62,7 @@ use std::sync::Arc;
 
 use crate::index::{Data, Index, Inode, InodeId};
 pub use identity::FileId;
-pub use reader::{Access, Reader};
+pub use reader::{Access, Reader, SourceCache};
 pub use source::{drop_file_cache, map_file, Backing, Ranged, Source};
 
 /// Weighs decompressed bytes in the readers' caches (SquashFS blocks, zip members) by
@@ -124,6 +126,10 @@ pub enum OpenError {
     Index { path: PathBuf, source: crate::index::BuildError },
     #[error("{}: stopped before its inner archives were all opened", path.shown())]
     Stopped { path: PathBuf },
+    /// The file changed (was truncated or rewritten) while it was read: nothing read of it
+    /// is trusted.
+    #[error("{}: changed while stagefs was reading it: {what}; open it again once it is complete", path.shown())]
+    Changed { path: PathBuf, what: String },
 }
 
 impl OpenError {
@@ -217,8 +223,15 @@ impl Archive {
         Archive::from_backing(name, backing)
     }
 
-    /// Indexes an archive whose bytes are already mapped.
+    /// Indexes an archive whose bytes are already mapped. A file changed during the scan
+    /// (truncated, rewritten) fails as [`OpenError::Changed`], whatever the scan made of it.
     pub fn from_backing(path: &Path, backing: Backing) -> Result<Archive, OpenError> {
+        let scanned = Archive::scan(path, &backing);
+        backing.check_intact().map_err(|what| OpenError::Changed { path: path.to_owned(), what })?;
+        scanned
+    }
+
+    fn scan(path: &Path, backing: &Backing) -> Result<Archive, OpenError> {
         if let Some(mut stream) = backing.stream() {
             // A tar read by ranges has no map: scanned as a stream (see `Ranged`).
             let (index, reader) = tar::open_stream(path, backing.clone(), &mut *stream)?;
@@ -250,7 +263,9 @@ impl Archive {
     pub fn from_staged(path: &Path, backing: Backing, codec: Option<seekable::Codec>) -> Result<Archive, OpenError> {
         match codec {
             Some(codec) => {
-                let (index, reader) = tar::open_compressed(path, backing, codec)?;
+                let opened = tar::open_compressed(path, backing.clone(), codec);
+                backing.check_intact().map_err(|what| OpenError::Changed { path: path.to_owned(), what })?;
+                let (index, reader) = opened?;
                 Ok(Archive::new(index, Format::Tar, Arc::new(reader)))
             }
             None => Archive::from_backing(path, backing),
@@ -272,9 +287,9 @@ impl Archive {
         self.reader.size()
     }
 
-    /// See [`Reader::drop_source_cache`].
-    pub fn drop_source_cache(&self) {
-        self.reader.drop_source_cache()
+    /// See [`Reader::source_cache`].
+    pub fn source_cache(&self, what: SourceCache<'_>) {
+        self.reader.source_cache(what)
     }
 
     /// See [`Reader::compression`].

@@ -15,6 +15,17 @@ pub enum Access {
 /// A shard set's readers, and the first merged position each serves.
 pub type Shards<'a> = (&'a [std::sync::Arc<dyn Reader>], &'a [InodeId]);
 
+/// What to do with the pages of an archive file served in place.
+#[derive(Clone, Copy)]
+pub enum SourceCache<'a> {
+    /// Drop them: the mount's page cache holds the files once warmed, and keeping the
+    /// source's too would hold the data twice.
+    Drop,
+    /// Read them in once, through the descriptor opened at first (never the path again:
+    /// whatever was put there since is not read), until `stop` says stop.
+    Warm(&'a (dyn Fn() -> bool + Sync)),
+}
+
 /// Serves the bytes of the regular files of one index.
 pub trait Reader: Send + Sync {
     /// `len` bytes (more than 0, within the file's size) at `offset` of the regular file at
@@ -29,10 +40,9 @@ pub trait Reader: Send + Sync {
     /// Frees what it caches for speed; later reads refill it.
     fn release_caches(&self) {}
 
-    /// Drops the archive file's pages from the page cache when it is served in place (the
-    /// mount's page cache holds the files once warmed: keeping the source's too would hold
-    /// the data twice).
-    fn drop_source_cache(&self);
+    /// Drops or warms the archive file's pages in the page cache when it is served in place
+    /// (see [`SourceCache`]).
+    fn source_cache(&self, what: SourceCache<'_>);
 
     /// Bytes served: the archive's size (decoded, for a compressed tar).
     fn size(&self) -> u64;

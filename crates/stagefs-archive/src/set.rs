@@ -49,8 +49,8 @@ impl Reader for SetReader {
         self.shards.iter().for_each(|s| s.release_caches());
     }
 
-    fn drop_source_cache(&self) {
-        self.shards.iter().for_each(|s| s.drop_source_cache());
+    fn source_cache(&self, what: crate::SourceCache<'_>) {
+        self.shards.iter().for_each(|s| s.source_cache(what));
     }
 
     fn size(&self) -> u64 {

@@ -2,16 +2,19 @@
 
 use std::sync::Arc;
 
+use crate::guard::GuardedMap;
 use crate::{seekable, within, FileId, ReadError};
 
 /// The archive's bytes, shared by all request threads.
 pub type Backing = Arc<Source>;
 
-/// A read-only map of the archive. Indexing reads the map directly (through `Deref`);
-/// the request path uses [`Source::read_at`], which never faults: a file served in place
-/// is read with `pread` and checked to be unchanged, because a truncated file under a map
-/// raises SIGBUS and a rewritten one would serve wrong bytes. Staged copies (memfds that
-/// only this process holds) are served straight from the map.
+/// A read-only map of the archive. Indexing reads the map directly (through `Deref`),
+/// guarded (see [`crate::guard`]): a truncation during the scan reads zeros instead of
+/// raising SIGBUS, and whoever scanned asks [`Source::check_intact`] before trusting what
+/// it found. The request path uses [`Source::read_at`], which never faults: a file served
+/// in place is read with `pread` and checked to be unchanged, because a rewritten file
+/// under a map would serve wrong bytes. Staged copies (memfds that only this process
+/// holds) are served straight from the map.
 ///
 /// A compressed tar served in place is a third kind: its decoded bytes exist only chunk
 /// by chunk (see [`seekable`]), so it has no map to index from: `Deref` gives no bytes,
@@ -21,7 +24,7 @@ pub type Backing = Arc<Source>;
 /// stored inside a tar, decoded from there.
 #[derive(Debug)]
 pub struct Source {
-    pub(crate) map: memmap2::Mmap,
+    pub(crate) map: GuardedMap,
     pub(crate) in_place: Option<InPlace>,
     pub(crate) decoded: Option<seekable::Seekable>,
     pub(crate) ranged: Option<Box<dyn Ranged>>,
@@ -82,6 +85,23 @@ impl InPlace {
         Ok(buf)
     }
 
+    /// Reads the file once, as long as it was when mapped (into the page cache; the bytes
+    /// are dropped), through the descriptor mapped at first, until `stop` says stop.
+    /// Returns the bytes read.
+    fn warm(&self, stop: &dyn Fn() -> bool) -> u64 {
+        use std::os::unix::fs::FileExt;
+        let mut buf = vec![0u8; (8usize << 20).min(self.id.size as usize)];
+        let mut at = 0u64;
+        while at < self.id.size && !stop() {
+            let want = buf.len().min((self.id.size - at) as usize);
+            match self.file.read_at(&mut buf[..want], at) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => at += n as u64,
+            }
+        }
+        at
+    }
+
     fn unchanged(&self) -> Result<(), ReadError> {
         let now = FileId::of_file(&self.file).map_err(|e| ReadError {
             offset: ReadError::WHOLE_ARCHIVE,
@@ -103,18 +123,18 @@ impl InPlace {
 impl Source {
     /// Bytes only this process holds (a staged memfd, or memory in tests).
     pub fn private(map: memmap2::Mmap) -> Source {
-        Source { map, in_place: None, decoded: None, ranged: None, within: None }
+        Source { map: GuardedMap::private(map), in_place: None, decoded: None, ranged: None, within: None }
     }
 
     /// The decoded bytes of a compressed file, served by its restart points.
     pub fn decoded(seekable: seekable::Seekable) -> std::io::Result<Source> {
-        let map = memmap2::MmapOptions::new().len(1).map_anon()?.make_read_only()?;
+        let map = GuardedMap::private(memmap2::MmapOptions::new().len(1).map_anon()?.make_read_only()?);
         Ok(Source { map, in_place: None, decoded: Some(seekable), ranged: None, within: None })
     }
 
     /// Bytes read through `ranged`; `map` holds what indexing reads of them.
     pub fn ranged(map: memmap2::Mmap, ranged: Box<dyn Ranged>) -> Source {
-        Source { map, in_place: None, decoded: None, ranged: Some(ranged), within: None }
+        Source { map: GuardedMap::private(map), in_place: None, decoded: None, ranged: Some(ranged), within: None }
     }
 
     /// The bytes in order, for a source read by ranges whose map does not hold them.
@@ -145,7 +165,7 @@ impl Source {
     pub fn memory(bytes: &[u8]) -> Backing {
         let mut map = memmap2::MmapMut::map_anon(bytes.len().max(1)).expect("anonymous map");
         map[..bytes.len()].copy_from_slice(bytes);
-        let map = map.make_read_only().expect("read-only map");
+        let map = GuardedMap::private(map.make_read_only().expect("read-only map"));
         Arc::new(Source { map, in_place: None, decoded: None, ranged: None, within: None })
     }
 
@@ -182,14 +202,36 @@ impl Source {
         Ok(std::borrow::Cow::Owned(buf))
     }
 
-    /// Asks the kernel to drop this archive file's cached pages (in place only; a staged
-    /// copy has no other copy to fall back on).
-    pub fn drop_page_cache(&self) {
+    /// Whether what was read of the map (by a scan, a first pass, a format check) can be
+    /// trusted: no page of it was lost to a truncation, and the file is the version that
+    /// was mapped. Every scan of a file from outside ends with this check; the error says
+    /// what changed.
+    pub fn check_intact(&self) -> Result<(), String> {
         if let Some(decoded) = &self.decoded {
-            decoded.input().drop_page_cache();
+            return decoded.input().check_intact();
         }
-        if let Some(in_place) = &self.in_place {
-            drop_file_cache(&in_place.file, 0, 0);
+        if let Some(within) = &self.within {
+            return within.outer().check_intact();
+        }
+        if self.map.torn() {
+            return Err("it was truncated while it was being read (pages past its new end read as zeros)".into());
+        }
+        match &self.in_place {
+            Some(in_place) => in_place.unchanged().map_err(|e| e.what),
+            None => Ok(()),
+        }
+    }
+
+    /// Drops or warms this archive file's cached pages (in place only; a staged copy has
+    /// no other copy to fall back on, and is in RAM already).
+    pub fn source_cache(&self, what: crate::SourceCache<'_>) {
+        if let Some(decoded) = &self.decoded {
+            decoded.input().source_cache(what);
+        }
+        let Some(in_place) = &self.in_place else { return };
+        match what {
+            crate::SourceCache::Drop => drop_file_cache(&in_place.file, 0, 0),
+            crate::SourceCache::Warm(stop) => drop(in_place.warm(stop)),
         }
     }
 
@@ -217,7 +259,9 @@ impl Source {
         if self.in_place.is_some() && end > start {
             // SAFETY: a read-only shared file map: DONTNEED only drops page-table entries,
             // and a later access faults the same file bytes back in.
-            let _ = unsafe { self.map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) };
+            let _ = unsafe {
+                self.map.map().unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+            };
         }
     }
 }
@@ -252,11 +296,40 @@ pub fn drop_file_cache(file: &std::fs::File, offset: u64, len: u64) {
 /// Maps a file to serve in place (see [`Source`] for why reads then use pread).
 pub fn map_file(file: &std::fs::File) -> std::io::Result<Backing> {
     let id = FileId::of_file(file)?;
-    // SAFETY: read-only; only indexing touches the map directly, and a truncation during
-    // indexing is reported as such by the parent (SIGBUS); see doc/guarantees.md.
-    let map = unsafe { memmap2::Mmap::map(file) }?;
+    // Guarded: only indexing touches the map directly, and a truncation meanwhile reads
+    // zeros and is reported by `check_intact`; see doc/guarantees.md.
+    let map = GuardedMap::file(file)?;
     // The map serves the index scan, which is sequential for tar: let the kernel read ahead.
-    let _ = map.advise(memmap2::Advice::Sequential);
+    let _ = map.map().advise(memmap2::Advice::Sequential);
     let in_place = InPlace { file: file.try_clone()?, id };
     Ok(Arc::new(Source { map, in_place: Some(in_place), decoded: None, ranged: None, within: None }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The page-cache warm-up reads the file that was mapped, through its descriptor, as
+    /// long as it was then: a path swapped for another file (a FIFO, a 2 TB sparse file)
+    /// since, or the file grown by its owner, costs it nothing more.
+    #[test]
+    fn the_warm_up_reads_the_mapped_file_as_it_was() {
+        let dir = crate::test_kit::TempDir::new("warm-fd");
+        let path = dir.join("a.tar");
+        std::fs::write(&path, vec![7u8; 1 << 20]).unwrap();
+        let backing = map_file(&std::fs::File::open(&path).unwrap()).unwrap();
+        std::fs::rename(&path, dir.join("moved.tar")).unwrap();
+        mkfifo(&path);
+        std::fs::File::options().write(true).open(dir.join("moved.tar")).unwrap().set_len(2 << 40).unwrap();
+        let in_place = backing.in_place.as_ref().unwrap();
+        assert_eq!(in_place.warm(&|| false), 1 << 20);
+        assert_eq!(in_place.warm(&|| true), 0, "stops when asked");
+    }
+
+    fn mkfifo(path: &std::path::Path) {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    }
 }

@@ -29,6 +29,8 @@ pub fn package_of(tool: &str) -> &'static str {
         "sleep" | "truncate" => "coreutils",
         "useradd" => "passwd",
         "setpriv" => "util-linux",
+        "openssl" => "openssl",
+        "script" => "bsdutils",
         _ => "(unknown package)",
     }
 }

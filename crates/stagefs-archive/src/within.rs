@@ -18,6 +18,11 @@ impl Within {
         self.len
     }
 
+    /// The source the range lies in.
+    pub(crate) fn outer(&self) -> &Backing {
+        &self.outer
+    }
+
     /// The range's mapped bytes, for a first pass (none when `outer` has no map).
     pub(crate) fn bytes(&self) -> &[u8] {
         let end = self.start + self.len;
@@ -46,6 +51,7 @@ impl Source {
     pub fn within(outer: &Backing, start: u64, len: u64) -> Option<Backing> {
         start.checked_add(len).filter(|&end| end <= outer.len() as u64)?;
         let map = memmap2::MmapOptions::new().len(1).map_anon().ok()?.make_read_only().ok()?;
+        let map = crate::guard::GuardedMap::private(map);
         let within = Within { outer: outer.clone(), start, len };
         Some(std::sync::Arc::new(Source { map, in_place: None, decoded: None, ranged: None, within: Some(within) }))
     }

@@ -1,5 +1,6 @@
 //! The crate's error type; every file-related variant carries the offending path.
 
+use stagefs_text::Shown;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -58,6 +59,14 @@ pub enum Error {
         /// Size when it was opened for reading.
         actual: u64,
     },
+    /// A directory whose links name the same directories over and over: walking it would
+    /// list more than `budget` paths (two links per level double them at every level).
+    TooManyPaths {
+        /// The directory walked.
+        path: PathBuf,
+        /// Most paths a walk lists: a few times the distinct files and directories met.
+        budget: usize,
+    },
     /// Invalid configuration.
     Config(String),
     /// The CUDA backend was requested but cannot be used.
@@ -81,6 +90,7 @@ impl Error {
         match self {
             Error::Io { path, .. }
             | Error::NotAFile { path }
+            | Error::TooManyPaths { path, .. }
             | Error::FileTooLarge { path, .. }
             | Error::SizeChanged { path, .. }
             | Error::BatchTooLarge { first: path, .. } => Some(path),
@@ -96,22 +106,28 @@ impl Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Io { path, op, source } => write!(f, "cannot {op} {}: {source}", path.display()),
-            Error::NotAFile { path } => write!(f, "{} is not a regular file", path.display()),
+            Error::Io { path, op, source } => write!(f, "cannot {op} {}: {source}", path.shown()),
+            Error::NotAFile { path } => write!(f, "{} is not a regular file", path.shown()),
             Error::FileTooLarge { path, len, slot_bytes } => write!(
                 f,
                 "{} is {len} bytes, larger than one ring slot ({slot_bytes} bytes); raise the slot/batch size",
-                path.display()
+                path.shown()
             ),
             Error::BatchTooLarge { epoch, index, first, files, bytes, slot_bytes } => write!(
                 f,
                 "batch {index} of epoch {epoch} ({files} files starting at {}) needs {bytes} bytes, \
                  more than one ring slot ({slot_bytes} bytes); raise the slot size or lower batch_files",
-                first.display()
+                first.shown()
             ),
             Error::SizeChanged { path, listed, actual } => {
-                write!(f, "{} changed size since it was listed ({listed} -> {actual} bytes)", path.display())
+                write!(f, "{} changed size since it was listed ({listed} -> {actual} bytes)", path.shown())
             }
+            Error::TooManyPaths { path, budget } => write!(
+                f,
+                "{}: its symbolic links name the same directories over and over: more than {budget} paths; \
+                 list the files you mean instead (a list of paths), or remove the links that repeat them",
+                path.shown()
+            ),
             Error::Config(msg) => write!(f, "invalid configuration: {msg}"),
             Error::CudaUnavailable(msg) => write!(f, "CUDA backend unavailable: {msg}"),
             Error::Cuda(msg) => write!(f, "CUDA error: {msg}"),

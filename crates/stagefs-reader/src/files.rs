@@ -2,6 +2,7 @@
 
 use crate::error::{Error, Result};
 use crate::source::{FileEntry, FileSource, Paths};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -45,8 +46,9 @@ impl FileList {
     /// Walks `dir` recursively once and lists its regular files sorted by path,
     /// so that every rank and every run sees the same order.
     pub fn from_dir(dir: impl AsRef<Path>) -> Result<Self> {
-        let mut paths = Vec::new();
-        walk(dir.as_ref(), &mut paths)?;
+        let mut walk = Walk { root: dir.as_ref(), paths: Vec::new(), met: 0, distinct: HashSet::new() };
+        walk.dir(dir.as_ref())?;
+        let mut paths = walk.paths;
         paths.sort();
         Self::from_paths(paths)
     }
@@ -134,22 +136,53 @@ fn stat_file(path: PathBuf) -> Result<FileEntry> {
     Ok(FileEntry { len: meta.len(), path })
 }
 
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    let rd = std::fs::read_dir(dir).map_err(|e| Error::io(dir, "read directory", e))?;
-    for entry in rd {
-        let entry = entry.map_err(|e| Error::io(dir, "read directory", e))?;
-        let path = entry.path();
-        // file_type() does not follow symlinks; metadata() does, so links to
-        // files are included and links to directories are walked.
-        let meta = std::fs::metadata(&path).map_err(|e| Error::io(&path, "stat", e))?;
-        if meta.is_dir() {
-            walk(&path, out)?;
-        } else if meta.is_file() {
-            out.push(path);
+/// A directory walk (links followed, as ImageFolder's), bounded by the rule of an
+/// archive's walk: links to directories may name the same ones by many paths, so it stops
+/// past 4 times the distinct files and directories it met, with an error. Its floor is
+/// lower than an archive's (2^16 paths, not 2^20): each path here costs system calls, not
+/// a lookup in memory.
+struct Walk<'a> {
+    root: &'a Path,
+    paths: Vec<PathBuf>,
+    /// Entries met, by every path.
+    met: usize,
+    /// (device, inode) of the entries met.
+    distinct: HashSet<(u64, u64)>,
+}
+
+impl Walk<'_> {
+    fn dir(&mut self, dir: &Path) -> Result<()> {
+        use std::os::unix::fs::{DirEntryExt, MetadataExt};
+        let here = std::fs::metadata(dir).map_err(|e| Error::io(dir, "stat", e))?.dev();
+        let rd = std::fs::read_dir(dir).map_err(|e| Error::io(dir, "read directory", e))?;
+        for entry in rd {
+            let entry = entry.map_err(|e| Error::io(dir, "read directory", e))?;
+            let path = entry.path();
+            // The directory's own listing says what an entry is (no stat); a link is
+            // followed (stat), so links to files are included and links to directories
+            // are walked, as ImageFolder does.
+            let kind = entry.file_type().map_err(|e| Error::io(&path, "stat", e))?;
+            let (is_dir, is_file, id) = if kind.is_symlink() {
+                let meta = std::fs::metadata(&path).map_err(|e| Error::io(&path, "stat", e))?;
+                (meta.is_dir(), meta.is_file(), (meta.dev(), meta.ino()))
+            } else {
+                (kind.is_dir(), kind.is_file(), (here, entry.ino()))
+            };
+            self.met += 1;
+            self.distinct.insert(id);
+            let budget = self.distinct.len().saturating_mul(4).max(1 << 16);
+            if self.met > budget {
+                return Err(Error::TooManyPaths { path: self.root.to_path_buf(), budget });
+            }
+            if is_dir {
+                self.dir(&path)?;
+            } else if is_file {
+                self.paths.push(path);
+            }
+            // Sockets, fifos and devices are skipped: they are not training data.
         }
-        // Sockets, fifos and devices are skipped: they are not training data.
+        Ok(())
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use crate::error::{Error, Result};
 use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
 
 /// One file and the size it had when the list was built.
@@ -34,7 +34,12 @@ pub struct Paths;
 impl FileSource for Paths {
     fn read_at(&self, _index: usize, entry: &FileEntry, offset: u64, dst: &mut [u8]) -> Result<()> {
         let path = &entry.path;
-        let file = File::open(path).map_err(|e| Error::io(path, "open", e))?;
+        // Without blocking: a FIFO put at a listed path must not hang an I/O thread.
+        let file = File::options()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(path)
+            .map_err(|e| Error::io(path, "open", e))?;
         let meta = file.metadata().map_err(|e| Error::io(path, "stat", e))?;
         if !meta.is_file() {
             return Err(Error::NotAFile { path: path.clone() });

@@ -110,3 +110,29 @@ fn invalid_configs_are_rejected() {
         assert!(matches!(Loader::from_dir(&t.dir, c), Err(Error::Config(_))));
     }
 }
+
+/// Links to directories that name the same ones by many paths (in each of 18 nested
+/// directories `n`, a link `l -> n` beside it: 2^18 paths to one file, each path following
+/// fewer links than the kernel's limit) end the walk with an error naming the directory,
+/// after a bounded number of paths, instead of listing them all.
+#[test]
+fn a_walk_through_links_that_repeat_directories_is_bounded() {
+    let t = Tree::new(&[]);
+    let mut level = t.dir.join("root");
+    std::fs::create_dir_all(&level).unwrap();
+    for _ in 0..18 {
+        std::fs::create_dir(level.join("n")).unwrap();
+        std::os::unix::fs::symlink("n", level.join("l")).unwrap();
+        level = level.join("n");
+    }
+    std::fs::write(level.join("x.bin"), b"x").unwrap();
+    let root = t.dir.join("root");
+    let err = FileList::from_dir(&root).unwrap_err();
+    assert!(matches!(err, Error::TooManyPaths { budget: 65_536, .. }), "{err:?}");
+    assert_names(&err, &root);
+    assert!(err.to_string().contains("over and over"), "{err}");
+    // A link that repeats a directory once is what ImageFolder follows.
+    let small = Tree::new(&sizes(4));
+    std::os::unix::fs::symlink(small.dir.join("d0"), small.dir.join("again")).unwrap();
+    assert_eq!(FileList::from_dir(&small.dir).unwrap().len(), 8);
+}

@@ -7,6 +7,7 @@ use crate::credentials::Chain;
 use crate::error::RemoteError;
 use crate::sigv4::{self, EMPTY_SHA256};
 use crate::url::{display_text, HttpUrl, ObjectUrl};
+use crate::Secret;
 
 /// How to reach objects; built once from the command line and the environment.
 #[derive(Clone, Debug)]
@@ -18,6 +19,10 @@ pub struct Config {
     /// Connecting, waiting for an answer, and each read: a server silent this long fails
     /// that try (retried), never hangs.
     pub timeout: Duration,
+    /// The whole of one request, from connecting to its last byte: a server that trickles
+    /// (a byte a second never trips `timeout`) fails that try (retried, resuming where it
+    /// stopped) instead of holding a range for days. The partner of `timeout`.
+    pub deadline: Duration,
     /// Tries per request, the first included (connection trouble, 5xx, 429).
     pub tries: u32,
     /// First pause between tries; it doubles up to 10 s, with jitter.
@@ -29,9 +34,14 @@ pub struct Config {
     /// `--profile`.
     pub profile: Option<String>,
     /// A bearer token for HTTP(S) URLs (read from `--bearer-token-file`, never the command line).
-    pub bearer_token: Option<String>,
+    pub bearer_token: Option<Secret>,
     /// `--allow-http`: plain http:// to hosts other than this machine.
     pub allow_http: bool,
+    /// Told of each failed try that will be tried again (the CLI prints it on a terminal).
+    pub on_retry: Option<crate::RetryHook>,
+    /// The one door the client reads files through (credentials, CA bundles, tokens,
+    /// `~/.netrc`): see [`crate::Files`]. The default reads none.
+    pub files: crate::Files,
 }
 
 impl Default for Config {
@@ -40,6 +50,7 @@ impl Default for Config {
             concurrency: 16,
             chunk_size: 8 << 20,
             timeout: Duration::from_secs(30),
+            deadline: Duration::from_secs(300),
             tries: 8,
             backoff: Duration::from_millis(200),
             endpoint_url: None,
@@ -47,6 +58,8 @@ impl Default for Config {
             profile: None,
             bearer_token: None,
             allow_http: false,
+            on_retry: None,
+            files: crate::Files::none(),
         }
     }
 }
@@ -91,12 +104,15 @@ pub struct Client {
 pub(crate) struct Inner {
     pub(crate) agent: ureq::Agent,
     pub(crate) config: Config,
-    chain: Chain,
-    endpoint: Option<HttpUrl>,
+    pub(crate) chain: Chain,
+    /// A custom S3 endpoint and where it came from ("--endpoint-url", "$AWS_ENDPOINT_URL").
+    pub(crate) endpoint: Option<(HttpUrl, String)>,
+    /// The CA certificates trusted, where they came from, and whether they can be used.
+    trust: crate::trust::Trust,
     /// Region per bucket once a store said where a bucket lives (AWS redirects).
-    regions: Mutex<std::collections::HashMap<String, String>>,
+    pub(crate) regions: Mutex<std::collections::HashMap<String, String>>,
     region: String,
-    netrc: Vec<crate::netrc::Entry>,
+    pub(crate) netrc: Vec<crate::netrc::Entry>,
     /// Range requests in flight, bounded by `config.concurrency`.
     pub(crate) permits: Permits,
 }
@@ -114,30 +130,33 @@ pub(crate) type Answer = ureq::http::Response<ureq::Body>;
 
 impl Client {
     pub fn new(config: Config) -> Result<Client, RemoteError> {
-        let chain = Chain::new(config.profile.as_deref(), config.no_sign_request);
-        let endpoint = match config.endpoint_url.clone().or_else(|| chain.endpoint()) {
-            Some(text) => match ObjectUrl::parse(&text, true) {
+        let chain = Chain::new(config.profile.as_deref(), config.no_sign_request, &config.files);
+        let named = config.endpoint_url.clone().map(|url| (url, "--endpoint-url".to_string()));
+        let endpoint = match named.or_else(|| chain.endpoint()) {
+            Some((text, from)) => match ObjectUrl::parse(&text, true) {
                 Ok(ObjectUrl::Http(u)) if !u.tls && !config.allow_http && !u.is_loopback() => {
                     return Err(RemoteError::BadUrl(format!(
-                        "the endpoint {} is plain http:// to another machine; use https://, or pass --allow-http \
-                         for a network you trust",
+                        "the endpoint {} (from {from}) is plain http:// to another machine; use https://, or pass \
+                         --allow-http for a network you trust",
                         crate::url::display_unparsed(&text)
                     )))
                 }
-                Ok(ObjectUrl::Http(u)) => Some(u),
+                Ok(ObjectUrl::Http(u)) => Some((u, from)),
                 _ => {
                     return Err(RemoteError::BadUrl(format!(
-                        "the endpoint URL {} is not an http:// or https:// URL",
+                        "the endpoint URL {} (from {from}) is not an http:// or https:// URL",
                         crate::url::display_unparsed(&text)
                     )))
                 }
             },
             None => None,
         };
+        let trust = crate::trust::load(&config.files);
         let agent = ureq::Agent::new_with_config(
             ureq::Agent::config_builder()
                 .http_status_as_error(false)
                 .max_redirects(0)
+                .timeout_global(Some(config.deadline))
                 .timeout_connect(Some(config.timeout))
                 .timeout_recv_response(Some(config.timeout))
                 .timeout_per_read(Some(config.timeout))
@@ -145,11 +164,11 @@ impl Client {
                 .max_idle_connections(config.concurrency.max(1) * 2)
                 .max_idle_connections_per_host(config.concurrency.max(1) * 2)
                 .user_agent(concat!("stagefs/", env!("CARGO_PKG_VERSION")))
-                .tls_config(crate::netrc::tls_config())
+                .tls_config(trust.config.clone())
                 .build(),
         );
         let region = chain.region();
-        let netrc = crate::netrc::load();
+        let netrc = crate::netrc::load(&config.files);
         let permits = Permits::new(config.concurrency.max(1));
         Ok(Client {
             inner: Arc::new(Inner {
@@ -157,6 +176,7 @@ impl Client {
                 config,
                 chain,
                 endpoint,
+                trust,
                 regions: Mutex::default(),
                 region,
                 netrc,
@@ -174,7 +194,7 @@ impl Client {
     /// is missing, nor why it refuses).
     pub fn stat(&self, url: &ObjectUrl) -> Result<Object, RemoteError> {
         let what = url.shown();
-        self.retrying(&what, &|| false, || {
+        self.retrying(&|| false, || {
             let ask = Ask { method: "GET", url, query: &[], headers: vec![("range", "bytes=0-0".into())], body: None };
             let answer = self.send(&ask)?;
             let status = answer.status().as_u16();
@@ -185,7 +205,7 @@ impl Client {
                 416 => header("content-range").and_then(|r| r.strip_prefix("bytes */").and_then(|t| t.parse().ok())),
                 // The server ignored Range: the body is the whole object, and is not read.
                 200 => header("content-length").and_then(|l| l.parse().ok()),
-                _ => return Err(self.refusal(answer, &what)),
+                _ => return Err(self.refusal(answer, url, &what)),
             };
             let size = size.ok_or_else(|| {
                 RemoteError::Unsupported(format!("{what}: the server did not say how large the object is"))
@@ -199,7 +219,7 @@ impl Client {
     /// `None` when there is none (or it may not be read).
     pub fn get_small(&self, url: &ObjectUrl, limit: u64) -> Result<Option<Vec<u8>>, RemoteError> {
         let what = url.shown();
-        self.retrying(&what, &|| false, || {
+        self.retrying(&|| false, || {
             let answer = self.send(&Ask { method: "GET", url, query: &[], headers: vec![], body: None })?;
             match answer.status().as_u16() {
                 200 => {
@@ -208,12 +228,12 @@ impl Client {
                         ureq::Error::BodyExceedsLimit(_) => {
                             RemoteError::Unsupported(format!("{what}: larger than {limit} bytes"))
                         }
-                        e => RemoteError::Unavailable(format!("{what}: {}", describe(&e))),
+                        e => self.failed(url, &e),
                     })?;
                     Ok(Some(bytes))
                 }
                 403 | 404 => Ok(None),
-                _ => Err(self.refusal(answer, &what)),
+                _ => Err(self.refusal(answer, url, &what)),
             }
         })
     }
@@ -221,71 +241,28 @@ impl Client {
     /// Uploads `bytes` as the object at `url` (one PUT).
     pub fn put(&self, url: &ObjectUrl, bytes: &[u8]) -> Result<(), RemoteError> {
         let what = url.shown();
-        self.retrying(&what, &|| false, || {
+        self.retrying(&|| false, || {
             let answer = self.send(&Ask { method: "PUT", url, query: &[], headers: vec![], body: Some(bytes) })?;
             match answer.status().as_u16() {
                 200..=299 => Ok(()),
-                _ => Err(self.refusal(answer, &what)),
+                _ => Err(self.refusal(answer, url, &what)),
             }
         })
     }
 
-    /// Runs `attempt` until it succeeds, fails for good, or `config.tries` tries failed
-    /// for transient reasons, pausing with exponential backoff and jitter in between;
-    /// `cancelled` is polled during the pauses.
-    pub(crate) fn retrying<T>(
-        &self,
-        what: &str,
-        cancelled: &dyn Fn() -> bool,
-        mut attempt: impl FnMut() -> Result<T, RemoteError>,
-    ) -> Result<T, RemoteError> {
-        let tries = self.inner.config.tries.max(1);
-        let mut expired_once = false;
-        for n in 1.. {
-            match attempt() {
-                Err(RemoteError::Denied(m)) if m.contains("ExpiredToken") && !expired_once => {
-                    // Temporary credentials ran out: fetch them again, once.
-                    expired_once = true;
-                    self.inner.chain.forget();
-                }
-                Err(e) if e.is_transient() && n < tries => {
-                    tracing::info!("{what}: try {n} failed, trying again: {e}");
-                    if !self.pause(n, cancelled) {
-                        return Err(RemoteError::Cancelled);
-                    }
-                }
-                Err(RemoteError::Unavailable(m)) => {
-                    return Err(RemoteError::Unavailable(format!("{m} (gave up after {n} tries)")))
-                }
-                other => return other,
-            }
-        }
-        unreachable!("the loop returns")
-    }
-
-    /// Sleeps the backoff before try `n + 1`; false if cancelled meanwhile.
-    pub(crate) fn pause(&self, n: u32, cancelled: &dyn Fn() -> bool) -> bool {
-        let base = self.inner.config.backoff.as_millis() as u64;
-        let cap = base.saturating_mul(1 << n.min(16)).min(10_000);
-        let wait = Duration::from_millis(cap / 2 + jitter(cap / 2 + 1));
-        let until = std::time::Instant::now() + wait;
-        while std::time::Instant::now() < until {
-            if cancelled() {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(20).min(wait));
-        }
-        !cancelled()
-    }
-
     /// One try of `ask`: addressed, authenticated, sent. Transport failures come back as
-    /// [`RemoteError::Unavailable`]; any status is returned as it is.
+    /// `failure` sorts them; any status is returned as it is.
     pub(crate) fn send(&self, ask: &Ask) -> Result<Answer, RemoteError> {
-        let (url, mut headers) = self.address(ask)?;
-        let mut builder = ureq::http::Request::builder().method(ask.method).uri(&url);
-        headers.extend(ask.headers.iter().map(|(k, v)| (k.to_string(), v.clone())));
-        for (k, v) in &headers {
-            builder = builder.header(k.as_str(), v.as_str());
+        let (url, authentication) = self.address(ask)?;
+        if let (Some(problem), true) = (&self.inner.trust.problem, url.expose().starts_with("https://")) {
+            return Err(RemoteError::BadUrl(format!("{}: {problem}", ask.url.shown())));
+        }
+        let mut builder = ureq::http::Request::builder().method(ask.method).uri(url.expose());
+        for (k, v) in &authentication {
+            builder = builder.header(k.as_str(), v.expose());
+        }
+        for (k, v) in &ask.headers {
+            builder = builder.header(*k, v.as_str());
         }
         let what = ask.url.shown();
         let sent = match ask.body {
@@ -293,51 +270,99 @@ impl Client {
             None => builder.body(()).map(|r| self.inner.agent.run(r)),
         };
         let sent = sent.map_err(|e| RemoteError::BadUrl(format!("{what}: cannot make a request: {e}")))?;
-        sent.map_err(|e| RemoteError::Unavailable(format!("{what}: {}", describe(&e))))
+        sent.map_err(|e| self.failed(ask.url, &e))
     }
 
-    /// The URL to send `ask` to and the headers that authenticate it.
-    fn address(&self, ask: &Ask) -> Result<(String, Vec<(String, String)>), RemoteError> {
+    /// The error for a request to `url` that got no answer.
+    pub(crate) fn failed(&self, url: &ObjectUrl, e: &ureq::Error) -> RemoteError {
+        self.with_context(url, |cx| crate::failure::request(e, cx))
+    }
+
+    /// The error for a body read from `url` that failed at byte `at`.
+    pub(crate) fn failed_reading(&self, url: &ObjectUrl, e: &std::io::Error, at: u64) -> RemoteError {
+        self.with_context(url, |cx| crate::failure::body(e, at, cx))
+    }
+
+    /// Where requests for `url` go, in the words of a failure.
+    fn with_context(&self, url: &ObjectUrl, f: impl FnOnce(&crate::failure::Context) -> RemoteError) -> RemoteError {
+        let what = url.shown();
+        let (name, host, from) = match (url, &self.inner.endpoint) {
+            (ObjectUrl::Http(u), _) => (u.bare_host().to_string(), authority(u), String::new()),
+            (ObjectUrl::S3 { .. }, Some((e, from))) => {
+                (e.bare_host().to_string(), authority(e), format!(" (the endpoint from {from})"))
+            }
+            (ObjectUrl::S3 { bucket, .. }, None) => {
+                let host = self.aws_host(bucket, &self.region_of(bucket));
+                (host.clone(), host, String::new())
+            }
+        };
+        let (name, host) = (display_text(&name), display_text(&host));
+        let trust = &self.inner.trust.source;
+        f(&crate::failure::Context {
+            what: &what,
+            name: &name,
+            host: &host,
+            from: &from,
+            trust,
+            config: &self.inner.config,
+        })
+    }
+
+    /// The region requests for `bucket` are signed for.
+    fn region_of(&self, bucket: &str) -> String {
+        let region = self.inner.regions.lock().unwrap_or_else(|p| p.into_inner()).get(bucket).cloned();
+        region.unwrap_or_else(|| self.inner.region.clone())
+    }
+
+    /// AWS's host for `bucket`: virtual-hosted, except for a bucket with dots, which breaks
+    /// the TLS name check of virtual-hosted addresses.
+    fn aws_host(&self, bucket: &str, region: &str) -> String {
+        match bucket.contains('.') {
+            true => format!("s3.{region}.amazonaws.com"),
+            false => format!("{bucket}.s3.{region}.amazonaws.com"),
+        }
+    }
+
+    /// The URL to send `ask` to and the headers that authenticate it (all kept as secrets:
+    /// the URL may be presigned, the headers hold signatures and tokens).
+    fn address(&self, ask: &Ask) -> Result<(Secret, Vec<(String, Secret)>), RemoteError> {
         let (bucket, key) = match ask.url {
             ObjectUrl::Http(u) => return Ok((u.request_url(), self.http_auth(u))),
             ObjectUrl::S3 { bucket, key } => (bucket, key),
         };
-        let region = self.inner.regions.lock().unwrap_or_else(|p| p.into_inner()).get(bucket).cloned();
-        let region = region.unwrap_or_else(|| self.inner.region.clone());
+        let region = self.region_of(bucket);
         let encoded_key = sigv4::uri_encode(key, false);
         let (origin, host, path) = match &self.inner.endpoint {
             // Custom endpoints (MinIO, Ceph, s3s) get path-style requests: their buckets
             // rarely have DNS names.
-            Some(e) => {
+            Some((e, _)) => {
                 let base = e.path.trim_end_matches('/');
                 (e.origin(), host_header(e), format!("{base}/{bucket}/{encoded_key}"))
             }
-            // A bucket with dots breaks the TLS name check of virtual-hosted addresses.
-            None if bucket.contains('.') => {
-                let host = format!("s3.{region}.amazonaws.com");
-                (format!("https://{host}"), host, format!("/{bucket}/{encoded_key}"))
-            }
             None => {
-                let host = format!("{bucket}.s3.{region}.amazonaws.com");
-                (format!("https://{host}"), host, format!("/{encoded_key}"))
+                let host = self.aws_host(bucket, &region);
+                let path =
+                    if bucket.contains('.') { format!("/{bucket}/{encoded_key}") } else { format!("/{encoded_key}") };
+                (format!("https://{host}"), host, path)
             }
         };
         let query = sigv4::canonical_query(ask.query);
         let url = if query.is_empty() { format!("{origin}{path}") } else { format!("{origin}{path}?{query}") };
+        let url = Secret::new(url);
         let Some(credentials) = self.inner.chain.keys(&self.inner.agent)? else {
             return Ok((url, Vec::new()));
         };
         let payload = ask.body.map_or_else(|| EMPTY_SHA256.to_string(), sigv4::sha256_hex);
         let amz_date = crate::time::amz_date(SystemTime::now());
         let mut signed = vec![
-            ("host".to_string(), host),
-            ("x-amz-content-sha256".to_string(), payload.clone()),
-            ("x-amz-date".to_string(), amz_date.clone()),
+            ("host".to_string(), Secret::new(host)),
+            ("x-amz-content-sha256".to_string(), Secret::new(payload.clone())),
+            ("x-amz-date".to_string(), Secret::new(amz_date.clone())),
         ];
         if let Some(token) = &credentials.keys.session_token {
             signed.push(("x-amz-security-token".to_string(), token.clone()));
         }
-        let pairs: Vec<(&str, &str)> = signed.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let pairs: Vec<(&str, &str)> = signed.iter().map(|(k, v)| (k.as_str(), v.expose())).collect();
         let request = sigv4::Request {
             method: ask.method,
             encoded_path: &path,
@@ -352,81 +377,27 @@ impl Client {
     }
 
     /// Authentication for an HTTP(S) URL: the bearer token, else the URL's user, else ~/.netrc.
-    fn http_auth(&self, url: &HttpUrl) -> Vec<(String, String)> {
+    fn http_auth(&self, url: &HttpUrl) -> Vec<(String, Secret)> {
         if let Some(token) = &self.inner.config.bearer_token {
-            return vec![("authorization".into(), format!("Bearer {}", token.trim()))];
+            return vec![("authorization".into(), Secret::new(format!("Bearer {}", token.expose().trim())))];
         }
-        let basic = |user_pass: String| {
-            vec![("authorization".into(), format!("Basic {}", crate::netrc::base64(user_pass.as_bytes())))]
+        let basic = |user_pass: Secret| {
+            let encoded = crate::netrc::base64(user_pass.expose().as_bytes());
+            vec![("authorization".into(), Secret::new(format!("Basic {encoded}")))]
         };
         if let Some(userinfo) = &url.userinfo {
-            return basic(crate::netrc::percent_decode(userinfo));
+            return basic(Secret::new(crate::netrc::percent_decode(userinfo.expose())));
         }
         match crate::netrc::find(&self.inner.netrc, url.bare_host()) {
-            Some(entry) => basic(format!("{}:{}", entry.login, entry.password)),
+            Some(entry) => basic(Secret::new(format!("{}:{}", entry.login, entry.password.expose()))),
             None => Vec::new(),
         }
     }
+}
 
-    /// The error for an answer that is not what was asked: S3's error code and message
-    /// (escaped) when the body has them, and advice for the usual causes.
-    pub(crate) fn refusal(&self, answer: Answer, what: &str) -> RemoteError {
-        let status = answer.status().as_u16();
-        let bucket_region =
-            answer.headers().get("x-amz-bucket-region").and_then(|v| v.to_str().ok()).map(str::to_string);
-        let text = answer.into_body().with_config().limit(64 << 10).read_to_string().unwrap_or_default();
-        let code = crate::xml::first(&text, "Code").unwrap_or_default();
-        let message =
-            crate::xml::first(&text, "Message").map(|m| format!(": {}", display_text(&m))).unwrap_or_default();
-        let said =
-            if code.is_empty() { format!("HTTP {status}") } else { format!("HTTP {status} {}", display_text(&code)) };
-        if let (Some(region), true) = (bucket_region, matches!(status, 301 | 307 | 400)) {
-            if let Some(bucket) = what.strip_prefix("s3://").and_then(|r| r.split('/').next()) {
-                // AWS says where the bucket lives: the next try goes there.
-                self.inner.regions.lock().unwrap_or_else(|p| p.into_inner()).insert(bucket.into(), region.clone());
-                return RemoteError::Unavailable(format!("{what}: the bucket is in region {}", display_text(&region)));
-            }
-        }
-        match (status, code.as_str()) {
-            (301 | 302 | 303 | 307 | 308, _) => RemoteError::Unsupported(format!(
-                "{what}: the server redirects ({said}); stagefs does not follow redirects (each request must reach \
-                 the same version of one object): mount the URL it redirects to"
-            )),
-            (404, "NoSuchBucket") => RemoteError::NotFound(format!("{what}: no such bucket ({said}{message})")),
-            (404, _) => {
-                RemoteError::NotFound(format!("{what}: no such object ({said}{message}); check the key or path"))
-            }
-            (401 | 403, _) | (400, "ExpiredToken" | "InvalidToken" | "AuthorizationHeaderMalformed") => {
-                RemoteError::Denied(format!(
-                    "{what}: access denied ({said}{message}); {}",
-                    self.credential_advice(what)
-                ))
-            }
-            (412, _) => RemoteError::Changed(format!(
-                "{what}: the object was replaced while stagefs read it ({said}); mount again to read the new version"
-            )),
-            (408 | 429 | 500..=599, _) => {
-                RemoteError::Unavailable(format!("{what}: the server is busy or failing ({said}{message})"))
-            }
-            _ => RemoteError::Unsupported(format!("{what}: unexpected answer ({said}{message})")),
-        }
-    }
-
-    fn credential_advice(&self, what: &str) -> String {
-        if what.starts_with("s3://") {
-            let signing = if self.inner.config.no_sign_request {
-                "the requests were unsigned (--no-sign-request)".to_string()
-            } else {
-                format!("credentials from the AWS chain (profile {})", display_text(self.inner.chain.profile_name()))
-            };
-            format!(
-                "{signing}; check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or ~/.aws/credentials, the \
-                 bucket policy, and --endpoint-url for S3-compatible stores"
-            )
-        } else {
-            "give credentials with --bearer-token-file FILE or a ~/.netrc entry for the host".into()
-        }
-    }
+/// `host:port` as connected to (the scheme's port when the URL names none).
+fn authority(u: &HttpUrl) -> String {
+    format!("{}:{}", u.host, u.port.unwrap_or(if u.tls { 443 } else { 80 }))
 }
 
 /// `Host` as an endpoint URL names it (port included unless it is the scheme's default).
@@ -443,27 +414,6 @@ pub(crate) fn parse_content_range(text: &str) -> Option<(u64, u64, u64)> {
     let (range, total) = rest.split_once('/')?;
     let (start, end) = range.split_once('-')?;
     Some((start.trim().parse().ok()?, end.trim().parse().ok()?, total.trim().parse().ok()?))
-}
-
-/// A transport error in words, without the URL (ureq's messages may carry the query).
-pub(crate) fn describe(e: &ureq::Error) -> String {
-    match e {
-        ureq::Error::Timeout(what) => format!("timed out ({what}): the server stopped answering"),
-        ureq::Error::HostNotFound => "the host name does not resolve".into(),
-        ureq::Error::ConnectionFailed => "cannot connect".into(),
-        ureq::Error::Io(io) => format!("connection failed: {}", io.kind()),
-        ureq::Error::Tls(t) => format!("TLS failed: {t}"),
-        ureq::Error::Protocol(p) => format!("bad HTTP from the server: {p}"),
-        other => format!("request failed: {}", other.to_string().split(" http").next().unwrap_or("error")),
-    }
-}
-
-/// A few random-enough milliseconds below `range` (spreads retries of many threads).
-fn jitter(range: u64) -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_nanos());
-    h.finish() % range.max(1)
 }
 
 /// A counting semaphore: range requests in flight across all fetches of the process.

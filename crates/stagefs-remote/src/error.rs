@@ -3,7 +3,7 @@
 /// A failed request or fetch. Messages carry [`crate::ObjectUrl::display`] forms only.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RemoteError {
-    /// The URL or an option does not make sense (a usage error).
+    /// The URL, an option or a setting (a profile, a CA bundle) cannot be used (a usage error).
     BadUrl(String),
     /// 404: no such object, or no such bucket.
     NotFound(String),
@@ -13,8 +13,14 @@ pub enum RemoteError {
     Changed(String),
     /// The server does not do what is needed (no Range support, no size).
     Unsupported(String),
-    /// Timeouts, refused or reset connections and 5xx, still failing after every retry.
+    /// Timeouts, reset connections, 5xx and 429, still failing after every retry.
     Unavailable(String),
+    /// Nothing listens at the address (connection refused): the server is down or the port
+    /// is wrong. Tried again only a few times (see `retry::REFUSED_TRIES`).
+    Refused(String),
+    /// The host name does not resolve, or the server's certificate is not trusted: no other
+    /// try could help, so there is none.
+    Unreachable(String),
     /// Writing the fetched bytes (memfd or local disk) failed: `errno` tells ENOSPC apart.
     Write { what: String, errno: Option<i32> },
     /// The caller's cancellation check said stop (Ctrl-C).
@@ -24,7 +30,7 @@ pub enum RemoteError {
 impl RemoteError {
     /// Whether another try may succeed (connection trouble, 5xx, 429, timeouts).
     pub fn is_transient(&self) -> bool {
-        matches!(self, RemoteError::Unavailable(_))
+        matches!(self, RemoteError::Unavailable(_) | RemoteError::Refused(_))
     }
 }
 
@@ -36,7 +42,9 @@ impl std::fmt::Display for RemoteError {
             | RemoteError::Denied(m)
             | RemoteError::Changed(m)
             | RemoteError::Unsupported(m)
-            | RemoteError::Unavailable(m) => f.write_str(m),
+            | RemoteError::Unavailable(m)
+            | RemoteError::Refused(m)
+            | RemoteError::Unreachable(m) => f.write_str(m),
             RemoteError::Write { what, .. } => f.write_str(what),
             RemoteError::Cancelled => f.write_str("cancelled"),
         }

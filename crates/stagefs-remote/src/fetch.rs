@@ -149,7 +149,7 @@ pub(crate) fn read_range(
 ) -> Result<(), RemoteError> {
     let mut at = offset;
     let mut failed = 0;
-    let what = object.url.shown();
+    let started = std::time::Instant::now();
     while at < end {
         let Some(_permit) = client.inner.permits.acquire(stopped) else { return Ok(()) };
         match one_try(client, object, &mut at, end, stopped, sink) {
@@ -159,12 +159,13 @@ pub(crate) fn read_range(
                 // Progress does not reset the count: a server that stalls after a little
                 // of every answer must end in an error, not trickle on forever.
                 failed += 1;
-                if failed >= tries.max(1) {
-                    return Err(RemoteError::Unavailable(format!("{e} (gave up after {failed} tries)")));
+                let of = crate::retry::allowed(&e, tries);
+                if failed >= of {
+                    return Err(crate::retry::gave_up(e, failed, started));
                 }
-                tracing::info!("{what}: range {at}-{end}: try {failed} failed, trying again: {e}");
                 drop(_permit);
-                if !client.pause(failed, stopped) {
+                let line = |wait| format!("{e} (bytes {at}-{end}: try {failed} of {of}; again in {wait:.1} s)");
+                if !client.again(failed, stopped, line) {
                     return Ok(());
                 }
             }
@@ -218,7 +219,7 @@ fn one_try(
                  server that answers them (S3, nginx, Apache, Caddy do)"
             )))
         }
-        _ => return Err(client.refusal(answer, &what)),
+        _ => return Err(client.refusal(answer, &object.url, &what)),
     }
     for (name, pinned) in [("etag", &version.etag), ("last-modified", &version.last_modified)] {
         if let (Some(pinned), Some(now)) = (pinned, header(name)) {
@@ -244,9 +245,7 @@ fn one_try(
             }
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                return Err(RemoteError::Unavailable(format!("{what}: reading at byte {}: {}", *at, read_error(&e))))
-            }
+            Err(e) => return Err(client.failed_reading(&object.url, &e, *at)),
         };
         sink(*at, &buf[..n])?;
         *at += n as u64;
@@ -259,13 +258,4 @@ fn changed(what: &str, how: String) -> RemoteError {
         "{what}: the object was replaced while stagefs read it ({how}); no bytes of two versions were mixed: \
          mount again once the upload is complete"
     ))
-}
-
-/// A body read error in words (ureq wraps its own errors, timeouts included, in io errors).
-fn read_error(e: &std::io::Error) -> String {
-    match e.get_ref().and_then(|inner| inner.downcast_ref::<ureq::Error>()) {
-        Some(inner) => crate::client::describe(inner),
-        None if e.kind() == std::io::ErrorKind::TimedOut => "timed out: the server stopped sending".into(),
-        None => format!("connection failed: {}", e.kind()),
-    }
 }

@@ -7,19 +7,36 @@
 mod client;
 pub mod credentials;
 mod error;
+mod failure;
 mod fetch;
+mod files;
 pub mod list;
 mod netrc;
 mod range;
+mod refusal;
+mod retry;
+mod secret;
 pub mod sigv4;
 mod stream;
 mod time;
+mod trust;
 pub mod url;
 mod xml;
 
 pub use client::{Client, Config, Object, Version};
 pub use error::RemoteError;
 pub use fetch::{fetch_into, Hooks};
+pub use files::{Files, ReadFile};
 pub use range::RangeReader;
+pub use retry::RetryHook;
+pub use secret::Secret;
 pub use stream::ObjectStream;
 pub use url::{is_url, ObjectUrl};
+
+/// What every tracing subscriber of a process using this crate must filter out, at every
+/// verbosity: the crates under it (ureq, ureq-proto, rustls) dump raw requests at debug and
+/// trace level, bearer tokens, Basic credentials, session tokens and signed `Authorization`
+/// headers included. In the directive syntax of `tracing_subscriber`'s `Targets` and
+/// `EnvFilter`: apply it as a filter of its own beside the user's (`RUST_LOG`, `-v`), never
+/// merged into it, where a more specific directive (`ureq::unversioned=trace`) would win.
+pub const LOG_FILTER: &str = "trace,ureq=off,ureq_proto=off,rustls=off";

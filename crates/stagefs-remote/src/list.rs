@@ -88,7 +88,7 @@ impl Client {
         let mut objects = Vec::new();
         let mut token: Option<String> = None;
         loop {
-            let page = self.retrying(&what, &|| false, || {
+            let page = self.retrying(&|| false, || {
                 let mut query = vec![("list-type", "2"), ("prefix", prefix)];
                 if let Some(t) = &token {
                     query.push(("continuation-token", t.as_str()));
@@ -96,14 +96,10 @@ impl Client {
                 let answer =
                     self.send(&Ask { method: "GET", url: &url, query: &query, headers: vec![], body: None })?;
                 if answer.status().as_u16() != 200 {
-                    return Err(self.refusal(answer, &what));
+                    return Err(self.refusal(answer, &url, &what));
                 }
-                let text = answer.into_body().with_config().limit(64 << 20).read_to_string().map_err(|e| {
-                    RemoteError::Unavailable(format!(
-                        "{what}: cannot read the listing: {}",
-                        crate::client::describe(&e)
-                    ))
-                })?;
+                let text = answer.into_body().with_config().limit(64 << 20).read_to_string();
+                let text = text.map_err(|e| self.failed(&url, &e))?;
                 Ok(crate::xml::list_page(&text))
             })?;
             objects.extend(page.0);

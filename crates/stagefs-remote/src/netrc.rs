@@ -1,6 +1,6 @@
-//! HTTP(S) credentials and trust as curl users have them: `~/.netrc` (or `$NETRC`) entries, and CA certificates from `SSL_CERT_FILE`/`AWS_CA_BUNDLE` or the system bundle.
+//! HTTP(S) credentials as curl users have them: `~/.netrc` (or `$NETRC`) entries, and the Basic authentication they and a URL's `user:password@` give.
 
-use std::sync::Arc;
+use crate::Secret;
 
 /// One `machine` (or `default`) entry.
 #[derive(Clone, PartialEq, Eq)]
@@ -8,22 +8,38 @@ pub struct Entry {
     /// `None` for `default`.
     pub machine: Option<String>,
     pub login: String,
-    pub password: String,
+    pub password: Secret,
 }
 
-/// The entries of `$NETRC` or `~/.netrc`; none if it is missing, or readable by others
-/// (as curl and ftp refuse a password file others can read, with a warning).
-pub fn load() -> Vec<Entry> {
+/// The file's name for messages: `$NETRC=PATH` when set, else `~/.netrc`.
+pub fn shown_path() -> String {
+    match std::env::var_os("NETRC") {
+        Some(path) => format!("$NETRC={}", crate::url::display_text(&path.to_string_lossy())),
+        None => "~/.netrc".into(),
+    }
+}
+
+/// The entries of `$NETRC` or `~/.netrc`, read through `files`; none if it is missing,
+/// refused by the door, or readable by others (as curl and ftp refuse a password file
+/// others can read, with a warning).
+pub fn load(files: &crate::Files) -> Vec<Entry> {
     let path = std::env::var_os("NETRC")
         .map(std::path::PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".netrc")));
     let Some(path) = path else { return Vec::new() };
-    let Ok(meta) = std::fs::metadata(&path) else { return Vec::new() };
-    if std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o077 != 0 {
-        tracing::warn!("ignoring {}: other users can read it (chmod 600 it)", path.display());
+    let file = match files.read(&path, 1 << 20) {
+        Ok(Some(file)) => file,
+        Ok(None) => return Vec::new(),
+        Err(why) => {
+            tracing::warn!("ignoring {}: {why}", shown_path());
+            return Vec::new();
+        }
+    };
+    if file.mode & 0o077 != 0 {
+        tracing::warn!("ignoring {}: other users can read it (chmod 600 it)", shown_path());
         return Vec::new();
     }
-    std::fs::read_to_string(&path).map(|t| parse(&t)).unwrap_or_default()
+    String::from_utf8(file.bytes).map(|t| parse(&t)).unwrap_or_default()
 }
 
 /// The tokens `machine M login L password P` and `default login L password P`.
@@ -36,7 +52,7 @@ pub fn parse(text: &str) -> Vec<Entry> {
             "machine" | "default" => {
                 entries.extend(current.take());
                 let machine = if word == "machine" { words.next().map(str::to_string) } else { None };
-                current = Some(Entry { machine, login: String::new(), password: String::new() });
+                current = Some(Entry { machine, login: String::new(), password: Secret::default() });
             }
             "login" => {
                 if let (Some(e), Some(v)) = (current.as_mut(), words.next()) {
@@ -45,7 +61,7 @@ pub fn parse(text: &str) -> Vec<Entry> {
             }
             "password" => {
                 if let (Some(e), Some(v)) = (current.as_mut(), words.next()) {
-                    e.password = v.to_string();
+                    e.password = Secret::new(v);
                 }
             }
             "macdef" => break, // Macros run to a blank line; nothing after them is needed here.
@@ -88,34 +104,6 @@ pub fn percent_decode(text: &str) -> String {
     percent_encoding::percent_decode_str(text).decode_utf8_lossy().into_owned()
 }
 
-/// Trusted CA certificates: `AWS_CA_BUNDLE` or `SSL_CERT_FILE` if set, else the system
-/// bundle (where clusters add their own CAs), else the Mozilla roots built in.
-pub fn tls_config() -> ureq::tls::TlsConfig {
-    let named = ["AWS_CA_BUNDLE", "SSL_CERT_FILE"].iter().find_map(|k| std::env::var_os(k).filter(|v| !v.is_empty()));
-    let system = [
-        "/etc/ssl/certs/ca-certificates.crt", // Debian, Ubuntu
-        "/etc/pki/tls/certs/ca-bundle.crt",   // RHEL, Rocky, Alma
-        "/etc/ssl/ca-bundle.pem",             // SUSE
-    ];
-    let candidates: Vec<std::path::PathBuf> = match named {
-        Some(path) => vec![path.into()],
-        None => system.iter().map(std::path::PathBuf::from).collect(),
-    };
-    for path in candidates {
-        let Ok(pem) = std::fs::read(&path) else { continue };
-        let certs: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(&pem)
-            .filter_map(|item| match item {
-                Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
-                _ => None,
-            })
-            .collect();
-        if !certs.is_empty() {
-            return ureq::tls::TlsConfig::builder().root_certs(ureq::tls::RootCerts::Specific(Arc::new(certs))).build();
-        }
-    }
-    ureq::tls::TlsConfig::builder().root_certs(ureq::tls::RootCerts::WebPki).build()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,7 +111,7 @@ mod tests {
     #[test]
     fn netrc_entries_and_base64() {
         let entries = parse("machine data.example.org login alice password s3cret\ndefault login anon password x\n");
-        assert_eq!(find(&entries, "DATA.example.org").map(|e| e.password.as_str()), Some("s3cret"));
+        assert_eq!(find(&entries, "DATA.example.org").map(|e| e.password.expose()), Some("s3cret"));
         assert_eq!(find(&entries, "other").map(|e| e.login.as_str()), Some("anon"));
         assert_eq!(base64(b"Aladdin:open sesame"), "QWxhZGRpbjpvcGVuIHNlc2FtZQ==");
         assert_eq!(base64(b"ab"), "YWI=");

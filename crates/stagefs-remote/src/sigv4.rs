@@ -2,15 +2,18 @@
 
 use ring::{digest, hmac};
 
+use crate::Secret;
+
 /// SHA-256 of an empty payload, in hex: what GET, HEAD and listings send.
 pub const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 
-/// The secret parts of a credential: shown nowhere (no `Debug` of the secret).
+/// A credential: the key id (not secret, but shown nowhere either), the secret key and
+/// the session token of temporary credentials.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Keys {
     pub access_key: String,
-    pub secret_key: String,
-    pub session_token: Option<String>,
+    pub secret_key: Secret,
+    pub session_token: Option<Secret>,
 }
 
 impl std::fmt::Debug for Keys {
@@ -31,8 +34,9 @@ pub struct Request<'a> {
     pub payload_sha256: &'a str,
 }
 
-/// The `Authorization` header for `request`, signed at `amz_date` (`20130524T000000Z`).
-pub fn authorization(request: &Request, keys: &Keys, region: &str, amz_date: &str) -> String {
+/// The `Authorization` header for `request`, signed at `amz_date` (`20130524T000000Z`):
+/// a secret (with the request, it is good for 15 minutes).
+pub fn authorization(request: &Request, keys: &Keys, region: &str, amz_date: &str) -> Secret {
     let date = &amz_date[..8];
     let mut headers: Vec<(String, String)> =
         request.headers.iter().map(|(k, v)| (k.to_ascii_lowercase(), collapse_spaces(v))).collect();
@@ -49,12 +53,15 @@ pub fn authorization(request: &Request, keys: &Keys, region: &str, amz_date: &st
     );
     let scope = format!("{date}/{region}/s3/aws4_request");
     let to_sign = format!("AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}", sha256_hex(canonical.as_bytes()));
-    let mut key = hmac_sha256(format!("AWS4{}", keys.secret_key).as_bytes(), date.as_bytes());
+    let mut key = hmac_sha256(format!("AWS4{}", keys.secret_key.expose()).as_bytes(), date.as_bytes());
     for part in [region, "s3", "aws4_request"] {
         key = hmac_sha256(&key, part.as_bytes());
     }
     let signature = hex(&hmac_sha256(&key, to_sign.as_bytes()));
-    format!("AWS4-HMAC-SHA256 Credential={}/{scope}, SignedHeaders={signed}, Signature={signature}", keys.access_key)
+    Secret::new(format!(
+        "AWS4-HMAC-SHA256 Credential={}/{scope}, SignedHeaders={signed}, Signature={signature}",
+        keys.access_key
+    ))
 }
 
 /// The query string as sent and as signed: sorted, every key and value encoded.
@@ -102,7 +109,7 @@ mod tests {
     fn example_keys() -> Keys {
         Keys {
             access_key: "AKIAIOSFODNN7EXAMPLE".into(),
-            secret_key: "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY".into(),
+            secret_key: Secret::new("wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"),
             session_token: None,
         }
     }
@@ -124,8 +131,9 @@ mod tests {
             payload_sha256: EMPTY_SHA256,
         };
         let auth = authorization(&get, &example_keys(), "us-east-1", "20130524T000000Z");
+        assert_eq!(format!("{auth} {auth:?}"), "*** ***");
         assert_eq!(
-            auth,
+            auth.expose(),
             "AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/s3/aws4_request, \
              SignedHeaders=host;range;x-amz-content-sha256;x-amz-date, \
              Signature=f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41"
@@ -142,7 +150,11 @@ mod tests {
             payload_sha256: EMPTY_SHA256,
         };
         let auth = authorization(&list, &example_keys(), "us-east-1", "20130524T000000Z");
-        assert!(auth.ends_with("Signature=34b48302e7b5fa45bde8084f4b7868a86f0a534bc59db6670ed5711ef69dc6f7"), "{auth}");
+        assert!(
+            auth.expose().ends_with("Signature=34b48302e7b5fa45bde8084f4b7868a86f0a534bc59db6670ed5711ef69dc6f7"),
+            "{}",
+            auth.expose()
+        );
         assert!(!format!("{:?}", example_keys()).contains("EXAMPLEKEY"));
     }
 

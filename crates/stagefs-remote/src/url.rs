@@ -1,6 +1,6 @@
 //! Object URLs: `s3://bucket/key`, `https://host/path` and `http://` (loopback or opted in), parsed once, shown without credentials or query strings.
 
-use std::fmt::Write;
+use crate::Secret;
 
 /// Where an object lives.
 #[derive(Clone, PartialEq, Eq)]
@@ -21,9 +21,9 @@ pub struct HttpUrl {
     /// The path, starting with `/`, as written (already percent-encoded where needed).
     pub path: String,
     /// The query string without `?` (a presigned URL's signature): sent, never shown.
-    pub query: Option<String>,
+    pub query: Option<Secret>,
     /// `user:password@` in the URL (HTTP basic authentication): sent, never shown.
-    pub userinfo: Option<String>,
+    pub userinfo: Option<Secret>,
 }
 
 /// Why text is not an object URL stagefs can use.
@@ -67,11 +67,11 @@ impl ObjectUrl {
                 };
                 let (path_query, _fragment) = path_query.split_once('#').unwrap_or((path_query, ""));
                 let (path, query) = match path_query.split_once('?') {
-                    Some((p, q)) => (p.to_string(), Some(q.to_string())),
+                    Some((p, q)) => (p.to_string(), Some(Secret::new(q))),
                     None => (path_query.to_string(), None),
                 };
                 let (userinfo, hostport) = match authority.rsplit_once('@') {
-                    Some((u, h)) => (Some(u.to_string()), h),
+                    Some((u, h)) => (Some(Secret::new(u)), h),
                     None => (None, authority),
                 };
                 let (host, port) = split_port(hostport).ok_or_else(|| bad("bad host or port"))?;
@@ -157,11 +157,11 @@ impl HttpUrl {
         }
     }
 
-    /// What a request is sent to: origin, path and query, no user.
-    pub fn request_url(&self) -> String {
+    /// What a request is sent to: origin, path and query (a secret when presigned), no user.
+    pub fn request_url(&self) -> Secret {
         match &self.query {
-            Some(q) => format!("{}{}?{q}", self.origin(), self.path),
-            None => format!("{}{}", self.origin(), self.path),
+            Some(q) => Secret::new(format!("{}{}?{}", self.origin(), self.path, q.expose())),
+            None => Secret::new(format!("{}{}", self.origin(), self.path)),
         }
     }
 
@@ -203,22 +203,7 @@ fn valid_bucket(bucket: &str) -> bool {
 /// line: control characters, bidi overrides and backslashes escaped; the query string
 /// and user of a URL are not this function's business (see [`ObjectUrl::display`]).
 pub fn display_text(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            '\r' => out.push_str("\\r"),
-            c if c.is_control()
-                || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}') =>
-            {
-                let _ = write!(out, "\\u{{{:x}}}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out
+    stagefs_text::escape(text.as_bytes())
 }
 
 /// A URL as the user wrote it, for a message about text that did not parse: its query
@@ -255,8 +240,11 @@ mod tests {
         let https = ObjectUrl::parse(signed, false).unwrap();
         let u = https.http().unwrap();
         assert_eq!((u.host.as_str(), u.port, u.path.as_str()), ("data.example.org", Some(8443), "/sets/a.tar"));
-        assert_eq!(u.request_url(), "https://data.example.org:8443/sets/a.tar?X-Amz-Signature=abc&X-Amz-Credential=k");
-        assert_eq!(u.userinfo.as_deref(), Some("alice:hunter2"));
+        assert_eq!(
+            u.request_url().expose(),
+            "https://data.example.org:8443/sets/a.tar?X-Amz-Signature=abc&X-Amz-Credential=k"
+        );
+        assert_eq!(u.userinfo.as_ref().map(Secret::expose), Some("alice:hunter2"));
         let shown = https.shown();
         assert_eq!(shown, "https://data.example.org:8443/sets/a.tar");
         assert!(!format!("{https:?}").contains("hunter2") && !format!("{https:?}").contains("Signature"));

@@ -44,8 +44,10 @@ fn open_spec(spec: &Path, o: &Options, stop: &AtomicBool) -> Result<Shared, Open
     };
     if opened.staging == Staging::PageCache {
         // What the daemon's warm-up does for a mount: the archive's pages in the page
-        // cache once, shared by every process of the node that opens it.
-        set.shards.iter().for_each(|shard| warm(shard, stop));
+        // cache once, shared by every process of the node that opens it; read through the
+        // descriptors opened and judged above, never by path again.
+        let stop = || stop.load(Ordering::Relaxed);
+        opened.archive.source_cache(stagefs_archive::SourceCache::Warm(&stop));
     }
     Ok(Shared {
         archive: opened.archive,
@@ -54,28 +56,8 @@ fn open_spec(spec: &Path, o: &Options, stop: &AtomicBool) -> Result<Shared, Open
         staging: opened.staging,
         staged_bytes: opened.staged_bytes,
         disk_dir: opened.disk.map(|d| d.dir),
+        identity: opened.identity,
     })
-}
-
-/// Reads the file at `path` once, into the page cache (only a cache: the bytes served are
-/// read through the descriptor opened when the archive was). Stops when asked to. Opened
-/// without following a link and without waiting, and read only if it is a regular file:
-/// what another user may have put at the path since can neither hang it nor be served.
-fn warm(path: &Path, stop: &AtomicBool) {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let opened = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path);
-    let Ok(mut file) = opened else { return };
-    if !file.metadata().is_ok_and(|m| m.is_file()) {
-        return;
-    }
-    let mut buf = vec![0u8; 8 << 20];
-    while !stop.load(Ordering::Relaxed) {
-        match file.read(&mut buf) {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
-        }
-    }
 }
 
 /// Runs `f` with the warnings it logs (tracing, WARN and above) collected as lines.
@@ -101,6 +83,10 @@ fn collecting_warnings<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
         .with_level(false)
         .with_writer(move || writer.clone())
         .finish();
+    // As the CLI's: the HTTP and TLS crates' request dumps (credentials included) never pass.
+    let no_request_dumps: tracing_subscriber::filter::Targets =
+        stagefs::remote::LOG_FILTER.parse().expect("stagefs_remote::LOG_FILTER parses");
+    let subscriber = tracing_subscriber::layer::SubscriberExt::with(subscriber, no_request_dumps);
     let value = tracing::subscriber::with_default(subscriber, f);
     let text = String::from_utf8_lossy(&lines.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned();
     (value, text.lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect())
@@ -207,6 +193,34 @@ impl Archive {
     }
 
     /// "tar", "zip" or "squashfs" (a set's first shard's).
+    /// Each file served, as it was when opened: (device, inode, size, mtime s, mtime ns,
+    /// ctime s, ctime ns), the one file identity. A filesystem unpickled in another process
+    /// opens the archive again and refuses it unless this is the same.
+    #[getter]
+    fn identity(&self) -> Vec<(u64, u64, u64, i64, i64, i64, i64)> {
+        let id = |f: &stagefs_archive::FileId| (f.dev, f.ino, f.size, f.mtime.0, f.mtime.1, f.ctime.0, f.ctime.1);
+        self.shared.identity.iter().map(id).collect()
+    }
+
+    /// What changed since `expected` (an [`Archive::identity`] of earlier) in words, or
+    /// `None` when every file is the version it was: the one "same file?" rule.
+    fn changed_since(&self, expected: Vec<(u64, u64, u64, i64, i64, i64, i64)>) -> Option<String> {
+        let file_id = |(dev, ino, size, ms, mns, cs, cns): (u64, u64, u64, i64, i64, i64, i64)| {
+            stagefs_archive::FileId { dev, ino, size, mtime: (ms, mns), ctime: (cs, cns), nlink: 1 }
+        };
+        if expected.len() != self.shared.identity.len() {
+            return Some(format!("it served {} files, now {}", expected.len(), self.shared.identity.len()));
+        }
+        let label = &self.shared.label;
+        expected.into_iter().map(file_id).zip(&self.shared.identity).enumerate().find_map(|(i, (before, now))| {
+            let change = before.change_to(now)?;
+            Some(match self.shared.identity.len() {
+                1 => change,
+                _ => format!("shard {} of {}: {change}", i + 1, label.shown()),
+            })
+        })
+    }
+
     #[getter]
     fn format(&self) -> String {
         format!("{:?}", self.shared.archive.format).to_lowercase()
@@ -301,6 +315,7 @@ impl Archive {
     fn open(&self, path: PathBuf) -> PyResult<Member> {
         let bytes = path_bytes(&path);
         let (id, inode) = self.shared.regular(bytes)?;
+        let inode = &inode;
         let name = String::from_utf8_lossy(tree::trimmed(bytes)).into_owned();
         Ok(Member::new(Arc::clone(&self.shared), id, inode.attrs.size, name))
     }
@@ -317,14 +332,16 @@ impl Archive {
     ) -> PyResult<Bound<'py, PyBytes>> {
         let bytes = path_bytes(&path);
         let (id, inode) = self.shared.regular(bytes)?;
+        let inode = &inode;
         let size = inode.attrs.size as i64;
         let clamp = |v: i64| if v < 0 { (size + v).max(0) } else { v.min(size) };
         let (from, to) = (clamp(start.unwrap_or(0)), clamp(end.unwrap_or(size)));
         let len = (to - from).max(0) as usize;
         let name = path.shown().to_string();
         let shared = &self.shared;
+        let first = py.detach(|| shared.first_piece((id, inode), &name, from as u64, len))?;
         PyBytes::new_with(py, len, |dst| {
-            py.detach(|| shared.fill(id, inode, &name, from as u64, dst)).map_err(PyErr::from)
+            py.detach(|| shared.fill_after((id, inode), &name, from as u64, &first, dst)).map_err(PyErr::from)
         })
     }
 
@@ -333,6 +350,7 @@ impl Archive {
     fn view<'py>(&self, py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyAny>> {
         let bytes = path_bytes(&path);
         let (id, inode) = self.shared.regular(bytes)?;
+        let inode = &inode;
         let name = path.shown().to_string();
         let shared = &self.shared;
         let held = py.detach(|| shared.held(id, inode, &name, 0, inode.attrs.size))?;

@@ -69,6 +69,8 @@ pub fn reader_error(e: Error) -> PyErr {
         }
         Error::NotAFile { path } if path.is_dir() => os_error(libc::EISDIR, msg, path),
         Error::NotAFile { path } => os_error(libc::EINVAL, msg, path),
+        // As the archive walk's TooManyPaths: the kernel's own word for links going round.
+        Error::TooManyPaths { path, .. } => os_error(libc::ELOOP, msg, path),
         Error::SizeChanged { path, .. } => {
             FileChangedError::new_err((libc::ESTALE, msg, path.to_string_lossy().into_owned()))
         }
@@ -120,6 +122,7 @@ fn format_error(py: Python<'_>, msg: String, e: OpenError) -> PyErr {
             archive_error(py, libc::EINVAL, msg, &path, None)
         }
         OpenError::Index { path, .. } => archive_error(py, libc::EINVAL, msg, &path, None),
+        OpenError::Changed { path, .. } => archive_error(py, libc::EIO, msg, &path, None),
         OpenError::Stopped { .. } => PyKeyboardInterrupt::new_err(msg),
         OpenError::Corrupt { path, offset, .. }
         | OpenError::Truncated { path, offset, .. }
@@ -131,7 +134,7 @@ fn outside_error(msg: String, e: OutsideError) -> PyErr {
     match e {
         OutsideError::Io { path, source } => os_error(errno_of(&source, libc::EIO), msg, &path),
         // Another user's file where only the user's own (or the dataset owner's) may be.
-        OutsideError::Untrusted { path, .. } => os_error(libc::EACCES, msg, &path),
+        OutsideError::Untrusted { path, .. } | OutsideError::Unsafe { path, .. } => os_error(libc::EACCES, msg, &path),
         OutsideError::OnOwnMount { path } => os_error(libc::EINVAL, msg, &path),
     }
 }
@@ -146,7 +149,8 @@ fn remote_error(msg: String, e: RemoteError, spec: &Path) -> PyErr {
         RemoteError::Denied(_) => libc::EACCES,
         RemoteError::Changed(_) => libc::ESTALE,
         RemoteError::Unsupported(_) => libc::EINVAL,
-        RemoteError::Unavailable(_) => libc::EHOSTUNREACH,
+        RemoteError::Unavailable(_) | RemoteError::Unreachable(_) => libc::EHOSTUNREACH,
+        RemoteError::Refused(_) => libc::ECONNREFUSED,
         RemoteError::Write { errno, .. } => errno.unwrap_or(libc::EIO),
     };
     os_error(errno, msg, spec)

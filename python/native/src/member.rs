@@ -52,10 +52,12 @@ impl Member {
     /// Up to `size` bytes from the position (all that is left without `size`), as bytes.
     #[pyo3(signature = (size=-1))]
     fn read<'py>(&self, py: Python<'py>, size: Option<i64>) -> PyResult<Bound<'py, PyBytes>> {
-        let inode = self.inode()?;
+        let inode = &self.inode()?;
         let (pos, len) = self.ahead(size);
+        let at = (self.id, inode);
+        let first = py.detach(|| self.shared.first_piece(at, &self.name, pos, len))?;
         let bytes = PyBytes::new_with(py, len, |dst| {
-            py.detach(|| self.shared.fill(self.id, inode, &self.name, pos, dst)).map_err(PyErr::from)
+            py.detach(|| self.shared.fill_after(at, &self.name, pos, &first, dst)).map_err(PyErr::from)
         })?;
         self.pos.store(pos + len as u64, Ordering::Relaxed);
         Ok(bytes)
@@ -64,7 +66,7 @@ impl Member {
     /// Fills `buffer` (any writable, contiguous buffer) from the position; returns the
     /// number of bytes read (0 at the end).
     fn readinto(&self, py: Python<'_>, buffer: Bound<'_, PyAny>) -> PyResult<usize> {
-        let inode = self.inode()?;
+        let inode = &self.inode()?;
         let mut target = Writable::of(&buffer)?;
         let dst = target.bytes();
         let (pos, len) = self.ahead(Some(dst.len() as i64));
@@ -78,7 +80,7 @@ impl Member {
     /// where they lie in memory (see `Archive.view`); the position moves past them.
     #[pyo3(signature = (size=-1))]
     fn read_view<'py>(&self, py: Python<'py>, size: Option<i64>) -> PyResult<Bound<'py, PyAny>> {
-        let inode = self.inode()?;
+        let inode = &self.inode()?;
         let (pos, len) = self.ahead(size);
         let held = py.detach(|| self.shared.held(self.id, inode, &self.name, pos, len as u64))?;
         self.pos.store(pos + held.len as u64, Ordering::Relaxed);

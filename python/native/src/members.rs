@@ -34,7 +34,7 @@ impl FileSource for ArchiveFiles {
             source: std::io::Error::other(e),
         })?;
         let path = entry.path.to_string_lossy();
-        self.shared.fill(id, inode, &path, offset, dst).map_err(|e| stagefs_reader::Error::Io {
+        self.shared.fill(id, &inode, &path, offset, dst).map_err(|e| stagefs_reader::Error::Io {
             path: entry.path.clone(),
             op: "read",
             source: std::io::Error::other(e),

@@ -19,6 +19,8 @@ pub struct Shared {
     pub shards: usize,
     /// The local-disk staging directory, removed when it is empty at the end.
     pub(crate) disk_dir: Option<PathBuf>,
+    /// Each file served, as it was when opened (see `stagefs::open::Opened::identity`).
+    pub identity: Vec<stagefs_archive::FileId>,
 }
 
 impl Drop for Shared {
@@ -49,9 +51,41 @@ impl Shared {
         }
     }
 
+    /// The first piece of the `len` bytes of file `id` at `offset`, read before a buffer
+    /// of `len` bytes is made for them: a member whose bytes do not back its declared size
+    /// (a 221-byte zip declaring 1 GiB) fails here, before anything of that size is
+    /// allocated. Copied into the buffer by [`Shared::fill_after`], as every piece is.
+    pub fn first_piece(
+        &self,
+        (id, inode): (InodeId, &Inode),
+        path: &str,
+        offset: u64,
+        len: usize,
+    ) -> Result<Bytes<'_>, MemberError> {
+        self.allowed(id, inode, path)?;
+        match len {
+            0 => Ok(Bytes::Borrowed(&[])),
+            _ => self.read(id, inode, path, offset, len.min(PIECE) as u32),
+        }
+    }
+
+    /// Fills `dst`, the buffer for the bytes from `offset`: `first` (their first piece,
+    /// see [`Shared::first_piece`]), then the rest.
+    pub fn fill_after(
+        &self,
+        (id, inode): (InodeId, &Inode),
+        path: &str,
+        offset: u64,
+        first: &[u8],
+        dst: &mut [u8],
+    ) -> Result<(), MemberError> {
+        let n = first.len().min(dst.len());
+        dst[..n].copy_from_slice(&first[..n]);
+        self.fill(id, inode, path, offset + n as u64, &mut dst[n..])
+    }
+
     /// Fills `dst` with the bytes of file `id` from `offset`; `path` names it in errors.
-    pub fn fill(&self, id: InodeId, inode: Inode, path: &str, offset: u64, dst: &mut [u8]) -> Result<(), MemberError> {
-        let inode = &inode;
+    pub fn fill(&self, id: InodeId, inode: &Inode, path: &str, offset: u64, dst: &mut [u8]) -> Result<(), MemberError> {
         self.allowed(id, inode, path)?;
         let mut done = 0;
         while done < dst.len() {
@@ -74,22 +108,22 @@ impl Shared {
     pub fn held(
         self: &Arc<Self>,
         id: InodeId,
-        inode: Inode,
+        inode: &Inode,
         path: &str,
         offset: u64,
         len: u64,
     ) -> Result<Held, MemberError> {
-        let inode = &inode;
         self.allowed(id, inode, path)?;
         let len = len.min(inode.attrs.size.saturating_sub(offset));
         if len > VIEW_PIECE {
             // Larger than one read serves: assembled into a buffer of its own, if there is
             // room (a sparse member may claim far more than memory holds).
             let no_memory = || MemberError::NoMemory { path: path.to_string(), len };
+            let first = self.first_piece((id, inode), path, offset, PIECE)?;
             let mut bytes = Vec::new();
             bytes.try_reserve_exact(usize::try_from(len).map_err(|_| no_memory())?).map_err(|_| no_memory())?;
             bytes.resize(len as usize, 0);
-            self.fill(id, *inode, path, offset, &mut bytes)?;
+            self.fill_after((id, inode), path, offset, &first, &mut bytes)?;
             let ptr = bytes.as_ptr();
             return Ok(Held { keep: Box::new(bytes), ptr, len: len as usize });
         }

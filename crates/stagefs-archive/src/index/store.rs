@@ -18,14 +18,17 @@ use crate::hash::block_sum;
 pub(crate) const BLOCK: u64 = 64 << 10;
 
 /// A saved index mapped read-only. Every index file is mapped by [`map_index`] and
-/// read through this type, so that the way a mapped file that shrinks underneath is
-/// survived is chosen in one place.
+/// read through this type, so that a file shrunk or rewritten underneath is survived in
+/// one way: the map is guarded (a page lost to a truncation reads as zeros and marks the
+/// map torn, never SIGBUS: `crate::guard`), and the file's identity is compared with the
+/// one it had when mapped before what was read is trusted ([`IndexMap::intact`]).
 pub struct IndexMap {
     map: Mapped,
 }
 
 enum Mapped {
-    File(memmap2::Mmap),
+    /// The file mapped, its descriptor and identity when mapped.
+    File(crate::guard::GuardedMap, std::fs::File, crate::FileId),
     /// Bytes fetched whole (an index kept beside an object in a store).
     Fetched(Vec<u8>),
 }
@@ -33,13 +36,11 @@ enum Mapped {
 /// Maps the saved index `file` read-only (the caller has judged the descriptor: whose it
 /// is, its mode, its size).
 pub fn map_index(file: &std::fs::File) -> std::io::Result<IndexMap> {
-    // SAFETY: a read-only shared map of a file the caller opened and judged. Another
-    // process may still truncate the file; the access then faults (SIGBUS): the checksums
-    // catch any other change on a block's first use.
-    let map = unsafe { memmap2::Mmap::map(file) }?;
+    let id = crate::FileId::of_file(file)?;
+    let map = crate::guard::GuardedMap::file(file)?;
     // Requests read a few records here and there: no read-ahead of whole megabytes.
-    let _ = map.advise(memmap2::Advice::Random);
-    Ok(IndexMap { map: Mapped::File(map) })
+    let _ = map.map().advise(memmap2::Advice::Random);
+    Ok(IndexMap { map: Mapped::File(map, file.try_clone()?, id) })
 }
 
 impl IndexMap {
@@ -50,14 +51,25 @@ impl IndexMap {
 
     pub(crate) fn bytes(&self) -> &[u8] {
         match &self.map {
-            Mapped::File(map) => map,
+            Mapped::File(map, ..) => map.map(),
             Mapped::Fetched(bytes) => bytes,
         }
     }
 
-    /// Whether the file shrank underneath since it was mapped (reads past its end).
+    /// Whether the file shrank underneath since it was mapped (pages read as zeros).
     fn torn(&self) -> bool {
-        false
+        matches!(&self.map, Mapped::File(map, ..) if map.torn())
+    }
+
+    /// Whether the file is still the one mapped: not shrunk, and its identity (size,
+    /// mtime, ctime, inode) unchanged, so no byte of it was rewritten since.
+    fn intact(&self) -> bool {
+        match &self.map {
+            Mapped::File(map, file, id) => {
+                !map.torn() && crate::FileId::of_file(file).is_ok_and(|now| id.change_to(&now).is_none())
+            }
+            Mapped::Fetched(_) => true,
+        }
     }
 }
 
@@ -149,6 +161,15 @@ impl Store {
     pub fn check_torn(&self) -> Result<(), IndexError> {
         match &self.bytes {
             Bytes::Mapped(m) if m.torn() => Err(IndexError::Torn { index: self.name.clone() }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Fails once the mapped file shrank or was rewritten since it was mapped (an
+    /// `fstat`: once per request, not per record).
+    pub fn check_intact(&self) -> Result<(), IndexError> {
+        match &self.bytes {
+            Bytes::Mapped(m) if !m.intact() => Err(IndexError::Torn { index: self.name.clone() }),
             _ => Ok(()),
         }
     }

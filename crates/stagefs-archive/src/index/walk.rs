@@ -51,6 +51,8 @@ impl Index {
             top.2 += 1;
             let children = self.children(&self.inode(dir)?)?;
             let Some(dirent) = children.get(next) else {
+                // A directory listed: checked to have been read from the file as mapped.
+                self.check_intact()?;
                 stack.pop();
                 continue;
             };

@@ -212,8 +212,8 @@ impl crate::Reader for SquashReader {
         self.clear_cache();
     }
 
-    fn drop_source_cache(&self) {
-        self.backing.drop_page_cache();
+    fn source_cache(&self, what: crate::SourceCache<'_>) {
+        self.backing.source_cache(what);
     }
 
     fn size(&self) -> u64 {

@@ -185,8 +185,8 @@ impl crate::Reader for TarReader {
         self.read_data(inode.data, offset, len)
     }
 
-    fn drop_source_cache(&self) {
-        self.backing.drop_page_cache();
+    fn source_cache(&self, what: crate::SourceCache<'_>) {
+        self.backing.source_cache(what);
     }
 
     fn size(&self) -> u64 {

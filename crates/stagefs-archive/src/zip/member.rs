@@ -150,7 +150,9 @@ impl Member {
     }
 
     /// The whole decompressed content, checked against size and CRC-32. Callers bound
-    /// `self.size` first: this allocates it.
+    /// `self.size` first. Memory grows with the bytes really decoded, a piece at a time,
+    /// never with the declared size alone: a member of a few bytes declaring 1 GiB fails
+    /// at its first piece, having taken that piece.
     pub(super) fn whole(&self, backing: &Backing) -> Result<Arc<[u8]>, ReadError> {
         let size = usize::try_from(self.size).map_err(|_| self.error("too large for this machine".into()))?;
         if self.method == 0 {
@@ -159,12 +161,18 @@ impl Member {
             return Ok(backing.read_at(at, size)?.into_owned().into());
         }
         let mut stream = self.stream(backing)?;
-        // One allocation of exactly the declared size, filled in place.
-        let mut out: Arc<[u8]> = std::iter::repeat_n(0u8, size).collect();
-        let buf = Arc::get_mut(&mut out).ok_or_else(|| self.error("buffer is shared".into()))?;
-        stream.read(backing, buf).map_err(|what| self.decode_error(what))?;
+        let mut out: Vec<u8> = Vec::new();
+        while out.len() < size {
+            let start = out.len();
+            out.resize(start + (size - start).min(CHECK_CHUNK), 0);
+            let got = stream.read(backing, &mut out[start..]).map_err(|what| self.decode_error(what))?;
+            out.truncate(start + got);
+            if got == 0 {
+                break; // `finish` says how short it fell.
+            }
+        }
         stream.finish(backing, self.size, self.crc).map_err(|what| self.decode_error(what))?;
-        Ok(out)
+        Ok(out.into())
     }
 
     /// Checks the whole member against its CRC-32 once, in bounded pieces; later calls
@@ -248,8 +256,8 @@ impl crate::Reader for ZipReader {
         self.clear_cache();
     }
 
-    fn drop_source_cache(&self) {
-        self.backing.drop_page_cache();
+    fn source_cache(&self, what: crate::SourceCache<'_>) {
+        self.backing.source_cache(what);
     }
 
     fn size(&self) -> u64 {

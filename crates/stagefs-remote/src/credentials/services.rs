@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime};
 use super::profile::env;
 use super::Temporary;
 use crate::sigv4::Keys;
+use crate::Secret;
 
 /// IMDSv2: a session token by PUT, then the instance role's credentials. Off EC2 the
 /// address does not answer: the short connect timeout keeps that to one second.
@@ -22,7 +23,7 @@ pub fn imds(agent: &ureq::Agent) -> Result<Option<Temporary>, String> {
         .header("x-aws-ec2-metadata-token-ttl-seconds", "21600")
         .send_empty()
     {
-        Ok(r) if r.status() == 200 => read_text(r)?,
+        Ok(r) if r.status() == 200 => Secret::new(read_text(r)?),
         // Nothing there: not an EC2 instance (or metadata turned off).
         Ok(_) | Err(_) => return Ok(None),
     };
@@ -32,7 +33,7 @@ pub fn imds(agent: &ureq::Agent) -> Result<Option<Temporary>, String> {
             .config()
             .timeout_global(Some(Duration::from_secs(5)))
             .build()
-            .header("x-aws-ec2-metadata-token", token.trim())
+            .header("x-aws-ec2-metadata-token", token.expose().trim())
             .call()
             .map_err(|e| format!("instance metadata: {e}"))?;
         match r.status().as_u16() {
@@ -52,16 +53,24 @@ pub fn imds(agent: &ureq::Agent) -> Result<Option<Temporary>, String> {
     let (Some(access_key), Some(secret_key)) = (field("AccessKeyId"), field("SecretAccessKey")) else {
         return Err("instance metadata credentials lack AccessKeyId or SecretAccessKey".into());
     };
-    let keys = Keys { access_key, secret_key, session_token: field("Token") };
+    let keys = Keys { access_key, secret_key: Secret::new(secret_key), session_token: field("Token").map(Secret::new) };
     let expires = field("Expiration").and_then(|e| crate::time::parse_iso8601(&e));
-    Ok(Some(Temporary { keys, expires, source: "the EC2 instance role (IMDSv2)" }))
+    Ok(Some(Temporary { keys, expires, source: "the EC2 instance role (IMDSv2)".into() }))
 }
 
-/// `AssumeRoleWithWebIdentity`: the token in `token_file` exchanged at STS for the
-/// role's credentials (an unsigned request: the token is the proof).
-pub fn web_identity(agent: &ureq::Agent, token_file: &str, role_arn: &str, region: &str) -> Result<Temporary, String> {
-    let token = std::fs::read_to_string(token_file)
-        .map_err(|e| format!("cannot read the web identity token file {token_file}: {e}"))?;
+/// The web identity token in `token_file`, read through the client's door.
+pub fn token(files: &crate::Files, token_file: &str) -> Result<Secret, String> {
+    let shown = crate::url::display_text(token_file);
+    match files.text(std::path::Path::new(token_file), 64 << 10) {
+        Ok(Some(text)) => Ok(Secret::new(text)),
+        Ok(None) => Err(format!("the web identity token file {shown} does not exist")),
+        Err(why) => Err(format!("cannot read the web identity token file {shown}: {why}")),
+    }
+}
+
+/// `AssumeRoleWithWebIdentity`: the token (see [`token`]) exchanged at STS for the role's
+/// credentials (an unsigned request: the token is the proof).
+pub fn web_identity(agent: &ureq::Agent, token: Secret, role_arn: &str, region: &str) -> Result<Temporary, String> {
     let session = env("AWS_ROLE_SESSION_NAME").unwrap_or_else(|| format!("stagefs-{}", std::process::id()));
     let endpoint = env("AWS_ENDPOINT_URL_STS")
         .or_else(|| env("AWS_ENDPOINT_URL"))
@@ -71,16 +80,16 @@ pub fn web_identity(agent: &ureq::Agent, token_file: &str, role_arn: &str, regio
         ("Version", "2011-06-15"),
         ("RoleArn", role_arn),
         ("RoleSessionName", session.as_str()),
-        ("WebIdentityToken", token.trim()),
+        ("WebIdentityToken", token.expose().trim()),
     ];
-    let body = crate::sigv4::canonical_query(&form);
+    let body = Secret::new(crate::sigv4::canonical_query(&form));
     let response = agent
         .post(endpoint.trim_end_matches('/').to_string() + "/")
         .config()
         .timeout_global(Some(Duration::from_secs(30)))
         .build()
         .header("content-type", "application/x-www-form-urlencoded")
-        .send(body.as_bytes())
+        .send(body.expose().as_bytes())
         .map_err(|e| format!("STS (web identity): {e}"))?;
     let status = response.status().as_u16();
     let text = read_text(response)?;
@@ -98,9 +107,10 @@ pub fn web_identity(agent: &ureq::Agent, token_file: &str, role_arn: &str, regio
     let (Some(access_key), Some(secret_key)) = (field("AccessKeyId"), field("SecretAccessKey")) else {
         return Err("STS answered without AccessKeyId or SecretAccessKey".into());
     };
-    let keys = Keys { access_key, secret_key, session_token: field("SessionToken") };
+    let keys =
+        Keys { access_key, secret_key: Secret::new(secret_key), session_token: field("SessionToken").map(Secret::new) };
     let expires = field("Expiration").and_then(|e| crate::time::parse_iso8601(&e));
-    Ok(Temporary { keys, expires, source: "web identity (AWS_WEB_IDENTITY_TOKEN_FILE)" })
+    Ok(Temporary { keys, expires, source: format!("web identity (role {})", crate::url::display_text(role_arn)) })
 }
 
 /// `credential_process` of a profile: a command that prints the credentials as JSON
@@ -121,9 +131,10 @@ pub fn credential_process(command: &str) -> Result<Temporary, String> {
     let (Some(access_key), Some(secret_key)) = (field("AccessKeyId"), field("SecretAccessKey")) else {
         return Err("the profile's credential_process printed no AccessKeyId or SecretAccessKey".into());
     };
-    let keys = Keys { access_key, secret_key, session_token: field("SessionToken") };
+    let keys =
+        Keys { access_key, secret_key: Secret::new(secret_key), session_token: field("SessionToken").map(Secret::new) };
     let expires = field("Expiration").and_then(|e| crate::time::parse_iso8601(&e));
-    Ok(Temporary { keys, expires, source: "the profile's credential_process" })
+    Ok(Temporary { keys, expires, source: "the profile's credential_process".into() })
 }
 
 /// A body read as text, at most 1 MiB (credential answers are a few hundred bytes).

@@ -53,8 +53,8 @@ impl Reader for NestedReader {
     }
 
     /// The inner tars are ranges of the outer archive: its pages are theirs.
-    fn drop_source_cache(&self) {
-        self.outer.drop_source_cache();
+    fn source_cache(&self, what: crate::SourceCache<'_>) {
+        self.outer.source_cache(what);
     }
 
     fn size(&self) -> u64 {

@@ -3,6 +3,7 @@
 use crate::args::BenchArgs;
 use stagefs_reader::order::{epoch_order, shard};
 use stagefs_reader::{Backend, Config, FileList, Loader};
+use stagefs_text::Shown;
 use std::time::{Duration, Instant};
 
 fn gbps(bytes: u64, t: Duration) -> f64 {
@@ -119,7 +120,7 @@ fn baseline(files: &FileList, shuffle: Option<u64>, epochs: usize, rank: usize, 
     for epoch in 0..epochs {
         for i in shard(&epoch_order(files.len(), shuffle, epoch), rank, world) {
             let p = &files.entries()[i].path;
-            let data = std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            let data = std::fs::read(p).map_err(|e| format!("{}: {e}", p.shown()))?;
             bytes += std::hint::black_box(data).len() as u64;
             n += 1;
         }

@@ -1,8 +1,12 @@
-//! Archive-supplied text made safe for terminals and log lines: control characters, bidi overrides and invalid UTF-8 shown as escapes.
+//! Text from outside made safe for terminals and log lines: control characters, bidi overrides and invalid UTF-8 shown as escapes, by one type that every stagefs crate shows outside text through.
 //!
-//! Member names, link targets and anything else an archive says reach `status`, warnings
-//! and the daemon's log. Printed raw, an ESC sequence could rewrite the user's terminal
-//! and a newline could forge a log line; escaped, the text stays one readable line.
+//! Member names, link targets, paths, URLs, a server's messages and anything else another
+//! user may have chosen reach `status`, warnings, errors and the daemon's log. Printed
+//! raw, an ESC sequence could rewrite the user's terminal and a newline could forge a log
+//! line; escaped, the text stays one readable line. Every crate of the workspace (the
+//! archive crate, the object-store client, the reader, the daemon and the Python binding)
+//! shows such text through [`Shown`]; a test of the stagefs crate fails on any
+//! `.display()` in their product code.
 
 use std::fmt::Write;
 

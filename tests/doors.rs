@@ -1,0 +1,350 @@
+//! Every file from outside through one door, every mapped byte surviving a truncation (the
+//! fourth attack round, issue 39), as two real users: `sfs-alice` runs stagefs, `sfs-eve`
+//! is another user of the node. A log name, a list of shards and the directories above a
+//! dataset are judged as shards are; a file truncated while stagefs scans it gives an
+//! error naming it, never a dead process.
+
+use std::ffi::OsStr;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::util::*;
+
+/// A directory of `mode` owned by root and group `sfs-project`, of which alice and eve are
+/// members: a group project directory.
+fn project_dir(s: &Scene, name: &str, mode: u32) -> PathBuf {
+    run_tool("groupadd", ["-f", "sfs-project"]).assert_success();
+    for user in [&s.alice, &s.eve] {
+        run_tool("usermod", ["-aG", "sfs-project", user.name.as_str()]).assert_success();
+    }
+    let dir = s.tmp.join(name);
+    fs::create_dir_all(&dir).unwrap();
+    run_tool("chgrp", [OsStr::new("sfs-project"), dir.as_os_str()]).assert_success();
+    chmod(&dir, mode);
+    dir
+}
+
+fn assert_refused(out: &CmdOutput, needles: &[&str]) {
+    assert_eq!(out.code(), Some(4), "{}", out.describe());
+    out.assert_stderr_has(needles);
+}
+
+/// A `--log-file` name that eve planted in a group project directory (3770: sticky and
+/// group-writable, where the kernel's `protected_symlinks` never applies) as a link to
+/// alice's shell start-up file, or as a file of her own, is refused before a byte is
+/// written (exit 4, naming it and eve); the start-up file stays as it was. Alice's own log
+/// there is made 0600 and appended to.
+#[test]
+fn a_log_file_another_user_planted_is_never_written_through() {
+    let s = scene("doors-log");
+    let project = project_dir(&s, "project", 0o3770);
+    let archive = s.alice.home.join("doors-log.tar");
+    tar_of(&s.alice, &archive, &[("a.txt", b"alice\n")]);
+    let rc = s.alice.home.join("doors-bashrc");
+    s.alice.sh(&format!("printf 'alias ok=true\\n' > {}", rc.display()));
+    let log = project.join("run.log");
+    let mnt = s.mountpoint("mnt-doors-log");
+    let mount = || {
+        s.alice_stagefs(&[
+            os("mount"),
+            os("-v"),
+            os("--log-file"),
+            log.as_os_str(),
+            archive.as_os_str(),
+            mnt.as_os_str(),
+        ])
+    };
+
+    s.eve.sh(&format!("ln -s {} {}", rc.display(), log.display()));
+    assert_refused(&mount(), &["run.log", "symbolic link", "sfs-eve"]);
+    assert!(!is_mounted(&mnt), "mounted with a refused log");
+    assert_eq!(read(&rc), b"alias ok=true\n", "the log was written through eve's link");
+
+    s.eve.sh(&format!("rm {0} && echo eve > {0} && chmod 666 {0}", log.display()));
+    assert_refused(&mount(), &["run.log", "sfs-eve"]);
+    assert_eq!(read(&log), b"eve\n");
+
+    s.eve.sh(&format!("rm {}", log.display()));
+    mount().assert_success();
+    assert_eq!(s.cat(&mnt.join("a.txt")).stdout, "alice\n");
+    s.umount(&mnt);
+    let meta = fs::symlink_metadata(&log).unwrap();
+    assert_eq!((meta.uid(), meta.mode() & 0o777), (s.alice.uid, 0o600), "alice's log, private");
+    assert!(!String::from_utf8_lossy(&read(&log)).is_empty(), "-v wrote nothing to the log");
+    fs::remove_file(&archive).unwrap();
+    fs::remove_file(&rc).unwrap();
+}
+
+/// Alice's dataset directory `ds` (hers, 0755) below a group directory (2770: any member
+/// may rename what it holds) or below eve's sticky share (1777: its owner may): eve could
+/// move `ds` away and put her own in its place. A shard pattern there is refused (exit 4),
+/// naming the directory that lets her; in the group directory also after the swap. (In
+/// eve's share, once swapped, everything from the share down is eve's: a dataset eve
+/// publishes, which a set may use like any dataset's owner's; alice's own set there was
+/// never served.) Eve's bytes are served only with `--trust-shards`, on purpose.
+#[test]
+fn a_dataset_directory_another_user_could_rename_away_is_refused() {
+    let s = scene("doors-ancestors");
+    let eve_tar = s.tmp.join("eve.tar");
+    tar_of(&s.eve, &eve_tar, &[("label.txt", b"eve\n")]);
+    let mnt = s.mountpoint("mnt-doors-ancestors");
+    for (parent, needles, refused_after_swap) in [
+        (project_dir(&s, "group", 0o2770), vec!["group", "without the sticky bit", "--trust-shards"], true),
+        (s.dir("eve-share", 0o1777, &s.eve), vec!["eve-share", "sfs-eve", "--trust-shards"], false),
+    ] {
+        let ds = parent.join("ds");
+        s.alice.sh(&format!("mkdir -m 0755 {}", ds.display()));
+        for k in 0..2 {
+            tar_of(&s.alice, &ds.join(format!("train-{k}.tar")), &[("label.txt", b"alice\n")]);
+        }
+        let pattern = ds.join("train-*.tar");
+        let mount = |extra: &[&str]| {
+            let mut args = vec![os("mount")];
+            args.extend(extra.iter().map(|a| os(a)));
+            args.extend([pattern.as_os_str(), mnt.as_os_str()]);
+            s.alice_stagefs(&args)
+        };
+        let needles: Vec<&str> = needles.to_vec();
+        assert_refused(&mount(&[]), &needles);
+        // The swap itself: eve's `ds` where alice's was.
+        s.eve.sh(&format!(
+            "mv {ds} {ds}.moved && mkdir {ds} && cp {} {ds}/train-0.tar && cp {} {ds}/train-1.tar",
+            eve_tar.display(),
+            eve_tar.display(),
+            ds = ds.display()
+        ));
+        if refused_after_swap {
+            assert_refused(&mount(&[]), &needles);
+            assert!(!is_mounted(&mnt), "a refused set was mounted");
+        }
+        mount(&["--trust-shards"]).assert_success();
+        assert_eq!(s.cat(&mnt.join("label.txt")).stdout, "eve\n");
+        s.umount(&mnt);
+    }
+}
+
+/// An `@list` of shards is judged as the shards are: eve's link planted in a sticky
+/// directory at the list's name, or a list in a group directory (2770) that eve could
+/// replace, is refused (exit 4) naming it; alice's own list in her own directory mounts.
+#[test]
+fn a_list_of_shards_another_user_could_have_written_is_refused() {
+    let s = scene("doors-list");
+    let data = s.dir("data", 0o755, &s.alice);
+    for k in 0..2 {
+        tar_of(&s.alice, &data.join(format!("s{k}.tar")), &[(&format!("f{k}.txt"), b"alice\n")]);
+    }
+    let evil = s.tmp.join("evil.tar");
+    tar_of(&s.eve, &evil, &[("f0.txt", b"eve\n")]);
+    let mnt = s.mountpoint("mnt-doors-list");
+    let mount = |list: &Path| s.alice_stagefs(&[os("mount"), os(&format!("@{}", list.display())), mnt.as_os_str()]);
+    let lines = format!("{0}/s0.tar\n{0}/s1.tar\n", data.display());
+
+    let own = data.join("shards.txt");
+    s.alice.sh(&format!("printf '{lines}' > {}", own.display()));
+    mount(&own).assert_success();
+    assert_eq!(s.cat(&mnt.join("f0.txt")).stdout, "alice\n");
+    s.umount(&mnt);
+
+    let sticky = s.dir("sticky", 0o1777, &s.alice);
+    let eve_list = s.tmp.join("eve-list.txt");
+    fs::write(&eve_list, format!("{}\n{}/s1.tar\n", evil.display(), data.display())).unwrap();
+    s.eve.chown(&eve_list);
+    s.eve.sh(&format!("ln -s {} {}", eve_list.display(), sticky.join("shards.txt").display()));
+    assert_refused(&mount(&sticky.join("shards.txt")), &["shards.txt", "sfs-eve", "--trust-shards"]);
+
+    let group = project_dir(&s, "group", 0o2770);
+    s.alice.sh(&format!("printf '{lines}' > {}", group.join("shards.txt").display()));
+    assert_refused(&mount(&group.join("shards.txt")), &["group", "without the sticky bit"]);
+    assert!(!is_mounted(&mnt));
+}
+
+/// A plain tar of `members` tiny files, written header by header (fast at any size).
+fn many_member_tar(path: &Path, members: usize) {
+    use stagefs_archive::tar::write::{end, padding, ustar_header};
+    let mut out = std::io::BufWriter::new(fs::File::create(path).unwrap());
+    for i in 0..members {
+        let body = format!("member {i}\n");
+        out.write_all(&ustar_header(&format!("d{:03}/f{i:07}.txt", i % 100), b'0', 0o644, body.len() as u64, ""))
+            .unwrap();
+        out.write_all(body.as_bytes()).unwrap();
+        out.write_all(&vec![0u8; padding(body.len() as u64)]).unwrap();
+    }
+    out.write_all(&end()).unwrap();
+    out.flush().unwrap();
+}
+
+/// What became of one command whose archive was truncated while it ran.
+#[derive(Debug, PartialEq)]
+enum Outcome {
+    /// Done before the truncation mattered.
+    Succeeded,
+    /// Refused, naming the file as changed while it was read: the cut landed in the scan.
+    CutInScan,
+    /// Refused, naming the file as truncated (the scan started after the cut).
+    Refused,
+}
+
+/// Runs `cmd` (alice's) 20 times, each time on a fresh copy of `pristine` at `target`
+/// (eve's), truncated by eve's hand (`truncate`, here as root) at a point spread over the
+/// time one untruncated run takes, to a size spread over the file. The process must live
+/// every time: an exit status, never a signal, and a refusal names the file. `after` runs
+/// after each run (to unmount). Returns the outcomes.
+fn truncated_while_running(
+    s: &Scene,
+    pristine: &Path,
+    target: &Path,
+    mut cmd: impl FnMut() -> Command,
+    after: impl Fn(),
+) -> Vec<Outcome> {
+    let fresh = || {
+        fs::copy(pristine, target).unwrap();
+        s.eve.chown(target);
+    };
+    fresh();
+    let started = Instant::now();
+    let untouched = run_cmd(&mut cmd(), CMD_TIMEOUT);
+    untouched.assert_success();
+    let whole = started.elapsed();
+    after();
+    let len = fs::metadata(pristine).unwrap().len();
+    let name = target.file_name().unwrap().to_string_lossy().into_owned();
+    let mut outcomes = Vec::new();
+    for point in 0..20u32 {
+        fresh();
+        let spawned = cmd().stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn();
+        let mut child = KillOnDrop(spawned.unwrap());
+        std::thread::sleep(whole * point / 20);
+        let cut = (len * u64::from(point % 7 + 1) / 9) & !511;
+        fs::OpenOptions::new().write(true).open(target).unwrap().set_len(cut).unwrap();
+        let status = wait_timeout(&mut child.0, CMD_TIMEOUT).expect("the command hung after the truncation");
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(child.0.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+        after();
+        assert_eq!(status.signal(), None, "killed by a signal at point {point} (cut to {cut} bytes):\n{stderr}");
+        if status.success() {
+            outcomes.push(Outcome::Succeeded);
+        } else {
+            assert!(stderr.contains(&name), "the refusal does not name {name} at point {point}:\n{stderr}");
+            if stderr.contains("changed while stagefs was reading it") {
+                outcomes.push(Outcome::CutInScan);
+                continue;
+            }
+            let said = ["truncated", "changed since"];
+            assert!(said.iter().any(|w| stderr.contains(w)), "an unexpected refusal at point {point}:\n{stderr}");
+            outcomes.push(Outcome::Refused);
+        }
+    }
+    outcomes
+}
+
+/// `stagefs ls`, `stagefs index` and `stagefs mount` of a tar that its owner (eve)
+/// truncates at 20 points while stagefs scans it: the process lives every time (an exit
+/// code, never SIGBUS), a refusal names the file, and nothing stays mounted. At least one
+/// cut lands inside a scan (the guard's path, not only the checks before it).
+#[test]
+fn a_tar_truncated_while_it_is_scanned_never_kills_stagefs() {
+    let s = scene("doors-truncate");
+    let eve_dir = s.dir("eve", 0o755, &s.eve);
+    let pristine = s.tmp.join("pristine.tar");
+    many_member_tar(&pristine, 60_000);
+    let target = eve_dir.join("data.tar");
+    let index_dir = s.alice.home.join("doors-index");
+    let _ = fs::remove_dir_all(&index_dir);
+    s.alice.sh(&format!("mkdir -m 0700 {}", index_dir.display()));
+    let mnt = s.mountpoint("mnt-doors-truncate");
+    let mut in_scan = 0;
+    let nothing = || {};
+    for (what, args) in [
+        ("ls", vec![os("ls"), target.as_os_str()]),
+        ("index", vec![os("index"), os("--index-dir"), index_dir.as_os_str(), target.as_os_str()]),
+    ] {
+        let outcomes = truncated_while_running(
+            &s,
+            &pristine,
+            &target,
+            || {
+                let mut cmd = s.alice.command(&[], &stagefs_bin());
+                cmd.args(&args);
+                cmd
+            },
+            nothing,
+        );
+        eprintln!("{what}: {outcomes:?}");
+        in_scan += outcomes.iter().filter(|o| **o == Outcome::CutInScan).count();
+        let _ = fs::remove_dir_all(&index_dir);
+        s.alice.sh(&format!("mkdir -m 0700 {}", index_dir.display()));
+    }
+    let outcomes = truncated_while_running(
+        &s,
+        &pristine,
+        &target,
+        || {
+            let mut cmd = s.alice.command(&[], &stagefs_bin());
+            cmd.args([os("mount"), os("--index-dir"), index_dir.as_os_str(), target.as_os_str(), mnt.as_os_str()]);
+            cmd
+        },
+        || {
+            if is_mounted(&mnt) {
+                s.alice_stagefs(&[os("umount"), mnt.as_os_str()]).assert_success();
+            }
+        },
+    );
+    eprintln!("mount: {outcomes:?}");
+    assert_nothing_left(&mnt, "after the truncated mounts");
+    in_scan += outcomes.iter().filter(|o| **o == Outcome::CutInScan).count();
+    assert!(in_scan > 0, "no truncation landed inside a scan: the test did not reach the guard");
+    let _ = fs::remove_dir_all(&index_dir);
+}
+
+/// A growing mount (alice's) indexing a shard that eve truncates mid-scan, added by `stagefs
+/// add` or found by `--watch`: the daemon lives, `add` fails naming the shard or succeeds,
+/// and the mount keeps serving its other shard.
+#[test]
+fn a_shard_truncated_while_a_growing_mount_scans_it_leaves_the_mount_serving() {
+    let s = scene("doors-growing");
+    let shared = s.dir("shards", 0o1777, &s.alice);
+    tar_of(&s.alice, &shared.join("a-000.tar"), &[("first.txt", b"first\n")]);
+    let pristine = s.tmp.join("pristine.tar");
+    many_member_tar(&pristine, 60_000);
+    let mnt = s.mountpoint("mnt-doors-growing");
+    s.alice_stagefs(&[os("mount"), os("--growing"), shared.join("a-000.tar").as_os_str(), mnt.as_os_str()])
+        .assert_success();
+    let big = shared.join("b-001.tar");
+    // Out of the set again after each try, added or not (the next try adds it anew).
+    let removed = || drop(s.alice_stagefs(&[os("remove"), mnt.as_os_str(), big.as_os_str()]));
+    let outcomes = truncated_while_running(
+        &s,
+        &pristine,
+        &big,
+        || {
+            let mut cmd = s.alice.command(&[], &stagefs_bin());
+            cmd.args([os("add"), os("--trust-shards"), mnt.as_os_str(), big.as_os_str()]);
+            cmd
+        },
+        removed,
+    );
+    eprintln!("add: {outcomes:?}");
+    assert_eq!(s.cat(&mnt.join("first.txt")).stdout, "first\n", "the growing mount stopped serving");
+    s.umount(&mnt);
+
+    // --watch: eve drops the shard in and cuts it while the daemon indexes it.
+    fs::remove_file(&big).unwrap();
+    let pattern = shared.join("*.tar");
+    s.alice_stagefs(&[os("mount"), os("--watch=100ms"), os("--trust-shards"), pattern.as_os_str(), mnt.as_os_str()])
+        .assert_success();
+    for point in 0..5u32 {
+        let dropped = shared.join(format!("c-{point:03}.tar"));
+        fs::copy(&pristine, &dropped).unwrap();
+        s.eve.chown(&dropped);
+        std::thread::sleep(Duration::from_millis(150 + 100 * u64::from(point)));
+        fs::OpenOptions::new().write(true).open(&dropped).unwrap().set_len(1 << 20).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(s.cat(&mnt.join("first.txt")).stdout, "first\n", "the watched mount died at point {point}");
+    }
+    s.umount(&mnt);
+}
