@@ -105,7 +105,11 @@ impl IndexBuilder {
     pub fn reserve(&mut self, n: usize) {
         self.inodes.reserve(n);
         self.entries.reserve(n);
-        self.table.reserve(n, |_| 0);
+        let (entries, names) = (&self.entries, &self.names);
+        self.table.reserve(n, |&i| {
+            let e = &entries[i as usize];
+            key_hash(e.parent, span_bytes(names, e.name))
+        });
     }
 
     /// Stores bytes in the arena.

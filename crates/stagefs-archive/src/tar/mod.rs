@@ -12,6 +12,7 @@ mod header;
 pub mod key;
 mod member;
 pub mod nested;
+mod parallel;
 mod pax;
 pub mod saved_format;
 mod scan;
@@ -84,7 +85,8 @@ pub fn compressed_codec(input: &[u8]) -> Option<Codec> {
 /// Indexes the whole archive.
 pub fn open(path: &Path, backing: Backing) -> Result<(Index, TarReader), OpenError> {
     let mut scan = Scan::new(path, &backing);
-    scan.run()?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    parallel::run(&mut scan, &backing, threads)?;
     tracing::debug!(pax_keywords = scan.pax_keywords, "scanned tar headers");
     let Scan { builder, sparse_files, extents, .. } = scan;
     let index = builder.finish().map_err(|source| OpenError::Index { path: path.to_owned(), source })?;
