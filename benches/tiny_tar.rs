@@ -1,12 +1,14 @@
 //! Writes a plain tar of N tiny members fast, for benches/scale.sh: ustar headers written
-//! directly (no files made first), 1,000 members per directory, each member 16 bytes of
-//! text padded to one block. Built by the script with `rustc -O`; std only.
+//! directly (no files made first), 1,000 members per directory. Every EVERY-th member
+//! holds its 16 bytes of text (one data block), the others are empty (a header alone):
+//! the archive stays small enough for a disk shared with others at 16M members.
+//! Built by the script with `rustc -O`; std only.
 //!
-//!     tiny_tar N OUT.tar
+//!     tiny_tar N OUT.tar [EVERY]   (EVERY: 1, every member holds its text)
 //!
-//! Member `d0001234/f0001234567.txt` holds `member 1234567\n`: a reader can check any
-//! member's bytes from its name. GNU tar lists the same names (`tar -tf`), directories
-//! first, in the order written.
+//! Member `d0001234/f0001234567.txt` holds `member 1234567\n` when it holds anything: a
+//! reader can check its bytes from its name. GNU tar lists the same names (`tar -tf`),
+//! directories first, in the order written.
 
 use std::io::{BufWriter, Write};
 
@@ -38,20 +40,23 @@ fn header(name: &str, kind: u8, mode: u32, size: u64) -> [u8; BLOCK] {
 fn main() -> std::io::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let (Some(n), Some(out)) = (args.get(1).and_then(|n| n.parse::<u64>().ok()), args.get(2)) else {
-        eprintln!("usage: tiny_tar N OUT.tar");
+        eprintln!("usage: tiny_tar N OUT.tar [EVERY]");
         std::process::exit(2);
     };
+    let every = args.get(3).and_then(|e| e.parse::<u64>().ok()).unwrap_or(1).max(1);
     let mut w = BufWriter::with_capacity(8 << 20, std::fs::File::create(out)?);
     for i in 0..n {
         let dir = i / PER_DIR;
         if i % PER_DIR == 0 {
             w.write_all(&header(&format!("d{dir:07}/"), b'5', 0o755, 0))?;
         }
-        let body = format!("member {i}\n");
+        let body = if i % every == 0 { format!("member {i}\n") } else { String::new() };
         w.write_all(&header(&format!("d{dir:07}/f{i:010}.txt"), b'0', 0o644, body.len() as u64))?;
-        let mut block = [0u8; BLOCK];
-        block[..body.len()].copy_from_slice(body.as_bytes());
-        w.write_all(&block)?;
+        if !body.is_empty() {
+            let mut block = [0u8; BLOCK];
+            block[..body.len()].copy_from_slice(body.as_bytes());
+            w.write_all(&block)?;
+        }
     }
     w.write_all(&[0u8; 2 * BLOCK])?;
     w.flush()

@@ -265,6 +265,17 @@ pub fn decode_bytes(
     decode(IndexMap::from_vec(bytes), name, key, depth, backing, codec)
 }
 
+/// Keeps `bytes`, a saved index fetched from beside an object (checked to match it), in
+/// `--index-dir` or the cache, where [`load_kept`] maps it.
+pub fn keep_fetched(archive: &Path, bytes: &[u8], flavor: &Flavor) -> std::io::Result<()> {
+    let dir = index_dir(flavor).map_err(std::io::Error::other)?;
+    dir.write_atomically(&cache_name(archive, flavor), bytes, 0o600)?;
+    if flavor.dir.is_none() {
+        prune(dir.path(), CACHE_MAX_AGE, CACHE_MAX_BYTES);
+    }
+    Ok(())
+}
+
 /// The bytes [`save`] writes, for storing elsewhere (uploaded beside an object).
 pub fn encode_bytes(key: &Key, depth: usize, index: &Index, tables: SavedTables) -> Vec<u8> {
     encode(key, depth, index, &tables_of(tables)).to_vec()
