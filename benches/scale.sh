@@ -6,7 +6,9 @@
 # (benches/.venv), one system after the other on the same archive. Per system and count:
 #   first    the first mount (no saved index; the tar read once before, so cached where it fits)
 #   remount  the mount with the index the first one saved (page cache warm)
-#   rss      the daemon's VmRSS after the remount, and after a `find` of the whole mount
+#   rss      the daemon's VmRSS right after the remount, and after a `find` of the whole
+#            mount (all of it, and its private part: RssAnon; the rest is mapped files, the
+#            page cache's, shared by every process that maps them)
 #   find     `find MNT | wc -l` on the remount (checked against the member count)
 #   index    the saved index's size on disk
 # and for stagefs: `stagefs ls -R` beside `tar -tf` of the same tar, the first mount on one
@@ -54,7 +56,6 @@ mount_it() {  # system tar
         ratarmount) "$ratarmount" "$2" "$mnt" > /dev/null 2>&1 ;;
     esac
     while ! mountpoint -q "$mnt"; do sleep 0.01; done
-    ls "$mnt" > /dev/null
 }
 
 umount_it() {  # system
@@ -78,7 +79,7 @@ timed() {  # command...: prints the seconds it took
 }
 
 echo "$(nproc) cores, $(awk '/MemTotal/ {print int($2 / 1048576)}' /proc/meminfo) GiB; load $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '%-9s %-14s %8s %8s %9s %9s %8s %10s\n' members system first remount rss_MiB find_rss find index_MiB
+printf '%-9s %-14s %8s %8s %8s %9s %9s %8s %10s\n' members system first remount rss_MiB find_rss find_anon find index_MiB
 for n in $counts; do
     tar=$work/$n.tar
     echo "writing $n members" >&2
@@ -96,6 +97,7 @@ for n in $counts; do
         found=$(($(cat "$work/found") - 1))
         [[ $found == "$entries" ]] || { echo "$system lists $found entries of $entries" >&2; exit 1; }
         find_rss=$(status_kib VmRSS "$pid")
+        find_anon=$(status_kib RssAnon "$pid")
         if [[ $system == stagefs ]]; then
             want="member $((n / every / 2 * every))"
             got=$(cat "$mnt/d$(printf %07d $((n / every / 2 * every / 1000)))/f$(printf %010d $((n / every / 2 * every))).txt")
@@ -103,8 +105,8 @@ for n in $counts; do
         fi
         umount_it "$system"
         index=$({ du -m "$tar".stagefs-index "$tar".index.sqlite 2>/dev/null || true; } | awk '{s += $1} END {print s + 0}')
-        printf '%-9s %-14s %8.2f %8.3f %9d %9d %8.2f %10d\n' "$n" "$system" "$first" "$remount" $((rss / 1024)) \
-            $((find_rss / 1024)) "$find_s" "$index"
+        printf '%-9s %-14s %8.2f %8.3f %8d %9d %9d %8.2f %10d\n' "$n" "$system" "$first" "$remount" $((rss / 1024)) \
+            $((find_rss / 1024)) $((find_anon / 1024)) "$find_s" "$index"
         if [[ $system == stagefs ]]; then
             forget "$tar"
             one=$(timed mount_it stagefs-1core "$tar")

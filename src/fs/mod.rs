@@ -196,14 +196,14 @@ impl Fs {
     /// a change (see [`GrowingSet::answering`]).
     pub fn data_view(&self) -> View<'_> {
         let tree = self.growing().map(|set| set.current());
-        View { fs: self, tree, retired: std::sync::OnceLock::new(), _answering: None }
+        View { fs: self, tree, retired: std::sync::OnceLock::new(), _answering: None, intact: Default::default() }
     }
 
     /// The state to answer one request from.
     pub fn view(&self) -> View<'_> {
         let answering = self.growing().map(|set| set.answering());
         let tree = self.growing().map(|set| set.current());
-        View { fs: self, tree, retired: std::sync::OnceLock::new(), _answering: answering }
+        View { fs: self, tree, retired: std::sync::OnceLock::new(), _answering: answering, intact: Default::default() }
     }
 
     /// A handle for a directory being opened: a growing set lists it from the tree of now

@@ -27,6 +27,8 @@ pub struct View<'a> {
     /// Held until the request is answered: a change waits for it before it tells the
     /// kernel what to forget, so no answer from the old tree can arrive after that.
     pub(super) _answering: Option<crate::growing::Answering<'a>>,
+    /// Whether this request checked that the saved index is the file it mapped.
+    pub(super) intact: std::sync::atomic::AtomicBool,
 }
 
 impl View<'_> {
@@ -74,8 +76,10 @@ impl View<'_> {
             };
             let inode = archive.index.inode(id)?;
             // What the request read of a saved index, and will read (names), is the file
-            // as mapped: one `fstat` per request.
-            archive.index.check_intact()?;
+            // as mapped: one `fstat` per request (a readdirplus asks for hundreds of nodes).
+            if !self.intact.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                archive.index.check_intact()?;
+            }
             return Ok(Node { index: &archive.index, archive: Some(archive), id, inode });
         };
         if let Some(node) = tree.node(ino) {
@@ -168,14 +172,19 @@ impl View<'_> {
         let parent = if ino == ino_of(stagefs_archive::index::ROOT) { id } else { parent };
         let dots = [(b".".as_slice(), id), (b"..".as_slice(), parent)]
             .into_iter()
-            .map(move |(name, id)| Ok((name, id, libc::S_IFDIR)));
-        let children = index.children(&dir)?.iter().map(move |d| {
-            let mode = index.inode(d.inode)?.attrs.mode;
-            Ok((index.name(&d)?, d.inode, mode))
-        });
-        let listed = dots.chain(children).enumerate().skip(offset as usize);
-        let entries = listed.map(move |(i, entry)| {
-            entry.map(|(name, id, mode)| DirEntry { ino: self.ino_at(id), next: i as u64 + 1, mode, name })
+            .enumerate()
+            .map(move |(i, (name, id))| Ok((i, name, id, libc::S_IFDIR)));
+        // The entries before `offset` are skipped unread: a listing of a large directory
+        // takes many requests, and reading every earlier entry again for each of them made
+        // it quadratic.
+        let children =
+            index.children(&dir)?.iter().enumerate().skip(offset.saturating_sub(2) as usize).map(move |(i, d)| {
+                let mode = index.inode(d.inode)?.attrs.mode;
+                Ok((i + 2, index.name(&d)?, d.inode, mode))
+            });
+        let listed = dots.skip(offset.min(2) as usize).chain(children);
+        let entries = listed.map(move |entry| {
+            entry.map(|(i, name, id, mode)| DirEntry { ino: self.ino_at(id), next: i as u64 + 1, mode, name })
         });
         // The names listed were read from the file as mapped: checked once they all were.
         let intact = std::iter::once_with(move || index.check_intact()).filter_map(|r| r.err().map(|e| Err(e.into())));
