@@ -223,9 +223,11 @@ silently incomplete or torn.")]
     Status {
         /// One JSON object per line and mount: mountpoint, archive, state (live or dead), pid,
         /// started (Unix time), staging (ram, copy, local disk or in place), served (in words),
-        /// compressed (the codec a tar is decoded from piece by piece, or null), staged_bytes
-        /// (a private copy in RAM), warmed_bytes (files put in the page cache at mount), rss_bytes
-        /// (the daemon's resident memory), disk_bytes and stage_dir (staged to the local disk: how
+        /// compressed (the codec a tar is decoded from piece by piece, or null), ram_bytes (the
+        /// RAM column: each byte once, the sum of private_bytes, the daemon's private memory,
+        /// staged_bytes, a private copy in RAM, and warmed_bytes, files put in the page cache at
+        /// mount), rss_bytes (the daemon's resident memory: it holds the copy's touched pages
+        /// too, so it is no part of the sum), disk_bytes and stage_dir (staged to the local disk: how
         /// much, and where; 0 and null otherwise), read_requests (read requests the daemon served:
         /// reads the kernel's page cache answers never reach it; also as reads), errors (failed
         /// reads served, EIO), last_error (a string, or null), shards (the paths a growing set

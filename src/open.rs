@@ -180,16 +180,7 @@ pub fn index_loaded(
     let flavor = saved::Flavor { depth, whole, dir: indexing.index_dir.as_deref() };
     if !force_save {
         if let Some((index, reader)) = indexes.load(&loaded, &flavor) {
-            let archive = Archive::new(index, Format::Tar, reader);
-            return Ok(Opened {
-                archive,
-                staged_bytes: loaded.staged_bytes,
-                staging: loaded.staging,
-                disk: loaded.disk,
-                saved_index: None,
-                reused_index: true,
-                identity: Vec::new(),
-            });
+            return Ok(reused(loaded, index, reader));
         }
     }
     let started = Instant::now();
@@ -260,6 +251,19 @@ pub fn index_loaded(
     })
 }
 
+/// A tar served from its saved index (`index`, served by `reader`) over `loaded` bytes.
+pub fn reused(loaded: stage::Loaded, index: Index, reader: Arc<dyn Reader>) -> Opened {
+    Opened {
+        archive: Archive::new(index, Format::Tar, reader),
+        staged_bytes: loaded.staged_bytes,
+        staging: loaded.staging,
+        disk: loaded.disk,
+        saved_index: None,
+        reused_index: true,
+        identity: Vec::new(),
+    }
+}
+
 /// The tar `archive` with its inner tars opened `depth` levels deep (see
 /// `archive::tar::nested`); other formats as they are, with one line saying so. A signal
 /// stops the work between inner tars and while one is decoded.
@@ -274,7 +278,7 @@ fn open_nested(path: &Path, archive: Archive, depth: usize) -> Result<Archive, O
     let nesting = nested::Nesting { depth, cancelled: &cancelled };
     let expanded = nested::expand(path, &backing, &archive.index, (outer.sparse_files(), outer.extents()), nesting);
     // The inner tars were read from the map: trusted only if the file stayed as it was.
-    backing.check_intact().map_err(|what| OpenError::Changed { path: path.to_owned(), what })?;
+    backing.check_intact().map_err(|c| OpenError::Changed { path: path.to_owned(), what: c.to_string() })?;
     let expanded = expanded.map_err(|e| match crate::cancel::check() {
         Err(interrupted) => OpenArchiveError::from(interrupted),
         Ok(()) => e.into(),

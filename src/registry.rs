@@ -32,8 +32,11 @@ pub struct Record {
     pub staging: String,
     /// The compression a tar served in place is decoded from piece by piece ("gzip"...).
     pub compressed: Option<String>,
-    /// The daemon's resident memory, refreshed with the counters.
+    /// The daemon's resident memory, refreshed with the counters (it holds the pages of a
+    /// staged memfd it touched: see [`Record::ram_bytes`]).
     pub rss_bytes: u64,
+    /// The private part of it (RssAnon): the index, caches, buffers.
+    pub private_bytes: u64,
     /// Bytes the warm-up put into the page cache when mounting (0: not warmed).
     pub warmed_bytes: u64,
     /// Bytes staged to the local disk (`--stage disk`), and the directory holding them.
@@ -54,6 +57,15 @@ pub struct Record {
     /// the daemon removes on exit: after a `kill -9`, `stagefs umount` removes them.
     #[serde(with = "path_json::list")]
     pub created: Vec<PathBuf>,
+}
+
+impl Record {
+    /// The RAM the mount holds, each byte counted once: the daemon's private memory, its
+    /// staged copy (a memfd: RAM whether mapped or not) and the page cache its warm-up
+    /// filled. (The resident size would count the copy twice: its touched pages are in it.)
+    pub fn ram_bytes(&self) -> u64 {
+        self.private_bytes + self.staged_bytes + self.warmed_bytes
+    }
 }
 
 /// Paths in JSON: a string when they are UTF-8, else the array of their bytes, so that any
@@ -246,6 +258,7 @@ mod tests {
             shards: Some(vec!["/s/1.tar".into(), "/s/2.tar".into()]),
             compressed: Some("gzip".into()),
             rss_bytes: 1 << 20,
+            private_bytes: 1 << 19,
             created: vec!["/some/where".into(), mountpoint.clone()],
         };
         write(&mine).unwrap();

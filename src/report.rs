@@ -7,16 +7,36 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle, WeakProgressBar};
 
 thread_local! {
-    /// Set on the threads that open the shards of a set: the set draws one progress bar and
-    /// writes one summary, not one per shard.
-    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Set on the threads that open the shards of a set (the set draws one progress bar and
+    /// writes one summary, not one per shard), and by the Python module.
+    static QUIET: std::cell::Cell<Quiet> = const { std::cell::Cell::new(Quiet { bars: false, lines: false }) };
 }
 
-/// Runs `f` with no per-archive progress bar or summary line on this thread.
+/// What this thread keeps off stderr.
+#[derive(Clone, Copy)]
+struct Quiet {
+    /// Progress bars.
+    bars: bool,
+    /// Summary and notice lines (they still go to the log, tracing).
+    lines: bool,
+}
+
+/// Runs `f` with no per-archive progress bar, summary or notice line on this thread's
+/// stderr: they go to the log (tracing) only (a set's shards).
 pub fn quietly<T>(f: impl FnOnce() -> T) -> T {
-    QUIET.with(|q| q.set(true));
+    with_quiet(Quiet { bars: true, lines: true }, f)
+}
+
+/// Runs `f` with its summary and notice lines in the log only (the Python module hands the
+/// log to Python's `logging`); progress bars are drawn when `bars` (on a terminal).
+pub fn lines_to_log<T>(bars: bool, f: impl FnOnce() -> T) -> T {
+    with_quiet(Quiet { bars: !bars, lines: true }, f)
+}
+
+fn with_quiet<T>(quiet: Quiet, f: impl FnOnce() -> T) -> T {
+    let before = QUIET.with(|q| q.replace(quiet));
     let result = f();
-    QUIET.with(|q| q.set(false));
+    QUIET.with(|q| q.set(before));
     result
 }
 
@@ -27,7 +47,7 @@ static DRAWN: std::sync::Mutex<Option<WeakProgressBar>> = std::sync::Mutex::new(
 /// A progress bar for `len` bytes (a spinner when the length is unknown); hidden inside
 /// [`quietly`], and drawn by indicatif only when stderr is a terminal.
 pub fn progress(len: Option<u64>, verb: &str) -> ProgressBar {
-    if QUIET.with(|q| q.get()) {
+    if QUIET.with(|q| q.get().bars) {
         return ProgressBar::hidden();
     }
     // indicatif draws nothing when stderr is not a terminal.
@@ -50,7 +70,7 @@ pub fn progress(len: Option<u64>, verb: &str) -> ProgressBar {
 /// tried again): above the progress bar if one is drawn. Where stderr is no terminal (a
 /// job's output, a daemon's log file) it goes to the log at info level instead.
 pub fn notice(line: &str) {
-    if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+    if QUIET.with(|q| q.get().lines) || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         tracing::info!("{line}");
         return;
     }
@@ -70,7 +90,7 @@ pub fn summary(verb: &str, path: &Path, bytes: u64, started: Instant) {
         human(bytes),
         bytes as f64 / 1e6 / secs
     );
-    if QUIET.with(|q| q.get()) {
+    if QUIET.with(|q| q.get().bars) {
         tracing::debug!("{line}");
     } else {
         report_done(&line);
@@ -81,7 +101,7 @@ pub fn summary(verb: &str, path: &Path, bytes: u64, started: Instant) {
 /// bar was drawn (a job's output file), so a slow mount explains itself.
 pub fn report_done(line: &str) {
     tracing::info!("{line}");
-    if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+    if !QUIET.with(|q| q.get().lines) && !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         eprintln!("stagefs: {line}");
     }
 }

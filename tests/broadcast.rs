@@ -12,6 +12,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use crate::util::{euid, signal, Signal};
 use crate::util::{pack_tar, require_root, run_cmd, stagefs_bin, Mounted, TempDir, CMD_TIMEOUT};
 
 fn script(path: &Path, body: &str) {
@@ -36,7 +37,7 @@ fn failed_broadcast_falls_back_when_asked_and_old_copies_are_swept() {
         "case \"$*\" in *' 7') echo RUNNING;; *) echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1;; esac",
     );
     let base = tmp.join("local");
-    let dir = base.join(format!("stagefs-{}", unsafe { libc::geteuid() }));
+    let dir = base.join(format!("stagefs-{}", euid()));
     fs::create_dir_all(&dir).unwrap();
     fs::set_permissions(&base, fs::Permissions::from_mode(0o700)).unwrap();
     fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
@@ -99,7 +100,7 @@ fn a_broadcast_copy_is_unlinked_once_opened_and_compressed_tars_are_decompressed
     run_cmd(&mut cmd, CMD_TIMEOUT).assert_success();
     let m = Mounted::adopt(&archive, &mp);
     assert_eq!(fs::read(mp.join("data/a.txt")).unwrap(), b"hello\n");
-    let dir = base.join(format!("stagefs-{}", unsafe { libc::geteuid() }));
+    let dir = base.join(format!("stagefs-{}", euid()));
     let left: Vec<_> = fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
     assert!(left.is_empty(), "the copy is unlinked once opened: {left:?}");
     let status: Vec<_> = fs::read_dir(&runtime)
@@ -145,7 +146,7 @@ fn a_leader_stopped_while_the_copy_arrives_leaves_nothing() {
     pack_tar(&tmp.join("tree"), &archive, &["data"]);
     let base = tmp.join("local");
     fs::create_dir(&base).unwrap();
-    let dir = base.join(format!("stagefs-{}", unsafe { libc::geteuid() }));
+    let dir = base.join(format!("stagefs-{}", euid()));
     // This node's leader, not the sender (SLURM_PROCID 1): it makes its inbox and waits.
     let mut child = Command::new(stagefs_bin())
         .env("SLURM_JOB_ID", "4244")
@@ -166,7 +167,7 @@ fn a_leader_stopped_while_the_copy_arrives_leaves_nothing() {
     assert!(crate::util::wait_until(Duration::from_secs(30), || inbox().is_some()), "no inbox appeared");
     // Half a copy, as sbcast leaves it mid-transfer.
     fs::write(inbox().unwrap().join("archive"), vec![0u8; 4096]).unwrap();
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = signal(child.id() as i32, Signal::SIGTERM);
     let status = crate::util::wait_timeout(&mut child, Duration::from_secs(30)).expect("stopped within 30 s");
     assert_eq!(status.code(), Some(143));
     let left: Vec<_> = fs::read_dir(&dir).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();

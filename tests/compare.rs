@@ -154,6 +154,7 @@ pub fn xattrs(p: &Path) -> io::Result<BTreeMap<OsString, Vec<u8>>> {
     let c = cstr(p);
     let mut out = BTreeMap::new();
     let names = loop {
+        // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
         let n = unsafe { libc::llistxattr(c.as_ptr(), std::ptr::null_mut(), 0) };
         if n < 0 {
             let e = io::Error::last_os_error();
@@ -166,6 +167,7 @@ pub fn xattrs(p: &Path) -> io::Result<BTreeMap<OsString, Vec<u8>>> {
         if n == 0 {
             break buf;
         }
+        // SAFETY: NUL-terminated names; the buffer is as long as the length passed.
         let m = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
         if m < 0 {
             let e = io::Error::last_os_error();
@@ -180,6 +182,7 @@ pub fn xattrs(p: &Path) -> io::Result<BTreeMap<OsString, Vec<u8>>> {
     for name in names.split(|b| *b == 0).filter(|n| !n.is_empty()) {
         let cname = CString::new(name).unwrap();
         let value = loop {
+            // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
             let n = unsafe { libc::lgetxattr(c.as_ptr(), cname.as_ptr(), std::ptr::null_mut(), 0) };
             if n < 0 {
                 return Err(io::Error::last_os_error());
@@ -188,6 +191,7 @@ pub fn xattrs(p: &Path) -> io::Result<BTreeMap<OsString, Vec<u8>>> {
             if n == 0 {
                 break buf;
             }
+            // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
             let m = unsafe {
                 libc::lgetxattr(c.as_ptr(), cname.as_ptr(), buf.as_mut_ptr() as *mut libc::c_void, buf.len())
             };
@@ -413,6 +417,7 @@ mod tests {
     fn set_mtime(p: &Path, sec: i64, nsec: i64) {
         let c = cstr(p);
         let ts = [libc::timespec { tv_sec: sec, tv_nsec: nsec }, libc::timespec { tv_sec: sec, tv_nsec: nsec }];
+        // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
         let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) };
         assert_eq!(r, 0, "utimensat {}: {}", p.display(), io::Error::last_os_error());
     }
@@ -421,6 +426,7 @@ mod tests {
         let c = cstr(p);
         let n = CString::new(name).unwrap();
         let r =
+            // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
             unsafe { libc::lsetxattr(c.as_ptr(), n.as_ptr(), value.as_ptr() as *const libc::c_void, value.len(), 0) };
         assert_eq!(r, 0, "lsetxattr {}: {}", p.display(), io::Error::last_os_error());
     }

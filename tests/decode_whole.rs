@@ -58,7 +58,7 @@ fn assert_decoded_to_disk(args: &[&str], archive: &Path, expected: &Path, dir: &
     assert_trees_equal(expected, mp, &Options::default().nanos(false).xattrs(false));
     let status = staging_of(mp);
     assert!(status.contains("\"staging\":\"local disk\""), "decoded onto the local disk: {status}");
-    let staged = dir.join(format!("stagefs-{}", unsafe { libc::geteuid() }));
+    let staged = dir.join(format!("stagefs-{}", euid()));
     let names: Vec<_> = fs::read_dir(&staged).unwrap().flatten().map(|e| e.file_name()).collect();
     assert!(names.is_empty(), "the decoded tar has no name in {}: {names:?}", staged.display());
     m.unmount().assert_success();

@@ -19,6 +19,7 @@ use crate::util::{
     assert_nothing_left, extract_tar, mount_must_fail, pack_tar, pseudo_random, require_root, run_cmd, stagefs,
     stagefs_bin, wait_until, Mounted, TempDir, CMD_TIMEOUT,
 };
+use crate::util::{euid, signal, Signal};
 
 /// `root/data` with a few files, one of them 6 MiB, packed into `root/data.tar`.
 fn archive(root: &Path) -> PathBuf {
@@ -32,7 +33,7 @@ fn archive(root: &Path) -> PathBuf {
 
 /// The staging directory stagefs keeps inside `base`.
 fn staging_dir(base: &Path) -> PathBuf {
-    base.join(format!("stagefs-{}", unsafe { libc::geteuid() }))
+    base.join(format!("stagefs-{}", euid()))
 }
 
 /// Descriptors of `pid` that name a deleted file in `dir`.
@@ -86,7 +87,7 @@ fn disk_staging_serves_a_nameless_copy_and_leaves_nothing() {
     // SIGKILL: the kernel frees the nameless copy with the daemon's descriptors.
     let m = Mounted::with_args(&["--stage", "disk", "--stage-dir", stage_dir], &tar, &mp);
     let pid = *m.daemon_pids().first().expect("a daemon");
-    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let _ = signal(pid, Signal::SIGKILL);
     assert!(wait_until(Duration::from_secs(10), || !Path::new(&format!("/proc/{pid}")).exists()));
     assert!(entries(&dir).is_empty(), "nothing left after SIGKILL: {:?}", entries(&dir));
     stagefs([Path::new("umount"), &mp]);

@@ -17,6 +17,7 @@ use crate::util::{
     require_root, require_tool, run_cmd, run_tool, stagefs, stagefs_bin, stagefs_pids, wait_timeout, wait_until,
     CmdOutput, Foreground, KillOnDrop, Mounted, TempDir, UnmountOnDrop,
 };
+use crate::util::{signal, Signal};
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -301,14 +302,16 @@ fn stale_mountpoint_is_cleaned_and_reused() {
     let pids = first.daemon_pids();
     assert!(!pids.is_empty(), "cannot find the daemon serving {}", mp.display());
     for pid in &pids {
-        assert_eq!(unsafe { libc::kill(*pid, libc::SIGKILL) }, 0);
+        signal(*pid, Signal::SIGKILL).unwrap();
     }
     assert!(wait_until(Duration::from_secs(10), || stagefs_pids(&mp).is_empty()), "daemon did not die");
     // Stale: still in the mount table, but every request fails with ENOTCONN
     // (or ECONNABORTED when the request raced the daemon's death; statfs always
     // reaches the server, stat may be answered from the attribute cache).
     assert!(is_mounted(&mp), "the killed daemon's mount must still be in the mount table");
+    // SAFETY: all-zero bytes are a valid value of this plain C struct.
     let mut sfs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
     let r = unsafe { libc::statfs(c(&mp).as_ptr(), &mut sfs) };
     let err = io::Error::last_os_error();
     assert!(
@@ -434,6 +437,7 @@ fn writes_fail_with_erofs() {
         ("open existing for appending", fs::OpenOptions::new().append(true).open(&existing).map(|_| ())),
         ("open existing O_RDWR", fs::OpenOptions::new().read(true).write(true).open(&existing).map(|_| ())),
         ("open with O_TRUNC", fs::OpenOptions::new().write(true).truncate(true).open(&existing).map(|_| ())),
+        // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
         ("truncate(2)", libc_result(unsafe { libc::truncate(c(&existing).as_ptr(), 0) })),
         ("mkdir", fs::create_dir(root.join("new-dir"))),
         ("unlink", fs::remove_file(&existing)),
@@ -443,19 +447,23 @@ fn writes_fail_with_erofs() {
         ("hard link", fs::hard_link(&existing, root.join("new-hardlink"))),
         ("chmod", fs::set_permissions(&existing, fs::Permissions::from_mode(0o600))),
         ("chown", std::os::unix::fs::lchown(&existing, Some(1), Some(1))),
+        // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
         ("mkfifo", libc_result(unsafe { libc::mkfifo(c(&root.join("new-fifo")).as_ptr(), 0o644) })),
         (
             "utimensat",
+            // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
             libc_result(unsafe { libc::utimensat(libc::AT_FDCWD, c(&existing).as_ptr(), std::ptr::null(), 0) }),
         ),
         (
             "setxattr",
+            // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
             libc_result(unsafe {
                 libc::lsetxattr(c(&existing).as_ptr(), c(Path::new("user.x")).as_ptr(), b"v".as_ptr() as *const _, 1, 0)
             }),
         ),
         (
             "removexattr",
+            // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
             libc_result(unsafe {
                 libc::lremovexattr(c(&root.join("xattr/colored")).as_ptr(), c(Path::new("user.color")).as_ptr())
             }),

@@ -595,6 +595,7 @@ fn runtime_big_squashfs_zstd_4k() {
 fn getxattr_errno(path: &Path, name: &str) -> i32 {
     use std::os::unix::ffi::OsStrExt;
     let (p, n) = (std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap(), std::ffi::CString::new(name).unwrap());
+    // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
     let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) };
     if r < 0 {
         std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
@@ -623,6 +624,7 @@ fn xattr_requests_stop_for_archives_without_xattrs() {
     drop(m);
 
     let c = std::ffi::CString::new(src.join("a.txt").as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
     let set = unsafe { libc::lsetxattr(c.as_ptr(), c"user.k".as_ptr(), b"v".as_ptr().cast(), 1, 0) };
     assert_eq!(set, 0, "lsetxattr: {}", std::io::Error::last_os_error());
     let with = tmp.join("xattrs.tar");

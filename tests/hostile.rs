@@ -131,6 +131,7 @@ fn in_bounded_child(test: &str, body: fn()) {
     }
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args([test, "--exact", "--test-threads=1", "--nocapture"]).env(CHILD, "1");
+    // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
     unsafe {
         cmd.pre_exec(|| {
             let limit = libc::rlimit { rlim_cur: 1 << 30, rlim_max: 1 << 30 };
@@ -461,7 +462,7 @@ fn mount_must_return_with(extra: &[&str], archive: &Path, mp: &Path) -> CmdOutpu
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_cmd(&mut cmd, CMD_TIMEOUT)));
     outcome.unwrap_or_else(|panic| {
         for pid in stagefs_pids(mp) {
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let _ = signal(pid, Signal::SIGKILL);
         }
         let _ = Command::new("umount").arg("-l").arg(mp).status();
         std::panic::resume_unwind(panic)
@@ -596,7 +597,7 @@ fn umount_of_a_killed_daemons_mount_cleans_it() {
     let pids = m.daemon_pids();
     assert!(!pids.is_empty());
     for pid in &pids {
-        assert_eq!(unsafe { libc::kill(*pid, libc::SIGKILL) }, 0);
+        signal(*pid, Signal::SIGKILL).unwrap();
     }
     assert!(wait_until(Duration::from_secs(10), || stagefs_pids(&mp).is_empty()), "daemon did not die");
     assert!(is_mounted(&mp));
@@ -629,7 +630,7 @@ fn in_private_namespace(script: &str, archive: &Path) -> CmdOutput {
         let elsewhere = fs::read_link(entry.path().join("ns/mnt")).is_ok_and(|ns| ns != ours);
         if elsewhere && cmdline.windows(12).any(|w| w == b"reap-failure") {
             if let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) {
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                let _ = signal(pid, Signal::SIGKILL);
             }
         }
     }
@@ -681,6 +682,7 @@ fn mount_as_user_without_fusermount3_fails_with_code_7() {
     fs::create_dir(&home).unwrap();
     let chown = |p: &Path| {
         let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
         assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
     };
     chown(&home);

@@ -315,6 +315,7 @@ fn ctrl_c_or_sigterm_while_packing_leaves_no_partial_archive() {
         let held = wait_until(Duration::from_secs(30), || fs::read_to_string(&log).unwrap().contains("phase: packing"));
         assert!(held, "the pack reached its first member; log:\n{}", fs::read_to_string(&log).unwrap());
         assert_eq!(leftovers(&out_dir, &[]).len(), 1, "the temp file exists while packing");
+        // SAFETY: kill only sends a signal to a process id.
         unsafe { libc::kill(child.id() as i32, signal) };
         let status = wait_timeout(&mut child.0, Duration::from_secs(30)).expect("pack stops at the signal");
         let log = fs::read_to_string(&log).unwrap();

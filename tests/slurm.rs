@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::util::euid;
 use crate::util::{mounts, pseudo_random, require_root, require_tool, run_cmd, stagefs_bin, wait_until_every, TempDir};
 
 /// How often the waits below run their (command-running) checks.
@@ -380,7 +381,7 @@ fn slurm_failed_broadcast_is_reported_on_every_task() {
         });
         assert!(said, "task {task} must report sbcast's own message:\n{text}");
     }
-    let dir = small.join(format!("stagefs-{}", unsafe { libc::geteuid() }));
+    let dir = small.join(format!("stagefs-{}", euid()));
     let left: Vec<_> = fs::read_dir(&dir).into_iter().flatten().flatten().map(|e| e.path()).collect();
     assert!(left.is_empty(), "left in {}: {left:?}", dir.display());
 }

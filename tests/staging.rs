@@ -33,6 +33,7 @@ use crate::util::{
     pseudo_random, read, require_root, require_tool, run_cmd, run_cmd_into, run_tool, stagefs, stagefs_bin,
     stagefs_pids, wait_until, CmdOutput, Foreground, Mounted, TempDir, UnmountOnDrop,
 };
+use crate::util::{signal, Signal};
 
 const MIB: usize = 1 << 20;
 /// The zero-filled file that makes the `--stage ram` archives big enough for
@@ -137,6 +138,7 @@ fn round_up(n: u64, to: u64) -> u64 {
 }
 
 fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) as u64 }
 }
 
@@ -486,7 +488,7 @@ fn stage_ram_plain_tar_sigterm_unmounts_and_frees() {
     let (m, pid, during) = mount_staged(&b, shmem_bytes());
     let mp = m.path().to_path_buf();
     let sent = Instant::now();
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    signal(pid, Signal::SIGTERM).unwrap();
     let gone = wait_until(Duration::from_secs(5), || !is_mounted(&mp) && !process_alive(pid));
     assert!(gone, "5 s after SIGTERM: mounted={} daemon alive={}", is_mounted(&mp), process_alive(pid));
     eprintln!("SIGTERM: mount gone and daemon exited after {:?}", sent.elapsed());
@@ -505,7 +507,7 @@ fn stage_ram_plain_tar_sigkill_frees_memory_and_remount_recovers() {
     let shm_before = dev_shm();
     let (m, pid, during) = mount_staged(&b, shmem_bytes());
     let mp = m.path().to_path_buf();
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    signal(pid, Signal::SIGKILL).unwrap();
     assert!(wait_until(Duration::from_secs(5), || !process_alive(pid)), "daemon {pid} survived SIGKILL");
     // The kernel frees the memfd with the dead process's mapping.
     assert_shmem_drops_to(during - b.len / 2, "after SIGKILL");

@@ -30,10 +30,6 @@ fn child_of(parent: u32) -> Option<i32> {
     children.split_whitespace().next()?.parse().ok()
 }
 
-fn signal(pid: i32, signal: nix::sys::signal::Signal) {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).unwrap();
-}
-
 /// Mounts with every phase held open, strikes when `phase` starts, and checks what is left.
 fn strike(phase: &str, blow: Blow, archive: &Path, tmp: &TempDir) {
     strike_with(phase, blow, archive, &[], tmp)
@@ -79,10 +75,10 @@ fn strike_with(phase: &str, blow: Blow, archive: &Path, options: &[&str], tmp: &
     let parent = child.id();
     let daemon = child_of(parent).unwrap_or_else(|| panic!("{context}: no daemon forked"));
     match blow {
-        Blow::TermDaemon => signal(daemon, nix::sys::signal::Signal::SIGTERM),
-        Blow::InterruptMount => signal(parent as i32, nix::sys::signal::Signal::SIGINT),
-        Blow::KillMount => signal(parent as i32, nix::sys::signal::Signal::SIGKILL),
-        Blow::KillDaemon => signal(daemon, nix::sys::signal::Signal::SIGKILL),
+        Blow::TermDaemon => signal(daemon, Signal::SIGTERM).unwrap(),
+        Blow::InterruptMount => signal(parent as i32, Signal::SIGINT).unwrap(),
+        Blow::KillMount => signal(parent as i32, Signal::SIGKILL).unwrap(),
+        Blow::KillDaemon => signal(daemon, Signal::SIGKILL).unwrap(),
     }
     let status = wait_timeout(&mut child.0, Duration::from_secs(60)).unwrap_or_else(|| panic!("{context}: hung"));
     // Until stderr closes (or stays silent for 10 s): on a loaded machine the reader

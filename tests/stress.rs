@@ -292,7 +292,7 @@ fn stress(label: &str, build: impl FnOnce(&Path, &Path), how: Unmount) {
         )),
         Unmount::Sigterm => {
             for pid in &pids {
-                assert_eq!(unsafe { libc::kill(*pid, libc::SIGTERM) }, 0);
+                signal(*pid, Signal::SIGTERM).unwrap();
             }
             None
         }

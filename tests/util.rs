@@ -86,7 +86,7 @@ pub fn fixture(name: &str) -> PathBuf {
 /// Panics unless the tests run as root (they mount, chown, and extract with
 /// the archived owners).
 pub fn require_root() {
-    let uid = unsafe { libc::geteuid() };
+    let uid = euid();
     assert_eq!(
         uid, 0,
         "the integration tests must run as root (they mount FUSE file systems and extract archives with their owners)"
@@ -425,7 +425,7 @@ impl Mounted {
                     mp.display()
                 );
                 for pid in stagefs_pids(&mp) {
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    let _ = signal(pid, Signal::SIGKILL);
                 }
                 let _ = Command::new("umount").arg("-l").arg(&mp).status();
             }
@@ -503,7 +503,7 @@ impl Drop for Mounted {
             eprintln!("Mounted drop: falling back to `umount -l {}`", self.mountpoint.display());
             let _ = Command::new("umount").arg("-l").arg(&self.mountpoint).status();
             for pid in stagefs_pids(&self.mountpoint) {
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                let _ = signal(pid, Signal::SIGKILL);
             }
         }
     }
@@ -791,4 +791,16 @@ pub fn remove_tree(dir: &Path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => panic!("cannot remove {}: {e}", dir.display()),
     }
+}
+
+/// This process's effective uid.
+pub fn euid() -> u32 {
+    nix::unistd::geteuid().as_raw()
+}
+
+pub use nix::sys::signal::Signal;
+
+/// Sends `sig` to process `pid` (Err: it is gone, or not ours to signal).
+pub fn signal(pid: i32, sig: Signal) -> nix::Result<()> {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig)
 }

@@ -14,6 +14,7 @@ use crate::util::{
     run_tool, stagefs, stagefs_bin, stagefs_pids, wait_until, CmdOutput, KillOnDrop, Mounted, TempDir, User,
     CMD_TIMEOUT,
 };
+use crate::util::{signal, Signal};
 
 /// Unmounts `mp` if a command that had to fail mounted it anyway, so one failure does not
 /// leave a mount behind for the rest of the suite.
@@ -264,7 +265,7 @@ fn umount_after_kill_9_of_the_daemon_leaves_nothing() {
     let guard = Mounted::adopt(&archive, &mp);
     let pids = stagefs_pids(&mp);
     assert_eq!(pids.len(), 1, "{pids:?}");
-    unsafe { libc::kill(pids[0], libc::SIGKILL) };
+    let _ = signal(pids[0], Signal::SIGKILL);
     assert!(wait_until(Duration::from_secs(10), || !process_alive(pids[0])), "the daemon survived SIGKILL");
     let out = stagefs_in(&runtime, &[OsStr::new("umount"), mp.as_os_str()]);
     guard.disarm();
@@ -299,7 +300,7 @@ fn kill_9_of_stagefs_run_takes_its_command_along_and_the_next_election_sweeps() 
         .filter(|pid| fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep"))
         .collect();
     assert_eq!(command.len(), 1, "the command is a child of stagefs run: {command:?}");
-    unsafe { libc::kill(run.id() as i32, libc::SIGKILL) };
+    let _ = signal(run.id() as i32, Signal::SIGKILL);
     let _ = run.0.wait();
     assert!(wait_until(Duration::from_secs(10), || !process_alive(command[0])), "the command outlived stagefs run");
     // Its daemon unmounts by itself once its owner is gone; the users tally stays.

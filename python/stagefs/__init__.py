@@ -19,7 +19,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from typing import Any, Iterable, Iterator, List, Optional, Sequence, Union
 
 from . import _native
 from ._native import ArchiveError, CudaUnavailableError, FileChangedError, ForkError
-from .archive import ArchiveFile, ArchiveFileSystem, ArchiveWarning, open
+from .archive import REMOTE_OPTIONS, ArchiveFile, ArchiveFileSystem, ArchiveWarning, _is_url, _without_secrets, open
 
 __version__: str = _native.__version__
 
@@ -158,6 +157,18 @@ class Mount:
         """True until :meth:`unmount` succeeded."""
         return self._mounted
 
+    def status(self) -> dict:
+        """What ``stagefs status --json`` says of this mount: ``staging``, ``ram_bytes`` (the
+        RAM it holds, each byte once: ``private_bytes`` of the daemon, ``staged_bytes`` of a
+        private copy, ``warmed_bytes`` of page cache), ``reads``, ``errors``,
+        ``last_error``, ... Raises :class:`MountError` if it is no longer mounted."""
+        out = _run([executable(), "status", "--json"], None)
+        for line in out.splitlines():
+            record = json.loads(line)
+            if record.get("mountpoint") == str(self.path) and record.get("state") == "live":
+                return record
+        raise MountError(f"{self.path} is not mounted", 6, ["stagefs", "status", "--json"])
+
     def add(self, *shards: PathLike, trust_shards: bool = False) -> str:
         """Adds shards (archives, glob patterns expanded by stagefs, or ``@list`` files) to a mount
         made with ``growing=True`` or ``watch``, as ``stagefs add`` does: the tree shows
@@ -212,16 +223,23 @@ class Mount:
         return f"<stagefs.Mount {_without_secrets(str(self.archive))!r} on {str(self.path)!r} ({state})>"
 
 
-def _without_secrets(text: str) -> str:
-    """``text`` with a URL's user information (``user:password@``) and query
-    (a presigned URL's signature) shown as ``***``: what repr and messages may show."""
-    return re.sub(r"(://)([^/?#@\s]*@)", r"\1***@", re.sub(r"(://[^\s]*?\?)([^#\s]*)", r"\1***", text))
-
-
-def _is_url(text: Union[str, bytes]) -> bool:
-    """True for an object in a store or on a server (``s3://``, ``http://``, ``https://``)."""
-    lower = (text.decode(errors="replace") if isinstance(text, bytes) else text)[:8].lower()
-    return lower.startswith(("s3://", "http://", "https://"))
+def _remote_flags(remote: dict) -> List[str]:
+    """``stagefs mount``'s flags for the remote options of :func:`mount` (see ``REMOTE_OPTIONS``)."""
+    unknown = set(remote) - set(REMOTE_OPTIONS)
+    if unknown:
+        raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
+    flags: List[str] = []
+    for name, value in remote.items():
+        flag = "--" + name.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            flags.append(flag)
+        elif name in ("remote_timeout", "remote_deadline"):
+            flags += [flag, _duration(value)]
+        else:
+            flags += [flag, os.fspath(value) if name == "bearer_token_file" else str(value)]
+    return flags
 
 
 def mount(
@@ -238,6 +256,7 @@ def mount(
     growing: bool = False,
     watch: Union[bool, int, float, str] = False,
     timeout: Optional[float] = None,
+    **remote: Any,
 ) -> Mount:
     """Mounts ``archive`` read-only and returns once the mount is usable.
 
@@ -262,7 +281,11 @@ def mount(
     ``"https://host/path/data.tar"`` (or a brace range or glob of them); it is fetched
     once into RAM or the local disk (``stage="none"`` reads it in place by ranges).
     Credentials come from the usual AWS chain (environment, ``~/.aws``, instance role)
-    or ``~/.netrc``; see doc/remote.md.
+    or ``~/.netrc``; see doc/remote.md. The remote options are keyword arguments named as
+    the command's flags: ``endpoint_url``, ``profile``, ``no_sign_request``,
+    ``remote_concurrency``, ``bearer_token_file``, ``remote_timeout``, ``remote_deadline``,
+    ``remote_tries``, ``allow_http`` (``no_sign_request=True`` is ``--no-sign-request``).
+    A URL reaches the command on its standard input, never its command line.
 
     Raises :class:`MountError` (an ``OSError``) with the command's message and
     exit code, e.g. code 3 for a missing or unreadable archive.
@@ -291,6 +314,7 @@ def mount(
         cmd.append("--watch")
     elif watch is not False:
         cmd.append(f"--watch={_duration(watch)}")
+    cmd += _remote_flags(remote)
     # Interrupted (Ctrl-C, timeout) while the daemon is coming up, subprocess kills the
     # command; the daemon follows its parent and leaves nothing mounted or staged.
     out = _run(cmd, timeout, stdin=archive_text + "\n" if url else None)
@@ -394,7 +418,11 @@ class Loader:
     with :func:`open`'s defaults) or a filesystem :func:`open` returned: its members are
     listed and labelled the same way (below the archive directory ``archive_root``, by
     default its root) and read straight from the archive's bytes by the native threads,
-    with no mount; ``Batch.paths`` are then the members' paths in the archive. Each epoch the order is shuffled with ``seed`` and
+    with no mount; ``Batch.paths`` are then the members' paths in the archive. ``root`` may
+    be an object's URL too (``"s3://bucket/train.tar"``, ``"https://..."``), opened by
+    :func:`open` with the remote options given here as keyword arguments
+    (``endpoint_url``, ``profile``, ``no_sign_request``, ...) and ``stage`` (default
+    ``"ram"`` for an object: fetched once into RAM with parallel ranges). Each epoch the order is shuffled with ``seed`` and
     the epoch number (the same permutation on every rank), then sharded like
     ``DistributedSampler``: rank ``r`` of ``world_size`` takes every
     ``world_size``-th file; with ``drop_last=False`` the order is padded by
@@ -438,13 +466,19 @@ class Loader:
         output: Optional[str] = None,
         archive_root: Optional[str] = None,
         _upload_delay_ms: int = 0,
+        **remote: Any,
     ) -> None:
         r, w = _rank_world(rank, world_size)
         self._archive: Optional[ArchiveFileSystem] = None
         if isinstance(source, ArchiveFileSystem):
             self._archive = source
-        elif isinstance(source, (str, os.PathLike)) and not os.path.isdir(source):
-            self._archive = open(source)
+        elif isinstance(source, (str, os.PathLike)) and (_is_url(os.fspath(source)) or not os.path.isdir(source)):
+            text = os.fspath(source)
+            if _is_url(text):
+                remote.setdefault("stage", "ram")
+            self._archive = open(source, **remote)
+        elif remote:
+            raise TypeError(f"remote options ({', '.join(sorted(remote))}) apply to an archive or object source")
         if self._archive is not None:
             src: Any = self._archive.archive
         elif isinstance(source, (str, os.PathLike)):
@@ -471,7 +505,8 @@ class Loader:
                 raise
             chosen = self._settings["device"] = "cpu"
             self._native = _native.Loader(src, root=archive_root, **self._settings)
-            _warn_host_tensors(str(e))
+            # Said as what happened: no device was asked for, none could be used.
+            _warn_host_tensors(f"no GPU could be used ({str(e).split(': ', 1)[0]})")
         if device is None and chosen == "cpu" and self._output != "torch":
             _warn_host_tensors("torch is not installed, so batches come as numpy arrays")
         self._classes: List[str] = list(self._native.classes)

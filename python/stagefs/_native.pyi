@@ -31,10 +31,13 @@ def open(
     stage_dir: Optional[_Path] = None,
     recursive: bool = False,
     trust_shards: bool = False,
-) -> Tuple["Archive", List[str]]:
-    """Opens an archive, a glob pattern of shards or an @list as ``stagefs mount`` would
-    (trust rules, staging, saved indexes); returns it and the warnings opening it logged.
-    Releases the GIL; Ctrl-C raises KeyboardInterrupt at once."""
+    remote: Optional[Dict[str, Any]] = None,
+    progress: bool = False,
+) -> Tuple["Archive", List[Tuple[str, str]]]:
+    """Opens an archive, a glob pattern of shards, an @list or an object's URL as
+    ``stagefs mount`` would (trust rules, client and credentials, staging, saved indexes);
+    ``remote`` holds the remote options named as the command's flags; ``progress`` draws
+    bars on stderr (a terminal). Returns it and what opening it logged, (level, line). Releases the GIL; Ctrl-C raises KeyboardInterrupt at once."""
 
 Info = Dict[str, Any]
 

@@ -17,7 +17,10 @@ from __future__ import annotations
 import datetime
 import errno
 import io
+import logging
 import os
+import re
+import sys
 import threading
 import warnings
 import weakref
@@ -30,6 +33,10 @@ from . import _native
 __all__ = ["ArchiveFile", "ArchiveFileSystem", "ArchiveWarning", "open"]
 
 PathLike = Union[str, "os.PathLike[str]"]
+
+#: What opening and staging report (what ``stagefs mount`` prints as it goes): "indexed
+#: 1,281,167 entries in 2.1 s", "fetched s3://... into RAM"; warnings are ArchiveWarnings.
+log = logging.getLogger("stagefs")
 
 
 class ArchiveWarning(UserWarning):
@@ -44,8 +51,35 @@ _opened: "weakref.WeakValueDictionary[tuple, Any]" = weakref.WeakValueDictionary
 _opened_lock = threading.Lock()
 
 
+#: The remote options of :func:`open`, :class:`Loader` and :func:`stagefs.mount`, named as
+#: the command line's flags (``--endpoint-url`` is ``endpoint_url``).
+REMOTE_OPTIONS = ("endpoint_url", "profile", "no_sign_request", "remote_concurrency", "bearer_token_file",
+                  "remote_timeout", "remote_deadline", "remote_tries", "allow_http")  # fmt: skip
+
+
+def _is_url(text: Union[str, bytes]) -> bool:
+    """An object in a store or on a server (``s3://``, ``http://``, ``https://``)."""
+    lower = (text.decode(errors="replace") if isinstance(text, bytes) else text)[:8].lower()
+    return lower.startswith(("s3://", "http://", "https://"))
+
+
+def _without_secrets(text: str) -> str:
+    """``text`` with a URL's user information (``user:password@``) and query
+    (a presigned URL's signature) shown as ``***``: what repr and messages may show."""
+    return re.sub(r"(://)([^/?#@\s]*@)", r"\1***@", re.sub(r"(://[^\s]*?\?)([^#\s]*)", r"\1***", text))
+
+
+def _has_secret(url: str) -> bool:
+    """A URL carrying a credential: a ``user:password@`` or a query (a presigned signature)."""
+    rest = url.split("://", 1)[-1]
+    return "@" in rest.split("/", 1)[0] or "?" in rest
+
+
 def _identity(path: str) -> tuple:
-    """What changes when the file at ``path`` is replaced or rewritten (nothing for a pattern)."""
+    """What changes when the file at ``path`` is replaced or rewritten (nothing for a pattern
+    or an object: its version is pinned when it is opened)."""
+    if _is_url(path):
+        return ()
     try:
         st = os.stat(path)
     except OSError:
@@ -54,18 +88,24 @@ def _identity(path: str) -> tuple:
 
 
 def _open_native(path: str, stage: str, max_ram: Any, stage_dir: Optional[str], recursive: bool,
-                 trust_shards: bool) -> Any:  # fmt: skip
-    key = (os.path.abspath(path), _identity(path), stage, max_ram, stage_dir, recursive, trust_shards)
+                 trust_shards: bool, remote: Dict[str, Any], progress: Optional[bool]) -> Any:  # fmt: skip
+    where = path if _is_url(path) else os.path.abspath(path)
+    key = (where, _identity(path), stage, max_ram, stage_dir, recursive, trust_shards, tuple(sorted(remote.items())))
     with _opened_lock:
         archive = _opened.get(key)
     if archive is not None:
         return archive
     # Opening may take long (a scan): no lock is held meanwhile; two threads racing here
     # both open, and the first one's is kept.
+    if progress is None:
+        progress = sys.stderr is not None and sys.stderr.isatty()
     archive, logged = _native.open(path, stage=stage, max_ram=max_ram, stage_dir=stage_dir, recursive=recursive,
-                                   trust_shards=trust_shards)  # fmt: skip
-    for line in logged:
-        warnings.warn(f"stagefs: {line}", ArchiveWarning, stacklevel=_outside_stacklevel())
+                                   trust_shards=trust_shards, remote=remote, progress=progress)  # fmt: skip
+    for level, line in logged:
+        if level in ("WARN", "ERROR"):
+            warnings.warn(line, ArchiveWarning, stacklevel=_outside_stacklevel())
+        else:
+            log.info("%s", line)
     with _opened_lock:
         return _opened.setdefault(key, archive)
 
@@ -81,15 +121,18 @@ def _outside_stacklevel() -> int:
     return level
 
 
-def _local_path(fo: Any, target_protocol: Optional[str], target_options: Optional[dict]) -> str:
-    """The local path of the archive fsspec hands over (``fo``, maybe behind a caching layer)."""
+def _archive_of(fo: Any, target_protocol: Optional[str], target_options: Optional[dict]) -> str:
+    """The archive fsspec hands over (``fo``): a local path (maybe behind a caching layer),
+    or an object's ``s3://`` or ``https://`` URL, which stagefs reads itself."""
     if hasattr(fo, "__fspath__"):
         fo = os.fspath(fo)
     if not isinstance(fo, str) or not fo:
         raise TypeError(
-            f"stagefs needs the path of a local archive (or a pattern, or an @list) as fo, not {type(fo).__name__}; "
-            "it maps the file and reads it in place"
+            f"stagefs needs an archive's path or URL (or a pattern, or an @list) as fo, not {type(fo).__name__}"
         )
+    if target_protocol in ("s3", "http", "https"):
+        # Chained (``stagefs://member::s3://bucket/key``): stagefs's own client reads it.
+        return fo if "://" in fo else f"{target_protocol}://{fo}"
     if target_protocol in (None, "file", "local"):
         return fo[len("file://"):] if fo.startswith("file://") else fo
     target = fsspec.filesystem(target_protocol, **(target_options or {}))
@@ -98,8 +141,9 @@ def _local_path(fo: Any, target_protocol: Optional[str], target_options: Optiona
         with target.open(fo, "rb") as f:
             return f.name
     raise ValueError(
-        f"stagefs reads local archives; {target_protocol}:// is not local. Chain a cache in front of it "
-        f"(stagefs://PATH::simplecache::{target_protocol}://...) or copy the archive to a local disk"
+        f"stagefs reads local archives and s3://, http:// and https:// objects; {target_protocol}:// is neither. "
+        f"Chain a cache in front of it (stagefs://PATH::simplecache::{target_protocol}://...) or copy the archive "
+        "to a local disk"
     )
 
 
@@ -196,12 +240,16 @@ class ArchiveFileSystem(fsspec.AbstractFileSystem):
     def __init__(self, fo: Any = "", *, stage: str = "none", max_ram: Union[int, str, None] = None,
                  stage_dir: Optional[PathLike] = None, recursive: bool = False, trust_shards: bool = False,
                  target_protocol: Optional[str] = None, target_options: Optional[dict] = None,
-                 **kwargs: Any) -> None:  # fmt: skip
+                 progress: Optional[bool] = None, **kwargs: Any) -> None:  # fmt: skip
+        remote = {k: kwargs.pop(k) for k in REMOTE_OPTIONS if k in kwargs}
+        if "bearer_token_file" in remote and remote["bearer_token_file"] is not None:
+            remote["bearer_token_file"] = os.fspath(remote["bearer_token_file"])
         super().__init__(**kwargs)
-        self.fo = _local_path(fo, target_protocol, target_options)
+        self.fo = _archive_of(fo, target_protocol, target_options)
         self.stage = stage
         stage_dir = os.fspath(stage_dir) if stage_dir is not None else None
-        self._archive: Any = _open_native(self.fo, stage, max_ram, stage_dir, recursive, trust_shards)
+        self._archive: Any = _open_native(self.fo, stage, max_ram, stage_dir, recursive, trust_shards, remote,
+                                          progress)  # fmt: skip
 
     # -- what the archive is -----------------------------------------------------------
 
@@ -303,6 +351,13 @@ class ArchiveFileSystem(fsspec.AbstractFileSystem):
         every file it serves: the copy made in the other process opens the archive by path
         again, and refuses it (``OSError(ESTALE)``) unless it is the very same version. A
         file replaced in between must never be served beside the old one."""
+        if _is_url(self.fo) and _has_secret(self.fo):
+            # A credential in the URL must not travel in a pickle: another process would
+            # hold it (and whoever can read the pickle).
+            raise TypeError(
+                f"{self.label}: a filesystem whose URL carries a password or a signature is not pickled; give the "
+                "credentials another way (~/.netrc, bearer_token_file, the AWS chain), or use fork workers"
+            )
         identity = self.archive.identity
         return _reopen, (type(self), self.storage_args, self.storage_options, identity)
 
@@ -327,21 +382,24 @@ class ArchiveFileSystem(fsspec.AbstractFileSystem):
 
     def __repr__(self) -> str:
         if self._archive is None:
-            return f"<stagefs.ArchiveFileSystem {self.fo!r} (closed)>"
+            return f"<stagefs.ArchiveFileSystem {_without_secrets(self.fo)!r} (closed)>"
         return f"<stagefs.ArchiveFileSystem {self.label!r} ({self.format}, {self.staging})>"
 
     __str__ = __repr__
 
 
 def open(archive: PathLike, *, stage: str = "none", max_ram: Union[int, str, None] = None,
-         stage_dir: Optional[PathLike] = None, recursive: bool = False,
-         trust_shards: bool = False) -> ArchiveFileSystem:  # fmt: skip
+         stage_dir: Optional[PathLike] = None, recursive: bool = False, trust_shards: bool = False,
+         progress: Optional[bool] = None, **remote: Any) -> ArchiveFileSystem:  # fmt: skip
     """Opens ``archive`` in this process, without FUSE, and returns it as a read-only
     fsspec filesystem (see :class:`ArchiveFileSystem`).
 
     ``archive`` is a tar (plain, or compressed with gzip, bzip2, xz, zstd or lz4), a zip,
     a SquashFS image, a glob pattern of shards (``"train-*.tar"``, expanded by stagefs,
-    sorted) or an ``@list`` file, as for ``stagefs mount``. Options:
+    sorted) or an ``@list`` file, as for ``stagefs mount``; or an object in a store or on
+    a server: ``"s3://bucket/key.tar"``, ``"https://host/path/data.tar"``, a brace range or
+    glob of them, read by stagefs's own client (parallel ranged fetches, the AWS
+    credential chain, ``~/.netrc``; see doc/remote.md). Options:
 
     * ``stage``: ``"none"`` (default): served in place from the file; every process of the
       node that opens it shares one copy, the page cache's. ``"ram"``: the same, after
@@ -353,12 +411,27 @@ def open(archive: PathLike, *, stage: str = "none", max_ram: Union[int, str, Non
     * ``recursive``: uncompressed tars inside the archive open as directories.
     * ``trust_shards``: use shards that other users could have put in a pattern's
       directory (refused by default, with :class:`PermissionError`).
+    * ``progress``: progress bars on stderr while fetching, staging and indexing (default:
+      when stderr is a terminal). What the steps report goes to the logger ``stagefs``
+      (``logging``); what the user should act on, to ``warnings`` (:class:`ArchiveWarning`).
+    * For objects, ``stage="ram"`` or ``"copy"`` fetches the object into this process's
+      RAM (within ``max_ram``), ``"none"`` reads it in place by ranges through a bounded
+      cache, ``"disk"`` (with ``stage_dir``) fetches it to the local disk; an archive made
+      by ``stagefs pack --compress`` is read in place frame by frame. The remote options
+      are keyword arguments named as ``stagefs mount``'s flags: ``endpoint_url``,
+      ``profile``, ``no_sign_request``, ``remote_concurrency``, ``bearer_token_file``,
+      ``remote_timeout``, ``remote_deadline`` (seconds or e.g. ``"5m"``), ``remote_tries``,
+      ``allow_http``. One process reaches objects with one set of them.
 
     Refusals raise what the same failure would on a file: ``FileNotFoundError``,
     ``IsADirectoryError``, ``PermissionError`` (another user's shard), ``OSError``, and
     :class:`stagefs.ArchiveError` (an ``OSError``) for a damaged archive, with ``offset``.
     The GIL is released while indexing, and Ctrl-C interrupts it.
     """
+    unknown = set(remote) - set(REMOTE_OPTIONS)
+    if unknown:
+        raise TypeError(f"open() got unexpected keyword arguments {sorted(unknown)}")
     return ArchiveFileSystem(os.fspath(archive), stage=stage, max_ram=max_ram,
                              stage_dir=None if stage_dir is None else os.fspath(stage_dir),
-                             recursive=recursive, trust_shards=trust_shards)  # fmt: skip
+                             recursive=recursive, trust_shards=trust_shards, progress=progress,
+                             **remote)  # fmt: skip

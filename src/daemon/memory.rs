@@ -23,10 +23,15 @@ pub(super) fn return_free_memory() {
     unsafe { libc::malloc_trim(0) };
 }
 
-/// This process's resident memory (VmRSS), for `stagefs status`.
-pub fn resident_bytes() -> u64 {
+/// This process's resident memory (VmRSS) and the private part of it (RssAnon: the heap,
+/// the index, caches and buffers, without the staged memfd's pages, which RssShmem counts,
+/// nor the archive's mapped page cache, RssFile), for `stagefs status`.
+pub fn resident_bytes() -> (u64, u64) {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let kib =
-        status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok());
-    kib.unwrap_or(0u64) * 1024
+    let field = |name: &str| -> u64 {
+        let kib =
+            status.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| v.split_whitespace().next()?.parse().ok());
+        kib.unwrap_or(0) * 1024
+    };
+    (field("VmRSS:"), field("RssAnon:"))
 }

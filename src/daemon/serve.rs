@@ -38,9 +38,9 @@ pub(super) fn housekeeping(mut record: Record, fs: Arc<Fs>, log: Option<File>) {
             let mut changed = errors != record.errors || reads != record.reads || shards != record.shards;
             (record.errors, record.last_error, record.reads, record.shards) = (errors, last_error, reads, shards);
             if tick % TICKS_PER_UPKEEP == 0 {
-                let rss = super::memory::resident_bytes();
-                changed |= rss != record.rss_bytes;
-                record.rss_bytes = rss;
+                let (rss, private) = super::memory::resident_bytes();
+                changed |= (rss, private) != (record.rss_bytes, record.private_bytes);
+                (record.rss_bytes, record.private_bytes) = (rss, private);
                 if reads == reads_at_upkeep && !trimmed {
                     return_free_memory();
                     trimmed = true;

@@ -129,7 +129,8 @@ pub(super) fn start(
         last_error: None,
         shards: fs.growing().map(|set| set.paths()),
         compressed: compressed.map(str::to_owned),
-        rss_bytes: super::memory::resident_bytes(),
+        rss_bytes: super::memory::resident_bytes().0,
+        private_bytes: super::memory::resident_bytes().1,
         created: created.to_vec(),
     };
     if let Err(e) = registry::write(&record) {
@@ -177,7 +178,8 @@ fn check_fuse_available() -> Result<(), Failure> {
     };
     if let Err(why) = device {
         return Err(Failure::no_fuse(format!(
-            "FUSE is not available: cannot use /dev/fuse ({why}); load the fuse kernel module or ask the cluster admins to enable FUSE"
+            "FUSE is not available: cannot use /dev/fuse ({why}); {}",
+            NO_FUSE_ADVICE
         )));
     }
     if !nix::unistd::geteuid().is_root() && which("fusermount3").is_none() {
@@ -213,8 +215,15 @@ fn mount_failure(mountpoint: &Path, e: std::io::Error) -> Failure {
     if about_mountpoint.iter().any(|w| lower.contains(w)) && !about_fuse.iter().any(|w| lower.contains(w)) {
         return mountpoint_refused(mountpoint, text);
     }
-    Failure::no_fuse(format!("cannot mount {at}: FUSE refused it: {text}"))
+    Failure::no_fuse(format!("cannot mount {at}: FUSE refused it: {text}; {NO_FUSE_ADVICE}"))
 }
+
+/// What to do without FUSE, where it is most often missing: a container (Docker,
+/// Kubernetes, Apptainer without it) or a cluster that disabled it.
+const NO_FUSE_ADVICE: &str = "in a container, start it with the FUSE device (docker run --device /dev/fuse \
+     --cap-add SYS_ADMIN; in Kubernetes a privileged or FUSE device-plugin pod); on a cluster, ask the admins to \
+     enable FUSE (modprobe fuse). Without FUSE, Python reads archives in process: stagefs.open(ARCHIVE) (an fsspec \
+     filesystem) or stagefs.Loader(ARCHIVE)";
 
 fn mountpoint_refused(mountpoint: &Path, why: &str) -> Failure {
     Failure::new(

@@ -258,9 +258,10 @@ impl PackArgs {
             n => format!("{n} shards {}", shards::shard_path(&self.out, 0).shown()).replace("-000000.tar", "-*.tar"),
         };
         eprintln!(
-            "stagefs: packed {} files ({}) into {written} in {secs:.2} s: {:.0} files/s, {:.1} MB/s, {threads} readers; \
-             {saved} index{} saved",
+            "stagefs: packed {} file{} ({}) into {written} in {secs:.2} s: {:.0} files/s, {:.1} MB/s, {threads} \
+             readers; {saved} index{} saved",
             totals.files,
+            if totals.files == 1 { "" } else { "s" },
             crate::report::human(totals.bytes),
             totals.files as f64 / secs,
             totals.bytes as f64 / secs / 1e6,

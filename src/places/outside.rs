@@ -251,7 +251,14 @@ fn push_components(todo: &mut Vec<OsString>, path: &Path) {
 /// Who could have put each entry of a walk where it was found (see the module's doc).
 #[derive(Default)]
 struct Makers {
-    /// (uid, the entry, how they could): everyone who could.
+    /// (uid, the entry, how, the owner of its directory): who made each link on the way
+    /// and the file (its bytes). Each must be the user, root or the owner of the directory
+    /// it stands in: a link another user planted in the user's sticky directory is
+    /// refused, whatever (and whoever's) it leads to.
+    made: Vec<(u32, PathBuf, &'static str, u32)>,
+    /// (uid, the entry, how they could): everyone who could have put an entry where it
+    /// stands (the owners of the directories on the way, and in shared sticky ones the
+    /// entries' owners).
     could: Vec<(u32, PathBuf, &'static str)>,
     /// A directory that lets anyone replace what it holds, with the entry it held.
     open_to_all: Option<(PathBuf, PathBuf, u32)>,
@@ -262,9 +269,8 @@ impl Makers {
     /// (a link, a file's bytes), not only where it stands.
     fn note(&mut self, dir: &Dir, name: &OsStr, owner: u32, made: Option<&'static str>) {
         let entry = dir.path.join(name);
-        // First: the most telling reason is the one a refusal names.
         if let Some(how) = made {
-            self.could.push((owner, entry.clone(), how));
+            self.made.push((owner, entry.clone(), how, dir.meta.uid()));
         }
         if others_can_write(&dir.meta) {
             if self.open_to_all.is_none() {
@@ -280,8 +286,26 @@ impl Makers {
     }
 
     /// Whether only `allowed` users could have put the entries in place; `dataset`: the
-    /// dataset's owner, named in the message.
+    /// dataset's owner (who may also have made what stands in a directory of theirs),
+    /// named in the message.
     fn judge(&self, allowed: &[u32], dataset: Option<u32>) -> Result<(), String> {
+        let made_by_stranger = self.made.iter().find(|(uid, .., dir_owner)| {
+            let own = [my_uid(), 0];
+            !(own.contains(uid) || dataset.is_some() && uid == dir_owner)
+        });
+        if let Some((uid, entry, how, dir_owner)) = made_by_stranger {
+            let whom = match dataset {
+                Some(_) => {
+                    format!("neither you nor the owner of the directory it stands in ({})", user_label(*dir_owner))
+                }
+                None => "not you".to_string(),
+            };
+            return Err(format!(
+                "{} {how} {}, {whom}: another user may have put it there",
+                user_label(*uid),
+                entry.shown()
+            ));
+        }
         if let Some((dir, entry, mode)) = &self.open_to_all {
             return Err(format!(
                 "{} is writable by other users (mode {mode:04o}) without the sticky bit, so they could replace {} \
@@ -367,8 +391,9 @@ impl Dir {
     /// The link `name` is (its owner and target), or `error` when it is no link.
     fn link_or(&self, name: &OsStr, error: std::io::Error) -> Step {
         let Ok(c) = CString::new(name.as_bytes()) else { return Step::Failed(error) };
-        // SAFETY: a NUL-terminated name relative to our descriptor; `stat` is written by the call.
+        // SAFETY: all-zero bytes are a valid `stat` (plain integers).
         let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: a NUL-terminated name relative to our descriptor; `stat` is written by the call.
         if unsafe { libc::fstatat(self.fd.as_raw_fd(), c.as_ptr(), &mut stat, libc::AT_SYMLINK_NOFOLLOW) } != 0 {
             return Step::Failed(std::io::Error::last_os_error());
         }

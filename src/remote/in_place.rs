@@ -32,20 +32,30 @@ pub fn open(client: &Client, object: &Object, shown: &Path) -> Result<(Loaded, K
     let size = object.version.size;
     let fail = |e| OpenArchiveError::from(e);
     let head = client.get_range(object, 0, 512).map_err(fail)?;
-    if Compression::detect(&head).is_some() {
-        return Err(OpenError::Unsupported {
-            path: shown.to_owned(),
-            what: "a compressed tar is not read in place from a store (its restart points come from decoding it \
-                   whole); stage it: --stage ram or disk (auto does when it fits)"
-                .into(),
-        }
-        .into());
-    }
     let key = key_of(object, &mut |offset, buf| {
         let got = client.get_range(object, offset, buf.len()).map_err(|e| std::io::Error::other(e.to_string()))?;
         buf.copy_from_slice(&got);
         Ok(())
     })?;
+    if Compression::detect(&head).is_some() {
+        // Read in place frame by frame (or block, member) from the restart points of its
+        // saved index: `remote::open` takes it from there, or refuses (a first pass would
+        // decode the whole object).
+        let Some(codec) = stagefs_archive::seekable::Codec::by_magic(&head) else {
+            return Err(OpenError::Unsupported {
+                path: shown.to_owned(),
+                what: "an lz4 tar cannot be read from inside (lz4 has no restart points); stage it: --stage ram or \
+                       disk (auto does when it fits)"
+                    .into(),
+            }
+            .into());
+        };
+        let reader = RangeReader::new(client.clone(), object.clone(), CACHE_BUDGET);
+        let bytes = ObjectBytes { reader, client: client.clone(), tar: false };
+        let backing = Arc::new(Source::ranged(anonymous_byte()?, Box::new(bytes)));
+        let loaded = Loaded { backing, staged_bytes: 0, staging: Staging::InPlace, disk: None, codec: Some(codec) };
+        return Ok((loaded, key));
+    }
     let (map, tar, tables) = match Format::detect(&head) {
         Some(Format::Tar) => (anonymous_byte()?, true, 0),
         Some(Format::SquashFs) => {

@@ -42,6 +42,11 @@ impl RemoteIndexes<'_> {
     fn sidecar(&self, flavor: &saved_index::Flavor) -> stagefs_remote::ObjectUrl {
         self.object.url.with_suffix(&format!("{}{}", saved_index::INDEX_SUFFIX, flavor.suffix()))
     }
+
+    /// The saved index beside the object, for messages.
+    pub fn sidecar_shown(&self, flavor: &saved_index::Flavor) -> String {
+        self.sidecar(flavor).shown()
+    }
 }
 
 impl SavedIndexes for RemoteIndexes<'_> {

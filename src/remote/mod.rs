@@ -11,7 +11,6 @@ mod open;
 use crate::places::Trust;
 use stagefs_archive::escape::Shown;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 pub use open::{fetch_for_broadcast, open};
@@ -19,7 +18,7 @@ use stagefs_remote::{Client, Config, Secret};
 pub use stagefs_remote::{ObjectUrl, RemoteError, LOG_FILTER};
 
 /// How to reach objects in a store or on an HTTP(S) server.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 #[command(next_help_heading = "Archives in object storage (s3://BUCKET/KEY, https://HOST/PATH)")]
 pub struct RemoteOptions {
     /// Range requests in flight while fetching an object, 1 to 256
@@ -73,14 +72,38 @@ impl Default for RemoteOptions {
     }
 }
 
-/// The client of this process, made once from the options of the command that runs.
-static CLIENT: OnceLock<Client> = OnceLock::new();
+/// The client of this process and the options it was made from: made once by a command
+/// ([`configure`]); Python's `stagefs.open` may open objects with other options
+/// ([`with_options`]). Readers of open objects keep the client they were opened with.
+static CLIENT: std::sync::RwLock<Option<(RemoteOptions, Client)>> = std::sync::RwLock::new(None);
+/// Held by an open under [`with_options`]: concurrent opens with other options wait.
+static OPENING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Makes the process's client from `options` (the first call wins).
 pub fn configure(options: &RemoteOptions) -> Result<(), RemoteFailure> {
-    if CLIENT.get().is_some() {
+    if CLIENT.read().unwrap_or_else(|p| p.into_inner()).is_some() {
         return Ok(());
     }
+    let client = make_client(options)?;
+    CLIENT.write().unwrap_or_else(|p| p.into_inner()).get_or_insert((options.clone(), client));
+    Ok(())
+}
+
+/// Runs `open` with the process's client made from `options` (a new one when they differ
+/// from the current client's), one such open at a time: a Python program may open objects
+/// of several endpoints, profiles or tokens.
+pub fn with_options<T>(options: &RemoteOptions, open: impl FnOnce() -> T) -> Result<T, RemoteFailure> {
+    let _one_at_a_time = OPENING.lock().unwrap_or_else(|p| p.into_inner());
+    let same = CLIENT.read().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|(o, _)| o == options);
+    if !same {
+        let client = make_client(options)?;
+        *CLIENT.write().unwrap_or_else(|p| p.into_inner()) = Some((options.clone(), client));
+    }
+    Ok(open())
+}
+
+/// A client made from `options`.
+fn make_client(options: &RemoteOptions) -> Result<Client, RemoteFailure> {
     let bearer_token = match &options.bearer_token_file {
         Some(file) => Some(read_token(file)?),
         None => None,
@@ -109,18 +132,18 @@ pub fn configure(options: &RemoteOptions) -> Result<(), RemoteFailure> {
         files: files(),
         ..Config::default()
     };
-    let client = Client::new(config)?;
-    let _ = CLIENT.set(client);
-    Ok(())
+    Ok(Client::new(config)?)
 }
 
-/// The process's client (made with default options if no command configured it).
-pub fn client() -> Result<&'static Client, RemoteError> {
-    if let Some(client) = CLIENT.get() {
-        return Ok(client);
+/// The process's client (made with default options if no command configured it): a
+/// handle on it, cheap to clone.
+pub fn client() -> Result<Client, RemoteError> {
+    if let Some((_, client)) = CLIENT.read().unwrap_or_else(|p| p.into_inner()).as_ref() {
+        return Ok(client.clone());
     }
     let client = Client::new(Config { files: files(), ..Config::default() })?;
-    Ok(CLIENT.get_or_init(|| client))
+    let mut slot = CLIENT.write().unwrap_or_else(|p| p.into_inner());
+    Ok(slot.get_or_insert((RemoteOptions::default(), client)).1.clone())
 }
 
 /// The door the client reads its files through (credentials, CA bundles, tokens,
@@ -178,10 +201,18 @@ pub fn is_url(path: &Path) -> bool {
     path.to_str().is_some_and(stagefs_remote::is_url)
 }
 
+/// An object's URL for messages and exceptions: no user, no query, escaped.
+pub fn shown(path: &Path) -> String {
+    match parse(path) {
+        Ok(url) => url.shown(),
+        Err(_) => stagefs_remote::url::display_unparsed(&path.to_string_lossy()),
+    }
+}
+
 /// The URL in `path`.
 pub fn parse(path: &Path) -> Result<ObjectUrl, RemoteError> {
     let text = path.to_str().ok_or_else(|| RemoteError::BadUrl("a URL must be UTF-8".into()))?;
-    let allow_http = CLIENT.get().is_some_and(|c| c.config().allow_http);
+    let allow_http = CLIENT.read().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(|(o, _)| o.allow_http);
     ObjectUrl::parse(text, allow_http).map_err(|e| RemoteError::BadUrl(e.to_string()))
 }
 
@@ -234,7 +265,7 @@ pub fn resolve(spec: &Path, more: &[PathBuf], growing: bool) -> Result<crate::pl
     for one in &specs {
         let url = parse(one)?;
         let found: Vec<(ObjectUrl, Option<u64>)> = match is_set(&url) {
-            true => stagefs_remote::list::resolve(client, &url)?,
+            true => stagefs_remote::list::resolve(&client, &url)?,
             false => vec![(url, None)],
         };
         for (url, size) in found {

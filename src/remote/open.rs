@@ -10,6 +10,7 @@ use std::time::Instant;
 use stagefs_remote::{Client, Hooks, Object, RemoteError};
 
 use super::index::{key_of, RemoteIndexes};
+use crate::open::SavedIndexes as _;
 use crate::open::{Indexing, OpenArchiveError, Opened};
 use crate::places::CheckedDir;
 use crate::report::human;
@@ -39,10 +40,31 @@ pub fn open(
             let disk = copy.to_disk.then(|| DiskStaged { dir: copy.dir.clone(), bytes: object.version.size });
             (from_copy(&shown, copy.file, disk, mode, max_ram)?, key)
         }
-        None => stage(client, &object, &shown, mode, (max_ram, stage_dir))?,
+        None => stage(&client, &object, &shown, mode, (max_ram, stage_dir))?,
     };
     crate::cancel::check()?;
-    let indexes = RemoteIndexes { client, object: &object, key, shown: &shown };
+    let indexes = RemoteIndexes { client: &client, object: &object, key, shown: &shown };
+    if loaded.codec.is_some() && loaded.staging == Staging::InPlace {
+        // A compressed tar read in place: its restart points come from its saved index (as
+        // `stagefs pack --compress` and `stagefs index --upload` make), never from a first
+        // pass over the whole object here.
+        let flavor =
+            crate::saved_index::Flavor { depth: indexing.depth, whole: false, dir: indexing.index_dir.as_deref() };
+        return match indexes.load(&loaded, &flavor) {
+            Some((index, reader)) => Ok(crate::open::reused(loaded, index, reader)),
+            None => Err(stagefs_archive::OpenError::Unsupported {
+                path: shown.clone(),
+                what: format!(
+                    "a compressed tar is read in place from a store by the restart points of its saved index, and \
+                     there is none for this version (beside it, {}, or in the cache): make one once with `stagefs \
+                     index --upload {}` (it fetches the object once), or stage it: --stage ram or disk",
+                    indexes.sidecar_shown(&flavor),
+                    url.shown()
+                ),
+            }
+            .into()),
+        };
+    }
     // An object staged compressed or decoded whole shares one kept index (both are staged:
     // see `stage`); a local archive keeps one per way of serving.
     crate::open::index_loaded(&shown, loaded, false, indexing, shards, &indexes)
@@ -227,6 +249,6 @@ pub fn fetch_for_broadcast(archive: &Path, stage_dir: Option<&Path>) -> Result<(
             nameless_on_disk(&dir, size)?
         }
     };
-    fetch(client, &object, &shown, &file, "to broadcast it").map_err(failed)?;
+    fetch(&client, &object, &shown, &file, "to broadcast it").map_err(failed)?;
     Ok((file, size))
 }

@@ -36,11 +36,13 @@ fi
 extra=(torch torchvision)
 [[ ${STAGEFS_TEST_NO_TORCH:-0} == 1 ]] && extra=()
 "$VENV/bin/pip" install --quiet --disable-pip-version-check "$wheel" numpy pytest "${extra[@]}"
+# test_open_remote.py starts s3s-fs as the no-FUSE test user, who cannot reach /root/.cargo/bin.
+if command -v s3s-fs >/dev/null; then cp "$(command -v s3s-fs)" "$VENV/bin/"; fi
 
 # Run from tests/python so that nothing in the source tree shadows the installed package.
 cd "$ROOT/tests/python"
 status=0
-no_fuse=(test_open.py test_open_errors.py test_open_doors.py)
+no_fuse=(test_open.py test_open_errors.py test_open_doors.py test_open_remote.py)
 "$VENV/bin/python" -m pytest -p no:cacheprovider -q "${no_fuse[@]/#/--ignore=}" "$@" . || status=$?
 # Exit 5: the arguments selected none of the no-FUSE tests (e.g. -m gpu), not a failure.
 bash no-fuse.sh "$VENV/bin/python" -p no:cacheprovider -q "$@" "${no_fuse[@]}" || { rc=$?; [[ $rc == 5 ]] || status=$rc; }

@@ -11,6 +11,7 @@ use super::proxy::{Fault, Proxy, Silent, Trickle};
 use super::servers::{base_env, Nginx};
 use super::{command_with, contents, mount_fails, mount_url, stagefs_with};
 use crate::util::{is_mounted, pack_tar, pseudo_random, require_root, wait_timeout, wait_until, KillOnDrop, TempDir};
+use crate::util::{signal, Signal};
 
 /// A tar of a few large random files (`MiB` MiB in all) in nginx's root as `name`.
 fn big_tar(nginx: &Nginx, tmp: &TempDir, name: &str, mib: usize) -> std::path::PathBuf {
@@ -155,7 +156,7 @@ fn ctrl_c_ends_a_fetch_at_once() {
     assert!(wait_until(Duration::from_secs(30), || proxy.requests.load(Ordering::SeqCst) >= 3), "the fetch began");
     std::thread::sleep(Duration::from_millis(300));
     let sent = Instant::now();
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let _ = signal(child.id() as i32, Signal::SIGINT);
     // A hang guard, far below the 30 s read timeout the stalled requests would need.
     let status = wait_timeout(&mut child.0, Duration::from_secs(10)).expect("Ctrl-C ended the fetch");
     eprintln!("Ctrl-C to exit: {:?}", sent.elapsed());

@@ -8,6 +8,7 @@ mod proxy;
 mod s3;
 mod secrets;
 mod servers;
+mod status;
 
 use std::ffi::OsString;
 use std::fs;

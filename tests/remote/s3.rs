@@ -206,3 +206,41 @@ fn fake_instance_metadata() -> u16 {
     });
     port
 }
+
+/// A `stagefs pack --compress zstd` archive in a store is read in place frame by frame
+/// (`--stage none`) once its saved index is beside it (`stagefs index --upload`); without
+/// one the refusal says how to make it, not that restart points need a whole decode.
+#[test]
+fn a_packed_zstd_object_is_read_in_place_from_its_saved_index() {
+    require_root();
+    let s3 = S3::start("packed-zstd");
+    let tmp = TempDir::new("remote-packed-zstd");
+    let src = tmp.join("src");
+    make_tree(&src);
+    let packed = s3.bucket("data").join("train.tar.zst");
+    let pack = crate::util::stagefs([
+        "pack".as_ref(),
+        "--compress".as_ref(),
+        "zstd".as_ref(),
+        src.as_os_str(),
+        packed.as_os_str(),
+    ]);
+    pack.assert_success();
+    for local in fs::read_dir(s3.root.join("data")).unwrap().flatten() {
+        if local.file_name().to_string_lossy().contains(".stagefs-index") {
+            fs::remove_file(local.path()).unwrap(); // pack's own index is keyed to the local file
+        }
+    }
+    let env = s3_env(&tmp.join("cache"));
+    let e = endpoint(&s3);
+    let url = "s3://data/train.tar.zst";
+    mount_fails(&env, &args(&e, &["--stage", "none"]), url, 3, &["stagefs index --upload s3://data/train.tar.zst"]);
+    let out = stagefs_with(&env, &[&["index", "--upload", url][..], &args(&e, &[])].concat());
+    assert!(out.success(), "{}", out.describe());
+    let fresh = s3_env(&tmp.join("cache-empty"));
+    let mnt = mount_url(&fresh, &args(&e, &["--stage", "none"]), url, &tmp.join("mnt"));
+    assert_eq!(contents(&src), contents(mnt.path()));
+    let status = stagefs_with(&fresh, &["status", "--json"]);
+    assert!(status.stdout.contains("\"staged_bytes\":0"), "read in place, nothing staged: {}", status.describe());
+    mnt.unmount().assert_success();
+}

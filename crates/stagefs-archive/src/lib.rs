@@ -63,7 +63,7 @@ use std::sync::Arc;
 use crate::index::{Data, Index, Inode, InodeId};
 pub use identity::FileId;
 pub use reader::{Access, Reader, SourceCache};
-pub use source::{drop_file_cache, map_file, Backing, Ranged, Source};
+pub use source::{drop_file_cache, map_file, Backing, Changed, Ranged, Source};
 
 /// Weighs decompressed bytes in the readers' caches (SquashFS blocks, zip members) by
 /// their size, plus a little so that no entry weighs nothing.
@@ -227,7 +227,7 @@ impl Archive {
     /// (truncated, rewritten) fails as [`OpenError::Changed`], whatever the scan made of it.
     pub fn from_backing(path: &Path, backing: Backing) -> Result<Archive, OpenError> {
         let scanned = Archive::scan(path, &backing);
-        backing.check_intact().map_err(|what| OpenError::Changed { path: path.to_owned(), what })?;
+        backing.check_intact().map_err(|c| OpenError::Changed { path: path.to_owned(), what: c.to_string() })?;
         scanned
     }
 
@@ -264,7 +264,9 @@ impl Archive {
         match codec {
             Some(codec) => {
                 let opened = tar::open_compressed(path, backing.clone(), codec);
-                backing.check_intact().map_err(|what| OpenError::Changed { path: path.to_owned(), what })?;
+                backing
+                    .check_intact()
+                    .map_err(|c| OpenError::Changed { path: path.to_owned(), what: c.to_string() })?;
                 let (index, reader) = opened?;
                 Ok(Archive::new(index, Format::Tar, Arc::new(reader)))
             }

@@ -5,6 +5,12 @@ use std::sync::Arc;
 use crate::guard::GuardedMap;
 use crate::{seekable, within, FileId, ReadError};
 
+/// How a file changed while it was read (see [`Source::check_intact`]): nothing read of it
+/// is trusted.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct Changed(String);
+
 /// The archive's bytes, shared by all request threads.
 pub type Backing = Arc<Source>;
 
@@ -206,7 +212,7 @@ impl Source {
     /// trusted: no page of it was lost to a truncation, and the file is the version that
     /// was mapped. Every scan of a file from outside ends with this check; the error says
     /// what changed.
-    pub fn check_intact(&self) -> Result<(), String> {
+    pub fn check_intact(&self) -> Result<(), Changed> {
         if let Some(decoded) = &self.decoded {
             return decoded.input().check_intact();
         }
@@ -214,10 +220,12 @@ impl Source {
             return within.outer().check_intact();
         }
         if self.map.torn() {
-            return Err("it was truncated while it was being read (pages past its new end read as zeros)".into());
+            return Err(Changed(
+                "it was truncated while it was being read (pages past its new end read as zeros)".into(),
+            ));
         }
         match &self.in_place {
-            Some(in_place) => in_place.unchanged().map_err(|e| e.what),
+            Some(in_place) => in_place.unchanged().map_err(|e| Changed(e.what)),
             None => Ok(()),
         }
     }

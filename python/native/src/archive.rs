@@ -11,6 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use stagefs::open::Indexing;
 use stagefs::options::nesting_depth;
+use stagefs::remote::RemoteOptions;
 use stagefs::shards::open_archive;
 use stagefs::shards::{self, How};
 use stagefs::stage::{StageMode, Staging};
@@ -29,18 +30,30 @@ struct Options {
     stage_dir: Option<PathBuf>,
     recursive: bool,
     trust_shards: bool,
+    remote: RemoteOptions,
 }
 
-/// Opens `spec` (an archive, a glob pattern, an `@list`) as `stagefs mount` does: the same
-/// trust rules, staging, saved indexes and scan.
+/// Opens `spec` (an archive, a glob pattern, an `@list`, or an object's `s3://` or
+/// `https://` URL, brace range or pattern) as `stagefs mount` does: the same trust rules,
+/// client and credential chain, staging, saved indexes and scan.
 fn open_spec(spec: &Path, o: &Options, stop: &AtomicBool) -> Result<Shared, OpenFailure> {
-    let set = shards::resolve(spec, &[], o.trust_shards)?;
+    if !stagefs::remote::is_url(spec) {
+        return open_set(shards::resolve(spec, &[], o.trust_shards)?, o, stop);
+    }
+    // With the client of these options (another open may have used others).
+    stagefs::remote::with_options(&o.remote, || open_set(stagefs::remote::resolve(spec, &[], false)?, o, stop))?
+}
+
+/// Opens the archives `set` names (one, or a shard set) as the daemon does.
+fn open_set(set: stagefs::places::ArchiveSet, o: &Options, stop: &AtomicBool) -> Result<Shared, OpenFailure> {
     let indexing = Indexing { depth: nesting_depth(o.recursive, None), ..Indexing::default() };
     let opened = if set.shards.len() > 1 {
         let how = How { mode: o.mode, max_ram: o.max_ram, trust: set.trust, not_on: None };
         shards::open_set(&set.label, &set.shards, how, &indexing)?.0
     } else {
-        open_archive(&set.label, set.trust, o.mode, o.max_ram, o.stage_dir.as_deref(), None, &indexing)?
+        // The archive itself: for an object, its URL as given (the label shows no query).
+        let one = set.shards.first().unwrap_or(&set.label);
+        open_archive(one, set.trust, o.mode, o.max_ram, o.stage_dir.as_deref(), None, &indexing)?
     };
     if opened.staging == Staging::PageCache {
         // What the daemon's warm-up does for a mount: the archive's pages in the page
@@ -60,8 +73,10 @@ fn open_spec(spec: &Path, o: &Options, stop: &AtomicBool) -> Result<Shared, Open
     })
 }
 
-/// Runs `f` with the warnings it logs (tracing, WARN and above) collected as lines.
-fn collecting_warnings<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
+/// Runs `f` with what it logs (tracing, INFO and above) collected as (level, line): Python
+/// hands WARN and above to `warnings` (an `ArchiveWarning`), INFO to `logging` (the logger
+/// `stagefs`), instead of lines on stderr.
+fn collecting_log<T>(f: impl FnOnce() -> T) -> (T, Vec<(String, String)>) {
     #[derive(Clone, Default)]
     struct Lines(Arc<Mutex<Vec<u8>>>);
     impl std::io::Write for Lines {
@@ -76,11 +91,11 @@ fn collecting_warnings<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
     let lines = Lines::default();
     let writer = lines.clone();
     let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
+        .with_max_level(tracing::Level::INFO)
         .with_ansi(false)
         .without_time()
         .with_target(false)
-        .with_level(false)
+        .with_level(true)
         .with_writer(move || writer.clone())
         .finish();
     // As the CLI's: the HTTP and TLS crates' request dumps (credentials included) never pass.
@@ -89,7 +104,15 @@ fn collecting_warnings<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
     let subscriber = tracing_subscriber::layer::SubscriberExt::with(subscriber, no_request_dumps);
     let value = tracing::subscriber::with_default(subscriber, f);
     let text = String::from_utf8_lossy(&lines.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned();
-    (value, text.lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect())
+    let records = text
+        .lines()
+        .filter_map(|l| {
+            let (level, line) = l.trim().split_once(' ')?;
+            let line = line.trim();
+            (!line.is_empty()).then(|| (level.to_string(), line.to_string()))
+        })
+        .collect();
+    (value, records)
 }
 
 fn stage_mode(stage: &str) -> PyResult<StageMode> {
@@ -116,9 +139,12 @@ fn size_of(value: Option<Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
     stagefs::report::parse_size(&text).map(Some).map_err(PyValueError::new_err)
 }
 
-/// Opens an archive; returns it and the warnings opening it logged.
+/// Opens an archive; returns it and what opening it logged, (level, line). `remote`: the
+/// remote options (`endpoint_url`, `profile`, ...) named as the command line's flags;
+/// `progress`: progress bars on stderr while staging and indexing (drawn on a terminal).
 #[pyfunction]
-#[pyo3(signature = (spec, *, stage="none", max_ram=None, stage_dir=None, recursive=false, trust_shards=false))]
+#[pyo3(signature = (spec, *, stage="none", max_ram=None, stage_dir=None, recursive=false, trust_shards=false, remote=None, progress=false))]
+#[allow(clippy::too_many_arguments)]
 pub fn open(
     py: Python<'_>,
     spec: PathBuf,
@@ -127,15 +153,59 @@ pub fn open(
     stage_dir: Option<PathBuf>,
     recursive: bool,
     trust_shards: bool,
-) -> PyResult<(Archive, Vec<String>)> {
-    let options = Options { mode: stage_mode(stage)?, max_ram: size_of(max_ram)?, stage_dir, recursive, trust_shards };
+    remote: Option<Bound<'_, PyDict>>,
+    progress: bool,
+) -> PyResult<(Archive, Vec<(String, String)>)> {
+    let remote = remote_options(remote)?;
+    let options =
+        Options { mode: stage_mode(stage)?, max_ram: size_of(max_ram)?, stage_dir, recursive, trust_shards, remote };
     let what = spec.clone();
-    let (opened, warnings) = background::run(py, "open", move |stop| {
-        // No progress bars or summaries: several ranks may open at once, in a notebook too.
-        stagefs::report::quietly(|| collecting_warnings(|| open_spec(&what, &options, stop)))
+    let (opened, logged) = background::run(py, "open", move |stop| {
+        // Summaries go to Python's logging; bars only where asked for (on a terminal).
+        stagefs::report::lines_to_log(progress, || collecting_log(|| open_spec(&what, &options, stop)))
     })?;
     let shared = opened.map_err(|e| open_error(py, e, &spec))?;
-    Ok((Archive { shared: Arc::new(shared) }, warnings))
+    Ok((Archive { shared: Arc::new(shared) }, logged))
+}
+
+/// The remote options of `stagefs.open(..., endpoint_url=..., profile=..., ...)`, named as
+/// `stagefs mount`'s flags (`--endpoint-url` is `endpoint_url`); durations in seconds or as
+/// the command line writes them ("30s", "5m").
+fn remote_options(given: Option<Bound<'_, PyDict>>) -> PyResult<RemoteOptions> {
+    let mut o = RemoteOptions::default();
+    let Some(given) = given else { return Ok(o) };
+    let duration = |v: &Bound<'_, PyAny>| -> PyResult<std::time::Duration> {
+        if let Ok(seconds) = v.extract::<f64>() {
+            return std::time::Duration::try_from_secs_f64(seconds).map_err(|e| PyValueError::new_err(e.to_string()));
+        }
+        let text: String = v.extract()?;
+        stagefs::duration::parse_duration(&text).map_err(PyValueError::new_err)
+    };
+    for (key, value) in given.iter() {
+        let key: String = key.extract()?;
+        if value.is_none() {
+            continue;
+        }
+        match key.as_str() {
+            "endpoint_url" => o.endpoint_url = Some(value.extract()?),
+            "profile" => o.profile = Some(value.extract()?),
+            "no_sign_request" => o.no_sign_request = value.extract()?,
+            "allow_http" => o.allow_http = value.extract()?,
+            "bearer_token_file" => o.bearer_token_file = Some(value.extract()?),
+            "remote_concurrency" => {
+                let n: u16 = value.extract()?;
+                if !(1..=256).contains(&n) {
+                    return Err(PyValueError::new_err(format!("remote_concurrency must be 1 to 256, not {n}")));
+                }
+                o.remote_concurrency = n;
+            }
+            "remote_tries" => o.remote_tries = value.extract::<u32>()?.clamp(1, 100),
+            "remote_timeout" => o.remote_timeout = duration(&value)?,
+            "remote_deadline" => o.remote_deadline = duration(&value)?,
+            other => return Err(PyTypeError::new_err(format!("unknown remote option {other:?}"))),
+        }
+    }
+    Ok(o)
 }
 
 /// The bytes of a path given by Python (str, bytes or os.PathLike).
@@ -186,10 +256,11 @@ impl Archive {
 
 #[pymethods]
 impl Archive {
-    /// The archive's resolved path, or a shard set's label.
+    /// The archive's resolved path, an object's URL (no user, no query), or a shard set's
+    /// label: text, not a path (a path would fold a URL's `//`).
     #[getter]
-    fn label(&self) -> PathBuf {
-        self.shared.label.clone()
+    fn label(&self) -> std::ffi::OsString {
+        self.shared.label.clone().into_os_string()
     }
 
     /// "tar", "zip" or "squashfs" (a set's first shard's).

@@ -108,6 +108,7 @@ unsafe extern "C" fn delete_legacy(m: *mut DLManagedTensor) {
     // SAFETY: `m` and its ctx were created by Box::into_raw in `export` and are
     // deleted exactly once (by the consumer, or by our capsule destructor if unused).
     let m = unsafe { Box::from_raw(m) };
+    // SAFETY: the context `export` boxed for this tensor, freed here once with it.
     drop(unsafe { Box::from_raw(m.manager_ctx.cast::<Ctx>()) });
 }
 
@@ -117,6 +118,7 @@ unsafe extern "C" fn delete_versioned(m: *mut DLManagedTensorVersioned) {
     }
     // SAFETY: as in delete_legacy.
     let m = unsafe { Box::from_raw(m) };
+    // SAFETY: as in delete_legacy.
     drop(unsafe { Box::from_raw(m.manager_ctx.cast::<Ctx>()) });
 }
 

@@ -11,6 +11,7 @@ use pyo3::prelude::*;
 use stagefs::open::OpenArchiveError;
 use stagefs::places::{OutsideError, PlaceError};
 use stagefs::remote::RemoteError;
+use stagefs::remote::RemoteFailure;
 use stagefs::shards::ShardError;
 use stagefs::stage::StageError;
 use stagefs_archive::index::{IndexError, PathError};
@@ -87,11 +88,23 @@ pub enum OpenFailure {
     Shards(#[from] ShardError),
     #[error(transparent)]
     Open(#[from] OpenArchiveError),
+    #[error(transparent)]
+    Remote(#[from] stagefs::remote::RemoteFailure),
 }
 
 /// The exception for a refusal to open `spec`, as the daemon would refuse to mount it.
 pub fn open_error(py: Python<'_>, e: OpenFailure, spec: &Path) -> PyErr {
     let msg = e.to_string();
+    // The exception's filename: an object's URL without its user and query (a password or
+    // a signature must not ride along in a traceback).
+    let shown;
+    let spec = match stagefs::remote::is_url(spec) {
+        true => {
+            shown = PathBuf::from(stagefs::remote::shown(spec));
+            shown.as_path()
+        }
+        false => spec,
+    };
     match e {
         OpenFailure::Shards(ShardError::Open(e)) | OpenFailure::Open(OpenArchiveError::Open(e)) => {
             format_error(py, msg, e)
@@ -106,7 +119,10 @@ pub fn open_error(py: Python<'_>, e: OpenFailure, spec: &Path) -> PyErr {
         OpenFailure::Open(OpenArchiveError::Interrupted(_)) => PyKeyboardInterrupt::new_err(msg),
         OpenFailure::Open(OpenArchiveError::SaveIndex { path, source }) => os_error(errno_of(&source, 0), msg, &path),
         OpenFailure::Open(OpenArchiveError::NoShards) => os_error(libc::ENOENT, msg, spec),
-        OpenFailure::Open(OpenArchiveError::Remote(e)) => remote_error(msg, e, spec),
+        OpenFailure::Open(OpenArchiveError::Remote(e)) | OpenFailure::Remote(RemoteFailure::Store(e)) => {
+            remote_error(msg, e, spec)
+        }
+        OpenFailure::Remote(RemoteFailure::Usage(_)) => PyValueError::new_err(msg),
     }
 }
 

@@ -8,6 +8,7 @@ use crate::members;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
+use stagefs_archive::escape::Shown;
 use stagefs_reader::{BackendChoice, ClassFolders, Config, Error, FileList, Next, Sharding};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -59,18 +60,44 @@ impl Drop for Loader {
     }
 }
 
-fn slot_for(files: &FileList, batch_size: usize, world_size: usize, padded: bool) -> usize {
+/// Largest ring slot a Loader sizes by itself: the ring is `depth` slots (twice, staging and
+/// device) allocated and touched up front, and the sizes it would follow are what files or
+/// archive members declare (a 16-byte zip member may declare 1 GiB). Larger batches need
+/// `slot_bytes`, said on purpose.
+const AUTO_SLOT_CAP: u64 = 256 << 20;
+
+/// The ring slot for batches of `batch_size` of `files` (see [`AUTO_SLOT_CAP`]).
+fn auto_slot(files: &FileList, batch_size: usize, world_size: usize, padded: bool) -> PyResult<usize> {
+    let bytes = slot_for(files, batch_size, world_size, padded);
+    if bytes > AUTO_SLOT_CAP {
+        let largest = files.entries().iter().max_by_key(|e| e.len).map(|e| (e.path.shown().to_string(), e.len));
+        let (name, len) = largest.unwrap_or_default();
+        return Err(PyValueError::new_err(format!(
+            "a batch of {batch_size} of these files needs a ring slot of {bytes} bytes (the largest, {name}, says it \
+             has {len} bytes), more than the {} MiB a Loader sizes by itself; pass slot_bytes= for larger batches, \
+             or a smaller batch_size",
+            AUTO_SLOT_CAP >> 20
+        )));
+    }
+    Ok(bytes as usize)
+}
+
+fn slot_for(files: &FileList, batch_size: usize, world_size: usize, padded: bool) -> u64 {
     let mut lens: Vec<u64> = files.entries().iter().map(|e| e.len).collect();
     lens.sort_unstable_by(|a, b| b.cmp(a));
     let max = lens.first().copied().unwrap_or(0);
     let bytes = if files.len() < world_size {
         // Padding repeats the few files cyclically: any file may appear many times.
-        max * batch_size as u64
+        max.saturating_mul(batch_size as u64)
     } else {
         // At most one padded (repeated) file per rank and epoch.
-        lens.iter().take(batch_size).sum::<u64>() + if padded { max } else { 0 }
+        lens.iter().take(batch_size).fold(0u64, |a, &b| a.saturating_add(b)).saturating_add(if padded {
+            max
+        } else {
+            0
+        })
     };
-    (bytes as usize).max(1)
+    bytes.max(1)
 }
 
 /// The files, their labels (-1: no class) and the class names.
@@ -113,7 +140,7 @@ impl Loader {
             "cuda" | "cuda:0" => {
                 if !stagefs_reader::cuda_driver_present() {
                     return Err(CudaUnavailableError::new_err(
-                        "device='cuda' but libcuda.so cannot be loaded (no NVIDIA driver here); \
+                        "libcuda.so cannot be loaded (no NVIDIA driver here): no GPU can take the batches; \
                          use device='cpu'",
                     ));
                 }
@@ -148,7 +175,10 @@ impl Loader {
             }
         };
         let sharding = if drop_last { Sharding::DropTail } else { Sharding::Padded };
-        let slot = slot_bytes.unwrap_or_else(|| slot_for(&files, batch_size, world_size, !drop_last));
+        let slot = match slot_bytes {
+            Some(slot) => slot,
+            None => auto_slot(&files, batch_size, world_size, !drop_last)?,
+        };
         let mut config = Config::default()
             .slot_bytes(slot)
             .depth(depth)

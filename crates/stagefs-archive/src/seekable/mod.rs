@@ -57,6 +57,7 @@ pub fn max_points(input_len: u64) -> usize {
 /// in chunks of `chunk_bytes`, which must decode what the sequential pass decodes and
 /// fail where it fails (it panics otherwise). Returns the decoded size.
 #[doc(hidden)]
+#[cfg(feature = "fuzzing")]
 pub fn fuzz_parallel_gzip(input: &Backing, chunk_bytes: usize) -> Result<u64, String> {
     pgzip::agrees_with_sequential(input, chunk_bytes)
 }

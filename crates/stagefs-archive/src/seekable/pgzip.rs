@@ -450,6 +450,7 @@ impl<'a> Pass<'a> {
 /// so that a small input has many), checked against the sequential pass (`gzip.rs`):
 /// both decode to the same bytes, or both fail. Returns the decoded size or the
 /// parallel pass's error; panics where the two disagree.
+#[cfg(feature = "fuzzing")]
 pub(super) fn agrees_with_sequential(input: &Backing, chunk_bytes: usize) -> Result<u64, String> {
     if !super::gzip::member_starts(input) {
         return Err("not a gzip file".into());

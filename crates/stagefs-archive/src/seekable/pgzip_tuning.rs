@@ -31,7 +31,8 @@ pub(super) fn forced() -> bool {
 pub(super) enum Wait {
     /// When it is decoded, or its worker is past its markers (as fast as zlib here).
     ForFast,
-    /// Always, however slow the worker (tests of the joining).
+    /// Always, however slow the worker (tests of the joining, and the fuzzer's).
+    #[cfg_attr(not(any(test, feature = "fuzzing")), allow(dead_code))]
     Always,
     /// Never: every chunk after the first is decoded here, whatever its worker did
     /// (tests of the pass's own decoding meeting the workers' chunks).

@@ -60,6 +60,7 @@ fn make_tree(root: &Path) {
     write("hard_a", b"one file, two names\n");
     fs::hard_link(root.join("hard_a"), root.join("sub/hard_b")).unwrap();
     let fifo = std::ffi::CString::new(root.join("fifo").into_os_string().into_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o640) }, 0, "mkfifo failed");
     write("private.txt", b"secret\n");
     fs::set_permissions(root.join("private.txt"), fs::Permissions::from_mode(0o640)).unwrap();
@@ -82,6 +83,7 @@ fn make_tree(root: &Path) {
 fn map_file(path: &Path) -> Backing {
     let file = fs::File::open(path).unwrap();
     // Served like a staged copy (straight from the map), so zero-copy reads can be checked.
+    // SAFETY: a read-only map of a test image nobody changes while the test runs.
     Arc::new(crate::Source::private(unsafe { memmap2::Mmap::map(&file) }.unwrap()))
 }
 

@@ -31,6 +31,7 @@ pub use header::normalise;
 use header::{checksum_ok, BLOCK};
 use member::Scan;
 pub use nested::{InnerTar, NestedReader, Run};
+#[cfg(feature = "fuzzing")]
 pub use saved_format::decode_for_fuzz;
 pub use write::{pax_record, ustar_header};
 

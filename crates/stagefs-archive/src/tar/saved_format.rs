@@ -6,6 +6,7 @@
 
 mod nested;
 
+#[cfg(feature = "fuzzing")]
 use std::borrow::Cow;
 use std::path::Path;
 use std::sync::Arc;
@@ -13,7 +14,9 @@ use std::sync::Arc;
 use super::key::Key;
 use super::{Extent, NestedReader, SavedTables, SparseFile, TarReader};
 use crate::index::file::{self, Extra, Header, Kind, Saving};
-use crate::index::layout::{BodyWriter, Section, SectionId};
+#[cfg(feature = "fuzzing")]
+use crate::index::layout::Section;
+use crate::index::layout::{BodyWriter, SectionId};
 use crate::index::{Index, IndexError, IndexMap};
 use crate::seekable::{max_points, Codec, Point, Points, Seekable, BZIP2_MAX_BLOCK_BITS};
 use crate::{Backing, Source};
@@ -179,7 +182,7 @@ fn decode_points(r: &mut Reader, codec: Option<Codec>, input_len: u64) -> Result
 
 /// The input of the `index_cache` fuzz target that [`decode_for_fuzz`] reads as the
 /// saved index of `index` and `tables` (the fuzzers' seeds).
-#[doc(hidden)]
+#[cfg(feature = "fuzzing")]
 pub fn fuzz_input(index: &Index, tables: SavedTables) -> Vec<u8> {
     let tables = self::tables(tables);
     let (parts, sections) = file::body(index, &tables, false);
@@ -199,7 +202,7 @@ pub fn fuzz_input(index: &Index, tables: SavedTables) -> Vec<u8> {
 /// otherwise never get past the checksums. Its first byte says how many sections follow
 /// (at most 16), each as (id: u8, offset: u32, length: u32) into the rest; an offset
 /// rounds down to a section boundary.
-#[doc(hidden)]
+#[cfg(feature = "fuzzing")]
 pub fn decode_for_fuzz(data: &[u8], backing: &Backing) -> Result<(Index, Arc<dyn crate::Reader>), IndexError> {
     let n = data.first().map_or(0, |&n| usize::from(n).min(16));
     let table = data.get(1..1 + n * 9).unwrap_or_default();

@@ -17,6 +17,7 @@ pub(crate) struct AlignedBuf {
 // SAFETY: the buffer is plain memory; who may write which range when is
 // governed by the ring protocol (one owner per slot, disjoint file ranges).
 unsafe impl Send for AlignedBuf {}
+// SAFETY: as for Send: the ring protocol keeps writers to one range at a time.
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {

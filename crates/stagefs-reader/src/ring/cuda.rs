@@ -26,6 +26,7 @@ struct Slot {
 // SAFETY: the raw pointers refer to allocations owned by this slot; access is
 // serialised by the ring protocol (one owner per slot, event wait before reuse).
 unsafe impl Send for Slot {}
+// SAFETY: as for Send: the ring protocol serialises every access to a slot.
 unsafe impl Sync for Slot {}
 
 pub(crate) struct CudaRing {
