@@ -12,12 +12,16 @@
 #   find     `find MNT | wc -l` on the remount (checked against the member count)
 #   index    the saved index's size on disk
 # and for stagefs: `stagefs ls -R` beside `tar -tf` of the same tar, the first mount on one
-# core (taskset), and the bytes of a member read through the mount. A benchmark: it
-# asserts only counts and the bytes read. Times are seconds of wall clock.
+# core (taskset), and the bytes of a member read through the mount. Then shard sets of
+# SHARDS tars of PER_SHARD members each, mounted by stagefs: the first mount (each shard
+# scanned, merged, the set's index saved) and the remount from the set's saved index,
+# whose time should not grow with the members. A benchmark: it asserts only counts and
+# the bytes read. Times are seconds of wall clock.
 #
 #   benches/scale.sh [STAGEFS] [COUNTS]   (defaults: target/release/stagefs "1000000 4000000 16000000")
 #
-# Environment: SYSTEMS (default "stagefs ratarmount-rs ratarmount"), EVERY (default 16).
+# Environment: SYSTEMS (default "stagefs ratarmount-rs ratarmount"), EVERY (default 16),
+# SHARDS (default 2000), PER_SHARD (default "10 1000"; empty: no sets).
 # Root (mounts, drop_caches). Work files go to $TMPDIR (disk: 8.7 GB at 16M members).
 set -euo pipefail
 # shellcheck source=benches/lib.sh
@@ -118,4 +122,24 @@ for n in $counts; do
     done
     forget "$tar"
     rm -f "$tar"
+done
+
+shards=${SHARDS:-2000}
+printf '%-9s %-14s %8s %8s %8s\n' members set first remount rss_MiB
+for per in ${PER_SHARD-10 1000}; do
+    dir=$work/set-$per
+    mkdir -p "$dir"
+    for ((k = 0; k < shards; k++)); do
+        "$work/tiny_tar" "$per" "$dir/$(printf 'train-%05d.tar' "$k")" "$every" $((k * per))
+    done
+    set_mount() { "$bin" mount --index-dir "$work/index-$per" "$dir/train-*.tar" "$mnt" > /dev/null; }
+    first=$(timed set_mount)
+    umount_it stagefs
+    remount=$(timed set_mount)
+    rss=$(status_kib VmRSS "$(daemon_pid stagefs)")
+    found=$(($(find "$mnt" -type f | wc -l)))
+    [[ $found == $((shards * per)) ]] || { echo "the set lists $found files of $((shards * per))" >&2; exit 1; }
+    umount_it stagefs
+    printf '%-9s %-14s %8.2f %8.3f %8d\n' $((shards * per)) "$shards x $per" "$first" "$remount" $((rss / 1024))
+    rm -rf "$dir" "$work/index-$per"
 done

@@ -4,7 +4,9 @@
 //! the archive stays small enough for a disk shared with others at 16M members.
 //! Built by the script with `rustc -O`; std only.
 //!
-//!     tiny_tar N OUT.tar [EVERY]   (EVERY: 1, every member holds its text)
+//!     tiny_tar N OUT.tar [EVERY] [FIRST]   (EVERY: 1, every member holds its text;
+//!                                          FIRST: 0, the number of the first member, so
+//!                                          that the shards of a set name other members)
 //!
 //! Member `d0001234/f0001234567.txt` holds `member 1234567\n` when it holds anything: a
 //! reader can check its bytes from its name. GNU tar lists the same names (`tar -tf`),
@@ -44,10 +46,11 @@ fn main() -> std::io::Result<()> {
         std::process::exit(2);
     };
     let every = args.get(3).and_then(|e| e.parse::<u64>().ok()).unwrap_or(1).max(1);
+    let first = args.get(4).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
     let mut w = BufWriter::with_capacity(8 << 20, std::fs::File::create(out)?);
-    for i in 0..n {
+    for i in first..first + n {
         let dir = i / PER_DIR;
-        if i % PER_DIR == 0 {
+        if i % PER_DIR == 0 || i == first {
             w.write_all(&header(&format!("d{dir:07}/"), b'5', 0o755, 0))?;
         }
         let body = if i % every == 0 { format!("member {i}\n") } else { String::new() };

@@ -406,7 +406,7 @@ impl Index {
         let (mut low, mut high) = (0, children.len());
         while low < high {
             let mid = low + (high - low) / 2;
-            let dirent = children.get(mid).ok_or(IndexError::NoInode(ROOT))?;
+            let Some(dirent) = children.get(mid) else { break };
             match self.name(&dirent)?.cmp(name) {
                 std::cmp::Ordering::Less => low = mid + 1,
                 std::cmp::Ordering::Greater => high = mid,
