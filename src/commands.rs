@@ -253,13 +253,13 @@ pub fn index(path: &Path, trust_shards: bool, indexing: Indexing, stats: bool) -
         let (opened, set_stats) = crate::shards::open_set(&set.label, &set.shards, how, &indexing)?;
         let index = &opened.archive.index;
         println!(
-            "indexed {} shards in {:.2} s: {} entries, {} in memory merged ({} bytes per entry); saved {} indexes \
+            "indexed {} shards in {:.2} s: {} entries, {} merged ({} bytes per entry); saved {} indexes \
              (SquashFS shards carry their own)",
             set_stats.shards,
             started.elapsed().as_secs_f64(),
-            index.dirents.len(),
-            report::human(index.heap_bytes() as u64),
-            index.heap_bytes() / index.dirents.len().max(1),
+            index.entry_count(),
+            report::human(index_bytes(index)),
+            index_bytes(index) / index.entry_count().max(1) as u64,
             set_stats.saved
         );
         if stats {
@@ -270,22 +270,28 @@ pub fn index(path: &Path, trust_shards: bool, indexing: Indexing, stats: bool) -
     let path = set.label;
     let opened = open_archive(&path, set.trust, StageMode::None, None, None, None, &indexing)?;
     let index = &opened.archive.index;
-    let entries = index.dirents.len();
+    let entries = index.entry_count();
     let saved = match &opened.saved_index {
         Some(saved) => format!("saved to {}", saved.shown()),
         None => format!("nothing to save: a {:?} archive carries its own index", opened.archive.format),
     };
     println!(
-        "indexed {} in {:.2} s: {entries} entries, {} in memory ({} bytes per entry); {saved}",
+        "indexed {} in {:.2} s: {entries} entries, index of {} ({} bytes per entry); {saved}",
         path.shown(),
         started.elapsed().as_secs_f64(),
-        report::human(index.heap_bytes() as u64),
-        index.heap_bytes() / entries.max(1)
+        report::human(index_bytes(index)),
+        index_bytes(index) / entries.max(1) as u64
     );
     if stats {
         crate::listing::print_stats(&opened);
     }
     Ok(())
+}
+
+/// Bytes of an index, in the heap or mapped.
+fn index_bytes(index: &stagefs_archive::index::Index) -> u64 {
+    let memory = index.memory();
+    memory.heap + memory.mapped
 }
 
 #[cfg(test)]

@@ -44,6 +44,12 @@ impl Failure {
     }
 }
 
+impl From<stagefs_archive::index::IndexError> for Failure {
+    fn from(e: stagefs_archive::index::IndexError) -> Failure {
+        Failure::new(code::BAD_ARCHIVE, format!("the archive's index: {e}"))
+    }
+}
+
 impl From<OpenError> for Failure {
     /// An archive whose reading a signal cut short (the parallel gzip pass polls for one)
     /// ends start-up as interrupted, not as a bad archive.

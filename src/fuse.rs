@@ -290,6 +290,11 @@ impl Filesystem for FuseAdapter {
         match self.fs.dir_view(fh.0).readdir(ino.0, offset) {
             Ok(entries) => {
                 for e in entries {
+                    let e = match e {
+                        Ok(e) => e,
+                        // Nothing of a listing that met damage goes out.
+                        Err(err) => return reply.error(self.errno(&err)),
+                    };
                     if reply.add(INodeNo(e.ino), e.next, file_type(e.mode), OsStr::from_bytes(e.name)) {
                         break; // Reply buffer full: the kernel asks again from `next`.
                     }
@@ -308,6 +313,10 @@ impl Filesystem for FuseAdapter {
         match view.readdir(ino.0, offset) {
             Ok(entries) => {
                 for e in entries {
+                    let e = match e {
+                        Ok(e) => e,
+                        Err(err) => return reply.error(self.errno(&err)),
+                    };
                     let Ok(attr) = view.getattr(e.ino) else { continue };
                     if reply.add(
                         INodeNo(e.ino),

@@ -8,8 +8,8 @@ use crate::places::Trust;
 use crate::report::human;
 use crate::shards::open_archive;
 use crate::stage::StageMode;
-use stagefs_archive::escape::Shown;
-use stagefs_archive::index::{Data, Index, InodeId, ROOT};
+use stagefs_archive::escape::{escape, Shown};
+use stagefs_archive::index::{Data, Index, InodeId};
 
 /// What `stagefs ls` prints.
 #[derive(Debug, Clone, Copy, Default)]
@@ -23,63 +23,58 @@ pub struct Style {
 }
 
 /// `stagefs ls ARCHIVE [PATH]`: the entries of `path` inside `archive` (a directory's
-/// children, or the one file it names).
+/// children, or the one file it names), each under the name the archive gives it.
 pub fn ls(archive: &Path, path: Option<&Path>, style: Style, indexing: Indexing) -> Result<(), Failure> {
     let opened = open_archive(archive, Trust::Named, StageMode::None, None, None, None, &indexing)?;
     let index = &opened.archive.index;
-    let at = resolve(index, path.unwrap_or(Path::new("/"))).ok_or_else(|| {
-        Failure::new(
-            code::USAGE,
-            format!("{}: no {} in the archive", archive.shown(), path.unwrap_or(Path::new("/")).shown()),
-        )
-    })?;
+    let wanted = path.unwrap_or(Path::new("/"));
+    let prefix = normalised(wanted);
+    let at = index
+        .resolve(wanted.as_os_str().as_encoded_bytes(), false)
+        .map_err(|_| Failure::new(code::USAGE, format!("{}: no {} in the archive", archive.shown(), wanted.shown())))?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    let inode = index.inode(at).ok_or_else(|| Failure::other("the index has no such entry".into()))?;
+    let inode = index.inode(at)?;
     if !inode.attrs.is_dir() {
-        return print_entry(&mut out, index, at, &index.path_of(at), style);
+        return print_entry(&mut out, index, at, &prefix, style);
     }
-    // Depth-first in name order, each directory before what it holds (as `find` lists).
-    let mut stack: Vec<InodeId> = index.children(inode).iter().rev().map(|d| d.inode).collect();
-    while let Some(id) = stack.pop() {
-        print_entry(&mut out, index, id, &index.path_of(id), style)?;
-        match index.inode(id) {
-            Some(child) if style.recursive && child.attrs.is_dir() => {
-                stack.extend(index.children(child).iter().rev().map(|d| d.inode))
-            }
+    // Depth-first in name order, each directory before what it holds (as `find` lists),
+    // the path carried down the walk.
+    index.walk(at, &prefix, |entry| {
+        print_entry(&mut out, index, entry.id, entry.path, style)?;
+        let dir = index.inode(entry.id)?.attrs.is_dir();
+        Ok::<_, Failure>((style.recursive && dir).then_some(entry.id))
+    })
+}
+
+/// `path` as the archive names it: relative, `.` and empty components left out, `..`
+/// taking the one before it away (what [`Index::resolve`] walks, links aside).
+fn normalised(path: &Path) -> Vec<u8> {
+    let mut parts: Vec<&[u8]> = Vec::new();
+    for part in path.components() {
+        match part {
+            std::path::Component::Normal(name) => parts.push(name.as_encoded_bytes()),
+            std::path::Component::ParentDir => drop(parts.pop()),
             _ => {}
         }
     }
-    Ok(())
-}
-
-/// `path` (components separated by `/`) in `index`.
-fn resolve(index: &Index, path: &Path) -> Option<InodeId> {
-    let mut at = ROOT;
-    for part in path.components() {
-        match part {
-            std::path::Component::Normal(name) => at = index.lookup(index.inode(at)?, name.as_encoded_bytes())?,
-            std::path::Component::RootDir | std::path::Component::CurDir => {}
-            _ => return None,
-        }
-    }
-    Some(at)
+    parts.join(&b'/')
 }
 
 fn print_entry(
     out: &mut impl std::io::Write,
     index: &Index,
     id: InodeId,
-    path: &str,
+    path: &[u8],
     style: Style,
 ) -> Result<(), Failure> {
     let failed = |e: std::io::Error| Failure::other(format!("cannot write the listing: {e}"));
-    let Some(inode) = index.inode(id) else { return Ok(()) };
+    let inode = index.inode(id)?;
     let a = &inode.attrs;
     // As tar -t shows them: relative, directories ending in `/`.
-    let path = path.trim_start_matches('/');
-    let shown = if a.is_dir() && !style.json { format!("{path}/") } else { path.to_string() };
+    let path = escape(path);
+    let shown = if a.is_dir() && !style.json { format!("{path}/") } else { path.clone() };
     let target = match inode.data {
-        Data::Symlink(span) => Some(index.bytes(span).shown().to_string()),
+        Data::Symlink(span) => Some(index.bytes(span)?.shown().to_string()),
         _ => None,
     };
     let kind = match a.mode & libc::S_IFMT {
@@ -137,31 +132,25 @@ fn chrono_like(secs: i64) -> String {
     format!("{year:04}-{month:02}-{day:02} {:02}:{:02}", rem / 3600, rem / 60 % 60)
 }
 
-/// The lines `stagefs index --print-stats` adds: what the index holds.
+/// The lines `stagefs index --print-stats` adds: what the index holds (its summary, kept
+/// when it was built: a saved index is not read through).
 pub fn print_stats(opened: &Opened) {
     let index = &opened.archive.index;
-    let (mut files, mut dirs, mut links, mut bytes, mut largest) = (0u64, 0u64, 0u64, 0u64, 0u64);
-    for inode in index.inodes.iter().skip(1) {
-        match inode.attrs.mode & libc::S_IFMT {
-            libc::S_IFDIR => dirs += 1,
-            libc::S_IFLNK => links += 1,
-            libc::S_IFREG if inode.nlink > 0 => {
-                files += 1;
-                bytes += inode.attrs.size;
-                largest = largest.max(inode.attrs.size);
-            }
-            _ => {}
-        }
-    }
+    let s = index.summary();
     println!(
         "format: {:?}{}",
         opened.archive.format,
         opened.archive.compression().map_or(String::new(), |c| format!(", {c}"))
     );
-    println!("files: {files} ({}, the largest {})", human(bytes), human(largest));
-    println!("directories: {dirs}");
-    println!("symbolic links: {links}");
-    println!("entries: {} (index in memory: {})", index.dirents.len(), human(index.heap_bytes() as u64));
+    println!("files: {} ({}, the largest {})", s.files, human(s.file_bytes), human(s.largest));
+    println!("directories: {}", s.dirs);
+    println!("symbolic links: {}", s.symlinks);
+    let memory = index.memory();
+    let mapped = match index.source() {
+        Some(file) => format!(", mapped from {} ({})", file.shown(), human(memory.mapped)),
+        None => String::new(),
+    };
+    println!("entries: {} (index in memory: {}{mapped})", index.entry_count(), human(memory.heap));
     println!("archive: {}", human(opened.archive.size()));
     if let Some(path) = &opened.saved_index {
         let size = std::fs::symlink_metadata(path).map_or(0, |m| m.len());

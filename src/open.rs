@@ -57,14 +57,21 @@ impl Opened {
     /// Fills the copy still to fill before anything is served (a shard of a set, an
     /// archive opened in process), as staging did before mounts served while staging.
     pub fn stage_now(&mut self) -> Result<(), OpenArchiveError> {
-        let Some(copier) = self.copier.take() else { return Ok(()) };
-        let progress = stage::Progress::new(stage::Phase::Copying, copier.len());
-        let finished = copier.run(&progress, &|| crate::cancel::received().is_some())?;
-        if finished == stage::Finished::Stopped {
-            crate::cancel::check()?;
+        match self.copier.take() {
+            Some(copier) => copy_now(copier),
+            None => Ok(()),
         }
-        Ok(())
     }
+}
+
+/// Fills a copy before anything is served from it.
+fn copy_now(copier: stage::Copier) -> Result<(), OpenArchiveError> {
+    let progress = stage::Progress::new(stage::Phase::Copying, copier.len());
+    let finished = copier.run(&progress, &|| crate::cancel::received().is_some())?;
+    if finished == stage::Finished::Stopped {
+        crate::cancel::check()?;
+    }
+    Ok(())
 }
 
 /// Runs the scan `f` of an archive of `len` bytes with a progress bar on a terminal (a
@@ -132,14 +139,38 @@ pub fn open_shard(
     Ok(opened)
 }
 
+/// A shard's bytes staged as [`open_shard`] stages them, when it is a plain tar (its
+/// index then comes from its set's: see `shards/saved.rs`); `None` for anything else.
+pub fn stage_plain(
+    file: &OutsideFile,
+    mode: StageMode,
+    max_ram: Option<u64>,
+) -> Result<Option<stage::Loaded>, OpenArchiveError> {
+    use std::os::unix::fs::FileExt;
+    if check_format(file)? {
+        return Ok(None);
+    }
+    let mut head = [0u8; 512];
+    let n =
+        file.file().read_at(&mut head, 0).map_err(|source| OpenError::Io { path: file.resolved().into(), source })?;
+    if stagefs_archive::Format::detect(&head[..n]) != Some(Format::Tar) {
+        return Ok(None);
+    }
+    let mut loaded = stage::load(file, mode, max_ram, None, None)?;
+    if let Some(copier) = loaded.copier.take() {
+        copy_now(copier)?; // a shard of a set is staged whole before the set serves
+    }
+    Ok(loaded.codec.is_none().then_some(loaded))
+}
+
 /// Where an archive's saved index is looked up and saved: beside a local archive, in
 /// `--index-dir` or the cache ([`LocalIndexes`], see `saved_index`); for an object in a
 /// store, see `remote`.
 pub trait SavedIndexes {
     /// The saved index of `flavor` that matches the archive, if one is trusted.
     fn load(&self, loaded: &stage::Loaded, flavor: &saved::Flavor) -> Option<(Index, Arc<dyn Reader>)>;
-    /// Saves the index; returns where it went.
-    fn save(&self, index: &Index, tables: SavedTables, flavor: &saved::Flavor) -> std::io::Result<PathBuf>;
+    /// Saves the index; returns where it went, and the tree mapped from there.
+    fn save(&self, index: &Index, tables: SavedTables, flavor: &saved::Flavor) -> std::io::Result<saved::Saved>;
 }
 
 /// The saved indexes of a local archive, keyed by its [`saved::Key`].
@@ -153,7 +184,7 @@ impl SavedIndexes for LocalIndexes<'_> {
         saved::load(self.file, &self.key, &loaded.backing, loaded.codec, flavor)
     }
 
-    fn save(&self, index: &Index, tables: SavedTables, flavor: &saved::Flavor) -> std::io::Result<PathBuf> {
+    fn save(&self, index: &Index, tables: SavedTables, flavor: &saved::Flavor) -> std::io::Result<saved::Saved> {
         saved::save(self.file, &self.key, index, tables, flavor)
     }
 }
@@ -202,13 +233,13 @@ pub fn index_loaded(
     tracing::info!(
         archive = %path.shown(),
         format = ?archive.format,
-        entries = index.dirents.len(),
-        index_bytes = index.heap_bytes(),
-        bytes_per_entry = index.heap_bytes() / index.dirents.len().max(1),
+        entries = index.entry_count(),
+        index_heap = index.memory().heap,
+        index_mapped = index.memory().mapped,
         elapsed_ms = elapsed.as_millis() as u64,
         "indexed"
     );
-    if index.inodes.len() <= 1 {
+    if index.inode_count() <= 1 {
         // A file of zeros is a valid, empty tar: mounting it is no error, but rarely meant.
         tracing::warn!(
             "{} holds no files or directories ({} bytes): an empty archive, a file of zeros, or not the file you meant",
@@ -217,17 +248,24 @@ pub fn index_loaded(
         );
     }
     // Small archives index in milliseconds: a saved index would only litter.
-    let worth_saving = index.dirents.len() * shards >= 10_000 || elapsed * shards as u32 >= Duration::from_millis(200);
+    let worth_saving = index.entry_count() * shards >= 10_000 || elapsed * shards as u32 >= Duration::from_millis(200);
     let mut saved_index = None;
+    let mut mapped = None;
     if let Some(tables) = archive.saved().filter(|_| force_save || worth_saving) {
         match indexes.save(&archive.index, tables, &flavor) {
             Ok(saved) => {
-                tracing::info!(index = %saved.shown(), "saved the index for faster remounts");
-                saved_index = Some(saved);
+                tracing::info!(index = %saved.path.shown(), "saved the index for faster remounts");
+                saved_index = Some(saved.path);
+                // Served from the file from now on, as a remount would be: the scan's copy
+                // in the heap goes.
+                mapped = saved.mapped;
             }
             Err(source) if force_save => return Err(OpenArchiveError::SaveIndex { path: path.to_owned(), source }),
             Err(e) => tracing::debug!("not saving the index: {e}"),
         }
+    }
+    if let Some(index) = mapped {
+        archive.index = index;
     }
     Ok(Opened {
         archive,

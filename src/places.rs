@@ -21,7 +21,8 @@ mod outside;
 pub use checked::CheckedDir;
 pub(crate) use files::random_suffix;
 pub use files::{
-    open_private, read_all, read_checked, read_own, remove_file, remove_unless_locked, write_atomically, Distrust,
+    judged, open_private, read_all, read_checked, read_own, remove_file, remove_unless_locked, write_atomically,
+    Distrust,
 };
 pub use outside::{open_append, open_outside, read_own_file, ArchiveSet, OutsideError, OutsideFile, Trust};
 

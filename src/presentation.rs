@@ -59,8 +59,9 @@ impl Presentation {
                     return Err(format!("--prefix {}: name a directory inside the archive", prefix.shown()))
                 }
             };
-            let inode = index.inode(at).ok_or("the index has no root")?;
-            at = match index.lookup(inode, name).filter(|&id| index.inode(id).is_some_and(|n| n.attrs.is_dir())) {
+            let inode = index.inode(at).map_err(|e| e.to_string())?;
+            let found = index.lookup(&inode, name).map_err(|e| e.to_string())?;
+            at = match found.filter(|&id| index.inode(id).is_ok_and(|n| n.attrs.is_dir())) {
                 Some(id) => id,
                 None => return Err(missing(index, at, prefix, name)),
             };
@@ -68,32 +69,49 @@ impl Presentation {
         Ok(at)
     }
 
+    /// Whether `uid` (in groups `gids`) could read a file of this mode and owners as shown.
+    fn readable(&self, (mode, uid_of, gid_of): (u32, u32, u32), uid: u32, gids: &[u32]) -> bool {
+        let (mode, owner, group) = self.attrs(mode, uid_of, gid_of);
+        match () {
+            _ if uid == 0 => true,
+            _ if owner == uid => mode & 0o400 != 0,
+            _ if gids.contains(&group) => mode & 0o040 != 0,
+            _ => mode & 0o004 != 0,
+        }
+    }
+
     /// Regular files of `index` below `root` that `uid` (in groups `gids`) could not read
-    /// as shown: how many, and the first one's path.
+    /// as shown: how many (names), and the first one's path. Below the root, from the
+    /// owners and modes the index counted when it was built (a few records, whatever the
+    /// archive's size); below a `--prefix`, or for an archive of many owners, by a walk.
     pub fn unreadable(&self, index: &Index, root: InodeId, uid: u32, gids: &[u32]) -> (u64, Option<String>) {
+        let summary = index.summary();
+        if root == ROOT && summary.modes_complete {
+            let (mut count, mut first) = (0u64, None);
+            for m in &summary.modes {
+                if !self.readable((libc::S_IFREG | m.perm, m.uid, m.gid), uid, gids) {
+                    count += m.count;
+                    let (dir, pos) = m.example;
+                    first = first.or_else(|| index.dirent(pos).ok().map(|d| index.path_in(dir, &d)));
+                }
+            }
+            return (count, first);
+        }
         let (mut count, mut first) = (0u64, None);
         let mut stack = vec![root];
         while let Some(dir) = stack.pop() {
-            let Some(inode) = index.inode(dir) else { continue };
-            for dirent in index.children(inode) {
-                let Some(child) = index.inode(dirent.inode) else { continue };
+            let Ok(inode) = index.inode(dir) else { continue };
+            let Ok(children) = index.children(&inode) else { continue };
+            for dirent in children {
+                let Ok(child) = index.inode(dirent.inode) else { continue };
                 if child.attrs.is_dir() {
                     stack.push(dirent.inode);
                     continue;
                 }
-                if child.attrs.file_type() != libc::S_IFREG {
-                    continue;
-                }
-                let (mode, owner, group) = self.attrs(child.attrs.mode, child.attrs.uid, child.attrs.gid);
-                let readable = match () {
-                    _ if uid == 0 => true,
-                    _ if owner == uid => mode & 0o400 != 0,
-                    _ if gids.contains(&group) => mode & 0o040 != 0,
-                    _ => mode & 0o004 != 0,
-                };
-                if !readable {
+                let a = &child.attrs;
+                if a.file_type() == libc::S_IFREG && !self.readable((a.mode, a.uid, a.gid), uid, gids) {
                     count += 1;
-                    first.get_or_insert_with(|| index.path_of(dirent.inode));
+                    first.get_or_insert_with(|| index.path_in(dir, &dirent));
                 }
             }
         }
@@ -105,7 +123,8 @@ impl Presentation {
 fn missing(index: &Index, at: InodeId, prefix: &Path, name: &[u8]) -> String {
     let mut names: Vec<String> = index
         .inode(at)
-        .map(|dir| index.children(dir).iter().take(12).map(|d| index.bytes(d.name).shown().to_string()).collect())
+        .and_then(|dir| index.children(&dir))
+        .map(|c| c.iter().take(12).filter_map(|d| Some(index.name(&d).ok()?.shown().to_string())).collect())
         .unwrap_or_default();
     if names.len() == 12 {
         names.push("...".into());

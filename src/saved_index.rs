@@ -16,16 +16,17 @@
 //! larger than an index of that archive can be. It is written with the archive's read
 //! permissions at most, so it never shows member names to someone who cannot read them.
 
+use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::places::{self, OutsideFile};
 use stagefs_archive::escape::Shown;
 use stagefs_archive::hash;
-use stagefs_archive::index::Index;
+use stagefs_archive::index::{map_index, Index, IndexError, IndexMap, Saving};
 use stagefs_archive::seekable::Codec;
 pub use stagefs_archive::tar::key::{fingerprint, Key};
-use stagefs_archive::tar::saved_format::{decode, encode};
+use stagefs_archive::tar::saved_format::{decode, decode_tree, encode, tables as tables_of};
 use stagefs_archive::tar::SavedTables;
 use stagefs_archive::Backing;
 use stagefs_archive::Reader;
@@ -89,7 +90,7 @@ const INDEX_DIR_ADVICE: &str = "--index-dir must be a directory of yours that no
 
 /// The directory a flavor's indexes are kept in, besides the archive's own: `--index-dir`
 /// (made if missing, checked as the user's own), else the user's cache.
-fn index_dir(flavor: &Flavor) -> Result<places::CheckedDir, String> {
+pub(crate) fn index_dir(flavor: &Flavor) -> Result<places::CheckedDir, String> {
     match flavor.dir {
         Some(dir) => {
             places::own_dir(dir, INDEX_DIR_ADVICE).map_err(|e| e.to_string())?;
@@ -108,7 +109,7 @@ pub fn size_cap(archive_len: u64) -> u64 {
     archive_len.saturating_mul(8).saturating_add(16 << 20)
 }
 
-/// Loads a saved index for `archive` if one matches `key` and deserves trust (see the
+/// Maps a saved index for `archive` if one matches `key` and deserves trust (see the
 /// module docs); says why it ignores one.
 /// `codec`: `backing` holds a compressed tar, served by the restart points saved with the index.
 pub fn load(
@@ -120,7 +121,7 @@ pub fn load(
 ) -> Option<(Index, Arc<dyn Reader>)> {
     let beside = beside_name(archive.resolved(), flavor);
     let found = match flavor.dir {
-        None => Some((archive.resolved().with_file_name(&beside), archive.read_beside(&beside, size_cap(key.size)))),
+        None => Some((archive.resolved().with_file_name(&beside), archive.open_beside(&beside, size_cap(key.size)))),
         Some(_) => None,
     };
     load_found(found, archive.resolved(), key, backing, codec, flavor)
@@ -138,11 +139,11 @@ pub fn load_kept(
     load_found(None, archive, key, backing, codec, flavor)
 }
 
-/// A saved index found (where, and its bytes if it was there and trusted, or why not).
-type Found = (PathBuf, Result<Option<Vec<u8>>, String>);
+/// A saved index found (where, and the file if it was there and trusted, or why not).
+type Found = (PathBuf, Result<Option<File>, String>);
 
-/// The first of `found` (a saved index beside the archive, read) and the kept one that
-/// decodes to `key`'s version; says why it ignores the others.
+/// The first of `found` (a saved index beside the archive, opened and judged) and the kept
+/// one that maps to `key`'s version; says why it ignores the others.
 fn load_found(
     found: Option<Found>,
     archive: &Path,
@@ -157,52 +158,67 @@ fn load_found(
     if let (Some(_), Err(why)) = (flavor.dir, &kept) {
         tracing::warn!("{why}; scanning the archive");
     }
-    let kept_found = kept.as_ref().ok().map(|dir| (dir.path().join(&cached_name), dir.read_own(&cached_name, cap)));
-    for (path, read) in found.into_iter().chain(kept_found) {
-        let bytes = match read {
-            Ok(Some(bytes)) => bytes,
+    let kept_found = kept.as_ref().ok().map(|dir| (dir.path().join(&cached_name), dir.open_own(&cached_name, cap)));
+    for (path, opened) in found.into_iter().chain(kept_found) {
+        let file = match opened {
+            Ok(Some(file)) => file,
             Ok(None) => continue,
             Err(why) => {
                 tracing::warn!(index = %path.shown(), "ignoring saved index: {why}; scanning the archive");
                 continue;
             }
         };
-        match decode(&bytes, key, flavor.depth, backing, codec) {
+        if let Some(dir) = kept.as_ref().ok().filter(|dir| path == dir.path().join(&cached_name)) {
+            // A kept index in use is kept by `prune`: its mtime says when. Touched before
+            // it is mapped: a mapped index whose identity changes is taken for rewritten.
+            dir.touch(&cached_name);
+        }
+        let mapped = map_index(&file)
+            .map_err(|e| IndexError::Invalid { index: Arc::from(path.as_path()), what: format!("cannot map it: {e}") });
+        match mapped.and_then(|map| decode(map, &path, key, flavor.depth, backing, codec)) {
             Ok(opened) => {
                 tracing::info!(index = %path.shown(), "using saved index");
-                if let Ok(dir) = &kept {
-                    // A kept index in use is kept by `prune`: its mtime says when.
-                    dir.touch(&cached_name);
-                }
                 return Some(opened);
             }
-            Err(why) => tracing::warn!(index = %path.shown(), "ignoring saved index: {why}; rebuilding it"),
+            Err(why) => tracing::warn!("ignoring saved index: {why}; rebuilding it"),
         }
     }
     None
 }
 
+/// Where [`save`] wrote an index, and the tree read back from there: mapped, so that the
+/// scan's copy in the heap can go.
+pub struct Saved {
+    pub path: PathBuf,
+    pub mapped: Option<Index>,
+}
+
 /// Saves the index of a tar archive beside it (unless `--index-dir` says where), else in
-/// the cache; returns where it went.
+/// the cache; returns where it went, and the tree mapped from there.
 pub fn save(
     archive: &OutsideFile,
     key: &Key,
     index: &Index,
     tables: SavedTables,
     flavor: &Flavor,
-) -> std::io::Result<PathBuf> {
-    let bytes = encode(key, flavor.depth, index, tables);
+) -> std::io::Result<Saved> {
+    let tables = tables_of(tables);
+    let saving = encode(key, flavor.depth, index, &tables);
     // Never more readable than the archive: the index lists its member names.
     let archive_mode = archive.file().metadata()?.mode();
     let mode = 0o600 | (archive_mode & 0o044);
     let beside = beside_name(archive.resolved(), flavor);
     if flavor.dir.is_none() {
-        match archive.write_beside(&beside, &bytes, mode) {
-            Ok(()) => return Ok(archive.resolved().with_file_name(&beside)),
+        match archive.write_beside(&beside, &saving.parts(), mode) {
+            Ok(()) => {
+                let path = archive.resolved().with_file_name(&beside);
+                let mapped = archive.open_beside(&beside, size_cap(key.size)).ok().flatten();
+                return Ok(Saved { mapped: mapped.and_then(|file| map_tree(&file, &path, key, flavor)), path });
+            }
             Err(e) => tracing::debug!("cannot write {} ({e}); keeping it in the cache", beside.shown()),
         }
     }
-    save_bytes(archive.resolved(), &bytes, mode, flavor)
+    save_kept_parts(archive.resolved(), key, &saving, mode, flavor)
 }
 
 /// [`save`] for an archive that is no local file (an object, named by its URL): kept in
@@ -213,46 +229,67 @@ pub fn save_kept(
     index: &Index,
     tables: SavedTables,
     flavor: &Flavor,
-) -> std::io::Result<PathBuf> {
-    save_bytes(archive, &encode(key, flavor.depth, index, tables), 0o600, flavor)
+) -> std::io::Result<Saved> {
+    let tables = tables_of(tables);
+    save_kept_parts(archive, key, &encode(key, flavor.depth, index, &tables), 0o600, flavor)
 }
 
-fn save_bytes(archive: &Path, bytes: &[u8], mode: u32, flavor: &Flavor) -> std::io::Result<PathBuf> {
+fn save_kept_parts(archive: &Path, key: &Key, saving: &Saving, mode: u32, flavor: &Flavor) -> std::io::Result<Saved> {
     let dir = index_dir(flavor).map_err(std::io::Error::other)?;
     let name = cache_name(archive, flavor);
-    dir.write_atomically(&name, bytes, mode)?;
+    dir.write_parts_atomically(&name, &saving.parts(), mode)?;
     if flavor.dir.is_none() {
         prune(dir.path(), CACHE_MAX_AGE, CACHE_MAX_BYTES);
     }
-    Ok(dir.path().join(name))
+    let path = dir.path().join(&name);
+    let mapped = dir.open_own(&name, size_cap(key.size)).ok().flatten();
+    Ok(Saved { mapped: mapped.and_then(|file| map_tree(&file, &path, key, flavor)), path })
 }
 
-/// A saved index for an archive that is no local file (an object in a store): decoded
-/// from `bytes` if it matches `key`, else why not.
+/// The tree of the index just written to `file` (at `path`), mapped.
+fn map_tree(file: &File, path: &Path, key: &Key, flavor: &Flavor) -> Option<Index> {
+    let map = map_index(file).ok()?;
+    decode_tree(map, path, key, flavor.depth).map_err(|e| tracing::debug!("cannot map the index just saved: {e}")).ok()
+}
+
+/// A saved index for an archive that is no local file (an object in a store): read from
+/// `bytes` if it matches `key`, else why not.
 pub fn decode_bytes(
-    bytes: &[u8],
+    bytes: Vec<u8>,
+    name: &Path,
     key: &Key,
     backing: &Backing,
     codec: Option<Codec>,
     depth: usize,
-) -> Result<(Index, Arc<dyn Reader>), String> {
-    decode(bytes, key, depth, backing, codec)
+) -> Result<(Index, Arc<dyn Reader>), IndexError> {
+    decode(IndexMap::from_vec(bytes), name, key, depth, backing, codec)
+}
+
+/// Keeps `bytes`, a saved index fetched from beside an object (checked to match it), in
+/// `--index-dir` or the cache, where [`load_kept`] maps it.
+pub fn keep_fetched(archive: &Path, bytes: &[u8], flavor: &Flavor) -> std::io::Result<()> {
+    let dir = index_dir(flavor).map_err(std::io::Error::other)?;
+    dir.write_atomically(&cache_name(archive, flavor), bytes, 0o600)?;
+    if flavor.dir.is_none() {
+        prune(dir.path(), CACHE_MAX_AGE, CACHE_MAX_BYTES);
+    }
+    Ok(())
 }
 
 /// The bytes [`save`] writes, for storing elsewhere (uploaded beside an object).
 pub fn encode_bytes(key: &Key, depth: usize, index: &Index, tables: SavedTables) -> Vec<u8> {
-    encode(key, depth, index, tables)
+    encode(key, depth, index, &tables_of(tables)).to_vec()
 }
 
 /// Saved indexes in the cache directory not used for this long are removed.
-const CACHE_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+pub(crate) const CACHE_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
 /// Beyond this many bytes of indexes in the cache directory, the least recently used go.
-const CACHE_MAX_BYTES: u64 = 2 << 30;
+pub(crate) const CACHE_MAX_BYTES: u64 = 2 << 30;
 
 /// Keeps the cache directory bounded, whatever happened to the archives (deleted long ago,
 /// moved): indexes unused for `max_age` go, then the least recently used until the rest
 /// holds at most `max_bytes`. Use is the file's mtime, renewed by [`load`].
-fn prune(dir: &Path, max_age: std::time::Duration, max_bytes: u64) {
+pub(crate) fn prune(dir: &Path, max_age: std::time::Duration, max_bytes: u64) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     let now = std::time::SystemTime::now();
     let mut kept: Vec<(std::time::SystemTime, u64, PathBuf)> = Vec::new();
@@ -335,26 +372,28 @@ mod tests {
         let file = places::open_outside(&path, places::Trust::Named, None).unwrap();
         let key = Key::of(file.file()).unwrap();
         let fresh = stagefs_archive::Archive::open(file.file(), &path).unwrap();
-        let saved_at = save(&file, &key, &fresh.index, fresh.saved().unwrap(), &Flavor::default()).unwrap();
+        let saved = save(&file, &key, &fresh.index, fresh.saved().unwrap(), &Flavor::default()).unwrap();
+        let saved_at = saved.path;
         assert_eq!(saved_at, file.resolved().with_file_name("a.tar.stagefs-index"));
+        assert!(saved.mapped.is_some_and(|m| m == fresh.index && m.source() == Some(saved_at.as_path())));
         let backing = stagefs_archive::map_file(file.file()).unwrap();
         let (loaded, _) = load(&file, &key, &backing, None, &Flavor::default()).expect("a matching index loads");
-        assert_eq!(loaded.inodes, fresh.index.inodes);
-        assert_eq!(loaded.dirents, fresh.index.dirents);
-        assert_eq!(loaded.arena, fresh.index.arena);
+        assert!(loaded == fresh.index);
 
         // A changed archive: different key, index ignored.
         let mut other = key;
         other.fingerprint ^= 1;
         assert!(load(&file, &other, &backing, None, &Flavor::default()).is_none());
-        // Every single-byte corruption is caught by the checksum or the bounds checks.
+        // Every single-byte corruption is caught at open, or by its block's checksum when read.
         let bytes = std::fs::read(&saved_at).unwrap();
+        let decode = |bytes: &[u8]| decode_bytes(bytes.to_vec(), &saved_at, &key, &backing, None, 0);
         for i in (0..bytes.len()).step_by(7) {
             let mut damaged = bytes.clone();
             damaged[i] ^= 0x5a;
-            assert!(decode(&damaged, &key, 0, &backing, None).is_err(), "corruption at byte {i} was accepted");
+            let caught = decode(&damaged).map_or(true, |(index, _)| index.read_all().is_err());
+            assert!(caught, "corruption at byte {i} was accepted");
         }
-        assert!(decode(&bytes[..bytes.len() / 2], &key, 0, &backing, None).is_err());
+        assert!(decode(&bytes[..bytes.len() / 2]).is_err());
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //! a pattern: a file literally named `train-*.tar` is one more match, not the set.
 
 mod open;
+mod saved;
 
 use stagefs_archive::escape::Shown;
 use std::path::{Path, PathBuf};

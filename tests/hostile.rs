@@ -788,7 +788,62 @@ fn tar_xattr_names_that_cannot_be_listed_are_skipped() {
     let tar = pax_then_member(&records, &member, b"");
     exercise::tar(&tar).expect("the archive opens");
     let (index, _) = stagefs_archive::tar::open(Path::new("x.tar"), exercise::backing(&tar)).unwrap();
-    let f = index.lookup(&index.inodes[0], b"f").unwrap();
-    let names: Vec<&[u8]> = index.xattrs_of(&index.inodes[f as usize]).iter().map(|x| index.bytes(x.name)).collect();
+    let f = index.lookup(&index.inode(0).unwrap(), b"f").unwrap().unwrap();
+    let names: Vec<&[u8]> = index.xattrs(f).unwrap().iter().map(|x| index.xattr(&x).unwrap().0).collect();
     assert_eq!(names, [&b"user.ok"[..]]);
+}
+
+/// The `index_cache` seeds: saved indexes (this format version) of fixture tars, as the
+/// fuzz target reads them, and three crafted from them (a directory's entries out of
+/// order, a name holding a NUL, a sparse extent whose end overflows). After a format
+/// change: `STAGEFS_WRITE_SEEDS=1 cargo test --test integration hostile::index_cache_seeds_are_current`.
+#[test]
+fn index_cache_seeds_are_current() {
+    use stagefs_archive::tar::saved_format::fuzz_input;
+    let write = std::env::var_os("STAGEFS_WRITE_SEEDS").is_some();
+    let dir = fuzz_dir().join("seeds/index_cache");
+    let input_of = |name: &str| {
+        let path = fixture(name);
+        let archive = stagefs_archive::Archive::open(&fs::File::open(&path).unwrap(), &path).unwrap();
+        fuzz_input(&archive.index, archive.saved().unwrap())
+    };
+    // Where section `id` lies in an input: after its table, at its offset.
+    let section = |input: &[u8], id: u8| {
+        let n = input[0] as usize;
+        let body = (1 + n * 9).next_multiple_of(64);
+        let entry = input[1..1 + n * 9].chunks_exact(9).find(|c| c[0] == id).unwrap();
+        body + u32::from_le_bytes(entry[1..5].try_into().unwrap()) as usize
+    };
+    let mut seeds: Vec<(String, Vec<u8>)> = Vec::new();
+    for name in ["bsdtar-pax.tar", "gnu.tar", "implicit-dirs.tar", "python-pax.tar", "sparse-posix-1.0.tar"] {
+        seeds.push((format!("{name}.v5"), input_of(name)));
+    }
+    let mut unsorted = input_of("gnu.tar");
+    let at = section(&unsorted, 2); // the root's first two entries, swapped
+    let (first, second) = (unsorted[at..at + 16].to_vec(), unsorted[at + 16..at + 32].to_vec());
+    unsorted[at..at + 16].copy_from_slice(&second);
+    unsorted[at + 16..at + 32].copy_from_slice(&first);
+    seeds.push(("crafted-unsorted-entries.v5".into(), unsorted));
+    let mut nul = input_of("gnu.tar");
+    let at = section(&nul, 3);
+    nul[at] = 0;
+    seeds.push(("crafted-name-with-nul.v5".into(), nul));
+    let mut overflow = input_of("sparse-posix-1.0.tar");
+    let at = section(&overflow, 17) + 8; // the first extent's length
+    overflow[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+    seeds.push(("crafted-extent-overflow.v5".into(), overflow));
+    for (name, input) in &seeds {
+        let path = dir.join(name);
+        if write {
+            fs::write(&path, input).unwrap();
+        }
+        assert!(
+            read(&path) == *input,
+            "{} is not what this test makes; rewrite it with \
+             STAGEFS_WRITE_SEEDS=1 cargo test --test integration hostile::index_cache_seeds_are_current",
+            path.display()
+        );
+        let outcome = exercise::index_cache(input);
+        assert_eq!(outcome.is_ok(), !name.contains("overflow"), "{name}: {outcome:?}");
+    }
 }

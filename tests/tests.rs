@@ -14,6 +14,7 @@ mod errors;
 mod formats;
 mod growing;
 mod hostile;
+mod index;
 mod libarchive;
 mod memory;
 mod neighbours;

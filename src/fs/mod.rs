@@ -14,7 +14,7 @@ mod view;
 
 use crate::growing::{GrowingSet, Tree};
 use crate::presentation::Presentation;
-use stagefs_archive::index::{Index, InodeId};
+use stagefs_archive::index::{Index, IndexError, InodeId};
 use stagefs_archive::{Archive, ReadError};
 pub use view::View;
 
@@ -42,6 +42,19 @@ pub enum FsError {
     /// The archive holds the file in a form stagefs refuses to serve (encrypted).
     #[error("{path}: {why}")]
     Denied { path: String, why: &'static str },
+    /// The saved index is damaged where this request reads it (the file and block named),
+    /// or was cut short under the mount: this request fails, the mount stays up.
+    #[error(transparent)]
+    Index(IndexError),
+}
+
+impl From<IndexError> for FsError {
+    fn from(e: IndexError) -> FsError {
+        match e {
+            IndexError::NoInode(_) => FsError::NotFound,
+            e => FsError::Index(e),
+        }
+    }
 }
 
 impl FsError {
@@ -56,6 +69,7 @@ impl FsError {
             FsError::Range => libc::ERANGE,
             FsError::Corrupt { .. } => libc::EIO,
             FsError::Denied { .. } => libc::EACCES,
+            FsError::Index(_) => libc::EIO,
         }
     }
 }
@@ -107,6 +121,8 @@ pub struct Fs {
     /// Inodes whose damaged data was already logged (so a retry loop cannot flood the log),
     /// with their paths (so it cannot cost a path search per retry either).
     logged_damage: Mutex<HashMap<u64, String>>,
+    /// Damage of the saved index already logged (see [`Fs::log_index_damage`]).
+    logged_index: Mutex<std::collections::HashSet<String>>,
     /// Failures served to the kernel (EIO), and the last one, for `stagefs status`.
     errors: AtomicU64,
     last_error: Mutex<Option<String>>,
@@ -146,6 +162,7 @@ impl Fs {
             content,
             reads: AtomicU64::new(0),
             logged_damage: Mutex::new(HashMap::new()),
+            logged_index: Mutex::new(std::collections::HashSet::new()),
             errors: AtomicU64::new(0),
             last_error: Mutex::new(None),
             open_dirs: Mutex::new(HashMap::new()),
@@ -179,14 +196,14 @@ impl Fs {
     /// a change (see [`GrowingSet::answering`]).
     pub fn data_view(&self) -> View<'_> {
         let tree = self.growing().map(|set| set.current());
-        View { fs: self, tree, retired: std::sync::OnceLock::new(), _answering: None }
+        View { fs: self, tree, retired: std::sync::OnceLock::new(), _answering: None, intact: Default::default() }
     }
 
     /// The state to answer one request from.
     pub fn view(&self) -> View<'_> {
         let answering = self.growing().map(|set| set.answering());
         let tree = self.growing().map(|set| set.current());
-        View { fs: self, tree, retired: std::sync::OnceLock::new(), _answering: answering }
+        View { fs: self, tree, retired: std::sync::OnceLock::new(), _answering: answering, intact: Default::default() }
     }
 
     /// A handle for a directory being opened: a growing set lists it from the tree of now
@@ -227,11 +244,12 @@ impl Fs {
     /// Non-empty regular files, each inode once: (ino, size).
     pub fn files(&self) -> Vec<(u64, u64)> {
         let view = self.view();
-        let inodes = view.index().inodes.iter().enumerate();
+        // An inode in a damaged block is left cold: reading it fails as any read would.
+        let inodes = view.index().inodes().filter_map(|item| item.ok());
         inodes
             // nlink 0: replaced by a later member or shard of the same name, unreachable.
             .filter(|(_, n)| n.attrs.file_type() == libc::S_IFREG && n.attrs.size > 0 && n.nlink > 0)
-            .map(|(id, n)| (view.ino_at(id as InodeId), n.attrs.size))
+            .map(|(id, n)| (view.ino_at(id), n.attrs.size))
             .collect()
     }
 
@@ -273,6 +291,9 @@ impl Fs {
     /// "Input/output error".
     pub fn reply_errno(&self, err: &FsError) -> i32 {
         let errno = err.errno();
+        if let FsError::Index(damage) = err {
+            self.log_index_damage(damage);
+        }
         if errno == libc::EIO {
             self.errors.fetch_add(1, Ordering::Relaxed);
             if let Ok(mut last) = self.last_error.lock() {
@@ -280,6 +301,16 @@ impl Fs {
             }
         }
         errno
+    }
+
+    /// Logs damage found in a saved index, once per message (a block's damage is found by
+    /// every request that reads it; a few hundred distinct ones are enough to act on).
+    fn log_index_damage(&self, damage: &IndexError) {
+        let message = damage.to_string();
+        let Ok(mut logged) = self.logged_index.lock() else { return };
+        if logged.len() < 256 && logged.insert(message.clone()) {
+            tracing::error!("{message}; returning EIO for what it holds");
+        }
     }
 
     /// Failures served so far (see [`Fs::reply_errno`]) and the last one.
@@ -375,9 +406,10 @@ mod tests {
     #[test]
     fn readdir_resumes_at_offset() {
         let fs = sample_fs();
-        let names: Vec<_> = fs.view().readdir(1, 0).unwrap().map(|e| (e.name.to_vec(), e.next)).collect();
+        let names: Vec<_> =
+            fs.view().readdir(1, 0).unwrap().map(|e| e.unwrap()).map(|e| (e.name.to_vec(), e.next)).collect();
         assert_eq!(names, [(b".".to_vec(), 1), (b"..".to_vec(), 2), (b"dir".to_vec(), 3), (b"hard".to_vec(), 4)]);
-        let rest: Vec<_> = fs.view().readdir(1, 3).unwrap().map(|e| e.name.to_vec()).collect();
+        let rest: Vec<_> = fs.view().readdir(1, 3).unwrap().map(|e| e.unwrap().name.to_vec()).collect();
         assert_eq!(rest, [b"hard".to_vec()]);
         assert!(fs.view().readdir(1, 99).unwrap().next().is_none());
         assert_eq!(fs.view().index().path_of(3), "/dir/link");

@@ -14,7 +14,7 @@ struct Node<'a> {
     index: &'a Index,
     archive: Option<&'a Archive>,
     id: InodeId,
-    inode: &'a Inode,
+    inode: Inode,
 }
 
 /// One consistent state of the filesystem, to answer one request from: a growing set may
@@ -27,6 +27,8 @@ pub struct View<'a> {
     /// Held until the request is answered: a change waits for it before it tells the
     /// kernel what to forget, so no answer from the old tree can arrive after that.
     pub(super) _answering: Option<crate::growing::Answering<'a>>,
+    /// Whether this request checked that the saved index is the file it mapped.
+    pub(super) intact: std::sync::atomic::AtomicBool,
 }
 
 impl View<'_> {
@@ -72,7 +74,12 @@ impl View<'_> {
                 1 => self.fs.root,
                 _ => ino.checked_sub(1).and_then(|i| InodeId::try_from(i).ok()).ok_or(FsError::NotFound)?,
             };
-            let inode = archive.index.inode(id).ok_or(FsError::NotFound)?;
+            let inode = archive.index.inode(id)?;
+            // What the request read of a saved index, and will read (names), is the file
+            // as mapped: one `fstat` per request (a readdirplus asks for hundreds of nodes).
+            if !self.intact.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                archive.index.check_intact()?;
+            }
             return Ok(Node { index: &archive.index, archive: Some(archive), id, inode });
         };
         if let Some(node) = tree.node(ino) {
@@ -104,7 +111,7 @@ impl View<'_> {
 
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
         let node = self.node(ino)?;
-        Ok(self.attr(ino, node.inode))
+        Ok(self.attr(ino, &node.inode))
     }
 
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
@@ -112,7 +119,7 @@ impl View<'_> {
         if !dir.inode.attrs.is_dir() {
             return Err(FsError::NotDir);
         }
-        let id = dir.index.lookup(dir.inode, name).ok_or(FsError::NotFound)?;
+        let id = dir.index.lookup(&dir.inode, name)?.ok_or(FsError::NotFound)?;
         self.getattr(self.ino_at(id))
     }
 
@@ -127,7 +134,7 @@ impl View<'_> {
     pub fn readlink(&self, ino: u64) -> Result<&[u8]> {
         let node = self.node(ino)?;
         match node.inode.data {
-            Data::Symlink(target) => Ok(node.index.bytes(target)),
+            Data::Symlink(target) => Ok(node.index.bytes(target)?),
             _ => Err(FsError::NotSymlink),
         }
     }
@@ -143,11 +150,11 @@ impl View<'_> {
     pub fn content(&self, ino: u64, offset: u64, size: u32) -> Result<Bytes<'_>> {
         let Node { index, archive, id, inode } = self.node(ino)?;
         let Some(archive) = archive.filter(|_| !inode.attrs.is_dir()) else { return Err(FsError::IsDir) };
-        if let Access::Denied(why) = archive.access(id, inode) {
+        if let Access::Denied(why) = archive.access(id, &inode) {
             let path = self.fs.logged_once(ino, index, id, |path| tracing::error!(path, "{why}; returning EACCES"));
             return Err(FsError::Denied { path, why });
         }
-        archive.read(id, inode, offset, size).map_err(|source| {
+        archive.read(id, &inode, offset, size).map_err(|source| {
             let path = self.fs.logged_once(ino, index, id, |path| {
                 tracing::error!(path, file_offset = offset, "{source}; returning EIO for reads of this range")
             });
@@ -156,48 +163,57 @@ impl View<'_> {
     }
 
     /// Lists a directory from `offset`: 0 is ".", 1 is "..", then the children in order.
-    pub fn readdir(&self, ino: u64, offset: u64) -> Result<impl Iterator<Item = DirEntry<'_>>> {
+    /// An entry in a damaged block of a saved index, or an index file changed while the
+    /// listing read it, is an error: the listing fails.
+    pub fn readdir(&self, ino: u64, offset: u64) -> Result<impl Iterator<Item = Result<DirEntry<'_>>>> {
         let Node { index, id, inode: dir, .. } = self.node(ino)?;
         let Data::Dir { parent, .. } = dir.data else { return Err(FsError::NotDir) };
         // The root's parent is itself, also when it is a directory inside (`--prefix`).
         let parent = if ino == ino_of(stagefs_archive::index::ROOT) { id } else { parent };
         let dots = [(b".".as_slice(), id), (b"..".as_slice(), parent)]
             .into_iter()
-            .map(move |(name, id)| (name, id, libc::S_IFDIR));
-        let children = index
-            .children(dir)
-            .iter()
-            .map(move |d| (index.bytes(d.name), d.inode, index.inodes[d.inode as usize].attrs.mode));
-        Ok(dots.chain(children).enumerate().skip(offset as usize).map(move |(i, (name, id, mode))| DirEntry {
-            ino: self.ino_at(id),
-            next: i as u64 + 1,
-            mode,
-            name,
-        }))
+            .enumerate()
+            .map(move |(i, (name, id))| Ok((i, name, id, libc::S_IFDIR)));
+        // The entries before `offset` are skipped unread: a listing of a large directory
+        // takes many requests, and reading every earlier entry again for each of them made
+        // it quadratic.
+        let children =
+            index.children(&dir)?.iter().enumerate().skip(offset.saturating_sub(2) as usize).map(move |(i, d)| {
+                let mode = index.inode(d.inode)?.attrs.mode;
+                Ok((i + 2, index.name(&d)?, d.inode, mode))
+            });
+        let listed = dots.skip(offset.min(2) as usize).chain(children);
+        let entries = listed.map(move |entry| {
+            entry.map(|(i, name, id, mode)| DirEntry { ino: self.ino_at(id), next: i as u64 + 1, mode, name })
+        });
+        // The names listed were read from the file as mapped: checked once they all were.
+        let intact = std::iter::once_with(move || index.check_intact()).filter_map(|r| r.err().map(|e| Err(e.into())));
+        Ok(entries.chain(intact))
     }
 
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<&[u8]> {
-        let Node { index, inode, .. } = self.node(ino)?;
-        if index.xattrs.is_empty() && self.tree.is_none() {
+        let Node { index, id, .. } = self.node(ino)?;
+        if !index.has_xattrs() && self.tree.is_none() {
             return Err(FsError::NoXattrs);
         }
-        index
-            .xattrs_of(inode)
-            .iter()
-            .find(|x| index.bytes(x.name) == name)
-            .map(|x| index.bytes(x.value))
-            .ok_or(FsError::NoXattr)
+        for x in index.xattrs(id)?.iter() {
+            let (key, value) = index.xattr(&x)?;
+            if key == name {
+                return Ok(value);
+            }
+        }
+        Err(FsError::NoXattr)
     }
 
     /// Extended attribute names, each followed by a NUL, as `listxattr(2)` returns them.
     pub fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
-        let Node { index, inode, .. } = self.node(ino)?;
-        if index.xattrs.is_empty() && self.tree.is_none() {
+        let Node { index, id, .. } = self.node(ino)?;
+        if !index.has_xattrs() && self.tree.is_none() {
             return Err(FsError::NoXattrs);
         }
         let mut out = Vec::new();
-        for x in index.xattrs_of(inode) {
-            out.extend_from_slice(index.bytes(x.name));
+        for x in index.xattrs(id)?.iter() {
+            out.extend_from_slice(index.xattr(&x)?.0);
             out.push(0);
         }
         Ok(out)
@@ -209,6 +225,6 @@ impl View<'_> {
             (None, Some(archive)) => archive.size(),
             (None, None) => 0,
         };
-        FsStats { bytes, files: self.index().inodes.len() as u64 }
+        FsStats { bytes, files: self.index().inode_count() as u64 }
     }
 }

@@ -89,7 +89,7 @@ pub struct Node<'a> {
     pub index: &'a Index,
     pub archive: Option<&'a Archive>,
     pub id: InodeId,
-    pub inode: &'a Inode,
+    pub inode: Inode,
 }
 
 impl Tree {
@@ -103,17 +103,21 @@ impl Tree {
         let conflicts = (count, first.cloned());
         let (merged, origins) = merger.finish_index()?;
         let index = &merged;
-        let mut ino_of = vec![0u64; index.inodes.len()];
+        let read = |e: stagefs_archive::index::IndexError| OpenError::Index {
+            path: shards.first().map(|s| s.path.clone()).unwrap_or_default(),
+            source: e.into(),
+        };
+        let mut ino_of = vec![0u64; index.inode_count()];
         let mut dir_at = HashMap::new();
         ino_of[ROOT as usize] = ROOT_INO;
         dir_at.insert(ROOT_INO, ROOT);
         let mut stack = vec![ROOT];
         while let Some(dir) = stack.pop() {
             let dir_ino = ino_of[dir as usize];
-            for dirent in index.children(&index.inodes[dir as usize]) {
+            for dirent in index.children(&index.inode(dir).map_err(read)?).map_err(read)? {
                 let child = dirent.inode;
-                if index.inodes[child as usize].attrs.is_dir() {
-                    let ino = numbers.number(dir_ino, index.bytes(dirent.name));
+                if index.inode(child).map_err(read)?.attrs.is_dir() {
+                    let ino = numbers.number(dir_ino, index.name(&dirent).map_err(read)?);
                     ino_of[child as usize] = ino;
                     dir_at.insert(ino, child);
                     stack.push(child);
@@ -142,7 +146,7 @@ impl Tree {
         match serial_of(ino) {
             0 => {
                 let id = *self.dir_at.get(&ino)?;
-                Some(Node { index: &self.merged, archive: None, id, inode: self.merged.inode(id)? })
+                Some(Node { index: &self.merged, archive: None, id, inode: self.merged.inode(id).ok()? })
             }
             serial => file_node(&self.shard(serial)?.archive, ino),
         }
@@ -150,7 +154,7 @@ impl Tree {
 
     /// Entries of the merged tree.
     pub fn entries(&self) -> usize {
-        self.merged.dirents.len()
+        self.merged.entry_count()
     }
 
     /// Bytes its shards serve.
@@ -162,7 +166,7 @@ impl Tree {
 /// File `ino` in its shard's own index (never a directory: those are the merged tree's).
 pub fn file_node(archive: &Archive, ino: u64) -> Option<Node<'_>> {
     let id = ino as InodeId;
-    let inode = archive.index.inode(id).filter(|n| !n.attrs.is_dir())?;
+    let inode = archive.index.inode(id).ok().filter(|n| !n.attrs.is_dir())?;
     Some(Node { index: &archive.index, archive: Some(archive), id, inode })
 }
 
@@ -194,15 +198,17 @@ pub fn diff(old: &Tree, new: &Tree) -> Diff {
     let mut work = vec![(ROOT_INO, ROOT, true, 0usize)];
     let (oi, ni) = (&old.merged, &new.merged);
     while let Some((ino, old_dir, kept, depth)) = work.pop() {
-        let old_inode = &oi.inodes[old_dir as usize];
-        let new_inode = kept.then(|| new.dir_at.get(&ino).map(|&d| &ni.inodes[d as usize])).flatten();
-        let old_children = oi.children(old_inode);
-        let new_children = new_inode.map_or(&[][..], |n| ni.children(n));
+        // Both trees are merged in the heap from shards checked when they were opened.
+        let Ok(old_inode) = oi.inode(old_dir) else { continue };
+        let new_inode = kept.then(|| new.dir_at.get(&ino).and_then(|&d| ni.inode(d).ok())).flatten();
+        let old_children: Vec<_> = oi.children(&old_inode).map(|c| c.iter().collect()).unwrap_or_default();
+        let new_children: Vec<_> =
+            new_inode.and_then(|n| ni.children(&n).ok()).map(|c| c.iter().collect()).unwrap_or_default();
         let mut changed = new_inode.is_some_and(|n| n.attrs != old_inode.attrs);
         let (mut i, mut j) = (0, 0);
         while i < old_children.len() || j < new_children.len() {
-            let old_name = old_children.get(i).map(|d| oi.bytes(d.name));
-            let new_name = new_children.get(j).map(|d| ni.bytes(d.name));
+            let old_name = old_children.get(i).and_then(|d| oi.name(d).ok());
+            let new_name = new_children.get(j).and_then(|d| ni.name(d).ok());
             let order = match (old_name, new_name) {
                 (Some(a), Some(b)) => a.cmp(b),
                 (Some(_), None) => Ordering::Less,
@@ -264,7 +270,7 @@ mod tests {
         let mut ino = ROOT_INO;
         for part in path.split('/') {
             let dir = tree.node(ino).unwrap();
-            let id = dir.index.lookup(dir.inode, part.as_bytes()).unwrap();
+            let id = dir.index.lookup(&dir.inode, part.as_bytes()).unwrap().unwrap();
             ino = tree.ino_of(id);
         }
         ino
@@ -292,7 +298,7 @@ mod tests {
         let node = t3.node(old_same);
         assert!(node.is_none(), "t3 lacks shard 1");
         let node = t2.node(old_same).unwrap();
-        assert_eq!(&*node.archive.unwrap().read(node.id, node.inode, 0, 64).unwrap(), b"from a");
+        assert_eq!(&*node.archive.unwrap().read(node.id, &node.inode, 0, 64).unwrap(), b"from a");
         let (d, root) = (ino(&t1, "d"), ROOT_INO);
 
         let grew = diff(&t1, &t2);

@@ -319,7 +319,7 @@ fn save_index(out: &mut output::Output) -> Result<(), String> {
     let key = crate::saved_index::Key::of(file.file()).map_err(|e| e.to_string())?;
     let tables = stagefs_archive::tar::SavedTables { outer: &reader, inner: &[], runs: &[] };
     let at = crate::saved_index::save(&file, &key, &index, tables, &Default::default()).map_err(|e| e.to_string())?;
-    tracing::info!(index = %at.shown(), "saved the index");
+    tracing::info!(index = %at.path.shown(), "saved the index");
     Ok(())
 }
 

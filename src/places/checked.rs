@@ -129,15 +129,20 @@ impl CheckedDir {
 
     /// Writes the file `name` inside atomically (see [`super::files::write_atomically_at`]).
     pub fn write_atomically(&self, name: &str, bytes: &[u8], mode: u32) -> std::io::Result<()> {
-        c_name(name)?;
-        super::files::write_atomically_at(self.fd.as_fd(), std::ffi::OsStr::new(name), bytes, mode)
+        self.write_parts_atomically(name, &[bytes], mode)
     }
 
-    /// Reads the file `name` inside, if there is one, when it is a regular file of this
-    /// user's, writable by nobody else, of at most `cap` bytes.
-    pub fn read_own(&self, name: &str, cap: u64) -> Result<Option<Vec<u8>>, String> {
+    /// [`CheckedDir::write_atomically`] of a file written in `parts`.
+    pub fn write_parts_atomically(&self, name: &str, parts: &[&[u8]], mode: u32) -> std::io::Result<()> {
+        c_name(name)?;
+        super::files::write_parts_atomically_at(self.fd.as_fd(), std::ffi::OsStr::new(name), parts, mode)
+    }
+
+    /// Opens the file `name` inside (a saved index, to map), if there is one, when it is a
+    /// regular file of this user's, writable by nobody else, of at most `cap` bytes.
+    pub fn open_own(&self, name: &str, cap: u64) -> Result<Option<File>, String> {
         match self.open_file(name) {
-            Ok(file) => super::read_checked(file, &[super::my_uid()], cap).map(Some),
+            Ok(file) => super::judged(file, &[super::my_uid()], cap).map(Some),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(format!("cannot open it: {e}")),
         }

@@ -53,6 +53,12 @@ pub fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result
 /// `mode`, then renamed over `name` (rename replaces a planted symlink itself, never what
 /// it points to; in a sticky directory it fails on another user's entry).
 pub fn write_atomically_at(dir: BorrowedFd<'_>, name: &OsStr, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    write_parts_atomically_at(dir, name, &[bytes], mode)
+}
+
+/// [`write_atomically_at`] of a file written in `parts`, one after the other (a saved
+/// index of gigabytes is written from where its parts lie, never copied into one buffer).
+pub fn write_parts_atomically_at(dir: BorrowedFd<'_>, name: &OsStr, parts: &[&[u8]], mode: u32) -> std::io::Result<()> {
     let mut tmp = OsString::from(".");
     tmp.push(name);
     tmp.push(format!(".{}.tmp", random_suffix()));
@@ -69,7 +75,7 @@ pub fn write_atomically_at(dir: BorrowedFd<'_>, name: &OsStr, bytes: &[u8], mode
     let mut file = unsafe { File::from_raw_fd(fd) };
     let result = file
         .set_permissions(std::fs::Permissions::from_mode(mode))
-        .and_then(|()| file.write_all(bytes))
+        .and_then(|()| parts.iter().try_for_each(|part| file.write_all(part)))
         .and_then(|()| {
             // SAFETY: NUL-terminated names relative to the same descriptor.
             let rc = unsafe { libc::renameat(dir.as_raw_fd(), c_tmp.as_ptr(), dir.as_raw_fd(), c_name.as_ptr()) };
@@ -116,6 +122,18 @@ pub type Distrust = String;
 /// [`super::CheckedDir::open_file`]), owned by one of `owners`, writable by nobody else,
 /// and at most `cap` bytes.
 pub fn read_checked(file: File, owners: &[u32], cap: u64) -> Result<Vec<u8>, Distrust> {
+    let file = judged(file, owners, cap)?;
+    let mut bytes = Vec::with_capacity(file.metadata().map_or(0, |m| m.len()) as usize);
+    file.take(cap + 1).read_to_end(&mut bytes).map_err(|e| format!("cannot read it: {e}"))?;
+    if bytes.len() as u64 > cap {
+        return Err("it grew while being read".into());
+    }
+    Ok(bytes)
+}
+
+/// The open file if it deserves trust (as [`read_checked`] judges it, on the descriptor:
+/// what is then mapped or read is what was judged).
+pub fn judged(file: File, owners: &[u32], cap: u64) -> Result<File, Distrust> {
     let meta = file.metadata().map_err(|e| format!("cannot inspect it: {e}"))?;
     if !meta.file_type().is_file() {
         return Err("it is not a regular file".into());
@@ -130,12 +148,7 @@ pub fn read_checked(file: File, owners: &[u32], cap: u64) -> Result<Vec<u8>, Dis
     if meta.len() > cap {
         return Err(format!("it is larger ({} bytes) than such a file can be ({cap})", meta.len()));
     }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    file.take(cap + 1).read_to_end(&mut bytes).map_err(|e| format!("cannot read it: {e}"))?;
-    if bytes.len() as u64 > cap {
-        return Err("it grew while being read".into());
-    }
-    Ok(bytes)
+    Ok(file)
 }
 
 /// Removes a file stagefs kept on the node (a lock, log, record or status in the runtime

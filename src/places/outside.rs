@@ -452,10 +452,10 @@ impl OutsideFile {
         self.file.metadata().map_or(my_uid(), |m| m.uid())
     }
 
-    /// Reads the file `name` beside this one (a saved index) if it deserves trust: a
-    /// regular file there (no link, no FIFO), owned by the user or by this file's owner,
+    /// Opens the file `name` beside this one (a saved index, to map) if it deserves trust:
+    /// a regular file there (no link, no FIFO), owned by the user or by this file's owner,
     /// writable by nobody else, at most `cap` bytes. `Ok(None)` when there is none.
-    pub fn read_beside(&self, name: &str, cap: u64) -> Result<Option<Vec<u8>>, String> {
+    pub fn open_beside(&self, name: &str, cap: u64) -> Result<Option<File>, String> {
         let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
         let file = match open_at(self.dir.as_raw_fd(), OsStr::new(name), flags) {
             Ok(fd) => File::from(fd),
@@ -463,14 +463,14 @@ impl OutsideFile {
             Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err("it is a symbolic link".into()),
             Err(e) => return Err(format!("cannot open it: {e}")),
         };
-        super::files::read_checked(file, &[my_uid(), self.owner()], cap).map(Some)
+        super::files::judged(file, &[my_uid(), self.owner()], cap).map(Some)
     }
 
     /// Writes the file `name` beside this one atomically, through the directory's
     /// descriptor (see [`super::files::write_atomically_at`]).
-    pub fn write_beside(&self, name: &str, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    pub fn write_beside(&self, name: &str, parts: &[&[u8]], mode: u32) -> std::io::Result<()> {
         use std::os::fd::AsFd;
-        super::files::write_atomically_at(self.dir.as_fd(), OsStr::new(name), bytes, mode)
+        super::files::write_parts_atomically_at(self.dir.as_fd(), OsStr::new(name), parts, mode)
     }
 
     /// The owner of the directory holding the file.

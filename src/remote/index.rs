@@ -51,16 +51,36 @@ impl RemoteIndexes<'_> {
 
 impl SavedIndexes for RemoteIndexes<'_> {
     fn load(&self, loaded: &Loaded, flavor: &saved_index::Flavor) -> Option<(Index, Arc<dyn Reader>)> {
+        // The kept copy first: mapped from the user's own disk, no request made.
+        if let Some(opened) = saved_index::load_kept(self.shown, &self.key, &loaded.backing, loaded.codec, flavor) {
+            return Some(opened);
+        }
         let sidecar = self.sidecar(flavor);
         // No larger than an index of this object can be, nor than 1 GiB (a tar of tens of
         // millions of members): the server says how long the body is, not this process.
         let cap = saved_index::size_cap(self.object.version.size).min(1 << 30);
         match self.client.get_small(&sidecar, cap) {
             Ok(Some(bytes)) => {
-                match saved_index::decode_bytes(&bytes, &self.key, &loaded.backing, loaded.codec, flavor.depth) {
+                let name = PathBuf::from(sidecar.shown());
+                let checked = saved_index::decode_bytes(
+                    bytes.clone(),
+                    &name,
+                    &self.key,
+                    &loaded.backing,
+                    loaded.codec,
+                    flavor.depth,
+                );
+                match checked {
                     Ok(opened) => {
                         tracing::info!("using the saved index {}", sidecar.shown());
-                        return Some(opened);
+                        // Kept, and served from there mapped: not held whole in this process.
+                        let kept = saved_index::keep_fetched(self.shown, &bytes, flavor)
+                            .map_err(|e| tracing::debug!("not keeping the fetched index: {e}"))
+                            .ok()
+                            .and_then(|()| {
+                                saved_index::load_kept(self.shown, &self.key, &loaded.backing, loaded.codec, flavor)
+                            });
+                        return Some(kept.unwrap_or(opened));
                     }
                     Err(why) => tracing::warn!("ignoring the saved index {}: {why}", sidecar.shown()),
                 }
@@ -71,7 +91,12 @@ impl SavedIndexes for RemoteIndexes<'_> {
         saved_index::load_kept(self.shown, &self.key, &loaded.backing, loaded.codec, flavor)
     }
 
-    fn save(&self, index: &Index, tables: SavedTables, flavor: &saved_index::Flavor) -> std::io::Result<PathBuf> {
+    fn save(
+        &self,
+        index: &Index,
+        tables: SavedTables,
+        flavor: &saved_index::Flavor,
+    ) -> std::io::Result<saved_index::Saved> {
         saved_index::save_kept(self.shown, &self.key, index, tables, flavor)
     }
 }

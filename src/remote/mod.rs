@@ -368,7 +368,7 @@ pub fn index_command(
             "indexed {} in {:.2} s: {} entries; saved to {}",
             url.shown(),
             started.elapsed().as_secs_f64(),
-            opened.archive.index.dirents.len(),
+            opened.archive.index.entry_count(),
             saved.join(" and ")
         );
     }

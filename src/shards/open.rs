@@ -28,7 +28,8 @@ pub struct SetStats {
 /// Opens every shard (canonical paths, in the order they win) as `open_archive` opens one
 /// archive, on several threads, and merges them into one archive as they come in: each
 /// shard's index is dropped once merged, so the peak holds few of them. `label` names the
-/// set in messages. One budget check covers all shards, one progress bar shows them.
+/// set in messages. One budget check covers all shards, one progress bar shows them. A set
+/// saved before (`shards/saved.rs`) opens without reading any shard's index.
 pub fn open_set(
     label: &Path,
     shards: &[PathBuf],
@@ -36,10 +37,15 @@ pub fn open_set(
     indexing: &Indexing,
 ) -> Result<(Opened, SetStats), OpenArchiveError> {
     let started = Instant::now();
+    let files = open_members(shards, how)?;
+    if let Some((opened, stats)) = super::saved::open(label, &files, how, indexing)? {
+        report_indexed(shards.len(), opened.archive.index.entry_count(), started, &stats);
+        return Ok((opened, stats));
+    }
     let mut merger = Merger::new();
     let mut merging = std::time::Duration::ZERO;
     let mut identity = Vec::with_capacity(shards.len());
-    let (mut stats, staged_bytes, staging) = open_each(label, shards, how, indexing, |member, opened| {
+    let (mut stats, staged_bytes, staging) = each_opened(label, &files, how, indexing, |member, opened| {
         identity.push(member.id());
         let merge_started = Instant::now();
         let added = merger.add(member.name(), opened.archive);
@@ -49,24 +55,24 @@ pub fn open_set(
     let (conflicts, first_conflict) = merger.conflicts();
     stats.conflicts = conflicts;
     warn_conflicts(label, conflicts, first_conflict);
-    let archive = merger.finish()?;
+    let mut archive = merger.finish()?;
     let index = &archive.index;
     tracing::info!(
         set = %label.shown(),
         shards = shards.len(),
-        entries = index.dirents.len(),
-        index_bytes = index.heap_bytes(),
-        bytes_per_entry = index.heap_bytes() / index.dirents.len().max(1),
+        entries = index.entry_count(),
+        index_heap = index.memory().heap,
         merge_ms = merging.as_millis() as u64,
         "merged"
     );
-    report_indexed(shards.len(), index.dirents.len(), started, &stats);
+    let saved_index = super::saved::keep(&files, &mut archive, indexing);
+    report_indexed(shards.len(), archive.index.entry_count(), started, &stats);
     let opened = Opened {
         archive,
         staged_bytes,
         staging,
         disk: None,
-        saved_index: None,
+        saved_index,
         reused_index: stats.reused == shards.len(),
         identity,
         copier: None,
@@ -163,13 +169,69 @@ type OpenResult = Result<Opened, OpenArchiveError>;
 pub fn open_each(
     label: &Path,
     shards: &[PathBuf],
-    How { mode, max_ram, trust, not_on }: How,
+    how: How,
+    indexing: &Indexing,
+    take: impl FnMut(&Member, Opened) -> Result<(), OpenArchiveError>,
+) -> Result<(SetStats, u64, Staging), OpenArchiveError> {
+    let files = open_members(shards, how)?;
+    each_opened(label, &files, how, indexing, take)
+}
+
+/// Each shard opened once, here, and used only through that descriptor from now on.
+fn open_members(shards: &[PathBuf], how: How) -> Result<Vec<Member>, OpenArchiveError> {
+    raise_fd_limit(shards.len());
+    shards.iter().map(|p| Member::open(p, how.trust, how.not_on)).collect()
+}
+
+/// Stages and indexes `files` (see [`open_each`]).
+fn each_opened(
+    label: &Path,
+    files: &[Member],
+    how: How,
     indexing: &Indexing,
     mut take: impl FnMut(&Member, Opened) -> Result<(), OpenArchiveError>,
 ) -> Result<(SetStats, u64, Staging), OpenArchiveError> {
-    raise_fd_limit(shards.len());
-    // Each shard is opened once, here, and used only through that descriptor from now on.
-    let files = shards.iter().map(|p| Member::open(p, trust, not_on)).collect::<Result<Vec<Member>, _>>()?;
+    let mut stats = SetStats { shards: files.len(), ..SetStats::default() };
+    let shards = files.len();
+    // A set is staged whole before it serves: its shards have no copier of their own.
+    let work = |member: &Member, mode, budget| {
+        let mut opened = member.open_staged(mode, (budget, None), None, indexing, shards)?;
+        opened.stage_now()?;
+        Ok(opened)
+    };
+    let (staged_bytes, staging) = in_parallel(label, files, how, &work, |member, opened: Opened| {
+        stats.reused += usize::from(opened.reused_index);
+        stats.saved += usize::from(opened.saved_index.is_some());
+        take(member, opened)
+    })?;
+    Ok((stats, staged_bytes, staging))
+}
+
+/// What a shard's bytes cost once opened: bytes staged in RAM, and how they reach it.
+pub(super) trait Staged {
+    fn staged(&self) -> (u64, Staging);
+}
+
+impl Staged for Opened {
+    fn staged(&self) -> (u64, Staging) {
+        (self.staged_bytes, self.staging)
+    }
+}
+
+/// A shard's work, run on one of several threads: the shard, its staging mode and what
+/// is left of `--max-ram`.
+pub(super) type Work<'a, T> = dyn Fn(&Member, StageMode, Option<u64>) -> Result<T, OpenArchiveError> + Sync + 'a;
+
+/// Runs `work` on every one of `files` on several threads and hands the results to
+/// `take` in order (later shards win). One budget check covers all shards, one progress
+/// bar shows them. Returns the bytes staged and how the set reaches RAM.
+pub(super) fn in_parallel<T: Send + Staged>(
+    label: &Path,
+    files: &[Member],
+    How { mode, max_ram, .. }: How,
+    work: &Work<T>,
+    mut take: impl FnMut(&Member, T) -> Result<(), OpenArchiveError>,
+) -> Result<(u64, Staging), OpenArchiveError> {
     let sizes = files.iter().map(Member::size).collect::<Result<Vec<u64>, _>>()?;
     let total: u64 = sizes.iter().sum();
     let remote = match files.first().ok_or(OpenArchiveError::NoShards)? {
@@ -178,31 +240,28 @@ pub fn open_each(
     };
     let mode = stage::mode_for_set(label, remote, total, mode, max_ram)?;
     // Threads overlap the latency of a parallel filesystem as much as they share the CPU.
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get() * 2).clamp(2, 16).min(shards.len());
-    let bar = report::progress(Some(total), &format!("indexing {} shards", shards.len()));
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get() * 2).clamp(2, 16).min(files.len());
+    let bar = report::progress(Some(total), &format!("indexing {} shards", files.len()));
     let (next, stop, staged) = (AtomicUsize::new(0), AtomicBool::new(false), AtomicU64::new(0));
-    let (tx, rx) = mpsc::channel::<(usize, Result<Opened, OpenArchiveError>)>();
-    let mut stats = SetStats { shards: shards.len(), ..SetStats::default() };
+    let (tx, rx) = mpsc::channel::<(usize, Result<T, OpenArchiveError>)>();
     let (mut staged_bytes, mut staging) = (0u64, Staging::InPlace);
     let taken = std::thread::scope(|scope| -> Result<(), OpenArchiveError> {
         for _ in 0..threads {
             let tx = tx.clone();
-            let (next, stop, staged, files) = (&next, &stop, &staged, &files);
+            let (next, stop, staged) = (&next, &stop, &staged);
             scope.spawn(move || {
                 report::quietly(|| loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= shards.len() || stop.load(Ordering::Relaxed) {
+                    if i >= files.len() || stop.load(Ordering::Relaxed) {
                         return;
                     }
                     // --max-ram covers the whole set: what earlier shards staged is spent.
                     let budget = max_ram.map(|m| m.saturating_sub(staged.load(Ordering::Relaxed)));
                     let result = crate::cancel::check()
                         .map_err(OpenArchiveError::from)
-                        .and_then(|()| files[i].open_staged(mode, (budget, None), None, indexing, shards.len()))
-                        // A set is staged whole before it serves: its shards have no copier of their own.
-                        .and_then(|mut opened| opened.stage_now().map(|()| opened));
-                    if let Ok(opened) = &result {
-                        staged.fetch_add(opened.staged_bytes, Ordering::Relaxed);
+                        .and_then(|()| work(&files[i], mode, budget));
+                    if let Ok(done) = &result {
+                        staged.fetch_add(done.staged().0, Ordering::Relaxed);
                     }
                     if tx.send((i, result)).is_err() {
                         return;
@@ -223,10 +282,9 @@ pub fn open_each(
                 }
             };
             while let Some(opened) = pending.remove(&done) {
-                stats.reused += usize::from(opened.reused_index);
-                stats.saved += usize::from(opened.saved_index.is_some());
-                staged_bytes += opened.staged_bytes;
-                staging = most_staged(staging, opened.staging);
+                let (bytes, how) = opened.staged();
+                staged_bytes += bytes;
+                staging = most_staged(staging, how);
                 if let Err(e) = take(&files[done], opened) {
                     stop.store(true, Ordering::Relaxed);
                     return Err(e);
@@ -239,7 +297,7 @@ pub fn open_each(
     });
     bar.finish_and_clear();
     taken?;
-    Ok((stats, staged_bytes, staging))
+    Ok((staged_bytes, staging))
 }
 
 /// One warning line for the names served from a later shard (see `archive::set`).

@@ -135,6 +135,38 @@ def run_as(account, args, timeout: float = 300, cwd=None) -> subprocess.Complete
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
+def block_sum(data: bytes) -> int:
+    """The checksum of a saved index's block (doc/index-format.md): four lanes of
+    64-bit FNV-1a over words, then the lanes, the tail and the length."""
+    mask, prime = (1 << 64) - 1, 0x100000001B3
+    lanes = [0xCBF29CE484222325, 0x84222325CBF29CE4, 0x9E3779B97F4A7C15, 0x7F4A7C159E3779B9]
+    whole = len(data) // 32 * 32
+    for at in range(0, whole, 32):
+        for i in range(4):
+            word = int.from_bytes(data[at + 8 * i : at + 8 * i + 8], "little")
+            lanes[i] = ((lanes[i] ^ word) * prime) & mask
+    rest = b"".join(lane.to_bytes(8, "little") for lane in lanes) + data[whole:]
+    rest += len(data).to_bytes(8, "little")
+    return fnv(rest)
+
+
+def reseal(index: bytes) -> bytes:
+    """A saved index changed in its body, sealed again with the checksums stagefs expects
+    (they catch damage, they are no secret): doc/index-format.md."""
+    out = bytearray(index)
+    field = lambda at: int.from_bytes(out[at : at + 8], "little")
+    body_at, body_len, sums_at, top_at = field(88), field(96), field(104), field(120)
+    block = 1 << 16
+    body = bytes(out[body_at : body_at + body_len])
+    sums = b"".join(block_sum(body[i : i + block]).to_bytes(8, "little") for i in range(0, len(body), block))
+    top = b"".join(block_sum(sums[i : i + block]).to_bytes(8, "little") for i in range(0, len(sums), block))
+    out[sums_at : sums_at + len(sums)] = sums
+    out[top_at : top_at + len(top)] = top
+    out[136:144] = block_sum(top).to_bytes(8, "little")
+    out[4088:4096] = block_sum(bytes(out[:4088])).to_bytes(8, "little")
+    return bytes(out)
+
+
 def fnv(data: bytes) -> int:
     """stagefs_archive::hash::hash: FNV-1a over little-endian 8-byte words, then bytes."""
     h, prime, mask = 0xCBF29CE484222325, 0x100000001B3, (1 << 64) - 1

@@ -17,13 +17,50 @@ from pathlib import Path
 import pytest
 
 import stagefs
-from conftest import fnv
+from conftest import block_sum
 
 FUZZ = Path(__file__).resolve().parents[2] / "fuzz"
 
 
 def sh(*args, **kw):
     return subprocess.run([str(a) for a in args], check=True, **kw)
+
+
+def index_file(header: bytes, fuzz_input: bytes) -> bytes:
+    """A saved index whose header (key, depth) is `header`'s and whose sections and body
+    are the `index_cache` fuzz input's, sealed with valid checksums."""
+    n = min(fuzz_input[0], 16) if fuzz_input else 0
+    table = fuzz_input[1 : 1 + 9 * n]
+    start = min(-(-(1 + len(table)) // 64) * 64, len(fuzz_input))
+    body = fuzz_input[start:]
+    body += bytes(-len(body) % 64)
+    block = 1 << 16
+    sums = b"".join(block_sum(body[i : i + block]).to_bytes(8, "little") for i in range(0, len(body), block))
+    top = b"".join(block_sum(sums[i : i + block]).to_bytes(8, "little") for i in range(0, len(sums), block))
+    top_at = 4096
+    sums_at = -(-(top_at + len(top)) // 4096) * 4096
+    body_at = -(-(sums_at + len(sums)) // 4096) * 4096
+    head = bytearray(header[:4096])
+    head[256:4096] = bytes(4096 - 256)
+    entries = [table[i : i + 9] for i in range(0, len(table), 9)]
+    entries = [e for e in entries if e[0] in (1, 2, 3, 4, 5, 6, 16, 17, 18, 19, 32)]
+    head[28:32] = len(entries).to_bytes(4, "little")
+    for i, e in enumerate(entries):
+        offset = min(int.from_bytes(e[1:5], "little") & ~63, len(body))
+        length = min(int.from_bytes(e[5:9], "little"), len(body) - offset)
+        at = 256 + 32 * i
+        head[at : at + 4] = e[0].to_bytes(4, "little")
+        head[at + 8 : at + 16] = offset.to_bytes(8, "little")
+        head[at + 16 : at + 24] = length.to_bytes(8, "little")
+    fields = [body_at, len(body), sums_at, len(sums), top_at, len(top), block_sum(top)]
+    head[88:144] = b"".join(v.to_bytes(8, "little") for v in fields)
+    head[4088:4096] = block_sum(bytes(head[:4088])).to_bytes(8, "little")
+    out = bytearray(body_at + len(body))
+    out[:4096] = head
+    out[top_at : top_at + len(top)] = top
+    out[sums_at : sums_at + len(sums)] = sums
+    out[body_at:] = body
+    return bytes(out)
 
 
 @pytest.fixture
@@ -152,7 +189,12 @@ REPLAY = textwrap.dedent("""
             continue
         budget = 32 << 20  # bytes of content read per input (sparse files can claim exabytes)
         outcome = []
-        for name in fs.find(""):
+        try:
+            names = fs.find("")
+        except OSError as e:  # a saved index is read where it is used: damage found there
+            print(f"{path}: refused at find: {type(e).__name__}: {str(e)[:100]}")
+            continue
+        for name in names:
             try:
                 with fs.open(name) as f:
                     while budget > 0:
@@ -176,9 +218,9 @@ def test_the_fuzzers_inputs_replay_through_python(tmp_path, venv_stagefs):
                 copy = tmp_path / f"{corpus}-{target}-{p.name}"
                 copy.write_bytes(p.read_bytes())
                 inputs.append(copy)
-    # Saved-index inputs (what follows the key and nesting depth): planted as the saved
-    # index of a real archive, with its key and depth and a valid checksum, so that opening
-    # the archive decodes the tables.
+    # Saved-index inputs (a section table and a body, see fuzz/src/exercise.rs): planted as
+    # the saved index of a real archive, with its key and depth and valid checksums, so that
+    # opening the archive reads them.
     src = tmp_path / "src"
     src.mkdir()
     (src / "blob.bin").write_bytes(os.urandom(1 << 20))
@@ -188,8 +230,7 @@ def test_the_fuzzers_inputs_replay_through_python(tmp_path, venv_stagefs):
             sh("tar", "-cf", archive, "-C", src, "blob.bin")
             sh(venv_stagefs, "index", archive, stdout=subprocess.DEVNULL)
             saved = Path(f"{archive}.stagefs-index")
-            body = saved.read_bytes()[: 16 + 56 + 4] + p.read_bytes()  # magic, key, depth; tables, points
-            saved.write_bytes(body + fnv(body).to_bytes(8, "little"))
+            saved.write_bytes(index_file(saved.read_bytes()[:4096], p.read_bytes()))
             inputs.append(archive)
     assert len(inputs) > 40, inputs
     # In a child: a crash of the interpreter must fail this test, not end the run.
@@ -199,8 +240,8 @@ def test_the_fuzzers_inputs_replay_through_python(tmp_path, venv_stagefs):
     assert run.returncode == 0, run.stderr[-3000:]
     assert len(run.stdout.splitlines()) == len(inputs)
     assert "opened" in run.stdout and "refused" in run.stdout
-    # The tables reached the decoder: the seed of gnu.tar's index lists gnu.tar's 38 files.
-    assert "seeds-index-gnu.tar.tables.tar: opened, 38 files" in run.stdout
+    # The sections reached the reader: the seed of gnu.tar's index lists gnu.tar's 38 files.
+    assert "seeds-index-gnu.tar.v5.tar: opened, 38 files" in run.stdout
 
 
 def test_ctrl_c_stops_a_long_open(tmp_path):

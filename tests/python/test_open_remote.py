@@ -131,6 +131,14 @@ http {{
         nginx.wait()
 
 
+@pytest.fixture(autouse=True)
+def only_the_tests_ca(monkeypatch):
+    """No CA bundle from the machine's environment (CI sets AWS_CA_BUNDLE, which takes
+    precedence over the SSL_CERT_FILE a test names)."""
+    for name in ("AWS_CA_BUNDLE", "SSL_CERT_FILE"):
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture
 def s3_env(monkeypatch, tmp_path):
     for k, v in {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": "us-east-1",

@@ -1,19 +1,43 @@
-//! The in-memory tree shared by every archive format: inodes, sorted directory entries, one byte arena.
+//! The tree shared by every archive format: inodes, sorted directory entries, one names arena — a view over bytes a scan built or a saved index mapped, read in place.
 //!
-//! Inode numbering: the index stores inodes in a `Vec`; an inode's FUSE number is its
-//! position plus one, so the root (position 0) is FUSE inode 1 as the kernel expects.
-//! Hardlinks are several directory entries naming the same position, which is why both
-//! names show the same `st_ino` and `st_nlink` counts the entries. Archive-internal ids
-//! (tar header offsets, SquashFS inode references) never reach the kernel.
+//! Inode numbering: an inode's FUSE number is its position plus one, so the root
+//! (position 0) is FUSE inode 1 as the kernel expects. Hardlinks are several directory
+//! entries naming the same position, which is why both names show the same `st_ino` and
+//! `st_nlink` counts the entries. Archive-internal ids (tar header offsets, SquashFS inode
+//! references) never reach the kernel.
 //!
-//! Memory: an inode is a fixed-size record, a directory entry 12 bytes, and every name,
-//! link target and xattr lives in one shared byte arena, so the index makes no heap
-//! allocation per entry. A directory's children are one contiguous run of entries,
-//! sorted by name, found by binary search.
+//! Memory: the index is bytes in the layout of `layout.rs` (fixed-size records, one
+//! arena for names, link targets and xattrs; a directory's children one run of entries
+//! sorted by name, found by binary search), held in one buffer after a scan, or mapped
+//! read-only from the saved file (see `file.rs`): opening a saved index decodes nothing,
+//! and a record is decoded when a request reads it. A mapped file's blocks are checked
+//! against their checksums on first use, so every accessor that reads one returns a
+//! `Result`: a damaged block fails what it holds, and only that.
 
-use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
 
-/// Position of an inode in [`Index::inodes`]; FUSE sees `InodeId + 1`.
+use crate::escape::Shown as _;
+
+mod build;
+pub(crate) mod file;
+pub(crate) mod layout;
+pub(crate) mod store;
+mod summary;
+mod walk;
+
+pub use build::{BuildError, IndexBuilder, XattrRun};
+#[cfg(any(test, feature = "test-support"))]
+pub use file::tamper;
+pub use file::Saving;
+pub use layout::SectionId;
+use layout::{Section, DIRENT_LEN, INODE_LEN, OWNER_LEN, XATTR_LEN};
+use store::Store;
+pub use store::{map_index, IndexMap};
+pub use summary::{ModeCount, Summary};
+pub use walk::Entry;
+
+/// Position of an inode in the index; FUSE sees `InodeId + 1`.
 pub type InodeId = u32;
 
 /// The root directory's position.
@@ -22,10 +46,11 @@ pub const ROOT: InodeId = 0;
 /// A longer one cannot be followed or even read back, so it only costs memory.
 pub const MAX_LINK_TARGET: usize = libc::PATH_MAX as usize - 1;
 
-/// A run of bytes in the index's arena.
+/// A run of bytes in the index's arena (64-bit offsets: a billion names need more than
+/// 4 GiB).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Span {
-    pub offset: u32,
+    pub offset: u64,
     pub len: u32,
 }
 
@@ -38,7 +63,7 @@ pub enum Data {
     Slice { offset: u64 },
     /// A handle into the format reader's own table (SquashFS block lists, tar sparse maps).
     Extern(u32),
-    /// A directory: its children are `dirents[first..first + count]`.
+    /// A directory: its children are entries `first..first + count`.
     Dir { first: u32, count: u32, parent: InodeId },
     /// A symbolic link and its target.
     Symlink(Span),
@@ -73,15 +98,13 @@ impl Attrs {
     }
 }
 
-/// One inode: attributes, content location, link count and extended attributes.
+/// One inode: attributes, content location and link count (its extended attributes
+/// are found by [`Index::xattrs`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Inode {
     pub attrs: Attrs,
     pub data: Data,
     pub nlink: u32,
-    /// Extended attributes: `xattrs[xattr_first..xattr_first + xattr_count]`.
-    pub xattr_first: u32,
-    pub xattr_count: u32,
 }
 
 /// One name in a directory.
@@ -98,36 +121,32 @@ pub struct Xattr {
     pub value: Span,
 }
 
-/// A stored set of extended attributes: `xattrs[first..first + count]`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct XattrRun {
-    first: u32,
-    count: u32,
-}
-
-/// The finished, immutable tree of one archive.
-#[derive(Debug, Default)]
-pub struct Index {
-    pub inodes: Vec<Inode>,
-    pub dirents: Vec<Dirent>,
-    pub xattrs: Vec<Xattr>,
-    pub arena: Vec<u8>,
-}
-
-/// Errors while building an index: limits of the compact layout.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum BuildError {
-    #[error("archive has more than 4 GiB of names, link targets and xattrs; not supported")]
-    ArenaFull,
-    #[error("archive has more than 4 billion entries; not supported")]
-    TooManyEntries,
-    /// A name no directory can hold; every format leaves such members out before linking.
-    #[error("{0:?} cannot be a file name")]
-    BadName(String),
+/// Why the index could not give what was asked: nothing there, or damage in a saved
+/// index (the file and the block at fault named), or the walk of a crafted tree
+/// stopped.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum IndexError {
+    #[error("no inode {0} in the index")]
+    NoInode(InodeId),
+    #[error(
+        "{}: block {block} (bytes {start}..{end}, holding {what}) is damaged: its checksum does not match; \
+         remove the file and the next mount rebuilds it", index.shown()
+    )]
+    Damaged { index: Arc<Path>, block: u64, start: u64, end: u64, what: &'static str },
+    #[error("{}: {what}; remove the file and the next mount rebuilds it", index.shown())]
+    Invalid { index: Arc<Path>, what: String },
+    #[error("{}: the saved index was truncated or rewritten while in use; remount to read it again", index.shown())]
+    Torn { index: Arc<Path> },
+    /// A sound index of other bytes, or of another tree of them: not for this mount.
+    #[error("{}: {why}", index.shown())]
+    Stale { index: Arc<Path>, why: String },
+    /// Links (the walker's to follow) name the same directories over and over.
+    #[error("its links name the same directories over and over: more than {0} paths below one directory")]
+    TooManyPaths(usize),
 }
 
 /// Why [`Index::resolve`] found nothing at a path, as the kernel would say it on the mount.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum PathError {
     #[error("no such file or directory in the archive")]
     NotFound,
@@ -137,6 +156,14 @@ pub enum PathError {
     Loop,
     #[error("a symbolic link on the way points outside the archive (an absolute target)")]
     Outside,
+    #[error(transparent)]
+    Index(#[from] IndexError),
+}
+
+impl PartialEq for PathError {
+    fn eq(&self, other: &PathError) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+    }
 }
 
 /// At most this many links are followed in one path (the kernel's own limit).
@@ -149,49 +176,287 @@ pub fn is_file_name(name: &[u8]) -> bool {
     !name.is_empty() && name != b"." && name != b".." && !name.contains(&b'/') && !name.contains(&0)
 }
 
+/// The finished, immutable tree of one archive: a view over its bytes.
+#[derive(Clone)]
+pub struct Index {
+    store: Arc<Store>,
+    inodes: Section,
+    dirents: Section,
+    names: Section,
+    xattrs: Section,
+    owners: Section,
+    summary_at: Section,
+    summary: Arc<Summary>,
+}
+
+impl std::fmt::Debug for Index {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Index({} inodes, {} entries, {})", self.inode_count(), self.entry_count(), self.store.name.shown())
+    }
+}
+
+/// Two indexes are equal when their trees are the same bytes (a saved index and the scan
+/// it was saved from; a block that fails its checksum makes them differ).
+impl PartialEq for Index {
+    fn eq(&self, other: &Index) -> bool {
+        let tree = |index: &Index| -> Option<Vec<Vec<u8>>> {
+            let parts = index.sections().into_iter().map(|(id, s)| index.store.body(s.offset, s.len, id).ok());
+            parts.map(|bytes| bytes.map(<[u8]>::to_vec)).collect()
+        };
+        tree(self).is_some_and(|mine| Some(mine) == tree(other))
+    }
+}
+
+/// A directory's entries, sorted by name (checked against their block's checksum).
+#[derive(Clone, Copy)]
+pub struct Children<'a> {
+    records: &'a [u8],
+}
+
+impl<'a> Children<'a> {
+    pub fn len(&self) -> usize {
+        self.records.len() / DIRENT_LEN
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    pub fn get(&self, i: usize) -> Option<Dirent> {
+        self.records.get(i * DIRENT_LEN..(i + 1) * DIRENT_LEN).map(layout::decode_dirent)
+    }
+
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = Dirent> + ExactSizeIterator + 'a {
+        self.records.chunks_exact(DIRENT_LEN).map(layout::decode_dirent)
+    }
+}
+
+impl<'a> IntoIterator for Children<'a> {
+    type Item = Dirent;
+    type IntoIter = std::iter::Map<std::slice::ChunksExact<'a, u8>, fn(&[u8]) -> Dirent>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.records.chunks_exact(DIRENT_LEN).map(layout::decode_dirent as fn(&[u8]) -> Dirent)
+    }
+}
+
+/// An inode's extended attributes.
+#[derive(Clone, Copy)]
+pub struct Xattrs<'a> {
+    records: &'a [u8],
+}
+
+impl<'a> Xattrs<'a> {
+    pub fn len(&self) -> usize {
+        self.records.len() / XATTR_LEN
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = Xattr> + 'a {
+        self.records.chunks_exact(XATTR_LEN).map(layout::decode_xattr)
+    }
+}
+
+/// What an index holds in this process: heap bytes, and bytes of a mapped file (the page
+/// cache's, shared by every process that maps it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Memory {
+    pub heap: u64,
+    pub mapped: u64,
+}
+
 impl Index {
-    pub fn bytes(&self, span: Span) -> &[u8] {
-        &self.arena[span.offset as usize..(span.offset + span.len) as usize]
-    }
-
-    pub fn inode(&self, id: InodeId) -> Option<&Inode> {
-        self.inodes.get(id as usize)
-    }
-
-    /// The path of position `id`, from the root ("/" for the root itself), names escaped
-    /// for messages. A linear search: for log lines and warnings only.
-    pub fn path_of(&self, id: InodeId) -> String {
-        let mut parts = Vec::new();
-        let mut current = id;
-        while current != ROOT && parts.len() < 4096 {
-            let Some(pos) = self.dirents.iter().position(|d| d.inode == current) else { break };
-            parts.push(crate::escape::escape(self.bytes(self.dirents[pos].name)));
-            // The directory holding dirent `pos` is the one whose child range contains it.
-            let holder = self.inodes.iter().position(|n| match n.data {
-                Data::Dir { first, count, .. } => (first as usize..(first + count) as usize).contains(&pos),
-                _ => false,
-            });
-            match holder {
-                Some(h) => current = h as InodeId,
-                None => break,
+    /// The view of a tree over `store`, its sections found in `sections`. Checks what can
+    /// be checked without reading the tree: every section there and of whole records, the
+    /// counts within 32 bits, a root directory, the summary.
+    pub(crate) fn from_store(store: Arc<Store>, sections: &[(SectionId, Section)]) -> Result<Index, IndexError> {
+        let find = |id: SectionId, size: usize| -> Result<Section, IndexError> {
+            let s = sections.iter().find(|(i, _)| *i == id).map(|(_, s)| *s);
+            match s {
+                Some(s) if s.len % size as u64 == 0 && s.count(size) <= u64::from(u32::MAX) => Ok(s),
+                _ => Err(store.invalid(format!("no whole section of {}", id.what()))),
             }
+        };
+        let summary_section = find(SectionId::Summary, 1)?;
+        let summary = summary::decode(store.body(summary_section.offset, summary_section.len, SectionId::Summary)?)
+            .ok_or_else(|| store.invalid("a summary that cannot be read".into()))?;
+        let index = Index {
+            inodes: find(SectionId::Inodes, INODE_LEN)?,
+            dirents: find(SectionId::Dirents, DIRENT_LEN)?,
+            names: find(SectionId::Names, 1)?,
+            xattrs: find(SectionId::Xattrs, XATTR_LEN)?,
+            owners: find(SectionId::XattrOwners, OWNER_LEN)?,
+            summary_at: summary_section,
+            summary: Arc::new(summary),
+            store,
+        };
+        match index.inode(ROOT)?.data {
+            Data::Dir { parent: ROOT, .. } => Ok(index),
+            _ => Err(index.store.invalid("no root directory".into())),
         }
-        parts.reverse();
-        format!("/{}", parts.join("/"))
     }
 
-    /// The children of a directory, sorted by name; empty for anything else.
-    pub fn children(&self, dir: &Inode) -> &[Dirent] {
-        match dir.data {
-            Data::Dir { first, count, .. } => &self.dirents[first as usize..(first + count) as usize],
-            _ => &[],
+    /// Fails once a mapped index file shrank or was rewritten since it was mapped (its
+    /// identity is compared: one `fstat`): a request checks once, before it trusts what it
+    /// read. A buffer is always intact.
+    pub fn check_intact(&self) -> Result<(), IndexError> {
+        self.store.check_intact()
+    }
+
+    /// Inodes, the root included.
+    pub fn inode_count(&self) -> usize {
+        self.inodes.count(INODE_LEN) as usize
+    }
+
+    /// Directory entries (names), hard links counted once per name.
+    pub fn entry_count(&self) -> usize {
+        self.dirents.count(DIRENT_LEN) as usize
+    }
+
+    /// Extended attribute records stored (sets shared by several inodes count once).
+    #[cfg(test)]
+    pub(crate) fn xattr_count(&self) -> usize {
+        self.xattrs.count(XATTR_LEN) as usize
+    }
+
+    /// Bytes of names, link targets and xattrs.
+    #[cfg(test)]
+    pub(crate) fn names_len(&self) -> usize {
+        self.names.len as usize
+    }
+
+    /// Whether any inode has extended attributes.
+    pub fn has_xattrs(&self) -> bool {
+        self.owners.len > 0
+    }
+
+    /// Counts and owners kept when the index was built (see [`Summary`]).
+    pub fn summary(&self) -> &Summary {
+        &self.summary
+    }
+
+    /// The saved file this index is mapped from, if it is one.
+    pub fn source(&self) -> Option<&Path> {
+        self.store.is_mapped().then_some(&*self.store.name)
+    }
+
+    /// Heap and mapped bytes the index holds.
+    pub fn memory(&self) -> Memory {
+        self.store.memory()
+    }
+
+    /// The inode at position `id`.
+    pub fn inode(&self, id: InodeId) -> Result<Inode, IndexError> {
+        if u64::from(id) >= self.inodes.count(INODE_LEN) {
+            return Err(IndexError::NoInode(id));
+        }
+        let at = self.inodes.offset + u64::from(id) * INODE_LEN as u64;
+        let record = self.store.body(at, INODE_LEN as u64, SectionId::Inodes)?;
+        let inode = layout::decode_inode(record).map_err(|what| self.store.invalid(format!("inode {id}: {what}")))?;
+        self.store.check_torn()?;
+        Ok(inode)
+    }
+
+    /// The children of a directory, sorted by name; none for anything else.
+    pub fn children(&self, dir: &Inode) -> Result<Children<'_>, IndexError> {
+        let Data::Dir { first, count, .. } = dir.data else { return Ok(Children { records: &[] }) };
+        if u64::from(first) + u64::from(count) > self.dirents.count(DIRENT_LEN) {
+            return Err(self.store.invalid(format!("a directory's entries {first}+{count} lie past the last")));
+        }
+        let at = self.dirents.offset + u64::from(first) * DIRENT_LEN as u64;
+        let records = self.store.body(at, u64::from(count) * DIRENT_LEN as u64, SectionId::Dirents)?;
+        self.store.check_torn()?;
+        Ok(Children { records })
+    }
+
+    /// The directory entry at position `pos` among all entries (see [`ModeCount::example`]).
+    pub fn dirent(&self, pos: u32) -> Result<Dirent, IndexError> {
+        if u64::from(pos) >= self.dirents.count(DIRENT_LEN) {
+            return Err(self.store.invalid(format!("no entry {pos}")));
+        }
+        let at = self.dirents.offset + u64::from(pos) * DIRENT_LEN as u64;
+        Ok(layout::decode_dirent(self.store.body(at, DIRENT_LEN as u64, SectionId::Dirents)?))
+    }
+
+    /// Bytes of the arena: a name, a link target, an xattr's name or value.
+    pub fn bytes(&self, span: Span) -> Result<&[u8], IndexError> {
+        if span.offset.checked_add(u64::from(span.len)).is_none_or(|end| end > self.names.len) {
+            return Err(self.store.invalid("a name lies past the end of the names".into()));
+        }
+        let bytes = self.store.body(self.names.offset + span.offset, u64::from(span.len), SectionId::Names)?;
+        self.store.check_torn()?;
+        Ok(bytes)
+    }
+
+    /// The name of a directory entry: one path component, as every format makes them.
+    pub fn name(&self, dirent: &Dirent) -> Result<&[u8], IndexError> {
+        let name = self.bytes(dirent.name)?;
+        match is_file_name(name) {
+            true => Ok(name),
+            false => Err(self.store.invalid(format!("{:?} cannot be a file name", crate::escape::escape(name)))),
         }
     }
 
     /// Finds `name` in directory `dir` by binary search.
-    pub fn lookup(&self, dir: &Inode, name: &[u8]) -> Option<InodeId> {
-        let children = self.children(dir);
-        children.binary_search_by(|d| self.bytes(d.name).cmp(name)).ok().map(|i| children[i].inode)
+    pub fn lookup(&self, dir: &Inode, name: &[u8]) -> Result<Option<InodeId>, IndexError> {
+        let children = self.children(dir)?;
+        let (mut low, mut high) = (0, children.len());
+        while low < high {
+            let mid = low + (high - low) / 2;
+            let Some(dirent) = children.get(mid) else { break };
+            match self.name(&dirent)?.cmp(name) {
+                std::cmp::Ordering::Less => low = mid + 1,
+                std::cmp::Ordering::Greater => high = mid,
+                std::cmp::Ordering::Equal => return Ok(Some(dirent.inode)),
+            }
+        }
+        Ok(None)
+    }
+
+    /// The extended attributes of position `id` (none for most).
+    pub fn xattrs(&self, id: InodeId) -> Result<Xattrs<'_>, IndexError> {
+        let owners = self.owners.count(OWNER_LEN);
+        let owner_at = |i: u64| -> Result<(InodeId, u32, u32), IndexError> {
+            let at = self.owners.offset + i * OWNER_LEN as u64;
+            Ok(layout::decode_owner(self.store.body(at, OWNER_LEN as u64, SectionId::XattrOwners)?))
+        };
+        let (mut low, mut high) = (0, owners);
+        while low < high {
+            let mid = low + (high - low) / 2;
+            let (owner, first, count) = owner_at(mid)?;
+            match owner.cmp(&id) {
+                std::cmp::Ordering::Less => low = mid + 1,
+                std::cmp::Ordering::Greater => high = mid,
+                std::cmp::Ordering::Equal => {
+                    if u64::from(first) + u64::from(count) > self.xattrs.count(XATTR_LEN) {
+                        return Err(self.store.invalid(format!("inode {id}'s xattrs lie past the last")));
+                    }
+                    let at = self.xattrs.offset + u64::from(first) * XATTR_LEN as u64;
+                    let records = self.store.body(at, u64::from(count) * XATTR_LEN as u64, SectionId::Xattrs)?;
+                    self.store.check_torn()?;
+                    return Ok(Xattrs { records });
+                }
+            }
+        }
+        Ok(Xattrs { records: &[] })
+    }
+
+    /// An xattr's name (non-empty, without NUL: `listxattr` separates names with NUL)
+    /// and value.
+    pub fn xattr(&self, x: &Xattr) -> Result<(&[u8], &[u8]), IndexError> {
+        let name = self.bytes(x.name)?;
+        if name.is_empty() || name.contains(&0) {
+            return Err(self.store.invalid("an xattr name that is empty or holds a NUL".into()));
+        }
+        Ok((name, self.bytes(x.value)?))
+    }
+
+    /// Every inode in position order, the root first.
+    pub fn inodes(&self) -> impl Iterator<Item = Result<(InodeId, Inode), IndexError>> + '_ {
+        (0..self.inode_count() as InodeId).map(|id| self.inode(id).map(|inode| (id, inode)))
     }
 
     /// The position `path` names, walked from the root the way the kernel walks a path on the
@@ -200,12 +465,13 @@ impl Index {
     /// relative target is taken from the link's directory; an absolute target points
     /// outside the archive (on the mount, into the host's tree), so it names nothing here.
     pub fn resolve(&self, path: &[u8], follow_last: bool) -> Result<InodeId, PathError> {
+        self.check_intact()?;
         // Components still to walk, last first; a followed link pushes its target's.
         let mut todo: Vec<&[u8]> = path.split(|&b| b == b'/').rev().collect();
         let mut current = ROOT;
         let mut links = 0;
         while let Some(name) = todo.pop() {
-            let dir = self.inode(current).ok_or(PathError::NotFound)?;
+            let dir = self.inode(current)?;
             let Data::Dir { parent, .. } = dir.data else { return Err(PathError::NotDir) };
             match name {
                 b"" | b"." => continue,
@@ -215,8 +481,8 @@ impl Index {
                 }
                 _ => {}
             }
-            let child = self.lookup(dir, name).ok_or(PathError::NotFound)?;
-            let inode = self.inode(child).ok_or(PathError::NotFound)?;
+            let child = self.lookup(&dir, name)?.ok_or(PathError::NotFound)?;
+            let inode = self.inode(child)?;
             // A trailing `/` leaves an empty component: the link must then be followed.
             let last = todo.is_empty();
             match inode.data {
@@ -225,7 +491,7 @@ impl Index {
                     if links > MAX_LINKS {
                         return Err(PathError::Loop);
                     }
-                    let target = self.bytes(target);
+                    let target = self.bytes(target)?;
                     if target.first() == Some(&b'/') {
                         return Err(PathError::Outside);
                     }
@@ -237,285 +503,86 @@ impl Index {
         Ok(current)
     }
 
-    pub fn xattrs_of(&self, inode: &Inode) -> &[Xattr] {
-        &self.xattrs[inode.xattr_first as usize..(inode.xattr_first + inode.xattr_count) as usize]
-    }
-
-    /// Approximate heap bytes the index holds (for the bytes-per-entry figure).
-    pub fn heap_bytes(&self) -> usize {
-        self.inodes.capacity() * std::mem::size_of::<Inode>()
-            + self.dirents.capacity() * std::mem::size_of::<Dirent>()
-            + self.xattrs.capacity() * std::mem::size_of::<Xattr>()
-            + self.arena.capacity()
-    }
-}
-
-/// Builds an [`Index`] from entries in any order: formats add inodes and name them in
-/// directories; `finish` sorts every directory and counts links.
-#[derive(Debug)]
-pub struct IndexBuilder {
-    index: Index,
-    /// (parent, name) -> position in `entries`, for lookups and replacement while building.
-    names: HashMap<(InodeId, Box<[u8]>), usize>,
-    /// (parent, name span, child) in insertion order; sorted into `dirents` by `finish`.
-    entries: Vec<(InodeId, Span, InodeId)>,
-}
-
-impl Default for IndexBuilder {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl IndexBuilder {
-    /// A builder holding only the root directory, with implicit attributes.
-    pub fn new() -> IndexBuilder {
-        let mut index = Index::default();
-        index.inodes.push(Inode {
-            attrs: Attrs::implicit_dir(),
-            data: Data::Dir { first: 0, count: 0, parent: ROOT },
-            nlink: 0,
-            xattr_first: 0,
-            xattr_count: 0,
-        });
-        IndexBuilder { index, names: HashMap::new(), entries: Vec::new() }
-    }
-
-    /// Stores bytes in the arena.
-    pub fn intern(&mut self, bytes: &[u8]) -> Result<Span, BuildError> {
-        let offset = u32::try_from(self.index.arena.len()).map_err(|_| BuildError::ArenaFull)?;
-        let len = u32::try_from(bytes.len()).map_err(|_| BuildError::ArenaFull)?;
-        if offset.checked_add(len).is_none() {
-            return Err(BuildError::ArenaFull);
+    /// The path of position `id`, from the root ("/" for the root itself), names escaped
+    /// for messages. A directory climbs its parents; anything else is searched for among
+    /// all entries first: for log lines and warnings only.
+    pub fn path_of(&self, id: InodeId) -> String {
+        if self.inode(id).is_ok_and(|n| n.attrs.is_dir()) {
+            return self.dir_path(id);
         }
-        self.index.arena.extend_from_slice(bytes);
-        Ok(Span { offset, len })
+        let entries = (0..self.inode_count() as InodeId).filter_map(|dir| Some((dir, self.inode(dir).ok()?)));
+        for (dir, inode) in entries.filter(|(_, n)| n.attrs.is_dir()) {
+            let Ok(children) = self.children(&inode) else { continue };
+            if let Some(d) = children.iter().find(|d| d.inode == id) {
+                return self.path_in(dir, &d);
+            }
+        }
+        "/".into()
     }
 
-    /// Adds an inode that no directory names yet. Directories get `Data::Dir` here
-    /// whatever `data` says; their children are filled in by `finish`.
-    pub fn add_inode(&mut self, attrs: Attrs, data: Data) -> Result<InodeId, BuildError> {
-        let id = InodeId::try_from(self.index.inodes.len()).map_err(|_| BuildError::TooManyEntries)?;
-        let data = if attrs.is_dir() { Data::Dir { first: 0, count: 0, parent: ROOT } } else { data };
-        self.index.inodes.push(Inode { attrs, data, nlink: 0, xattr_first: 0, xattr_count: 0 });
-        Ok(id)
+    /// The path of the entry `dirent` of directory `dir`, for messages.
+    pub fn path_in(&self, dir: InodeId, dirent: &Dirent) -> String {
+        let name = self.name(dirent).map_or_else(|e| format!("({e})"), crate::escape::escape);
+        format!("{}/{name}", self.dir_path(dir).trim_end_matches('/'))
     }
 
-    /// Inodes added so far (the position the next one gets).
-    pub fn len(&self) -> usize {
-        self.index.inodes.len()
+    /// A directory's path, climbing its parents (each name found among its parent's
+    /// children): for messages.
+    fn dir_path(&self, mut id: InodeId) -> String {
+        let mut parts = Vec::new();
+        while id != ROOT && parts.len() < 4096 {
+            let Ok(Data::Dir { parent, .. }) = self.inode(id).map(|n| n.data) else { break };
+            let Ok(holder) = self.inode(parent) else { break };
+            let Ok(children) = self.children(&holder) else { break };
+            let Some(name) = children.iter().find(|d| d.inode == id).and_then(|d| self.name(&d).ok()) else { break };
+            parts.push(crate::escape::escape(name));
+            id = parent;
+        }
+        parts.reverse();
+        format!("/{}", parts.join("/"))
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.index.inodes.is_empty()
-    }
-
-    pub fn attrs(&self, id: InodeId) -> &Attrs {
-        &self.index.inodes[id as usize].attrs
-    }
-
-    /// Replaces an inode's attributes and content (a later tar member of the same name).
-    pub fn set_inode(&mut self, id: InodeId, attrs: Attrs, data: Data) {
-        let inode = &mut self.index.inodes[id as usize];
-        let data = if attrs.is_dir() { inode_dir_data(inode) } else { data };
-        inode.attrs = attrs;
-        inode.data = data;
-    }
-
-    /// Attaches extended attributes (name, value) to an inode, replacing any it had.
-    pub fn set_xattrs(&mut self, id: InodeId, xattrs: &[(&[u8], &[u8])]) -> Result<(), BuildError> {
-        let run = self.add_xattrs(xattrs)?;
-        self.set_xattr_run(id, run);
+    /// Reads every record and name once (tests: that damage anywhere is found).
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn read_all(&self) -> Result<(), IndexError> {
+        for item in self.inodes() {
+            let (id, inode) = item?;
+            for d in self.children(&inode)? {
+                self.name(&d)?;
+            }
+            if let Data::Symlink(span) = inode.data {
+                self.bytes(span)?;
+            }
+            for x in self.xattrs(id)?.iter() {
+                self.xattr(&x)?;
+            }
+        }
         Ok(())
     }
 
-    /// Stores a set of extended attributes that no inode has yet.
-    pub fn add_xattrs(&mut self, xattrs: &[(&[u8], &[u8])]) -> Result<XattrRun, BuildError> {
-        let first = u32::try_from(self.index.xattrs.len()).map_err(|_| BuildError::TooManyEntries)?;
-        let count = u32::try_from(xattrs.len()).map_err(|_| BuildError::TooManyEntries)?;
-        for (name, value) in xattrs {
-            let name = self.intern(name)?;
-            let value = self.intern(value)?;
-            self.index.xattrs.push(Xattr { name, value });
-        }
-        Ok(XattrRun { first, count })
+    /// The store the index reads from (a tar reader's saved tables share it).
+    pub(crate) fn store(&self) -> &Arc<Store> {
+        &self.store
     }
 
-    /// Gives an inode a stored set of extended attributes, replacing any it had. Inodes
-    /// given the same run share its entries: a set many inodes have is stored once.
-    pub fn set_xattr_run(&mut self, id: InodeId, run: XattrRun) {
-        let inode = &mut self.index.inodes[id as usize];
-        inode.xattr_first = run.first;
-        inode.xattr_count = run.count;
+    /// The summary as its section holds it (to save it).
+    pub(crate) fn summary_bytes(&self) -> Vec<u8> {
+        summary::encode(&self.summary)
     }
 
-    /// The inode named `name` in `parent`, if any.
-    pub fn child(&self, parent: InodeId, name: &[u8]) -> Option<InodeId> {
-        self.names.get(&(parent, Box::from(name))).map(|&i| self.entries[i].2)
-    }
-
-    /// Names `child` as `name` in directory `parent`; an existing entry of that name now
-    /// points at `child` (later archive members win, as when extracting).
-    pub fn link(&mut self, parent: InodeId, name: &[u8], child: InodeId) -> Result<(), BuildError> {
-        self.relink(parent, name, child).map(drop)
-    }
-
-    /// [`IndexBuilder::link`], returning the inode the name pointed at before, if any.
-    /// One hash lookup and one key allocation per call (the merge of a shard set calls
-    /// it for every file of every shard).
-    pub fn relink(&mut self, parent: InodeId, name: &[u8], child: InodeId) -> Result<Option<InodeId>, BuildError> {
-        if !is_file_name(name) {
-            return Err(BuildError::BadName(crate::escape::escape(name)));
-        }
-        let next = self.entries.len();
-        let slot = match self.names.entry((parent, Box::from(name))) {
-            std::collections::hash_map::Entry::Occupied(e) => {
-                let i = *e.get();
-                return Ok(Some(std::mem::replace(&mut self.entries[i].2, child)));
-            }
-            std::collections::hash_map::Entry::Vacant(e) => e,
-        };
-        let offset = u32::try_from(self.index.arena.len()).map_err(|_| BuildError::ArenaFull)?;
-        let len = u32::try_from(name.len()).map_err(|_| BuildError::ArenaFull)?;
-        if offset.checked_add(len).is_none() {
-            return Err(BuildError::ArenaFull);
-        }
-        slot.insert(next);
-        self.index.arena.extend_from_slice(name);
-        let span = Span { offset, len };
-        self.entries.push((parent, span, child));
-        if self.index.inodes[child as usize].attrs.is_dir() {
-            if let Data::Dir { parent: p, .. } = &mut self.index.inodes[child as usize].data {
-                *p = parent;
-            }
-        }
-        Ok(None)
-    }
-
-    /// Sorts directories, fills child ranges and link counts, and drops the build maps.
-    pub fn finish(self) -> Result<Index, BuildError> {
-        let IndexBuilder { mut index, names, mut entries } = self;
-        drop(names);
-        let arena = &index.arena;
-        let name_of = |s: Span| &arena[s.offset as usize..(s.offset + s.len) as usize];
-        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| name_of(a.1).cmp(name_of(b.1))));
-        if u32::try_from(entries.len()).is_err() {
-            return Err(BuildError::TooManyEntries);
-        }
-        for inode in &mut index.inodes {
-            inode.nlink = if inode.attrs.is_dir() { 2 } else { 0 };
-        }
-        let mut start = 0;
-        while start < entries.len() {
-            let parent = entries[start].0;
-            let end = start + entries[start..].iter().take_while(|e| e.0 == parent).count();
-            if let Data::Dir { first, count, .. } = &mut index.inodes[parent as usize].data {
-                *first = start as u32;
-                *count = (end - start) as u32;
-            }
-            start = end;
-        }
-        index.dirents = entries.iter().map(|&(_, name, inode)| Dirent { name, inode }).collect();
-        for &(parent, _, child) in &entries {
-            if index.inodes[child as usize].attrs.is_dir() {
-                index.inodes[parent as usize].nlink += 1;
-            } else {
-                index.inodes[child as usize].nlink += 1;
-            }
-        }
-        index.inodes.shrink_to_fit();
-        index.arena.shrink_to_fit();
-        index.xattrs.shrink_to_fit();
-        Ok(index)
-    }
-}
-
-fn inode_dir_data(inode: &Inode) -> Data {
-    match inode.data {
-        d @ Data::Dir { .. } => d,
-        _ => Data::Dir { first: 0, count: 0, parent: ROOT },
+    /// Where the tree's sections lie in the store's body (to save them).
+    pub(crate) fn sections(&self) -> Vec<(SectionId, Section)> {
+        let s = [
+            (SectionId::Inodes, self.inodes),
+            (SectionId::Dirents, self.dirents),
+            (SectionId::Names, self.names),
+            (SectionId::Xattrs, self.xattrs),
+            (SectionId::XattrOwners, self.owners),
+            (SectionId::Summary, self.summary_at),
+        ];
+        s.to_vec()
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn file(size: u64) -> Attrs {
-        Attrs { mode: libc::S_IFREG | 0o644, uid: 1, gid: 2, mtime: 3, mtime_nsec: 0, size }
-    }
-
-    #[test]
-    fn children_are_sorted_and_found() {
-        let mut b = IndexBuilder::new();
-        for name in ["zeta", "alpha", "mid"] {
-            let id = b.add_inode(file(1), Data::Slice { offset: 0 }).unwrap();
-            b.link(ROOT, name.as_bytes(), id).unwrap();
-        }
-        let index = b.finish().unwrap();
-        let root = index.inode(ROOT).unwrap();
-        let names: Vec<_> = index.children(root).iter().map(|d| index.bytes(d.name).to_vec()).collect();
-        assert_eq!(names, [b"alpha".to_vec(), b"mid".to_vec(), b"zeta".to_vec()]);
-        assert_eq!(index.lookup(root, b"mid"), Some(3));
-        assert_eq!(index.lookup(root, b"nope"), None);
-    }
-
-    #[test]
-    fn hardlinks_share_an_inode_and_count_links() {
-        let mut b = IndexBuilder::new();
-        let dir = b.add_inode(Attrs::implicit_dir(), Data::None).unwrap();
-        b.link(ROOT, b"d", dir).unwrap();
-        let f = b.add_inode(file(5), Data::Slice { offset: 512 }).unwrap();
-        b.link(dir, b"a", f).unwrap();
-        b.link(ROOT, b"b", f).unwrap();
-        let index = b.finish().unwrap();
-        assert_eq!(index.inodes[f as usize].nlink, 2);
-        assert_eq!(index.inodes[ROOT as usize].nlink, 3);
-        assert_eq!(index.inodes[dir as usize].data, Data::Dir { first: 2, count: 1, parent: ROOT });
-    }
-
-    #[test]
-    fn a_later_entry_replaces_an_earlier_one() {
-        let mut b = IndexBuilder::new();
-        let first = b.add_inode(file(1), Data::Slice { offset: 0 }).unwrap();
-        b.link(ROOT, b"x", first).unwrap();
-        let second = b.add_inode(file(2), Data::Slice { offset: 1024 }).unwrap();
-        b.link(ROOT, b"x", second).unwrap();
-        assert_eq!(b.child(ROOT, b"x"), Some(second));
-        let index = b.finish().unwrap();
-        assert_eq!(index.children(&index.inodes[0]).len(), 1);
-        assert_eq!(index.inodes[second as usize].nlink, 1);
-        assert_eq!(index.inodes[first as usize].nlink, 0);
-    }
-
-    #[test]
-    fn paths_resolve_through_links_as_on_the_mount() {
-        let mut b = IndexBuilder::new();
-        let dir = b.add_inode(Attrs::implicit_dir(), Data::None).unwrap();
-        b.link(ROOT, b"d", dir).unwrap();
-        let f = b.add_inode(file(5), Data::Slice { offset: 512 }).unwrap();
-        b.link(dir, b"f", f).unwrap();
-        let link = |b: &mut IndexBuilder, name: &[u8], target: &[u8]| {
-            let span = b.intern(target).unwrap();
-            let attrs = Attrs { mode: libc::S_IFLNK | 0o777, ..file(0) };
-            let id = b.add_inode(attrs, Data::Symlink(span)).unwrap();
-            b.link(ROOT, name, id).unwrap();
-            id
-        };
-        let to_f = link(&mut b, b"to-f", b"d/../d/./f");
-        link(&mut b, b"to-d", b"d");
-        link(&mut b, b"loop", b"loop");
-        link(&mut b, b"abs", b"/etc/passwd");
-        let index = b.finish().unwrap();
-        assert_eq!(index.resolve(b"", true), Ok(ROOT));
-        assert_eq!(index.resolve(b"/d//f", true), Ok(f));
-        assert_eq!(index.resolve(b"to-f", true), Ok(f));
-        assert_eq!(index.resolve(b"to-f", false), Ok(to_f), "the last link stays unless followed");
-        assert_eq!(index.resolve(b"to-d/f", false), Ok(f), "links on the way are followed");
-        assert_eq!(index.resolve(b"d/../to-d/", false), Ok(dir), "a trailing slash follows the link");
-        assert_eq!(index.resolve(b"d/missing", true), Err(PathError::NotFound));
-        assert_eq!(index.resolve(b"d/f/x", true), Err(PathError::NotDir));
-        assert_eq!(index.resolve(b"loop", true), Err(PathError::Loop));
-        assert_eq!(index.resolve(b"abs", true), Err(PathError::Outside));
-    }
-}
+mod tests;

@@ -27,11 +27,11 @@
 //! // Open it, list the root, read the file.
 //! let archive = Archive::open(&std::fs::File::open(&path)?, &path)?;
 //! let index = &archive.index;
-//! let root = index.inode(ROOT).unwrap();
-//! let names: Vec<&[u8]> = index.children(root).iter().map(|d| index.bytes(d.name)).collect();
+//! let root = index.inode(ROOT)?;
+//! let names: Vec<&[u8]> = index.children(&root)?.iter().map(|d| index.name(&d)).collect::<Result<_, _>>()?;
 //! assert_eq!(names, [b"greeting.txt"]);
-//! let id = index.lookup(root, b"greeting.txt").unwrap();
-//! let bytes = archive.read(id, index.inode(id).unwrap(), 0, 4096)?;
+//! let id = index.lookup(&root, b"greeting.txt")?.expect("a member of that name");
+//! let bytes = archive.read(id, &index.inode(id)?, 0, 4096)?;
 //! assert_eq!(&*bytes, b"hello\n");
 //! std::fs::remove_dir_all(&dir)?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())

@@ -12,6 +12,9 @@ pub enum Access {
     Denied(&'static str),
 }
 
+/// A shard set's readers, and the first merged position each serves.
+pub type Shards<'a> = (&'a [std::sync::Arc<dyn Reader>], &'a [InodeId]);
+
 /// What to do with the pages of an archive file served in place.
 #[derive(Clone, Copy)]
 pub enum SourceCache<'a> {
@@ -58,6 +61,12 @@ pub trait Reader: Send + Sync {
     /// The tables a saved index keeps besides the tree: only a tar has them (zip and
     /// SquashFS carry their index inside the archive).
     fn saved(&self) -> Option<SavedTables<'_>> {
+        None
+    }
+
+    /// A shard set's readers and the first merged position each serves (a set's saved
+    /// index keeps what they need).
+    fn shards(&self) -> Option<Shards<'_>> {
         None
     }
 }

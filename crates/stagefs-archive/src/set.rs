@@ -11,8 +11,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub mod saved;
+
 use super::{Access, Archive, Bytes, Format, OpenError, ReadError, Reader};
-use crate::index::{Attrs, Data, Index, IndexBuilder, Inode, InodeId, ROOT};
+use crate::index::{Attrs, Data, Dirent, Index, IndexBuilder, IndexError, Inode, InodeId, ROOT};
 
 /// Serves file bytes of a merged set from the shard each inode came from: one [`Reader`]
 /// over the shards' readers. A merged inode keeps its shard's content locator, so the
@@ -57,6 +59,10 @@ impl Reader for SetReader {
 
     fn compression(&self) -> Option<&'static str> {
         self.shards.iter().find_map(|s| s.compression())
+    }
+
+    fn shards(&self) -> Option<crate::reader::Shards<'_>> {
+        Some((&self.shards, &self.starts))
     }
 }
 
@@ -169,34 +175,34 @@ impl Merger {
     /// Walks the shard's tree from its root, adding what it has to the merged tree.
     fn merge(&mut self, shard: usize, path: &Path, index: &Index) -> Result<(), crate::index::BuildError> {
         // Shard position -> merged position, for hard links (several names, one inode).
-        let mut merged_of: Vec<InodeId> = vec![InodeId::MAX; index.inodes.len()];
+        let mut merged_of: Vec<InodeId> = vec![InodeId::MAX; index.inode_count()];
         merged_of[ROOT as usize] = ROOT;
-        let root = &index.inodes[ROOT as usize];
-        self.state_dir(ROOT, root, index)?;
+        self.state_dir(ROOT, ROOT, &index.inode(ROOT)?, index)?;
         let mut stack = vec![ROOT];
         while let Some(local_dir) = stack.pop() {
             let merged_dir = merged_of[local_dir as usize];
-            let dir = &index.inodes[local_dir as usize];
-            for dirent in index.children(dir) {
-                let name = index.bytes(dirent.name);
-                let child = &index.inodes[dirent.inode as usize];
-                if child.attrs.is_dir() {
-                    let existing = self.builder.child(merged_dir, name);
-                    if merged_of[dirent.inode as usize] != InodeId::MAX {
-                        continue; // a directory named twice: merged once
+            let dir = index.inode(local_dir)?;
+            for dirent in index.children(&dir)? {
+                let name = index.name(&dirent)?;
+                let child = index.inode(dirent.inode)?;
+                let seen = merged_of.get(dirent.inode as usize).copied().ok_or(IndexError::NoInode(dirent.inode))?;
+                if let Data::Dir { parent, .. } = child.data {
+                    if seen != InodeId::MAX || parent != local_dir {
+                        continue; // a directory named twice (or listed outside its parent): merged once
                     }
+                    let existing = self.builder.child(merged_dir, name);
                     let merged = match existing.filter(|&e| self.builder.attrs(e).is_dir()) {
                         Some(e) => {
-                            self.state_dir(e, child, index)?;
+                            self.state_dir(e, dirent.inode, &child, index)?;
                             e
                         }
                         None => {
                             if let Some(e) = existing {
-                                self.conflict(e, path, index, local_dir, name);
+                                self.conflict(e, path, index, local_dir, &dirent);
                             }
                             let id = self.builder.add_inode(child.attrs, Data::None)?;
                             self.origins.push(dirent.inode);
-                            self.copy_xattrs(id, child, index)?;
+                            self.copy_xattrs(id, dirent.inode, index)?;
                             self.builder.link(merged_dir, name, id)?;
                             id
                         }
@@ -205,15 +211,15 @@ impl Merger {
                     stack.push(dirent.inode);
                     continue;
                 }
-                let merged = match merged_of[dirent.inode as usize] {
+                let merged = match seen {
                     InodeId::MAX => {
                         let data = match child.data {
-                            Data::Symlink(target) => Data::Symlink(self.builder.intern(index.bytes(target))?),
+                            Data::Symlink(target) => Data::Symlink(self.builder.intern(index.bytes(target)?)?),
                             other => other,
                         };
                         let id = self.builder.add_inode(child.attrs, data)?;
                         self.origins.push(dirent.inode);
-                        self.copy_xattrs(id, child, index)?;
+                        self.copy_xattrs(id, dirent.inode, index)?;
                         merged_of[dirent.inode as usize] = id;
                         id
                     }
@@ -221,39 +227,45 @@ impl Merger {
                 };
                 let replaced = self.builder.relink(merged_dir, name, merged)?;
                 if let Some(e) = replaced.filter(|&e| e < self.starts[shard]) {
-                    self.conflict(e, path, index, local_dir, name);
+                    self.conflict(e, path, index, local_dir, &dirent);
                 }
             }
         }
         Ok(())
     }
 
-    /// A directory of this shard that the merged tree already has: the shard's attributes
-    /// win (as extracting it would set them), unless the shard only implies the directory.
-    fn state_dir(&mut self, merged: InodeId, dir: &Inode, index: &Index) -> Result<(), crate::index::BuildError> {
-        if dir.attrs == Attrs::implicit_dir() && dir.xattr_count == 0 {
+    /// A directory of this shard (at `local`) that the merged tree already has: the
+    /// shard's attributes win (as extracting it would set them), unless the shard only
+    /// implies the directory.
+    fn state_dir(
+        &mut self,
+        merged: InodeId,
+        local: InodeId,
+        dir: &Inode,
+        index: &Index,
+    ) -> Result<(), crate::index::BuildError> {
+        if dir.attrs == Attrs::implicit_dir() && index.xattrs(local)?.is_empty() {
             return Ok(());
         }
         self.builder.set_inode(merged, dir.attrs, Data::None);
-        self.copy_xattrs(merged, dir, index)
+        self.copy_xattrs(merged, local, index)
     }
 
-    fn copy_xattrs(&mut self, id: InodeId, inode: &Inode, index: &Index) -> Result<(), crate::index::BuildError> {
-        let pairs: Vec<(&[u8], &[u8])> =
-            index.xattrs_of(inode).iter().map(|x| (index.bytes(x.name), index.bytes(x.value))).collect();
-        if !pairs.is_empty() {
-            self.builder.set_xattrs(id, &pairs)?;
+    fn copy_xattrs(&mut self, id: InodeId, local: InodeId, index: &Index) -> Result<(), crate::index::BuildError> {
+        let xattrs = index.xattrs(local)?;
+        if xattrs.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        let pairs = xattrs.iter().map(|x| index.xattr(&x)).collect::<Result<Vec<_>, _>>()?;
+        self.builder.set_xattrs(id, &pairs)
     }
 
     /// Counts a name this shard (at `path`) takes over from merged inode `existing`;
     /// remembers the first for the warning.
-    fn conflict(&mut self, existing: InodeId, path: &Path, index: &Index, local_dir: InodeId, name: &[u8]) {
+    fn conflict(&mut self, existing: InodeId, path: &Path, index: &Index, local_dir: InodeId, dirent: &Dirent) {
         self.conflicts += 1;
         if self.first_conflict.is_none() {
-            let dir = index.path_of(local_dir);
-            let full = format!("{}/{}", dir.trim_end_matches('/'), crate::escape::escape(name));
+            let full = index.path_in(local_dir, dirent);
             let shard = self.starts.partition_point(|&s| s <= existing).saturating_sub(1);
             let earlier = self.paths.get(shard).cloned().unwrap_or_default();
             self.first_conflict = Some(Conflict { path: full, earlier, later: path.to_owned() });
@@ -276,13 +288,9 @@ mod tests {
 
     /// The merged tree's bytes of `path`.
     fn read(set: &Archive, path: &str) -> Vec<u8> {
-        let mut id = ROOT;
-        for part in path.split('/') {
-            let dir = set.index.inode(id).unwrap();
-            id = set.index.lookup(dir, part.as_bytes()).unwrap_or_else(|| panic!("{path}: no {part}"));
-        }
+        let id = set.index.resolve(path.as_bytes(), false).unwrap_or_else(|e| panic!("{path}: {e}"));
         let inode = set.index.inode(id).unwrap();
-        set.read(id, inode, 0, inode.attrs.size as u32).unwrap().to_vec()
+        set.read(id, &inode, 0, inode.attrs.size as u32).unwrap().to_vec()
     }
 
     #[test]
@@ -303,7 +311,7 @@ mod tests {
         assert_eq!(read(&set, "d/one"), b"1 from a", "served by the first shard's reader");
         assert_eq!(read(&set, "d/two"), b"2 from b", "served by the second shard's reader");
         assert_eq!(read(&set, "d/same"), b"from b");
-        let d = set.index.inode(set.index.lookup(set.index.inode(ROOT).unwrap(), b"d").unwrap()).unwrap();
-        assert_eq!(set.index.children(d).len(), 3, "one merged directory");
+        let d = set.index.inode(set.index.resolve(b"d", false).unwrap()).unwrap();
+        assert_eq!(set.index.children(&d).unwrap().len(), 3, "one merged directory");
     }
 }

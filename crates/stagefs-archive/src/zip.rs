@@ -347,9 +347,9 @@ mod tests {
     /// Reads all of the regular file at `path` of a zip opened from `bytes`.
     fn read_member(bytes: &[u8], path: &str) -> Result<Vec<u8>, crate::ReadError> {
         let (index, reader) = open(Path::new("t.zip"), crate::Source::memory(bytes)).unwrap();
-        let id = index.lookup(&index.inodes[ROOT as usize], path.as_bytes()).unwrap();
-        let inode = &index.inodes[id as usize];
-        crate::read_file(&reader, id, inode, 0, inode.attrs.size as u32).map(|b| b.to_vec())
+        let id = index.lookup(&index.inode(ROOT).unwrap(), path.as_bytes()).unwrap().unwrap();
+        let inode = index.inode(id).unwrap();
+        crate::read_file(&reader, id, &inode, 0, inode.attrs.size as u32).map(|b| b.to_vec())
     }
 
     /// A local header whose name differs from the central one serves the data after its own

@@ -16,7 +16,7 @@ use stagefs::shards::open_archive;
 use stagefs::shards::{self, How};
 use stagefs::stage::{StageMode, Staging};
 use stagefs_archive::escape::Shown;
-use stagefs_archive::index::{InodeId, PathError};
+use stagefs_archive::index::InodeId;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -253,7 +253,7 @@ impl Archive {
         let index = &self.shared.archive.index;
         let shown = || String::from_utf8_lossy(path).into_owned();
         let (target, link) = tree::lookup(index, path).map_err(|source| MemberError::Path { path: shown(), source })?;
-        tree::describe(index, target, link).ok_or(MemberError::Path { path: shown(), source: PathError::NotFound })
+        tree::describe(index, target, link).map_err(|source| MemberError::Path { path: shown(), source })
     }
 }
 
@@ -343,13 +343,13 @@ impl Archive {
             if failed.is_some() {
                 return;
             }
-            if let Some(d) = tree::describe(index, met.target, met.link) {
+            if let Ok(d) = tree::describe(index, met.target, met.link) {
                 if let Err(e) = info_dict(py, met.path, &d).and_then(|info| list.append(info)) {
                     failed = Some(e);
                 }
             }
         })
-        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        .map_err(crate::errors::index_error)?;
         failed.map_or(Ok(list), Err)
     }
 
@@ -372,12 +372,12 @@ impl Archive {
                 .resolve(bytes, true)
                 .map_err(|source| MemberError::Path { path: path.shown().to_string(), source })?;
             tree::walk(index, bytes, dir, maxdepth, |met| found.push((met.path.to_vec(), met.target, met.link)))
-                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+                .map_err(crate::errors::index_error)?;
         }
         found.sort_by(|a, b| a.0.cmp(&b.0));
         let list = PyList::empty(py);
         for (name, target, link) in found {
-            let Some(d) = tree::describe(index, target, link) else { continue };
+            let Ok(d) = tree::describe(index, target, link) else { continue };
             if d.kind != "directory" || withdirs {
                 list.append(info_dict(py, &name, &d)?)?;
             }
@@ -389,6 +389,7 @@ impl Archive {
     fn open(&self, path: PathBuf) -> PyResult<Member> {
         let bytes = path_bytes(&path);
         let (id, inode) = self.shared.regular(bytes)?;
+        let inode = &inode;
         let name = String::from_utf8_lossy(tree::trimmed(bytes)).into_owned();
         Ok(Member::new(Arc::clone(&self.shared), id, inode.attrs.size, name))
     }
@@ -405,6 +406,7 @@ impl Archive {
     ) -> PyResult<Bound<'py, PyBytes>> {
         let bytes = path_bytes(&path);
         let (id, inode) = self.shared.regular(bytes)?;
+        let inode = &inode;
         let size = inode.attrs.size as i64;
         let clamp = |v: i64| if v < 0 { (size + v).max(0) } else { v.min(size) };
         let (from, to) = (clamp(start.unwrap_or(0)), clamp(end.unwrap_or(size)));
@@ -422,6 +424,7 @@ impl Archive {
     fn view<'py>(&self, py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyAny>> {
         let bytes = path_bytes(&path);
         let (id, inode) = self.shared.regular(bytes)?;
+        let inode = &inode;
         let name = path.shown().to_string();
         let shared = &self.shared;
         let held = py.detach(|| shared.held(id, inode, &name, 0, inode.attrs.size))?;
@@ -434,7 +437,7 @@ impl Archive {
             "<stagefs archive {} ({}, {} entries, {})>",
             s.label.shown(),
             self.format(),
-            s.archive.index.inodes.len(),
+            s.archive.index.inode_count(),
             staging_name(s.staging)
         )
     }

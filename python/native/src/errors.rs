@@ -14,7 +14,7 @@ use stagefs::remote::RemoteError;
 use stagefs::remote::RemoteFailure;
 use stagefs::shards::ShardError;
 use stagefs::stage::StageError;
-use stagefs_archive::index::PathError;
+use stagefs_archive::index::{IndexError, PathError};
 use stagefs_archive::{OpenError, ReadError};
 use stagefs_reader::Error;
 use std::path::{Path, PathBuf};
@@ -191,6 +191,15 @@ fn stage_error(py: Python<'_>, msg: String, e: StageError, spec: &Path) -> PyErr
     }
 }
 
+/// A walk of the tree that failed: links that name the same directories over and over
+/// (a `ValueError`, as for any crafted tree), or a damaged saved index (`EIO`).
+pub fn index_error(e: IndexError) -> PyErr {
+    match e {
+        IndexError::TooManyPaths(_) => PyValueError::new_err(e.to_string()),
+        e => os_error(libc::EIO, e.to_string(), Path::new("")),
+    }
+}
+
 /// Why a member of an open archive cannot be served; `path` is the member's path.
 #[derive(Debug, thiserror::Error)]
 pub enum MemberError {
@@ -218,6 +227,7 @@ impl MemberError {
         match self {
             MemberError::Path { source: PathError::NotDir, .. } => libc::ENOTDIR,
             MemberError::Path { source: PathError::Loop, .. } => libc::ELOOP,
+            MemberError::Path { source: PathError::Index(_), .. } => libc::EIO,
             MemberError::Path { .. } => libc::ENOENT,
             MemberError::IsDir { .. } => libc::EISDIR,
             MemberError::NotFile { .. } => libc::EINVAL,

@@ -27,11 +27,12 @@ impl Member {
         Member { shared, id, size, name, pos: AtomicU64::new(0), closed: AtomicBool::new(false) }
     }
 
-    fn inode(&self) -> Result<&Inode, MemberError> {
+    fn inode(&self) -> Result<Inode, MemberError> {
         if self.closed.load(Ordering::Relaxed) {
             return Err(MemberError::Closed("I/O operation on a closed archive member"));
         }
-        Ok(&self.shared.archive.index.inodes[self.id as usize])
+        let read = self.shared.archive.index.inode(self.id);
+        read.map_err(|e| MemberError::Path { path: self.name.clone(), source: e.into() })
     }
 
     /// Bytes left from the position, at most `limit` (all for a negative or no limit).
@@ -51,7 +52,7 @@ impl Member {
     /// Up to `size` bytes from the position (all that is left without `size`), as bytes.
     #[pyo3(signature = (size=-1))]
     fn read<'py>(&self, py: Python<'py>, size: Option<i64>) -> PyResult<Bound<'py, PyBytes>> {
-        let inode = self.inode()?;
+        let inode = &self.inode()?;
         let (pos, len) = self.ahead(size);
         let at = (self.id, inode);
         let first = py.detach(|| self.shared.first_piece(at, &self.name, pos, len))?;
@@ -65,7 +66,7 @@ impl Member {
     /// Fills `buffer` (any writable, contiguous buffer) from the position; returns the
     /// number of bytes read (0 at the end).
     fn readinto(&self, py: Python<'_>, buffer: Bound<'_, PyAny>) -> PyResult<usize> {
-        let inode = self.inode()?;
+        let inode = &self.inode()?;
         let mut target = Writable::of(&buffer)?;
         let dst = target.bytes();
         let (pos, len) = self.ahead(Some(dst.len() as i64));
@@ -79,7 +80,7 @@ impl Member {
     /// where they lie in memory (see `Archive.view`); the position moves past them.
     #[pyo3(signature = (size=-1))]
     fn read_view<'py>(&self, py: Python<'py>, size: Option<i64>) -> PyResult<Bound<'py, PyAny>> {
-        let inode = self.inode()?;
+        let inode = &self.inode()?;
         let (pos, len) = self.ahead(size);
         let held = py.detach(|| self.shared.held(self.id, inode, &self.name, pos, len as u64))?;
         self.pos.store(pos + held.len as u64, Ordering::Relaxed);

@@ -4,7 +4,6 @@ use crate::archive::Archive;
 use crate::errors::MemberError;
 use crate::shared::Shared;
 use crate::tree;
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use stagefs_archive::escape::Shown;
 use stagefs_archive::index::InodeId;
@@ -29,9 +28,13 @@ impl std::fmt::Debug for ArchiveFiles {
 impl FileSource for ArchiveFiles {
     fn read_at(&self, index: usize, entry: &FileEntry, offset: u64, dst: &mut [u8]) -> stagefs_reader::Result<()> {
         let id = self.ids[index];
-        let inode = &self.shared.archive.index.inodes[id as usize];
+        let inode = self.shared.archive.index.inode(id).map_err(|e| stagefs_reader::Error::Io {
+            path: entry.path.clone(),
+            op: "read",
+            source: std::io::Error::other(e),
+        })?;
         let path = entry.path.to_string_lossy();
-        self.shared.fill(id, inode, &path, offset, dst).map_err(|e| stagefs_reader::Error::Io {
+        self.shared.fill(id, &inode, &path, offset, dst).map_err(|e| stagefs_reader::Error::Io {
             path: entry.path.clone(),
             op: "read",
             source: std::io::Error::other(e),
@@ -48,18 +51,17 @@ pub fn class_folders(archive: &Archive, root: &Path) -> PyResult<ClassFolders> {
     let root_bytes = tree::trimmed(root.as_os_str().as_bytes());
     let shown = || String::from_utf8_lossy(root_bytes).into_owned();
     let dir = index.resolve(root_bytes, true).map_err(|source| MemberError::Path { path: shown(), source })?;
-    if !index.inode(dir).is_some_and(|n| n.attrs.is_dir()) {
+    if !index.inode(dir).is_ok_and(|n| n.attrs.is_dir()) {
         let err = MemberError::Path { path: shown(), source: stagefs_archive::index::PathError::NotDir };
         return Err(err.into());
     }
-    let (files, classes) = tree::files_below(index, root_bytes, dir)
-        .map_err(|e| PyValueError::new_err(format!("{}: {e}", shared.label.shown())))?;
+    let (files, classes) = tree::files_below(index, root_bytes, dir).map_err(crate::errors::index_error)?;
     let mut entries = Vec::with_capacity(files.len());
     let mut ids = Vec::with_capacity(files.len());
     for (path, id) in files {
         entries.push(FileEntry {
             path: PathBuf::from(OsStr::from_bytes(&path)),
-            len: index.inodes[id as usize].attrs.size,
+            len: index.inode(id).map_err(crate::errors::index_error)?.attrs.size,
         });
         ids.push(id);
     }

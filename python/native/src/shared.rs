@@ -3,7 +3,7 @@
 use crate::errors::MemberError;
 use crate::pybuf::Held;
 use stagefs::stage::Staging;
-use stagefs_archive::index::{Inode, InodeId, PathError};
+use stagefs_archive::index::{Inode, InodeId};
 use stagefs_archive::{Access, Archive as Opened, Bytes, ReadError};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -39,11 +39,11 @@ const VIEW_PIECE: u64 = 1 << 30;
 
 impl Shared {
     /// The regular file at `path`, links followed.
-    pub fn regular(&self, path: &[u8]) -> Result<(InodeId, &Inode), MemberError> {
+    pub fn regular(&self, path: &[u8]) -> Result<(InodeId, Inode), MemberError> {
         let shown = || String::from_utf8_lossy(path).into_owned();
         let index = &self.archive.index;
         let id = index.resolve(path, true).map_err(|source| MemberError::Path { path: shown(), source })?;
-        let inode = index.inode(id).ok_or(MemberError::Path { path: shown(), source: PathError::NotFound })?;
+        let inode = index.inode(id).map_err(|e| MemberError::Path { path: shown(), source: e.into() })?;
         match inode.attrs.file_type() {
             libc::S_IFREG => Ok((id, inode)),
             libc::S_IFDIR => Err(MemberError::IsDir { path: shown() }),

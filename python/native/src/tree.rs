@@ -3,7 +3,7 @@
 //! Names are bytes joined with `/`, relative to the archive's root (fsspec's convention:
 //! no leading slash, the root is the empty path).
 
-use stagefs_archive::index::{Data, Index, Inode, InodeId, PathError, ROOT};
+use stagefs_archive::index::{Data, Index, IndexError, Inode, InodeId, PathError};
 
 /// One entry met by [`walk`]: its path, the inode it names with links followed (`None`
 /// for a link leading nowhere in the archive), and the link itself if it is one.
@@ -12,12 +12,6 @@ pub struct Met<'a> {
     pub target: Option<InodeId>,
     pub link: Option<InodeId>,
 }
-
-/// A walk that would visit more paths than the archive could name without links going
-/// round and round (hard links to directories in a crafted archive can multiply them).
-#[derive(Debug, thiserror::Error)]
-#[error("its links name the same directories over and over: more than {0} paths below one directory")]
-pub struct TooManyPaths(pub usize);
 
 /// Joins a directory's path and a name (the root's path is empty).
 pub fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
@@ -38,50 +32,35 @@ pub fn trimmed(path: &[u8]) -> &[u8] {
 }
 
 /// What a child entry leads to: itself, or for a link, its target (if in the archive).
-fn followed(index: &Index, path: &[u8], child: InodeId) -> (Option<InodeId>, Option<InodeId>) {
-    match index.inode(child).map(|n| n.data) {
-        Some(Data::Symlink(_)) => (index.resolve(path, true).ok(), Some(child)),
-        _ => (Some(child), None),
+fn followed(index: &Index, path: &[u8], child: InodeId) -> Result<(Option<InodeId>, Option<InodeId>), IndexError> {
+    match index.inode(child)?.data {
+        Data::Symlink(_) => match index.resolve(path, true) {
+            Ok(target) => Ok((Some(target), Some(child))),
+            Err(PathError::Index(e)) => Err(e),
+            Err(_) => Ok((None, Some(child))),
+        },
+        _ => Ok((Some(child), None)),
     }
 }
 
 /// Calls `visit` for every entry below the directory `dir` (at `path`), depth first in
 /// name order, down to `maxdepth` levels (1: its children only). Links to directories
-/// are entered, except into a directory the walk is already inside of (a cycle).
+/// are entered, except into a directory the walk is already inside of (a cycle): the
+/// archive crate's one walk, its path carried down.
 pub fn walk(
     index: &Index,
     path: &[u8],
     dir: InodeId,
     maxdepth: Option<usize>,
     mut visit: impl FnMut(&Met<'_>),
-) -> Result<(), TooManyPaths> {
-    // A tree with a few links names at most a few times its entries.
-    let budget = index.dirents.len().saturating_mul(4).max(1 << 20);
-    let mut visited = 0usize;
-    // (directory, its path, the next child to look at); the ancestors of the top are below it.
-    let mut stack: Vec<(InodeId, Vec<u8>, usize)> = vec![(dir, trimmed(path).to_vec(), 0)];
-    while let Some((dir_id, dir_path, next)) = stack.last_mut() {
-        let children = index.inode(*dir_id).map_or(&[][..], |d| index.children(d));
-        let Some(entry) = children.get(*next) else {
-            stack.pop();
-            continue;
-        };
-        *next += 1;
-        visited += 1;
-        if visited > budget {
-            return Err(TooManyPaths(budget));
-        }
-        let child_path = join(dir_path, index.bytes(entry.name));
-        let (target, link) = followed(index, &child_path, entry.inode);
-        visit(&Met { path: &child_path, target, link });
-        let Some(target) = target.filter(|&t| index.inode(t).is_some_and(|n| n.attrs.is_dir())) else { continue };
-        let deeper = maxdepth.is_none_or(|max| stack.len() < max);
-        let cycle = stack.iter().any(|(ancestor, _, _)| *ancestor == target);
-        if deeper && !cycle {
-            stack.push((target, child_path, 0));
-        }
-    }
-    Ok(())
+) -> Result<(), IndexError> {
+    index.walk(dir, trimmed(path), |entry| {
+        let (target, link) = followed(index, entry.path, entry.id)?;
+        visit(&Met { path: entry.path, target, link });
+        let deeper = maxdepth.is_none_or(|max| entry.depth < max);
+        let into = target.filter(|&t| deeper && index.inode(t).is_ok_and(|n| n.attrs.is_dir()));
+        Ok::<_, IndexError>(into)
+    })
 }
 
 /// The regular files below `dir` (at `path`) with links followed, sorted by path as a
@@ -92,24 +71,23 @@ pub fn files_below(
     index: &Index,
     path: &[u8],
     dir: InodeId,
-) -> Result<(Vec<(Vec<u8>, InodeId)>, Vec<Vec<u8>>), TooManyPaths> {
+) -> Result<(Vec<(Vec<u8>, InodeId)>, Vec<Vec<u8>>), IndexError> {
     let mut files = Vec::new();
     walk(index, path, dir, None, |met| {
-        if met.target.and_then(|t| index.inode(t)).is_some_and(|n| n.attrs.file_type() == libc::S_IFREG) {
-            files.push((met.path.to_vec(), met.target.unwrap_or(ROOT)));
+        if let Some(target) = met.target.filter(|&t| index.inode(t).is_ok_and(|n| n.attrs.file_type() == libc::S_IFREG))
+        {
+            files.push((met.path.to_vec(), target));
         }
     })?;
     let root = trimmed(path);
-    let classes = index
-        .inode(dir)
-        .map_or(&[][..], |d| index.children(d))
-        .iter()
-        .filter(|entry| {
-            let (target, _) = followed(index, &join(root, index.bytes(entry.name)), entry.inode);
-            target.and_then(|t| index.inode(t)).is_some_and(|n| n.attrs.is_dir())
-        })
-        .map(|entry| index.bytes(entry.name).to_vec())
-        .collect();
+    let mut classes = Vec::new();
+    for entry in index.children(&index.inode(dir)?)? {
+        let name = index.name(&entry)?;
+        let (target, _) = followed(index, &join(root, name), entry.inode)?;
+        if target.is_some_and(|t| index.inode(t).is_ok_and(|n| n.attrs.is_dir())) {
+            classes.push(name.to_vec());
+        }
+    }
     // By path components, as `Path` orders them: what a sorted walk of the mount gives.
     files.sort_by(|a, b| a.0.split(|&c| c == b'/').cmp(b.0.split(|&c| c == b'/')));
     Ok((files, classes))
@@ -119,23 +97,23 @@ pub fn files_below(
 pub struct Described<'a> {
     /// "file", "directory", "link" (a link leading nowhere), or "other".
     pub kind: &'static str,
-    pub inode: &'a Inode,
+    pub inode: Inode,
     pub ino: u64,
     pub size: u64,
     pub link_target: Option<&'a [u8]>,
 }
 
 /// Describes the entry `link` or, for a link, what it leads to (`target`).
-pub fn describe<'a>(index: &'a Index, target: Option<InodeId>, link: Option<InodeId>) -> Option<Described<'a>> {
-    let link_target = link.and_then(|l| match index.inode(l)?.data {
-        Data::Symlink(span) => Some(index.bytes(span)),
+pub fn describe(index: &Index, target: Option<InodeId>, link: Option<InodeId>) -> Result<Described<'_>, PathError> {
+    let link_target = match link.map(|l| index.inode(l)).transpose()?.map(|n| n.data) {
+        Some(Data::Symlink(span)) => Some(index.bytes(span)?),
         _ => None,
-    });
+    };
     let Some(id) = target else {
         // A dangling link: described as itself.
-        let id = link?;
+        let id = link.ok_or(PathError::NotFound)?;
         let inode = index.inode(id)?;
-        return Some(Described { kind: "link", inode, ino: id as u64 + 1, size: 0, link_target });
+        return Ok(Described { kind: "link", inode, ino: id as u64 + 1, size: 0, link_target });
     };
     let inode = index.inode(id)?;
     let kind = match inode.attrs.file_type() {
@@ -144,14 +122,14 @@ pub fn describe<'a>(index: &'a Index, target: Option<InodeId>, link: Option<Inod
         _ => "other",
     };
     let size = if kind == "file" { inode.attrs.size } else { 0 };
-    Some(Described { kind, inode, ino: id as u64 + 1, size, link_target })
+    Ok(Described { kind, inode, ino: id as u64 + 1, size, link_target })
 }
 
 /// Resolves `path` for a listing or a description: what it names with links followed, and
 /// the link itself if the last component is one.
 pub fn lookup(index: &Index, path: &[u8]) -> Result<(Option<InodeId>, Option<InodeId>), PathError> {
     let named = index.resolve(path, false)?;
-    let is_link = index.inode(named).is_some_and(|n| matches!(n.data, Data::Symlink(_)));
+    let is_link = matches!(index.inode(named)?.data, Data::Symlink(_));
     if !is_link {
         return Ok((Some(named), None));
     }

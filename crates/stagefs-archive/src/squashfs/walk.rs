@@ -89,7 +89,7 @@ pub(super) fn index(image: &[u8], sb: &Superblock) -> Result<(Index, Layouts), F
     let index = walk.builder.finish()?;
     walk.layouts.shrink_to_fit();
     tracing::debug!(
-        inodes = index.inodes.len(),
+        inodes = index.inode_count(),
         bytes = sb.bytes_used,
         block_size = sb.block_size,
         compressor = ?sb.compressor,

@@ -28,16 +28,24 @@ pub fn normalise(path: &[u8]) -> Option<Vec<&[u8]>> {
 }
 
 /// Checks the header checksum, accepting both the unsigned and the historic signed sum.
+/// Sums written as plain loops over whole words, which the compiler turns into vector
+/// adds: a byte-by-byte sum with the field skipped in the loop was a fifth of a scan of
+/// tiny members.
 pub(super) fn checksum_ok(header: &[u8]) -> Option<bool> {
-    let stored = parse_number(&header[148..156])?;
-    let mut unsigned = 0u64;
-    let mut signed = 0i64;
-    for (i, &b) in header.iter().enumerate() {
-        let b = if (148..156).contains(&i) { b' ' } else { b };
-        unsigned += b as u64;
-        signed += b as i8 as i64;
+    let stored = parse_number(header.get(148..156)?)?;
+    let (mut unsigned, mut high) = (0u32, 0u32);
+    for &b in header {
+        unsigned += u32::from(b);
+        high += u32::from(b >> 7);
     }
-    Some(stored == unsigned || stored as i64 == signed)
+    let field = &header[148..156];
+    let (field_sum, field_high) =
+        field.iter().fold((0u32, 0u32), |(s, h), &b| (s + u32::from(b), h + u32::from(b >> 7)));
+    // The checksum field counts as eight spaces.
+    let unsigned = i64::from(unsigned - field_sum + 8 * u32::from(b' '));
+    // The historic signed sum: every byte from 128 up counts 256 less.
+    let signed = unsigned - 256 * i64::from(high - field_high);
+    Some(stored as i64 == unsigned || stored as i64 == signed)
 }
 
 pub(super) fn trim_nul(field: &[u8]) -> &[u8] {

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::{Extent, SparseFile};
-use crate::index::{Attrs, IndexBuilder, XattrRun};
+use crate::index::{Attrs, IndexBuilder, InodeId, XattrRun};
 
 /// The largest file size Linux allows (`off_t` is signed): a sparse member may declare
 /// no more.
@@ -20,6 +20,16 @@ pub(super) struct Scan<'a> {
     /// The end of the last member's data (checked against the length of a stream
     /// once it is known) and that member's header offset.
     pub(super) last_data: (u64, u64),
+    /// The directory chain of the last member and its position (see `Scan::parents`).
+    pub(super) last_parent: (Vec<Box<[u8]>>, InodeId),
+    /// Members added so far.
+    pub(super) members: u64,
+    /// Whether the pass reports how far it got ([`crate::SCAN_PROGRESS`]): a worker of the
+    /// parallel pass does not.
+    pub(super) report_progress: bool,
+    /// Whether a global pax header was read (its keywords change every later member: a
+    /// pass that split the archive cannot know them, see `parallel.rs`).
+    pub(super) saw_globals: bool,
     pub(super) builder: IndexBuilder,
     pub(super) globals: Globals,
     pub(super) sparse_files: Vec<SparseFile>,
@@ -64,4 +74,23 @@ pub(super) struct Member {
     pub(super) xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
     /// Sparse layout: (file offset, length) of each data run, and the real size.
     pub(super) sparse: Option<(Vec<(u64, u64)>, u64)>,
+}
+
+/// Extension headers read but not applied yet (GNU `L`/`K`, pax `x`): they apply to the
+/// next member. `group`: where the first of them (or the member itself) starts.
+#[derive(Default)]
+pub(super) struct Pending {
+    pub(super) long_name: Option<Vec<u8>>,
+    pub(super) long_link: Option<Vec<u8>>,
+    pub(super) pax: std::collections::HashMap<Vec<u8>, Vec<u8>>,
+    pub(super) group: Option<u64>,
+}
+
+/// What one step of the pass over the headers found.
+pub(super) enum Found {
+    /// A member (its extension headers folded in), the first of its headers at `group`, its
+    /// data ending at `end`.
+    Member { group: u64, member: Member, end: u64 },
+    /// The end of the archive.
+    End,
 }

@@ -12,6 +12,7 @@ mod header;
 pub mod key;
 mod member;
 pub mod nested;
+mod parallel;
 mod pax;
 pub mod saved_format;
 mod scan;
@@ -85,7 +86,8 @@ pub fn compressed_codec(input: &[u8]) -> Option<Codec> {
 /// Indexes the whole archive.
 pub fn open(path: &Path, backing: Backing) -> Result<(Index, TarReader), OpenError> {
     let mut scan = Scan::new(path, &backing);
-    scan.run()?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    parallel::run(&mut scan, &backing, threads)?;
     tracing::debug!(pax_keywords = scan.pax_keywords, "scanned tar headers");
     let Scan { builder, sparse_files, extents, .. } = scan;
     let index = builder.finish().map_err(|source| OpenError::Index { path: path.to_owned(), source })?;
@@ -243,7 +245,16 @@ impl TarReader {
     /// `len` bytes at `offset` of the member whose content is at `data`.
     pub(crate) fn read_data(&self, data: Data, offset: u64, len: usize) -> Result<Bytes<'_>, ReadError> {
         match data {
-            Data::Slice { offset: start } => Ok(self.backing.read_at(start + offset, len)?.into()),
+            // Data follows a 512-byte header, at a block boundary: a saved index that says
+            // otherwise points into a header, not at a member's bytes.
+            Data::Slice { offset: start } if start < 512 || start % 512 != 0 => {
+                Err(ReadError { offset: start, what: "the index places a member's data where no tar has data".into() })
+            }
+            Data::Slice { offset: start } => {
+                let at =
+                    start.checked_add(offset).ok_or_else(|| ReadError { offset: start, what: "past 2^64".into() })?;
+                Ok(self.backing.read_at(at, len)?.into())
+            }
             Data::Extern(handle) => self.read_sparse(handle, offset, len),
             other => Err(ReadError { offset: 0, what: format!("not a regular file ({other:?})") }),
         }

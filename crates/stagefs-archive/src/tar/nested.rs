@@ -128,7 +128,7 @@ pub fn expand(
         scans: 0,
         name_work: 0,
     };
-    let root = &index.inodes[ROOT as usize];
+    let root = index.inode(ROOT).map_err(|e| index_err(e.into()))?;
     nester.builder.set_inode(ROOT, root.attrs, Data::None);
     nester.copy_xattrs(ROOT, index, ROOT).map_err(index_err)?;
     let level = Level { index, sparse_files, extents, reader: 0, base: 0, depth: 0 };
@@ -174,13 +174,14 @@ impl Nester<'_> {
                     what: crate::stop::Stopped.to_string(),
                 });
             }
-            let dir = &level.index.inodes[from as usize];
-            let children = level.index.children(dir);
+            let read = |e: crate::index::IndexError| index_err(e.into());
+            let dir = level.index.inode(from).map_err(read)?;
+            let children = level.index.children(&dir).map_err(read)?;
             // The siblings' names, once per directory (a search per inner tar is quadratic).
             let names: std::cell::OnceCell<HashSet<&[u8]>> = std::cell::OnceCell::new();
             for dirent in children {
-                let name = level.index.bytes(dirent.name);
-                let child = &level.index.inodes[dirent.inode as usize];
+                let name = level.index.name(&dirent).map_err(read)?;
+                let child = level.index.inode(dirent.inode).map_err(read)?;
                 if child.attrs.is_dir() {
                     let id = self.builder.add_inode(child.attrs, Data::None).map_err(index_err)?;
                     self.copy_xattrs(id, level.index, dirent.inode).map_err(index_err)?;
@@ -193,7 +194,7 @@ impl Nester<'_> {
                     work.set(work.get() + 1);
                     let names = names.get_or_init(|| {
                         work.set(work.get() + children.len());
-                        children.iter().map(|d| level.index.bytes(d.name)).collect()
+                        children.iter().filter_map(|d| level.index.name(&d).ok()).collect()
                     });
                     names.contains(stem)
                 };
@@ -251,7 +252,7 @@ impl Nester<'_> {
     fn data(&mut self, level: &Level, data: Data) -> Result<Data, BuildError> {
         Ok(match data {
             Data::Slice { offset } => Data::Slice { offset: offset + level.base },
-            Data::Symlink(target) => Data::Symlink(self.builder.intern(level.index.bytes(target))?),
+            Data::Symlink(target) => Data::Symlink(self.builder.intern(level.index.bytes(target)?)?),
             Data::Extern(handle) => {
                 // Out of range only if the scan broke its own tables: then no content.
                 let Some(file) = level.sparse_files.get(handle as usize) else { return Ok(Data::None) };
@@ -403,10 +404,9 @@ impl Nester<'_> {
     }
 
     fn copy_xattrs(&mut self, id: InodeId, index: &Index, from: InodeId) -> Result<(), BuildError> {
-        let inode = &index.inodes[from as usize];
-        let pairs: Vec<(&[u8], &[u8])> =
-            index.xattrs_of(inode).iter().map(|x| (index.bytes(x.name), index.bytes(x.value))).collect();
-        if !pairs.is_empty() {
+        let xattrs = index.xattrs(from)?;
+        if !xattrs.is_empty() {
+            let pairs = xattrs.iter().map(|x| index.xattr(&x)).collect::<Result<Vec<_>, _>>()?;
             self.builder.set_xattrs(id, &pairs)?;
         }
         Ok(())

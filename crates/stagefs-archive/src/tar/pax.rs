@@ -119,6 +119,9 @@ impl Scan<'_> {
 
     /// Folds a member's own pax keywords into it (after the global ones).
     pub(super) fn apply_pax(&mut self, m: &mut Member, pax: &HashMap<Vec<u8>, Vec<u8>>) -> Result<(), OpenError> {
+        if pax.is_empty() {
+            return Ok(()); // Most members: nothing to apply (and no key to format).
+        }
         self.pax_keywords += pax.len() as u64;
         let at = m.header_offset;
         let attrs = m.attrs.as_mut().expect("member() always sets attrs");

@@ -1,20 +1,27 @@
-//! The saved index's bytes: little-endian tables with a checksum, every number bounds-checked on load so a damaged file never reaches the request path.
+//! A tar's saved index: the tree's sections as the daemon serves them, then the tar's own tables (sparse maps, restart points, inner tars), in one file mapped at mount.
+//!
+//! The tree is never decoded: `Index` reads it in place, checking each block on first
+//! use and each record where it is used. The tar's tables are small (sparse members and
+//! one restart point per 4 MiB of output) and are decoded and checked at open.
 
 mod nested;
 
+#[cfg(feature = "fuzzing")]
+use std::borrow::Cow;
+use std::path::Path;
 use std::sync::Arc;
 
 use super::key::Key;
 use super::{Extent, NestedReader, SavedTables, SparseFile, TarReader};
-use crate::hash;
-use crate::index::{Attrs, Data, Dirent, Index, Inode, Span, Xattr};
+use crate::index::file::{self, Extra, Header, Kind, Saving};
+#[cfg(feature = "fuzzing")]
+use crate::index::layout::Section;
+use crate::index::layout::{BodyWriter, SectionId};
+use crate::index::{Index, IndexError, IndexMap};
 use crate::seekable::{max_points, Codec, Point, Points, Seekable, BZIP2_MAX_BLOCK_BITS};
-use crate::{Backing, Reader as _, Source};
+use crate::{Backing, Source};
 
-/// v4: the nesting depth after the key; the compressed inner tars and runs at the end.
-const MAGIC: &[u8; 16] = b"STAGEFS-INDEX\0v4";
-
-/// Little-endian writer for the index file.
+/// Little-endian writer for the tables' sections.
 #[derive(Default)]
 struct Writer(Vec<u8>);
 
@@ -27,76 +34,54 @@ impl Writer {
     }
 }
 
-/// The saved index of `index`, served by the readers `tables` describes, for a mount
-/// that opens `depth` levels of inner archives (0: none).
-pub fn encode(key: &Key, depth: usize, index: &Index, tables: SavedTables) -> Vec<u8> {
+/// The tar's own sections (sparse maps, restart points, inner tars), saved beside the tree.
+pub type Tables = Extra;
+
+/// The tables `tables` describes, laid out as sections (the tree's summary then joins
+/// them: see [`body`]).
+pub fn tables(tables: SavedTables) -> Tables {
     let reader = tables.outer;
+    let mut body = BodyWriter::default();
     let mut w = Writer::default();
-    w.0.extend_from_slice(MAGIC);
-    for v in key.fields() {
-        w.u64(v);
-    }
-    w.u32(depth as u32);
-    let counts = [
-        index.inodes.len(),
-        index.dirents.len(),
-        index.xattrs.len(),
-        index.arena.len(),
-        reader.sparse_files().len(),
-        reader.extents().len(),
-    ];
-    for c in counts {
-        w.u64(c as u64);
-    }
-    for inode in &index.inodes {
-        let a = &inode.attrs;
-        w.u32(a.mode);
-        w.u32(a.uid);
-        w.u32(a.gid);
-        w.u64(a.mtime as u64);
-        w.u32(a.mtime_nsec);
-        w.u64(a.size);
-        let (tag, x, y, z) = match inode.data {
-            Data::None => (0, 0, 0, 0),
-            Data::Slice { offset } => (1, offset, 0, 0),
-            Data::Extern(h) => (2, 0, h, 0),
-            Data::Dir { first, count, parent } => (3, parent as u64, first, count),
-            Data::Symlink(span) => (4, 0, span.offset, span.len),
-            Data::Device(rdev) => (5, 0, rdev, 0),
-        };
-        w.u32(tag);
-        w.u64(x);
-        w.u32(y);
-        w.u32(z);
-        w.u32(inode.nlink);
-        w.u32(inode.xattr_first);
-        w.u32(inode.xattr_count);
-    }
-    for d in &index.dirents {
-        w.u32(d.name.offset);
-        w.u32(d.name.len);
-        w.u32(d.inode);
-    }
-    for x in &index.xattrs {
-        for v in [x.name.offset, x.name.len, x.value.offset, x.value.len] {
-            w.u32(v);
-        }
-    }
-    w.0.extend_from_slice(&index.arena);
-    encode_sparse(&mut w, reader);
+    body.start(SectionId::SparseFiles);
+    encode_sparse_files(&mut w, reader.sparse_files());
+    body.bytes.append(&mut w.0);
+    body.start(SectionId::Extents);
+    encode_extents(&mut w, reader.extents());
+    body.bytes.append(&mut w.0);
+    body.start(SectionId::Points);
     encode_points(&mut w, reader.backing().seekable().map(Seekable::points));
+    body.bytes.append(&mut w.0);
+    body.start(SectionId::Nested);
     nested::encode(&mut w, tables);
-    w.u64(hash::hash(&w.0));
-    w.0
+    body.bytes.append(&mut w.0);
+    let (body, sections) = body.finish();
+    Extra { body, sections }
 }
 
-/// A sparse table: counts, then the files' runs, then the extents.
+/// The saved index of `index`, served by the readers `tables` holds, for a mount that
+/// opens `depth` levels of inner archives (0: none): parts to write one after the other.
+pub fn encode<'a>(key: &Key, depth: usize, index: &'a Index, tables: &'a Tables) -> Saving<'a> {
+    let (parts, sections) = file::body(index, tables, true);
+    let header = Header { kind: Kind::Archive, depth: depth as u32, key: key.fields() };
+    file::saving(&header, parts, &sections)
+}
+
+/// A sparse table: the files' runs, then the extents.
 fn encode_sparse(w: &mut Writer, reader: &TarReader) {
-    for f in reader.sparse_files() {
+    encode_sparse_files(w, reader.sparse_files());
+    encode_extents(w, reader.extents());
+}
+
+fn encode_sparse_files(w: &mut Writer, files: &[SparseFile]) {
+    for f in files {
         w.u32(f.first);
         w.u32(f.count);
     }
-    for e in reader.extents() {
+}
+
+fn encode_extents(w: &mut Writer, extents: &[Extent]) {
+    for e in extents {
         w.u64(e.file_offset);
         w.u64(e.len);
         w.u64(e.archive_offset);
@@ -195,18 +180,55 @@ fn decode_points(r: &mut Reader, codec: Option<Codec>, input_len: u64) -> Result
     Ok(Some(Points { codec, list, total }))
 }
 
-/// Decodes `tables` (what follows the magic and key in a saved index) as if it were a
-/// saved index of `backing` with a valid checksum and key: the entry point of the
-/// `index_cache` fuzz target, which would otherwise never get past the checksum.
-#[doc(hidden)]
+/// The input of the `index_cache` fuzz target that [`decode_for_fuzz`] reads as the
+/// saved index of `index` and `tables` (the fuzzers' seeds).
 #[cfg(feature = "fuzzing")]
-pub fn decode_for_fuzz(tables: &[u8], backing: &Backing) -> Result<(Index, Arc<dyn crate::Reader>), String> {
+pub fn fuzz_input(index: &Index, tables: SavedTables) -> Vec<u8> {
+    let tables = self::tables(tables);
+    let (parts, sections) = file::body(index, &tables, false);
+    let mut out = vec![sections.len() as u8];
+    for (id, s) in &sections {
+        out.push(*id as u8);
+        out.extend_from_slice(&(s.offset as u32).to_le_bytes());
+        out.extend_from_slice(&(s.len as u32).to_le_bytes());
+    }
+    out.resize(out.len().next_multiple_of(crate::index::layout::ALIGN), 0);
+    parts.iter().for_each(|part| out.extend_from_slice(part));
+    out
+}
+
+/// Decodes `data` as the body of a saved index of `backing` with a valid header,
+/// checksums and key: the entry point of the `index_cache` fuzz target, which would
+/// otherwise never get past the checksums. Its first byte says how many sections follow
+/// (at most 16), each as (id: u8, offset: u32, length: u32) into the rest; an offset
+/// rounds down to a section boundary.
+#[cfg(feature = "fuzzing")]
+pub fn decode_for_fuzz(data: &[u8], backing: &Backing) -> Result<(Index, Arc<dyn crate::Reader>), IndexError> {
+    let n = data.first().map_or(0, |&n| usize::from(n).min(16));
+    let table = data.get(1..1 + n * 9).unwrap_or_default();
+    let body_start = (1 + table.len()).next_multiple_of(crate::index::layout::ALIGN).min(data.len());
+    let body = &data[body_start..];
+    let mut padded = body.to_vec();
+    padded.resize(body.len().next_multiple_of(crate::index::layout::ALIGN), 0);
+    let sections: Vec<(SectionId, Section)> = table
+        .chunks_exact(9)
+        .filter_map(|c| {
+            let id = SectionId::from_u32(u32::from(c[0]))?;
+            let offset = u64::from(u32::from_le_bytes([c[1], c[2], c[3], c[4]])) & !63;
+            let len = u64::from(u32::from_le_bytes([c[5], c[6], c[7], c[8]]));
+            Some((
+                id,
+                Section {
+                    offset: offset.min(padded.len() as u64),
+                    len: len.min(padded.len() as u64 - offset.min(padded.len() as u64)),
+                },
+            ))
+        })
+        .collect();
     let key = Key::from_fields([0; 7]);
-    let mut bytes = MAGIC.to_vec();
-    bytes.extend_from_slice(&[0; 56 + 4]);
-    bytes.extend_from_slice(tables);
-    bytes.extend_from_slice(&hash::hash(&bytes).to_le_bytes());
-    decode(&bytes, &key, 0, backing, None)
+    let header = Header { kind: Kind::Archive, depth: 0, key: key.fields() };
+    let bytes = file::saving(&header, vec![Cow::Borrowed(&padded[..])], &sections).to_vec();
+    decode(IndexMap::from_vec(bytes), Path::new("fuzz.index"), &key, 0, backing, None)
 }
 
 /// Little-endian reader that fails instead of panicking on a short file.
@@ -228,6 +250,12 @@ impl Reader<'_> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
     /// A count of records of `size` bytes each, bounded by what is left in the file.
+    fn end(&self) -> Result<(), String> {
+        match self.0.is_empty() {
+            true => Ok(()),
+            false => Err("trailing bytes".into()),
+        }
+    }
     fn count(&mut self, size: usize) -> Result<usize, String> {
         let n = self.u64()?;
         usize::try_from(n)
@@ -237,101 +265,85 @@ impl Reader<'_> {
     }
 }
 
-const INODE_BYTES: usize = 4 * 3 + 8 + 4 + 8 + 4 + 8 + 4 * 5;
-
-/// Decodes a saved index of the archive in `backing` for a mount that opens `depth`
-/// levels of inner archives; `codec` says whether `backing` holds a compressed tar to
-/// serve by the saved restart points.
+/// Opens the mapped saved index `map` (the file `name`) of the archive in `backing` for a
+/// mount that opens `depth` levels of inner archives; `codec` says whether `backing`
+/// holds a compressed tar to serve by the saved restart points. The tree is read in place
+/// from then on; the tar's tables are decoded and checked now.
 pub fn decode(
+    map: IndexMap,
+    name: &Path,
+    key: &Key,
+    depth: usize,
+    backing: &Backing,
+    codec: Option<Codec>,
+) -> Result<(Index, Arc<dyn crate::Reader>), IndexError> {
+    let opened = open_for(map, name, key, depth)?;
+    let store = opened.store.clone();
+    let invalid = |what: String| store.invalid(what);
+    let index = Index::from_store(store.clone(), &opened.sections)?;
+    let section = |id: SectionId| opened.section(id);
+    let sparse = section(SectionId::SparseFiles)?;
+    let extents = section(SectionId::Extents)?;
+    let (sparse, extents) = (
+        decode_sparse_files(&mut Reader(sparse), sparse.len() / 8).map_err(invalid)?,
+        decode_extents(&mut Reader(extents), extents.len() / 24).map_err(invalid)?,
+    );
+    let mut points = Reader(section(SectionId::Points)?);
+    let points = decode_points(&mut points, codec, backing.len() as u64).and_then(|p| points.end().map(|()| p));
+    let outer = match points.map_err(invalid)? {
+        Some(points) => Arc::new(
+            Source::decoded(Seekable::new(backing.clone(), points)).map_err(|e| invalid(format!("cannot map: {e}")))?,
+        ),
+        None => backing.clone(),
+    };
+    let mut r = Reader(section(SectionId::Nested)?);
+    let inner = nested::decode_inner(&mut r, backing, codec).map_err(invalid)?;
+    let runs = nested::decode_runs(&mut r, inner.len(), index.inode_count()).map_err(invalid)?;
+    r.end().map_err(invalid)?;
+    let outer =
+        TarReader::from_parts(outer, sparse, extents).ok_or_else(|| invalid("sparse table out of bounds".into()))?;
+    if inner.is_empty() {
+        return Ok((index, Arc::new(outer)));
+    }
+    let reader = NestedReader::new(outer, inner, runs).ok_or_else(|| invalid("runs out of order".into()))?;
+    Ok((index, Arc::new(reader)))
+}
+
+/// The mapped file `map` (`name`), checked to be a saved index of the archive `key` for a
+/// mount that opens `depth` levels of inner archives.
+fn open_for(map: IndexMap, name: &Path, key: &Key, depth: usize) -> Result<file::Opened, IndexError> {
+    let opened = file::open(map, name)?;
+    let stale = |why: String| IndexError::Stale { index: Arc::from(name), why };
+    if opened.header.kind != Kind::Archive {
+        return Err(stale("it indexes a shard set, not one archive".into()));
+    }
+    if Key::from_fields(opened.header.key) != *key {
+        return Err(stale("the archive changed since the index was saved".into()));
+    }
+    let saved_depth = opened.header.depth as usize;
+    if saved_depth != depth {
+        return Err(stale(format!("it was built {}, this mount asks {}", nesting(saved_depth), nesting(depth))));
+    }
+    Ok(opened)
+}
+
+/// The tree alone of the saved index `map` (`name`) of the archive `key`: what a first
+/// scan's tree becomes once written out, read in place instead of from the heap.
+pub fn decode_tree(map: IndexMap, name: &Path, key: &Key, depth: usize) -> Result<Index, IndexError> {
+    let opened = open_for(map, name, key, depth)?;
+    Index::from_store(opened.store, &opened.sections)
+}
+
+/// [`decode`] of a whole file held in memory (tests).
+#[cfg(test)]
+pub(crate) fn decode_bytes(
     bytes: &[u8],
     key: &Key,
     depth: usize,
     backing: &Backing,
     codec: Option<Codec>,
-) -> Result<(Index, Arc<dyn crate::Reader>), String> {
-    let body_len = bytes.len().checked_sub(8).ok_or("file is truncated")?;
-    let (body, stored_hash) = bytes.split_at(body_len);
-    if stored_hash != hash::hash(body).to_le_bytes() {
-        return Err("checksum mismatch (damaged file)".into());
-    }
-    let mut r = Reader(body);
-    if r.take(MAGIC.len())? != MAGIC {
-        return Err("not a stagefs index of this version".into());
-    }
-    let mut fields = [0u64; 7];
-    for field in &mut fields {
-        *field = r.u64()?;
-    }
-    let saved = Key::from_fields(fields);
-    if saved != *key {
-        return Err("the archive changed since the index was saved".into());
-    }
-    let saved_depth = r.u32()? as usize;
-    if saved_depth != depth {
-        return Err(format!("it was built {}, this mount asks {}", nesting(saved_depth), nesting(depth)));
-    }
-    let n_inodes = r.count(INODE_BYTES)?;
-    let n_dirents = r.count(12)?;
-    let n_xattrs = r.count(16)?;
-    let n_arena = r.count(1)?;
-    let n_sparse = r.count(8)?;
-    let n_extents = r.count(24)?;
-    let mut index = Index::default();
-    for _ in 0..n_inodes {
-        let attrs = Attrs {
-            mode: r.u32()?,
-            uid: r.u32()?,
-            gid: r.u32()?,
-            mtime: r.u64()? as i64,
-            mtime_nsec: r.u32()?,
-            size: r.u64()?,
-        };
-        let (tag, x, y, z) = (r.u32()?, r.u64()?, r.u32()?, r.u32()?);
-        let data = match tag {
-            0 => Data::None,
-            1 => Data::Slice { offset: x },
-            2 => Data::Extern(y),
-            3 => Data::Dir { first: y, count: z, parent: u32::try_from(x).map_err(|_| "bad parent")? },
-            4 => Data::Symlink(Span { offset: y, len: z }),
-            5 => Data::Device(y),
-            _ => return Err(format!("unknown data tag {tag}")),
-        };
-        index.inodes.push(Inode { attrs, data, nlink: r.u32()?, xattr_first: r.u32()?, xattr_count: r.u32()? });
-    }
-    for _ in 0..n_dirents {
-        index.dirents.push(Dirent { name: Span { offset: r.u32()?, len: r.u32()? }, inode: r.u32()? });
-    }
-    for _ in 0..n_xattrs {
-        index.xattrs.push(Xattr {
-            name: Span { offset: r.u32()?, len: r.u32()? },
-            value: Span { offset: r.u32()?, len: r.u32()? },
-        });
-    }
-    index.arena = r.take(n_arena)?.to_vec();
-    let (sparse, extents) = decode_sparse(&mut r, n_sparse, n_extents)?;
-    let points = decode_points(&mut r, codec, backing.len() as u64)?;
-    let outer = match points {
-        Some(points) => {
-            Arc::new(Source::decoded(Seekable::new(backing.clone(), points)).map_err(|e| format!("cannot map: {e}"))?)
-        }
-        None => backing.clone(),
-    };
-    let inner = nested::decode_inner(&mut r, backing, codec)?;
-    let runs = nested::decode_runs(&mut r, inner.len(), index.inodes.len())?;
-    if !r.0.is_empty() {
-        return Err("trailing bytes".into());
-    }
-    let outer = TarReader::from_parts(outer, sparse, extents).ok_or("sparse table out of bounds")?;
-    if inner.is_empty() {
-        check_bounds(&index, &|_| (outer.size(), outer.sparse_files().len()))?;
-        return Ok((index, Arc::new(outer)));
-    }
-    let reader = NestedReader::new(outer, inner, runs).ok_or("runs out of order")?;
-    check_bounds(&index, &|id| {
-        let served = reader.reader_of(id);
-        (served.size(), served.sparse_files().len())
-    })?;
-    Ok((index, Arc::new(reader)))
+) -> Result<(Index, Arc<dyn crate::Reader>), IndexError> {
+    decode(IndexMap::from_vec(bytes.to_vec()), Path::new("test.index"), key, depth, backing, codec)
 }
 
 /// How a mount opening `depth` levels of inner archives is asked for.
@@ -342,98 +354,14 @@ fn nesting(depth: usize) -> String {
     }
 }
 
-/// Reads a sparse table of `n_sparse` files and `n_extents` extents (see `encode_sparse`).
-fn decode_sparse(r: &mut Reader, n_sparse: usize, n_extents: usize) -> Result<(Vec<SparseFile>, Vec<Extent>), String> {
-    let mut sparse = Vec::with_capacity(n_sparse);
-    for _ in 0..n_sparse {
-        sparse.push(SparseFile { first: r.u32()?, count: r.u32()? });
-    }
-    let mut extents = Vec::with_capacity(n_extents);
-    for _ in 0..n_extents {
-        extents.push(Extent { file_offset: r.u64()?, len: r.u64()?, archive_offset: r.u64()? });
-    }
-    Ok((sparse, extents))
+/// Reads `n` sparse files (first extent, count).
+fn decode_sparse_files(r: &mut Reader, n: usize) -> Result<Vec<SparseFile>, String> {
+    (0..n).map(|_| Ok(SparseFile { first: r.u32()?, count: r.u32()? })).collect()
 }
 
-/// Every reference in the index must point inside it (and file data inside the archive,
-/// where a tar puts data: after a 512-byte header), every field must be one the scan could
-/// have produced, and the directories must form a tree, so that nothing read from disk can
-/// make the request path panic, loop or index out of bounds. `served(position)`: the
-/// size of the byte space and the number of sparse files of the reader serving it.
-fn check_bounds(index: &Index, served: &dyn Fn(u32) -> (u64, usize)) -> Result<(), String> {
-    let span_ok = |s: Span| (s.offset as u64 + s.len as u64) <= index.arena.len() as u64;
-    let range_ok = |first: u32, count: u32, len: usize| (first as u64 + count as u64) <= len as u64;
-    if index.inodes.is_empty() || !index.inodes[0].attrs.is_dir() {
-        return Err("no root directory".into());
-    }
-    for (id, inode) in index.inodes.iter().enumerate() {
-        let (archive_len, n_sparse) = match inode.data {
-            Data::Slice { .. } | Data::Extern(_) => served(id as u32),
-            _ => (0, 0),
-        };
-        // No file may be larger than Linux allows (`off_t` is signed), as when scanning.
-        let ok = inode.attrs.size <= i64::MAX as u64
-            && range_ok(inode.xattr_first, inode.xattr_count, index.xattrs.len())
-            && inode.attrs.mtime_nsec < 1_000_000_000
-            && match inode.data {
-                Data::Slice { offset } => {
-                    offset % 512 == 0
-                        && offset >= 512
-                        && offset.checked_add(inode.attrs.size).is_some_and(|end| end <= archive_len)
-                }
-                Data::Extern(h) => (h as usize) < n_sparse,
-                Data::Dir { first, count, parent } => {
-                    inode.attrs.is_dir()
-                        && range_ok(first, count, index.dirents.len())
-                        && (parent as usize) < index.inodes.len()
-                }
-                Data::Symlink(span) => span_ok(span),
-                Data::None | Data::Device(_) => true,
-            };
-        if !ok {
-            return Err("an inode points outside the index or archive".into());
-        }
-    }
-    // A name is one path component, as the scan makes them.
-    let component_ok = |s: Span| span_ok(s) && crate::index::is_file_name(index.bytes(s));
-    let dirents_ok = index.dirents.iter().all(|d| component_ok(d.name) && (d.inode as usize) < index.inodes.len());
-    // listxattr separates names with NUL: a name must be non-empty and NUL-free.
-    let name_ok = |s: Span| span_ok(s) && s.len > 0 && !index.bytes(s).contains(&0);
-    let xattrs_ok = index.xattrs.iter().all(|x| name_ok(x.name) && span_ok(x.value));
-    if !dirents_ok || !xattrs_ok {
-        return Err("an entry points outside the index".into());
-    }
-    // Lookups search a directory's entries by binary search: strictly sorted names.
-    let sorted = |dir: &Inode| index.children(dir).windows(2).all(|w| index.bytes(w[0].name) < index.bytes(w[1].name));
-    if !index.inodes.iter().all(sorted) {
-        return Err("a directory's entries are not sorted".into());
-    }
-    check_tree(index)
-}
-
-/// Every directory is listed once, by its parent, and reached from the root: no cycles,
-/// no directory with two parents (`..` would be ambiguous).
-fn check_tree(index: &Index) -> Result<(), String> {
-    let mut seen = vec![false; index.inodes.len()];
-    let mut stack = vec![crate::index::ROOT];
-    seen[0] = true;
-    while let Some(dir) = stack.pop() {
-        let inode = &index.inodes[dir as usize];
-        if let Data::Dir { parent, .. } = inode.data {
-            if dir == crate::index::ROOT && parent != crate::index::ROOT {
-                return Err("the root directory has a parent".into());
-            }
-        }
-        for child in index.children(inode) {
-            let Data::Dir { parent, .. } = index.inodes[child.inode as usize].data else { continue };
-            if seen[child.inode as usize] || parent != dir {
-                return Err("the directories do not form a tree".into());
-            }
-            seen[child.inode as usize] = true;
-            stack.push(child.inode);
-        }
-    }
-    Ok(())
+/// Reads `n` sparse extents (offset in the file, length, offset in the archive).
+fn decode_extents(r: &mut Reader, n: usize) -> Result<Vec<Extent>, String> {
+    (0..n).map(|_| Ok(Extent { file_offset: r.u64()?, len: r.u64()?, archive_offset: r.u64()? })).collect()
 }
 
 #[cfg(test)]

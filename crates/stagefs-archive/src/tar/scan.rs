@@ -1,17 +1,20 @@
 //! The pass over a tar's headers: each member's header and extension headers folded into one record, then added to the index.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::header::{
     checksum_ok, normalise, parse_number, parse_signed, round_up, stores_data, trim_field, trim_nul, BLOCK,
 };
-use super::member::{Globals, Member, Scan};
+use super::member::{Found, Globals, Member, Pending, Scan};
 use super::pax::parse_pax;
 use super::window::{Window, LOOKAHEAD};
 use crate::escape::escape;
 use crate::index::{Attrs, Data, IndexBuilder, InodeId, MAX_LINK_TARGET, ROOT};
 use crate::OpenError;
+
+/// Members scanned before the builder is sized for the rest (see `Scan::reserve_for`).
+const SAMPLE: u64 = 4096;
 
 impl<'a> Scan<'a> {
     pub(super) fn new(path: &'a Path, map: &'a [u8]) -> Scan<'a> {
@@ -28,6 +31,10 @@ impl<'a> Scan<'a> {
             path,
             window,
             last_data: (0, 0),
+            last_parent: Default::default(),
+            members: 0,
+            report_progress: true,
+            saw_globals: false,
             builder: IndexBuilder::new(),
             globals: Globals::default(),
             sparse_files: Vec::new(),
@@ -52,56 +59,98 @@ impl Scan<'_> {
 
     /// Walks every header until the end-of-archive marker or the end of the file.
     pub(super) fn run(&mut self) -> Result<(), OpenError> {
-        let mut pos = 0usize;
-        // Extension headers (GNU L/K, pax x) apply to the next real member.
-        let mut long_name: Option<Vec<u8>> = None;
-        let mut long_link: Option<Vec<u8>> = None;
-        let mut pax: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
-        let mut marked = false;
+        self.run_until(&mut 0, u64::MAX)?;
+        self.check_stream_end()
+    }
+
+    /// Adds the members of the groups (a member and the extension headers before it) that
+    /// start before `stop_at`, from `pos` on; leaves `pos` at the next group. `true` once
+    /// the archive ended.
+    pub(super) fn run_until(&mut self, pos: &mut usize, stop_at: u64) -> Result<bool, OpenError> {
+        let mut pending = Pending::default();
+        while (*pos as u64) < stop_at {
+            match self.next_member(pos, &mut pending)? {
+                Found::End => return Ok(true),
+                Found::Member { member, end, .. } => self.apply(member, end)?,
+            }
+        }
+        Ok(false)
+    }
+
+    /// Adds a member whose data ends at `end` (see [`Scan::next_member`]).
+    pub(super) fn apply(&mut self, member: Member, end: u64) -> Result<(), OpenError> {
+        self.last_data = (end, member.header_offset);
+        self.add(member)?;
+        self.members += 1;
+        if self.members == SAMPLE {
+            self.reserve_for(end);
+        }
+        if self.members == 1 {
+            // Tests hold this point to signal a scan under way.
+            crate::stop::phase("scanning headers");
+        }
+        Ok(())
+    }
+
+    /// A stream's length is known only at its end: the last member's data must fit it.
+    pub(super) fn check_stream_end(&self) -> Result<(), OpenError> {
+        let (data_end, at) = self.last_data;
+        if data_end > self.window.limit() {
+            return Err(self.truncated(
+                at,
+                format!(
+                    "the member at byte {at} needs data up to byte {data_end} but the archive ends at byte {}",
+                    self.window.limit()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reads the headers from `pos` to the next member (extension headers folded into it)
+    /// and leaves `pos` after its data; or finds the end of the archive.
+    pub(super) fn next_member(&mut self, pos: &mut usize, pending: &mut Pending) -> Result<Found, OpenError> {
         loop {
             if crate::stop::check().is_err() {
-                return Err(self.corrupt(pos as u64, crate::stop::Stopped.to_string()));
+                return Err(self.corrupt(*pos as u64, crate::stop::Stopped.to_string()));
             }
-            if self.window.limit() != u64::MAX {
-                crate::SCAN_PROGRESS.store(pos as u64, std::sync::atomic::Ordering::Relaxed);
+            let at = *pos as u64;
+            if self.report_progress && self.window.limit() != u64::MAX {
+                crate::SCAN_PROGRESS.store(at, std::sync::atomic::Ordering::Relaxed);
             }
-            self.window.prepare(pos as u64).map_err(|e| self.corrupt(pos as u64, format!("cannot decompress: {e}")))?;
-            if pos as u64 >= self.window.limit() {
-                break; // Missing end-of-archive blocks: GNU tar accepts this too.
+            self.window.prepare(at).map_err(|e| self.corrupt(at, format!("cannot decompress: {e}")))?;
+            if at >= self.window.limit() {
+                return Ok(Found::End); // Missing end-of-archive blocks: GNU tar accepts this too.
             }
-            // A copy: the window moves under a stream scan.
-            let Some(header) = self.window.get(pos as u64, (pos + BLOCK) as u64) else {
-                return Err(self.truncated(pos as u64, "a partial header block (expected 512 bytes)"));
+            // Borrowed, not copied: the window moves only at `prepare`, above.
+            let Some(header) = self.window.get(at, at + BLOCK as u64) else {
+                return Err(self.truncated(at, "a partial header block (expected 512 bytes)"));
             };
-            let header: [u8; BLOCK] = header.try_into().expect("one block");
-            let header = &header;
             if header.iter().all(|&b| b == 0) {
-                break; // End of archive (one or two zero blocks).
+                return Ok(Found::End); // End of archive (one or two zero blocks).
             }
-            match checksum_ok(header) {
-                Some(true) => {}
-                _ => {
-                    return Err(self.corrupt(
-                        pos as u64,
-                        format!(
-                            "bad tar header checksum (stored {:?}); the archive is damaged or not a tar file",
-                            String::from_utf8_lossy(trim_field(&header[148..156]))
-                        ),
-                    ))
-                }
+            if checksum_ok(header) != Some(true) {
+                return Err(self.corrupt(
+                    at,
+                    format!(
+                        "bad tar header checksum (stored {:?}); the archive is damaged or not a tar file",
+                        String::from_utf8_lossy(trim_field(&header[148..156]))
+                    ),
+                ));
             }
-            let at = pos as u64;
+            let group = *pending.group.get_or_insert(at);
             let typeflag = header[156];
             let size = self.number(&header[124..136], at, "size")?;
-            let data_start = pos + BLOCK;
+            let data_start = *pos + BLOCK;
             let content_at = data_start as u64;
             match typeflag {
-                b'L' => long_name = Some(trim_nul(self.extension_content(at, content_at, size)?).to_vec()),
-                b'K' => long_link = Some(trim_nul(self.extension_content(at, content_at, size)?).to_vec()),
-                b'x' | b'X' => parse_pax(self.extension_content(at, content_at, size)?, &mut pax)
+                b'L' => pending.long_name = Some(trim_nul(self.extension_content(at, content_at, size)?).to_vec()),
+                b'K' => pending.long_link = Some(trim_nul(self.extension_content(at, content_at, size)?).to_vec()),
+                b'x' | b'X' => parse_pax(self.extension_content(at, content_at, size)?, &mut pending.pax)
                     .map_err(|e| self.corrupt(at, e))?,
                 b'g' => {
                     let globals = self.extension_content(at, content_at, size)?.to_vec();
+                    self.saw_globals = true;
                     self.fold_globals(&globals, at)?
                 }
                 b'V' => {
@@ -115,19 +164,21 @@ impl Scan<'_> {
                     })
                 }
                 _ => {
-                    let mut member = self.member(header, at, typeflag, size, data_start as u64)?;
-                    if let Some(name) = long_name.take() {
+                    let mut member = self.member(header, at, typeflag, size, content_at)?;
+                    if let Some(name) = pending.long_name.take() {
                         member.path = name;
                     }
-                    if let Some(link) = long_link.take() {
+                    if let Some(link) = pending.long_link.take() {
                         member.link = link;
                     }
                     if typeflag == b'S' {
-                        self.gnu_sparse(header, &mut member)?;
+                        let header: [u8; BLOCK] = header.try_into().expect("one block");
+                        self.gnu_sparse(&header, &mut member)?;
                     }
                     self.apply_globals(&mut member);
-                    self.apply_pax(&mut member, &pax)?;
-                    pax.clear();
+                    self.apply_pax(&mut member, &pending.pax)?;
+                    pending.pax.clear();
+                    pending.group = None;
                     let end = member.data_offset.checked_add(member.stored_size).filter(|&e| e <= self.window.limit());
                     let Some(end) = end else {
                         return Err(self.truncated(
@@ -141,31 +192,26 @@ impl Scan<'_> {
                             ),
                         ));
                     };
-                    self.last_data = (end, at);
-                    self.add(member)?;
-                    if !std::mem::replace(&mut marked, true) {
-                        // Tests hold this point to signal a scan under way.
-                        crate::stop::phase("scanning headers");
-                    }
-                    pos = round_up(end);
-                    continue;
+                    *pos = round_up(end);
+                    return Ok(Found::Member { group, member, end });
                 }
             }
             // Extension headers: the next header follows their padded content.
-            pos = data_start.saturating_add(round_up(size));
+            *pos = data_start.saturating_add(round_up(size));
         }
-        // A stream's length is known only now.
-        let (data_end, at) = self.last_data;
-        if data_end > self.window.limit() {
-            return Err(self.truncated(
-                at,
-                format!(
-                    "the member at byte {at} needs data up to byte {data_end} but the archive ends at byte {}",
-                    self.window.limit()
-                ),
-            ));
+    }
+
+    /// Makes room for the members still to come, guessed from how many the first `SAMPLE`
+    /// took (up to byte `done`): growing the builder's tables step by step moved each entry
+    /// several times (a fifth of a scan of tiny members). A guess past what the archive
+    /// can hold (a member per 512 bytes) is cut to that.
+    fn reserve_for(&mut self, done: u64) {
+        let limit = self.window.limit();
+        if limit == u64::MAX || done == 0 {
+            return;
         }
-        Ok(())
+        let guess = (SAMPLE as u128 * u128::from(limit) / u128::from(done)).min(u128::from(limit / 512));
+        self.builder.reserve(usize::try_from(guess).unwrap_or(0).saturating_sub(SAMPLE as usize));
     }
 
     /// The content of the extension header at `at` (`size` bytes from `data_start`).
@@ -296,15 +342,17 @@ impl Scan<'_> {
             }
             return Ok(());
         };
-        let id = match self.builder.child(parent, name) {
-            // A later directory entry updates the directory and keeps its children.
-            Some(existing) if attrs.is_dir() && self.builder.attrs(existing).is_dir() => {
+        // A later directory entry updates the directory and keeps its children; any other
+        // later member takes the name over (one lookup: the common case, a file).
+        let existing = if attrs.is_dir() { self.builder.child(parent, name) } else { None };
+        let id = match existing {
+            Some(existing) if self.builder.attrs(existing).is_dir() => {
                 self.builder.set_inode(existing, attrs, data);
                 existing
             }
             _ => {
                 let id = self.builder.add_inode(attrs, data).map_err(|e| self.index_err(e))?;
-                self.builder.link(parent, name, id).map_err(|e| self.index_err(e))?;
+                self.link(parent, name, id)?;
                 id
             }
         };
@@ -339,8 +387,30 @@ impl Scan<'_> {
         self.builder.set_xattrs(id, &pairs).map_err(index_err)
     }
 
+    /// Names `id` as `name` in `parent`; a name taken over (perhaps a directory of the
+    /// remembered chain) makes [`Scan::parents`] look the next chain up again.
+    fn link(&mut self, parent: InodeId, name: &[u8], id: InodeId) -> Result<(), OpenError> {
+        let replaced = self.builder.relink(parent, name, id).map_err(|e| self.index_err(e))?;
+        if replaced.is_some() {
+            self.last_parent = Default::default();
+        }
+        Ok(())
+    }
+
     /// Resolves (creating implicit directories) the directory chain `dirs` under the root.
+    /// The last chain resolved is remembered: members of one directory come together in
+    /// most archives, and then cost no lookup at all (any name taken over forgets it).
     pub(super) fn parents(&mut self, dirs: &[&[u8]]) -> Result<InodeId, OpenError> {
+        let (chain, id) = &self.last_parent;
+        if chain.len() == dirs.len() && chain.iter().zip(dirs).all(|(a, b)| **a == **b) {
+            return Ok(*id);
+        }
+        let dir = self.resolve_parents(dirs)?;
+        self.last_parent = (dirs.iter().map(|d| Box::from(*d)).collect(), dir);
+        Ok(dir)
+    }
+
+    fn resolve_parents(&mut self, dirs: &[&[u8]]) -> Result<InodeId, OpenError> {
         let mut dir = ROOT;
         for name in dirs {
             dir = match self.builder.child(dir, name) {
@@ -348,7 +418,7 @@ impl Scan<'_> {
                 _ => {
                     let id =
                         self.builder.add_inode(Attrs::implicit_dir(), Data::None).map_err(|e| self.index_err(e))?;
-                    self.builder.link(dir, name, id).map_err(|e| self.index_err(e))?;
+                    self.link(dir, name, id)?;
                     id
                 }
             };
@@ -379,7 +449,7 @@ impl Scan<'_> {
                 );
                 Ok(())
             }
-            (Some(target), Some(name)) => self.builder.link(parent, name, target).map_err(|e| self.index_err(e)),
+            (Some(target), Some(name)) => self.link(parent, name, target),
             _ => {
                 tracing::warn!(
                     offset = m.header_offset,

@@ -64,11 +64,11 @@ fn open_bytes(bytes: &[u8]) -> Result<(Index, TarReader), OpenError> {
 fn indexes_members_and_implicit_dirs() {
     let bytes = archive(&[("a/b/file.txt", b"hello"), ("a/b/file.txt", b"second")]);
     let (index, reader) = open_bytes(&bytes).unwrap();
-    let root = &index.inodes[0];
-    let a = index.lookup(root, b"a").unwrap();
-    let b = index.lookup(&index.inodes[a as usize], b"b").unwrap();
-    let f = index.lookup(&index.inodes[b as usize], b"file.txt").unwrap();
-    let inode = index.inodes[f as usize];
+    let root = index.inode(0).unwrap();
+    let a = index.lookup(&root, b"a").unwrap().unwrap();
+    let b = index.lookup(&index.inode(a).unwrap(), b"b").unwrap().unwrap();
+    let f = index.lookup(&index.inode(b).unwrap(), b"file.txt").unwrap().unwrap();
+    let inode = index.inode(f).unwrap();
     assert_eq!(inode.attrs.size, 6);
     assert_eq!(&*reader.read_data(inode.data, 0, 6).unwrap(), b"second");
     assert_eq!(&*reader.read_data(inode.data, 2, 3).unwrap(), b"con");
@@ -118,8 +118,8 @@ fn global_keywords_cost_each_member_the_same_however_many() {
     let applied = scan.pax_keywords;
     assert!(applied <= 4 * n as u64, "{applied} pax keywords applied to {n} members");
     let index = scan.builder.finish().unwrap();
-    assert_eq!(index.children(&index.inodes[0]).len(), n);
-    assert!(index.inodes[1..].iter().all(|inode| inode.attrs.uid == 4242), "the global uid applies to all");
+    assert_eq!(index.children(&index.inode(0).unwrap()).unwrap().len(), n);
+    assert!(index.inodes().skip(1).all(|n| n.unwrap().1.attrs.uid == 4242), "the global uid applies to all");
 }
 
 /// A pax extended header ('x') holding `records`.
@@ -131,10 +131,10 @@ fn pax_header(records: &[u8]) -> Vec<u8> {
 }
 
 fn xattrs_of(index: &Index, name: &str) -> Vec<(String, String)> {
-    let id = index.lookup(&index.inodes[0], name.as_bytes()).unwrap();
-    let inode = &index.inodes[id as usize];
-    let text = |span| String::from_utf8_lossy(index.bytes(span)).into_owned();
-    index.xattrs_of(inode).iter().map(|x| (text(x.name), text(x.value))).collect()
+    let id = index.lookup(&index.inode(0).unwrap(), name.as_bytes()).unwrap().unwrap();
+    let text = |bytes| String::from_utf8_lossy(bytes).into_owned();
+    let xattrs = index.xattrs(id).unwrap();
+    xattrs.iter().map(|x| index.xattr(&x).unwrap()).map(|(n, v)| (text(n), text(v))).collect()
 }
 
 /// Built header by header: Python's tarfile and GNU tar write one global header, at
@@ -152,16 +152,18 @@ fn global_keywords_apply_until_unset_and_members_override_them() {
     tar.extend(ustar_header("e", b'0', 0o644, 0, ""));
     tar.resize(tar.len() + 2 * BLOCK, 0);
     let (index, _) = open_bytes(&tar).unwrap();
-    let uid = |name: &str| index.inodes[index.lookup(&index.inodes[0], name.as_bytes()).unwrap() as usize].attrs.uid;
+    let uid = |name: &str| {
+        index.inode(index.lookup(&index.inode(0).unwrap(), name.as_bytes()).unwrap().unwrap()).unwrap().attrs.uid
+    };
     assert_eq!([uid("a"), uid("b"), uid("c"), uid("d"), uid("e")], [7, 8, 7, 7, 0]);
     let pair = |n: &str, v: &str| (n.to_string(), v.to_string());
     assert_eq!(xattrs_of(&index, "a"), [pair("user.g", "global")]);
     assert_eq!(xattrs_of(&index, "b"), [pair("user.own", "1"), pair("user.g", "global")]);
     assert_eq!(xattrs_of(&index, "c"), [pair("user.g", "mine")], "the member's own value wins");
     assert_eq!(xattrs_of(&index, "e"), [pair("user.g", "global")], "a global sparse size is ignored");
-    let id = |name: &str| index.lookup(&index.inodes[0], name.as_bytes()).unwrap() as usize;
-    assert_eq!(index.inodes[id("e")].attrs.size, 0);
-    let first = |name: &str| index.inodes[id(name)].xattr_first;
+    let id = |name: &str| index.lookup(&index.inode(0).unwrap(), name.as_bytes()).unwrap().unwrap();
+    assert_eq!(index.inode(id("e")).unwrap().attrs.size, 0);
+    let first = |name: &str| index.xattrs(id(name)).unwrap().iter().next();
     assert_eq!(first("a"), first("d"), "members without xattrs of their own share the global set");
     assert_eq!(first("a"), first("e"));
 }

@@ -355,13 +355,13 @@ mod tests {
         let h = encode(&file(&mid, 0));
         assert_eq!(h.len(), 512, "fits prefix + name");
         let index = scan(&h, 0);
-        assert_eq!(index.inodes.len(), 3);
+        assert_eq!(index.inode_count(), 3);
         let long = [b"d".repeat(300), b"/".to_vec(), b"e".repeat(150)].concat();
         let h = encode(&file(&long, 3));
         assert!(h.len() > 512);
         let index = scan(&h, 3);
-        let d = index.lookup(&index.inodes[0], &b"d".repeat(300)).unwrap();
-        assert!(index.lookup(&index.inodes[d as usize], &b"e".repeat(150)).is_some());
+        let d = index.lookup(&index.inode(0).unwrap(), &b"d".repeat(300)).unwrap().unwrap();
+        assert!(index.lookup(&index.inode(d).unwrap(), &b"e".repeat(150)).unwrap().is_some());
     }
 
     /// Sizes of 8 GiB and more do not fit ustar's 11 octal digits: pax `size` carries them.
@@ -382,6 +382,6 @@ mod tests {
         let h = encode(&file(&name, 0));
         assert_eq!(h[156], b'L', "a GNU long name");
         let index = scan(&h, 0);
-        assert!(index.lookup(&index.inodes[0], &name).is_some());
+        assert!(index.lookup(&index.inode(0).unwrap(), &name).unwrap().is_some());
     }
 }

@@ -16,15 +16,15 @@ fn gzip(data: &[u8]) -> Vec<u8> {
 /// Position of `path` in the expanded tree.
 fn find(index: &Index, path: &str) -> InodeId {
     path.split('/').fold(ROOT, |dir, part| {
-        index.lookup(&index.inodes[dir as usize], part.as_bytes()).unwrap_or_else(|| panic!("no {path}"))
+        index.lookup(&index.inode(dir).unwrap(), part.as_bytes()).unwrap().unwrap_or_else(|| panic!("no {path}"))
     })
 }
 
 /// The whole file at `path` of the expanded tree, read through its reader.
 fn read(expanded: &Expanded, path: &str) -> Vec<u8> {
     let id = find(&expanded.index, path);
-    let inode = &expanded.index.inodes[id as usize];
-    crate::read_file(&*expanded.reader, id, inode, 0, inode.attrs.size as u32).unwrap().to_vec()
+    let inode = expanded.index.inode(id).unwrap();
+    crate::read_file(&*expanded.reader, id, &inode, 0, inode.attrs.size as u32).unwrap().to_vec()
 }
 
 /// `bytes` (an outer tar) scanned and expanded `depth` levels deep.
@@ -42,8 +42,13 @@ fn expand_all(bytes: &[u8]) -> Expanded {
 }
 
 fn names(index: &Index, dir: InodeId) -> Vec<String> {
-    let dir = &index.inodes[dir as usize];
-    index.children(dir).iter().map(|d| String::from_utf8_lossy(index.bytes(d.name)).into_owned()).collect()
+    let dir = index.inode(dir).unwrap();
+    index
+        .children(&dir)
+        .unwrap()
+        .iter()
+        .map(|d| String::from_utf8_lossy(index.name(&d).unwrap()).into_owned())
+        .collect()
 }
 
 #[test]
@@ -63,9 +68,9 @@ fn a_damaged_inner_tar_stays_a_file_and_a_good_one_opens_in_place() {
     let mut top = names(&nested, ROOT);
     top.sort();
     assert_eq!(top, ["bad.tar", "good"]);
-    let good = nested.lookup(&nested.inodes[ROOT as usize], b"good").unwrap();
-    let a = nested.lookup(&nested.inodes[good as usize], b"a.txt").unwrap();
-    let Data::Slice { offset } = nested.inodes[a as usize].data else { panic!("a slice of the outer archive") };
+    let good = nested.lookup(&nested.inode(ROOT).unwrap(), b"good").unwrap().unwrap();
+    let a = nested.lookup(&nested.inode(good).unwrap(), b"a.txt").unwrap().unwrap();
+    let Data::Slice { offset } = nested.inode(a).unwrap().data else { panic!("a slice of the outer archive") };
     assert_eq!(&outer[offset as usize..offset as usize + 6], b"inside", "served in place from the outer bytes");
 }
 

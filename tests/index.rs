@@ -1,0 +1,334 @@
+//! The index at scale (issue 41): `stagefs ls` names every entry in one walk; the saved index mapped, checked block by block, and trusted only from its owner.
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use crate::util::*;
+use stagefs_archive::index::{tamper, SectionId};
+
+fn os(s: &str) -> &OsStr {
+    OsStr::new(s)
+}
+
+/// `text`'s lines, sorted.
+fn sorted(text: &str) -> Vec<&str> {
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.sort_unstable();
+    lines
+}
+
+/// `stagefs ls -R` of a GNU tar of 100,000 members lists exactly the names `tar -tf`
+/// lists (once the path of every entry was searched for: 11.5 s at this size).
+#[test]
+fn ls_recursive_lists_what_tar_lists_for_100k_members() {
+    let tmp = TempDir::new("index-ls-100k");
+    let src = tmp.join("src");
+    for d in 0..100 {
+        let dir = src.join(format!("data/d{d:03}"));
+        fs::create_dir_all(&dir).unwrap();
+        for f in 0..1000 {
+            fs::write(dir.join(format!("f{f:04}.txt")), b"x").unwrap();
+        }
+    }
+    let archive = tmp.join("big.tar");
+    pack_tar(&src, &archive, &["data"]);
+    let tar_list = run_tool("tar", [os("-tf"), archive.as_os_str()]).stdout;
+    let listed = stagefs([os("ls"), os("-R"), archive.as_os_str()]);
+    listed.assert_success();
+    assert_eq!(listed.stdout.lines().count(), 100_101, "every member once");
+    assert_eq!(sorted(&listed.stdout), sorted(&tar_list), "as tar -tf lists it");
+}
+
+/// Each name of a hard-linked file shows as itself, in every form of `stagefs ls` (before,
+/// both showed the first name the index held for the inode).
+#[test]
+fn ls_shows_each_hard_link_under_its_own_name() {
+    let tmp = TempDir::new("index-ls-hardlink");
+    let src = tmp.join("src");
+    fs::create_dir_all(src.join("a")).unwrap();
+    fs::create_dir_all(src.join("z")).unwrap();
+    fs::write(src.join("a/first"), b"shared bytes").unwrap();
+    fs::hard_link(src.join("a/first"), src.join("z/second")).unwrap();
+    let archive = tmp.join("links.tar");
+    pack_tar(&src, &archive, &["a", "z"]);
+    let ls = |args: &[&OsStr]| {
+        let mut all = vec![os("ls")];
+        all.extend_from_slice(args);
+        let out = stagefs(&all);
+        out.assert_success();
+        out.stdout
+    };
+    let a = archive.as_os_str();
+    assert_eq!(sorted(&ls(&[os("-R"), a])), ["a/", "a/first", "z/", "z/second"]);
+    assert_eq!(ls(&[a, os("z")]).trim(), "z/second");
+    assert_eq!(ls(&[a, os("z/second")]).trim(), "z/second");
+    assert_eq!(ls(&[a, os("./a/../z//second")]).trim(), "z/second");
+    let long = ls(&[os("-l"), a, os("z")]);
+    assert!(long.trim().ends_with(" z/second") && long.starts_with("-rw"), "{long}");
+    let json = ls(&[os("--json"), a, os("z/second")]);
+    assert!(json.contains("\"path\":\"z/second\"") && json.contains("\"links\":2"), "{json}");
+    let json = ls(&[os("--json"), os("-R"), a]);
+    assert!(json.contains("\"path\":\"a/first\"") && json.contains("\"path\":\"z/second\""), "{json}");
+}
+
+/// What each file of a test tree holds: its content and its `user.k` xattr.
+type Expected = BTreeMap<PathBuf, (Vec<u8>, Vec<u8>)>;
+
+/// A tree of `dirs` × `per_dir` small files, each with a `user.k` xattr, a symlink and a
+/// sparse file, packed by GNU tar as pax with xattrs and sparse maps: every section of a
+/// saved index holds something. Returns the tar and what each file path holds.
+fn rich_tar(tmp: &TempDir, dirs: usize, per_dir: usize) -> (PathBuf, Expected) {
+    let src = tmp.join("src");
+    let mut expected = BTreeMap::new();
+    for d in 0..dirs {
+        fs::create_dir_all(src.join(format!("d{d:03}"))).unwrap();
+        for f in 0..per_dir {
+            let rel = PathBuf::from(format!("d{d:03}/f{f:04}.txt"));
+            let (content, value) =
+                (format!("content of {d}/{f}\n").into_bytes(), format!("value {d}/{f}").into_bytes());
+            fs::write(src.join(&rel), &content).unwrap();
+            set_xattr(&src.join(&rel), "user.k", &value);
+            expected.insert(rel, (content, value));
+        }
+    }
+    std::os::unix::fs::symlink("d000/f0000.txt", src.join("link")).unwrap();
+    let sparse = fs::File::create(src.join("sparse.bin")).unwrap();
+    std::os::unix::fs::FileExt::write_at(&sparse, b"end", 10 << 20).unwrap();
+    let archive = tmp.join("rich.tar");
+    let args = ["--format=posix", "--sparse", "--xattrs", "--xattrs-include=user.*", "-C"];
+    let mut args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    args.extend([src.as_os_str(), os("-cf"), archive.as_os_str(), os(".")]);
+    run_tool("tar", args);
+    (archive, expected)
+}
+
+fn set_xattr(path: &Path, name: &str, value: &[u8]) {
+    let c = |s: &OsStr| std::ffi::CString::new(s.as_encoded_bytes()).unwrap();
+    let (p, n) = (c(path.as_os_str()), c(OsStr::new(name)));
+    // SAFETY: NUL-terminated strings and a buffer of `value.len()` bytes.
+    let rc = unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    assert_eq!(rc, 0, "setxattr {}: {}", path.display(), std::io::Error::last_os_error());
+}
+
+fn get_xattr(path: &Path, name: &str) -> std::io::Result<Vec<u8>> {
+    let c = |s: &OsStr| std::ffi::CString::new(s.as_encoded_bytes()).unwrap();
+    let (p, n) = (c(path.as_os_str()), c(OsStr::new(name)));
+    let mut buf = vec![0u8; 256];
+    // SAFETY: NUL-terminated strings and a buffer of `buf.len()` bytes.
+    let n = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
+}
+
+/// Reads every expected file of the mount: content and xattr. Returns how many requests
+/// failed with EIO; panics on any other failure, and on any byte that is not the archive's.
+fn read_back(mnt: &Path, expected: &Expected) -> usize {
+    let mut eio = 0;
+    let mut seen = |result: std::io::Result<Vec<u8>>, want: &[u8], what: &Path| match result {
+        Ok(got) => assert!(got == want, "{}: other bytes served", what.display()),
+        Err(e) if e.raw_os_error() == Some(libc::EIO) => eio += 1,
+        Err(e) => panic!("{}: {e} (only EIO may come of a damaged index)", what.display()),
+    };
+    for (rel, (content, value)) in expected {
+        let path = mnt.join(rel);
+        seen(fs::read(&path), content, &path);
+        seen(get_xattr(&path, "user.k"), value, &path);
+    }
+    let mut sparse = vec![0u8; (10 << 20) + 3];
+    sparse[10 << 20..].copy_from_slice(b"end");
+    seen(fs::read(mnt.join("sparse.bin")), &sparse, &mnt.join("sparse.bin"));
+    seen(fs::read(mnt.join("link")), &expected[Path::new("d000/f0000.txt")].0, &mnt.join("link"));
+    eio
+}
+
+/// A byte flipped in the middle of each section of a saved index. The tree's sections are
+/// read in place, checked block by block: the mount comes up on the index, the requests
+/// that read the damaged block fail with EIO and one log line naming the index file and
+/// what the block holds, everything else is served, no byte is wrong, and the mount stays
+/// up. The sections read whole at open (the summary, the tar's tables) make the mount
+/// ignore the file and scan the archive.
+#[test]
+fn damage_in_each_section_fails_what_it_holds() {
+    let tmp = TempDir::new("index-damage");
+    let (archive, expected) = rich_tar(&tmp, 40, 100);
+    stagefs([os("index"), archive.as_os_str()]).assert_success();
+    let index = archive.with_file_name("rich.tar.stagefs-index");
+    let pristine = fs::read(&index).unwrap();
+    let mnt = tmp.join("mnt");
+    let tree = [
+        (SectionId::Inodes, "inodes"),
+        (SectionId::Dirents, "directory entries"),
+        (SectionId::Names, "names"),
+        (SectionId::Xattrs, "extended attributes"),
+        (SectionId::XattrOwners, "which inodes have extended attributes"),
+    ];
+    for (id, what) in tree {
+        let range = tamper::section(&pristine, id);
+        assert!(range.len() > 8, "{what}: an empty section in the test's index");
+        let mut damaged = pristine.clone();
+        damaged[range.start + range.len() / 2] ^= 0x20;
+        fs::write(&index, &damaged).unwrap();
+        let fg = Foreground::start(&archive, &mnt, &tmp.join(format!("{id:?}.log")), &[]);
+        let eio = read_back(&mnt, &expected);
+        assert!(eio > 0, "{what}: the damaged block was never read");
+        assert!(is_mounted(&mnt) && !stagefs_pids(&mnt).is_empty(), "{what}: the mount and its daemon stay up");
+        let log = fg.finish();
+        assert!(log.contains("using saved index"), "{what}: {log}");
+        let named = format!("{}: block", index.display());
+        assert!(log.contains(&named) && log.contains(&format!("holding {what}")), "{what}: {log}");
+    }
+    for id in [SectionId::Summary, SectionId::SparseFiles, SectionId::Extents, SectionId::Points, SectionId::Nested] {
+        let range = tamper::section(&pristine, id);
+        let mut damaged = pristine.clone();
+        damaged[range.start + range.len() / 2] ^= 0x20;
+        fs::write(&index, &damaged).unwrap();
+        let fg = Foreground::start(&archive, &mnt, &tmp.join(format!("{id:?}.log")), &[]);
+        assert_eq!(read_back(&mnt, &expected), 0, "{id:?}: served whole from a scan");
+        let log = fg.finish();
+        assert!(log.contains("ignoring saved index") && log.contains("damaged"), "{id:?}: {log}");
+    }
+}
+
+/// Another user's index beside the victim's archive, even a sound one of that very
+/// archive, is never mapped: the victim's daemon maps no file of hers (its
+/// `/proc/PID/maps` lists none) and scans; the victim's own index, swapped by her for
+/// hers by rename in a directory both may write, is not either.
+#[test]
+fn another_users_index_is_never_mapped() {
+    let victim = User::get("sfs-mapvictim");
+    let mallory = User::get("sfs-mallory");
+    let project = TempDir::new("index-two-users");
+    fs::set_permissions(project.path(), fs::Permissions::from_mode(0o1777)).unwrap();
+    let (archive, expected) = rich_tar(&project, 4, 50);
+    victim.chown(&archive);
+    fs::set_permissions(&archive, fs::Permissions::from_mode(0o644)).unwrap();
+    let index = archive.with_file_name("rich.tar.stagefs-index");
+    // Mallory's copy of a sound index (made by the victim, then taken over).
+    victim.stagefs([os("index"), archive.as_os_str()]).assert_success();
+    let sound = fs::read(&index).unwrap();
+    let mnt = victim.home.join("mnt-index");
+    remove_tree(&mnt);
+    let mounted_maps = |user: &User| {
+        let out = user.stagefs([os("mount"), archive.as_os_str(), mnt.as_os_str()]);
+        out.assert_success();
+        let pids = stagefs_pids(&mnt);
+        let maps: String = pids.iter().map(|p| fs::read_to_string(format!("/proc/{p}/maps")).unwrap()).collect();
+        let read = user.sh(&format!("cat {}/d000/f0000.txt", mnt.display()));
+        assert_eq!(read.stdout.as_bytes(), expected[Path::new("d000/f0000.txt")].0.as_slice());
+        user.stagefs([os("umount"), mnt.as_os_str()]).assert_success();
+        (out.stderr, maps)
+    };
+    let (_, maps) = mounted_maps(&victim);
+    assert!(maps.contains(&index.display().to_string()), "the victim's own index is mapped:\n{maps}");
+    fs::remove_file(&index).unwrap();
+    fs::write(&index, &sound).unwrap();
+    mallory.chown(&index);
+    fs::set_permissions(&index, fs::Permissions::from_mode(0o644)).unwrap();
+    let (log, maps) = mounted_maps(&victim);
+    assert!(log.contains("ignoring saved index") && log.contains("sfs-mallory"), "{log}");
+    assert!(!maps.contains("stagefs-index"), "another user's index was mapped:\n{maps}");
+    // Swapped in by rename where the directory lets her (not sticky).
+    fs::set_permissions(project.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    fs::remove_file(&index).unwrap();
+    victim.stagefs([os("index"), archive.as_os_str()]).assert_success();
+    let hers = project.join("hers.index");
+    fs::write(&hers, &sound).unwrap();
+    mallory.chown(&hers);
+    mallory.sh(&format!("mv -f {} {}", hers.display(), index.display()));
+    let (log, maps) = mounted_maps(&victim);
+    assert!(log.contains("ignoring saved index") && log.contains("sfs-mallory"), "{log}");
+    assert!(!maps.contains("stagefs-index"), "a swapped index was mapped:\n{maps}");
+}
+
+/// A set of plain tars opens from its own saved index once one is kept: no shard's index
+/// is read (they are deleted first) and nothing is merged; a shard that changed since
+/// (its ctime moves with any write) makes the mount merge again and save anew.
+#[test]
+fn a_saved_set_opens_without_its_shards_indexes() {
+    let tmp = TempDir::new("index-set");
+    let dir = tmp.join("shards");
+    fs::create_dir_all(&dir).unwrap();
+    for k in 0..12 {
+        let src = tmp.join(format!("src{k}"));
+        fs::create_dir_all(src.join(format!("s{k:02}"))).unwrap();
+        for f in 0..1000 {
+            fs::write(src.join(format!("s{k:02}/f{f:04}")), format!("shard {k} file {f}\n")).unwrap();
+        }
+        fs::write(src.join("shared.txt"), format!("from shard {k}\n")).unwrap();
+        pack_tar(&src, &dir.join(format!("train-{k:02}.tar")), &[&format!("s{k:02}"), "shared.txt"]);
+    }
+    let indexes = tmp.join("indexes");
+    let glob = dir.join("train-*.tar");
+    let mnt = tmp.join("mnt");
+    let mount = |name: &str| {
+        let log = tmp.join(format!("{name}.log"));
+        Foreground::start_with(&["--index-dir", indexes.to_str().unwrap()], &glob, &mnt, &log, &[])
+    };
+    let check = || {
+        assert_eq!(fs::read(mnt.join("shared.txt")).unwrap(), b"from shard 11\n", "the later shard wins");
+        assert_eq!(fs::read(mnt.join("s03/f0999")).unwrap(), b"shard 3 file 999\n");
+        assert_eq!(fs::read_dir(mnt.join("s07")).unwrap().count(), 1000);
+    };
+    let first = mount("first");
+    check();
+    let log = first.finish();
+    assert!(log.contains("saved the set's index"), "{log}");
+    for entry in fs::read_dir(&indexes).unwrap().flatten() {
+        if !entry.file_name().to_string_lossy().contains("-set-") {
+            fs::remove_file(entry.path()).unwrap(); // the shards' own indexes
+        }
+    }
+    let second = mount("second");
+    check();
+    let log = second.finish();
+    assert!(log.contains("using the set's saved index") && !log.contains("merged"), "{log}");
+    std::process::Command::new("touch").arg(dir.join("train-05.tar")).status().unwrap();
+    let third = mount("third");
+    check();
+    let log = third.finish();
+    assert!(log.contains("ignoring the set's saved index") && log.contains("saved the set's index"), "{log}");
+}
+
+/// The saved index mapped by a mount, truncated and then rewritten in place underneath:
+/// requests fail with EIO (the file named), never SIGBUS and never other bytes; the
+/// daemon lives on, and a remount serves everything again from a fresh scan.
+#[test]
+fn an_index_truncated_or_rewritten_while_mapped_gives_errors() {
+    let tmp = TempDir::new("index-torn");
+    let (archive, expected) = rich_tar(&tmp, 20, 100);
+    stagefs([os("index"), archive.as_os_str()]).assert_success();
+    let index = archive.with_file_name("rich.tar.stagefs-index");
+    let pristine = fs::read(&index).unwrap();
+    let mnt = tmp.join("mnt");
+    for (case, change) in [("truncated", 0usize), ("rewritten", 1)] {
+        fs::write(&index, &pristine).unwrap();
+        let fg = Foreground::start(&archive, &mnt, &tmp.join(format!("{case}.log")), &[]);
+        assert_eq!(fs::read(mnt.join("d000/f0000.txt")).unwrap(), expected[Path::new("d000/f0000.txt")].0);
+        let file = fs::OpenOptions::new().write(true).open(&index).unwrap();
+        match change {
+            0 => file.set_len(4096).unwrap(),
+            _ => std::os::unix::fs::FileExt::write_all_at(&file, b"rewritten", pristine.len() as u64 / 2).unwrap(),
+        }
+        drop(file);
+        let eio = read_back(&mnt, &expected);
+        assert!(eio > 0, "{case}: every request was served from an index changed underneath");
+        assert!(is_mounted(&mnt) && !stagefs_pids(&mnt).is_empty(), "{case}: the daemon lives on");
+        let log = fg.finish();
+        assert!(
+            log.contains("truncated or rewritten while in use") && log.contains(&index.display().to_string()),
+            "{case}: {log}"
+        );
+    }
+    // The damaged file is no index any more (cut short), or another version of one
+    // (rewritten): a remount ignores or uses it soundly, and serves every byte.
+    fs::write(&index, &pristine[..4096]).unwrap();
+    let fg = Foreground::start(&archive, &mnt, &tmp.join("after.log"), &[]);
+    assert_eq!(read_back(&mnt, &expected), 0);
+    fg.finish();
+}
