@@ -133,7 +133,16 @@ pub fn open(
     };
     let archive = Archive::new(set.index, Format::Tar, std::sync::Arc::new(reader));
     let identity = files.iter().map(Member::id).collect();
-    let opened = Opened { archive, staged_bytes, staging, disk: None, saved_index: None, reused_index: true, identity, copier: None };
+    let opened = Opened {
+        archive,
+        staged_bytes,
+        staging,
+        disk: None,
+        saved_index: None,
+        reused_index: true,
+        identity,
+        copier: None,
+    };
     Ok(Some((opened, SetStats { shards: files.len(), reused: files.len(), ..SetStats::default() })))
 }
 
