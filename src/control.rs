@@ -138,7 +138,7 @@ pub fn listen(set: Arc<GrowingSet>, mountpoint: &Path) -> Result<Control, Failur
 }
 
 /// The uid at the other end of `stream`.
-fn peer_uid(stream: &UnixStream) -> Option<u32> {
+pub(crate) fn peer_uid(stream: &UnixStream) -> Option<u32> {
     nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials).ok().map(|c| c.uid())
 }
 

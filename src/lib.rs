@@ -29,6 +29,7 @@ pub mod report;
 pub mod request;
 pub mod saved_index;
 pub mod shards;
+pub mod share;
 pub mod stage;
 mod test_hooks;
 pub mod warm;

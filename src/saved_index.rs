@@ -265,6 +265,21 @@ pub fn decode_bytes(
     decode(IndexMap::from_vec(bytes), name, key, depth, backing, codec)
 }
 
+/// The saved index in `file`, handed over by this user's daemon (see `share`), mapped and
+/// checked to be `key`'s, over `backing` (the copy of a plain tar, or of a compressed one
+/// decoded whole). `name` names it in messages.
+pub fn decode_file(
+    file: &File,
+    name: &Path,
+    key: &Key,
+    depth: usize,
+    backing: &Backing,
+) -> Result<(Index, Arc<dyn Reader>), IndexError> {
+    let map = map_index(file)
+        .map_err(|e| IndexError::Invalid { index: Arc::from(name), what: format!("cannot map it: {e}") })?;
+    decode(map, name, key, depth, backing, None)
+}
+
 /// Keeps `bytes`, a saved index fetched from beside an object (checked to match it), in
 /// `--index-dir` or the cache, where [`load_kept`] maps it.
 pub fn keep_fetched(archive: &Path, bytes: &[u8], flavor: &Flavor) -> std::io::Result<()> {

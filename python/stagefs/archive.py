@@ -272,7 +272,9 @@ class ArchiveFileSystem(fsspec.AbstractFileSystem):
 
     @property
     def staging(self) -> str:
-        """How its bytes reach RAM: ``"in place"``, ``"page cache"``, ``"copy"`` or ``"local disk"``."""
+        """How its bytes reach RAM: ``"in place"``, ``"page cache"``, ``"copy"``, ``"local disk"``,
+        or ``"shared"``: the copy in RAM that a ``stagefs mount --stage copy`` of this user
+        holds of the same archive, mapped (one copy on the node, however many processes)."""
         return self.archive.staging
 
     @property
@@ -407,6 +409,10 @@ def open(archive: PathLike, *, stage: str = "none", max_ram: Union[int, str, Non
       against the RAM budget first). ``"copy"``: a private copy in this process's RAM
       (compressed tars decompressed whole), immune to changes of the file, but one copy
       *per process*. ``"auto"`` and ``"disk"`` (with ``stage_dir``): as ``stagefs mount``.
+      Whatever ``stage`` says, a local archive that a mount of yours holds a complete copy
+      of in RAM (``stagefs mount --stage copy``) is read from that copy, mapped: no copy of
+      its own, no FUSE (``staging`` is then ``"shared"``; the copy stays readable after
+      the mount ends, until this filesystem is closed).
     * ``max_ram``: the RAM budget (bytes, or e.g. ``"64G"``), as ``--max-ram``.
     * ``recursive``: uncompressed tars inside the archive open as directories.
     * ``trust_shards``: use shards that other users could have put in a pattern's

@@ -66,7 +66,7 @@ pub(super) fn serve(
         // `fork`: the waiting `stagefs mount`, or this log when it died).
         watch::daemon_exiting(mountpoint);
     }
-    let start::Live { session, fs, stage_dir, control, background } = result?;
+    let start::Live { session, fs, stage_dir, control, background, share } = result?;
     let result = session.join();
     // Unmounted: the copy and the warm-up stop at their next chunk or file; the process
     // exits without waiting for them, and the kernel frees the memfd or the nameless file.
@@ -74,6 +74,7 @@ pub(super) fn serve(
         background.stop();
     }
     drop(control);
+    drop(share);
     registry::remove(mountpoint);
     if let Some(dir) = stage_dir {
         crate::stage::disk::remove_if_empty(&dir);

@@ -35,6 +35,8 @@ pub(super) struct Live {
     pub control: Option<crate::control::Control>,
     /// The staging that goes on while it serves, stopped once it is unmounted.
     pub background: Option<Arc<Background>>,
+    /// The offer of its copy to this user's other processes, removed when dropped.
+    pub share: Option<crate::share::Offer>,
 }
 
 /// Everything up to readiness: returns the live mount to serve.
@@ -55,7 +57,7 @@ pub(super) fn start(
         None => None,
     };
     let indexing = Indexing { force_save: false, depth: request.recursion_depth, index_dir: request.index_dir.clone() };
-    let (content, staged_bytes, staging, disk, compressed, copier) = if let Some(growing) = &request.growing {
+    let (content, staged_bytes, staging, disk, compressed, copier, identity) = if let Some(growing) = &request.growing {
         let opening = Opening {
             mode: request.stage,
             max_ram: request.max_ram,
@@ -65,9 +67,9 @@ pub(super) fn start(
             index_dir: request.index_dir.clone(),
         };
         let (set, staged_bytes, staging) = GrowingSet::open(archive_path, &request.shards, request.trust, opening)?;
-        (Content::Growing(Arc::new(set)), staged_bytes, staging, None, None, None)
+        (Content::Growing(Arc::new(set)), staged_bytes, staging, None, None, None, vec![])
     } else {
-        let Opened { archive, staged_bytes, staging, disk, copier, .. } = if request.shards.len() > 1 {
+        let Opened { archive, staged_bytes, staging, disk, copier, identity, .. } = if request.shards.len() > 1 {
             let how = How { mode: request.stage, max_ram: request.max_ram, trust: request.trust, not_on: None };
             crate::shards::open_set(archive_path, &request.shards, how, &indexing)?.0
         } else {
@@ -77,7 +79,7 @@ pub(super) fn start(
             open_archive(archive, request.trust, request.stage, request.max_ram, stage_dir, received, &indexing)?
         };
         let compressed = archive.compression();
-        (Content::Fixed(archive), staged_bytes, staging, disk, compressed, copier)
+        (Content::Fixed(archive), staged_bytes, staging, disk, compressed, copier, identity)
     };
     crate::cancel::phase("mounting")?;
     // Building the index peaks well above what the finished index keeps.
@@ -106,6 +108,14 @@ pub(super) fn start(
                     .map_err(|e| unmount_on_error(Failure::other(format!("cannot start --watch: {e}"))))?;
             }
             Some(control)
+        }
+        _ => None,
+    };
+    // One local archive copied into RAM: its copy offered to this user's processes that
+    // open the same archive (stagefs.open, Loader), so that the node holds one.
+    let share = match identity.as_slice() {
+        [id] if staging == Staging::Copy => {
+            Some(crate::share::offer(fs.clone(), *id, mountpoint).map_err(unmount_on_error)?)
         }
         _ => None,
     };
@@ -174,7 +184,7 @@ pub(super) fn start(
             mountpoint.shown()
         );
     }
-    Ok(Live { session, fs, stage_dir: record.stage_dir, control, background })
+    Ok(Live { session, fs, stage_dir: record.stage_dir, control, background, share })
 }
 
 /// Fails early, with advice, where FUSE cannot work at all.

@@ -258,6 +258,14 @@ impl Fs {
         self.each_archive(Archive::release_caches);
     }
 
+    /// The archive, when the content is fixed (not a growing set).
+    pub fn fixed(&self) -> Option<&Archive> {
+        match &self.content {
+            Content::Fixed(archive) => Some(archive),
+            Content::Growing(_) => None,
+        }
+    }
+
     /// The compressed file, when this is a compressed tar served by restart points.
     pub fn compressed_input(&self) -> Option<stagefs_archive::Backing> {
         match &self.content {

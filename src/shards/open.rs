@@ -107,6 +107,25 @@ pub fn open_archive(
     Member::open(path, trust, None)?.open_staged(mode, (max_ram, stage_dir), received, indexing, 1)
 }
 
+/// [`open_archive`] for a reader in this process: a local archive that a daemon of this user
+/// already holds a complete copy of in RAM is read from that copy (see [`crate::share`]),
+/// with no copy of its own; any other is opened as [`open_archive`] opens it.
+pub fn open_archive_or_shared(
+    path: &Path,
+    trust: Trust,
+    mode: StageMode,
+    (max_ram, stage_dir): (Option<u64>, Option<&Path>),
+    indexing: &Indexing,
+) -> Result<Opened, OpenArchiveError> {
+    let member = Member::open(path, trust, None)?;
+    if let Member::File(file) = &member {
+        if let Some(opened) = crate::share::receive(file, indexing.depth) {
+            return Ok(opened);
+        }
+    }
+    member.open_staged(mode, (max_ram, stage_dir), None, indexing, 1)
+}
+
 /// One shard of a set, opened: a local file (checked and held, see `places::outside`) or an
 /// object in a store (`s3://`, `https://`, see `remote`).
 pub enum Member {
@@ -350,7 +369,7 @@ fn raise_fd_limit(shards: usize) {
 fn most_staged(a: Staging, b: Staging) -> Staging {
     let rank = |s: Staging| match s {
         Staging::InPlace => 0,
-        Staging::Copy | Staging::Disk => 1,
+        Staging::Copy | Staging::Disk | Staging::Shared => 1,
         Staging::PageCache => 2,
     };
     if rank(b) > rank(a) {

@@ -75,6 +75,9 @@ pub enum Staging {
     Copy,
     /// Copied to a nameless file on the local disk, served from it in place.
     Disk,
+    /// The copy in RAM that a daemon of this user serves, mapped (see `share`): no copy of
+    /// its own.
+    Shared,
 }
 
 impl Staging {
@@ -85,6 +88,7 @@ impl Staging {
             Staging::PageCache => "ram",
             Staging::Copy => "copy",
             Staging::Disk => "local disk",
+            Staging::Shared => "shared",
         }
     }
 }

@@ -23,7 +23,8 @@ pub fn memfd(path: &Path, len: u64) -> Result<File, StageError> {
     // The kernel rejects names with a NUL; the archive name cannot contain one, but be safe.
     let cname = std::ffi::CString::new(name.replace('\0', "")).map_err(|e| io_err(std::io::Error::other(e)))?;
     // SAFETY: cname is a valid NUL-terminated string that outlives the call; the flags are plain bits.
-    let ret = unsafe { libc::syscall(libc::SYS_memfd_create, cname.as_ptr(), libc::MFD_CLOEXEC) };
+    let ret =
+        unsafe { libc::syscall(libc::SYS_memfd_create, cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if ret < 0 {
         return Err(io_err(std::io::Error::last_os_error()));
     }
@@ -38,12 +39,20 @@ pub fn memfd(path: &Path, len: u64) -> Result<File, StageError> {
     Ok(file)
 }
 
+/// Maps a complete staged copy (a memfd), keeping the memfd to hand to another process of
+/// the user (see `share`).
 pub fn map_staged(path: &Path, file: &File) -> Result<Backing, StageError> {
-    // SAFETY: only this process holds the memfd and nothing writes it after staging.
+    // SAFETY: nothing writes the memfd after staging (this process, or another of the user
+    // it is handed to, read-only, sealed against a change of size).
     let map = unsafe { memmap2::Mmap::map(file) }.map_err(|source| StageError::Io {
         path: path.to_owned(),
         what: "cannot map the staged copy".into(),
         source,
     })?;
-    Ok(Arc::new(stagefs_archive::Source::private(map)))
+    let kept = file.try_clone().map_err(|source| StageError::Io {
+        path: path.to_owned(),
+        what: "cannot keep the staged copy".into(),
+        source,
+    })?;
+    Ok(Arc::new(stagefs_archive::Source::private_copy(map, kept)))
 }

@@ -114,6 +114,14 @@ impl Fill {
         matches!(self.copy, Copy::Memory(..))
     }
 
+    /// The memfd of a copy in memory (a copy on disk is served by this process alone).
+    pub(crate) fn file(&self) -> Option<&File> {
+        match &self.copy {
+            Copy::Memory(file, _) => Some(file),
+            Copy::Disk(_) => None,
+        }
+    }
+
     /// Whether chunk `i` is in the copy.
     pub fn is_staged(&self, i: u64) -> bool {
         let Some(word) = self.bits.get((i / 64) as usize) else { return false };

@@ -306,6 +306,12 @@ impl Index {
         self.store.check_intact()
     }
 
+    /// The saved index file this index is mapped from, if it is (to hand to another process
+    /// of the user, which maps the same pages).
+    pub fn mapped_file(&self) -> Option<&std::fs::File> {
+        self.store.file()
+    }
+
     /// Inodes, the root included.
     pub fn inode_count(&self) -> usize {
         self.inodes.count(INODE_LEN) as usize

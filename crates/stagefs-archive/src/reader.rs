@@ -64,6 +64,13 @@ pub trait Reader: Send + Sync {
         None
     }
 
+    /// The memfd of a complete private copy of the bytes served, which another process of
+    /// the user may map, with the saved index, instead of staging its own (see
+    /// [`crate::Source::copy_file`]): a plain tar's only.
+    fn shared_copy(&self) -> Option<&std::fs::File> {
+        None
+    }
+
     /// A shard set's readers and the first merged position each serves (a set's saved
     /// index keeps what they need).
     fn shards(&self) -> Option<Shards<'_>> {

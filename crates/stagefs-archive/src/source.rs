@@ -39,6 +39,8 @@ pub struct Source {
     /// A copy being filled while it serves (`--stage copy|disk`, see [`crate::fill`]):
     /// `in_place` is then the archive file the copy is made from.
     pub(crate) fill: Option<Fill>,
+    /// The file of a complete private copy, kept to be handed on ([`Source::copy_file`]).
+    pub(crate) copy: Option<std::fs::File>,
 }
 
 /// Bytes read by offset from elsewhere (an object in a store read in place, see
@@ -150,15 +152,51 @@ pub enum StageChunkError {
 }
 
 impl Source {
-    /// Bytes only this process holds (a staged memfd, or memory in tests).
+    /// Bytes only this process holds (memory in tests, a copy fetched whole).
     pub fn private(map: memmap2::Mmap) -> Source {
-        Source { map: GuardedMap::private(map), in_place: None, decoded: None, ranged: None, within: None, fill: None }
+        Source {
+            map: GuardedMap::private(map),
+            in_place: None,
+            decoded: None,
+            ranged: None,
+            within: None,
+            fill: None,
+            copy: None,
+        }
+    }
+
+    /// A complete private copy held in `file` (a staged memfd) and mapped as `map`: the
+    /// file is kept, to be handed to another process of the user (see [`Source::copy_file`]).
+    pub fn private_copy(map: memmap2::Mmap, file: std::fs::File) -> Source {
+        Source { copy: Some(file), ..Source::private(map) }
+    }
+
+    /// A private copy another process of the user made and handed over (see
+    /// [`Source::copy_file`]), mapped read-only here and served from the map. The caller
+    /// checked that its size cannot change (a memfd sealed against shrinking); the map is
+    /// guarded all the same, so no change ever raises SIGBUS.
+    pub fn shared_copy(file: &std::fs::File) -> std::io::Result<Backing> {
+        let map = GuardedMap::file(file)?;
+        let copy = Some(file.try_clone()?);
+        Ok(Arc::new(Source { map, in_place: None, decoded: None, ranged: None, within: None, fill: None, copy }))
+    }
+
+    /// The memfd holding a complete copy of the bytes served, which another process of the
+    /// user may map instead of making its own: a staged copy, or one that filled while
+    /// serving once it is complete. `None` for a file served in place, a copy still filling
+    /// (or stopped) or on the local disk, bytes decoded piece by piece, read by ranges or
+    /// within another source.
+    pub fn copy_file(&self) -> Option<&std::fs::File> {
+        match &self.fill {
+            Some(fill) => fill.is_complete().then(|| fill.file()).flatten(),
+            None => self.copy.as_ref(),
+        }
     }
 
     /// The decoded bytes of a compressed file, served by its restart points.
     pub fn decoded(seekable: seekable::Seekable) -> std::io::Result<Source> {
         let map = GuardedMap::private(memmap2::MmapOptions::new().len(1).map_anon()?.make_read_only()?);
-        Ok(Source { map, in_place: None, decoded: Some(seekable), ranged: None, within: None, fill: None })
+        Ok(Source { map, in_place: None, decoded: Some(seekable), ranged: None, within: None, fill: None, copy: None })
     }
 
     /// Bytes read through `ranged`; `map` holds what indexing reads of them.
@@ -170,6 +208,7 @@ impl Source {
             ranged: Some(ranged),
             within: None,
             fill: None,
+            copy: None,
         }
     }
 
@@ -202,7 +241,7 @@ impl Source {
         let mut map = memmap2::MmapMut::map_anon(bytes.len().max(1)).expect("anonymous map");
         map[..bytes.len()].copy_from_slice(bytes);
         let map = GuardedMap::private(map.make_read_only().expect("read-only map"));
-        Arc::new(Source { map, in_place: None, decoded: None, ranged: None, within: None, fill: None })
+        Arc::new(Source { map, in_place: None, decoded: None, ranged: None, within: None, fill: None, copy: None })
     }
 
     /// `len` bytes at `offset`, or an error if they lie past the end or the archive
@@ -340,7 +379,15 @@ pub fn drop_file_cache(file: &std::fs::File, offset: u64, len: u64) {
 /// Maps a file to serve in place (see [`Source`] for why reads then use pread).
 pub fn map_file(file: &std::fs::File) -> std::io::Result<Backing> {
     let (map, in_place) = map_in_place(file)?;
-    Ok(Arc::new(Source { map, in_place: Some(in_place), decoded: None, ranged: None, within: None, fill: None }))
+    Ok(Arc::new(Source {
+        map,
+        in_place: Some(in_place),
+        decoded: None,
+        ranged: None,
+        within: None,
+        fill: None,
+        copy: None,
+    }))
 }
 
 /// The guarded map indexing reads, and the file as it was when mapped.
@@ -368,6 +415,7 @@ impl Source {
             ranged: None,
             within: None,
             fill: Some(fill),
+            copy: None,
         }))
     }
 

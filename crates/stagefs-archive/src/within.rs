@@ -60,6 +60,7 @@ impl Source {
             ranged: None,
             within: Some(within),
             fill: None,
+            copy: None,
         }))
     }
 }

@@ -12,7 +12,6 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use stagefs::open::Indexing;
 use stagefs::options::nesting_depth;
 use stagefs::remote::RemoteOptions;
-use stagefs::shards::open_archive;
 use stagefs::shards::{self, How};
 use stagefs::stage::{StageMode, Staging};
 use stagefs_archive::escape::Shown;
@@ -53,7 +52,9 @@ fn open_set(set: stagefs::places::ArchiveSet, o: &Options, stop: &AtomicBool) ->
     } else {
         // The archive itself: for an object, its URL as given (the label shows no query).
         let one = set.shards.first().unwrap_or(&set.label);
-        let mut opened = open_archive(one, set.trust, o.mode, o.max_ram, o.stage_dir.as_deref(), None, &indexing)?;
+        // A copy in RAM that a mount of this user already holds is read from there.
+        let budget = (o.max_ram, o.stage_dir.as_deref());
+        let mut opened = shards::open_archive_or_shared(one, set.trust, o.mode, budget, &indexing)?;
         // In process the copy is made before reading starts (a mount serves while it stages).
         opened.stage_now()?;
         opened

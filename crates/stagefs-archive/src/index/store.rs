@@ -138,6 +138,14 @@ impl Store {
         matches!(self.bytes, Bytes::Mapped(_))
     }
 
+    /// The file mapped, if the index is a saved file.
+    pub fn file(&self) -> Option<&std::fs::File> {
+        match &self.bytes {
+            Bytes::Mapped(IndexMap { map: Mapped::File(_, file, _) }) => Some(file),
+            _ => None,
+        }
+    }
+
     pub fn memory(&self) -> super::Memory {
         match &self.bytes {
             Bytes::Owned(v) => super::Memory { heap: v.capacity() as u64, mapped: 0 },

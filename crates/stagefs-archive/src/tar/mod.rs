@@ -207,6 +207,10 @@ impl crate::Reader for TarReader {
     fn compressed_input(&self) -> Option<Backing> {
         self.backing.seekable().map(|s| s.input().clone())
     }
+
+    fn shared_copy(&self) -> Option<&std::fs::File> {
+        self.backing.copy_file()
+    }
 }
 
 impl TarReader {

@@ -1,0 +1,282 @@
+//! One copy per node: a process of the user that opens an archive which a daemon of theirs already serves from a copy in RAM maps that copy, and its saved index, instead of staging its own; both are handed over a Unix socket (SCM_RIGHTS).
+//!
+//! The daemon of a mount whose archive is one local file listens on `<hash of the
+//! mountpoint>.share` beside its record, in the runtime directory that `places` checked to
+//! be this user's alone. A caller is answered only when it is this user (SO_PEERCRED), and
+//! answers only from this user's daemon are taken; nothing is read from the caller. The
+//! answer is one message: the archive's identity as the daemon opened it, then the copy's
+//! memfd (sealed against shrinking and growing first, so that no map of it can fault) and,
+//! when the index is a saved file, that file. The caller takes them only when the identity
+//! is the version of the archive it opened itself, and the saved index is keyed to it; it
+//! maps both read-only (the pages are the daemon's: one copy, however many readers), and
+//! keeps them when the daemon exits, as an open file stays open.
+//!
+//! Only a complete copy is handed on: `--stage copy` (a plain tar copied, a compressed one
+//! decompressed whole) once the copy is in. A mount served in place shares through the
+//! page cache already; a compressed tar served from restart points decodes per reader.
+
+use std::fs::File;
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use stagefs_archive::escape::Shown;
+use stagefs_archive::{Archive, FileId, Format};
+
+use crate::error::Failure;
+use crate::fs::Fs;
+use crate::open::Opened;
+use crate::places::{self, CheckedDir, OutsideFile};
+use crate::stage::Staging;
+
+const MAGIC: &[u8; 16] = b"stagefs-share-1\0";
+/// The answer: the magic, 1 (fds attached) or 0 (a reason follows), the identity.
+const HEADER: usize = MAGIC.len() + 1 + 7 * 8;
+/// How long a caller waits for a daemon's answer before it stages its own copy.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A daemon's offer, listening; the socket is removed when dropped (the daemon's exit).
+pub struct Offer {
+    dir: CheckedDir,
+    name: String,
+}
+
+impl Drop for Offer {
+    fn drop(&mut self) {
+        let _ = self.dir.remove(&self.name, false);
+    }
+}
+
+fn socket_name(mountpoint: &Path) -> Result<String, Failure> {
+    let path = places::mountpoint_file(mountpoint, "share")?;
+    Ok(path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
+}
+
+/// Offers the copy `fs` serves of the archive `id` (one local file) to this user's other
+/// processes, on a thread. Callers are answered one after the other: each answer is one
+/// message, sent without waiting for the caller.
+pub fn offer(fs: Arc<Fs>, id: FileId, mountpoint: &Path) -> Result<Offer, Failure> {
+    let dir = CheckedDir::open(places::runtime_dir()?, "")?;
+    let name = socket_name(mountpoint)?;
+    let failed =
+        |e: std::io::Error| Failure::other(format!("cannot make the share socket in {}: {e}", dir.path().shown()));
+    // A socket left by a daemon that was killed: ours (the directory is), and dead.
+    let _ = dir.remove(&name, false);
+    let listener = UnixListener::bind(dir.fd_path(&name).map_err(failed)?).map_err(failed)?;
+    std::thread::Builder::new()
+        .name("share".into())
+        .spawn(move || {
+            for stream in listener.incoming().flatten() {
+                answer(&fs, &id, &stream);
+            }
+        })
+        .map_err(failed)?;
+    Ok(Offer { dir, name })
+}
+
+fn answer(fs: &Fs, id: &FileId, stream: &UnixStream) {
+    let caller = crate::control::peer_uid(stream);
+    if caller != Some(places::my_uid()) {
+        tracing::warn!(uid = ?caller, "refused to share this mount's copy with another user");
+        return;
+    }
+    let _ = stream.set_write_timeout(Some(ANSWER_TIMEOUT));
+    let archive = fs.fixed();
+    let copy = archive.and_then(|a| a.reader().shared_copy());
+    let refuse = |why: &str| {
+        let _ = send(stream, &[&header(0, id)[..], why.as_bytes()].concat(), &[]);
+    };
+    let Some((archive, copy)) = archive.zip(copy) else {
+        return refuse("this mount holds no complete copy in RAM (in place, still staging, or decoded piece by piece)");
+    };
+    if let Err(e) = seal(copy) {
+        return refuse(&format!("cannot seal the copy: {e}"));
+    }
+    let mut fds = vec![copy.as_raw_fd()];
+    fds.extend(archive.index.mapped_file().map(|f| f.as_raw_fd()));
+    if let Err(e) = send(stream, &header(1, id), &fds) {
+        tracing::debug!("cannot hand the copy over: {e}");
+    }
+}
+
+/// Seals the memfd `copy` against shrinking and growing: a process it is handed to maps it
+/// knowing that no page of the map can ever be taken away (no SIGBUS).
+fn seal(copy: &File) -> std::io::Result<()> {
+    // SAFETY: fcntl on a descriptor we hold, with an integer argument.
+    let ret = unsafe { libc::fcntl(copy.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW) };
+    if ret < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether the memfd `copy` is sealed as [`seal`] seals it.
+fn is_sealed(copy: &File) -> bool {
+    // SAFETY: fcntl on a descriptor we hold, no argument.
+    let seals = unsafe { libc::fcntl(copy.as_raw_fd(), libc::F_GET_SEALS) };
+    let wanted = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+    seals >= 0 && seals & wanted == wanted
+}
+
+fn header(status: u8, id: &FileId) -> Vec<u8> {
+    let mut out = MAGIC.to_vec();
+    out.push(status);
+    for n in [id.dev, id.ino, id.size] {
+        out.extend(n.to_le_bytes());
+    }
+    for n in [id.mtime.0, id.mtime.1, id.ctime.0, id.ctime.1] {
+        out.extend(n.to_le_bytes());
+    }
+    out
+}
+
+/// The status and identity of an answer, if it is one.
+fn parse_header(bytes: &[u8]) -> Option<(u8, FileId)> {
+    let rest = bytes.strip_prefix(&MAGIC[..])?;
+    let (&status, rest) = rest.split_first()?;
+    let mut words = rest.chunks_exact(8).map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()));
+    let mut next = || words.next();
+    let (dev, ino, size) = (next()?, next()?, next()?);
+    let (mtime, ctime) = ((next()? as i64, next()? as i64), (next()? as i64, next()? as i64));
+    Some((status, FileId { dev, ino, size, mtime, ctime, nlink: 1 }))
+}
+
+fn send(stream: &UnixStream, bytes: &[u8], fds: &[RawFd]) -> nix::Result<usize> {
+    let rights = [ControlMessage::ScmRights(fds)];
+    let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &rights };
+    sendmsg::<()>(stream.as_raw_fd(), &[IoSlice::new(bytes)], cmsgs, MsgFlags::MSG_NOSIGNAL, None)
+}
+
+/// The archive `file` from the copy a daemon of this user serves of it, if one does (see
+/// the module doc); `None`: stage and index it as usual. `depth`: levels of tars inside
+/// opened as directories (a saved index is only used for the same).
+pub fn receive(file: &OutsideFile, depth: usize) -> Option<Opened> {
+    let records = crate::registry::list().ok()?;
+    let candidates = records.iter().filter(|r| r.shards.is_none() && r.staging == Staging::Copy.name());
+    for record in candidates {
+        match receive_from(&record.mountpoint, file, depth) {
+            Ok(Some(opened)) => {
+                tracing::info!(mountpoint = %record.mountpoint.shown(), "reading the copy this mount holds in RAM");
+                return Some(opened);
+            }
+            Ok(None) => {}
+            Err(why) => tracing::debug!(mountpoint = %record.mountpoint.shown(), "not using its copy: {why}"),
+        }
+    }
+    None
+}
+
+fn receive_from(mountpoint: &Path, file: &OutsideFile, depth: usize) -> Result<Option<Opened>, String> {
+    let name = socket_name(mountpoint).map_err(|f| f.message)?;
+    let stream = places::runtime_dirs().iter().find_map(|dir| {
+        let dir = CheckedDir::open(dir, "").ok()?;
+        UnixStream::connect(dir.fd_path(&name).ok()?).ok()
+    });
+    let Some(stream) = stream else { return Ok(None) };
+    if crate::control::peer_uid(&stream) != Some(places::my_uid()) {
+        return Err("the share socket is not served by you".into());
+    }
+    let (bytes, fds) = receive_message(&stream)?;
+    let (status, id) = parse_header(&bytes).ok_or("not an answer of this stagefs version")?;
+    if !id.same_version(&file.id()) {
+        return Ok(None); // another archive, or another version of it
+    }
+    if status != 1 {
+        return Err(String::from_utf8_lossy(bytes.get(HEADER..).unwrap_or_default()).into_owned());
+    }
+    let mut fds = fds.into_iter().map(File::from);
+    let copy = fds.next().ok_or("no copy came with the answer")?;
+    if !is_sealed(&copy) {
+        return Err("the copy is not sealed against changes of size".into());
+    }
+    let path = file.resolved();
+    let backing = stagefs_archive::Source::shared_copy(&copy).map_err(|e| format!("cannot map the copy: {e}"))?;
+    let archive = match fds.next() {
+        Some(index) => {
+            let key = crate::saved_index::Key::of(file.file()).map_err(|e| e.to_string())?;
+            let (index, reader) = crate::saved_index::decode_file(&index, mountpoint, &key, depth, &backing)
+                .map_err(|e| format!("its saved index: {e}"))?;
+            Archive::new(index, Format::Tar, reader)
+        }
+        None => Archive::from_backing(path, backing).map_err(|e| e.to_string())?,
+    };
+    let identity = vec![file.id()];
+    let opened = Opened {
+        archive,
+        staged_bytes: 0,
+        staging: Staging::Shared,
+        disk: None,
+        saved_index: None,
+        reused_index: true,
+        identity,
+        copier: None,
+    };
+    Ok(Some(opened))
+}
+
+/// One answer: its bytes and the descriptors that came with it (at most two).
+fn receive_message(stream: &UnixStream) -> Result<(Vec<u8>, Vec<OwnedFd>), String> {
+    stream.set_read_timeout(Some(ANSWER_TIMEOUT)).map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; 4096];
+    let mut space = nix::cmsg_space!([RawFd; 2]);
+    let mut fds = Vec::new();
+    let (len, truncated) = {
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        let msg = recvmsg::<()>(stream.as_fd().as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
+            .map_err(|e| format!("no answer: {e}"))?;
+        for cmsg in msg.cmsgs().map_err(|e| e.to_string())? {
+            if let ControlMessageOwned::ScmRights(received) = cmsg {
+                // SAFETY: the kernel installed these descriptors in this process for us;
+                // each is owned once, here.
+                fds.extend(received.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+            }
+        }
+        (msg.bytes, msg.flags.intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC))
+    };
+    if truncated {
+        return Err("the answer did not fit".into());
+    }
+    buf.truncate(len);
+    Ok((buf, fds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_s_header_round_trips_and_anything_else_is_no_answer() {
+        let id = FileId { dev: 1, ino: u64::MAX, size: 3, mtime: (-4, 5), ctime: (6, 999_999_999), nlink: 1 };
+        let bytes = header(1, &id);
+        assert_eq!(bytes.len(), HEADER);
+        assert_eq!(parse_header(&bytes), Some((1, id)));
+        let refused = [&header(0, &id)[..], b"why"].concat();
+        assert_eq!(parse_header(&refused).map(|(status, _)| status), Some(0));
+        assert_eq!(parse_header(&bytes[..HEADER - 1]), None, "short");
+        assert_eq!(parse_header(b"stagefs-share-2\0\x01"), None, "another version");
+        assert_eq!(parse_header(b""), None);
+    }
+
+    #[test]
+    fn only_a_memfd_sealed_against_changes_of_size_is_taken() {
+        let path = Path::new("/tmp/share-test.tar");
+        let copy = crate::stage::ram::memfd(path, 4096).unwrap();
+        assert!(!is_sealed(&copy));
+        seal(&copy).unwrap();
+        assert!(is_sealed(&copy));
+        assert!(copy.set_len(0).is_err(), "a sealed copy cannot shrink");
+        let file = tempfile_in_tmp();
+        assert!(seal(&file).is_err() && !is_sealed(&file), "a plain file has no seals");
+    }
+
+    fn tempfile_in_tmp() -> File {
+        let path = std::env::temp_dir().join(format!("stagefs-share-unit-{}", std::process::id()));
+        let file = File::create(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        file
+    }
+}
