@@ -60,6 +60,10 @@ pub struct Record {
     /// Where the staging that goes on after the mount is ready stands (the copy, then the
     /// page-cache warm-up); `None` when there is none.
     pub staging_progress: Option<StagingProgress>,
+    /// The directory of the archive shown as the mount's root (`--prefix`): where a path
+    /// in the mount lies in the archive.
+    #[serde(default, with = "path_json::option")]
+    pub prefix: Option<PathBuf>,
 }
 
 /// The progress of a mount's background staging, as recorded (see `stage::Progress`).
@@ -282,6 +286,7 @@ mod tests {
                 total_bytes: 7,
                 error: Some("changed".into()),
             }),
+            prefix: Some("train/\nimages".into()),
         };
         write(&mine).unwrap();
         assert_eq!(read(&mountpoint), Some(mine.clone()));

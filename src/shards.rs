@@ -23,7 +23,8 @@ use std::path::{Path, PathBuf};
 
 pub use crate::places::ArchiveSet;
 pub use open::{
-    open_archive, open_archive_or_shared, open_each, open_set, report_indexed, warn_conflicts, How, Member, SetStats,
+    open_archive, open_archive_or_shared, open_each, open_set, open_shared, report_indexed, warn_conflicts, How,
+    Member, SetStats,
 };
 
 use crate::places::{self, Trust};

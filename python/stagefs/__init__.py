@@ -27,11 +27,11 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterable, Iterator, List, Optional, Sequence, Union
+from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _native
 from ._native import ArchiveError, CudaUnavailableError, FileChangedError, ForkError
-from .archive import REMOTE_OPTIONS, ArchiveFile, ArchiveFileSystem, ArchiveWarning, _is_url, _without_secrets, open
+from .archive import REMOTE_OPTIONS, ArchiveFile, ArchiveFileSystem, ArchiveWarning, _is_url, _without_secrets, log, open
 
 __version__: str = _native.__version__
 
@@ -463,6 +463,12 @@ class Loader:
     tensors: the right choice for ``torchvision.io.decode_jpeg(batch.data, device="cuda")``,
     whose input must be on the CPU.
 
+    A directory in a stagefs mount of yours whose archive the mount holds a complete copy
+    of in RAM (``stagefs mount --stage copy``, once the copy is in) is read from that copy
+    in this process, with no FUSE request and no copy of its own (the daemon hands it
+    over; see :func:`open`): the same files, labels, classes and ``Batch.paths`` as
+    reading through the mount. ``in_process=False`` reads through the mount instead.
+
     A Loader must be iterated in the process that created it; in a fork child it
     raises :class:`ForkError`.
     """
@@ -483,11 +489,16 @@ class Loader:
         slot_bytes: Optional[int] = None,
         output: Optional[str] = None,
         archive_root: Optional[str] = None,
+        in_process: bool = True,
         _upload_delay_ms: int = 0,
         **remote: Any,
     ) -> None:
         r, w = _rank_world(rank, world_size)
         self._archive: Optional[ArchiveFileSystem] = None
+        # A directory in a stagefs mount of this user that holds its archive's copy in RAM:
+        # (the directory as given, its directory in the archive), read from that copy.
+        self._mounted: Optional[Tuple[str, str]] = None
+        native_archive: Any = None
         if isinstance(source, ArchiveFileSystem):
             self._archive = source
         elif isinstance(source, (str, os.PathLike)) and (_is_url(os.fspath(source)) or not os.path.isdir(source)):
@@ -497,14 +508,23 @@ class Loader:
             self._archive = open(source, **remote)
         elif remote:
             raise TypeError(f"remote options ({', '.join(sorted(remote))}) apply to an archive or object source")
+        elif archive_root is not None:
+            raise ValueError("archive_root applies to an archive source only")
+        elif isinstance(source, (str, os.PathLike)) and in_process:
+            found = _native.open_mounted(os.fspath(source))
+            if found is not None:
+                native_archive, _mountpoint, archive_root = found
+                self._mounted = (os.fspath(source), archive_root)
+                log.info("reading %s from the copy its mount holds in RAM, in this process", os.fspath(source))
         if self._archive is not None:
-            src: Any = self._archive.archive
+            native_archive = self._archive.archive
+        self._native_archive = native_archive
+        if native_archive is not None:
+            src: Any = native_archive
         elif isinstance(source, (str, os.PathLike)):
             src = os.fspath(source)
         else:
             src = [os.fspath(p) for p in source]
-        if archive_root is not None and self._archive is None:
-            raise ValueError("archive_root applies to an archive source only")
         self._archive_root = archive_root
         self._output = _pick_output(output)
         # No device asked for: the GPU when there is one (and torch to hand its tensors
@@ -567,11 +587,12 @@ class Loader:
         sorted order holds for the first listing only, so a model's outputs keep their
         meaning). Call it between epochs: an iteration under way keeps its own list.
         """
-        if self._archive is not None:
-            # An archive does not change while open; `files` names members of it.
+        if self._native_archive is not None:
+            # An archive does not change while open; `files` names members of it (or, for a
+            # mount read in process, files in the mount).
             if files is not None:
-                members = [os.fspath(p) for p in files]
-                self._native = _native.Loader(self._archive.archive, members=members, **self._settings)
+                members = [self._member_of(os.fspath(p)) for p in files]
+                self._native = _native.Loader(self._native_archive, members=members, **self._settings)
                 self._relabel = None
             self.epoch = int(epoch)
             return
@@ -600,6 +621,8 @@ class Loader:
         epoch, pid, index, relabel = self.epoch, os.getpid(), 0, self._relabel
         try:
             for buf, paths, labels, offsets, lengths in it:
+                if self._mounted is not None:
+                    paths = [self._path_of(member) for member in paths]
                 if relabel is not None:
                     labels = [relabel[label] if label >= 0 else label for label in labels]
                 yield self._batch(buf, paths, labels, offsets, lengths, epoch, index)
@@ -607,6 +630,19 @@ class Loader:
         finally:
             if os.getpid() == pid:  # in a fork child there is nothing of ours to stop
                 it.close()
+
+    def _path_of(self, member: str) -> str:
+        """The path in the mount of a member read in process (as a walk of it names it)."""
+        source, root = self._mounted  # type: ignore[misc]
+        return os.path.join(source, member[len(root) + 1 :] if root else member)
+
+    def _member_of(self, path: str) -> str:
+        """The member a path is: in the mount read in process, or already a member."""
+        if self._mounted is None:
+            return path
+        source, root = self._mounted
+        rel = os.path.relpath(path, source)
+        return rel if not root else f"{root}/{rel}"
 
     def _batch(self, buf: Any, paths: List[str], labels: List[int], offsets: List[int], lengths: List[int],
                epoch: int, index: int) -> Batch:  # fmt: skip

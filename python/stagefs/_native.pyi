@@ -39,6 +39,12 @@ def open(
     ``remote`` holds the remote options named as the command's flags; ``progress`` draws
     bars on stderr (a terminal). Returns it and what opening it logged, (level, line). Releases the GIL; Ctrl-C raises KeyboardInterrupt at once."""
 
+def open_mounted(path: _Path) -> Optional[Tuple["Archive", str, str]]:
+    """The stagefs mount of this user holding ``path``, when the copy in RAM it serves can
+    be read in process: the archive read from that copy, the mountpoint, and the directory
+    of the archive ``path`` is (``""``: its root); ``None``: read through the mount.
+    Releases the GIL."""
+
 Info = Dict[str, Any]
 
 class Archive:

@@ -151,6 +151,7 @@ pub(super) fn start(
         private_bytes: super::memory::resident_bytes().1,
         created: created.to_vec(),
         staging_progress: None,
+        prefix: request.presentation.prefix.clone(),
     };
     if let Some(background) = &background {
         background.update(&mut record);

@@ -118,12 +118,17 @@ pub fn open_archive_or_shared(
     indexing: &Indexing,
 ) -> Result<Opened, OpenArchiveError> {
     let member = Member::open(path, trust, None)?;
-    if let Member::File(file) = &member {
-        if let Some(opened) = crate::share::receive(file, indexing.depth) {
-            return Ok(opened);
-        }
+    match member.shared(indexing.depth) {
+        Some(opened) => Ok(opened),
+        None => member.open_staged(mode, (max_ram, stage_dir), None, indexing, 1),
     }
-    member.open_staged(mode, (max_ram, stage_dir), None, indexing, 1)
+}
+
+/// The archive at `path` (a local file, opened as `trust` says) from the copy in RAM a
+/// daemon of this user holds of it, if one does (see [`crate::share`]); `None` otherwise,
+/// having staged and indexed nothing.
+pub fn open_shared(path: &Path, trust: Trust) -> Result<Option<Opened>, OpenArchiveError> {
+    Ok(Member::open(path, trust, None)?.shared(0))
 }
 
 /// One shard of a set, opened: a local file (checked and held, see `places::outside`) or an
@@ -139,6 +144,14 @@ impl Member {
             true => Member::Object(path.to_owned()),
             false => Member::File(places::open_outside(path, trust, not_on)?),
         })
+    }
+
+    /// It, read from the copy a daemon of this user holds (see [`crate::share`]).
+    fn shared(&self, depth: usize) -> Option<Opened> {
+        match self {
+            Member::File(file) => crate::share::receive(file, depth),
+            Member::Object(_) => None,
+        }
     }
 
     /// Its name in the set: the file's path with every link followed, or the object's URL.

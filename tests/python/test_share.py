@@ -8,6 +8,7 @@ from __future__ import annotations
 import array
 import glob
 import json
+import logging
 import os
 import shutil
 import socket
@@ -146,3 +147,44 @@ def test_another_users_daemon_is_never_asked_and_never_answers(tmp_path):
     finally:
         run_as(owner, [stagefs_bin, "umount", mnt])
         shutil.rmtree(base)
+
+
+def loader_output(source, **kw) -> tuple:
+    loader = stagefs.Loader(source, batch_size=4, shuffle=True, seed=3, device="cpu", output="numpy", **kw)
+    seen = [(p, label, d.tobytes()) for b in loader for p, label, d in zip(b.paths, b.labels, b.data)]
+    return loader.classes, loader.num_files, seen
+
+
+def test_a_loader_over_a_mount_reads_its_copy_in_process_and_sees_the_same(tree, fixture_tar, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="stagefs")
+    stagefs_bin = Path(sys.executable).parent / "stagefs"
+    archive = tmp_path / "data.tar.gz"
+    subprocess.run(["tar", "-czf", archive, "-C", tree.parent, "data"], check=True)
+    # A compressed tar decompressed whole, shown from its directory data/ (--prefix); a
+    # plain tar copied, shown whole.
+    prefixed, whole = tmp_path / "prefixed", tmp_path / "whole"
+    subprocess.run([stagefs_bin, "mount", "--stage", "copy", "--prefix", "data", archive, prefixed], check=True)
+    subprocess.run([stagefs_bin, "mount", "--stage", "copy", fixture_tar, whole], check=True)
+    try:
+        for root in (prefixed, whole):
+            subprocess.run([stagefs_bin, "wait", "--staged", root], check=True)
+            for source in (root, root / "cat", f"{root}/dog/"):
+                through_fuse = loader_output(source, in_process=False)
+                caplog.clear()
+                in_process = loader_output(source)
+                assert any("in this process" in r.getMessage() for r in caplog.records), "read through the mount"
+                assert in_process == through_fuse
+                assert through_fuse[1] > 0 and through_fuse[2], through_fuse
+                # set_epoch with files names them as the mount does.
+                loader = stagefs.Loader(source, batch_size=100, device="cpu", output="numpy")
+                some = [path for path, _, _ in through_fuse[2]][:3]
+                loader.set_epoch(1, files=some)
+                assert sorted(p for b in loader for p in b.paths) == sorted(some)
+    finally:
+        for root in (prefixed, whole):
+            subprocess.run([stagefs_bin, "umount", root])
+    # Without a copy in RAM the mount is read through FUSE, as before.
+    with stagefs.mount(fixture_tar, tmp_path / "plain", stage="none") as root:
+        caplog.clear()
+        assert loader_output(root)[2]
+        assert not any("in this process" in r.getMessage() for r in caplog.records)

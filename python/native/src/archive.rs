@@ -77,6 +77,41 @@ fn open_set(set: stagefs::places::ArchiveSet, o: &Options, stop: &AtomicBool) ->
     })
 }
 
+/// The stagefs mount of this user that holds `path`, when the copy in RAM it serves can be
+/// read in this process (see `stagefs::share`): the archive read from that copy, the
+/// mountpoint, and the directory of the archive that `path` is ("" for its root). `None`:
+/// read through the mount (no such mount, or no complete copy to share). The GIL is
+/// released meanwhile.
+#[pyfunction]
+pub fn open_mounted(py: Python<'_>, path: PathBuf) -> Option<(Archive, PathBuf, String)> {
+    let (shared, mountpoint, root) = py.detach(|| mounted(&path))?;
+    Some((Archive { shared: Arc::new(shared) }, mountpoint, root))
+}
+
+fn mounted(path: &Path) -> Option<(Shared, PathBuf, String)> {
+    let path = std::fs::canonicalize(path).ok()?;
+    let records = stagefs::registry::list().ok()?;
+    // The innermost mount holding the path: a mount inside another's tree is its own.
+    let record = records
+        .into_iter()
+        .filter(|r| r.shards.is_none() && r.staging == Staging::Copy.name() && path.starts_with(&r.mountpoint))
+        .max_by_key(|r| r.mountpoint.as_os_str().len())?;
+    let inside = path.strip_prefix(&record.mountpoint).ok()?;
+    let root = record.prefix.as_deref().unwrap_or(Path::new("")).join(inside);
+    let root = root.to_str()?.trim_end_matches('/').to_owned();
+    let opened = shards::open_shared(&record.archive, stagefs::places::Trust::Named).ok()??;
+    let shared = Shared {
+        archive: opened.archive,
+        shards: 1,
+        label: record.archive,
+        staging: opened.staging,
+        staged_bytes: opened.staged_bytes,
+        disk_dir: None,
+        identity: opened.identity,
+    };
+    Some((shared, record.mountpoint, root))
+}
+
 /// Runs `f` with what it logs (tracing, INFO and above) collected as (level, line): Python
 /// hands WARN and above to `warnings` (an `ArchiveWarning`), INFO to `logging` (the logger
 /// `stagefs`), instead of lines on stderr.

@@ -52,6 +52,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<member::Member>()?;
     m.add_function(wrap_pyfunction!(cuda_driver_present, m)?)?;
     m.add_function(wrap_pyfunction!(archive::open, m)?)?;
+    m.add_function(wrap_pyfunction!(archive::open_mounted, m)?)?;
     m.add("FileChangedError", py.get_type::<FileChangedError>())?;
     m.add("ForkError", py.get_type::<ForkError>())?;
     m.add("CudaUnavailableError", py.get_type::<CudaUnavailableError>())?;
