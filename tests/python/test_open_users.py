@@ -78,13 +78,17 @@ def test_another_user_s_saved_index_is_not_used(shared_dir):
     # The forgery: the same index with a name changed, its checksums made right again.
     forged = reseal(genuine.replace(b"good.txt", b"evil.txt"))
     assert forged != genuine
+    # Copied into place by each user (the bytes are too long for a command line).
+    copy = data.parent / "forged-index"
+    copy.write_bytes(forged)
+    copy.chmod(0o644)
     # Control: written by the owner, the forged index is used (so the check below can fail).
     saved.unlink()
-    assert run_as(owner, [sys.executable, "-c", f"open({str(saved)!r}, 'wb').write({forged!r})"]).returncode == 0
+    assert run_as(owner, ["cp", copy, saved]).returncode == 0
     assert "evil.txt" in as_user(owner, archive, "")["files"]
     saved.unlink()
     # Planted by eve, who may add files to the shared directory: ignored, with a warning.
-    assert run_as(eve, [sys.executable, "-c", f"open({str(saved)!r}, 'wb').write({forged!r})"]).returncode == 0
+    assert run_as(eve, ["cp", copy, saved]).returncode == 0
     assert saved.stat().st_uid == eve.pw_uid
     seen = as_user(owner, archive, "")
     assert sorted(seen["files"]) == ["good.txt", "sub/other.bin"], seen
