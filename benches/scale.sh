@@ -18,7 +18,7 @@
 # whose time should not grow with the members. A benchmark: it asserts only counts and
 # the bytes read. Times are seconds of wall clock.
 #
-#   benches/scale.sh [STAGEFS] [COUNTS]   (defaults: target/release/stagefs "1000000 4000000 16000000")
+#   benches/scale.sh [STAGEFS] [COUNTS]   (defaults: target/release/stagefs "1000000 4000000 16000000"; "": sets only)
 #
 # Environment: SYSTEMS (default "stagefs ratarmount-rs ratarmount"), EVERY (default 16),
 # SHARDS (default 2000), PER_SHARD (default "10 1000"; empty: no sets).
@@ -27,7 +27,7 @@ set -euo pipefail
 # shellcheck source=benches/lib.sh
 . "$(dirname "$0")/lib.sh"
 bin=$(realpath "${1:-target/release/stagefs}")
-counts=${2:-1000000 4000000 16000000}
+counts=${2-1000000 4000000 16000000}
 every=${EVERY:-16}
 venv=$(dirname "$0")/.venv
 ratarmount=${RATARMOUNT:-$venv/bin/ratarmount}

@@ -69,6 +69,7 @@ fn resolve_as(spec: &Path, more: &[PathBuf], trust_shards: bool, skip: bool) -> 
         .concat();
     let trust = if trust_shards || (named.len() == 1 && !is_set_spec(spec)) { Trust::Named } else { Trust::Member };
     let mut shards: Vec<PathBuf> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for path in named {
         let resolved = match places::open_outside(&path, trust, None) {
             Ok(file) => file.resolved().to_owned(),
@@ -78,8 +79,9 @@ fn resolve_as(spec: &Path, more: &[PathBuf], trust_shards: bool, skip: bool) -> 
             }
             Err(e) => return Err(e.into()),
         };
-        // A shard named twice would only conflict with itself everywhere.
-        if !shards.contains(&resolved) {
+        // A shard named twice would only conflict with itself everywhere (a set, not a
+        // search of the list: 10,000 shards).
+        if seen.insert(resolved.clone()) {
             shards.push(resolved);
         }
     }

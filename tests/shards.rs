@@ -231,3 +231,30 @@ fn run_mounts_a_pattern_for_its_command() {
     assert_eq!(out.stdout, "from shard 1\nshard 0 cat 0\n");
     assert!(!is_mounted(&mp), "unmounted after the last task");
 }
+
+#[test]
+fn a_set_holds_one_descriptor_per_shard() {
+    // 300 shards under a limit of 400 open files: a descriptor per shard and a few more
+    // fit; two per shard (the shard's directory held once per shard, or the source's own
+    // copy of the shard's descriptor) do not.
+    require_root();
+    let tmp = TempDir::new("shards-fds");
+    let dir = tmp.join("shards");
+    fs::create_dir_all(&dir).unwrap();
+    for k in 0..300 {
+        let src = tmp.join(format!("src/{k}"));
+        fs::create_dir_all(src.join("train")).unwrap();
+        fs::write(src.join(format!("train/{k:03}.txt")), format!("shard {k}\n")).unwrap();
+        gnu_tar(&src, &dir.join(format!("{k:03}.tar")), &[]);
+    }
+    let glob = pattern(&dir, "*.tar");
+    let mp = tmp.join("mnt");
+    let mut cmd = Command::new("prlimit");
+    cmd.args(["--nofile=400:400", "--"]).arg(stagefs_bin()).arg("mount").arg(&glob).arg(&mp);
+    let out = run_cmd(&mut cmd, CMD_TIMEOUT);
+    out.assert_success();
+    let mnt = Mounted::adopt(&glob, &mp);
+    assert_eq!(read(&mnt.path().join("train/000.txt")), b"shard 0\n");
+    assert_eq!(read(&mnt.path().join("train/299.txt")), b"shard 299\n");
+    assert_eq!(fs::read_dir(mnt.path().join("train")).unwrap().count(), 300);
+}

@@ -32,6 +32,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use stagefs_archive::escape::Shown;
 use stagefs_archive::FileId;
@@ -89,10 +90,14 @@ pub enum OutsideError {
 /// A file from outside, opened once and checked; used only through its descriptor.
 #[derive(Debug)]
 pub struct OutsideFile {
-    file: File,
+    /// Shared with the sources that serve it in place (one descriptor per file).
+    file: Arc<File>,
     id: FileId,
-    /// The directory that holds it, as it was walked (for files beside it).
-    dir: OwnedFd,
+    /// The directory that holds it, as it was walked (for files beside it); shared by the
+    /// files of a set found in the same directory ([`OutsideFile::share_dir`]).
+    dir: Arc<OwnedFd>,
+    /// The directory's device and inode.
+    dir_id: (u64, u64),
     dir_uid: u32,
     /// The path as named (absolute), for messages.
     named: PathBuf,
@@ -113,7 +118,15 @@ pub fn open_outside(path: &Path, trust: Trust, not_on: Option<u64>) -> Result<Ou
     };
     let Walked { dir, name, file, meta, named } = walk(path, rule, not_on, |dir, name| dir.open_file(name))?;
     let resolved = dir.path.join(&name);
-    Ok(OutsideFile { file, id: FileId::of(&meta), dir_uid: dir.meta.uid(), dir: dir.fd, named, resolved })
+    Ok(OutsideFile {
+        file: Arc::new(file),
+        id: FileId::of(&meta),
+        dir_id: (dir.meta.dev(), dir.meta.ino()),
+        dir_uid: dir.meta.uid(),
+        dir: Arc::new(dir.fd),
+        named,
+        resolved,
+    })
 }
 
 /// Opens `path` to append to it (a `--log-file`), creating it (mode 0600) if it is
@@ -432,6 +445,20 @@ impl OutsideFile {
         &self.file
     }
 
+    /// The open file, for a reader that keeps it (no descriptor of its own).
+    pub fn shared_file(&self) -> Arc<File> {
+        self.file.clone()
+    }
+
+    /// Holds the directory `other` holds instead of a descriptor of its own, when both are
+    /// the same directory (the same device and inode): a set of 10,000 shards in one
+    /// directory holds one descriptor of it, not 10,000.
+    pub fn share_dir(&mut self, other: &OutsideFile) {
+        if self.dir_id == other.dir_id {
+            self.dir = other.dir.clone();
+        }
+    }
+
     /// Its identity when opened.
     pub fn id(&self) -> FileId {
         self.id
@@ -476,11 +503,6 @@ impl OutsideFile {
     /// The owner of the directory holding the file.
     pub fn dir_owner(&self) -> u32 {
         self.dir_uid
-    }
-
-    /// The file as a `File` of its own (for readers that keep it).
-    pub fn try_clone_file(&self) -> std::io::Result<File> {
-        self.file.try_clone()
     }
 }
 

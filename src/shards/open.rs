@@ -212,7 +212,16 @@ pub fn open_each(
 /// Each shard opened once, here, and used only through that descriptor from now on.
 fn open_members(shards: &[PathBuf], how: How) -> Result<Vec<Member>, OpenArchiveError> {
     raise_fd_limit(shards.len());
-    shards.iter().map(|p| Member::open(p, how.trust, how.not_on)).collect()
+    let mut members: Vec<Member> = Vec::with_capacity(shards.len());
+    for path in shards {
+        let mut member = Member::open(path, how.trust, how.not_on)?;
+        // Shards of a pattern lie side by side: one descriptor of their directory for all.
+        if let (Member::File(file), Some(Member::File(before))) = (&mut member, members.last()) {
+            file.share_dir(before);
+        }
+        members.push(member);
+    }
+    Ok(members)
 }
 
 /// Stages and indexes `files` (see [`open_each`]).

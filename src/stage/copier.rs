@@ -311,7 +311,12 @@ mod tests {
         std::fs::write(&path, vec![5u8; 10 * 4096]).unwrap();
         let copy = crate::stage::ram::memfd(&path, 10 * 4096).unwrap();
         let file = std::fs::File::open(&path).unwrap();
-        let backing = stagefs_archive::Source::filling(&file, StagedCopy::Memory(copy), 4096).unwrap();
+        let backing = stagefs_archive::Source::filling(
+            std::sync::Arc::new(file.try_clone().unwrap()),
+            StagedCopy::Memory(copy),
+            4096,
+        )
+        .unwrap();
         let fill = backing.fill().unwrap();
         let mut schedule = Schedule::new(fill.chunks());
         assert_eq!((schedule.pick(fill), schedule.pick(fill)), (Some(0), Some(1)));
@@ -334,7 +339,12 @@ mod tests {
         std::fs::write(&path, vec![5u8; 32 * 4096]).unwrap();
         let copy = crate::stage::ram::memfd(&path, 32 * 4096).unwrap();
         let file = std::fs::File::open(&path).unwrap();
-        let backing = stagefs_archive::Source::filling(&file, StagedCopy::Memory(copy), 4096).unwrap();
+        let backing = stagefs_archive::Source::filling(
+            std::sync::Arc::new(file.try_clone().unwrap()),
+            StagedCopy::Memory(copy),
+            4096,
+        )
+        .unwrap();
         let fill = backing.fill().unwrap();
         let mut schedule = Schedule::new(fill.chunks());
         assert!(matches!(schedule.next(fill, 1), Next::Chunk(0)), "no reader: every stream copies");

@@ -122,9 +122,9 @@ mod tests {
         std::fs::write(&archive, &bytes).unwrap();
         let dir = staging_dir(&tmp.join("base")).unwrap();
         let copy = reserve(&archive, bytes.len() as u64, &dir, u64::MAX).unwrap();
-        let source = File::open(&archive).unwrap();
+        let source = std::sync::Arc::new(File::open(&archive).unwrap());
         let backing = stagefs_archive::Source::filling(
-            &source,
+            source,
             stagefs_archive::fill::StagedCopy::Disk(copy.try_clone().unwrap()),
             super::super::copier::CHUNK,
         )

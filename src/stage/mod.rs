@@ -28,6 +28,7 @@ use stagefs_archive::escape::Shown;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::places::OutsideFile;
 use crate::report::human;
@@ -199,7 +200,7 @@ pub fn load(
         let what = what.to_string();
         move |source| StageError::Io { path: path.to_owned(), what, source }
     };
-    let file = archive.try_clone_file().map_err(io("cannot open"))?;
+    let file = archive.shared_file();
     let size = archive.id().size;
     let mut head = [0u8; 6];
     let n = file.read_at(&mut head, 0).map_err(io("cannot read"))?;
@@ -260,6 +261,7 @@ pub fn load(
             };
             let why = error::Why { kind: compression, mode };
             let target = whole::Target::new(path, &budget, place, decoded_size, why)?;
+            let file = file.try_clone().map_err(io("cannot open"))?;
             let whole::Staged { backing, staging, staged_bytes, disk } = decompress(path, file, compression, target)?;
             Loaded { backing, staged_bytes, staging, disk, codec: None, copier: None }
         }
@@ -301,8 +303,8 @@ pub fn load(
     Ok(loaded)
 }
 
-fn in_place(path: &Path, file: &File, staging: Staging) -> Result<Loaded, StageError> {
-    let backing = stagefs_archive::map_file(file).map_err(|source| StageError::Io {
+fn in_place(path: &Path, file: &Arc<File>, staging: Staging) -> Result<Loaded, StageError> {
+    let backing = stagefs_archive::map_shared_file(file.clone()).map_err(|source| StageError::Io {
         path: path.to_owned(),
         what: "cannot map".into(),
         source,
@@ -353,8 +355,8 @@ fn auto_whole_dir(stage_dir: Option<&Path>) -> Result<std::path::PathBuf, String
 
 /// Serves the archive from `file` in place while it is copied (by the [`Copier`] returned
 /// with it) into `copy`.
-fn filling(path: &Path, file: &File, copy: stagefs_archive::fill::StagedCopy) -> Result<Backing, StageError> {
-    stagefs_archive::Source::filling(file, copy, copier::CHUNK).map_err(|source| StageError::Io {
+fn filling(path: &Path, file: &Arc<File>, copy: stagefs_archive::fill::StagedCopy) -> Result<Backing, StageError> {
+    stagefs_archive::Source::filling(file.clone(), copy, copier::CHUNK).map_err(|source| StageError::Io {
         path: path.to_owned(),
         what: "cannot map".into(),
         source,
@@ -363,7 +365,12 @@ fn filling(path: &Path, file: &File, copy: stagefs_archive::fill::StagedCopy) ->
 
 /// Reserves a nameless file in `dir` for the archive (room checked first), to be filled
 /// by the copier while the archive is served in place.
-fn stage_to_disk(path: &Path, file: &File, size: u64, dir: &crate::places::CheckedDir) -> Result<Loaded, StageError> {
+fn stage_to_disk(
+    path: &Path,
+    file: &Arc<File>,
+    size: u64,
+    dir: &crate::places::CheckedDir,
+) -> Result<Loaded, StageError> {
     let free = disk::check_room(path, dir, size)?;
     let copy = disk::reserve(path, size, dir, free)?;
     let backing = filling(path, file, stagefs_archive::fill::StagedCopy::Disk(copy))?;

@@ -80,12 +80,15 @@ impl Drop for GuardedMap {
             slot.len.store(0, Ordering::Release);
             slot.torn.store(false, Ordering::Release);
             slot.used.store(false, Ordering::Release);
+            FIRST_WITH_ROOM.fetch_min(slot.chunk, Ordering::AcqRel);
         }
     }
 }
 
 /// One registered map: `[start, start + len)`; `start == 0` while free or being filled.
 struct Slot {
+    /// The chunk it lies in.
+    chunk: usize,
     used: AtomicBool,
     start: AtomicUsize,
     len: AtomicUsize,
@@ -99,13 +102,18 @@ const CHUNKS: usize = 1024;
 type Chunk = [Slot; SLOTS_PER_CHUNK];
 
 static TABLE: [AtomicPtr<Chunk>; CHUNKS] = [const { AtomicPtr::new(std::ptr::null_mut()) }; CHUNKS];
+/// No chunk before this one has a free slot (a hint kept low by every slot freed): a set of
+/// 10,000 shards registers each map without a search of all the maps before it.
+static FIRST_WITH_ROOM: AtomicUsize = AtomicUsize::new(0);
 
 /// Takes a free slot (allocating a chunk when all are taken) and fills it.
 fn register(start: usize, len: usize) -> &'static Slot {
-    for entry in &TABLE {
+    let first = FIRST_WITH_ROOM.load(Ordering::Acquire).min(CHUNKS - 1);
+    for (c, entry) in TABLE.iter().enumerate().skip(first) {
         let mut chunk = entry.load(Ordering::Acquire);
         if chunk.is_null() {
             let fresh: Box<Chunk> = Box::new(std::array::from_fn(|_| Slot {
+                chunk: c,
                 used: AtomicBool::new(false),
                 start: AtomicUsize::new(0),
                 len: AtomicUsize::new(0),
@@ -129,6 +137,8 @@ fn register(start: usize, len: usize) -> &'static Slot {
                 slot.len.store(len, Ordering::Release);
                 // Last: the handler matches a slot by its start.
                 slot.start.store(start, Ordering::Release);
+                // Chunks before `c` were full when looked at; a slot freed since lowers it.
+                let _ = FIRST_WITH_ROOM.compare_exchange(first, c, Ordering::AcqRel, Ordering::Relaxed);
                 return slot;
             }
         }

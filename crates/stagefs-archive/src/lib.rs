@@ -64,7 +64,7 @@ use std::sync::Arc;
 use crate::index::{Data, Index, Inode, InodeId};
 pub use identity::FileId;
 pub use reader::{Access, Reader, SourceCache};
-pub use source::{drop_file_cache, map_file, Backing, Changed, Ranged, Source, StageChunkError};
+pub use source::{drop_file_cache, map_file, map_shared_file, Backing, Changed, Ranged, Source, StageChunkError};
 
 /// Weighs decompressed bytes in the readers' caches (SquashFS blocks, zip members) by
 /// their size, plus a little so that no entry weighs nothing.

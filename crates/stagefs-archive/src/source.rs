@@ -59,7 +59,9 @@ pub trait Ranged: Send + Sync + std::fmt::Debug {
 /// The archive file as it was when mounted.
 #[derive(Debug)]
 pub(crate) struct InPlace {
-    file: std::fs::File,
+    /// Shared with whoever opened it (a shard set of thousands holds one descriptor per
+    /// shard, not one per holder).
+    file: Arc<std::fs::File>,
     id: FileId,
 }
 
@@ -376,8 +378,14 @@ pub fn drop_file_cache(file: &std::fs::File, offset: u64, len: u64) {
     };
 }
 
-/// Maps a file to serve in place (see [`Source`] for why reads then use pread).
+/// Maps a file to serve in place (see [`Source`] for why reads then use pread); the source
+/// keeps a descriptor of its own.
 pub fn map_file(file: &std::fs::File) -> std::io::Result<Backing> {
+    map_shared_file(Arc::new(file.try_clone()?))
+}
+
+/// [`map_file`], keeping `file` itself: no descriptor of its own.
+pub fn map_shared_file(file: Arc<std::fs::File>) -> std::io::Result<Backing> {
     let (map, in_place) = map_in_place(file)?;
     Ok(Arc::new(Source {
         map,
@@ -391,21 +399,21 @@ pub fn map_file(file: &std::fs::File) -> std::io::Result<Backing> {
 }
 
 /// The guarded map indexing reads, and the file as it was when mapped.
-fn map_in_place(file: &std::fs::File) -> std::io::Result<(GuardedMap, InPlace)> {
-    let id = FileId::of_file(file)?;
+fn map_in_place(file: Arc<std::fs::File>) -> std::io::Result<(GuardedMap, InPlace)> {
+    let id = FileId::of_file(&file)?;
     // Guarded: only indexing touches the map directly, and a truncation meanwhile reads
     // zeros and is reported by `check_intact`; see doc/guarantees.md.
-    let map = GuardedMap::file(file)?;
+    let map = GuardedMap::file(&file)?;
     // The map serves the index scan, which is sequential for tar: let the kernel read ahead.
     let _ = map.map().advise(memmap2::Advice::Sequential);
-    Ok((map, InPlace { file: file.try_clone()?, id }))
+    Ok((map, InPlace { file, id }))
 }
 
 impl Source {
     /// `file` served in place while `copy` (sized to it) is filled in `chunk`-byte pieces
     /// by [`Source::stage_chunk`], each piece served from the copy once it is in (see
     /// [`crate::fill`]). Indexing reads the file's guarded map, as in place.
-    pub fn filling(file: &std::fs::File, copy: StagedCopy, chunk: u64) -> std::io::Result<Backing> {
+    pub fn filling(file: Arc<std::fs::File>, copy: StagedCopy, chunk: u64) -> std::io::Result<Backing> {
         let (map, in_place) = map_in_place(file)?;
         let fill = Fill::new(copy, in_place.id.size, chunk)?;
         Ok(Arc::new(Source {
@@ -479,7 +487,7 @@ mod tests {
         std::fs::write(&path, &old).unwrap();
         let file = std::fs::File::open(&path).unwrap();
         let copy = StagedCopy::Memory(crate::fill::tests::memfd(old.len() as u64));
-        let source = Source::filling(&file, copy, 4096).unwrap();
+        let source = Source::filling(Arc::new(file.try_clone().unwrap()), copy, 4096).unwrap();
         assert_eq!(&source[..], &old[..], "indexing reads the file's map");
         assert_eq!(&*source.read_at(100, 5000).unwrap(), &old[100..5100], "from the file");
         let mut buf = Vec::new();
@@ -513,7 +521,8 @@ mod tests {
         let copy = dir.join("copy");
         let copy_file = std::fs::File::options().read(true).write(true).create_new(true).open(&copy).unwrap();
         copy_file.set_len(bytes.len() as u64).unwrap();
-        let source = Source::filling(&std::fs::File::open(&path).unwrap(), StagedCopy::Disk(copy_file), 4096).unwrap();
+        let file = Arc::new(std::fs::File::open(&path).unwrap());
+        let source = Source::filling(file, StagedCopy::Disk(copy_file), 4096).unwrap();
         let mut buf = Vec::new();
         for i in [2, 0, 1, 3] {
             source.stage_chunk(i, &mut buf).unwrap();

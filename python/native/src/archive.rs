@@ -89,7 +89,12 @@ pub fn open_mounted(py: Python<'_>, path: PathBuf) -> Option<(Archive, PathBuf, 
 }
 
 fn mounted(path: &Path) -> Option<(Shared, PathBuf, String)> {
-    let path = std::fs::canonicalize(path).ok()?;
+    // As named, made absolute (no lookup: a path through a link to the mount is read
+    // through the mount); its `..` and `.` would not name what the mount's do.
+    let path = std::path::absolute(path).ok()?;
+    if path.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
+        return None;
+    }
     let records = stagefs::registry::list().ok()?;
     // The innermost mount holding the path: a mount inside another's tree is its own.
     let record = records
