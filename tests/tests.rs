@@ -27,6 +27,7 @@ mod second_day;
 mod seekable;
 mod serve_staging;
 mod shards;
+mod share;
 mod shared_node;
 mod slurm;
 mod staging;
