@@ -87,7 +87,7 @@ impl Request {
     }
 }
 
-/// The listening socket; removed when dropped (the daemon's exit).
+/// A socket bound beside a mount's record; removed when dropped (the daemon's exit).
 pub struct Control {
     dir: CheckedDir,
     name: String,
@@ -99,20 +99,39 @@ impl Drop for Control {
     }
 }
 
-fn socket_name(mountpoint: &Path) -> Result<String, Failure> {
-    let path = places::mountpoint_file(mountpoint, "control")?;
+fn socket_name(mountpoint: &Path, extension: &str) -> Result<String, Failure> {
+    let path = places::mountpoint_file(mountpoint, extension)?;
     Ok(path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
+}
+
+/// Binds the socket `<hash of the mountpoint>.<extension>` in the runtime directory, through
+/// the directory's descriptor (a `control` socket, a `share` one); the socket is removed
+/// when the returned [`Control`] is dropped.
+pub(crate) fn bind(mountpoint: &Path, extension: &str) -> Result<(UnixListener, Control), Failure> {
+    let dir = CheckedDir::open(places::runtime_dir()?, "")?;
+    let name = socket_name(mountpoint, extension)?;
+    let failed = |e: std::io::Error| {
+        Failure::other(format!("cannot make the {extension} socket in {}: {e}", dir.path().shown()))
+    };
+    // A socket left by a daemon that was killed: ours (the directory is), and dead.
+    let _ = dir.remove(&name, false);
+    let listener = UnixListener::bind(dir.fd_path(&name).map_err(failed)?).map_err(failed)?;
+    Ok((listener, Control { dir, name }))
+}
+
+/// Connects to the socket [`bind`] made for `mountpoint`, in whichever runtime directory of
+/// this user holds it; `None` when none answers.
+pub(crate) fn connect(mountpoint: &Path, extension: &str) -> Option<UnixStream> {
+    let name = socket_name(mountpoint, extension).ok()?;
+    places::runtime_dirs().iter().find_map(|dir| {
+        let dir = CheckedDir::open(dir, "").ok()?;
+        UnixStream::connect(dir.fd_path(&name).ok()?).ok()
+    })
 }
 
 /// Starts answering requests for `set`, mounted at `mountpoint`, on a thread.
 pub fn listen(set: Arc<GrowingSet>, mountpoint: &Path) -> Result<Control, Failure> {
-    let dir = CheckedDir::open(places::runtime_dir()?, "")?;
-    let name = socket_name(mountpoint)?;
-    let failed =
-        |e: std::io::Error| Failure::other(format!("cannot make the control socket in {}: {e}", dir.path().shown()));
-    // A socket left by a daemon that was killed: ours (the directory is), and dead.
-    let _ = dir.remove(&name, false);
-    let listener = UnixListener::bind(dir.fd_path(&name).map_err(failed)?).map_err(failed)?;
+    let (listener, control) = bind(mountpoint, "control")?;
     std::thread::Builder::new()
         .name("control".into())
         .spawn(move || {
@@ -133,8 +152,8 @@ pub fn listen(set: Arc<GrowingSet>, mountpoint: &Path) -> Result<Control, Failur
                 }
             }
         })
-        .map_err(failed)?;
-    Ok(Control { dir, name })
+        .map_err(|e| Failure::other(format!("cannot start the control thread: {e}")))?;
+    Ok(control)
 }
 
 /// The uid at the other end of `stream`.
@@ -263,17 +282,8 @@ fn describe(o: &Outcome) -> String {
 /// Gives up after `timeout` (the daemon then drops the change: it is applied only while
 /// someone waits for it).
 pub fn ask(mountpoint: &Path, request: &Request, timeout: Duration) -> Result<String, Failure> {
-    let name = socket_name(mountpoint)?;
-    let mut stream = None;
-    for dir in places::runtime_dirs() {
-        let Ok(dir) = CheckedDir::open(&dir, "") else { continue };
-        let Ok(path) = dir.fd_path(&name) else { continue };
-        if let Ok(s) = UnixStream::connect(&path) {
-            stream = Some(s);
-            break;
-        }
-    }
-    let Some(mut stream) = stream else {
+    socket_name(mountpoint, "control")?; // no runtime directory: say why, not "not a mount"
+    let Some(mut stream) = connect(mountpoint, "control") else {
         return Err(if crate::registry::read(mountpoint).is_some() {
             Failure::new(
                 code::USAGE,

@@ -18,7 +18,7 @@
 use std::fs::File;
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +30,7 @@ use stagefs_archive::{Archive, FileId, Format};
 use crate::error::Failure;
 use crate::fs::Fs;
 use crate::open::Opened;
-use crate::places::{self, CheckedDir, OutsideFile};
+use crate::places::{self, OutsideFile};
 use crate::stage::Staging;
 
 const MAGIC: &[u8; 16] = b"stagefs-share-1\0";
@@ -40,33 +40,13 @@ const HEADER: usize = MAGIC.len() + 1 + 7 * 8;
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A daemon's offer, listening; the socket is removed when dropped (the daemon's exit).
-pub struct Offer {
-    dir: CheckedDir,
-    name: String,
-}
-
-impl Drop for Offer {
-    fn drop(&mut self) {
-        let _ = self.dir.remove(&self.name, false);
-    }
-}
-
-fn socket_name(mountpoint: &Path) -> Result<String, Failure> {
-    let path = places::mountpoint_file(mountpoint, "share")?;
-    Ok(path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
-}
+pub type Offer = crate::control::Control;
 
 /// Offers the copy `fs` serves of the archive `id` (one local file) to this user's other
 /// processes, on a thread. Callers are answered one after the other: each answer is one
 /// message, sent without waiting for the caller.
 pub fn offer(fs: Arc<Fs>, id: FileId, mountpoint: &Path) -> Result<Offer, Failure> {
-    let dir = CheckedDir::open(places::runtime_dir()?, "")?;
-    let name = socket_name(mountpoint)?;
-    let failed =
-        |e: std::io::Error| Failure::other(format!("cannot make the share socket in {}: {e}", dir.path().shown()));
-    // A socket left by a daemon that was killed: ours (the directory is), and dead.
-    let _ = dir.remove(&name, false);
-    let listener = UnixListener::bind(dir.fd_path(&name).map_err(failed)?).map_err(failed)?;
+    let (listener, offer) = crate::control::bind(mountpoint, "share")?;
     std::thread::Builder::new()
         .name("share".into())
         .spawn(move || {
@@ -74,8 +54,8 @@ pub fn offer(fs: Arc<Fs>, id: FileId, mountpoint: &Path) -> Result<Offer, Failur
                 answer(&fs, &id, &stream);
             }
         })
-        .map_err(failed)?;
-    Ok(Offer { dir, name })
+        .map_err(|e| Failure::other(format!("cannot start the share thread: {e}")))?;
+    Ok(offer)
 }
 
 fn answer(fs: &Fs, id: &FileId, stream: &UnixStream) {
@@ -171,12 +151,7 @@ pub fn receive(file: &OutsideFile, depth: usize) -> Option<Opened> {
 }
 
 fn receive_from(mountpoint: &Path, file: &OutsideFile, depth: usize) -> Result<Option<Opened>, String> {
-    let name = socket_name(mountpoint).map_err(|f| f.message)?;
-    let stream = places::runtime_dirs().iter().find_map(|dir| {
-        let dir = CheckedDir::open(dir, "").ok()?;
-        UnixStream::connect(dir.fd_path(&name).ok()?).ok()
-    });
-    let Some(stream) = stream else { return Ok(None) };
+    let Some(stream) = crate::control::connect(mountpoint, "share") else { return Ok(None) };
     if crate::control::peer_uid(&stream) != Some(places::my_uid()) {
         return Err("the share socket is not served by you".into());
     }

@@ -386,27 +386,23 @@ pub fn map_file(file: &std::fs::File) -> std::io::Result<Backing> {
 
 /// [`map_file`], keeping `file` itself: no descriptor of its own.
 pub fn map_shared_file(file: Arc<std::fs::File>) -> std::io::Result<Backing> {
-    let (map, in_place) = map_in_place(file)?;
-    Ok(Arc::new(Source {
-        map,
-        in_place: Some(in_place),
-        decoded: None,
-        ranged: None,
-        within: None,
-        fill: None,
-        copy: None,
-    }))
+    in_place(file, |_| Ok(None))
 }
 
-/// The guarded map indexing reads, and the file as it was when mapped.
-fn map_in_place(file: Arc<std::fs::File>) -> std::io::Result<(GuardedMap, InPlace)> {
+/// `file` served in place, with the copy `fill` makes for its size, if any. Indexing reads
+/// its guarded map: a truncation meanwhile reads zeros and is reported by `check_intact`;
+/// see doc/guarantees.md.
+fn in_place(
+    file: Arc<std::fs::File>,
+    fill: impl FnOnce(u64) -> std::io::Result<Option<Fill>>,
+) -> std::io::Result<Backing> {
     let id = FileId::of_file(&file)?;
-    // Guarded: only indexing touches the map directly, and a truncation meanwhile reads
-    // zeros and is reported by `check_intact`; see doc/guarantees.md.
     let map = GuardedMap::file(&file)?;
     // The map serves the index scan, which is sequential for tar: let the kernel read ahead.
     let _ = map.map().advise(memmap2::Advice::Sequential);
-    Ok((map, InPlace { file, id }))
+    let fill = fill(id.size)?;
+    let in_place = Some(InPlace { file, id });
+    Ok(Arc::new(Source { map, in_place, decoded: None, ranged: None, within: None, fill, copy: None }))
 }
 
 impl Source {
@@ -414,17 +410,7 @@ impl Source {
     /// by [`Source::stage_chunk`], each piece served from the copy once it is in (see
     /// [`crate::fill`]). Indexing reads the file's guarded map, as in place.
     pub fn filling(file: Arc<std::fs::File>, copy: StagedCopy, chunk: u64) -> std::io::Result<Backing> {
-        let (map, in_place) = map_in_place(file)?;
-        let fill = Fill::new(copy, in_place.id.size, chunk)?;
-        Ok(Arc::new(Source {
-            map,
-            in_place: Some(in_place),
-            decoded: None,
-            ranged: None,
-            within: None,
-            fill: Some(fill),
-            copy: None,
-        }))
+        in_place(file, |len| Fill::new(copy, len, chunk).map(Some))
     }
 
     /// The copy being filled, for whoever fills it and reports its progress.
