@@ -88,12 +88,12 @@ impl Request {
 }
 
 /// A socket bound beside a mount's record; removed when dropped (the daemon's exit).
-pub struct Control {
+pub struct BoundSocket {
     dir: CheckedDir,
     name: String,
 }
 
-impl Drop for Control {
+impl Drop for BoundSocket {
     fn drop(&mut self) {
         let _ = self.dir.remove(&self.name, false);
     }
@@ -106,8 +106,8 @@ fn socket_name(mountpoint: &Path, extension: &str) -> Result<String, Failure> {
 
 /// Binds the socket `<hash of the mountpoint>.<extension>` in the runtime directory, through
 /// the directory's descriptor (a `control` socket, a `share` one); the socket is removed
-/// when the returned [`Control`] is dropped.
-pub(crate) fn bind(mountpoint: &Path, extension: &str) -> Result<(UnixListener, Control), Failure> {
+/// when the returned [`BoundSocket`] is dropped.
+pub(crate) fn bind(mountpoint: &Path, extension: &str) -> Result<(UnixListener, BoundSocket), Failure> {
     let dir = CheckedDir::open(places::runtime_dir()?, "")?;
     let name = socket_name(mountpoint, extension)?;
     let failed = |e: std::io::Error| {
@@ -116,7 +116,7 @@ pub(crate) fn bind(mountpoint: &Path, extension: &str) -> Result<(UnixListener, 
     // A socket left by a daemon that was killed: ours (the directory is), and dead.
     let _ = dir.remove(&name, false);
     let listener = UnixListener::bind(dir.fd_path(&name).map_err(failed)?).map_err(failed)?;
-    Ok((listener, Control { dir, name }))
+    Ok((listener, BoundSocket { dir, name }))
 }
 
 /// Connects to the socket [`bind`] made for `mountpoint`, in whichever runtime directory of
@@ -130,7 +130,7 @@ pub(crate) fn connect(mountpoint: &Path, extension: &str) -> Option<UnixStream> 
 }
 
 /// Starts answering requests for `set`, mounted at `mountpoint`, on a thread.
-pub fn listen(set: Arc<GrowingSet>, mountpoint: &Path) -> Result<Control, Failure> {
+pub fn listen(set: Arc<GrowingSet>, mountpoint: &Path) -> Result<BoundSocket, Failure> {
     let (listener, control) = bind(mountpoint, "control")?;
     std::thread::Builder::new()
         .name("control".into())

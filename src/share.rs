@@ -40,7 +40,7 @@ const HEADER: usize = MAGIC.len() + 1 + 7 * 8;
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A daemon's offer, listening; the socket is removed when dropped (the daemon's exit).
-pub type Offer = crate::control::Control;
+pub type Offer = crate::control::BoundSocket;
 
 /// Offers the copy `fs` serves of the archive `id` (one local file) to this user's other
 /// processes, on a thread. Callers are answered one after the other: each answer is one

@@ -32,7 +32,7 @@ pub(super) struct Live {
     pub fs: Arc<Fs>,
     pub stage_dir: Option<PathBuf>,
     /// A growing set's control socket, removed when dropped.
-    pub control: Option<crate::control::Control>,
+    pub control: Option<crate::control::BoundSocket>,
     /// The staging that goes on while it serves, stopped once it is unmounted.
     pub background: Option<Arc<Background>>,
     /// The offer of its copy to this user's other processes, removed when dropped.
