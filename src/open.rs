@@ -125,7 +125,13 @@ pub fn open_shard(
 ) -> Result<Opened, OpenArchiveError> {
     let path = file.resolved();
     let compressed = check_format(file)?;
-    let key = saved::Key::of(file.file()).map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
+    let key = saved::Key::of(file.file()).map_err(|source| match source.kind() {
+        // Shorter than its size said a moment ago: its owner truncated it meanwhile.
+        std::io::ErrorKind::UnexpectedEof => {
+            OpenError::Changed { path: path.to_owned(), what: "it is shorter than when it was opened".into() }
+        }
+        _ => OpenError::Io { path: path.to_owned(), source },
+    })?;
     let loaded = stage::load(file, mode, max_ram, stage_dir, received)?;
     crate::cancel::check()?;
     // Decoded whole although it could be served from restart points (`--stage copy`): an
