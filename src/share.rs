@@ -17,12 +17,13 @@
 
 use std::fs::File;
 use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use nix::fcntl::{fcntl, FcntlArg, SealFlag};
 use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
 use stagefs_archive::escape::Shown;
 use stagefs_archive::{Archive, FileId, Format};
@@ -83,23 +84,18 @@ fn answer(fs: &Fs, id: &FileId, stream: &UnixStream) {
     }
 }
 
+/// What [`seal`] seals a copy against: a change of its size.
+const SIZE_SEALS: SealFlag = SealFlag::F_SEAL_SHRINK.union(SealFlag::F_SEAL_GROW);
+
 /// Seals the memfd `copy` against shrinking and growing: a process it is handed to maps it
 /// knowing that no page of the map can ever be taken away (no SIGBUS).
-fn seal(copy: &File) -> std::io::Result<()> {
-    // SAFETY: fcntl on a descriptor we hold, with an integer argument.
-    let ret = unsafe { libc::fcntl(copy.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW) };
-    if ret < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+fn seal(copy: &File) -> nix::Result<()> {
+    fcntl(copy, FcntlArg::F_ADD_SEALS(SIZE_SEALS)).map(drop)
 }
 
 /// Whether the memfd `copy` is sealed as [`seal`] seals it.
 fn is_sealed(copy: &File) -> bool {
-    // SAFETY: fcntl on a descriptor we hold, no argument.
-    let seals = unsafe { libc::fcntl(copy.as_raw_fd(), libc::F_GET_SEALS) };
-    let wanted = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
-    seals >= 0 && seals & wanted == wanted
+    fcntl(copy, FcntlArg::F_GET_SEALS).is_ok_and(|seals| SealFlag::from_bits_truncate(seals).contains(SIZE_SEALS))
 }
 
 fn header(status: u8, id: &FileId) -> Vec<u8> {
@@ -131,13 +127,18 @@ fn send(stream: &UnixStream, bytes: &[u8], fds: &[RawFd]) -> nix::Result<usize> 
     sendmsg::<()>(stream.as_raw_fd(), &[IoSlice::new(bytes)], cmsgs, MsgFlags::MSG_NOSIGNAL, None)
 }
 
+/// This user's live mounts that may hand over a copy: one archive, staged as a copy (a
+/// growing set, a mount in place or on the local disk offers none).
+pub fn offering() -> Vec<crate::registry::Record> {
+    let records = crate::registry::list().unwrap_or_default();
+    records.into_iter().filter(|r| r.shards.is_none() && r.staging == Staging::Copy.name()).collect()
+}
+
 /// The archive `file` from the copy a daemon of this user serves of it, if one does (see
 /// the module doc); `None`: stage and index it as usual. `depth`: levels of tars inside
 /// opened as directories (a saved index is only used for the same).
 pub fn receive(file: &OutsideFile, depth: usize) -> Option<Opened> {
-    let records = crate::registry::list().ok()?;
-    let candidates = records.iter().filter(|r| r.shards.is_none() && r.staging == Staging::Copy.name());
-    for record in candidates {
+    for record in offering() {
         match receive_from(&record.mountpoint, file, depth) {
             Ok(Some(opened)) => {
                 tracing::info!(mountpoint = %record.mountpoint.shown(), "reading the copy this mount holds in RAM");
@@ -201,7 +202,7 @@ fn receive_message(stream: &UnixStream) -> Result<(Vec<u8>, Vec<OwnedFd>), Strin
     let mut fds = Vec::new();
     let (len, truncated) = {
         let mut iov = [IoSliceMut::new(&mut buf)];
-        let msg = recvmsg::<()>(stream.as_fd().as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
+        let msg = recvmsg::<()>(stream.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
             .map_err(|e| format!("no answer: {e}"))?;
         for cmsg in msg.cmsgs().map_err(|e| e.to_string())? {
             if let ControlMessageOwned::ScmRights(received) = cmsg {

@@ -302,21 +302,22 @@ mod tests {
     use super::*;
     use stagefs_archive::fill::StagedCopy;
 
+    /// An archive of `chunks` 4 KiB chunks served in place while a memfd copy of it fills.
+    fn filling(name: &str, chunks: usize) -> (crate::test_support::TempDir, Backing) {
+        let dir = crate::test_support::TempDir::new(name);
+        let path = dir.join("a.tar");
+        std::fs::write(&path, vec![5u8; chunks * 4096]).unwrap();
+        let copy = crate::stage::ram::memfd(&path, (chunks * 4096) as u64).unwrap();
+        let file = std::sync::Arc::new(std::fs::File::open(&path).unwrap());
+        let backing = stagefs_archive::Source::filling(file, StagedCopy::Memory(copy), 4096).unwrap();
+        (dir, backing)
+    }
+
     /// The copy goes in file order, jumps to a chunk a reader found missing and goes on
     /// after it, then fills what it skipped; no chunk is handed out twice.
     #[test]
     fn the_copy_follows_a_reader_then_fills_the_gaps() {
-        let dir = crate::test_support::TempDir::new("copier");
-        let path = dir.join("a.tar");
-        std::fs::write(&path, vec![5u8; 10 * 4096]).unwrap();
-        let copy = crate::stage::ram::memfd(&path, 10 * 4096).unwrap();
-        let file = std::fs::File::open(&path).unwrap();
-        let backing = stagefs_archive::Source::filling(
-            std::sync::Arc::new(file.try_clone().unwrap()),
-            StagedCopy::Memory(copy),
-            4096,
-        )
-        .unwrap();
+        let (_dir, backing) = filling("copier", 10);
         let fill = backing.fill().unwrap();
         let mut schedule = Schedule::new(fill.chunks());
         assert_eq!((schedule.pick(fill), schedule.pick(fill)), (Some(0), Some(1)));
@@ -334,17 +335,7 @@ mod tests {
     /// gives way to a shuffled one.
     #[test]
     fn the_copy_gives_way_to_readers_of_the_archive() {
-        let dir = crate::test_support::TempDir::new("copier-way");
-        let path = dir.join("a.tar");
-        std::fs::write(&path, vec![5u8; 32 * 4096]).unwrap();
-        let copy = crate::stage::ram::memfd(&path, 32 * 4096).unwrap();
-        let file = std::fs::File::open(&path).unwrap();
-        let backing = stagefs_archive::Source::filling(
-            std::sync::Arc::new(file.try_clone().unwrap()),
-            StagedCopy::Memory(copy),
-            4096,
-        )
-        .unwrap();
+        let (_dir, backing) = filling("copier-way", 32);
         let fill = backing.fill().unwrap();
         let mut schedule = Schedule::new(fill.chunks());
         assert!(matches!(schedule.next(fill, 1), Next::Chunk(0)), "no reader: every stream copies");

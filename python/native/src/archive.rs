@@ -66,15 +66,7 @@ fn open_set(set: stagefs::places::ArchiveSet, o: &Options, stop: &AtomicBool) ->
         let stop = || stop.load(Ordering::Relaxed);
         opened.archive.source_cache(stagefs_archive::SourceCache::Warm(&stop));
     }
-    Ok(Shared {
-        archive: opened.archive,
-        shards: set.shards.len(),
-        label: set.label,
-        staging: opened.staging,
-        staged_bytes: opened.staged_bytes,
-        disk_dir: opened.disk.map(|d| d.dir),
-        identity: opened.identity,
-    })
+    Ok(Shared::new(opened, set.label, set.shards.len()))
 }
 
 /// The stagefs mount of this user that holds `path`, when the copy in RAM it serves can be
@@ -95,26 +87,16 @@ fn mounted(path: &Path) -> Option<(Shared, PathBuf, String)> {
     if path.components().any(|c| matches!(c, std::path::Component::ParentDir)) {
         return None;
     }
-    let records = stagefs::registry::list().ok()?;
     // The innermost mount holding the path: a mount inside another's tree is its own.
-    let record = records
+    let record = stagefs::share::offering()
         .into_iter()
-        .filter(|r| r.shards.is_none() && r.staging == Staging::Copy.name() && path.starts_with(&r.mountpoint))
+        .filter(|r| path.starts_with(&r.mountpoint))
         .max_by_key(|r| r.mountpoint.as_os_str().len())?;
     let inside = path.strip_prefix(&record.mountpoint).ok()?;
     let root = record.prefix.as_deref().unwrap_or(Path::new("")).join(inside);
     let root = root.to_str()?.trim_end_matches('/').to_owned();
     let opened = shards::open_shared(&record.archive, stagefs::places::Trust::Named).ok()??;
-    let shared = Shared {
-        archive: opened.archive,
-        shards: 1,
-        label: record.archive,
-        staging: opened.staging,
-        staged_bytes: opened.staged_bytes,
-        disk_dir: None,
-        identity: opened.identity,
-    };
-    Some((shared, record.mountpoint, root))
+    Some((Shared::new(opened, record.archive, 1), record.mountpoint, root))
 }
 
 /// Runs `f` with what it logs (tracing, INFO and above) collected as (level, line): Python

@@ -23,6 +23,21 @@ pub struct Shared {
     pub identity: Vec<stagefs_archive::FileId>,
 }
 
+impl Shared {
+    /// `opened`, named `label`, merged from `shards` archives.
+    pub fn new(opened: stagefs::open::Opened, label: PathBuf, shards: usize) -> Shared {
+        Shared {
+            archive: opened.archive,
+            label,
+            staging: opened.staging,
+            staged_bytes: opened.staged_bytes,
+            shards,
+            disk_dir: opened.disk.map(|d| d.dir),
+            identity: opened.identity,
+        }
+    }
+}
+
 impl Drop for Shared {
     fn drop(&mut self) {
         if let Some(dir) = &self.disk_dir {
