@@ -73,7 +73,7 @@ with --watch it follows its pattern by itself (doc/growing.md).")]
         #[command(flatten)]
         options: crate::options::MountOptions,
         /// Unmount after no reads for this long (e.g. 30m, 2h; 0 means never, the default)
-        #[arg(long, value_name = "DURATION", value_parser = crate::duration::parse_duration)]
+        #[arg(long, value_name = "DURATION", value_parser = stagefs_open::duration::parse_duration)]
         idle_timeout: Option<std::time::Duration>,
         /// Print one JSON object instead of the mountpoint: {"mountpoint": ..., "mounted": true
         /// when this call mounted, false when another process of the node had or has mounted it}
@@ -104,7 +104,7 @@ Example (a dataset that grows between epochs):
         trust_shards: bool,
         /// Give up after this long (opening large shards takes time); a change given up on is
         /// not made
-        #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = crate::duration::parse_duration)]
+        #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = stagefs_open::duration::parse_duration)]
         timeout: std::time::Duration,
     },
     /// Remove shards from a set mounted with --growing or --watch; open files of theirs keep working until closed
@@ -119,7 +119,7 @@ be deleted: it is named by the path it was added with.")]
         #[arg(required = true)]
         shards: Vec<PathBuf>,
         /// Give up after this long; a change given up on is not made
-        #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = crate::duration::parse_duration)]
+        #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = stagefs_open::duration::parse_duration)]
         timeout: std::time::Duration,
     },
     /// Mount once per node, run a command with the mount, unmount after the node's last task
@@ -168,7 +168,7 @@ the index by themselves when scanning took long (10,000+ entries).")]
         #[arg(long, value_name = "N", value_parser = crate::options::depth_parser())]
         recursion_depth: Option<usize>,
         #[command(flatten)]
-        remote: crate::remote::RemoteOptions,
+        remote: stagefs_open::remote::RemoteOptions,
     },
     /// List an archive's files without mounting it (from its saved index when there is one: instant)
     #[command(after_help = "Examples:

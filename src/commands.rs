@@ -8,11 +8,10 @@ use crate::control::{self, Request, Verb};
 use crate::error::Failure;
 use crate::mountpoint;
 pub use crate::node::umount;
-use crate::open::Indexing;
-use crate::registry;
-use crate::report;
-use crate::shards::open_archive;
-use crate::stage::StageMode;
+use stagefs_open::open::Indexing;
+use stagefs_open::registry;
+use stagefs_open::report;
+use stagefs_open::OpenOptions;
 
 /// `stagefs add`: the shards `specs` name (archives, patterns, lists) join the growing set
 /// mounted at `mountpoint`. The daemon checks their owners (unless `trust`).
@@ -21,7 +20,7 @@ pub fn add(mountpoint: &Path, specs: &[std::path::PathBuf], trust: bool, timeout
     let mut paths = Vec::new();
     for spec in specs {
         // As named, links not followed: the daemon opens them, judging every link on the way.
-        paths.extend(crate::shards::expand(spec, trust)?);
+        paths.extend(stagefs_open::shards::expand(spec, trust)?);
     }
     let request = Request { verb: Verb::Add, trust, paths };
     println!("{}", control::ask(&mountpoint, &request, timeout)?);
@@ -50,7 +49,7 @@ pub fn status(json: bool) -> Result<(), Failure> {
     // be out of sight (a runtime directory this shell does not know). statfs always
     // reaches the daemon (stat may be answered from the kernel's attribute cache), and a
     // dead daemon's mount answers it with ENOTCONN.
-    let (unrecorded, dead): (Vec<_>, Vec<_>) = mountpoint::stagefs_mounts_of(crate::places::my_uid())
+    let (unrecorded, dead): (Vec<_>, Vec<_>) = mountpoint::stagefs_mounts_of(stagefs_open::places::my_uid())
         .into_iter()
         .filter(|m| !records.iter().any(|r| &r.mountpoint == m))
         .partition(|m| nix::sys::statvfs::statvfs(m).is_ok());
@@ -247,10 +246,9 @@ pub fn index(path: &Path, trust_shards: bool, indexing: Indexing, stats: bool) -
     let started = Instant::now();
     let indexing = Indexing { force_save: true, ..indexing };
     // Saved indexes are keyed by the canonical path, which is what mounts look up.
-    let set = crate::shards::resolve(path, &[], trust_shards)?;
-    if set.shards.len() > 1 {
-        let how = crate::shards::How { mode: StageMode::None, max_ram: None, trust: set.trust, not_on: None };
-        let (opened, set_stats) = crate::shards::open_set(&set.label, &set.shards, how, &indexing)?;
+    let set = stagefs_open::shards::resolve(path, &[], trust_shards)?;
+    let opened = stagefs_open::open(&set, OpenOptions::default().indexing(indexing))?;
+    if let Some(set_stats) = &opened.set {
         let index = &opened.archive.index;
         println!(
             "indexed {} shards in {:.2} s: {} entries, {} merged ({} bytes per entry); saved {} indexes \
@@ -268,7 +266,6 @@ pub fn index(path: &Path, trust_shards: bool, indexing: Indexing, stats: bool) -
         return Ok(());
     }
     let path = set.label;
-    let opened = open_archive(&path, set.trust, StageMode::None, None, None, None, &indexing)?;
     let index = &opened.archive.index;
     let entries = index.entry_count();
     let saved = match &opened.saved_index {

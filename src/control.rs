@@ -17,7 +17,7 @@
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -25,8 +25,9 @@ use std::time::{Duration, Instant};
 
 use crate::error::{code, Failure};
 use crate::growing::{GrowingSet, Outcome};
-use crate::places::{self, CheckedDir};
 use stagefs_archive::escape::Shown;
+use stagefs_open::places;
+use stagefs_open::sockets::{bind, connect, peer_uid, socket_name, BoundSocket};
 
 const MAGIC: &[u8] = b"stagefs-control-2";
 /// Largest request read: a list of paths, not data.
@@ -87,51 +88,9 @@ impl Request {
     }
 }
 
-/// A socket bound beside a mount's record; removed when dropped (the daemon's exit).
-pub struct BoundSocket {
-    dir: CheckedDir,
-    name: String,
-}
-
-impl Drop for BoundSocket {
-    fn drop(&mut self) {
-        let _ = self.dir.remove(&self.name, false);
-    }
-}
-
-fn socket_name(mountpoint: &Path, extension: &str) -> Result<String, Failure> {
-    let path = places::mountpoint_file(mountpoint, extension)?;
-    Ok(path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default())
-}
-
-/// Binds the socket `<hash of the mountpoint>.<extension>` in the runtime directory, through
-/// the directory's descriptor (a `control` socket, a `share` one); the socket is removed
-/// when the returned [`BoundSocket`] is dropped.
-pub(crate) fn bind(mountpoint: &Path, extension: &str) -> Result<(UnixListener, BoundSocket), Failure> {
-    let dir = CheckedDir::open(places::runtime_dir()?, "")?;
-    let name = socket_name(mountpoint, extension)?;
-    let failed = |e: std::io::Error| {
-        Failure::other(format!("cannot make the {extension} socket in {}: {e}", dir.path().shown()))
-    };
-    // A socket left by a daemon that was killed: ours (the directory is), and dead.
-    let _ = dir.remove(&name, false);
-    let listener = UnixListener::bind(dir.fd_path(&name).map_err(failed)?).map_err(failed)?;
-    Ok((listener, BoundSocket { dir, name }))
-}
-
-/// Connects to the socket [`bind`] made for `mountpoint`, in whichever runtime directory of
-/// this user holds it; `None` when none answers.
-pub(crate) fn connect(mountpoint: &Path, extension: &str) -> Option<UnixStream> {
-    let name = socket_name(mountpoint, extension).ok()?;
-    places::runtime_dirs().iter().find_map(|dir| {
-        let dir = CheckedDir::open(dir, "").ok()?;
-        UnixStream::connect(dir.fd_path(&name).ok()?).ok()
-    })
-}
-
 /// Starts answering requests for `set`, mounted at `mountpoint`, on a thread.
 pub fn listen(set: Arc<GrowingSet>, mountpoint: &Path) -> Result<BoundSocket, Failure> {
-    let (listener, control) = bind(mountpoint, "control")?;
+    let (listener, control) = bind(mountpoint, "control").map_err(socket_failure)?;
     std::thread::Builder::new()
         .name("control".into())
         .spawn(move || {
@@ -154,11 +113,6 @@ pub fn listen(set: Arc<GrowingSet>, mountpoint: &Path) -> Result<BoundSocket, Fa
         })
         .map_err(|e| Failure::other(format!("cannot start the control thread: {e}")))?;
     Ok(control)
-}
-
-/// The uid at the other end of `stream`.
-pub(crate) fn peer_uid(stream: &UnixStream) -> Option<u32> {
-    nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials).ok().map(|c| c.uid())
 }
 
 fn reply(stream: &mut UnixStream, code: u8, message: &str) {
@@ -282,9 +236,9 @@ fn describe(o: &Outcome) -> String {
 /// Gives up after `timeout` (the daemon then drops the change: it is applied only while
 /// someone waits for it).
 pub fn ask(mountpoint: &Path, request: &Request, timeout: Duration) -> Result<String, Failure> {
-    socket_name(mountpoint, "control")?; // no runtime directory: say why, not "not a mount"
+    socket_name(mountpoint, "control").map_err(socket_failure)?; // no runtime directory: say why, not "not a mount"
     let Some(mut stream) = connect(mountpoint, "control") else {
-        return Err(if crate::registry::read(mountpoint).is_some() {
+        return Err(if stagefs_open::registry::read(mountpoint).is_some() {
             Failure::new(
                 code::USAGE,
                 format!(
@@ -322,6 +276,15 @@ pub fn ask(mountpoint: &Path, request: &Request, timeout: Duration) -> Result<St
         Ok(0) => Ok(message.to_string()),
         Ok(code) => Err(Failure::new(code, message.to_string())),
         Err(_) => Err(Failure::other(format!("the daemon's answer is not understood: {text:?}"))),
+    }
+}
+
+/// A socket that cannot be made: the runtime directory's refusal as it always was (a
+/// mountpoint's failure), a failed bind as any other failure.
+pub(crate) fn socket_failure(e: places::PlaceError) -> Failure {
+    match e {
+        places::PlaceError::Io { .. } => Failure::other(e.to_string()),
+        e => e.into(),
     }
 }
 

@@ -8,9 +8,9 @@ use std::time::Instant;
 
 use crate::error::Failure;
 use crate::request::MountRequest;
-use crate::stage::StageMode;
 use stagefs_archive::hash::hash;
 use stagefs_archive::tar::ustar_header;
+use stagefs_open::stage::StageMode;
 
 const CLASSES: usize = 20;
 
@@ -56,9 +56,9 @@ pub fn run(files: usize, readers: usize, dir: Option<PathBuf>, keep: bool) -> Re
     }
     // Ctrl-C (or SIGTERM) only sets a flag from here on: the demo stops at its next check
     // and removes everything it wrote (the default action would leave ~0.9 GB in /tmp).
-    crate::cancel::arm().map_err(|e| io("cannot install signal handlers", e))?;
+    stagefs_open::cancel::arm().map_err(|e| io("cannot install signal handlers", e))?;
     // In /tmp anyone could have made that path first: it must be ours alone.
-    let created = crate::places::own_dir(&work, "choose another directory with --dir")?;
+    let created = stagefs_open::places::own_dir(&work, "choose another directory with --dir")?;
     let archive = work.join("imagenet-like.tar");
     let plain = work.join("plain");
     let result = compare(&archive, &plain, &work, files, readers);
@@ -67,10 +67,10 @@ pub fn run(files: usize, readers: usize, dir: Option<PathBuf>, keep: bool) -> Re
         println!("kept the archive: {} (list it with tar -tvf)", archive.shown());
     } else {
         let _ = std::fs::remove_file(&archive);
-        crate::places::remove_created(&created);
+        stagefs_open::places::remove_created(&created);
     }
     // Interrupted: say so (exit 128+N), whichever step noticed the signal.
-    crate::cancel::check()?;
+    stagefs_open::cancel::check()?;
     result.map_err(|e| match e {
         Step::Io(what, e) => io(what, e),
         Step::Failed(f) => f,
@@ -116,7 +116,7 @@ fn compare(archive: &Path, plain: &Path, work: &Path, files: usize, readers: usi
         let request = MountRequest {
             archive: archive.to_owned(),
             shards: vec![archive.to_owned()],
-            trust: crate::places::Trust::Named,
+            trust: stagefs_open::places::Trust::Named,
             mountpoint: mountpoint.clone(),
             foreground: false,
             threads: crate::options::default_threads(),
@@ -207,7 +207,7 @@ fn write_archive(path: &Path, plain: &Path, files: usize) -> std::io::Result<Vec
     let mut data = Vec::new();
     for i in 0..files {
         // Ctrl-C while writing: stop here, and `run` removes what was written.
-        if let Err(interrupted) = crate::cancel::check() {
+        if let Err(interrupted) = stagefs_open::cancel::check() {
             return Err(std::io::Error::new(std::io::ErrorKind::Interrupted, interrupted));
         }
         let name = format!("train/n{:08}/img_{i:07}.JPEG", i % CLASSES);

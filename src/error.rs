@@ -1,12 +1,12 @@
 //! Failures as the command line reports them: a message and an exit code scripts can rely on.
 
 use crate::mountpoint::MountpointError;
-use crate::open::OpenArchiveError;
-use crate::places::PlaceError;
-use crate::remote::RemoteFailure;
-use crate::shards::ShardError;
-use crate::stage::StageError;
 use stagefs_archive::OpenError;
+use stagefs_open::open::OpenArchiveError;
+use stagefs_open::places::PlaceError;
+use stagefs_open::remote::RemoteFailure;
+use stagefs_open::shards::ShardError;
+use stagefs_open::stage::StageError;
 use stagefs_remote::RemoteError;
 
 /// Exit codes (documented in the README).
@@ -54,8 +54,8 @@ impl From<OpenError> for Failure {
     /// An archive whose reading a signal cut short (the parallel gzip pass polls for one)
     /// ends start-up as interrupted, not as a bad archive.
     fn from(e: OpenError) -> Failure {
-        match crate::cancel::received() {
-            Some(signal) => crate::cancel::Interrupted(signal).into(),
+        match stagefs_open::cancel::received() {
+            Some(signal) => stagefs_open::cancel::Interrupted(signal).into(),
             None => Failure::new(code::BAD_ARCHIVE, e.to_string()),
         }
     }
@@ -73,8 +73,8 @@ impl From<MountpointError> for Failure {
     }
 }
 
-impl From<crate::cancel::Interrupted> for Failure {
-    fn from(e: crate::cancel::Interrupted) -> Failure {
+impl From<stagefs_open::cancel::Interrupted> for Failure {
+    fn from(e: stagefs_open::cancel::Interrupted) -> Failure {
         Failure::new(e.exit_code(), e.to_string())
     }
 }
@@ -103,13 +103,13 @@ impl From<StageError> for Failure {
     }
 }
 
-impl From<crate::places::OutsideError> for Failure {
-    fn from(e: crate::places::OutsideError) -> Failure {
+impl From<stagefs_open::places::OutsideError> for Failure {
+    fn from(e: stagefs_open::places::OutsideError) -> Failure {
         let code = match e {
-            crate::places::OutsideError::Io { .. } => code::BAD_ARCHIVE,
-            crate::places::OutsideError::Untrusted { .. }
-            | crate::places::OutsideError::Unsafe { .. }
-            | crate::places::OutsideError::OnOwnMount { .. } => code::MOUNTPOINT,
+            stagefs_open::places::OutsideError::Io { .. } => code::BAD_ARCHIVE,
+            stagefs_open::places::OutsideError::Untrusted { .. }
+            | stagefs_open::places::OutsideError::Unsafe { .. }
+            | stagefs_open::places::OutsideError::OnOwnMount { .. } => code::MOUNTPOINT,
         };
         Failure::new(code, e.to_string())
     }
@@ -161,7 +161,8 @@ impl From<RemoteError> for Failure {
             | RemoteError::Unsupported(_) => code::BAD_ARCHIVE,
             RemoteError::Write { errno: Some(libc::ENOSPC | libc::EDQUOT), .. } => code::NO_ROOM,
             RemoteError::Cancelled => {
-                return crate::cancel::check().map_or_else(Failure::from, |()| Failure::other("cancelled".into()))
+                return stagefs_open::cancel::check()
+                    .map_or_else(Failure::from, |()| Failure::other("cancelled".into()))
             }
             RemoteError::Unavailable(_)
             | RemoteError::Refused(_)

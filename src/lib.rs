@@ -4,13 +4,11 @@
 //! no FUSE types; [`fs`] is the filesystem behaviour; `fuse` (private) adapts it to the kernel;
 //! [`daemon`] and [`mountpoint`] manage the mount's life.
 
-pub mod cancel;
 pub mod cli;
 pub mod commands;
 pub mod control;
 pub mod daemon;
 pub mod demo;
-pub mod duration;
 pub mod error;
 pub mod fs;
 mod fuse;
@@ -18,20 +16,11 @@ pub mod growing;
 pub mod listing;
 pub mod mountpoint;
 pub mod node;
-pub mod open;
+pub mod offer;
 pub mod options;
 pub mod pack;
-pub mod places;
 pub mod presentation;
-pub mod registry;
-pub mod remote;
-pub mod report;
 pub mod request;
-pub mod saved_index;
-pub mod shards;
-pub mod share;
-pub mod stage;
-mod test_hooks;
 pub mod warm;
 
 #[cfg(test)]

@@ -3,13 +3,12 @@
 use std::path::Path;
 
 use crate::error::{code, Failure};
-use crate::open::{Indexing, Opened};
-use crate::places::Trust;
-use crate::report::human;
-use crate::shards::open_archive;
-use crate::stage::StageMode;
 use stagefs_archive::escape::{escape, Shown};
 use stagefs_archive::index::{Data, Index, InodeId};
+use stagefs_open::open::{Indexing, Opened};
+use stagefs_open::places::{ArchiveSet, Trust};
+use stagefs_open::report::human;
+use stagefs_open::OpenOptions;
 
 /// What `stagefs ls` prints.
 #[derive(Debug, Clone, Copy, Default)]
@@ -25,7 +24,8 @@ pub struct Style {
 /// `stagefs ls ARCHIVE [PATH]`: the entries of `path` inside `archive` (a directory's
 /// children, or the one file it names), each under the name the archive gives it.
 pub fn ls(archive: &Path, path: Option<&Path>, style: Style, indexing: Indexing) -> Result<(), Failure> {
-    let opened = open_archive(archive, Trust::Named, StageMode::None, None, None, None, &indexing)?;
+    let one = ArchiveSet { label: archive.to_owned(), shards: vec![archive.to_owned()], trust: Trust::Named };
+    let opened = stagefs_open::open(&one, OpenOptions::default().indexing(indexing))?;
     let index = &opened.archive.index;
     let wanted = path.unwrap_or(Path::new("/"));
     let prefix = normalised(wanted);

@@ -34,7 +34,7 @@ fn run(command: Command) -> Result<(), Failure> {
         Command::Mount { archive, mountpoint, foreground, options, idle_timeout, json } => {
             let archive = archive_or_stdin(archive)?;
             if let Some(mountpoint) = &mountpoint {
-                stagefs::shards::check_not_an_archive(mountpoint)?;
+                stagefs_open::shards::check_not_an_archive(mountpoint)?;
             }
             let mountpoint = mountpoint.unwrap_or_else(|| stagefs::options::default_mountpoint(&archive));
             // A failure here (a mistyped ARCHIVE) is published for the mountpoint, so that
@@ -110,13 +110,13 @@ fn run(command: Command) -> Result<(), Failure> {
             upload,
             remote,
         } => {
-            stagefs::remote::configure(&remote)?;
-            let depth = stagefs::options::nesting_depth(recursive, recursion_depth);
-            let indexing = stagefs::open::Indexing { depth, index_dir, ..Default::default() };
-            match stagefs::remote::is_url(&archive) {
+            stagefs_open::remote::configure(&remote)?;
+            let depth = stagefs_open::open::nesting_depth(recursive, recursion_depth);
+            let indexing = stagefs_open::open::Indexing { depth, index_dir, ..Default::default() };
+            match stagefs_open::remote::is_url(&archive) {
                 true => {
-                    let set = stagefs::remote::resolve(&archive, &[], false)?;
-                    Ok(stagefs::remote::index_command(&set, &indexing, upload)?)
+                    let set = stagefs_open::remote::resolve(&archive, &[], false)?;
+                    Ok(stagefs_open::remote::index_command(&set, &indexing, upload)?)
                 }
                 false if upload => Err(Failure::new(
                     stagefs::error::code::USAGE,
@@ -130,7 +130,7 @@ fn run(command: Command) -> Result<(), Failure> {
         Command::Ls { archive, path, long, recursive, json, index_dir } => {
             quiet_broken_pipe();
             let style = stagefs::listing::Style { long, recursive, json };
-            let indexing = stagefs::open::Indexing { index_dir, ..Default::default() };
+            let indexing = stagefs_open::open::Indexing { index_dir, ..Default::default() };
             stagefs::listing::ls(&archive, path.as_deref(), style, indexing)
         }
         Command::Pack(args) => args.execute(),
@@ -177,7 +177,7 @@ fn usage_error(error: clap::Error, args: &[std::ffi::OsString]) -> ! {
     // `stagefs mount shards/*.tar` unquoted: the shell passes every match, and clap sees
     // a third positional argument.
     let is_mount = subcommand.is_some_and(|a| a == "mount");
-    let archives = args.iter().filter(|a| stagefs::shards::check_not_an_archive(std::path::Path::new(a)).is_err());
+    let archives = args.iter().filter(|a| stagefs_open::shards::check_not_an_archive(std::path::Path::new(a)).is_err());
     if is_mount && error.kind() == ErrorKind::UnknownArgument && archives.count() >= 2 {
         let _ = error.print();
         eprintln!(

@@ -7,7 +7,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::places;
+use stagefs_open::places;
 
 /// Problems with the mountpoint itself, each telling the user what to do.
 #[derive(Debug, thiserror::Error)]

@@ -35,7 +35,7 @@ pub use sweep::{clear_leftovers, reap_failure};
 pub use umount::umount;
 
 use crate::error::Failure;
-use crate::places;
+use stagefs_open::places;
 
 /// Where SLURM says this process sits; all `None` outside a job.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 
 use crate::error::Failure;
 use crate::request::MountRequest;
-use crate::stage::StageMode;
 use crate::warm::WarmMode;
+use stagefs_open::stage::StageMode;
 
 /// How to mount: staging, warm-up, broadcast, shards, threads and the daemon's log.
 #[derive(Debug, Clone, clap::Args)]
@@ -31,7 +31,7 @@ pub struct MountOptions {
     pub stage_dir: Option<PathBuf>,
     /// Most RAM staging and the page-cache warm-up may use together, e.g. 64G
     /// (default: free memory less a margin)
-    #[arg(long, value_name = "SIZE", value_parser = crate::report::parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = stagefs_open::report::parse_size)]
     pub max_ram: Option<u64>,
     /// Push every file into the kernel's page cache, so the first epoch reads at page-cache
     /// speed instead of one FUSE round trip per file: auto (when the archive is staged into
@@ -79,7 +79,7 @@ pub struct MountOptions {
     /// for INTERVAL), remove those deleted; checks every INTERVAL (--watch=2s; default 5s). Implies --growing;
     /// the pattern may match nothing yet
     #[arg(long, value_name = "INTERVAL", num_args = 0..=1, require_equals = true, default_missing_value = "5s",
-          value_parser = crate::duration::parse_duration)]
+          value_parser = stagefs_open::duration::parse_duration)]
     pub watch: Option<std::time::Duration>,
     /// Show every file and directory as owned by this user: `me` (who mounts), UID or UID:GID.
     /// For an archive packed with owners and modes that lock you out (root's 0600 files)
@@ -100,7 +100,7 @@ pub struct MountOptions {
     #[arg(short = 'o', value_name = "OPTIONS", value_delimiter = ',')]
     pub fuse_options: Vec<String>,
     #[command(flatten)]
-    pub remote: crate::remote::RemoteOptions,
+    pub remote: stagefs_open::remote::RemoteOptions,
     /// FUSE request threads, 1 to 256 (default: 2 per core, at most 16)
     #[arg(long, value_parser = threads_parser())]
     pub threads: Option<usize>,
@@ -116,11 +116,11 @@ impl MountOptions {
     /// broadcast (the sending task sends here), resolves the shard set and the mountpoint,
     /// once: no layer below resolves them again.
     pub fn request(self, archive: &Path, mountpoint: PathBuf, foreground: bool) -> Result<MountRequest, Failure> {
-        crate::remote::configure(&self.remote)?;
+        stagefs_open::remote::configure(&self.remote)?;
         let broadcast = match self.broadcast {
-            true => crate::stage::broadcast::plan(
+            true => stagefs_open::stage::broadcast::plan(
                 archive,
-                crate::remote::to_broadcast(archive),
+                stagefs_open::remote::to_broadcast(archive),
                 self.stage == StageMode::Disk,
                 self.stage_dir.as_deref(),
                 self.broadcast_fallback,
@@ -128,20 +128,25 @@ impl MountOptions {
             false => None,
         };
         let growing = self.growing_request(archive)?;
-        let remote = crate::remote::is_url(archive) || self.more_archives.iter().any(|a| crate::remote::is_url(a));
+        let remote =
+            stagefs_open::remote::is_url(archive) || self.more_archives.iter().any(|a| stagefs_open::remote::is_url(a));
         let resolved = match (remote, self.watch) {
-            (true, _) => Ok(crate::remote::resolve(archive, &self.more_archives, growing.is_some())?),
-            (false, Some(_)) => crate::shards::resolve_watched(archive, self.trust_shards),
-            (false, None) => crate::shards::resolve(archive, &self.more_archives, self.trust_shards),
+            (true, _) => Ok(stagefs_open::remote::resolve(archive, &self.more_archives, growing.is_some())?),
+            (false, Some(_)) => stagefs_open::shards::resolve_watched(archive, self.trust_shards),
+            (false, None) => stagefs_open::shards::resolve(archive, &self.more_archives, self.trust_shards),
         };
         let set = match resolved {
             // A watched pattern may start empty: the shards are on their way.
-            Err(crate::shards::ShardError::NotFound(why)) if self.watch.is_some() => {
+            Err(stagefs_open::shards::ShardError::NotFound(why)) if self.watch.is_some() => {
                 tracing::info!("{why}; waiting for shards to appear");
-                crate::shards::ArchiveSet {
+                stagefs_open::shards::ArchiveSet {
                     label: std::path::absolute(archive).unwrap_or(archive.into()),
                     shards: vec![],
-                    trust: if self.trust_shards { crate::places::Trust::Named } else { crate::places::Trust::Member },
+                    trust: if self.trust_shards {
+                        stagefs_open::places::Trust::Named
+                    } else {
+                        stagefs_open::places::Trust::Member
+                    },
                 }
             }
             other => other?,
@@ -160,7 +165,7 @@ impl MountOptions {
             stage_dir: self.stage_dir,
             max_ram: self.max_ram,
             warm: self.warm,
-            recursion_depth: nesting_depth(self.recursive, self.recursion_depth),
+            recursion_depth: stagefs_open::open::nesting_depth(self.recursive, self.recursion_depth),
             index_dir: self.index_dir.clone(),
             broadcast,
             growing,
@@ -222,12 +227,12 @@ impl MountOptions {
         if self.stage == StageMode::Disk {
             // As for any shard set (each shard would need its own copy): checked before the
             // mount, since a watched set may start with no shard to refuse it then.
-            return Err(crate::stage::StageError::DiskSet(archive.to_owned()).into());
+            return Err(stagefs_open::stage::StageError::DiskSet(archive.to_owned()).into());
         }
         let watch = match self.watch {
             Some(interval) => {
                 let text = archive.to_string_lossy();
-                if !crate::shards::is_pattern(&text) || !self.more_archives.is_empty() {
+                if !stagefs_open::shards::is_pattern(&text) || !self.more_archives.is_empty() {
                     return Err(Failure::new(
                         crate::error::code::USAGE,
                         format!(
@@ -255,16 +260,6 @@ pub fn default_threads() -> usize {
     std::thread::available_parallelism().map(|n| n.get() * 2).unwrap_or(4).min(16)
 }
 
-/// The levels of inner archives to open: `--recursion-depth` when given (it implies
-/// `--recursive`), else the default with `--recursive`, else none.
-pub fn nesting_depth(recursive: bool, depth: Option<usize>) -> usize {
-    match (recursive, depth) {
-        (_, Some(depth)) => depth,
-        (true, None) => stagefs_archive::tar::nested::DEFAULT_DEPTH,
-        (false, None) => 0,
-    }
-}
-
 /// `--recursion-depth`: 0 to [`stagefs_archive::tar::nested::MAX_DEPTH`].
 pub fn depth_parser() -> impl clap::builder::TypedValueParser<Value = usize> {
     clap::builder::RangedU64ValueParser::<usize>::new().range(0..=stagefs_archive::tar::nested::MAX_DEPTH as u64)
@@ -273,5 +268,5 @@ pub fn depth_parser() -> impl clap::builder::TypedValueParser<Value = usize> {
 /// The default mountpoint for `spec`: an object's (see `remote`) or a local archive's or
 /// set's (see `shards`).
 pub fn default_mountpoint(spec: &Path) -> PathBuf {
-    crate::remote::default_mountpoint(spec).unwrap_or_else(|| crate::shards::default_mountpoint(spec))
+    stagefs_open::remote::default_mountpoint(spec).unwrap_or_else(|| stagefs_open::shards::default_mountpoint(spec))
 }

@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::stage::StageMode;
 use crate::warm::WarmMode;
+use stagefs_open::stage::StageMode;
 
 /// How long a task waits for this node's mount unless told (staging a large archive
 /// from a parallel filesystem can take many minutes); a broadcast's leader too.
@@ -19,7 +19,7 @@ pub struct MountRequest {
     /// The archives served (resolved, in the order they win): one, or a set's shards.
     pub shards: Vec<PathBuf>,
     /// The checks every shard passes when the daemon opens it (see `places::outside`).
-    pub trust: crate::places::Trust,
+    pub trust: stagefs_open::places::Trust,
     /// Absolute, its parents' symlinks resolved (`mountpoint::resolve`), once, like `archive`.
     pub mountpoint: PathBuf,
     pub foreground: bool,
@@ -28,7 +28,7 @@ pub struct MountRequest {
     /// runtime dir, removed when the daemon exits; see `daemon::DaemonLog`).
     pub log_file: Option<PathBuf>,
     pub stage: StageMode,
-    /// Where `--stage disk` copies the archive (see [`crate::stage::disk::base_dir`]).
+    /// Where `--stage disk` copies the archive (see [`stagefs_open::stage::disk::base_dir`]).
     pub stage_dir: Option<PathBuf>,
     pub max_ram: Option<u64>,
     pub warm: WarmMode,
@@ -38,7 +38,7 @@ pub struct MountRequest {
     /// Where saved indexes are kept (`--index-dir`).
     pub index_dir: Option<PathBuf>,
     /// Receive the archive from a broadcast (`--broadcast`) instead of reading it.
-    pub broadcast: Option<crate::stage::broadcast::Plan>,
+    pub broadcast: Option<stagefs_open::stage::broadcast::Plan>,
     /// Keep the set open to `stagefs add` and `stagefs remove` (`--growing`, `--watch`).
     pub growing: Option<Growing>,
     /// Owners, modes and root as shown (`--owner`, `--umask`, `--mode`, `--prefix`).

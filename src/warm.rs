@@ -73,7 +73,7 @@ where
 {
     let started = Instant::now();
     let files = fs.files();
-    let bar = crate::report::progress(total_size(files.iter().copied()), "warming the page cache");
+    let bar = stagefs_open::report::progress(total_size(files.iter().copied()), "warming the page cache");
     let (next, bytes, skipped) = (AtomicUsize::new(0), AtomicU64::new(0), AtomicU64::new(0));
     std::thread::scope(|scope| {
         for _ in 0..threads.max(1) {

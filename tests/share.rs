@@ -5,15 +5,15 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use stagefs::places::{open_outside, Trust};
-use stagefs::stage::Staging;
+use stagefs_open::places::{open_outside, Trust};
+use stagefs_open::stage::Staging;
 
 use crate::util::{pack_tar, pseudo_random, require_root, run_cmd, stagefs, stagefs_bin, Mounted, TempDir};
 
 /// The archive as `stagefs.open` would find it: from a mount's copy, if one is handed over.
-fn shared(archive: &Path) -> Option<stagefs::open::Opened> {
+fn shared(archive: &Path) -> Option<stagefs_open::open::Opened> {
     let file = open_outside(archive, Trust::Named, None).unwrap();
-    stagefs::share::receive(&file, 0)
+    stagefs_open::share::receive(&file, 0)
 }
 
 fn mount(archive: &Path, mp: &Path, args: &[&str], env: &[(&str, &str)]) -> Mounted {

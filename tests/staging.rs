@@ -217,7 +217,7 @@ fn status_staged(mp: &Path) -> Option<String> {
         return Some("DEAD".into());
     }
     let bytes: u64 = line.split("\"staged_bytes\":").nth(1)?.split(',').next()?.parse().ok()?;
-    Some(if bytes == 0 { "-".to_string() } else { stagefs::report::human(bytes) })
+    Some(if bytes == 0 { "-".to_string() } else { stagefs_open::report::human(bytes) })
 }
 
 fn assert_status_staged(mp: &Path, expected: &str) {

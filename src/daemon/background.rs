@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use super::warmup::{self, Plan};
 use crate::fs::Fs;
-use crate::registry::{Record, StagingProgress};
-use crate::stage::{Copier, Finished, Phase, Progress, Staging};
+use stagefs_open::registry::{Record, StagingProgress};
+use stagefs_open::stage::{Copier, Finished, Phase, Progress, Staging};
 
 /// The background work of one mount and where it stands.
 pub(super) struct Background {
@@ -60,7 +60,7 @@ impl Background {
     }
 
     fn stopped(&self) -> bool {
-        self.stop.load(Ordering::Relaxed) || crate::cancel::received().is_some()
+        self.stop.load(Ordering::Relaxed) || stagefs_open::cancel::received().is_some()
     }
 
     /// Brings `record`'s staging fields up to date; whether they changed.

@@ -10,7 +10,7 @@ use nix::unistd::ForkResult;
 use super::log::DaemonLog;
 use crate::error::Failure;
 use crate::mountpoint;
-use crate::places;
+use stagefs_open::places;
 
 /// Forks the daemon and waits for its verdict on the readiness pipe. A signal meanwhile
 /// is passed on to the daemon, which stops, cleans up and reports it as its verdict.
@@ -25,14 +25,14 @@ pub(super) fn spawn_daemon(
         nix::unistd::pipe().map_err(|e| Failure::other(format!("cannot create a pipe: {e}")))?;
     let parent = nix::unistd::getpid();
     // Caught from before the fork, so the daemon has its handlers from its first instruction.
-    crate::cancel::arm().map_err(|e| Failure::other(format!("cannot install signal handlers: {e}")))?;
+    stagefs_open::cancel::arm().map_err(|e| Failure::other(format!("cannot install signal handlers: {e}")))?;
     // SAFETY: called before this process starts any thread, so the child may run Rust code.
     match unsafe { nix::unistd::fork() }.map_err(|e| Failure::other(format!("cannot fork: {e}")))? {
         ForkResult::Parent { child } => {
             drop(write_end);
             let verdict = await_verdict(File::from(read_end), child);
             match verdict.split_once(' ') {
-                Some(("ok", _)) => match crate::cancel::check() {
+                Some(("ok", _)) => match stagefs_open::cancel::check() {
                     // Ready just as the signal came: the daemon got it too and unmounts.
                     Err(interrupted) => Err(interrupted.into()),
                     Ok(()) => Ok(()),
@@ -42,7 +42,8 @@ pub(super) fn spawn_daemon(
                     let failure = died_before_ready(archive, child);
                     // Killed once its mount existed, the daemon left it stale ("Transport
                     // endpoint is not connected"): take it down with the failed start.
-                    if mountpoint::mount_at(mountpoint).is_some_and(|m| m.is_stagefs_of(crate::places::my_uid())) {
+                    if mountpoint::mount_at(mountpoint).is_some_and(|m| m.is_stagefs_of(stagefs_open::places::my_uid()))
+                    {
                         let _ = mountpoint::unmount(mountpoint, true);
                     }
                     Err(failure)
@@ -51,7 +52,7 @@ pub(super) fn spawn_daemon(
         }
         ForkResult::Child => {
             drop(read_end);
-            crate::cancel::follow_parent(parent);
+            stagefs_open::cancel::follow_parent(parent);
             let _ = nix::unistd::setsid();
             let mut ready = Some(File::from(write_end));
             let result = body(&mut ready);
@@ -84,7 +85,7 @@ fn await_verdict(pipe: File, child: nix::unistd::Pid) -> String {
     use std::os::fd::AsFd;
     let mut forwarded = false;
     loop {
-        if let (Some(signal), false) = (crate::cancel::received(), forwarded) {
+        if let (Some(signal), false) = (stagefs_open::cancel::received(), forwarded) {
             if let Ok(signal) = nix::sys::signal::Signal::try_from(signal) {
                 let _ = nix::sys::signal::kill(child, signal);
             }

@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::error::Failure;
-use crate::places;
+use stagefs_open::places;
 
 /// Where a detached daemon's stderr (its log) goes. By default a file in the runtime dir,
 /// `<hash>.log`, capped at [`LOG_CAP`]: a detached daemon has no terminal, and an error

@@ -16,22 +16,22 @@ pub mod watch;
 
 use crate::error::Failure;
 use crate::mountpoint;
-use crate::places;
 pub use crate::request::MountRequest;
 pub use log::{DaemonLog, LOG_CAP};
 pub use serve::RECORD_REFRESH;
+use stagefs_open::places;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use crate::registry;
+use stagefs_open::registry;
 
 /// Mounts as requested; in the background case returns in the parent once the mount is live.
 pub fn mount(request: &MountRequest) -> Result<(), Failure> {
     let (archive, mountpoint) = (&request.archive, &request.mountpoint);
     if request.foreground {
         // The foreground process is the daemon: catch signals before any slow step.
-        crate::cancel::arm().map_err(|e| Failure::other(format!("cannot install signal handlers: {e}")))?;
+        stagefs_open::cancel::arm().map_err(|e| Failure::other(format!("cannot install signal handlers: {e}")))?;
         let created = mountpoint::prepare(mountpoint)?;
         let result = serve(archive, mountpoint, request, &created, None, &mut None);
         places::remove_created(&created);
@@ -61,7 +61,7 @@ pub(super) fn serve(
     ready: &mut Option<File>,
 ) -> Result<(), Failure> {
     let result = start::start(archive_path, mountpoint, request, created, log, ready);
-    if result.is_err() && crate::cancel::received().is_some() {
+    if result.is_err() && stagefs_open::cancel::received().is_some() {
         // Leave no lock; the failure itself is reported once, by whoever is left (see
         // `fork`: the waiting `stagefs mount`, or this log when it died).
         watch::daemon_exiting(mountpoint);
@@ -77,7 +77,7 @@ pub(super) fn serve(
     drop(share);
     registry::remove(mountpoint);
     if let Some(dir) = stage_dir {
-        crate::stage::disk::remove_if_empty(&dir);
+        stagefs_open::stage::disk::remove_if_empty(&dir);
     }
     watch::daemon_exiting(mountpoint);
     let (errors, _) = fs.errors_served();

@@ -10,7 +10,7 @@ use super::memory::return_free_memory;
 use crate::error::Failure;
 use crate::fs::Fs;
 use crate::mountpoint::{self, MountpointError};
-use crate::registry::{self, Record};
+use stagefs_open::registry::{self, Record};
 
 /// How often the mount's record follows the daemon's counters: `stagefs status` waits this
 /// long (and a little) before it reads records, so it counts every read served before it ran.

@@ -18,12 +18,12 @@ use crate::error::Failure;
 use crate::fs::{Content, Fs};
 use crate::growing::{GrowingSet, Opening};
 use crate::mountpoint::{self, MountpointError};
-use crate::open::{Indexing, Opened};
-use crate::registry::{self, Record};
 use crate::request::MountRequest;
-use crate::shards::open_archive;
-use crate::shards::How;
-use crate::stage::Staging;
+use stagefs_open::open::{Indexing, Opened};
+use stagefs_open::places::ArchiveSet;
+use stagefs_open::registry::{self, Record};
+use stagefs_open::stage::Staging;
+use stagefs_open::OpenOptions;
 
 /// A mount ready to serve: its FUSE session, its filesystem, and the local-disk staging
 /// directory it uses (removed at exit once empty).
@@ -32,11 +32,11 @@ pub(super) struct Live {
     pub fs: Arc<Fs>,
     pub stage_dir: Option<PathBuf>,
     /// A growing set's control socket, removed when dropped.
-    pub control: Option<crate::control::BoundSocket>,
+    pub control: Option<stagefs_open::sockets::BoundSocket>,
     /// The staging that goes on while it serves, stopped once it is unmounted.
     pub background: Option<Arc<Background>>,
     /// The offer of its copy to this user's other processes, removed when dropped.
-    pub share: Option<crate::share::Offer>,
+    pub share: Option<crate::offer::Offer>,
 }
 
 /// Everything up to readiness: returns the live mount to serve.
@@ -51,9 +51,9 @@ pub(super) fn start(
     tune_allocator();
     // Before staging: no point copying a large archive into RAM only to find no FUSE.
     check_fuse_available()?;
-    crate::cancel::phase("staging and indexing")?;
+    stagefs_open::cancel::phase("staging and indexing")?;
     let received = match &request.broadcast {
-        Some(plan) => crate::stage::broadcast::receive(plan, crate::request::DEFAULT_WAIT)?,
+        Some(plan) => stagefs_open::stage::broadcast::receive(plan, crate::request::DEFAULT_WAIT)?,
         None => None,
     };
     let indexing = Indexing { force_save: false, depth: request.recursion_depth, index_dir: request.index_dir.clone() };
@@ -69,19 +69,18 @@ pub(super) fn start(
         let (set, staged_bytes, staging) = GrowingSet::open(archive_path, &request.shards, request.trust, opening)?;
         (Content::Growing(Arc::new(set)), staged_bytes, staging, None, None, None, vec![])
     } else {
-        let Opened { archive, staged_bytes, staging, disk, copier, identity, .. } = if request.shards.len() > 1 {
-            let how = How { mode: request.stage, max_ram: request.max_ram, trust: request.trust, not_on: None };
-            crate::shards::open_set(archive_path, &request.shards, how, &indexing)?.0
-        } else {
-            let stage_dir = request.stage_dir.as_deref();
-            // The archive itself: for an object, its URL as given (the label shows no query).
-            let archive = request.shards.first().map_or(archive_path, |p| p.as_path());
-            open_archive(archive, request.trust, request.stage, request.max_ram, stage_dir, received, &indexing)?
-        };
+        let set = ArchiveSet { label: archive_path.to_owned(), shards: request.shards.clone(), trust: request.trust };
+        let options = OpenOptions::default()
+            .stage(request.stage)
+            .max_ram(request.max_ram)
+            .stage_dir(request.stage_dir.clone())
+            .indexing(indexing)
+            .received(received);
+        let Opened { archive, staged_bytes, staging, disk, copier, identity, .. } = stagefs_open::open(&set, options)?;
         let compressed = archive.compression();
         (Content::Fixed(archive), staged_bytes, staging, disk, compressed, copier, identity)
     };
-    crate::cancel::phase("mounting")?;
+    stagefs_open::cancel::phase("mounting")?;
     // Building the index peaks well above what the finished index keeps.
     return_free_memory();
     let fs =
@@ -115,13 +114,13 @@ pub(super) fn start(
     // open the same archive (stagefs.open, Loader), so that the node holds one.
     let share = match identity.as_slice() {
         [id] if staging == Staging::Copy => {
-            Some(crate::share::offer(fs.clone(), *id, mountpoint).map_err(unmount_on_error)?)
+            Some(crate::offer::offer(fs.clone(), *id, mountpoint).map_err(unmount_on_error)?)
         }
         _ => None,
     };
     let mut warm = None;
     if request.warm.wanted(staging != Staging::InPlace) {
-        crate::cancel::phase("warming").map_err(|i| unmount_on_error(i.into()))?;
+        stagefs_open::cancel::phase("warming").map_err(|i| unmount_on_error(i.into()))?;
         // Decided now, against the RAM budget (a copy still to fill counts as taken); done
         // in the background once the mount is ready (and the copy is in).
         let pending = copier.as_ref().filter(|c| c.in_memory()).map_or(0, |c| c.len());
@@ -130,7 +129,7 @@ pub(super) fn start(
         let store = Box::new(crate::fuse::page_cache_store(&session));
         warm = Some(Warm { plan, fs: fs.clone(), store, staging });
     }
-    crate::cancel::phase("ready").map_err(|i| unmount_on_error(i.into()))?;
+    stagefs_open::cancel::phase("ready").map_err(|i| unmount_on_error(i.into()))?;
     let background = Background::new(copier.as_ref(), warm.as_ref());
     let mut record = Record {
         pid: std::process::id(),
@@ -161,7 +160,7 @@ pub(super) fn start(
     }
     unmount_on_signals(mountpoint.to_owned()).map_err(unmount_on_error)?;
     // A signal that came just before the handler thread started is not lost.
-    crate::cancel::check().map_err(|i| unmount_on_error(i.into()))?;
+    stagefs_open::cancel::check().map_err(|i| unmount_on_error(i.into()))?;
     super::watch::spawn_watchdog(mountpoint.to_owned(), {
         let fs = fs.clone();
         move || fs.reads_served()
@@ -173,7 +172,7 @@ pub(super) fn start(
     }
     tracing::info!(mountpoint = %mountpoint.shown(), pid = record.pid, "mounted");
     if let Some(mut pipe) = ready.take() {
-        crate::cancel::release_parent();
+        stagefs_open::cancel::release_parent();
         detach_stdio(log.and_then(|l| l.file.try_clone().ok()));
         let _ = pipe.write_all(b"ok ");
     } else {

@@ -6,10 +6,10 @@ use std::path::Path;
 use super::memory::return_free_memory;
 use crate::error::Failure;
 use crate::fs::Fs;
-use crate::report;
 use crate::request::MountRequest;
-use crate::stage::{self, StageMode, Staging};
 use crate::warm;
+use stagefs_open::report;
+use stagefs_open::stage::{self, StageMode, Staging};
 
 /// What the warm-up will do, decided before the mount is reported ready.
 pub(super) enum Plan {
@@ -106,7 +106,7 @@ pub(super) fn run(
     let stored = std::sync::atomic::AtomicU64::new(0);
     let served_from_file = matches!(staging, Staging::PageCache | Staging::Disk);
     // Tests slow the warm-up down (per file) to see the mount serve while it warms.
-    let delay = crate::test_hooks::var("STAGEFS_TEST_STAGE_CHUNK_DELAY_MS")
+    let delay = stagefs_open::test_hooks::var("STAGEFS_TEST_STAGE_CHUNK_DELAY_MS")
         .and_then(|ms| ms.parse().ok())
         .map(std::time::Duration::from_millis);
     let store = |ino: u64, offset: u64, data: &[u8]| {

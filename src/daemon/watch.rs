@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::mountpoint::{self, MountpointError};
-use crate::registry;
+use stagefs_open::registry;
 
 /// The election lock this process won, as (device, inode, path). A forked daemon inherits
 /// it (and the lock) and deletes the file on exit if the path still names it.
@@ -47,10 +47,10 @@ pub fn daemon_exiting(mountpoint: &Path) {
     use std::os::unix::fs::MetadataExt;
     let Some((dev, ino, path)) = LEASE.lock().ok().and_then(|l| l.clone()) else { return };
     if std::fs::metadata(&path).is_ok_and(|m| m.dev() == dev && m.ino() == ino) {
-        crate::places::remove_file(&path);
+        stagefs_open::places::remove_file(&path);
     }
-    if let Ok(users) = crate::places::mountpoint_file(mountpoint, "users") {
-        crate::places::remove_unless_locked(&users);
+    if let Ok(users) = stagefs_open::places::mountpoint_file(mountpoint, "users") {
+        stagefs_open::places::remove_unless_locked(&users);
     }
 }
 

@@ -17,11 +17,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
-use crate::open::{Indexing, OpenArchiveError, Opened};
-use crate::places::{self, Trust};
-use crate::shards::How;
-use crate::shards::ShardError;
-use crate::stage::{StageMode, Staging};
+use stagefs_open::open::{Indexing, OpenArchiveError, Opened};
+use stagefs_open::places::{self, Trust};
+use stagefs_open::shards::How;
+use stagefs_open::shards::ShardError;
+use stagefs_open::stage::{StageMode, Staging};
 use tree::{diff, serial_of, DirNumbers};
 pub use tree::{Shard, Tree};
 
@@ -65,7 +65,7 @@ pub enum GrowError {
     #[error("the caller gave up before the change was made; nothing changed")]
     Abandoned,
     #[error(transparent)]
-    Outside(#[from] crate::places::OutsideError),
+    Outside(#[from] stagefs_open::places::OutsideError),
 }
 
 /// What a change did.
@@ -122,7 +122,7 @@ impl GrowingSet {
         let mut list = Vec::new();
         let how = How { mode: opening.mode, max_ram: opening.max_ram, trust, not_on: None };
         let open = |shards: &[PathBuf], list: &mut Vec<Arc<Shard>>| {
-            crate::shards::open_each(label, shards, how, &indexing, |file, opened| {
+            stagefs_open::shards::open_each(label, shards, how, &indexing, |file, opened| {
                 list.push(Arc::new(shard(file, opened, list.len() as u32 + 1)));
                 Ok(())
             })
@@ -130,12 +130,12 @@ impl GrowingSet {
         let mut refused = Vec::new();
         // A watched pattern may start with no shard at all: an empty root, waiting.
         let (stats, staged_bytes, staging) = match open(shards, &mut list) {
-            _ if shards.is_empty() => (crate::shards::SetStats::default(), 0, Staging::InPlace),
+            _ if shards.is_empty() => (stagefs_open::shards::SetStats::default(), 0, Staging::InPlace),
             Ok(opened) => opened,
             // `--watch` skips a shard that cannot serve, as it does while running.
             Err(_) if opening.skip_failing => {
                 list.clear();
-                let mut stats = crate::shards::SetStats::default();
+                let mut stats = stagefs_open::shards::SetStats::default();
                 let (mut staged_bytes, mut staging) = (0, Staging::InPlace);
                 for path in shards {
                     match open(std::slice::from_ref(path), &mut list) {
@@ -159,9 +159,9 @@ impl GrowingSet {
         let next_serial = list.len() as u32 + 1;
         let mut numbers = DirNumbers::default();
         let tree = Tree::build(list, &mut numbers).map_err(OpenArchiveError::from)?;
-        crate::shards::warn_conflicts(label, tree.conflicts.0, tree.conflicts.1.as_ref());
+        stagefs_open::shards::warn_conflicts(label, tree.conflicts.0, tree.conflicts.1.as_ref());
         if !shards.is_empty() {
-            crate::shards::report_indexed(shards.len(), tree.entries(), started, &stats);
+            stagefs_open::shards::report_indexed(shards.len(), tree.entries(), started, &stats);
         }
         let changing = Changing { numbers, next_serial, kernel: None, mount_dev: None };
         let set = GrowingSet {
@@ -319,7 +319,7 @@ impl GrowingSet {
                 more => PathBuf::from(format!("{} shards added to {}", more.len(), self.label.shown())),
             };
             let mut serial = changing.next_serial;
-            crate::shards::open_each(&label, &added, how, &indexing, |file, opened| {
+            stagefs_open::shards::open_each(&label, &added, how, &indexing, |file, opened| {
                 shards.push(Arc::new(shard(file, opened, serial)));
                 serial += 1;
                 Ok(())
@@ -331,7 +331,7 @@ impl GrowingSet {
         if !waiting() {
             return Err(GrowError::Abandoned);
         }
-        crate::shards::warn_conflicts(&self.label, new.conflicts.0, new.conflicts.1.as_ref());
+        stagefs_open::shards::warn_conflicts(&self.label, new.conflicts.0, new.conflicts.1.as_ref());
         // Retired before the swap (a request on the old tree may still ask for them), and
         // before the kernel is told (the forgets its notifications cause must find them).
         if let Ok(mut map) = self.retired.lock() {
@@ -373,7 +373,7 @@ impl GrowingSet {
     }
 }
 
-fn shard(member: &crate::shards::Member, opened: Opened, serial: u32) -> Shard {
+fn shard(member: &stagefs_open::shards::Member, opened: Opened, serial: u32) -> Shard {
     Shard {
         path: member.name().to_owned(),
         id: member.id(),

@@ -17,9 +17,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::GrowingSet;
-use crate::places::{self, Trust};
 use stagefs_archive::escape::Shown;
 use stagefs_archive::FileId;
+use stagefs_open::places::{self, Trust};
 
 /// Names remembered as refused at most: beyond this many refused files present at once,
 /// the oldest are forgotten (and tried again when next seen stable).
@@ -74,7 +74,7 @@ pub fn spawn(set: Arc<GrowingSet>, pattern: String, interval: Duration, memory: 
 /// and is stable again is read again, what is gone removed.
 fn poll(set: &GrowingSet, pattern: &str, memory: &mut Memory) {
     let served: HashMap<PathBuf, FileId> = set.served().into_iter().collect();
-    let matches = match crate::shards::matches(pattern) {
+    let matches = match stagefs_open::shards::matches(pattern) {
         Ok(m) => m,
         Err(e) => return tracing::warn!("--watch: {e}"),
     };

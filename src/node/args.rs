@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{run, wait, RunRequest};
-use crate::duration::parse_duration;
 use crate::error::Failure;
 use crate::options::default_mountpoint;
+use stagefs_open::duration::parse_duration;
 
 /// Mount (once per node), run a command with the mount, unmount after the node's last task
 #[derive(Debug, clap::Args)]

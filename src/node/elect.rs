@@ -11,8 +11,8 @@ use crate::daemon;
 use crate::daemon::watch;
 use crate::error::{code, Failure};
 use crate::mountpoint;
-use crate::registry;
 use crate::request::MountRequest;
+use stagefs_open::registry;
 
 /// How often waiters look again; mounting takes from milliseconds to minutes.
 const POLL: Duration = Duration::from_millis(20);
@@ -220,8 +220,8 @@ fn already_mounted(mountpoint: &Path, request: &MountRequest) -> String {
     let pid = record.as_ref().map_or_else(|| "?".to_string(), |r| r.pid.to_string());
     let mut line =
         format!("{} is already mounted with this archive (daemon pid {pid}); nothing to do", mountpoint.shown());
-    let in_place = record.is_some_and(|r| r.staging == crate::stage::Staging::InPlace.name());
-    if matches!(request.stage, crate::stage::StageMode::Ram | crate::stage::StageMode::Copy) && in_place {
+    let in_place = record.is_some_and(|r| r.staging == stagefs_open::stage::Staging::InPlace.name());
+    if matches!(request.stage, stagefs_open::stage::StageMode::Ram | stagefs_open::stage::StageMode::Copy) && in_place {
         line += &format!(
             ". Note: it is served in place, not staged in RAM as --stage asks; to stage it, \
              `stagefs umount {}` and mount again",

@@ -43,7 +43,7 @@ impl LockFile {
 
     /// Opens the file in its (checked, private) directory, never through a symlink.
     fn open(path: &Path) -> io::Result<LockFile> {
-        Ok(LockFile { file: crate::places::open_private(path)?, path: path.to_owned() })
+        Ok(LockFile { file: stagefs_open::places::open_private(path)?, path: path.to_owned() })
     }
 
     /// Non-blocking `flock`; also converts a held lock between shared and exclusive.
@@ -89,7 +89,7 @@ impl LockFile {
     /// Deletes the file if it is still the one at the path (call only while locked).
     pub(crate) fn remove(&self) {
         if self.is_current() {
-            crate::places::remove_file(&self.path);
+            stagefs_open::places::remove_file(&self.path);
         }
     }
 
@@ -110,7 +110,7 @@ impl LockFile {
     }
 
     pub(crate) fn read_text(&self) -> String {
-        crate::places::read_own(&self.path, 1 << 20).and_then(|b| String::from_utf8(b).ok()).unwrap_or_default()
+        stagefs_open::places::read_own(&self.path, 1 << 20).and_then(|b| String::from_utf8(b).ok()).unwrap_or_default()
     }
 }
 
@@ -142,7 +142,7 @@ impl Status {
 
     /// The status in the file at `path`, if it exists and parses.
     pub(crate) fn read(path: &Path) -> Option<Status> {
-        Status::parse(&String::from_utf8(crate::places::read_own(path, 1 << 20)?).ok()?)
+        Status::parse(&String::from_utf8(stagefs_open::places::read_own(path, 1 << 20)?).ok()?)
     }
 }
 

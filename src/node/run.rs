@@ -20,8 +20,8 @@ use super::{elect, NodeFiles, SlurmTask};
 use crate::daemon::watch;
 use crate::error::Failure;
 use crate::mountpoint;
-use crate::registry;
 use crate::request::MountRequest;
+use stagefs_open::registry;
 
 /// How long the mounting task waits for the rest of its step to join before it stops
 /// counting (a task that never started must not keep the mount forever).

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::{code, Failure};
 use crate::mountpoint;
-use crate::registry::{self, StagingProgress};
-use crate::report::human;
+use stagefs_open::registry::{self, StagingProgress};
+use stagefs_open::report::human;
 
 /// How often the mount's record is read again: it follows the daemon within
 /// `daemon::RECORD_REFRESH`.

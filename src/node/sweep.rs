@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::lock::{is_locked, now_ms, LockFile, Mode, Status};
 use super::NodeFiles;
-use crate::registry;
+use stagefs_open::registry;
 
 /// Starts `stagefs reap-failure` for the failure status at `lock` (see [`reap_failure`]),
 /// detached from this terminal's signals and output; false if it cannot start.
@@ -50,7 +50,7 @@ const FAILURE_KEPT_MS: u64 = 60_000;
 /// (a live leader, or the daemon it forked, always holds its lock), except failures
 /// younger than `FAILURE_KEPT_MS`, and records of daemons that are gone.
 pub fn sweep_stale() {
-    if let Ok(dir) = crate::places::runtime_dir() {
+    if let Ok(dir) = stagefs_open::places::runtime_dir() {
         sweep_stale_in(dir);
     }
 }
@@ -76,20 +76,21 @@ fn sweep_stale_in(dir: &Path) {
     for path in &paths {
         let kind = path.extension().and_then(|x| x.to_str());
         if matches!(kind, Some("users" | "log")) && !is_locked(&path.with_extension("lock")) {
-            crate::places::remove_unless_locked(path);
+            stagefs_open::places::remove_unless_locked(path);
         }
     }
-    registry::sweep_dead_in(dir);
+    let uid = stagefs_open::places::my_uid();
+    registry::sweep_dead_in(dir, |at| crate::mountpoint::mount_at(at).is_some_and(|m| m.is_stagefs_of(uid)));
 }
 
 /// For `stagefs umount` of a mount whose daemon was killed: removes its lock (unless a new
 /// mounter holds it), its users tally (unless a task still holds it) and its log.
 pub fn clear_leftovers(mountpoint: &Path) {
     let Ok(files) = NodeFiles::for_mountpoint(mountpoint) else { return };
-    crate::places::remove_unless_locked(&files.lock);
-    crate::places::remove_unless_locked(&files.users);
-    if let Ok(log) = crate::places::mountpoint_file(mountpoint, "log") {
-        crate::places::remove_file(&log);
+    stagefs_open::places::remove_unless_locked(&files.lock);
+    stagefs_open::places::remove_unless_locked(&files.users);
+    if let Ok(log) = stagefs_open::places::mountpoint_file(mountpoint, "log") {
+        stagefs_open::places::remove_file(&log);
     }
 }
 

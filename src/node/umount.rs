@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::Failure;
 use crate::mountpoint::{self, MountpointError};
-use crate::registry;
+use stagefs_open::registry;
 
 /// `stagefs umount`: unmount, then wait for the daemon (if we know it) to exit. `path` is
 /// the mountpoint, or the archive mounted (when it is mounted once).
@@ -31,7 +31,7 @@ pub fn umount(path: &Path, lazy: bool) -> Result<(), Failure> {
             }
             return Err(MountpointError::NotMounted(mountpoint).into());
         }
-        Some(entry) if !entry.is_stagefs_of(crate::places::my_uid()) => {
+        Some(entry) if !entry.is_stagefs_of(stagefs_open::places::my_uid()) => {
             return Err(Failure::new(
                 crate::error::code::NOT_MOUNTED,
                 format!(
@@ -82,7 +82,9 @@ fn mount_of_archive(path: &Path) -> Result<Option<std::path::PathBuf>, Failure> 
     if !std::fs::symlink_metadata(path).is_ok_and(|m| !m.is_dir()) {
         return Ok(None);
     }
-    let Ok(archive) = crate::places::open_outside(path, crate::places::Trust::Named, None) else { return Ok(None) };
+    let Ok(archive) = stagefs_open::places::open_outside(path, stagefs_open::places::Trust::Named, None) else {
+        return Ok(None);
+    };
     let archive = archive.resolved();
     let mounts: Vec<_> = registry::list()?
         .into_iter()
@@ -115,9 +117,9 @@ fn mount_of_archive(path: &Path) -> Result<Option<std::path::PathBuf>, Failure> 
 fn clear_after_killed_daemon(record: &registry::Record) {
     super::clear_leftovers(&record.mountpoint);
     registry::remove(&record.mountpoint);
-    crate::places::remove_created(&record.created);
+    stagefs_open::places::remove_created(&record.created);
     if let Some(dir) = &record.stage_dir {
-        crate::stage::disk::remove_if_empty(dir);
+        stagefs_open::stage::disk::remove_if_empty(dir);
     }
 }
 

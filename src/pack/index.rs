@@ -158,11 +158,11 @@ mod tests {
             level: None,
         };
         args.run().unwrap(); // not execute(): it would catch signals in the test process
-        let file = crate::places::open_outside(&out, crate::places::Trust::Named, None).unwrap();
+        let file = stagefs_open::places::open_outside(&out, stagefs_open::places::Trust::Named, None).unwrap();
         let scanned = Archive::open(file.file(), &out).unwrap();
-        let key = crate::saved_index::Key::of(file.file()).unwrap();
+        let key = stagefs_open::saved_index::Key::of(file.file()).unwrap();
         let backing = stagefs_archive::map_file(file.file()).unwrap();
-        let (index, saved) = crate::saved_index::load(&file, &key, &backing, None, &Default::default())
+        let (index, saved) = stagefs_open::saved_index::load(&file, &key, &backing, None, &Default::default())
             .expect("pack saved a matching index");
         assert!(index == scanned.index, "the same tree, byte for byte");
         let (saved, scanned) = (saved.saved().unwrap().outer, scanned.saved().unwrap().outer);

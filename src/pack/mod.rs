@@ -45,14 +45,14 @@ pub struct PackArgs {
     pub files_from: Option<PathBuf>,
     /// Split into shards of about this size (e.g. 1G): a shard ends only between two samples
     /// (files of one directory sharing the name before the first dot: 123.jpg, 123.cls stay together)
-    #[arg(long, value_name = "SIZE", value_parser = crate::report::parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = stagefs_open::report::parse_size)]
     pub shard_size: Option<u64>,
     /// Store owner and group as 0 with no names, and modes readable by all (a+r, a+x where
     /// anyone may execute, and on directories); times kept. For data shared with others
     #[arg(long)]
     pub normalize: bool,
     /// Most bytes of file content read ahead of the writer
-    #[arg(long, value_name = "SIZE", value_parser = crate::report::parse_size, default_value = "256M")]
+    #[arg(long, value_name = "SIZE", value_parser = stagefs_open::report::parse_size, default_value = "256M")]
     pub read_ahead: u64,
     /// Compress the tar as it is written, in independent frames of at most 1 MiB of tar cut
     /// between members, so that stagefs reads any file by decoding its own frame: zstd
@@ -121,8 +121,8 @@ pub enum PackError {
     Output { path: PathBuf, what: String, source: std::io::Error },
     #[error("cannot index the archive: {0}")]
     Index(stagefs_archive::index::BuildError),
-    #[error("interrupted by {}; the partial archive was removed", crate::cancel::signal_name(.0 .0))]
-    Interrupted(crate::cancel::Interrupted),
+    #[error("interrupted by {}; the partial archive was removed", stagefs_open::cancel::signal_name(.0 .0))]
+    Interrupted(stagefs_open::cancel::Interrupted),
 }
 
 impl From<PackError> for Failure {
@@ -162,7 +162,7 @@ fn umask() -> u32 {
 
 impl PackArgs {
     pub fn execute(self) -> Result<(), Failure> {
-        crate::cancel::arm().map_err(|e| Failure::other(format!("cannot catch signals: {e}")))?;
+        stagefs_open::cancel::arm().map_err(|e| Failure::other(format!("cannot catch signals: {e}")))?;
         self.run().map_err(Failure::from)
     }
 
@@ -203,7 +203,7 @@ impl PackArgs {
                 return Err(PackError::Usage(format!("--level {level}: gzip's levels are 1 to 9")));
             }
         }
-        let made = crate::places::output_parents(&first_path, 0o777 & !umask())
+        let made = stagefs_open::places::output_parents(&first_path, 0o777 & !umask())
             .map_err(|e| PackError::Usage(format!("cannot make the directory of {}: {e}", first_path.shown())))?;
         // Directories made for OUT go again if the pack fails: nothing partial is left.
         let mut made = Made(made);
@@ -262,7 +262,7 @@ impl PackArgs {
              readers; {saved} index{} saved",
             totals.files,
             if totals.files == 1 { "" } else { "s" },
-            crate::report::human(totals.bytes),
+            stagefs_open::report::human(totals.bytes),
             totals.files as f64 / secs,
             totals.bytes as f64 / secs / 1e6,
             if saved == 1 { "" } else { "es" }
@@ -276,7 +276,7 @@ struct Made(Vec<PathBuf>);
 
 impl Drop for Made {
     fn drop(&mut self) {
-        crate::places::remove_created(&self.0);
+        stagefs_open::places::remove_created(&self.0);
     }
 }
 
@@ -288,14 +288,14 @@ fn keep(root: &Path, e: &walk::Entry) -> bool {
     }
     let name = e.path.rsplit(|&b| b == b'/').next().unwrap_or(&[]);
     // The archive being written, when OUT is inside DIR (tar: "file is the archive; not dumped").
-    !(name.starts_with(b".") && name.ends_with(b".stagefs-pack") && e.stat.uid == crate::places::my_uid())
+    !(name.starts_with(b".") && name.ends_with(b".stagefs-pack") && e.stat.uid == stagefs_open::places::my_uid())
 }
 
 /// Saves an installed archive's index, keyed by the archive as it now is (after the rename).
 fn save_index(out: &mut output::Output) -> Result<(), String> {
     let (index, sparse_files, extents) = std::mem::take(&mut out.index).finish().map_err(|e| e.to_string())?;
-    let file =
-        crate::places::open_outside(&out.final_path, crate::places::Trust::Named, None).map_err(|e| e.to_string())?;
+    let file = stagefs_open::places::open_outside(&out.final_path, stagefs_open::places::Trust::Named, None)
+        .map_err(|e| e.to_string())?;
     let mut backing = stagefs_archive::map_file(file.file()).map_err(|e| e.to_string())?;
     if let Some(framer) = &out.framer {
         // A compressed archive's index holds its frames as restart points: a mount reads
@@ -316,9 +316,10 @@ fn save_index(out: &mut output::Output) -> Result<(), String> {
     }
     let reader = stagefs_archive::tar::TarReader::from_parts(backing, sparse_files, extents)
         .ok_or("sparse tables out of bounds")?;
-    let key = crate::saved_index::Key::of(file.file()).map_err(|e| e.to_string())?;
+    let key = stagefs_open::saved_index::Key::of(file.file()).map_err(|e| e.to_string())?;
     let tables = stagefs_archive::tar::SavedTables { outer: &reader, inner: &[], runs: &[] };
-    let at = crate::saved_index::save(&file, &key, &index, tables, &Default::default()).map_err(|e| e.to_string())?;
+    let at =
+        stagefs_open::saved_index::save(&file, &key, &index, tables, &Default::default()).map_err(|e| e.to_string())?;
     tracing::info!(index = %at.path.shown(), "saved the index");
     Ok(())
 }

@@ -37,7 +37,7 @@ impl Output {
     pub fn create(final_path: &Path, compress: Option<(Compression, Option<i32>)>) -> Result<Output, PackError> {
         let mut name = OsString::from(".");
         name.push(final_path.file_name().unwrap_or_default());
-        name.push(format!(".{}.stagefs-pack", crate::places::random_suffix()));
+        name.push(format!(".{}.stagefs-pack", stagefs_open::places::random_suffix()));
         let tmp = final_path.with_file_name(name);
         let file = File::options()
             .write(true)
@@ -140,12 +140,12 @@ impl Output {
         }
         let dir =
             std::fs::metadata(dir_of(&self.final_path)).map_err(|e| self.error("cannot inspect its directory", e))?;
-        let me = crate::places::my_uid();
+        let me = stagefs_open::places::my_uid();
         if dir.mode() & libc::S_ISVTX != 0 && there.uid() != me && dir.uid() != me && me != 0 {
             return Err(refuse(&format!(
                 "cannot rename the finished archive into place: it exists and belongs to another user, {}, in a \
                  directory with the sticky bit; nothing was installed",
-                crate::places::user_label(there.uid())
+                stagefs_open::places::user_label(there.uid())
             )));
         }
         Ok(())

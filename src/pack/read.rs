@@ -91,7 +91,7 @@ impl<'a> Window<'a> {
                 s.ahead += 1;
                 i
             };
-            let result = crate::cancel::check().map_err(PackError::Interrupted).and_then(|()| self.load(i));
+            let result = stagefs_open::cancel::check().map_err(PackError::Interrupted).and_then(|()| self.load(i));
             let mut s = self.lock();
             s.done.insert(i, result);
             self.finished.notify_all();

@@ -174,7 +174,7 @@ fn worker(root: &Path, filter: &Filter, queue: &Mutex<Queue>, wake: &Condvar) ->
     let mut q = queue.lock().unwrap_or_else(|e| e.into_inner());
     loop {
         if q.error.is_none() {
-            if let Err(e) = crate::cancel::check() {
+            if let Err(e) = stagefs_open::cancel::check() {
                 q.error = Some(PackError::Interrupted(e));
             }
         }
@@ -258,9 +258,9 @@ const MAX_LIST: u64 = 1 << 30;
 /// `/` are dropped; empty lines skipped). An absolute path or `..` is refused.
 pub fn read_list(list: &Path) -> Result<Vec<Vec<u8>>, PackError> {
     let cannot = |e: String| PackError::Usage(format!("--files-from {}: cannot read it: {e}", list.shown()));
-    let file =
-        crate::places::open_outside(list, crate::places::Trust::Named, None).map_err(|e| cannot(e.to_string()))?;
-    let bytes = crate::places::read_all(file.file(), MAX_LIST).map_err(cannot)?;
+    let file = stagefs_open::places::open_outside(list, stagefs_open::places::Trust::Named, None)
+        .map_err(|e| cannot(e.to_string()))?;
+    let bytes = stagefs_open::places::read_all(file.file(), MAX_LIST).map_err(cannot)?;
     let mut paths = Vec::new();
     for (n, line) in bytes.split(|&b| b == b'\n').enumerate() {
         let line = line.strip_suffix(b"\r").unwrap_or(line);

@@ -49,7 +49,7 @@ impl<'a> Writer<'a> {
             .map(|(i, m)| (m.path.as_slice(), i))
             .collect();
         let total: u64 = members.iter().filter(|m| m.link_to.is_none()).map(|m| m.stat.size).sum();
-        let bar = crate::report::progress(Some(total), "packing");
+        let bar = stagefs_open::report::progress(Some(total), "packing");
         Writer {
             root,
             members,
@@ -71,7 +71,7 @@ impl<'a> Writer<'a> {
         self.draw(started);
         let members = self.members;
         for (i, m) in members.iter().enumerate() {
-            crate::cancel::check().map_err(PackError::Interrupted)?;
+            stagefs_open::cancel::check().map_err(PackError::Interrupted)?;
             let content = window.take(i)?;
             if m.shard as usize >= self.outputs.len() {
                 self.outputs.last_mut().expect("shard 0 exists").finish(self.opts.mode)?;
@@ -84,7 +84,7 @@ impl<'a> Writer<'a> {
             window.release(i);
             if i == 0 {
                 // Tests hold this phase (STAGEFS_TEST_HOLD_PHASE) to signal a pack under way.
-                crate::cancel::phase("packing").map_err(PackError::Interrupted)?;
+                stagefs_open::cancel::phase("packing").map_err(PackError::Interrupted)?;
             }
             if self.drawn.elapsed() > Duration::from_millis(200) {
                 self.draw(started);
@@ -306,7 +306,7 @@ impl<'a> Writer<'a> {
             if done == len {
                 break Ok(true);
             }
-            if let Err(e) = crate::cancel::check() {
+            if let Err(e) = stagefs_open::cancel::check() {
                 break Err(PackError::Interrupted(e));
             }
             let want = (len - done).min(CHUNK as u64) as usize;

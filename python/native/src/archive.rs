@@ -9,13 +9,13 @@ use crate::tree::{self, Described};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
-use stagefs::open::Indexing;
-use stagefs::options::nesting_depth;
-use stagefs::remote::RemoteOptions;
-use stagefs::shards::{self, How};
-use stagefs::stage::{StageMode, Staging};
 use stagefs_archive::escape::Shown;
 use stagefs_archive::index::InodeId;
+use stagefs_open::open::{nesting_depth, Indexing};
+use stagefs_open::remote::RemoteOptions;
+use stagefs_open::shards;
+use stagefs_open::stage::{StageMode, Staging};
+use stagefs_open::OpenOptions;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -36,29 +36,28 @@ struct Options {
 /// `https://` URL, brace range or pattern) as `stagefs mount` does: the same trust rules,
 /// client and credential chain, staging, saved indexes and scan.
 fn open_spec(spec: &Path, o: &Options, stop: &AtomicBool) -> Result<Shared, OpenFailure> {
-    if !stagefs::remote::is_url(spec) {
+    if !stagefs_open::remote::is_url(spec) {
         return open_set(shards::resolve(spec, &[], o.trust_shards)?, o, stop);
     }
     // With the client of these options (another open may have used others).
-    stagefs::remote::with_options(&o.remote, || open_set(stagefs::remote::resolve(spec, &[], false)?, o, stop))?
+    stagefs_open::remote::with_options(&o.remote, || {
+        open_set(stagefs_open::remote::resolve(spec, &[], false)?, o, stop)
+    })?
 }
 
 /// Opens the archives `set` names (one, or a shard set) as the daemon does.
-fn open_set(set: stagefs::places::ArchiveSet, o: &Options, stop: &AtomicBool) -> Result<Shared, OpenFailure> {
+fn open_set(set: stagefs_open::places::ArchiveSet, o: &Options, stop: &AtomicBool) -> Result<Shared, OpenFailure> {
     let indexing = Indexing { depth: nesting_depth(o.recursive, None), ..Indexing::default() };
-    let opened = if set.shards.len() > 1 {
-        let how = How { mode: o.mode, max_ram: o.max_ram, trust: set.trust, not_on: None };
-        shards::open_set(&set.label, &set.shards, how, &indexing)?.0
-    } else {
-        // The archive itself: for an object, its URL as given (the label shows no query).
-        let one = set.shards.first().unwrap_or(&set.label);
+    let options = OpenOptions::default()
+        .stage(o.mode)
+        .max_ram(o.max_ram)
+        .stage_dir(o.stage_dir.clone())
+        .indexing(indexing)
         // A copy in RAM that a mount of this user already holds is read from there.
-        let budget = (o.max_ram, o.stage_dir.as_deref());
-        let mut opened = shards::open_archive_or_shared(one, set.trust, o.mode, budget, &indexing)?;
-        // In process the copy is made before reading starts (a mount serves while it stages).
-        opened.stage_now()?;
-        opened
-    };
+        .take_a_shared_copy(true);
+    let mut opened = stagefs_open::open(&set, options)?;
+    // In process the copy is made before reading starts (a mount serves while it stages).
+    opened.stage_now()?;
     if opened.staging == Staging::PageCache {
         // What the daemon's warm-up does for a mount: the archive's pages in the page
         // cache once, shared by every process of the node that opens it; read through the
@@ -70,7 +69,7 @@ fn open_set(set: stagefs::places::ArchiveSet, o: &Options, stop: &AtomicBool) ->
 }
 
 /// The stagefs mount of this user that holds `path`, when the copy in RAM it serves can be
-/// read in this process (see `stagefs::share`): the archive read from that copy, the
+/// read in this process (see `stagefs_open::share`): the archive read from that copy, the
 /// mountpoint, and the directory of the archive that `path` is ("" for its root). `None`:
 /// read through the mount (no such mount, or no complete copy to share). The GIL is
 /// released meanwhile.
@@ -88,14 +87,14 @@ fn mounted(path: &Path) -> Option<(Shared, PathBuf, String)> {
         return None;
     }
     // The innermost mount holding the path: a mount inside another's tree is its own.
-    let record = stagefs::share::offering()
+    let record = stagefs_open::share::offering()
         .into_iter()
         .filter(|r| path.starts_with(&r.mountpoint))
         .max_by_key(|r| r.mountpoint.as_os_str().len())?;
     let inside = path.strip_prefix(&record.mountpoint).ok()?;
     let root = record.prefix.as_deref().unwrap_or(Path::new("")).join(inside);
     let root = root.to_str()?.trim_end_matches('/').to_owned();
-    let opened = shards::open_shared(&record.archive, stagefs::places::Trust::Named).ok()??;
+    let opened = shards::open_shared(&record.archive, stagefs_open::places::Trust::Named).ok()??;
     Some((Shared::new(opened, record.archive, 1), record.mountpoint, root))
 }
 
@@ -126,7 +125,7 @@ fn collecting_log<T>(f: impl FnOnce() -> T) -> (T, Vec<(String, String)>) {
         .finish();
     // As the CLI's: the HTTP and TLS crates' request dumps (credentials included) never pass.
     let no_request_dumps: tracing_subscriber::filter::Targets =
-        stagefs::remote::LOG_FILTER.parse().expect("stagefs_remote::LOG_FILTER parses");
+        stagefs_open::remote::LOG_FILTER.parse().expect("stagefs_remote::LOG_FILTER parses");
     let subscriber = tracing_subscriber::layer::SubscriberExt::with(subscriber, no_request_dumps);
     let value = tracing::subscriber::with_default(subscriber, f);
     let text = String::from_utf8_lossy(&lines.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned();
@@ -162,7 +161,7 @@ fn size_of(value: Option<Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
     let text: String = value
         .extract()
         .map_err(|_| PyTypeError::new_err("max_ram must be bytes (an int) or a size such as \"64G\""))?;
-    stagefs::report::parse_size(&text).map(Some).map_err(PyValueError::new_err)
+    stagefs_open::report::parse_size(&text).map(Some).map_err(PyValueError::new_err)
 }
 
 /// Opens an archive; returns it and what opening it logged, (level, line). `remote`: the
@@ -188,7 +187,7 @@ pub fn open(
     let what = spec.clone();
     let (opened, logged) = background::run(py, "open", move |stop| {
         // Summaries go to Python's logging; bars only where asked for (on a terminal).
-        stagefs::report::lines_to_log(progress, || collecting_log(|| open_spec(&what, &options, stop)))
+        stagefs_open::report::lines_to_log(progress, || collecting_log(|| open_spec(&what, &options, stop)))
     })?;
     let shared = opened.map_err(|e| open_error(py, e, &spec))?;
     Ok((Archive { shared: Arc::new(shared) }, logged))
@@ -205,7 +204,7 @@ fn remote_options(given: Option<Bound<'_, PyDict>>) -> PyResult<RemoteOptions> {
             return std::time::Duration::try_from_secs_f64(seconds).map_err(|e| PyValueError::new_err(e.to_string()));
         }
         let text: String = v.extract()?;
-        stagefs::duration::parse_duration(&text).map_err(PyValueError::new_err)
+        stagefs_open::duration::parse_duration(&text).map_err(PyValueError::new_err)
     };
     for (key, value) in given.iter() {
         let key: String = key.extract()?;

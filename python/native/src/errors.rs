@@ -8,14 +8,14 @@
 
 use pyo3::exceptions::{PyKeyboardInterrupt, PyMemoryError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use stagefs::open::OpenArchiveError;
-use stagefs::places::{OutsideError, PlaceError};
-use stagefs::remote::RemoteError;
-use stagefs::remote::RemoteFailure;
-use stagefs::shards::ShardError;
-use stagefs::stage::StageError;
 use stagefs_archive::index::{IndexError, PathError};
 use stagefs_archive::{OpenError, ReadError};
+use stagefs_open::open::OpenArchiveError;
+use stagefs_open::places::{OutsideError, PlaceError};
+use stagefs_open::remote::RemoteError;
+use stagefs_open::remote::RemoteFailure;
+use stagefs_open::shards::ShardError;
+use stagefs_open::stage::StageError;
 use stagefs_reader::Error;
 use std::path::{Path, PathBuf};
 
@@ -89,7 +89,7 @@ pub enum OpenFailure {
     #[error(transparent)]
     Open(#[from] OpenArchiveError),
     #[error(transparent)]
-    Remote(#[from] stagefs::remote::RemoteFailure),
+    Remote(#[from] stagefs_open::remote::RemoteFailure),
 }
 
 /// The exception for a refusal to open `spec`, as the daemon would refuse to mount it.
@@ -98,9 +98,9 @@ pub fn open_error(py: Python<'_>, e: OpenFailure, spec: &Path) -> PyErr {
     // The exception's filename: an object's URL without its user and query (a password or
     // a signature must not ride along in a traceback).
     let shown;
-    let spec = match stagefs::remote::is_url(spec) {
+    let spec = match stagefs_open::remote::is_url(spec) {
         true => {
-            shown = PathBuf::from(stagefs::remote::shown(spec));
+            shown = PathBuf::from(stagefs_open::remote::shown(spec));
             shown.as_path()
         }
         false => spec,

@@ -2,9 +2,9 @@
 
 use crate::errors::MemberError;
 use crate::pybuf::Held;
-use stagefs::stage::Staging;
 use stagefs_archive::index::{Inode, InodeId};
 use stagefs_archive::{Access, Archive as Opened, Bytes, ReadError};
+use stagefs_open::stage::Staging;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -19,13 +19,13 @@ pub struct Shared {
     pub shards: usize,
     /// The local-disk staging directory, removed when it is empty at the end.
     pub(crate) disk_dir: Option<PathBuf>,
-    /// Each file served, as it was when opened (see `stagefs::open::Opened::identity`).
+    /// Each file served, as it was when opened (see `stagefs_open::open::Opened::identity`).
     pub identity: Vec<stagefs_archive::FileId>,
 }
 
 impl Shared {
     /// `opened`, named `label`, merged from `shards` archives.
-    pub fn new(opened: stagefs::open::Opened, label: PathBuf, shards: usize) -> Shared {
+    pub fn new(opened: stagefs_open::open::Opened, label: PathBuf, shards: usize) -> Shared {
         Shared {
             archive: opened.archive,
             label,
@@ -41,7 +41,7 @@ impl Shared {
 impl Drop for Shared {
     fn drop(&mut self) {
         if let Some(dir) = &self.disk_dir {
-            stagefs::stage::disk::remove_if_empty(dir);
+            stagefs_open::stage::disk::remove_if_empty(dir);
         }
     }
 }

@@ -18,41 +18,45 @@ use stagefs_remote::{Client, Config, Secret};
 pub use stagefs_remote::{ObjectUrl, RemoteError, LOG_FILTER};
 
 /// How to reach objects in a store or on an HTTP(S) server.
-#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
-#[command(next_help_heading = "Archives in object storage (s3://BUCKET/KEY, https://HOST/PATH)")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::Args))]
+#[cfg_attr(
+    feature = "clap",
+    command(next_help_heading = "Archives in object storage (s3://BUCKET/KEY, https://HOST/PATH)")
+)]
 pub struct RemoteOptions {
     /// Range requests in flight while fetching an object, 1 to 256
-    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=256))]
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..=256)))]
     pub remote_concurrency: u16,
     /// Give up on a server silent this long (connecting, answering, each read; then retried), e.g. 30s;
     /// a whole request is bounded by --remote-deadline
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::duration::parse_duration)]
+    #[cfg_attr(feature = "clap", arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::duration::parse_duration))]
     pub remote_timeout: Duration,
     /// Give up on one request not done this long after it began, however steadily the server
     /// trickles (then retried, resuming where it stopped); --remote-timeout's partner, e.g. 5m
-    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = crate::duration::parse_duration)]
+    #[cfg_attr(feature = "clap", arg(long, value_name = "DURATION", default_value = "5m", value_parser = crate::duration::parse_duration))]
     pub remote_deadline: Duration,
     /// Tries per request: timeouts, resets, 5xx and 429 are retried with backoff, a refused
     /// connection at most 4 times; a name that does not resolve, an untrusted certificate and
     /// 4xx never
-    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=100))]
+    #[cfg_attr(feature = "clap", arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=100)))]
     pub remote_tries: u32,
     /// An S3-compatible store (MinIO, Ceph, ...): its URL, addressed path-style.
     /// Default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL or the profile's endpoint_url, else AWS
-    #[arg(long, value_name = "URL")]
+    #[cfg_attr(feature = "clap", arg(long, value_name = "URL"))]
     pub endpoint_url: Option<String>,
     /// Send S3 requests unsigned (public buckets), like aws-cli's --no-sign-request
-    #[arg(long)]
+    #[cfg_attr(feature = "clap", arg(long))]
     pub no_sign_request: bool,
     /// The AWS profile of ~/.aws/config and ~/.aws/credentials (default: AWS_PROFILE, else default)
-    #[arg(long, value_name = "NAME")]
+    #[cfg_attr(feature = "clap", arg(long, value_name = "NAME"))]
     pub profile: Option<String>,
     /// A file holding a bearer token for https:// URLs (sent as Authorization: Bearer);
     /// a token is never taken on the command line, where other users see it
-    #[arg(long, value_name = "FILE")]
+    #[cfg_attr(feature = "clap", arg(long, value_name = "FILE"))]
     pub bearer_token_file: Option<PathBuf>,
     /// Allow plain http:// (unencrypted, unauthenticated bytes) to hosts other than this machine
-    #[arg(long)]
+    #[cfg_attr(feature = "clap", arg(long))]
     pub allow_http: bool,
 }
 
@@ -389,7 +393,8 @@ mod tests {
         let set = resolve(Path::new("https://h.example/a.tar?sig=secret"), &[], false).unwrap();
         assert_eq!(set.label, PathBuf::from("https://h.example/a.tar"), "no query in the label");
         assert_eq!(set.shards, [PathBuf::from("https://h.example/a.tar?sig=secret")]);
-        let usage = |e: RemoteFailure| crate::error::Failure::from(e).code == crate::error::code::USAGE;
+        let usage =
+            |e: RemoteFailure| matches!(e, RemoteFailure::Usage(_) | RemoteFailure::Store(RemoteError::BadUrl(_)));
         assert!(usage(resolve(Path::new("s3://bucket/a.tar"), &[PathBuf::from("/local.tar")], false).unwrap_err()));
         assert!(usage(resolve(Path::new("http://example.org/a.tar"), &[], false).unwrap_err()));
     }

@@ -22,10 +22,7 @@ use stagefs_archive::escape::Shown;
 use std::path::{Path, PathBuf};
 
 pub use crate::places::ArchiveSet;
-pub use open::{
-    open_archive, open_archive_or_shared, open_each, open_set, open_shared, report_indexed, warn_conflicts, How,
-    Member, SetStats,
-};
+pub use open::{open_each, open_set, open_shared, report_indexed, warn_conflicts, How, Member, SetStats};
 
 use crate::places::{self, Trust};
 use stagefs_archive::OpenError;

@@ -43,7 +43,8 @@ use stagefs_archive::seekable::Codec;
 use stagefs_archive::Backing;
 
 /// Whether to bring the archive into RAM before serving it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum StageMode {
     /// Like ram when the archive is on a network or parallel filesystem and fits the RAM budget;
     /// like disk when it does not fit the RAM budget but fits the local disk's free space

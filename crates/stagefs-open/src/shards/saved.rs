@@ -142,6 +142,7 @@ pub fn open(
         reused_index: true,
         identity,
         copier: None,
+        set: None,
     };
     Ok(Some((opened, SetStats { shards: files.len(), reused: files.len(), ..SetStats::default() })))
 }

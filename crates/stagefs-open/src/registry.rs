@@ -224,14 +224,12 @@ fn parse_any(text: &str) -> Option<Record> {
 /// Deletes the records in `dir` of daemons that died without removing their own (SIGKILL),
 /// once their mount is gone too: while the dead mount is still there, `stagefs umount`
 /// needs the record to remove what the daemon made (directories, the staging directory).
-pub fn sweep_dead_in(dir: &Path) {
+/// `still_mounted`: whether a stagefs mount of this user's is still at a mountpoint.
+pub fn sweep_dead_in(dir: &Path, still_mounted: impl Fn(&Path) -> bool) {
     let Ok(entries) = std::fs::read_dir(dir) else { return };
-    let uid = places::my_uid();
     for path in entries.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "mount")) {
         let record = read_record(&path).and_then(|text| parse_any(&text));
-        let needed = record.is_some_and(|r| {
-            process_alive(r.pid) || crate::mountpoint::mount_at(&r.mountpoint).is_some_and(|m| m.is_stagefs_of(uid))
-        });
+        let needed = record.is_some_and(|r| process_alive(r.pid) || still_mounted(&r.mountpoint));
         if !needed {
             crate::places::remove_file(&path);
         }

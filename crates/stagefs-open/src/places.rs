@@ -19,7 +19,7 @@ mod checked;
 mod files;
 mod outside;
 pub use checked::CheckedDir;
-pub(crate) use files::random_suffix;
+pub use files::random_suffix;
 pub use files::{
     judged, open_private, read_all, read_checked, read_own, remove_file, remove_unless_locked, write_atomically,
     Distrust,

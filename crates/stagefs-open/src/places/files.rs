@@ -30,7 +30,7 @@ pub fn open_private(path: &Path) -> std::io::Result<File> {
 }
 
 /// Eight bytes from the kernel's random pool, as hex: temp names nobody can predict.
-pub(crate) fn random_suffix() -> String {
+pub fn random_suffix() -> String {
     let mut bytes = [0u8; 8];
     let got = File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
     if got.is_err() {
@@ -188,10 +188,13 @@ pub fn remove_unless_locked(path: &Path) {
 mod tests {
     /// Files that create or delete on a node by themselves, and why each may.
     const MAY_WRITE: &[(&str, &str)] = &[
-        ("places.rs", "makes the checked directories"),
-        ("places/checked.rs", "works under a checked directory's descriptor"),
-        ("places/files.rs", "this file"),
-        ("places/outside.rs", "writes a saved index beside its archive, through the directory's descriptor"),
+        ("crates/stagefs-open/src/places.rs", "makes the checked directories"),
+        ("crates/stagefs-open/src/places/checked.rs", "works under a checked directory's descriptor"),
+        ("crates/stagefs-open/src/places/files.rs", "this file"),
+        (
+            "crates/stagefs-open/src/places/outside.rs",
+            "writes a saved index beside its archive, through the directory's descriptor",
+        ),
         ("daemon/start.rs", "opens /dev/fuse and /dev/null"),
         ("pack/output.rs", "writes the user's OUT through an O_EXCL temp name"),
         ("pack/read.rs", "reads the dataset read-only (O_NOFOLLOW)"),
@@ -199,21 +202,28 @@ mod tests {
         ("crates/stagefs-reader/src/bin/stagefs-reader/gen.rs", "the reader's benchmark tool writes its own test tree"),
         ("crates/stagefs-reader/src/source.rs", "File::options, read-only (see MAY_OPEN)"),
     ];
-    const WRITES: &[&str] =
-        &["remove_file(", "create_dir", "File::create", "File::options", "OpenOptions", "fs::write("];
+    const WRITES: &[&str] = &[
+        "remove_file(",
+        "create_dir",
+        "File::create",
+        "File::options",
+        "fs::OpenOptions",
+        "OpenOptions::new(",
+        "fs::write(",
+    ];
 
     /// Files that open a file by its path by themselves, and why each may: every archive,
     /// shard, list, saved index or record is opened through `places` (`open_outside`,
     /// `read_own`, a `CheckedDir`), which judges who made it and uses only what it opened.
     const MAY_OPEN: &[(&str, &str)] = &[
-        ("places.rs", "the mechanism"),
-        ("places/checked.rs", "the mechanism"),
-        ("places/files.rs", "the mechanism"),
-        ("places/outside.rs", "the mechanism"),
+        ("crates/stagefs-open/src/places.rs", "the mechanism"),
+        ("crates/stagefs-open/src/places/checked.rs", "the mechanism"),
+        ("crates/stagefs-open/src/places/files.rs", "the mechanism"),
+        ("crates/stagefs-open/src/places/outside.rs", "the mechanism"),
         ("daemon/start.rs", "/dev/fuse and /dev/null"),
-        ("stage/budget.rs", "/proc/meminfo and the cgroup's limits"),
+        ("crates/stagefs-open/src/stage/budget.rs", "/proc/meminfo and the cgroup's limits"),
         ("node.rs", "/proc/PID/stat and cmdline"),
-        ("registry.rs", "/proc/PID/stat"),
+        ("crates/stagefs-open/src/registry.rs", "/proc/PID/stat"),
         ("daemon/memory.rs", "/proc/self/status"),
         ("mountpoint.rs", "/proc/self/mountinfo"),
         ("pack/read.rs", "the dataset being packed, read-only, O_NOFOLLOW"),
@@ -241,11 +251,12 @@ mod tests {
     /// The product code of every crate of the workspace and the Python binding: (the name
     /// the lists above use, whether a list may allow it, text before its test module).
     fn product_files() -> Vec<(String, bool, String)> {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
         let mut found = Vec::new();
         // The archive crate opens and writes nothing by itself: it is handed open files.
         let crates = [
             ("src", "", true),
+            ("crates/stagefs-open/src", "crates/stagefs-open/src/", true),
             ("crates/stagefs-archive/src", "crates/stagefs-archive/src/", false),
             ("crates/stagefs-reader/src", "crates/stagefs-reader/src/", true),
             // The object-store client opens nothing by itself: its files come through the

@@ -51,6 +51,8 @@ pub struct Opened {
     /// The copy still to fill while the archive serves (see [`stage::Copier`]): the
     /// daemon runs it in the background, others with [`Opened::stage_now`].
     pub copier: Option<stage::Copier>,
+    /// What opening a shard set did (`None` for one archive).
+    pub set: Option<crate::shards::SetStats>,
 }
 
 impl Opened {
@@ -112,7 +114,7 @@ pub struct Indexing {
     pub index_dir: Option<PathBuf>,
 }
 
-/// [`crate::shards::open_archive`] for the archive `archive`, opened by the caller (one of `shards`
+/// [`crate::open()`] for the archive `archive`, opened by the caller (one of `shards`
 /// archives mounted together: scanning is judged costly for the whole set, 1,000 shards
 /// of 1,000 files are worth saving).
 pub fn open_shard(
@@ -282,6 +284,7 @@ pub fn index_loaded(
         reused_index: false,
         identity: Vec::new(),
         copier: loaded.copier,
+        set: None,
     })
 }
 
@@ -296,6 +299,7 @@ pub fn reused(loaded: stage::Loaded, index: Index, reader: Arc<dyn Reader>) -> O
         reused_index: true,
         identity: Vec::new(),
         copier: loaded.copier,
+        set: None,
     }
 }
 
@@ -361,4 +365,14 @@ fn check_format(archive: &OutsideFile) -> Result<bool, OpenError> {
         return Ok(false);
     }
     Err(OpenError::unknown_format(path, head))
+}
+
+/// The levels of inner archives to open: `--recursion-depth` when given (it implies
+/// `--recursive`), else the default with `--recursive`, else none.
+pub fn nesting_depth(recursive: bool, depth: Option<usize>) -> usize {
+    match (recursive, depth) {
+        (_, Some(depth)) => depth,
+        (true, None) => stagefs_archive::tar::nested::DEFAULT_DEPTH,
+        (false, None) => 0,
+    }
 }

@@ -20,7 +20,6 @@ use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use nix::fcntl::{fcntl, FcntlArg, SealFlag};
@@ -28,10 +27,9 @@ use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, Ms
 use stagefs_archive::escape::Shown;
 use stagefs_archive::{Archive, FileId, Format};
 
-use crate::error::Failure;
-use crate::fs::Fs;
 use crate::open::Opened;
 use crate::places::{self, OutsideFile};
+use crate::sockets;
 use crate::stage::Staging;
 
 const MAGIC: &[u8; 16] = b"stagefs-share-1\0";
@@ -40,45 +38,28 @@ const HEADER: usize = MAGIC.len() + 1 + 7 * 8;
 /// How long a caller waits for a daemon's answer before it stages its own copy.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// A daemon's offer, listening; the socket is removed when dropped (the daemon's exit).
-pub type Offer = crate::control::BoundSocket;
-
-/// Offers the copy `fs` serves of the archive `id` (one local file) to this user's other
-/// processes, on a thread. Callers are answered one after the other: each answer is one
-/// message, sent without waiting for the caller.
-pub fn offer(fs: Arc<Fs>, id: FileId, mountpoint: &Path) -> Result<Offer, Failure> {
-    let (listener, offer) = crate::control::bind(mountpoint, "share")?;
-    std::thread::Builder::new()
-        .name("share".into())
-        .spawn(move || {
-            for stream in listener.incoming().flatten() {
-                answer(&fs, &id, &stream);
-            }
-        })
-        .map_err(|e| Failure::other(format!("cannot start the share thread: {e}")))?;
-    Ok(offer)
-}
-
-fn answer(fs: &Fs, id: &FileId, stream: &UnixStream) {
-    let caller = crate::control::peer_uid(stream);
+/// Answers one caller of a daemon's share socket with `copy`: the complete copy in RAM of
+/// the archive `id` and, when its index is a saved file, that file; `None` when the mount
+/// holds no such copy (in place, still staging, or decoded piece by piece). Only this user
+/// is answered; the copy is sealed against changes of size before it is handed over.
+pub fn answer(stream: &UnixStream, id: &FileId, copy: Option<(&File, Option<&File>)>) {
+    let caller = sockets::peer_uid(stream);
     if caller != Some(places::my_uid()) {
         tracing::warn!(uid = ?caller, "refused to share this mount's copy with another user");
         return;
     }
     let _ = stream.set_write_timeout(Some(ANSWER_TIMEOUT));
-    let archive = fs.fixed();
-    let copy = archive.and_then(|a| a.reader().shared_copy());
     let refuse = |why: &str| {
         let _ = send(stream, &[&header(0, id)[..], why.as_bytes()].concat(), &[]);
     };
-    let Some((archive, copy)) = archive.zip(copy) else {
+    let Some((copy, index)) = copy else {
         return refuse("this mount holds no complete copy in RAM (in place, still staging, or decoded piece by piece)");
     };
     if let Err(e) = seal(copy) {
         return refuse(&format!("cannot seal the copy: {e}"));
     }
     let mut fds = vec![copy.as_raw_fd()];
-    fds.extend(archive.index.mapped_file().map(|f| f.as_raw_fd()));
+    fds.extend(index.map(|f| f.as_raw_fd()));
     if let Err(e) = send(stream, &header(1, id), &fds) {
         tracing::debug!("cannot hand the copy over: {e}");
     }
@@ -152,8 +133,8 @@ pub fn receive(file: &OutsideFile, depth: usize) -> Option<Opened> {
 }
 
 fn receive_from(mountpoint: &Path, file: &OutsideFile, depth: usize) -> Result<Option<Opened>, String> {
-    let Some(stream) = crate::control::connect(mountpoint, "share") else { return Ok(None) };
-    if crate::control::peer_uid(&stream) != Some(places::my_uid()) {
+    let Some(stream) = sockets::connect(mountpoint, "share") else { return Ok(None) };
+    if sockets::peer_uid(&stream) != Some(places::my_uid()) {
         return Err("the share socket is not served by you".into());
     }
     let (bytes, fds) = receive_message(&stream)?;
@@ -190,6 +171,7 @@ fn receive_from(mountpoint: &Path, file: &OutsideFile, depth: usize) -> Result<O
         reused_index: true,
         identity,
         copier: None,
+        set: None,
     };
     Ok(Some(opened))
 }

@@ -25,7 +25,7 @@ pub struct SetStats {
     pub conflicts: u64,
 }
 
-/// Opens every shard (canonical paths, in the order they win) as `open_archive` opens one
+/// Opens every shard (canonical paths, in the order they win) as [`crate::open()`] opens one
 /// archive, on several threads, and merges them into one archive as they come in: each
 /// shard's index is dropped once merged, so the peak holds few of them. `label` names the
 /// set in messages. One budget check covers all shards, one progress bar shows them. A set
@@ -76,6 +76,7 @@ pub fn open_set(
         reused_index: stats.reused == shards.len(),
         identity,
         copier: None,
+        set: None,
     };
     Ok((opened, stats))
 }
@@ -90,38 +91,6 @@ pub struct How {
     pub trust: Trust,
     /// The device of the mount the shards are added to: none may lie on it.
     pub not_on: Option<u64>,
-}
-
-/// Loads (staging per `mode`) and indexes the archive at `path` (a local file, opened as
-/// `trust` says, or an object's URL), reusing a saved index when one matches. Saves the
-/// index of a tar when scanning was costly, or always with `force_save`.
-pub fn open_archive(
-    path: &Path,
-    trust: Trust,
-    mode: StageMode,
-    max_ram: Option<u64>,
-    stage_dir: Option<&Path>,
-    received: Option<crate::stage::broadcast::Received>,
-    indexing: &Indexing,
-) -> Result<Opened, OpenArchiveError> {
-    Member::open(path, trust, None)?.open_staged(mode, (max_ram, stage_dir), received, indexing, 1)
-}
-
-/// [`open_archive`] for a reader in this process: a local archive that a daemon of this user
-/// already holds a complete copy of in RAM is read from that copy (see [`crate::share`]),
-/// with no copy of its own; any other is opened as [`open_archive`] opens it.
-pub fn open_archive_or_shared(
-    path: &Path,
-    trust: Trust,
-    mode: StageMode,
-    (max_ram, stage_dir): (Option<u64>, Option<&Path>),
-    indexing: &Indexing,
-) -> Result<Opened, OpenArchiveError> {
-    let member = Member::open(path, trust, None)?;
-    match member.shared(indexing.depth) {
-        Some(opened) => Ok(opened),
-        None => member.open_staged(mode, (max_ram, stage_dir), None, indexing, 1),
-    }
 }
 
 /// The archive at `path` (a local file, opened as `trust` says) from the copy in RAM a
@@ -139,7 +108,7 @@ pub enum Member {
 }
 
 impl Member {
-    fn open(path: &Path, trust: Trust, not_on: Option<u64>) -> Result<Member, OpenArchiveError> {
+    pub(crate) fn open(path: &Path, trust: Trust, not_on: Option<u64>) -> Result<Member, OpenArchiveError> {
         Ok(match crate::remote::is_url(path) {
             true => Member::Object(path.to_owned()),
             false => Member::File(places::open_outside(path, trust, not_on)?),
@@ -147,7 +116,7 @@ impl Member {
     }
 
     /// It, read from the copy a daemon of this user holds (see [`crate::share`]).
-    fn shared(&self, depth: usize) -> Option<Opened> {
+    pub(crate) fn shared(&self, depth: usize) -> Option<Opened> {
         match self {
             Member::File(file) => crate::share::receive(file, depth),
             Member::Object(_) => None,
@@ -178,7 +147,7 @@ impl Member {
     }
 
     /// Staged and indexed (see `open::open_shard`): one of `shards` archives mounted together.
-    fn open_staged(
+    pub(crate) fn open_staged(
         &self,
         mode: StageMode,
         budget: (Option<u64>, Option<&Path>),
