@@ -52,7 +52,7 @@ pub(super) fn spawn_daemon(
         }
         ForkResult::Child => {
             drop(read_end);
-            stagefs_open::cancel::follow_parent(parent);
+            stagefs_open::cancel::follow_parent(parent.as_raw() as u32);
             let _ = nix::unistd::setsid();
             let mut ready = Some(File::from(write_end));
             let result = body(&mut ready);

@@ -80,10 +80,10 @@ pub fn phase(name: &str) -> Result<(), Interrupted> {
 
 /// Makes this process receive SIGTERM when its parent dies (the `stagefs mount` waiting for
 /// readiness), and checks the parent did not die already. Undo with [`release_parent`].
-pub fn follow_parent(parent: nix::unistd::Pid) {
+pub fn follow_parent(parent: u32) {
     // SAFETY: prctl with PR_SET_PDEATHSIG only sets a flag on this process.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) };
-    if nix::unistd::getppid() != parent {
+    if rustix::process::getppid().map(|p| p.as_raw_nonzero().get() as u32) != Some(parent) {
         let _ = RECEIVED.compare_exchange(0, SIGTERM as usize, Ordering::SeqCst, Ordering::SeqCst);
     }
 }
@@ -96,7 +96,19 @@ pub fn release_parent() {
 
 /// "SIGTERM" for 15.
 pub fn signal_name(signal: i32) -> String {
-    nix::sys::signal::Signal::try_from(signal).map_or_else(|_| format!("signal {signal}"), |s| s.as_str().to_string())
+    let name = match signal {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        _ => return format!("signal {signal}"),
+    };
+    name.to_string()
 }
 
 #[cfg(test)]

@@ -56,24 +56,22 @@ pub enum PlaceError {
 
 /// The effective user's uid.
 pub fn my_uid() -> u32 {
-    nix::unistd::geteuid().as_raw()
+    rustix::process::geteuid().as_raw()
 }
 
 /// A user's name for messages ("uid 1002" when the password database does not know it).
 pub fn user_label(uid: u32) -> String {
-    match nix::unistd::User::from_uid(uid.into()) {
-        Ok(Some(user)) => format!("{} (uid {uid})", user.name),
-        _ => format!("uid {uid}"),
+    match uzers::get_user_by_uid(uid) {
+        Some(user) => format!("{} (uid {uid})", user.name().to_string_lossy()),
+        None => format!("uid {uid}"),
     }
 }
 
 /// The user's name from the password database (`$USER` is unset in some SLURM steps).
 pub fn user_name() -> String {
     let uid = my_uid();
-    nix::unistd::User::from_uid(uid.into())
-        .ok()
-        .flatten()
-        .map(|u| u.name)
+    uzers::get_user_by_uid(uid)
+        .map(|u| u.name().to_string_lossy().into_owned())
         .or_else(|| std::env::var("USER").ok().filter(|u| !u.is_empty()))
         .unwrap_or_else(|| uid.to_string())
 }
@@ -120,10 +118,9 @@ pub fn others_can_write(meta: &std::fs::Metadata) -> bool {
 
 /// A user private group: named like its one user, listing no other members.
 fn private_group(gid: u32, uid: u32) -> bool {
-    let group = nix::unistd::Group::from_gid(gid.into()).ok().flatten();
-    let user = nix::unistd::User::from_uid(uid.into()).ok().flatten();
-    match (group, user) {
-        (Some(group), Some(user)) => group.name == user.name && group.mem.iter().all(|m| *m == user.name),
+    use uzers::os::unix::GroupExt;
+    match (uzers::get_group_by_gid(gid), uzers::get_user_by_uid(uid)) {
+        (Some(group), Some(user)) => group.name() == user.name() && group.members().iter().all(|m| m == user.name()),
         _ => false,
     }
 }
@@ -476,7 +473,9 @@ mod tests {
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o666)).unwrap();
         assert!(checked(&file, &[me], 100).unwrap_err().contains("may write"));
         assert_eq!(read_own(&file, 100), None);
-        nix::unistd::mkfifo(&dir.join("fifo"), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let fifo = dir.join("fifo");
+        rustix::fs::mknodat(rustix::fs::CWD, &fifo, rustix::fs::FileType::Fifo, rustix::fs::Mode::from(0o600), 0)
+            .unwrap();
         assert!(checked(&dir.join("fifo"), &[me], 100).unwrap_err().contains("not a regular file"));
         std::os::unix::fs::symlink(&file, dir.join("link")).unwrap();
         assert!(checked(&dir.join("link"), &[me], 100).unwrap_err().contains("cannot open"));

@@ -17,13 +17,17 @@
 
 use std::fs::File;
 use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
-use nix::fcntl::{fcntl, FcntlArg, SealFlag};
-use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use rustix::fs::{fcntl_add_seals, fcntl_get_seals, SealFlags};
+use rustix::net::{
+    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
 use stagefs_archive::escape::Shown;
 use stagefs_archive::{Archive, FileId, Format};
 
@@ -58,25 +62,25 @@ pub fn answer(stream: &UnixStream, id: &FileId, copy: Option<(&File, Option<&Fil
     if let Err(e) = seal(copy) {
         return refuse(&format!("cannot seal the copy: {e}"));
     }
-    let mut fds = vec![copy.as_raw_fd()];
-    fds.extend(index.map(|f| f.as_raw_fd()));
+    let mut fds = vec![copy.as_fd()];
+    fds.extend(index.map(|f| f.as_fd()));
     if let Err(e) = send(stream, &header(1, id), &fds) {
         tracing::debug!("cannot hand the copy over: {e}");
     }
 }
 
 /// What [`seal`] seals a copy against: a change of its size.
-const SIZE_SEALS: SealFlag = SealFlag::F_SEAL_SHRINK.union(SealFlag::F_SEAL_GROW);
+const SIZE_SEALS: SealFlags = SealFlags::SHRINK.union(SealFlags::GROW);
 
 /// Seals the memfd `copy` against shrinking and growing: a process it is handed to maps it
 /// knowing that no page of the map can ever be taken away (no SIGBUS).
-fn seal(copy: &File) -> nix::Result<()> {
-    fcntl(copy, FcntlArg::F_ADD_SEALS(SIZE_SEALS)).map(drop)
+fn seal(copy: &File) -> std::io::Result<()> {
+    Ok(fcntl_add_seals(copy, SIZE_SEALS)?)
 }
 
 /// Whether the memfd `copy` is sealed as [`seal`] seals it.
 fn is_sealed(copy: &File) -> bool {
-    fcntl(copy, FcntlArg::F_GET_SEALS).is_ok_and(|seals| SealFlag::from_bits_truncate(seals).contains(SIZE_SEALS))
+    fcntl_get_seals(copy).is_ok_and(|seals| seals.contains(SIZE_SEALS))
 }
 
 fn header(status: u8, id: &FileId) -> Vec<u8> {
@@ -102,10 +106,13 @@ fn parse_header(bytes: &[u8]) -> Option<(u8, FileId)> {
     Some((status, FileId { dev, ino, size, mtime, ctime, nlink: 1 }))
 }
 
-fn send(stream: &UnixStream, bytes: &[u8], fds: &[RawFd]) -> nix::Result<usize> {
-    let rights = [ControlMessage::ScmRights(fds)];
-    let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &rights };
-    sendmsg::<()>(stream.as_raw_fd(), &[IoSlice::new(bytes)], cmsgs, MsgFlags::MSG_NOSIGNAL, None)
+fn send(stream: &UnixStream, bytes: &[u8], fds: &[BorrowedFd]) -> std::io::Result<usize> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(std::io::Error::other("too many descriptors for one answer"));
+    }
+    Ok(sendmsg(stream, &[IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL)?)
 }
 
 /// This user's live mounts that may hand over a copy: one archive, staged as a copy (a
@@ -180,21 +187,18 @@ fn receive_from(mountpoint: &Path, file: &OutsideFile, depth: usize) -> Result<O
 fn receive_message(stream: &UnixStream) -> Result<(Vec<u8>, Vec<OwnedFd>), String> {
     stream.set_read_timeout(Some(ANSWER_TIMEOUT)).map_err(|e| e.to_string())?;
     let mut buf = vec![0u8; 4096];
-    let mut space = nix::cmsg_space!([RawFd; 2]);
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut iov = [IoSliceMut::new(&mut buf)];
+    let msg =
+        recvmsg(stream, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC).map_err(|e| format!("no answer: {e}"))?;
     let mut fds = Vec::new();
-    let (len, truncated) = {
-        let mut iov = [IoSliceMut::new(&mut buf)];
-        let msg = recvmsg::<()>(stream.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
-            .map_err(|e| format!("no answer: {e}"))?;
-        for cmsg in msg.cmsgs().map_err(|e| e.to_string())? {
-            if let ControlMessageOwned::ScmRights(received) = cmsg {
-                // SAFETY: the kernel installed these descriptors in this process for us;
-                // each is owned once, here.
-                fds.extend(received.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
-            }
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(received) = message {
+            fds.extend(received);
         }
-        (msg.bytes, msg.flags.intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC))
-    };
+    }
+    let (len, truncated) = (msg.bytes, msg.flags.intersects(ReturnFlags::TRUNC | ReturnFlags::CTRUNC));
     if truncated {
         return Err("the answer did not fit".into());
     }

@@ -57,5 +57,5 @@ pub fn connect(mountpoint: &Path, extension: &str) -> Option<UnixStream> {
 
 /// The uid of the process at the other end of `stream` (SO_PEERCRED).
 pub fn peer_uid(stream: &UnixStream) -> Option<u32> {
-    nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials).ok().map(|c| c.uid())
+    rustix::net::sockopt::socket_peercred(stream).ok().map(|c| c.uid.as_raw())
 }

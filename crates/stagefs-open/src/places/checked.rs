@@ -226,9 +226,8 @@ impl CheckedDir {
 
     /// Bytes free for this user on the directory's filesystem, and its size.
     pub fn free_space(&self) -> std::io::Result<(u64, u64)> {
-        let s = nix::sys::statvfs::fstatvfs(&self.fd)?;
-        let block = s.fragment_size() as u64;
-        Ok((s.blocks_available() as u64 * block, s.blocks() as u64 * block))
+        let s = rustix::fs::fstatvfs(&self.fd)?;
+        Ok((s.f_bavail * s.f_frsize, s.f_blocks * s.f_frsize))
     }
 
     /// The names of the entries inside.

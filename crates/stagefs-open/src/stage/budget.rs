@@ -112,7 +112,7 @@ pub fn is_network_filesystem(file: &std::fs::File) -> bool {
     ];
     // f_type is i64 on x86-64 but narrower on some targets.
     #[allow(clippy::unnecessary_cast)]
-    let remote = nix::sys::statfs::fstatfs(file).is_ok_and(|s| REMOTE.contains(&(s.filesystem_type().0 as i64)));
+    let remote = rustix::fs::fstatfs(file).is_ok_and(|s| REMOTE.contains(&(s.f_type as i64)));
     remote
 }
 
