@@ -152,7 +152,8 @@ fn in_bounded_child(test: &str, body: fn()) {
 /// Opens `bytes` as an archive; it must fail (cleanly: the 1 GiB child of
 /// `in_bounded_child` catches allocations sized by the claims, its 60 s limit a hang).
 fn open_fails(bytes: &[u8], case: &str) -> OpenError {
-    let result = Archive::from_backing(Path::new("hostile"), exercise::backing(bytes));
+    let result =
+        Archive::from_backing(Path::new("hostile"), exercise::backing(bytes), &stagefs_archive::Caches::default());
     match result {
         Ok(_) => panic!("{case}: accepted"),
         Err(e) => {
@@ -361,7 +362,8 @@ impl Image {
 fn hostile_squashfs_cases() {
     // The fixture itself opens.
     let base = image();
-    Archive::from_backing(Path::new("ok.sqfs"), exercise::backing(&base.bytes)).expect("the fixture opens");
+    Archive::from_backing(Path::new("ok.sqfs"), exercise::backing(&base.bytes), &stagefs_archive::Caches::default())
+        .expect("the fixture opens");
 
     // Directory header claiming 2^32 entries (count - 1 = 0xffffffff): wrapped to 0 and
     // was silently taken as an empty run before.
@@ -383,7 +385,11 @@ fn hostile_squashfs_cases() {
     // harmless.
     let mut img = image();
     img.bytes[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
-    let opened = Archive::from_backing(Path::new("inodes.sqfs"), exercise::backing(&img.bytes));
+    let opened = Archive::from_backing(
+        Path::new("inodes.sqfs"),
+        exercise::backing(&img.bytes),
+        &stagefs_archive::Caches::default(),
+    );
     assert!(opened.is_ok(), "an absurd inode count must not matter: {:?}", opened.err().map(|e| e.to_string()));
 
     // A lookup-table index naming one metadata block many times: a fragment count of
@@ -804,7 +810,9 @@ fn index_cache_seeds_are_current() {
     let dir = fuzz_dir().join("seeds/index_cache");
     let input_of = |name: &str| {
         let path = fixture(name);
-        let archive = stagefs_archive::Archive::open(&fs::File::open(&path).unwrap(), &path).unwrap();
+        let archive =
+            stagefs_archive::Archive::open(&fs::File::open(&path).unwrap(), &path, &stagefs_archive::Caches::default())
+                .unwrap();
         fuzz_input(&archive.index, archive.saved().unwrap())
     };
     // Where section `id` lies in an input: after its table, at its offset.

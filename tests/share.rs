@@ -13,7 +13,7 @@ use crate::util::{pack_tar, pseudo_random, require_root, run_cmd, stagefs, stage
 /// The archive as `stagefs.open` would find it: from a mount's copy, if one is handed over.
 fn shared(archive: &Path) -> Option<stagefs_open::open::Opened> {
     let file = open_outside(archive, Trust::Named, None).unwrap();
-    stagefs_open::share::receive(&file, 0)
+    stagefs_open::share::receive(&file, &Default::default())
 }
 
 fn mount(archive: &Path, mp: &Path, args: &[&str], env: &[(&str, &str)]) -> Mounted {

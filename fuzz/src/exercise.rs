@@ -44,7 +44,8 @@ pub fn squashfs(data: &[u8]) -> Result<(), String> {
     let mut image = data.to_vec();
     let n = image.len().min(4);
     image[..n].copy_from_slice(&b"hsqs"[..n]);
-    let archive = Archive::from_backing(Path::new("fuzz.sqfs"), backing(&image)).map_err(|e| e.to_string())?;
+    let archive = Archive::from_backing(Path::new("fuzz.sqfs"), backing(&image), &stagefs_archive::Caches::default())
+        .map_err(|e| e.to_string())?;
     serve(archive);
     Ok(())
 }
@@ -52,7 +53,8 @@ pub fn squashfs(data: &[u8]) -> Result<(), String> {
 /// The zip reader over arbitrary bytes (detected by content, as `stagefs mount` does).
 pub fn zip(data: &[u8]) -> Result<(), String> {
     let (index, reader) =
-        stagefs_archive::zip::open(Path::new("fuzz.zip"), backing(data)).map_err(|e| e.to_string())?;
+        stagefs_archive::zip::open(Path::new("fuzz.zip"), backing(data), &stagefs_archive::Caches::default())
+            .map_err(|e| e.to_string())?;
     serve(Archive::new(index, Format::Zip, Arc::new(reader)));
     Ok(())
 }
@@ -104,7 +106,7 @@ pub fn decompress(data: &[u8], scratch: &Path) -> Result<(), String> {
     let file = std::fs::File::open(scratch).map_err(|e| e.to_string())?;
     let mapped = stagefs_archive::map_file(&file).map_err(|e| e.to_string())?;
     let archive = if let Some(codec) = stagefs_archive::tar::compressed_codec(&mapped) {
-        Archive::from_staged(scratch, mapped, Some(codec))
+        Archive::from_staged(scratch, mapped, Some(codec), &stagefs_archive::Caches::default())
     } else if let Some(compression) = Compression::detect(&mapped) {
         const CAP: u64 = 256 << 20;
         let mut decoded = Vec::new();
@@ -114,9 +116,9 @@ pub fn decompress(data: &[u8], scratch: &Path) -> Result<(), String> {
         if decoded.len() as u64 > CAP {
             return Err("decodes past the 256 MiB cap".into());
         }
-        Archive::from_backing(scratch, backing(&decoded))
+        Archive::from_backing(scratch, backing(&decoded), &stagefs_archive::Caches::default())
     } else {
-        Archive::from_backing(scratch, mapped)
+        Archive::from_backing(scratch, mapped, &stagefs_archive::Caches::default())
     };
     serve(archive.map_err(|e| e.to_string())?);
     Ok(())

@@ -56,7 +56,8 @@ pub(super) fn start(
         Some(plan) => stagefs_open::stage::broadcast::receive(plan, crate::request::DEFAULT_WAIT)?,
         None => None,
     };
-    let indexing = Indexing { force_save: false, depth: request.recursion_depth, index_dir: request.index_dir.clone() };
+    let indexing =
+        Indexing { depth: request.recursion_depth, index_dir: request.index_dir.clone(), ..Default::default() };
     let (content, staged_bytes, staging, disk, compressed, copier, identity) = if let Some(growing) = &request.growing {
         let opening = Opening {
             mode: request.stage,
@@ -65,6 +66,7 @@ pub(super) fn start(
             trust_shards: growing.trust_shards,
             skip_failing: growing.watch.is_some(),
             index_dir: request.index_dir.clone(),
+            caches: stagefs_open::caches_for(request.max_ram),
         };
         let (set, staged_bytes, staging) = GrowingSet::open(archive_path, &request.shards, request.trust, opening)?;
         (Content::Growing(Arc::new(set)), staged_bytes, staging, None, None, None, vec![])

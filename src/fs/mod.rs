@@ -365,7 +365,8 @@ mod tests {
         let mut args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
         args.extend([src.as_os_str(), OsStr::new("-cf"), path.as_os_str(), OsStr::new("dir"), OsStr::new("hard")]);
         run_tool("tar", &args, None);
-        let archive = Archive::open(&std::fs::File::open(&path).unwrap(), &path).unwrap();
+        let archive =
+            Archive::open(&std::fs::File::open(&path).unwrap(), &path, &stagefs_archive::Caches::default()).unwrap();
         Fs::new(archive)
     }
 

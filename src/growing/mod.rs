@@ -49,6 +49,21 @@ pub struct Opening {
     pub skip_failing: bool,
     /// `--index-dir`.
     pub index_dir: Option<PathBuf>,
+    /// The one memory budget for what the set's shards decode, the first and those
+    /// added later alike (see `stagefs_open::caches_for`).
+    pub caches: stagefs_archive::Caches,
+}
+
+impl Opening {
+    /// How each shard of the set is indexed.
+    fn indexing(&self) -> Indexing {
+        Indexing {
+            depth: self.depth,
+            index_dir: self.index_dir.clone(),
+            caches: self.caches.clone(),
+            force_save: false,
+        }
+    }
 }
 
 /// Why a change was refused; nothing changed.
@@ -118,7 +133,7 @@ impl GrowingSet {
         opening: Opening,
     ) -> Result<(GrowingSet, u64, Staging), GrowError> {
         let started = Instant::now();
-        let indexing = Indexing { depth: opening.depth, index_dir: opening.index_dir.clone(), ..Default::default() };
+        let indexing = opening.indexing();
         let mut list = Vec::new();
         let how = How { mode: opening.mode, max_ram: opening.max_ram, trust, not_on: None };
         let open = |shards: &[PathBuf], list: &mut Vec<Arc<Shard>>| {
@@ -310,8 +325,7 @@ impl GrowingSet {
             let held: u64 = self.retired.lock().map_or(0, |r| r.values().map(|s| s.staged_bytes).sum());
             let staged = held + shards.iter().map(|s| s.staged_bytes).sum::<u64>();
             let budget = self.opening.max_ram.map(|m| m.saturating_sub(staged));
-            let indexing =
-                Indexing { depth: self.opening.depth, index_dir: self.opening.index_dir.clone(), ..Default::default() };
+            let indexing = self.opening.indexing();
             let how = How { mode: self.opening.mode, max_ram: budget, trust: rule, not_on: changing.mount_dev };
             // Messages about what is added name it, not the set's first shard.
             let label = match added.as_slice() {

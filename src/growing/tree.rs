@@ -254,7 +254,7 @@ mod tests {
         map[..bytes.len()].copy_from_slice(&bytes);
         let backing = Arc::new(stagefs_archive::Source::private(map.make_read_only().unwrap()));
         let path = PathBuf::from(format!("s{serial}.tar"));
-        let archive = Archive::from_backing(&path, backing).unwrap();
+        let archive = Archive::from_backing(&path, backing, &stagefs_archive::Caches::default()).unwrap();
         Arc::new(Shard {
             path,
             id: Default::default(),

@@ -159,11 +159,13 @@ mod tests {
         };
         args.run().unwrap(); // not execute(): it would catch signals in the test process
         let file = stagefs_open::places::open_outside(&out, stagefs_open::places::Trust::Named, None).unwrap();
-        let scanned = Archive::open(file.file(), &out).unwrap();
+        let caches = stagefs_archive::Caches::default();
+        let scanned = Archive::open(file.file(), &out, &caches).unwrap();
         let key = stagefs_open::saved_index::Key::of(file.file()).unwrap();
         let backing = stagefs_archive::map_file(file.file()).unwrap();
-        let (index, saved) = stagefs_open::saved_index::load(&file, &key, &backing, None, &Default::default())
-            .expect("pack saved a matching index");
+        let (index, saved) =
+            stagefs_open::saved_index::load(&file, &key, (&backing, None), &Default::default(), &caches)
+                .expect("pack saved a matching index");
         assert!(index == scanned.index, "the same tree, byte for byte");
         let (saved, scanned) = (saved.saved().unwrap().outer, scanned.saved().unwrap().outer);
         assert_eq!(saved.sparse_files().len(), 1, "the sparse file is stored sparse");

@@ -311,7 +311,9 @@ fn save_index(out: &mut output::Output) -> Result<(), String> {
             .map(|&(tar_at, at, _, _)| Point { out: tar_at, input: at, bits: 0, window: None, end: 0 })
             .collect();
         let points = Points { codec, list, total: out.pos() };
-        let decoded = stagefs_archive::Source::decoded(Seekable::new(backing, points)).map_err(|e| e.to_string())?;
+        let decoded =
+            stagefs_archive::Source::decoded(Seekable::new(backing, points, &stagefs_archive::Caches::default()))
+                .map_err(|e| e.to_string())?;
         backing = std::sync::Arc::new(decoded);
     }
     let reader = stagefs_archive::tar::TarReader::from_parts(backing, sparse_files, extents)

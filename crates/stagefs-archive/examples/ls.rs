@@ -6,12 +6,11 @@
 use std::error::Error;
 use std::io::Write;
 use std::path::Path;
-use std::sync::Arc;
 
 use stagefs_archive::escape::Shown;
 use stagefs_archive::index::{Data, ROOT};
 use stagefs_archive::seekable::Codec;
-use stagefs_archive::{map_file, tar, Archive, Format};
+use stagefs_archive::{map_file, Archive, Caches};
 
 /// Bytes asked of the archive per read (as a FUSE read would).
 const CHUNK: u32 = 1 << 20;
@@ -33,13 +32,9 @@ fn run() -> Result<(), Box<dyn Error>> {
     // The caller opens the file (and decides whom to trust); the crate maps and indexes it:
     // a compressed tar from restart points, anything else by its format.
     let backing = map_file(&std::fs::File::open(path)?)?;
-    let archive = match Codec::of(&backing) {
-        Some(codec) => {
-            let (index, reader) = tar::open_compressed(path, backing, codec)?;
-            Archive::new(index, Format::Tar, Arc::new(reader))
-        }
-        None => Archive::from_backing(path, backing)?,
-    };
+    // One memory budget for what is decoded (restart points' units, zip members, blocks).
+    let codec = Codec::of(&backing);
+    let archive = Archive::from_staged(path, backing, codec, &Caches::default())?;
     let index = &archive.index;
     let mut out = std::io::stdout().lock();
     match member {

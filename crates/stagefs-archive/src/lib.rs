@@ -37,6 +37,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod caches;
 pub mod codec;
 /// Text from outside shown escaped (the workspace's one escaping type, [`escape::Shown`]).
 pub use stagefs_text as escape;
@@ -62,6 +63,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::index::{Data, Index, Inode, InodeId};
+pub use caches::Caches;
 pub use identity::FileId;
 pub use reader::{Access, Reader, SourceCache};
 pub use source::{drop_file_cache, map_file, map_shared_file, Backing, Changed, Ranged, Source, StageChunkError};
@@ -219,20 +221,22 @@ impl Archive {
 
     /// Maps the open archive `file` in place and indexes it; `name` names it in messages.
     /// (The crate opens no path itself: which files to trust is the caller's rule.)
-    pub fn open(file: &std::fs::File, name: &Path) -> Result<Archive, OpenError> {
+    /// Decoded bytes are kept in the open's `caches`.
+    pub fn open(file: &std::fs::File, name: &Path, caches: &Caches) -> Result<Archive, OpenError> {
         let backing = map_file(file).map_err(|source| OpenError::Io { path: name.to_owned(), source })?;
-        Archive::from_backing(name, backing)
+        Archive::from_backing(name, backing, caches)
     }
 
-    /// Indexes an archive whose bytes are already mapped. A file changed during the scan
-    /// (truncated, rewritten) fails as [`OpenError::Changed`], whatever the scan made of it.
-    pub fn from_backing(path: &Path, backing: Backing) -> Result<Archive, OpenError> {
-        let scanned = Archive::scan(path, &backing);
+    /// Indexes an archive whose bytes are already mapped; decoded bytes are kept in the
+    /// open's `caches`. A file changed during the scan (truncated, rewritten) fails as
+    /// [`OpenError::Changed`], whatever the scan made of it.
+    pub fn from_backing(path: &Path, backing: Backing, caches: &Caches) -> Result<Archive, OpenError> {
+        let scanned = Archive::scan(path, &backing, caches);
         backing.check_intact().map_err(|c| OpenError::Changed { path: path.to_owned(), what: c.to_string() })?;
         scanned
     }
 
-    fn scan(path: &Path, backing: &Backing) -> Result<Archive, OpenError> {
+    fn scan(path: &Path, backing: &Backing, caches: &Caches) -> Result<Archive, OpenError> {
         if let Some(mut stream) = backing.stream() {
             // A tar read by ranges has no map: scanned as a stream (see `Ranged`).
             let (index, reader) = tar::open_stream(path, backing.clone(), &mut *stream)?;
@@ -246,11 +250,11 @@ impl Archive {
                 Archive::new(index, Format::Tar, Arc::new(reader))
             }
             Some(Format::SquashFs) => {
-                let (index, reader) = squashfs::open(path, backing.clone())?;
+                let (index, reader) = squashfs::open(path, backing.clone(), caches)?;
                 Archive::new(index, Format::SquashFs, Arc::new(reader))
             }
             Some(Format::Zip) => {
-                let (index, reader) = zip::open(path, backing.clone())?;
+                let (index, reader) = zip::open(path, backing.clone(), caches)?;
                 Archive::new(index, Format::Zip, Arc::new(reader))
             }
             None => return Err(OpenError::unknown_format(path, head)),
@@ -261,17 +265,22 @@ impl Archive {
 
     /// Indexes staged bytes: a compressed tar (`codec`) from its decoded stream, else as
     /// [`Archive::from_backing`].
-    pub fn from_staged(path: &Path, backing: Backing, codec: Option<seekable::Codec>) -> Result<Archive, OpenError> {
+    pub fn from_staged(
+        path: &Path,
+        backing: Backing,
+        codec: Option<seekable::Codec>,
+        caches: &Caches,
+    ) -> Result<Archive, OpenError> {
         match codec {
             Some(codec) => {
-                let opened = tar::open_compressed(path, backing.clone(), codec);
+                let opened = tar::open_compressed(path, backing.clone(), codec, caches);
                 backing
                     .check_intact()
                     .map_err(|c| OpenError::Changed { path: path.to_owned(), what: c.to_string() })?;
                 let (index, reader) = opened?;
                 Ok(Archive::new(index, Format::Tar, Arc::new(reader)))
             }
-            None => Archive::from_backing(path, backing),
+            None => Archive::from_backing(path, backing, caches),
         }
     }
 

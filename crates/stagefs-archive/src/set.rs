@@ -283,7 +283,7 @@ mod tests {
         let mut map = memmap2::MmapMut::map_anon(bytes.len().max(1)).unwrap();
         map[..bytes.len()].copy_from_slice(&bytes);
         let backing = std::sync::Arc::new(super::super::Source::private(map.make_read_only().unwrap()));
-        Archive::from_backing(Path::new(name), backing).unwrap()
+        Archive::from_backing(Path::new(name), backing, &crate::Caches::default()).unwrap()
     }
 
     /// The merged tree's bytes of `path`.

@@ -16,7 +16,7 @@ pub use directory::{find_end, TAIL_SEARCH};
 pub use member::ZipReader;
 
 use super::fault::Fault;
-use super::{Backing, OpenError};
+use super::{Backing, Caches, OpenError};
 use crate::index::{Attrs, BuildError, Data, Index, IndexBuilder, InodeId, MAX_LINK_TARGET, ROOT};
 use directory::{show, Entry};
 use member::Member;
@@ -34,19 +34,9 @@ pub fn looks_like_zip(bytes: &[u8]) -> bool {
     bytes.starts_with(b"PK\x03\x04") || bytes.starts_with(b"PK\x05\x06") || find_end(bytes).is_some()
 }
 
-/// Indexes the zip in `backing` from its central directory.
-pub fn open(path: &Path, backing: Backing) -> Result<(Index, ZipReader), OpenError> {
-    open_with_cache(path, backing.clone(), cache_bytes_for(backing.len() as u64))
-}
-
-/// Decompressed-member cache size: four times the archive, between 64 MiB and 1 GiB,
-/// as for SquashFS blocks (the cache only grows as members are read).
-fn cache_bytes_for(archive_bytes: u64) -> u64 {
-    archive_bytes.saturating_mul(4).clamp(64 << 20, 1 << 30)
-}
-
-/// Indexes the zip in `backing`; decompressed members are cached up to `cache_bytes`.
-pub fn open_with_cache(path: &Path, backing: Backing, cache_bytes: u64) -> Result<(Index, ZipReader), OpenError> {
+/// Indexes the zip in `backing` from its central directory; decompressed members are
+/// cached in the open's `caches`.
+pub fn open(path: &Path, backing: Backing, caches: &Caches) -> Result<(Index, ZipReader), OpenError> {
     let fail = |fault: Fault| fault.into_open_error(path);
     let mut dir = directory::read(&backing).map_err(fail)?;
     let starts = Starts::of(&dir.entries, dir.start);
@@ -59,7 +49,7 @@ pub fn open_with_cache(path: &Path, backing: Backing, cache_bytes: u64) -> Resul
     }
     let index = builder.finish().map_err(|source| OpenError::Index { path: path.to_owned(), source })?;
     members.shrink_to_fit();
-    Ok((index, ZipReader::new(backing, members, cache_bytes)))
+    Ok((index, ZipReader::new(backing, members, caches)))
 }
 
 /// Adds one central directory entry to the index.
@@ -344,9 +334,34 @@ mod tests {
         assert_eq!((attrs.uid, attrs.gid), unsafe { (libc::geteuid(), libc::getegid()) });
     }
 
+    /// Many zips opened with one `Caches` (a shard set's) hold no more decoded members
+    /// together than its one bound, each serving its own bytes; 40 zips with caches of
+    /// their own would each keep theirs.
+    #[test]
+    fn zips_of_one_open_share_one_bound() {
+        let zip = directory::tests::python_zip(
+            "import random\nr = random.Random(5)\n\
+             z.writestr('m', bytes(r.getrandbits(4) for _ in range(512 << 10)), compress_type=zipfile.ZIP_DEFLATED)",
+        );
+        let caches = crate::Caches::of_bytes(8 << 20);
+        let zips: Vec<_> =
+            (0..40).map(|_| open(Path::new("t.zip"), crate::Source::memory(&zip), &caches).unwrap()).collect();
+        let mut first = None;
+        for (index, reader) in &zips {
+            let id = index.lookup(&index.inode(ROOT).unwrap(), b"m").unwrap().unwrap();
+            let inode = index.inode(id).unwrap();
+            // Half of it: a member read to its end leaves the cache at once.
+            let half = crate::read_file(reader, id, &inode, 0, (inode.attrs.size / 2) as u32).unwrap().to_vec();
+            assert_eq!(&half, first.get_or_insert_with(|| half.clone()), "every zip serves the same bytes");
+            assert!(caches.held_bytes() <= 8 << 20, "{} bytes held past the one 8 MiB bound", caches.held_bytes());
+        }
+        assert!(caches.held_bytes() > 0, "members are cached at all");
+    }
+
     /// Reads all of the regular file at `path` of a zip opened from `bytes`.
     fn read_member(bytes: &[u8], path: &str) -> Result<Vec<u8>, crate::ReadError> {
-        let (index, reader) = open(Path::new("t.zip"), crate::Source::memory(bytes)).unwrap();
+        let (index, reader) =
+            open(Path::new("t.zip"), crate::Source::memory(bytes), &crate::Caches::default()).unwrap();
         let id = index.lookup(&index.inode(ROOT).unwrap(), path.as_bytes()).unwrap().unwrap();
         let inode = index.inode(id).unwrap();
         crate::read_file(&reader, id, &inode, 0, inode.attrs.size as u32).map(|b| b.to_vec())

@@ -18,7 +18,7 @@ pub mod sockets;
 pub mod stage;
 pub mod test_hooks;
 
-pub use opening::{open, OpenOptions};
+pub use opening::{caches_for, open, OpenOptions};
 
 #[cfg(test)]
 use stagefs_archive::test_support;

@@ -10,7 +10,7 @@ use crate::stage::{self, StageError, StageMode, Staging};
 use stagefs_archive::index::Index;
 use stagefs_archive::tar::{nested, SavedTables};
 use stagefs_archive::Reader;
-use stagefs_archive::{Archive, Format, OpenError};
+use stagefs_archive::{Archive, Caches, Format, OpenError};
 use std::sync::Arc;
 
 /// Why an archive could not be opened to serve.
@@ -112,6 +112,10 @@ pub struct Indexing {
     /// Where saved indexes are looked up and written instead of beside the archive and in
     /// the cache (`--index-dir`: a private directory of the user's).
     pub index_dir: Option<PathBuf>,
+    /// Where what is read is kept decoded: the open's one memory budget, shared by every
+    /// archive of it (see `stagefs_archive::Caches`; [`crate::open()`] sizes it from the
+    /// RAM budget).
+    pub caches: Caches,
 }
 
 /// [`crate::open()`] for the archive `archive`, opened by the caller (one of `shards`
@@ -175,8 +179,10 @@ pub fn stage_plain(
 /// `--index-dir` or the cache ([`LocalIndexes`], see `saved_index`); for an object in a
 /// store, see `remote`.
 pub trait SavedIndexes {
-    /// The saved index of `flavor` that matches the archive, if one is trusted.
-    fn load(&self, loaded: &stage::Loaded, flavor: &saved::Flavor) -> Option<(Index, Arc<dyn Reader>)>;
+    /// The saved index of `flavor` that matches the archive, if one is trusted; what its
+    /// reader decodes is kept in `caches`.
+    fn load(&self, loaded: &stage::Loaded, flavor: &saved::Flavor, caches: &Caches)
+        -> Option<(Index, Arc<dyn Reader>)>;
     /// Saves the index; returns where it went, and the tree mapped from there.
     fn save(&self, index: &Index, tables: SavedTables, flavor: &saved::Flavor) -> std::io::Result<saved::Saved>;
 }
@@ -188,8 +194,13 @@ pub struct LocalIndexes<'a> {
 }
 
 impl SavedIndexes for LocalIndexes<'_> {
-    fn load(&self, loaded: &stage::Loaded, flavor: &saved::Flavor) -> Option<(Index, Arc<dyn Reader>)> {
-        saved::load(self.file, &self.key, &loaded.backing, loaded.codec, flavor)
+    fn load(
+        &self,
+        loaded: &stage::Loaded,
+        flavor: &saved::Flavor,
+        caches: &Caches,
+    ) -> Option<(Index, Arc<dyn Reader>)> {
+        saved::load(self.file, &self.key, (&loaded.backing, loaded.codec), flavor, caches)
     }
 
     fn save(&self, index: &Index, tables: SavedTables, flavor: &saved::Flavor) -> std::io::Result<saved::Saved> {
@@ -214,13 +225,14 @@ pub fn index_loaded(
     // both are kept, each under its own name.
     let flavor = saved::Flavor { depth, whole, dir: indexing.index_dir.as_deref() };
     if !force_save {
-        if let Some((index, reader)) = indexes.load(&loaded, &flavor) {
+        if let Some((index, reader)) = indexes.load(&loaded, &flavor, &indexing.caches) {
             return Ok(reused(loaded, index, reader));
         }
     }
     let started = Instant::now();
     let scanned = loaded.backing.len() as u64;
-    let scanned = with_scan_progress(scanned, || Archive::from_staged(path, loaded.backing, loaded.codec));
+    let scanned =
+        with_scan_progress(scanned, || Archive::from_staged(path, loaded.backing, loaded.codec, &indexing.caches));
     // A pass or scan stopped by a signal fails as best it can: report the signal.
     crate::cancel::check()?;
     let mut archive = scanned?;
@@ -232,7 +244,7 @@ pub fn index_loaded(
             loaded.codec.map_or("", |c| c.name())
         );
     } else if depth > 0 {
-        let nested = open_nested(path, archive, depth);
+        let nested = open_nested(path, archive, depth, &indexing.caches);
         crate::cancel::check()?;
         archive = nested?;
     }
@@ -306,7 +318,7 @@ pub fn reused(loaded: stage::Loaded, index: Index, reader: Arc<dyn Reader>) -> O
 /// The tar `archive` with its inner tars opened `depth` levels deep (see
 /// `archive::tar::nested`); other formats as they are, with one line saying so. A signal
 /// stops the work between inner tars and while one is decoded.
-fn open_nested(path: &Path, archive: Archive, depth: usize) -> Result<Archive, OpenArchiveError> {
+fn open_nested(path: &Path, archive: Archive, depth: usize, caches: &Caches) -> Result<Archive, OpenArchiveError> {
     let Some(tables) = archive.saved() else {
         tracing::warn!("{}: --recursive opens tars inside a tar; this is a {:?} archive", path.shown(), archive.format);
         return Ok(archive);
@@ -314,7 +326,7 @@ fn open_nested(path: &Path, archive: Archive, depth: usize) -> Result<Archive, O
     let outer = tables.outer;
     let backing = outer.backing().clone();
     let cancelled = || crate::cancel::received().is_some();
-    let nesting = nested::Nesting { depth, cancelled: &cancelled };
+    let nesting = nested::Nesting { depth, cancelled: &cancelled, caches };
     let expanded = nested::expand(path, &backing, &archive.index, (outer.sparse_files(), outer.extents()), nesting);
     // The inner tars were read from the map: trusted only if the file stayed as it was.
     backing.check_intact().map_err(|c| OpenError::Changed { path: path.to_owned(), what: c.to_string() })?;

@@ -6,7 +6,9 @@ use crate::open::{Indexing, OpenArchiveError, Opened};
 use crate::places::ArchiveSet;
 use crate::shards::{How, Member};
 use crate::stage::broadcast::Received;
+use crate::stage::RamBudget;
 use crate::stage::StageMode;
+use stagefs_archive::Caches;
 
 /// How to open: staging, budgets, indexing. Built from its [`Default`] with setters, as
 /// `stagefs_reader::Config` is.
@@ -64,8 +66,10 @@ impl OpenOptions {
 /// local file or an object's URL, staged and indexed (reusing a saved index when one
 /// matches).
 pub fn open(set: &ArchiveSet, options: OpenOptions) -> Result<Opened, OpenArchiveError> {
-    let OpenOptions { mode, max_ram, stage_dir, indexing, received, shared } = options;
+    let OpenOptions { mode, max_ram, stage_dir, mut indexing, received, shared } = options;
     let mode = mode.unwrap_or(StageMode::None);
+    // One memory budget for all that is decoded, whatever the number of archives.
+    indexing.caches = caches_for(max_ram);
     if set.shards.len() > 1 {
         let how = How { mode, max_ram, trust: set.trust, not_on: None };
         let (mut opened, stats) = crate::shards::open_set(&set.label, &set.shards, how, &indexing)?;
@@ -75,8 +79,15 @@ pub fn open(set: &ArchiveSet, options: OpenOptions) -> Result<Opened, OpenArchiv
     // The archive itself: for an object, its URL as given (the label shows no query).
     let one = set.shards.first().unwrap_or(&set.label);
     let member = Member::open(one, set.trust, None)?;
-    if let Some(opened) = shared.then(|| member.shared(indexing.depth)).flatten() {
+    if let Some(opened) = shared.then(|| member.shared(&indexing)).flatten() {
         return Ok(opened);
     }
     member.open_staged(mode, (max_ram, stage_dir.as_deref()), received, &indexing, 1)
+}
+
+/// The caches of decoded bytes for one open (a mount, a `stagefs.open`) under `max_ram`
+/// (`--max-ram`, else what the node and the job may give): 1/16 of that budget each,
+/// between 64 MiB and 1 GiB (see `stagefs_archive::Caches`).
+pub fn caches_for(max_ram: Option<u64>) -> Caches {
+    Caches::for_budget(RamBudget::measure(max_ram).bytes)
 }

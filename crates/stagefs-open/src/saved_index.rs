@@ -28,8 +28,8 @@ use stagefs_archive::seekable::Codec;
 pub use stagefs_archive::tar::key::{fingerprint, Key};
 use stagefs_archive::tar::saved_format::{decode, decode_tree, encode, tables as tables_of};
 use stagefs_archive::tar::SavedTables;
-use stagefs_archive::Backing;
 use stagefs_archive::Reader;
+use stagefs_archive::{Backing, Caches};
 use std::sync::Arc;
 
 /// Which saved index of an archive, and where it may be.
@@ -115,16 +115,16 @@ pub fn size_cap(archive_len: u64) -> u64 {
 pub fn load(
     archive: &OutsideFile,
     key: &Key,
-    backing: &Backing,
-    codec: Option<Codec>,
+    staged: (&Backing, Option<Codec>),
     flavor: &Flavor,
+    caches: &Caches,
 ) -> Option<(Index, Arc<dyn Reader>)> {
     let beside = beside_name(archive.resolved(), flavor);
     let found = match flavor.dir {
         None => Some((archive.resolved().with_file_name(&beside), archive.open_beside(&beside, size_cap(key.size)))),
         Some(_) => None,
     };
-    load_found(found, archive.resolved(), key, backing, codec, flavor)
+    load_found(found, archive.resolved(), key, staged, flavor, caches)
 }
 
 /// [`load`] for an archive that is no local file (an object in a store, named by
@@ -132,11 +132,11 @@ pub fn load(
 pub fn load_kept(
     archive: &Path,
     key: &Key,
-    backing: &Backing,
-    codec: Option<Codec>,
+    staged: (&Backing, Option<Codec>),
     flavor: &Flavor,
+    caches: &Caches,
 ) -> Option<(Index, Arc<dyn Reader>)> {
-    load_found(None, archive, key, backing, codec, flavor)
+    load_found(None, archive, key, staged, flavor, caches)
 }
 
 /// A saved index found (where, and the file if it was there and trusted, or why not).
@@ -148,9 +148,9 @@ fn load_found(
     found: Option<Found>,
     archive: &Path,
     key: &Key,
-    backing: &Backing,
-    codec: Option<Codec>,
+    staged: (&Backing, Option<Codec>),
     flavor: &Flavor,
+    caches: &Caches,
 ) -> Option<(Index, Arc<dyn Reader>)> {
     let cap = size_cap(key.size);
     let cached_name = cache_name(archive, flavor);
@@ -175,7 +175,7 @@ fn load_found(
         }
         let mapped = map_index(&file)
             .map_err(|e| IndexError::Invalid { index: Arc::from(path.as_path()), what: format!("cannot map it: {e}") });
-        match mapped.and_then(|map| decode(map, &path, key, flavor.depth, backing, codec)) {
+        match mapped.and_then(|map| decode(map, &path, key, flavor.depth, staged, caches)) {
             Ok(opened) => {
                 tracing::info!(index = %path.shown(), "using saved index");
                 return Some(opened);
@@ -258,11 +258,11 @@ pub fn decode_bytes(
     bytes: Vec<u8>,
     name: &Path,
     key: &Key,
-    backing: &Backing,
-    codec: Option<Codec>,
+    staged: (&Backing, Option<Codec>),
     depth: usize,
+    caches: &Caches,
 ) -> Result<(Index, Arc<dyn Reader>), IndexError> {
-    decode(IndexMap::from_vec(bytes), name, key, depth, backing, codec)
+    decode(IndexMap::from_vec(bytes), name, key, depth, staged, caches)
 }
 
 /// The saved index in `file`, handed over by this user's daemon (see `share`), mapped and
@@ -274,10 +274,11 @@ pub fn decode_file(
     key: &Key,
     depth: usize,
     backing: &Backing,
+    caches: &Caches,
 ) -> Result<(Index, Arc<dyn Reader>), IndexError> {
     let map = map_index(file)
         .map_err(|e| IndexError::Invalid { index: Arc::from(name), what: format!("cannot map it: {e}") })?;
-    decode(map, name, key, depth, backing, None)
+    decode(map, name, key, depth, (backing, None), caches)
 }
 
 /// Keeps `bytes`, a saved index fetched from beside an object (checked to match it), in
@@ -386,22 +387,24 @@ mod tests {
         let path = sample_archive(dir);
         let file = places::open_outside(&path, places::Trust::Named, None).unwrap();
         let key = Key::of(file.file()).unwrap();
-        let fresh = stagefs_archive::Archive::open(file.file(), &path).unwrap();
+        let caches = Caches::default();
+        let fresh = stagefs_archive::Archive::open(file.file(), &path, &caches).unwrap();
         let saved = save(&file, &key, &fresh.index, fresh.saved().unwrap(), &Flavor::default()).unwrap();
         let saved_at = saved.path;
         assert_eq!(saved_at, file.resolved().with_file_name("a.tar.stagefs-index"));
         assert!(saved.mapped.is_some_and(|m| m == fresh.index && m.source() == Some(saved_at.as_path())));
         let backing = stagefs_archive::map_file(file.file()).unwrap();
-        let (loaded, _) = load(&file, &key, &backing, None, &Flavor::default()).expect("a matching index loads");
+        let (loaded, _) =
+            load(&file, &key, (&backing, None), &Flavor::default(), &caches).expect("a matching index loads");
         assert!(loaded == fresh.index);
 
         // A changed archive: different key, index ignored.
         let mut other = key;
         other.fingerprint ^= 1;
-        assert!(load(&file, &other, &backing, None, &Flavor::default()).is_none());
+        assert!(load(&file, &other, (&backing, None), &Flavor::default(), &caches).is_none());
         // Every single-byte corruption is caught at open, or by its block's checksum when read.
         let bytes = std::fs::read(&saved_at).unwrap();
-        let decode = |bytes: &[u8]| decode_bytes(bytes.to_vec(), &saved_at, &key, &backing, None, 0);
+        let decode = |bytes: &[u8]| decode_bytes(bytes.to_vec(), &saved_at, &key, (&backing, None), 0, &caches);
         for i in (0..bytes.len()).step_by(7) {
             let mut damaged = bytes.clone();
             damaged[i] ^= 0x5a;

@@ -31,7 +31,7 @@ use rustix::net::{
 use stagefs_archive::escape::Shown;
 use stagefs_archive::{Archive, FileId, Format};
 
-use crate::open::Opened;
+use crate::open::{Indexing, Opened};
 use crate::places::{self, OutsideFile};
 use crate::sockets;
 use crate::stage::Staging;
@@ -123,11 +123,12 @@ pub fn offering() -> Vec<crate::registry::Record> {
 }
 
 /// The archive `file` from the copy a daemon of this user serves of it, if one does (see
-/// the module doc); `None`: stage and index it as usual. `depth`: levels of tars inside
-/// opened as directories (a saved index is only used for the same).
-pub fn receive(file: &OutsideFile, depth: usize) -> Option<Opened> {
+/// the module doc); `None`: stage and index it as usual. `indexing`: the levels of tars
+/// inside opened as directories (a saved index is only used for the same), and the
+/// caches what is decoded goes to.
+pub fn receive(file: &OutsideFile, indexing: &Indexing) -> Option<Opened> {
     for record in offering() {
-        match receive_from(&record.mountpoint, file, depth) {
+        match receive_from(&record.mountpoint, file, indexing) {
             Ok(Some(opened)) => {
                 tracing::info!(mountpoint = %record.mountpoint.shown(), "reading the copy this mount holds in RAM");
                 return Some(opened);
@@ -139,7 +140,7 @@ pub fn receive(file: &OutsideFile, depth: usize) -> Option<Opened> {
     None
 }
 
-fn receive_from(mountpoint: &Path, file: &OutsideFile, depth: usize) -> Result<Option<Opened>, String> {
+fn receive_from(mountpoint: &Path, file: &OutsideFile, indexing: &Indexing) -> Result<Option<Opened>, String> {
     let Some(stream) = sockets::connect(mountpoint, "share") else { return Ok(None) };
     if sockets::peer_uid(&stream) != Some(places::my_uid()) {
         return Err("the share socket is not served by you".into());
@@ -162,11 +163,12 @@ fn receive_from(mountpoint: &Path, file: &OutsideFile, depth: usize) -> Result<O
     let archive = match fds.next() {
         Some(index) => {
             let key = crate::saved_index::Key::of(file.file()).map_err(|e| e.to_string())?;
-            let (index, reader) = crate::saved_index::decode_file(&index, mountpoint, &key, depth, &backing)
-                .map_err(|e| format!("its saved index: {e}"))?;
+            let (index, reader) =
+                crate::saved_index::decode_file(&index, mountpoint, &key, indexing.depth, &backing, &indexing.caches)
+                    .map_err(|e| format!("its saved index: {e}"))?;
             Archive::new(index, Format::Tar, reader)
         }
-        None => Archive::from_backing(path, backing).map_err(|e| e.to_string())?,
+        None => Archive::from_backing(path, backing, &indexing.caches).map_err(|e| e.to_string())?,
     };
     let identity = vec![file.id()];
     let opened = Opened {

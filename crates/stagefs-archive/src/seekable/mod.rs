@@ -31,7 +31,8 @@ mod xz;
 
 pub use pgzip_tuning::force_parallel_gzip;
 pub(crate) use read::Compressed;
-pub use read::{set_cache_budget, Seekable};
+pub use read::Seekable;
+pub(crate) use read::{unit_cache, UnitCache};
 
 use std::io::Read;
 

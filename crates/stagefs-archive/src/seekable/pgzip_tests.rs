@@ -53,7 +53,7 @@ fn decodes(compressed: &[u8], data: &[u8], tuning: Tuning) -> Stats {
         }
     }
     let points = Points { codec: Codec::Gzip, list: points, total };
-    let file = Seekable::new(Source::memory(compressed), points);
+    let file = Seekable::new(Source::memory(compressed), points, &crate::Caches::default());
     for (i, point) in file.points().list.iter().enumerate() {
         let n = (data.len() as u64 - point.out).min(100_000) as usize;
         let got = file.read_at(point.out, n).unwrap();

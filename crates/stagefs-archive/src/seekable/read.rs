@@ -5,18 +5,18 @@
 //! the same unit at once wait for that decode instead of repeating it. A larger unit (a
 //! high level's 512 MiB frame) is cut into [`PIECE`]s, decoded by a decoder that is kept
 //! where it stopped ([`CURSORS`] of them), so reading it front to back decodes it once
-//! rather than once per piece from its start. The cache is one per process, weighed in
-//! bytes and sized from the RAM budget ([`set_cache_budget`]), so a set of 1,000
+//! rather than once per piece from its start. The cache is the open's ([`Caches`], made
+//! once from its RAM budget and passed in), weighed in bytes, so a set of 1,000
 //! compressed shards takes no more than one.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use quick_cache::sync::Cache;
 
 use super::{bzip2, gzip, xz, Codec, Point, Points, SPAN};
-use crate::{Backing, ReadError};
+use crate::{Backing, Caches, ReadError};
 
 /// A unit decoding to at most this is decoded whole and cached as one entry.
 pub const WHOLE_UNIT: u64 = 32 << 20;
@@ -26,26 +26,15 @@ pub const PIECE: u64 = 4 << 20;
 /// dictionary: up to 128 MiB for `zstd --long=27`, so few).
 const CURSORS: usize = 4;
 
-/// The decoded-unit cache when no budget was set (tests, `stagefs index`).
-pub const DEFAULT_CACHE_BYTES: u64 = 128 << 20;
-/// Bytes the cache may hold: set once, before the first compressed file is read.
-static CACHE_BYTES: AtomicU64 = AtomicU64::new(DEFAULT_CACHE_BYTES);
-
-/// Sizes the decoded-unit cache from the RAM budget: 1/16 of it, between 64 MiB and
-/// 1 GiB. Call before the first read; later calls change nothing.
-pub fn set_cache_budget(budget: u64) {
-    CACHE_BYTES.store((budget / 16).clamp(64 << 20, 1 << 30), Ordering::Relaxed);
-}
-
 /// Decoded bytes as cached: the `Vec` the decoder filled, shared without a copy.
 type Unit = Arc<Vec<u8>>;
 
 /// (file, restart point, piece) -> decoded bytes.
-type UnitCache = Cache<(u64, usize, u64), Unit, UnitWeight>;
+pub(crate) type UnitCache = Cache<(u64, usize, u64), Unit, UnitWeight>;
 
 /// Weighs a cached unit by its bytes.
 #[derive(Clone)]
-struct UnitWeight;
+pub(crate) struct UnitWeight;
 
 impl quick_cache::Weighter<(u64, usize, u64), Unit> for UnitWeight {
     fn weight(&self, _key: &(u64, usize, u64), unit: &Unit) -> u64 {
@@ -58,7 +47,7 @@ impl quick_cache::Weighter<(u64, usize, u64), Unit> for UnitWeight {
 /// it for entries seen once (the default keeps 3 % for them): a unit is read by its
 /// neighbours soon after its first read, and an 8 MiB frame in a 4 MiB cold section was
 /// evicted by the next decode, before them, so every file decoded its frame again.
-fn unit_cache(bytes: u64) -> UnitCache {
+pub(crate) fn unit_cache(bytes: u64) -> UnitCache {
     let options = quick_cache::OptionsBuilder::new()
         .estimated_items_capacity((bytes / (256 << 10)).max(64) as usize)
         .weight_capacity(bytes)
@@ -67,12 +56,6 @@ fn unit_cache(bytes: u64) -> UnitCache {
         .build()
         .expect("valid cache options");
     Cache::with_options(options, UnitWeight, Default::default(), Default::default())
-}
-
-/// The process's one cache of decoded units.
-fn process_cache() -> Arc<UnitCache> {
-    static CACHE: OnceLock<Arc<UnitCache>> = OnceLock::new();
-    CACHE.get_or_init(|| Arc::new(unit_cache(CACHE_BYTES.load(Ordering::Relaxed)))).clone()
 }
 
 /// Bytes `pos..end` of a source read through [`crate::Source::read_at`] (so a file served
@@ -125,7 +108,7 @@ struct Cursor {
 }
 
 struct Shared {
-    /// Tells this file's entries from other files' in the process's cache.
+    /// Tells this file's entries from other files' in the open's cache.
     id: u64,
     cache: Arc<UnitCache>,
     input: Backing,
@@ -152,8 +135,10 @@ impl std::fmt::Debug for Seekable {
 }
 
 impl Seekable {
-    pub fn new(input: Backing, points: Points) -> Seekable {
-        Seekable::with_cache(input, points, process_cache())
+    /// The compressed file `input` served by its restart `points`, its decoded units
+    /// kept in the open's `caches`.
+    pub fn new(input: Backing, points: Points, caches: &Caches) -> Seekable {
+        Seekable::with_cache(input, points, caches.units())
     }
 
     /// A file with a cache of its own of `bytes` (tests: other tests' reads do not evict).

@@ -4,14 +4,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use quick_cache::sync::Cache;
-
 use super::codec::Compressor;
 use super::inode::{FileInode, NO_FRAGMENT};
 use super::metadata::{Cursor, MetaReader};
 use super::Fault;
+use crate::caches::Blocks;
 use crate::index::{Data, Inode, InodeId};
-use crate::{Backing, ByteWeight, Bytes, ReadError};
+use crate::{Backing, Bytes, Caches, ReadError};
 
 /// Set in a block or fragment size when the data is stored uncompressed.
 const STORED_BIT: u32 = 1 << 24;
@@ -21,8 +20,6 @@ const SIZE_MASK: u32 = STORED_BIT - 1;
 /// of storing every offset.
 const CHECKPOINT_STRIDE: u32 = 64;
 const FRAGMENT_ENTRY_LEN: usize = 16;
-/// Bytes of decompressed blocks kept for all reads of one archive.
-pub(super) const DEFAULT_CACHE_BYTES: u64 = 64 << 20;
 
 /// A fragment block: several files' tails compressed together.
 #[derive(Clone, Copy, Debug)]
@@ -192,8 +189,9 @@ pub struct SquashReader {
     backing: Backing,
     compressor: Compressor,
     layouts: Layouts,
-    /// Decompressed blocks and fragments, keyed by their image offset.
-    cache: Cache<u64, Arc<[u8]>, ByteWeight>,
+    /// Decompressed blocks and fragments, keyed by their image offset, in the open's block
+    /// cache.
+    cache: Blocks,
     /// Per fragment: tail bytes not yet served (see [`SquashReader::fragment_served`]).
     unserved: Box<[AtomicU64]>,
     /// One block of zeros that holes of sparse files are served from.
@@ -222,14 +220,12 @@ impl crate::Reader for SquashReader {
 }
 
 impl SquashReader {
-    pub(super) fn new(backing: Backing, compressor: Compressor, layouts: Layouts, cache_bytes: u64) -> SquashReader {
+    pub(super) fn new(backing: Backing, compressor: Compressor, layouts: Layouts, caches: &Caches) -> SquashReader {
         let block_size = layouts.block_size as usize;
-        // About one block per item keeps every cache shard able to hold 32 blocks.
-        let items = (cache_bytes / block_size as u64).max(1) as usize;
         SquashReader {
             backing,
             compressor,
-            cache: Cache::with_weighter(items, cache_bytes, ByteWeight),
+            cache: caches.blocks(),
             unserved: layouts.fragments.iter().map(|f| AtomicU64::new(f.tail_bytes)).collect(),
             zeros: vec![0u8; block_size].into(),
             layouts,
@@ -244,7 +240,7 @@ impl SquashReader {
     /// Bytes of decompressed blocks held in the cache.
     #[cfg(test)]
     pub fn cached_bytes(&self) -> u64 {
-        self.cache.weight()
+        self.cache.held_bytes()
     }
 
     /// Heap bytes of the per-file block layouts: with the index's, what an open image
@@ -320,7 +316,7 @@ impl SquashReader {
         let left_after = |left: u64| if left == 0 { fragment.tail_bytes } else { left }.saturating_sub(n as u64);
         let before = unserved.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| Some(left_after(left)));
         if left_after(before.unwrap_or_else(|left| left)) == 0 {
-            self.cache.remove(&fragment.start);
+            self.cache.remove(fragment.start);
         }
     }
 
@@ -352,7 +348,7 @@ impl SquashReader {
             }
             return Ok(self.backing.read_at(at + from as u64, n)?.into());
         }
-        let block = self.cache.get_or_insert_with(&at, || {
+        let block = self.cache.get_or_insert_with(at, || {
             let input = self.backing.read_at(at, stored)?;
             self.compressor.decompress_shared(&input, self.layouts.block_size as usize).map_err(|e| ReadError {
                 offset: at,

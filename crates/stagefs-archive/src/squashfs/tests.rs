@@ -195,7 +195,8 @@ fn mksquashfs_image(tag: &str, options: &[&str]) -> (TempDir, PathBuf, PathBuf) 
 /// Builds an image with mksquashfs `options` and checks all of it against its source.
 fn mksquashfs_roundtrip(tag: &str, options: &[&str]) -> (Index, SquashReader) {
     let (_scratch, src, image) = mksquashfs_image(tag, options);
-    let (index, reader) = open(&image, map_file(&image)).unwrap_or_else(|e| panic!("{tag}: {e}"));
+    let (index, reader) =
+        open(&image, map_file(&image), &crate::Caches::default()).unwrap_or_else(|e| panic!("{tag}: {e}"));
     compare_dir(&index, &reader, ROOT, &src, true);
     check_specials(&index, &src);
     (index, reader)
@@ -289,7 +290,7 @@ fn a_fragment_leaves_the_cache_once_all_its_files_were_served() {
         &[&args[..], &["-noappend", "-quiet", "-comp", "gzip", "-b", "64K"].map(OsStr::new)].concat(),
         None,
     );
-    let (index, reader) = open(&image, map_file(&image)).unwrap();
+    let (index, reader) = open(&image, map_file(&image), &crate::Caches::default()).unwrap();
     let inode = |i: usize| index.inode(lookup_path(&index, &format!("f{i:02}.txt"))).unwrap();
     for (i, bytes) in contents.iter().enumerate() {
         // Read in pieces, as the kernel may: only the last piece of the last file counts.
@@ -316,7 +317,7 @@ fn a_fragment_leaves_the_cache_once_all_its_files_were_served() {
 fn concurrent_readers_share_a_small_cache() {
     let (_scratch, _, image) = mksquashfs_image("threads", &["-comp", "xz", "-b", "16K"]);
     // A cache smaller than the file forces evictions while threads race on the same blocks.
-    let (index, reader) = open_with_cache(&image, map_file(&image), 256 << 10).unwrap();
+    let (index, reader) = open(&image, map_file(&image), &crate::Caches::of_bytes(256 << 10)).unwrap();
     let big = index.inode(lookup_path(&index, "big.bin")).unwrap();
     let expected = big_content();
     std::thread::scope(|scope| {
@@ -346,7 +347,7 @@ fn large_directory_spans_blocks_and_index_entries() {
     let mut args: Vec<&OsStr> = vec![src.as_os_str(), image.as_os_str()];
     args.extend(["-noappend", "-quiet", "-no-progress", "-comp", "zstd"].map(OsStr::new));
     run_tool("mksquashfs", &args, None);
-    let (index, reader) = open(&image, map_file(&image)).unwrap();
+    let (index, reader) = open(&image, map_file(&image), &crate::Caches::default()).unwrap();
     compare_dir(&index, &reader, ROOT, &src, true);
 }
 
@@ -361,7 +362,7 @@ fn gensquashfs_pack_dir_image() {
     let args: Vec<&OsStr> =
         args.into_iter().chain(["-c", "xz", "-b", "4096"].map(OsStr::new)).chain([image.as_os_str()]).collect();
     run_tool("gensquashfs", &args, None);
-    let (index, reader) = open(&image, map_file(&image)).unwrap();
+    let (index, reader) = open(&image, map_file(&image), &crate::Caches::default()).unwrap();
     compare_dir(&index, &reader, ROOT, &src, true);
     let x = xattrs(&index, lookup_path(&index, "xattr.txt"));
     assert_eq!(x.get("user.test").map(Vec::as_slice), Some(&b"hello"[..]));
@@ -384,7 +385,7 @@ fn gensquashfs_devices_sockets_and_links() {
     let pack = scratch.join("pack.txt");
     let args = ["-F".as_ref(), pack.as_os_str(), "-q".as_ref(), "-c".as_ref(), "lz4".as_ref(), image.as_os_str()];
     run_tool("gensquashfs", &args, None);
-    let (index, reader) = open(&image, map_file(&image)).unwrap();
+    let (index, reader) = open(&image, map_file(&image), &crate::Caches::default()).unwrap();
     let attrs = |path: &str| index.inode(lookup_path(&index, path)).unwrap().attrs;
     let data = |path: &str| index.inode(lookup_path(&index, path)).unwrap().data;
     assert_eq!(attrs("dev").mode, libc::S_IFDIR | 0o755);
@@ -416,7 +417,7 @@ fn tar2sqfs_image() {
     run_tool("tar", &tar_args, None);
     let image = scratch.join("image.sqfs");
     run_tool("tar2sqfs", &["-q".as_ref(), "-c".as_ref(), "zstd".as_ref(), image.as_os_str()], Some(&tar));
-    let (index, reader) = open(&image, map_file(&image)).unwrap();
+    let (index, reader) = open(&image, map_file(&image), &crate::Caches::default()).unwrap();
     compare_dir(&index, &reader, ROOT, &src, true);
     check_specials(&index, &src);
 }
@@ -439,7 +440,7 @@ fn small_image() -> (Vec<u8>, Vec<u8>) {
 }
 
 fn open_bytes(bytes: &[u8]) -> Result<(Index, SquashReader), OpenError> {
-    open(Path::new("test.sqfs"), map_bytes(bytes))
+    open(Path::new("test.sqfs"), map_bytes(bytes), &crate::Caches::default())
 }
 
 #[test]
@@ -543,7 +544,7 @@ fn damage_rounds(options: &[&str]) {
 #[test]
 fn reads_through_the_archive_front_door() {
     let (image, content) = small_image();
-    let archive = Archive::from_backing(Path::new("front.sqfs"), map_bytes(&image)).unwrap();
+    let archive = Archive::from_backing(Path::new("front.sqfs"), map_bytes(&image), &crate::Caches::default()).unwrap();
     let id = lookup_path(&archive.index, "file");
     let inode = archive.index.inode(id).unwrap();
     assert_eq!(&archive.read(id, &inode, 4000, 5000).unwrap()[..], &content[4000..9000]);
@@ -583,7 +584,7 @@ fn one_inode_many_names(links: usize) -> (TempDir, PathBuf, Vec<String>) {
 fn entries_naming_one_inode_share_its_block_list() {
     let (_scratch, image, names) = one_inode_many_names(600);
     let image_len = fs::metadata(&image).unwrap().len() as usize;
-    let (index, reader) = open(&image, map_file(&image)).unwrap();
+    let (index, reader) = open(&image, map_file(&image), &crate::Caches::default()).unwrap();
     // The 2 GiB file has 2048 block sizes, 8 KiB: read once, not once per name (5 MB).
     assert!(
         reader.table_bytes() <= image_len,
@@ -625,7 +626,7 @@ fn inodes_sharing_an_xattr_set_share_its_index_entries() {
     let mut args: Vec<&OsStr> = vec![src.as_os_str(), image.as_os_str()];
     args.extend(["-noappend", "-quiet", "-no-progress", "-processors", "2"].map(OsStr::new));
     run_tool("mksquashfs", &args, None);
-    let (index, reader) = open(&image, map_file(&image)).unwrap();
+    let (index, reader) = open(&image, map_file(&image), &crate::Caches::default()).unwrap();
     compare_dir(&index, &reader, ROOT, &src, true);
     for i in 0..40 {
         let x = xattrs(&index, lookup_path(&index, &format!("f{i:02}")));

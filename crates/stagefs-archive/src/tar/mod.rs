@@ -25,7 +25,7 @@ pub mod write;
 use std::path::Path;
 
 use super::seekable::{Codec, FirstPass, Seekable};
-use super::{Backing, Bytes, OpenError, ReadError, Source};
+use super::{Backing, Bytes, Caches, OpenError, ReadError, Source};
 use crate::index::{Data, Index, Inode, InodeId};
 pub use header::normalise;
 use header::{checksum_ok, BLOCK};
@@ -110,10 +110,16 @@ pub fn open_stream(
 
 /// Indexes a compressed tar (`input` holds the compressed bytes) from its decoded stream,
 /// in one pass that also notes the restart points (see `archive::seekable`); the reader
-/// then serves each read by decoding the chunk it lies in.
-pub fn open_compressed(path: &Path, input: Backing, codec: Codec) -> Result<(Index, TarReader), OpenError> {
+/// then serves each read by decoding the chunk it lies in, keeping decoded units in the
+/// open's `caches`.
+pub fn open_compressed(
+    path: &Path,
+    input: Backing,
+    codec: Codec,
+    caches: &Caches,
+) -> Result<(Index, TarReader), OpenError> {
     let (index, sparse_files, extents, points) = scan_compressed(path, &input, codec, None)?;
-    let decoded = Source::decoded(Seekable::new(input, points))
+    let decoded = Source::decoded(Seekable::new(input, points, caches))
         .map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
     Ok((index, TarReader { backing: std::sync::Arc::new(decoded), sparse_files, extents }))
 }

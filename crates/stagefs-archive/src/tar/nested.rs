@@ -34,7 +34,7 @@ use super::member::Scan;
 use super::{looks_like_tar, Extent, SparseFile, TarReader};
 use crate::escape::escape;
 use crate::index::{Attrs, BuildError, Data, Index, IndexBuilder, InodeId, ROOT};
-use crate::{Backing, OpenError, Reader};
+use crate::{Backing, Caches, OpenError, Reader};
 pub use reader::{InnerTar, NestedReader, Run};
 
 /// How deep `--recursive` opens archives unless told (`--recursion-depth`).
@@ -49,6 +49,8 @@ pub struct Nesting<'a> {
     pub depth: usize,
     /// Polled between inner archives and during their decoding: `true` stops the work.
     pub cancelled: &'a dyn Fn() -> bool,
+    /// Where compressed inner tars keep their decoded units: the open's.
+    pub caches: &'a Caches,
 }
 
 /// One scanned archive: its tree and its sparse tables, with offsets relative to `base`
@@ -122,7 +124,7 @@ pub fn expand(
         nesting,
         builder: IndexBuilder::new(),
         tables: vec![(Vec::new(), Vec::new())],
-        inner: compressed::Opener::new(outer.len() as u64),
+        inner: compressed::Opener::new(outer.len() as u64, nesting.caches.clone()),
         runs: Vec::new(),
         opened: 0,
         scans: 0,

@@ -19,7 +19,7 @@ use crate::index::layout::Section;
 use crate::index::layout::{BodyWriter, SectionId};
 use crate::index::{Index, IndexError, IndexMap};
 use crate::seekable::{max_points, Codec, Point, Points, Seekable, BZIP2_MAX_BLOCK_BITS};
-use crate::{Backing, Source};
+use crate::{Backing, Caches, Source};
 
 /// Little-endian writer for the tables' sections.
 #[derive(Default)]
@@ -228,7 +228,7 @@ pub fn decode_for_fuzz(data: &[u8], backing: &Backing) -> Result<(Index, Arc<dyn
     let key = Key::from_fields([0; 7]);
     let header = Header { kind: Kind::Archive, depth: 0, key: key.fields() };
     let bytes = file::saving(&header, vec![Cow::Borrowed(&padded[..])], &sections).to_vec();
-    decode(IndexMap::from_vec(bytes), Path::new("fuzz.index"), &key, 0, backing, None)
+    decode(IndexMap::from_vec(bytes), Path::new("fuzz.index"), &key, 0, (backing, None), &Caches::default())
 }
 
 /// Little-endian reader that fails instead of panicking on a short file.
@@ -274,8 +274,8 @@ pub fn decode(
     name: &Path,
     key: &Key,
     depth: usize,
-    backing: &Backing,
-    codec: Option<Codec>,
+    (backing, codec): (&Backing, Option<Codec>),
+    caches: &Caches,
 ) -> Result<(Index, Arc<dyn crate::Reader>), IndexError> {
     let opened = open_for(map, name, key, depth)?;
     let store = opened.store.clone();
@@ -292,12 +292,13 @@ pub fn decode(
     let points = decode_points(&mut points, codec, backing.len() as u64).and_then(|p| points.end().map(|()| p));
     let outer = match points.map_err(invalid)? {
         Some(points) => Arc::new(
-            Source::decoded(Seekable::new(backing.clone(), points)).map_err(|e| invalid(format!("cannot map: {e}")))?,
+            Source::decoded(Seekable::new(backing.clone(), points, caches))
+                .map_err(|e| invalid(format!("cannot map: {e}")))?,
         ),
         None => backing.clone(),
     };
     let mut r = Reader(section(SectionId::Nested)?);
-    let inner = nested::decode_inner(&mut r, backing, codec).map_err(invalid)?;
+    let inner = nested::decode_inner(&mut r, backing, codec, caches).map_err(invalid)?;
     let runs = nested::decode_runs(&mut r, inner.len(), index.inode_count()).map_err(invalid)?;
     r.end().map_err(invalid)?;
     let outer =
@@ -343,7 +344,14 @@ pub(crate) fn decode_bytes(
     backing: &Backing,
     codec: Option<Codec>,
 ) -> Result<(Index, Arc<dyn crate::Reader>), IndexError> {
-    decode(IndexMap::from_vec(bytes.to_vec()), Path::new("test.index"), key, depth, backing, codec)
+    decode(
+        IndexMap::from_vec(bytes.to_vec()),
+        Path::new("test.index"),
+        key,
+        depth,
+        (backing, codec),
+        &Caches::default(),
+    )
 }
 
 /// How a mount opening `depth` levels of inner archives is asked for.

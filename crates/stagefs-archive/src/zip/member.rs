@@ -9,13 +9,12 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use quick_cache::sync::Cache;
-
 use super::cursors::{Cursors, Decodable};
 use super::directory::{u16le, Entry};
 use super::stream::{method_name, Stream};
+use crate::caches::Blocks;
 use crate::index::{Data, Inode, InodeId};
-use crate::{Access, Backing, ByteWeight, Bytes, ReadError};
+use crate::{Access, Backing, Bytes, Caches, ReadError};
 
 const LOCAL_SIG: &[u8; 4] = b"PK\x03\x04";
 const LOCAL_LEN: usize = 30;
@@ -223,17 +222,14 @@ const _: () = {
 pub struct ZipReader {
     backing: Backing,
     members: Vec<Member>,
-    /// Decompressed members no larger than `cacheable`, keyed by handle.
-    cache: Cache<u32, Arc<[u8]>, ByteWeight>,
+    /// Decompressed members no larger than `cacheable`, keyed by handle, in the open's
+    /// block cache.
+    cache: Blocks,
     /// Largest member decoded whole into the cache; larger ones are streamed.
     cacheable: u64,
     /// Decoders part-way through large members.
     cursors: Cursors,
 }
-
-/// Cache shards: quick_cache splits its capacity between them, and a member heavier
-/// than one shard's share is not kept.
-const SHARDS: usize = 8;
 
 impl crate::Reader for ZipReader {
     fn read(&self, _id: InodeId, inode: &Inode, offset: u64, len: usize) -> Result<Bytes<'_>, ReadError> {
@@ -266,15 +262,9 @@ impl crate::Reader for ZipReader {
 }
 
 impl ZipReader {
-    pub(super) fn new(backing: Backing, members: Vec<Member>, cache_bytes: u64) -> ZipReader {
-        let options = quick_cache::OptionsBuilder::new()
-            .estimated_items_capacity((cache_bytes / (256 << 10)).max(16) as usize)
-            .weight_capacity(cache_bytes)
-            .shards(SHARDS)
-            .build()
-            .expect("every cache option is set");
-        let cache = Cache::with_options(options, ByteWeight, Default::default(), Default::default());
-        ZipReader { backing, members, cache, cacheable: cache_bytes / SHARDS as u64 / 2, cursors: Cursors::default() }
+    pub(super) fn new(backing: Backing, members: Vec<Member>, caches: &Caches) -> ZipReader {
+        let cache = caches.blocks();
+        ZipReader { backing, members, cacheable: cache.largest_kept(), cache, cursors: Cursors::default() }
     }
 
     /// The archive's bytes this reader serves from.
@@ -313,11 +303,11 @@ impl ZipReader {
             m.check(&self.backing)?;
             return self.cursors.read(&self.backing, handle, m, offset, len).map(Bytes::Owned);
         }
-        let whole = self.cache.get_or_insert_with(&handle, || m.whole(&self.backing))?;
+        let whole = self.cache.get_or_insert_with(handle.into(), || m.whole(&self.backing))?;
         // The kernel's page cache holds what was served; keeping the copy would only pin
         // memory. Reads arriving out of order cost a second decode, never bytes.
         if offset + len as u64 == size {
-            self.cache.remove(&handle);
+            self.cache.remove(handle.into());
         }
         let from = offset as usize;
         Ok(Bytes::Shared(whole, from..from + len))

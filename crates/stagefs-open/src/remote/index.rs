@@ -13,7 +13,7 @@ use crate::saved_index::{self, Key};
 use crate::stage::Loaded;
 use stagefs_archive::index::Index;
 use stagefs_archive::tar::SavedTables;
-use stagefs_archive::Reader;
+use stagefs_archive::{Caches, Reader};
 use std::sync::Arc;
 
 /// The key of `object`'s version, its samples read by `read` (from the staged copy, or
@@ -50,9 +50,10 @@ impl RemoteIndexes<'_> {
 }
 
 impl SavedIndexes for RemoteIndexes<'_> {
-    fn load(&self, loaded: &Loaded, flavor: &saved_index::Flavor) -> Option<(Index, Arc<dyn Reader>)> {
+    fn load(&self, loaded: &Loaded, flavor: &saved_index::Flavor, caches: &Caches) -> Option<(Index, Arc<dyn Reader>)> {
         // The kept copy first: mapped from the user's own disk, no request made.
-        if let Some(opened) = saved_index::load_kept(self.shown, &self.key, &loaded.backing, loaded.codec, flavor) {
+        let staged = (&loaded.backing, loaded.codec);
+        if let Some(opened) = saved_index::load_kept(self.shown, &self.key, staged, flavor, caches) {
             return Some(opened);
         }
         let sidecar = self.sidecar(flavor);
@@ -62,14 +63,7 @@ impl SavedIndexes for RemoteIndexes<'_> {
         match self.client.get_small(&sidecar, cap) {
             Ok(Some(bytes)) => {
                 let name = PathBuf::from(sidecar.shown());
-                let checked = saved_index::decode_bytes(
-                    bytes.clone(),
-                    &name,
-                    &self.key,
-                    &loaded.backing,
-                    loaded.codec,
-                    flavor.depth,
-                );
+                let checked = saved_index::decode_bytes(bytes.clone(), &name, &self.key, staged, flavor.depth, caches);
                 match checked {
                     Ok(opened) => {
                         tracing::info!("using the saved index {}", sidecar.shown());
@@ -77,9 +71,7 @@ impl SavedIndexes for RemoteIndexes<'_> {
                         let kept = saved_index::keep_fetched(self.shown, &bytes, flavor)
                             .map_err(|e| tracing::debug!("not keeping the fetched index: {e}"))
                             .ok()
-                            .and_then(|()| {
-                                saved_index::load_kept(self.shown, &self.key, &loaded.backing, loaded.codec, flavor)
-                            });
+                            .and_then(|()| saved_index::load_kept(self.shown, &self.key, staged, flavor, caches));
                         return Some(kept.unwrap_or(opened));
                     }
                     Err(why) => tracing::warn!("ignoring the saved index {}: {why}", sidecar.shown()),
@@ -88,7 +80,7 @@ impl SavedIndexes for RemoteIndexes<'_> {
             Ok(None) => tracing::debug!("no saved index at {}", sidecar.shown()),
             Err(e) => tracing::info!("cannot read the saved index {}: {e}", sidecar.shown()),
         }
-        saved_index::load_kept(self.shown, &self.key, &loaded.backing, loaded.codec, flavor)
+        saved_index::load_kept(self.shown, &self.key, staged, flavor, caches)
     }
 
     fn save(

@@ -50,7 +50,7 @@ pub fn open(
         // pass over the whole object here.
         let flavor =
             crate::saved_index::Flavor { depth: indexing.depth, whole: false, dir: indexing.index_dir.as_deref() };
-        return match indexes.load(&loaded, &flavor) {
+        return match indexes.load(&loaded, &flavor, &indexing.caches) {
             Some((index, reader)) => Ok(crate::open::reused(loaded, index, reader)),
             None => Err(stagefs_archive::OpenError::Unsupported {
                 path: shown.clone(),

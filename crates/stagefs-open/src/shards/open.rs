@@ -97,7 +97,7 @@ pub struct How {
 /// daemon of this user holds of it, if one does (see [`crate::share`]); `None` otherwise,
 /// having staged and indexed nothing.
 pub fn open_shared(path: &Path, trust: Trust) -> Result<Option<Opened>, OpenArchiveError> {
-    Ok(Member::open(path, trust, None)?.shared(0))
+    Ok(Member::open(path, trust, None)?.shared(&Indexing::default()))
 }
 
 /// One shard of a set, opened: a local file (checked and held, see `places::outside`) or an
@@ -116,9 +116,9 @@ impl Member {
     }
 
     /// It, read from the copy a daemon of this user holds (see [`crate::share`]).
-    pub(crate) fn shared(&self, depth: usize) -> Option<Opened> {
+    pub(crate) fn shared(&self, indexing: &Indexing) -> Option<Opened> {
         match self {
-            Member::File(file) => crate::share::receive(file, depth),
+            Member::File(file) => crate::share::receive(file, indexing),
             Member::Object(_) => None,
         }
     }

@@ -206,7 +206,6 @@ pub fn load(
     let mut head = [0u8; 6];
     let n = file.read_at(&mut head, 0).map_err(io("cannot read"))?;
     let budget = RamBudget::measure(max_ram);
-    stagefs_archive::seekable::set_cache_budget(budget.bytes);
     if let Some(received) = received {
         // A compressed tar is broadcast as it is, and decompressed from the node's copy.
         let n = received.file.read_at(&mut head, 0).map_err(io("cannot read its broadcast copy"))?;

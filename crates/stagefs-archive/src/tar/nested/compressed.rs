@@ -5,7 +5,7 @@ use std::path::Path;
 use crate::index::Index;
 use crate::seekable::{self, Codec, Points, Seekable};
 use crate::tar::{Extent, InnerTar, SparseFile, TarReader};
-use crate::{Backing, Source};
+use crate::{Backing, Caches, Source};
 
 /// The names a tar member has when it is a compressed tar, and the codec they announce
 /// (the bytes decide the codec; the name only gives the directory's).
@@ -38,14 +38,16 @@ pub(super) struct Opener {
     points_left: usize,
     /// Range in the outer archive, and decoded bytes, of each: reader `k` is `opened[k - 1]`.
     opened: Vec<(u64, u64, Backing)>,
+    /// Where their decoded units are kept: the open's.
+    caches: Caches,
 }
 
 /// An inner tar's tree and sparse tables, and the reader number that serves it.
 type Scanned = (Index, Vec<SparseFile>, Vec<Extent>, u32);
 
 impl Opener {
-    pub(super) fn new(outer_len: u64) -> Opener {
-        Opener { points_left: seekable::max_points(outer_len), opened: Vec::new() }
+    pub(super) fn new(outer_len: u64, caches: Caches) -> Opener {
+        Opener { points_left: seekable::max_points(outer_len), opened: Vec::new(), caches }
     }
 
     pub(super) fn count(&self) -> usize {
@@ -91,8 +93,8 @@ impl Opener {
         };
         self.points_left = left;
         let reader = u32::try_from(self.opened.len() + 1).map_err(|_| Refused::Why("too many inner tars".into()))?;
-        let decoded =
-            Source::decoded(Seekable::new(input, points)).map_err(|e| Refused::Why(format!("cannot map: {e}")))?;
+        let decoded = Source::decoded(Seekable::new(input, points, &self.caches))
+            .map_err(|e| Refused::Why(format!("cannot map: {e}")))?;
         self.opened.push((start, len, std::sync::Arc::new(decoded)));
         Ok((index, sparse_files, extents, reader))
     }
@@ -134,7 +136,7 @@ mod tests {
         gz.write_all(&tar).unwrap();
         let gz = gz.finish().unwrap();
         let outer = Source::memory(&[gz.clone(), gz.clone()].concat());
-        let mut opener = Opener::new(0);
+        let mut opener = Opener::new(0, crate::Caches::default());
         let budget = opener.points_left;
         let path = Path::new("t.tar");
         let first = opener.open(path, &outer, (0, gz.len() as u64), Codec::Gzip, &|| false);

@@ -33,7 +33,7 @@ fn expand_to(bytes: &[u8], depth: usize) -> Expanded {
     scan.run().unwrap();
     let Scan { builder, sparse_files, extents, .. } = scan;
     let index = builder.finish().unwrap();
-    let nesting = Nesting { depth, cancelled: &|| false };
+    let nesting = Nesting { depth, cancelled: &|| false, caches: &crate::Caches::default() };
     expand(Path::new("t.tar"), &Source::memory(bytes), &index, (&sparse_files, &extents), nesting).unwrap()
 }
 
@@ -215,7 +215,7 @@ fn expanding_stops_when_cancelled() {
     scan.run().unwrap();
     let Scan { builder, sparse_files, extents, .. } = scan;
     let index = builder.finish().unwrap();
-    let nesting = Nesting { depth: DEFAULT_DEPTH, cancelled: &|| true };
+    let nesting = Nesting { depth: DEFAULT_DEPTH, cancelled: &|| true, caches: &crate::Caches::default() };
     let stopped = expand(Path::new("t.tar"), &Source::memory(&outer), &index, (&sparse_files, &extents), nesting);
     assert!(matches!(stopped, Err(OpenError::Stopped { .. })));
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use super::{decode_extents, decode_points, decode_sparse_files, encode_points, encode_sparse, Reader, Writer};
 use crate::seekable::{max_points, Codec, Seekable};
 use crate::tar::{InnerTar, Run, SavedTables, TarReader};
-use crate::{Backing, Source};
+use crate::{Backing, Caches, Source};
 
 /// The fewest bytes an inner tar's record takes (range, table counts, codec tag).
 const INNER_BYTES: usize = 8 * 4 + 4;
@@ -31,7 +31,12 @@ pub(super) fn encode(w: &mut Writer, tables: SavedTables) {
 /// none) holding the codec its first bytes say, with restart points a first pass over
 /// that range could have noted, no more in all than one compressed file of the outer
 /// archive's size may have.
-pub(super) fn decode_inner(r: &mut Reader, outer: &Backing, codec: Option<Codec>) -> Result<Vec<InnerTar>, String> {
+pub(super) fn decode_inner(
+    r: &mut Reader,
+    outer: &Backing,
+    codec: Option<Codec>,
+    caches: &Caches,
+) -> Result<Vec<InnerTar>, String> {
     let count = r.count(INNER_BYTES)?;
     if count > 0 && codec.is_some() {
         return Err("inner tars saved for a compressed archive".into());
@@ -48,7 +53,7 @@ pub(super) fn decode_inner(r: &mut Reader, outer: &Backing, codec: Option<Codec>
         points_left = points_left
             .checked_sub(points.list.len())
             .ok_or("the inner tars have more restart points than the archive may have")?;
-        let decoded = Source::decoded(Seekable::new(input, points)).map_err(|e| format!("cannot map: {e}"))?;
+        let decoded = Source::decoded(Seekable::new(input, points, caches)).map_err(|e| format!("cannot map: {e}"))?;
         let reader = TarReader::from_parts(Arc::new(decoded), sparse, extents).ok_or("sparse table out of bounds")?;
         inner.push(InnerTar { start, len, reader });
     }
@@ -92,9 +97,9 @@ mod tests {
         gz.write_all(&tar(&[("a.txt", b"inner a"), ("big", &data)])).unwrap();
         let outer = tar(&[("x.txt", b"outer"), ("c.tar.gz", &gz.finish().unwrap()), ("z.txt", b"last")]);
         let backing = Source::memory(&outer);
-        let flat = Archive::from_backing(Path::new("t.tar"), backing.clone()).unwrap();
+        let flat = Archive::from_backing(Path::new("t.tar"), backing.clone(), &crate::Caches::default()).unwrap();
         let tables = flat.saved().unwrap().outer;
-        let nesting = Nesting { depth: 8, cancelled: &|| false };
+        let nesting = Nesting { depth: 8, cancelled: &|| false, caches: &crate::Caches::default() };
         let sparse = (tables.sparse_files(), tables.extents());
         let expanded = expand(Path::new("t.tar"), &backing, &flat.index, sparse, nesting).unwrap();
         let key = Key::from_fields([1; 7]);
