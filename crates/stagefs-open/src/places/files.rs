@@ -229,7 +229,7 @@ mod tests {
         ("pack/read.rs", "the dataset being packed, read-only, O_NOFOLLOW"),
         ("pack/output.rs", "OUT's O_EXCL temp file"),
         ("demo.rs", "the files of its own mount"),
-        ("growing/mod.rs", "resolves the directory of a shard to remove, to match it: opens nothing"),
+        ("growing.rs", "resolves the directory of a shard to remove, to match it: opens nothing"),
         (
             "crates/stagefs-reader/src/source.rs",
             "reads the files the user lists, as `cat` would (their trust is the user's, as a named archive's): \

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use super::error::StageError;
 use super::whole::{Staged, Target};
-use super::Compression;
+use stagefs_archive::codec::Compression;
 
 /// Counts compressed bytes consumed, so a corrupt stream can be located.
 struct Counting<R> {

@@ -129,9 +129,9 @@ mod tests {
             super::super::copier::CHUNK,
         )
         .unwrap();
-        let copier = super::super::Copier::new(&archive, backing, Some(dir.path().to_owned()));
-        let progress = super::super::Progress::new(super::super::Phase::Copying, 0);
-        assert_eq!(copier.run(&progress, &|| false).unwrap(), super::super::Finished::Complete);
+        let copier = crate::stage::copier::Copier::new(&archive, backing, Some(dir.path().to_owned()));
+        let progress = crate::stage::progress::Progress::new(crate::stage::progress::Phase::Copying, 0);
+        assert_eq!(copier.run(&progress, &|| false).unwrap(), crate::stage::copier::Finished::Complete);
         assert_eq!(progress.snapshot().done, bytes.len() as u64);
         let mut back = vec![0u8; bytes.len()];
         copy.read_exact_at(&mut back, 0).unwrap();

@@ -3,8 +3,9 @@
 use stagefs_archive::escape::Shown;
 use std::path::PathBuf;
 
-use super::{Compression, StageMode};
+use super::modes::StageMode;
 use crate::report::human;
+use stagefs_archive::codec::Compression;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StageError {
