@@ -12,8 +12,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use crate::util::{euid, signal, Signal};
-use crate::util::{pack_tar, require_root, run_cmd, stagefs_bin, Mounted, TempDir, CMD_TIMEOUT};
+use crate::kit::{euid, signal, Signal};
+use crate::kit::{pack_tar, require_root, run_cmd, stagefs_bin, Mounted, TempDir, CMD_TIMEOUT};
 
 fn script(path: &Path, body: &str) {
     fs::write(path, format!("#!/bin/sh\n{body}\n")).unwrap();
@@ -77,7 +77,7 @@ fn a_broadcast_copy_is_unlinked_once_opened_and_compressed_tars_are_decompressed
     fs::write(tmp.join("tree/data/a.txt"), b"hello\n").unwrap();
     let tar = tmp.join("a.tar");
     pack_tar(&tmp.join("tree"), &tar, &["data"]);
-    crate::util::run_tool("gzip", [OsStr::new("-k"), tar.as_os_str()]);
+    crate::kit::run_tool("gzip", [OsStr::new("-k"), tar.as_os_str()]);
     let archive = tmp.join("a.tar.gz");
     let bin = tmp.join("bin");
     fs::create_dir(&bin).unwrap();
@@ -164,11 +164,11 @@ fn a_leader_stopped_while_the_copy_arrives_leaves_nothing() {
         .spawn()
         .unwrap();
     let inbox = || fs::read_dir(&dir).ok()?.flatten().map(|e| e.path()).find(|p| p.is_dir());
-    assert!(crate::util::wait_until(Duration::from_secs(30), || inbox().is_some()), "no inbox appeared");
+    assert!(crate::kit::wait_until(Duration::from_secs(30), || inbox().is_some()), "no inbox appeared");
     // Half a copy, as sbcast leaves it mid-transfer.
     fs::write(inbox().unwrap().join("archive"), vec![0u8; 4096]).unwrap();
     let _ = signal(child.id() as i32, Signal::SIGTERM);
-    let status = crate::util::wait_timeout(&mut child, Duration::from_secs(30)).expect("stopped within 30 s");
+    let status = crate::kit::wait_timeout(&mut child, Duration::from_secs(30)).expect("stopped within 30 s");
     assert_eq!(status.code(), Some(143));
     let left: Vec<_> = fs::read_dir(&dir).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
     assert!(left.is_empty(), "left in the staging directory: {left:?}");

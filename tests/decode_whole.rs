@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::compare::{assert_trees_equal, Options};
-use crate::util::*;
+use crate::kit::*;
 
 /// A 24 MiB tar of text files (GNU tar), its extraction, and the tar.
 fn dataset(tmp: &TempDir) -> (PathBuf, PathBuf) {

@@ -13,11 +13,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::util::*;
+use crate::kit::*;
 
 /// A directory of `mode` owned by root and group `sfs-project`, of which alice and eve are
 /// members: a group project directory.
-fn project_dir(s: &Scene, name: &str, mode: u32) -> PathBuf {
+fn project_dir(s: &TwoUsers, name: &str, mode: u32) -> PathBuf {
     run_tool("groupadd", ["-f", "sfs-project"]).assert_success();
     for user in [&s.alice, &s.eve] {
         run_tool("usermod", ["-aG", "sfs-project", user.name.as_str()]).assert_success();
@@ -41,7 +41,7 @@ fn assert_refused(out: &CmdOutput, needles: &[&str]) {
 /// there is made 0600 and appended to.
 #[test]
 fn a_log_file_another_user_planted_is_never_written_through() {
-    let s = scene("doors-log");
+    let s = two_users("doors-log");
     let project = project_dir(&s, "project", 0o3770);
     let archive = s.alice.home.join("doors-log.tar");
     tar_of(&s.alice, &archive, &[("a.txt", b"alice\n")]);
@@ -89,7 +89,7 @@ fn a_log_file_another_user_planted_is_never_written_through() {
 /// never served.) Eve's bytes are served only with `--trust-shards`, on purpose.
 #[test]
 fn a_dataset_directory_another_user_could_rename_away_is_refused() {
-    let s = scene("doors-ancestors");
+    let s = two_users("doors-ancestors");
     let eve_tar = s.tmp.join("eve.tar");
     tar_of(&s.eve, &eve_tar, &[("label.txt", b"eve\n")]);
     let mnt = s.mountpoint("mnt-doors-ancestors");
@@ -133,7 +133,7 @@ fn a_dataset_directory_another_user_could_rename_away_is_refused() {
 /// replace, is refused (exit 4) naming it; alice's own list in her own directory mounts.
 #[test]
 fn a_list_of_shards_another_user_could_have_written_is_refused() {
-    let s = scene("doors-list");
+    let s = two_users("doors-list");
     let data = s.dir("data", 0o755, &s.alice);
     for k in 0..2 {
         tar_of(&s.alice, &data.join(format!("s{k}.tar")), &[(&format!("f{k}.txt"), b"alice\n")]);
@@ -195,7 +195,7 @@ enum Outcome {
 /// every time: an exit status, never a signal, and a refusal names the file. `after` runs
 /// after each run (to unmount). Returns the outcomes.
 fn truncated_while_running(
-    s: &Scene,
+    s: &TwoUsers,
     pristine: &Path,
     target: &Path,
     mut cmd: impl FnMut() -> Command,
@@ -248,7 +248,7 @@ fn truncated_while_running(
 /// cut lands inside a scan (the guard's path, not only the checks before it).
 #[test]
 fn a_tar_truncated_while_it_is_scanned_never_kills_stagefs() {
-    let s = scene("doors-truncate");
+    let s = two_users("doors-truncate");
     let eve_dir = s.dir("eve", 0o755, &s.eve);
     let pristine = s.tmp.join("pristine.tar");
     many_member_tar(&pristine, 60_000);
@@ -306,7 +306,7 @@ fn a_tar_truncated_while_it_is_scanned_never_kills_stagefs() {
 /// and the mount keeps serving its other shard.
 #[test]
 fn a_shard_truncated_while_a_growing_mount_scans_it_leaves_the_mount_serving() {
-    let s = scene("doors-growing");
+    let s = two_users("doors-growing");
     let shared = s.dir("shards", 0o1777, &s.alice);
     tar_of(&s.alice, &shared.join("a-000.tar"), &[("first.txt", b"first\n")]);
     let pristine = s.tmp.join("pristine.tar");

@@ -12,12 +12,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::util::{
+use crate::kit::{
     assert_nothing_left, fixture, is_mounted, mount_must_fail, mounts_at, pack_tar, process_alive, pseudo_random, read,
     require_root, require_tool, run_cmd, run_tool, stagefs, stagefs_bin, stagefs_pids, wait_timeout, wait_until,
     CmdOutput, Foreground, KillOnDrop, Mounted, TempDir, UnmountOnDrop,
 };
-use crate::util::{signal, Signal};
+use crate::kit::{signal, Signal};
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -143,7 +143,7 @@ fn failed_mount_leaves_no_lock_or_status_behind() {
     assert_eq!(again.code(), Some(3), "{}", again.describe());
     assert!(!again.stderr.contains("mount leader"), "a retry leads itself: {}", again.describe());
     assert!(
-        crate::util::wait_until(Duration::from_secs(40), || left().is_empty()),
+        crate::kit::wait_until(Duration::from_secs(40), || left().is_empty()),
         "the failed mount left {:?} in {}",
         left(),
         runtime.display()
@@ -346,7 +346,7 @@ fn umount_waits_for_the_daemon_to_exit() {
     m.unmount().assert_success();
     // No grace period: "umount returned" must mean "daemon gone".
     assert!(!is_mounted(&mp), "still mounted after stagefs umount");
-    let alive: Vec<_> = pids.iter().filter(|p| crate::util::process_alive(**p)).collect();
+    let alive: Vec<_> = pids.iter().filter(|p| crate::kit::process_alive(**p)).collect();
     assert!(alive.is_empty(), "stagefs umount returned while the daemon (pids {alive:?}) still runs");
 }
 
@@ -395,7 +395,7 @@ fn umount_of_busy_mount_fails_then_lazy_succeeds() {
     m.disarm();
     drop(child);
     assert!(
-        wait_until(Duration::from_secs(10), || pids.iter().all(|p| !crate::util::process_alive(*p))),
+        wait_until(Duration::from_secs(10), || pids.iter().all(|p| !crate::kit::process_alive(*p))),
         "the daemon must exit once the lazily unmounted file system is no longer used"
     );
 }

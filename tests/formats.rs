@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::thread;
 
 use crate::compare::{assert_trees_equal, count_entries, xattrs, Options};
-use crate::util::{
+use crate::kit::{
     extract_squashfs, extract_tar, fixture, pack_tar, pseudo_random, read, require_root, run_tool, Mounted, TempDir,
 };
 

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::compare::{assert_trees_equal, Options};
+use crate::kit::*;
 use crate::shards::{bsdtar, extract_all, gnu_tar, shard_tree, squashfs};
-use crate::util::*;
 
 fn change(verb: &str, mnt: &Path, shards: &[&Path]) -> CmdOutput {
     let mut args: Vec<&OsStr> = vec![OsStr::new(verb), mnt.as_os_str()];

@@ -24,7 +24,7 @@ use std::time::Duration;
 use stagefs_archive::tar::{pax_record, ustar_header};
 use stagefs_archive::{Archive, OpenError};
 
-use crate::util::*;
+use crate::kit::*;
 
 #[path = "../fuzz/src/exercise.rs"]
 mod exercise;

@@ -6,7 +6,7 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::util::*;
+use crate::kit::*;
 use stagefs_archive::index::{tamper, SectionId};
 
 fn os(s: &str) -> &OsStr {

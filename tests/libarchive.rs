@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::util::{fixtures_dir, require_tool, run_cmd, stagefs, Mounted, TempDir};
+use crate::kit::{fixtures_dir, require_tool, run_cmd, stagefs, Mounted, TempDir};
 
 /// Every regular file of the archive.
 const ALL: &[&str] = &["*"];

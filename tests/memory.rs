@@ -4,7 +4,7 @@ use std::fs;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use crate::util::*;
+use crate::kit::*;
 
 /// `RssAnon` of a process in bytes: its private memory.
 pub fn anon_bytes(pid: i32) -> u64 {

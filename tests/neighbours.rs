@@ -9,7 +9,7 @@ use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::util::*;
+use crate::kit::*;
 
 /// Item 1: eve's symlink in a shared directory, pointing at eve's own tar in eve's own
 /// directory, is judged by who made the link (eve), not by its target ("eve's file in
@@ -18,7 +18,7 @@ use crate::util::*;
 /// link to a tar elsewhere is fine.
 #[test]
 fn a_symlink_another_user_planted_is_judged_by_who_made_it() {
-    let s = scene("neighbours-links");
+    let s = two_users("neighbours-links");
     let shared = s.dir("shards", 0o1777, &s.alice);
     tar_of(&s.alice, &shared.join("shard-000.tar"), &[("label.txt", b"alice\n")]);
     let eve_dir = s.dir("eve-home", 0o755, &s.eve);
@@ -67,7 +67,7 @@ fn a_symlink_another_user_planted_is_judged_by_who_made_it() {
 #[test]
 fn an_in_place_rewrite_that_restores_the_mtime_gives_eio() {
     let _cache = page_cache_guard();
-    let s = scene("neighbours-rewrite");
+    let s = two_users("neighbours-rewrite");
     let dir = s.dir("data", 0o755, &s.alice);
     let tar = dir.join("data.tar");
     let payload: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
@@ -112,7 +112,7 @@ fn an_in_place_rewrite_that_restores_the_mtime_gives_eio() {
 /// is refused: the mount would keep itself busy for good.
 #[test]
 fn a_shard_on_the_mount_itself_is_refused() {
-    let s = scene("neighbours-self");
+    let s = two_users("neighbours-self");
     let dir = s.dir("data", 0o755, &s.alice);
     let inner = TempDir::new("neighbours-inner");
     tar_of(&s.alice, &inner.join("inner.tar"), &[("deep.txt", b"deep\n")]);
@@ -137,7 +137,7 @@ fn a_shard_on_the_mount_itself_is_refused() {
 #[test]
 fn a_stuck_read_does_not_freeze_a_growing_mount() {
     let _cache = page_cache_guard();
-    let s = scene("neighbours-stall");
+    let s = two_users("neighbours-stall");
     let dir = s.dir("data", 0o755, &s.alice);
     let inner = TempDir::new("neighbours-stall-inner");
     let big: Vec<u8> = (0..4u32 << 20).map(|i| (i % 253) as u8).collect();
@@ -214,7 +214,7 @@ fn scopeguard(pid: i32) -> Resume {
 /// nor reach the terminal raw; the JSON says exactly one mount, at its real place.
 #[test]
 fn a_path_with_newlines_cannot_forge_a_status_row() {
-    let s = scene("neighbours-status");
+    let s = two_users("neighbours-status");
     let odd = s.tmp.join("x\nmountpoint=/fake\nstage_dir=/home/sfs-alice/fake-stage\n\u{1b}[2J\u{7}");
     fs::create_dir_all(&odd).unwrap();
     s.eve.chown(&odd);
@@ -244,7 +244,7 @@ fn a_path_with_newlines_cannot_forge_a_status_row() {
 /// its first ones keep their bytes.
 #[test]
 fn a_shard_added_half_written_is_read_again_once_complete() {
-    let s = scene("neighbours-halfway");
+    let s = two_users("neighbours-halfway");
     let dir = s.dir("cache", 0o755, &s.alice);
     let full = s.tmp.join("full.tar");
     let second: Vec<u8> = (0..300_000u32).map(|i| (i % 241) as u8).collect();
@@ -274,7 +274,7 @@ fn a_shard_added_half_written_is_read_again_once_complete() {
 /// one else up: `stagefs add` answers meanwhile.
 #[test]
 fn a_slow_control_client_holds_nobody_up() {
-    let s = scene("neighbours-slow");
+    let s = two_users("neighbours-slow");
     let dir = s.dir("data", 0o755, &s.alice);
     tar_of(&s.alice, &dir.join("a.tar"), &[("a.txt", b"a\n")]);
     tar_of(&s.alice, &dir.join("b.tar"), &[("b.txt", b"b\n")]);
@@ -304,7 +304,7 @@ fn a_slow_control_client_holds_nobody_up() {
 /// is no shard.
 #[test]
 fn watch_starts_past_another_users_file_and_saved_indexes_are_no_shards() {
-    let s = scene("neighbours-watch-start");
+    let s = two_users("neighbours-watch-start");
     let shared = s.dir("shards", 0o1777, &s.alice);
     tar_of(&s.alice, &shared.join("s-1.tar"), &[("one.txt", b"one\n")]);
     s.alice.sh(&format!("{} index --recursive {}", stagefs_bin().display(), shared.join("s-1.tar").display()));
@@ -329,7 +329,7 @@ fn watch_starts_past_another_users_file_and_saved_indexes_are_no_shards() {
 /// messages escaped: no forged log line, no raw ESC, BEL or U+202E.
 #[test]
 fn shard_names_reach_logs_and_terminals_escaped() {
-    let s = scene("neighbours-names");
+    let s = two_users("neighbours-names");
     let shared = s.dir("shards", 0o1777, &s.alice);
     tar_of(&s.alice, &shared.join("s-1.tar"), &[("one.txt", b"one\n")]);
     let mnt = s.mountpoint("mnt-names");
@@ -363,7 +363,7 @@ fn shard_names_reach_logs_and_terminals_escaped() {
 /// name in a sticky directory) leaves nothing: not even the shards before it.
 #[test]
 fn a_sharded_pack_that_fails_late_leaves_no_shard() {
-    let s = scene("neighbours-pack");
+    let s = two_users("neighbours-pack");
     // A sticky directory of root's, as /tmp: alice cannot replace eve's entries in it.
     let out_dir = s.tmp.join("out");
     fs::create_dir(&out_dir).unwrap();
@@ -394,7 +394,7 @@ fn a_sharded_pack_that_fails_late_leaves_no_shard() {
 /// Item 19: `stagefs add` refused for RAM names the shard being added, not the mount's first.
 #[test]
 fn a_shard_refused_for_ram_is_named_by_add() {
-    let s = scene("neighbours-ram");
+    let s = two_users("neighbours-ram");
     let dir = s.dir("data", 0o755, &s.alice);
     tar_of(&s.alice, &dir.join("shard-000.tar"), &[("small.txt", b"small\n")]);
     let big: Vec<u8> = (0..3u32 << 20).map(|i| (i % 239) as u8).collect();

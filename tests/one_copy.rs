@@ -7,8 +7,8 @@ use std::fs;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
+use crate::kit::*;
 use crate::staging::MemoryCgroup;
-use crate::util::*;
 
 const FILES: u64 = 40;
 const FILE_LEN: usize = 1 << 20;
@@ -37,7 +37,7 @@ fn evict(path: &Path) {
 }
 
 fn drop_all_caches() {
-    let _checks_done = crate::util::page_cache_guard();
+    let _checks_done = crate::kit::page_cache_guard();
     fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
 }
 

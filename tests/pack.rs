@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::compare::{assert_trees_equal, Options};
-use crate::util::*;
+use crate::kit::*;
 
 /// `stagefs pack ARGS...`.
 pub(crate) fn pack<S: AsRef<OsStr>>(args: &[S]) -> CmdOutput {

@@ -5,8 +5,8 @@
 use std::ffi::OsStr;
 use std::fs;
 
+use crate::kit::*;
 use crate::pack::{assert_same_tree, hard_tree, pack, write};
-use crate::util::*;
 
 /// `pack --compress zstd|gzip` on the hard tree: `zstd -d`/`gzip -d` give back the very tar
 /// `pack` writes uncompressed, GNU tar extracts that to the source, the same bytes come

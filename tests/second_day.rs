@@ -8,7 +8,7 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::util::*;
+use crate::kit::*;
 
 fn os(s: &str) -> &OsStr {
     OsStr::new(s)

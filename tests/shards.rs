@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::compare::{assert_trees_equal, Options};
-use crate::util::*;
+use crate::kit::*;
 
 const MTIME: i64 = 1_700_000_000;
 

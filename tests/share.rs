@@ -8,7 +8,7 @@ use std::time::Duration;
 use stagefs_open::places::{open_outside, Trust};
 use stagefs_open::stage::Staging;
 
-use crate::util::{pack_tar, pseudo_random, require_root, run_cmd, stagefs, stagefs_bin, Mounted, TempDir};
+use crate::kit::{pack_tar, pseudo_random, require_root, run_cmd, stagefs, stagefs_bin, Mounted, TempDir};
 
 /// The archive as `stagefs.open` would find it: from a mount's copy, if one is handed over.
 fn shared(archive: &Path) -> Option<stagefs_open::open::Opened> {

@@ -7,7 +7,7 @@ use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::util::*;
+use crate::kit::*;
 use stagefs_archive::index::{tamper, SectionId};
 
 /// A victim with `~/a.tar` (a.txt, b.txt) and `~/.bashrc`, and the attacker.

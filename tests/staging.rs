@@ -28,12 +28,12 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::compare::{assert_trees_equal, count_entries, Options};
-use crate::util::{
+use crate::kit::{
     assert_nothing_left, extract_tar, is_mounted, mount_must_fail, mounts_at, pack_tar, proc_kb_field, process_alive,
     pseudo_random, read, require_root, require_tool, run_cmd, run_cmd_into, run_tool, stagefs, stagefs_bin,
     stagefs_pids, wait_until, CmdOutput, Foreground, Mounted, TempDir, UnmountOnDrop,
 };
-use crate::util::{signal, Signal};
+use crate::kit::{signal, Signal};
 
 const MIB: usize = 1 << 20;
 /// The zero-filled file that makes the `--stage ram` archives big enough for

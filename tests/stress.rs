@@ -16,7 +16,7 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::util::*;
+use crate::kit::*;
 
 const FILES: usize = 300;
 const MIB: u64 = 1 << 20;

@@ -7,7 +7,7 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::util::*;
+use crate::kit::*;
 
 /// A directory every test user can reach, with a shared directory of `mode` in it.
 fn shared_dir(tmp: &TempDir, mode: u32) -> PathBuf {

@@ -9,12 +9,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::util::{
+use crate::kit::{
     assert_nothing_left, fixture, is_mounted, pack_tar, process_alive, pseudo_random, read, require_root, run_cmd,
     run_tool, stagefs, stagefs_bin, stagefs_pids, wait_until, CmdOutput, KillOnDrop, Mounted, TempDir, User,
     CMD_TIMEOUT,
 };
-use crate::util::{signal, Signal};
+use crate::kit::{signal, Signal};
 
 /// Unmounts `mp` if a command that had to fail mounted it anyway, so one failure does not
 /// leave a mount behind for the rest of the suite.
@@ -382,7 +382,7 @@ fn the_demo_says_what_it_writes_and_compares_three_ways() {
         fs::read_dir(&work).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     left.sort();
     assert_eq!(left, ["imagenet-like.tar"], "only the kept archive stays");
-    assert!(!crate::util::mounts().iter().any(|m| m.mount_point.starts_with(&work)), "a demo mount stayed");
+    assert!(!crate::kit::mounts().iter().any(|m| m.mount_point.starts_with(&work)), "a demo mount stayed");
 }
 
 /// Ctrl-C while the demo writes its ~0.9 GB: it stops, removes everything it wrote and
@@ -406,7 +406,7 @@ fn an_interrupted_demo_leaves_nothing_behind() {
         std::thread::sleep(Duration::from_millis(20));
     }
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
-    let status = crate::util::wait_timeout(&mut child, Duration::from_secs(60)).expect("the demo must stop");
+    let status = crate::kit::wait_timeout(&mut child, Duration::from_secs(60)).expect("the demo must stop");
     let mut stderr = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
     assert_eq!(status.code(), Some(130), "{stderr}");

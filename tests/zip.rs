@@ -15,7 +15,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::compare::{assert_trees_equal, count_entries, Options};
-use crate::util::{
+use crate::kit::{
     mount_must_fail, proc_kb_field, pseudo_random, read, require_tool, run_cmd, stagefs, Mounted, TempDir,
 };
 
@@ -747,7 +747,7 @@ fn zip_names_reach_terminals_and_logs_escaped() {
 /// user who mounted it. They are the mounting user's, as unzip makes them.
 #[test]
 fn zip_members_belong_to_the_user_who_mounts_it() {
-    let alice = crate::util::User::get("sfs-alice");
+    let alice = crate::kit::User::get("sfs-alice");
     let archive = alice.home.join("writestr.zip");
     let script = format!(
         "import zipfile\nwith zipfile.ZipFile('{}', 'w') as z:\n    for i in range(50): z.writestr(f'd/f{{i}}.txt', f'file {{i}}\\n')\n",
@@ -755,7 +755,7 @@ fn zip_members_belong_to_the_user_who_mounts_it() {
     );
     alice.sh(&format!("python3 -c \"{}\"", script.replace('"', "\\\"")));
     let mnt = alice.home.join("mnt-writestr");
-    crate::util::remove_tree(&mnt);
+    crate::kit::remove_tree(&mnt);
     alice.stagefs([OsStr::new("mount"), archive.as_os_str(), mnt.as_os_str()]).assert_success();
     let read = alice.try_sh(&format!("cat {}/d/f7.txt && stat -c '%a %U' {}/d/f7.txt", mnt.display(), mnt.display()));
     alice.stagefs([OsStr::new("umount"), mnt.as_os_str()]).assert_success();
