@@ -4,7 +4,7 @@ use std::ffi::OsStr;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::run_tool;
+use super::{require_tool, run_cmd, run_tool, Mounted, TempDir};
 
 /// The directory holding the committed fixture archives.
 pub fn fixtures_dir() -> PathBuf {
@@ -68,4 +68,131 @@ pub fn extract_squashfs(image: &Path, dest: &Path) {
         "unsquashfs",
         [OsStr::new("-no-progress"), OsStr::new("-quiet"), OsStr::new("-d"), dest.as_os_str(), image.as_os_str()],
     );
+}
+
+/// The common scene of a test: members written under `src` of a temporary directory, packed
+/// by the real tools into an archive, mounted, checked. Directories of a member's path are
+/// made as needed; [`Scene::tar`] packs the top-level names in the order they were added.
+pub struct Scene {
+    pub tmp: TempDir,
+    src: PathBuf,
+    top: Vec<String>,
+    added: Vec<String>,
+    files: Vec<(String, Vec<u8>)>,
+}
+
+impl Scene {
+    /// An empty scene in a fresh temporary directory named after `name`.
+    pub fn new(name: &str) -> Scene {
+        let tmp = TempDir::new(name);
+        let src = tmp.join("src");
+        fs::create_dir_all(&src).unwrap();
+        Scene { tmp, src, top: Vec::new(), added: Vec::new(), files: Vec::new() }
+    }
+
+    fn add(&mut self, path: &str) -> PathBuf {
+        let top = path.split('/').next().unwrap().to_string();
+        if !self.top.contains(&top) {
+            self.top.push(top);
+        }
+        self.added.push(path.to_string());
+        let p = self.src.join(path);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        p
+    }
+
+    /// The member `path` holding `bytes`.
+    pub fn file(mut self, path: &str, bytes: impl AsRef<[u8]>) -> Scene {
+        fs::write(self.add(path), bytes.as_ref()).unwrap();
+        self.files.push((path.to_string(), bytes.as_ref().to_vec()));
+        self
+    }
+
+    /// Each of `files` (path, bytes) as [`Scene::file`].
+    pub fn files<P: AsRef<str>, B: AsRef<[u8]>>(self, files: impl IntoIterator<Item = (P, B)>) -> Scene {
+        files.into_iter().fold(self, |s, (p, b)| s.file(p.as_ref(), b))
+    }
+
+    /// The directory member `path` (also when it holds nothing).
+    pub fn dir(mut self, path: &str) -> Scene {
+        fs::create_dir_all(self.add(path)).unwrap();
+        self
+    }
+
+    /// The symbolic link `path` to `target`.
+    pub fn symlink(mut self, path: &str, target: &str) -> Scene {
+        std::os::unix::fs::symlink(target, self.add(path)).unwrap();
+        self
+    }
+
+    /// The directory the members are written to.
+    pub fn src(&self) -> &Path {
+        &self.src
+    }
+
+    /// `name` in the scene's temporary directory.
+    pub fn join(&self, name: impl AsRef<Path>) -> PathBuf {
+        self.tmp.join(name)
+    }
+
+    /// The files added with [`Scene::file`]: (path, bytes).
+    pub fn members(&self) -> &[(String, Vec<u8>)] {
+        &self.files
+    }
+
+    /// The members packed by GNU tar (`--format=gnu`) into `archive`.
+    pub fn tar_at(&self, archive: &Path) -> PathBuf {
+        let top: Vec<&str> = self.top.iter().map(String::as_str).collect();
+        pack_tar(&self.src, archive, &top);
+        archive.to_path_buf()
+    }
+
+    /// Each path added packed by GNU tar into `archive` as named (no entries for the
+    /// directories of a file added by its path).
+    pub fn tar_listed_at(&self, archive: &Path) -> PathBuf {
+        let added: Vec<&str> = self.added.iter().map(String::as_str).collect();
+        pack_tar(&self.src, archive, &added);
+        archive.to_path_buf()
+    }
+
+    /// The members packed by GNU tar into `a.tar` of the scene's directory.
+    pub fn tar(&self) -> PathBuf {
+        self.tar_at(&self.join("a.tar"))
+    }
+
+    /// The source directory packed as `.` (its members named `./PATH`, the root included).
+    pub fn tar_dot_at(&self, archive: &Path) -> PathBuf {
+        pack_tar(&self.src, archive, &["."]);
+        archive.to_path_buf()
+    }
+
+    /// The members packed by Info-ZIP `zip -r -y` into `a.zip` of the scene's directory.
+    pub fn zip(&self) -> PathBuf {
+        let archive = self.join("a.zip");
+        let mut cmd = std::process::Command::new(require_tool("zip"));
+        cmd.current_dir(&self.src).args(["-q", "-r", "-y"]).arg(&archive).args(&self.top);
+        run_cmd(&mut cmd, std::time::Duration::from_secs(300)).assert_success();
+        archive
+    }
+
+    /// The source directory as a SquashFS image `a.sqfs` of the scene's directory.
+    pub fn squashfs(&self) -> PathBuf {
+        let image = self.join("a.sqfs");
+        let quiet = ["-noappend", "-quiet", "-no-progress"].map(OsStr::new);
+        run_tool("mksquashfs", [self.src.as_os_str(), image.as_os_str()].into_iter().chain(quiet));
+        image
+    }
+
+    /// `stagefs mount ARGS ARCHIVE` at `mnt` of the scene's directory.
+    pub fn mount(&self, archive: &Path, args: &[&str]) -> Mounted {
+        Mounted::with_args(args, archive, &self.join("mnt"))
+    }
+}
+
+/// Panics unless every file member of `scene` reads back from `root` byte for byte.
+pub fn assert_tree_matches(root: &Path, scene: &Scene) {
+    for (path, bytes) in scene.members() {
+        let got = read(&root.join(path));
+        assert!(&got == bytes, "{path} under {}: {} bytes, expected {}", root.display(), got.len(), bytes.len());
+    }
 }

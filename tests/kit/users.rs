@@ -99,13 +99,7 @@ pub fn chmod(path: &Path, mode: u32) {
 
 /// A tar at `archive` holding `files` (path, bytes), made by GNU tar, owned by `owner`.
 pub fn tar_of(owner: &User, archive: &Path, files: &[(&str, &[u8])]) {
-    let src = TempDir::new("neighbours-src");
-    for (name, content) in files {
-        fs::create_dir_all(src.join(name).parent().unwrap()).unwrap();
-        fs::write(src.join(name), content).unwrap();
-    }
-    let names: Vec<&str> = files.iter().map(|(n, _)| *n).collect();
-    pack_tar(src.path(), archive, &names);
+    Scene::new("tar-of").files(files.iter().copied()).tar_listed_at(archive);
     owner.chown(archive);
 }
 
