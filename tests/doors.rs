@@ -4,7 +4,6 @@
 //! dataset are judged as shards are; a file truncated while stagefs scans it gives an
 //! error naming it, never a dead process.
 
-use std::ffi::OsStr;
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
@@ -24,7 +23,7 @@ fn project_dir(s: &TwoUsers, name: &str, mode: u32) -> PathBuf {
     }
     let dir = s.tmp.join(name);
     fs::create_dir_all(&dir).unwrap();
-    run_tool("chgrp", [OsStr::new("sfs-project"), dir.as_os_str()]).assert_success();
+    run_tool("chgrp", osargs!["sfs-project", dir]).assert_success();
     chmod(&dir, mode);
     dir
 }
@@ -49,16 +48,7 @@ fn a_log_file_another_user_planted_is_never_written_through() {
     s.alice.sh(&format!("printf 'alias ok=true\\n' > {}", rc.display()));
     let log = project.join("run.log");
     let mnt = s.mountpoint("mnt-doors-log");
-    let mount = || {
-        s.alice_stagefs(&[
-            os("mount"),
-            os("-v"),
-            os("--log-file"),
-            log.as_os_str(),
-            archive.as_os_str(),
-            mnt.as_os_str(),
-        ])
-    };
+    let mount = || s.alice_stagefs(&osargs!["mount", "-v", "--log-file", log, archive, mnt]);
 
     s.eve.sh(&format!("ln -s {} {}", rc.display(), log.display()));
     assert_refused(&mount(), &["run.log", "symbolic link", "sfs-eve"]);
@@ -141,7 +131,7 @@ fn a_list_of_shards_another_user_could_have_written_is_refused() {
     let evil = s.tmp.join("evil.tar");
     tar_of(&s.eve, &evil, &[("f0.txt", b"eve\n")]);
     let mnt = s.mountpoint("mnt-doors-list");
-    let mount = |list: &Path| s.alice_stagefs(&[os("mount"), os(&format!("@{}", list.display())), mnt.as_os_str()]);
+    let mount = |list: &Path| s.alice_stagefs(&osargs!["mount", &format!("@{}", list.display()), mnt]);
     let lines = format!("{0}/s0.tar\n{0}/s1.tar\n", data.display());
 
     let own = data.join("shards.txt");
@@ -285,12 +275,12 @@ fn a_tar_truncated_while_it_is_scanned_never_kills_stagefs() {
         &target,
         || {
             let mut cmd = s.alice.command(&[], &stagefs_bin());
-            cmd.args([os("mount"), os("--index-dir"), index_dir.as_os_str(), target.as_os_str(), mnt.as_os_str()]);
+            cmd.args(osargs!["mount", "--index-dir", index_dir, target, mnt]);
             cmd
         },
         || {
             if is_mounted(&mnt) {
-                s.alice_stagefs(&[os("umount"), mnt.as_os_str()]).assert_success();
+                s.alice_stagefs(&osargs!["umount", mnt]).assert_success();
             }
         },
     );
@@ -312,18 +302,17 @@ fn a_shard_truncated_while_a_growing_mount_scans_it_leaves_the_mount_serving() {
     let pristine = s.tmp.join("pristine.tar");
     many_member_tar(&pristine, 60_000);
     let mnt = s.mountpoint("mnt-doors-growing");
-    s.alice_stagefs(&[os("mount"), os("--growing"), shared.join("a-000.tar").as_os_str(), mnt.as_os_str()])
-        .assert_success();
+    s.alice_stagefs(&osargs!["mount", "--growing", shared.join("a-000.tar"), mnt]).assert_success();
     let big = shared.join("b-001.tar");
     // Out of the set again after each try, added or not (the next try adds it anew).
-    let removed = || drop(s.alice_stagefs(&[os("remove"), mnt.as_os_str(), big.as_os_str()]));
+    let removed = || drop(s.alice_stagefs(&osargs!["remove", mnt, big]));
     let outcomes = truncated_while_running(
         &s,
         &pristine,
         &big,
         || {
             let mut cmd = s.alice.command(&[], &stagefs_bin());
-            cmd.args([os("add"), os("--trust-shards"), mnt.as_os_str(), big.as_os_str()]);
+            cmd.args(osargs!["add", "--trust-shards", mnt, big]);
             cmd
         },
         removed,
@@ -335,8 +324,7 @@ fn a_shard_truncated_while_a_growing_mount_scans_it_leaves_the_mount_serving() {
     // --watch: eve drops the shard in and cuts it while the daemon indexes it.
     fs::remove_file(&big).unwrap();
     let pattern = shared.join("*.tar");
-    s.alice_stagefs(&[os("mount"), os("--watch=100ms"), os("--trust-shards"), pattern.as_os_str(), mnt.as_os_str()])
-        .assert_success();
+    s.alice_stagefs(&osargs!["mount", "--watch=100ms", "--trust-shards", pattern, mnt]).assert_success();
     for point in 0..5u32 {
         let dropped = shared.join(format!("c-{point:03}.tar"));
         fs::copy(&pristine, &dropped).unwrap();

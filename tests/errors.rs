@@ -13,9 +13,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::kit::{
-    assert_nothing_left, fixture, is_mounted, mount_must_fail, mounts_at, pack_tar, process_alive, pseudo_random, read,
+    assert_nothing_left, fixture, is_mounted, mount_must_fail, mounts_at, osargs, process_alive, pseudo_random, read,
     require_root, require_tool, run_cmd, run_tool, stagefs, stagefs_bin, stagefs_pids, wait_timeout, wait_until,
-    CmdOutput, Foreground, KillOnDrop, Mounted, TempDir, UnmountOnDrop,
+    CmdOutput, Foreground, KillOnDrop, Mounted, Scene, TempDir, UnmountOnDrop,
 };
 use crate::kit::{signal, Signal};
 
@@ -74,12 +74,8 @@ fn expect_corrupt(archive: &Path, mp: &Path, what: &str) -> u64 {
 /// A GNU tar with two members: "big.bin" (100000 random bytes) and
 /// "small.txt". Returns its path and the offset of the second header.
 fn two_member_tar(tmp: &TempDir) -> (PathBuf, u64) {
-    let src = tmp.join("tar-src");
-    fs::create_dir_all(&src).unwrap();
-    fs::write(src.join("big.bin"), pseudo_random(1, 100_000)).unwrap();
-    fs::write(src.join("small.txt"), b"small\n").unwrap();
-    let archive = tmp.join("two.tar");
-    pack_tar(&src, &archive, &["big.bin", "small.txt"]);
+    let scene = Scene::new("tar-src").file("big.bin", pseudo_random(1, 100_000)).file("small.txt", b"small\n");
+    let archive = scene.tar_at(&tmp.join("two.tar"));
     let second = 512 + 100_000u64.div_ceil(512) * 512;
     let bytes = read(&archive);
     assert_eq!(&bytes[second as usize..second as usize + 9], b"small.txt", "layout of the test tar");
@@ -88,16 +84,8 @@ fn two_member_tar(tmp: &TempDir) -> (PathBuf, u64) {
 
 /// A small SquashFS image of a few files.
 fn small_squashfs(tmp: &TempDir) -> PathBuf {
-    let src = tmp.join("sq-src");
-    fs::create_dir_all(src.join("dir")).unwrap();
-    fs::write(src.join("dir/a.bin"), pseudo_random(3, 300_000)).unwrap();
-    fs::write(src.join("b.txt"), b"bee\n").unwrap();
-    let image = tmp.join("small.sqfs");
-    run_tool(
-        "mksquashfs",
-        [src.as_os_str(), image.as_os_str(), OsStr::new("-noappend"), OsStr::new("-quiet"), OsStr::new("-no-progress")],
-    );
-    image
+    let scene = Scene::new("sq-src").file("dir/a.bin", pseudo_random(3, 300_000)).file("b.txt", b"bee\n");
+    scene.squashfs_at(&tmp.join("small.sqfs"))
 }
 
 fn write_with(path: &Path, bytes: &[u8]) -> PathBuf {
@@ -367,7 +355,7 @@ fn umount_of_busy_mount_fails_then_lazy_succeeds() {
             .spawn()
             .expect("spawn sleep inside the mount"),
     );
-    let out = stagefs([OsStr::new("umount"), mp.as_os_str()]);
+    let out = stagefs(osargs!["umount", mp]);
     out.assert_code(BUSY);
     assert!(out.stderr.to_lowercase().contains("busy"), "the error must say \"busy\"\n{}", out.describe());
     assert!(is_mounted(&mp), "a failed umount must leave the mount in place");
@@ -377,7 +365,7 @@ fn umount_of_busy_mount_fails_then_lazy_succeeds() {
     // Busy through an open file.
     {
         let f = fs::File::open(mp.join("text/lorem.txt")).unwrap();
-        let out = stagefs([OsStr::new("umount"), mp.as_os_str()]);
+        let out = stagefs(osargs!["umount", mp]);
         out.assert_code(BUSY);
         assert!(out.stderr.to_lowercase().contains("busy"), "the error must say \"busy\"\n{}", out.describe());
         drop(f);
@@ -671,7 +659,7 @@ fn mountpoint_mounted_by_another_filesystem_exits_4() {
     fs::copy(fixture("gnu.tar"), &archive).unwrap();
     let mp = tmp.join("mnt");
     fs::create_dir(&mp).unwrap();
-    run_tool("mount", [OsStr::new("-t"), OsStr::new("tmpfs"), OsStr::new("stagefs-test-tmpfs"), mp.as_os_str()]);
+    run_tool("mount", osargs!["-t", "tmpfs", "stagefs-test-tmpfs", mp]);
     let _tmpfs = UnmountOnDrop(mp.clone());
     let out = mount_must_fail(&[&archive, &mp], MOUNTPOINT, "a mountpoint with a tmpfs on it");
     out.assert_stderr_has(&[&mp.to_string_lossy(), "already mounted (by a tmpfs filesystem)"]);
@@ -796,16 +784,7 @@ fn idle_timeout_unmounts_after_quiet() {
     let log = tmp.join("daemon.log");
     // Not `Mounted::with_args`: its "is it mounted now?" check could lose a race with a
     // 2 s idle timeout on a busy machine.
-    let out = stagefs([
-        OsStr::new("mount"),
-        OsStr::new("-v"),
-        OsStr::new("--idle-timeout"),
-        OsStr::new("2s"),
-        OsStr::new("--log-file"),
-        log.as_os_str(),
-        archive.as_os_str(),
-        mp.as_os_str(),
-    ]);
+    let out = stagefs(osargs!["mount", "-v", "--idle-timeout", "2s", "--log-file", log, archive, mp]);
     let m = Mounted::adopt(&archive, &mp);
     out.assert_code(0);
     let pids = stagefs_pids(&archive);

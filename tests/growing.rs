@@ -233,7 +233,7 @@ fn changes_that_cannot_be_made_say_what_to_do_and_change_nothing() {
         "--stage disk",
     )
     .assert_stderr_has(&["--stage disk"]);
-    mount_must_fail(&[OsStr::new("--watch"), a.as_os_str(), tmp.join("w").as_os_str()], 2, "--watch of one archive")
+    mount_must_fail(&osargs!["--watch", a, tmp.join("w")], 2, "--watch of one archive")
         .assert_stderr_has(&["--watch follows one quoted glob pattern"]);
     let at: PathBuf = tmp.join("mnt2");
     mount_must_fail(

@@ -16,8 +16,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::kit::{
-    assert_nothing_left, pack_tar, process_alive, pseudo_random, run_cmd, stagefs, stagefs_bin, tar_of, wait_until,
-    CmdOutput, Mounted, TempDir, User,
+    assert_nothing_left, process_alive, pseudo_random, run_cmd, stagefs, stagefs_bin, tar_of, wait_until, CmdOutput,
+    Mounted, Scene, TempDir, User,
 };
 
 const MIB: u64 = 1 << 20;
@@ -36,15 +36,11 @@ struct Data {
 }
 
 fn data(name: &str, count: usize, len: usize, seed: u64) -> Data {
-    let tmp = TempDir::new(name);
-    let src = tmp.join("src");
-    fs::create_dir(&src).unwrap();
     let names: Vec<String> = (0..count).map(|i| format!("f{i:02}")).collect();
-    for (i, n) in names.iter().enumerate() {
-        fs::write(src.join(n), pseudo_random(seed + i as u64, len)).unwrap();
-    }
-    let tar = tmp.join("data.tar");
-    pack_tar(&src, &tar, &names.iter().map(String::as_str).collect::<Vec<_>>());
+    let scene = Scene::new(name).files(names.iter().enumerate().map(|(i, n)| (n, pseudo_random(seed + i as u64, len))));
+    let tar = scene.tar_at(&scene.join("data.tar"));
+    let src = scene.src().to_path_buf();
+    let tmp = scene.tmp;
     // Datasets are old files: their pages are clean.
     fs::File::open(&tar).unwrap().sync_all().unwrap();
     Data { tmp, tar, src, names }
@@ -52,10 +48,7 @@ fn data(name: &str, count: usize, len: usize, seed: u64) -> Data {
 
 /// `stagefs mount ARGS ARCHIVE MP` with the copy slowed down by `delay_ms` per chunk.
 fn mount_slowly(delay_ms: u64, args: &[&str], archive: &Path, mp: &Path) -> Mounted {
-    let mut cmd = Command::new(stagefs_bin());
-    cmd.env("STAGEFS_TEST_STAGE_CHUNK_DELAY_MS", delay_ms.to_string()).arg("mount").args(args).arg(archive).arg(mp);
-    run_cmd(&mut cmd, HANG_GUARD).assert_success();
-    Mounted::adopt(archive, mp)
+    Mounted::with_env(&[("STAGEFS_TEST_STAGE_CHUNK_DELAY_MS", Some(&delay_ms.to_string()))], args, archive, mp)
 }
 
 /// This mount's `staging_progress` in `stagefs status --json`: (state, done, total, error).

@@ -283,7 +283,7 @@ fn stress(label: &str, build: impl FnOnce(&Path, &Path), how: Unmount) {
     let unmounter = match how {
         Unmount::Lazy => Some(KillOnDrop(
             Command::new(stagefs_bin())
-                .args([OsStr::new("umount"), OsStr::new("--lazy"), mp.as_os_str()])
+                .args(osargs!["umount", "--lazy", mp])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())

@@ -177,10 +177,14 @@ impl Scene {
 
     /// The source directory as a SquashFS image `a.sqfs` of the scene's directory.
     pub fn squashfs(&self) -> PathBuf {
-        let image = self.join("a.sqfs");
+        self.squashfs_at(&self.join("a.sqfs"))
+    }
+
+    /// The source directory as the SquashFS image `image`, by `mksquashfs -noappend`.
+    pub fn squashfs_at(&self, image: &Path) -> PathBuf {
         let quiet = ["-noappend", "-quiet", "-no-progress"].map(OsStr::new);
         run_tool("mksquashfs", [self.src.as_os_str(), image.as_os_str()].into_iter().chain(quiet));
-        image
+        image.to_path_buf()
     }
 
     /// `stagefs mount ARGS ARCHIVE` at `mnt` of the scene's directory.

@@ -223,3 +223,10 @@ pub fn os(s: &str) -> &OsStr {
 pub fn signal(pid: i32, sig: Signal) -> nix::Result<()> {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig)
 }
+
+/// Arguments of mixed types (`&str`, paths, `OsString`s) as one array of `&OsStr`, for a
+/// call: `stagefs(osargs!["mount", archive, mp])`.
+macro_rules! osargs {
+    ($($arg:expr),* $(,)?) => { [$(::std::ffi::OsStr::new(&$arg)),*] };
+}
+pub(crate) use osargs;

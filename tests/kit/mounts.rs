@@ -36,6 +36,21 @@ pub fn mount_must_fail<S: AsRef<OsStr>>(args: &[S], code: i32, what: &str) -> Cm
     out
 }
 
+/// `stagefs mount ARGS ARCHIVE MP` with `env` (a variable given `None` is removed), allowed
+/// 120 s (staging included); its output.
+pub fn mount_env(env: &[(&str, Option<&str>)], args: &[&str], archive: &Path, mp: &Path) -> CmdOutput {
+    require_root();
+    let mut cmd = Command::new(stagefs_bin());
+    for (k, v) in env {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    cmd.arg("mount").args(args).arg(archive).arg(mp);
+    run_cmd(&mut cmd, Duration::from_secs(120))
+}
+
 /// Mounts whose mount point is exactly `p`.
 pub fn mounts_at(p: &Path) -> Vec<MountInfo> {
     mounts().into_iter().filter(|m| m.mount_point == p).collect()
@@ -91,6 +106,12 @@ impl Mounted {
             out.describe()
         );
         m
+    }
+
+    /// [`mount_env`], which must succeed: the guard of the mount it made.
+    pub fn with_env(env: &[(&str, Option<&str>)], args: &[&str], archive: &Path, mountpoint: &Path) -> Mounted {
+        mount_env(env, args, archive, mountpoint).assert_success();
+        Mounted::adopt(archive, mountpoint)
     }
 
     /// Mounts as [`Mounted::with_args`] does, then waits until the mount has staged what
