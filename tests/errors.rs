@@ -818,10 +818,7 @@ with tarfile.open(sys.argv[1], 'w', format=tarfile.PAX_FORMAT, pax_headers=glob)
     info.pax_headers = member
     t.addfile(info, io.BytesIO(b'abc'))
 ";
-    run_tool(
-        "python3",
-        [OsStr::new("-c"), OsStr::new(SCRIPT), path.as_os_str(), OsStr::new(member), OsStr::new(global)],
-    );
+    run_tool("python3", osargs!["-c", SCRIPT, path, member, global]);
 }
 
 #[test]
@@ -889,18 +886,7 @@ fn bad_numbers_and_sparse_maps_are_refused() {
     std::os::unix::fs::FileExt::write_all_at(&f, b"hello", 500_000).unwrap();
     drop(f);
     let sparse = tmp.join("sparse.tar");
-    run_tool(
-        "tar",
-        [
-            OsStr::new("--sparse"),
-            OsStr::new("--format=posix"),
-            OsStr::new("-C"),
-            src.as_os_str(),
-            OsStr::new("-cf"),
-            sparse.as_os_str(),
-            OsStr::new("sp"),
-        ],
-    );
+    run_tool("tar", osargs!["--sparse", "--format=posix", "-C", src, "-cf", sparse, "sp"]);
     let good = read(&sparse);
     // The pax header (with GNU.sparse.major=1) and its data, then the member's header,
     // whose data begins with the map: "<count>\n<offset>\n<length>\n...".

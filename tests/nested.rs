@@ -13,17 +13,7 @@ use crate::kit::{extract_tar, osargs, proc_kb_field, pseudo_random, run_tool, st
 
 /// `tar -cf ARCHIVE -C DIR .` with GNU tar, in `format`.
 fn tar_dir(format: &str, dir: &Path, archive: &Path) {
-    run_tool(
-        "tar",
-        [
-            OsStr::new(&format!("--format={format}")),
-            OsStr::new("-C"),
-            dir.as_os_str(),
-            OsStr::new("-cf"),
-            archive.as_os_str(),
-            OsStr::new("."),
-        ],
-    );
+    run_tool("tar", osargs![&format!("--format={format}"), "-C", dir, "-cf", archive, "."]);
 }
 
 /// An ImageNet-shaped archive: two class tars (GNU and pax, one with a nested tar of its

@@ -73,9 +73,7 @@ pub fn extract_all(shards: &[PathBuf], dest: &Path) {
         if shard.extension() == Some(OsStr::new("sqsh")) {
             run_tool(
                 "unsquashfs",
-                [OsStr::new("-f"), OsStr::new("-quiet"), OsStr::new("-no-progress")]
-                    .into_iter()
-                    .chain(osargs!["-d", dest, shard]),
+                osargs!["-f", "-quiet", "-no-progress"].into_iter().chain(osargs!["-d", dest, shard]),
             );
         } else {
             extract_tar(shard, dest);

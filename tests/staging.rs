@@ -542,10 +542,7 @@ fn stage_auto_stages_an_archive_on_a_fuse_filesystem() {
     fs::create_dir_all(&outer_src).unwrap();
     fs::rename(&inner, outer_src.join("inner.tar")).unwrap();
     let outer = tmp.join("outer.tar");
-    run_tool(
-        "tar",
-        [OsStr::new("-C"), outer_src.as_os_str(), OsStr::new("-cf"), outer.as_os_str(), OsStr::new("inner.tar")],
-    );
+    run_tool("tar", osargs!["-C", outer_src, "-cf", outer, "inner.tar"]);
     let expected = tmp.join("expected");
     extract_tar(&outer_src.join("inner.tar"), &expected);
 

@@ -133,10 +133,7 @@ fn errors_served_reach_the_log_status_and_umount() {
     let runtime = tmp.join("runtime");
     let archive = four_file_tar(&tmp);
     let mp = tmp.join("mnt");
-    let out = stagefs_in(
-        &runtime,
-        &[OsStr::new("mount"), OsStr::new("--stage"), OsStr::new("none"), archive.as_os_str(), mp.as_os_str()],
-    );
+    let out = stagefs_in(&runtime, &osargs!["mount", "--stage", "none", archive, mp]);
     out.assert_success();
     let guard = Mounted::adopt(&archive, &mp);
     let logs: Vec<String> = runtime_files(&runtime).into_iter().filter(|f| f.ends_with(".log")).collect();
