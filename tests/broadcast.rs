@@ -5,15 +5,14 @@
 //! copy (a gzip tar, broadcast as it is) is unlinked once opened and decompressed from;
 //! the status is removed once read. The real thing, on the local SLURM, is in `slurm.rs`.
 
-use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use crate::util::{euid, signal, Signal};
-use crate::util::{pack_tar, require_root, run_cmd, stagefs_bin, Mounted, TempDir, CMD_TIMEOUT};
+use crate::kit::{assert_tree_matches, euid, osargs, signal, Scene, Signal};
+use crate::kit::{require_root, run_cmd, stagefs_bin, Mounted, CMD_TIMEOUT};
 
 fn script(path: &Path, body: &str) {
     fs::write(path, format!("#!/bin/sh\n{body}\n")).unwrap();
@@ -23,11 +22,8 @@ fn script(path: &Path, body: &str) {
 #[test]
 fn failed_broadcast_falls_back_when_asked_and_old_copies_are_swept() {
     require_root();
-    let tmp = TempDir::new("bcast-fallback");
-    fs::create_dir_all(tmp.join("tree/data")).unwrap();
-    fs::write(tmp.join("tree/data/a.txt"), b"hello\n").unwrap();
-    let archive = tmp.join("a.tar");
-    pack_tar(&tmp.join("tree"), &archive, &["data"]);
+    let scene = Scene::new("bcast-fallback").file("data/a.txt", b"hello\n");
+    let (tmp, archive) = (&scene.tmp, scene.tar());
     let bin = tmp.join("bin");
     fs::create_dir(&bin).unwrap();
     script(&bin.join("sbcast"), "echo 'sbcast: error: fake refusal for the test' >&2; exit 1");
@@ -61,7 +57,7 @@ fn failed_broadcast_falls_back_when_asked_and_old_copies_are_swept() {
     let out = run_cmd(&mut cmd, CMD_TIMEOUT);
     out.assert_success().assert_stderr_has(&["fake refusal for the test", "--broadcast-fallback"]);
     let m = Mounted::adopt(&archive, &mp);
-    assert_eq!(fs::read(mp.join("data/a.txt")).unwrap(), b"hello\n");
+    assert_tree_matches(&mp, &scene);
     assert!(!gone.exists(), "the copy of a finished job is swept");
     assert!(running.exists(), "the copy of a running job stays");
     m.unmount().assert_success();
@@ -72,12 +68,9 @@ fn failed_broadcast_falls_back_when_asked_and_old_copies_are_swept() {
 #[test]
 fn a_broadcast_copy_is_unlinked_once_opened_and_compressed_tars_are_decompressed_from_it() {
     require_root();
-    let tmp = TempDir::new("bcast-receive");
-    fs::create_dir_all(tmp.join("tree/data")).unwrap();
-    fs::write(tmp.join("tree/data/a.txt"), b"hello\n").unwrap();
-    let tar = tmp.join("a.tar");
-    pack_tar(&tmp.join("tree"), &tar, &["data"]);
-    crate::util::run_tool("gzip", [OsStr::new("-k"), tar.as_os_str()]);
+    let scene = Scene::new("bcast-receive").file("data/a.txt", b"hello\n");
+    let (tmp, tar) = (&scene.tmp, scene.tar());
+    crate::kit::run_tool("gzip", osargs!["-k", tar]);
     let archive = tmp.join("a.tar.gz");
     let bin = tmp.join("bin");
     fs::create_dir(&bin).unwrap();
@@ -99,7 +92,7 @@ fn a_broadcast_copy_is_unlinked_once_opened_and_compressed_tars_are_decompressed
         .arg(&mp);
     run_cmd(&mut cmd, CMD_TIMEOUT).assert_success();
     let m = Mounted::adopt(&archive, &mp);
-    assert_eq!(fs::read(mp.join("data/a.txt")).unwrap(), b"hello\n");
+    assert_tree_matches(&mp, &scene);
     let dir = base.join(format!("stagefs-{}", euid()));
     let left: Vec<_> = fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
     assert!(left.is_empty(), "the copy is unlinked once opened: {left:?}");
@@ -139,11 +132,8 @@ fn a_broadcast_copy_is_unlinked_once_opened_and_compressed_tars_are_decompressed
 #[test]
 fn a_leader_stopped_while_the_copy_arrives_leaves_nothing() {
     require_root();
-    let tmp = TempDir::new("bcast-stopped");
-    fs::create_dir_all(tmp.join("tree/data")).unwrap();
-    fs::write(tmp.join("tree/data/a.txt"), b"hello\n").unwrap();
-    let archive = tmp.join("a.tar");
-    pack_tar(&tmp.join("tree"), &archive, &["data"]);
+    let scene = Scene::new("bcast-stopped").file("data/a.txt", b"hello\n");
+    let (tmp, archive) = (&scene.tmp, scene.tar());
     let base = tmp.join("local");
     fs::create_dir(&base).unwrap();
     let dir = base.join(format!("stagefs-{}", euid()));
@@ -164,11 +154,11 @@ fn a_leader_stopped_while_the_copy_arrives_leaves_nothing() {
         .spawn()
         .unwrap();
     let inbox = || fs::read_dir(&dir).ok()?.flatten().map(|e| e.path()).find(|p| p.is_dir());
-    assert!(crate::util::wait_until(Duration::from_secs(30), || inbox().is_some()), "no inbox appeared");
+    assert!(crate::kit::wait_until(Duration::from_secs(30), || inbox().is_some()), "no inbox appeared");
     // Half a copy, as sbcast leaves it mid-transfer.
     fs::write(inbox().unwrap().join("archive"), vec![0u8; 4096]).unwrap();
     let _ = signal(child.id() as i32, Signal::SIGTERM);
-    let status = crate::util::wait_timeout(&mut child, Duration::from_secs(30)).expect("stopped within 30 s");
+    let status = crate::kit::wait_timeout(&mut child, Duration::from_secs(30)).expect("stopped within 30 s");
     assert_eq!(status.code(), Some(143));
     let left: Vec<_> = fs::read_dir(&dir).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
     assert!(left.is_empty(), "left in the staging directory: {left:?}");

@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::util::{pseudo_random, require_root, require_tool, run_cmd, stagefs_bin, wait_until_every, KillOnDrop};
+use crate::kit::{pseudo_random, require_root, require_tool, run_cmd, stagefs_bin, wait_until_every, KillOnDrop};
 
 const POLL: Duration = Duration::from_millis(250);
 const NODES: usize = 3;
@@ -44,7 +44,7 @@ impl Cluster {
     pub(crate) fn up() -> Cluster {
         require_root();
         // One cluster, its nodes' /dev/shm measured: one test at a time (see `slurm_guard`).
-        let serial = crate::util::slurm_guard();
+        let serial = crate::kit::slurm_guard();
         let dir = PathBuf::from("/tmp/stagefs-cluster");
         let conf = dir.join("slurm.conf");
         let running = dir.join("env").exists() && idle_nodes(&conf) == NODES && node_pids(&dir).is_some();
@@ -84,7 +84,7 @@ impl Cluster {
     }
 
     /// Runs `argv` in `node`'s namespaces as user `uid`.
-    fn enter(&self, node: &str, uid: u32, gid: u32, argv: &[&str]) -> crate::util::CmdOutput {
+    fn enter(&self, node: &str, uid: u32, gid: u32, argv: &[&str]) -> crate::kit::CmdOutput {
         let pid = self.nodes()[node];
         let mut c = Command::new(require_tool("nsenter"));
         c.args(["-t", &pid.to_string(), "-m", "-u", "-n", "-p", "-S", &uid.to_string(), "-G", &gid.to_string(), "--"]);
@@ -93,7 +93,7 @@ impl Cluster {
     }
 
     fn state(&self, id: &str) -> String {
-        crate::util::slurm_job_state(&mut self.cmd("scontrol"), id)
+        crate::kit::slurm_job_state(&mut self.cmd("scontrol"), id)
     }
 
     /// Waits for `job` to end; its final state. One that does not end is cancelled, after
@@ -407,7 +407,7 @@ pub(crate) struct Job {
 
 impl Job {
     pub(crate) fn results(&self) -> Vec<String> {
-        crate::util::task_results(&self.out)
+        crate::kit::task_results(&self.out)
     }
 
     pub(crate) fn context(&self) -> String {
@@ -616,7 +616,7 @@ fn cluster_broadcast_to_local_disk() {
 #[test]
 fn cluster_a_node_with_a_foreign_shm_dir() {
     let cluster = Cluster::up();
-    let other = crate::util::User::get("sfs-mallory");
+    let other = crate::kit::User::get("sfs-mallory");
     let work = Work::new(&cluster, "foreign-shm");
     let (tree, _) = work.archive("foreign", 1 << 20);
     let foreign = PathBuf::from(format!("/proc/{}/root/dev/shm/root", cluster.nodes()["node2"]));
@@ -733,7 +733,7 @@ fn cluster_a_daemon_killed_mid_job() {
     let all = wait_until_every(Duration::from_secs(120), POLL, || job.results().len() == NODES * TASKS_PER_NODE);
     assert!(all, "the tasks did not all read:\n{}", job.context());
     let node2_uts = fs::read_link(format!("/proc/{}/ns/uts", cluster.nodes()["node2"])).unwrap();
-    let daemons: Vec<i32> = crate::util::stagefs_pids(&job.archive)
+    let daemons: Vec<i32> = crate::kit::stagefs_pids(&job.archive)
         .into_iter()
         .filter(|pid| fs::read_link(format!("/proc/{pid}/ns/uts")).ok().as_ref() == Some(&node2_uts))
         .filter(|pid| {

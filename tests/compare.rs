@@ -232,8 +232,8 @@ fn content_diff(a: &[u8], b: &[u8]) -> Option<String> {
         first,
         show_bytes(&a[first.min(a.len())..end_a]),
         show_bytes(&b[first.min(b.len())..end_b]),
-        crate::util::fnv1a(a),
-        crate::util::fnv1a(b)
+        crate::kit::fnv1a(a),
+        crate::kit::fnv1a(b)
     ))
 }
 
@@ -411,7 +411,7 @@ pub fn count_entries(root: &Path) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::util::TempDir;
+    use crate::kit::TempDir;
     use std::os::unix::fs::{symlink, PermissionsExt};
 
     fn set_mtime(p: &Path, sec: i64, nsec: i64) {

@@ -6,10 +6,9 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use crate::compare::{assert_trees_equal, Options};
-use crate::util::*;
+use crate::kit::*;
 
 /// A 24 MiB tar of text files (GNU tar), its extraction, and the tar.
 fn dataset(tmp: &TempDir) -> (PathBuf, PathBuf) {
@@ -36,9 +35,7 @@ fn compressed(tmp: &TempDir, tar: &Path, name: &str, command: &str) -> PathBuf {
 /// `stagefs mount ARGS ARCHIVE MP` with no SLURM_TMPDIR or TMPDIR: no local disk unless
 /// `--stage-dir` names one.
 fn mount(args: &[&str], archive: &Path, mp: &Path) -> CmdOutput {
-    let mut cmd = Command::new(stagefs_bin());
-    cmd.arg("mount").args(args).arg(archive).arg(mp).env_remove("TMPDIR").env_remove("SLURM_TMPDIR");
-    run_cmd(&mut cmd, std::time::Duration::from_secs(120))
+    mount_env(&[("TMPDIR", None), ("SLURM_TMPDIR", None)], args, archive, mp)
 }
 
 fn staging_of(mp: &Path) -> String {

@@ -15,11 +15,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::compare::{assert_trees_equal, Options};
-use crate::util::{
+use crate::kit::{
     assert_nothing_left, extract_tar, mount_must_fail, pack_tar, pseudo_random, require_root, run_cmd, stagefs,
     stagefs_bin, wait_until, Mounted, TempDir, CMD_TIMEOUT,
 };
-use crate::util::{euid, signal, Signal};
+use crate::kit::{euid, signal, Signal};
 
 /// `root/data` with a few files, one of them 6 MiB, packed into `root/data.tar`.
 fn archive(root: &Path) -> PathBuf {
@@ -146,7 +146,7 @@ fn disk_staging_without_room_fails_before_copying() {
     fs::create_dir(&small).unwrap();
     let status = Command::new("mount").args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"]).arg(&small).status().unwrap();
     assert!(status.success(), "cannot mount a tmpfs for the test");
-    let _unmount = crate::util::UnmountOnDrop(small.clone());
+    let _unmount = crate::kit::UnmountOnDrop(small.clone());
     let mp = tmp.join("mnt");
     let args = [
         "--stage".into(),

@@ -4,7 +4,6 @@
 //! dataset are judged as shards are; a file truncated while stagefs scans it gives an
 //! error naming it, never a dead process.
 
-use std::ffi::OsStr;
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
@@ -13,18 +12,18 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::util::*;
+use crate::kit::*;
 
 /// A directory of `mode` owned by root and group `sfs-project`, of which alice and eve are
 /// members: a group project directory.
-fn project_dir(s: &Scene, name: &str, mode: u32) -> PathBuf {
+fn project_dir(s: &TwoUsers, name: &str, mode: u32) -> PathBuf {
     run_tool("groupadd", ["-f", "sfs-project"]).assert_success();
     for user in [&s.alice, &s.eve] {
         run_tool("usermod", ["-aG", "sfs-project", user.name.as_str()]).assert_success();
     }
     let dir = s.tmp.join(name);
     fs::create_dir_all(&dir).unwrap();
-    run_tool("chgrp", [OsStr::new("sfs-project"), dir.as_os_str()]).assert_success();
+    run_tool("chgrp", osargs!["sfs-project", dir]).assert_success();
     chmod(&dir, mode);
     dir
 }
@@ -41,7 +40,7 @@ fn assert_refused(out: &CmdOutput, needles: &[&str]) {
 /// there is made 0600 and appended to.
 #[test]
 fn a_log_file_another_user_planted_is_never_written_through() {
-    let s = scene("doors-log");
+    let s = two_users("doors-log");
     let project = project_dir(&s, "project", 0o3770);
     let archive = s.alice.home.join("doors-log.tar");
     tar_of(&s.alice, &archive, &[("a.txt", b"alice\n")]);
@@ -49,16 +48,7 @@ fn a_log_file_another_user_planted_is_never_written_through() {
     s.alice.sh(&format!("printf 'alias ok=true\\n' > {}", rc.display()));
     let log = project.join("run.log");
     let mnt = s.mountpoint("mnt-doors-log");
-    let mount = || {
-        s.alice_stagefs(&[
-            os("mount"),
-            os("-v"),
-            os("--log-file"),
-            log.as_os_str(),
-            archive.as_os_str(),
-            mnt.as_os_str(),
-        ])
-    };
+    let mount = || s.alice_stagefs(&osargs!["mount", "-v", "--log-file", log, archive, mnt]);
 
     s.eve.sh(&format!("ln -s {} {}", rc.display(), log.display()));
     assert_refused(&mount(), &["run.log", "symbolic link", "sfs-eve"]);
@@ -89,7 +79,7 @@ fn a_log_file_another_user_planted_is_never_written_through() {
 /// never served.) Eve's bytes are served only with `--trust-shards`, on purpose.
 #[test]
 fn a_dataset_directory_another_user_could_rename_away_is_refused() {
-    let s = scene("doors-ancestors");
+    let s = two_users("doors-ancestors");
     let eve_tar = s.tmp.join("eve.tar");
     tar_of(&s.eve, &eve_tar, &[("label.txt", b"eve\n")]);
     let mnt = s.mountpoint("mnt-doors-ancestors");
@@ -133,7 +123,7 @@ fn a_dataset_directory_another_user_could_rename_away_is_refused() {
 /// replace, is refused (exit 4) naming it; alice's own list in her own directory mounts.
 #[test]
 fn a_list_of_shards_another_user_could_have_written_is_refused() {
-    let s = scene("doors-list");
+    let s = two_users("doors-list");
     let data = s.dir("data", 0o755, &s.alice);
     for k in 0..2 {
         tar_of(&s.alice, &data.join(format!("s{k}.tar")), &[(&format!("f{k}.txt"), b"alice\n")]);
@@ -141,7 +131,7 @@ fn a_list_of_shards_another_user_could_have_written_is_refused() {
     let evil = s.tmp.join("evil.tar");
     tar_of(&s.eve, &evil, &[("f0.txt", b"eve\n")]);
     let mnt = s.mountpoint("mnt-doors-list");
-    let mount = |list: &Path| s.alice_stagefs(&[os("mount"), os(&format!("@{}", list.display())), mnt.as_os_str()]);
+    let mount = |list: &Path| s.alice_stagefs(&osargs!["mount", &format!("@{}", list.display()), mnt]);
     let lines = format!("{0}/s0.tar\n{0}/s1.tar\n", data.display());
 
     let own = data.join("shards.txt");
@@ -195,7 +185,7 @@ enum Outcome {
 /// every time: an exit status, never a signal, and a refusal names the file. `after` runs
 /// after each run (to unmount). Returns the outcomes.
 fn truncated_while_running(
-    s: &Scene,
+    s: &TwoUsers,
     pristine: &Path,
     target: &Path,
     mut cmd: impl FnMut() -> Command,
@@ -248,7 +238,7 @@ fn truncated_while_running(
 /// cut lands inside a scan (the guard's path, not only the checks before it).
 #[test]
 fn a_tar_truncated_while_it_is_scanned_never_kills_stagefs() {
-    let s = scene("doors-truncate");
+    let s = two_users("doors-truncate");
     let eve_dir = s.dir("eve", 0o755, &s.eve);
     let pristine = s.tmp.join("pristine.tar");
     many_member_tar(&pristine, 60_000);
@@ -285,12 +275,12 @@ fn a_tar_truncated_while_it_is_scanned_never_kills_stagefs() {
         &target,
         || {
             let mut cmd = s.alice.command(&[], &stagefs_bin());
-            cmd.args([os("mount"), os("--index-dir"), index_dir.as_os_str(), target.as_os_str(), mnt.as_os_str()]);
+            cmd.args(osargs!["mount", "--index-dir", index_dir, target, mnt]);
             cmd
         },
         || {
             if is_mounted(&mnt) {
-                s.alice_stagefs(&[os("umount"), mnt.as_os_str()]).assert_success();
+                s.alice_stagefs(&osargs!["umount", mnt]).assert_success();
             }
         },
     );
@@ -306,24 +296,23 @@ fn a_tar_truncated_while_it_is_scanned_never_kills_stagefs() {
 /// and the mount keeps serving its other shard.
 #[test]
 fn a_shard_truncated_while_a_growing_mount_scans_it_leaves_the_mount_serving() {
-    let s = scene("doors-growing");
+    let s = two_users("doors-growing");
     let shared = s.dir("shards", 0o1777, &s.alice);
     tar_of(&s.alice, &shared.join("a-000.tar"), &[("first.txt", b"first\n")]);
     let pristine = s.tmp.join("pristine.tar");
     many_member_tar(&pristine, 60_000);
     let mnt = s.mountpoint("mnt-doors-growing");
-    s.alice_stagefs(&[os("mount"), os("--growing"), shared.join("a-000.tar").as_os_str(), mnt.as_os_str()])
-        .assert_success();
+    s.alice_stagefs(&osargs!["mount", "--growing", shared.join("a-000.tar"), mnt]).assert_success();
     let big = shared.join("b-001.tar");
     // Out of the set again after each try, added or not (the next try adds it anew).
-    let removed = || drop(s.alice_stagefs(&[os("remove"), mnt.as_os_str(), big.as_os_str()]));
+    let removed = || drop(s.alice_stagefs(&osargs!["remove", mnt, big]));
     let outcomes = truncated_while_running(
         &s,
         &pristine,
         &big,
         || {
             let mut cmd = s.alice.command(&[], &stagefs_bin());
-            cmd.args([os("add"), os("--trust-shards"), mnt.as_os_str(), big.as_os_str()]);
+            cmd.args(osargs!["add", "--trust-shards", mnt, big]);
             cmd
         },
         removed,
@@ -335,8 +324,7 @@ fn a_shard_truncated_while_a_growing_mount_scans_it_leaves_the_mount_serving() {
     // --watch: eve drops the shard in and cuts it while the daemon indexes it.
     fs::remove_file(&big).unwrap();
     let pattern = shared.join("*.tar");
-    s.alice_stagefs(&[os("mount"), os("--watch=100ms"), os("--trust-shards"), pattern.as_os_str(), mnt.as_os_str()])
-        .assert_success();
+    s.alice_stagefs(&osargs!["mount", "--watch=100ms", "--trust-shards", pattern, mnt]).assert_success();
     for point in 0..5u32 {
         let dropped = shared.join(format!("c-{point:03}.tar"));
         fs::copy(&pristine, &dropped).unwrap();

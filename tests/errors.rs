@@ -12,12 +12,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::util::{
-    assert_nothing_left, fixture, is_mounted, mount_must_fail, mounts_at, pack_tar, process_alive, pseudo_random, read,
+use crate::kit::{
+    assert_nothing_left, fixture, is_mounted, mount_must_fail, mounts_at, osargs, process_alive, pseudo_random, read,
     require_root, require_tool, run_cmd, run_tool, stagefs, stagefs_bin, stagefs_pids, wait_timeout, wait_until,
-    CmdOutput, Foreground, KillOnDrop, Mounted, TempDir, UnmountOnDrop,
+    CmdOutput, Foreground, KillOnDrop, Mounted, Scene, TempDir, UnmountOnDrop,
 };
-use crate::util::{signal, Signal};
+use crate::kit::{signal, Signal};
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -74,12 +74,8 @@ fn expect_corrupt(archive: &Path, mp: &Path, what: &str) -> u64 {
 /// A GNU tar with two members: "big.bin" (100000 random bytes) and
 /// "small.txt". Returns its path and the offset of the second header.
 fn two_member_tar(tmp: &TempDir) -> (PathBuf, u64) {
-    let src = tmp.join("tar-src");
-    fs::create_dir_all(&src).unwrap();
-    fs::write(src.join("big.bin"), pseudo_random(1, 100_000)).unwrap();
-    fs::write(src.join("small.txt"), b"small\n").unwrap();
-    let archive = tmp.join("two.tar");
-    pack_tar(&src, &archive, &["big.bin", "small.txt"]);
+    let scene = Scene::new("tar-src").file("big.bin", pseudo_random(1, 100_000)).file("small.txt", b"small\n");
+    let archive = scene.tar_at(&tmp.join("two.tar"));
     let second = 512 + 100_000u64.div_ceil(512) * 512;
     let bytes = read(&archive);
     assert_eq!(&bytes[second as usize..second as usize + 9], b"small.txt", "layout of the test tar");
@@ -88,16 +84,8 @@ fn two_member_tar(tmp: &TempDir) -> (PathBuf, u64) {
 
 /// A small SquashFS image of a few files.
 fn small_squashfs(tmp: &TempDir) -> PathBuf {
-    let src = tmp.join("sq-src");
-    fs::create_dir_all(src.join("dir")).unwrap();
-    fs::write(src.join("dir/a.bin"), pseudo_random(3, 300_000)).unwrap();
-    fs::write(src.join("b.txt"), b"bee\n").unwrap();
-    let image = tmp.join("small.sqfs");
-    run_tool(
-        "mksquashfs",
-        [src.as_os_str(), image.as_os_str(), OsStr::new("-noappend"), OsStr::new("-quiet"), OsStr::new("-no-progress")],
-    );
-    image
+    let scene = Scene::new("sq-src").file("dir/a.bin", pseudo_random(3, 300_000)).file("b.txt", b"bee\n");
+    scene.squashfs_at(&tmp.join("small.sqfs"))
 }
 
 fn write_with(path: &Path, bytes: &[u8]) -> PathBuf {
@@ -143,7 +131,7 @@ fn failed_mount_leaves_no_lock_or_status_behind() {
     assert_eq!(again.code(), Some(3), "{}", again.describe());
     assert!(!again.stderr.contains("mount leader"), "a retry leads itself: {}", again.describe());
     assert!(
-        crate::util::wait_until(Duration::from_secs(40), || left().is_empty()),
+        crate::kit::wait_until(Duration::from_secs(40), || left().is_empty()),
         "the failed mount left {:?} in {}",
         left(),
         runtime.display()
@@ -346,7 +334,7 @@ fn umount_waits_for_the_daemon_to_exit() {
     m.unmount().assert_success();
     // No grace period: "umount returned" must mean "daemon gone".
     assert!(!is_mounted(&mp), "still mounted after stagefs umount");
-    let alive: Vec<_> = pids.iter().filter(|p| crate::util::process_alive(**p)).collect();
+    let alive: Vec<_> = pids.iter().filter(|p| crate::kit::process_alive(**p)).collect();
     assert!(alive.is_empty(), "stagefs umount returned while the daemon (pids {alive:?}) still runs");
 }
 
@@ -367,7 +355,7 @@ fn umount_of_busy_mount_fails_then_lazy_succeeds() {
             .spawn()
             .expect("spawn sleep inside the mount"),
     );
-    let out = stagefs([OsStr::new("umount"), mp.as_os_str()]);
+    let out = stagefs(osargs!["umount", mp]);
     out.assert_code(BUSY);
     assert!(out.stderr.to_lowercase().contains("busy"), "the error must say \"busy\"\n{}", out.describe());
     assert!(is_mounted(&mp), "a failed umount must leave the mount in place");
@@ -377,7 +365,7 @@ fn umount_of_busy_mount_fails_then_lazy_succeeds() {
     // Busy through an open file.
     {
         let f = fs::File::open(mp.join("text/lorem.txt")).unwrap();
-        let out = stagefs([OsStr::new("umount"), mp.as_os_str()]);
+        let out = stagefs(osargs!["umount", mp]);
         out.assert_code(BUSY);
         assert!(out.stderr.to_lowercase().contains("busy"), "the error must say \"busy\"\n{}", out.describe());
         drop(f);
@@ -395,7 +383,7 @@ fn umount_of_busy_mount_fails_then_lazy_succeeds() {
     m.disarm();
     drop(child);
     assert!(
-        wait_until(Duration::from_secs(10), || pids.iter().all(|p| !crate::util::process_alive(*p))),
+        wait_until(Duration::from_secs(10), || pids.iter().all(|p| !crate::kit::process_alive(*p))),
         "the daemon must exit once the lazily unmounted file system is no longer used"
     );
 }
@@ -671,7 +659,7 @@ fn mountpoint_mounted_by_another_filesystem_exits_4() {
     fs::copy(fixture("gnu.tar"), &archive).unwrap();
     let mp = tmp.join("mnt");
     fs::create_dir(&mp).unwrap();
-    run_tool("mount", [OsStr::new("-t"), OsStr::new("tmpfs"), OsStr::new("stagefs-test-tmpfs"), mp.as_os_str()]);
+    run_tool("mount", osargs!["-t", "tmpfs", "stagefs-test-tmpfs", mp]);
     let _tmpfs = UnmountOnDrop(mp.clone());
     let out = mount_must_fail(&[&archive, &mp], MOUNTPOINT, "a mountpoint with a tmpfs on it");
     out.assert_stderr_has(&[&mp.to_string_lossy(), "already mounted (by a tmpfs filesystem)"]);
@@ -796,16 +784,7 @@ fn idle_timeout_unmounts_after_quiet() {
     let log = tmp.join("daemon.log");
     // Not `Mounted::with_args`: its "is it mounted now?" check could lose a race with a
     // 2 s idle timeout on a busy machine.
-    let out = stagefs([
-        OsStr::new("mount"),
-        OsStr::new("-v"),
-        OsStr::new("--idle-timeout"),
-        OsStr::new("2s"),
-        OsStr::new("--log-file"),
-        log.as_os_str(),
-        archive.as_os_str(),
-        mp.as_os_str(),
-    ]);
+    let out = stagefs(osargs!["mount", "-v", "--idle-timeout", "2s", "--log-file", log, archive, mp]);
     let m = Mounted::adopt(&archive, &mp);
     out.assert_code(0);
     let pids = stagefs_pids(&archive);
@@ -839,10 +818,7 @@ with tarfile.open(sys.argv[1], 'w', format=tarfile.PAX_FORMAT, pax_headers=glob)
     info.pax_headers = member
     t.addfile(info, io.BytesIO(b'abc'))
 ";
-    run_tool(
-        "python3",
-        [OsStr::new("-c"), OsStr::new(SCRIPT), path.as_os_str(), OsStr::new(member), OsStr::new(global)],
-    );
+    run_tool("python3", osargs!["-c", SCRIPT, path, member, global]);
 }
 
 #[test]
@@ -910,18 +886,7 @@ fn bad_numbers_and_sparse_maps_are_refused() {
     std::os::unix::fs::FileExt::write_all_at(&f, b"hello", 500_000).unwrap();
     drop(f);
     let sparse = tmp.join("sparse.tar");
-    run_tool(
-        "tar",
-        [
-            OsStr::new("--sparse"),
-            OsStr::new("--format=posix"),
-            OsStr::new("-C"),
-            src.as_os_str(),
-            OsStr::new("-cf"),
-            sparse.as_os_str(),
-            OsStr::new("sp"),
-        ],
-    );
+    run_tool("tar", osargs!["--sparse", "--format=posix", "-C", src, "-cf", sparse, "sp"]);
     let good = read(&sparse);
     // The pax header (with GNU.sparse.major=1) and its data, then the member's header,
     // whose data begins with the map: "<count>\n<offset>\n<length>\n...".

@@ -16,8 +16,9 @@ use std::path::{Path, PathBuf};
 use std::thread;
 
 use crate::compare::{assert_trees_equal, count_entries, xattrs, Options};
-use crate::util::{
-    extract_squashfs, extract_tar, fixture, pack_tar, pseudo_random, read, require_root, run_tool, Mounted, TempDir,
+use crate::kit::{
+    extract_squashfs, extract_tar, fixture, osargs, pseudo_random, read, require_root, run_tool, Mounted, Scene,
+    TempDir,
 };
 
 // ---------------------------------------------------------------------------
@@ -609,12 +610,9 @@ fn getxattr_errno(path: &Path, name: &str) -> i32 {
 /// trips per file. An archive with xattrs answers ENODATA for a name a file lacks.
 #[test]
 fn xattr_requests_stop_for_archives_without_xattrs() {
-    let tmp = TempDir::new("xattr-enosys");
-    let src = tmp.join("src");
-    fs::create_dir_all(&src).unwrap();
-    fs::write(src.join("a.txt"), b"a\n").unwrap();
-    let plain = tmp.join("plain.tar");
-    pack_tar(&src, &plain, &["a.txt"]);
+    let scene = Scene::new("xattr-enosys").file("a.txt", b"a\n");
+    let (tmp, src) = (&scene.tmp, scene.src());
+    let plain = scene.tar_at(&tmp.join("plain.tar"));
     let m = Mounted::new(&plain, &tmp.join("mnt-plain"));
     for _ in 0..2 {
         assert_eq!(getxattr_errno(&m.path().join("a.txt"), "user.x"), libc::EOPNOTSUPP);
@@ -630,12 +628,10 @@ fn xattr_requests_stop_for_archives_without_xattrs() {
     let with = tmp.join("xattrs.tar");
     run_tool(
         "tar",
-        ["--format=posix", "--xattrs", "--xattrs-include=user.*", "-C"].map(OsStr::new).into_iter().chain([
-            src.as_os_str(),
-            OsStr::new("-cf"),
-            with.as_os_str(),
-            OsStr::new("a.txt"),
-        ]),
+        ["--format=posix", "--xattrs", "--xattrs-include=user.*", "-C"]
+            .map(OsStr::new)
+            .into_iter()
+            .chain(osargs![src, "-cf", with, "a.txt"]),
     );
     let m = Mounted::new(&with, &tmp.join("mnt-xattrs"));
     assert_eq!(getxattr_errno(&m.path().join("a.txt"), "user.k"), 0);

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::compare::{assert_trees_equal, Options};
+use crate::kit::*;
 use crate::shards::{bsdtar, extract_all, gnu_tar, shard_tree, squashfs};
-use crate::util::*;
 
 fn change(verb: &str, mnt: &Path, shards: &[&Path]) -> CmdOutput {
     let mut args: Vec<&OsStr> = vec![OsStr::new(verb), mnt.as_os_str()];
@@ -21,25 +21,14 @@ fn change(verb: &str, mnt: &Path, shards: &[&Path]) -> CmdOutput {
 }
 
 /// A tar of `files` (path, bytes) made by GNU tar.
-fn tar_of(tmp: &Path, out: &Path, files: &[(&str, &[u8])]) {
-    let src = tmp.join(format!("src-{}", out.file_name().unwrap().to_string_lossy()));
-    for (path, bytes) in files {
-        fs::create_dir_all(src.join(path).parent().unwrap()).unwrap();
-        fs::write(src.join(path), bytes).unwrap();
-    }
-    let mut args: Vec<&OsStr> = vec![OsStr::new("-C"), src.as_os_str(), OsStr::new("-cf"), out.as_os_str()];
-    let names: Vec<String> =
-        fs::read_dir(&src).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
-    args.extend(names.iter().map(OsStr::new));
-    run_tool("tar", args);
+fn tar_of(out: &Path, files: &[(&str, &[u8])]) {
+    Scene::new("growing-src").files(files.iter().copied()).tar_at(out);
 }
 
 /// Shards 0 and 1 at `paths`, holding `files(k)` (path, bytes) each.
-fn two_shards(tmp: &Path, paths: [&Path; 2], files: impl Fn(usize) -> Vec<(String, Vec<u8>)>) {
+fn two_shards(paths: [&Path; 2], files: impl Fn(usize) -> Vec<(String, Vec<u8>)>) {
     for (k, path) in paths.into_iter().enumerate() {
-        let f = files(k);
-        let refs: Vec<(&str, &[u8])> = f.iter().map(|(n, d)| (n.as_str(), d.as_slice())).collect();
-        tar_of(tmp, path, &refs);
+        Scene::new("growing-src").files(files(k)).tar_at(path);
     }
 }
 
@@ -94,8 +83,8 @@ fn the_kernel_forgets_exactly_the_changed_names_and_open_files_keep_their_bytes(
     let big: Vec<u8> = (0..4u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
     let a = tmp.join("a.tar");
     let b = tmp.join("b.tar");
-    tar_of(tmp.path(), &a, &[("d/big.bin", &big), ("d/same.txt", b"from a\n"), ("d/kept.txt", b"kept\n")]);
-    tar_of(tmp.path(), &b, &[("d/same.txt", b"from b\n"), ("d/new.txt", b"new\n")]);
+    tar_of(&a, &[("d/big.bin", &big), ("d/same.txt", b"from a\n"), ("d/kept.txt", b"kept\n")]);
+    tar_of(&b, &[("d/same.txt", b"from b\n"), ("d/new.txt", b"new\n")]);
     let log = tmp.join("daemon.log");
     let log_arg = format!("--log-file={}", log.display());
     let mnt = Mounted::with_args(&["-v", "--growing", &log_arg], &a, &tmp.join("mnt"));
@@ -144,7 +133,7 @@ fn a_directory_listing_never_mixes_two_states() {
     let name = |k: usize, i: usize| format!("c/{}-{k}-{i:04}.txt", "x".repeat(120));
     let files = |k: usize| -> Vec<(String, Vec<u8>)> { (0..700).map(|i| (name(k, i), vec![b'a'; 1])).collect() };
     let (a, b) = (tmp.join("a.tar"), tmp.join("b.tar"));
-    two_shards(tmp.path(), [&a, &b], files);
+    two_shards([&a, &b], files);
     let mnt = Mounted::with_args(&["--growing"], &a, &tmp.join("mnt"));
     let dir = mnt.path().join("c");
     let stop = AtomicBool::new(false);
@@ -177,11 +166,8 @@ fn watch_adds_shards_once_complete_and_removes_deleted_ones() {
     fs::create_dir_all(&made).unwrap();
     let big: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
     for k in 1..=3 {
-        tar_of(
-            tmp.path(),
-            &made.join(format!("{k}.tar")),
-            &[(&format!("s{k}/big.bin"), &big), (&format!("s{k}/k.txt"), format!("{k}\n").as_bytes())],
-        );
+        let files = [(format!("s{k}/big.bin"), big.clone()), (format!("s{k}/k.txt"), format!("{k}\n").into_bytes())];
+        Scene::new("growing-src").files(files).tar_at(&made.join(format!("{k}.tar")));
     }
     let pattern = cache.join("w-*.tar");
     // Nothing matches yet: the mount starts empty and waits.
@@ -215,8 +201,8 @@ fn changes_that_cannot_be_made_say_what_to_do_and_change_nothing() {
     require_root();
     let tmp = TempDir::new("growing-errors");
     let (a, b) = (tmp.join("a.tar"), tmp.join("b.tar"));
-    tar_of(tmp.path(), &a, &[("a.txt", b"a\n")]);
-    tar_of(tmp.path(), &b, &[("b.txt", b"b\n")]);
+    tar_of(&a, &[("a.txt", b"a\n")]);
+    tar_of(&b, &[("b.txt", b"b\n")]);
     let garbage = tmp.join("garbage.tar");
     fs::write(&garbage, vec![0x5a; 4096]).unwrap();
 
@@ -247,7 +233,7 @@ fn changes_that_cannot_be_made_say_what_to_do_and_change_nothing() {
         "--stage disk",
     )
     .assert_stderr_has(&["--stage disk"]);
-    mount_must_fail(&[OsStr::new("--watch"), a.as_os_str(), tmp.join("w").as_os_str()], 2, "--watch of one archive")
+    mount_must_fail(&osargs!["--watch", a, tmp.join("w")], 2, "--watch of one archive")
         .assert_stderr_has(&["--watch follows one quoted glob pattern"]);
     let at: PathBuf = tmp.join("mnt2");
     mount_must_fail(
@@ -269,7 +255,7 @@ fn reads_during_changes_get_the_right_bytes_or_not_found_never_others() {
         (0..40).map(|i| (format!("d/{k}-{i:02}.bin"), content(k, i))).collect()
     };
     let (a, b) = (tmp.join("a.tar"), tmp.join("b.tar"));
-    two_shards(tmp.path(), [&a, &b], files);
+    two_shards([&a, &b], files);
     let mnt = Mounted::with_args(&["--growing", "--warm=no"], &a, &tmp.join("mnt"));
     let stop = AtomicBool::new(false);
     let (root, stop_ref) = (mnt.path(), &stop);
@@ -312,8 +298,8 @@ fn a_directory_opened_before_a_change_lists_its_old_state_without_the_kernel_kee
     require_root();
     let tmp = TempDir::new("growing-stale-listing");
     let (a, b) = (tmp.join("a.tar"), tmp.join("b.tar"));
-    tar_of(tmp.path(), &a, &[("d/a.txt", b"a\n")]);
-    tar_of(tmp.path(), &b, &[("d/b.txt", b"b\n")]);
+    tar_of(&a, &[("d/a.txt", b"a\n")]);
+    tar_of(&b, &[("d/b.txt", b"b\n")]);
     let mnt = Mounted::with_args(&["--growing", "--archive", &b.to_string_lossy()], &a, &tmp.join("mnt"));
     let d = mnt.path().join("d");
     // Opened (opendir) before the change, listed (READDIRPLUS) after it.

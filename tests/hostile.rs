@@ -24,7 +24,7 @@ use std::time::Duration;
 use stagefs_archive::tar::{pax_record, ustar_header};
 use stagefs_archive::{Archive, OpenError};
 
-use crate::util::*;
+use crate::kit::*;
 
 #[path = "../fuzz/src/exercise.rs"]
 mod exercise;
@@ -607,12 +607,12 @@ fn umount_of_a_killed_daemons_mount_cleans_it() {
     }
     assert!(wait_until(Duration::from_secs(10), || stagefs_pids(&mp).is_empty()), "daemon did not die");
     assert!(is_mounted(&mp));
-    let out = stagefs([OsStr::new("umount"), mp.as_os_str()]);
+    let out = stagefs(osargs!["umount", mp]);
     m.disarm();
     assert!(out.success(), "umount of a stale mount must clean it:\n{}", out.describe());
     assert_nothing_left(&mp, "after umount of a stale mount");
     // A second umount: not mounted (exit 6), named.
-    let again = stagefs([OsStr::new("umount"), mp.as_os_str()]);
+    let again = stagefs(osargs!["umount", mp]);
     assert_eq!(again.code(), Some(6), "{}", again.describe());
     assert!(again.stderr.contains(&*mp.to_string_lossy()), "{}", again.describe());
 }
@@ -711,19 +711,9 @@ fn mount_as_user_without_fusermount3_fails_with_code_7() {
 
 /// A tar of files with known content, for the truncation tests.
 fn truncation_tar(tmp: &TempDir) -> (PathBuf, Vec<(String, Vec<u8>)>) {
-    let src = tmp.join("truncation-src");
-    fs::create_dir(&src).unwrap();
-    let mut files = Vec::new();
-    for i in 0..8u64 {
-        let name = format!("f{i}.bin");
-        let data = pseudo_random(100 + i, 200_000);
-        fs::write(src.join(&name), &data).unwrap();
-        files.push((name, data));
-    }
-    let path = tmp.join("t.tar");
-    let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
-    pack_tar(&src, &path, &names);
-    (path, files)
+    let scene =
+        Scene::new("truncation-src").files((0..8u64).map(|i| (format!("f{i}.bin"), pseudo_random(100 + i, 200_000))));
+    (scene.tar_at(&tmp.join("t.tar")), scene.members().to_vec())
 }
 
 fn truncate_to_half(path: &Path) {

@@ -6,12 +6,8 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::util::*;
+use crate::kit::*;
 use stagefs_archive::index::{tamper, SectionId};
-
-fn os(s: &str) -> &OsStr {
-    OsStr::new(s)
-}
 
 /// `text`'s lines, sorted.
 fn sorted(text: &str) -> Vec<&str> {
@@ -35,8 +31,8 @@ fn ls_recursive_lists_what_tar_lists_for_100k_members() {
     }
     let archive = tmp.join("big.tar");
     pack_tar(&src, &archive, &["data"]);
-    let tar_list = run_tool("tar", [os("-tf"), archive.as_os_str()]).stdout;
-    let listed = stagefs([os("ls"), os("-R"), archive.as_os_str()]);
+    let tar_list = run_tool("tar", osargs!["-tf", archive]).stdout;
+    let listed = stagefs(osargs!["ls", "-R", archive]);
     listed.assert_success();
     assert_eq!(listed.stdout.lines().count(), 100_101, "every member once");
     assert_eq!(sorted(&listed.stdout), sorted(&tar_list), "as tar -tf lists it");
@@ -100,7 +96,7 @@ fn rich_tar(tmp: &TempDir, dirs: usize, per_dir: usize) -> (PathBuf, Expected) {
     let archive = tmp.join("rich.tar");
     let args = ["--format=posix", "--sparse", "--xattrs", "--xattrs-include=user.*", "-C"];
     let mut args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
-    args.extend([src.as_os_str(), os("-cf"), archive.as_os_str(), os(".")]);
+    args.extend(osargs![src, "-cf", archive, "."]);
     run_tool("tar", args);
     (archive, expected)
 }
@@ -157,7 +153,7 @@ fn read_back(mnt: &Path, expected: &Expected) -> usize {
 fn damage_in_each_section_fails_what_it_holds() {
     let tmp = TempDir::new("index-damage");
     let (archive, expected) = rich_tar(&tmp, 40, 100);
-    stagefs([os("index"), archive.as_os_str()]).assert_success();
+    stagefs(osargs!["index", archive]).assert_success();
     let index = archive.with_file_name("rich.tar.stagefs-index");
     let pristine = fs::read(&index).unwrap();
     let mnt = tmp.join("mnt");
@@ -210,18 +206,18 @@ fn another_users_index_is_never_mapped() {
     fs::set_permissions(&archive, fs::Permissions::from_mode(0o644)).unwrap();
     let index = archive.with_file_name("rich.tar.stagefs-index");
     // Mallory's copy of a sound index (made by the victim, then taken over).
-    victim.stagefs([os("index"), archive.as_os_str()]).assert_success();
+    victim.stagefs(osargs!["index", archive]).assert_success();
     let sound = fs::read(&index).unwrap();
     let mnt = victim.home.join("mnt-index");
     remove_tree(&mnt);
     let mounted_maps = |user: &User| {
-        let out = user.stagefs([os("mount"), archive.as_os_str(), mnt.as_os_str()]);
+        let out = user.stagefs(osargs!["mount", archive, mnt]);
         out.assert_success();
         let pids = stagefs_pids(&mnt);
         let maps: String = pids.iter().map(|p| fs::read_to_string(format!("/proc/{p}/maps")).unwrap()).collect();
         let read = user.sh(&format!("cat {}/d000/f0000.txt", mnt.display()));
         assert_eq!(read.stdout.as_bytes(), expected[Path::new("d000/f0000.txt")].0.as_slice());
-        user.stagefs([os("umount"), mnt.as_os_str()]).assert_success();
+        user.stagefs(osargs!["umount", mnt]).assert_success();
         (out.stderr, maps)
     };
     let (_, maps) = mounted_maps(&victim);
@@ -236,7 +232,7 @@ fn another_users_index_is_never_mapped() {
     // Swapped in by rename where the directory lets her (not sticky).
     fs::set_permissions(project.path(), fs::Permissions::from_mode(0o777)).unwrap();
     fs::remove_file(&index).unwrap();
-    victim.stagefs([os("index"), archive.as_os_str()]).assert_success();
+    victim.stagefs(osargs!["index", archive]).assert_success();
     let hers = project.join("hers.index");
     fs::write(&hers, &sound).unwrap();
     mallory.chown(&hers);
@@ -302,7 +298,7 @@ fn a_saved_set_opens_without_its_shards_indexes() {
 fn an_index_truncated_or_rewritten_while_mapped_gives_errors() {
     let tmp = TempDir::new("index-torn");
     let (archive, expected) = rich_tar(&tmp, 20, 100);
-    stagefs([os("index"), archive.as_os_str()]).assert_success();
+    stagefs(osargs!["index", archive]).assert_success();
     let index = archive.with_file_name("rich.tar.stagefs-index");
     let pristine = fs::read(&index).unwrap();
     let mnt = tmp.join("mnt");

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::util::{fixtures_dir, require_tool, run_cmd, stagefs, Mounted, TempDir};
+use crate::kit::{fixtures_dir, osargs, require_tool, run_cmd, stagefs, Mounted, TempDir};
 
 /// Every regular file of the archive.
 const ALL: &[&str] = &["*"];
@@ -164,9 +164,9 @@ fn libarchive_test_archives_read_as_bsdtar_extracts_them() {
         if let Expect::Refused(needle) = expect {
             assert!(!bsdtar_ok, "{name}: bsdtar reads it");
             fs::create_dir_all(&mnt).unwrap();
-            let out = stagefs([OsStr::new("mount"), archive.as_os_str(), mnt.as_os_str()]);
+            let out = stagefs(osargs!["mount", archive, mnt]);
             if out.success() {
-                let _ = stagefs([OsStr::new("umount"), mnt.as_os_str()]);
+                let _ = stagefs(osargs!["umount", mnt]);
             }
             out.assert_code(3).assert_stderr_has(&[needle]);
             right += 1;

@@ -4,7 +4,7 @@ use std::fs;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use crate::util::*;
+use crate::kit::*;
 
 /// `RssAnon` of a process in bytes: its private memory.
 pub fn anon_bytes(pid: i32) -> u64 {
@@ -142,14 +142,8 @@ pub fn status_ram(mp: &std::path::Path) -> (i64, i64) {
 #[test]
 fn status_counts_the_ram_of_a_mount_once() {
     let _cache = page_cache_guard();
-    let tmp = TempDir::new("memory-status");
-    let src = tmp.join("src");
-    fs::create_dir_all(&src).unwrap();
-    for i in 0..48 {
-        fs::write(src.join(format!("f{i:02}.bin")), pseudo_random(i, 4 << 20)).unwrap();
-    }
-    let archive = tmp.join("data.tar");
-    pack_tar(&src, &archive, &["."]);
+    let scene = Scene::new("memory-status").files((0..48).map(|i| (format!("f{i:02}.bin"), pseudo_random(i, 4 << 20))));
+    let (tmp, archive) = (&scene.tmp, scene.tar_dot_at(&scene.join("data.tar")));
     let size = fs::metadata(&archive).unwrap().len() as i64;
     for stage in ["ram", "copy"] {
         let file = fs::File::open(&archive).unwrap();

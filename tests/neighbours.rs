@@ -4,12 +4,11 @@
 //! node. One test per attack that was found (issue 32); each ends in a refusal or the
 //! right bytes, never another user's bytes, other bytes, a hang or a leftover.
 
-use std::ffi::OsStr;
 use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::util::*;
+use crate::kit::*;
 
 /// Item 1: eve's symlink in a shared directory, pointing at eve's own tar in eve's own
 /// directory, is judged by who made the link (eve), not by its target ("eve's file in
@@ -18,7 +17,7 @@ use crate::util::*;
 /// link to a tar elsewhere is fine.
 #[test]
 fn a_symlink_another_user_planted_is_judged_by_who_made_it() {
-    let s = scene("neighbours-links");
+    let s = two_users("neighbours-links");
     let shared = s.dir("shards", 0o1777, &s.alice);
     tar_of(&s.alice, &shared.join("shard-000.tar"), &[("label.txt", b"alice\n")]);
     let eve_dir = s.dir("eve-home", 0o755, &s.eve);
@@ -26,7 +25,7 @@ fn a_symlink_another_user_planted_is_judged_by_who_made_it() {
     let pattern = shared.join("shard-*.tar");
     let mnt = s.mountpoint("mnt-links");
     s.eve.sh(&format!("ln -s {} {}", eve_dir.join("evil.tar").display(), shared.join("shard-999.tar").display()));
-    let out = s.alice_stagefs(&[os("mount"), pattern.as_os_str(), mnt.as_os_str()]);
+    let out = s.alice_stagefs(&osargs!["mount", pattern, mnt]);
     assert_eq!(out.code(), Some(4), "{}", out.describe());
     out.assert_stderr_has(&["shard-999.tar", "symbolic link", "sfs-eve", "--trust-shards"]);
     assert!(!is_mounted(&mnt));
@@ -36,7 +35,7 @@ fn a_symlink_another_user_planted_is_judged_by_who_made_it() {
     let elsewhere = s.dir("alice-elsewhere", 0o755, &s.alice);
     tar_of(&s.alice, &elsewhere.join("more.tar"), &[("more.txt", b"more\n")]);
     s.alice.sh(&format!("ln -s {} {}", elsewhere.join("more.tar").display(), shared.join("shard-500.tar").display()));
-    s.alice_stagefs(&[os("mount"), os("--watch=200ms"), pattern.as_os_str(), mnt.as_os_str()]).assert_success();
+    s.alice_stagefs(&osargs!["mount", "--watch=200ms", pattern, mnt]).assert_success();
     assert_eq!(s.cat(&mnt.join("more.txt")).stdout, "more\n");
     // Through --watch: eve's link appears later, and is never served.
     s.eve.sh(&format!("ln -s {} {}", eve_dir.join("evil.tar").display(), shared.join("shard-999.tar").display()));
@@ -50,11 +49,11 @@ fn a_symlink_another_user_planted_is_judged_by_who_made_it() {
         run_tool("usermod", ["-aG", "sfs-project", user.name.as_str()]).assert_success();
     }
     let project = s.dir("project", 0o3770, &s.alice);
-    run_tool("chgrp", [OsStr::new("sfs-project"), project.as_os_str()]).assert_success();
+    run_tool("chgrp", osargs!["sfs-project", project]).assert_success();
     chmod(&project, 0o3770);
     tar_of(&s.alice, &project.join("shard-000.tar"), &[("label.txt", b"alice\n")]);
     s.eve.sh(&format!("ln -s {} {}", eve_dir.join("evil.tar").display(), project.join("shard-999.tar").display()));
-    let out = s.alice_stagefs(&[os("mount"), project.join("shard-*.tar").as_os_str(), mnt.as_os_str()]);
+    let out = s.alice_stagefs(&osargs!["mount", project.join("shard-*.tar"), mnt]);
     assert_eq!(out.code(), Some(4), "{}", out.describe());
     out.assert_stderr_has(&["shard-999.tar", "sfs-eve"]);
     assert_nothing_left(&mnt, "after the refused project set");
@@ -67,7 +66,7 @@ fn a_symlink_another_user_planted_is_judged_by_who_made_it() {
 #[test]
 fn an_in_place_rewrite_that_restores_the_mtime_gives_eio() {
     let _cache = page_cache_guard();
-    let s = scene("neighbours-rewrite");
+    let s = two_users("neighbours-rewrite");
     let dir = s.dir("data", 0o755, &s.alice);
     let tar = dir.join("data.tar");
     let payload: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
@@ -87,7 +86,7 @@ fn an_in_place_rewrite_that_restores_the_mtime_gives_eio() {
         let shifted = [b"hi".as_slice(), &original[..original.len() - 2]].concat();
         let reference = dir.join("reference");
         fs::write(&reference, &original).unwrap();
-        run_tool("touch", [OsStr::new("-r"), archive.as_os_str(), reference.as_os_str()]).assert_success();
+        run_tool("touch", osargs!["-r", archive, reference]).assert_success();
         fs::write(dir.join("shifted"), &shifted).unwrap();
         run_tool(
             "dd",
@@ -98,7 +97,7 @@ fn an_in_place_rewrite_that_restores_the_mtime_gives_eio() {
             ],
         )
         .assert_success();
-        run_tool("touch", [OsStr::new("-r"), reference.as_os_str(), archive.as_os_str()]).assert_success();
+        run_tool("touch", osargs!["-r", reference, archive]).assert_success();
         fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
         let out = s.cat(&mnt.join("data.bin"));
         assert!(!out.success(), "{flags:?}: the rewritten archive was served:\n{}", out.describe());
@@ -112,7 +111,7 @@ fn an_in_place_rewrite_that_restores_the_mtime_gives_eio() {
 /// is refused: the mount would keep itself busy for good.
 #[test]
 fn a_shard_on_the_mount_itself_is_refused() {
-    let s = scene("neighbours-self");
+    let s = two_users("neighbours-self");
     let dir = s.dir("data", 0o755, &s.alice);
     let inner = TempDir::new("neighbours-inner");
     tar_of(&s.alice, &inner.join("inner.tar"), &[("deep.txt", b"deep\n")]);
@@ -120,9 +119,8 @@ fn a_shard_on_the_mount_itself_is_refused() {
     pack_tar(inner.path(), &outer, &["inner.tar"]);
     s.alice.chown(&outer);
     let mnt = s.mountpoint("mnt-self");
-    s.alice_stagefs(&[os("mount"), os("--growing"), os("--threads"), os("1"), outer.as_os_str(), mnt.as_os_str()])
-        .assert_success();
-    let out = s.alice_stagefs(&[os("add"), mnt.as_os_str(), mnt.join("inner.tar").as_os_str()]);
+    s.alice_stagefs(&osargs!["mount", "--growing", "--threads", "1", outer, mnt]).assert_success();
+    let out = s.alice_stagefs(&osargs!["add", mnt, mnt.join("inner.tar")]);
     assert_eq!(out.code(), Some(4), "{}", out.describe());
     out.assert_stderr_has(&["lies on this stagefs mount itself"]);
     fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
@@ -137,7 +135,7 @@ fn a_shard_on_the_mount_itself_is_refused() {
 #[test]
 fn a_stuck_read_does_not_freeze_a_growing_mount() {
     let _cache = page_cache_guard();
-    let s = scene("neighbours-stall");
+    let s = two_users("neighbours-stall");
     let dir = s.dir("data", 0o755, &s.alice);
     let inner = TempDir::new("neighbours-stall-inner");
     let big: Vec<u8> = (0..4u32 << 20).map(|i| (i % 253) as u8).collect();
@@ -150,20 +148,11 @@ fn a_stuck_read_does_not_freeze_a_growing_mount() {
     tar_of(&s.alice, &dir.join("added.tar"), &[("added/new.txt", b"new\n")]);
     // The stalled shard's filesystem: a stagefs mount of the outer tar, in place.
     let backing = s.mountpoint("mnt-backing");
-    s.alice_stagefs(&[os("mount"), os("--stage"), os("none"), outer.as_os_str(), backing.as_os_str()]).assert_success();
+    s.alice_stagefs(&osargs!["mount", "--stage", "none", outer, backing]).assert_success();
     let mnt = s.mountpoint("mnt-stall");
     let shards = [backing.join("stalled.tar"), dir.join("healthy.tar")];
-    s.alice_stagefs(&[
-        os("mount"),
-        os("--growing"),
-        os("--stage"),
-        os("none"),
-        shards[0].as_os_str(),
-        os("--archive"),
-        shards[1].as_os_str(),
-        mnt.as_os_str(),
-    ])
-    .assert_success();
+    s.alice_stagefs(&osargs!["mount", "--growing", "--stage", "none", shards[0], "--archive", shards[1], mnt])
+        .assert_success();
     let backing_pid = stagefs_pids(&backing)[0];
     fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(backing_pid), nix::sys::signal::Signal::SIGSTOP).unwrap();
@@ -175,15 +164,14 @@ fn a_stuck_read_does_not_freeze_a_growing_mount() {
     std::thread::sleep(Duration::from_millis(500));
     assert!(stuck.0.try_wait().unwrap().is_none(), "the read was meant to stall");
     // A change, then listings and reads of the other shards: all answer.
-    s.alice_stagefs(&[os("add"), mnt.as_os_str(), dir.join("added.tar").as_os_str()]).assert_success();
+    s.alice_stagefs(&osargs!["add", mnt, dir.join("added.tar")]).assert_success();
     assert_eq!(s.cat(&mnt.join("healthy/ok.txt")).stdout, "ok\n");
     assert_eq!(s.cat(&mnt.join("added/new.txt")).stdout, "new\n");
     let listing = s.alice.sh(&format!("ls {}", mnt.display())).stdout;
     assert_eq!(listing, "added\nhealthy\nstalled\n");
     // A shard on the stalled filesystem: opening it hangs, the caller gives up, and the
     // change is dropped when the filesystem comes back.
-    let out =
-        s.alice_stagefs(&[os("add"), os("--timeout"), os("2s"), mnt.as_os_str(), backing.join("late.tar").as_os_str()]);
+    let out = s.alice_stagefs(&osargs!["add", "--timeout", "2s", mnt, backing.join("late.tar")]);
     assert_eq!(out.code(), Some(1), "{}", out.describe());
     out.assert_stderr_has(&["gave up", "drops the change"]);
     drop(resume);
@@ -214,7 +202,7 @@ fn scopeguard(pid: i32) -> Resume {
 /// nor reach the terminal raw; the JSON says exactly one mount, at its real place.
 #[test]
 fn a_path_with_newlines_cannot_forge_a_status_row() {
-    let s = scene("neighbours-status");
+    let s = two_users("neighbours-status");
     let odd = s.tmp.join("x\nmountpoint=/fake\nstage_dir=/home/sfs-alice/fake-stage\n\u{1b}[2J\u{7}");
     fs::create_dir_all(&odd).unwrap();
     s.eve.chown(&odd);
@@ -223,7 +211,7 @@ fn a_path_with_newlines_cannot_forge_a_status_row() {
     let link = s.tmp.join("published");
     std::os::unix::fs::symlink(&odd, &link).unwrap();
     let mnt = s.mountpoint("mnt-status");
-    s.alice_stagefs(&[os("mount"), link.join("data.tar").as_os_str(), mnt.as_os_str()]).assert_success();
+    s.alice_stagefs(&osargs!["mount", link.join("data.tar"), mnt]).assert_success();
     let text = s.alice_stagefs(&[os("status")]);
     text.assert_success();
     assert!(!text.stdout.contains('\u{1b}') && !text.stdout.contains('\u{7}'), "raw ESC/BEL:\n{}", text.stdout);
@@ -231,7 +219,7 @@ fn a_path_with_newlines_cannot_forge_a_status_row() {
     assert!(!text.stdout.lines().any(|l| l.starts_with("/fake")), "a forged row:\n{}", text.stdout);
     assert!(!text.stdout.contains("no runtime directory"), "{}", text.stdout);
     // Other tests' mounts of alice's may be listed too: only this one's rows matter.
-    let json = s.alice_stagefs(&[os("status"), os("--json")]);
+    let json = s.alice_stagefs(&osargs!["status", "--json"]);
     let mountpoints: Vec<&str> =
         json.stdout.lines().filter_map(|l| l.split("\"mountpoint\":\"").nth(1)?.split('"').next()).collect();
     assert!(!mountpoints.iter().any(|m| m.starts_with("/fake")), "a forged row:\n{}", json.stdout);
@@ -244,7 +232,7 @@ fn a_path_with_newlines_cannot_forge_a_status_row() {
 /// its first ones keep their bytes.
 #[test]
 fn a_shard_added_half_written_is_read_again_once_complete() {
-    let s = scene("neighbours-halfway");
+    let s = two_users("neighbours-halfway");
     let dir = s.dir("cache", 0o755, &s.alice);
     let full = s.tmp.join("full.tar");
     let second: Vec<u8> = (0..300_000u32).map(|i| (i % 241) as u8).collect();
@@ -257,7 +245,7 @@ fn a_shard_added_half_written_is_read_again_once_complete() {
     s.alice.chown(&shard);
     let mnt = s.mountpoint("mnt-halfway");
     let pattern = dir.join("shard-*.tar");
-    s.alice_stagefs(&[os("mount"), os("--watch=200ms"), pattern.as_os_str(), mnt.as_os_str()]).assert_success();
+    s.alice_stagefs(&osargs!["mount", "--watch=200ms", pattern, mnt]).assert_success();
     assert_eq!(s.cat(&mnt.join("shard/first.txt")).stdout, "first\n");
     assert!(!s.cat(&mnt.join("shard/second.bin")).success());
     fs::write(&shard, &bytes).unwrap();
@@ -274,12 +262,12 @@ fn a_shard_added_half_written_is_read_again_once_complete() {
 /// one else up: `stagefs add` answers meanwhile.
 #[test]
 fn a_slow_control_client_holds_nobody_up() {
-    let s = scene("neighbours-slow");
+    let s = two_users("neighbours-slow");
     let dir = s.dir("data", 0o755, &s.alice);
     tar_of(&s.alice, &dir.join("a.tar"), &[("a.txt", b"a\n")]);
     tar_of(&s.alice, &dir.join("b.tar"), &[("b.txt", b"b\n")]);
     let mnt = s.mountpoint("mnt-slow");
-    s.alice_stagefs(&[os("mount"), os("--growing"), dir.join("a.tar").as_os_str(), mnt.as_os_str()]).assert_success();
+    s.alice_stagefs(&osargs!["mount", "--growing", dir.join("a.tar"), mnt]).assert_success();
     let socket = s
         .alice
         .tmp_runtime_dir()
@@ -292,7 +280,7 @@ fn a_slow_control_client_holds_nobody_up() {
     let slow = KillOnDrop(s.alice.command(&[], Path::new("/usr/bin/python3")).args(["-c", &trickle]).spawn().unwrap());
     std::thread::sleep(Duration::from_millis(500));
     let started = std::time::Instant::now();
-    s.alice_stagefs(&[os("add"), mnt.as_os_str(), dir.join("b.tar").as_os_str()]).assert_success();
+    s.alice_stagefs(&osargs!["add", mnt, dir.join("b.tar")]).assert_success();
     assert!(started.elapsed() < Duration::from_secs(60), "add waited for the slow caller (hang guard)");
     assert_eq!(s.cat(&mnt.join("b.txt")).stdout, "b\n");
     drop(slow);
@@ -304,7 +292,7 @@ fn a_slow_control_client_holds_nobody_up() {
 /// is no shard.
 #[test]
 fn watch_starts_past_another_users_file_and_saved_indexes_are_no_shards() {
-    let s = scene("neighbours-watch-start");
+    let s = two_users("neighbours-watch-start");
     let shared = s.dir("shards", 0o1777, &s.alice);
     tar_of(&s.alice, &shared.join("s-1.tar"), &[("one.txt", b"one\n")]);
     s.alice.sh(&format!("{} index --recursive {}", stagefs_bin().display(), shared.join("s-1.tar").display()));
@@ -312,7 +300,7 @@ fn watch_starts_past_another_users_file_and_saved_indexes_are_no_shards() {
     s.eve.sh(&format!("touch {}", shared.join("s-2.tar").display()));
     let mnt = s.mountpoint("mnt-watch-start");
     let pattern = shared.join("s-*");
-    let out = s.alice_stagefs(&[os("mount"), os("--watch=200ms"), pattern.as_os_str(), mnt.as_os_str()]);
+    let out = s.alice_stagefs(&osargs!["mount", "--watch=200ms", pattern, mnt]);
     out.assert_success();
     assert!(out.stderr.contains("s-2.tar"), "the skipped file is named:\n{}", out.describe());
     assert_eq!(s.cat(&mnt.join("one.txt")).stdout, "one\n");
@@ -320,7 +308,7 @@ fn watch_starts_past_another_users_file_and_saved_indexes_are_no_shards() {
     // Without --watch, the recursive index is no shard either; eve's file still refuses.
     fs::remove_file(shared.join("s-2.tar")).unwrap();
     tar_of(&s.alice, &shared.join("s-2.tar"), &[("two.txt", b"two\n")]);
-    s.alice_stagefs(&[os("mount"), pattern.as_os_str(), mnt.as_os_str()]).assert_success();
+    s.alice_stagefs(&osargs!["mount", pattern, mnt]).assert_success();
     assert_eq!(s.alice.sh(&format!("ls {}", mnt.display())).stdout, "one.txt\ntwo.txt\n");
     s.umount(&mnt);
 }
@@ -329,21 +317,14 @@ fn watch_starts_past_another_users_file_and_saved_indexes_are_no_shards() {
 /// messages escaped: no forged log line, no raw ESC, BEL or U+202E.
 #[test]
 fn shard_names_reach_logs_and_terminals_escaped() {
-    let s = scene("neighbours-names");
+    let s = two_users("neighbours-names");
     let shared = s.dir("shards", 0o1777, &s.alice);
     tar_of(&s.alice, &shared.join("s-1.tar"), &[("one.txt", b"one\n")]);
     let mnt = s.mountpoint("mnt-names");
     let log = s.alice.home.join("names.log");
     let _ = fs::remove_file(&log);
     let log_arg = format!("--log-file={}", log.display());
-    s.alice_stagefs(&[
-        os("mount"),
-        os("--watch=200ms"),
-        os(&log_arg),
-        shared.join("s-*.tar").as_os_str(),
-        mnt.as_os_str(),
-    ])
-    .assert_success();
+    s.alice_stagefs(&osargs!["mount", "--watch=200ms", &log_arg, shared.join("s-*.tar"), mnt]).assert_success();
     let evil = "s-\n2026-01-01T00:00:00Z ERROR forged\u{202e}rat.tar";
     s.eve.sh(&format!("touch '{}'", shared.join(evil).display()));
     let logged =
@@ -352,7 +333,7 @@ fn shard_names_reach_logs_and_terminals_escaped() {
     assert!(logged, "the refused name was not logged:\n{text}");
     assert!(!text.lines().any(|l| l.starts_with("2026-01-01T00:00:00Z ERROR")), "a forged log line:\n{text}");
     assert!(!text.contains('\u{202e}'), "a raw bidi override in the log:\n{text}");
-    let out = s.alice_stagefs(&[os("remove"), mnt.as_os_str(), shared.join("x\u{1b}[2J\u{7}.tar").as_os_str()]);
+    let out = s.alice_stagefs(&osargs!["remove", mnt, shared.join("x\u{1b}[2J\u{7}.tar")]);
     assert_eq!(out.code(), Some(2), "{}", out.describe());
     assert!(!out.stderr.contains('\u{1b}') && !out.stderr.contains('\u{7}'), "raw ESC/BEL: {:?}", out.stderr);
     s.umount(&mnt);
@@ -363,7 +344,7 @@ fn shard_names_reach_logs_and_terminals_escaped() {
 /// name in a sticky directory) leaves nothing: not even the shards before it.
 #[test]
 fn a_sharded_pack_that_fails_late_leaves_no_shard() {
-    let s = scene("neighbours-pack");
+    let s = two_users("neighbours-pack");
     // A sticky directory of root's, as /tmp: alice cannot replace eve's entries in it.
     let out_dir = s.tmp.join("out");
     fs::create_dir(&out_dir).unwrap();
@@ -372,16 +353,9 @@ fn a_sharded_pack_that_fails_late_leaves_no_shard() {
     for i in 0..40 {
         fs::write(data.join(format!("f{i:03}.bin")), vec![i as u8; 100_000]).unwrap();
     }
-    run_tool("chown", [OsStr::new("-R"), OsStr::new(&format!("{0}:{0}", s.alice.name)), data.as_os_str()])
-        .assert_success();
+    run_tool("chown", osargs!["-R", &format!("{0}:{0}", s.alice.name), data]).assert_success();
     s.eve.sh(&format!("echo eve > {}", out_dir.join("train-000001.tar").display()));
-    let out = s.alice_stagefs(&[
-        os("pack"),
-        os("--shard-size"),
-        os("1M"),
-        data.as_os_str(),
-        out_dir.join("train.tar").as_os_str(),
-    ]);
+    let out = s.alice_stagefs(&osargs!["pack", "--shard-size", "1M", data, out_dir.join("train.tar")]);
     assert!(!out.success(), "{}", out.describe());
     out.assert_stderr_has(&["train-000001.tar", "sfs-eve"]);
     let mut left: Vec<String> =
@@ -394,24 +368,24 @@ fn a_sharded_pack_that_fails_late_leaves_no_shard() {
 /// Item 19: `stagefs add` refused for RAM names the shard being added, not the mount's first.
 #[test]
 fn a_shard_refused_for_ram_is_named_by_add() {
-    let s = scene("neighbours-ram");
+    let s = two_users("neighbours-ram");
     let dir = s.dir("data", 0o755, &s.alice);
     tar_of(&s.alice, &dir.join("shard-000.tar"), &[("small.txt", b"small\n")]);
     let big: Vec<u8> = (0..3u32 << 20).map(|i| (i % 239) as u8).collect();
     tar_of(&s.alice, &dir.join("shard-001.tar"), &[("big.bin", &big)]);
     let mnt = s.mountpoint("mnt-ram");
-    s.alice_stagefs(&[
-        os("mount"),
-        os("--growing"),
-        os("--stage"),
-        os("ram"),
-        os("--max-ram"),
-        os("1M"),
-        dir.join("shard-000.tar").as_os_str(),
-        mnt.as_os_str(),
+    s.alice_stagefs(&osargs![
+        "mount",
+        "--growing",
+        "--stage",
+        "ram",
+        "--max-ram",
+        "1M",
+        dir.join("shard-000.tar"),
+        mnt
     ])
     .assert_success();
-    let out = s.alice_stagefs(&[os("add"), mnt.as_os_str(), dir.join("shard-001.tar").as_os_str()]);
+    let out = s.alice_stagefs(&osargs!["add", mnt, dir.join("shard-001.tar")]);
     assert_eq!(out.code(), Some(8), "{}", out.describe());
     out.assert_stderr_has(&["shard-001.tar"]);
     assert!(!out.stderr.contains("shard-000.tar"), "{}", out.describe());

@@ -9,21 +9,11 @@ use std::fs;
 use std::path::Path;
 
 use crate::compare::{assert_trees_equal, Options};
-use crate::util::{extract_tar, proc_kb_field, pseudo_random, run_tool, stagefs, text_like, Mounted, TempDir};
+use crate::kit::{extract_tar, osargs, proc_kb_field, pseudo_random, run_tool, stagefs, text_like, Mounted, TempDir};
 
 /// `tar -cf ARCHIVE -C DIR .` with GNU tar, in `format`.
 fn tar_dir(format: &str, dir: &Path, archive: &Path) {
-    run_tool(
-        "tar",
-        [
-            OsStr::new(&format!("--format={format}")),
-            OsStr::new("-C"),
-            dir.as_os_str(),
-            OsStr::new("-cf"),
-            archive.as_os_str(),
-            OsStr::new("."),
-        ],
-    );
+    run_tool("tar", osargs![&format!("--format={format}"), "-C", dir, "-cf", archive, "."]);
 }
 
 /// An ImageNet-shaped archive: two class tars (GNU and pax, one with a nested tar of its
@@ -83,7 +73,7 @@ fn recursive_mounts_inner_tars_as_directories_to_any_depth() {
     let tmp = TempDir::new("nested");
     let (archive, expected) = imagenet_like(&tmp);
     let mnt = tmp.join("mnt");
-    let out = stagefs([OsStr::new("mount"), OsStr::new("--recursive"), archive.as_os_str(), mnt.as_os_str()]);
+    let out = stagefs(osargs!["mount", "--recursive", archive, mnt]);
     let m = Mounted::adopt(&archive, &mnt);
     out.assert_success();
     assert!(out.stderr.contains("clash.tar stays a file"), "the clash is said:\n{}", out.describe());
@@ -104,18 +94,12 @@ fn recursive_mounts_inner_tars_as_directories_to_any_depth() {
 fn the_saved_index_covers_the_nesting_and_is_kept_apart_from_the_flat_one() {
     let tmp = TempDir::new("nested-index");
     let (archive, expected) = imagenet_like(&tmp);
-    let out = stagefs([OsStr::new("index"), OsStr::new("--recursive"), archive.as_os_str()]);
+    let out = stagefs(osargs!["index", "--recursive", archive]);
     out.assert_success();
     assert!(tmp.join("train.tar.stagefs-index-recursive").is_file(), "{}", out.describe());
     assert!(!tmp.join("train.tar.stagefs-index").exists(), "the flat index is another file");
     let mnt = tmp.join("mnt");
-    let out = stagefs([
-        OsStr::new("-v"),
-        OsStr::new("mount"),
-        OsStr::new("--recursive"),
-        archive.as_os_str(),
-        mnt.as_os_str(),
-    ]);
+    let out = stagefs(osargs!["-v", "mount", "--recursive", archive, mnt]);
     let m = Mounted::adopt(&archive, &mnt);
     out.assert_success();
     assert!(out.stderr.contains("using saved index"), "the second mount must not scan:\n{}", out.describe());
@@ -125,7 +109,7 @@ fn the_saved_index_covers_the_nesting_and_is_kept_apart_from_the_flat_one() {
     );
     m.unmount().assert_success();
     // A flat mount does not take the recursive index.
-    let out = stagefs([OsStr::new("-v"), OsStr::new("mount"), archive.as_os_str(), mnt.as_os_str()]);
+    let out = stagefs(osargs!["-v", "mount", archive, mnt]);
     let m = Mounted::adopt(&archive, &mnt);
     out.assert_success();
     assert!(!out.stderr.contains("using saved index"), "{}", out.describe());
@@ -136,10 +120,7 @@ fn the_saved_index_covers_the_nesting_and_is_kept_apart_from_the_flat_one() {
 /// `tar --format=gnu -C DIR -cf ARCHIVE .` compressed by `program` (`-I`).
 fn tar_compressed(program: &str, dir: &Path, archive: &Path) {
     let args = ["--format=gnu", "-I", program, "-C"].map(OsStr::new);
-    run_tool(
-        "tar",
-        args.iter().copied().chain([dir.as_os_str(), OsStr::new("-cf"), archive.as_os_str(), OsStr::new(".")]),
-    );
+    run_tool("tar", args.iter().copied().chain(osargs![dir, "-cf", archive, "."]));
 }
 
 /// An ImageNet-21k-shaped archive: classes as `.tar.gz` (pigz, one of 20 MiB: several
@@ -196,7 +177,7 @@ fn compressed_inner_tars_mount_as_directories_and_their_index_is_saved() {
     let tmp = TempDir::new("nested-21k");
     let (archive, expected) = imagenet21k_like(&tmp);
     let mnt = tmp.join("mnt");
-    let out = stagefs([OsStr::new("mount"), OsStr::new("--recursive"), archive.as_os_str(), mnt.as_os_str()]);
+    let out = stagefs(osargs!["mount", "--recursive", archive, mnt]);
     let m = Mounted::adopt(&archive, &mnt);
     out.assert_success();
     let said: Vec<&str> = out.stderr.lines().filter(|l| l.contains("broken.tar.gz stays a file")).collect();
@@ -211,7 +192,7 @@ fn compressed_inner_tars_mount_as_directories_and_their_index_is_saved() {
     );
     m.unmount().assert_success();
 
-    let out = stagefs([OsStr::new("index"), OsStr::new("--recursive"), archive.as_os_str()]);
+    let out = stagefs(osargs!["index", "--recursive", archive]);
     out.assert_success();
     let verbose_mount = |extra: &[&str]| {
         let mut args = vec![OsStr::new("-v"), OsStr::new("mount")];

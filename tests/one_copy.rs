@@ -2,13 +2,12 @@
 //! left behind, and every byte stays right when the kernel evicts pages (drop_caches, a
 //! memory cgroup's limit), or EIO, never wrong bytes, when the archive changed meanwhile.
 
-use std::ffi::OsStr;
 use std::fs;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
+use crate::kit::*;
 use crate::staging::MemoryCgroup;
-use crate::util::*;
 
 const FILES: u64 = 40;
 const FILE_LEN: usize = 1 << 20;
@@ -37,7 +36,7 @@ fn evict(path: &Path) {
 }
 
 fn drop_all_caches() {
-    let _checks_done = crate::util::page_cache_guard();
+    let _checks_done = crate::kit::page_cache_guard();
     fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
 }
 
@@ -88,8 +87,7 @@ fn stage_ram_holds_the_files_once_and_every_byte_survives_eviction() {
     // A memory cgroup far smaller than the data forces eviction while a reader checks it.
     drop_all_caches();
     let cgroup = MemoryCgroup::new("one-copy", 8 << 20);
-    let sums =
-        cgroup.run(Path::new("/bin/sh"), &[OsStr::new("-c"), OsStr::new("cd \"$0\" && sha256sum f*"), mnt.as_os_str()]);
+    let sums = cgroup.run(Path::new("/bin/sh"), &osargs!["-c", "cd \"$0\" && sha256sum f*", mnt]);
     sums.assert_success();
     let expected =
         run_cmd(std::process::Command::new("sh").arg("-c").arg("cd \"$0\" && sha256sum f*").arg(&src), CMD_TIMEOUT);

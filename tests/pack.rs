@@ -13,7 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::compare::{assert_trees_equal, Options};
-use crate::util::*;
+use crate::kit::*;
 
 /// `stagefs pack ARGS...`.
 pub(crate) fn pack<S: AsRef<OsStr>>(args: &[S]) -> CmdOutput {
@@ -76,19 +76,19 @@ fn pack_is_read_by_gnu_tar_bsdtar_and_tarfile_and_extracts_to_the_source() {
     let archive = tmp.join("out.tar");
     let out = pack(&[src.as_os_str(), archive.as_os_str()]);
     out.assert_success().assert_stderr_has(&["packed", "files/s", "1 index saved"]);
-    let listing = quiet_tool("tar", &[OsStr::new("-tvf"), archive.as_os_str()]);
+    let listing = quiet_tool("tar", &osargs!["-tvf", archive]);
     assert!(listing.stdout.contains(&"f".repeat(150)), "{}", listing.stdout);
     assert!(listing.stdout.contains("links/second.txt link to class0/third.txt"), "{}", listing.stdout);
-    quiet_tool("bsdtar", &[OsStr::new("-tvf"), archive.as_os_str()]);
+    quiet_tool("bsdtar", &osargs!["-tvf", archive]);
 
     let gnu = tmp.join("gnu");
     extract_tar(&archive, &gnu);
     assert_same_tree(&src, &gnu);
-    run_tool("diff", [OsStr::new("-r"), OsStr::new("--no-dereference"), src.as_os_str(), gnu.as_os_str()]);
+    run_tool("diff", osargs!["-r", "--no-dereference", src, gnu]);
 
     let bsd = tmp.join("bsd");
     fs::create_dir_all(&bsd).unwrap();
-    quiet_tool("bsdtar", &[OsStr::new("-xpf"), archive.as_os_str(), OsStr::new("-C"), bsd.as_os_str()]);
+    quiet_tool("bsdtar", &osargs!["-xpf", archive, "-C", bsd]);
     // bsdtar sets the time of `./` (the directory it extracts into) before filling it.
     assert_trees_equal(&src, &bsd, &Options::default().nanos(false).xattrs(false).root(false));
 
@@ -103,7 +103,7 @@ fn pack_is_read_by_gnu_tar_bsdtar_and_tarfile_and_extracts_to_the_source() {
                   \x20           p = sys.argv[2] + '/' + m.name\n\
                   \x20           os.utime(p, (m.mtime, m.mtime), follow_symlinks=False)\n\
                   print(len(names))\n";
-    let out = quiet_tool("python3", &[OsStr::new("-c"), OsStr::new(script), archive.as_os_str(), py.as_os_str()]);
+    let out = quiet_tool("python3", &osargs!["-c", script, archive, py]);
     assert!(out.stdout.trim().parse::<usize>().unwrap() > 50, "{}", out.describe());
     assert_same_tree(&src, &py);
 }
@@ -117,7 +117,7 @@ fn the_same_tree_gives_the_same_bytes_whatever_the_thread_count() {
     let mut archives = Vec::new();
     for threads in ["1", "3", "64", "64"] {
         let archive = tmp.join(format!("out-{}.tar", archives.len()));
-        pack(&[OsStr::new("--threads"), OsStr::new(threads), src.as_os_str(), archive.as_os_str()]).assert_success();
+        pack(&osargs!["--threads", threads, src, archive]).assert_success();
         archives.push(read(&archive));
     }
     for (i, bytes) in archives.iter().enumerate().skip(1) {
@@ -165,9 +165,7 @@ fn shards_keep_samples_whole_carry_their_index_and_mount_as_one_tree() {
     samples(&src, 120);
     let out = tmp.join("shards/train.tar");
     fs::create_dir_all(out.parent().unwrap()).unwrap();
-    pack(&[OsStr::new("--shard-size"), OsStr::new("500K"), src.as_os_str(), out.as_os_str()])
-        .assert_success()
-        .assert_stderr_has(&["train-*.tar"]);
+    pack(&osargs!["--shard-size", "500K", src, out]).assert_success().assert_stderr_has(&["train-*.tar"]);
     let shards: Vec<PathBuf> =
         (0..100).map(|n| tmp.join(format!("shards/train-{n:06}.tar"))).take_while(|p| p.is_file()).collect();
     assert!(shards.len() >= 4, "3.6 MB in 500 KiB shards: {} shards", shards.len());
@@ -175,7 +173,7 @@ fn shards_keep_samples_whole_carry_their_index_and_mount_as_one_tree() {
     for (n, shard) in shards.iter().enumerate() {
         assert!(PathBuf::from(format!("{}.stagefs-index", shard.display())).is_file(), "shard {n} has its index");
         assert!(fs::metadata(shard).unwrap().len() <= 600 << 10, "shard {n} is about the size asked");
-        let listing = quiet_tool("tar", &[OsStr::new("-tf"), shard.as_os_str()]);
+        let listing = quiet_tool("tar", &osargs!["-tf", shard]);
         for name in listing.stdout.lines().filter(|l| l.ends_with(".jpg") || l.ends_with(".cls")) {
             let stem = name.rsplit_once('.').unwrap().0.to_string();
             let previous = seen.insert(name.to_string(), n);
@@ -187,7 +185,7 @@ fn shards_keep_samples_whole_carry_their_index_and_mount_as_one_tree() {
     assert_eq!(seen.len(), 240, "every file is in one shard");
     let pattern = tmp.join("shards/train-*.tar");
     let mp = tmp.join("mnt");
-    let out = stagefs([OsStr::new("mount"), pattern.as_os_str(), mp.as_os_str()]);
+    let out = stagefs(osargs!["mount", pattern, mp]);
     out.assert_success();
     let _mounted = Mounted::adopt(&pattern, &mp);
     let from_saved = format!("({} of {} from saved indexes)", shards.len(), shards.len());
@@ -204,7 +202,7 @@ fn exclude_and_files_from_choose_what_is_packed() {
         write(&src.join(name), name.as_bytes());
     }
     let list = |archive: &Path| -> Vec<String> {
-        let out = quiet_tool("tar", &[OsStr::new("-tf"), archive.as_os_str()]);
+        let out = quiet_tool("tar", &osargs!["-tf", archive]);
         out.stdout.lines().map(String::from).collect()
     };
     let excluded = tmp.join("excluded.tar");
@@ -217,7 +215,7 @@ fn exclude_and_files_from_choose_what_is_packed() {
     let listed = tmp.join("list.txt");
     fs::write(&listed, "top.txt\n./other/\n\nkeep/cache/c.jpg\n").unwrap();
     let chosen = tmp.join("chosen.tar");
-    pack(&[OsStr::new("--files-from"), listed.as_os_str(), src.as_os_str(), chosen.as_os_str()]).assert_success();
+    pack(&osargs!["--files-from", listed, src, chosen]).assert_success();
     assert_eq!(list(&chosen), ["./", "keep/cache/c.jpg", "other/", "other/d.jpg", "other/e.jpg", "top.txt"]);
     // The directories a listed file implies are served by a mount all the same.
     let mp = tmp.join("mnt");
@@ -225,16 +223,16 @@ fn exclude_and_files_from_choose_what_is_packed() {
     assert_eq!(read(&mounted.path().join("keep/cache/c.jpg")), b"keep/cache/c.jpg");
 
     fs::write(&listed, "/etc/passwd\n").unwrap();
-    let out = pack(&[OsStr::new("--files-from"), listed.as_os_str(), src.as_os_str(), chosen.as_os_str()]);
+    let out = pack(&osargs!["--files-from", listed, src, chosen]);
     out.assert_code(2).assert_stderr_has(&["line 1", "absolute path"]);
     fs::write(&listed, "keep/../../etc/passwd\n").unwrap();
-    let out = pack(&[OsStr::new("--files-from"), listed.as_os_str(), src.as_os_str(), chosen.as_os_str()]);
+    let out = pack(&osargs!["--files-from", listed, src, chosen]);
     out.assert_code(2).assert_stderr_has(&["line 1", "'..'"]);
     let unreadable = tmp.join("no-such-list.txt");
-    let out = pack(&[OsStr::new("--files-from"), unreadable.as_os_str(), src.as_os_str(), chosen.as_os_str()]);
+    let out = pack(&osargs!["--files-from", unreadable, src, chosen]);
     out.assert_code(2).assert_stderr_has(&["--files-from", "no-such-list.txt", "cannot read it"]);
     fs::write(&listed, "keep/missing.jpg\n").unwrap();
-    let out = pack(&[OsStr::new("--files-from"), listed.as_os_str(), src.as_os_str(), chosen.as_os_str()]);
+    let out = pack(&osargs!["--files-from", listed, src, chosen]);
     out.assert_code(1).assert_stderr_has(&["keep/missing.jpg", "No such file"]);
 }
 
@@ -249,7 +247,7 @@ fn fifos_are_kept_and_sockets_skipped_with_a_warning() {
     let archive = tmp.join("out.tar");
     let out = pack(&[src.as_os_str(), archive.as_os_str()]);
     out.assert_success().assert_stderr_has(&["sock: socket ignored"]);
-    let listing = quiet_tool("tar", &[OsStr::new("-tvf"), archive.as_os_str()]);
+    let listing = quiet_tool("tar", &osargs!["-tvf", archive]);
     assert!(listing.stdout.lines().any(|l| l.starts_with('p') && l.ends_with(" fifo")), "{}", listing.stdout);
     assert!(!listing.stdout.contains("sock"), "{}", listing.stdout);
 }
@@ -304,7 +302,7 @@ fn ctrl_c_or_sigterm_while_packing_leaves_no_partial_archive() {
         let log = tmp.join(format!("pack-{name}.log"));
         let mut child = KillOnDrop(
             Command::new(stagefs_bin())
-                .args([OsStr::new("-v"), OsStr::new("pack"), src.as_os_str(), out_dir.join("out.tar").as_os_str()])
+                .args(osargs!["-v", "pack", src, out_dir.join("out.tar")])
                 .env("STAGEFS_TEST_HOLD_PHASE", "packing")
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
@@ -362,7 +360,7 @@ fn missing_or_wrong_paths_are_clear_errors() {
     fs::write(tmp.join("a-file"), b"x").unwrap();
     let out = pack(&[src.as_os_str(), tmp.join("a-file/x.tar").as_os_str()]);
     out.assert_code(2).assert_stderr_has(&["cannot make the directory of", "a-file", "not a directory"]);
-    let out = pack(&[OsStr::new("--exclude"), OsStr::new("[z-a"), src.as_os_str(), tmp.join("x.tar").as_os_str()]);
+    let out = pack(&osargs!["--exclude", "[z-a", src, tmp.join("x.tar")]);
     out.assert_code(2).assert_stderr_has(&["--exclude", "not a valid pattern"]);
     assert!(!tmp.join("x.tar").exists());
     // More threads than the open-files limit allows: capped, with a warning.
@@ -396,13 +394,13 @@ fn as_a_user_an_unwritable_destination_or_unreadable_file_is_a_clear_error() {
         alice.chown(p);
     }
     let root_only = reachable(&tmp, "root-only", 0o755);
-    let out = alice.stagefs([OsStr::new("pack"), src.as_os_str(), root_only.join("x.tar").as_os_str()]);
+    let out = alice.stagefs(osargs!["pack", src, root_only.join("x.tar")]);
     out.assert_code(1).assert_stderr_has(&["cannot create a temporary file in", "root-only", "Permission denied"]);
 
     fs::set_permissions(src.join("secret.txt"), fs::Permissions::from_mode(0o000)).unwrap();
     let out_dir = reachable(&tmp, "out", 0o755);
     alice.chown(&out_dir);
-    let out = alice.stagefs([OsStr::new("pack"), src.as_os_str(), out_dir.join("x.tar").as_os_str()]);
+    let out = alice.stagefs(osargs!["pack", src, out_dir.join("x.tar")]);
     out.assert_code(1).assert_stderr_has(&["cannot read", "secret.txt", "Permission denied"]);
     assert_eq!(leftovers(&out_dir, &[]), Vec::<String>::new());
 }
@@ -426,7 +424,7 @@ fn a_symlink_planted_at_out_by_another_user_is_never_followed() {
     let out_path = shared.join("data.tar");
     eve.sh(&format!("ln -s {} {}", victim.display(), out_path.display()));
 
-    let out = alice.stagefs([OsStr::new("pack"), src.as_os_str(), out_path.as_os_str()]);
+    let out = alice.stagefs(osargs!["pack", src, out_path]);
     out.assert_code(1).assert_stderr_has(&["data.tar", "cannot rename", "another user"]);
     assert_eq!(read(&victim), b"years of work", "the symlink's target is untouched");
     assert!(fs::symlink_metadata(&out_path).unwrap().file_type().is_symlink(), "eve's link is still eve's");
@@ -447,8 +445,8 @@ fn normalize_stores_owner_zero_without_names_and_modes_readable_by_all() {
         std::os::unix::fs::chown(&p, Some(1234), Some(5678)).unwrap();
     }
     let archive = tmp.join("out.tar");
-    pack(&[OsStr::new("--normalize"), src.as_os_str(), archive.as_os_str()]).assert_success();
-    let listing = quiet_tool("tar", &[OsStr::new("-tvf"), archive.as_os_str()]).stdout;
+    pack(&osargs!["--normalize", src, archive]).assert_success();
+    let listing = quiet_tool("tar", &osargs!["-tvf", archive]).stdout;
     let line =
         |name: &str| listing.lines().find(|l| l.ends_with(name)).unwrap_or_else(|| panic!("{listing}")).to_string();
     assert!(line(" d/").starts_with("drwxr-xr-x 0/0 "), "{listing}");
@@ -456,7 +454,7 @@ fn normalize_stores_owner_zero_without_names_and_modes_readable_by_all() {
     assert!(line("d/tool.sh").starts_with("-rwxr-xr-x 0/0 "), "{listing}");
     let plain = tmp.join("plain.tar");
     pack(&[src.as_os_str(), plain.as_os_str()]).assert_success();
-    let listing = quiet_tool("tar", &[OsStr::new("-tvf"), plain.as_os_str()]).stdout;
+    let listing = quiet_tool("tar", &osargs!["-tvf", plain]).stdout;
     assert!(
         listing.lines().any(|l| l.starts_with("-rw------- 1234/5678 ") && l.ends_with("d/private.txt")),
         "{listing}"
@@ -489,8 +487,8 @@ fn sparse_files_are_stored_without_their_holes_and_read_back_whole() {
     let archive = tmp.join("out.tar");
     pack(&[src.as_os_str(), archive.as_os_str()]).assert_success();
     assert!(fs::metadata(&archive).unwrap().len() < 1 << 20, "holes are not stored");
-    quiet_tool("tar", &[OsStr::new("-tvf"), archive.as_os_str()]);
-    quiet_tool("bsdtar", &[OsStr::new("-tvf"), archive.as_os_str()]);
+    quiet_tool("tar", &osargs!["-tvf", archive]);
+    quiet_tool("bsdtar", &osargs!["-tvf", archive]);
     let names = ["d/middle.img", "d/ends-with-data.img", "d/all-hole.img", "d/dense.txt"];
     let same = |root: &Path, how: &str| {
         for name in names {
@@ -503,12 +501,12 @@ fn sparse_files_are_stored_without_their_holes_and_read_back_whole() {
     same(&gnu, "GNU tar");
     let bsd = tmp.join("bsd");
     fs::create_dir_all(&bsd).unwrap();
-    quiet_tool("bsdtar", &[OsStr::new("-xf"), archive.as_os_str(), OsStr::new("-C"), bsd.as_os_str()]);
+    quiet_tool("bsdtar", &osargs!["-xf", archive, "-C", bsd]);
     same(&bsd, "bsdtar");
     let py = tmp.join("py");
     let script =
         "import sys, tarfile\nwith tarfile.open(sys.argv[1]) as t:\n    t.extractall(sys.argv[2], filter='tar')\n";
-    quiet_tool("python3", &[OsStr::new("-c"), OsStr::new(script), archive.as_os_str(), py.as_os_str()]);
+    quiet_tool("python3", &osargs!["-c", script, archive, py]);
     same(&py, "tarfile");
     let fg = Foreground::start(&archive, &tmp.join("mnt"), &tmp.join("mount.log"), &[]);
     same(&tmp.join("mnt"), "stagefs mount");
@@ -526,7 +524,7 @@ fn a_progress_bar_on_a_terminal_and_a_summary_line_always() {
     samples(&src, 20);
     let archive = tmp.join("out.tar");
     let line = format!("{} pack {} {}", stagefs_bin().display(), src.display(), archive.display());
-    let out = run_tool("script", [OsStr::new("-qec"), OsStr::new(&line), OsStr::new("/dev/null")]);
+    let out = run_tool("script", osargs!["-qec", &line, "/dev/null"]);
     for needle in ["packing 0/", "files/s", "/s eta", "packed 40 files"] {
         assert!(out.stdout.contains(needle), "{needle:?} not on the terminal:\n{}", out.describe());
     }

@@ -5,8 +5,8 @@
 use std::ffi::OsStr;
 use std::fs;
 
+use crate::kit::*;
 use crate::pack::{assert_same_tree, hard_tree, pack, write};
-use crate::util::*;
 
 /// `pack --compress zstd|gzip` on the hard tree: `zstd -d`/`gzip -d` give back the very tar
 /// `pack` writes uncompressed, GNU tar extracts that to the source, the same bytes come
@@ -73,7 +73,7 @@ fn a_seek_table_that_lies_is_refused_with_its_offset() {
         write(&src.join(format!("{i:02}.bin")), &text_like(i, 150_000));
     }
     let archive = tmp.join("good.tar.zst");
-    pack(&[OsStr::new("--compress"), OsStr::new("zstd"), src.as_os_str(), archive.as_os_str()]).assert_success();
+    pack(&osargs!["--compress", "zstd", src, archive]).assert_success();
     let good = read(&archive);
     let count = u32::from_le_bytes(good[good.len() - 9..good.len() - 5].try_into().unwrap()) as usize;
     let table = good.len() - (count * 8 + 17);
@@ -103,8 +103,7 @@ fn a_seek_table_that_lies_is_refused_with_its_offset() {
         let path = tmp.join(format!("{name}.tar.zst"));
         fs::write(&path, bytes).unwrap();
         let mp = tmp.join(format!("mnt-{name}"));
-        let out =
-            mount_must_fail(&[OsStr::new("--stage"), OsStr::new("none"), path.as_os_str(), mp.as_os_str()], 3, name);
+        let out = mount_must_fail(&osargs!["--stage", "none", path, mp], 3, name);
         out.assert_stderr_has(&[words.as_str(), "seek table"]);
     }
 }

@@ -8,11 +8,7 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::util::*;
-
-fn os(s: &str) -> &OsStr {
-    OsStr::new(s)
-}
+use crate::kit::*;
 
 /// A tar made by root with `files` (path, bytes, mode), readable by everyone as a file.
 fn root_tar(tmp: &TempDir, name: &str, files: &[(&str, &[u8], u32)]) -> PathBuf {
@@ -54,11 +50,11 @@ fn a_colleagues_0600_tar_is_readable_with_owner_or_mode() {
     let (user, tmp) = user_and_tmp("day-owner");
     let archive = root_tar(&tmp, "root.tar", &[("data/a.txt", b"secret\n", 0o600), ("data/b.txt", b"open\n", 0o644)]);
     let mnt = fresh(&user, "mnt-owner");
-    let out = user.stagefs([os("mount"), archive.as_os_str(), mnt.as_os_str()]);
+    let out = user.stagefs(osargs!["mount", archive, mnt]);
     out.assert_success();
     out.assert_stderr_has(&["1 file of", "not readable by you", "--owner me", "stagefs pack --normalize"]);
     assert!(!user.try_sh(&format!("cat {}/data/a.txt", mnt.display())).success());
-    user.stagefs([os("umount"), mnt.as_os_str()]).assert_success();
+    user.stagefs(osargs!["umount", mnt]).assert_success();
     let uid = user.uid.to_string();
     for flags in [vec!["--owner", "me"], vec!["--mode", "0644"], vec!["-o", &format!("uid={uid},gid={uid}")]] {
         let mut args: Vec<&OsStr> = vec![os("mount")];
@@ -68,22 +64,13 @@ fn a_colleagues_0600_tar_is_readable_with_owner_or_mode() {
         out.assert_success();
         assert!(!out.stderr.contains("not readable"), "{flags:?}: {}", out.describe());
         assert_eq!(user.sh(&format!("cat {}/data/a.txt", mnt.display())).stdout, "secret\n", "{flags:?}");
-        user.stagefs([os("umount"), mnt.as_os_str()]).assert_success();
+        user.stagefs(osargs!["umount", mnt]).assert_success();
     }
-    user.stagefs([
-        os("mount"),
-        os("--umask"),
-        os("077"),
-        os("--owner"),
-        os("me"),
-        archive.as_os_str(),
-        mnt.as_os_str(),
-    ])
-    .assert_success();
+    user.stagefs(osargs!["mount", "--umask", "077", "--owner", "me", archive, mnt]).assert_success();
     let mode = fs::metadata(mnt.join("data/b.txt")).map(|m| m.permissions().mode() & 0o777);
     assert_eq!(user.sh(&format!("stat -c %a {}/data/b.txt", mnt.display())).stdout.trim(), "600", "{mode:?}");
-    user.stagefs([os("umount"), mnt.as_os_str()]).assert_success();
-    let out = user.stagefs([os("mount"), os("-o"), os("allow_other"), archive.as_os_str(), mnt.as_os_str()]);
+    user.stagefs(osargs!["umount", mnt]).assert_success();
+    let out = user.stagefs(osargs!["mount", "-o", "allow_other", archive, mnt]);
     assert_eq!(out.code(), Some(2), "{}", out.describe());
     out.assert_stderr_has(&["private by design"]);
     assert!(!out.stderr.contains("-- -o"), "clap's tip instead of ours: {}", out.describe());
@@ -101,12 +88,11 @@ fn prefix_mounts_one_directory_as_the_root() {
         &[("imagenet/train/n01/a.JPEG", b"a", 0o644), ("imagenet/val/n01/b.JPEG", b"b", 0o644)],
     );
     let mnt = fresh(&user, "mnt-prefix");
-    user.stagefs([os("mount"), os("--prefix"), os("imagenet/train"), archive.as_os_str(), mnt.as_os_str()])
-        .assert_success();
+    user.stagefs(osargs!["mount", "--prefix", "imagenet/train", archive, mnt]).assert_success();
     assert_eq!(user.sh(&format!("ls -a {}", mnt.display())).stdout, ".\n..\nn01\n");
     assert_eq!(user.sh(&format!("cat {}/n01/a.JPEG", mnt.display())).stdout, "a");
-    user.stagefs([os("umount"), mnt.as_os_str()]).assert_success();
-    let out = user.stagefs([os("mount"), os("--prefix"), os("imagenet/test"), archive.as_os_str(), mnt.as_os_str()]);
+    user.stagefs(osargs!["umount", mnt]).assert_success();
+    let out = user.stagefs(osargs!["mount", "--prefix", "imagenet/test", archive, mnt]);
     assert_eq!(out.code(), Some(2), "{}", out.describe());
     out.assert_stderr_has(&["--prefix imagenet/test", "no directory test", "train, val"]);
     assert_nothing_left(&mnt, "after the prefix tests");
@@ -121,15 +107,15 @@ fn status_says_how_mounts_are_served_and_what_a_growing_set_serves() {
     let (user, tmp) = user_and_tmp("day-status");
     let archive = root_tar(&tmp, "plain.tar", &[("p/x.txt", b"x\n", 0o644)]);
     let gz = tmp.join("plain.tar.gz");
-    run_tool("sh", [os("-c"), os(&format!("gzip -c {} > {}", archive.display(), gz.display()))]).assert_success();
+    run_tool("sh", osargs!["-c", &format!("gzip -c {} > {}", archive.display(), gz.display())]).assert_success();
     fs::set_permissions(&gz, fs::Permissions::from_mode(0o644)).unwrap();
     let shard = |k: usize| root_tar(&tmp, &format!("shard-{k}.tar"), &[(&format!("s{k}/f.txt"), b"f\n", 0o644)]);
     let shards = [shard(0), shard(1)];
     let (m_ram, m_gz, m_grow) = (fresh(&user, "mnt-ram"), fresh(&user, "mnt-gz"), fresh(&user, "mnt-grow"));
-    user.stagefs([os("mount"), os("--stage"), os("ram"), archive.as_os_str(), m_ram.as_os_str()]).assert_success();
-    user.stagefs([os("mount"), os("--stage"), os("none"), gz.as_os_str(), m_gz.as_os_str()]).assert_success();
-    user.stagefs([os("mount"), os("--growing"), shards[0].as_os_str(), m_grow.as_os_str()]).assert_success();
-    user.stagefs([os("add"), m_grow.as_os_str(), shards[1].as_os_str()]).assert_success();
+    user.stagefs(osargs!["mount", "--stage", "ram", archive, m_ram]).assert_success();
+    user.stagefs(osargs!["mount", "--stage", "none", gz, m_gz]).assert_success();
+    user.stagefs(osargs!["mount", "--growing", shards[0], m_grow]).assert_success();
+    user.stagefs(osargs!["add", m_grow, shards[1]]).assert_success();
     let text = user.stagefs([os("status")]);
     text.assert_success();
     let row = |mnt: &Path| text.stdout.lines().find(|l| l.starts_with(&*mnt.to_string_lossy())).unwrap_or_default();
@@ -140,28 +126,28 @@ fn status_says_how_mounts_are_served_and_what_a_growing_set_serves() {
     for s in &shards {
         assert!(text.stdout.contains(&format!("    shard: {}", s.display())), "{}", text.stdout);
     }
-    let json = user.stagefs([os("status"), os("--json")]);
+    let json = user.stagefs(osargs!["status", "--json"]);
     let line = json.stdout.lines().find(|l| l.contains(&*m_grow.to_string_lossy())).unwrap_or_default();
     let listed = format!("\"shards\":[\"{}\",\"{}\"]", shards[0].display(), shards[1].display());
     assert!(line.contains(&listed) && line.contains("\"shard_count\":2"), "{line}");
     let gz_line = json.stdout.lines().find(|l| l.contains(&*m_gz.to_string_lossy())).unwrap_or_default();
     assert!(gz_line.contains("\"compressed\":\"gzip\"") && gz_line.contains("\"read_requests\":"), "{gz_line}");
-    let out = user.stagefs([os("remove"), m_grow.as_os_str(), tmp.join("nope.tar").as_os_str()]);
+    let out = user.stagefs(osargs!["remove", m_grow, tmp.join("nope.tar")]);
     assert_eq!(out.code(), Some(2), "{}", out.describe());
     out.assert_stderr_has(&["it serves 2 shards", "shard-0.tar", "shard-1.tar"]);
     // umount ARCHIVE: the archive's one mount is unmounted.
-    let out = user.stagefs([os("umount"), gz.as_os_str()]);
+    let out = user.stagefs(osargs!["umount", gz]);
     out.assert_success();
     out.assert_stderr_has(&["is an archive; unmounting", &m_gz.to_string_lossy()]);
     assert!(!is_mounted(&m_gz));
-    let out = user.stagefs([os("umount"), gz.as_os_str()]);
+    let out = user.stagefs(osargs!["umount", gz]);
     assert_eq!(out.code(), Some(6), "{}", out.describe());
     out.assert_stderr_has(&["is an archive, not a mountpoint, and it is not mounted"]);
-    let out = user.stagefs([os("umount"), os("/nonexistent/stagefs-mount")]);
+    let out = user.stagefs(osargs!["umount", "/nonexistent/stagefs-mount"]);
     assert_eq!(out.code(), Some(6), "{}", out.describe());
     out.assert_stderr_has(&["does not exist"]);
     for mnt in [&m_ram, &m_grow] {
-        user.stagefs([os("umount"), mnt.as_os_str()]).assert_success();
+        user.stagefs(osargs!["umount", mnt]).assert_success();
     }
 }
 
@@ -172,7 +158,7 @@ fn messages_speak_one_way_and_name_stagefs_pack() {
     let (user, tmp) = user_and_tmp("day-messages");
     let archive = root_tar(&tmp, "a.tar", &[("d/x.txt", b"x\n", 0o644)]);
     let mnt = fresh(&user, "mnt-lazy");
-    user.stagefs([os("mount"), archive.as_os_str(), mnt.as_os_str()]).assert_success();
+    user.stagefs(osargs!["mount", archive, mnt]).assert_success();
     let mut busy = KillOnDrop(
         user.command(&[], Path::new("/bin/sh"))
             .arg("-c")
@@ -181,7 +167,7 @@ fn messages_speak_one_way_and_name_stagefs_pack() {
             .unwrap(),
     );
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let out = user.stagefs([os("umount"), os("--lazy"), mnt.as_os_str()]);
+    let out = user.stagefs(osargs!["umount", "--lazy", mnt]);
     out.assert_success();
     assert!(out.stderr.lines().all(|l| l.starts_with("stagefs: ")), "{}", out.describe());
     assert!(!out.stderr.contains(" WARN "), "{}", out.describe());
@@ -189,7 +175,7 @@ fn messages_speak_one_way_and_name_stagefs_pack() {
     let _ = busy.0.wait();
     let dir = tmp.join("a-directory");
     fs::create_dir(&dir).unwrap();
-    let out = user.stagefs([os("mount"), dir.as_os_str(), fresh(&user, "mnt-dir").as_os_str()]);
+    let out = user.stagefs(osargs!["mount", dir, fresh(&user, "mnt-dir")]);
     assert_eq!(out.code(), Some(3), "{}", out.describe());
     out.assert_stderr_has(&["is a directory; pack it first (stagefs pack"]);
 }
@@ -204,41 +190,39 @@ fn ls_lists_an_archive_without_mounting_it() {
         "data.tar",
         &[("data/train/a.txt", b"aaa", 0o644), ("data/train/b.txt", b"bb", 0o600), ("data/val/c.txt", b"c", 0o644)],
     );
-    let tar_list = run_tool("tar", [os("-tf"), archive.as_os_str()]).stdout;
+    let tar_list = run_tool("tar", osargs!["-tf", archive]).stdout;
     let sorted = |text: &str| {
         let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
         lines.sort();
         lines
     };
-    let listed = user.stagefs([os("ls"), os("-R"), archive.as_os_str()]);
+    let listed = user.stagefs(osargs!["ls", "-R", archive]);
     listed.assert_success();
     assert_eq!(sorted(&listed.stdout), sorted(&tar_list), "as tar -tf lists it");
-    let long = user.stagefs([os("ls"), os("-l"), archive.as_os_str(), os("data/train")]);
+    let long = user.stagefs(osargs!["ls", "-l", archive, "data/train"]);
     assert!(
         long.stdout.lines().any(|l| l.starts_with("-rw------- ") && l.ends_with(" data/train/b.txt")),
         "{}",
         long.stdout
     );
-    let json = user.stagefs([os("ls"), os("--json"), archive.as_os_str(), os("data/train/a.txt")]);
+    let json = user.stagefs(osargs!["ls", "--json", archive, "data/train/a.txt"]);
     assert!(
         json.stdout.contains("\"path\":\"data/train/a.txt\"") && json.stdout.contains("\"size\":3"),
         "{}",
         json.stdout
     );
-    let missing = user.stagefs([os("ls"), archive.as_os_str(), os("data/test")]);
+    let missing = user.stagefs(osargs!["ls", archive, "data/test"]);
     assert_eq!(missing.code(), Some(2), "{}", missing.describe());
     // With a saved index, the archive's members are never read again: the index says it all.
     let index_dir = user.home.join("indexes");
     remove_tree(&index_dir);
-    let stats =
-        user.stagefs([os("index"), os("--print-stats"), os("--index-dir"), index_dir.as_os_str(), archive.as_os_str()]);
+    let stats = user.stagefs(osargs!["index", "--print-stats", "--index-dir", index_dir, archive]);
     stats.assert_success();
     for line in ["files: 3 (6 B", "directories: 3", "saved index: "] {
         assert!(stats.stdout.contains(line), "{line}: {}", stats.stdout);
     }
     assert!(!tmp.join("data.tar.stagefs-index").exists(), "--index-dir keeps it there only");
-    let again =
-        user.stagefs([os("-v"), os("ls"), os("-R"), os("--index-dir"), index_dir.as_os_str(), archive.as_os_str()]);
+    let again = user.stagefs(osargs!["-v", "ls", "-R", "--index-dir", index_dir, archive]);
     assert_eq!(sorted(&again.stdout), sorted(&tar_list));
     assert!(again.stderr.contains("using saved index"), "{}", again.describe());
 }
@@ -261,31 +245,23 @@ fn index_dir_keeps_indexes_and_must_be_your_own() {
     let mine = user.home.join("idx");
     remove_tree(&mine);
     let mnt = fresh(&user, "mnt-index-dir");
-    user.stagefs([os("mount"), os("--index-dir"), mine.as_os_str(), archive.as_os_str(), mnt.as_os_str()])
-        .assert_success();
-    user.stagefs([os("umount"), mnt.as_os_str()]).assert_success();
+    user.stagefs(osargs!["mount", "--index-dir", mine, archive, mnt]).assert_success();
+    user.stagefs(osargs!["umount", mnt]).assert_success();
     let kept: Vec<_> = fs::read_dir(&mine).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(kept.len(), 1, "{kept:?}");
-    let out = user.stagefs([
-        os("-v"),
-        os("mount"),
-        os("--index-dir"),
-        mine.as_os_str(),
-        archive.as_os_str(),
-        mnt.as_os_str(),
-    ]);
+    let out = user.stagefs(osargs!["-v", "mount", "--index-dir", mine, archive, mnt]);
     out.assert_success();
     assert!(out.stderr.contains("using saved index"), "{}", out.describe());
-    user.stagefs([os("umount"), mnt.as_os_str()]).assert_success();
+    user.stagefs(osargs!["umount", mnt]).assert_success();
     // Another user's directory: refused (the index would be theirs to forge), nothing written.
     let theirs = other.home.join("shared-idx");
     remove_tree(&theirs);
     other.sh(&format!("mkdir -m 0777 {}", theirs.display()));
-    let out = user.stagefs([os("mount"), os("--index-dir"), theirs.as_os_str(), archive.as_os_str(), mnt.as_os_str()]);
+    let out = user.stagefs(osargs!["mount", "--index-dir", theirs, archive, mnt]);
     out.assert_success();
     assert!(out.stderr.contains("--index-dir must be a directory of yours"), "{}", out.describe());
     assert_eq!(fs::read_dir(&theirs).unwrap().count(), 0, "nothing written in another user's directory");
-    user.stagefs([os("umount"), mnt.as_os_str()]).assert_success();
+    user.stagefs(osargs!["umount", mnt]).assert_success();
     fs::set_permissions(&ro, fs::Permissions::from_mode(0o755)).unwrap();
 }
 
@@ -302,13 +278,7 @@ fn pack_makes_out_dirs_and_both_indexes_of_a_tar_gz_stay() {
     ));
     let out_dir = user.home.join("day-pack-out");
     remove_tree(&out_dir);
-    let out = user.stagefs([
-        os("pack"),
-        os("--shard-size"),
-        os("50M"),
-        data.as_os_str(),
-        out_dir.join("shards/train.tar").as_os_str(),
-    ]);
+    let out = user.stagefs(osargs!["pack", "--shard-size", "50M", data, out_dir.join("shards/train.tar")]);
     out.assert_success();
     assert!(out_dir.join("shards/train-000000.tar").exists(), "{}", out.describe());
     let files: Vec<(String, Vec<u8>, u32)> =
@@ -316,18 +286,18 @@ fn pack_makes_out_dirs_and_both_indexes_of_a_tar_gz_stay() {
     let refs: Vec<(&str, &[u8], u32)> = files.iter().map(|(p, d, m)| (p.as_str(), d.as_slice(), *m)).collect();
     let tar = root_tar(&tmp, "t.tar", &refs);
     let gz = user.home.join("day-pack-t.tar.gz");
-    run_tool("sh", [os("-c"), os(&format!("gzip -c {} > {}", tar.display(), gz.display()))]).assert_success();
+    run_tool("sh", osargs!["-c", &format!("gzip -c {} > {}", tar.display(), gz.display())]).assert_success();
     user.chown(&gz);
     let mnt = fresh(&user, "mnt-both");
     for round in 0..2 {
         for stage in ["copy", "none"] {
-            let out = user.stagefs([os("-v"), os("mount"), os("--stage"), os(stage), gz.as_os_str(), mnt.as_os_str()]);
+            let out = user.stagefs(osargs!["-v", "mount", "--stage", stage, gz, mnt]);
             out.assert_success();
             assert!(!out.stderr.contains("ignoring saved index"), "round {round}, --stage {stage}: {}", out.describe());
             if round == 1 {
                 assert!(out.stderr.contains("using saved index"), "round {round}, --stage {stage}: {}", out.describe());
             }
-            user.stagefs([os("umount"), mnt.as_os_str()]).assert_success();
+            user.stagefs(osargs!["umount", mnt]).assert_success();
         }
     }
     remove_tree(&data);

@@ -8,7 +8,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::compare::{assert_trees_equal, Options};
-use crate::util::*;
+use crate::kit::*;
 
 /// A tree of 300 small text and binary files and one 24 MiB file (text with random
 /// runs), packed by GNU tar; returns (the tree as `tar -x` extracts it, tar).

@@ -15,9 +15,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::util::{
-    assert_nothing_left, pack_tar, process_alive, pseudo_random, run_cmd, stagefs, stagefs_bin, tar_of, wait_until,
-    CmdOutput, Mounted, TempDir, User,
+use crate::kit::{
+    assert_nothing_left, process_alive, pseudo_random, run_cmd, stagefs, stagefs_bin, tar_of, wait_until, CmdOutput,
+    Mounted, Scene, TempDir, User,
 };
 
 const MIB: u64 = 1 << 20;
@@ -36,15 +36,11 @@ struct Data {
 }
 
 fn data(name: &str, count: usize, len: usize, seed: u64) -> Data {
-    let tmp = TempDir::new(name);
-    let src = tmp.join("src");
-    fs::create_dir(&src).unwrap();
     let names: Vec<String> = (0..count).map(|i| format!("f{i:02}")).collect();
-    for (i, n) in names.iter().enumerate() {
-        fs::write(src.join(n), pseudo_random(seed + i as u64, len)).unwrap();
-    }
-    let tar = tmp.join("data.tar");
-    pack_tar(&src, &tar, &names.iter().map(String::as_str).collect::<Vec<_>>());
+    let scene = Scene::new(name).files(names.iter().enumerate().map(|(i, n)| (n, pseudo_random(seed + i as u64, len))));
+    let tar = scene.tar_at(&scene.join("data.tar"));
+    let src = scene.src().to_path_buf();
+    let tmp = scene.tmp;
     // Datasets are old files: their pages are clean.
     fs::File::open(&tar).unwrap().sync_all().unwrap();
     Data { tmp, tar, src, names }
@@ -52,10 +48,7 @@ fn data(name: &str, count: usize, len: usize, seed: u64) -> Data {
 
 /// `stagefs mount ARGS ARCHIVE MP` with the copy slowed down by `delay_ms` per chunk.
 fn mount_slowly(delay_ms: u64, args: &[&str], archive: &Path, mp: &Path) -> Mounted {
-    let mut cmd = Command::new(stagefs_bin());
-    cmd.env("STAGEFS_TEST_STAGE_CHUNK_DELAY_MS", delay_ms.to_string()).arg("mount").args(args).arg(archive).arg(mp);
-    run_cmd(&mut cmd, HANG_GUARD).assert_success();
-    Mounted::adopt(archive, mp)
+    Mounted::with_env(&[("STAGEFS_TEST_STAGE_CHUNK_DELAY_MS", Some(&delay_ms.to_string()))], args, archive, mp)
 }
 
 /// This mount's `staging_progress` in `stagefs status --json`: (state, done, total, error).
@@ -170,7 +163,7 @@ fn a_copy_to_disk_serves_while_it_stages() {
     }
     wait_staged(&mp, &[]).assert_success();
     assert_eq!(progress(&mp).0, "done");
-    let own = base.join(format!("stagefs-{}", crate::util::euid()));
+    let own = base.join(format!("stagefs-{}", crate::kit::euid()));
     assert_eq!(fs::read_dir(&own).unwrap().count(), 0, "the copy on disk has no name");
     m.unmount().assert_success();
     assert!(!own.exists(), "the staging directory goes with the mount");
@@ -259,7 +252,7 @@ fn unmounting_mid_staging_leaves_nothing() {
     let d = data("serve-unmount", 10, 4 << 20, 500);
     let base = d.tmp.join("local");
     fs::create_dir(&base).unwrap();
-    let own = base.join(format!("stagefs-{}", crate::util::euid()));
+    let own = base.join(format!("stagefs-{}", crate::kit::euid()));
     for args in [vec!["--stage", "copy"], vec!["--stage", "disk", "--stage-dir", base.to_str().unwrap()]] {
         let mp = d.tmp.join("mnt");
         let m = mount_slowly(5000, &args, &d.tar, &mp);
@@ -276,7 +269,7 @@ fn unmounting_mid_staging_leaves_nothing() {
 /// (status says so), reads are right meanwhile, and `wait --staged` waits for it.
 #[test]
 fn stage_ram_returns_before_the_warm_up_ends() {
-    let _no_drop_caches_meanwhile = crate::util::page_cache_guard();
+    let _no_drop_caches_meanwhile = crate::kit::page_cache_guard();
     let d = data("serve-ram", 16, 1 << 20, 600);
     let mp = d.tmp.join("mnt");
     // 16 files, 1 s each, on up to 8 threads.
@@ -301,15 +294,15 @@ fn stage_ram_returns_before_the_warm_up_ends() {
 fn another_users_archive_truncated_while_staged_leaves_staged_reads_right() {
     let (alice, eve) = (User::get("sfs-alice"), User::get("sfs-eve"));
     let tmp = TempDir::new("serve-truncated");
-    crate::util::chmod(tmp.path(), 0o755);
+    crate::kit::chmod(tmp.path(), 0o755);
     let archive = tmp.join("eves.tar");
     let files: Vec<(String, Vec<u8>)> =
         (0..12).map(|i| (format!("f{i:02}"), pseudo_random(700 + i as u64, 3 << 20))).collect();
     let refs: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
     tar_of(&eve, &archive, &refs);
-    crate::util::chmod(&archive, 0o644);
+    crate::kit::chmod(&archive, 0o644);
     let mnt = alice.home.join("mnt-eves");
-    crate::util::remove_tree(&mnt);
+    crate::kit::remove_tree(&mnt);
     let mut cmd = alice.command(&[("STAGEFS_TEST_STAGE_CHUNK_DELAY_MS", "2000")], &stagefs_bin());
     cmd.args(["mount", "--stage", "copy", "--warm", "no"]).arg(&archive).arg(&mnt);
     run_cmd(&mut cmd, HANG_GUARD).assert_success();

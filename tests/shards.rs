@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::compare::{assert_trees_equal, Options};
-use crate::util::*;
+use crate::kit::*;
 
 const MTIME: i64 = 1_700_000_000;
 
@@ -46,24 +46,24 @@ pub fn shard_tree(root: &Path, k: usize) -> PathBuf {
 
 pub fn gnu_tar(src: &Path, out: &Path, extra: &[&str]) {
     let mut args: Vec<&OsStr> = ["--format=gnu", "--numeric-owner", "--sort=name", "-C"].map(OsStr::new).to_vec();
-    args.extend([src.as_os_str(), OsStr::new("-cf"), out.as_os_str()]);
+    args.extend(osargs![src, "-cf", out]);
     args.extend(extra.iter().map(OsStr::new));
     args.push(OsStr::new("train"));
     run_tool("tar", args);
 }
 
 pub fn bsdtar(src: &Path, out: &Path) {
-    run_tool("bsdtar", [OsStr::new("-C"), src.as_os_str(), OsStr::new("-cf"), out.as_os_str(), OsStr::new("train")]);
+    run_tool("bsdtar", osargs!["-C", src, "-cf", out, "train"]);
 }
 
 fn python_tar(src: &Path, out: &Path) {
     let script = "import sys, tarfile\nwith tarfile.open(sys.argv[2], 'w', format=tarfile.GNU_FORMAT) as t:\n    \
                   t.add(sys.argv[1] + '/train', arcname='train')\n";
-    run_tool("python3", [OsStr::new("-c"), OsStr::new(script), src.as_os_str(), out.as_os_str()]);
+    run_tool("python3", osargs!["-c", script, src, out]);
 }
 
 pub fn squashfs(src: &Path, out: &Path) {
-    run_tool("mksquashfs", [src.as_os_str(), out.as_os_str(), OsStr::new("-noappend"), OsStr::new("-quiet")]);
+    run_tool("mksquashfs", osargs![src, out, "-noappend", "-quiet"]);
 }
 
 /// Extracts every shard into `dest`, in the order given, as a user would by hand.
@@ -73,11 +73,7 @@ pub fn extract_all(shards: &[PathBuf], dest: &Path) {
         if shard.extension() == Some(OsStr::new("sqsh")) {
             run_tool(
                 "unsquashfs",
-                [OsStr::new("-f"), OsStr::new("-quiet"), OsStr::new("-no-progress")].into_iter().chain([
-                    OsStr::new("-d"),
-                    dest.as_os_str(),
-                    shard.as_os_str(),
-                ]),
+                osargs!["-f", "-quiet", "-no-progress"].into_iter().chain(osargs!["-d", dest, shard]),
             );
         } else {
             extract_tar(shard, dest);
@@ -141,7 +137,7 @@ fn conflicts_are_served_from_the_later_shard_and_counted() {
     let expected = tmp.join("expected");
     extract_all(&shards, &expected);
     let mp = tmp.join("mnt");
-    let out = stagefs([OsStr::new("mount"), pattern(&dir, "part-*.tar").as_os_str(), mp.as_os_str()]);
+    let out = stagefs(osargs!["mount", pattern(&dir, "part-*.tar"), mp]);
     out.assert_success();
     let mnt = Mounted::adopt(&pattern(&dir, "part-*.tar"), &mp);
     assert_trees_equal(&expected, mnt.path(), &Options::default().root(false).skip_dir_attrs(["train/both"]));
@@ -166,7 +162,7 @@ fn bad_sets_fail_with_exit_3_naming_the_culprit() {
     let list = tmp.join("list.txt");
     fs::write(&list, "good.tar\nmissing.tar\n").unwrap();
     let at_list = format!("@{}", list.display());
-    mount_must_fail(&[OsStr::new(&at_list), mp.as_os_str()], 3, "a list naming a missing archive")
+    mount_must_fail(&osargs![&at_list, mp], 3, "a list naming a missing archive")
         .assert_stderr_has(&["missing.tar", "does not exist"]);
 
     // An unquoted pattern: the shell put the second shard where the mountpoint goes.
@@ -183,8 +179,7 @@ fn bad_sets_fail_with_exit_3_naming_the_culprit() {
     bytes[1024 + 148..1024 + 156].copy_from_slice(b"9999999\0");
     fs::write(&bad, &bytes).unwrap();
     fs::write(&list, "good.tar\nhurt.tar\n").unwrap();
-    mount_must_fail(&[OsStr::new(&at_list), mp.as_os_str()], 3, "a corrupt shard")
-        .assert_stderr_has(&["hurt.tar", "at byte 1024"]);
+    mount_must_fail(&osargs![&at_list, mp], 3, "a corrupt shard").assert_stderr_has(&["hurt.tar", "at byte 1024"]);
 }
 
 #[test]
@@ -197,7 +192,7 @@ fn saved_indexes_are_reused_per_shard_on_remount() {
         gnu_tar(&shard_tree(tmp.path(), k), &dir.join(format!("{k}.tar")), &[]);
     }
     let glob = pattern(&dir, "*");
-    let out = stagefs([OsStr::new("index"), glob.as_os_str()]);
+    let out = stagefs(osargs!["index", glob]);
     out.assert_success();
     assert!(out.stdout.contains("indexed 3 shards"), "{}", out.describe());
     for k in 0..3 {
@@ -205,7 +200,7 @@ fn saved_indexes_are_reused_per_shard_on_remount() {
     }
     // `*` also matches the saved indexes: they are not taken for shards.
     let mp = tmp.join("mnt");
-    let out = stagefs([OsStr::new("mount"), glob.as_os_str(), mp.as_os_str()]);
+    let out = stagefs(osargs!["mount", glob, mp]);
     out.assert_success();
     let mnt = Mounted::adopt(&glob, &mp);
     out.assert_stderr_has(&["indexed 3 shards", "(3 of 3 from saved indexes)"]);
@@ -224,7 +219,7 @@ fn run_mounts_a_pattern_for_its_command() {
     let mp = tmp.join("mnt");
     let glob = pattern(&dir, "*.tar");
     let mut cmd = Command::new(stagefs_bin());
-    cmd.args([OsStr::new("run"), glob.as_os_str(), OsStr::new("-m"), mp.as_os_str(), OsStr::new("--")]);
+    cmd.args(osargs!["run", glob, "-m", mp, "--"]);
     cmd.args(["sh", "-c", "cat \"$STAGEFS_MOUNT/train/shared.txt\" \"$STAGEFS_MOUNT/train/cat/0-0.txt\""]);
     let out = run_cmd(&mut cmd, CMD_TIMEOUT);
     out.assert_success();

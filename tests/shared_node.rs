@@ -2,12 +2,11 @@
 //! symlinks and saved indexes; an ordinary user's stagefs must refuse or ignore them and
 //! never write through them. Each test has its own victim, so they can run in parallel.
 
-use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::util::*;
+use crate::kit::*;
 use stagefs_archive::index::{tamper, SectionId};
 
 /// A victim with `~/a.tar` (a.txt, b.txt) and `~/.bashrc`, and the attacker.
@@ -24,13 +23,9 @@ const BASHRC: &[u8] = b"# the victim's shell settings\n";
 fn scene(victim: &str, archive_dir: Option<&Path>) -> Scene {
     let victim = User::get(victim);
     let mallory = User::get("sfs-mallory");
-    let src = TempDir::new("shared-src");
-    fs::write(src.join("a.txt"), A).unwrap();
-    fs::write(src.join("b.txt"), B).unwrap();
     let dir = archive_dir.map_or_else(|| victim.home.clone(), Path::to_path_buf);
     let archive = dir.join("a.tar");
-    pack_tar(src.path(), &archive, &["a.txt", "b.txt"]);
-    victim.chown(&archive);
+    tar_of(&victim, &archive, &[("a.txt", A), ("b.txt", B)]);
     fs::write(victim.home.join(".bashrc"), BASHRC).unwrap();
     victim.chown(&victim.home.join(".bashrc"));
     remove_tree(&victim.home.join("mnt")); // left by an earlier failed run
@@ -334,15 +329,12 @@ fn a_mount_is_live_from_every_shell_whatever_its_runtime_dir() {
     user.chown(&run_user);
     fs::set_permissions(&run_user, fs::Permissions::from_mode(0o700)).unwrap();
     let archive = user.home.join("xdg.tar");
-    let src = TempDir::new("xdg-src");
-    fs::write(src.join("x.txt"), b"xdg bytes\n").unwrap();
-    pack_tar(src.path(), &archive, &["x.txt"]);
-    user.chown(&archive);
+    tar_of(&user, &archive, &[("x.txt", b"xdg bytes\n")]);
     let mnt = user.home.join("mnt-xdg");
     remove_tree(&mnt);
     let xdg = format!("{}", run_user.display());
     let mut cmd = user.command(&[("XDG_RUNTIME_DIR", &xdg)], &stagefs_bin());
-    cmd.args([OsStr::new("mount"), archive.as_os_str(), mnt.as_os_str()]);
+    cmd.args(osargs!["mount", archive, mnt]);
     run_cmd(&mut cmd, CMD_TIMEOUT).assert_success();
     assert!(fs::read_dir(run_user.join("stagefs")).unwrap().count() > 0, "the record went to XDG_RUNTIME_DIR");
 
@@ -415,10 +407,7 @@ fn a_growing_set_takes_no_shard_and_no_order_from_another_user() {
     fs::copy(&s.archive, &mine).unwrap();
     s.victim.chown(&mine);
     let planted = shared.join("shard-2.tar");
-    let src = TempDir::new("shared-growing-src");
-    fs::write(src.join("evil.txt"), b"planted\n").unwrap();
-    pack_tar(src.path(), &planted, &["evil.txt"]);
-    s.mallory.chown(&planted);
+    tar_of(&s.mallory, &planted, &[("evil.txt", b"planted\n")]);
     let mnt = s.victim.home.join("mnt");
     let pattern = shared.join("shard-*.tar");
     // Started with only the victim's shard (mallory's is made to appear later).

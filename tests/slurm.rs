@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::util::euid;
-use crate::util::{mounts, pseudo_random, require_root, require_tool, run_cmd, stagefs_bin, wait_until_every, TempDir};
+use crate::kit::euid;
+use crate::kit::{mounts, pseudo_random, require_root, require_tool, run_cmd, stagefs_bin, wait_until_every, TempDir};
 
 /// How often the waits below run their (command-running) checks.
 const POLL: Duration = Duration::from_millis(250);
@@ -33,7 +33,7 @@ fn repo() -> PathBuf {
 }
 
 /// A SLURM cluster for this test; stops its daemons on drop if this test started them.
-/// Held by one test at a time (see `util::slurm_guard`): a test that started it stops it,
+/// Held by one test at a time (see `kit::slurm_guard`): a test that started it stops it,
 /// which must not kill another test's jobs.
 struct Cluster {
     dir: PathBuf,
@@ -44,7 +44,7 @@ struct Cluster {
 
 impl Cluster {
     fn up() -> Cluster {
-        let serial = crate::util::slurm_guard();
+        let serial = crate::kit::slurm_guard();
         let dir = PathBuf::from("/tmp/stagefs-slurm");
         let script = repo().join(".ci/slurm-setup.sh");
         let running = dir.join("env").exists() && sinfo_up(&dir.join("slurm.conf"));
@@ -156,7 +156,7 @@ struct Job {
 
 impl Job {
     fn results(&self) -> Vec<String> {
-        crate::util::task_results(&self.out)
+        crate::kit::task_results(&self.out)
     }
 
     fn context(&self) -> String {
@@ -349,7 +349,7 @@ fn slurm_failed_broadcast_is_reported_on_every_task() {
     fs::create_dir(&small).unwrap();
     let mounted = Command::new("mount").args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"]).arg(&small).status().unwrap();
     assert!(mounted.success(), "cannot mount a tmpfs for the test");
-    let _unmount = crate::util::UnmountOnDrop(small.clone());
+    let _unmount = crate::kit::UnmountOnDrop(small.clone());
     fs::create_dir(tmp.join("tree")).unwrap();
     fs::write(tmp.join("tree/big.bin"), pseudo_random(3, 6 << 20)).unwrap();
     let archive = tmp.join("bcast.tar");
@@ -422,11 +422,11 @@ fn slurm_a_mount_from_a_batch_script_ends_with_the_job() {
     assert_eq!(fs::read_to_string(tmp.join("read.txt")).unwrap(), "hello from the archive\n", "{text}");
     assert!(!text.contains("not tied to SLURM job"), "a batch-script mount is tied to its job:\n{text}");
     let gone = wait_until_every(Duration::from_secs(30), POLL, || {
-        mounts().iter().all(|m| m.mount_point != mp) && crate::util::stagefs_pids(&archive).is_empty()
+        mounts().iter().all(|m| m.mount_point != mp) && crate::kit::stagefs_pids(&archive).is_empty()
     });
-    assert!(gone, "the mount or its daemon outlived the job: {:?}", crate::util::stagefs_pids(&archive));
+    assert!(gone, "the mount or its daemon outlived the job: {:?}", crate::kit::stagefs_pids(&archive));
 }
 
 fn job_state(cluster: &Cluster, id: &str) -> String {
-    crate::util::slurm_job_state(&mut cluster.cmd("scontrol"), id)
+    crate::kit::slurm_job_state(&mut cluster.cmd("scontrol"), id)
 }

@@ -28,12 +28,12 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::compare::{assert_trees_equal, count_entries, Options};
-use crate::util::{
-    assert_nothing_left, extract_tar, is_mounted, mount_must_fail, mounts_at, pack_tar, proc_kb_field, process_alive,
-    pseudo_random, read, require_root, require_tool, run_cmd, run_cmd_into, run_tool, stagefs, stagefs_bin,
-    stagefs_pids, wait_until, CmdOutput, Foreground, Mounted, TempDir, UnmountOnDrop,
+use crate::kit::{
+    assert_nothing_left, extract_tar, is_mounted, mount_must_fail, mounts_at, osargs, pack_tar, proc_kb_field,
+    process_alive, pseudo_random, read, require_root, require_tool, run_cmd, run_cmd_into, run_tool, stagefs,
+    stagefs_bin, stagefs_pids, wait_until, CmdOutput, Foreground, Mounted, TempDir, UnmountOnDrop,
 };
-use crate::util::{signal, Signal};
+use crate::kit::{signal, Signal};
 
 const MIB: usize = 1 << 20;
 /// The zero-filled file that makes the `--stage ram` archives big enough for
@@ -65,6 +65,17 @@ fn make_tree(root: &Path, seed: u64) {
 /// `tar --format=gnu -C src -cf archive data`.
 fn pack(src: &Path, archive: &Path) {
     pack_tar(src, archive, &["data"]);
+}
+
+/// As root, `make_tree(seed)` under `src` of a new temporary directory, packed into `name` there.
+fn tree_tar(label: &str, seed: u64, name: &str) -> (TempDir, PathBuf, PathBuf) {
+    require_root();
+    let tmp = TempDir::new(label);
+    let src = tmp.join("src");
+    make_tree(&src, seed);
+    let tar = tmp.join(name);
+    pack(&src, &tar);
+    (tmp, src, tar)
 }
 
 /// Runs `tool ARGS... INPUT` (each tool writes to stdout with `-c`) into
@@ -249,12 +260,7 @@ fn assert_shmem_drops_to(at_most: u64, context: &str) {
 /// compares with `tar -x` of the tar and with the source files, and checks
 /// the staging memfd and `stagefs status`.
 fn compressed_case(label: &str, tool: &str, args: &[&str], split: Split) {
-    require_root();
-    let tmp = TempDir::new(label);
-    let src = tmp.join("src");
-    make_tree(&src, 11);
-    let tar = tmp.join("archive.tar");
-    pack(&src, &tar);
+    let (tmp, src, tar) = tree_tar(label, 11, "archive.tar");
     let tar_len = fs::metadata(&tar).unwrap().len();
     let compressed = compress(tool, args, &tar, split, &tmp);
     let expected = tmp.join("expected");
@@ -531,20 +537,12 @@ fn stage_ram_plain_tar_sigkill_frees_memory_and_remount_recovers() {
 fn stage_auto_stages_an_archive_on_a_fuse_filesystem() {
     // FUSE counts as remote for --stage auto: an inner tar read from another
     // stagefs mount is staged into the page cache (warmed, no private copy).
-    require_root();
-    let tmp = TempDir::new("stage-auto-fuse");
-    let src = tmp.join("src");
-    make_tree(&src, 31);
-    let inner = tmp.join("inner.tar");
-    pack(&src, &inner);
+    let (tmp, _, inner) = tree_tar("stage-auto-fuse", 31, "inner.tar");
     let outer_src = tmp.join("outer-src");
     fs::create_dir_all(&outer_src).unwrap();
     fs::rename(&inner, outer_src.join("inner.tar")).unwrap();
     let outer = tmp.join("outer.tar");
-    run_tool(
-        "tar",
-        [OsStr::new("-C"), outer_src.as_os_str(), OsStr::new("-cf"), outer.as_os_str(), OsStr::new("inner.tar")],
-    );
+    run_tool("tar", osargs!["-C", outer_src, "-cf", outer, "inner.tar"]);
     let expected = tmp.join("expected");
     extract_tar(&outer_src.join("inner.tar"), &expected);
 
@@ -585,12 +583,7 @@ fn expect_no_room(extra: &[&str], archive: &Path, mp: &Path) -> CmdOutput {
 
 #[test]
 fn stage_ram_over_budget_fails_with_code_8() {
-    require_root();
-    let tmp = TempDir::new("no-room");
-    let src = tmp.join("src");
-    make_tree(&src, 41);
-    let tar = tmp.join("a.tar");
-    pack(&src, &tar);
+    let (tmp, _, tar) = tree_tar("no-room", 41, "a.tar");
     let len = fs::metadata(&tar).unwrap().len();
     let out = expect_no_room(&["--stage", "ram", "--max-ram", "1K"], &tar, &tmp.join("new-mp"));
     assert_eq!(len, 4_741_120, "the GNU tar of make_tree");
@@ -599,12 +592,7 @@ fn stage_ram_over_budget_fails_with_code_8() {
 
 #[test]
 fn stage_ram_over_budget_fails_with_code_8_in_foreground() {
-    require_root();
-    let tmp = TempDir::new("no-room-fg");
-    let src = tmp.join("src");
-    make_tree(&src, 42);
-    let tar = tmp.join("a.tar");
-    pack(&src, &tar);
+    let (tmp, _, tar) = tree_tar("no-room-fg", 42, "a.tar");
     let len = fs::metadata(&tar).unwrap().len();
     let out = expect_no_room(&["-f", "--stage", "ram", "--max-ram", "1K"], &tar, &tmp.join("new-mp"));
     assert_eq!(len, 4_741_120, "the GNU tar of make_tree");
@@ -614,12 +602,7 @@ fn stage_ram_over_budget_fails_with_code_8_in_foreground() {
 #[test]
 fn compressed_over_budget_fails_with_code_8() {
     // `--stage copy` decompresses a tar whole into RAM, also one it could serve compressed.
-    require_root();
-    let tmp = TempDir::new("no-room-gz");
-    let src = tmp.join("src");
-    make_tree(&src, 43);
-    let tar = tmp.join("a.tar");
-    pack(&src, &tar);
+    let (tmp, _, tar) = tree_tar("no-room-gz", 43, "a.tar");
     let gz = compress("gzip", &[], &tar, Split::Whole, &tmp);
     let out = expect_no_room(&["--stage", "copy", "--max-ram", "1K"], &gz, &tmp.join("new-mp"));
     // The final size of a stream is unknown until its end: the message gives a lower bound.
@@ -673,8 +656,8 @@ fn truncate_case(label: &str, tool: &str, kind: &str) {
 }
 
 /// Overwrites 64 bytes in the middle of the compressed stream.
-fn flip_case(label: &str, tool: &str, kind: &str) {
-    let (_tmp, archive, len) = corrupt_source(label, tool, &[]);
+fn flip_case(label: &str, tool: &str, args: &[&str], kind: &str) {
+    let (_tmp, archive, len) = corrupt_source(label, tool, args);
     let at = len / 2;
     let f = fs::OpenOptions::new().write(true).read(true).open(&archive).unwrap();
     let mut buf = [0u8; 64];
@@ -714,29 +697,19 @@ fn corrupt_truncated_lz4() {
 
 #[test]
 fn corrupt_flipped_bytes_zstd() {
-    flip_case("flip-zst", "zstd", "zstd");
+    flip_case("flip-zst", "zstd", &[], "zstd");
 }
 
 #[test]
 fn corrupt_flipped_bytes_gzip() {
-    flip_case("flip-gz", "gzip", "gzip");
+    flip_case("flip-gz", "gzip", &[], "gzip");
 }
 
 #[test]
 fn corrupt_flipped_bytes_lz4() {
     // lz4's CLI writes no content checksum unless asked: --content-size
     // and -BX give the decoder something to check.
-    let (_tmp, archive, len) = corrupt_source("flip-lz4", "lz4", &["-BX", "--content-size"]);
-    let at = len / 2;
-    let f = fs::OpenOptions::new().write(true).read(true).open(&archive).unwrap();
-    let mut buf = [0u8; 64];
-    f.read_exact_at(&mut buf, at).unwrap();
-    for b in &mut buf {
-        *b ^= 0xa5;
-    }
-    f.write_all_at(&buf, at).unwrap();
-    drop(f);
-    expect_corrupt_stream(&archive, "lz4", at..=len);
+    flip_case("flip-lz4", "lz4", &["-BX", "--content-size"], "lz4");
 }
 
 // ---------------------------------------------------------------------------
@@ -776,7 +749,7 @@ fn saved_index_is_reused_and_rejected_when_stale_or_damaged() {
     let idx = index_path(&archive);
 
     // stagefs index writes ARCHIVE.stagefs-index.
-    let out = stagefs([OsStr::new("index"), archive.as_os_str()]);
+    let out = stagefs(osargs!["index", archive]);
     out.assert_success();
     assert!(idx.is_file(), "stagefs index must create {}\n{}", idx.display(), out.describe());
     let expected_a = tmp.join("expected-a");
@@ -792,13 +765,13 @@ fn saved_index_is_reused_and_rejected_when_stale_or_damaged() {
     // Same size, same mtime (nanoseconds included), other content and layout.
     let reference = tmp.join("mtime-ref");
     fs::write(&reference, b"").unwrap();
-    run_tool("touch", [OsStr::new("-r"), archive.as_os_str(), reference.as_os_str()]);
+    run_tool("touch", osargs!["-r", archive, reference]);
     let before = fs::metadata(&archive).unwrap();
     let old_bytes = read(&archive);
     let new_tar = tmp.join("new.tar");
     pack(&src_b, &new_tar);
     fs::write(&archive, read(&new_tar)).unwrap(); // rewrite in place, same inode
-    run_tool("touch", [OsStr::new("-r"), reference.as_os_str(), archive.as_os_str()]);
+    run_tool("touch", osargs!["-r", reference, archive]);
     let after = fs::metadata(&archive).unwrap();
     assert_eq!(
         (before.len(), before.mtime(), before.mtime_nsec()),
@@ -818,7 +791,7 @@ fn saved_index_is_reused_and_rejected_when_stale_or_damaged() {
 
     // A fresh index for the new content, then damaged: one byte of its header flipped
     // (damage in its body fails what the block holds when read: tests/index.rs).
-    stagefs([OsStr::new("index"), archive.as_os_str()]).assert_success();
+    stagefs(osargs!["index", archive]).assert_success();
     let mut bytes = read(&idx);
     let mid = bytes.len() / 2;
     bytes[100] ^= 0x01;
@@ -863,8 +836,7 @@ def make(path, names):
 make(sys.argv[1], ["x.txt", "y.txt"])
 make(sys.argv[2], ["y.txt", "x.txt"])
 "#;
-    run_tool("python3", [OsStr::new("-c"), OsStr::new(script), archive.as_os_str(), swapped.as_os_str()])
-        .assert_success();
+    run_tool("python3", osargs!["-c", script, archive, swapped]).assert_success();
     let (old, new) = (read(&archive), read(&swapped));
     assert_eq!(old.len(), new.len(), "test setup: same size");
     let size = old.len() as u64;
@@ -879,17 +851,17 @@ make(sys.argv[2], ["y.txt", "x.txt"])
         !differ.is_empty() && !differ.iter().any(|&at| sampled(at)),
         "test setup: the change must avoid the samples"
     );
-    stagefs([OsStr::new("index"), archive.as_os_str()]).assert_success();
+    stagefs(osargs!["index", archive]).assert_success();
     assert!(index_path(&archive).is_file());
 
     let reference = tmp.join("mtime-ref");
     fs::write(&reference, b"").unwrap();
-    run_tool("touch", [OsStr::new("-r"), archive.as_os_str(), reference.as_os_str()]).assert_success();
+    run_tool("touch", osargs!["-r", archive, reference]).assert_success();
     let file = fs::OpenOptions::new().write(true).open(&archive).unwrap();
     let (first, last) = (differ[0], differ[differ.len() - 1] + 1);
     file.write_all_at(&new[first as usize..last as usize], first).unwrap();
     drop(file);
-    run_tool("touch", [OsStr::new("-r"), reference.as_os_str(), archive.as_os_str()]).assert_success();
+    run_tool("touch", osargs!["-r", reference, archive]).assert_success();
     assert_eq!(read(&archive), new, "test setup: rewritten in place");
     assert_eq!(fs::metadata(&archive).unwrap().mtime_nsec(), fs::metadata(&reference).unwrap().mtime_nsec());
 
@@ -905,16 +877,11 @@ make(sys.argv[2], ["y.txt", "x.txt"])
 
 #[test]
 fn saved_index_of_a_compressed_tar_is_reused() {
-    require_root();
-    let tmp = TempDir::new("index-gz");
-    let src = tmp.join("src");
-    make_tree(&src, 71);
-    let tar = tmp.join("ds.tar");
-    pack(&src, &tar);
+    let (tmp, _, tar) = tree_tar("index-gz", 71, "ds.tar");
     let expected = tmp.join("expected");
     extract_tar(&tar, &expected);
     let zst = compress("zstd", &["-q"], &tar, Split::Whole, &tmp);
-    stagefs([OsStr::new("index"), zst.as_os_str()]).assert_success();
+    stagefs(osargs!["index", zst]).assert_success();
     let idx = index_path(&zst);
     assert!(idx.is_file(), "stagefs index must create {}", idx.display());
     let mp = tmp.join("mnt");
@@ -938,9 +905,9 @@ fn saved_index_goes_to_xdg_cache_when_the_archive_dir_is_read_only() {
     // Root may write anywhere but on a read-only mount.
     let ro = tmp.join("ro");
     fs::create_dir_all(&ro).unwrap();
-    run_tool("mount", [OsStr::new("--bind"), dir.as_os_str(), ro.as_os_str()]);
+    run_tool("mount", osargs!["--bind", dir, ro]);
     let _bind = UnmountOnDrop(ro.clone());
-    run_tool("mount", [OsStr::new("-o"), OsStr::new("remount,bind,ro"), ro.as_os_str()]);
+    run_tool("mount", osargs!["-o", "remount,bind,ro", ro]);
     let archive = ro.join("ds.tar");
     let cache = tmp.join("cache");
 
@@ -1006,22 +973,11 @@ impl Drop for MemoryCgroup {
 
 #[test]
 fn staging_respects_the_cgroup_memory_limit() {
-    require_root();
-    let tmp = TempDir::new("cgroup-budget");
-    let src = tmp.join("src");
-    make_tree(&src, 61);
-    let tar = tmp.join("a.tar");
-    pack(&src, &tar);
+    let (tmp, src, tar) = tree_tar("cgroup-budget", 61, "a.tar");
     let mp = tmp.join("mnt");
     // 256 MiB, less usage and the margin (512 MiB + 5 %), leaves no room at all.
     let cgroup = MemoryCgroup::new("budget", 256 << 20);
-    let out = cgroup.stagefs(&[
-        OsStr::new("mount"),
-        OsStr::new("--stage"),
-        OsStr::new("ram"),
-        tar.as_os_str(),
-        mp.as_os_str(),
-    ]);
+    let out = cgroup.stagefs(&osargs!["mount", "--stage", "ram", tar, mp]);
     assert_eq!(
         out.code(),
         Some(8),

@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use crate::util::*;
+use crate::kit::*;
 
 #[derive(Clone, Copy, Debug)]
 enum Blow {

@@ -6,7 +6,6 @@
 //! fail (EIO, ENOTCONN, ENOENT, ECONNABORTED) but never hang; the daemon must exit and
 //! the mount leave the mount table.
 
-use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -16,7 +15,7 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::util::*;
+use crate::kit::*;
 
 const FILES: usize = 300;
 const MIB: u64 = 1 << 20;
@@ -283,7 +282,7 @@ fn stress(label: &str, build: impl FnOnce(&Path, &Path), how: Unmount) {
     let unmounter = match how {
         Unmount::Lazy => Some(KillOnDrop(
             Command::new(stagefs_bin())
-                .args([OsStr::new("umount"), OsStr::new("--lazy"), mp.as_os_str()])
+                .args(osargs!["umount", "--lazy", mp])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -356,18 +355,7 @@ fn stress_tar_lazy_umount_under_load() {
     stress(
         "stress-tar",
         |src, archive| {
-            run_tool(
-                "tar",
-                [
-                    OsStr::new("--sparse"),
-                    OsStr::new("--format=posix"),
-                    OsStr::new("-C"),
-                    src.as_os_str(),
-                    OsStr::new("-cf"),
-                    archive.as_os_str(),
-                    OsStr::new("."),
-                ],
-            );
+            run_tool("tar", osargs!["--sparse", "--format=posix", "-C", src, "-cf", archive, "."]);
         },
         Unmount::Lazy,
     );
@@ -378,18 +366,7 @@ fn stress_squashfs_zstd_sigterm_under_load() {
     stress(
         "stress-sqfs",
         |src, archive| {
-            run_tool(
-                "mksquashfs",
-                [
-                    src.as_os_str(),
-                    archive.as_os_str(),
-                    OsStr::new("-comp"),
-                    OsStr::new("zstd"),
-                    OsStr::new("-noappend"),
-                    OsStr::new("-quiet"),
-                    OsStr::new("-no-progress"),
-                ],
-            );
+            run_tool("mksquashfs", osargs![src, archive, "-comp", "zstd", "-noappend", "-quiet", "-no-progress"]);
         },
         Unmount::Sigterm,
     );

@@ -1,5 +1,5 @@
 //! The integration test binary: one binary, one module per area (ripgrep
-//! style), all sharing `util`.
+//! style), all sharing `kit`.
 //!
 //! These tests mount for real. They need root, /dev/fuse and the tools that
 //! .ci/run installs; a missing tool fails the test with what to install.
@@ -15,6 +15,7 @@ mod formats;
 mod growing;
 mod hostile;
 mod index;
+mod kit;
 mod libarchive;
 mod memory;
 mod neighbours;
@@ -34,7 +35,6 @@ mod staging;
 mod startup_signals;
 mod stress;
 mod trust;
-mod util;
 mod ux;
 mod warm;
 mod zip;

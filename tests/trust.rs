@@ -7,7 +7,7 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::util::*;
+use crate::kit::*;
 
 /// A directory every test user can reach, with a shared directory of `mode` in it.
 fn shared_dir(tmp: &TempDir, mode: u32) -> PathBuf {
@@ -16,15 +16,6 @@ fn shared_dir(tmp: &TempDir, mode: u32) -> PathBuf {
     fs::create_dir(&shared).unwrap();
     chmod(&shared, mode);
     shared
-}
-
-/// A one-file tar at `archive`, owned by `owner`.
-fn tar_of(owner: &User, archive: &Path, name: &str, content: &[u8]) {
-    let src = TempDir::new("trust-src");
-    fs::create_dir_all(src.join(name).parent().unwrap()).unwrap();
-    fs::write(src.join(name), content).unwrap();
-    pack_tar(src.path(), archive, &[name]);
-    owner.chown(archive);
 }
 
 fn assert_refused(out: &CmdOutput, needles: &[&str]) {
@@ -49,8 +40,8 @@ fn shard_sets_refuse_shards_another_user_planted() {
     let (alice, eve) = (User::get("sfs-alice"), User::get("sfs-eve"));
     let tmp = TempDir::new("trust-shards");
     let shared = shared_dir(&tmp, 0o1777);
-    tar_of(&alice, &shared.join("train-000.tar"), "train/a.txt", b"alice a\n");
-    tar_of(&alice, &shared.join("train-001.tar"), "train/labels.txt", b"alice's labels\n");
+    tar_of(&alice, &shared.join("train-000.tar"), &[("train/a.txt", b"alice a\n")]);
+    tar_of(&alice, &shared.join("train-001.tar"), &[("train/labels.txt", b"alice's labels\n")]);
     let pattern = shared.join("train-*.tar");
     let mnt = fresh_mountpoint(&alice, "mnt-shards");
     let mount = |extra: &[&str]| {
@@ -66,7 +57,7 @@ fn shard_sets_refuse_shards_another_user_planted() {
 
     // (a) eve adds a shard that sorts last and would override alice's labels.
     let evil = tmp.join("evil.tar");
-    tar_of(&eve, &evil, "train/labels.txt", b"eve's labels\n");
+    tar_of(&eve, &evil, &[("train/labels.txt", b"eve's labels\n")]);
     eve.sh(&format!("cp {} {}", evil.display(), shared.join("train-999.tar").display()));
     let out = mount(&[]);
     assert_refused(&out, &["train-999.tar", "sfs-eve", "--trust-shards"]);
@@ -99,7 +90,7 @@ fn mountpoints_below_a_directory_others_can_rename_in_are_refused() {
     let tmp = TempDir::new("trust-mountpoint");
     let proj = shared_dir(&tmp, 0o777);
     let archive = alice.home.join("trust-mp.tar");
-    tar_of(&alice, &archive, "x.txt", b"alice's bytes\n");
+    tar_of(&alice, &archive, &[("x.txt", b"alice's bytes\n")]);
     alice.sh(&format!("mkdir -m 0700 {}", proj.join("alice").display()));
     let mnt = proj.join("alice/data/mnt");
     let out = alice.stagefs(["mount".as_ref(), archive.as_os_str(), mnt.as_os_str()]);
@@ -125,7 +116,7 @@ fn a_stage_dir_others_could_swap_is_refused_before_anything_is_written() {
     let tmp = TempDir::new("trust-stage-dir");
     let scratch = shared_dir(&tmp, 0o777);
     let archive = alice.home.join("trust-stage.tar");
-    tar_of(&alice, &archive, "x.txt", b"staged bytes\n");
+    tar_of(&alice, &archive, &[("x.txt", b"staged bytes\n")]);
     let mnt = fresh_mountpoint(&alice, "mnt-stage");
     let mount = || {
         alice.stagefs([
@@ -172,7 +163,7 @@ fn a_broadcast_never_writes_through_a_directory_another_user_made() {
     chmod(&bin.join("sbcast"), 0o755);
     chmod(&bin, 0o755);
     let archive = alice.home.join("trust-bcast.tar");
-    tar_of(&alice, &archive, "x.txt", b"broadcast bytes\n");
+    tar_of(&alice, &archive, &[("x.txt", b"broadcast bytes\n")]);
     let bashrc = alice.home.join(".bashrc");
     fs::write(&bashrc, b"# alice's shell\n").unwrap();
     alice.chown(&bashrc);

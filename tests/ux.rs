@@ -9,18 +9,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::util::{
-    assert_nothing_left, fixture, is_mounted, pack_tar, process_alive, pseudo_random, read, require_root, run_cmd,
-    run_tool, stagefs, stagefs_bin, stagefs_pids, wait_until, CmdOutput, KillOnDrop, Mounted, TempDir, User,
+use crate::kit::{
+    assert_nothing_left, fixture, is_mounted, osargs, process_alive, pseudo_random, read, require_root, run_cmd,
+    run_tool, stagefs, stagefs_bin, stagefs_pids, wait_until, CmdOutput, KillOnDrop, Mounted, Scene, TempDir, User,
     CMD_TIMEOUT,
 };
-use crate::util::{signal, Signal};
+use crate::kit::{signal, Signal};
 
 /// Unmounts `mp` if a command that had to fail mounted it anyway, so one failure does not
 /// leave a mount behind for the rest of the suite.
 fn unmount_if_mounted(mp: &Path) {
     if is_mounted(mp) {
-        let _ = stagefs([OsStr::new("umount"), mp.as_os_str()]);
+        let _ = stagefs(osargs!["umount", mp]);
     }
 }
 
@@ -31,7 +31,7 @@ fn an_empty_archive_is_called_empty() {
     let empty = tmp.join("empty.tar");
     fs::write(&empty, b"").unwrap();
     let mp = tmp.join("mnt");
-    let out = stagefs([OsStr::new("mount"), empty.as_os_str(), mp.as_os_str()]);
+    let out = stagefs(osargs!["mount", empty, mp]);
     unmount_if_mounted(&mp);
     assert_eq!(out.code(), Some(3), "{}", out.describe());
     assert!(out.stderr.contains("is empty (0 bytes)"), "{}", out.describe());
@@ -56,34 +56,15 @@ fn counts_out_of_range_are_usage_errors() {
     let mp = tmp.join("mnt");
     let archive = fixture("gnu.tar");
     for threads in ["0", "1000", "100000"] {
-        let out = stagefs([
-            OsStr::new("mount"),
-            OsStr::new("--threads"),
-            OsStr::new(threads),
-            archive.as_os_str(),
-            mp.as_os_str(),
-        ]);
+        let out = stagefs(osargs!["mount", "--threads", threads, archive, mp]);
         unmount_if_mounted(&mp);
         assert_eq!(out.code(), Some(2), "--threads {threads}: {}", out.describe());
         assert!(out.stderr.contains("1..=256"), "the error gives the range: {}", out.describe());
     }
-    let out = stagefs([
-        OsStr::new("run"),
-        OsStr::new("--threads"),
-        OsStr::new("1000"),
-        archive.as_os_str(),
-        OsStr::new("--"),
-        OsStr::new("true"),
-    ]);
+    let out = stagefs(osargs!["run", "--threads", "1000", archive, "--", "true"]);
     assert_eq!(out.code(), Some(2), "{}", out.describe());
     for (flag, value) in [("--files", "0"), ("--readers", "0")] {
-        let out = stagefs([
-            OsStr::new("demo"),
-            OsStr::new(flag),
-            OsStr::new(value),
-            OsStr::new("--dir"),
-            tmp.join("demo").as_os_str(),
-        ]);
+        let out = stagefs(osargs!["demo", flag, value, "--dir", tmp.join("demo")]);
         assert_eq!(out.code(), Some(2), "demo {flag} {value}: {}", out.describe());
         assert!(out.stderr.contains("at least 1"), "{}", out.describe());
     }
@@ -115,7 +96,7 @@ fn a_mountpoint_fusermount3_refuses_is_a_mountpoint_problem_not_missing_fuse() {
     let mp = tmp.join("roots");
     fs::create_dir(&mp).unwrap();
     fs::set_permissions(&mp, fs::Permissions::from_mode(0o755)).unwrap();
-    let out = user.stagefs([OsStr::new("mount"), archive.as_os_str(), mp.as_os_str()]);
+    let out = user.stagefs(osargs!["mount", archive, mp]);
     unmount_if_mounted(&mp);
     assert_eq!(out.code(), Some(4), "{}", out.describe());
     assert!(out.stderr.contains(&*mp.to_string_lossy()), "the error names the mountpoint: {}", out.describe());
@@ -141,14 +122,8 @@ fn runtime_files(runtime: &Path) -> Vec<String> {
 
 /// A tar of four 200 KB files, written by GNU tar.
 fn four_file_tar(tmp: &TempDir) -> PathBuf {
-    let src = tmp.join("src");
-    fs::create_dir_all(&src).unwrap();
-    for i in 0..4u64 {
-        fs::write(src.join(format!("f{i}.bin")), pseudo_random(40 + i, 200_000)).unwrap();
-    }
-    let archive = tmp.join("data.tar");
-    pack_tar(&src, &archive, &["f0.bin", "f1.bin", "f2.bin", "f3.bin"]);
-    archive
+    let files = (0..4u64).map(|i| (format!("f{i}.bin"), pseudo_random(40 + i, 200_000)));
+    Scene::new("ux-src").files(files).tar_at(&tmp.join("data.tar"))
 }
 
 #[test]
@@ -158,10 +133,7 @@ fn errors_served_reach_the_log_status_and_umount() {
     let runtime = tmp.join("runtime");
     let archive = four_file_tar(&tmp);
     let mp = tmp.join("mnt");
-    let out = stagefs_in(
-        &runtime,
-        &[OsStr::new("mount"), OsStr::new("--stage"), OsStr::new("none"), archive.as_os_str(), mp.as_os_str()],
-    );
+    let out = stagefs_in(&runtime, &osargs!["mount", "--stage", "none", archive, mp]);
     out.assert_success();
     let guard = Mounted::adopt(&archive, &mp);
     let logs: Vec<String> = runtime_files(&runtime).into_iter().filter(|f| f.ends_with(".log")).collect();
@@ -190,12 +162,12 @@ fn errors_served_reach_the_log_status_and_umount() {
     });
     assert!(shown, "status shows the last error:\n{status}");
     assert!(status.contains("ERRORS"), "{status}");
-    let json = stagefs_in(&runtime, &[OsStr::new("status"), OsStr::new("--json")]).stdout;
+    let json = stagefs_in(&runtime, &osargs!["status", "--json"]).stdout;
     // The kernel may retry a failed read: one or more.
     let ours = json.lines().find(|l| l.contains(&*mp.to_string_lossy())).unwrap_or_default();
     assert!(!ours.contains("\"errors\":0,") && ours.contains("\"last_error\":\"/f1.bin: "), "{json}");
 
-    let out = stagefs_in(&runtime, &[OsStr::new("umount"), mp.as_os_str()]);
+    let out = stagefs_in(&runtime, &osargs!["umount", mp]);
     guard.disarm();
     out.assert_success();
     assert!(
@@ -218,8 +190,7 @@ fn a_log_file_that_cannot_be_written_is_refused_before_mounting() {
     let mp = tmp.join("made/mnt");
     let log = tmp.join("no-such-dir/daemon.log");
     let archive = fixture("gnu.tar");
-    let out =
-        stagefs([OsStr::new("mount"), OsStr::new("--log-file"), log.as_os_str(), archive.as_os_str(), mp.as_os_str()]);
+    let out = stagefs(osargs!["mount", "--log-file", log, archive, mp]);
     unmount_if_mounted(&mp);
     assert_eq!(out.code(), Some(1), "{}", out.describe());
     assert!(
@@ -230,14 +201,7 @@ fn a_log_file_that_cannot_be_written_is_refused_before_mounting() {
     assert!(!tmp.join("made").exists(), "nothing was made for the mount");
     // A writable one gets the daemon's log.
     let log = tmp.join("daemon.log");
-    let out = stagefs([
-        OsStr::new("mount"),
-        OsStr::new("-v"),
-        OsStr::new("--log-file"),
-        log.as_os_str(),
-        archive.as_os_str(),
-        mp.as_os_str(),
-    ]);
+    let out = stagefs(osargs!["mount", "-v", "--log-file", log, archive, mp]);
     let m = Mounted::adopt(&archive, &mp);
     out.assert_success();
     m.unmount().assert_success();
@@ -261,13 +225,13 @@ fn umount_after_kill_9_of_the_daemon_leaves_nothing() {
     let mp = tmp.join("made/by/stagefs");
     let archive = tmp.join("data.tar");
     fs::copy(fixture("gnu.tar"), &archive).unwrap();
-    stagefs_in(&runtime, &[OsStr::new("mount"), archive.as_os_str(), mp.as_os_str()]).assert_success();
+    stagefs_in(&runtime, &osargs!["mount", archive, mp]).assert_success();
     let guard = Mounted::adopt(&archive, &mp);
     let pids = stagefs_pids(&mp);
     assert_eq!(pids.len(), 1, "{pids:?}");
     let _ = signal(pids[0], Signal::SIGKILL);
     assert!(wait_until(Duration::from_secs(10), || !process_alive(pids[0])), "the daemon survived SIGKILL");
-    let out = stagefs_in(&runtime, &[OsStr::new("umount"), mp.as_os_str()]);
+    let out = stagefs_in(&runtime, &osargs!["umount", mp]);
     guard.disarm();
     out.assert_success();
     assert!(!is_mounted(&mp));
@@ -287,7 +251,7 @@ fn kill_9_of_stagefs_run_takes_its_command_along_and_the_next_election_sweeps() 
     let script = format!("touch {} && exec sleep 300", marker.display());
     let mut cmd = Command::new(stagefs_bin());
     cmd.env("STAGEFS_RUNTIME_DIR", &runtime)
-        .args([OsStr::new("run"), OsStr::new("-m"), mp.as_os_str(), archive.as_os_str()])
+        .args(osargs!["run", "-m", mp, archive])
         .args(["--", "sh", "-c", &script])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -309,10 +273,10 @@ fn kill_9_of_stagefs_run_takes_its_command_along_and_the_next_election_sweeps() 
 
     // The next election on the node (any mountpoint) sweeps it.
     let other = tmp.join("other");
-    stagefs_in(&runtime, &[OsStr::new("mount"), archive.as_os_str(), other.as_os_str()]).assert_success();
+    stagefs_in(&runtime, &osargs!["mount", archive, other]).assert_success();
     let guard = Mounted::adopt(&archive, &other);
     assert!(!runtime_files(&runtime).iter().any(|f| f.ends_with(".users")), "{:?}", runtime_files(&runtime));
-    stagefs_in(&runtime, &[OsStr::new("umount"), other.as_os_str()]).assert_success();
+    stagefs_in(&runtime, &osargs!["umount", other]).assert_success();
     guard.disarm();
     assert!(wait_until(Duration::from_secs(5), || runtime_files(&runtime).is_empty()), "{:?}", runtime_files(&runtime));
 }
@@ -338,16 +302,7 @@ fn the_demo_says_what_it_writes_and_compares_three_ways() {
     require_root();
     let tmp = TempDir::new("ux-demo");
     let work = tmp.join("demo");
-    let out = stagefs([
-        OsStr::new("demo"),
-        OsStr::new("--files"),
-        OsStr::new("60"),
-        OsStr::new("--readers"),
-        OsStr::new("2"),
-        OsStr::new("--dir"),
-        work.as_os_str(),
-        OsStr::new("--keep"),
-    ]);
+    let out = stagefs(osargs!["demo", "--files", "60", "--readers", "2", "--dir", work, "--keep"]);
     out.assert_success();
     let first = out.stdout.lines().next().unwrap_or_default();
     assert!(
@@ -369,7 +324,7 @@ fn the_demo_says_what_it_writes_and_compares_three_ways() {
     assert!(out.stdout.contains("all bytes verified"), "{}", out.describe());
 
     let archive = work.join("imagenet-like.tar");
-    let listing = run_tool("tar", [OsStr::new("-tvf"), archive.as_os_str()]).stdout;
+    let listing = run_tool("tar", osargs!["-tvf", archive]).stdout;
     let (dirs, files): (Vec<&str>, Vec<&str>) = listing.lines().partition(|l| l.starts_with('d'));
     assert_eq!((dirs.len(), files.len()), (20, 60), "20 class folders and 60 files:\n{listing}");
     for line in files {
@@ -382,7 +337,7 @@ fn the_demo_says_what_it_writes_and_compares_three_ways() {
         fs::read_dir(&work).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     left.sort();
     assert_eq!(left, ["imagenet-like.tar"], "only the kept archive stays");
-    assert!(!crate::util::mounts().iter().any(|m| m.mount_point.starts_with(&work)), "a demo mount stayed");
+    assert!(!crate::kit::mounts().iter().any(|m| m.mount_point.starts_with(&work)), "a demo mount stayed");
 }
 
 /// Ctrl-C while the demo writes its ~0.9 GB: it stops, removes everything it wrote and
@@ -393,7 +348,7 @@ fn an_interrupted_demo_leaves_nothing_behind() {
     let tmp = TempDir::new("ux-demo-int");
     let work = tmp.join("demo");
     let mut child = Command::new(stagefs_bin())
-        .args([OsStr::new("demo"), OsStr::new("--files"), OsStr::new("20000"), OsStr::new("--dir"), work.as_os_str()])
+        .args(osargs!["demo", "--files", "20000", "--dir", work])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -406,7 +361,7 @@ fn an_interrupted_demo_leaves_nothing_behind() {
         std::thread::sleep(Duration::from_millis(20));
     }
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
-    let status = crate::util::wait_timeout(&mut child, Duration::from_secs(60)).expect("the demo must stop");
+    let status = crate::kit::wait_timeout(&mut child, Duration::from_secs(60)).expect("the demo must stop");
     let mut stderr = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
     assert_eq!(status.code(), Some(130), "{stderr}");
@@ -425,7 +380,7 @@ fn a_detached_mount_inside_a_slurm_job_says_it_outlives_the_job() {
     fs::copy(fixture("gnu.tar"), &archive).unwrap();
     let mp = tmp.join("mnt");
     let mut cmd = Command::new(stagefs_bin());
-    cmd.env("SLURM_JOB_ID", "777").args([OsStr::new("mount"), archive.as_os_str(), mp.as_os_str()]);
+    cmd.env("SLURM_JOB_ID", "777").args(osargs!["mount", archive, mp]);
     let out = run_cmd(&mut cmd, CMD_TIMEOUT);
     let m = Mounted::adopt(&archive, &mp);
     out.assert_success();
@@ -436,7 +391,7 @@ fn a_detached_mount_inside_a_slurm_job_says_it_outlives_the_job() {
     );
     m.unmount().assert_success();
     // Outside a job, no such note.
-    let out = stagefs([OsStr::new("mount"), archive.as_os_str(), mp.as_os_str()]);
+    let out = stagefs(osargs!["mount", archive, mp]);
     let m = Mounted::adopt(&archive, &mp);
     out.assert_success();
     assert!(!out.stderr.contains("SLURM"), "{}", out.describe());
@@ -451,7 +406,7 @@ fn an_archive_of_zeros_mounts_empty_and_says_so() {
     let archive = tmp.join("zeros.tar");
     fs::write(&archive, vec![0u8; 1 << 20]).unwrap();
     let mp = tmp.join("mnt");
-    let out = stagefs([OsStr::new("mount"), archive.as_os_str(), mp.as_os_str()]);
+    let out = stagefs(osargs!["mount", archive, mp]);
     let m = Mounted::adopt(&archive, &mp);
     out.assert_success();
     assert!(out.stderr.contains("holds no files or directories (1048576 bytes)"), "{}", out.describe());
@@ -478,9 +433,9 @@ fn wait_sees_a_mount_that_failed_before_it_began() {
         run_cmd(&mut cmd, CMD_TIMEOUT)
     };
     let typo = tmp.join("no-such-archive.tar");
-    let out = slurm("0", &[OsStr::new("mount"), typo.as_os_str(), mp.as_os_str()]);
+    let out = slurm("0", &osargs!["mount", typo, mp]);
     assert_eq!(out.code(), Some(3), "{}", out.describe());
-    let out = slurm("1", &[OsStr::new("wait"), OsStr::new("--timeout"), OsStr::new("40s"), mp.as_os_str()]);
+    let out = slurm("1", &osargs!["wait", "--timeout", "40s", mp]);
     // Exit 3, the mounter's code: a wait that timed out would exit 6 after 40 s.
     assert_eq!(out.code(), Some(3), "{}", out.describe());
     assert!(out.stderr.contains("no-such-archive.tar"), "{}", out.describe());
@@ -504,10 +459,10 @@ fn wait_outside_slurm_sees_a_failure_from_just_before_it_began_and_nothing_stays
         run_cmd(&mut cmd, CMD_TIMEOUT)
     };
     let typo = tmp.join("nonexist.sqsh");
-    let out = cmd(&[OsStr::new("mount"), OsStr::new("-f"), typo.as_os_str(), mp.as_os_str()]);
+    let out = cmd(&osargs!["mount", "-f", typo, mp]);
     assert_eq!(out.code(), Some(3), "{}", out.describe());
     std::thread::sleep(Duration::from_millis(500));
-    let out = cmd(&[OsStr::new("wait"), OsStr::new("--timeout"), OsStr::new("40s"), mp.as_os_str()]);
+    let out = cmd(&osargs!["wait", "--timeout", "40s", mp]);
     assert_eq!(out.code(), Some(3), "the mounter's code, not a timeout's 6: {}", out.describe());
     assert!(out.stderr.contains("nonexist.sqsh"), "{}", out.describe());
     let locks = || {
@@ -536,15 +491,15 @@ with tarfile.open(sys.argv[1], "w", format=tarfile.GNU_FORMAT) as t:
         info = tarfile.TarInfo(f"d{i // 1000:03d}/f{i:06d}")
         t.addfile(info, io.BytesIO(b""))
 "#;
-    run_tool("python3", [OsStr::new("-c"), OsStr::new(script), archive.as_os_str()]);
+    run_tool("python3", osargs!["-c", script, archive]);
     let mp = tmp.join("mnt");
     let line = format!("{} mount {} {}", stagefs_bin().display(), archive.display(), mp.display());
-    let out = run_tool("script", [OsStr::new("-qec"), OsStr::new(&line), OsStr::new("/dev/null")]);
+    let out = run_tool("script", osargs!["-qec", &line, "/dev/null"]);
     let m = Mounted::adopt(&archive, &mp);
     assert!(out.stdout.contains("indexing"), "no progress while scanning:\n{}", out.describe());
     m.unmount().assert_success();
     // On a pipe: no bar.
-    let out = stagefs([OsStr::new("mount"), archive.as_os_str(), mp.as_os_str()]);
+    let out = stagefs(osargs!["mount", archive, mp]);
     let m = Mounted::adopt(&archive, &mp);
     out.assert_success();
     assert!(!out.stderr.contains("indexing ["), "{}", out.describe());

@@ -9,7 +9,7 @@ use std::fs;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use crate::util::{extract_squashfs, extract_tar, fixture, pack_tar, read, require_root, stagefs, Mounted, TempDir};
+use crate::kit::{extract_squashfs, extract_tar, fixture, pack_tar, read, require_root, stagefs, Mounted, TempDir};
 
 /// Pages of `path` in the page cache, and the file's pages in total.
 fn cached_pages(path: &Path) -> (usize, usize) {
@@ -99,39 +99,39 @@ fn squashfs_case(name: &str, args: &[&str], expect_warm: bool) {
 
 #[test]
 fn staged_tar_is_warm_once_staged() {
-    let _no_drop_caches_meanwhile = crate::util::page_cache_guard();
+    let _no_drop_caches_meanwhile = crate::kit::page_cache_guard();
     // Hard links, long names, several directories.
     tar_case("gnu.tar", &["--stage", "ram"], true);
 }
 
 #[test]
 fn staged_sparse_tar_is_warm_with_holes_as_zeros() {
-    let _no_drop_caches_meanwhile = crate::util::page_cache_guard();
+    let _no_drop_caches_meanwhile = crate::kit::page_cache_guard();
     tar_case("sparse-posix-1.0.tar", &["--stage", "ram"], true);
 }
 
 #[test]
 fn staged_squashfs_with_fragments_is_warm() {
-    let _no_drop_caches_meanwhile = crate::util::page_cache_guard();
+    let _no_drop_caches_meanwhile = crate::kit::page_cache_guard();
     squashfs_case("sqfs-zstd.sqfs", &["--stage", "ram"], true);
 }
 
 #[test]
 fn in_place_warms_only_when_asked() {
-    let _no_drop_caches_meanwhile = crate::util::page_cache_guard();
+    let _no_drop_caches_meanwhile = crate::kit::page_cache_guard();
     tar_case("posix.tar", &["--stage", "none"], false);
     tar_case("posix.tar", &["--stage", "none", "--warm", "yes"], true);
 }
 
 #[test]
 fn warm_no_leaves_staged_files_cold() {
-    let _no_drop_caches_meanwhile = crate::util::page_cache_guard();
+    let _no_drop_caches_meanwhile = crate::kit::page_cache_guard();
     squashfs_case("sqfs-gzip.sqfs", &["--stage", "ram", "--warm", "no"], false);
 }
 
 #[test]
 fn warm_is_skipped_with_a_warning_when_max_ram_leaves_no_room() {
-    let _no_drop_caches_meanwhile = crate::util::page_cache_guard();
+    let _no_drop_caches_meanwhile = crate::kit::page_cache_guard();
     require_root();
     let name = "bsdtar-pax.tar";
     let tmp = TempDir::new("warm-no-room");
@@ -163,7 +163,7 @@ fn warm_is_skipped_with_a_warning_when_max_ram_leaves_no_room() {
 
 #[test]
 fn staged_tar_with_a_large_directory_is_warm() {
-    let _no_drop_caches_meanwhile = crate::util::page_cache_guard();
+    let _no_drop_caches_meanwhile = crate::kit::page_cache_guard();
     // More entries than one directory listing buffer holds: every one of them must get
     // an inode in the kernel (READDIRPLUS on every listing call), or stores to the later
     // ones are silently dropped and they stay cold.

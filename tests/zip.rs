@@ -15,8 +15,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::compare::{assert_trees_equal, count_entries, Options};
-use crate::util::{
-    mount_must_fail, proc_kb_field, pseudo_random, read, require_tool, run_cmd, stagefs, Mounted, TempDir,
+use crate::kit::{
+    mount_must_fail, osargs, proc_kb_field, pseudo_random, read, require_tool, run_cmd, stagefs, Mounted, TempDir,
 };
 
 const T: i64 = 1_623_760_496;
@@ -65,7 +65,7 @@ fn zip_case(tmp: &TempDir, archive: &Path, opts: Options, links: bool) {
     let expected = tmp.join("expected");
     fs::create_dir_all(&expected).unwrap();
     let mut cmd = Command::new(require_tool("unzip"));
-    cmd.current_dir(&expected).env("TZ", "UTC").args([os("-q"), archive.as_os_str()]);
+    cmd.current_dir(&expected).env("TZ", "UTC").args(osargs!["-q", archive]);
     let out = run_cmd(&mut cmd, Duration::from_secs(300));
     // Exit 1 is a warning: "extra bytes at beginning" of a zip behind a stub.
     assert!(matches!(out.code(), Some(0 | 1)), "unzip failed:\n{}", out.describe());
@@ -98,7 +98,7 @@ fn zip_infozip_deflate_with_symlinks() {
     let tmp = TempDir::new("zip-infozip");
     make_tree(&tmp.join("src"), true);
     let archive = tmp.join("a.zip");
-    tool(&tmp.join("src"), "zip", &[os("-q"), os("-r"), os("-y"), archive.as_os_str(), os(".")]);
+    tool(&tmp.join("src"), "zip", &osargs!["-q", "-r", "-y", archive, "."]);
     zip_case(&tmp, &archive, opts(), true);
 }
 
@@ -107,7 +107,7 @@ fn zip_infozip_stored() {
     let tmp = TempDir::new("zip-stored");
     make_tree(&tmp.join("src"), true);
     let archive = tmp.join("a.zip");
-    tool(&tmp.join("src"), "zip", &[os("-q"), os("-r"), os("-y"), os("-0"), archive.as_os_str(), os(".")]);
+    tool(&tmp.join("src"), "zip", &osargs!["-q", "-r", "-y", "-0", archive, "."]);
     zip_case(&tmp, &archive, opts(), true);
 }
 
@@ -128,7 +128,7 @@ fn zip_with_prefix_and_comment() {
     let tmp = TempDir::new("zip-sfx");
     make_tree(&tmp.join("src"), true);
     let plain = tmp.join("plain.zip");
-    tool(&tmp.join("src"), "zip", &[os("-q"), os("-r"), os("-y"), plain.as_os_str(), os(".")]);
+    tool(&tmp.join("src"), "zip", &osargs!["-q", "-r", "-y", plain, "."]);
     let mut bytes = b"#!/bin/sh\necho self-extracting stub; exit 0\n".repeat(100);
     bytes.extend_from_slice(&fs::read(&plain).unwrap());
     // The comment goes in the end record: its length field, then its bytes.
@@ -147,14 +147,14 @@ fn zip_7z_deflate_and_lzma() {
         let tmp = TempDir::new(&format!("zip-7z-{label}"));
         make_tree(&tmp.join("src"), false);
         let archive = tmp.join("a.zip");
-        tool(&tmp.join("src"), "7z", &[os("a"), os("-bd"), os("-tzip"), os(method), archive.as_os_str(), os(".")]);
+        tool(&tmp.join("src"), "7z", &osargs!["a", "-bd", "-tzip", method, archive, "."]);
         if label == "deflate" {
             zip_case(&tmp, &archive, opts(), false);
         } else {
             // Info-ZIP unzip 6.0 has no LZMA: 7-Zip extracts the reference.
             let expected = tmp.join("expected");
             let out = format!("-o{}", expected.display());
-            tool(tmp.path(), "7z", &[os("x"), os("-bd"), os(&out), archive.as_os_str()]);
+            tool(tmp.path(), "7z", &osargs!["x", "-bd", &out, archive]);
             compare_with(&tmp, &archive, &expected, opts(), false);
         }
     }
@@ -166,7 +166,7 @@ fn zip_bsdtar() {
     let tmp = TempDir::new("zip-bsdtar");
     make_tree(&tmp.join("src"), true);
     let archive = tmp.join("a.zip");
-    tool(&tmp.join("src"), "bsdtar", &[os("--format"), os("zip"), os("-cf"), archive.as_os_str(), os(".")]);
+    tool(&tmp.join("src"), "bsdtar", &osargs!["--format", "zip", "-cf", archive, "."]);
     zip_case(&tmp, &archive, opts(), true);
 }
 
@@ -188,7 +188,7 @@ with zipfile.ZipFile(sys.argv[1], "w") as z:
             with open(p, "rb") as fh:
                 z.writestr(info, fh.read(), compress_type=method)
 "#;
-    tool(&tmp.join("src"), "python3", &[os("-c"), os(script), archive.as_os_str()]);
+    tool(&tmp.join("src"), "python3", &osargs!["-c", script, archive]);
     // Implicit directories: unzip makes them with its own attributes.
     let opts = opts().skip_dir_attrs(["a", "a/b", "a/b/c", "ünïcödé"]);
     zip_case(&tmp, &archive, opts, false);
@@ -209,10 +209,10 @@ with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED) as z:
     with z.open("forced/zip64.bin", "w", force_zip64=True) as f:
         f.write(b"x" * 100000 + b"end")
 "#;
-    tool(tmp.path(), "python3", &[os("-c"), os(script), archive.as_os_str()]);
+    tool(tmp.path(), "python3", &osargs!["-c", script, archive]);
     let expected = tmp.join("expected");
     fs::create_dir_all(&expected).unwrap();
-    tool(&expected, "unzip", &[os("-q"), archive.as_os_str()]);
+    tool(&expected, "unzip", &osargs!["-q", archive]);
     assert_eq!(count_entries(&expected), 70_000 + 70 + 1 + 1);
     let mnt = Mounted::new(&archive, &tmp.join("mnt"));
     assert_eq!(read(&mnt.path().join("d69/f69999.txt")), b"member 69999\n".repeat(69_999 % 7));
@@ -232,7 +232,7 @@ fn zip_is_detected_by_content_not_name() {
     fs::create_dir_all(tmp.join("src")).unwrap();
     fs::write(tmp.join("src/f"), b"content\n").unwrap();
     let archive = tmp.join("data.tar");
-    tool(&tmp.join("src"), "zip", &[os("-q"), archive.as_os_str(), os("f")]);
+    tool(&tmp.join("src"), "zip", &osargs!["-q", archive, "f"]);
     let mnt = Mounted::new(&archive, &tmp.join("mnt"));
     assert_eq!(read(&mnt.path().join("f")), b"content\n");
 }
@@ -507,7 +507,7 @@ fn zip_crafted_names_times_and_duplicates() {
     let expected = tmp.join("expected");
     fs::create_dir_all(&expected).unwrap();
     // -o: overwrite the duplicate without asking, as the later entry wins.
-    tool(&expected, "unzip", &[os("-q"), os("-o"), archive.as_os_str()]);
+    tool(&expected, "unzip", &osargs!["-q", "-o", archive]);
     assert_eq!(read(&expected.join("café.txt")), b"unicode path\n");
     assert_eq!(read(&expected.join("d/dup")), b"second, longer\n");
     let mnt = Mounted::new(&archive, &tmp.join("mnt"));
@@ -540,7 +540,7 @@ with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_STORED) as z:
     z.writestr("deflated.txt", "x" * 1000, compress_type=zipfile.ZIP_DEFLATED)
 "#;
     let block_file = tmp.join("block");
-    tool(tmp.path(), "python3", &[os("-c"), os(script), archive.as_os_str(), block_file.as_os_str()]);
+    tool(tmp.path(), "python3", &osargs!["-c", script, archive, block_file]);
     let block = read(&block_file);
     let mnt = Mounted::new(&archive, &tmp.join("mnt"));
     let big = fs::File::open(mnt.path().join("big.bin")).unwrap();
@@ -554,7 +554,7 @@ with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_STORED) as z:
     }
     for name in ["after.txt", "deflated.txt"] {
         let mut cmd = Command::new(require_tool("unzip"));
-        cmd.args([os("-p"), archive.as_os_str(), os(name)]);
+        cmd.args(osargs!["-p", archive, name]);
         let out = run_cmd(&mut cmd, Duration::from_secs(60));
         assert!(out.success() && !out.stdout.is_empty(), "unzip -p {name}:\n{}", out.describe());
         assert_eq!(read(&mnt.path().join(name)), out.stdout.as_bytes(), "{name}");
@@ -596,7 +596,7 @@ fn zip_declared_sizes_never_drive_memory() {
     fs::write(&archive, craft(&members)).unwrap();
     let log = tmp.join("daemon.log");
     let mnt = tmp.join("mnt");
-    let out = stagefs([os("mount"), os("--log-file"), log.as_os_str(), archive.as_os_str(), mnt.as_os_str()]);
+    let out = stagefs(osargs!["mount", "--log-file", log, archive, mnt]);
     let m = Mounted::adopt(&archive, &mnt);
     out.assert_success();
     let skipped = out.stderr.lines().filter(|l| l.contains("skipping symlink member")).count();
@@ -620,7 +620,7 @@ fn zip_declared_sizes_never_drive_memory() {
     fs::create_dir_all(&src).unwrap();
     fs::write(src.join("log.txt"), &lines).unwrap();
     let bz = tmp.join("bzip2.zip");
-    tool(&src, "zip", &[os("-q"), os("-Z"), os("bzip2"), bz.as_os_str(), os("log.txt")]);
+    tool(&src, "zip", &osargs!["-q", "-Z", "bzip2", bz, "log.txt"]);
     let zeros_zip = tmp.join("zeros.zip");
     let script = r#"
 import sys, zipfile
@@ -630,7 +630,7 @@ with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED, compresslevel=1) as
         for _ in range(1024):
             f.write(block)
 "#;
-    tool(tmp.path(), "python3", &[os("-c"), os(script), zeros_zip.as_os_str()]);
+    tool(tmp.path(), "python3", &osargs!["-c", script, zeros_zip]);
     let m = Mounted::new(&bz, &tmp.join("mnt-bz"));
     let ratio = lines.len() as u64 / fs::metadata(&bz).unwrap().len();
     assert!(ratio > 1000, "Info-ZIP packed at only {ratio}:1");
@@ -724,7 +724,7 @@ fn zip_names_reach_terminals_and_logs_escaped() {
     let archive = tmp.join("evil.zip");
     fs::write(&archive, craft(&[damaged, skipped, Craft::stored(b"fine.txt", b"fine\n")])).unwrap();
     let (mnt, log) = (tmp.join("mnt"), tmp.join("daemon.log"));
-    let out = stagefs([os("mount"), os("--log-file"), log.as_os_str(), archive.as_os_str(), mnt.as_os_str()]);
+    let out = stagefs(osargs!["mount", "--log-file", log, archive, mnt]);
     let m = Mounted::adopt(&archive, &mnt);
     out.assert_success();
     let evil_name = std::ffi::OsStr::from_bytes(EVIL);
@@ -747,7 +747,7 @@ fn zip_names_reach_terminals_and_logs_escaped() {
 /// user who mounted it. They are the mounting user's, as unzip makes them.
 #[test]
 fn zip_members_belong_to_the_user_who_mounts_it() {
-    let alice = crate::util::User::get("sfs-alice");
+    let alice = crate::kit::User::get("sfs-alice");
     let archive = alice.home.join("writestr.zip");
     let script = format!(
         "import zipfile\nwith zipfile.ZipFile('{}', 'w') as z:\n    for i in range(50): z.writestr(f'd/f{{i}}.txt', f'file {{i}}\\n')\n",
@@ -755,10 +755,10 @@ fn zip_members_belong_to_the_user_who_mounts_it() {
     );
     alice.sh(&format!("python3 -c \"{}\"", script.replace('"', "\\\"")));
     let mnt = alice.home.join("mnt-writestr");
-    crate::util::remove_tree(&mnt);
-    alice.stagefs([OsStr::new("mount"), archive.as_os_str(), mnt.as_os_str()]).assert_success();
+    crate::kit::remove_tree(&mnt);
+    alice.stagefs(osargs!["mount", archive, mnt]).assert_success();
     let read = alice.try_sh(&format!("cat {}/d/f7.txt && stat -c '%a %U' {}/d/f7.txt", mnt.display(), mnt.display()));
-    alice.stagefs([OsStr::new("umount"), mnt.as_os_str()]).assert_success();
+    alice.stagefs(osargs!["umount", mnt]).assert_success();
     fs::remove_file(&archive).unwrap();
     assert!(read.success(), "alice cannot read her own zip's member:\n{}", read.describe());
     assert_eq!(read.stdout, "file 7\n600 sfs-alice\n");
@@ -801,7 +801,7 @@ with open(sys.argv[1], "wb") as f:
     f.write(struct.pack("<IIQI", 0x07064b50, 0, end64, 1))
     f.write(struct.pack("<IHHHHIIH", 0x06054b50, 0, 0, 2, 2, len(c), 0xffffffff, 0))
 "#;
-    tool(tmp.path(), "python3", &[os("-c"), os(script), archive.as_os_str()]);
+    tool(tmp.path(), "python3", &osargs!["-c", script, archive]);
     let mnt = Mounted::new(&archive, &tmp.join("mnt"));
     assert_eq!(read(&mnt.path().join("small.txt")), b"before the big member\n");
     let big = fs::File::open(mnt.path().join("big.bin")).unwrap();
@@ -827,7 +827,7 @@ fn zip_names_with_a_nul_byte_are_left_out() {
     let archive = tmp.join("nul.zip");
     fs::write(&archive, craft(&members)).unwrap();
     let (mnt, log) = (tmp.join("mnt"), tmp.join("daemon.log"));
-    let out = stagefs([os("mount"), os("--log-file"), log.as_os_str(), archive.as_os_str(), mnt.as_os_str()]);
+    let out = stagefs(osargs!["mount", "--log-file", log, archive, mnt]);
     out.assert_success();
     let m = Mounted::adopt(&archive, &mnt);
     let names: Vec<String> =

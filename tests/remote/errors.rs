@@ -6,7 +6,7 @@ use std::process::Command;
 
 use super::servers::{base_env, Nginx, BASIC_PASSWORD, BASIC_USER};
 use super::{mount_fails, mount_url};
-use crate::util::{pack_tar, require_root, require_tool, run_cmd, stagefs_bin, TempDir, CMD_TIMEOUT};
+use crate::kit::{pack_tar, require_root, require_tool, run_cmd, stagefs_bin, TempDir, CMD_TIMEOUT};
 
 /// A one-file tar as `name` in nginx's root.
 fn small_tar(nginx: &Nginx, tmp: &TempDir, name: &str) {
@@ -122,7 +122,7 @@ fn missing_objects_and_refused_passwords_are_asked_once_with_advice_for_each() {
 /// of the same CA is trusted.
 #[test]
 fn a_ca_bundle_another_user_put_in_place_is_not_trusted() {
-    let s = crate::util::scene("remote-ca-users");
+    let s = crate::kit::two_users("remote-ca-users");
     let nginx = Nginx::start_tls("ca-users");
     let tmp = TempDir::new("remote-ca-users");
     small_tar(&nginx, &tmp, "a.tar");

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use super::proxy::{Fault, Proxy, Silent, Trickle};
 use super::servers::{base_env, Nginx};
 use super::{command_with, contents, mount_fails, mount_url, stagefs_with};
-use crate::util::{is_mounted, pack_tar, pseudo_random, require_root, wait_timeout, wait_until, KillOnDrop, TempDir};
-use crate::util::{signal, Signal};
+use crate::kit::{is_mounted, pack_tar, pseudo_random, require_root, wait_timeout, wait_until, KillOnDrop, TempDir};
+use crate::kit::{signal, Signal};
 
 /// A tar of a few large random files (`MiB` MiB in all) in nginx's root as `name`.
 fn big_tar(nginx: &Nginx, tmp: &TempDir, name: &str, mib: usize) -> std::path::PathBuf {
@@ -59,7 +59,7 @@ fn an_object_replaced_during_the_copy_is_refused_never_mixed() {
     }
     fs::write(&staged, &other).unwrap();
     let new_tree = tmp.join("new-tree");
-    crate::util::extract_tar(&staged, &new_tree);
+    crate::kit::extract_tar(&staged, &new_tree);
     let (from, to) = (staged.clone(), object.clone());
     let replace = Arc::new(move || {
         let later = fs::metadata(&to).unwrap().modified().unwrap() + Duration::from_secs(100);

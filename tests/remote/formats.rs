@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::servers::{base_env, Nginx};
 use super::{make_tree, mount_url};
 use crate::compare::{assert_trees_equal, Options};
-use crate::util::{extract_squashfs, extract_tar, require_root, require_tool, run_cmd, run_tool, TempDir};
+use crate::kit::{extract_squashfs, extract_tar, require_root, require_tool, run_cmd, run_tool, TempDir};
 
 /// The archives of one tree, each with how to extract it for reference.
 struct Made {
@@ -37,7 +37,7 @@ fn make_archives(dir: &Path, www: &Path) -> Vec<Made> {
         let file = fs::File::create(www.join(out)).unwrap();
         let mut cmd = Command::new(require_tool(tool));
         cmd.args(args).arg(&tar);
-        let done = crate::util::run_cmd_into(&mut cmd, Duration::from_secs(120), Some(file));
+        let done = crate::kit::run_cmd_into(&mut cmd, Duration::from_secs(120), Some(file));
         assert!(done.success(), "{tool} failed:\n{}", done.describe());
     };
     compress("gzip", &["-c"], "data.tar.gz");

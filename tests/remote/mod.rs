@@ -16,7 +16,7 @@ use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::util::{is_mounted, pseudo_random, stagefs, Mounted, TempDir};
+use crate::kit::{is_mounted, pseudo_random, stagefs, Mounted, TempDir};
 pub use servers::{command_with, stagefs_with};
 
 /// A tree with directories, files of several sizes (some compressible), a symlink and an

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use super::servers::{base_env, s3_env, stagefs_with, ACCESS_KEY, S3, SECRET_KEY};
 use super::{contents, make_tree, mount_fails, mount_url};
-use crate::util::{pack_tar, require_root, TempDir};
+use crate::kit::{pack_tar, require_root, TempDir};
 
 /// A bucket `data` holding `train.tar` of a fresh tree; returns the tree.
 fn bucket_with_tar(s3: &S3, tmp: &TempDir) -> std::path::PathBuf {
@@ -51,7 +51,7 @@ fn s3_objects_mount_staged_and_in_place_and_the_uploaded_index_is_used() {
     let mount = ["mount", "-v", "--stage", "none", "s3://data/train.tar", mp.to_str().unwrap()];
     let out = stagefs_with(&fresh, &[&mount[..1], &args(&e, &mount[1..])].concat());
     assert!(out.success(), "{}", out.describe());
-    let mnt = crate::util::Mounted::adopt(Path::new("s3://data/train.tar"), &mp);
+    let mnt = crate::kit::Mounted::adopt(Path::new("s3://data/train.tar"), &mp);
     assert!(out.stderr.contains("using the saved index s3://data/train.tar.stagefs-index"), "{}", out.describe());
     assert_eq!(contents(&src), contents(mnt.path()));
     mnt.unmount().assert_success();
@@ -102,7 +102,7 @@ fn s3_shard_sets_from_brace_ranges_and_listings() {
         let src = tmp.join(format!("src{i}"));
         fs::create_dir_all(src.join(format!("part{i}"))).unwrap();
         for j in 0..5 {
-            let bytes = crate::util::pseudo_random(i * 10 + j, 10_000 + j as usize);
+            let bytes = crate::kit::pseudo_random(i * 10 + j, 10_000 + j as usize);
             fs::write(src.join(format!("part{i}/{j}.bin")), &bytes).unwrap();
             fs::create_dir_all(all.join(format!("part{i}"))).unwrap();
             fs::write(all.join(format!("part{i}/{j}.bin")), &bytes).unwrap();
@@ -218,7 +218,7 @@ fn a_packed_zstd_object_is_read_in_place_from_its_saved_index() {
     let src = tmp.join("src");
     make_tree(&src);
     let packed = s3.bucket("data").join("train.tar.zst");
-    let pack = crate::util::stagefs([
+    let pack = crate::kit::stagefs([
         "pack".as_ref(),
         "--compress".as_ref(),
         "zstd".as_ref(),

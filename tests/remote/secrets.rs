@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::servers::{base_env, s3_env, Nginx, BASIC_PASSWORD, BASIC_USER, S3, SECRET_KEY};
 use super::{command_with, mount_url, stagefs_with};
-use crate::util::{is_mounted, pack_tar, require_root, wait_timeout, wait_until, KillOnDrop, TempDir};
+use crate::kit::{is_mounted, pack_tar, require_root, wait_timeout, wait_until, KillOnDrop, TempDir};
 
 const TOKEN: &str = "tk9d1f2e7aQx4Lm8Wb";
 const SESSION_TOKEN: &str = "ss4b8c6e0dZp7Rw2Kq";

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::util::{
+use crate::kit::{
     require_tool, run_cmd, run_tool, stagefs_bin, wait_until, CmdOutput, KillOnDrop, TempDir, CMD_TIMEOUT,
 };
 

@@ -4,8 +4,8 @@ use std::fs;
 
 use super::servers::{base_env, Nginx};
 use super::{make_tree, mount_url};
+use crate::kit::{pack_tar, require_root, TempDir};
 use crate::memory::{anon_bytes, in_page_cache, memfd_bytes, status_ram};
-use crate::util::{pack_tar, require_root, TempDir};
 
 /// An object fetched into RAM (`--stage copy` of an `http://` URL): the RAM column is
 /// what the mount holds, counted from outside (the daemon's private memory, its memfd, the
