@@ -31,7 +31,8 @@ from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Uni
 
 from . import _native
 from ._native import ArchiveError, CudaUnavailableError, FileChangedError, ForkError
-from .archive import REMOTE_OPTIONS, ArchiveFile, ArchiveFileSystem, ArchiveWarning, _is_url, _without_secrets, log, open
+from .archive import (REMOTE_OPTIONS, ArchiveFile, ArchiveFileSystem, ArchiveWarning, _filesystem, _is_url,
+                      _without_secrets, log, open)
 
 __version__: str = _native.__version__
 
@@ -505,7 +506,9 @@ class Loader:
             text = os.fspath(source)
             if _is_url(text):
                 remote.setdefault("stage", "ram")
-            self._archive = open(source, **remote)
+            # A filesystem of its own, outside fsspec's instance cache: what it staged (an
+            # object fetched into RAM) goes when the Loader does, not at the process's exit.
+            self._archive = _filesystem(source, False, **remote)
         elif remote:
             raise TypeError(f"remote options ({', '.join(sorted(remote))}) apply to an archive or object source")
         elif archive_root is not None:

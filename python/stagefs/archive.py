@@ -434,10 +434,20 @@ def open(archive: PathLike, *, stage: str = "none", max_ram: Union[int, str, Non
     :class:`stagefs.ArchiveError` (an ``OSError``) for a damaged archive, with ``offset``.
     The GIL is released while indexing, and Ctrl-C interrupts it.
     """
+    return _filesystem(archive, True, stage=stage, max_ram=max_ram, stage_dir=stage_dir, recursive=recursive,
+                       trust_shards=trust_shards, progress=progress, **remote)  # fmt: skip
+
+
+def _filesystem(archive: Union[str, "os.PathLike[str]"], cached: bool, stage: str = "none", max_ram: Any = None,
+                stage_dir: Optional[Union[str, "os.PathLike[str]"]] = None, recursive: bool = False,
+                trust_shards: bool = False, progress: Optional[bool] = None,
+                **remote: Any) -> ArchiveFileSystem:  # fmt: skip
+    """:func:`open`; ``cached=False`` gives a filesystem of the caller's own, outside
+    fsspec's instance cache (a :class:`Loader`'s: what it staged goes with the Loader)."""
     unknown = set(remote) - set(REMOTE_OPTIONS)
     if unknown:
         raise TypeError(f"open() got unexpected keyword arguments {sorted(unknown)}")
     return ArchiveFileSystem(os.fspath(archive), stage=stage, max_ram=max_ram,
                              stage_dir=None if stage_dir is None else os.fspath(stage_dir),
                              recursive=recursive, trust_shards=trust_shards, progress=progress,
-                             **remote)  # fmt: skip
+                             skip_instance_cache=not cached, **remote)  # fmt: skip

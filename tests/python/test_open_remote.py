@@ -9,6 +9,7 @@ an ordinary user, like test_open.py."""
 from __future__ import annotations
 
 import errno
+import gc
 import logging
 import os
 import pickle
@@ -179,6 +180,12 @@ def test_a_loader_over_an_object(servers, s3_env):
         for path, data in zip(batch.paths, batch.data):
             seen[str(path)] = data.tobytes()
     assert seen == servers["tree"]
+    # The copy the Loader fetched into RAM goes with it, not at the process's exit.
+    staged = "/memfd:stagefs:train.tar"
+    assert staged in Path("/proc/self/maps").read_text()
+    del loader, batch
+    gc.collect()
+    assert staged not in Path("/proc/self/maps").read_text(), "the Loader is gone, its copy is still mapped"
 
 
 def test_an_object_replaced_during_a_fetch_is_refused_never_mixed(servers, s3_env, tmp_path):
