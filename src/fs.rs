@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 mod view;
 
 use crate::growing::{GrowingSet, Tree};
-use crate::presentation::Presentation;
+use crate::presentation::{PrefixError, Presentation};
 use stagefs_archive::index::{Index, IndexError, InodeId};
 use stagefs_archive::{Archive, ReadError};
 pub use view::View;
@@ -152,11 +152,11 @@ impl Fs {
 
     /// `content` shown as `presentation` says; fails when its `--prefix` is no directory
     /// of the archive (or the content is a growing set, whose root is its merged tree's).
-    pub fn presented(content: Content, presentation: Presentation) -> std::result::Result<Fs, String> {
+    pub fn presented(content: Content, presentation: Presentation) -> std::result::Result<Fs, PrefixError> {
         let root = match (&content, &presentation.prefix) {
             (Content::Fixed(archive), _) => presentation.root(&archive.index)?,
             (Content::Growing(_), None) => stagefs_archive::index::ROOT,
-            (Content::Growing(_), Some(_)) => return Err("--prefix cannot be used with --growing or --watch".into()),
+            (Content::Growing(_), Some(_)) => return Err(PrefixError::Growing),
         };
         Ok(Fs {
             content,

@@ -191,7 +191,9 @@ impl MountOptions {
                     shown.owner =
                         Some((shown.owner.map_or_else(|| nix::unistd::geteuid().as_raw(), |o| o.0), number()?))
                 }
-                "umask" => shown.umask = Some(crate::presentation::parse_octal(value).map_err(usage)?),
+                "umask" => {
+                    shown.umask = Some(crate::presentation::parse_octal(value).map_err(|e| usage(e.to_string()))?)
+                }
                 "allow_other" | "allow_root" => {
                     return Err(usage(format!(
                         "-o {key}: stagefs mounts are private by design (only you can read them, so nobody else \

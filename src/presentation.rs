@@ -9,7 +9,35 @@
 use std::path::{Component, Path, PathBuf};
 
 use stagefs_archive::escape::Shown;
-use stagefs_archive::index::{Index, InodeId, ROOT};
+use stagefs_archive::index::{Index, IndexError, InodeId, ROOT};
+
+/// Why a mount cannot show the `--prefix` directory as its root.
+#[derive(Debug, thiserror::Error)]
+pub enum PrefixError {
+    #[error("--prefix {}: name a directory inside the archive", prefix.shown())]
+    NotInside { prefix: PathBuf },
+    /// No such directory: `name` (shown) missing from `dir`, which holds `there`.
+    #[error("--prefix {}: the archive has no directory {name} in {dir}; there: {there}", prefix.shown())]
+    Missing { prefix: PathBuf, name: String, dir: String, there: String },
+    #[error(transparent)]
+    Index(#[from] IndexError),
+    #[error("--prefix cannot be used with --growing or --watch")]
+    Growing,
+}
+
+/// An `--owner` that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--owner {text:?}: use me, UID or UID:GID")]
+pub struct OwnerError {
+    pub text: String,
+}
+
+/// An octal mode or umask that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{text:?} is not an octal mode (e.g. 022 or 0644)")]
+pub struct OctalError {
+    pub text: String,
+}
 
 /// What a mount changes in how it shows the archive's tree.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -48,7 +76,7 @@ impl Presentation {
     }
 
     /// The position of the `--prefix` directory in `index` (the root without one).
-    pub fn root(&self, index: &Index) -> Result<InodeId, String> {
+    pub fn root(&self, index: &Index) -> Result<InodeId, PrefixError> {
         let Some(prefix) = &self.prefix else { return Ok(ROOT) };
         let mut at = ROOT;
         for part in prefix.components() {
@@ -56,11 +84,11 @@ impl Presentation {
                 Component::Normal(name) => name.as_encoded_bytes(),
                 Component::RootDir | Component::CurDir => continue,
                 Component::ParentDir | Component::Prefix(_) => {
-                    return Err(format!("--prefix {}: name a directory inside the archive", prefix.shown()))
+                    return Err(PrefixError::NotInside { prefix: prefix.clone() })
                 }
             };
-            let inode = index.inode(at).map_err(|e| e.to_string())?;
-            let found = index.lookup(&inode, name).map_err(|e| e.to_string())?;
+            let inode = index.inode(at)?;
+            let found = index.lookup(&inode, name)?;
             at = match found.filter(|&id| index.inode(id).is_ok_and(|n| n.attrs.is_dir())) {
                 Some(id) => id,
                 None => return Err(missing(index, at, prefix, name)),
@@ -119,8 +147,8 @@ impl Presentation {
     }
 }
 
-/// The message for a `--prefix` that names no directory of the archive.
-fn missing(index: &Index, at: InodeId, prefix: &Path, name: &[u8]) -> String {
+/// The error for a `--prefix` that names no directory of the archive.
+fn missing(index: &Index, at: InodeId, prefix: &Path, name: &[u8]) -> PrefixError {
     let mut names: Vec<String> = index
         .inode(at)
         .and_then(|dir| index.children(&dir))
@@ -129,22 +157,21 @@ fn missing(index: &Index, at: InodeId, prefix: &Path, name: &[u8]) -> String {
     if names.len() == 12 {
         names.push("...".into());
     }
-    format!(
-        "--prefix {}: the archive has no directory {} in {}; there: {}",
-        prefix.shown(),
-        name.shown(),
-        index.path_of(at),
-        if names.is_empty() { "nothing".into() } else { names.join(", ") }
-    )
+    PrefixError::Missing {
+        prefix: prefix.to_path_buf(),
+        name: name.shown().to_string(),
+        dir: index.path_of(at),
+        there: if names.is_empty() { "nothing".into() } else { names.join(", ") },
+    }
 }
 
 /// Parses `--owner`: `me` (the mounting user), `UID` or `UID:GID`.
-pub fn parse_owner(text: &str) -> Result<(u32, u32), String> {
+pub fn parse_owner(text: &str) -> Result<(u32, u32), OwnerError> {
     if text == "me" {
         // SAFETY: geteuid and getegid have no preconditions.
         return Ok(unsafe { (libc::geteuid(), libc::getegid()) });
     }
-    let bad = || format!("--owner {text:?}: use me, UID or UID:GID");
+    let bad = || OwnerError { text: text.to_owned() };
     let (uid, gid) = text.split_once(':').unwrap_or((text, ""));
     let uid: u32 = uid.parse().map_err(|_| bad())?;
     let gid = if gid.is_empty() {
@@ -156,11 +183,11 @@ pub fn parse_owner(text: &str) -> Result<(u32, u32), String> {
 }
 
 /// Parses an octal mode or umask (`022`, `0644`).
-pub fn parse_octal(text: &str) -> Result<u32, String> {
+pub fn parse_octal(text: &str) -> Result<u32, OctalError> {
     u32::from_str_radix(text.trim_start_matches("0o"), 8)
         .ok()
         .filter(|m| *m <= 0o7777)
-        .ok_or_else(|| format!("{text:?} is not an octal mode (e.g. 022 or 0644)"))
+        .ok_or_else(|| OctalError { text: text.to_owned() })
 }
 
 #[cfg(test)]
@@ -184,5 +211,7 @@ mod tests {
         assert!(parse_owner("x").is_err());
         assert_eq!(parse_octal("022"), Ok(0o22));
         assert!(parse_octal("99").is_err());
+        assert_eq!(parse_owner("x").unwrap_err().to_string(), "--owner \"x\": use me, UID or UID:GID");
+        assert_eq!(parse_octal("99").unwrap_err().to_string(), "\"99\" is not an octal mode (e.g. 022 or 0644)");
     }
 }

@@ -85,8 +85,8 @@ pub(super) fn start(
     stagefs_open::cancel::phase("mounting")?;
     // Building the index peaks well above what the finished index keeps.
     return_free_memory();
-    let fs =
-        Fs::presented(content, request.presentation.clone()).map_err(|m| Failure::new(crate::error::code::USAGE, m))?;
+    let fs = Fs::presented(content, request.presentation.clone())
+        .map_err(|e| Failure::new(crate::error::code::USAGE, e.to_string()))?;
     warn_unreadable(&fs, archive_path);
     let fs = Arc::new(fs);
     let session =

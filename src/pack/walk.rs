@@ -260,7 +260,7 @@ pub fn read_list(list: &Path) -> Result<Vec<Vec<u8>>, PackError> {
     let cannot = |e: String| PackError::Usage(format!("--files-from {}: cannot read it: {e}", list.shown()));
     let file = stagefs_open::places::open_outside(list, stagefs_open::places::Trust::Named, None)
         .map_err(|e| cannot(e.to_string()))?;
-    let bytes = stagefs_open::places::read_all(file.file(), MAX_LIST).map_err(cannot)?;
+    let bytes = stagefs_open::places::read_all(file.file(), MAX_LIST).map_err(|e| cannot(e.to_string()))?;
     let mut paths = Vec::new();
     for (n, line) in bytes.split(|&b| b == b'\n').enumerate() {
         let line = line.strip_suffix(b"\r").unwrap_or(line);

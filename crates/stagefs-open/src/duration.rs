@@ -2,9 +2,16 @@
 
 use std::time::Duration;
 
+/// A duration that does not parse: the text as given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid duration {text:?}: use e.g. 90, 30s, 5m, 1h30m or 500ms")]
+pub struct DurationError {
+    pub text: String,
+}
+
 /// Parses a sum of `<number><unit>` terms (units ms, s, m, h, d; a bare number is seconds).
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let bad = || format!("invalid duration {text:?}: use e.g. 90, 30s, 5m, 1h30m or 500ms");
+pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
+    let bad = || DurationError { text: text.to_owned() };
     let text = text.trim();
     if text.is_empty() {
         return Err(bad());
@@ -46,5 +53,9 @@ mod tests {
         assert!(parse_duration("").is_err());
         assert!(parse_duration("5 minutes").is_err());
         assert!(parse_duration("m").is_err());
+        assert_eq!(
+            parse_duration(" 5x ").unwrap_err().to_string(),
+            "invalid duration \" 5x \": use e.g. 90, 30s, 5m, 1h30m or 500ms"
+        );
     }
 }

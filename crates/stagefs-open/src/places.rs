@@ -463,8 +463,8 @@ mod tests {
                 .read(true)
                 .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
                 .open(path)
-                .map_err(|e| format!("cannot open it: {e}"))?;
-            read_checked(file, owners, cap)
+                .map_err(|e| Distrust::Open(e).to_string())?;
+            read_checked(file, owners, cap).map_err(|e| e.to_string())
         };
         assert_eq!(checked(&file, &[me], 100).unwrap(), b"0123456789");
         assert!(checked(&file, &[me], 5).unwrap_err().contains("larger"));

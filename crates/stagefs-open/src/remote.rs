@@ -155,7 +155,7 @@ pub fn client() -> Result<Client, RemoteError> {
 fn files() -> stagefs_remote::Files {
     stagefs_remote::Files::new(|path, cap| match crate::places::read_own_file(path, cap) {
         Ok(file) => Ok(file.map(|(bytes, mode)| stagefs_remote::ReadFile { bytes, mode })),
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(stagefs_remote::FileError::Refused(Box::new(e))),
     })
 }
 

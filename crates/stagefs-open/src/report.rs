@@ -122,19 +122,28 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
+/// A size that does not parse (the text trimmed).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SizeError {
+    #[error("not a size: {text:?} (try 8G or 512M)")]
+    NotASize { text: String },
+    #[error("unknown size unit {unit:?} in {text:?} (use K, M, G or T)")]
+    UnknownUnit { unit: String, text: String },
+}
+
 /// Parses sizes like `8G`, `512M`, `1.5T`, `1000000` (bytes); binary units.
-pub fn parse_size(text: &str) -> Result<u64, String> {
+pub fn parse_size(text: &str) -> Result<u64, SizeError> {
     let text = text.trim();
     let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let value: f64 = number.parse().map_err(|_| format!("not a size: {text:?} (try 8G or 512M)"))?;
+    let value: f64 = number.parse().map_err(|_| SizeError::NotASize { text: text.to_owned() })?;
     let scale = match unit.trim().to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
         "" => 1u64,
         "K" => 1 << 10,
         "M" => 1 << 20,
         "G" => 1 << 30,
         "T" => 1 << 40,
-        other => return Err(format!("unknown size unit {other:?} in {text:?} (use K, M, G or T)")),
+        other => return Err(SizeError::UnknownUnit { unit: other.to_owned(), text: text.to_owned() }),
     };
     Ok((value * scale as f64) as u64)
 }
@@ -151,6 +160,8 @@ mod tests {
         assert_eq!(parse_size("42").unwrap(), 42);
         assert!(parse_size("lots").is_err());
         assert!(parse_size("5X").is_err());
+        assert_eq!(parse_size(" lots ").unwrap_err().to_string(), "not a size: \"lots\" (try 8G or 512M)");
+        assert_eq!(parse_size("5X").unwrap_err().to_string(), "unknown size unit \"X\" in \"5X\" (use K, M, G or T)");
         assert_eq!(human(1536), "1.5 KiB");
         assert_eq!(human(12), "12 B");
     }

@@ -140,7 +140,7 @@ pub fn load_kept(
 }
 
 /// A saved index found (where, and the file if it was there and trusted, or why not).
-type Found = (PathBuf, Result<Option<File>, String>);
+type Found = (PathBuf, Result<Option<File>, places::Distrust>);
 
 /// The first of `found` (a saved index beside the archive, opened and judged) and the kept
 /// one that maps to `key`'s version; says why it ignores the others.

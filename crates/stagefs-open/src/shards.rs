@@ -217,7 +217,7 @@ fn read_list(list: &Path, trust: Trust) -> Result<Vec<PathBuf>, ShardError> {
         Err(e @ places::OutsideError::Untrusted { .. }) => return Err(e.into()),
         Err(e) => return Err(cannot(e.to_string())),
     };
-    let bytes = places::read_all(file.file(), MAX_LIST).map_err(cannot)?;
+    let bytes = places::read_all(file.file(), MAX_LIST).map_err(|e| cannot(e.to_string()))?;
     let text = String::from_utf8(bytes).map_err(|_| cannot("it is not UTF-8 text".into()))?;
     let base = list.parent().unwrap_or(Path::new("."));
     let paths: Vec<PathBuf> =

@@ -80,7 +80,7 @@ impl Chain {
                 return Ok(found.clone());
             }
         }
-        let found = self.resolve(agent).map_err(RemoteError::Denied)?;
+        let found = self.resolve(agent).map_err(|e| RemoteError::Denied(e.to_string()))?;
         *cached = Some(found.clone());
         Ok(found)
     }
@@ -90,7 +90,7 @@ impl Chain {
         *self.cached.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
-    fn resolve(&self, agent: &ureq::Agent) -> Result<Option<Temporary>, String> {
+    fn resolve(&self, agent: &ureq::Agent) -> Result<Option<Temporary>, services::CredentialError> {
         if let (Some(access_key), Some(secret_key)) = (env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY")) {
             let keys = Keys {
                 access_key,

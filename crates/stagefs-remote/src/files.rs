@@ -17,7 +17,19 @@ pub struct ReadFile {
     pub mode: u32,
 }
 
-type Door = dyn Fn(&Path, u64) -> Result<Option<ReadFile>, String> + Send + Sync;
+/// Why the door gives no file's bytes, or the text of the bytes it gave cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    /// The door refused the file, or could not read it: its own error, shown as it is.
+    #[error(transparent)]
+    Refused(Box<dyn std::error::Error + Send + Sync>),
+    #[error("this client was given no way to read files")]
+    NoDoor,
+    #[error("it is not UTF-8 text")]
+    NotText,
+}
+
+type Door = dyn Fn(&Path, u64) -> Result<Option<ReadFile>, FileError> + Send + Sync;
 
 /// The door: reads the file at a path, at most a given number of bytes, if it may be
 /// trusted; `Ok(None)` when there is none, `Err(why)` when there is one it refuses or
@@ -26,25 +38,25 @@ type Door = dyn Fn(&Path, u64) -> Result<Option<ReadFile>, String> + Send + Sync
 pub struct Files(Arc<Door>);
 
 impl Files {
-    pub fn new(door: impl Fn(&Path, u64) -> Result<Option<ReadFile>, String> + Send + Sync + 'static) -> Files {
+    pub fn new(door: impl Fn(&Path, u64) -> Result<Option<ReadFile>, FileError> + Send + Sync + 'static) -> Files {
         Files(Arc::new(door))
     }
 
     /// A door that opens nothing (the default): no credential file, CA bundle or netrc is
     /// read, and each says why.
     pub fn none() -> Files {
-        Files::new(|_, _| Err("this client was given no way to read files".into()))
+        Files::new(|_, _| Err(FileError::NoDoor))
     }
 
     /// The file at `path`, at most `cap` bytes (see [`Files`]).
-    pub fn read(&self, path: &Path, cap: u64) -> Result<Option<ReadFile>, String> {
+    pub fn read(&self, path: &Path, cap: u64) -> Result<Option<ReadFile>, FileError> {
         (self.0)(path, cap)
     }
 
     /// The file's text (UTF-8), at most `cap` bytes.
-    pub fn text(&self, path: &Path, cap: u64) -> Result<Option<String>, String> {
+    pub fn text(&self, path: &Path, cap: u64) -> Result<Option<String>, FileError> {
         match self.read(path, cap)? {
-            Some(file) => String::from_utf8(file.bytes).map(Some).map_err(|_| "it is not UTF-8 text".to_string()),
+            Some(file) => String::from_utf8(file.bytes).map(Some).map_err(|_| FileError::NotText),
             None => Ok(None),
         }
     }

@@ -26,7 +26,7 @@ mod xml;
 pub use client::{Client, Config, Object, Version};
 pub use error::RemoteError;
 pub use fetch::{fetch_into, Hooks};
-pub use files::{Files, ReadFile};
+pub use files::{FileError, Files, ReadFile};
 pub use range::RangeReader;
 pub use retry::RetryHook;
 pub use secret::Secret;

@@ -13,9 +13,23 @@ pub fn is_pattern(text: &str) -> bool {
     text.contains(['*', '?', '[', '{'])
 }
 
+/// Why a brace pattern names no set of objects.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BraceError {
+    /// `text` as [`crate::url::display_text`] shows it.
+    #[error("unmatched {{ in {text}")]
+    Unmatched { text: String },
+    #[error("{{{a}..{b}}} is not a range of whole numbers")]
+    NotNumbers { a: String, b: String },
+    #[error("{{{a}..{b}}} names {count} objects, more than {cap}")]
+    LongRange { a: String, b: String, count: u64, cap: usize },
+    #[error("the pattern names more than {cap} objects")]
+    TooMany { cap: usize },
+}
+
 /// `{a,b}` lists and `{N..M}` ranges (zero-padded as N is, counting down too) expanded,
 /// in order; nested and repeated groups multiply. Fails beyond `cap` results.
-pub fn expand_braces(text: &str, cap: usize) -> Result<Vec<String>, String> {
+pub fn expand_braces(text: &str, cap: usize) -> Result<Vec<String>, BraceError> {
     let Some(open) = text.find('{') else { return Ok(vec![text.to_string()]) };
     let mut depth = 0;
     let close = text[open..]
@@ -28,7 +42,7 @@ pub fn expand_braces(text: &str, cap: usize) -> Result<Vec<String>, String> {
             }
             (depth == 0).then_some(open + i)
         })
-        .ok_or_else(|| format!("unmatched {{ in {}", crate::url::display_text(text)))?;
+        .ok_or_else(|| BraceError::Unmatched { text: crate::url::display_text(text) })?;
     let (head, inner, tail) = (&text[..open], &text[open + 1..close], &text[close + 1..]);
     let choices = match inner.split_once("..") {
         Some((a, b)) if !inner.contains(',') => range(a, b, cap)?,
@@ -39,7 +53,7 @@ pub fn expand_braces(text: &str, cap: usize) -> Result<Vec<String>, String> {
         for rest in expand_braces(&format!("{choice}{tail}"), cap)? {
             out.push(format!("{head}{rest}"));
             if out.len() > cap {
-                return Err(format!("the pattern names more than {cap} objects"));
+                return Err(BraceError::TooMany { cap });
             }
         }
     }
@@ -48,12 +62,12 @@ pub fn expand_braces(text: &str, cap: usize) -> Result<Vec<String>, String> {
 }
 
 /// `N..M` as strings, keeping N's zero padding.
-fn range(a: &str, b: &str, cap: usize) -> Result<Vec<String>, String> {
-    let bad = || format!("{{{a}..{b}}} is not a range of whole numbers");
+fn range(a: &str, b: &str, cap: usize) -> Result<Vec<String>, BraceError> {
+    let bad = || BraceError::NotNumbers { a: a.to_owned(), b: b.to_owned() };
     let (start, stop): (u64, u64) = (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
     let count = start.abs_diff(stop) + 1;
     if count > cap as u64 {
-        return Err(format!("{{{a}..{b}}} names {count} objects, more than {cap}"));
+        return Err(BraceError::LongRange { a: a.to_owned(), b: b.to_owned(), count, cap });
     }
     let width = if a.len() > 1 && a.starts_with('0') { a.len() } else { 0 };
     let numbers: Box<dyn Iterator<Item = u64>> =
@@ -131,7 +145,7 @@ pub fn resolve(client: &Client, url: &ObjectUrl) -> Result<Vec<(ObjectUrl, Optio
             out.push((u, size));
         }
     };
-    for one in expand_braces(&spec, MAX_OBJECTS).map_err(bad)? {
+    for one in expand_braces(&spec, MAX_OBJECTS).map_err(|e| bad(e.to_string()))? {
         if !one.contains(['*', '?', '[']) {
             push(url.with_key(&one), None, &mut out);
             continue;
@@ -172,7 +186,15 @@ mod tests {
         assert_eq!(expand_braces("t-{000..002}.tar", 10).unwrap(), ["t-000.tar", "t-001.tar", "t-002.tar"]);
         assert_eq!(expand_braces("{a,b{1,2}}-{3..2}", 10).unwrap(), ["a-3", "a-2", "b1-3", "b1-2", "b2-3", "b2-2"]);
         assert_eq!(expand_braces("plain.tar", 10).unwrap(), ["plain.tar"]);
-        assert!(expand_braces("t-{0..100}.tar", 10).unwrap_err().contains("more than 10"));
+        assert_eq!(
+            expand_braces("t-{0..100}.tar", 10).unwrap_err().to_string(),
+            "{0..100} names 101 objects, more than 10"
+        );
+        assert_eq!(
+            expand_braces("t-{a..b}.tar", 10).unwrap_err().to_string(),
+            "{a..b} is not a range of whole numbers"
+        );
+        assert_eq!(expand_braces("{a,b,c}{d,e}", 5).unwrap_err().to_string(), "the pattern names more than 5 objects");
         assert!(expand_braces("t-{0..99999999999999}.tar", 10).is_err(), "refused before any allocation");
         assert!(expand_braces("t-{a..b}.tar", 10).is_err());
         assert!(expand_braces("t-{0..1", 10).is_err());

@@ -161,7 +161,7 @@ fn size_of(value: Option<Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
     let text: String = value
         .extract()
         .map_err(|_| PyTypeError::new_err("max_ram must be bytes (an int) or a size such as \"64G\""))?;
-    stagefs_open::report::parse_size(&text).map(Some).map_err(PyValueError::new_err)
+    stagefs_open::report::parse_size(&text).map(Some).map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
 /// Opens an archive; returns it and what opening it logged, (level, line). `remote`: the
@@ -204,7 +204,7 @@ fn remote_options(given: Option<Bound<'_, PyDict>>) -> PyResult<RemoteOptions> {
             return std::time::Duration::try_from_secs_f64(seconds).map_err(|e| PyValueError::new_err(e.to_string()));
         }
         let text: String = v.extract()?;
-        stagefs_open::duration::parse_duration(&text).map_err(PyValueError::new_err)
+        stagefs_open::duration::parse_duration(&text).map_err(|e| PyValueError::new_err(e.to_string()))
     };
     for (key, value) in given.iter() {
         let key: String = key.extract()?;

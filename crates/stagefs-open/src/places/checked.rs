@@ -140,11 +140,11 @@ impl CheckedDir {
 
     /// Opens the file `name` inside (a saved index, to map), if there is one, when it is a
     /// regular file of this user's, writable by nobody else, of at most `cap` bytes.
-    pub fn open_own(&self, name: &str, cap: u64) -> Result<Option<File>, String> {
+    pub fn open_own(&self, name: &str, cap: u64) -> Result<Option<File>, super::Distrust> {
         match self.open_file(name) {
             Ok(file) => super::judged(file, &[super::my_uid()], cap).map(Some),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(format!("cannot open it: {e}")),
+            Err(e) => Err(super::Distrust::Open(e)),
         }
     }
 

@@ -92,12 +92,12 @@ pub fn write_parts_atomically_at(dir: BorrowedFd<'_>, name: &OsStr, parts: &[&[u
     result
 }
 
-/// All of an open file, refused past `cap` bytes.
-pub fn read_all(file: &File, cap: u64) -> Result<Vec<u8>, String> {
+/// All of an open file, refused past `cap` bytes (an error of kind `FileTooLarge`).
+pub fn read_all(file: &File, cap: u64) -> std::io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
-    file.take(cap + 1).read_to_end(&mut bytes).map_err(|e| e.to_string())?;
+    file.take(cap + 1).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > cap {
-        return Err(format!("it is larger than {cap} bytes"));
+        return Err(std::io::Error::new(std::io::ErrorKind::FileTooLarge, format!("it is larger than {cap} bytes")));
     }
     Ok(bytes)
 }
@@ -115,7 +115,27 @@ pub fn read_own(path: &Path, cap: u64) -> Option<Vec<u8>> {
 }
 
 /// Why a file was not trusted, for the log line.
-pub type Distrust = String;
+#[derive(Debug, thiserror::Error)]
+pub enum Distrust {
+    #[error("it is a symbolic link")]
+    Link,
+    #[error("cannot open it: {0}")]
+    Open(std::io::Error),
+    #[error("cannot inspect it: {0}")]
+    Inspect(std::io::Error),
+    #[error("cannot read it: {0}")]
+    Read(std::io::Error),
+    #[error("it is not a regular file")]
+    NotAFile,
+    #[error("it belongs to {owner}, not to {owners}")]
+    Owner { owner: String, owners: String },
+    #[error("other users may write it (mode {mode:04o})")]
+    Writable { mode: u32 },
+    #[error("it is larger ({len} bytes) than such a file can be ({cap})")]
+    TooLarge { len: u64, cap: u64 },
+    #[error("it grew while being read")]
+    Grew,
+}
 
 /// Reads an open file only if it deserves trust: a regular file (opened without following
 /// a symlink and without blocking on a FIFO, by [`super::OutsideFile::read_beside`] or
@@ -124,9 +144,9 @@ pub type Distrust = String;
 pub fn read_checked(file: File, owners: &[u32], cap: u64) -> Result<Vec<u8>, Distrust> {
     let file = judged(file, owners, cap)?;
     let mut bytes = Vec::with_capacity(file.metadata().map_or(0, |m| m.len()) as usize);
-    file.take(cap + 1).read_to_end(&mut bytes).map_err(|e| format!("cannot read it: {e}"))?;
+    file.take(cap + 1).read_to_end(&mut bytes).map_err(Distrust::Read)?;
     if bytes.len() as u64 > cap {
-        return Err("it grew while being read".into());
+        return Err(Distrust::Grew);
     }
     Ok(bytes)
 }
@@ -134,19 +154,19 @@ pub fn read_checked(file: File, owners: &[u32], cap: u64) -> Result<Vec<u8>, Dis
 /// The open file if it deserves trust (as [`read_checked`] judges it, on the descriptor:
 /// what is then mapped or read is what was judged).
 pub fn judged(file: File, owners: &[u32], cap: u64) -> Result<File, Distrust> {
-    let meta = file.metadata().map_err(|e| format!("cannot inspect it: {e}"))?;
+    let meta = file.metadata().map_err(Distrust::Inspect)?;
     if !meta.file_type().is_file() {
-        return Err("it is not a regular file".into());
+        return Err(Distrust::NotAFile);
     }
     if !owners.contains(&meta.uid()) {
         let whom: Vec<String> = owners.iter().map(|&uid| user_label(uid)).collect();
-        return Err(format!("it belongs to {}, not to {}", user_label(meta.uid()), whom.join(" or ")));
+        return Err(Distrust::Owner { owner: user_label(meta.uid()), owners: whom.join(" or ") });
     }
     if meta.mode() & 0o022 != 0 {
-        return Err(format!("other users may write it (mode {:04o})", meta.mode() & 0o7777));
+        return Err(Distrust::Writable { mode: meta.mode() & 0o7777 });
     }
     if meta.len() > cap {
-        return Err(format!("it is larger ({} bytes) than such a file can be ({cap})", meta.len()));
+        return Err(Distrust::TooLarge { len: meta.len(), cap });
     }
     Ok(file)
 }

@@ -164,7 +164,7 @@ pub fn read_own_file(path: &Path, cap: u64) -> Result<Option<(Vec<u8>, u32)>, Ou
     };
     let unsafe_ = |why: String| OutsideError::Unsafe { path: walked.named.clone(), why };
     let mode = walked.meta.mode();
-    let bytes = super::files::read_checked(walked.file, &[my_uid(), 0], cap).map_err(unsafe_)?;
+    let bytes = super::files::read_checked(walked.file, &[my_uid(), 0], cap).map_err(|e| unsafe_(e.to_string()))?;
     Ok(Some((bytes, mode & 0o7777)))
 }
 
@@ -482,13 +482,13 @@ impl OutsideFile {
     /// Opens the file `name` beside this one (a saved index, to map) if it deserves trust:
     /// a regular file there (no link, no FIFO), owned by the user or by this file's owner,
     /// writable by nobody else, at most `cap` bytes. `Ok(None)` when there is none.
-    pub fn open_beside(&self, name: &str, cap: u64) -> Result<Option<File>, String> {
+    pub fn open_beside(&self, name: &str, cap: u64) -> Result<Option<File>, super::Distrust> {
         let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
         let file = match open_at(self.dir.as_raw_fd(), OsStr::new(name), flags) {
             Ok(fd) => File::from(fd),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err("it is a symbolic link".into()),
-            Err(e) => return Err(format!("cannot open it: {e}")),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(super::Distrust::Link),
+            Err(e) => return Err(super::Distrust::Open(e)),
         };
         super::files::judged(file, &[my_uid(), self.owner()], cap).map(Some)
     }

@@ -86,8 +86,15 @@ fn parse_backend(s: &str) -> Result<BackendChoice, String> {
     s.parse().map_err(|e: stagefs_reader::Error| e.to_string())
 }
 
+/// A size that does not parse: the text as given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cannot parse {text:?} as a size (e.g. 4096, 64K, 64M, 1G)")]
+pub struct SizeError {
+    pub text: String,
+}
+
 /// A number with an optional K/M/G suffix (powers of 1024).
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, SizeError> {
     let t = s.trim();
     let (num, mult) = match t.char_indices().last() {
         Some((i, 'k' | 'K')) => (&t[..i], 1u64 << 10),
@@ -95,10 +102,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         Some((i, 'g' | 'G')) => (&t[..i], 1 << 30),
         _ => (t, 1),
     };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| format!("cannot parse {s:?} as a size (e.g. 4096, 64K, 64M, 1G)"))
+    num.parse::<u64>().ok().and_then(|n| n.checked_mul(mult)).ok_or_else(|| SizeError { text: s.to_owned() })
 }
 
 #[cfg(test)]
@@ -112,6 +116,7 @@ mod tests {
         assert_eq!(parse_size("20k"), Ok(20 << 10));
         assert_eq!(parse_size("123"), Ok(123));
         assert!(parse_size("x").is_err());
+        assert_eq!(parse_size("x").unwrap_err().to_string(), "cannot parse \"x\" as a size (e.g. 4096, 64K, 64M, 1G)");
     }
 
     #[test]

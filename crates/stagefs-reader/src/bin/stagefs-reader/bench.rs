@@ -4,16 +4,29 @@ use crate::args::BenchArgs;
 use stagefs_reader::order::{epoch_order, shard};
 use stagefs_reader::{Backend, Config, FileList, Loader};
 use stagefs_text::Shown;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
+
+/// Why `bench` stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("--rank {rank} is not below --world {world}")]
+    Rank { rank: usize, world: usize },
+    #[error(transparent)]
+    Reader(#[from] stagefs_reader::Error),
+    /// The baseline's read of `path` failed.
+    #[error("{}: {source}", path.shown())]
+    Read { path: PathBuf, source: std::io::Error },
+}
 
 fn gbps(bytes: u64, t: Duration) -> f64 {
     bytes as f64 / t.as_secs_f64().max(1e-9) / 1e9
 }
 
-pub fn run(a: &BenchArgs) -> Result<(), String> {
+pub fn run(a: &BenchArgs) -> Result<(), BenchError> {
     let (shuffle, epochs, rank, world) = (a.shuffle, a.epochs, a.rank, a.world as usize);
     if rank >= world {
-        return Err(format!("--rank {rank} is not below --world {world}"));
+        return Err(BenchError::Rank { rank, world });
     }
     let mut cfg = Config::default()
         .slot_bytes(a.batch_bytes as usize)
@@ -27,14 +40,14 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
     }
 
     let t = Instant::now();
-    let files = FileList::from_dir(&a.dir).map_err(|e| e.to_string())?;
+    let files = FileList::from_dir(&a.dir)?;
     println!(
         "listed {} files, {:.1} MB, in {:.3} s",
         files.len(),
         files.total_bytes() as f64 / 1e6,
         t.elapsed().as_secs_f64()
     );
-    let mut loader = Loader::new(files.clone(), cfg.clone()).map_err(|e| e.to_string())?;
+    let mut loader = Loader::new(files.clone(), cfg.clone())?;
     let host = loader.backend() == Backend::Host;
     println!(
         "backend: {}{}\nring: {} slots x {:.1} MiB, {} I/O threads",
@@ -76,7 +89,7 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
     );
 
     let reps = a.h2d_reps;
-    let (bytes, t) = loader.measure_h2d(reps).map_err(|e| e.to_string())?;
+    let (bytes, t) = loader.measure_h2d(reps)?;
     let h2d = gbps(bytes, t);
     let label = if host {
         "host memcpy into the device-side host buffer (no GPU; not a PCIe/NVLink figure)"
@@ -97,11 +110,11 @@ type EpochTally = Vec<(usize, u64, Duration)>;
 
 /// Consumes every batch, waiting for each upload as a training step would.
 /// Returns total wall time and the per-epoch tally.
-fn drain(loader: &mut Loader) -> Result<(Duration, EpochTally), String> {
+fn drain(loader: &mut Loader) -> Result<(Duration, EpochTally), BenchError> {
     let t0 = Instant::now();
     let mut per_epoch: Vec<(usize, u64, Duration)> = Vec::new();
-    while let Some(b) = loader.next_batch().map_err(|e| e.to_string())? {
-        b.synchronize().map_err(|e| e.to_string())?;
+    while let Some(b) = loader.next_batch()? {
+        b.synchronize()?;
         if per_epoch.len() <= b.epoch() {
             per_epoch.resize(b.epoch() + 1, (0, 0, Duration::ZERO));
         }
@@ -114,13 +127,19 @@ fn drain(loader: &mut Loader) -> Result<(Duration, EpochTally), String> {
 }
 
 /// The same files in the same order through `std::fs::read`, one at a time.
-fn baseline(files: &FileList, shuffle: Option<u64>, epochs: usize, rank: usize, world: usize) -> Result<(), String> {
+fn baseline(
+    files: &FileList,
+    shuffle: Option<u64>,
+    epochs: usize,
+    rank: usize,
+    world: usize,
+) -> Result<(), BenchError> {
     let t0 = Instant::now();
     let (mut n, mut bytes) = (0u64, 0u64);
     for epoch in 0..epochs {
         for i in shard(&epoch_order(files.len(), shuffle, epoch), rank, world) {
             let p = &files.entries()[i].path;
-            let data = std::fs::read(p).map_err(|e| format!("{}: {e}", p.shown()))?;
+            let data = std::fs::read(p).map_err(|source| BenchError::Read { path: p.clone(), source })?;
             bytes += std::hint::black_box(data).len() as u64;
             n += 1;
         }

@@ -27,9 +27,9 @@ fn main() -> ExitCode {
     // Usage errors, --help and --version exit here (usage errors with code 2).
     let cli = args::Cli::parse();
     let _ = log::set_logger(&StderrLog).map(|()| log::set_max_level(log::LevelFilter::Info));
-    let result = match &cli.command {
-        args::Command::Bench(a) => bench::run(a),
-        args::Command::Gen(a) => gen::run(a),
+    let result: Result<(), Box<dyn std::error::Error>> = match &cli.command {
+        args::Command::Bench(a) => bench::run(a).map_err(Into::into),
+        args::Command::Gen(a) => gen::run(a).map_err(Into::into),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
