@@ -20,7 +20,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use crate::ReadError;
+use crate::error::ReadError;
 
 /// Where the copy lives, handed in open and sized to the archive (the caller made it:
 /// this crate opens no paths).
@@ -208,7 +208,7 @@ impl Fill {
     /// files once warmed); a memfd's pages are the copy itself and stay.
     pub(crate) fn drop_copy_cache(&self) {
         if let Copy::Disk(file) = &self.copy {
-            crate::drop_file_cache(file, 0, 0);
+            crate::source::drop_file_cache(file, 0, 0);
         }
     }
 }

@@ -17,7 +17,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::escape::Shown as _;
+use stagefs_text::Shown as _;
 
 mod build;
 pub(crate) mod file;
@@ -402,7 +402,7 @@ impl Index {
         let name = self.bytes(dirent.name)?;
         match is_file_name(name) {
             true => Ok(name),
-            false => Err(self.store.invalid(format!("{:?} cannot be a file name", crate::escape::escape(name)))),
+            false => Err(self.store.invalid(format!("{:?} cannot be a file name", stagefs_text::escape(name)))),
         }
     }
 
@@ -528,7 +528,7 @@ impl Index {
 
     /// The path of the entry `dirent` of directory `dir`, for messages.
     pub fn path_in(&self, dir: InodeId, dirent: &Dirent) -> String {
-        let name = self.name(dirent).map_or_else(|e| format!("({e})"), crate::escape::escape);
+        let name = self.name(dirent).map_or_else(|e| format!("({e})"), stagefs_text::escape);
         format!("{}/{name}", self.dir_path(dir).trim_end_matches('/'))
     }
 
@@ -541,7 +541,7 @@ impl Index {
             let Ok(holder) = self.inode(parent) else { break };
             let Ok(children) = self.children(&holder) else { break };
             let Some(name) = children.iter().find(|d| d.inode == id).and_then(|d| self.name(&d).ok()) else { break };
-            parts.push(crate::escape::escape(name));
+            parts.push(stagefs_text::escape(name));
             id = parent;
         }
         parts.reverse();

@@ -1,8 +1,9 @@
 //! The one interface every format serves file bytes through: a new format is a new implementation of [`Reader`], never new arms in every match.
 
+use crate::bytes::Bytes;
+use crate::error::ReadError;
 use crate::index::{Inode, InodeId};
 use crate::tar::SavedTables;
-use crate::{Bytes, ReadError};
 
 /// Whether a file may be read at all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,7 +55,7 @@ pub trait Reader: Send + Sync {
 
     /// The compressed file they are decoded from, then (the warm-up reads it into the page
     /// cache: staged compressed).
-    fn compressed_input(&self) -> Option<crate::Backing> {
+    fn compressed_input(&self) -> Option<crate::source::Backing> {
         None
     }
 

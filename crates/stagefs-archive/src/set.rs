@@ -13,8 +13,14 @@ use std::sync::Arc;
 
 pub mod saved;
 
-use super::{Access, Archive, Bytes, Format, OpenError, ReadError, Reader};
+use crate::archive::{Archive, Format};
+
+use crate::bytes::Bytes;
+
+use crate::error::{OpenError, ReadError};
+
 use crate::index::{Attrs, Data, Dirent, Index, IndexBuilder, IndexError, Inode, InodeId, ROOT};
+use crate::reader::{Access, Reader};
 
 /// Serves file bytes of a merged set from the shard each inode came from: one [`Reader`]
 /// over the shards' readers. A merged inode keeps its shard's content locator, so the
@@ -49,7 +55,7 @@ impl Reader for SetReader {
         self.shards.iter().for_each(|s| s.release_caches());
     }
 
-    fn source_cache(&self, what: crate::SourceCache<'_>) {
+    fn source_cache(&self, what: crate::reader::SourceCache<'_>) {
         self.shards.iter().for_each(|s| s.source_cache(what));
     }
 
@@ -128,7 +134,7 @@ impl Merger {
     /// dropping its own index: only its reader serves.
     pub fn add(&mut self, path: &Path, archive: Archive) -> Result<(), OpenError> {
         self.format.get_or_insert(archive.format);
-        self.add_indexed(path, archive.reader.clone(), &archive.index)
+        self.add_indexed(path, archive.reader().clone(), &archive.index)
     }
 
     /// Merges a shard whose `index` the caller keeps (a growing set merges it again).

@@ -2,9 +2,11 @@
 
 use std::sync::Arc;
 
+use crate::error::ReadError;
 use crate::fill::{Fill, StagedCopy};
 use crate::guard::GuardedMap;
-use crate::{seekable, within, FileId, ReadError};
+use crate::identity::FileId;
+use crate::{seekable, within};
 
 /// How a file changed while it was read (see [`Source::check_intact`]): nothing read of it
 /// is trusted.
@@ -306,17 +308,17 @@ impl Source {
 
     /// Drops or warms this archive file's cached pages (in place only; a staged copy has
     /// no other copy to fall back on, and is in RAM already).
-    pub fn source_cache(&self, what: crate::SourceCache<'_>) {
+    pub fn source_cache(&self, what: crate::reader::SourceCache<'_>) {
         if let Some(decoded) = &self.decoded {
             decoded.input().source_cache(what);
         }
-        if let (Some(fill), crate::SourceCache::Drop) = (&self.fill, &what) {
+        if let (Some(fill), crate::reader::SourceCache::Drop) = (&self.fill, &what) {
             fill.drop_copy_cache();
         }
         let Some(in_place) = &self.in_place else { return };
         match what {
-            crate::SourceCache::Drop => drop_file_cache(&in_place.file, 0, 0),
-            crate::SourceCache::Warm(stop) => drop(in_place.warm(stop)),
+            crate::reader::SourceCache::Drop => drop_file_cache(&in_place.file, 0, 0),
+            crate::reader::SourceCache::Warm(stop) => drop(in_place.warm(stop)),
         }
     }
 

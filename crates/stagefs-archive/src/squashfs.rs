@@ -24,8 +24,9 @@ use std::path::Path;
 pub use data::SquashReader;
 
 use super::fault::Fault;
-use super::{Backing, OpenError};
+use crate::error::OpenError;
 use crate::index::Index;
+use crate::source::Backing;
 
 /// Indexes the SquashFS image in `backing`, with a block cache sized for the image.
 pub fn open(path: &Path, backing: Backing) -> Result<(Index, SquashReader), OpenError> {

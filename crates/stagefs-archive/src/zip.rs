@@ -16,8 +16,9 @@ pub use directory::{find_end, TAIL_SEARCH};
 pub use member::ZipReader;
 
 use super::fault::Fault;
-use super::{Backing, OpenError};
+use crate::error::OpenError;
 use crate::index::{Attrs, BuildError, Data, Index, IndexBuilder, InodeId, MAX_LINK_TARGET, ROOT};
+use crate::source::Backing;
 use directory::{show, Entry};
 use member::Member;
 
@@ -345,11 +346,11 @@ mod tests {
     }
 
     /// Reads all of the regular file at `path` of a zip opened from `bytes`.
-    fn read_member(bytes: &[u8], path: &str) -> Result<Vec<u8>, crate::ReadError> {
-        let (index, reader) = open(Path::new("t.zip"), crate::Source::memory(bytes)).unwrap();
+    fn read_member(bytes: &[u8], path: &str) -> Result<Vec<u8>, crate::error::ReadError> {
+        let (index, reader) = open(Path::new("t.zip"), crate::source::Source::memory(bytes)).unwrap();
         let id = index.lookup(&index.inode(ROOT).unwrap(), path.as_bytes()).unwrap().unwrap();
         let inode = index.inode(id).unwrap();
-        crate::read_file(&reader, id, &inode, 0, inode.attrs.size as u32).map(|b| b.to_vec())
+        crate::archive::read_file(&reader, id, &inode, 0, inode.attrs.size as u32).map(|b| b.to_vec())
     }
 
     /// A local header whose name differs from the central one serves the data after its own
@@ -379,7 +380,7 @@ mod tests {
         let dir = directory::read(&zip).unwrap();
         let mut entries = dir.entries;
         entries[0].size += 1 << 32;
-        let backing = crate::Source::memory(&zip);
+        let backing = crate::source::Source::memory(&zip);
         let starts = Starts::of(&entries, dir.start);
         unwrap_stored_sizes(&backing, &mut entries, &starts);
         assert_eq!((entries[0].size, entries[0].compressed), (5, 5));

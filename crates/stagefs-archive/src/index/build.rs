@@ -200,7 +200,7 @@ impl IndexBuilder {
     /// every shard).
     pub fn relink(&mut self, parent: InodeId, name: &[u8], child: InodeId) -> Result<Option<InodeId>, BuildError> {
         if !is_file_name(name) {
-            return Err(BuildError::BadName(crate::escape::escape(name)));
+            return Err(BuildError::BadName(stagefs_text::escape(name)));
         }
         let next = u32::try_from(self.entries.len()).map_err(|_| BuildError::TooManyEntries)?;
         let (entries, names) = (&mut self.entries, &mut self.names);

@@ -28,7 +28,7 @@ pub struct IndexMap {
 
 enum Mapped {
     /// The file mapped, its descriptor and identity when mapped.
-    File(crate::guard::GuardedMap, std::fs::File, crate::FileId),
+    File(crate::guard::GuardedMap, std::fs::File, crate::identity::FileId),
     /// Bytes fetched whole (an index kept beside an object in a store).
     Fetched(Vec<u8>),
 }
@@ -36,7 +36,7 @@ enum Mapped {
 /// Maps the saved index `file` read-only (the caller has judged the descriptor: whose it
 /// is, its mode, its size).
 pub fn map_index(file: &std::fs::File) -> std::io::Result<IndexMap> {
-    let id = crate::FileId::of_file(file)?;
+    let id = crate::identity::FileId::of_file(file)?;
     let map = crate::guard::GuardedMap::file(file)?;
     // Requests read a few records here and there: no read-ahead of whole megabytes.
     let _ = map.map().advise(memmap2::Advice::Random);
@@ -66,7 +66,7 @@ impl IndexMap {
     fn intact(&self) -> bool {
         match &self.map {
             Mapped::File(map, file, id) => {
-                !map.torn() && crate::FileId::of_file(file).is_ok_and(|now| id.change_to(&now).is_none())
+                !map.torn() && crate::identity::FileId::of_file(file).is_ok_and(|now| id.change_to(&now).is_none())
             }
             Mapped::Fetched(_) => true,
         }

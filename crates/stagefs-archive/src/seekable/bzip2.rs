@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use super::parallel::{self, Ordered};
 use super::Point;
-use crate::Backing;
+use crate::source::Backing;
 
 const BLOCK_MAGIC: u64 = 0x3141_5926_5359;
 const END_MAGIC: u64 = 0x1772_4538_5090;

@@ -35,8 +35,8 @@ pub use read::{set_cache_budget, Seekable};
 
 use std::io::Read;
 
-use super::Backing;
 use crate::codec::Compression;
+use crate::source::Backing;
 
 /// The parallel gzip pass runs with more threads than this (see `FirstPass::new`).
 const PGZIP_MIN_THREADS: usize = 2;

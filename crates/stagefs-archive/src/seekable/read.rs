@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use quick_cache::sync::Cache;
 
 use super::{bzip2, gzip, xz, Codec, Point, Points, SPAN};
-use crate::{Backing, ReadError};
+use crate::error::ReadError;
+use crate::source::Backing;
 
 /// A unit decoding to at most this is decoded whole and cached as one entry.
 pub const WHOLE_UNIT: u64 = 32 << 20;

@@ -11,8 +11,9 @@ use super::SetReader;
 use crate::index::file::{self, Extra, Header, Kind, Saving};
 use crate::index::layout::{u32_at, u64_at, BodyWriter, SectionId};
 use crate::index::{Index, IndexError, IndexMap, InodeId};
+use crate::reader::Reader;
+use crate::source::Backing;
 use crate::tar::{Extent, SparseFile, TarReader};
-use crate::{Backing, Reader};
 
 /// Bytes of one shard's record: its key (7 × u64), first position, sparse and extent runs.
 const SHARD_LEN: usize = 56 + 4 + 16 + 4;

@@ -10,8 +10,10 @@ use super::codec::Compressor;
 use super::inode::{FileInode, NO_FRAGMENT};
 use super::metadata::{Cursor, MetaReader};
 use super::Fault;
+use crate::bytes::{ByteWeight, Bytes};
+use crate::error::ReadError;
 use crate::index::{Data, Inode, InodeId};
-use crate::{Backing, ByteWeight, Bytes, ReadError};
+use crate::source::Backing;
 
 /// Set in a block or fragment size when the data is stored uncompressed.
 const STORED_BIT: u32 = 1 << 24;
@@ -200,7 +202,7 @@ pub struct SquashReader {
     zeros: Arc<[u8]>,
 }
 
-impl crate::Reader for SquashReader {
+impl crate::reader::Reader for SquashReader {
     fn read(&self, _id: InodeId, inode: &Inode, offset: u64, len: usize) -> Result<Bytes<'_>, ReadError> {
         match inode.data {
             Data::Extern(handle) => self.read_file(handle, inode.attrs.size, offset, len),
@@ -212,7 +214,7 @@ impl crate::Reader for SquashReader {
         self.clear_cache();
     }
 
-    fn source_cache(&self, what: crate::SourceCache<'_>) {
+    fn source_cache(&self, what: crate::reader::SourceCache<'_>) {
         self.backing.source_cache(what);
     }
 

@@ -123,7 +123,7 @@ impl Walk<'_> {
                         dir.listing.block,
                         format!(
                             "directory '{}' is listed twice (a loop in the tree)",
-                            crate::escape::escape(&entry.name)
+                            stagefs_text::escape(&entry.name)
                         ),
                     ));
                 }

@@ -4,7 +4,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 
 use crate::hash::Hasher;
-use crate::FileId;
+use crate::identity::FileId;
 
 /// Identifies one version of an archive's bytes: its [`FileId`] but the device (a saved
 /// index serves every node of a job, and the same file on a network filesystem has

@@ -25,8 +25,10 @@ pub mod write;
 use std::path::Path;
 
 use super::seekable::{Codec, FirstPass, Seekable};
-use super::{Backing, Bytes, OpenError, ReadError, Source};
+use crate::bytes::Bytes;
+use crate::error::{OpenError, ReadError};
 use crate::index::{Data, Index, Inode, InodeId};
+use crate::source::{Backing, Source};
 pub use header::normalise;
 use header::{checksum_ok, BLOCK};
 use member::Scan;
@@ -168,7 +170,7 @@ impl std::io::Read for Progress<'_, '_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let read = self.pass.read(buf);
         let consumed = self.pass.consumed();
-        crate::SCAN_PROGRESS.store(consumed, std::sync::atomic::Ordering::Relaxed);
+        crate::progress::SCAN_PROGRESS.store(consumed, std::sync::atomic::Ordering::Relaxed);
         if consumed >= self.unmapped + (16 << 20) {
             self.input.unmap_before(consumed);
             self.unmapped = consumed;
@@ -183,12 +185,12 @@ impl std::io::Read for Progress<'_, '_> {
     }
 }
 
-impl crate::Reader for TarReader {
+impl crate::reader::Reader for TarReader {
     fn read(&self, _id: InodeId, inode: &Inode, offset: u64, len: usize) -> Result<Bytes<'_>, ReadError> {
         self.read_data(inode.data, offset, len)
     }
 
-    fn source_cache(&self, what: crate::SourceCache<'_>) {
+    fn source_cache(&self, what: crate::reader::SourceCache<'_>) {
         self.backing.source_cache(what);
     }
 

@@ -24,7 +24,7 @@ mod reader;
 #[cfg(test)]
 mod tests;
 
-use crate::escape::Shown;
+use stagefs_text::Shown;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
@@ -32,10 +32,12 @@ use std::sync::Arc;
 use super::header::BLOCK;
 use super::member::Scan;
 use super::{looks_like_tar, Extent, SparseFile, TarReader};
-use crate::escape::escape;
+use crate::error::OpenError;
 use crate::index::{Attrs, BuildError, Data, Index, IndexBuilder, InodeId, ROOT};
-use crate::{Backing, OpenError, Reader};
+use crate::reader::Reader;
+use crate::source::Backing;
 pub use reader::{InnerTar, NestedReader, Run};
+use stagefs_text::escape;
 
 /// How deep `--recursive` opens archives unless told (`--recursion-depth`).
 pub const DEFAULT_DEPTH: usize = 8;

@@ -19,7 +19,7 @@ use crate::index::layout::Section;
 use crate::index::layout::{BodyWriter, SectionId};
 use crate::index::{Index, IndexError, IndexMap};
 use crate::seekable::{max_points, Codec, Point, Points, Seekable, BZIP2_MAX_BLOCK_BITS};
-use crate::{Backing, Source};
+use crate::source::{Backing, Source};
 
 /// Little-endian writer for the tables' sections.
 #[derive(Default)]
@@ -203,7 +203,7 @@ pub fn fuzz_input(index: &Index, tables: SavedTables) -> Vec<u8> {
 /// (at most 16), each as (id: u8, offset: u32, length: u32) into the rest; an offset
 /// rounds down to a section boundary.
 #[cfg(feature = "fuzzing")]
-pub fn decode_for_fuzz(data: &[u8], backing: &Backing) -> Result<(Index, Arc<dyn crate::Reader>), IndexError> {
+pub fn decode_for_fuzz(data: &[u8], backing: &Backing) -> Result<(Index, Arc<dyn crate::reader::Reader>), IndexError> {
     let n = data.first().map_or(0, |&n| usize::from(n).min(16));
     let table = data.get(1..1 + n * 9).unwrap_or_default();
     let body_start = (1 + table.len()).next_multiple_of(crate::index::layout::ALIGN).min(data.len());
@@ -276,7 +276,7 @@ pub fn decode(
     depth: usize,
     backing: &Backing,
     codec: Option<Codec>,
-) -> Result<(Index, Arc<dyn crate::Reader>), IndexError> {
+) -> Result<(Index, Arc<dyn crate::reader::Reader>), IndexError> {
     let opened = open_for(map, name, key, depth)?;
     let store = opened.store.clone();
     let invalid = |what: String| store.invalid(what);
@@ -342,7 +342,7 @@ pub(crate) fn decode_bytes(
     depth: usize,
     backing: &Backing,
     codec: Option<Codec>,
-) -> Result<(Index, Arc<dyn crate::Reader>), IndexError> {
+) -> Result<(Index, Arc<dyn crate::reader::Reader>), IndexError> {
     decode(IndexMap::from_vec(bytes.to_vec()), Path::new("test.index"), key, depth, backing, codec)
 }
 

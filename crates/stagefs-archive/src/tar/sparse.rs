@@ -3,9 +3,9 @@
 use super::header::{round_up, BLOCK};
 use super::member::{Member, Scan, MAX_FILE_SIZE};
 use super::{Extent, SparseFile};
-use crate::escape::escape;
+use crate::error::OpenError;
 use crate::index::Data;
-use crate::OpenError;
+use stagefs_text::escape;
 
 impl Scan<'_> {
     /// Reads the pax 1.0 sparse map at the start of a member's data; returns it and the

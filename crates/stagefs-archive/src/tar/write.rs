@@ -331,7 +331,7 @@ mod tests {
         let map = memmap2::MmapMut::map_anon(bytes.len()).unwrap();
         let mut map = map;
         map.copy_from_slice(&bytes);
-        let backing = std::sync::Arc::new(crate::Source::private(map.make_read_only().unwrap()));
+        let backing = std::sync::Arc::new(crate::source::Source::private(map.make_read_only().unwrap()));
         super::super::open(std::path::Path::new("t.tar"), backing).unwrap().0
     }
 

@@ -278,7 +278,7 @@ fn apply_extra<'a>(e: &mut Entry<'a>, raw_name: &[u8], mut extra: &'a [u8], disk
 
 /// A name for messages.
 pub(super) fn show(name: &[u8]) -> String {
-    crate::escape::escape(name)
+    stagefs_text::escape(name)
 }
 
 fn sig_at(map: &[u8], at: u64, sig: &[u8; 4]) -> bool {

@@ -14,8 +14,11 @@ use quick_cache::sync::Cache;
 use super::cursors::{Cursors, Decodable};
 use super::directory::{u16le, Entry};
 use super::stream::{method_name, Stream};
+use crate::bytes::{ByteWeight, Bytes};
+use crate::error::ReadError;
 use crate::index::{Data, Inode, InodeId};
-use crate::{Access, Backing, ByteWeight, Bytes, ReadError};
+use crate::reader::Access;
+use crate::source::Backing;
 
 const LOCAL_SIG: &[u8; 4] = b"PK\x03\x04";
 const LOCAL_LEN: usize = 30;
@@ -235,7 +238,7 @@ pub struct ZipReader {
 /// than one shard's share is not kept.
 const SHARDS: usize = 8;
 
-impl crate::Reader for ZipReader {
+impl crate::reader::Reader for ZipReader {
     fn read(&self, _id: InodeId, inode: &Inode, offset: u64, len: usize) -> Result<Bytes<'_>, ReadError> {
         match inode.data {
             Data::Extern(handle) => self.read_member(handle, inode.attrs.size, offset, len),
@@ -256,7 +259,7 @@ impl crate::Reader for ZipReader {
         self.clear_cache();
     }
 
-    fn source_cache(&self, what: crate::SourceCache<'_>) {
+    fn source_cache(&self, what: crate::reader::SourceCache<'_>) {
         self.backing.source_cache(what);
     }
 

@@ -4,8 +4,8 @@ use std::path::Path;
 
 use crate::index::Index;
 use crate::seekable::{self, Codec, Points, Seekable};
+use crate::source::{Backing, Source};
 use crate::tar::{Extent, InnerTar, SparseFile, TarReader};
-use crate::{Backing, Source};
 
 /// The names a tar member has when it is a compressed tar, and the codec they announce
 /// (the bytes decide the codec; the name only gives the directory's).

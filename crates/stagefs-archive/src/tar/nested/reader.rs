@@ -1,8 +1,10 @@
 //! A nested tree served by several tar readers: the outer archive's, and one per compressed tar inside it, each inode by the reader of the run of positions it lies in (as `set::SetReader` serves shards).
 
+use crate::bytes::Bytes;
+use crate::error::ReadError;
 use crate::index::{Inode, InodeId};
+use crate::reader::Reader;
 use crate::tar::{SavedTables, TarReader};
-use crate::{Bytes, ReadError, Reader};
 
 /// A compressed tar stored inside the outer archive: `len` bytes from `start`, decoded
 /// from restart points by its own reader (whose byte space is its decoded tar).
@@ -53,7 +55,7 @@ impl Reader for NestedReader {
     }
 
     /// The inner tars are ranges of the outer archive: its pages are theirs.
-    fn source_cache(&self, what: crate::SourceCache<'_>) {
+    fn source_cache(&self, what: crate::reader::SourceCache<'_>) {
         self.outer.source_cache(what);
     }
 

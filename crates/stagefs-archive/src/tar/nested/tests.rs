@@ -3,9 +3,9 @@
 use std::io::Write;
 
 use super::*;
+use crate::source::Source;
 use crate::test_rng::text_like;
 use crate::test_support::{python_tar, ustar as tar};
-use crate::Source;
 
 fn gzip(data: &[u8]) -> Vec<u8> {
     let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
@@ -24,7 +24,7 @@ fn find(index: &Index, path: &str) -> InodeId {
 fn read(expanded: &Expanded, path: &str) -> Vec<u8> {
     let id = find(&expanded.index, path);
     let inode = expanded.index.inode(id).unwrap();
-    crate::read_file(&*expanded.reader, id, &inode, 0, inode.attrs.size as u32).unwrap().to_vec()
+    crate::archive::read_file(&*expanded.reader, id, &inode, 0, inode.attrs.size as u32).unwrap().to_vec()
 }
 
 /// `bytes` (an outer tar) scanned and expanded `depth` levels deep.

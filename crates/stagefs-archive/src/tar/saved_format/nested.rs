@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use super::{decode_extents, decode_points, decode_sparse_files, encode_points, encode_sparse, Reader, Writer};
 use crate::seekable::{max_points, Codec, Seekable};
+use crate::source::{Backing, Source};
 use crate::tar::{InnerTar, Run, SavedTables, TarReader};
-use crate::{Backing, Source};
 
 /// The fewest bytes an inner tar's record takes (range, table counts, codec tag).
 const INNER_BYTES: usize = 8 * 4 + 4;
@@ -77,10 +77,11 @@ mod tests {
     use std::path::Path;
 
     use super::super::{decode_bytes as decode, encode, tables as tables_of};
+    use crate::archive::Archive;
+    use crate::source::Source;
     use crate::tar::key::Key;
     use crate::tar::nested::{expand, Nesting};
     use crate::test_support::ustar as tar;
-    use crate::{Archive, Source};
 
     /// A nested index with a compressed inner tar saves and loads whole (its range,
     /// sparse table, restart points and runs), serves the same bytes, and is refused for
@@ -105,7 +106,7 @@ mod tests {
         assert_eq!(all(&index), all(&expanded.index));
         let saved = reader.saved().unwrap();
         assert_eq!((saved.inner.len(), saved.runs), (1, expanded.reader.saved().unwrap().runs));
-        let loaded = Archive::new(index, crate::Format::Tar, reader);
+        let loaded = Archive::new(index, crate::archive::Format::Tar, reader);
         for (path, want) in [("c/a.txt", &b"inner a"[..]), ("c/big", &data), ("x.txt", b"outer"), ("z.txt", b"last")] {
             let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
             let mut id = crate::index::ROOT;
