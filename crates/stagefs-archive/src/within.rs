@@ -3,7 +3,6 @@
 use std::borrow::Cow;
 
 use crate::error::ReadError;
-
 use crate::source::{Backing, Source};
 
 /// `len` bytes of `outer` from `start`; reads go through `outer`, so an archive served

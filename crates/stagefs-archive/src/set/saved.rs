@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use super::SetReader;
+use super::reader::SetReader;
 use crate::index::file::{self, Extra, Header, Kind, Saving};
 use crate::index::layout::{u32_at, u64_at, BodyWriter, SectionId};
 use crate::index::{Index, IndexError, IndexMap, InodeId};

@@ -9,9 +9,9 @@ use quick_cache::sync::Cache;
 use super::codec::Compressor;
 use super::inode::{FileInode, NO_FRAGMENT};
 use super::metadata::{Cursor, MetaReader};
-use super::Fault;
 use crate::bytes::{ByteWeight, Bytes};
 use crate::error::ReadError;
+use crate::fault::Fault;
 use crate::index::{Data, Inode, InodeId};
 use crate::source::Backing;
 
