@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use quick_cache::sync::Cache;
 
-use super::{bzip2, gzip, xz, Codec, Point, Points, SPAN};
+use super::points::{Codec, Point, Points, SPAN};
+use super::{bzip2, gzip, xz};
 use crate::error::ReadError;
 use crate::source::Backing;
 

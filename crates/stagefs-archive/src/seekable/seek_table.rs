@@ -5,7 +5,7 @@
 //! u32 when the descriptor's bit 7 says so), then a 9-byte footer (frame count u32,
 //! descriptor u8, magic 0x8F92EAB1). A table is only believed as far as it can be
 //! checked here: it must end the file, its frames must tile the file before it and be
-//! no more than [`super::max_points`] allows; the first pass then checks each frame's
+//! no more than [`super::points::max_points`] allows; the first pass then checks each frame's
 //! real compressed and decoded size against it (see `frames`).
 
 /// The seek table's skippable frame magic.
@@ -65,7 +65,7 @@ fn parse_table(input: &[u8]) -> Result<Vec<Entry>, String> {
         return lie(footer, format!("has reserved bits set ({descriptor:#04x}): not a seek table this reader knows"));
     }
     let entry = if descriptor & 0x80 != 0 { 12 } else { 8 };
-    if count > super::max_points(len as u64) as u64 {
+    if count > super::points::max_points(len as u64) as u64 {
         return lie(footer, format!("lists {count} frames, more than a file of {len} bytes can hold"));
     }
     let Some(table) = (count * entry + FOOTER as u64 + 8).try_into().ok().filter(|&t: &usize| t <= len) else {
