@@ -8,10 +8,12 @@ use std::sync::Arc;
 
 use hashbrown::HashTable;
 
+use super::error::IndexError;
 use super::layout::{self, BodyWriter, SectionId};
+use super::records::{is_file_name, Attrs, Data, Dirent, Inode, InodeId, Span, Xattr, ROOT};
 use super::store::Store;
 use super::summary::{self, ModeCount, Summary, MAX_MODES};
-use super::{is_file_name, Attrs, Data, Dirent, Index, IndexError, Inode, InodeId, Span, Xattr, ROOT};
+use super::tree::Index;
 
 /// Errors while building an index: limits of the layout, or a name no directory can hold.
 #[derive(Debug, thiserror::Error)]

@@ -4,7 +4,7 @@
 //! file that later mounts map, so nothing is decoded at open: a record is read where it
 //! lies when a request needs it, and checked then (see `store.rs` for the checksums).
 
-use super::{Attrs, Data, Dirent, Inode, InodeId, Span, Xattr};
+use super::records::{Attrs, Data, Dirent, Inode, InodeId, Span, Xattr};
 
 /// Bytes of one inode record.
 pub(crate) const INODE_LEN: usize = 48;

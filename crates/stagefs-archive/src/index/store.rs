@@ -10,9 +10,17 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use super::error::IndexError;
 use super::layout::{u64_at, SectionId};
-use super::IndexError;
 use crate::hash::block_sum;
+
+/// What an index holds in this process: heap bytes, and bytes of a mapped file (the page
+/// cache's, shared by every process that maps it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Memory {
+    pub heap: u64,
+    pub mapped: u64,
+}
 
 /// Bytes covered by one checksum.
 pub(crate) const BLOCK: u64 = 64 << 10;
@@ -146,12 +154,12 @@ impl Store {
         }
     }
 
-    pub fn memory(&self) -> super::Memory {
+    pub fn memory(&self) -> Memory {
         match &self.bytes {
-            Bytes::Owned(v) => super::Memory { heap: v.capacity() as u64, mapped: 0 },
+            Bytes::Owned(v) => Memory { heap: v.capacity() as u64, mapped: 0 },
             Bytes::Mapped(m) => {
                 let bits = self.checks.as_ref().map_or(0, |c| (c.body_ok.len() + c.sums_ok.len()) * 8);
-                super::Memory { heap: bits as u64, mapped: m.bytes().len() as u64 }
+                Memory { heap: bits as u64, mapped: m.bytes().len() as u64 }
             }
         }
     }

@@ -1,7 +1,7 @@
 //! What the whole tree holds, counted once when it is built: so that `index --print-stats` and the mount's "files you cannot read" warning read a few bytes, not every inode.
 
 use super::layout::{u32_at, u64_at};
-use super::InodeId;
+use super::records::InodeId;
 
 /// Distinct owner and mode combinations kept; an archive with more keeps none
 /// ([`Summary::modes_complete`] false) and its readers walk the tree instead.

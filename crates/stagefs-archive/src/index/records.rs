@@ -1,0 +1,92 @@
+//! The records an index is made of, as a read decodes them: inodes (attributes, where the bytes are), directory entries, extended attributes.
+
+/// Position of an inode in the index; FUSE sees `InodeId + 1`.
+pub type InodeId = u32;
+
+/// The root directory's position.
+pub const ROOT: InodeId = 0;
+/// Longest symlink target any reader accepts: Linux's PATH_MAX less the terminating NUL.
+/// A longer one cannot be followed or even read back, so it only costs memory.
+pub const MAX_LINK_TARGET: usize = libc::PATH_MAX as usize - 1;
+
+/// A run of bytes in the index's arena (64-bit offsets: a billion names need more than
+/// 4 GiB).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Span {
+    pub offset: u64,
+    pub len: u32,
+}
+
+/// Where an inode's content comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Data {
+    /// No content: fifos, sockets, empty files.
+    None,
+    /// The bytes `archive[offset..offset + size]` (plain tar members).
+    Slice { offset: u64 },
+    /// A handle into the format reader's own table (SquashFS block lists, tar sparse maps).
+    Extern(u32),
+    /// A directory: its children are entries `first..first + count`.
+    Dir { first: u32, count: u32, parent: InodeId },
+    /// A symbolic link and its target.
+    Symlink(Span),
+    /// A character or block device number (`rdev`).
+    Device(u32),
+}
+
+/// Attributes as the archive states them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attrs {
+    /// File type bits (`S_IFMT`) and permission bits (07777), as in `st_mode`.
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mtime: i64,
+    pub mtime_nsec: u32,
+    pub size: u64,
+}
+
+impl Attrs {
+    /// Attributes of a directory the archive implies but never lists.
+    pub fn implicit_dir() -> Attrs {
+        Attrs { mode: libc::S_IFDIR | 0o755, uid: 0, gid: 0, mtime: 0, mtime_nsec: 0, size: 0 }
+    }
+
+    pub fn file_type(&self) -> u32 {
+        self.mode & libc::S_IFMT
+    }
+
+    pub fn is_dir(&self) -> bool {
+        self.file_type() == libc::S_IFDIR
+    }
+}
+
+/// One inode: attributes, content location and link count (its extended attributes
+/// are found by [`Index::xattrs`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Inode {
+    pub attrs: Attrs,
+    pub data: Data,
+    pub nlink: u32,
+}
+
+/// One name in a directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dirent {
+    pub name: Span,
+    pub inode: InodeId,
+}
+
+/// One extended attribute: full name (`user.foo`) and value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Xattr {
+    pub name: Span,
+    pub value: Span,
+}
+
+/// Whether `name` can name an entry of a directory: one path component, neither `.` nor
+/// `..`, without `/` or NUL (the kernel's names end at a NUL: such a name would be listed
+/// cut short, and never found).
+pub fn is_file_name(name: &[u8]) -> bool {
+    !name.is_empty() && name != b"." && name != b".." && !name.contains(&b'/') && !name.contains(&0)
+}
