@@ -29,9 +29,10 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
+use super::header::looks_like_tar;
 use super::header::BLOCK;
 use super::member::Scan;
-use super::{looks_like_tar, Extent, SparseFile, TarReader};
+use super::reader::{Extent, SparseFile, TarReader};
 use crate::error::OpenError;
 use crate::index::{Attrs, BuildError, Data, Index, IndexBuilder, InodeId, ROOT};
 use crate::reader::Reader;

@@ -2,7 +2,7 @@
 
 use super::header::{round_up, BLOCK};
 use super::member::{Member, Scan, MAX_FILE_SIZE};
-use super::{Extent, SparseFile};
+use super::reader::{Extent, SparseFile};
 use crate::error::OpenError;
 use crate::index::Data;
 use stagefs_text::escape;

@@ -7,6 +7,7 @@ use super::member::MAX_GLOBAL_XATTRS;
 use super::pax::*;
 use super::write::{pax_record, ustar_header};
 use super::*;
+use crate::index::Data;
 use crate::test_support::python_tar;
 
 #[test]

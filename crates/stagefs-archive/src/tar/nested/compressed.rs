@@ -2,10 +2,11 @@
 
 use std::path::Path;
 
+use super::reader::InnerTar;
 use crate::index::Index;
 use crate::seekable::{self, Codec, Points, Seekable};
 use crate::source::{Backing, Source};
-use crate::tar::{Extent, InnerTar, SparseFile, TarReader};
+use crate::tar::reader::{Extent, SparseFile, TarReader};
 
 /// The names a tar member has when it is a compressed tar, and the codec they announce
 /// (the bytes decide the codec; the name only gives the directory's).
@@ -68,7 +69,7 @@ impl Opener {
         cancelled: &dyn Fn() -> bool,
     ) -> Result<Scanned, Refused> {
         let input = Source::within(outer, start, len).ok_or(Refused::Why("it lies outside the archive".into()))?;
-        let scanned = crate::tar::scan_compressed(path, &input, codec, Some(cancelled));
+        let scanned = crate::tar::compressed::scan_compressed(path, &input, codec, Some(cancelled));
         let (index, sparse_files, extents, points) = scanned.map_err(|e| match cancelled() {
             true => Refused::Stopped,
             false => Refused::Why(format!("it does not decode as a {} tar ({e})", codec.name())),

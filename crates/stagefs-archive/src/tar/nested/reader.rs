@@ -4,7 +4,7 @@ use crate::bytes::Bytes;
 use crate::error::ReadError;
 use crate::index::{Inode, InodeId};
 use crate::reader::Reader;
-use crate::tar::{SavedTables, TarReader};
+use crate::tar::reader::{SavedTables, TarReader};
 
 /// A compressed tar stored inside the outer archive: `len` bytes from `start`, decoded
 /// from restart points by its own reader (whose byte space is its decoded tar).

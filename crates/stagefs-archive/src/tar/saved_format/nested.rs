@@ -2,10 +2,11 @@
 
 use std::sync::Arc;
 
-use super::{decode_extents, decode_points, decode_sparse_files, encode_points, encode_sparse, Reader, Writer};
+use super::tables::{decode_extents, decode_points, decode_sparse_files, encode_points, encode_sparse, Reader, Writer};
 use crate::seekable::{max_points, Codec, Seekable};
 use crate::source::{Backing, Source};
-use crate::tar::{InnerTar, Run, SavedTables, TarReader};
+use crate::tar::nested::{InnerTar, Run};
+use crate::tar::reader::{SavedTables, TarReader};
 
 /// The fewest bytes an inner tar's record takes (range, table counts, codec tag).
 const INNER_BYTES: usize = 8 * 4 + 4;
@@ -122,24 +123,24 @@ mod tests {
         assert!(decode(&bytes, &key, 0, &backing, None).err().unwrap().to_string().contains("without --recursive"));
         // Tables no scan makes, with a valid checksum: refused before anything is served.
         let good = expanded.reader.saved().unwrap();
-        let refused = |tables: crate::tar::SavedTables| {
+        let refused = |tables: crate::tar::reader::SavedTables| {
             let tables = tables_of(tables);
             let bytes = encode(&key, 8, &expanded.index, &tables).to_vec();
             decode(&bytes, &key, 8, &backing, None).err().unwrap().to_string()
         };
-        let runs = [crate::tar::Run { start: 1, reader: 2 }];
-        assert!(refused(crate::tar::SavedTables { runs: &runs, ..good }).contains("runs of positions"));
+        let runs = [crate::tar::nested::Run { start: 1, reader: 2 }];
+        assert!(refused(crate::tar::reader::SavedTables { runs: &runs, ..good }).contains("runs of positions"));
         let moved = |start: u64| {
             let reader = good.inner[0].reader.backing().clone();
-            [crate::tar::InnerTar {
+            [crate::tar::nested::InnerTar {
                 start,
                 len: good.inner[0].len,
-                reader: crate::tar::TarReader::from_parts(reader, vec![], vec![]).unwrap(),
+                reader: crate::tar::reader::TarReader::from_parts(reader, vec![], vec![]).unwrap(),
             }]
         };
-        assert!(refused(crate::tar::SavedTables { inner: &moved(outer.len() as u64), ..good })
+        assert!(refused(crate::tar::reader::SavedTables { inner: &moved(outer.len() as u64), ..good })
             .contains("outside the archive"));
-        assert!(refused(crate::tar::SavedTables { inner: &moved(0), ..good }).contains("not compressed"));
+        assert!(refused(crate::tar::reader::SavedTables { inner: &moved(0), ..good }).contains("not compressed"));
         // Every single-byte corruption is caught at open, or when the block it is in is read.
         for i in (0..bytes.len()).step_by(97) {
             let mut damaged = bytes.clone();
