@@ -8,8 +8,9 @@ use crate::places::{self, OutsideFile};
 use crate::saved_index as saved;
 use crate::stage::{self, StageError, StageMode, Staging};
 use stagefs_archive::index::Index;
-use stagefs_archive::tar::{nested, SavedTables};
+use stagefs_archive::tar::nested;
 use stagefs_archive::Reader;
+use stagefs_archive::SavedTables;
 use stagefs_archive::{Archive, Format, OpenError};
 use std::sync::Arc;
 
@@ -307,7 +308,7 @@ fn open_nested(path: &Path, archive: Archive, depth: usize) -> Result<Archive, O
         tracing::warn!("{}: --recursive opens tars inside a tar; this is a {:?} archive", path.shown(), archive.format);
         return Ok(archive);
     };
-    let outer = tables.outer;
+    let outer = tables.outer();
     let backing = outer.backing().clone();
     let cancelled = || crate::cancel::received().is_some();
     let nesting = nested::Nesting { depth, cancelled: &cancelled };

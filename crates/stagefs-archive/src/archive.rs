@@ -7,6 +7,7 @@ use crate::bytes::Bytes;
 use crate::error::{OpenError, ReadError};
 use crate::index::{Data, Index, Inode, InodeId};
 use crate::reader::{Access, Reader, SourceCache};
+use crate::saved::SavedTables;
 use crate::source::{map_file, Backing};
 use crate::{seekable, squashfs, tar, zip};
 
@@ -138,7 +139,7 @@ impl Archive {
     }
 
     /// See [`Reader::saved`].
-    pub fn saved(&self) -> Option<tar::SavedTables<'_>> {
+    pub fn saved(&self) -> Option<SavedTables<'_>> {
         self.reader.saved()
     }
 

@@ -51,6 +51,7 @@ mod identity;
 pub mod index;
 mod progress;
 mod reader;
+mod saved;
 pub mod seekable;
 pub mod set;
 mod source;
@@ -66,6 +67,7 @@ pub use error::{OpenError, ReadError};
 pub use identity::FileId;
 pub use progress::SCAN_PROGRESS;
 pub use reader::{Access, Reader, SourceCache};
+pub use saved::SavedTables;
 pub use source::{drop_file_cache, map_file, map_shared_file, Backing, Changed, Ranged, Source, StageChunkError};
 
 #[cfg(any(test, feature = "test-support"))]

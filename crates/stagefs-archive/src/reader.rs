@@ -3,7 +3,7 @@
 use crate::bytes::Bytes;
 use crate::error::ReadError;
 use crate::index::{Inode, InodeId};
-use crate::tar::SavedTables;
+use crate::saved::SavedTables;
 
 /// Whether a file may be read at all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -13,6 +13,7 @@ use crate::index::layout::{u32_at, u64_at, BodyWriter, SectionId};
 use crate::index::{Index, IndexError, IndexMap, InodeId};
 use crate::reader::Reader;
 use crate::source::Backing;
+use crate::tar::nested::TarTables;
 use crate::tar::{Extent, SparseFile, TarReader};
 
 /// Bytes of one shard's record: its key (7 × u64), first position, sparse and extent runs.
@@ -52,7 +53,7 @@ pub fn tables(reader: &dyn Reader, keys: &[[u64; 7]]) -> Option<Extra> {
     }
     let mut plain = Vec::with_capacity(shards.len());
     for shard in shards {
-        let tables = shard.saved()?;
+        let tables = TarTables::of(shard.saved()?);
         if !tables.inner.is_empty() || tables.outer.backing().seekable().is_some() {
             return None;
         }

@@ -35,7 +35,7 @@ use header::BLOCK;
 pub use header::{looks_like_tar, normalise};
 use member::Scan;
 pub use nested::{InnerTar, NestedReader, Run};
-pub use reader::{Extent, SavedTables, SparseFile, TarReader};
+pub use reader::{Extent, SparseFile, TarReader};
 #[cfg(feature = "fuzzing")]
 pub use saved_format::decode_for_fuzz;
 pub use write::{pax_record, ustar_header};

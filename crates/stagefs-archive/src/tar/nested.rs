@@ -37,6 +37,7 @@ use crate::error::OpenError;
 use crate::index::{Attrs, BuildError, Data, Index, IndexBuilder, InodeId, ROOT};
 use crate::reader::Reader;
 use crate::source::Backing;
+pub(crate) use reader::TarTables;
 pub use reader::{InnerTar, NestedReader, Run};
 use stagefs_text::escape;
 

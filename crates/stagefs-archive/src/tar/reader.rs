@@ -1,21 +1,11 @@
 //! The reader of a tar's members: a regular member's bytes are a slice of the archive, a sparse member's are its extents with holes read as zeros.
 
-use super::nested::{InnerTar, Run};
 use crate::bytes::Bytes;
 use crate::error::ReadError;
 use crate::index::{Data, Inode, InodeId};
 use crate::reader::{Reader, SourceCache};
+use crate::saved::SavedTables;
 use crate::source::Backing;
-
-/// What a saved index keeps of a tar's readers besides the tree: the archive's sparse
-/// tables (and restart points, compressed), and for `--recursive` the compressed inner
-/// tars' and which inodes each serves (see [`nested`]).
-#[derive(Clone, Copy)]
-pub struct SavedTables<'a> {
-    pub outer: &'a TarReader,
-    pub inner: &'a [InnerTar],
-    pub runs: &'a [Run],
-}
 
 /// Serves member content; holds the sparse maps the index points into.
 pub struct TarReader {
@@ -55,7 +45,7 @@ impl Reader for TarReader {
     }
 
     fn saved(&self) -> Option<SavedTables<'_>> {
-        Some(SavedTables { outer: self, inner: &[], runs: &[] })
+        Some(self.saved_tables())
     }
 
     fn compression(&self) -> Option<&'static str> {
@@ -89,6 +79,11 @@ impl TarReader {
                 ends_ok && runs.windows(2).all(|w| w[0].file_offset + w[0].len <= w[1].file_offset)
             });
         sorted.then_some(TarReader { backing, sparse_files, extents })
+    }
+
+    /// The tables a saved index keeps of this reader (see [`crate::Reader::saved`]).
+    pub fn saved_tables(&self) -> SavedTables<'_> {
+        SavedTables::of(self)
     }
 
     /// The archive's bytes this reader serves from.

@@ -14,12 +14,14 @@ use std::sync::Arc;
 
 use super::key::Key;
 use super::nested::NestedReader;
-use super::reader::{SavedTables, TarReader};
+use super::nested::TarTables;
+use super::reader::TarReader;
 use crate::index::file::{self, Extra, Header, Kind, Saving};
 #[cfg(feature = "fuzzing")]
 use crate::index::layout::Section;
 use crate::index::layout::{BodyWriter, SectionId};
 use crate::index::{Index, IndexError, IndexMap};
+use crate::saved::SavedTables;
 use crate::seekable::{Codec, Seekable};
 use crate::source::{Backing, Source};
 use tables::{
@@ -33,6 +35,11 @@ pub type Tables = Extra;
 /// The tables `tables` describes, laid out as sections (the tree's summary then joins
 /// them: see [`body`]).
 pub fn tables(tables: SavedTables) -> Tables {
+    tar_tables(TarTables::of(tables))
+}
+
+/// [`tables`] of a tar's tables.
+fn tar_tables(tables: TarTables) -> Tables {
     let reader = tables.outer;
     let mut body = BodyWriter::default();
     let mut w = Writer::default();

@@ -4,7 +4,8 @@ use crate::bytes::Bytes;
 use crate::error::ReadError;
 use crate::index::{Inode, InodeId};
 use crate::reader::Reader;
-use crate::tar::reader::{SavedTables, TarReader};
+use crate::saved::SavedTables;
+use crate::tar::reader::TarReader;
 
 /// A compressed tar stored inside the outer archive: `len` bytes from `start`, decoded
 /// from restart points by its own reader (whose byte space is its decoded tar).
@@ -64,6 +65,33 @@ impl Reader for NestedReader {
     }
 
     fn saved(&self) -> Option<SavedTables<'_>> {
-        Some(SavedTables { outer: &self.outer, inner: &self.inner, runs: &self.runs })
+        Some(SavedTables::of(self))
+    }
+}
+
+/// A tar's tables as [`SavedTables`] hands them over: the outer archive's reader, and for
+/// `--recursive` the compressed inner tars and the runs of positions each serves.
+#[derive(Clone, Copy)]
+pub(crate) struct TarTables<'a> {
+    pub outer: &'a TarReader,
+    pub inner: &'a [InnerTar],
+    pub runs: &'a [Run],
+}
+
+impl<'a> TarTables<'a> {
+    /// The tables `saved` holds: only tar readers (plain or nested) make [`SavedTables`].
+    pub(crate) fn of(saved: SavedTables<'a>) -> TarTables<'a> {
+        if let Some(nested) = saved.reader::<NestedReader>() {
+            return TarTables { outer: &nested.outer, inner: &nested.inner, runs: &nested.runs };
+        }
+        let outer = saved.reader::<TarReader>().expect("only tar readers make saved tables");
+        TarTables { outer, inner: &[], runs: &[] }
+    }
+}
+
+impl<'a> SavedTables<'a> {
+    /// The outer archive's tar reader (its bytes and sparse tables).
+    pub fn outer(&self) -> &'a TarReader {
+        TarTables::of(*self).outer
     }
 }

@@ -168,7 +168,7 @@ fn compressed_inner_tars_open_and_read_through_their_own_readers() {
     assert_eq!(read(&expanded, "n3/b.JPEG"), b"bzip2 image");
     assert_eq!(read(&expanded, "plain/p.txt"), b"plain");
     assert_eq!(read(&expanded, "README"), b"outer file");
-    let tables = expanded.reader.saved().expect("a tar's tables");
+    let tables = super::TarTables::of(expanded.reader.saved().expect("a tar's tables"));
     assert_eq!(tables.inner.len(), 3);
     assert!(tables.runs.len() >= 3, "runs of positions per reader: {:?}", tables.runs);
     // One level only: the tar inside n1 stays a file.
