@@ -6,9 +6,9 @@ use std::sync::Arc;
 use crate::bytes::Bytes;
 use crate::error::{OpenError, ReadError};
 use crate::index::{Data, Index, Inode, InodeId};
-use crate::reader::{Access, Reader, SourceCache};
+use crate::reader::{Access, Reader};
 use crate::saved::SavedTables;
-use crate::source::{map_file, Backing};
+use crate::source::{map_file, Backing, SourceCache};
 use crate::{seekable, squashfs, tar, zip};
 
 /// The archive formats stagefs understands.

@@ -208,7 +208,7 @@ impl Fill {
     /// files once warmed); a memfd's pages are the copy itself and stay.
     pub(crate) fn drop_copy_cache(&self) {
         if let Copy::Disk(file) = &self.copy {
-            crate::source::drop_file_cache(file, 0, 0);
+            crate::page_cache::drop_file_cache(file, 0, 0);
         }
     }
 }

@@ -49,6 +49,7 @@ pub mod guard;
 pub mod hash;
 mod identity;
 pub mod index;
+mod page_cache;
 mod progress;
 mod reader;
 mod saved;
@@ -65,10 +66,11 @@ pub use archive::{read_file, Archive, Format};
 pub use bytes::Bytes;
 pub use error::{OpenError, ReadError};
 pub use identity::FileId;
+pub use page_cache::drop_file_cache;
 pub use progress::SCAN_PROGRESS;
-pub use reader::{Access, Reader, SourceCache};
+pub use reader::{Access, Reader};
 pub use saved::SavedTables;
-pub use source::{drop_file_cache, map_file, map_shared_file, Backing, Changed, Ranged, Source, StageChunkError};
+pub use source::{map_file, map_shared_file, Backing, Changed, Ranged, Source, SourceCache, StageChunkError};
 
 #[cfg(any(test, feature = "test-support"))]
 pub mod test_kit;

@@ -4,6 +4,7 @@ use crate::bytes::Bytes;
 use crate::error::ReadError;
 use crate::index::{Inode, InodeId};
 use crate::saved::SavedTables;
+use crate::source::{Backing, SourceCache};
 
 /// Whether a file may be read at all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -15,17 +16,6 @@ pub enum Access {
 
 /// A shard set's readers, and the first merged position each serves.
 pub type Shards<'a> = (&'a [std::sync::Arc<dyn Reader>], &'a [InodeId]);
-
-/// What to do with the pages of an archive file served in place.
-#[derive(Clone, Copy)]
-pub enum SourceCache<'a> {
-    /// Drop them: the mount's page cache holds the files once warmed, and keeping the
-    /// source's too would hold the data twice.
-    Drop,
-    /// Read them in once, through the descriptor opened at first (never the path again:
-    /// whatever was put there since is not read), until `stop` says stop.
-    Warm(&'a (dyn Fn() -> bool + Sync)),
-}
 
 /// Serves the bytes of the regular files of one index.
 pub trait Reader: Send + Sync {
@@ -55,7 +45,7 @@ pub trait Reader: Send + Sync {
 
     /// The compressed file they are decoded from, then (the warm-up reads it into the page
     /// cache: staged compressed).
-    fn compressed_input(&self) -> Option<crate::source::Backing> {
+    fn compressed_input(&self) -> Option<Backing> {
         None
     }
 

@@ -6,6 +6,7 @@ use crate::error::ReadError;
 use crate::fill::{Fill, StagedCopy};
 use crate::guard::GuardedMap;
 use crate::identity::FileId;
+use crate::page_cache::drop_file_cache;
 use crate::{seekable, within};
 
 /// How a file changed while it was read (see [`Source::check_intact`]): nothing read of it
@@ -13,6 +14,17 @@ use crate::{seekable, within};
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}")]
 pub struct Changed(String);
+
+/// What to do with the pages of an archive file served in place.
+#[derive(Clone, Copy)]
+pub enum SourceCache<'a> {
+    /// Drop them: the mount's page cache holds the files once warmed, and keeping the
+    /// source's too would hold the data twice.
+    Drop,
+    /// Read them in once, through the descriptor opened at first (never the path again:
+    /// whatever was put there since is not read), until `stop` says stop.
+    Warm(&'a (dyn Fn() -> bool + Sync)),
+}
 
 /// The archive's bytes, shared by all request threads.
 pub type Backing = Arc<Source>;
@@ -308,17 +320,17 @@ impl Source {
 
     /// Drops or warms this archive file's cached pages (in place only; a staged copy has
     /// no other copy to fall back on, and is in RAM already).
-    pub fn source_cache(&self, what: crate::reader::SourceCache<'_>) {
+    pub fn source_cache(&self, what: SourceCache<'_>) {
         if let Some(decoded) = &self.decoded {
             decoded.input().source_cache(what);
         }
-        if let (Some(fill), crate::reader::SourceCache::Drop) = (&self.fill, &what) {
+        if let (Some(fill), SourceCache::Drop) = (&self.fill, &what) {
             fill.drop_copy_cache();
         }
         let Some(in_place) = &self.in_place else { return };
         match what {
-            crate::reader::SourceCache::Drop => drop_file_cache(&in_place.file, 0, 0),
-            crate::reader::SourceCache::Warm(stop) => drop(in_place.warm(stop)),
+            SourceCache::Drop => drop_file_cache(&in_place.file, 0, 0),
+            SourceCache::Warm(stop) => drop(in_place.warm(stop)),
         }
     }
 
@@ -368,16 +380,6 @@ impl std::ops::Deref for Source {
 fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).max(4096) as usize
-}
-
-/// Drops `len` bytes of `file` at `offset` (0: to the end) from the page cache; clean pages
-/// go at once, so a file read once leaves no copy behind.
-pub fn drop_file_cache(file: &std::fs::File, offset: u64, len: u64) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: posix_fadvise only gives the kernel a hint about a descriptor we own.
-    unsafe {
-        libc::posix_fadvise(file.as_raw_fd(), offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_DONTNEED)
-    };
 }
 
 /// Maps a file to serve in place (see [`Source`] for why reads then use pread); the source

@@ -40,7 +40,7 @@ impl Reader for SetReader {
         self.shards.iter().for_each(|s| s.release_caches());
     }
 
-    fn source_cache(&self, what: crate::reader::SourceCache<'_>) {
+    fn source_cache(&self, what: crate::source::SourceCache<'_>) {
         self.shards.iter().for_each(|s| s.source_cache(what));
     }
 

@@ -214,7 +214,7 @@ impl crate::reader::Reader for SquashReader {
         self.clear_cache();
     }
 
-    fn source_cache(&self, what: crate::reader::SourceCache<'_>) {
+    fn source_cache(&self, what: crate::source::SourceCache<'_>) {
         self.backing.source_cache(what);
     }
 

@@ -3,9 +3,9 @@
 use crate::bytes::Bytes;
 use crate::error::ReadError;
 use crate::index::{Data, Inode, InodeId};
-use crate::reader::{Reader, SourceCache};
+use crate::reader::Reader;
 use crate::saved::SavedTables;
-use crate::source::Backing;
+use crate::source::{Backing, SourceCache};
 
 /// Serves member content; holds the sparse maps the index points into.
 pub struct TarReader {

@@ -259,7 +259,7 @@ impl crate::reader::Reader for ZipReader {
         self.clear_cache();
     }
 
-    fn source_cache(&self, what: crate::reader::SourceCache<'_>) {
+    fn source_cache(&self, what: crate::source::SourceCache<'_>) {
         self.backing.source_cache(what);
     }
 

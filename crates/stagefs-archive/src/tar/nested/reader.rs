@@ -56,7 +56,7 @@ impl Reader for NestedReader {
     }
 
     /// The inner tars are ranges of the outer archive: its pages are theirs.
-    fn source_cache(&self, what: crate::reader::SourceCache<'_>) {
+    fn source_cache(&self, what: crate::source::SourceCache<'_>) {
         self.outer.source_cache(what);
     }
 
