@@ -37,7 +37,7 @@ impl Format {
     /// Detects the format from the first bytes, else from the last ones: a zip is defined
     /// by the end record in its last 64 KiB + 22 bytes (`tail`), whatever precedes it
     /// (a self-extracting stub).
-    pub fn detect_with_tail(head: &[u8], tail: &[u8]) -> Option<Format> {
+    pub(crate) fn detect_with_tail(head: &[u8], tail: &[u8]) -> Option<Format> {
         Format::detect(head).or_else(|| zip::find_end(tail).map(|_| Format::Zip))
     }
 }

@@ -9,7 +9,7 @@ use std::io::{BufRead, Read};
 /// The most one decoder's window or dictionary may take: `xz -9` needs 64 MiB,
 /// `zstd --long=27` 128 MiB (zstd's own default cap). A stream asking for more is refused
 /// rather than allocated.
-pub const WINDOW_LIMIT: u64 = 128 << 20;
+pub(crate) const WINDOW_LIMIT: u64 = 128 << 20;
 
 /// What a compressed file is compressed with, as its first bytes say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,7 +26,7 @@ pub(crate) const XZ_MAGIC: &[u8; 6] = b"\xfd7zXZ\0";
 
 /// Skippable zstd frames (pzstd's size headers, the seekable format's seek table): magic
 /// 0x184D2A50 to 0x184D2A5F, little-endian.
-pub fn zstd_skippable(bytes: &[u8]) -> bool {
+pub(crate) fn zstd_skippable(bytes: &[u8]) -> bool {
     bytes.len() >= 4 && bytes[0] & 0xf0 == 0x50 && bytes[1..4] == [0x2a, 0x4d, 0x18]
 }
 

@@ -123,7 +123,7 @@ impl Fill {
     }
 
     /// Whether chunk `i` is in the copy.
-    pub fn is_staged(&self, i: u64) -> bool {
+    pub(crate) fn is_staged(&self, i: u64) -> bool {
         let Some(word) = self.bits.get((i / 64) as usize) else { return false };
         word.load(Ordering::Acquire) & (1 << (i % 64)) != 0
     }

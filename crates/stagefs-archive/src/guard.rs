@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
 /// A read-only shared map of a file, guarded against truncation (see the module doc).
 /// Dereferences to the mapped bytes; pages lost to a truncation read as zeros.
-pub struct GuardedMap {
+pub(crate) struct GuardedMap {
     map: memmap2::Mmap,
     /// The table entry while the map is registered (`None`: an empty map, or one that
     /// needs no guard).

@@ -40,7 +40,7 @@ impl FileId {
     }
 
     /// The identity of an open file now.
-    pub fn of_file(file: &File) -> std::io::Result<FileId> {
+    pub(crate) fn of_file(file: &File) -> std::io::Result<FileId> {
         file.metadata().map(|m| FileId::of(&m))
     }
 

@@ -24,13 +24,15 @@ mod summary;
 mod tree;
 mod walk;
 
-pub use build::{BuildError, IndexBuilder, XattrRun};
+pub(crate) use build::XattrRun;
+pub use build::{BuildError, IndexBuilder};
 pub use error::{IndexError, PathError};
 #[cfg(any(test, feature = "test-support"))]
 pub use file::tamper;
 pub use file::Saving;
 pub use layout::SectionId;
-pub use records::{is_file_name, Attrs, Data, Dirent, Inode, InodeId, Span, Xattr, MAX_LINK_TARGET, ROOT};
+pub(crate) use records::{is_file_name, MAX_LINK_TARGET};
+pub use records::{Attrs, Data, Dirent, Inode, InodeId, Span, Xattr, ROOT};
 pub use store::{map_index, IndexMap, Memory};
 pub use summary::{ModeCount, Summary};
 pub use tree::{Children, Index, Xattrs};

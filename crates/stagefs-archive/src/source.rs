@@ -202,7 +202,7 @@ impl Source {
     /// serving once it is complete. `None` for a file served in place, a copy still filling
     /// (or stopped) or on the local disk, bytes decoded piece by piece, read by ranges or
     /// within another source.
-    pub fn copy_file(&self) -> Option<&std::fs::File> {
+    pub(crate) fn copy_file(&self) -> Option<&std::fs::File> {
         match &self.fill {
             Some(fill) => fill.is_complete().then(|| fill.file()).flatten(),
             None => self.copy.as_ref(),

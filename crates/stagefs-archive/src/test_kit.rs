@@ -15,7 +15,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Debian package providing a tool, for the panic message.
-pub fn package_of(tool: &str) -> &'static str {
+pub(crate) fn package_of(tool: &str) -> &'static str {
     match tool {
         "mksquashfs" | "unsquashfs" => "squashfs-tools",
         "gensquashfs" | "tar2sqfs" | "sqfs2tar" => "squashfs-tools-ng",

@@ -31,7 +31,8 @@ const DOS_DIRECTORY: u32 = 0x10;
 
 /// True if `bytes` look like a zip: a local header first, or an end record at the end
 /// (an empty zip, or one behind a self-extracting stub).
-pub fn looks_like_zip(bytes: &[u8]) -> bool {
+#[cfg(test)]
+pub(crate) fn looks_like_zip(bytes: &[u8]) -> bool {
     bytes.starts_with(b"PK\x03\x04") || bytes.starts_with(b"PK\x05\x06") || find_end(bytes).is_some()
 }
 
@@ -47,7 +48,7 @@ fn cache_bytes_for(archive_bytes: u64) -> u64 {
 }
 
 /// Indexes the zip in `backing`; decompressed members are cached up to `cache_bytes`.
-pub fn open_with_cache(path: &Path, backing: Backing, cache_bytes: u64) -> Result<(Index, ZipReader), OpenError> {
+pub(crate) fn open_with_cache(path: &Path, backing: Backing, cache_bytes: u64) -> Result<(Index, ZipReader), OpenError> {
     let fail = |fault: Fault| fault.into_open_error(path);
     let mut dir = directory::read(&backing).map_err(fail)?;
     let starts = Starts::of(&dir.entries, dir.start);

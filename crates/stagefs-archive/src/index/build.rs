@@ -30,7 +30,7 @@ pub enum BuildError {
 
 /// A stored set of extended attributes: xattrs `first..first + count`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct XattrRun {
+pub(crate) struct XattrRun {
     first: u32,
     count: u32,
 }
@@ -157,14 +157,14 @@ impl IndexBuilder {
     }
 
     /// Attaches extended attributes (name, value) to an inode, replacing any it had.
-    pub fn set_xattrs(&mut self, id: InodeId, xattrs: &[(&[u8], &[u8])]) -> Result<(), BuildError> {
+    pub(crate) fn set_xattrs(&mut self, id: InodeId, xattrs: &[(&[u8], &[u8])]) -> Result<(), BuildError> {
         let run = self.add_xattrs(xattrs)?;
         self.set_xattr_run(id, run);
         Ok(())
     }
 
     /// Stores a set of extended attributes that no inode has yet.
-    pub fn add_xattrs(&mut self, xattrs: &[(&[u8], &[u8])]) -> Result<XattrRun, BuildError> {
+    pub(crate) fn add_xattrs(&mut self, xattrs: &[(&[u8], &[u8])]) -> Result<XattrRun, BuildError> {
         let first = u32::try_from(self.xattrs.len()).map_err(|_| BuildError::TooManyEntries)?;
         let count = u32::try_from(xattrs.len()).map_err(|_| BuildError::TooManyEntries)?;
         for (name, value) in xattrs {
@@ -177,7 +177,7 @@ impl IndexBuilder {
 
     /// Gives an inode a stored set of extended attributes, replacing any it had. Inodes
     /// given the same run share its entries: a set many inodes have is stored once.
-    pub fn set_xattr_run(&mut self, id: InodeId, run: XattrRun) {
+    pub(crate) fn set_xattr_run(&mut self, id: InodeId, run: XattrRun) {
         self.xattr_runs.push((id, run));
     }
 
@@ -200,7 +200,7 @@ impl IndexBuilder {
     /// [`IndexBuilder::link`], returning the inode the name pointed at before, if any.
     /// One hash lookup per call (the merge of a shard set calls it for every file of
     /// every shard).
-    pub fn relink(&mut self, parent: InodeId, name: &[u8], child: InodeId) -> Result<Option<InodeId>, BuildError> {
+    pub(crate) fn relink(&mut self, parent: InodeId, name: &[u8], child: InodeId) -> Result<Option<InodeId>, BuildError> {
         if !is_file_name(name) {
             return Err(BuildError::BadName(stagefs_text::escape(name)));
         }

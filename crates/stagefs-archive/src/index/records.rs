@@ -7,7 +7,7 @@ pub type InodeId = u32;
 pub const ROOT: InodeId = 0;
 /// Longest symlink target any reader accepts: Linux's PATH_MAX less the terminating NUL.
 /// A longer one cannot be followed or even read back, so it only costs memory.
-pub const MAX_LINK_TARGET: usize = libc::PATH_MAX as usize - 1;
+pub(crate) const MAX_LINK_TARGET: usize = libc::PATH_MAX as usize - 1;
 
 /// A run of bytes in the index's arena (64-bit offsets: a billion names need more than
 /// 4 GiB).
@@ -87,6 +87,6 @@ pub struct Xattr {
 /// Whether `name` can name an entry of a directory: one path component, neither `.` nor
 /// `..`, without `/` or NUL (the kernel's names end at a NUL: such a name would be listed
 /// cut short, and never found).
-pub fn is_file_name(name: &[u8]) -> bool {
+pub(crate) fn is_file_name(name: &[u8]) -> bool {
     !name.is_empty() && name != b"." && name != b".." && !name.contains(&b'/') && !name.contains(&0)
 }

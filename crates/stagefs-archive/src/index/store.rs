@@ -142,7 +142,7 @@ impl Store {
         }
     }
 
-    pub fn is_mapped(&self) -> bool {
+    pub(crate) fn is_mapped(&self) -> bool {
         matches!(self.bytes, Bytes::Mapped(_))
     }
 
@@ -165,7 +165,7 @@ impl Store {
     }
 
     /// The whole body (for writing it out).
-    pub fn body_bytes(&self) -> &[u8] {
+    pub(crate) fn body_bytes(&self) -> &[u8] {
         &self.all()[self.body.clone()]
     }
 
@@ -174,7 +174,7 @@ impl Store {
     }
 
     /// Fails once the mapped file has shrunk underneath: what was read may be zeros.
-    pub fn check_torn(&self) -> Result<(), IndexError> {
+    pub(crate) fn check_torn(&self) -> Result<(), IndexError> {
         match &self.bytes {
             Bytes::Mapped(m) if m.torn() => Err(IndexError::Torn { index: self.name.clone() }),
             _ => Ok(()),

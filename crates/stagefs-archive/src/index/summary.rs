@@ -5,7 +5,7 @@ use super::records::InodeId;
 
 /// Distinct owner and mode combinations kept; an archive with more keeps none
 /// ([`Summary::modes_complete`] false) and its readers walk the tree instead.
-pub const MAX_MODES: usize = 64;
+pub(crate) const MAX_MODES: usize = 64;
 
 /// How many names of regular files have one owner, group and permission bits, and one of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -136,7 +136,7 @@ pub(super) fn decode_block(stream: &[u8], cap: usize) -> Result<Vec<u8>, String>
 
 /// The most compressed bytes one block takes: 900 kB of input that does not compress
 /// grows by well under 1%; anything longer is no block a bzip2 writer makes.
-pub const MAX_BLOCK_BITS: u64 = 8 * (2 << 20);
+pub(crate) const MAX_BLOCK_BITS: u64 = 8 * (2 << 20);
 
 /// The most one block can decode to: 900 kB before bzip2's first run-length stage, which
 /// turns 5 bytes into up to 259.

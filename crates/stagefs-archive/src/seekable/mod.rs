@@ -18,7 +18,7 @@ mod bzip2;
 mod chunk;
 mod deflate;
 mod finder;
-pub use bzip2::MAX_BLOCK_BITS as BZIP2_MAX_BLOCK_BITS;
+pub(crate) use bzip2::MAX_BLOCK_BITS as BZIP2_MAX_BLOCK_BITS;
 mod frames;
 mod gzip;
 mod parallel;
@@ -31,7 +31,8 @@ mod sequential;
 mod xz;
 
 pub use pgzip_tuning::force_parallel_gzip;
-pub use points::{max_points, Codec, Point, Points, SPAN};
+pub(crate) use points::SPAN;
+pub use points::{max_points, Codec, Point, Points};
 use points::{too_many_points, CodecPass};
 pub(crate) use read::Compressed;
 pub use read::{set_cache_budget, Seekable};
@@ -79,7 +80,7 @@ impl Codec {
 
     /// The first `n` bytes `input` decodes to (fewer if it holds fewer); `None` if it does
     /// not decode that far.
-    pub fn decoded_head(self, input: &[u8], n: u64) -> Option<Vec<u8>> {
+    pub(crate) fn decoded_head(self, input: &[u8], n: u64) -> Option<Vec<u8>> {
         let compression = match self {
             Codec::Gzip => Compression::Gzip,
             Codec::Zstd => Compression::Zstd,
@@ -108,7 +109,7 @@ pub fn decoded_size(input: &[u8]) -> Option<u64> {
 }
 
 /// The first pass: a `Read` of the decoded stream that notes restart points.
-pub struct FirstPass<'a> {
+pub(crate) struct FirstPass<'a> {
     codec: Codec,
     input_len: u64,
     /// The pass is marked once under way (see `stop::phase`).

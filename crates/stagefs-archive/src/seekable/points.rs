@@ -3,7 +3,7 @@
 use std::io::Read;
 
 /// Output between restart points, and the unit of decoding and caching.
-pub const SPAN: u64 = 4 << 20;
+pub(crate) const SPAN: u64 = 4 << 20;
 
 /// The most restart points (bzip2 block markers, xz blocks, zstd frames, gzip points) a
 /// compressed file of `input_len` bytes may have: one per KiB of it, at least 65,536.

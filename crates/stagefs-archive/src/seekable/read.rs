@@ -21,7 +21,7 @@ use crate::error::ReadError;
 use crate::source::Backing;
 
 /// A unit decoding to at most this is decoded whole and cached as one entry.
-pub const WHOLE_UNIT: u64 = 32 << 20;
+pub(crate) const WHOLE_UNIT: u64 = 32 << 20;
 /// A larger unit is decoded and cached in pieces of this much.
 pub const PIECE: u64 = 4 << 20;
 /// Decoders of large units kept where they stopped (each holds a zstd window or an xz
@@ -29,7 +29,7 @@ pub const PIECE: u64 = 4 << 20;
 const CURSORS: usize = 4;
 
 /// The decoded-unit cache when no budget was set (tests, `stagefs index`).
-pub const DEFAULT_CACHE_BYTES: u64 = 128 << 20;
+pub(crate) const DEFAULT_CACHE_BYTES: u64 = 128 << 20;
 /// Bytes the cache may hold: set once, before the first compressed file is read.
 static CACHE_BYTES: AtomicU64 = AtomicU64::new(DEFAULT_CACHE_BYTES);
 
@@ -188,13 +188,14 @@ impl Seekable {
         &self.shared.input
     }
 
-    pub fn decoded_len(&self) -> u64 {
+    pub(crate) fn decoded_len(&self) -> u64 {
         self.shared.points.total
     }
 
     /// Decoders started so far by reads (one per unit decoded whole, one per kept
     /// decoder of a large unit): how tests see that nothing is decoded twice.
-    pub fn decoders_started(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn decoders_started(&self) -> u64 {
         self.shared.started.load(Ordering::Relaxed)
     }
 

@@ -190,7 +190,7 @@ const _: () = {
 
 /// Serves regular-file content of one SquashFS image. Shared by all request threads:
 /// the only shared mutable state is the sharded block cache and the fragment counters.
-pub struct SquashReader {
+pub(crate) struct SquashReader {
     backing: Backing,
     compressor: Compressor,
     layouts: Layouts,
@@ -239,20 +239,20 @@ impl SquashReader {
     }
 
     /// Empties the block cache (its blocks are freed once no reply holds them).
-    pub fn clear_cache(&self) {
+    pub(crate) fn clear_cache(&self) {
         self.cache.clear();
     }
 
     /// Bytes of decompressed blocks held in the cache.
     #[cfg(test)]
-    pub fn cached_bytes(&self) -> u64 {
+    pub(crate) fn cached_bytes(&self) -> u64 {
         self.cache.weight()
     }
 
     /// Heap bytes of the per-file block layouts: with the index's, what an open image
     /// costs to keep.
     #[cfg(test)]
-    pub fn table_bytes(&self) -> usize {
+    pub(crate) fn table_bytes(&self) -> usize {
         self.layouts.heap_bytes()
     }
 

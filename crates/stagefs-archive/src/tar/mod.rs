@@ -32,9 +32,10 @@ use crate::seekable::{Codec, Seekable};
 use crate::source::{Backing, Source};
 pub(crate) use compressed::scan_compressed;
 use header::BLOCK;
-pub use header::{looks_like_tar, normalise};
+pub(crate) use header::looks_like_tar;
+pub use header::normalise;
 use member::Scan;
-pub use nested::{InnerTar, NestedReader, Run};
+pub use nested::Run;
 pub use reader::{Extent, SparseFile, TarReader};
 #[cfg(feature = "fuzzing")]
 pub use saved_format::decode_for_fuzz;
@@ -60,7 +61,7 @@ pub fn open(path: &Path, backing: Backing) -> Result<(Index, TarReader), OpenErr
 
 /// Indexes the tar `backing` serves from `stream`, its bytes in order (an object in a
 /// store read in place: no map to scan).
-pub fn open_stream(
+pub(crate) fn open_stream(
     path: &Path,
     backing: Backing,
     stream: &mut dyn std::io::Read,

@@ -38,7 +38,8 @@ use crate::index::{Attrs, BuildError, Data, Index, IndexBuilder, InodeId, ROOT};
 use crate::reader::Reader;
 use crate::source::Backing;
 pub(crate) use reader::TarTables;
-pub use reader::{InnerTar, NestedReader, Run};
+pub(crate) use reader::{InnerTar, NestedReader};
+pub use reader::Run;
 use stagefs_text::escape;
 
 /// How deep `--recursive` opens archives unless told (`--recursion-depth`).

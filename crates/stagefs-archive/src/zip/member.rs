@@ -287,7 +287,7 @@ impl ZipReader {
 
     /// Empties the member cache and drops idle decoders (their memory is freed once no
     /// reply holds it).
-    pub fn clear_cache(&self) {
+    pub(crate) fn clear_cache(&self) {
         self.cache.clear();
         self.cursors.clear();
     }

@@ -9,7 +9,7 @@ use crate::tar::reader::TarReader;
 
 /// A compressed tar stored inside the outer archive: `len` bytes from `start`, decoded
 /// from restart points by its own reader (whose byte space is its decoded tar).
-pub struct InnerTar {
+pub(crate) struct InnerTar {
     pub start: u64,
     pub len: u64,
     pub reader: TarReader,
@@ -25,7 +25,7 @@ pub struct Run {
 }
 
 /// Serves a nested tree: each inode by the reader of its run.
-pub struct NestedReader {
+pub(crate) struct NestedReader {
     outer: TarReader,
     inner: Vec<InnerTar>,
     runs: Vec<Run>,
@@ -41,7 +41,7 @@ impl NestedReader {
     }
 
     /// The reader serving position `id`.
-    pub fn reader_of(&self, id: InodeId) -> &TarReader {
+    pub(crate) fn reader_of(&self, id: InodeId) -> &TarReader {
         let run = self.runs.partition_point(|r| r.start <= id).checked_sub(1).map(|i| self.runs[i].reader);
         match run {
             Some(k) if k > 0 => &self.inner[k as usize - 1].reader,
