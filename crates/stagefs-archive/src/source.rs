@@ -64,7 +64,7 @@ pub trait Ranged: Send + Sync + std::fmt::Debug {
     /// The size of the bytes.
     fn size(&self) -> u64;
     /// `len` bytes at `offset` (fewer only at the end), or why not.
-    fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>, String>;
+    fn read_at(&self, offset: u64, len: usize) -> std::io::Result<Vec<u8>>;
     /// All bytes in order, for a scan that has no map (a tar); `None` when the map holds
     /// what indexing reads.
     fn stream(&self) -> Option<Box<dyn std::io::Read + '_>>;
@@ -267,8 +267,9 @@ impl Source {
             return decoded.read_at(offset, len).map(std::borrow::Cow::Owned);
         }
         if let Some(ranged) = &self.ranged {
-            let bytes =
-                ranged.read_at(offset, len).map_err(|what| ReadError { offset: ReadError::WHOLE_ARCHIVE, what })?;
+            let bytes = ranged
+                .read_at(offset, len)
+                .map_err(|e| ReadError { offset: ReadError::WHOLE_ARCHIVE, what: e.to_string() })?;
             if bytes.len() != len {
                 return Err(ReadError { offset, what: format!("{len} bytes run past the end of the archive") });
             }

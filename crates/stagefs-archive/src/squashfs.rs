@@ -43,7 +43,11 @@ fn cache_bytes_for(image_bytes: u64) -> u64 {
 }
 
 /// Indexes the SquashFS image in `backing`; decompressed blocks are cached up to `cache_bytes`.
-pub(crate) fn open_with_cache(path: &Path, backing: Backing, cache_bytes: u64) -> Result<(Index, SquashReader), OpenError> {
+pub(crate) fn open_with_cache(
+    path: &Path,
+    backing: Backing,
+    cache_bytes: u64,
+) -> Result<(Index, SquashReader), OpenError> {
     let fail = |fault: Fault| fault.into_open_error(path);
     let sb = superblock::Superblock::parse(&backing).map_err(fail)?;
     // Only bytes_used bytes belong to the image; images are often padded to 4 KiB.

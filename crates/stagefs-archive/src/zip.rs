@@ -48,7 +48,11 @@ fn cache_bytes_for(archive_bytes: u64) -> u64 {
 }
 
 /// Indexes the zip in `backing`; decompressed members are cached up to `cache_bytes`.
-pub(crate) fn open_with_cache(path: &Path, backing: Backing, cache_bytes: u64) -> Result<(Index, ZipReader), OpenError> {
+pub(crate) fn open_with_cache(
+    path: &Path,
+    backing: Backing,
+    cache_bytes: u64,
+) -> Result<(Index, ZipReader), OpenError> {
     let fail = |fault: Fault| fault.into_open_error(path);
     let mut dir = directory::read(&backing).map_err(fail)?;
     let starts = Starts::of(&dir.entries, dir.start);

@@ -200,7 +200,12 @@ impl IndexBuilder {
     /// [`IndexBuilder::link`], returning the inode the name pointed at before, if any.
     /// One hash lookup per call (the merge of a shard set calls it for every file of
     /// every shard).
-    pub(crate) fn relink(&mut self, parent: InodeId, name: &[u8], child: InodeId) -> Result<Option<InodeId>, BuildError> {
+    pub(crate) fn relink(
+        &mut self,
+        parent: InodeId,
+        name: &[u8],
+        child: InodeId,
+    ) -> Result<Option<InodeId>, BuildError> {
         if !is_file_name(name) {
             return Err(BuildError::BadName(stagefs_text::escape(name)));
         }

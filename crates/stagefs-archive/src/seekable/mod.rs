@@ -50,8 +50,9 @@ const PGZIP_MIN_THREADS: usize = 2;
 /// fail where it fails (it panics otherwise). Returns the decoded size.
 #[doc(hidden)]
 #[cfg(feature = "fuzzing")]
-pub fn fuzz_parallel_gzip(input: &Backing, chunk_bytes: usize) -> Result<u64, String> {
+pub fn fuzz_parallel_gzip(input: &Backing, chunk_bytes: usize) -> std::io::Result<u64> {
     pgzip::agrees_with_sequential(input, chunk_bytes)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
 impl Codec {
@@ -118,7 +119,7 @@ pub(crate) struct FirstPass<'a> {
 }
 
 impl<'a> FirstPass<'a> {
-    pub fn new(codec: Codec, input: &'a Backing) -> Result<FirstPass<'a>, String> {
+    pub(crate) fn new(codec: Codec, input: &'a Backing) -> Result<FirstPass<'a>, String> {
         let pass: Box<dyn CodecPass + 'a> = match codec {
             Codec::Gzip => match bgzf::Pass::new(input) {
                 Some(pass) => Box::new(pass),
@@ -141,12 +142,12 @@ impl<'a> FirstPass<'a> {
     }
 
     /// Compressed bytes consumed so far (for progress and error offsets).
-    pub fn consumed(&self) -> u64 {
+    pub(crate) fn consumed(&self) -> u64 {
         self.pass.consumed()
     }
 
     /// The points noted, once the whole stream has been read.
-    pub fn finish(mut self) -> Points {
+    pub(crate) fn finish(mut self) -> Points {
         let total = self.pass.total();
         let mut list = std::mem::take(self.pass.points());
         for point in &mut list {

@@ -37,9 +37,9 @@ use crate::error::OpenError;
 use crate::index::{Attrs, BuildError, Data, Index, IndexBuilder, InodeId, ROOT};
 use crate::reader::Reader;
 use crate::source::Backing;
+pub use reader::Run;
 pub(crate) use reader::TarTables;
 pub(crate) use reader::{InnerTar, NestedReader};
-pub use reader::Run;
 use stagefs_text::escape;
 
 /// How deep `--recursive` opens archives unless told (`--recursion-depth`).
