@@ -14,14 +14,17 @@ use crate::{seekable, squashfs, tar, zip};
 /// The archive formats stagefs understands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
+    /// A tar: plain, compressed, or nested.
     Tar,
+    /// A SquashFS 4.0 image.
     SquashFs,
+    /// A zip.
     Zip,
 }
 
 impl Format {
     /// Detects the format from the first bytes, never from the file name. A zip is
-    /// known by its first bytes only when nothing precedes it; see [`Format::detect_with_tail`].
+    /// known by its first bytes only when nothing precedes it; see `Format::detect_with_tail`.
     pub fn detect(head: &[u8]) -> Option<Format> {
         if head.starts_with(b"hsqs") {
             Some(Format::SquashFs)
@@ -44,7 +47,9 @@ impl Format {
 
 /// An opened archive: its index plus the reader that serves file content.
 pub struct Archive {
+    /// The tree: names, attributes, where each file's bytes are.
     pub index: Index,
+    /// The format it was read as.
     pub format: Format,
     reader: Arc<dyn Reader>,
 }

@@ -18,8 +18,11 @@ impl<K> quick_cache::Weighter<K, Arc<[u8]>> for ByteWeight {
 /// assembled (sparse files, reads spanning SquashFS blocks).
 #[derive(Debug)]
 pub enum Bytes<'a> {
+    /// Borrowed from the archive's map.
     Borrowed(&'a [u8]),
+    /// A range of a block shared with the readers' cache.
     Shared(Arc<[u8]>, Range<usize>),
+    /// Assembled for this read.
     Owned(Vec<u8>),
 }
 

@@ -7,28 +7,91 @@ use stagefs_text::Shown;
 /// Damage found while opening or indexing an archive: fatal for the mount.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
+    /// The file could not be read (mapped, stat'ed).
     #[error("cannot read {}: {source}", path.shown())]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        /// The archive.
+        path: PathBuf,
+        /// Why not.
+        source: std::io::Error,
+    },
+    /// The bytes are no archive stagefs knows.
     #[error("{}: not a tar, zip or SquashFS archive (first bytes: {magic}); stagefs mounts tar (plain, or compressed with gzip, bzip2, xz, zstd or lz4), zip and SquashFS 4.0 images", path.shown())]
-    UnknownFormat { path: PathBuf, magic: String },
+    UnknownFormat {
+        /// The file.
+        path: PathBuf,
+        /// Its first bytes, in hex.
+        magic: String,
+    },
+    /// The file holds no byte at all.
     #[error("{}: is empty (0 bytes), not an archive; was the copy or the archiving step complete?", path.shown())]
-    Empty { path: PathBuf },
+    Empty {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A structure of the archive cannot be what it says.
     #[error("{}: corrupt archive at byte {offset}: {what}", path.shown())]
-    Corrupt { path: PathBuf, offset: u64, what: String },
+    Corrupt {
+        /// The archive.
+        path: PathBuf,
+        /// Where in it.
+        offset: u64,
+        /// What is wrong there.
+        what: String,
+    },
+    /// The archive ends before a structure it starts.
     #[error("{}: archive is truncated at byte {offset}: {what} (was the copy complete?)", path.shown())]
-    Truncated { path: PathBuf, offset: u64, what: String },
+    Truncated {
+        /// The archive.
+        path: PathBuf,
+        /// Where it is cut short.
+        offset: u64,
+        /// What was cut.
+        what: String,
+    },
+    /// A sound archive using a feature stagefs does not serve.
     #[error("{}: {what}", path.shown())]
-    Unsupported { path: PathBuf, what: String },
+    Unsupported {
+        /// The archive.
+        path: PathBuf,
+        /// The feature.
+        what: String,
+    },
+    /// The compressed stream of a compressed tar does not decode.
     #[error("{}: corrupt {kind} stream at or before compressed byte {offset}: {message}", path.shown())]
-    CorruptStream { path: PathBuf, kind: &'static str, offset: u64, message: String },
+    CorruptStream {
+        /// The archive.
+        path: PathBuf,
+        /// The compression (`gzip`, `zstd`, ...).
+        kind: &'static str,
+        /// Compressed bytes consumed when decoding failed.
+        offset: u64,
+        /// The decoder's message.
+        message: String,
+    },
+    /// The tree the archive describes cannot be built (a crafted name, too many entries).
     #[error("{}: {source}", path.shown())]
-    Index { path: PathBuf, source: crate::index::BuildError },
+    Index {
+        /// The archive.
+        path: PathBuf,
+        /// Why not.
+        source: crate::index::BuildError,
+    },
+    /// Opening was stopped (a signal) while inner archives were opened.
     #[error("{}: stopped before its inner archives were all opened", path.shown())]
-    Stopped { path: PathBuf },
+    Stopped {
+        /// The archive.
+        path: PathBuf,
+    },
     /// The file changed (was truncated or rewritten) while it was read: nothing read of it
     /// is trusted.
     #[error("{}: changed while stagefs was reading it: {what}; open it again once it is complete", path.shown())]
-    Changed { path: PathBuf, what: String },
+    Changed {
+        /// The archive.
+        path: PathBuf,
+        /// How it changed.
+        what: String,
+    },
 }
 
 impl OpenError {
@@ -48,6 +111,7 @@ pub struct ReadError {
     /// Where in the archive, or [`ReadError::WHOLE_ARCHIVE`] when no byte is to blame
     /// (the file changed underneath).
     pub offset: u64,
+    /// What is wrong.
     pub what: String,
 }
 

@@ -105,6 +105,7 @@ impl Fill {
         self.len
     }
 
+    /// Whether the copy holds no byte (an empty archive).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

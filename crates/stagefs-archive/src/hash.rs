@@ -11,6 +11,7 @@ impl Default for Hasher {
 }
 
 impl Hasher {
+    /// Folds `bytes` into the hash.
     pub fn write(&mut self, bytes: &[u8]) {
         let mut words = bytes.chunks_exact(8);
         for w in words.by_ref() {
@@ -21,6 +22,7 @@ impl Hasher {
         }
     }
 
+    /// The hash of everything written so far.
     pub fn finish(&self) -> u64 {
         self.0
     }

@@ -9,6 +9,7 @@ use crate::source::{Backing, SourceCache};
 /// Whether a file may be read at all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
+    /// It may be read.
     Read,
     /// Refused outright, and why (an encrypted zip member): EACCES, not EIO.
     Denied(&'static str),
@@ -57,7 +58,7 @@ pub trait Reader: Send + Sync {
 
     /// The memfd of a complete private copy of the bytes served, which another process of
     /// the user may map, with the saved index, instead of staging its own (see
-    /// [`crate::Source::copy_file`]): a plain tar's only.
+    /// `crate::Source::copy_file`): a plain tar's only.
     fn shared_copy(&self) -> Option<&std::fs::File> {
         None
     }

@@ -21,9 +21,11 @@ use crate::error::OpenError;
 use crate::index::{Attrs, Data, Dirent, Index, IndexBuilder, IndexError, Inode, InodeId, ROOT};
 use crate::reader::Reader;
 
-/// Where the inodes of a merged index came from (see [`Merger::finish_with_origins`]).
+/// Where the inodes of a merged index came from (see [`Merger::finish_index`]).
 pub struct Origins {
+    /// The first merged position of each shard.
     pub starts: Vec<InodeId>,
+    /// Each merged position's position in its shard's own index.
     pub local: Vec<InodeId>,
 }
 
@@ -38,8 +40,11 @@ impl Origins {
 /// A path served from a later shard although an earlier one has it too.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Conflict {
+    /// The path in the merged tree.
     pub path: String,
+    /// The shard it was first found in.
     pub earlier: PathBuf,
+    /// The shard whose entry is served.
     pub later: PathBuf,
 }
 
@@ -66,6 +71,7 @@ impl Default for Merger {
 }
 
 impl Merger {
+    /// A merger with nothing added yet.
     pub fn new() -> Merger {
         Merger {
             builder: IndexBuilder::new(),

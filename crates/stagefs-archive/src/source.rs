@@ -161,10 +161,22 @@ pub enum StageChunkError {
     /// nothing read of it since enters the copy.
     #[error("{0}")]
     Changed(String),
+    /// The archive file could not be read.
     #[error("cannot read the archive at byte {offset}: {source}")]
-    Read { offset: u64, source: std::io::Error },
+    Read {
+        /// Where the chunk starts.
+        offset: u64,
+        /// Why not.
+        source: std::io::Error,
+    },
+    /// The copy could not be written.
     #[error("cannot write the staged copy at byte {offset}: {source}")]
-    Write { offset: u64, source: std::io::Error },
+    Write {
+        /// Where the chunk starts.
+        offset: u64,
+        /// Why not.
+        source: std::io::Error,
+    },
 }
 
 impl Source {
@@ -182,13 +194,13 @@ impl Source {
     }
 
     /// A complete private copy held in `file` (a staged memfd) and mapped as `map`: the
-    /// file is kept, to be handed to another process of the user (see [`Source::copy_file`]).
+    /// file is kept, to be handed to another process of the user (see `Source::copy_file`).
     pub fn private_copy(map: memmap2::Mmap, file: std::fs::File) -> Source {
         Source { copy: Some(file), ..Source::private(map) }
     }
 
     /// A private copy another process of the user made and handed over (see
-    /// [`Source::copy_file`]), mapped read-only here and served from the map. The caller
+    /// `Source::copy_file`), mapped read-only here and served from the map. The caller
     /// checked that its size cannot change (a memfd sealed against shrinking); the map is
     /// guarded all the same, so no change ever raises SIGBUS.
     pub fn shared_copy(file: &std::fs::File) -> std::io::Result<Backing> {
@@ -248,10 +260,12 @@ impl Source {
         }
     }
 
+    /// Whether it serves no byte.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// `bytes` copied into private memory (tests).
     #[cfg(test)]
     pub fn memory(bytes: &[u8]) -> Backing {
         let mut map = memmap2::MmapMut::map_anon(bytes.len().max(1)).expect("anonymous map");

@@ -19,6 +19,7 @@ use super::tree::Index;
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
     #[error("archive has more than 4 billion entries; not supported")]
+    /// The layout numbers entries with 32 bits.
     TooManyEntries,
     /// A name no directory can hold; every format leaves such members out before linking.
     #[error("{0:?} cannot be a file name")]
@@ -136,10 +137,12 @@ impl IndexBuilder {
         self.inodes.len()
     }
 
+    /// Whether no inode was added yet.
     pub fn is_empty(&self) -> bool {
         self.inodes.is_empty()
     }
 
+    /// The attributes of inode `id` as added so far.
     pub fn attrs(&self, id: InodeId) -> &Attrs {
         &self.inodes[id as usize].attrs
     }

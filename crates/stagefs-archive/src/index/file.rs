@@ -45,7 +45,9 @@ pub struct Header {
 
 /// An index file ready to write: its head (header and checksums) and its body, in parts.
 pub struct Saving<'a> {
+    /// The header and block checksums, written first.
     pub head: Vec<u8>,
+    /// The body, in parts to write one after the other.
     pub body: Vec<Cow<'a, [u8]>>,
 }
 

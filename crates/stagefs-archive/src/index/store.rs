@@ -18,7 +18,9 @@ use crate::hash::block_sum;
 /// cache's, shared by every process that maps it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Memory {
+    /// Bytes on this process's heap.
     pub heap: u64,
+    /// Bytes of a mapped file.
     pub mapped: u64,
 }
 
@@ -29,7 +31,7 @@ pub(crate) const BLOCK: u64 = 64 << 10;
 /// read through this type, so that a file shrunk or rewritten underneath is survived in
 /// one way: the map is guarded (a page lost to a truncation reads as zeros and marks the
 /// map torn, never SIGBUS: `crate::guard`), and the file's identity is compared with the
-/// one it had when mapped before what was read is trusted ([`IndexMap::intact`]).
+/// one it had when mapped before what was read is trusted (`IndexMap::intact`).
 pub struct IndexMap {
     map: Mapped,
 }

@@ -52,18 +52,22 @@ pub struct Children<'a> {
 }
 
 impl<'a> Children<'a> {
+    /// How many entries the directory has.
     pub fn len(&self) -> usize {
         self.records.len() / DIRENT_LEN
     }
 
+    /// Whether the directory is empty.
     pub fn is_empty(&self) -> bool {
         self.records.is_empty()
     }
 
+    /// Entry `i` in name order, if there is one.
     pub fn get(&self, i: usize) -> Option<Dirent> {
         self.records.get(i * DIRENT_LEN..(i + 1) * DIRENT_LEN).map(layout::decode_dirent)
     }
 
+    /// The entries in name order.
     pub fn iter(&self) -> impl DoubleEndedIterator<Item = Dirent> + ExactSizeIterator + 'a {
         self.records.chunks_exact(DIRENT_LEN).map(layout::decode_dirent)
     }
@@ -85,14 +89,17 @@ pub struct Xattrs<'a> {
 }
 
 impl<'a> Xattrs<'a> {
+    /// How many extended attributes the inode has.
     pub fn len(&self) -> usize {
         self.records.len() / XATTR_LEN
     }
 
+    /// Whether it has none.
     pub fn is_empty(&self) -> bool {
         self.records.is_empty()
     }
 
+    /// The extended attributes, in the order the archive gave them.
     pub fn iter(&self) -> impl Iterator<Item = Xattr> + 'a {
         self.records.chunks_exact(XATTR_LEN).map(layout::decode_xattr)
     }
@@ -208,7 +215,7 @@ impl Index {
         Ok(Children { records })
     }
 
-    /// The directory entry at position `pos` among all entries (see [`ModeCount::example`]).
+    /// The directory entry at position `pos` among all entries (see [`crate::index::ModeCount::example`]).
     pub fn dirent(&self, pos: u32) -> Result<Dirent, IndexError> {
         if u64::from(pos) >= self.dirents.count(DIRENT_LEN) {
             return Err(self.store.invalid(format!("no entry {pos}")));

@@ -7,7 +7,7 @@
 //! the points (a compressed 32 KiB window per gzip point), never the size of the
 //! archive. The points are saved with the index, so a remount decodes nothing.
 //!
-//! gzip restarts every [`SPAN`] of output (see `gzip`; bgzip's members are cut into
+//! gzip restarts every `SPAN` of output (see `gzip`; bgzip's members are cut into
 //! runs before decoding and decoded on every core, see `bgzf`), bzip2 at every block (see
 //! `bzip2`), xz at every block its index lists (see `xz`), zstd at frame starts (see
 //! `frames`); a single-frame zstd file, a single-block xz file and lz4 are still

@@ -27,13 +27,18 @@ pub(super) fn too_many_points(codec: Codec, input_len: u64) -> String {
 /// The compressions that can be served in place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Codec {
+    /// gzip: restart points every `SPAN` of output, with their windows.
     Gzip,
+    /// zstd: frame starts.
     Zstd,
+    /// bzip2: block starts.
     Bzip2,
+    /// xz: the blocks its index lists.
     Xz,
 }
 
 impl Codec {
+    /// The codec's usual name (`gzip`, `zstd`, ...), for messages.
     pub fn name(self) -> &'static str {
         match self {
             Codec::Gzip => "gzip",
@@ -50,19 +55,26 @@ impl Codec {
 /// block's check id in `bits`, its unpadded bytes ending at byte `end`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Point {
+    /// Decoded offset.
     pub out: u64,
+    /// Compressed byte where decoding starts.
     pub input: u64,
+    /// Bits: gzip, before `input`; bzip2, into it; xz, the block's check id.
     pub bits: u8,
+    /// gzip: the 32 KiB of history before `out` (compressed once the pass ends).
     pub window: Option<Vec<u8>>,
+    /// bzip2: the block's end bit; xz: its unpadded end byte; else 0.
     pub end: u64,
 }
 
 /// Every restart point of a compressed file, and its decoded size.
 #[derive(Debug)]
 pub struct Points {
+    /// The compression they restart.
     pub codec: Codec,
     /// Sorted by `out`, the first at 0; windows compressed (zstd).
     pub list: Vec<Point>,
+    /// The decoded size.
     pub total: u64,
 }
 

@@ -154,6 +154,7 @@ impl std::fmt::Debug for Seekable {
 }
 
 impl Seekable {
+    /// The decoded bytes of `input` served from `points`, with the shared cache.
     pub fn new(input: Backing, points: Points) -> Seekable {
         Seekable::with_cache(input, points, process_cache())
     }
@@ -179,6 +180,7 @@ impl Seekable {
         Seekable { shared: Arc::new(shared) }
     }
 
+    /// The restart points served from.
     pub fn points(&self) -> &Points {
         &self.shared.points
     }

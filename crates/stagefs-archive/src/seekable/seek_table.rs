@@ -21,7 +21,9 @@ pub const MAX_FRAME_DECODED: u32 = 1 << 30;
 pub struct Entry {
     /// Where the frame starts in the file.
     pub at: u64,
+    /// Its compressed size.
     pub compressed: u32,
+    /// Its decoded size.
     pub decoded: u32,
 }
 

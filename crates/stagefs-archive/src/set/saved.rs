@@ -32,7 +32,9 @@ pub struct SavedShard {
 
 /// A saved set, opened: the merged tree (mapped) and its shards.
 pub struct SavedSet {
+    /// The merged tree, read in place.
     pub index: Index,
+    /// Each shard's identity and tables, in merge order.
     pub shards: Vec<SavedShard>,
 }
 

@@ -11,12 +11,14 @@ use crate::identity::FileId;
 /// another device number on each node), and samples of its bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Key {
+    /// The file's size.
     pub size: u64,
     mtime: i64,
     mtime_nsec: i64,
     ctime: i64,
     ctime_nsec: i64,
     inode: u64,
+    /// A hash of samples of its bytes.
     pub fingerprint: u64,
 }
 

@@ -11,7 +11,7 @@
 //! decoded from there by the same first pass and restart points as an outer compressed
 //! tar (see `compressed`), and its members point into its decoded bytes, served by a
 //! reader of its own. The tree then holds inodes of several readers, in runs of positions
-//! ([`NestedReader`]). All compressed inner tars share one decoded-chunk cache, and their
+//! (`NestedReader`). All compressed inner tars share one decoded-chunk cache, and their
 //! restart points together stay within what one compressed file of the outer archive's
 //! size may have (`seekable::max_points`).
 //!
@@ -99,10 +99,13 @@ struct Nester<'a> {
 
 /// The outer tree with its inner tars opened, and the reader that serves it.
 pub struct Expanded {
+    /// The tree, inner archives opened as directories.
     pub index: Index,
+    /// Serves every file of it.
     pub reader: Arc<dyn Reader>,
     /// Inner archives opened as directories (compressed ones among them).
     pub opened: usize,
+    /// How many of those opened were compressed.
     pub compressed: usize,
     /// Inner archives scanned (opened or not).
     pub scans: usize,

@@ -17,7 +17,9 @@ pub struct TarReader {
 /// A sparse member's data runs: `extents[first..first + count]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SparseFile {
+    /// Index of its first extent.
     pub first: u32,
+    /// How many extents it has.
     pub count: u32,
 }
 
@@ -26,6 +28,7 @@ pub struct SparseFile {
 pub struct Extent {
     /// Offset in the file as extracted.
     pub file_offset: u64,
+    /// Length in bytes.
     pub len: u64,
     /// Offset of these bytes in the archive.
     pub archive_offset: u64,
@@ -91,10 +94,12 @@ impl TarReader {
         &self.backing
     }
 
+    /// The sparse members' runs of extents, by handle.
     pub fn sparse_files(&self) -> &[SparseFile] {
         &self.sparse_files
     }
 
+    /// Every sparse member's extents, one table.
     pub fn extents(&self) -> &[Extent] {
         &self.extents
     }

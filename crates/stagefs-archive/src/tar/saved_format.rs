@@ -33,7 +33,7 @@ use tables::{
 pub type Tables = Extra;
 
 /// The tables `tables` describes, laid out as sections (the tree's summary then joins
-/// them: see [`body`]).
+/// them: see `body`).
 pub fn tables(tables: SavedTables) -> Tables {
     tar_tables(TarTables::of(tables))
 }

@@ -20,7 +20,9 @@ pub(crate) struct InnerTar {
 /// the outer archive's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Run {
+    /// The first position of the run.
     pub start: InodeId,
+    /// 0: the outer archive's reader; `k`: inner tar `k - 1`'s.
     pub reader: u32,
 }
 
