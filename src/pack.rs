@@ -319,7 +319,7 @@ fn save_index(out: &mut output::Output) -> Result<(), String> {
     let reader = stagefs_archive::tar::TarReader::from_parts(backing, sparse_files, extents)
         .ok_or("sparse tables out of bounds")?;
     let key = stagefs_open::saved_index::Key::of(file.file()).map_err(|e| e.to_string())?;
-    let tables = stagefs_archive::tar::SavedTables { outer: &reader, inner: &[], runs: &[] };
+    let tables = reader.saved_tables();
     let at =
         stagefs_open::saved_index::save(&file, &key, &index, tables, &Default::default()).map_err(|e| e.to_string())?;
     tracing::info!(index = %at.path.shown(), "saved the index");

@@ -167,7 +167,7 @@ mod tests {
             stagefs_open::saved_index::load(&file, &key, (&backing, None), &Default::default(), &caches)
                 .expect("pack saved a matching index");
         assert!(index == scanned.index, "the same tree, byte for byte");
-        let (saved, scanned) = (saved.saved().unwrap().outer, scanned.saved().unwrap().outer);
+        let (saved, scanned) = (saved.saved().unwrap().outer(), scanned.saved().unwrap().outer());
         assert_eq!(saved.sparse_files().len(), 1, "the sparse file is stored sparse");
         assert_eq!(saved.sparse_files(), scanned.sparse_files());
         assert_eq!(saved.extents(), scanned.extents());

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use quick_cache::sync::Cache;
 
+use crate::bytes::ByteWeight;
 use crate::seekable::{unit_cache, UnitCache};
-use crate::ByteWeight;
 
 /// Bytes each cache holds when no budget applies (`stagefs ls`, `stagefs index`, tests).
 pub const DEFAULT_BYTES: u64 = 128 << 20;

@@ -2,22 +2,27 @@
 //!
 //! A decoder's memory is what the stream asks for: an xz or LZMA dictionary, a zstd
 //! window. A crafted header can ask for gigabytes before a byte is decoded, so every
-//! decoder made anywhere is made here, within [`WINDOW_LIMIT`].
+//! decoder made anywhere is made here, within `WINDOW_LIMIT`.
 
 use std::io::{BufRead, Read};
 
 /// The most one decoder's window or dictionary may take: `xz -9` needs 64 MiB,
 /// `zstd --long=27` 128 MiB (zstd's own default cap). A stream asking for more is refused
 /// rather than allocated.
-pub const WINDOW_LIMIT: u64 = 128 << 20;
+pub(crate) const WINDOW_LIMIT: u64 = 128 << 20;
 
 /// What a compressed file is compressed with, as its first bytes say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Compression {
+    /// gzip (and bgzip, pigz).
     Gzip,
+    /// bzip2.
     Bzip2,
+    /// xz.
     Xz,
+    /// zstd.
     Zstd,
+    /// lz4 (frame format).
     Lz4,
 }
 
@@ -26,7 +31,7 @@ pub(crate) const XZ_MAGIC: &[u8; 6] = b"\xfd7zXZ\0";
 
 /// Skippable zstd frames (pzstd's size headers, the seekable format's seek table): magic
 /// 0x184D2A50 to 0x184D2A5F, little-endian.
-pub fn zstd_skippable(bytes: &[u8]) -> bool {
+pub(crate) fn zstd_skippable(bytes: &[u8]) -> bool {
     bytes.len() >= 4 && bytes[0] & 0xf0 == 0x50 && bytes[1..4] == [0x2a, 0x4d, 0x18]
 }
 
@@ -50,6 +55,7 @@ impl Compression {
         }
     }
 
+    /// The compression's usual name (`gzip`, `zstd`, ...), for messages.
     pub fn name(self) -> &'static str {
         match self {
             Compression::Gzip => "gzip",
@@ -61,7 +67,7 @@ impl Compression {
     }
 
     /// A decoder of the whole of `input`: every gzip member, bzip2 stream, xz stream,
-    /// zstd or LZ4 frame in turn, within [`WINDOW_LIMIT`].
+    /// zstd or LZ4 frame in turn, within `WINDOW_LIMIT`.
     pub fn decoder<'a>(self, input: impl BufRead + Send + 'a) -> std::io::Result<Box<dyn Read + Send + 'a>> {
         Ok(match self {
             Compression::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(input)),

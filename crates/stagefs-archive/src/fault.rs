@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use super::OpenError;
+use crate::error::OpenError;
 use crate::index::BuildError;
 
 /// What went wrong while indexing, before the archive path is attached.

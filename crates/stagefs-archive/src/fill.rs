@@ -20,7 +20,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use crate::ReadError;
+use crate::error::ReadError;
 
 /// Where the copy lives, handed in open and sized to the archive (the caller made it:
 /// this crate opens no paths).
@@ -105,6 +105,7 @@ impl Fill {
         self.len
     }
 
+    /// Whether the copy holds no byte (an empty archive).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -123,7 +124,7 @@ impl Fill {
     }
 
     /// Whether chunk `i` is in the copy.
-    pub fn is_staged(&self, i: u64) -> bool {
+    pub(crate) fn is_staged(&self, i: u64) -> bool {
         let Some(word) = self.bits.get((i / 64) as usize) else { return false };
         word.load(Ordering::Acquire) & (1 << (i % 64)) != 0
     }
@@ -208,7 +209,7 @@ impl Fill {
     /// files once warmed); a memfd's pages are the copy itself and stay.
     pub(crate) fn drop_copy_cache(&self) {
         if let Copy::Disk(file) = &self.copy {
-            crate::drop_file_cache(file, 0, 0);
+            crate::page_cache::drop_file_cache(file, 0, 0);
         }
     }
 }

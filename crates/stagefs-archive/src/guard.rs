@@ -5,10 +5,10 @@
 //! index may belong to another user, who can truncate it while stagefs scans it. Reading
 //! through `pread` everywhere would cost every scan its zero-copy walk, and a private copy
 //! would cost the RAM stagefs exists to save. So every map of such a file is a
-//! [`GuardedMap`]: it is registered in a table that a process-wide SIGBUS handler
+//! `GuardedMap`: it is registered in a table that a process-wide SIGBUS handler
 //! searches. A fault inside a registered map is answered by mapping a private page of
 //! zeros over the faulting page (the access then reads zeros) and marking the map torn;
-//! whoever read the map checks [`GuardedMap::torn`] (with the file's identity, see
+//! whoever read the map checks `GuardedMap::torn` (with the file's identity, see
 //! `Source::check_intact`) before trusting anything it derived, and reports the file as
 //! changed. A fault anywhere else goes on to the handler that was there before (Rust's
 //! own, Python's faulthandler, or the default action), so real bugs still crash.
@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
 /// A read-only shared map of a file, guarded against truncation (see the module doc).
 /// Dereferences to the mapped bytes; pages lost to a truncation read as zeros.
-pub struct GuardedMap {
+pub(crate) struct GuardedMap {
     map: memmap2::Mmap,
     /// The table entry while the map is registered (`None`: an empty map, or one that
     /// needs no guard).

@@ -11,6 +11,7 @@ impl Default for Hasher {
 }
 
 impl Hasher {
+    /// Folds `bytes` into the hash.
     pub fn write(&mut self, bytes: &[u8]) {
         let mut words = bytes.chunks_exact(8);
         for w in words.by_ref() {
@@ -21,6 +22,7 @@ impl Hasher {
         }
     }
 
+    /// The hash of everything written so far.
     pub fn finish(&self) -> u64 {
         self.0
     }
@@ -37,7 +39,7 @@ pub fn hash(bytes: &[u8]) -> u64 {
 /// lanes of words (four times its speed: each lane's multiply waits on nothing but its
 /// own), the lanes and the length then hashed together. Any change confined to one word
 /// changes the result: each step of a lane is a bijection of its state.
-pub fn block_sum(bytes: &[u8]) -> u64 {
+pub(crate) fn block_sum(bytes: &[u8]) -> u64 {
     const PRIME: u64 = 0x100000001b3;
     let mut lanes = [0xcbf29ce484222325u64, 0x84222325cbf29ce4, 0x9e3779b97f4a7c15, 0x7f4a7c159e3779b9];
     let mut quads = bytes.chunks_exact(32);

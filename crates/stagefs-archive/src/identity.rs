@@ -17,17 +17,22 @@ use std::os::unix::fs::MetadataExt;
 /// One version of one file, as `fstat` describes it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FileId {
+    /// The device it is on.
     pub dev: u64,
+    /// Its inode number.
     pub ino: u64,
+    /// Its size in bytes.
     pub size: u64,
     /// Seconds and nanoseconds.
     pub mtime: (i64, i64),
+    /// Its status change time, seconds and nanoseconds.
     pub ctime: (i64, i64),
     /// Names it has (0: deleted), only to explain a ctime that moved (see the module doc).
     pub nlink: u64,
 }
 
 impl FileId {
+    /// The identity that `meta` (its `fstat`) describes.
     pub fn of(meta: &Metadata) -> FileId {
         FileId {
             dev: meta.dev(),
@@ -40,7 +45,7 @@ impl FileId {
     }
 
     /// The identity of an open file now.
-    pub fn of_file(file: &File) -> std::io::Result<FileId> {
+    pub(crate) fn of_file(file: &File) -> std::io::Result<FileId> {
         file.metadata().map(|m| FileId::of(&m))
     }
 

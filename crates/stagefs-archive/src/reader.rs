@@ -1,12 +1,15 @@
 //! The one interface every format serves file bytes through: a new format is a new implementation of [`Reader`], never new arms in every match.
 
+use crate::bytes::Bytes;
+use crate::error::ReadError;
 use crate::index::{Inode, InodeId};
-use crate::tar::SavedTables;
-use crate::{Bytes, ReadError};
+use crate::saved::SavedTables;
+use crate::source::{Backing, SourceCache};
 
 /// Whether a file may be read at all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
+    /// It may be read.
     Read,
     /// Refused outright, and why (an encrypted zip member): EACCES, not EIO.
     Denied(&'static str),
@@ -14,17 +17,6 @@ pub enum Access {
 
 /// A shard set's readers, and the first merged position each serves.
 pub type Shards<'a> = (&'a [std::sync::Arc<dyn Reader>], &'a [InodeId]);
-
-/// What to do with the pages of an archive file served in place.
-#[derive(Clone, Copy)]
-pub enum SourceCache<'a> {
-    /// Drop them: the mount's page cache holds the files once warmed, and keeping the
-    /// source's too would hold the data twice.
-    Drop,
-    /// Read them in once, through the descriptor opened at first (never the path again:
-    /// whatever was put there since is not read), until `stop` says stop.
-    Warm(&'a (dyn Fn() -> bool + Sync)),
-}
 
 /// Serves the bytes of the regular files of one index.
 pub trait Reader: Send + Sync {
@@ -54,7 +46,7 @@ pub trait Reader: Send + Sync {
 
     /// The compressed file they are decoded from, then (the warm-up reads it into the page
     /// cache: staged compressed).
-    fn compressed_input(&self) -> Option<crate::Backing> {
+    fn compressed_input(&self) -> Option<Backing> {
         None
     }
 
@@ -66,7 +58,7 @@ pub trait Reader: Send + Sync {
 
     /// The memfd of a complete private copy of the bytes served, which another process of
     /// the user may map, with the saved index, instead of staging its own (see
-    /// [`crate::Source::copy_file`]): a plain tar's only.
+    /// `crate::Source::copy_file`): a plain tar's only.
     fn shared_copy(&self) -> Option<&std::fs::File> {
         None
     }

@@ -11,64 +11,21 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+mod reader;
 pub mod saved;
 
-use super::{Access, Archive, Bytes, Format, OpenError, ReadError, Reader};
+pub use reader::SetReader;
+
+use crate::archive::{Archive, Format};
+use crate::error::OpenError;
 use crate::index::{Attrs, Data, Dirent, Index, IndexBuilder, IndexError, Inode, InodeId, ROOT};
+use crate::reader::Reader;
 
-/// Serves file bytes of a merged set from the shard each inode came from: one [`Reader`]
-/// over the shards' readers. A merged inode keeps its shard's content locator, so the
-/// shard's reader serves it as its own.
-pub struct SetReader {
-    /// The shards' readers in merge order (their indexes are not kept).
-    shards: Vec<Arc<dyn Reader>>,
-    /// `starts[k]`: the first merged position added while merging shard `k`.
-    starts: Vec<InodeId>,
-}
-
-impl SetReader {
-    /// The reader of the shard merged position `id` came from.
-    fn shard_of(&self, id: InodeId) -> Option<&Arc<dyn Reader>> {
-        self.shards.get(self.starts.partition_point(|&s| s <= id).saturating_sub(1))
-    }
-}
-
-impl Reader for SetReader {
-    fn read(&self, id: InodeId, inode: &Inode, offset: u64, len: usize) -> Result<Bytes<'_>, ReadError> {
-        match self.shard_of(id) {
-            Some(shard) => shard.read(id, inode, offset, len),
-            None => Err(ReadError { offset: 0, what: format!("inode {id} belongs to no shard") }),
-        }
-    }
-
-    fn access(&self, id: InodeId, inode: &Inode) -> Access {
-        self.shard_of(id).map_or(Access::Read, |shard| shard.access(id, inode))
-    }
-
-    fn release_caches(&self) {
-        self.shards.iter().for_each(|s| s.release_caches());
-    }
-
-    fn source_cache(&self, what: crate::SourceCache<'_>) {
-        self.shards.iter().for_each(|s| s.source_cache(what));
-    }
-
-    fn size(&self) -> u64 {
-        self.shards.iter().map(|s| s.size()).sum()
-    }
-
-    fn compression(&self) -> Option<&'static str> {
-        self.shards.iter().find_map(|s| s.compression())
-    }
-
-    fn shards(&self) -> Option<crate::reader::Shards<'_>> {
-        Some((&self.shards, &self.starts))
-    }
-}
-
-/// Where the inodes of a merged index came from (see [`Merger::finish_with_origins`]).
+/// Where the inodes of a merged index came from (see [`Merger::finish_index`]).
 pub struct Origins {
+    /// The first merged position of each shard.
     pub starts: Vec<InodeId>,
+    /// Each merged position's position in its shard's own index.
     pub local: Vec<InodeId>,
 }
 
@@ -83,8 +40,11 @@ impl Origins {
 /// A path served from a later shard although an earlier one has it too.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Conflict {
+    /// The path in the merged tree.
     pub path: String,
+    /// The shard it was first found in.
     pub earlier: PathBuf,
+    /// The shard whose entry is served.
     pub later: PathBuf,
 }
 
@@ -111,6 +71,7 @@ impl Default for Merger {
 }
 
 impl Merger {
+    /// A merger with nothing added yet.
     pub fn new() -> Merger {
         Merger {
             builder: IndexBuilder::new(),
@@ -128,7 +89,7 @@ impl Merger {
     /// dropping its own index: only its reader serves.
     pub fn add(&mut self, path: &Path, archive: Archive) -> Result<(), OpenError> {
         self.format.get_or_insert(archive.format);
-        self.add_indexed(path, archive.reader.clone(), &archive.index)
+        self.add_indexed(path, archive.reader().clone(), &archive.index)
     }
 
     /// Merges a shard whose `index` the caller keeps (a growing set merges it again).

@@ -2,15 +2,29 @@
 
 use std::sync::Arc;
 
+use crate::error::ReadError;
 use crate::fill::{Fill, StagedCopy};
 use crate::guard::GuardedMap;
-use crate::{seekable, within, FileId, ReadError};
+use crate::identity::FileId;
+use crate::page_cache::drop_file_cache;
+use crate::{seekable, within};
 
 /// How a file changed while it was read (see [`Source::check_intact`]): nothing read of it
 /// is trusted.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{0}")]
 pub struct Changed(String);
+
+/// What to do with the pages of an archive file served in place.
+#[derive(Clone, Copy)]
+pub enum SourceCache<'a> {
+    /// Drop them: the mount's page cache holds the files once warmed, and keeping the
+    /// source's too would hold the data twice.
+    Drop,
+    /// Read them in once, through the descriptor opened at first (never the path again:
+    /// whatever was put there since is not read), until `stop` says stop.
+    Warm(&'a (dyn Fn() -> bool + Sync)),
+}
 
 /// The archive's bytes, shared by all request threads.
 pub type Backing = Arc<Source>;
@@ -50,7 +64,7 @@ pub trait Ranged: Send + Sync + std::fmt::Debug {
     /// The size of the bytes.
     fn size(&self) -> u64;
     /// `len` bytes at `offset` (fewer only at the end), or why not.
-    fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>, String>;
+    fn read_at(&self, offset: u64, len: usize) -> std::io::Result<Vec<u8>>;
     /// All bytes in order, for a scan that has no map (a tar); `None` when the map holds
     /// what indexing reads.
     fn stream(&self) -> Option<Box<dyn std::io::Read + '_>>;
@@ -147,10 +161,22 @@ pub enum StageChunkError {
     /// nothing read of it since enters the copy.
     #[error("{0}")]
     Changed(String),
+    /// The archive file could not be read.
     #[error("cannot read the archive at byte {offset}: {source}")]
-    Read { offset: u64, source: std::io::Error },
+    Read {
+        /// Where the chunk starts.
+        offset: u64,
+        /// Why not.
+        source: std::io::Error,
+    },
+    /// The copy could not be written.
     #[error("cannot write the staged copy at byte {offset}: {source}")]
-    Write { offset: u64, source: std::io::Error },
+    Write {
+        /// Where the chunk starts.
+        offset: u64,
+        /// Why not.
+        source: std::io::Error,
+    },
 }
 
 impl Source {
@@ -168,13 +194,13 @@ impl Source {
     }
 
     /// A complete private copy held in `file` (a staged memfd) and mapped as `map`: the
-    /// file is kept, to be handed to another process of the user (see [`Source::copy_file`]).
+    /// file is kept, to be handed to another process of the user (see `Source::copy_file`).
     pub fn private_copy(map: memmap2::Mmap, file: std::fs::File) -> Source {
         Source { copy: Some(file), ..Source::private(map) }
     }
 
     /// A private copy another process of the user made and handed over (see
-    /// [`Source::copy_file`]), mapped read-only here and served from the map. The caller
+    /// `Source::copy_file`), mapped read-only here and served from the map. The caller
     /// checked that its size cannot change (a memfd sealed against shrinking); the map is
     /// guarded all the same, so no change ever raises SIGBUS.
     pub fn shared_copy(file: &std::fs::File) -> std::io::Result<Backing> {
@@ -188,7 +214,7 @@ impl Source {
     /// serving once it is complete. `None` for a file served in place, a copy still filling
     /// (or stopped) or on the local disk, bytes decoded piece by piece, read by ranges or
     /// within another source.
-    pub fn copy_file(&self) -> Option<&std::fs::File> {
+    pub(crate) fn copy_file(&self) -> Option<&std::fs::File> {
         match &self.fill {
             Some(fill) => fill.is_complete().then(|| fill.file()).flatten(),
             None => self.copy.as_ref(),
@@ -234,10 +260,12 @@ impl Source {
         }
     }
 
+    /// Whether it serves no byte.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// `bytes` copied into private memory (tests).
     #[cfg(test)]
     pub fn memory(bytes: &[u8]) -> Backing {
         let mut map = memmap2::MmapMut::map_anon(bytes.len().max(1)).expect("anonymous map");
@@ -253,8 +281,9 @@ impl Source {
             return decoded.read_at(offset, len).map(std::borrow::Cow::Owned);
         }
         if let Some(ranged) = &self.ranged {
-            let bytes =
-                ranged.read_at(offset, len).map_err(|what| ReadError { offset: ReadError::WHOLE_ARCHIVE, what })?;
+            let bytes = ranged
+                .read_at(offset, len)
+                .map_err(|e| ReadError { offset: ReadError::WHOLE_ARCHIVE, what: e.to_string() })?;
             if bytes.len() != len {
                 return Err(ReadError { offset, what: format!("{len} bytes run past the end of the archive") });
             }
@@ -306,17 +335,17 @@ impl Source {
 
     /// Drops or warms this archive file's cached pages (in place only; a staged copy has
     /// no other copy to fall back on, and is in RAM already).
-    pub fn source_cache(&self, what: crate::SourceCache<'_>) {
+    pub fn source_cache(&self, what: SourceCache<'_>) {
         if let Some(decoded) = &self.decoded {
             decoded.input().source_cache(what);
         }
-        if let (Some(fill), crate::SourceCache::Drop) = (&self.fill, &what) {
+        if let (Some(fill), SourceCache::Drop) = (&self.fill, &what) {
             fill.drop_copy_cache();
         }
         let Some(in_place) = &self.in_place else { return };
         match what {
-            crate::SourceCache::Drop => drop_file_cache(&in_place.file, 0, 0),
-            crate::SourceCache::Warm(stop) => drop(in_place.warm(stop)),
+            SourceCache::Drop => drop_file_cache(&in_place.file, 0, 0),
+            SourceCache::Warm(stop) => drop(in_place.warm(stop)),
         }
     }
 
@@ -366,16 +395,6 @@ impl std::ops::Deref for Source {
 fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     (unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).max(4096) as usize
-}
-
-/// Drops `len` bytes of `file` at `offset` (0: to the end) from the page cache; clean pages
-/// go at once, so a file read once leaves no copy behind.
-pub fn drop_file_cache(file: &std::fs::File, offset: u64, len: u64) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: posix_fadvise only gives the kernel a hint about a descriptor we own.
-    unsafe {
-        libc::posix_fadvise(file.as_raw_fd(), offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_DONTNEED)
-    };
 }
 
 /// Maps a file to serve in place (see [`Source`] for why reads then use pread); the source

@@ -21,11 +21,13 @@ mod xattr;
 
 use std::path::Path;
 
-pub use data::SquashReader;
+pub(crate) use data::SquashReader;
 
 use super::fault::Fault;
-use super::{Backing, Caches, OpenError};
+use crate::caches::Caches;
+use crate::error::OpenError;
 use crate::index::Index;
+use crate::source::Backing;
 
 /// Indexes the SquashFS image in `backing`; decompressed blocks are cached in the open's
 /// `caches` (small files share fragment blocks, so a shuffled first epoch would otherwise

@@ -41,6 +41,6 @@ pub fn check() -> Result<(), Stopped> {
 }
 
 /// [`check`] as an I/O error (not `ErrorKind::Interrupted`, which readers retry).
-pub fn check_io() -> std::io::Result<()> {
+pub(crate) fn check_io() -> std::io::Result<()> {
     check().map_err(std::io::Error::other)
 }

@@ -15,7 +15,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Debian package providing a tool, for the panic message.
-pub fn package_of(tool: &str) -> &'static str {
+pub(crate) fn package_of(tool: &str) -> &'static str {
     match tool {
         "mksquashfs" | "unsquashfs" => "squashfs-tools",
         "gensquashfs" | "tar2sqfs" | "sqfs2tar" => "squashfs-tools-ng",
@@ -62,6 +62,7 @@ pub struct TempDir {
 }
 
 impl TempDir {
+    /// A new empty directory whose name holds `label`.
     pub fn new(label: &str) -> TempDir {
         let base = std::env::temp_dir();
         let base = base.canonicalize().unwrap_or(base);
@@ -78,10 +79,12 @@ impl TempDir {
         }
     }
 
+    /// Its path.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
+    /// `p` inside it.
     pub fn join<P: AsRef<Path>>(&self, p: P) -> PathBuf {
         self.path.join(p)
     }
@@ -105,10 +108,15 @@ impl Drop for TempDir {
 /// One line of /proc/self/mountinfo.
 #[derive(Debug, Clone)]
 pub struct MountInfo {
+    /// `MAJOR:MINOR` of the mounted device.
     pub major_minor: String,
+    /// Where it is mounted.
     pub mount_point: PathBuf,
+    /// The filesystem type.
     pub fs_type: String,
+    /// The mount source.
     pub source: String,
+    /// Per-superblock options.
     pub options: String,
 }
 

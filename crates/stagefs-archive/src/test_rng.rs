@@ -9,10 +9,12 @@
 pub struct Rng(u64);
 
 impl Rng {
+    /// The generator seeded with `seed`.
     pub fn new(seed: u64) -> Rng {
         Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
 
+    /// The next number of the sequence.
     pub fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;

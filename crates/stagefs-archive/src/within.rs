@@ -2,7 +2,8 @@
 
 use std::borrow::Cow;
 
-use crate::{Backing, ReadError, Source};
+use crate::error::ReadError;
+use crate::source::{Backing, Source};
 
 /// `len` bytes of `outer` from `start`; reads go through `outer`, so an archive served
 /// in place is still read with `pread` and checked to be unchanged.

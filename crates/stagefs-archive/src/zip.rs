@@ -16,8 +16,10 @@ pub use directory::{find_end, TAIL_SEARCH};
 pub use member::ZipReader;
 
 use super::fault::Fault;
-use super::{Backing, Caches, OpenError};
+use crate::caches::Caches;
+use crate::error::OpenError;
 use crate::index::{Attrs, BuildError, Data, Index, IndexBuilder, InodeId, MAX_LINK_TARGET, ROOT};
+use crate::source::Backing;
 use directory::{show, Entry};
 use member::Member;
 
@@ -30,7 +32,8 @@ const DOS_DIRECTORY: u32 = 0x10;
 
 /// True if `bytes` look like a zip: a local header first, or an end record at the end
 /// (an empty zip, or one behind a self-extracting stub).
-pub fn looks_like_zip(bytes: &[u8]) -> bool {
+#[cfg(test)]
+pub(crate) fn looks_like_zip(bytes: &[u8]) -> bool {
     bytes.starts_with(b"PK\x03\x04") || bytes.starts_with(b"PK\x05\x06") || find_end(bytes).is_some()
 }
 
@@ -335,8 +338,7 @@ mod tests {
     }
 
     /// Many zips opened with one `Caches` (a shard set's) hold no more decoded members
-    /// together than its one bound, each serving its own bytes; 40 zips with caches of
-    /// their own would each keep theirs.
+    /// together than its one bound, each serving its own bytes.
     #[test]
     fn zips_of_one_open_share_one_bound() {
         let zip = directory::tests::python_zip(
@@ -345,7 +347,7 @@ mod tests {
         );
         let caches = crate::Caches::of_bytes(8 << 20);
         let zips: Vec<_> =
-            (0..40).map(|_| open(Path::new("t.zip"), crate::Source::memory(&zip), &caches).unwrap()).collect();
+            (0..40).map(|_| open(Path::new("t.zip"), crate::source::Source::memory(&zip), &caches).unwrap()).collect();
         let mut first = None;
         for (index, reader) in &zips {
             let id = index.lookup(&index.inode(ROOT).unwrap(), b"m").unwrap().unwrap();
@@ -359,12 +361,12 @@ mod tests {
     }
 
     /// Reads all of the regular file at `path` of a zip opened from `bytes`.
-    fn read_member(bytes: &[u8], path: &str) -> Result<Vec<u8>, crate::ReadError> {
+    fn read_member(bytes: &[u8], path: &str) -> Result<Vec<u8>, crate::error::ReadError> {
         let (index, reader) =
-            open(Path::new("t.zip"), crate::Source::memory(bytes), &crate::Caches::default()).unwrap();
+            open(Path::new("t.zip"), crate::source::Source::memory(bytes), &crate::Caches::default()).unwrap();
         let id = index.lookup(&index.inode(ROOT).unwrap(), path.as_bytes()).unwrap().unwrap();
         let inode = index.inode(id).unwrap();
-        crate::read_file(&reader, id, &inode, 0, inode.attrs.size as u32).map(|b| b.to_vec())
+        crate::archive::read_file(&reader, id, &inode, 0, inode.attrs.size as u32).map(|b| b.to_vec())
     }
 
     /// A local header whose name differs from the central one serves the data after its own
@@ -394,7 +396,7 @@ mod tests {
         let dir = directory::read(&zip).unwrap();
         let mut entries = dir.entries;
         entries[0].size += 1 << 32;
-        let backing = crate::Source::memory(&zip);
+        let backing = crate::source::Source::memory(&zip);
         let starts = Starts::of(&entries, dir.start);
         unwrap_stored_sizes(&backing, &mut entries, &starts);
         assert_eq!((entries[0].size, entries[0].compressed), (5, 5));

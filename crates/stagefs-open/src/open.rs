@@ -8,9 +8,9 @@ use crate::places::{self, OutsideFile};
 use crate::saved_index as saved;
 use crate::stage::{self, StageError, StageMode, Staging};
 use stagefs_archive::index::Index;
-use stagefs_archive::tar::{nested, SavedTables};
+use stagefs_archive::tar::nested;
 use stagefs_archive::Reader;
-use stagefs_archive::{Archive, Caches, Format, OpenError};
+use stagefs_archive::{Archive, Caches, Format, OpenError, SavedTables};
 use std::sync::Arc;
 
 /// Why an archive could not be opened to serve.
@@ -323,7 +323,7 @@ fn open_nested(path: &Path, archive: Archive, depth: usize, caches: &Caches) -> 
         tracing::warn!("{}: --recursive opens tars inside a tar; this is a {:?} archive", path.shown(), archive.format);
         return Ok(archive);
     };
-    let outer = tables.outer;
+    let outer = tables.outer();
     let backing = outer.backing().clone();
     let cancelled = || crate::cancel::received().is_some();
     let nesting = nested::Nesting { depth, cancelled: &cancelled, caches };

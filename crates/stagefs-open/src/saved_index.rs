@@ -27,9 +27,7 @@ use stagefs_archive::index::{map_index, Index, IndexError, IndexMap, Saving};
 use stagefs_archive::seekable::Codec;
 pub use stagefs_archive::tar::key::{fingerprint, Key};
 use stagefs_archive::tar::saved_format::{decode, decode_tree, encode, tables as tables_of};
-use stagefs_archive::tar::SavedTables;
-use stagefs_archive::Reader;
-use stagefs_archive::{Backing, Caches};
+use stagefs_archive::{Backing, Caches, Reader, SavedTables};
 use std::sync::Arc;
 
 /// Which saved index of an archive, and where it may be.

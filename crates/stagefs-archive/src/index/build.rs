@@ -8,15 +8,18 @@ use std::sync::Arc;
 
 use hashbrown::HashTable;
 
+use super::error::IndexError;
 use super::layout::{self, BodyWriter, SectionId};
+use super::records::{is_file_name, Attrs, Data, Dirent, Inode, InodeId, Span, Xattr, ROOT};
 use super::store::Store;
 use super::summary::{self, ModeCount, Summary, MAX_MODES};
-use super::{is_file_name, Attrs, Data, Dirent, Index, IndexError, Inode, InodeId, Span, Xattr, ROOT};
+use super::tree::Index;
 
 /// Errors while building an index: limits of the layout, or a name no directory can hold.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
     #[error("archive has more than 4 billion entries; not supported")]
+    /// The layout numbers entries with 32 bits.
     TooManyEntries,
     /// A name no directory can hold; every format leaves such members out before linking.
     #[error("{0:?} cannot be a file name")]
@@ -28,7 +31,7 @@ pub enum BuildError {
 
 /// A stored set of extended attributes: xattrs `first..first + count`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct XattrRun {
+pub(crate) struct XattrRun {
     first: u32,
     count: u32,
 }
@@ -134,10 +137,12 @@ impl IndexBuilder {
         self.inodes.len()
     }
 
+    /// Whether no inode was added yet.
     pub fn is_empty(&self) -> bool {
         self.inodes.is_empty()
     }
 
+    /// The attributes of inode `id` as added so far.
     pub fn attrs(&self, id: InodeId) -> &Attrs {
         &self.inodes[id as usize].attrs
     }
@@ -155,14 +160,14 @@ impl IndexBuilder {
     }
 
     /// Attaches extended attributes (name, value) to an inode, replacing any it had.
-    pub fn set_xattrs(&mut self, id: InodeId, xattrs: &[(&[u8], &[u8])]) -> Result<(), BuildError> {
+    pub(crate) fn set_xattrs(&mut self, id: InodeId, xattrs: &[(&[u8], &[u8])]) -> Result<(), BuildError> {
         let run = self.add_xattrs(xattrs)?;
         self.set_xattr_run(id, run);
         Ok(())
     }
 
     /// Stores a set of extended attributes that no inode has yet.
-    pub fn add_xattrs(&mut self, xattrs: &[(&[u8], &[u8])]) -> Result<XattrRun, BuildError> {
+    pub(crate) fn add_xattrs(&mut self, xattrs: &[(&[u8], &[u8])]) -> Result<XattrRun, BuildError> {
         let first = u32::try_from(self.xattrs.len()).map_err(|_| BuildError::TooManyEntries)?;
         let count = u32::try_from(xattrs.len()).map_err(|_| BuildError::TooManyEntries)?;
         for (name, value) in xattrs {
@@ -175,7 +180,7 @@ impl IndexBuilder {
 
     /// Gives an inode a stored set of extended attributes, replacing any it had. Inodes
     /// given the same run share its entries: a set many inodes have is stored once.
-    pub fn set_xattr_run(&mut self, id: InodeId, run: XattrRun) {
+    pub(crate) fn set_xattr_run(&mut self, id: InodeId, run: XattrRun) {
         self.xattr_runs.push((id, run));
     }
 
@@ -198,9 +203,14 @@ impl IndexBuilder {
     /// [`IndexBuilder::link`], returning the inode the name pointed at before, if any.
     /// One hash lookup per call (the merge of a shard set calls it for every file of
     /// every shard).
-    pub fn relink(&mut self, parent: InodeId, name: &[u8], child: InodeId) -> Result<Option<InodeId>, BuildError> {
+    pub(crate) fn relink(
+        &mut self,
+        parent: InodeId,
+        name: &[u8],
+        child: InodeId,
+    ) -> Result<Option<InodeId>, BuildError> {
         if !is_file_name(name) {
-            return Err(BuildError::BadName(crate::escape::escape(name)));
+            return Err(BuildError::BadName(stagefs_text::escape(name)));
         }
         let next = u32::try_from(self.entries.len()).map_err(|_| BuildError::TooManyEntries)?;
         let (entries, names) = (&mut self.entries, &mut self.names);

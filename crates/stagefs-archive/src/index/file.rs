@@ -8,9 +8,10 @@ use std::borrow::Cow;
 use std::path::Path;
 use std::sync::Arc;
 
+use super::error::IndexError;
 use super::layout::{u32_at, u64_at, BodyWriter, Section, SectionId, ALIGN};
 use super::store::{Checks, IndexMap, Store, BLOCK};
-use super::{Index, IndexError};
+use super::tree::Index;
 use crate::hash::block_sum;
 
 /// The first bytes of every saved index; the version is part of them.
@@ -44,7 +45,9 @@ pub struct Header {
 
 /// An index file ready to write: its head (header and checksums) and its body, in parts.
 pub struct Saving<'a> {
+    /// The header and block checksums, written first.
     pub head: Vec<u8>,
+    /// The body, in parts to write one after the other.
     pub body: Vec<Cow<'a, [u8]>>,
 }
 

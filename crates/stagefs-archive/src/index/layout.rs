@@ -4,7 +4,7 @@
 //! file that later mounts map, so nothing is decoded at open: a record is read where it
 //! lies when a request needs it, and checked then (see `store.rs` for the checksums).
 
-use super::{Attrs, Data, Dirent, Inode, InodeId, Span, Xattr};
+use super::records::{Attrs, Data, Dirent, Inode, InodeId, Span, Xattr};
 
 /// Bytes of one inode record.
 pub(crate) const INODE_LEN: usize = 48;
@@ -21,11 +21,17 @@ pub(crate) const ALIGN: usize = 64;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub enum SectionId {
+    /// The inode records.
     Inodes = 1,
+    /// The directory entries.
     Dirents = 2,
+    /// The arena of names, link targets and xattr values.
     Names = 3,
+    /// The xattr records.
     Xattrs = 4,
+    /// Which inode each run of xattrs belongs to.
     XattrOwners = 5,
+    /// The tree's counts ([`crate::index::Summary`]).
     Summary = 6,
     /// A tar's sparse files (first extent, count).
     SparseFiles = 16,

@@ -10,9 +10,19 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use super::error::IndexError;
 use super::layout::{u64_at, SectionId};
-use super::IndexError;
 use crate::hash::block_sum;
+
+/// What an index holds in this process: heap bytes, and bytes of a mapped file (the page
+/// cache's, shared by every process that maps it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Memory {
+    /// Bytes on this process's heap.
+    pub heap: u64,
+    /// Bytes of a mapped file.
+    pub mapped: u64,
+}
 
 /// Bytes covered by one checksum.
 pub(crate) const BLOCK: u64 = 64 << 10;
@@ -21,14 +31,14 @@ pub(crate) const BLOCK: u64 = 64 << 10;
 /// read through this type, so that a file shrunk or rewritten underneath is survived in
 /// one way: the map is guarded (a page lost to a truncation reads as zeros and marks the
 /// map torn, never SIGBUS: `crate::guard`), and the file's identity is compared with the
-/// one it had when mapped before what was read is trusted ([`IndexMap::intact`]).
+/// one it had when mapped before what was read is trusted (`IndexMap::intact`).
 pub struct IndexMap {
     map: Mapped,
 }
 
 enum Mapped {
     /// The file mapped, its descriptor and identity when mapped.
-    File(crate::guard::GuardedMap, std::fs::File, crate::FileId),
+    File(crate::guard::GuardedMap, std::fs::File, crate::identity::FileId),
     /// Bytes fetched whole (an index kept beside an object in a store).
     Fetched(Vec<u8>),
 }
@@ -36,7 +46,7 @@ enum Mapped {
 /// Maps the saved index `file` read-only (the caller has judged the descriptor: whose it
 /// is, its mode, its size).
 pub fn map_index(file: &std::fs::File) -> std::io::Result<IndexMap> {
-    let id = crate::FileId::of_file(file)?;
+    let id = crate::identity::FileId::of_file(file)?;
     let map = crate::guard::GuardedMap::file(file)?;
     // Requests read a few records here and there: no read-ahead of whole megabytes.
     let _ = map.map().advise(memmap2::Advice::Random);
@@ -66,7 +76,7 @@ impl IndexMap {
     fn intact(&self) -> bool {
         match &self.map {
             Mapped::File(map, file, id) => {
-                !map.torn() && crate::FileId::of_file(file).is_ok_and(|now| id.change_to(&now).is_none())
+                !map.torn() && crate::identity::FileId::of_file(file).is_ok_and(|now| id.change_to(&now).is_none())
             }
             Mapped::Fetched(_) => true,
         }
@@ -134,7 +144,7 @@ impl Store {
         }
     }
 
-    pub fn is_mapped(&self) -> bool {
+    pub(crate) fn is_mapped(&self) -> bool {
         matches!(self.bytes, Bytes::Mapped(_))
     }
 
@@ -146,18 +156,18 @@ impl Store {
         }
     }
 
-    pub fn memory(&self) -> super::Memory {
+    pub fn memory(&self) -> Memory {
         match &self.bytes {
-            Bytes::Owned(v) => super::Memory { heap: v.capacity() as u64, mapped: 0 },
+            Bytes::Owned(v) => Memory { heap: v.capacity() as u64, mapped: 0 },
             Bytes::Mapped(m) => {
                 let bits = self.checks.as_ref().map_or(0, |c| (c.body_ok.len() + c.sums_ok.len()) * 8);
-                super::Memory { heap: bits as u64, mapped: m.bytes().len() as u64 }
+                Memory { heap: bits as u64, mapped: m.bytes().len() as u64 }
             }
         }
     }
 
     /// The whole body (for writing it out).
-    pub fn body_bytes(&self) -> &[u8] {
+    pub(crate) fn body_bytes(&self) -> &[u8] {
         &self.all()[self.body.clone()]
     }
 
@@ -166,7 +176,7 @@ impl Store {
     }
 
     /// Fails once the mapped file has shrunk underneath: what was read may be zeros.
-    pub fn check_torn(&self) -> Result<(), IndexError> {
+    pub(crate) fn check_torn(&self) -> Result<(), IndexError> {
         match &self.bytes {
             Bytes::Mapped(m) if m.torn() => Err(IndexError::Torn { index: self.name.clone() }),
             _ => Ok(()),

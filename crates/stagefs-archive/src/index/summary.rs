@@ -1,16 +1,18 @@
 //! What the whole tree holds, counted once when it is built: so that `index --print-stats` and the mount's "files you cannot read" warning read a few bytes, not every inode.
 
 use super::layout::{u32_at, u64_at};
-use super::InodeId;
+use super::records::InodeId;
 
 /// Distinct owner and mode combinations kept; an archive with more keeps none
 /// ([`Summary::modes_complete`] false) and its readers walk the tree instead.
-pub const MAX_MODES: usize = 64;
+pub(crate) const MAX_MODES: usize = 64;
 
 /// How many names of regular files have one owner, group and permission bits, and one of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ModeCount {
+    /// Owner user id.
     pub uid: u32,
+    /// Owner group id.
     pub gid: u32,
     /// Permission bits (07777).
     pub perm: u32,
@@ -25,12 +27,17 @@ pub struct ModeCount {
 pub struct Summary {
     /// Regular files, their bytes (saturating) and the largest.
     pub files: u64,
+    /// Bytes of the regular files (saturating).
     pub file_bytes: u64,
+    /// The largest regular file's size.
     pub largest: u64,
+    /// Directories.
     pub dirs: u64,
+    /// Symbolic links.
     pub symlinks: u64,
-    /// Names of regular files by owner and mode, when there are at most [`MAX_MODES`] kinds.
+    /// Names of regular files by owner and mode, when there are at most `MAX_MODES` kinds.
     pub modes: Vec<ModeCount>,
+    /// Whether `modes` counts every regular file (false past `MAX_MODES` kinds).
     pub modes_complete: bool,
 }
 

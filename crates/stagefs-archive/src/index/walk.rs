@@ -4,7 +4,9 @@
 //! so a walk costs one pass over the directory entries and no search per entry (the
 //! path of an entry is never looked up: a hard link shows under its own name).
 
-use super::{Data, Index, IndexError, InodeId};
+use super::error::IndexError;
+use super::records::{Data, InodeId};
+use super::tree::Index;
 
 /// One entry met by [`Index::walk`].
 pub struct Entry<'a> {

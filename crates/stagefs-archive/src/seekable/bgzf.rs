@@ -10,7 +10,8 @@ use std::io::Read;
 use std::sync::Arc;
 
 use super::parallel::{self, Ordered};
-use super::{Backing, Point, SPAN};
+use super::points::{Point, SPAN};
+use crate::source::Backing;
 
 /// The most a BGZF member may decode to (the format's limit).
 const MAX_MEMBER: u64 = 64 << 10;
@@ -76,7 +77,7 @@ pub(super) struct Pass {
 
 impl Pass {
     pub(super) fn new(input: &Backing) -> Option<Pass> {
-        let runs = Arc::new(runs(input, super::max_points(input.len() as u64))?);
+        let runs = Arc::new(runs(input, super::points::max_points(input.len() as u64))?);
         input.unmap_scanned();
         let (source, units) = (input.clone(), runs.clone());
         let decode = move |i: usize| -> Result<Vec<u8>, String> {
@@ -97,7 +98,7 @@ impl Pass {
     }
 }
 
-impl super::CodecPass for Pass {
+impl super::points::CodecPass for Pass {
     fn consumed(&self) -> u64 {
         self.runs.get(self.next.wrapping_sub(1)).map_or(0, |r| r.1 as u64)
     }

@@ -11,17 +11,17 @@
 use std::sync::Arc;
 
 use super::parallel::{self, Ordered};
-use super::Point;
-use crate::Backing;
+use super::points::Point;
+use crate::source::Backing;
 
 const BLOCK_MAGIC: u64 = 0x3141_5926_5359;
 const END_MAGIC: u64 = 0x1772_4538_5090;
 
 /// Bit offsets of every block start and end-of-stream marker in `input`, in order,
 /// with whether each is a block. Searched 64 MiB at a time, letting each window's mapped
-/// pages go behind it; `None` past [`super::max_points`] markers.
+/// pages go behind it; `None` past [`super::points::max_points`] markers.
 fn markers(input: &Backing) -> Option<Vec<(u64, bool)>> {
-    let most = super::max_points(input.len() as u64);
+    let most = super::points::max_points(input.len() as u64);
     const WINDOW: usize = 64 << 20;
     let needles: Vec<(Vec<u8>, u64, u64, bool)> = [(BLOCK_MAGIC, true), (END_MAGIC, false)]
         .into_iter()
@@ -136,7 +136,7 @@ pub(super) fn decode_block(stream: &[u8], cap: usize) -> Result<Vec<u8>, String>
 
 /// The most compressed bytes one block takes: 900 kB of input that does not compress
 /// grows by well under 1%; anything longer is no block a bzip2 writer makes.
-pub const MAX_BLOCK_BITS: u64 = 8 * (2 << 20);
+pub(crate) const MAX_BLOCK_BITS: u64 = 8 * (2 << 20);
 
 /// The most one block can decode to: 900 kB before bzip2's first run-length stage, which
 /// turns 5 bytes into up to 259.
@@ -144,7 +144,7 @@ pub(super) const MAX_BLOCK_OUTPUT: usize = 900_000 / 5 * 259 + 259;
 
 /// The blocks of `input` as bit ranges: each block magic up to the next marker. An
 /// end-of-stream marker with no block before it in its stream (an empty stream) adds
-/// nothing. `None` for a file of more markers than [`super::max_points`].
+/// nothing. `None` for a file of more markers than [`super::points::max_points`].
 pub(super) fn blocks(input: &Backing) -> Option<Vec<(u64, u64)>> {
     let markers = markers(input)?;
     let blocks = markers
@@ -178,7 +178,8 @@ pub(super) struct Pass {
 
 impl Pass {
     pub(super) fn new(input: &Backing) -> Result<Pass, String> {
-        let blocks = blocks(input).ok_or_else(|| super::too_many_points(super::Codec::Bzip2, input.len() as u64))?;
+        let blocks = blocks(input)
+            .ok_or_else(|| super::points::too_many_points(super::points::Codec::Bzip2, input.len() as u64))?;
         Ok(Pass::with_blocks(input, blocks))
     }
 
@@ -241,7 +242,7 @@ impl Pass {
     }
 }
 
-impl super::CodecPass for Pass {
+impl super::points::CodecPass for Pass {
     fn consumed(&self) -> u64 {
         if self.next == self.blocks.len() && self.used == self.current.len() {
             return self.input.len() as u64;

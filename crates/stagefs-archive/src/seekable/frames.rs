@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use super::parallel::{self, Ordered};
-use super::{Backing, Point};
+use super::points::Point;
+use crate::source::Backing;
 
 pub(super) use crate::codec::zstd_skippable as skippable;
 
@@ -97,12 +98,12 @@ fn frames_of(input: &Backing) -> Result<Frames, String> {
              recompress it"
         )),
         None => {
-            let limit = super::max_points(input.len() as u64);
+            let limit = super::points::max_points(input.len() as u64);
             let mut frames = Vec::new();
             let mut pos = 0;
             while let Some((at, len)) = next_frame(input, pos)? {
                 if frames.len() >= limit {
-                    return Err(super::too_many_points(super::Codec::Zstd, input.len() as u64));
+                    return Err(super::points::too_many_points(super::points::Codec::Zstd, input.len() as u64));
                 }
                 if frames.len() % 4096 == 0 {
                     crate::stop::check().map_err(|e| e.to_string())?;
@@ -221,7 +222,7 @@ impl Pass {
     }
 }
 
-impl super::CodecPass for Pass {
+impl super::points::CodecPass for Pass {
     fn consumed(&self) -> u64 {
         self.frames.get(self.next.wrapping_sub(1)).map_or(0, |&(at, len)| (at + len) as u64)
     }

@@ -6,7 +6,7 @@
 
 use libz_rs_sys as z;
 
-use super::{Point, SPAN};
+use super::points::{Point, SPAN};
 
 /// How far back a deflate match reaches: the window a restart point must carry.
 pub(super) const WINDOW: usize = 32 << 10;
@@ -249,7 +249,7 @@ impl<'a> Pass<'a> {
     }
 }
 
-impl super::CodecPass for Pass<'_> {
+impl super::points::CodecPass for Pass<'_> {
     fn consumed(&self) -> u64 {
         self.pos as u64
     }

@@ -7,7 +7,7 @@
 //! the points (a compressed 32 KiB window per gzip point), never the size of the
 //! archive. The points are saved with the index, so a remount decodes nothing.
 //!
-//! gzip restarts every [`SPAN`] of output (see `gzip`; bgzip's members are cut into
+//! gzip restarts every `SPAN` of output (see `gzip`; bgzip's members are cut into
 //! runs before decoding and decoded on every core, see `bgzf`), bzip2 at every block (see
 //! `bzip2`), xz at every block its index lists (see `xz`), zstd at frame starts (see
 //! `frames`); a single-frame zstd file, a single-block xz file and lz4 are still
@@ -18,68 +18,42 @@ mod bzip2;
 mod chunk;
 mod deflate;
 mod finder;
-pub use bzip2::MAX_BLOCK_BITS as BZIP2_MAX_BLOCK_BITS;
+pub(crate) use bzip2::MAX_BLOCK_BITS as BZIP2_MAX_BLOCK_BITS;
 mod frames;
 mod gzip;
 mod parallel;
 mod pgzip;
 mod pgzip_tuning;
+mod points;
 mod read;
 pub mod seek_table;
 mod sequential;
 mod xz;
 
 pub use pgzip_tuning::force_parallel_gzip;
+pub(crate) use points::SPAN;
+pub use points::{max_points, Codec, Point, Points};
+use points::{too_many_points, CodecPass};
 pub(crate) use read::Compressed;
 pub use read::Seekable;
 pub(crate) use read::{unit_cache, UnitCache};
 
 use std::io::Read;
 
-use super::Backing;
 use crate::codec::Compression;
+use crate::source::Backing;
 
 /// The parallel gzip pass runs with more threads than this (see `FirstPass::new`).
 const PGZIP_MIN_THREADS: usize = 2;
-
-/// Output between restart points, and the unit of decoding and caching.
-pub const SPAN: u64 = 4 << 20;
-
-/// The most restart points (bzip2 block markers, xz blocks, zstd frames, gzip points) a
-/// compressed file of `input_len` bytes may have: one per KiB of it, at least 65,536.
-/// Real files have far fewer (a bzip2 block or zstd frame holding under 1 KiB is a
-/// 1000:1 ratio); a crafted file of back-to-back markers would otherwise make the point
-/// list several times the file's size.
-pub fn max_points(input_len: u64) -> usize {
-    usize::try_from(input_len / 1024).unwrap_or(usize::MAX).max(65_536)
-}
 
 /// For the fuzzers (`fuzz/src/exercise.rs`): the parallel gzip first pass over `input`
 /// in chunks of `chunk_bytes`, which must decode what the sequential pass decodes and
 /// fail where it fails (it panics otherwise). Returns the decoded size.
 #[doc(hidden)]
 #[cfg(feature = "fuzzing")]
-pub fn fuzz_parallel_gzip(input: &Backing, chunk_bytes: usize) -> Result<u64, String> {
+pub fn fuzz_parallel_gzip(input: &Backing, chunk_bytes: usize) -> std::io::Result<u64> {
     pgzip::agrees_with_sequential(input, chunk_bytes)
-}
-
-/// The error for a file past [`max_points`].
-fn too_many_points(codec: Codec, input_len: u64) -> String {
-    format!(
-        "more {} restart points than a file of {input_len} bytes has ({}); mount it with --stage copy to \
-         decompress it whole",
-        codec.name(),
-        max_points(input_len)
-    )
-}
-
-/// The compressions that can be served in place.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Codec {
-    Gzip,
-    Zstd,
-    Bzip2,
-    Xz,
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
 impl Codec {
@@ -108,7 +82,7 @@ impl Codec {
 
     /// The first `n` bytes `input` decodes to (fewer if it holds fewer); `None` if it does
     /// not decode that far.
-    pub fn decoded_head(self, input: &[u8], n: u64) -> Option<Vec<u8>> {
+    pub(crate) fn decoded_head(self, input: &[u8], n: u64) -> Option<Vec<u8>> {
         let compression = match self {
             Codec::Gzip => Compression::Gzip,
             Codec::Zstd => Compression::Zstd,
@@ -118,15 +92,6 @@ impl Codec {
         let mut head = Vec::new();
         compression.decoder(input).ok()?.take(n).read_to_end(&mut head).ok()?;
         Some(head)
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Codec::Gzip => "gzip",
-            Codec::Zstd => "zstd",
-            Codec::Bzip2 => "bzip2",
-            Codec::Xz => "xz",
-        }
     }
 }
 
@@ -145,40 +110,8 @@ pub fn decoded_size(input: &[u8]) -> Option<u64> {
     (pos > 0).then_some(total)
 }
 
-/// Where decoding can start: output offset `out` is compressed byte `input`. gzip: less
-/// `bits` bits of the byte before it, with `window` as the history (none at a member
-/// start). bzip2: `bits` bits into that byte, the block ending at bit `end`. xz: the
-/// block's check id in `bits`, its unpadded bytes ending at byte `end`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Point {
-    pub out: u64,
-    pub input: u64,
-    pub bits: u8,
-    pub window: Option<Vec<u8>>,
-    pub end: u64,
-}
-
-/// Every restart point of a compressed file, and its decoded size.
-#[derive(Debug)]
-pub struct Points {
-    pub codec: Codec,
-    /// Sorted by `out`, the first at 0; windows compressed (zstd).
-    pub list: Vec<Point>,
-    pub total: u64,
-}
-
-/// One codec's first pass: its decoded bytes, and where it is.
-trait CodecPass: Read {
-    /// Compressed bytes consumed so far (for progress and error offsets).
-    fn consumed(&self) -> u64;
-    /// Decoded bytes read so far.
-    fn total(&self) -> u64;
-    /// The restart points noted so far.
-    fn points(&mut self) -> &mut Vec<Point>;
-}
-
 /// The first pass: a `Read` of the decoded stream that notes restart points.
-pub struct FirstPass<'a> {
+pub(crate) struct FirstPass<'a> {
     codec: Codec,
     input_len: u64,
     /// The pass is marked once under way (see `stop::phase`).
@@ -187,7 +120,7 @@ pub struct FirstPass<'a> {
 }
 
 impl<'a> FirstPass<'a> {
-    pub fn new(codec: Codec, input: &'a Backing) -> Result<FirstPass<'a>, String> {
+    pub(crate) fn new(codec: Codec, input: &'a Backing) -> Result<FirstPass<'a>, String> {
         let pass: Box<dyn CodecPass + 'a> = match codec {
             Codec::Gzip => match bgzf::Pass::new(input) {
                 Some(pass) => Box::new(pass),
@@ -210,12 +143,12 @@ impl<'a> FirstPass<'a> {
     }
 
     /// Compressed bytes consumed so far (for progress and error offsets).
-    pub fn consumed(&self) -> u64 {
+    pub(crate) fn consumed(&self) -> u64 {
         self.pass.consumed()
     }
 
     /// The points noted, once the whole stream has been read.
-    pub fn finish(mut self) -> Points {
+    pub(crate) fn finish(mut self) -> Points {
         let total = self.pass.total();
         let mut list = std::mem::take(self.pass.points());
         for point in &mut list {

@@ -27,8 +27,9 @@ use super::chunk::{self, Buffers, Chunk, Limits};
 use super::deflate::{MARKER, WINDOW};
 use super::parallel::{self, Ordered};
 use super::pgzip_tuning::{Tuning, Wait};
+use super::points::{Point, SPAN};
 use super::sequential::{header_end, phase, Event, Halt, Outcome, Sequential};
-use super::{Backing, Point, SPAN};
+use crate::source::Backing;
 
 /// Chunks in flight (decoding, or decoded and waiting) hold at most this much output.
 const IN_FLIGHT_BYTES: usize = 512 << 20;
@@ -484,7 +485,7 @@ fn point(out: u64, bit: u64, window: Option<Vec<u8>>) -> Point {
     Point { out, input, bits: (input * 8 - bit) as u8, window, end: 0 }
 }
 
-impl super::CodecPass for Pass<'_> {
+impl super::points::CodecPass for Pass<'_> {
     fn consumed(&self) -> u64 {
         self.consumed
     }

@@ -6,8 +6,8 @@ use std::process::{Command, Stdio};
 use super::*;
 use crate::seekable::pgzip_tuning::{CHUNK_CAP, PIECE};
 use crate::seekable::{gzip, Codec, CodecPass, Points, Seekable};
+use crate::source::Source;
 use crate::test_rng::{pseudo_random, text_like, Rng};
-use crate::Source;
 
 /// `data` compressed by `tool ARGS` (gzip, pigz: on every test machine, see .ci/run).
 fn compress(tool: &str, args: &[&str], data: &[u8]) -> Vec<u8> {

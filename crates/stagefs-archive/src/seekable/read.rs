@@ -15,11 +15,14 @@ use std::sync::{Arc, Mutex};
 
 use quick_cache::sync::Cache;
 
-use super::{bzip2, gzip, xz, Codec, Point, Points, SPAN};
-use crate::{Backing, Caches, ReadError};
+use super::points::{Codec, Point, Points, SPAN};
+use super::{bzip2, gzip, xz};
+use crate::caches::Caches;
+use crate::error::ReadError;
+use crate::source::Backing;
 
 /// A unit decoding to at most this is decoded whole and cached as one entry.
-pub const WHOLE_UNIT: u64 = 32 << 20;
+pub(crate) const WHOLE_UNIT: u64 = 32 << 20;
 /// A larger unit is decoded and cached in pieces of this much.
 pub const PIECE: u64 = 4 << 20;
 /// Decoders of large units kept where they stopped (each holds a zstd window or an xz
@@ -135,8 +138,8 @@ impl std::fmt::Debug for Seekable {
 }
 
 impl Seekable {
-    /// The compressed file `input` served by its restart `points`, its decoded units
-    /// kept in the open's `caches`.
+    /// The decoded bytes of `input` served from `points`, decoded units kept in the open's
+    /// `caches`.
     pub fn new(input: Backing, points: Points, caches: &Caches) -> Seekable {
         Seekable::with_cache(input, points, caches.units())
     }
@@ -162,6 +165,7 @@ impl Seekable {
         Seekable { shared: Arc::new(shared) }
     }
 
+    /// The restart points served from.
     pub fn points(&self) -> &Points {
         &self.shared.points
     }
@@ -171,13 +175,14 @@ impl Seekable {
         &self.shared.input
     }
 
-    pub fn decoded_len(&self) -> u64 {
+    pub(crate) fn decoded_len(&self) -> u64 {
         self.shared.points.total
     }
 
     /// Decoders started so far by reads (one per unit decoded whole, one per kept
     /// decoder of a large unit): how tests see that nothing is decoded twice.
-    pub fn decoders_started(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn decoders_started(&self) -> u64 {
         self.shared.started.load(Ordering::Relaxed)
     }
 

@@ -5,7 +5,7 @@
 //! u32 when the descriptor's bit 7 says so), then a 9-byte footer (frame count u32,
 //! descriptor u8, magic 0x8F92EAB1). A table is only believed as far as it can be
 //! checked here: it must end the file, its frames must tile the file before it and be
-//! no more than [`super::max_points`] allows; the first pass then checks each frame's
+//! no more than [`super::points::max_points`] allows; the first pass then checks each frame's
 //! real compressed and decoded size against it (see `frames`).
 
 /// The seek table's skippable frame magic.
@@ -21,7 +21,9 @@ pub const MAX_FRAME_DECODED: u32 = 1 << 30;
 pub struct Entry {
     /// Where the frame starts in the file.
     pub at: u64,
+    /// Its compressed size.
     pub compressed: u32,
+    /// Its decoded size.
     pub decoded: u32,
 }
 
@@ -45,9 +47,19 @@ fn u32_at(bytes: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"))
 }
 
+/// A seek table that cannot be true of the file that ends with it.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("the zstd seek table at byte {at} {what}")]
+pub struct SeekTableError {
+    /// Where in the file the table (or the entry at fault) starts.
+    pub at: usize,
+    /// What it says that cannot be.
+    pub what: String,
+}
+
 /// The frames `input` lists in its seek table: `None` if it ends with none, an error
 /// naming the table's offset if the table cannot be true of this file.
-pub fn parse(input: &[u8]) -> Option<Result<Vec<Entry>, String>> {
+pub fn parse(input: &[u8]) -> Option<Result<Vec<Entry>, SeekTableError>> {
     let len = input.len();
     if len < 8 + FOOTER || u32_at(input, len - 4) != SEEKABLE_MAGIC {
         return None;
@@ -55,17 +67,17 @@ pub fn parse(input: &[u8]) -> Option<Result<Vec<Entry>, String>> {
     Some(parse_table(input))
 }
 
-fn parse_table(input: &[u8]) -> Result<Vec<Entry>, String> {
+fn parse_table(input: &[u8]) -> Result<Vec<Entry>, SeekTableError> {
     let len = input.len();
     let footer = len - FOOTER;
     let count = u64::from(u32_at(input, footer));
     let descriptor = input[footer + 4];
-    let lie = |at: usize, what: String| Err(format!("the zstd seek table at byte {at} {what}"));
+    let lie = |at: usize, what: String| Err(SeekTableError { at, what });
     if descriptor & 0x7c != 0 {
         return lie(footer, format!("has reserved bits set ({descriptor:#04x}): not a seek table this reader knows"));
     }
     let entry = if descriptor & 0x80 != 0 { 12 } else { 8 };
-    if count > super::max_points(len as u64) as u64 {
+    if count > super::points::max_points(len as u64) as u64 {
         return lie(footer, format!("lists {count} frames, more than a file of {len} bytes can hold"));
     }
     let Some(table) = (count * entry + FOOTER as u64 + 8).try_into().ok().filter(|&t: &usize| t <= len) else {
@@ -121,22 +133,22 @@ mod tests {
         // Frames that do not tile the bytes before the table.
         let mut short = file(&frames);
         short.insert(0, 1);
-        assert!(parse(&short).unwrap().unwrap_err().contains("35 compressed bytes in all, but 36"));
+        assert!(parse(&short).unwrap().unwrap_err().to_string().contains("35 compressed bytes in all, but 36"));
         // A count past the table.
         let mut count = good.clone();
         let n = count.len() - 9;
         count[n..n + 4].copy_from_slice(&4_000_000u32.to_le_bytes());
-        let err = parse(&count).unwrap().unwrap_err();
+        let err = parse(&count).unwrap().unwrap_err().to_string();
         assert!(err.contains("lists 4000000 frames") && err.contains(&format!("at byte {n}")), "{err}");
         // A count inside the file but not matching the skippable frame.
         let mut two = good.clone();
         two[n..n + 4].copy_from_slice(&2u32.to_le_bytes());
-        assert!(parse(&two).unwrap().unwrap_err().contains("no skippable frame of that size"));
+        assert!(parse(&two).unwrap().unwrap_err().to_string().contains("no skippable frame of that size"));
         // Reserved bits, a frame decoding past the format's limit.
         let mut reserved = good.clone();
         reserved[n + 4] = 0x04;
-        assert!(parse(&reserved).unwrap().unwrap_err().contains("reserved bits"));
+        assert!(parse(&reserved).unwrap().unwrap_err().to_string().contains("reserved bits"));
         let huge = file(&[(10, u32::MAX)]);
-        assert!(parse(&huge).unwrap().unwrap_err().contains("decodes to 4294967295"));
+        assert!(parse(&huge).unwrap().unwrap_err().to_string().contains("decodes to 4294967295"));
     }
 }

@@ -15,7 +15,7 @@ const INPUT_STEP: usize = 256 << 10;
 /// Output asked of zlib at a time (between checks for a stop).
 const OUTPUT_STEP: usize = 1 << 20;
 /// Block boundaries are noted at most this often (in output bytes): restart points
-/// are [`super::SPAN`] apart, so a finer grid only costs memory.
+/// are [`super::points::SPAN`] apart, so a finer grid only costs memory.
 pub(super) const BOUNDARY_GRID: u64 = 64 << 10;
 
 /// What decoding met, at output offsets from the start of a chunk.

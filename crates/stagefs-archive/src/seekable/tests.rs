@@ -3,8 +3,8 @@
 use std::io::Write;
 
 use super::*;
+use crate::source::Source;
 use crate::test_rng::{text_like, Rng};
-use crate::Source;
 
 fn gzip(data: &[u8]) -> Vec<u8> {
     let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());

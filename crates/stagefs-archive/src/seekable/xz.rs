@@ -9,7 +9,7 @@
 
 use std::io::Read;
 
-use super::Point;
+use super::points::Point;
 
 pub(super) use crate::codec::XZ_MAGIC as HEADER_MAGIC;
 const FOOTER_MAGIC: &[u8; 2] = b"YZ";
@@ -78,7 +78,7 @@ pub(super) fn blocks(input: &[u8]) -> Option<Vec<Block>> {
         }
         let mut pos = 1;
         let count = varint(index, &mut pos)?;
-        if count > super::max_points(input.len() as u64) as u64 {
+        if count > super::points::max_points(input.len() as u64) as u64 {
             return None; // Decompressed whole instead, within the RAM budget.
         }
         let mut records = Vec::new();
@@ -105,7 +105,7 @@ pub(super) fn blocks(input: &[u8]) -> Option<Vec<Block>> {
             })
             .collect();
         streams.push(stream);
-        if streams.iter().map(Vec::len).sum::<usize>() > super::max_points(input.len() as u64) {
+        if streams.iter().map(Vec::len).sum::<usize>() > super::points::max_points(input.len() as u64) {
             return None;
         }
         end = stream_start;
@@ -175,7 +175,7 @@ impl<'a> Pass<'a> {
     }
 }
 
-impl super::CodecPass for Pass<'_> {
+impl super::points::CodecPass for Pass<'_> {
     fn consumed(&self) -> u64 {
         self.decoder.get_ref().position()
     }

@@ -7,12 +7,14 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use super::SetReader;
+use super::reader::SetReader;
 use crate::index::file::{self, Extra, Header, Kind, Saving};
 use crate::index::layout::{u32_at, u64_at, BodyWriter, SectionId};
 use crate::index::{Index, IndexError, IndexMap, InodeId};
+use crate::reader::Reader;
+use crate::source::Backing;
+use crate::tar::nested::TarTables;
 use crate::tar::{Extent, SparseFile, TarReader};
-use crate::{Backing, Reader};
 
 /// Bytes of one shard's record: its key (7 × u64), first position, sparse and extent runs.
 const SHARD_LEN: usize = 56 + 4 + 16 + 4;
@@ -30,7 +32,9 @@ pub struct SavedShard {
 
 /// A saved set, opened: the merged tree (mapped) and its shards.
 pub struct SavedSet {
+    /// The merged tree, read in place.
     pub index: Index,
+    /// Each shard's identity and tables, in merge order.
     pub shards: Vec<SavedShard>,
 }
 
@@ -51,7 +55,7 @@ pub fn tables(reader: &dyn Reader, keys: &[[u64; 7]]) -> Option<Extra> {
     }
     let mut plain = Vec::with_capacity(shards.len());
     for shard in shards {
-        let tables = shard.saved()?;
+        let tables = TarTables::of(shard.saved()?);
         if !tables.inner.is_empty() || tables.outer.backing().seekable().is_some() {
             return None;
         }

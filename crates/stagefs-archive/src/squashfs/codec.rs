@@ -8,7 +8,8 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use super::{lzo, Fault};
+use super::lzo;
+use crate::fault::Fault;
 
 /// The compressor named in the superblock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,10 +7,12 @@ use std::sync::Arc;
 use super::codec::Compressor;
 use super::inode::{FileInode, NO_FRAGMENT};
 use super::metadata::{Cursor, MetaReader};
-use super::Fault;
-use crate::caches::Blocks;
+use crate::bytes::Bytes;
+use crate::caches::{Blocks, Caches};
+use crate::error::ReadError;
+use crate::fault::Fault;
 use crate::index::{Data, Inode, InodeId};
-use crate::{Backing, Bytes, Caches, ReadError};
+use crate::source::Backing;
 
 /// Set in a block or fragment size when the data is stored uncompressed.
 const STORED_BIT: u32 = 1 << 24;
@@ -185,12 +187,11 @@ const _: () = {
 
 /// Serves regular-file content of one SquashFS image. Shared by all request threads:
 /// the only shared mutable state is the sharded block cache and the fragment counters.
-pub struct SquashReader {
+pub(crate) struct SquashReader {
     backing: Backing,
     compressor: Compressor,
     layouts: Layouts,
-    /// Decompressed blocks and fragments, keyed by their image offset, in the open's block
-    /// cache.
+    /// Decompressed blocks and fragments, keyed by their image offset.
     cache: Blocks,
     /// Per fragment: tail bytes not yet served (see [`SquashReader::fragment_served`]).
     unserved: Box<[AtomicU64]>,
@@ -198,7 +199,7 @@ pub struct SquashReader {
     zeros: Arc<[u8]>,
 }
 
-impl crate::Reader for SquashReader {
+impl crate::reader::Reader for SquashReader {
     fn read(&self, _id: InodeId, inode: &Inode, offset: u64, len: usize) -> Result<Bytes<'_>, ReadError> {
         match inode.data {
             Data::Extern(handle) => self.read_file(handle, inode.attrs.size, offset, len),
@@ -210,7 +211,7 @@ impl crate::Reader for SquashReader {
         self.clear_cache();
     }
 
-    fn source_cache(&self, what: crate::SourceCache<'_>) {
+    fn source_cache(&self, what: crate::source::SourceCache<'_>) {
         self.backing.source_cache(what);
     }
 
@@ -233,20 +234,20 @@ impl SquashReader {
     }
 
     /// Empties the block cache (its blocks are freed once no reply holds them).
-    pub fn clear_cache(&self) {
+    pub(crate) fn clear_cache(&self) {
         self.cache.clear();
     }
 
     /// Bytes of decompressed blocks held in the cache.
     #[cfg(test)]
-    pub fn cached_bytes(&self) -> u64 {
+    pub(crate) fn cached_bytes(&self) -> u64 {
         self.cache.held_bytes()
     }
 
     /// Heap bytes of the per-file block layouts: with the index's, what an open image
     /// costs to keep.
     #[cfg(test)]
-    pub fn table_bytes(&self) -> usize {
+    pub(crate) fn table_bytes(&self) -> usize {
         self.layouts.heap_bytes()
     }
 

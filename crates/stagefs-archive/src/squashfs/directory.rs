@@ -2,7 +2,7 @@
 //! inode-table block its entries' inodes live in.
 
 use super::metadata::{Cursor, MetaReader};
-use super::Fault;
+use crate::fault::Fault;
 
 /// mksquashfs never puts more than 256 entries under one header; the kernel rejects more.
 const MAX_RUN: u64 = 256;

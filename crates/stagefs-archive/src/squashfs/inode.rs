@@ -1,7 +1,7 @@
 //! Inode records of the inode table, basic and extended, for all seven file types.
 
 use super::metadata::{Cursor, MetaReader};
-use super::Fault;
+use crate::fault::Fault;
 
 /// The xattr index an inode has when it has no extended attributes.
 pub(super) const NO_XATTRS: u32 = u32::MAX;

@@ -8,7 +8,7 @@
 use std::rc::Rc;
 
 use super::codec::Compressor;
-use super::Fault;
+use crate::fault::Fault;
 
 /// Decoded size of every metadata block but the last of a table.
 pub(super) const METADATA_BLOCK: usize = 8192;

@@ -1,7 +1,7 @@
 //! The 96-byte SquashFS 4.0 superblock: parsed, then checked against the image size.
 
 use super::codec::Compressor;
-use super::Fault;
+use crate::fault::Fault;
 
 pub(super) const SUPERBLOCK_LEN: usize = 96;
 const MAGIC: &[u8; 4] = b"hsqs";

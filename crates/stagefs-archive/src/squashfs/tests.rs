@@ -12,10 +12,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::*;
+use crate::archive::Archive;
+use crate::bytes::Bytes;
 use crate::index::{Data, Inode, InodeId, ROOT};
 use crate::test_rng::{pseudo_random, Rng};
 use crate::test_support::{run_tool, TempDir};
-use crate::{Archive, Bytes};
 
 /// Text that compresses well, with a position marker so blocks differ.
 fn text(len: usize) -> Vec<u8> {
@@ -84,13 +85,13 @@ fn map_file(path: &Path) -> Backing {
     let file = fs::File::open(path).unwrap();
     // Served like a staged copy (straight from the map), so zero-copy reads can be checked.
     // SAFETY: a read-only map of a test image nobody changes while the test runs.
-    Arc::new(crate::Source::private(unsafe { memmap2::Mmap::map(&file) }.unwrap()))
+    Arc::new(crate::source::Source::private(unsafe { memmap2::Mmap::map(&file) }.unwrap()))
 }
 
 fn map_bytes(bytes: &[u8]) -> Backing {
     let mut map = memmap2::MmapMut::map_anon(bytes.len().max(1)).unwrap();
     map[..bytes.len()].copy_from_slice(bytes);
-    Arc::new(crate::Source::private(map.make_read_only().unwrap()))
+    Arc::new(crate::source::Source::private(map.make_read_only().unwrap()))
 }
 
 /// Reads a whole file through the reader in `chunk`-sized requests.

@@ -8,7 +8,7 @@ use super::inode::{self, FileInode, Kind, RawInode, NO_XATTRS};
 use super::metadata::{Cursor, MetaReader};
 use super::superblock::Superblock;
 use super::xattr::XattrTable;
-use super::Fault;
+use crate::fault::Fault;
 use crate::index::{Attrs, Data, Index, IndexBuilder, InodeId, XattrRun, ROOT};
 
 /// A directory whose listing is still to be read.
@@ -123,7 +123,7 @@ impl Walk<'_> {
                         dir.listing.block,
                         format!(
                             "directory '{}' is listed twice (a loop in the tree)",
-                            crate::escape::escape(&entry.name)
+                            stagefs_text::escape(&entry.name)
                         ),
                     ));
                 }

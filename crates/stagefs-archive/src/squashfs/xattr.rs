@@ -3,7 +3,7 @@
 
 use super::metadata::{Cursor, MetaReader};
 use super::superblock::Superblock;
-use super::Fault;
+use crate::fault::Fault;
 
 const ID_ENTRY_LEN: usize = 16;
 /// Set in a key's type when its value is stored once elsewhere and referenced here.

@@ -92,3 +92,10 @@ pub(super) fn parse_signed(field: &[u8]) -> Option<i64> {
     }
     parse_number(field).and_then(|n| i64::try_from(n).ok())
 }
+
+/// True if `head` starts with a plausible tar header (valid checksum, or the ustar magic),
+/// or with an end-of-archive block (an empty tar).
+pub(crate) fn looks_like_tar(head: &[u8]) -> bool {
+    let Some(block) = head.get(..BLOCK) else { return false };
+    block.get(257..262) == Some(b"ustar") || block.iter().all(|&b| b == 0) || checksum_ok(block).unwrap_or(false)
+}

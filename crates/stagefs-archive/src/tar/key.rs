@@ -4,19 +4,21 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 
 use crate::hash::Hasher;
-use crate::FileId;
+use crate::identity::FileId;
 
 /// Identifies one version of an archive's bytes: its [`FileId`] but the device (a saved
 /// index serves every node of a job, and the same file on a network filesystem has
 /// another device number on each node), and samples of its bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Key {
+    /// The file's size.
     pub size: u64,
     mtime: i64,
     mtime_nsec: i64,
     ctime: i64,
     ctime_nsec: i64,
     inode: u64,
+    /// A hash of samples of its bytes.
     pub fingerprint: u64,
 }
 

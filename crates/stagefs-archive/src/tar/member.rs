@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::{Extent, SparseFile};
+use super::reader::{Extent, SparseFile};
 use crate::index::{Attrs, IndexBuilder, InodeId, XattrRun};
 
 /// The largest file size Linux allows (`off_t` is signed): a sparse member may declare

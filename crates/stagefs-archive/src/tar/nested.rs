@@ -11,7 +11,7 @@
 //! decoded from there by the same first pass and restart points as an outer compressed
 //! tar (see `compressed`), and its members point into its decoded bytes, served by a
 //! reader of its own. The tree then holds inodes of several readers, in runs of positions
-//! ([`NestedReader`]). All compressed inner tars share one decoded-chunk cache, and their
+//! (`NestedReader`). All compressed inner tars share one decoded-chunk cache, and their
 //! restart points together stay within what one compressed file of the outer archive's
 //! size may have (`seekable::max_points`).
 //!
@@ -24,18 +24,24 @@ mod reader;
 #[cfg(test)]
 mod tests;
 
-use crate::escape::Shown;
+use stagefs_text::Shown;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
+use super::header::looks_like_tar;
 use super::header::BLOCK;
 use super::member::Scan;
-use super::{looks_like_tar, Extent, SparseFile, TarReader};
-use crate::escape::escape;
+use super::reader::{Extent, SparseFile, TarReader};
+use crate::caches::Caches;
+use crate::error::OpenError;
 use crate::index::{Attrs, BuildError, Data, Index, IndexBuilder, InodeId, ROOT};
-use crate::{Backing, Caches, OpenError, Reader};
-pub use reader::{InnerTar, NestedReader, Run};
+use crate::reader::Reader;
+use crate::source::Backing;
+pub use reader::Run;
+pub(crate) use reader::TarTables;
+pub(crate) use reader::{InnerTar, NestedReader};
+use stagefs_text::escape;
 
 /// How deep `--recursive` opens archives unless told (`--recursion-depth`).
 pub const DEFAULT_DEPTH: usize = 8;
@@ -96,10 +102,13 @@ struct Nester<'a> {
 
 /// The outer tree with its inner tars opened, and the reader that serves it.
 pub struct Expanded {
+    /// The tree, inner archives opened as directories.
     pub index: Index,
+    /// Serves every file of it.
     pub reader: Arc<dyn Reader>,
     /// Inner archives opened as directories (compressed ones among them).
     pub opened: usize,
+    /// How many of those opened were compressed.
     pub compressed: usize,
     /// Inner archives scanned (opened or not).
     pub scans: usize,

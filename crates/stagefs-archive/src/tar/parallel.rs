@@ -17,7 +17,7 @@ use std::sync::{Condvar, Mutex};
 
 use super::header::{checksum_ok, BLOCK};
 use super::member::{Found, Member, Pending, Scan};
-use crate::OpenError;
+use crate::error::OpenError;
 
 /// Bytes of archive per piece.
 const PIECE: u64 = 16 << 20;

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::header::stores_data;
 use super::member::{Member, Scan, MAX_GLOBAL_XATTRS};
-use crate::OpenError;
+use crate::error::OpenError;
 
 impl Scan<'_> {
     /// A pax keyword's decimal value.

@@ -9,9 +9,9 @@ use super::header::{
 use super::member::{Found, Globals, Member, Pending, Scan};
 use super::pax::parse_pax;
 use super::window::{Window, LOOKAHEAD};
-use crate::escape::escape;
+use crate::error::OpenError;
 use crate::index::{Attrs, Data, IndexBuilder, InodeId, MAX_LINK_TARGET, ROOT};
-use crate::OpenError;
+use stagefs_text::escape;
 
 /// Members scanned before the builder is sized for the rest (see `Scan::reserve_for`).
 const SAMPLE: u64 = 4096;
@@ -116,7 +116,7 @@ impl Scan<'_> {
             }
             let at = *pos as u64;
             if self.report_progress && self.window.limit() != u64::MAX {
-                crate::SCAN_PROGRESS.store(at, std::sync::atomic::Ordering::Relaxed);
+                crate::progress::SCAN_PROGRESS.store(at, std::sync::atomic::Ordering::Relaxed);
             }
             self.window.prepare(at).map_err(|e| self.corrupt(at, format!("cannot decompress: {e}")))?;
             if at >= self.window.limit() {

@@ -2,10 +2,10 @@
 
 use super::header::{round_up, BLOCK};
 use super::member::{Member, Scan, MAX_FILE_SIZE};
-use super::{Extent, SparseFile};
-use crate::escape::escape;
+use super::reader::{Extent, SparseFile};
+use crate::error::OpenError;
 use crate::index::Data;
-use crate::OpenError;
+use stagefs_text::escape;
 
 impl Scan<'_> {
     /// Reads the pax 1.0 sparse map at the start of a member's data; returns it and the

@@ -7,6 +7,7 @@ use super::member::MAX_GLOBAL_XATTRS;
 use super::pax::*;
 use super::write::{pax_record, ustar_header};
 use super::*;
+use crate::index::Data;
 use crate::test_support::python_tar;
 
 #[test]
@@ -57,7 +58,7 @@ fn archive(members: &[(&str, &[u8])]) -> Vec<u8> {
 fn open_bytes(bytes: &[u8]) -> Result<(Index, TarReader), OpenError> {
     let mut map = memmap2::MmapMut::map_anon(bytes.len().max(1)).unwrap();
     map[..bytes.len()].copy_from_slice(bytes);
-    open(Path::new("t.tar"), std::sync::Arc::new(crate::Source::private(map.make_read_only().unwrap())))
+    open(Path::new("t.tar"), std::sync::Arc::new(crate::source::Source::private(map.make_read_only().unwrap())))
 }
 
 #[test]
@@ -199,7 +200,7 @@ fn sparse_reads_fill_holes_with_zeros() {
     let backing = {
         let mut m = memmap2::MmapMut::map_anon(16).unwrap();
         m[..8].copy_from_slice(b"AAAABBBB");
-        std::sync::Arc::new(crate::Source::private(m.make_read_only().unwrap()))
+        std::sync::Arc::new(crate::source::Source::private(m.make_read_only().unwrap()))
     };
     let reader = TarReader {
         backing,

@@ -15,18 +15,28 @@ pub const BLOCK: u64 = 512;
 /// What a member is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
+    /// A regular file.
     File,
+    /// A directory.
     Dir,
+    /// A symbolic link (the link target is its target).
     Symlink,
     /// A hard link to an earlier member (the link target is its path).
     Hardlink,
+    /// A FIFO.
     Fifo,
+    /// A character device.
     Char {
+        /// Device major number.
         major: u32,
+        /// Device minor number.
         minor: u32,
     },
+    /// A block device.
     Block {
+        /// Device major number.
         major: u32,
+        /// Device minor number.
         minor: u32,
     },
 }
@@ -36,13 +46,19 @@ pub enum Kind {
 pub struct Header<'a> {
     /// The member path: relative, no leading `./`; directories end with `/`.
     pub path: &'a [u8],
+    /// What it is.
     pub kind: Kind,
     /// Permission bits (07777).
     pub mode: u32,
+    /// Owner user id.
     pub uid: u64,
+    /// Owner group id.
     pub gid: u64,
+    /// Owner user name (may be empty).
     pub uname: &'a [u8],
+    /// Owner group name (may be empty).
     pub gname: &'a [u8],
+    /// Modification time, seconds since the epoch.
     pub mtime: i64,
     /// Content bytes that follow (files only).
     pub size: u64,
@@ -331,7 +347,7 @@ mod tests {
         let map = memmap2::MmapMut::map_anon(bytes.len()).unwrap();
         let mut map = map;
         map.copy_from_slice(&bytes);
-        let backing = std::sync::Arc::new(crate::Source::private(map.make_read_only().unwrap()));
+        let backing = std::sync::Arc::new(crate::source::Source::private(map.make_read_only().unwrap()));
         super::super::open(std::path::Path::new("t.tar"), backing).unwrap().0
     }
 

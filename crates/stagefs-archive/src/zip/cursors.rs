@@ -9,7 +9,8 @@
 use std::sync::{Condvar, Mutex};
 
 use super::stream::Stream;
-use crate::{Backing, ReadError};
+use crate::error::ReadError;
+use crate::source::Backing;
 
 /// Most decoders kept between reads; the least recently used goes first.
 const KEPT: usize = 16;

@@ -12,9 +12,12 @@ use std::sync::{Arc, OnceLock};
 use super::cursors::{Cursors, Decodable};
 use super::directory::{u16le, Entry};
 use super::stream::{method_name, Stream};
-use crate::caches::Blocks;
+use crate::bytes::Bytes;
+use crate::caches::{Blocks, Caches};
+use crate::error::ReadError;
 use crate::index::{Data, Inode, InodeId};
-use crate::{Access, Backing, Bytes, Caches, ReadError};
+use crate::reader::Access;
+use crate::source::Backing;
 
 const LOCAL_SIG: &[u8; 4] = b"PK\x03\x04";
 const LOCAL_LEN: usize = 30;
@@ -231,7 +234,7 @@ pub struct ZipReader {
     cursors: Cursors,
 }
 
-impl crate::Reader for ZipReader {
+impl crate::reader::Reader for ZipReader {
     fn read(&self, _id: InodeId, inode: &Inode, offset: u64, len: usize) -> Result<Bytes<'_>, ReadError> {
         match inode.data {
             Data::Extern(handle) => self.read_member(handle, inode.attrs.size, offset, len),
@@ -252,7 +255,7 @@ impl crate::Reader for ZipReader {
         self.clear_cache();
     }
 
-    fn source_cache(&self, what: crate::SourceCache<'_>) {
+    fn source_cache(&self, what: crate::source::SourceCache<'_>) {
         self.backing.source_cache(what);
     }
 
@@ -274,7 +277,7 @@ impl ZipReader {
 
     /// Empties the member cache and drops idle decoders (their memory is freed once no
     /// reply holds it).
-    pub fn clear_cache(&self) {
+    pub(crate) fn clear_cache(&self) {
         self.cache.clear();
         self.cursors.clear();
     }

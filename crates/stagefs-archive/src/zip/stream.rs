@@ -5,7 +5,7 @@
 //! into one allocation of its declared size. The CRC-32 and the byte count follow the
 //! output, so the caller can check both once the stream ends.
 
-use crate::Backing;
+use crate::source::Backing;
 
 /// Compressed bytes read from the archive at a time.
 const CHUNK: usize = 256 << 10;

@@ -109,8 +109,8 @@ impl Ranged for ObjectBytes {
         self.reader.len()
     }
 
-    fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>, String> {
-        self.reader.read_at(offset, len).map_err(|e| e.to_string())
+    fn read_at(&self, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+        self.reader.read_at(offset, len).map_err(std::io::Error::other)
     }
 
     fn stream(&self) -> Option<Box<dyn std::io::Read + '_>> {

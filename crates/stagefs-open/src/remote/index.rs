@@ -12,8 +12,7 @@ use crate::open::{OpenArchiveError, SavedIndexes};
 use crate::saved_index::{self, Key};
 use crate::stage::Loaded;
 use stagefs_archive::index::Index;
-use stagefs_archive::tar::SavedTables;
-use stagefs_archive::{Caches, Reader};
+use stagefs_archive::{Caches, Reader, SavedTables};
 use std::sync::Arc;
 
 /// The key of `object`'s version, its samples read by `read` (from the staged copy, or

@@ -2,10 +2,12 @@
 
 use std::path::Path;
 
+use super::reader::InnerTar;
+use crate::caches::Caches;
 use crate::index::Index;
 use crate::seekable::{self, Codec, Points, Seekable};
-use crate::tar::{Extent, InnerTar, SparseFile, TarReader};
-use crate::{Backing, Caches, Source};
+use crate::source::{Backing, Source};
+use crate::tar::reader::{Extent, SparseFile, TarReader};
 
 /// The names a tar member has when it is a compressed tar, and the codec they announce
 /// (the bytes decide the codec; the name only gives the directory's).
@@ -70,7 +72,7 @@ impl Opener {
         cancelled: &dyn Fn() -> bool,
     ) -> Result<Scanned, Refused> {
         let input = Source::within(outer, start, len).ok_or(Refused::Why("it lies outside the archive".into()))?;
-        let scanned = crate::tar::scan_compressed(path, &input, codec, Some(cancelled));
+        let scanned = crate::tar::compressed::scan_compressed(path, &input, codec, Some(cancelled));
         let (index, sparse_files, extents, points) = scanned.map_err(|e| match cancelled() {
             true => Refused::Stopped,
             false => Refused::Why(format!("it does not decode as a {} tar ({e})", codec.name())),
@@ -136,7 +138,7 @@ mod tests {
         gz.write_all(&tar).unwrap();
         let gz = gz.finish().unwrap();
         let outer = Source::memory(&[gz.clone(), gz.clone()].concat());
-        let mut opener = Opener::new(0, crate::Caches::default());
+        let mut opener = Opener::new(0, crate::caches::Caches::default());
         let budget = opener.points_left;
         let path = Path::new("t.tar");
         let first = opener.open(path, &outer, (0, gz.len() as u64), Codec::Gzip, &|| false);

@@ -1,12 +1,15 @@
 //! A nested tree served by several tar readers: the outer archive's, and one per compressed tar inside it, each inode by the reader of the run of positions it lies in (as `set::SetReader` serves shards).
 
+use crate::bytes::Bytes;
+use crate::error::ReadError;
 use crate::index::{Inode, InodeId};
-use crate::tar::{SavedTables, TarReader};
-use crate::{Bytes, ReadError, Reader};
+use crate::reader::Reader;
+use crate::saved::SavedTables;
+use crate::tar::reader::TarReader;
 
 /// A compressed tar stored inside the outer archive: `len` bytes from `start`, decoded
 /// from restart points by its own reader (whose byte space is its decoded tar).
-pub struct InnerTar {
+pub(crate) struct InnerTar {
     pub start: u64,
     pub len: u64,
     pub reader: TarReader,
@@ -17,12 +20,14 @@ pub struct InnerTar {
 /// the outer archive's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Run {
+    /// The first position of the run.
     pub start: InodeId,
+    /// 0: the outer archive's reader; `k`: inner tar `k - 1`'s.
     pub reader: u32,
 }
 
 /// Serves a nested tree: each inode by the reader of its run.
-pub struct NestedReader {
+pub(crate) struct NestedReader {
     outer: TarReader,
     inner: Vec<InnerTar>,
     runs: Vec<Run>,
@@ -38,7 +43,7 @@ impl NestedReader {
     }
 
     /// The reader serving position `id`.
-    pub fn reader_of(&self, id: InodeId) -> &TarReader {
+    pub(crate) fn reader_of(&self, id: InodeId) -> &TarReader {
         let run = self.runs.partition_point(|r| r.start <= id).checked_sub(1).map(|i| self.runs[i].reader);
         match run {
             Some(k) if k > 0 => &self.inner[k as usize - 1].reader,
@@ -53,7 +58,7 @@ impl Reader for NestedReader {
     }
 
     /// The inner tars are ranges of the outer archive: its pages are theirs.
-    fn source_cache(&self, what: crate::SourceCache<'_>) {
+    fn source_cache(&self, what: crate::source::SourceCache<'_>) {
         self.outer.source_cache(what);
     }
 
@@ -62,6 +67,33 @@ impl Reader for NestedReader {
     }
 
     fn saved(&self) -> Option<SavedTables<'_>> {
-        Some(SavedTables { outer: &self.outer, inner: &self.inner, runs: &self.runs })
+        Some(SavedTables::of(self))
+    }
+}
+
+/// A tar's tables as [`SavedTables`] hands them over: the outer archive's reader, and for
+/// `--recursive` the compressed inner tars and the runs of positions each serves.
+#[derive(Clone, Copy)]
+pub(crate) struct TarTables<'a> {
+    pub outer: &'a TarReader,
+    pub inner: &'a [InnerTar],
+    pub runs: &'a [Run],
+}
+
+impl<'a> TarTables<'a> {
+    /// The tables `saved` holds: only tar readers (plain or nested) make [`SavedTables`].
+    pub(crate) fn of(saved: SavedTables<'a>) -> TarTables<'a> {
+        if let Some(nested) = saved.reader::<NestedReader>() {
+            return TarTables { outer: &nested.outer, inner: &nested.inner, runs: &nested.runs };
+        }
+        let outer = saved.reader::<TarReader>().expect("only tar readers make saved tables");
+        TarTables { outer, inner: &[], runs: &[] }
+    }
+}
+
+impl<'a> SavedTables<'a> {
+    /// The outer archive's tar reader (its bytes and sparse tables).
+    pub fn outer(&self) -> &'a TarReader {
+        TarTables::of(*self).outer
     }
 }

@@ -3,9 +3,9 @@
 use std::io::Write;
 
 use super::*;
+use crate::source::Source;
 use crate::test_rng::text_like;
 use crate::test_support::{python_tar, ustar as tar};
-use crate::Source;
 
 fn gzip(data: &[u8]) -> Vec<u8> {
     let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
@@ -24,7 +24,7 @@ fn find(index: &Index, path: &str) -> InodeId {
 fn read(expanded: &Expanded, path: &str) -> Vec<u8> {
     let id = find(&expanded.index, path);
     let inode = expanded.index.inode(id).unwrap();
-    crate::read_file(&*expanded.reader, id, &inode, 0, inode.attrs.size as u32).unwrap().to_vec()
+    crate::archive::read_file(&*expanded.reader, id, &inode, 0, inode.attrs.size as u32).unwrap().to_vec()
 }
 
 /// `bytes` (an outer tar) scanned and expanded `depth` levels deep.
@@ -168,7 +168,7 @@ fn compressed_inner_tars_open_and_read_through_their_own_readers() {
     assert_eq!(read(&expanded, "n3/b.JPEG"), b"bzip2 image");
     assert_eq!(read(&expanded, "plain/p.txt"), b"plain");
     assert_eq!(read(&expanded, "README"), b"outer file");
-    let tables = expanded.reader.saved().expect("a tar's tables");
+    let tables = super::TarTables::of(expanded.reader.saved().expect("a tar's tables"));
     assert_eq!(tables.inner.len(), 3);
     assert!(tables.runs.len() >= 3, "runs of positions per reader: {:?}", tables.runs);
     // One level only: the tar inside n1 stays a file.

@@ -2,15 +2,18 @@
 
 use std::sync::Arc;
 
-use super::{decode_extents, decode_points, decode_sparse_files, encode_points, encode_sparse, Reader, Writer};
+use super::tables::{decode_extents, decode_points, decode_sparse_files, encode_points, encode_sparse, Reader, Writer};
+use crate::caches::Caches;
 use crate::seekable::{max_points, Codec, Seekable};
-use crate::tar::{InnerTar, Run, SavedTables, TarReader};
-use crate::{Backing, Caches, Source};
+use crate::source::{Backing, Source};
+use crate::tar::nested::TarTables;
+use crate::tar::nested::{InnerTar, Run};
+use crate::tar::reader::TarReader;
 
 /// The fewest bytes an inner tar's record takes (range, table counts, codec tag).
 const INNER_BYTES: usize = 8 * 4 + 4;
 
-pub(super) fn encode(w: &mut Writer, tables: SavedTables) {
+pub(super) fn encode(w: &mut Writer, tables: TarTables) {
     w.u64(tables.inner.len() as u64);
     for inner in tables.inner {
         w.u64(inner.start);
@@ -81,11 +84,13 @@ mod tests {
     use std::io::Write;
     use std::path::Path;
 
-    use super::super::{decode_bytes as decode, encode, tables as tables_of};
+    use super::super::{decode_bytes as decode, encode, tar_tables as tables_of};
+    use crate::archive::Archive;
+    use crate::source::Source;
     use crate::tar::key::Key;
+    use crate::tar::nested::TarTables;
     use crate::tar::nested::{expand, Nesting};
     use crate::test_support::ustar as tar;
-    use crate::{Archive, Source};
 
     /// A nested index with a compressed inner tar saves and loads whole (its range,
     /// sparse table, restart points and runs), serves the same bytes, and is refused for
@@ -98,19 +103,19 @@ mod tests {
         let outer = tar(&[("x.txt", b"outer"), ("c.tar.gz", &gz.finish().unwrap()), ("z.txt", b"last")]);
         let backing = Source::memory(&outer);
         let flat = Archive::from_backing(Path::new("t.tar"), backing.clone(), &crate::Caches::default()).unwrap();
-        let tables = flat.saved().unwrap().outer;
+        let tables = flat.saved().unwrap().outer();
         let nesting = Nesting { depth: 8, cancelled: &|| false, caches: &crate::Caches::default() };
         let sparse = (tables.sparse_files(), tables.extents());
         let expanded = expand(Path::new("t.tar"), &backing, &flat.index, sparse, nesting).unwrap();
         let key = Key::from_fields([1; 7]);
-        let tables = tables_of(expanded.reader.saved().unwrap());
+        let tables = tables_of(TarTables::of(expanded.reader.saved().unwrap()));
         let bytes = encode(&key, 8, &expanded.index, &tables).to_vec();
         let (index, reader) = decode(&bytes, &key, 8, &backing, None).unwrap();
         let all = |index: &crate::index::Index| index.inodes().collect::<Result<Vec<_>, _>>().unwrap();
         assert_eq!(all(&index), all(&expanded.index));
-        let saved = reader.saved().unwrap();
-        assert_eq!((saved.inner.len(), saved.runs), (1, expanded.reader.saved().unwrap().runs));
-        let loaded = Archive::new(index, crate::Format::Tar, reader);
+        let saved = TarTables::of(reader.saved().unwrap());
+        assert_eq!((saved.inner.len(), saved.runs), (1, TarTables::of(expanded.reader.saved().unwrap()).runs));
+        let loaded = Archive::new(index, crate::archive::Format::Tar, reader);
         for (path, want) in [("c/a.txt", &b"inner a"[..]), ("c/big", &data), ("x.txt", b"outer"), ("z.txt", b"last")] {
             let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
             let mut id = crate::index::ROOT;
@@ -125,25 +130,24 @@ mod tests {
         assert!(other.contains("built with --recursion-depth 8, this mount asks with --recursion-depth 3"), "{other}");
         assert!(decode(&bytes, &key, 0, &backing, None).err().unwrap().to_string().contains("without --recursive"));
         // Tables no scan makes, with a valid checksum: refused before anything is served.
-        let good = expanded.reader.saved().unwrap();
-        let refused = |tables: crate::tar::SavedTables| {
+        let good = TarTables::of(expanded.reader.saved().unwrap());
+        let refused = |tables: TarTables| {
             let tables = tables_of(tables);
             let bytes = encode(&key, 8, &expanded.index, &tables).to_vec();
             decode(&bytes, &key, 8, &backing, None).err().unwrap().to_string()
         };
-        let runs = [crate::tar::Run { start: 1, reader: 2 }];
-        assert!(refused(crate::tar::SavedTables { runs: &runs, ..good }).contains("runs of positions"));
+        let runs = [crate::tar::nested::Run { start: 1, reader: 2 }];
+        assert!(refused(TarTables { runs: &runs, ..good }).contains("runs of positions"));
         let moved = |start: u64| {
             let reader = good.inner[0].reader.backing().clone();
-            [crate::tar::InnerTar {
+            [crate::tar::nested::InnerTar {
                 start,
                 len: good.inner[0].len,
-                reader: crate::tar::TarReader::from_parts(reader, vec![], vec![]).unwrap(),
+                reader: crate::tar::reader::TarReader::from_parts(reader, vec![], vec![]).unwrap(),
             }]
         };
-        assert!(refused(crate::tar::SavedTables { inner: &moved(outer.len() as u64), ..good })
-            .contains("outside the archive"));
-        assert!(refused(crate::tar::SavedTables { inner: &moved(0), ..good }).contains("not compressed"));
+        assert!(refused(TarTables { inner: &moved(outer.len() as u64), ..good }).contains("outside the archive"));
+        assert!(refused(TarTables { inner: &moved(0), ..good }).contains("not compressed"));
         // Every single-byte corruption is caught at open, or when the block it is in is read.
         for i in (0..bytes.len()).step_by(97) {
             let mut damaged = bytes.clone();

@@ -6,7 +6,7 @@
 //! headers walked. A zip cut short anywhere, in its data or in its directory, is still
 //! refused as truncated; only the end record itself may be absent.
 
-use super::{entry, sig_at, u16le, u32le, Directory, CENTRAL_SIG};
+use super::records::{entry, sig_at, u16le, u32le, Directory, CENTRAL_SIG};
 
 const LOCAL_SIG: &[u8; 4] = b"PK\x03\x04";
 const LOCAL_LEN: u64 = 30;
