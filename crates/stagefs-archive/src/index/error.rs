@@ -59,7 +59,7 @@ pub enum IndexError {
     TooManyPaths(usize),
 }
 
-/// Why [`crate::index::Index::resolve`] found nothing at a path, as the kernel would say it on the mount.
+/// Why [`super::tree::Index::resolve`] found nothing at a path, as the kernel would say it on the mount.
 #[derive(Clone, Debug, thiserror::Error)]
 pub enum PathError {
     /// Nothing of that name (ENOENT).

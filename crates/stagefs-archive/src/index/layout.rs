@@ -31,7 +31,7 @@ pub enum SectionId {
     Xattrs = 4,
     /// Which inode each run of xattrs belongs to.
     XattrOwners = 5,
-    /// The tree's counts ([`crate::index::Summary`]).
+    /// The tree's counts ([`super::summary::Summary`]).
     Summary = 6,
     /// A tar's sparse files (first extent, count).
     SparseFiles = 16,

@@ -81,7 +81,7 @@ impl Attrs {
 }
 
 /// One inode: attributes, content location and link count (its extended attributes
-/// are found by [`crate::index::Index::xattrs`]).
+/// are found by [`super::tree::Index::xattrs`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Inode {
     /// What the archive states of it.

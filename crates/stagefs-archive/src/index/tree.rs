@@ -215,7 +215,7 @@ impl Index {
         Ok(Children { records })
     }
 
-    /// The directory entry at position `pos` among all entries (see [`crate::index::ModeCount::example`]).
+    /// The directory entry at position `pos` among all entries (see [`super::summary::ModeCount::example`]).
     pub fn dirent(&self, pos: u32) -> Result<Dirent, IndexError> {
         if u64::from(pos) >= self.dirents.count(DIRENT_LEN) {
             return Err(self.store.invalid(format!("no entry {pos}")));
