@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use crate::error::{code, Failure};
+use stagefs_archive::codec::Compression;
 use walk::Stat;
 
 /// `stagefs pack` arguments.
@@ -300,10 +301,10 @@ fn save_index(out: &mut output::Output) -> Result<(), String> {
     if let Some(framer) = &out.framer {
         // A compressed archive's index holds its frames as restart points: a mount reads
         // any file at once, decoding only its frame.
-        use stagefs_archive::seekable::{Codec, Point, Points, Seekable};
+        use stagefs_archive::seekable::{Point, Points, Seekable};
         let codec = match framer.compression() {
-            compress::Compression::Zstd => Codec::Zstd,
-            compress::Compression::Gzip => Codec::Gzip,
+            compress::Compression::Zstd => Compression::Zstd,
+            compress::Compression::Gzip => Compression::Gzip,
         };
         let list = framer
             .written

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use stagefs_archive::escape::Shown;
 use stagefs_archive::index::{Data, ROOT};
-use stagefs_archive::seekable::Codec;
+use stagefs_archive::seekable;
 use stagefs_archive::{map_file, Archive, Caches};
 
 /// Bytes asked of the archive per read (as a FUSE read would).
@@ -33,7 +33,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     // a compressed tar from restart points, anything else by its format.
     let backing = map_file(&std::fs::File::open(path)?)?;
     // One memory budget for what is decoded (restart points' units, zip members, blocks).
-    let codec = Codec::of(&backing);
+    let codec = seekable::restartable(&backing);
     let archive = Archive::from_staged(path, backing, codec, &Caches::default())?;
     let index = &archive.index;
     let mut out = std::io::stdout().lock();

@@ -5,12 +5,13 @@ use std::sync::Arc;
 
 use crate::bytes::Bytes;
 use crate::caches::Caches;
+use crate::codec;
 use crate::error::{OpenError, ReadError};
 use crate::index::{Data, Index, Inode, InodeId};
 use crate::reader::{Access, Reader};
 use crate::saved::SavedTables;
 use crate::source::{map_file, Backing, SourceCache};
-use crate::{seekable, squashfs, tar, zip};
+use crate::{squashfs, tar, zip};
 
 /// The archive formats stagefs understands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,7 +110,7 @@ impl Archive {
     pub fn from_staged(
         path: &Path,
         backing: Backing,
-        codec: Option<seekable::Codec>,
+        codec: Option<codec::Compression>,
         caches: &Caches,
     ) -> Result<Archive, OpenError> {
         match codec {

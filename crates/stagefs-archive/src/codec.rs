@@ -4,6 +4,11 @@
 //! window. A crafted header can ask for gigabytes before a byte is decoded, so every
 //! decoder made anywhere is made here, within `WINDOW_LIMIT`.
 
+mod block;
+pub(crate) mod inflate;
+mod lzo;
+pub(crate) mod step;
+
 use std::io::{BufRead, Read};
 
 /// The most one decoder's window or dictionary may take: `xz -9` needs 64 MiB,
@@ -11,7 +16,10 @@ use std::io::{BufRead, Read};
 /// rather than allocated.
 pub(crate) const WINDOW_LIMIT: u64 = 128 << 20;
 
-/// What a compressed file is compressed with, as its first bytes say.
+/// A compression, wherever it is met: a compressed file (staged, or served from restart
+/// points), a zip member, a SquashFS block. What a container may hold is said by
+/// [`Compression::detect`] (a file's first bytes), [`Compression::of_zip_method`] and
+/// [`Compression::of_squashfs_id`]; what stagefs can do with it, by the methods below.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Compression {
     /// gzip (and bgzip, pigz).
@@ -22,8 +30,16 @@ pub enum Compression {
     Xz,
     /// zstd.
     Zstd,
-    /// lz4 (frame format).
+    /// lz4: frames in a file, blocks in SquashFS.
     Lz4,
+    /// Raw deflate (zip's method 8).
+    Deflate,
+    /// zlib streams (what SquashFS calls gzip).
+    Zlib,
+    /// LZMA: "alone" streams (SquashFS), or raw after a zip member's properties.
+    Lzma,
+    /// LZO1X blocks (SquashFS).
+    Lzo,
 }
 
 /// xz's stream header magic.
@@ -63,11 +79,56 @@ impl Compression {
             Compression::Xz => "xz",
             Compression::Zstd => "zstd",
             Compression::Lz4 => "lz4",
+            Compression::Deflate => "deflate",
+            Compression::Zlib => "zlib",
+            Compression::Lzma => "lzma",
+            Compression::Lzo => "lzo",
         }
     }
 
-    /// A decoder of the whole of `input`: every gzip member, bzip2 stream, xz stream,
-    /// zstd or LZ4 frame in turn, within `WINDOW_LIMIT`.
+    /// Whether a file of it can be served in place from restart points (see `seekable`):
+    /// gzip spans, bzip2 blocks, xz blocks, zstd frames.
+    pub fn restarts(self) -> bool {
+        matches!(self, Compression::Gzip | Compression::Bzip2 | Compression::Xz | Compression::Zstd)
+    }
+
+    /// The compression of a zip member's `method`, if stagefs decodes it.
+    pub fn of_zip_method(method: u16) -> Option<Compression> {
+        Some(match method {
+            8 => Compression::Deflate,
+            12 => Compression::Bzip2,
+            14 => Compression::Lzma,
+            93 => Compression::Zstd,
+            95 => Compression::Xz,
+            _ => return None,
+        })
+    }
+
+    /// The compression of a SquashFS superblock's compressor `id`, if it is one.
+    pub fn of_squashfs_id(id: u16) -> Option<Compression> {
+        Some(match id {
+            1 => Compression::Zlib,
+            2 => Compression::Lzma,
+            3 => Compression::Lzo,
+            4 => Compression::Xz,
+            5 => Compression::Lz4,
+            6 => Compression::Zstd,
+            _ => return None,
+        })
+    }
+
+    /// The first `n` bytes the compressed file `input` decodes to (fewer if it holds
+    /// fewer); `None` if it does not decode that far.
+    pub(crate) fn decoded_head(self, input: &[u8], n: u64) -> Option<Vec<u8>> {
+        let mut head = Vec::new();
+        self.decoder(input).ok()?.take(n).read_to_end(&mut head).ok()?;
+        Some(head)
+    }
+
+    /// A decoder of the whole of the compressed file `input`: every gzip member, bzip2
+    /// stream, xz stream, zstd or LZ4 frame in turn, within `WINDOW_LIMIT`. The
+    /// compressions met only inside a container (deflate, zlib, LZMA, LZO) have no file
+    /// of their own to decode.
     pub fn decoder<'a>(self, input: impl BufRead + Send + 'a) -> std::io::Result<Box<dyn Read + Send + 'a>> {
         Ok(match self {
             Compression::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(input)),
@@ -78,6 +139,12 @@ impl Compression {
             }
             Compression::Zstd => Box::new(zstd_decoder(input)?),
             Compression::Lz4 => Box::new(Lz4Frames { decoder: Some(lz4_flex::frame::FrameDecoder::new(input)) }),
+            Compression::Deflate | Compression::Zlib | Compression::Lzma | Compression::Lzo => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::Unsupported,
+                    format!("{} is met inside zip and SquashFS archives, not as a compressed file", self.name()),
+                ))
+            }
         })
     }
 }
@@ -106,6 +173,29 @@ pub(crate) fn zstd_raw() -> std::io::Result<zstd::stream::raw::Decoder<'static>>
     let mut decoder = zstd::stream::raw::Decoder::new()?;
     decoder.set_parameter(zstd::stream::raw::DParameter::WindowLogMax(WINDOW_LIMIT.ilog2()))?;
     Ok(decoder)
+}
+
+/// A decoder of every gzip member of `input` in turn (bgzip's members, decoded a run at a
+/// time). gzip's window is 32 KiB: nothing to bound.
+pub(crate) fn gzip_members<R: Read>(input: R) -> flate2::read::MultiGzDecoder<R> {
+    flate2::read::MultiGzDecoder::new(input)
+}
+
+/// A decoder of the bzip2 stream `input` (a block re-wrapped as a stream of its own). A
+/// bzip2 block is at most 900 kB before its last stage: nothing to bound.
+pub(crate) fn bzip2_stream<R: Read>(input: R) -> bzip2::read::BzDecoder<R> {
+    bzip2::read::BzDecoder::new(input)
+}
+
+/// A decoder of the concatenated xz streams of `input` within [`WINDOW_LIMIT`].
+pub(crate) fn xz_streams<R: Read>(input: R) -> Result<liblzma::read::XzDecoder<R>, String> {
+    Ok(liblzma::read::XzDecoder::new_stream(input, xz_stream(liblzma::stream::CONCATENATED)?))
+}
+
+/// The one zstd frame `packed` decoded whole, if it decodes to at most `limit` bytes (a
+/// gzip restart point's window, kept compressed).
+pub(crate) fn zstd_frame(packed: &[u8], limit: usize) -> std::io::Result<Vec<u8>> {
+    zstd::bulk::decompress(packed, limit)
 }
 
 /// Reads concatenated LZ4 frames (`cat a.lz4 b.lz4`, or lz4 appending), which
@@ -144,6 +234,57 @@ mod tests {
         // A zip is no compressed tar, whatever follows its local header magic.
         assert_eq!(Compression::detect(b"PK\x03\x04\x14\x00\x08\x00\x08\x00"), None);
         assert_eq!(Compression::detect(b"PK\x05\x06\0\0\0\0"), None);
+    }
+
+    /// Every decoder is made in this module (`codec.rs` and `codec/`), so that
+    /// [`WINDOW_LIMIT`] holds by construction: no other product file of the workspace
+    /// builds one (test modules and test files excepted; encoders are no decoders).
+    #[test]
+    fn decoders_are_made_here_only() {
+        const MAKES_A_DECODER: &[&str] = &[
+            "Decompress::new",
+            "Decompressor::new",
+            "Decoder::new",
+            "Decoder::with_buffer",
+            "new_stream_decoder",
+            "new_lzma_decoder",
+            "new_raw_decoder",
+            "inflateInit",
+            "bulk::decompress",
+            "block::decompress",
+            "decode_all(",
+        ];
+        let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
+        let mut found = Vec::new();
+        let mut stack: Vec<_> = ["src", "crates", "python/native/src"].iter().map(|d| root.join(d)).collect();
+        while let Some(dir) = stack.pop() {
+            for path in std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()) {
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                if path.is_dir() {
+                    if !["target", "tests", "benches", "examples", "codec"].contains(&name.as_str()) {
+                        stack.push(path);
+                    }
+                    continue;
+                }
+                let test_file = name == "tests.rs" || name.ends_with("_tests.rs") || name.starts_with("test_");
+                if !name.ends_with(".rs") || name == "codec.rs" || test_file {
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).unwrap();
+                let product = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+                for (n, line) in product.lines().enumerate() {
+                    let code = line.trim_start();
+                    if !code.starts_with("//") && MAKES_A_DECODER.iter().any(|w| code.contains(w)) {
+                        found.push(format!("{}:{}: {code}", path.strip_prefix(root).unwrap().display(), n + 1));
+                    }
+                }
+            }
+        }
+        assert!(
+            found.is_empty(),
+            "decoders made outside codec (make them in codec.rs, within WINDOW_LIMIT):\n{}",
+            found.join("\n")
+        );
     }
 
     /// A zstd frame whose window is past the limit is refused by every zstd decoder made

@@ -7,11 +7,9 @@
 //! Every size and offset taken from the image is checked against the image before use,
 //! so a damaged image gives an error naming the byte at fault, never a panic.
 
-mod codec;
 mod data;
 mod directory;
 mod inode;
-mod lzo;
 mod metadata;
 mod superblock;
 #[cfg(test)]

@@ -21,10 +21,10 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::places::{self, OutsideFile};
+use stagefs_archive::codec::Compression;
 use stagefs_archive::escape::Shown;
 use stagefs_archive::hash;
 use stagefs_archive::index::{map_index, Index, IndexError, IndexMap, Saving};
-use stagefs_archive::seekable::Codec;
 pub use stagefs_archive::tar::key::{fingerprint, Key};
 use stagefs_archive::tar::saved_format::{decode, decode_tree, encode, tables as tables_of};
 use stagefs_archive::{Backing, Caches, Reader, SavedTables};
@@ -113,7 +113,7 @@ pub fn size_cap(archive_len: u64) -> u64 {
 pub fn load(
     archive: &OutsideFile,
     key: &Key,
-    staged: (&Backing, Option<Codec>),
+    staged: (&Backing, Option<Compression>),
     flavor: &Flavor,
     caches: &Caches,
 ) -> Option<(Index, Arc<dyn Reader>)> {
@@ -130,7 +130,7 @@ pub fn load(
 pub fn load_kept(
     archive: &Path,
     key: &Key,
-    staged: (&Backing, Option<Codec>),
+    staged: (&Backing, Option<Compression>),
     flavor: &Flavor,
     caches: &Caches,
 ) -> Option<(Index, Arc<dyn Reader>)> {
@@ -146,7 +146,7 @@ fn load_found(
     found: Option<Found>,
     archive: &Path,
     key: &Key,
-    staged: (&Backing, Option<Codec>),
+    staged: (&Backing, Option<Compression>),
     flavor: &Flavor,
     caches: &Caches,
 ) -> Option<(Index, Arc<dyn Reader>)> {
@@ -256,7 +256,7 @@ pub fn decode_bytes(
     bytes: Vec<u8>,
     name: &Path,
     key: &Key,
-    staged: (&Backing, Option<Codec>),
+    staged: (&Backing, Option<Compression>),
     depth: usize,
     caches: &Caches,
 ) -> Result<(Index, Arc<dyn Reader>), IndexError> {

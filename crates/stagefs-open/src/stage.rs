@@ -41,7 +41,6 @@ pub use error::StageError;
 pub use modes::{StageMode, Staging};
 pub use progress::{Phase, Progress, Snapshot};
 pub use stagefs_archive::codec::Compression;
-use stagefs_archive::seekable::Codec;
 use stagefs_archive::Backing;
 
 /// The bytes to serve and how many of them live in staged RAM.
@@ -53,7 +52,7 @@ pub struct Loaded {
     pub disk: Option<disk::DiskStaged>,
     /// The compression of a tar served by restart points: `backing` holds its
     /// compressed bytes, to be indexed with `tar::open_compressed`.
-    pub codec: Option<Codec>,
+    pub codec: Option<Compression>,
     /// The copy still to fill (`--stage copy|disk` of a local archive): `backing` serves
     /// from the archive in place what is not in the copy yet. Whoever serves runs it, in
     /// the background or before serving ([`Copier::run`]).

@@ -83,7 +83,7 @@ impl Pass {
         let decode = move |i: usize| -> Result<Vec<u8>, String> {
             let (start, end, size) = units[i];
             let mut out = Vec::with_capacity(size as usize);
-            let decoder = flate2::read::MultiGzDecoder::new(&source[start..end]);
+            let decoder = crate::codec::gzip_members(&source[start..end]);
             decoder.take(size + 1).read_to_end(&mut out).map_err(|e| format!("{e} in the members at byte {start}"))?;
             if out.len() as u64 != size {
                 return Err(format!(

@@ -125,7 +125,7 @@ pub(super) fn block_stream(input: &[u8], start: u64, end: u64) -> Option<Vec<u8>
 /// Decodes one block re-wrapped by [`block_stream`]; its CRC is checked by the decoder.
 pub(super) fn decode_block(stream: &[u8], cap: usize) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
-    let decoder = bzip2::read::BzDecoder::new(stream);
+    let decoder = crate::codec::bzip2_stream(stream);
     std::io::Read::read_to_end(&mut std::io::Read::take(decoder, cap as u64 + 1), &mut out)
         .map_err(|e| e.to_string())?;
     if out.len() > cap {
@@ -179,7 +179,7 @@ pub(super) struct Pass {
 impl Pass {
     pub(super) fn new(input: &Backing) -> Result<Pass, String> {
         let blocks = blocks(input)
-            .ok_or_else(|| super::points::too_many_points(super::points::Codec::Bzip2, input.len() as u64))?;
+            .ok_or_else(|| super::points::too_many_points(crate::codec::Compression::Bzip2, input.len() as u64))?;
         Ok(Pass::with_blocks(input, blocks))
     }
 

@@ -103,7 +103,7 @@ fn frames_of(input: &Backing) -> Result<Frames, String> {
             let mut pos = 0;
             while let Some((at, len)) = next_frame(input, pos)? {
                 if frames.len() >= limit {
-                    return Err(super::points::too_many_points(super::points::Codec::Zstd, input.len() as u64));
+                    return Err(super::points::too_many_points(crate::codec::Compression::Zstd, input.len() as u64));
                 }
                 if frames.len() % 4096 == 0 {
                     crate::stop::check().map_err(|e| e.to_string())?;

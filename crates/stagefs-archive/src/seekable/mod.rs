@@ -32,7 +32,7 @@ mod xz;
 
 pub use pgzip_tuning::force_parallel_gzip;
 pub(crate) use points::SPAN;
-pub use points::{max_points, Codec, Point, Points};
+pub use points::{max_points, Point, Points};
 use points::{too_many_points, CodecPass};
 pub(crate) use read::Compressed;
 pub use read::Seekable;
@@ -56,42 +56,25 @@ pub fn fuzz_parallel_gzip(input: &Backing, chunk_bytes: usize) -> std::io::Resul
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
-impl Codec {
-    /// The codec of the compressed file `input`, if it can restart inside it (a zstd
-    /// file needs several frames, an xz file several blocks).
-    pub fn of(input: &[u8]) -> Option<Codec> {
-        match Codec::by_magic(input)? {
-            Codec::Xz => xz::blocks(input).filter(|blocks| blocks.len() > 1).map(|_| Codec::Xz),
-            Codec::Zstd => frames::has_frames(input).then_some(Codec::Zstd),
-            codec => Some(codec),
-        }
+/// The compression of the compressed file `input`, if it can restart inside it (a zstd
+/// file needs several frames, an xz file several blocks).
+pub fn restartable(input: &[u8]) -> Option<Compression> {
+    match restartable_by_magic(input)? {
+        Compression::Xz => xz::blocks(input).filter(|blocks| blocks.len() > 1).map(|_| Compression::Xz),
+        Compression::Zstd => frames::has_frames(input).then_some(Compression::Zstd),
+        compression => Some(compression),
     }
+}
 
-    /// The codec of `input` from its first bytes alone ([`Compression::detect`]), whether
-    /// or not it restarts inside (a compressed tar inside a tar is judged by its restart
-    /// points after the first pass, see `tar::nested`).
-    pub fn by_magic(input: &[u8]) -> Option<Codec> {
-        match Compression::detect(input)? {
-            Compression::Gzip => gzip::member_starts(input).then_some(Codec::Gzip),
-            Compression::Bzip2 => input.get(3).is_some_and(|l| (b'1'..=b'9').contains(l)).then_some(Codec::Bzip2),
-            Compression::Xz => Some(Codec::Xz),
-            Compression::Zstd => Some(Codec::Zstd),
-            Compression::Lz4 => None,
-        }
-    }
-
-    /// The first `n` bytes `input` decodes to (fewer if it holds fewer); `None` if it does
-    /// not decode that far.
-    pub(crate) fn decoded_head(self, input: &[u8], n: u64) -> Option<Vec<u8>> {
-        let compression = match self {
-            Codec::Gzip => Compression::Gzip,
-            Codec::Zstd => Compression::Zstd,
-            Codec::Bzip2 => Compression::Bzip2,
-            Codec::Xz => Compression::Xz,
-        };
-        let mut head = Vec::new();
-        compression.decoder(input).ok()?.take(n).read_to_end(&mut head).ok()?;
-        Some(head)
+/// The compression of `input` from its first bytes alone ([`Compression::detect`]), if it
+/// is one that restarts ([`Compression::restarts`]), whether or not this file restarts
+/// inside (a compressed tar inside a tar is judged by its restart points after the first
+/// pass, see `tar::nested`).
+pub fn restartable_by_magic(input: &[u8]) -> Option<Compression> {
+    match Compression::detect(input)? {
+        Compression::Gzip => gzip::member_starts(input).then_some(Compression::Gzip),
+        Compression::Bzip2 => input.get(3).is_some_and(|l| (b'1'..=b'9').contains(l)).then_some(Compression::Bzip2),
+        compression => compression.restarts().then_some(compression),
     }
 }
 
@@ -112,7 +95,7 @@ pub fn decoded_size(input: &[u8]) -> Option<u64> {
 
 /// The first pass: a `Read` of the decoded stream that notes restart points.
 pub(crate) struct FirstPass<'a> {
-    codec: Codec,
+    codec: Compression,
     input_len: u64,
     /// The pass is marked once under way (see `stop::phase`).
     marked: bool,
@@ -120,9 +103,9 @@ pub(crate) struct FirstPass<'a> {
 }
 
 impl<'a> FirstPass<'a> {
-    pub(crate) fn new(codec: Codec, input: &'a Backing) -> Result<FirstPass<'a>, String> {
+    pub(crate) fn new(codec: Compression, input: &'a Backing) -> Result<FirstPass<'a>, String> {
         let pass: Box<dyn CodecPass + 'a> = match codec {
-            Codec::Gzip => match bgzf::Pass::new(input) {
+            Compression::Gzip => match bgzf::Pass::new(input) {
                 Some(pass) => Box::new(pass),
                 // Two cores or fewer take the sequential pass: one worker beside the pass
                 // measured 0.82-0.95x of it (benches/gzip_first_mount.sh, doc/gzip.md).
@@ -131,12 +114,13 @@ impl<'a> FirstPass<'a> {
                 }
                 None => Box::new(gzip::Pass::new(input)?),
             },
-            Codec::Zstd => Box::new(frames::Pass::new(input)?),
-            Codec::Bzip2 => Box::new(bzip2::Pass::new(input)?),
-            Codec::Xz => Box::new(xz::Pass::new(input)?),
+            Compression::Zstd => Box::new(frames::Pass::new(input)?),
+            Compression::Bzip2 => Box::new(bzip2::Pass::new(input)?),
+            Compression::Xz => Box::new(xz::Pass::new(input)?),
+            other => return Err(format!("{} has no restart points", other.name())),
         };
         // Finding the blocks read the whole file: let its pages go again.
-        if codec == Codec::Bzip2 {
+        if codec == Compression::Bzip2 {
             input.unmap_scanned();
         }
         Ok(FirstPass { codec, input_len: input.len() as u64, marked: false, pass })

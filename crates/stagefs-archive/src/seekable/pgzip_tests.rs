@@ -4,8 +4,9 @@ use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 
 use super::*;
+use crate::codec::Compression;
 use crate::seekable::pgzip_tuning::{CHUNK_CAP, PIECE};
-use crate::seekable::{gzip, Codec, CodecPass, Points, Seekable};
+use crate::seekable::{gzip, CodecPass, Points, Seekable};
 use crate::source::Source;
 use crate::test_rng::{pseudo_random, text_like, Rng};
 
@@ -52,7 +53,7 @@ fn decodes(compressed: &[u8], data: &[u8], tuning: Tuning) -> Stats {
             *window = zstd::bulk::compress(window, 1).unwrap();
         }
     }
-    let points = Points { codec: Codec::Gzip, list: points, total };
+    let points = Points { codec: Compression::Gzip, list: points, total };
     let file = Seekable::new(Source::memory(compressed), points, &crate::Caches::default());
     for (i, point) in file.points().list.iter().enumerate() {
         let n = (data.len() as u64 - point.out).min(100_000) as usize;

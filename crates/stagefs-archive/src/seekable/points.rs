@@ -1,5 +1,6 @@
 //! Restart points: where decoding a compressed file can start, the codecs that have them, and how many a file may have.
 
+use crate::codec::Compression;
 use std::io::Read;
 
 /// Output between restart points, and the unit of decoding and caching.
@@ -15,38 +16,13 @@ pub fn max_points(input_len: u64) -> usize {
 }
 
 /// The error for a file past [`max_points`].
-pub(super) fn too_many_points(codec: Codec, input_len: u64) -> String {
+pub(super) fn too_many_points(codec: Compression, input_len: u64) -> String {
     format!(
         "more {} restart points than a file of {input_len} bytes has ({}); mount it with --stage copy to \
          decompress it whole",
         codec.name(),
         max_points(input_len)
     )
-}
-
-/// The compressions that can be served in place.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Codec {
-    /// gzip: restart points every `SPAN` of output, with their windows.
-    Gzip,
-    /// zstd: frame starts.
-    Zstd,
-    /// bzip2: block starts.
-    Bzip2,
-    /// xz: the blocks its index lists.
-    Xz,
-}
-
-impl Codec {
-    /// The codec's usual name (`gzip`, `zstd`, ...), for messages.
-    pub fn name(self) -> &'static str {
-        match self {
-            Codec::Gzip => "gzip",
-            Codec::Zstd => "zstd",
-            Codec::Bzip2 => "bzip2",
-            Codec::Xz => "xz",
-        }
-    }
 }
 
 /// Where decoding can start: output offset `out` is compressed byte `input`. gzip: less
@@ -71,7 +47,7 @@ pub struct Point {
 #[derive(Debug)]
 pub struct Points {
     /// The compression they restart.
-    pub codec: Codec,
+    pub codec: Compression,
     /// Sorted by `out`, the first at 0; windows compressed (zstd).
     pub list: Vec<Point>,
     /// The decoded size.

@@ -15,9 +15,10 @@ use std::sync::{Arc, Mutex};
 
 use quick_cache::sync::Cache;
 
-use super::points::{Codec, Point, Points, SPAN};
+use super::points::{Point, Points, SPAN};
 use super::{bzip2, gzip, xz};
 use crate::caches::Caches;
+use crate::codec::Compression;
 use crate::error::ReadError;
 use crate::source::Backing;
 
@@ -325,17 +326,19 @@ impl Shared {
         let at = &list[point];
         let input = Compressed::to_end(self.input.clone(), at.input);
         Ok(match self.points.codec {
-            Codec::Zstd => {
+            Compression::Zstd => {
                 let input = std::io::BufReader::new(input);
                 Box::new(crate::codec::zstd_decoder(input).map_err(|e| self.fail(point, e))?.single_frame())
             }
-            Codec::Bzip2 => Box::new(std::io::Cursor::new(self.bzip2_block(at).map_err(|e| self.fail(point, e))?)),
-            Codec::Xz => {
+            Compression::Bzip2 => {
+                Box::new(std::io::Cursor::new(self.bzip2_block(at).map_err(|e| self.fail(point, e))?))
+            }
+            Compression::Xz => {
                 let stream = xz::block_stream(at, self.unit_len(point), input);
-                Box::new(xz::decoder(stream).map_err(|e| self.fail(point, e))?)
+                Box::new(crate::codec::xz_streams(stream).map_err(|e| self.fail(point, e))?)
             }
             // gzip's decoder is no `Send` (zlib's state): see `decode_gzip`.
-            Codec::Gzip => unreachable!("gzip units are decoded by decode_gzip"),
+            other => return Err(self.fail(point, format!("no {} decoder starts at a restart point", other.name()))),
         })
     }
 
@@ -358,7 +361,7 @@ impl Shared {
     /// the compressed unit as well cost as much in page faults as the decoding itself).
     fn decode_whole(&self, point: usize) -> Result<Vec<u8>, ReadError> {
         let len = self.unit_len(point) as usize;
-        if self.points.codec == Codec::Gzip {
+        if self.points.codec == Compression::Gzip {
             return self.decode_gzip(point, 0, len);
         }
         let mut out = vec![0u8; len];
@@ -372,7 +375,7 @@ impl Shared {
         let at = &self.points.list[point];
         let window = match &at.window {
             Some(packed) => Some(
-                zstd::bulk::decompress(packed, gzip::WINDOW)
+                crate::codec::zstd_frame(packed, gzip::WINDOW)
                     .map_err(|e| self.fail(point, format!("bad saved window: {e}")))?,
             ),
             None => None,
@@ -391,7 +394,7 @@ impl Shared {
     fn decode_piece(&self, point: usize, piece: u64) -> Result<Vec<u8>, ReadError> {
         let unit = self.unit_len(point);
         let piece_len = |p: u64| (unit - p * PIECE).min(PIECE) as usize;
-        if self.points.codec == Codec::Gzip {
+        if self.points.codec == Compression::Gzip {
             return self.decode_gzip(point, piece * PIECE, piece_len(piece));
         }
         let kept = {

@@ -3,6 +3,7 @@
 use std::io::Write;
 
 use super::*;
+use crate::seekable;
 use crate::source::Source;
 use crate::test_rng::{text_like, Rng};
 
@@ -15,7 +16,7 @@ fn gzip(data: &[u8]) -> Vec<u8> {
 /// Runs the first pass over `compressed`, checks it decodes to `data`, and returns
 /// the file served by the points it noted.
 fn served(compressed: &[u8], data: &[u8]) -> Seekable {
-    let codec = Codec::of(compressed).expect("seekable");
+    let codec = seekable::restartable(compressed).expect("seekable");
     let input = Source::memory(compressed);
     let mut pass = FirstPass::new(codec, &input).unwrap();
     let mut decoded = Vec::new();
@@ -100,7 +101,7 @@ fn bgzf_members_decode_in_parallel_runs_and_restart_there() {
     let mut damaged = compressed.clone();
     let at = compressed.len() / 2;
     damaged[at] ^= 0x55;
-    let err = FirstPass::new(Codec::Gzip, &Source::memory(&damaged)).unwrap().read_to_end(&mut Vec::new());
+    let err = FirstPass::new(Compression::Gzip, &Source::memory(&damaged)).unwrap().read_to_end(&mut Vec::new());
     assert!(err.unwrap_err().to_string().contains("in the members at byte"));
 }
 
@@ -117,7 +118,7 @@ fn zstd_frames_are_restart_points() {
     assert_eq!(file.points().list.len(), 3);
     reads_match(&file, &data);
     // One frame has no restart point inside it: not served this way.
-    assert_eq!(Codec::of(&zstd::bulk::compress(&data, 3).unwrap()), None);
+    assert_eq!(seekable::restartable(&zstd::bulk::compress(&data, 3).unwrap()), None);
 }
 
 #[test]
@@ -135,7 +136,7 @@ fn zstd_frames_larger_than_the_look_ahead_are_decoded_streaming() {
     let at = frames[0].len() + frames[1].len() / 2;
     damaged[at] ^= 0xff;
     let input = Source::memory(&damaged);
-    let err = FirstPass::new(Codec::Zstd, &input).unwrap().read_to_end(&mut Vec::new()).unwrap_err();
+    let err = FirstPass::new(Compression::Zstd, &input).unwrap().read_to_end(&mut Vec::new()).unwrap_err();
     assert!(err.to_string().contains(&format!("in the frame at byte {}", frames[0].len())), "{err}");
 }
 
@@ -177,8 +178,10 @@ fn bzip2_a_false_block_magic_is_merged_back() {
     let mut damaged = compressed.clone();
     let middle = (blocks[2].0 / 8) as usize + 200;
     damaged[middle..middle + 32].fill(0x55);
-    let err =
-        FirstPass::new(Codec::Bzip2, &Source::memory(&damaged)).unwrap().read_to_end(&mut Vec::new()).unwrap_err();
+    let err = FirstPass::new(Compression::Bzip2, &Source::memory(&damaged))
+        .unwrap()
+        .read_to_end(&mut Vec::new())
+        .unwrap_err();
     assert!(err.to_string().contains("compressed byte"), "{err}");
 }
 
@@ -200,12 +203,12 @@ fn xz_blocks_from_the_indexes_are_restart_points() {
     assert_eq!(file.points().list.len(), 3);
     reads_match(&file, &data);
     // One block has no restart point inside it: not served this way.
-    assert_eq!(Codec::of(&xz(&data)), None);
+    assert_eq!(seekable::restartable(&xz(&data)), None);
     // A damaged index is no xz index.
     let mut damaged = compressed.clone();
     let at = damaged.len() - 20;
     damaged[at] ^= 1;
-    assert_eq!(Codec::of(&damaged), None);
+    assert_eq!(seekable::restartable(&damaged), None);
 }
 
 #[test]
@@ -217,13 +220,13 @@ fn a_file_of_back_to_back_markers_is_refused_not_listed() {
         bz.extend_from_slice(&[0x31, 0x41, 0x59, 0x26, 0x53, 0x59]);
     }
     let input = Source::memory(&bz);
-    let err = FirstPass::new(Codec::Bzip2, &input).err().expect("refused");
+    let err = FirstPass::new(Compression::Bzip2, &input).err().expect("refused");
     assert!(err.contains("restart points"), "{err}");
     let empty = zstd::bulk::compress(b"", 1).unwrap();
     let zst: Vec<u8> = (0..70_000).flat_map(|_| empty.clone()).collect();
-    assert_eq!(Codec::of(&zst), Some(Codec::Zstd));
+    assert_eq!(seekable::restartable(&zst), Some(Compression::Zstd));
     let input = Source::memory(&zst);
-    let err = FirstPass::new(Codec::Zstd, &input).err().expect("refused");
+    let err = FirstPass::new(Compression::Zstd, &input).err().expect("refused");
     assert!(err.contains("restart points"), "{err}");
 }
 
@@ -233,12 +236,14 @@ fn damaged_and_truncated_gzip_fail_with_the_offset() {
     let mut compressed = gzip(&data);
     let mut decoded = Vec::new();
     let cut = &compressed[..compressed.len() / 2];
-    let err = FirstPass::new(Codec::Gzip, &Source::memory(cut)).unwrap().read_to_end(&mut decoded).unwrap_err();
+    let err = FirstPass::new(Compression::Gzip, &Source::memory(cut)).unwrap().read_to_end(&mut decoded).unwrap_err();
     assert!(err.to_string().contains("truncated"), "{err}");
     let middle = compressed.len() / 2;
     compressed[middle..middle + 64].fill(0xff);
-    let err =
-        FirstPass::new(Codec::Gzip, &Source::memory(&compressed)).unwrap().read_to_end(&mut Vec::new()).unwrap_err();
+    let err = FirstPass::new(Compression::Gzip, &Source::memory(&compressed))
+        .unwrap()
+        .read_to_end(&mut Vec::new())
+        .unwrap_err();
     assert!(err.to_string().contains("compressed byte"), "{err}");
 }
 

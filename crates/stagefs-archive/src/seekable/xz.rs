@@ -153,12 +153,6 @@ pub(super) fn points(blocks: &[Block]) -> Vec<Point> {
         .collect()
 }
 
-/// A decoder of the xz stream `input` within [`crate::codec::WINDOW_LIMIT`].
-pub(super) fn decoder<R: Read>(input: R) -> Result<liblzma::read::XzDecoder<R>, String> {
-    let stream = crate::codec::xz_stream(liblzma::stream::CONCATENATED)?;
-    Ok(liblzma::read::XzDecoder::new_stream(input, stream))
-}
-
 /// The first pass over a multi-block xz file: its streams decoded in order (checks
 /// verified), the points taken from the indexes.
 pub(super) struct Pass<'a> {
@@ -171,7 +165,7 @@ impl<'a> Pass<'a> {
     pub(super) fn new(input: &'a [u8]) -> Result<Pass<'a>, String> {
         let blocks = blocks(input).ok_or("the xz index does not parse")?;
         let total = blocks.iter().map(|b| b.output).sum();
-        Ok(Pass { decoder: decoder(std::io::Cursor::new(input))?, points: points(&blocks), total })
+        Ok(Pass { decoder: crate::codec::xz_streams(std::io::Cursor::new(input))?, points: points(&blocks), total })
     }
 }
 

@@ -4,11 +4,11 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::codec::Compressor;
 use super::inode::{FileInode, NO_FRAGMENT};
 use super::metadata::{Cursor, MetaReader};
 use crate::bytes::Bytes;
 use crate::caches::{Blocks, Caches};
+use crate::codec::Compression;
 use crate::error::ReadError;
 use crate::fault::Fault;
 use crate::index::{Data, Inode, InodeId};
@@ -189,7 +189,7 @@ const _: () = {
 /// the only shared mutable state is the sharded block cache and the fragment counters.
 pub(crate) struct SquashReader {
     backing: Backing,
-    compressor: Compressor,
+    compressor: Compression,
     layouts: Layouts,
     /// Decompressed blocks and fragments, keyed by their image offset.
     cache: Blocks,
@@ -221,7 +221,7 @@ impl crate::reader::Reader for SquashReader {
 }
 
 impl SquashReader {
-    pub(super) fn new(backing: Backing, compressor: Compressor, layouts: Layouts, caches: &Caches) -> SquashReader {
+    pub(super) fn new(backing: Backing, compressor: Compression, layouts: Layouts, caches: &Caches) -> SquashReader {
         let block_size = layouts.block_size as usize;
         SquashReader {
             backing,
@@ -353,7 +353,7 @@ impl SquashReader {
             let input = self.backing.read_at(at, stored)?;
             self.compressor.decompress_shared(&input, self.layouts.block_size as usize).map_err(|e| ReadError {
                 offset: at,
-                what: format!("{:?} data block does not decompress: {e}", self.compressor),
+                what: format!("{} data block does not decompress: {e}", self.compressor.name()),
             })
         })?;
         if from + n > block.len() {

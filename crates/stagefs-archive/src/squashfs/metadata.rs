@@ -7,7 +7,7 @@
 
 use std::rc::Rc;
 
-use super::codec::Compressor;
+use crate::codec::Compression;
 use crate::fault::Fault;
 
 /// Decoded size of every metadata block but the last of a table.
@@ -49,12 +49,12 @@ impl Cursor {
 /// Reads metadata blocks from the image (already cut to `bytes_used`).
 pub(super) struct MetaReader<'a> {
     image: &'a [u8],
-    compressor: Compressor,
+    compressor: Compression,
     cache: quick_cache::unsync::Cache<u64, Rc<MetaBlock>>,
 }
 
 impl<'a> MetaReader<'a> {
-    pub(super) fn new(image: &'a [u8], compressor: Compressor) -> MetaReader<'a> {
+    pub(super) fn new(image: &'a [u8], compressor: Compression) -> MetaReader<'a> {
         MetaReader { image, compressor, cache: quick_cache::unsync::Cache::new(CACHED_BLOCKS) }
     }
 
@@ -211,7 +211,7 @@ mod tests {
             image.extend_from_slice(&(chunk.len() as u16 | UNCOMPRESSED_BIT).to_le_bytes());
             image.extend_from_slice(chunk);
         }
-        let mut meta = MetaReader::new(&image, Compressor::Gzip);
+        let mut meta = MetaReader::new(&image, Compression::Zlib);
         let mut cursor = Cursor { block: 0, offset: 2 };
         assert_eq!(meta.bytes(&mut cursor, 9).unwrap(), b"llo world");
         assert_eq!(cursor, Cursor { block: 8, offset: 5 });
@@ -223,7 +223,7 @@ mod tests {
     #[test]
     fn lookup_table_index_is_bounds_checked() {
         let image = vec![0u8; 64];
-        let mut meta = MetaReader::new(&image, Compressor::Gzip);
+        let mut meta = MetaReader::new(&image, Compression::Zlib);
         assert!(meta.lookup_table(0, u64::MAX / 4, 4, "ids").is_err());
         assert!(meta.lookup_table(60, 3000, 4, "ids").is_err());
     }

@@ -1,6 +1,6 @@
 //! The 96-byte SquashFS 4.0 superblock: parsed, then checked against the image size.
 
-use super::codec::Compressor;
+use crate::codec::Compression;
 use crate::fault::Fault;
 
 pub(super) const SUPERBLOCK_LEN: usize = 96;
@@ -15,7 +15,7 @@ pub(super) struct Superblock {
     pub(super) block_size: u32,
     pub(super) block_log: u16,
     pub(super) fragment_count: u32,
-    pub(super) compressor: Compressor,
+    pub(super) compressor: Compression,
     pub(super) flags: u16,
     pub(super) id_count: u16,
     pub(super) root_inode: u64,
@@ -47,7 +47,12 @@ impl Superblock {
                 format!("SquashFS version {major}.{minor}, expected 4.0 (rebuild the image with mksquashfs 4.x)"),
             ));
         }
-        let compressor = Compressor::from_id(u16_at(20))?;
+        let id = u16_at(20);
+        let compressor = Compression::of_squashfs_id(id).ok_or_else(|| {
+            Fault::unsupported(format!(
+                "unknown SquashFS compressor id {id} (known: 1 gzip, 2 lzma, 3 lzo, 4 xz, 5 lz4, 6 zstd)"
+            ))
+        })?;
         let sb = Superblock {
             block_size: u32_at(12),
             block_log: u16_at(22),

@@ -4,9 +4,10 @@ use std::path::Path;
 
 use super::member::Scan;
 use super::reader::{Extent, SparseFile};
+use crate::codec::Compression;
 use crate::error::OpenError;
 use crate::index::Index;
-use crate::seekable::{Codec, FirstPass, Points};
+use crate::seekable::{FirstPass, Points};
 use crate::source::Backing;
 
 /// The tables of a compressed tar scanned from its decoded stream, and the restart points
@@ -14,7 +15,7 @@ use crate::source::Backing;
 pub(crate) fn scan_compressed(
     path: &Path,
     input: &Backing,
-    codec: Codec,
+    codec: Compression,
     stop: Option<&dyn Fn() -> bool>,
 ) -> Result<(Index, Vec<SparseFile>, Vec<Extent>, Points), OpenError> {
     let corrupt =

@@ -27,9 +27,11 @@ pub mod write;
 use std::path::Path;
 
 use crate::caches::Caches;
+use crate::codec::Compression;
 use crate::error::OpenError;
 use crate::index::Index;
-use crate::seekable::{Codec, Seekable};
+use crate::seekable;
+use crate::seekable::Seekable;
 use crate::source::{Backing, Source};
 pub(crate) use compressed::scan_compressed;
 pub(crate) use header::looks_like_tar;
@@ -44,8 +46,8 @@ pub use write::{pax_record, ustar_header};
 
 /// The codec to serve the compressed file `input` in place with, when it restarts
 /// inside and holds a tar (other archives inside a compressed file are decompressed whole).
-pub fn compressed_codec(input: &[u8]) -> Option<Codec> {
-    let codec = Codec::of(input)?;
+pub fn compressed_codec(input: &[u8]) -> Option<Compression> {
+    let codec = seekable::restartable(input)?;
     looks_like_tar(&codec.decoded_head(input, BLOCK as u64)?).then_some(codec)
 }
 
@@ -81,7 +83,7 @@ pub(crate) fn open_stream(
 pub fn open_compressed(
     path: &Path,
     input: Backing,
-    codec: Codec,
+    codec: Compression,
     caches: &Caches,
 ) -> Result<(Index, TarReader), OpenError> {
     let (index, sparse_files, extents, points) = scan_compressed(path, &input, codec, None)?;

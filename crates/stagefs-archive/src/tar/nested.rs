@@ -365,7 +365,7 @@ impl Nester<'_> {
         size: u64,
         taken: &dyn Fn(&[u8]) -> bool,
     ) -> Result<Option<Opened>, OpenError> {
-        let Some(codec) = self.outer.get(start as usize..).and_then(crate::seekable::Codec::by_magic) else {
+        let Some(codec) = self.outer.get(start as usize..).and_then(crate::seekable::restartable_by_magic) else {
             return Ok(None);
         };
         if self.taken(name, stem, taken) {

@@ -17,13 +17,14 @@ use super::nested::NestedReader;
 use super::nested::TarTables;
 use super::reader::TarReader;
 use crate::caches::Caches;
+use crate::codec::Compression;
 use crate::index::file::{self, Extra, Header, Kind, Saving};
 #[cfg(feature = "fuzzing")]
 use crate::index::layout::Section;
 use crate::index::layout::{BodyWriter, SectionId};
 use crate::index::{Index, IndexError, IndexMap};
 use crate::saved::SavedTables;
-use crate::seekable::{Codec, Seekable};
+use crate::seekable::Seekable;
 use crate::source::{Backing, Source};
 use tables::{
     decode_extents, decode_points, decode_sparse_files, encode_extents, encode_points, encode_sparse_files, Reader,
@@ -128,7 +129,7 @@ pub fn decode(
     name: &Path,
     key: &Key,
     depth: usize,
-    (backing, codec): (&Backing, Option<Codec>),
+    (backing, codec): (&Backing, Option<Compression>),
     caches: &Caches,
 ) -> Result<(Index, Arc<dyn crate::reader::Reader>), IndexError> {
     let opened = open_for(map, name, key, depth)?;
@@ -196,7 +197,7 @@ pub(crate) fn decode_bytes(
     key: &Key,
     depth: usize,
     backing: &Backing,
-    codec: Option<Codec>,
+    codec: Option<Compression>,
 ) -> Result<(Index, Arc<dyn crate::reader::Reader>), IndexError> {
     decode(
         IndexMap::from_vec(bytes.to_vec()),

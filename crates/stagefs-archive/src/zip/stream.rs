@@ -5,71 +5,16 @@
 //! into one allocation of its declared size. The CRC-32 and the byte count follow the
 //! output, so the caller can check both once the stream ends.
 
+use crate::codec::step::{self, Step};
+use crate::codec::Compression;
 use crate::source::Backing;
 
 /// Compressed bytes read from the archive at a time.
 const CHUNK: usize = 256 << 10;
-/// Largest LZMA dictionary a member may ask for: the one bound of every decoder's window
-/// (7-Zip's "ultra" uses 64 MiB).
-pub(super) const DICT_LIMIT: u64 = crate::codec::WINDOW_LIMIT;
-
-/// A decoder that turns input into output a step at a time.
-trait Codec: Send {
-    /// Decodes from `input` into `out`: bytes read, bytes written, and whether the
-    /// compressed stream has ended.
-    fn step(&mut self, input: &[u8], out: &mut [u8]) -> Result<(usize, usize, bool), String>;
-}
-
-struct Deflate(flate2::Decompress);
-
-impl Codec for Deflate {
-    fn step(&mut self, input: &[u8], out: &mut [u8]) -> Result<(usize, usize, bool), String> {
-        let (i, o) = (self.0.total_in(), self.0.total_out());
-        let status = self.0.decompress(input, out, flate2::FlushDecompress::None).map_err(|e| e.to_string())?;
-        Ok(((self.0.total_in() - i) as usize, (self.0.total_out() - o) as usize, status == flate2::Status::StreamEnd))
-    }
-}
-
-struct Bzip2(bzip2::Decompress);
-
-impl Codec for Bzip2 {
-    fn step(&mut self, input: &[u8], out: &mut [u8]) -> Result<(usize, usize, bool), String> {
-        let (i, o) = (self.0.total_in(), self.0.total_out());
-        let status = self.0.decompress(input, out).map_err(|e| e.to_string())?;
-        Ok(((self.0.total_in() - i) as usize, (self.0.total_out() - o) as usize, status == bzip2::Status::StreamEnd))
-    }
-}
-
-/// LZMA (method 14, raw stream after a 9-byte header) and xz (method 95).
-struct Lzma(liblzma::stream::Stream);
-
-impl Codec for Lzma {
-    fn step(&mut self, input: &[u8], out: &mut [u8]) -> Result<(usize, usize, bool), String> {
-        let (i, o) = (self.0.total_in(), self.0.total_out());
-        let status = self.0.process(input, out, liblzma::stream::Action::Run).map_err(|e| e.to_string())?;
-        Ok((
-            (self.0.total_in() - i) as usize,
-            (self.0.total_out() - o) as usize,
-            status == liblzma::stream::Status::StreamEnd,
-        ))
-    }
-}
-
-struct Zstd(zstd::stream::raw::Decoder<'static>);
-
-impl Codec for Zstd {
-    fn step(&mut self, input: &[u8], out: &mut [u8]) -> Result<(usize, usize, bool), String> {
-        use zstd::stream::raw::{InBuffer, Operation, OutBuffer};
-        let mut input = InBuffer::around(input);
-        let mut output = OutBuffer::around(out);
-        let hint = self.0.run(&mut input, &mut output).map_err(|e| e.to_string())?;
-        Ok((input.pos(), output.pos(), hint == 0))
-    }
-}
 
 /// A member's decoding in progress.
 pub(super) struct Stream {
-    codec: Box<dyn Codec>,
+    codec: Box<dyn Step>,
     /// Whether the stream must end with an end marker once the declared size is reached
     /// (LZMA in zip may omit it: the declared size ends the stream).
     needs_end: bool,
@@ -88,13 +33,13 @@ impl Stream {
     /// Starts decoding `compressed` bytes at archive offset `at` with zip `method`.
     pub(super) fn start(backing: &Backing, method: u16, at: u64, compressed: u64) -> Result<Stream, String> {
         let end = at.checked_add(compressed).ok_or("member data offset overflows")?;
-        let (codec, needs_end, data): (Box<dyn Codec>, bool, u64) = match method {
-            8 => (Box::new(Deflate(flate2::Decompress::new(false))), true, at),
-            12 => (Box::new(Bzip2(bzip2::Decompress::new(false))), true, at),
-            14 => (Box::new(Lzma(lzma_in_zip(backing, at, compressed)?)), false, at + 9),
-            93 => (Box::new(Zstd(crate::codec::zstd_raw().map_err(|e| e.to_string())?)), true, at),
-            95 => (Box::new(Lzma(crate::codec::xz_stream(0)?)), true, at),
-            other => return Err(format!("compression method {other} ({}) is not supported", method_name(other))),
+        let compression = Compression::of_zip_method(method)
+            .ok_or_else(|| format!("compression method {method} ({}) is not supported", method_name(method)))?;
+        let (codec, needs_end, data) = match compression {
+            // LZMA in zip: a 2-byte version, a 2-byte properties length (5), the
+            // properties, then a raw stream that may or may not end with an end marker.
+            Compression::Lzma => (step::lzma_raw(&lzma_properties(backing, at, compressed)?)?, false, at + 9),
+            other => (step::for_member(other)?, true, at),
         };
         Ok(Stream {
             codec,
@@ -166,24 +111,17 @@ impl Stream {
     }
 }
 
-/// LZMA in zip: a 2-byte version, a 2-byte properties length (5), the properties, then a
-/// raw LZMA stream that may or may not end with an end marker.
-fn lzma_in_zip(backing: &Backing, at: u64, compressed: u64) -> Result<liblzma::stream::Stream, String> {
+/// The 5 bytes of LZMA properties after an LZMA member's 4-byte header.
+fn lzma_properties(backing: &Backing, at: u64, compressed: u64) -> Result<[u8; 5], String> {
+    let short = || "LZMA header is not 4 bytes and 5 bytes of properties".to_string();
     if compressed < 9 {
-        return Err("LZMA header is not 4 bytes and 5 bytes of properties".into());
+        return Err(short());
     }
     let header = backing.read_at(at, 9).map_err(|e| e.what)?;
     if u16::from_le_bytes([header[2], header[3]]) != 5 {
-        return Err("LZMA header is not 4 bytes and 5 bytes of properties".into());
+        return Err(short());
     }
-    let props = &header[4..9];
-    let dict = u32::from_le_bytes([props[1], props[2], props[3], props[4]]);
-    if u64::from(dict) > DICT_LIMIT {
-        return Err(format!("LZMA dictionary of {dict} bytes is over the {DICT_LIMIT}-byte limit"));
-    }
-    let mut filters = liblzma::stream::Filters::new();
-    filters.lzma1_properties(props).map_err(|e| format!("LZMA properties: {e}"))?;
-    liblzma::stream::Stream::new_raw_decoder(&filters).map_err(|e| format!("LZMA decoder: {e}"))
+    header[4..9].try_into().map_err(|_| short())
 }
 
 /// The name of a compression method, for messages.

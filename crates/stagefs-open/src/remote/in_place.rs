@@ -41,7 +41,7 @@ pub fn open(client: &Client, object: &Object, shown: &Path) -> Result<(Loaded, K
         // Read in place frame by frame (or block, member) from the restart points of its
         // saved index: `remote::open` takes it from there, or refuses (a first pass would
         // decode the whole object).
-        let Some(codec) = stagefs_archive::seekable::Codec::by_magic(&head) else {
+        let Some(codec) = stagefs_archive::seekable::restartable_by_magic(&head) else {
             return Err(OpenError::Unsupported {
                 path: shown.to_owned(),
                 what: "an lz4 tar cannot be read from inside (lz4 has no restart points); stage it: --stage ram or \

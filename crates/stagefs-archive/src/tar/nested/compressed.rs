@@ -4,8 +4,9 @@ use std::path::Path;
 
 use super::reader::InnerTar;
 use crate::caches::Caches;
+use crate::codec::Compression;
 use crate::index::Index;
-use crate::seekable::{self, Codec, Points, Seekable};
+use crate::seekable::{self, Points, Seekable};
 use crate::source::{Backing, Source};
 use crate::tar::reader::{Extent, SparseFile, TarReader};
 
@@ -68,7 +69,7 @@ impl Opener {
         path: &Path,
         outer: &Backing,
         (start, len): (u64, u64),
-        codec: Codec,
+        codec: Compression,
         cancelled: &dyn Fn() -> bool,
     ) -> Result<Scanned, Refused> {
         let input = Source::within(outer, start, len).ok_or(Refused::Why("it lies outside the archive".into()))?;
@@ -141,12 +142,12 @@ mod tests {
         let mut opener = Opener::new(0, crate::caches::Caches::default());
         let budget = opener.points_left;
         let path = Path::new("t.tar");
-        let first = opener.open(path, &outer, (0, gz.len() as u64), Codec::Gzip, &|| false);
+        let first = opener.open(path, &outer, (0, gz.len() as u64), Compression::Gzip, &|| false);
         assert!(matches!(first, Ok((_, _, _, 1))), "the first fits");
         let used = budget - opener.points_left;
         assert!(used >= 2, "{used} restart points in 9 MiB");
         opener.points_left = used - 1;
-        let second = opener.open(path, &outer, (gz.len() as u64, gz.len() as u64), Codec::Gzip, &|| false);
+        let second = opener.open(path, &outer, (gz.len() as u64, gz.len() as u64), Compression::Gzip, &|| false);
         assert!(matches!(second, Err(Refused::Why(why)) if why.contains("more restart points")));
         assert_eq!(opener.count(), 1);
     }

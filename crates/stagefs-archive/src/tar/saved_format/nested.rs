@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use super::tables::{decode_extents, decode_points, decode_sparse_files, encode_points, encode_sparse, Reader, Writer};
 use crate::caches::Caches;
-use crate::seekable::{max_points, Codec, Seekable};
+use crate::codec::Compression;
+use crate::seekable;
+use crate::seekable::{max_points, Seekable};
 use crate::source::{Backing, Source};
 use crate::tar::nested::TarTables;
 use crate::tar::nested::{InnerTar, Run};
@@ -37,7 +39,7 @@ pub(super) fn encode(w: &mut Writer, tables: TarTables) {
 pub(super) fn decode_inner(
     r: &mut Reader,
     outer: &Backing,
-    codec: Option<Codec>,
+    codec: Option<Compression>,
     caches: &Caches,
 ) -> Result<Vec<InnerTar>, String> {
     let count = r.count(INNER_BYTES)?;
@@ -49,7 +51,7 @@ pub(super) fn decode_inner(
     for _ in 0..count {
         let (start, len) = (r.u64()?, r.u64()?);
         let input = Source::within(outer, start, len).ok_or("an inner tar lies outside the archive")?;
-        let codec = Codec::by_magic(&input[..]).ok_or("an inner tar is not compressed")?;
+        let codec = seekable::restartable_by_magic(&input[..]).ok_or("an inner tar is not compressed")?;
         let (n_sparse, n_extents) = (r.count(8)?, r.count(24)?);
         let (sparse, extents) = (decode_sparse_files(r, n_sparse)?, decode_extents(r, n_extents)?);
         let points = decode_points(r, Some(codec), len)?.ok_or("an inner tar without restart points")?;

@@ -1,6 +1,7 @@
 //! The tar's own tables as the saved index stores them (sparse maps, extents, restart points), and the little-endian writer and reader of their fields.
 
-use crate::seekable::{max_points, Codec, Point, Points, BZIP2_MAX_BLOCK_BITS};
+use crate::codec::Compression;
+use crate::seekable::{max_points, Point, Points, BZIP2_MAX_BLOCK_BITS};
 use crate::tar::reader::{Extent, SparseFile, TarReader};
 
 /// Little-endian writer for the tables' sections.
@@ -96,13 +97,15 @@ pub(super) fn encode_points(w: &mut Writer, points: Option<&Points>) {
     }
 }
 
-fn codec_tag(codec: Option<Codec>) -> u32 {
+fn codec_tag(codec: Option<Compression>) -> u32 {
     match codec {
         None => 0,
-        Some(Codec::Gzip) => 1,
-        Some(Codec::Zstd) => 2,
-        Some(Codec::Bzip2) => 3,
-        Some(Codec::Xz) => 4,
+        Some(Compression::Gzip) => 1,
+        Some(Compression::Zstd) => 2,
+        Some(Compression::Bzip2) => 3,
+        Some(Compression::Xz) => 4,
+        // Never saved with points (see `Compression::restarts`): matches no saved tag.
+        Some(_) => u32::MAX - 1,
     }
 }
 
@@ -112,7 +115,11 @@ const POINT_BYTES: usize = 8 + 8 + 8 + 4 + 4;
 
 /// Reads the points section, checked to be what a first pass over `input` (the
 /// compressed bytes) could have noted for `codec`.
-pub(super) fn decode_points(r: &mut Reader, codec: Option<Codec>, input_len: u64) -> Result<Option<Points>, String> {
+pub(super) fn decode_points(
+    r: &mut Reader,
+    codec: Option<Compression>,
+    input_len: u64,
+) -> Result<Option<Points>, String> {
     let tag = r.u32()?;
     if tag != codec_tag(codec) {
         return Err("saved for another way of serving the archive (compressed or decompressed)".into());
@@ -136,21 +143,23 @@ pub(super) fn decode_points(r: &mut Reader, codec: Option<Codec>, input_len: u64
             || out >= total.max(1)
             || input >= input_len
             || bits > 7
-            || (codec == Codec::Gzip && bits > 0 && input == 0)
+            || (codec == Compression::Gzip && bits > 0 && input == 0)
         {
             return Err("restart points out of order or out of bounds".into());
         }
         let fits = match codec {
-            Codec::Gzip => end == 0,
-            Codec::Zstd => end == 0 && bits == 0 && window.is_none(),
-            Codec::Xz => window.is_none() && end > input && end <= input_len,
-            Codec::Bzip2 => {
+            Compression::Gzip => end == 0,
+            Compression::Zstd => end == 0 && bits == 0 && window.is_none(),
+            Compression::Xz => window.is_none() && end > input && end <= input_len,
+            Compression::Bzip2 => {
                 let start = input * 8 + u64::from(bits);
                 window.is_none()
                     && end > start
                     && end <= input_len.saturating_mul(8)
                     && end - start <= BZIP2_MAX_BLOCK_BITS
             }
+            // No other compression has restart points (see `Compression::restarts`).
+            _ => false,
         };
         if !fits {
             return Err(format!("a {} restart point that no first pass makes", codec.name()));
@@ -182,7 +191,12 @@ mod tests {
     }
 
     /// The points section for `list`, decoded back for `codec` over a 1,000-byte input.
-    fn round_trip(codec: Codec, list: Vec<Point>, total: u64, expect: Option<Codec>) -> Result<Option<Points>, String> {
+    fn round_trip(
+        codec: Compression,
+        list: Vec<Point>,
+        total: u64,
+        expect: Option<Compression>,
+    ) -> Result<Option<Points>, String> {
         let mut w = Writer::default();
         encode_points(&mut w, Some(&Points { codec, list, total }));
         decode_points(&mut Reader(&w.0), expect, 1000)
@@ -191,31 +205,33 @@ mod tests {
     #[test]
     fn restart_points_are_checked_before_they_are_used() {
         let gzip = vec![point(0, 0, 0, None, 0), point(5000, 400, 3, Some(vec![1, 2, 3]), 0)];
-        let back = round_trip(Codec::Gzip, gzip.clone(), 9000, Some(Codec::Gzip)).unwrap().unwrap();
+        let back = round_trip(Compression::Gzip, gzip.clone(), 9000, Some(Compression::Gzip)).unwrap().unwrap();
         assert_eq!(back.list, gzip);
         assert_eq!(back.total, 9000);
         let refused = |codec, list: Vec<Point>, total| round_trip(codec, list, total, Some(codec)).unwrap_err();
         // Out of order, past the file, past the output, a point that no pass makes.
-        assert!(refused(Codec::Gzip, vec![point(0, 0, 0, None, 0), point(0, 10, 0, None, 0)], 9000).contains("order"));
         assert!(
-            refused(Codec::Gzip, vec![point(0, 0, 0, None, 0), point(10, 1000, 0, None, 0)], 9000).contains("bounds")
+            refused(Compression::Gzip, vec![point(0, 0, 0, None, 0), point(0, 10, 0, None, 0)], 9000).contains("order")
         );
-        assert!(
-            refused(Codec::Gzip, vec![point(0, 0, 0, None, 0), point(9000, 10, 0, None, 0)], 9000).contains("bounds")
-        );
-        assert!(refused(Codec::Zstd, vec![point(0, 0, 0, Some(vec![1]), 0)], 10).contains("no first pass"));
-        assert!(refused(Codec::Bzip2, vec![point(0, 0, 0, None, 8 * 2000)], 10).contains("no first pass"));
-        assert!(refused(Codec::Bzip2, vec![point(0, 0, 0, None, 0)], 10).contains("no first pass"));
-        assert!(refused(Codec::Xz, vec![point(0, 4, 1, None, 2000)], 10).contains("no first pass"));
+        assert!(refused(Compression::Gzip, vec![point(0, 0, 0, None, 0), point(10, 1000, 0, None, 0)], 9000)
+            .contains("bounds"));
+        assert!(refused(Compression::Gzip, vec![point(0, 0, 0, None, 0), point(9000, 10, 0, None, 0)], 9000)
+            .contains("bounds"));
+        assert!(refused(Compression::Zstd, vec![point(0, 0, 0, Some(vec![1]), 0)], 10).contains("no first pass"));
+        assert!(refused(Compression::Bzip2, vec![point(0, 0, 0, None, 8 * 2000)], 10).contains("no first pass"));
+        assert!(refused(Compression::Bzip2, vec![point(0, 0, 0, None, 0)], 10).contains("no first pass"));
+        assert!(refused(Compression::Xz, vec![point(0, 4, 1, None, 2000)], 10).contains("no first pass"));
         let huge_window = vec![point(0, 0, 0, None, 0), point(10, 10, 0, Some(vec![0; 40 << 10]), 0)];
-        assert!(refused(Codec::Gzip, huge_window, 9000).contains("window"));
+        assert!(refused(Compression::Gzip, huge_window, 9000).contains("window"));
         // More points than a 1,000-byte file can have.
         let many: Vec<Point> = (0..70_000).map(|i| point(i, i, 0, None, 0)).collect();
-        assert!(round_trip(Codec::Zstd, many, 100_000, Some(Codec::Zstd)).unwrap_err().contains("more than"));
+        assert!(round_trip(Compression::Zstd, many, 100_000, Some(Compression::Zstd))
+            .unwrap_err()
+            .contains("more than"));
         // Saved for a compressed mount, read by a decompressed one (and the reverse).
-        assert!(round_trip(Codec::Gzip, gzip, 9000, None).unwrap_err().contains("another way"));
+        assert!(round_trip(Compression::Gzip, gzip, 9000, None).unwrap_err().contains("another way"));
         let mut w = Writer::default();
         encode_points(&mut w, None);
-        assert!(decode_points(&mut Reader(&w.0), Some(Codec::Gzip), 1000).unwrap_err().contains("another way"));
+        assert!(decode_points(&mut Reader(&w.0), Some(Compression::Gzip), 1000).unwrap_err().contains("another way"));
     }
 }

@@ -1,4 +1,4 @@
-//! Block decompressors for every SquashFS compressor id, writing into a per-thread buffer.
+//! Whole blocks decoded into a buffer of their bounded size (SquashFS data and metadata blocks), for every compression a SquashFS image may name.
 //!
 //! Each request thread keeps its own scratch buffer and reusable zlib/zstd contexts in
 //! thread-locals, so decompression never takes a lock shared with other threads. Every
@@ -8,21 +8,7 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use super::lzo;
-use crate::fault::Fault;
-
-/// The compressor named in the superblock.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Compressor {
-    /// zlib streams (the format mksquashfs calls gzip).
-    Gzip,
-    /// Legacy LZMA "alone" format.
-    Lzma,
-    Lzo,
-    Xz,
-    Lz4,
-    Zstd,
-}
+use super::{lzma_alone_stream, lzo, xz_stream, Compression};
 
 thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
@@ -30,30 +16,14 @@ thread_local! {
     static ZSTD: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
 }
 
-impl Compressor {
-    pub(super) fn from_id(id: u16) -> Result<Compressor, Fault> {
-        Ok(match id {
-            1 => Compressor::Gzip,
-            2 => Compressor::Lzma,
-            3 => Compressor::Lzo,
-            4 => Compressor::Xz,
-            5 => Compressor::Lz4,
-            6 => Compressor::Zstd,
-            other => {
-                return Err(Fault::unsupported(format!(
-                    "unknown SquashFS compressor id {other} (known: 1 gzip, 2 lzma, 3 lzo, 4 xz, 5 lz4, 6 zstd)"
-                )))
-            }
-        })
-    }
-
+impl Compression {
     /// Decompresses `input` (at most `limit` bytes out) into a new shared buffer of exact size.
-    pub(super) fn decompress_shared(self, input: &[u8], limit: usize) -> Result<Arc<[u8]>, String> {
+    pub(crate) fn decompress_shared(self, input: &[u8], limit: usize) -> Result<Arc<[u8]>, String> {
         self.with_output(input, limit, |bytes| Arc::from(bytes))
     }
 
     /// Decompresses `input` (at most `limit` bytes out) into a new vector.
-    pub(super) fn decompress_vec(self, input: &[u8], limit: usize) -> Result<Vec<u8>, String> {
+    pub(crate) fn decompress_vec(self, input: &[u8], limit: usize) -> Result<Vec<u8>, String> {
         self.with_output(input, limit, <[u8]>::to_vec)
     }
 
@@ -77,16 +47,17 @@ impl Compressor {
             return Err("empty compressed block".into());
         }
         match self {
-            Compressor::Gzip => inflate(input, out),
-            Compressor::Xz => {
+            Compression::Zlib => inflate(input, out),
+            Compression::Xz => {
                 // SquashFS dictionaries never exceed the 1 MiB block size: the bound only
                 // stops a corrupt header from reserving gigabytes.
-                run_lzma(crate::codec::xz_stream(0)?, input, out)
+                run_lzma(xz_stream(0)?, input, out)
             }
-            Compressor::Lzma => run_lzma(crate::codec::lzma_alone_stream()?, input, out),
-            Compressor::Lz4 => lz4_flex::block::decompress_into(input, out).map_err(|e| format!("lz4: {e}")),
-            Compressor::Zstd => unzstd(input, out),
-            Compressor::Lzo => lzo::decompress(input, out).map_err(|e| format!("lzo: {e}")),
+            Compression::Lzma => run_lzma(lzma_alone_stream()?, input, out),
+            Compression::Lz4 => lz4_flex::block::decompress_into(input, out).map_err(|e| format!("lz4: {e}")),
+            Compression::Zstd => unzstd(input, out),
+            Compression::Lzo => lzo::decompress(input, out).map_err(|e| format!("lzo: {e}")),
+            other => Err(format!("{} is not a block compression", other.name())),
         }
     }
 }
@@ -132,14 +103,19 @@ mod tests {
     fn limits_are_enforced_and_garbage_is_an_error() {
         let data = vec![7u8; 10_000];
         let packed = zstd::bulk::compress(&data, 3).unwrap();
-        assert_eq!(&*Compressor::Zstd.decompress_shared(&packed, 10_000).unwrap(), &data[..]);
-        assert!(Compressor::Zstd.decompress_shared(&packed, 9_999).is_err());
+        assert_eq!(&*Compression::Zstd.decompress_shared(&packed, 10_000).unwrap(), &data[..]);
+        assert!(Compression::Zstd.decompress_shared(&packed, 9_999).is_err());
         let packed = lz4_flex::block::compress(&data);
-        assert_eq!(Compressor::Lz4.decompress_vec(&packed, 10_000).unwrap(), data);
-        assert!(Compressor::Lz4.decompress_vec(&packed, 100).is_err());
-        for codec in
-            [Compressor::Gzip, Compressor::Lzma, Compressor::Lzo, Compressor::Xz, Compressor::Lz4, Compressor::Zstd]
-        {
+        assert_eq!(Compression::Lz4.decompress_vec(&packed, 10_000).unwrap(), data);
+        assert!(Compression::Lz4.decompress_vec(&packed, 100).is_err());
+        for codec in [
+            Compression::Zlib,
+            Compression::Lzma,
+            Compression::Lzo,
+            Compression::Xz,
+            Compression::Lz4,
+            Compression::Zstd,
+        ] {
             assert!(codec.decompress_vec(&[0xde, 0xad, 0xbe, 0xef, 1, 2, 3], 4096).is_err(), "{codec:?}");
             assert!(codec.decompress_vec(&[], 4096).is_err(), "{codec:?}");
         }
