@@ -677,8 +677,7 @@ fn mount_as_user_without_fusermount3_fails_with_code_7() {
     require_tool("setpriv");
     let tmp = TempDir::new("no-fusermount");
     fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    let archive = tmp.join("a.tar");
-    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    let archive = fixture_copy("gnu.tar", tmp.path(), "a.tar");
     fs::set_permissions(&archive, fs::Permissions::from_mode(0o644)).unwrap();
     // Everything `nobody` needs lives in directories it may use.
     let bin = tmp.join("bin");

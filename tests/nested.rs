@@ -9,7 +9,7 @@ use std::fs;
 use std::path::Path;
 
 use crate::compare::{assert_trees_equal, Options};
-use crate::kit::{extract_tar, osargs, proc_kb_field, pseudo_random, run_tool, stagefs, text_like, Mounted, TempDir};
+use crate::kit::*;
 
 /// `tar -cf ARCHIVE -C DIR .` with GNU tar, in `format`.
 fn tar_dir(format: &str, dir: &Path, archive: &Path) {

@@ -15,10 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::kit::{
-    assert_nothing_left, process_alive, pseudo_random, run_cmd, stagefs, stagefs_bin, tar_of, wait_until, CmdOutput,
-    Mounted, Scene, TempDir, User,
-};
+use crate::kit::*;
 
 const MIB: u64 = 1 << 20;
 /// The copier's chunk (`stage::copier::CHUNK`).

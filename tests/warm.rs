@@ -9,7 +9,7 @@ use std::fs;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use crate::kit::{extract_squashfs, extract_tar, fixture, pack_tar, read, require_root, stagefs, Mounted, TempDir};
+use crate::kit::*;
 
 /// Pages of `path` in the page cache, and the file's pages in total.
 fn cached_pages(path: &Path) -> (usize, usize) {

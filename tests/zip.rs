@@ -15,9 +15,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::compare::{assert_trees_equal, count_entries, Options};
-use crate::kit::{
-    mount_must_fail, osargs, proc_kb_field, pseudo_random, read, require_tool, run_cmd, stagefs, Mounted, TempDir,
-};
+use crate::kit::*;
 
 const T: i64 = 1_623_760_496;
 
