@@ -209,8 +209,13 @@ impl StagefsCmd {
     }
 
     /// Runs it to completion within [`CMD_TIMEOUT`].
-    pub fn run(mut self) -> CmdOutput {
-        run_cmd(&mut self.0, CMD_TIMEOUT)
+    pub fn run(self) -> CmdOutput {
+        self.run_within(CMD_TIMEOUT)
+    }
+
+    /// Runs it to completion within `timeout`.
+    pub fn run_within(mut self, timeout: Duration) -> CmdOutput {
+        run_cmd(&mut self.0, timeout)
     }
 
     /// Starts it with its output discarded, killed on drop.
