@@ -5,18 +5,34 @@
 //! copy (a gzip tar, broadcast as it is) is unlinked once opened and decompressed from;
 //! the status is removed once read. The real thing, on the local SLURM, is in `slurm.rs`.
 
+use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
-use crate::kit::{assert_tree_matches, euid, osargs, signal, Scene, Signal};
-use crate::kit::{require_root, run_cmd, stagefs_bin, Mounted, CMD_TIMEOUT};
+use crate::kit::*;
 
 fn script(path: &Path, body: &str) {
     fs::write(path, format!("#!/bin/sh\n{body}\n")).unwrap();
     fs::set_permissions(path, fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// `stagefs ARGS...` as task `procid` of SLURM job `job`, broadcasting on one node, with
+/// `bin` (the fake sbcast and squeue), if any, first on PATH and its runtime directory in `runtime`.
+fn broadcast<const N: usize>(
+    job: &str,
+    procid: &str,
+    bin: Option<&Path>,
+    runtime: &Path,
+    args: [&OsStr; N],
+) -> StagefsCmd {
+    let cmd = StagefsCmd::new(args).env("SLURM_JOB_ID", job).env("SLURM_PROCID", procid);
+    let cmd = cmd.env("STAGEFS_BROADCAST_ALWAYS", "1").runtime(runtime);
+    match bin {
+        Some(bin) => cmd.env("PATH", format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default())),
+        None => cmd,
+    }
 }
 
 #[test]
@@ -43,20 +59,10 @@ fn failed_broadcast_falls_back_when_asked_and_old_copies_are_swept() {
     fs::write(&running, b"in use").unwrap();
 
     let mp = tmp.join("mnt");
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
-    let mut cmd = Command::new(stagefs_bin());
-    cmd.env("PATH", path)
-        .env("SLURM_JOB_ID", "4242")
-        .env("SLURM_PROCID", "0")
-        .env("STAGEFS_BROADCAST_ALWAYS", "1")
-        .env("STAGEFS_RUNTIME_DIR", tmp.join("rt"))
-        .args(["mount", "--broadcast", "--broadcast-fallback", "--stage", "disk", "--stage-dir"])
-        .arg(&base)
-        .arg(&archive)
-        .arg(&mp);
-    let out = run_cmd(&mut cmd, CMD_TIMEOUT);
-    out.assert_success().assert_stderr_has(&["fake refusal for the test", "--broadcast-fallback"]);
-    let m = Mounted::adopt(&archive, &mp);
+    let cmd =
+        broadcast("4242", "0", Some(&bin), &tmp.join("rt"), osargs!["mount", "--broadcast", "--broadcast-fallback"]);
+    let (m, out) = cmd.args(osargs!["--stage", "disk", "--stage-dir", base, archive, mp]).mounts(&archive, &mp);
+    out.assert_stderr_has(&["fake refusal for the test", "--broadcast-fallback"]);
     assert_tree_matches(&mp, &scene);
     assert!(!gone.exists(), "the copy of a finished job is swept");
     assert!(running.exists(), "the copy of a running job stays");
@@ -79,19 +85,8 @@ fn a_broadcast_copy_is_unlinked_once_opened_and_compressed_tars_are_decompressed
     let base = tmp.join("local");
     fs::create_dir(&base).unwrap();
     let (mp, runtime) = (tmp.join("mnt"), tmp.join("rt"));
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
-    let mut cmd = Command::new(stagefs_bin());
-    cmd.env("PATH", path)
-        .env("SLURM_JOB_ID", "4243")
-        .env("SLURM_PROCID", "0")
-        .env("STAGEFS_BROADCAST_ALWAYS", "1")
-        .env("STAGEFS_RUNTIME_DIR", &runtime)
-        .args(["mount", "--broadcast", "--stage", "disk", "--stage-dir"])
-        .arg(&base)
-        .arg(&archive)
-        .arg(&mp);
-    run_cmd(&mut cmd, CMD_TIMEOUT).assert_success();
-    let m = Mounted::adopt(&archive, &mp);
+    let cmd = broadcast("4243", "0", Some(&bin), &runtime, osargs!["mount", "--broadcast", "--stage", "disk"]);
+    let (m, _) = cmd.args(osargs!["--stage-dir", base, archive, mp]).mounts(&archive, &mp);
     assert_tree_matches(&mp, &scene);
     let dir = base.join(format!("stagefs-{}", euid()));
     let left: Vec<_> = fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
@@ -105,22 +100,9 @@ fn a_broadcast_copy_is_unlinked_once_opened_and_compressed_tars_are_decompressed
     assert!(status.is_empty(), "the broadcast's status is removed once read: {status:?}");
     // A task of the same job that starts after its leader received the copy (seen in CI:
     // it remade the inbox, which then outlived the job) joins the mount and adds nothing.
-    let mut late = Command::new(stagefs_bin());
-    late.env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("SLURM_JOB_ID", "4243")
-        .env("SLURM_PROCID", "1")
-        .env("SLURM_LOCALID", "1")
-        .env("STAGEFS_BROADCAST_ALWAYS", "1")
-        .env("STAGEFS_RUNTIME_DIR", &runtime)
-        .args(["run", "--broadcast", "--stage", "disk", "--stage-dir"])
-        .arg(&base)
-        .arg(&archive)
-        .arg("--mountpoint")
-        .arg(&mp)
-        .args(["--", "cat"])
-        .arg(mp.join("data/a.txt"));
-    let out = run_cmd(&mut late, CMD_TIMEOUT);
-    assert_eq!(out.assert_success().stdout, "hello\n");
+    let late = broadcast("4243", "1", None, &runtime, osargs!["run", "--broadcast", "--stage", "disk"]);
+    let late = late.env("SLURM_LOCALID", "1").args(osargs!["--stage-dir", base, archive, "--mountpoint", mp]);
+    assert_eq!(late.args(osargs!["--", "cat", mp.join("data/a.txt")]).run().assert_success().stdout, "hello\n");
     let left: Vec<_> = fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
     assert!(left.is_empty(), "a late task leaves nothing in the staging directory: {left:?}");
     m.unmount().assert_success();
@@ -138,27 +120,14 @@ fn a_leader_stopped_while_the_copy_arrives_leaves_nothing() {
     fs::create_dir(&base).unwrap();
     let dir = base.join(format!("stagefs-{}", euid()));
     // This node's leader, not the sender (SLURM_PROCID 1): it makes its inbox and waits.
-    let mut child = Command::new(stagefs_bin())
-        .env("SLURM_JOB_ID", "4244")
-        .env("SLURM_PROCID", "1")
-        .env("SLURM_LOCALID", "0")
-        .env("STAGEFS_BROADCAST_ALWAYS", "1")
-        .env("STAGEFS_RUNTIME_DIR", tmp.join("rt"))
-        .args(["mount", "--broadcast", "--stage", "disk", "--stage-dir"])
-        .arg(&base)
-        .arg(&archive)
-        .arg(tmp.join("mnt"))
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let cmd = broadcast("4244", "1", None, &tmp.join("rt"), osargs!["mount", "--broadcast", "--stage", "disk"]);
+    let mut child = cmd.env("SLURM_LOCALID", "0").args(osargs!["--stage-dir", base, archive, tmp.join("mnt")]).spawn();
     let inbox = || fs::read_dir(&dir).ok()?.flatten().map(|e| e.path()).find(|p| p.is_dir());
     assert!(crate::kit::wait_until(Duration::from_secs(30), || inbox().is_some()), "no inbox appeared");
     // Half a copy, as sbcast leaves it mid-transfer.
     fs::write(inbox().unwrap().join("archive"), vec![0u8; 4096]).unwrap();
     let _ = signal(child.id() as i32, Signal::SIGTERM);
-    let status = crate::kit::wait_timeout(&mut child, Duration::from_secs(30)).expect("stopped within 30 s");
+    let status = crate::kit::wait_timeout(&mut child.0, Duration::from_secs(30)).expect("stopped within 30 s");
     assert_eq!(status.code(), Some(143));
     let left: Vec<_> = fs::read_dir(&dir).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
     assert!(left.is_empty(), "left in the staging directory: {left:?}");

@@ -411,7 +411,7 @@ pub fn count_entries(root: &Path) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kit::TempDir;
+    use crate::kit::*;
     use std::os::unix::fs::{symlink, PermissionsExt};
 
     fn set_mtime(p: &Path, sec: i64, nsec: i64) {

@@ -11,24 +11,16 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use crate::compare::{assert_trees_equal, Options};
-use crate::kit::{
-    assert_nothing_left, extract_tar, mount_must_fail, pack_tar, pseudo_random, require_root, run_cmd, stagefs,
-    stagefs_bin, wait_until, Mounted, TempDir, CMD_TIMEOUT,
-};
-use crate::kit::{euid, signal, Signal};
+use crate::kit::*;
 
-/// `root/data` with a few files, one of them 6 MiB, packed into `root/data.tar`.
+/// `data/` with a few files, one of them 6 MiB, packed into `root/data.tar`.
 fn archive(root: &Path) -> PathBuf {
-    fs::create_dir_all(root.join("data/sub")).unwrap();
-    fs::write(root.join("data/big.bin"), pseudo_random(7, 6 << 20)).unwrap();
-    fs::write(root.join("data/sub/small.txt"), b"small\n").unwrap();
-    let tar = root.join("data.tar");
-    pack_tar(root, &tar, &["data"]);
-    tar
+    let scene =
+        Scene::new("disk-src").file("data/big.bin", pseudo_random(7, 6 << 20)).file("data/sub/small.txt", "small\n");
+    scene.tar_at(&root.join("data.tar"))
 }
 
 /// The staging directory stagefs keeps inside `base`.
@@ -105,19 +97,16 @@ fn disk_staging_without_o_tmpfile_unlinks_at_once() {
     fs::create_dir(&base).unwrap();
     let mp = tmp.join("mnt");
     let log = tmp.join("daemon.log");
-    let mut cmd = Command::new(stagefs_bin());
-    cmd.env("STAGEFS_TEST_NO_TMPFILE", "1").arg("-vv").arg("mount").args(["--stage", "disk", "--stage-dir"]);
-    cmd.arg(&base).arg("--log-file").arg(&log).arg(&tar).arg(&mp);
+    let cmd =
+        StagefsCmd::new(osargs!["-vv", "mount", "--stage", "disk", "--stage-dir", base, "--log-file", log, tar, mp]);
     // Staging happens before the daemon detaches: its log is still the command's stderr.
-    let out = run_cmd(&mut cmd, CMD_TIMEOUT);
-    out.assert_success();
-    let m = Mounted::adopt(&tar, &mp);
+    let (m, out) = cmd.env("STAGEFS_TEST_NO_TMPFILE", "1").mounts(&tar, &mp);
     assert_eq!(fs::read(mp.join("data/sub/small.txt")).unwrap(), b"small\n");
     let pid = *m.daemon_pids().first().expect("a daemon");
     let dir = staging_dir(&base);
     assert_eq!(deleted_files_in(pid, &dir).len(), 1);
     assert!(entries(&dir).is_empty(), "{:?}", entries(&dir));
-    assert!(out.stderr.contains("unlinking it at once"), "the debug log says why: {}", out.stderr);
+    out.assert_stderr_has(&["unlinking it at once"]);
     m.unmount().assert_success();
 }
 
@@ -127,14 +116,8 @@ fn disk_staging_needs_a_directory() {
     let tmp = TempDir::new("disk-nodir");
     let tar = archive(tmp.path());
     let mp = tmp.join("mnt");
-    let mut cmd = Command::new(stagefs_bin());
-    cmd.env_remove("SLURM_TMPDIR").env_remove("TMPDIR").args(["mount", "--stage", "disk"]).arg(&tar).arg(&mp);
-    let out = run_cmd(&mut cmd, CMD_TIMEOUT);
-    if out.success() {
-        let _ = stagefs([Path::new("umount"), &mp]);
-    }
-    out.assert_code(2).assert_stderr_has(&["--stage-dir", "SLURM_TMPDIR", "TMPDIR"]);
-    assert_nothing_left(&mp, "refused stage dir");
+    let cmd = StagefsCmd::new(osargs!["mount", "--stage", "disk", tar, mp]).env_remove(&["SLURM_TMPDIR", "TMPDIR"]);
+    cmd.run().assert_mount_failed(&mp, 2, &["--stage-dir", "SLURM_TMPDIR", "TMPDIR"]);
 }
 
 #[test]
@@ -144,18 +127,10 @@ fn disk_staging_without_room_fails_before_copying() {
     let tar = archive(tmp.path());
     let small = tmp.join("small");
     fs::create_dir(&small).unwrap();
-    let status = Command::new("mount").args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"]).arg(&small).status().unwrap();
-    assert!(status.success(), "cannot mount a tmpfs for the test");
+    run_tool("mount", osargs!["-t", "tmpfs", "-o", "size=4m", "tmpfs", small]);
     let _unmount = crate::kit::UnmountOnDrop(small.clone());
     let mp = tmp.join("mnt");
-    let args = [
-        "--stage".into(),
-        "disk".into(),
-        "--stage-dir".into(),
-        small.clone().into_os_string(),
-        tar.into_os_string(),
-        mp.clone().into_os_string(),
-    ];
+    let args = osargs!["--stage", "disk", "--stage-dir", small, tar, mp];
     mount_must_fail(&args, 8, "a 4 MiB disk").assert_stderr_has(&["not enough room", "--stage-dir"]);
     assert!(entries(&staging_dir(&small)).is_empty());
     assert_nothing_left(&mp, "no room");

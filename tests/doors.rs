@@ -253,17 +253,7 @@ fn a_tar_truncated_while_it_is_scanned_never_kills_stagefs() {
         ("ls", vec![os("ls"), target.as_os_str()]),
         ("index", vec![os("index"), os("--index-dir"), index_dir.as_os_str(), target.as_os_str()]),
     ] {
-        let outcomes = truncated_while_running(
-            &s,
-            &pristine,
-            &target,
-            || {
-                let mut cmd = s.alice.command(&[], &stagefs_bin());
-                cmd.args(&args);
-                cmd
-            },
-            nothing,
-        );
+        let outcomes = truncated_while_running(&s, &pristine, &target, || s.alice.stagefs_cmd(&[], &args).0, nothing);
         eprintln!("{what}: {outcomes:?}");
         in_scan += outcomes.iter().filter(|o| **o == Outcome::CutInScan).count();
         let _ = fs::remove_dir_all(&index_dir);
@@ -273,11 +263,7 @@ fn a_tar_truncated_while_it_is_scanned_never_kills_stagefs() {
         &s,
         &pristine,
         &target,
-        || {
-            let mut cmd = s.alice.command(&[], &stagefs_bin());
-            cmd.args(osargs!["mount", "--index-dir", index_dir, target, mnt]);
-            cmd
-        },
+        || s.alice.stagefs_cmd(&[], osargs!["mount", "--index-dir", index_dir, target, mnt]).0,
         || {
             if is_mounted(&mnt) {
                 s.alice_stagefs(&osargs!["umount", mnt]).assert_success();
@@ -310,11 +296,7 @@ fn a_shard_truncated_while_a_growing_mount_scans_it_leaves_the_mount_serving() {
         &s,
         &pristine,
         &big,
-        || {
-            let mut cmd = s.alice.command(&[], &stagefs_bin());
-            cmd.args(osargs!["add", "--trust-shards", mnt, big]);
-            cmd
-        },
+        || s.alice.stagefs_cmd(&[], osargs!["add", "--trust-shards", mnt, big]).0,
         removed,
     );
     eprintln!("add: {outcomes:?}");

@@ -12,12 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::kit::{
-    assert_nothing_left, fixture, is_mounted, mount_must_fail, mounts_at, osargs, process_alive, pseudo_random, read,
-    require_root, require_tool, run_cmd, run_tool, stagefs, stagefs_bin, stagefs_pids, wait_timeout, wait_until,
-    CmdOutput, Foreground, KillOnDrop, Mounted, Scene, TempDir, UnmountOnDrop,
-};
-use crate::kit::{signal, Signal};
+use crate::kit::*;
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -119,17 +114,13 @@ fn failed_mount_leaves_no_lock_or_status_behind() {
     let (archive, _) = two_member_tar(&tmp);
     let cut = write_with(&tmp.join("cut.tar"), &read(&archive)[..50_000]);
     let runtime = tmp.join("runtime");
-    let mut cmd = Command::new(stagefs_bin());
-    cmd.env("STAGEFS_RUNTIME_DIR", &runtime).env_remove("SLURM_LOCALID").arg("mount").arg(&cut).arg(tmp.join("mnt"));
-    let out = run_cmd(&mut cmd, Duration::from_secs(60));
-    assert_eq!(out.code(), Some(3), "a truncated archive must fail the mount\n{}", out.describe());
+    let mount = || StagefsCmd::new(osargs!["mount", cut, tmp.join("mnt")]).runtime(&runtime).outside_slurm().run();
+    mount().assert_code(BAD_ARCHIVE);
     let left = || -> Vec<_> {
         fs::read_dir(&runtime).map(|d| d.flatten().map(|e| e.file_name()).collect()).unwrap_or_default()
     };
     // A retry at once is not told the old failure: it leads and fails by itself.
-    let again = run_cmd(&mut cmd, Duration::from_secs(60));
-    assert_eq!(again.code(), Some(3), "{}", again.describe());
-    assert!(!again.stderr.contains("mount leader"), "a retry leads itself: {}", again.describe());
+    mount().assert_code(BAD_ARCHIVE).assert_stderr_lacks(&["mount leader"]);
     assert!(
         crate::kit::wait_until(Duration::from_secs(40), || left().is_empty()),
         "the failed mount left {:?} in {}",
@@ -232,8 +223,7 @@ fn mount_over_non_empty_directory_fails() {
     fs::write(mp.join("precious"), b"keep me").unwrap();
     // A private copy: the "no daemon left" check looks for processes by archive path,
     // and other tests mount the shared fixture at the same time.
-    let archive = tmp.join("non-empty.tar");
-    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    let archive = fixture_copy("gnu.tar", tmp.path(), "non-empty.tar");
     let out = expect_mount_failure_naming(&archive, &mp, &mp, MOUNTPOINT, "non-empty mount point");
     assert!(out.stderr.contains("not empty"), "the error must say \"not empty\"\n{}", out.describe());
     assert_eq!(read(&mp.join("precious")), b"keep me", "the directory's content must be untouched");
@@ -245,8 +235,7 @@ fn mount_over_mounted_mountpoint_fails() {
     let mp = tmp.join("mnt");
     let first = Mounted::new(&fixture("gnu.tar"), &mp);
     // A copy under another path so its daemon is told apart from the first.
-    let second = tmp.join("second.tar");
-    fs::copy(fixture("posix.tar"), &second).unwrap();
+    let second = fixture_copy("posix.tar", tmp.path(), "second.tar");
     let out = mount_must_fail(&[&second, &mp], MOUNTPOINT, "a live mount of another archive at the mountpoint");
     out.assert_stderr_has(&["is already mounted with another archive", &first.archive().to_string_lossy()]);
     assert_eq!(mounts_at(&mp).len(), 1, "exactly one mount must remain at {}", mp.display());
@@ -355,9 +344,7 @@ fn umount_of_busy_mount_fails_then_lazy_succeeds() {
             .spawn()
             .expect("spawn sleep inside the mount"),
     );
-    let out = stagefs(osargs!["umount", mp]);
-    out.assert_code(BUSY);
-    assert!(out.stderr.to_lowercase().contains("busy"), "the error must say \"busy\"\n{}", out.describe());
+    stagefs(osargs!["umount", mp]).assert_code(BUSY).assert_stderr_has(&["busy"]);
     assert!(is_mounted(&mp), "a failed umount must leave the mount in place");
     assert_eq!(read(&mp.join("a/b/c/d/deep.txt")), b"deep file\n", "the mount must still serve");
     drop(child);
@@ -365,9 +352,7 @@ fn umount_of_busy_mount_fails_then_lazy_succeeds() {
     // Busy through an open file.
     {
         let f = fs::File::open(mp.join("text/lorem.txt")).unwrap();
-        let out = stagefs(osargs!["umount", mp]);
-        out.assert_code(BUSY);
-        assert!(out.stderr.to_lowercase().contains("busy"), "the error must say \"busy\"\n{}", out.describe());
+        stagefs(osargs!["umount", mp]).assert_code(BUSY).assert_stderr_has(&["busy"]);
         drop(f);
     }
 
@@ -375,10 +360,7 @@ fn umount_of_busy_mount_fails_then_lazy_succeeds() {
     // at once, the daemon exits once the last user is gone.
     let child =
         KillOnDrop(Command::new(&sleep).arg("300").current_dir(mp.join("a")).stdin(Stdio::null()).spawn().unwrap());
-    let mut cmd = Command::new(stagefs_bin());
-    cmd.arg("umount").arg("--lazy").arg(&mp);
-    let out = run_cmd(&mut cmd, Duration::from_secs(20));
-    assert!(out.success(), "umount --lazy of a busy mount must succeed\n{}", out.describe());
+    stagefs(osargs!["umount", "--lazy", mp]).assert_success();
     assert!(!is_mounted(&mp), "after umount --lazy, nothing may be mounted at {}", mp.display());
     m.disarm();
     drop(child);
@@ -541,8 +523,7 @@ const NOT_MOUNTED: i32 = 6;
 #[test]
 fn usage_errors_exit_2() {
     let tmp = TempDir::new("usage");
-    let archive = tmp.join("a.tar");
-    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    let archive = fixture_copy("gnu.tar", tmp.path(), "a.tar");
     let mp = tmp.join("mnt");
     let (a, m) = (archive.to_str().unwrap(), mp.to_str().unwrap());
     let cases: [(&str, Vec<&str>, &str); 7] = [
@@ -555,9 +536,7 @@ fn usage_errors_exit_2() {
         ("a size that is not one", vec!["mount", "--max-ram", "lots", a, m], "lots"),
     ];
     for (what, args, needle) in cases {
-        let out = stagefs(&args);
-        assert_eq!(out.code(), Some(USAGE), "{what}: usage errors exit 2\n{}", out.describe());
-        assert!(out.stderr.contains(needle), "{what}: stderr lacks {needle:?}\n{}", out.describe());
+        stagefs(&args).assert_code(USAGE).assert_stderr_has(&[needle]);
         assert!(!is_mounted(&mp) && !mp.exists(), "{what}: a usage error must not mount or create anything");
     }
 }
@@ -565,8 +544,7 @@ fn usage_errors_exit_2() {
 #[test]
 fn run_without_a_command_exits_2() {
     let tmp = TempDir::new("run-usage");
-    let archive = tmp.join("a.tar");
-    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    let archive = fixture_copy("gnu.tar", tmp.path(), "a.tar");
     let mp = tmp.join("mnt");
     for args in [
         vec!["run", "-m", mp.to_str().unwrap(), archive.to_str().unwrap(), "--"],
@@ -584,14 +562,11 @@ fn run_without_a_command_exits_2() {
 fn run_exits_with_the_commands_code_and_127_when_it_cannot_execute() {
     require_root();
     let tmp = TempDir::new("run-codes");
-    let archive = tmp.join("a.tar");
-    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    let archive = fixture_copy("gnu.tar", tmp.path(), "a.tar");
     let mp = tmp.join("mnt");
     let run = |command: &[&str]| {
-        let mut cmd = Command::new(stagefs_bin());
-        cmd.env("STAGEFS_RUNTIME_DIR", tmp.join("runtime")).env_remove("SLURM_LOCALID").env_remove("SLURM_JOB_ID");
-        cmd.args(["run", "-m"]).arg(&mp).arg(&archive).arg("--").args(command);
-        run_cmd(&mut cmd, Duration::from_secs(60))
+        let cmd = StagefsCmd::new(osargs!["run", "-m", mp, archive, "--"]).args(command);
+        cmd.runtime(&tmp.join("runtime")).outside_slurm().run()
     };
     let out = run(&["/bin/sh", "-c", "cat \"$STAGEFS_MOUNT/a/b/c/d/deep.txt\"; exit 42"]);
     out.assert_code(42);
@@ -618,13 +593,10 @@ fn run_exits_with_the_commands_code_and_127_when_it_cannot_execute() {
 fn run_killed_mid_command_leaves_no_runtime_file() {
     require_root();
     let tmp = TempDir::new("run-killed");
-    let archive = tmp.join("a.tar");
-    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    let archive = fixture_copy("gnu.tar", tmp.path(), "a.tar");
     let (mp, runtime) = (tmp.join("mnt"), tmp.join("runtime"));
-    let mut cmd = Command::new(stagefs_bin());
-    cmd.env("STAGEFS_RUNTIME_DIR", &runtime).env_remove("SLURM_LOCALID").env_remove("SLURM_JOB_ID");
-    cmd.args(["run", "-m"]).arg(&mp).arg(&archive).args(["--", "sleep", "600"]);
-    let mut run = KillOnDrop(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap());
+    let cmd = StagefsCmd::new(osargs!["run", "-m", mp, archive, "--", "sleep", "600"]);
+    let mut run = cmd.runtime(&runtime).outside_slurm().spawn();
     assert!(wait_until(Duration::from_secs(30), || is_mounted(&mp)), "stagefs run never mounted");
     let files = || -> Vec<PathBuf> {
         let entries = fs::read_dir(&runtime).into_iter().flatten().flatten();
@@ -640,8 +612,7 @@ fn run_killed_mid_command_leaves_no_runtime_file() {
 #[test]
 fn mountpoint_that_is_a_file_exits_4() {
     let tmp = TempDir::new("mp-file");
-    let archive = tmp.join("a.tar");
-    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    let archive = fixture_copy("gnu.tar", tmp.path(), "a.tar");
     let mp = tmp.join("a-file");
     fs::write(&mp, b"not a directory").unwrap();
     let out = expect_mount_failure_naming(&archive, &mp, &mp, MOUNTPOINT, "a mountpoint that is a file");
@@ -655,8 +626,7 @@ fn mountpoint_that_is_a_file_exits_4() {
 fn mountpoint_mounted_by_another_filesystem_exits_4() {
     require_root();
     let tmp = TempDir::new("mp-tmpfs");
-    let archive = tmp.join("a.tar");
-    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    let archive = fixture_copy("gnu.tar", tmp.path(), "a.tar");
     let mp = tmp.join("mnt");
     fs::create_dir(&mp).unwrap();
     run_tool("mount", osargs!["-t", "tmpfs", "stagefs-test-tmpfs", mp]);
@@ -673,9 +643,7 @@ fn mountpoint_mounted_by_another_filesystem_exits_4() {
 fn wait_times_out_with_6() {
     let tmp = TempDir::new("wait-timeout");
     let mp = tmp.join("never-mounted");
-    let mut cmd = Command::new(stagefs_bin());
-    cmd.env("STAGEFS_RUNTIME_DIR", tmp.join("runtime")).args(["wait", "--timeout", "1s"]).arg(&mp);
-    let out = run_cmd(&mut cmd, Duration::from_secs(60));
+    let out = StagefsCmd::new(osargs!["wait", "--timeout", "1s", mp]).runtime(&tmp.join("runtime")).run();
     out.assert_code(NOT_MOUNTED)
         .assert_stderr_has(&[&mp.to_string_lossy(), "is not a live stagefs mount after waiting"]);
 }
@@ -690,25 +658,14 @@ fn wait_reports_the_mounters_failure_with_its_code() {
     let cut = write_with(&tmp.join("cut.tar"), &read(&archive)[..50_000]);
     let mp = tmp.join("mnt");
     let runtime = tmp.join("runtime");
-    let slurm = |cmd: &mut Command, step: &str| {
-        cmd.env("STAGEFS_RUNTIME_DIR", &runtime)
-            .env("SLURM_JOB_ID", "4242")
-            .env("SLURM_STEP_ID", step)
-            .env("SLURM_LOCALID", "0")
-            .env_remove("SLURM_STEP_TASKS_PER_NODE");
+    let slurm = |step: &str, args: &[&OsStr]| {
+        let cmd = StagefsCmd::new(args).runtime(&runtime).slurm_step("4242", step);
+        cmd.env_remove(&["SLURM_STEP_TASKS_PER_NODE"]).run()
     };
-    let mut mount = Command::new(stagefs_bin());
-    slurm(&mut mount, "0");
-    mount.arg("mount").arg(&cut).arg(&mp);
-    let mounted = run_cmd(&mut mount, Duration::from_secs(60));
-    mounted.assert_code(BAD_ARCHIVE);
-
-    let mut wait = Command::new(stagefs_bin());
-    slurm(&mut wait, "1");
+    slurm("0", &osargs!["mount", cut, mp]).assert_code(BAD_ARCHIVE);
     // The hang guard only: the failure is reported at once.
-    wait.args(["wait", "--timeout", "10m"]).arg(&mp);
-    let out = run_cmd(&mut wait, Duration::from_secs(60));
-    out.assert_code(BAD_ARCHIVE)
+    slurm("1", &osargs!["wait", "--timeout", "10m", mp])
+        .assert_code(BAD_ARCHIVE)
         .assert_stderr_has(&[&format!("mounting {} failed", mp.display()), &cut.to_string_lossy()]);
     assert_nothing_left(&mp, "after the failed mount and wait");
 }
@@ -717,8 +674,7 @@ fn wait_reports_the_mounters_failure_with_its_code() {
 #[test]
 fn threads_option_sets_the_fuse_threads() {
     let tmp = TempDir::new("threads");
-    let archive = tmp.join("a.tar");
-    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    let archive = fixture_copy("gnu.tar", tmp.path(), "a.tar");
     for n in [1usize, 3] {
         let m = Mounted::with_args(&["--threads", &n.to_string()], &archive, &tmp.join(format!("mnt{n}")));
         let pids = m.daemon_pids();
@@ -756,8 +712,7 @@ fn threads_option_sets_the_fuse_threads() {
 #[test]
 fn log_file_receives_the_daemons_log() {
     let tmp = TempDir::new("log-file");
-    let archive = tmp.join("a.tar");
-    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    let archive = fixture_copy("gnu.tar", tmp.path(), "a.tar");
     let log = tmp.join("daemon.log");
     let log_arg = log.to_str().unwrap();
     let m = Mounted::with_args(&["-v", "--log-file", log_arg], &archive, &tmp.join("mnt"));
@@ -778,8 +733,7 @@ fn log_file_receives_the_daemons_log() {
 #[test]
 fn idle_timeout_unmounts_after_quiet() {
     let tmp = TempDir::new("idle");
-    let archive = tmp.join("a.tar");
-    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    let archive = fixture_copy("gnu.tar", tmp.path(), "a.tar");
     let mp = tmp.join("mnt");
     let log = tmp.join("daemon.log");
     // Not `Mounted::with_args`: its "is it mounted now?" check could lose a race with a

@@ -16,10 +16,7 @@ use std::path::{Path, PathBuf};
 use std::thread;
 
 use crate::compare::{assert_trees_equal, count_entries, xattrs, Options};
-use crate::kit::{
-    extract_squashfs, extract_tar, fixture, osargs, pseudo_random, read, require_root, run_tool, Mounted, Scene,
-    TempDir,
-};
+use crate::kit::*;
 
 // ---------------------------------------------------------------------------
 // What the fixture trees contain (see make-fixtures.sh)

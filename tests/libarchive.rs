@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::kit::{fixtures_dir, osargs, require_tool, run_cmd, stagefs, Mounted, TempDir};
+use crate::kit::*;
 
 /// Every regular file of the archive.
 const ALL: &[&str] = &["*"];

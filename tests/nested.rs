@@ -9,7 +9,7 @@ use std::fs;
 use std::path::Path;
 
 use crate::compare::{assert_trees_equal, Options};
-use crate::kit::{extract_tar, osargs, proc_kb_field, pseudo_random, run_tool, stagefs, text_like, Mounted, TempDir};
+use crate::kit::*;
 
 /// `tar -cf ARCHIVE -C DIR .` with GNU tar, in `format`.
 fn tar_dir(format: &str, dir: &Path, archive: &Path) {
@@ -73,10 +73,8 @@ fn recursive_mounts_inner_tars_as_directories_to_any_depth() {
     let tmp = TempDir::new("nested");
     let (archive, expected) = imagenet_like(&tmp);
     let mnt = tmp.join("mnt");
-    let out = stagefs(osargs!["mount", "--recursive", archive, mnt]);
-    let m = Mounted::adopt(&archive, &mnt);
-    out.assert_success();
-    assert!(out.stderr.contains("clash.tar stays a file"), "the clash is said:\n{}", out.describe());
+    let (m, out) = StagefsCmd::new(osargs!["mount", "--recursive", archive, mnt]).mounts(&archive, &mnt);
+    out.assert_stderr_has(&["clash.tar stays a file"]);
     // Directories made from inner tars take the tar member's owner and time; those the
     // extraction made are GNU tar's: only their content and names are compared.
     let opts = Options::default().root(false).xattrs(false).dir_nlink(false);
@@ -99,20 +97,16 @@ fn the_saved_index_covers_the_nesting_and_is_kept_apart_from_the_flat_one() {
     assert!(tmp.join("train.tar.stagefs-index-recursive").is_file(), "{}", out.describe());
     assert!(!tmp.join("train.tar.stagefs-index").exists(), "the flat index is another file");
     let mnt = tmp.join("mnt");
-    let out = stagefs(osargs!["-v", "mount", "--recursive", archive, mnt]);
-    let m = Mounted::adopt(&archive, &mnt);
-    out.assert_success();
-    assert!(out.stderr.contains("using saved index"), "the second mount must not scan:\n{}", out.describe());
+    let (m, out) = StagefsCmd::new(osargs!["-v", "mount", "--recursive", archive, mnt]).mounts(&archive, &mnt);
+    out.assert_stderr_has(&["using saved index"]);
     assert_eq!(
         fs::read(mnt.join("n01443537/deeper/sub/big.bin")).unwrap(),
         fs::read(expected.join("n01443537/deeper/sub/big.bin")).unwrap()
     );
     m.unmount().assert_success();
     // A flat mount does not take the recursive index.
-    let out = stagefs(osargs!["-v", "mount", archive, mnt]);
-    let m = Mounted::adopt(&archive, &mnt);
-    out.assert_success();
-    assert!(!out.stderr.contains("using saved index"), "{}", out.describe());
+    let (m, out) = StagefsCmd::new(osargs!["-v", "mount", archive, mnt]).mounts(&archive, &mnt);
+    out.assert_stderr_lacks(&["using saved index"]);
     assert!(mnt.join("n01440764.tar").is_file());
     m.unmount().assert_success();
 }
@@ -177,9 +171,7 @@ fn compressed_inner_tars_mount_as_directories_and_their_index_is_saved() {
     let tmp = TempDir::new("nested-21k");
     let (archive, expected) = imagenet21k_like(&tmp);
     let mnt = tmp.join("mnt");
-    let out = stagefs(osargs!["mount", "--recursive", archive, mnt]);
-    let m = Mounted::adopt(&archive, &mnt);
-    out.assert_success();
+    let (m, out) = StagefsCmd::new(osargs!["mount", "--recursive", archive, mnt]).mounts(&archive, &mnt);
     let said: Vec<&str> = out.stderr.lines().filter(|l| l.contains("broken.tar.gz stays a file")).collect();
     assert_eq!(said.len(), 1, "one line for the damaged inner tar:\n{}", out.describe());
     assert!(said[0].contains("does not decode as a gzip tar"), "{}", said[0]);
@@ -203,18 +195,14 @@ fn compressed_inner_tars_mount_as_directories_and_their_index_is_saved() {
     };
     let (m, out) = verbose_mount(&["--recursive"]);
     out.assert_success();
-    assert!(out.stderr.contains("using saved index"), "the saved index is used:\n{}", out.describe());
+    out.assert_stderr_has(&["using saved index"]);
     assert_trees_equal(&expected, &mnt, &opts);
     m.unmount().assert_success();
 
     // One level: the saved index (8 levels) is not used, and the tar inside n00006 stays a file.
     let (m, out) = verbose_mount(&["--recursion-depth", "1"]);
     out.assert_success();
-    assert!(
-        out.stderr.contains("with --recursion-depth 8, this mount asks with --recursion-depth 1"),
-        "{}",
-        out.describe()
-    );
+    out.assert_stderr_has(&["with --recursion-depth 8, this mount asks with --recursion-depth 1"]);
     assert!(mnt.join("n00006/inside.tar").is_file() && mnt.join("n00001/big.bin").is_file());
     m.unmount().assert_success();
     // Depth 0 is no nesting at all.

@@ -142,7 +142,7 @@ fn mounting_again_says_it_is_mounted_and_how_it_is_staged() {
     again.assert_success();
     assert_eq!(again.stdout.trim(), mnt.to_str().unwrap(), "the mountpoint is printed for scripts");
     for words in ["already mounted with this archive", "served in place, not staged", "stagefs umount"] {
-        assert!(again.stderr.contains(words), "no {words:?}:\n{}", again.describe());
+        again.assert_stderr_has(&[words]);
     }
     m.unmount().assert_success();
 }

@@ -9,7 +9,7 @@ use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use crate::compare::{assert_trees_equal, Options};
@@ -185,9 +185,7 @@ fn shards_keep_samples_whole_carry_their_index_and_mount_as_one_tree() {
     assert_eq!(seen.len(), 240, "every file is in one shard");
     let pattern = tmp.join("shards/train-*.tar");
     let mp = tmp.join("mnt");
-    let out = stagefs(osargs!["mount", pattern, mp]);
-    out.assert_success();
-    let _mounted = Mounted::adopt(&pattern, &mp);
+    let (_mounted, out) = StagefsCmd::new(osargs!["mount", pattern, mp]).mounts(&pattern, &mp);
     let from_saved = format!("({} of {} from saved indexes)", shards.len(), shards.len());
     out.assert_stderr_has(&[&from_saved]);
     assert_trees_equal(&src, &mp, &Options::default().nanos(false).xattrs(false));
@@ -300,16 +298,8 @@ fn ctrl_c_or_sigterm_while_packing_leaves_no_partial_archive() {
         let out_dir = tmp.join(format!("out-{name}"));
         fs::create_dir_all(&out_dir).unwrap();
         let log = tmp.join(format!("pack-{name}.log"));
-        let mut child = KillOnDrop(
-            Command::new(stagefs_bin())
-                .args(osargs!["-v", "pack", src, out_dir.join("out.tar")])
-                .env("STAGEFS_TEST_HOLD_PHASE", "packing")
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(fs::File::create(&log).unwrap())
-                .spawn()
-                .unwrap(),
-        );
+        let cmd = StagefsCmd::new(osargs!["-v", "pack", src, out_dir.join("out.tar")]);
+        let mut child = cmd.env("STAGEFS_TEST_HOLD_PHASE", "packing").spawn_to(fs::File::create(&log).unwrap());
         let held = wait_until(Duration::from_secs(30), || fs::read_to_string(&log).unwrap().contains("phase: packing"));
         assert!(held, "the pack reached its first member; log:\n{}", fs::read_to_string(&log).unwrap());
         assert_eq!(leftovers(&out_dir, &[]).len(), 1, "the temp file exists while packing");
@@ -530,7 +520,7 @@ fn a_progress_bar_on_a_terminal_and_a_summary_line_always() {
     }
     let out = pack(&[src.as_os_str(), archive.as_os_str()]);
     out.assert_success();
-    assert!(!out.stderr.contains("eta"), "no bar on a pipe:\n{}", out.describe());
+    out.assert_stderr_lacks(&["eta"]);
     assert_eq!(out.stderr.lines().count(), 1, "one summary line:\n{}", out.describe());
-    assert!(out.stderr.contains("packed 40 files") && out.stderr.contains("MB/s"), "{}", out.describe());
+    out.assert_stderr_has(&["packed 40 files", "MB/s"]);
 }

@@ -62,7 +62,7 @@ fn a_colleagues_0600_tar_is_readable_with_owner_or_mode() {
         args.extend([archive.as_os_str(), mnt.as_os_str()]);
         let out = user.stagefs(args);
         out.assert_success();
-        assert!(!out.stderr.contains("not readable"), "{flags:?}: {}", out.describe());
+        out.assert_stderr_lacks(&["not readable"]);
         assert_eq!(user.sh(&format!("cat {}/data/a.txt", mnt.display())).stdout, "secret\n", "{flags:?}");
         user.stagefs(osargs!["umount", mnt]).assert_success();
     }
@@ -73,7 +73,7 @@ fn a_colleagues_0600_tar_is_readable_with_owner_or_mode() {
     let out = user.stagefs(osargs!["mount", "-o", "allow_other", archive, mnt]);
     assert_eq!(out.code(), Some(2), "{}", out.describe());
     out.assert_stderr_has(&["private by design"]);
-    assert!(!out.stderr.contains("-- -o"), "clap's tip instead of ours: {}", out.describe());
+    out.assert_stderr_lacks(&["-- -o"]);
     assert_nothing_left(&mnt, "after the owner tests");
 }
 
@@ -170,7 +170,7 @@ fn messages_speak_one_way_and_name_stagefs_pack() {
     let out = user.stagefs(osargs!["umount", "--lazy", mnt]);
     out.assert_success();
     assert!(out.stderr.lines().all(|l| l.starts_with("stagefs: ")), "{}", out.describe());
-    assert!(!out.stderr.contains(" WARN "), "{}", out.describe());
+    out.assert_stderr_lacks(&[" WARN "]);
     let _ = busy.0.kill();
     let _ = busy.0.wait();
     let dir = tmp.join("a-directory");
@@ -224,7 +224,7 @@ fn ls_lists_an_archive_without_mounting_it() {
     assert!(!tmp.join("data.tar.stagefs-index").exists(), "--index-dir keeps it there only");
     let again = user.stagefs(osargs!["-v", "ls", "-R", "--index-dir", index_dir, archive]);
     assert_eq!(sorted(&again.stdout), sorted(&tar_list));
-    assert!(again.stderr.contains("using saved index"), "{}", again.describe());
+    again.assert_stderr_has(&["using saved index"]);
 }
 
 /// Item 15: `--index-dir` keeps saved indexes where the archive's directory cannot take
@@ -251,7 +251,7 @@ fn index_dir_keeps_indexes_and_must_be_your_own() {
     assert_eq!(kept.len(), 1, "{kept:?}");
     let out = user.stagefs(osargs!["-v", "mount", "--index-dir", mine, archive, mnt]);
     out.assert_success();
-    assert!(out.stderr.contains("using saved index"), "{}", out.describe());
+    out.assert_stderr_has(&["using saved index"]);
     user.stagefs(osargs!["umount", mnt]).assert_success();
     // Another user's directory: refused (the index would be theirs to forge), nothing written.
     let theirs = other.home.join("shared-idx");
@@ -259,7 +259,7 @@ fn index_dir_keeps_indexes_and_must_be_your_own() {
     other.sh(&format!("mkdir -m 0777 {}", theirs.display()));
     let out = user.stagefs(osargs!["mount", "--index-dir", theirs, archive, mnt]);
     out.assert_success();
-    assert!(out.stderr.contains("--index-dir must be a directory of yours"), "{}", out.describe());
+    out.assert_stderr_has(&["--index-dir must be a directory of yours"]);
     assert_eq!(fs::read_dir(&theirs).unwrap().count(), 0, "nothing written in another user's directory");
     user.stagefs(osargs!["umount", mnt]).assert_success();
     fs::set_permissions(&ro, fs::Permissions::from_mode(0o755)).unwrap();
@@ -293,9 +293,9 @@ fn pack_makes_out_dirs_and_both_indexes_of_a_tar_gz_stay() {
         for stage in ["copy", "none"] {
             let out = user.stagefs(osargs!["-v", "mount", "--stage", stage, gz, mnt]);
             out.assert_success();
-            assert!(!out.stderr.contains("ignoring saved index"), "round {round}, --stage {stage}: {}", out.describe());
+            out.assert_stderr_lacks(&["ignoring saved index"]);
             if round == 1 {
-                assert!(out.stderr.contains("using saved index"), "round {round}, --stage {stage}: {}", out.describe());
+                out.assert_stderr_has(&["using saved index"]);
             }
             user.stagefs(osargs!["umount", mnt]).assert_success();
         }

@@ -165,7 +165,7 @@ fn restart_points_are_saved_with_the_index() {
     copy.assert_success();
     let _guard = UnmountOnDrop(mnt.clone());
     // Decoded whole, it has an index of its own: the restart points' stays (issue 35, item 11).
-    assert!(!copy.stderr.contains("ignoring saved index"), "{}", copy.describe());
+    copy.assert_stderr_lacks(&["ignoring saved index"]);
     assert!(index.is_file(), "the restart points' index stays");
     assert!(read(&mnt.join("big.bin")) == read(&src.join("big.bin")));
 }
@@ -210,7 +210,7 @@ with tarfile.open(sys.argv[1], "w", format=tarfile.PAX_FORMAT) as t:
     compress("gzip", &["-c"], &tar, &gz);
     let mnt = tmp.join("mnt");
     let out = mount_must_fail(&[gz.as_os_str(), mnt.as_os_str()], 3, "an extension header past the look-ahead");
-    assert!(out.stderr.contains("--stage copy"), "{}", out.describe());
+    out.assert_stderr_has(&["--stage copy"]);
     let m = Mounted::with_args(&["--stage", "copy"], &gz, &mnt);
     assert_eq!(read(&m.path().join("big-xattr.txt")), b"hello");
     m.unmount().assert_success();
@@ -412,18 +412,8 @@ fn damaged_gzip_tars_fail_the_parallel_pass_with_the_offset() {
         fs::write(&archive, bytes).unwrap();
         let mnt = tmp.join("mnt");
         fs::create_dir_all(&mnt).unwrap();
-        let mut cmd = std::process::Command::new(stagefs_bin());
-        cmd.args(["mount".as_ref(), "--stage".as_ref(), "none".as_ref(), archive.as_os_str(), mnt.as_os_str()]);
-        cmd.env("STAGEFS_TEST_GZIP_CHUNK", SMALL_CHUNKS);
-        let out = run_cmd(&mut cmd, CMD_TIMEOUT);
-        if out.success() {
-            let _ = stagefs([std::ffi::OsStr::new("umount"), mnt.as_os_str()]);
-        }
-        out.assert_code(3);
-        assert!(
-            out.stderr.contains("corrupt gzip stream at or before compressed byte") && out.stderr.contains(says),
-            "{name}: {}",
-            out.describe()
-        );
+        let cmd = StagefsCmd::new(osargs!["mount", "--stage", "none", archive, mnt]);
+        let out = cmd.env("STAGEFS_TEST_GZIP_CHUNK", SMALL_CHUNKS).run();
+        out.assert_mount_failed(&mnt, 3, &["corrupt gzip stream at or before compressed byte", says]);
     }
 }

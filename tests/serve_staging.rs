@@ -15,10 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::kit::{
-    assert_nothing_left, process_alive, pseudo_random, run_cmd, stagefs, stagefs_bin, tar_of, wait_until, CmdOutput,
-    Mounted, Scene, TempDir, User,
-};
+use crate::kit::*;
 
 const MIB: u64 = 1 << 20;
 /// The copier's chunk (`stage::copier::CHUNK`).
@@ -73,9 +70,7 @@ fn field(mp: &Path, name: &str) -> u64 {
 }
 
 fn wait_staged(mp: &Path, extra: &[&str]) -> CmdOutput {
-    let mut cmd = Command::new(stagefs_bin());
-    cmd.args(["wait", "--staged"]).args(extra).arg(mp);
-    run_cmd(&mut cmd, HANG_GUARD)
+    StagefsCmd::new(["wait", "--staged"]).args(extra).args([mp]).run_within(HANG_GUARD)
 }
 
 /// Reads `name` through the mount: its bytes, or the error's errno.
@@ -303,9 +298,8 @@ fn another_users_archive_truncated_while_staged_leaves_staged_reads_right() {
     crate::kit::chmod(&archive, 0o644);
     let mnt = alice.home.join("mnt-eves");
     crate::kit::remove_tree(&mnt);
-    let mut cmd = alice.command(&[("STAGEFS_TEST_STAGE_CHUNK_DELAY_MS", "2000")], &stagefs_bin());
-    cmd.args(["mount", "--stage", "copy", "--warm", "no"]).arg(&archive).arg(&mnt);
-    run_cmd(&mut cmd, HANG_GUARD).assert_success();
+    let cmd = alice.stagefs_cmd(&[("STAGEFS_TEST_STAGE_CHUNK_DELAY_MS", "2000")], ["mount", "--stage", "copy"]);
+    cmd.args(osargs!["--warm", "no", archive, mnt]).run_within(HANG_GUARD).assert_success();
     let alice_json = || {
         let out = alice.stagefs(["status", "--json"]);
         let line = out.stdout.lines().find(|l| l.contains(&*mnt.to_string_lossy())).map(str::to_string);
@@ -320,9 +314,8 @@ fn another_users_archive_truncated_while_staged_leaves_staged_reads_right() {
     let size = fs::metadata(&archive).unwrap().len();
     assert!(staged < size, "staged whole before the truncation: the test did not test");
     eve.sh(&format!("truncate -s 1M {}", archive.display()));
-    let mut cmd = alice.command(&[], &stagefs_bin());
-    cmd.args(["wait", "--staged"]).arg(&mnt);
-    run_cmd(&mut cmd, HANG_GUARD).assert_code(9).assert_stderr_has(&["1048576 bytes"]);
+    let out = alice.stagefs_cmd(&[], osargs!["wait", "--staged", mnt]).run_within(HANG_GUARD);
+    out.assert_code(9).assert_stderr_has(&["1048576 bytes"]);
     let pid = alice_json()["pid"].as_u64().unwrap() as i32;
     // Members wholly inside what was staged read right (from the copy), others right or EIO.
     let mut offset = 0;

@@ -200,9 +200,7 @@ fn saved_indexes_are_reused_per_shard_on_remount() {
     }
     // `*` also matches the saved indexes: they are not taken for shards.
     let mp = tmp.join("mnt");
-    let out = stagefs(osargs!["mount", glob, mp]);
-    out.assert_success();
-    let mnt = Mounted::adopt(&glob, &mp);
+    let (mnt, out) = StagefsCmd::new(osargs!["mount", glob, mp]).mounts(&glob, &mp);
     out.assert_stderr_has(&["indexed 3 shards", "(3 of 3 from saved indexes)"]);
     assert_eq!(read(&mnt.path().join("train/shared.txt")), b"from shard 2\n");
 }
@@ -218,12 +216,9 @@ fn run_mounts_a_pattern_for_its_command() {
     }
     let mp = tmp.join("mnt");
     let glob = pattern(&dir, "*.tar");
-    let mut cmd = Command::new(stagefs_bin());
-    cmd.args(osargs!["run", glob, "-m", mp, "--"]);
-    cmd.args(["sh", "-c", "cat \"$STAGEFS_MOUNT/train/shared.txt\" \"$STAGEFS_MOUNT/train/cat/0-0.txt\""]);
-    let out = run_cmd(&mut cmd, CMD_TIMEOUT);
-    out.assert_success();
-    assert_eq!(out.stdout, "from shard 1\nshard 0 cat 0\n");
+    let script = "cat \"$STAGEFS_MOUNT/train/shared.txt\" \"$STAGEFS_MOUNT/train/cat/0-0.txt\"";
+    let out = stagefs(osargs!["run", glob, "-m", mp, "--", "sh", "-c", script]);
+    assert_eq!(out.assert_success().stdout, "from shard 1\nshard 0 cat 0\n");
     assert!(!is_mounted(&mp), "unmounted after the last task");
 }
 

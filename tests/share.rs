@@ -5,7 +5,7 @@ use std::path::Path;
 use stagefs_open::places::{open_outside, Trust};
 use stagefs_open::stage::Staging;
 
-use crate::kit::{pseudo_random, require_root, stagefs, Mounted, Scene};
+use crate::kit::*;
 
 /// The archive as `stagefs.open` would find it: from a mount's copy, if one is handed over.
 fn shared(archive: &Path) -> Option<stagefs_open::open::Opened> {

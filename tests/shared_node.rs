@@ -37,7 +37,7 @@ fn scene(victim: &str, archive_dir: Option<&Path>) -> Scene {
 fn assert_code(out: &CmdOutput, code: i32, needles: &[&str]) {
     assert_eq!(out.code(), Some(code), "{}", out.describe());
     for needle in needles {
-        assert!(out.stderr.contains(needle), "stderr lacks {needle:?}:\n{}", out.describe());
+        out.assert_stderr_has(&[needle]);
     }
 }
 
@@ -333,9 +333,7 @@ fn a_mount_is_live_from_every_shell_whatever_its_runtime_dir() {
     let mnt = user.home.join("mnt-xdg");
     remove_tree(&mnt);
     let xdg = format!("{}", run_user.display());
-    let mut cmd = user.command(&[("XDG_RUNTIME_DIR", &xdg)], &stagefs_bin());
-    cmd.args(osargs!["mount", archive, mnt]);
-    run_cmd(&mut cmd, CMD_TIMEOUT).assert_success();
+    user.stagefs_cmd(&[("XDG_RUNTIME_DIR", &xdg)], osargs!["mount", archive, mnt]).run().assert_success();
     assert!(fs::read_dir(run_user.join("stagefs")).unwrap().count() > 0, "the record went to XDG_RUNTIME_DIR");
 
     // Another shell of the same user, without XDG_RUNTIME_DIR.
@@ -350,7 +348,7 @@ fn a_mount_is_live_from_every_shell_whatever_its_runtime_dir() {
     user.stagefs(["wait".as_ref(), "--timeout".as_ref(), "10s".as_ref(), mnt.as_os_str()]).assert_success();
     let again = user.stagefs(["mount".as_ref(), archive.as_os_str(), mnt.as_os_str()]);
     again.assert_success();
-    assert!(again.stderr.contains("already mounted with this archive"), "{}", again.describe());
+    again.assert_stderr_has(&["already mounted with this archive"]);
     assert_eq!(user.sh(&format!("cat {}/x.txt", mnt.display())).stdout, "xdg bytes\n");
     user.stagefs(["umount".as_ref(), mnt.as_os_str()]).assert_success();
     assert!(!is_mounted(&mnt));

@@ -28,12 +28,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::compare::{assert_trees_equal, count_entries, Options};
-use crate::kit::{
-    assert_nothing_left, extract_tar, is_mounted, mount_must_fail, mounts_at, osargs, pack_tar, proc_kb_field,
-    process_alive, pseudo_random, read, require_root, require_tool, run_cmd, run_cmd_into, run_tool, stagefs,
-    stagefs_bin, stagefs_pids, wait_until, CmdOutput, Foreground, Mounted, TempDir, UnmountOnDrop,
-};
-use crate::kit::{signal, Signal};
+use crate::kit::*;
 
 const MIB: usize = 1 << 20;
 /// The zero-filled file that makes the `--stage ram` archives big enough for
@@ -568,14 +563,12 @@ fn stage_auto_stages_an_archive_on_a_fuse_filesystem() {
 /// RAM budget error; checks exit 8, the message, and that nothing was left.
 fn expect_no_room(extra: &[&str], archive: &Path, mp: &Path) -> CmdOutput {
     assert!(!mp.exists());
-    let mut args: Vec<OsString> = extra.iter().map(OsString::from).collect();
-    args.push(archive.into());
-    args.push(mp.into());
-    let out = mount_must_fail(&args, 8, "the RAM budget error");
-    for needle in ["not enough RAM to", &*archive.to_string_lossy(), "budget is 1.0 KiB", "--max-ram"] {
-        assert!(out.stderr.contains(needle), "the message must contain {needle:?}\n{}", out.describe());
-    }
-    assert_nothing_left(mp, "after the RAM budget error");
+    let out = StagefsCmd::new(["mount"]).args(extra).args([archive, mp]).run();
+    out.assert_mount_failed(
+        mp,
+        8,
+        &["not enough RAM to", &archive.to_string_lossy(), "budget is 1.0 KiB", "--max-ram"],
+    );
     assert!(!mp.exists(), "the mountpoint created by the failed attempt must be removed again");
     assert!(stagefs_pids(archive).is_empty(), "a stagefs process for {} is still running", archive.display());
     out
@@ -587,7 +580,7 @@ fn stage_ram_over_budget_fails_with_code_8() {
     let len = fs::metadata(&tar).unwrap().len();
     let out = expect_no_room(&["--stage", "ram", "--max-ram", "1K"], &tar, &tmp.join("new-mp"));
     assert_eq!(len, 4_741_120, "the GNU tar of make_tree");
-    assert!(out.stderr.contains("needs 4.5 MiB"), "the message must name the archive size\n{}", out.describe());
+    out.assert_stderr_has(&["needs 4.5 MiB"]);
 }
 
 #[test]
@@ -596,7 +589,7 @@ fn stage_ram_over_budget_fails_with_code_8_in_foreground() {
     let len = fs::metadata(&tar).unwrap().len();
     let out = expect_no_room(&["-f", "--stage", "ram", "--max-ram", "1K"], &tar, &tmp.join("new-mp"));
     assert_eq!(len, 4_741_120, "the GNU tar of make_tree");
-    assert!(out.stderr.contains("needs 4.5 MiB"), "{}", out.describe());
+    out.assert_stderr_has(&["needs 4.5 MiB"]);
 }
 
 #[test]
@@ -606,11 +599,7 @@ fn compressed_over_budget_fails_with_code_8() {
     let gz = compress("gzip", &[], &tar, Split::Whole, &tmp);
     let out = expect_no_room(&["--stage", "copy", "--max-ram", "1K"], &gz, &tmp.join("new-mp"));
     // The final size of a stream is unknown until its end: the message gives a lower bound.
-    assert!(
-        out.stderr.contains("not enough RAM to decompress") && out.stderr.contains("needs more than"),
-        "{}",
-        out.describe()
-    );
+    out.assert_stderr_has(&["not enough RAM to decompress", "needs more than"]);
 }
 
 // ---------------------------------------------------------------------------
@@ -911,9 +900,7 @@ fn saved_index_goes_to_xdg_cache_when_the_archive_dir_is_read_only() {
     let archive = ro.join("ds.tar");
     let cache = tmp.join("cache");
 
-    let mut cmd = Command::new(stagefs_bin());
-    cmd.arg("index").arg(&archive).env("XDG_CACHE_HOME", &cache);
-    run_cmd(&mut cmd, Duration::from_secs(60)).assert_success();
+    StagefsCmd::new(osargs!["index", archive]).env("XDG_CACHE_HOME", &cache).run().assert_success();
     assert!(!index_path(&archive).exists() && !index_path(&dir.join("ds.tar")).exists());
     let saved: Vec<PathBuf> =
         fs::read_dir(cache.join("stagefs")).map(|rd| rd.flatten().map(|e| e.path()).collect()).unwrap_or_default();
@@ -977,15 +964,8 @@ fn staging_respects_the_cgroup_memory_limit() {
     let mp = tmp.join("mnt");
     // 256 MiB, less usage and the margin (512 MiB + 5 %), leaves no room at all.
     let cgroup = MemoryCgroup::new("budget", 256 << 20);
-    let out = cgroup.stagefs(&osargs!["mount", "--stage", "ram", tar, mp]);
-    assert_eq!(
-        out.code(),
-        Some(8),
-        "staging beyond the job's cgroup limit must be refused before copying\n{}",
-        out.describe()
-    );
-    assert!(out.stderr.contains("cgroup memory limit"), "the message must say which limit applied\n{}", out.describe());
-    assert_nothing_left(&mp, "after the cgroup budget error");
+    // Staging beyond the job's cgroup limit is refused before copying, saying which limit applied.
+    cgroup.stagefs(&osargs!["mount", "--stage", "ram", tar, mp]).assert_mount_failed(&mp, 8, &["cgroup memory limit"]);
     // The same mount outside the cgroup works: the limit, not the archive, refused it.
     let mounted = Mounted::with_args(&["--stage", "ram"], &tar, &mp);
     let file = "data/nested/deeper/small.txt";

@@ -5,7 +5,7 @@
 use std::fs;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -41,20 +41,8 @@ fn strike_with(phase: &str, blow: Blow, archive: &Path, options: &[&str], tmp: &
     let context = format!("{blow:?} during {phase:?} of {name}");
     let runtime = tmp.join(format!("runtime-{blow:?}-{}", phase.len()));
     let mnt = tmp.join(format!("mnt-{blow:?}-{}", phase.len()));
-    let mut child = KillOnDrop(
-        Command::new(stagefs_bin())
-            .args(["-v", "mount", "--stage", "ram", "--warm", "yes"])
-            .args(options)
-            .arg(archive)
-            .arg(&mnt)
-            .env("STAGEFS_RUNTIME_DIR", &runtime)
-            .env("STAGEFS_TEST_HOLD_PHASE", phase)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
+    let cmd = StagefsCmd::new(["-v", "mount", "--stage", "ram", "--warm", "yes"]).args(options).args([archive, &mnt]);
+    let mut child = cmd.runtime(&runtime).env("STAGEFS_TEST_HOLD_PHASE", phase).spawn_to(Stdio::piped());
     let (lines, seen) = mpsc::channel();
     let stderr = child.0.stderr.take().unwrap();
     std::thread::spawn(move || {

@@ -280,15 +280,7 @@ fn stress(label: &str, build: impl FnOnce(&Path, &Path), how: Unmount) {
     );
     fs::write(&marker, b"").unwrap();
     let unmounter = match how {
-        Unmount::Lazy => Some(KillOnDrop(
-            Command::new(stagefs_bin())
-                .args(osargs!["umount", "--lazy", mp])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        )),
+        Unmount::Lazy => Some(StagefsCmd::new(osargs!["umount", "--lazy", mp]).spawn()),
         Unmount::Sigterm => {
             for pid in &pids {
                 signal(*pid, Signal::SIGTERM).unwrap();

@@ -21,7 +21,7 @@ fn shared_dir(tmp: &TempDir, mode: u32) -> PathBuf {
 fn assert_refused(out: &CmdOutput, needles: &[&str]) {
     assert_eq!(out.code(), Some(4), "{}", out.describe());
     for needle in needles {
-        assert!(out.stderr.contains(needle), "stderr lacks {needle:?}:\n{}", out.describe());
+        out.assert_stderr_has(&[needle]);
     }
 }
 

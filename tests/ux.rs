@@ -6,23 +6,10 @@ use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
-use crate::kit::{
-    assert_nothing_left, fixture, is_mounted, osargs, process_alive, pseudo_random, read, require_root, run_cmd,
-    run_tool, stagefs, stagefs_bin, stagefs_pids, wait_until, CmdOutput, KillOnDrop, Mounted, Scene, TempDir, User,
-    CMD_TIMEOUT,
-};
-use crate::kit::{signal, Signal};
-
-/// Unmounts `mp` if a command that had to fail mounted it anyway, so one failure does not
-/// leave a mount behind for the rest of the suite.
-fn unmount_if_mounted(mp: &Path) {
-    if is_mounted(mp) {
-        let _ = stagefs(osargs!["umount", mp]);
-    }
-}
+use crate::kit::*;
 
 #[test]
 fn an_empty_archive_is_called_empty() {
@@ -32,21 +19,14 @@ fn an_empty_archive_is_called_empty() {
     fs::write(&empty, b"").unwrap();
     let mp = tmp.join("mnt");
     let out = stagefs(osargs!["mount", empty, mp]);
-    unmount_if_mounted(&mp);
-    assert_eq!(out.code(), Some(3), "{}", out.describe());
-    assert!(out.stderr.contains("is empty (0 bytes)"), "{}", out.describe());
-    assert!(!out.stderr.contains("first bytes"), "no empty byte dump: {}", out.describe());
-    assert_nothing_left(&mp, "empty archive");
+    out.assert_mount_failed(&mp, 3, &["is empty (0 bytes)"]).assert_stderr_lacks(&["first bytes"]);
 }
 
 #[test]
 fn run_without_a_separator_says_to_put_the_command_after_it() {
-    let out = stagefs(["run", "data.tar", "python", "train.py", "--data", "x"]);
-    assert_eq!(out.code(), Some(2), "{}", out.describe());
-    assert!(out.stderr.contains("put the command after `--`"), "{}", out.describe());
-    let out = stagefs(["run", "data.tar"]);
-    assert_eq!(out.code(), Some(2), "{}", out.describe());
-    assert!(out.stderr.contains("put the command after `--`"), "{}", out.describe());
+    for args in [&["run", "data.tar", "python", "train.py", "--data", "x"][..], &["run", "data.tar"]] {
+        stagefs(args).assert_code(2).assert_stderr_has(&["put the command after `--`"]);
+    }
 }
 
 #[test]
@@ -56,17 +36,13 @@ fn counts_out_of_range_are_usage_errors() {
     let mp = tmp.join("mnt");
     let archive = fixture("gnu.tar");
     for threads in ["0", "1000", "100000"] {
-        let out = stagefs(osargs!["mount", "--threads", threads, archive, mp]);
-        unmount_if_mounted(&mp);
-        assert_eq!(out.code(), Some(2), "--threads {threads}: {}", out.describe());
-        assert!(out.stderr.contains("1..=256"), "the error gives the range: {}", out.describe());
+        stagefs(osargs!["mount", "--threads", threads, archive, mp]).assert_mount_failed(&mp, 2, &["1..=256"]);
     }
-    let out = stagefs(osargs!["run", "--threads", "1000", archive, "--", "true"]);
-    assert_eq!(out.code(), Some(2), "{}", out.describe());
+    stagefs(osargs!["run", "--threads", "1000", archive, "--", "true"]).assert_code(2);
     for (flag, value) in [("--files", "0"), ("--readers", "0")] {
-        let out = stagefs(osargs!["demo", flag, value, "--dir", tmp.join("demo")]);
-        assert_eq!(out.code(), Some(2), "demo {flag} {value}: {}", out.describe());
-        assert!(out.stderr.contains("at least 1"), "{}", out.describe());
+        stagefs(osargs!["demo", flag, value, "--dir", tmp.join("demo")])
+            .assert_code(2)
+            .assert_stderr_has(&["at least 1"]);
     }
     assert!(!tmp.join("demo").exists(), "a refused demo writes nothing");
     assert_nothing_left(&mp, "refused --threads");
@@ -89,27 +65,20 @@ fn a_mountpoint_fusermount3_refuses_is_a_mountpoint_problem_not_missing_fuse() {
     let user = User::get("sfs-ux");
     let tmp = TempDir::new("ux-no-write");
     fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    let archive = tmp.join("data.tar");
-    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    let archive = fixture_copy("gnu.tar", tmp.path(), "data.tar");
     fs::set_permissions(&archive, fs::Permissions::from_mode(0o644)).unwrap();
     // Empty, but root's: fusermount3 refuses it ("no write access to mountpoint").
     let mp = tmp.join("roots");
     fs::create_dir(&mp).unwrap();
     fs::set_permissions(&mp, fs::Permissions::from_mode(0o755)).unwrap();
     let out = user.stagefs(osargs!["mount", archive, mp]);
-    unmount_if_mounted(&mp);
-    assert_eq!(out.code(), Some(4), "{}", out.describe());
-    assert!(out.stderr.contains(&*mp.to_string_lossy()), "the error names the mountpoint: {}", out.describe());
-    assert!(!out.stderr.contains("FUSE"), "nothing is wrong with FUSE: {}", out.describe());
-    assert_nothing_left(&mp, "refused mountpoint");
+    out.assert_mount_failed(&mp, 4, &[&mp.to_string_lossy()]).assert_stderr_lacks(&["FUSE"]);
 }
 
 /// `stagefs ARGS...` with its runtime directory (locks, records, logs) in `runtime`, so the
 /// test sees exactly the files of its own mounts.
 fn stagefs_in(runtime: &Path, args: &[&OsStr]) -> CmdOutput {
-    let mut cmd = Command::new(stagefs_bin());
-    cmd.env("STAGEFS_RUNTIME_DIR", runtime).args(args);
-    run_cmd(&mut cmd, CMD_TIMEOUT)
+    StagefsCmd::new(args).runtime(runtime).run()
 }
 
 /// The names of the files in a runtime directory.
@@ -133,9 +102,8 @@ fn errors_served_reach_the_log_status_and_umount() {
     let runtime = tmp.join("runtime");
     let archive = four_file_tar(&tmp);
     let mp = tmp.join("mnt");
-    let out = stagefs_in(&runtime, &osargs!["mount", "--stage", "none", archive, mp]);
-    out.assert_success();
-    let guard = Mounted::adopt(&archive, &mp);
+    let (guard, _) =
+        StagefsCmd::new(osargs!["mount", "--stage", "none", archive, mp]).runtime(&runtime).mounts(&archive, &mp);
     let logs: Vec<String> = runtime_files(&runtime).into_iter().filter(|f| f.ends_with(".log")).collect();
     assert_eq!(logs.len(), 1, "the detached daemon logs to a file in the runtime dir: {:?}", runtime_files(&runtime));
     let log = runtime.join(&logs[0]);
@@ -169,12 +137,7 @@ fn errors_served_reach_the_log_status_and_umount() {
 
     let out = stagefs_in(&runtime, &osargs!["umount", mp]);
     guard.disarm();
-    out.assert_success();
-    assert!(
-        out.stderr.contains(" failed read") && out.stderr.contains("(EIO) while mounted; the last: /f1.bin: "),
-        "{}",
-        out.describe()
-    );
+    out.assert_success().assert_stderr_has(&[" failed read", "(EIO) while mounted; the last: /f1.bin: "]);
     assert_nothing_left(&mp, "after the umount");
     assert!(wait_until(Duration::from_secs(5), || runtime_files(&runtime).is_empty()), "{:?}", runtime_files(&runtime));
 }
@@ -191,30 +154,15 @@ fn a_log_file_that_cannot_be_written_is_refused_before_mounting() {
     let log = tmp.join("no-such-dir/daemon.log");
     let archive = fixture("gnu.tar");
     let out = stagefs(osargs!["mount", "--log-file", log, archive, mp]);
-    unmount_if_mounted(&mp);
-    assert_eq!(out.code(), Some(1), "{}", out.describe());
-    assert!(
-        out.stderr.contains("cannot write the log file") && out.stderr.contains(&*log.to_string_lossy()),
-        "{}",
-        out.describe()
-    );
+    out.assert_mount_failed(&mp, 1, &["cannot write the log file", &log.to_string_lossy()]);
     assert!(!tmp.join("made").exists(), "nothing was made for the mount");
     // A writable one gets the daemon's log.
     let log = tmp.join("daemon.log");
-    let out = stagefs(osargs!["mount", "-v", "--log-file", log, archive, mp]);
-    let m = Mounted::adopt(&archive, &mp);
-    out.assert_success();
+    let (m, out) = StagefsCmd::new(osargs!["mount", "-v", "--log-file", log, archive, mp]).mounts(&archive, &mp);
     m.unmount().assert_success();
     assert!(read_text(&log).contains("mounted"), "{:?}", read_text(&log));
     // -v says why `--stage auto` (the default) chose what it did, before detaching.
-    let said = &out.stderr;
-    assert!(
-        said.contains("--stage auto:")
-            && said.contains("on a local filesystem")
-            && said.contains("serving it in place"),
-        "{}",
-        out.describe()
-    );
+    out.assert_stderr_has(&["--stage auto:", "on a local filesystem", "serving it in place"]);
 }
 
 #[test]
@@ -223,10 +171,8 @@ fn umount_after_kill_9_of_the_daemon_leaves_nothing() {
     let tmp = TempDir::new("ux-kill-daemon");
     let runtime = tmp.join("runtime");
     let mp = tmp.join("made/by/stagefs");
-    let archive = tmp.join("data.tar");
-    fs::copy(fixture("gnu.tar"), &archive).unwrap();
-    stagefs_in(&runtime, &osargs!["mount", archive, mp]).assert_success();
-    let guard = Mounted::adopt(&archive, &mp);
+    let archive = fixture_copy("gnu.tar", tmp.path(), "data.tar");
+    let (guard, _) = StagefsCmd::new(osargs!["mount", archive, mp]).runtime(&runtime).mounts(&archive, &mp);
     let pids = stagefs_pids(&mp);
     assert_eq!(pids.len(), 1, "{pids:?}");
     let _ = signal(pids[0], Signal::SIGKILL);
@@ -245,18 +191,11 @@ fn kill_9_of_stagefs_run_takes_its_command_along_and_the_next_election_sweeps() 
     let tmp = TempDir::new("ux-kill-run");
     let runtime = tmp.join("runtime");
     let mp = tmp.join("mnt");
-    let archive = tmp.join("data.tar");
-    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    let archive = fixture_copy("gnu.tar", tmp.path(), "data.tar");
     let marker = tmp.join("command-started");
     let script = format!("touch {} && exec sleep 300", marker.display());
-    let mut cmd = Command::new(stagefs_bin());
-    cmd.env("STAGEFS_RUNTIME_DIR", &runtime)
-        .args(osargs!["run", "-m", mp, archive])
-        .args(["--", "sh", "-c", &script])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let mut run = KillOnDrop(cmd.spawn().unwrap());
+    let mut run =
+        StagefsCmd::new(osargs!["run", "-m", mp, archive, "--", "sh", "-c", script]).runtime(&runtime).spawn();
     assert!(wait_until(Duration::from_secs(30), || marker.exists()), "the command never started");
     // Its children: the mount daemon, and the command.
     let command: Vec<i32> = children_of(run.id() as i32)
@@ -273,8 +212,7 @@ fn kill_9_of_stagefs_run_takes_its_command_along_and_the_next_election_sweeps() 
 
     // The next election on the node (any mountpoint) sweeps it.
     let other = tmp.join("other");
-    stagefs_in(&runtime, &osargs!["mount", archive, other]).assert_success();
-    let guard = Mounted::adopt(&archive, &other);
+    let (guard, _) = StagefsCmd::new(osargs!["mount", archive, other]).runtime(&runtime).mounts(&archive, &other);
     assert!(!runtime_files(&runtime).iter().any(|f| f.ends_with(".users")), "{:?}", runtime_files(&runtime));
     stagefs_in(&runtime, &osargs!["umount", other]).assert_success();
     guard.disarm();
@@ -347,12 +285,7 @@ fn an_interrupted_demo_leaves_nothing_behind() {
     require_root();
     let tmp = TempDir::new("ux-demo-int");
     let work = tmp.join("demo");
-    let mut child = Command::new(stagefs_bin())
-        .args(osargs!["demo", "--files", "20000", "--dir", work])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = StagefsCmd::new(osargs!["demo", "--files", "20000", "--dir", work]).spawn_to(Stdio::piped());
     let plain = work.join("plain/train");
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     // Interrupt once it has written some files (the build takes far longer than this).
@@ -360,10 +293,10 @@ fn an_interrupted_demo_leaves_nothing_behind() {
         assert!(std::time::Instant::now() < deadline, "the demo wrote nothing within a minute");
         std::thread::sleep(Duration::from_millis(20));
     }
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
-    let status = crate::kit::wait_timeout(&mut child, Duration::from_secs(60)).expect("the demo must stop");
+    signal(child.id() as i32, Signal::SIGINT).unwrap();
+    let status = crate::kit::wait_timeout(&mut child.0, Duration::from_secs(60)).expect("the demo must stop");
     let mut stderr = String::new();
-    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    std::io::Read::read_to_string(child.0.stderr.as_mut().unwrap(), &mut stderr).unwrap();
     assert_eq!(status.code(), Some(130), "{stderr}");
     assert!(stderr.contains("interrupted by SIGINT"), "{stderr}");
     assert!(!work.exists(), "the interrupted demo left {}", work.display());
@@ -376,25 +309,14 @@ fn an_interrupted_demo_leaves_nothing_behind() {
 fn a_detached_mount_inside_a_slurm_job_says_it_outlives_the_job() {
     require_root();
     let tmp = TempDir::new("ux-slurm-note");
-    let archive = tmp.join("data.tar");
-    fs::copy(fixture("gnu.tar"), &archive).unwrap();
+    let archive = fixture_copy("gnu.tar", tmp.path(), "data.tar");
     let mp = tmp.join("mnt");
-    let mut cmd = Command::new(stagefs_bin());
-    cmd.env("SLURM_JOB_ID", "777").args(osargs!["mount", archive, mp]);
-    let out = run_cmd(&mut cmd, CMD_TIMEOUT);
-    let m = Mounted::adopt(&archive, &mp);
-    out.assert_success();
-    assert!(
-        out.stderr.contains("not tied to SLURM job 777") && out.stderr.contains("stagefs run"),
-        "{}",
-        out.describe()
-    );
+    let (m, out) = StagefsCmd::new(osargs!["mount", archive, mp]).env("SLURM_JOB_ID", "777").mounts(&archive, &mp);
+    out.assert_stderr_has(&["not tied to SLURM job 777", "stagefs run"]);
     m.unmount().assert_success();
     // Outside a job, no such note.
-    let out = stagefs(osargs!["mount", archive, mp]);
-    let m = Mounted::adopt(&archive, &mp);
-    out.assert_success();
-    assert!(!out.stderr.contains("SLURM"), "{}", out.describe());
+    let (m, out) = StagefsCmd::new(osargs!["mount", archive, mp]).mounts(&archive, &mp);
+    out.assert_stderr_lacks(&["SLURM"]);
     m.unmount().assert_success();
 }
 
@@ -406,10 +328,8 @@ fn an_archive_of_zeros_mounts_empty_and_says_so() {
     let archive = tmp.join("zeros.tar");
     fs::write(&archive, vec![0u8; 1 << 20]).unwrap();
     let mp = tmp.join("mnt");
-    let out = stagefs(osargs!["mount", archive, mp]);
-    let m = Mounted::adopt(&archive, &mp);
-    out.assert_success();
-    assert!(out.stderr.contains("holds no files or directories (1048576 bytes)"), "{}", out.describe());
+    let (m, out) = StagefsCmd::new(osargs!["mount", archive, mp]).mounts(&archive, &mp);
+    out.assert_stderr_has(&["holds no files or directories (1048576 bytes)"]);
     assert_eq!(fs::read_dir(&mp).unwrap().count(), 0);
     m.unmount().assert_success();
 }
@@ -423,22 +343,11 @@ fn wait_sees_a_mount_that_failed_before_it_began() {
     let tmp = TempDir::new("ux-wait-failed");
     let runtime = tmp.join("runtime");
     let mp = tmp.join("mnt");
-    let slurm = |step: &str, args: &[&OsStr]| {
-        let mut cmd = Command::new(stagefs_bin());
-        cmd.env("STAGEFS_RUNTIME_DIR", &runtime)
-            .env("SLURM_JOB_ID", "9191")
-            .env("SLURM_STEP_ID", step)
-            .env("SLURM_LOCALID", "0")
-            .args(args);
-        run_cmd(&mut cmd, CMD_TIMEOUT)
-    };
+    let slurm = |step: &str, args: &[&OsStr]| StagefsCmd::new(args).runtime(&runtime).slurm_step("9191", step).run();
     let typo = tmp.join("no-such-archive.tar");
-    let out = slurm("0", &osargs!["mount", typo, mp]);
-    assert_eq!(out.code(), Some(3), "{}", out.describe());
-    let out = slurm("1", &osargs!["wait", "--timeout", "40s", mp]);
+    slurm("0", &osargs!["mount", typo, mp]).assert_code(3);
     // Exit 3, the mounter's code: a wait that timed out would exit 6 after 40 s.
-    assert_eq!(out.code(), Some(3), "{}", out.describe());
-    assert!(out.stderr.contains("no-such-archive.tar"), "{}", out.describe());
+    slurm("1", &osargs!["wait", "--timeout", "40s", mp]).assert_code(3).assert_stderr_has(&["no-such-archive.tar"]);
 }
 
 /// The same outside SLURM: a `stagefs wait` that starts half a second after the mounter
@@ -450,21 +359,12 @@ fn wait_outside_slurm_sees_a_failure_from_just_before_it_began_and_nothing_stays
     let tmp = TempDir::new("ux-wait-failed-plain");
     let runtime = tmp.join("runtime");
     let mp = tmp.join("mnt");
-    let cmd = |args: &[&OsStr]| {
-        let mut cmd = Command::new(stagefs_bin());
-        cmd.env("STAGEFS_RUNTIME_DIR", &runtime).args(args);
-        for var in ["SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_LOCALID", "SLURM_PROCID"] {
-            cmd.env_remove(var);
-        }
-        run_cmd(&mut cmd, CMD_TIMEOUT)
-    };
+    let cmd = |args: &[&OsStr]| StagefsCmd::new(args).runtime(&runtime).outside_slurm().run();
     let typo = tmp.join("nonexist.sqsh");
-    let out = cmd(&osargs!["mount", "-f", typo, mp]);
-    assert_eq!(out.code(), Some(3), "{}", out.describe());
+    cmd(&osargs!["mount", "-f", typo, mp]).assert_code(3);
     std::thread::sleep(Duration::from_millis(500));
-    let out = cmd(&osargs!["wait", "--timeout", "40s", mp]);
-    assert_eq!(out.code(), Some(3), "the mounter's code, not a timeout's 6: {}", out.describe());
-    assert!(out.stderr.contains("nonexist.sqsh"), "{}", out.describe());
+    // The mounter's code, not a timeout's 6.
+    cmd(&osargs!["wait", "--timeout", "40s", mp]).assert_code(3).assert_stderr_has(&["nonexist.sqsh"]);
     let locks = || {
         fs::read_dir(&runtime)
             .map(|d| d.flatten().filter(|e| e.path().extension().is_some_and(|x| x == "lock")).count())
@@ -499,9 +399,7 @@ with tarfile.open(sys.argv[1], "w", format=tarfile.GNU_FORMAT) as t:
     assert!(out.stdout.contains("indexing"), "no progress while scanning:\n{}", out.describe());
     m.unmount().assert_success();
     // On a pipe: no bar.
-    let out = stagefs(osargs!["mount", archive, mp]);
-    let m = Mounted::adopt(&archive, &mp);
-    out.assert_success();
-    assert!(!out.stderr.contains("indexing ["), "{}", out.describe());
+    let (m, out) = StagefsCmd::new(osargs!["mount", archive, mp]).mounts(&archive, &mp);
+    out.assert_stderr_lacks(&["indexing ["]);
     m.unmount().assert_success();
 }

@@ -9,7 +9,7 @@ use std::fs;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use crate::kit::{extract_squashfs, extract_tar, fixture, pack_tar, read, require_root, stagefs, Mounted, TempDir};
+use crate::kit::*;
 
 /// Pages of `path` in the page cache, and the file's pages in total.
 fn cached_pages(path: &Path) -> (usize, usize) {
@@ -153,11 +153,7 @@ fn warm_is_skipped_with_a_warning_when_max_ram_leaves_no_room() {
     assert!(out.success(), "the mount must succeed without warming:\n{}", out.describe());
     let m = Mounted::adopt(&fixture(name), &mnt);
     m.wait_staged();
-    assert!(
-        out.stderr.contains("not warming the page cache"),
-        "stagefs mount does not say why it did not warm:\n{}",
-        out.describe()
-    );
+    out.assert_stderr_has(&["not warming the page cache"]);
     check_warm(&mnt, &expected, false);
 }
 

@@ -15,9 +15,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::compare::{assert_trees_equal, count_entries, Options};
-use crate::kit::{
-    mount_must_fail, osargs, proc_kb_field, pseudo_random, read, require_tool, run_cmd, stagefs, Mounted, TempDir,
-};
+use crate::kit::*;
 
 const T: i64 = 1_623_760_496;
 
@@ -596,9 +594,7 @@ fn zip_declared_sizes_never_drive_memory() {
     fs::write(&archive, craft(&members)).unwrap();
     let log = tmp.join("daemon.log");
     let mnt = tmp.join("mnt");
-    let out = stagefs(osargs!["mount", "--log-file", log, archive, mnt]);
-    let m = Mounted::adopt(&archive, &mnt);
-    out.assert_success();
+    let (m, out) = StagefsCmd::new(osargs!["mount", "--log-file", log, archive, mnt]).mounts(&archive, &mnt);
     let skipped = out.stderr.lines().filter(|l| l.contains("skipping symlink member")).count();
     assert_eq!(skipped, 4, "one warning per symlink:\n{}", out.describe());
     assert_eq!(fs::metadata(m.path().join("liar.bin")).unwrap().len(), declared);
@@ -727,9 +723,7 @@ fn zip_names_reach_terminals_and_logs_escaped() {
     let archive = tmp.join("evil.zip");
     fs::write(&archive, craft(&[damaged, skipped, Craft::stored(b"fine.txt", b"fine\n")])).unwrap();
     let (mnt, log) = (tmp.join("mnt"), tmp.join("daemon.log"));
-    let out = stagefs(osargs!["mount", "--log-file", log, archive, mnt]);
-    let m = Mounted::adopt(&archive, &mnt);
-    out.assert_success();
+    let (m, out) = StagefsCmd::new(osargs!["mount", "--log-file", log, archive, mnt]).mounts(&archive, &mnt);
     let evil_name = std::ffi::OsStr::from_bytes(EVIL);
     assert_eq!(errno_of(&m.path().join(evil_name)), Some(libc::EIO));
     let status = stagefs([os("status")]);
@@ -830,13 +824,11 @@ fn zip_names_with_a_nul_byte_are_left_out() {
     let archive = tmp.join("nul.zip");
     fs::write(&archive, craft(&members)).unwrap();
     let (mnt, log) = (tmp.join("mnt"), tmp.join("daemon.log"));
-    let out = stagefs(osargs!["mount", "--log-file", log, archive, mnt]);
-    out.assert_success();
-    let m = Mounted::adopt(&archive, &mnt);
+    let (m, out) = StagefsCmd::new(osargs!["mount", "--log-file", log, archive, mnt]).mounts(&archive, &mnt);
     let names: Vec<String> =
         fs::read_dir(m.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     assert_eq!(names, ["ok.txt"], "listed once, by its own name");
     assert_eq!(read(&m.path().join("ok.txt")), b"the real one\n");
-    assert!(out.stderr.contains("NUL byte") && out.stderr.contains("ok.txt\\u{0}evil"), "{}", out.describe());
+    out.assert_stderr_has(&["NUL byte", "ok.txt\\u{0}evil"]);
     m.unmount().assert_success();
 }

@@ -18,6 +18,14 @@ pub fn fixture(name: &str) -> PathBuf {
     p
 }
 
+/// A private copy of the fixture `name` as `dir/as_name` (a daemon is then told apart from
+/// those of other tests by its archive's path).
+pub fn fixture_copy(name: &str, dir: &Path, as_name: &str) -> PathBuf {
+    let copy = dir.join(as_name);
+    fs::copy(fixture(name), &copy).unwrap_or_else(|e| panic!("copy {name} to {}: {e}", copy.display()));
+    copy
+}
+
 /// `tar --format=gnu -C src -cf archive MEMBERS...` with GNU tar.
 pub fn pack_tar(src: &Path, archive: &Path, members: &[&str]) {
     let mut args =

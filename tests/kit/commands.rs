@@ -69,6 +69,14 @@ impl CmdOutput {
         }
         self
     }
+
+    /// Panics if stderr contains any needle.
+    pub fn assert_stderr_lacks(&self, needles: &[&str]) -> &Self {
+        for needle in needles {
+            assert!(!self.stderr.contains(needle), "stderr has {needle:?}:\n{}", self.describe());
+        }
+        self
+    }
 }
 
 pub fn describe_command(cmd: &Command) -> String {
@@ -146,6 +154,80 @@ where
     let mut cmd = Command::new(stagefs_bin());
     cmd.args(args);
     run_cmd(&mut cmd, CMD_TIMEOUT)
+}
+
+/// `stagefs ARGS...` with an environment of its own, run to completion, spawned, or taken
+/// as the mount it makes: `StagefsCmd::new(osargs!["mount", a, mp]).runtime(&rt).run()`.
+pub struct StagefsCmd(pub Command);
+
+impl StagefsCmd {
+    pub fn new<I, S>(args: I) -> StagefsCmd
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut cmd = Command::new(stagefs_bin());
+        cmd.args(args);
+        StagefsCmd(cmd)
+    }
+
+    pub fn args<I, S>(mut self, args: I) -> StagefsCmd
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.0.args(args);
+        self
+    }
+
+    pub fn env(mut self, key: &str, value: impl AsRef<OsStr>) -> StagefsCmd {
+        self.0.env(key, value);
+        self
+    }
+
+    /// Each of `vars` removed from the environment.
+    pub fn env_remove(mut self, vars: &[&str]) -> StagefsCmd {
+        for var in vars {
+            self.0.env_remove(var);
+        }
+        self
+    }
+
+    /// Locks, records and logs in `dir` (`STAGEFS_RUNTIME_DIR`), so a test sees only its own.
+    pub fn runtime(self, dir: &Path) -> StagefsCmd {
+        self.env("STAGEFS_RUNTIME_DIR", dir)
+    }
+
+    /// None of SLURM's variables: as run outside any job.
+    pub fn outside_slurm(self) -> StagefsCmd {
+        self.env_remove(&["SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_LOCALID", "SLURM_PROCID"])
+    }
+
+    /// As a task of SLURM job `job`, step `step`, node-local task 0.
+    pub fn slurm_step(self, job: &str, step: &str) -> StagefsCmd {
+        self.env("SLURM_JOB_ID", job).env("SLURM_STEP_ID", step).env("SLURM_LOCALID", "0")
+    }
+
+    /// Runs it to completion within [`CMD_TIMEOUT`].
+    pub fn run(self) -> CmdOutput {
+        self.run_within(CMD_TIMEOUT)
+    }
+
+    /// Runs it to completion within `timeout`.
+    pub fn run_within(mut self, timeout: Duration) -> CmdOutput {
+        run_cmd(&mut self.0, timeout)
+    }
+
+    /// Starts it with its output discarded, killed on drop.
+    pub fn spawn(self) -> KillOnDrop {
+        self.spawn_to(Stdio::null())
+    }
+
+    /// Starts it with its stderr (the log of `-v`) going to `stderr`, killed on drop.
+    pub fn spawn_to(mut self, stderr: impl Into<Stdio>) -> KillOnDrop {
+        let child = self.0.stdin(Stdio::null()).stdout(Stdio::null()).stderr(stderr).spawn();
+        KillOnDrop(child.unwrap_or_else(|e| panic!("cannot start `{}`: {e}", describe_command(&self.0))))
+    }
 }
 
 /// Runs an external tool (checked with `require_tool`) and panics unless it

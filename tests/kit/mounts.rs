@@ -36,6 +36,31 @@ pub fn mount_must_fail<S: AsRef<OsStr>>(args: &[S], code: i32, what: &str) -> Cm
     out
 }
 
+impl StagefsCmd {
+    /// Runs it (a `stagefs mount` of `archive` at `mp`), which must succeed: the mount's guard
+    /// (taken before the check, so that a failure leaves nothing mounted) and the output.
+    pub fn mounts(self, archive: &Path, mp: &Path) -> (Mounted, CmdOutput) {
+        require_root();
+        let out = self.run();
+        let m = Mounted::adopt(archive, mp);
+        out.assert_success();
+        (m, out)
+    }
+}
+
+impl CmdOutput {
+    /// For a `stagefs mount` at `mp` that had to fail: unmounts what it mounted anyway, then
+    /// panics unless it exited `code`, said every needle on stderr and left nothing at `mp`.
+    pub fn assert_mount_failed(&self, mp: &Path, code: i32, needles: &[&str]) -> &Self {
+        if is_mounted(mp) {
+            let _ = stagefs([OsStr::new("umount"), mp.as_os_str()]);
+        }
+        self.assert_code(code).assert_stderr_has(needles);
+        assert_nothing_left(mp, &self.command);
+        self
+    }
+}
+
 /// `stagefs mount ARGS ARCHIVE MP` with `env` (a variable given `None` is removed), allowed
 /// 120 s (staging included); its output.
 pub fn mount_env(env: &[(&str, Option<&str>)], args: &[&str], archive: &Path, mp: &Path) -> CmdOutput {

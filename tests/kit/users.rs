@@ -63,9 +63,18 @@ impl User {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        let mut cmd = self.command(&[], &stagefs_bin());
+        self.stagefs_cmd(&[], args).run()
+    }
+
+    /// `stagefs ARGS...` as this user with `env` added, to run or spawn.
+    pub fn stagefs_cmd<I, S>(&self, env: &[(&str, &str)], args: I) -> StagefsCmd
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut cmd = self.command(env, &stagefs_bin());
         cmd.args(args);
-        run_cmd(&mut cmd, CMD_TIMEOUT)
+        StagefsCmd(cmd)
     }
 
     /// A shell command as this user; panics unless it succeeds.
