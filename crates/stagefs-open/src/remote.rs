@@ -241,7 +241,7 @@ pub fn listed_size(path: &Path) -> Result<u64, RemoteError> {
     Ok(client()?.stat(&parse(path)?)?.version.size)
 }
 
-/// The archives a remote spec names, as `shards::resolve` names local ones: one object
+/// The archives a remote spec names, as a pattern names local files: one object
 /// (labelled by its URL without query or user), or a set (a brace range or a glob over
 /// an S3 listing, expanded here, with `more`).
 pub fn resolve(spec: &Path, more: &[PathBuf], growing: bool) -> Result<crate::places::ArchiveSet, RemoteFailure> {

@@ -15,6 +15,7 @@
 //! (exit 4) unless `--trust-shards` says the data is trusted on purpose. A pattern is always
 //! a pattern: a file literally named `train-*.tar` is one more match, not the set.
 
+mod member;
 mod open;
 mod saved;
 
@@ -22,7 +23,8 @@ use stagefs_archive::escape::Shown;
 use std::path::{Path, PathBuf};
 
 pub use crate::places::ArchiveSet;
-pub use open::{open_each, open_set, open_shared, report_indexed, warn_conflicts, How, Member, SetStats};
+pub use member::{How, Member, SetStats};
+pub use open::{open_each, open_set, open_shared, report_indexed, warn_conflicts};
 
 use crate::places::{self, Trust};
 use stagefs_archive::OpenError;

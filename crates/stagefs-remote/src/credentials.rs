@@ -12,8 +12,8 @@ use std::sync::Mutex;
 use std::time::SystemTime;
 
 use crate::error::RemoteError;
+use crate::secret::Secret;
 use crate::sigv4::Keys;
-use crate::Secret;
 use profile::env;
 pub use profile::Profile;
 
@@ -34,13 +34,13 @@ pub struct Chain {
     anonymous: bool,
     cached: Mutex<Option<Option<Temporary>>>,
     /// How its files (config, credentials, a web identity token) are read.
-    files: crate::Files,
+    files: crate::files::Files,
 }
 
 impl Chain {
     /// `profile`: `--profile` (else `AWS_PROFILE`, else `default`); `anonymous`:
     /// `--no-sign-request`, never sign; `files`: the door its files are read through.
-    pub fn new(profile: Option<&str>, anonymous: bool, files: &crate::Files) -> Chain {
+    pub fn new(profile: Option<&str>, anonymous: bool, files: &crate::files::Files) -> Chain {
         let profile = profile::load(profile, files);
         Chain { profile, anonymous, cached: Mutex::new(None), files: files.clone() }
     }

@@ -2,7 +2,7 @@
 
 use std::io::ErrorKind;
 
-use crate::client::Config;
+use crate::config::Config;
 use crate::error::RemoteError;
 
 /// What the words of a failure need besides the error itself.

@@ -5,6 +5,7 @@
 //! No FUSE, no command line here; see doc/remote.md for the choices and their measurements.
 
 mod client;
+mod config;
 pub mod credentials;
 mod error;
 mod failure;
@@ -23,12 +24,12 @@ mod trust;
 pub mod url;
 mod xml;
 
-pub use client::{Client, Config, Object, Version};
+pub use client::{Client, Object, Version};
+pub use config::{Config, RetryHook};
 pub use error::RemoteError;
 pub use fetch::{fetch_into, Hooks};
 pub use files::{FileError, Files, ReadFile};
 pub use range::RangeReader;
-pub use retry::RetryHook;
 pub use secret::Secret;
 pub use stream::ObjectStream;
 pub use url::{is_url, ObjectUrl};

@@ -1,6 +1,6 @@
 //! HTTP(S) credentials as curl users have them: `~/.netrc` (or `$NETRC`) entries, and the Basic authentication they and a URL's `user:password@` give.
 
-use crate::Secret;
+use crate::secret::Secret;
 
 /// One `machine` (or `default`) entry.
 #[derive(Clone, PartialEq, Eq)]
@@ -22,7 +22,7 @@ pub fn shown_path() -> String {
 /// The entries of `$NETRC` or `~/.netrc`, read through `files`; none if it is missing,
 /// refused by the door, or readable by others (as curl and ftp refuse a password file
 /// others can read, with a warning).
-pub fn load(files: &crate::Files) -> Vec<Entry> {
+pub fn load(files: &crate::files::Files) -> Vec<Entry> {
     let path = std::env::var_os("NETRC")
         .map(std::path::PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".netrc")));

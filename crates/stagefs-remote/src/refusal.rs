@@ -2,8 +2,8 @@
 
 use crate::client::{Answer, Client};
 use crate::error::RemoteError;
+use crate::secret::Secret;
 use crate::url::{display_text, HttpUrl, ObjectUrl};
-use crate::Secret;
 
 impl Client {
     /// The error for an answer that is not what was asked: S3's error code and message

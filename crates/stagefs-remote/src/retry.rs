@@ -1,6 +1,5 @@
 //! Trying again only what may change: timeouts, resets, 5xx and 429 with exponential backoff and jitter up to `Config::tries`; a refused connection a few times only; everything else (a name that does not resolve, an untrusted certificate, 400/401/403/404) never.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::client::Client;
@@ -11,25 +10,6 @@ use crate::error::RemoteError;
 /// down fails in about 2 s (all 8 tries took 25 s), and one that restarts (nginx does in
 /// well under a second) is still waited for.
 pub(crate) const REFUSED_TRIES: u32 = 4;
-
-/// Called with one line for each failed try that will be tried again ("...: connection
-/// refused by h:9000 ... (try 1 of 4; again in 0.3 s)"), so that a caller can show it
-/// where a person sees it (a terminal: this crate knows none). Without one, the line
-/// is logged at info level.
-#[derive(Clone)]
-pub struct RetryHook(Arc<dyn Fn(&str) + Send + Sync>);
-
-impl RetryHook {
-    pub fn new(f: impl Fn(&str) + Send + Sync + 'static) -> RetryHook {
-        RetryHook(Arc::new(f))
-    }
-}
-
-impl std::fmt::Debug for RetryHook {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("RetryHook")
-    }
-}
 
 /// The tries `e` allows of `tries`.
 pub(crate) fn allowed(e: &RemoteError, tries: u32) -> u32 {
@@ -85,7 +65,7 @@ impl Client {
     }
 
     /// Says that try `n` failed and will be tried again (`line`, given the pause in
-    /// seconds: to the caller's [`RetryHook`], else the log), then sleeps the backoff
+    /// seconds: to the caller's [`crate::config::RetryHook`], else the log), then sleeps the backoff
     /// before try `n + 1`; false if cancelled meanwhile. `what` is in the line already: it
     /// begins with the error, which names the object.
     pub(crate) fn again(&self, n: u32, cancelled: &dyn Fn() -> bool, line: impl FnOnce(f64) -> String) -> bool {
@@ -94,7 +74,7 @@ impl Client {
         let wait = Duration::from_millis(cap / 2 + jitter(cap / 2 + 1));
         let line = line(wait.as_secs_f64());
         match &self.inner.config.on_retry {
-            Some(hook) => (hook.0)(&line),
+            Some(hook) => hook.call(&line),
             None => tracing::info!("{line}"),
         }
         let until = Instant::now() + wait;

@@ -2,7 +2,7 @@
 
 use ring::{digest, hmac};
 
-use crate::Secret;
+use crate::secret::Secret;
 
 /// SHA-256 of an empty payload, in hex: what GET, HEAD and listings send.
 pub const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";

@@ -26,7 +26,7 @@ const SYSTEM_BUNDLES: [&str; 3] = [
 /// one client, one trust), then `SSL_CERT_FILE` (curl's, OpenSSL's).
 const VARIABLES: [&str; 2] = ["AWS_CA_BUNDLE", "SSL_CERT_FILE"];
 
-pub(crate) fn load(files: &crate::Files) -> Trust {
+pub(crate) fn load(files: &crate::files::Files) -> Trust {
     let set: Vec<(&str, PathBuf)> = VARIABLES
         .iter()
         .filter_map(|k| std::env::var_os(k).filter(|v| !v.is_empty()).map(|v| (*k, PathBuf::from(v))))
@@ -57,7 +57,7 @@ pub(crate) fn load(files: &crate::Files) -> Trust {
 }
 
 /// The certificates of a PEM file, read through `files`, or why there are none.
-fn certificates(files: &crate::Files, path: &Path) -> Result<Vec<ureq::tls::Certificate<'static>>, String> {
+fn certificates(files: &crate::files::Files, path: &Path) -> Result<Vec<ureq::tls::Certificate<'static>>, String> {
     let pem = match files.read(path, 64 << 20) {
         Ok(Some(file)) => file.bytes,
         Ok(None) => return Err("cannot read it (it does not exist)".into()),

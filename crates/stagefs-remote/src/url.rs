@@ -1,6 +1,6 @@
 //! Object URLs: `s3://bucket/key`, `https://host/path` and `http://` (loopback or opted in), parsed once, shown without credentials or query strings.
 
-use crate::Secret;
+use crate::secret::Secret;
 
 /// Where an object lives.
 #[derive(Clone, PartialEq, Eq)]

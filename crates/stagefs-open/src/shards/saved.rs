@@ -8,8 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::open::{in_parallel, Staged};
-use super::{How, Member, SetStats};
+use super::member::{in_parallel, How, Member, SetStats, Staged};
 use crate::open::{Indexing, OpenArchiveError, Opened};
 use crate::places::OutsideFile;
 use crate::saved_index::{self, Flavor, Saved};

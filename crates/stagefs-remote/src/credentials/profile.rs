@@ -57,7 +57,7 @@ impl Profile {
 }
 
 /// The profile in use: `explicit` (`--profile`), else `AWS_PROFILE`, else `default`.
-pub fn load(explicit: Option<&str>, files: &crate::Files) -> Profile {
+pub fn load(explicit: Option<&str>, files: &crate::files::Files) -> Profile {
     let (name, named_by) = match (explicit, env("AWS_PROFILE"), env("AWS_DEFAULT_PROFILE")) {
         (Some(name), _, _) => (name.to_string(), Some("--profile")),
         (None, Some(name), _) => (name, Some("AWS_PROFILE")),
@@ -94,7 +94,7 @@ pub fn load(explicit: Option<&str>, files: &crate::Files) -> Profile {
 /// One of the two files: its name for messages (`~/.aws/config`, or `$AWS_CONFIG_FILE=PATH`
 /// when the variable moves it) and its text, if there is one that may be trusted (read
 /// through `files`; one refused is named in a warning and left out).
-fn file(variable: &str, under_home: &str, files: &crate::Files) -> (String, Option<String>) {
+fn file(variable: &str, under_home: &str, files: &crate::files::Files) -> (String, Option<String>) {
     let (shown, path) = match env(variable) {
         Some(path) => (format!("${variable}={}", crate::url::display_text(&path)), Some(PathBuf::from(path))),
         None => (format!("~/{under_home}"), env("HOME").map(|h| PathBuf::from(h).join(under_home))),

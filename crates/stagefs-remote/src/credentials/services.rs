@@ -4,8 +4,9 @@ use std::time::{Duration, SystemTime};
 
 use super::profile::env;
 use super::Temporary;
+use crate::files::FileError;
+use crate::secret::Secret;
 use crate::sigv4::Keys;
-use crate::{FileError, Secret};
 
 /// Why a service gave no temporary credentials. Texts from outside (a role, STS's code and
 /// message, a file's name) are held as [`crate::url::display_text`] shows them.
@@ -93,7 +94,7 @@ pub fn imds(agent: &ureq::Agent) -> Result<Option<Temporary>, CredentialError> {
 }
 
 /// The web identity token in `token_file`, read through the client's door.
-pub fn token(files: &crate::Files, token_file: &str) -> Result<Secret, CredentialError> {
+pub fn token(files: &crate::files::Files, token_file: &str) -> Result<Secret, CredentialError> {
     let file = crate::url::display_text(token_file);
     match files.text(std::path::Path::new(token_file), 64 << 10) {
         Ok(Some(text)) => Ok(Secret::new(text)),
