@@ -9,7 +9,9 @@
 //! rename changes. The same tree always gives the same bytes, whatever the thread count.
 
 pub mod compress;
+mod errors;
 mod index;
+mod member;
 mod output;
 mod read;
 pub mod shards;
@@ -21,9 +23,12 @@ use stagefs_archive::escape::Shown;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::error::{code, Failure};
+use crate::error::Failure;
 use stagefs_archive::codec::Compression;
-use walk::Stat;
+
+pub use errors::PackError;
+pub use member::Member;
+pub use write::Options;
 
 /// `stagefs pack` arguments.
 #[derive(Debug, clap::Args)]
@@ -64,77 +69,6 @@ pub struct PackArgs {
     /// Compression level (zstd: 1-19, default 3; gzip: 1-9, default 6)
     #[arg(long, requires = "compress", value_parser = clap::value_parser!(i32).range(1..=19))]
     pub level: Option<i32>,
-}
-
-/// What the writer needs of the arguments.
-pub struct Options {
-    pub out: PathBuf,
-    pub normalize: bool,
-    /// The archives' final mode (0666 less the umask, as tar creates them).
-    pub mode: u32,
-    /// `--compress` and `--level`.
-    pub compress: Option<(compress::Compression, Option<i32>)>,
-}
-
-/// One path to archive, in archive order.
-#[derive(Clone, Debug)]
-pub struct Member {
-    /// Relative to DIR, no trailing `/`; `""` is DIR itself.
-    pub path: Vec<u8>,
-    pub stat: Stat,
-    pub shard: u32,
-    /// A hard link to this earlier member of the same shard.
-    pub link_to: Option<usize>,
-}
-
-impl Member {
-    /// Whether a reader opens it: symlinks and non-empty regular files, hard links aside.
-    fn needs_read(&self) -> bool {
-        self.link_to.is_none()
-            && match self.stat.file_type() {
-                libc::S_IFLNK => true,
-                libc::S_IFREG => self.stat.size > 0,
-                _ => false,
-            }
-    }
-}
-
-/// Why a pack failed.
-#[derive(Debug, thiserror::Error)]
-pub enum PackError {
-    #[error("{0}")]
-    Usage(String),
-    #[error("cannot read {}: {source}", path.shown())]
-    Source { path: PathBuf, source: std::io::Error },
-    #[error(
-        "{} changed while it was read, twice ({what}): the archive would hold a torn copy, so none was written; \
-         pack again once nothing writes to it, or leave it out with --exclude",
-        path.shown()
-    )]
-    Changed { path: PathBuf, what: String },
-    #[error(
-        "{} was replaced by another file (or a directory above it by a link) after its directory was listed; \
-         nothing was written: pack again once nothing renames files in DIR",
-        path.shown()
-    )]
-    Replaced { path: PathBuf },
-    #[error("{}: {what}: {source}", path.shown())]
-    Output { path: PathBuf, what: String, source: std::io::Error },
-    #[error("cannot index the archive: {0}")]
-    Index(stagefs_archive::index::BuildError),
-    #[error("interrupted by {}; the partial archive was removed", stagefs_open::cancel::signal_name(.0 .0))]
-    Interrupted(stagefs_open::cancel::Interrupted),
-}
-
-impl From<PackError> for Failure {
-    fn from(e: PackError) -> Failure {
-        let code = match &e {
-            PackError::Usage(_) => code::USAGE,
-            PackError::Interrupted(i) => i.exit_code(),
-            _ => code::OTHER,
-        };
-        Failure::new(code, e.to_string())
-    }
 }
 
 /// Reader threads when `--threads` is not given: enough to hide a metadata round trip,

@@ -3,10 +3,17 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::{ino_of, Attr, Content, DirEntry, Fs, FsError, FsStats, Result};
+use super::errors::{FsError, Result};
+use super::replies::{Attr, DirEntry, FsStats};
+use super::served::{Content, Fs};
 use crate::growing::{Shard, Tree};
 use stagefs_archive::index::{Data, Index, Inode, InodeId};
 use stagefs_archive::{Access, Archive, Bytes};
+
+/// FUSE number of index position `id` of a fixed archive.
+pub fn ino_of(id: InodeId) -> u64 {
+    id as u64 + 1
+}
 
 /// Where a number leads: the index holding it, its position there, and the archive that
 /// reads its bytes (none for a directory of a growing set's merged tree).

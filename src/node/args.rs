@@ -4,7 +4,9 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::{run, wait, RunRequest};
+use super::elect::wait;
+use super::run::{run, RunRequest};
+use super::staged::wait_staged;
 use crate::error::Failure;
 use crate::options::default_mountpoint;
 use stagefs_open::duration::parse_duration;
@@ -76,7 +78,7 @@ pub struct WaitArgs {
 impl WaitArgs {
     pub fn execute(self) -> Result<(), Failure> {
         match self.staged {
-            true => super::wait_staged(&self.mountpoint, self.timeout),
+            true => wait_staged(&self.mountpoint, self.timeout),
             false => wait(&self.mountpoint, self.timeout.unwrap_or(Duration::from_secs(600))),
         }
     }

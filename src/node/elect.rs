@@ -4,9 +4,10 @@ use stagefs_archive::escape::Shown;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::files::NodeFiles;
 use super::lock::{is_locked, now_ms, LockFile, Mode, Status};
+use super::slurm::SlurmTask;
 use super::sweep::{spawn_reaper, sweep_stale, RECENT_MS};
-use super::{NodeFiles, SlurmTask};
 use crate::daemon;
 use crate::daemon::watch;
 use crate::error::{code, Failure};

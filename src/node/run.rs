@@ -15,8 +15,11 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::elect;
+use super::files::NodeFiles;
 use super::lock::{LockFile, Mode};
-use super::{elect, NodeFiles, SlurmTask};
+use super::slurm::SlurmTask;
+use super::umount::umount;
 use crate::daemon::watch;
 use crate::error::Failure;
 use crate::mountpoint;
@@ -153,8 +156,8 @@ fn teardown(users: &LockFile, mountpoint: &Path, task: &SlurmTask, signalled: bo
         std::thread::sleep(Duration::from_millis(20));
     }
     let daemon = registry::read(mountpoint).map(|r| r.pid);
-    let result = match super::umount(mountpoint, false) {
-        Err(f) if f.code == crate::error::code::BUSY => super::umount(mountpoint, true),
+    let result = match umount(mountpoint, false) {
+        Err(f) if f.code == crate::error::code::BUSY => umount(mountpoint, true),
         other => other,
     };
     match result {

@@ -4,6 +4,7 @@ use stagefs_archive::escape::Shown;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use super::elect::wait;
 use crate::error::{code, Failure};
 use crate::mountpoint;
 use stagefs_open::registry::{self, StagingProgress};
@@ -13,13 +14,13 @@ use stagefs_open::report::human;
 /// `daemon::RECORD_REFRESH`.
 const POLL: Duration = Duration::from_millis(100);
 
-/// Waits until the mount at `mountpoint` (live, or still starting: see [`super::wait`]) has
+/// Waits until the mount at `mountpoint` (live, or still starting: see [`wait`]) has
 /// staged everything its mode promises: exit 0; non-zero with the reason once staging
 /// failed (9) or its daemon is gone (6), or at `timeout` (6; `None`: no limit, the
 /// daemon's end is the hang guard).
 pub fn wait_staged(mountpoint: &Path, timeout: Option<Duration>) -> Result<(), Failure> {
     let started = Instant::now();
-    super::wait(mountpoint, timeout.unwrap_or(crate::request::DEFAULT_WAIT))?;
+    wait(mountpoint, timeout.unwrap_or(crate::request::DEFAULT_WAIT))?;
     let mountpoint = mountpoint::resolve(mountpoint)?;
     let mut last = None;
     loop {

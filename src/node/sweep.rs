@@ -3,8 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::files::NodeFiles;
 use super::lock::{is_locked, now_ms, LockFile, Mode, Status};
-use super::NodeFiles;
 use stagefs_open::registry;
 
 /// Starts `stagefs reap-failure` for the failure status at `lock` (see [`reap_failure`]),

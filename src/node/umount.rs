@@ -4,6 +4,7 @@ use stagefs_archive::escape::Shown;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use super::sweep::clear_leftovers;
 use crate::error::Failure;
 use crate::mountpoint::{self, MountpointError};
 use stagefs_open::registry;
@@ -115,7 +116,7 @@ fn mount_of_archive(path: &Path) -> Result<Option<std::path::PathBuf>, Failure> 
 /// What a daemon killed by SIGKILL could not remove: its record, log and lock (unless a new
 /// mounter holds it), and the directories it made for the mount, now that the mount is gone.
 fn clear_after_killed_daemon(record: &registry::Record) {
-    super::clear_leftovers(&record.mountpoint);
+    clear_leftovers(&record.mountpoint);
     registry::remove(&record.mountpoint);
     stagefs_open::places::remove_created(&record.created);
     if let Some(dir) = &record.stage_dir {

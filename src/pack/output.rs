@@ -14,8 +14,8 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use super::compress::{Compression, Framer};
+use super::errors::PackError;
 use super::index::ShardIndex;
-use super::PackError;
 use stagefs_archive::tar::write as tar_writer;
 
 /// An archive being written.

@@ -11,8 +11,9 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::{Condvar, Mutex};
 
+use super::errors::PackError;
+use super::member::Member;
 use super::walk::{full_path, Stat};
-use super::{Member, PackError};
 
 /// Files larger than this are streamed by the writer instead of read ahead whole.
 pub const STREAM_ABOVE: u64 = 16 << 20;

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use super::Member;
+use super::member::Member;
 use stagefs_archive::tar::write::member_len;
 
 /// The sample a member belongs to: (directory, stem); `None` for directories, which

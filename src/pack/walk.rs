@@ -11,7 +11,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex};
 
-use super::PackError;
+use super::errors::PackError;
 use stagefs_archive::escape::escape;
 
 /// Names stat'ed per task: small enough to spread a flat directory over every thread.

@@ -1,17 +1,29 @@
 //! The one writer: takes members in path order from the readers and appends them to the current shard and its index.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::compress;
+use super::errors::PackError;
+use super::member::Member;
 use super::output::Output;
 use super::read::{self, Content, Window};
 use super::shards::shard_path;
 use super::sparse;
 use super::walk::{full_path, Stat};
-use super::{Member, Options, PackError};
 use stagefs_archive::index::Attrs;
 use stagefs_archive::tar::write::{self as tar_writer, Header, Kind};
+
+/// What the writer needs of the arguments.
+pub struct Options {
+    pub out: PathBuf,
+    pub normalize: bool,
+    /// The archives' final mode (0666 less the umask, as tar creates them).
+    pub mode: u32,
+    /// `--compress` and `--level`.
+    pub compress: Option<(compress::Compression, Option<i32>)>,
+}
 
 /// Chunk size when streaming a large file.
 const CHUNK: usize = 1 << 20;

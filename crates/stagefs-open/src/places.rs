@@ -9,121 +9,27 @@
 //! ours; they are still opened with `O_NOFOLLOW`, and temp files with `O_EXCL` and an
 //! unpredictable name, so a mistake elsewhere cannot turn into a write through a link.
 
-use stagefs_archive::escape::Shown;
 use std::io::ErrorKind;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
 use std::sync::OnceLock;
 
 mod checked;
+mod errors;
 mod files;
 mod outside;
+mod private;
+mod users;
 pub use checked::CheckedDir;
+pub use errors::PlaceError;
 pub use files::random_suffix;
 pub use files::{
     judged, open_private, read_all, read_checked, read_own, remove_file, remove_unless_locked, write_atomically,
     Distrust,
 };
 pub use outside::{open_append, open_outside, read_own_file, ArchiveSet, OutsideError, OutsideFile, Trust};
-
-/// A place stagefs cannot use safely, with what to do about it.
-#[derive(Debug, thiserror::Error)]
-pub enum PlaceError {
-    #[error(
-        "{}: belongs to {owner}, not to you: another user may be trying to intercept stagefs's files; \
-         {advice}",
-        path.shown()
-    )]
-    NotOwned { path: PathBuf, owner: String, advice: String },
-    #[error("{}: is a symbolic link (or not a directory) where stagefs expects its own directory; {advice}", path.shown())]
-    NotADirectory { path: PathBuf, advice: String },
-    #[error(
-        "{}: is writable by other users (mode {mode:04o}), so they could replace stagefs's files in it; {advice}",
-        path.shown()
-    )]
-    Writable { path: PathBuf, mode: u32, advice: String },
-    #[error(
-        "{}: is writable by other users (mode {mode:04o}) without the sticky bit, so they could rename {} and \
-         put their own in its place; use a path whose parents only you (or root) can write (such as \
-         /dev/shm/$USER/...), or ask the directory's owner for `chmod +t` (as /tmp has)",
-        dir.shown(),
-        child.shown()
-    )]
-    Renamable { dir: PathBuf, child: PathBuf, mode: u32 },
-    #[error("{}: {what}: {source}", path.shown())]
-    Io { path: PathBuf, what: &'static str, source: std::io::Error },
-}
-
-/// The effective user's uid.
-pub fn my_uid() -> u32 {
-    rustix::process::geteuid().as_raw()
-}
-
-/// A user's name for messages ("uid 1002" when the password database does not know it).
-pub fn user_label(uid: u32) -> String {
-    match uzers::get_user_by_uid(uid) {
-        Some(user) => format!("{} (uid {uid})", user.name().to_string_lossy()),
-        None => format!("uid {uid}"),
-    }
-}
-
-/// The user's name from the password database (`$USER` is unset in some SLURM steps).
-pub fn user_name() -> String {
-    let uid = my_uid();
-    uzers::get_user_by_uid(uid)
-        .map(|u| u.name().to_string_lossy().into_owned())
-        .or_else(|| std::env::var("USER").ok().filter(|u| !u.is_empty()))
-        .unwrap_or_else(|| uid.to_string())
-}
-
-/// Checks that `path` (not followed if a symlink) is a directory owned by this user that no
-/// one else may write to. `advice` finishes the error message.
-pub fn check_private(path: &Path, advice: &str) -> Result<(), PlaceError> {
-    let meta = std::fs::symlink_metadata(path).map_err(|source| PlaceError::Io {
-        path: path.to_owned(),
-        what: "cannot inspect this directory",
-        source,
-    })?;
-    check_meta(path, &meta, advice)
-}
-
-/// [`check_private`] of metadata already in hand (an open directory's).
-fn check_meta(path: &Path, meta: &std::fs::Metadata, advice: &str) -> Result<(), PlaceError> {
-    if !meta.file_type().is_dir() {
-        return Err(PlaceError::NotADirectory { path: path.to_owned(), advice: advice.into() });
-    }
-    if meta.uid() != my_uid() {
-        return Err(PlaceError::NotOwned {
-            path: path.to_owned(),
-            owner: user_label(meta.uid()),
-            advice: advice.into(),
-        });
-    }
-    if meta.mode() & 0o022 != 0 {
-        return Err(PlaceError::Writable { path: path.to_owned(), mode: meta.mode() & 0o7777, advice: advice.into() });
-    }
-    Ok(())
-}
-
-/// Whether users other than the owner can rename or remove entries of the directory
-/// `meta` describes: writable by others, or by a group other than the owner's private
-/// group (named after the owner, with no other members), without the sticky bit.
-pub fn others_can_write(meta: &std::fs::Metadata) -> bool {
-    let mode = meta.mode();
-    if mode & libc::S_ISVTX != 0 {
-        return false;
-    }
-    mode & 0o002 != 0 || (mode & 0o020 != 0 && !private_group(meta.gid(), meta.uid()))
-}
-
-/// A user private group: named like its one user, listing no other members.
-fn private_group(gid: u32, uid: u32) -> bool {
-    use uzers::os::unix::GroupExt;
-    match (uzers::get_group_by_gid(gid), uzers::get_user_by_uid(uid)) {
-        (Some(group), Some(user)) => group.name() == user.name() && group.members().iter().all(|m| m == user.name()),
-        _ => false,
-    }
-}
+pub use private::{check_private, others_can_write};
+pub use users::{my_uid, user_label, user_name};
 
 /// Refuses `path` when a directory above it lets other users rename what it holds (see
 /// [`others_can_write`]), as OpenSSH's StrictModes does: they could move the real path

@@ -7,25 +7,16 @@
 
 mod profile;
 mod services;
+mod temporary;
 
 use std::sync::Mutex;
-use std::time::SystemTime;
 
 use crate::error::RemoteError;
 use crate::secret::Secret;
 use crate::sigv4::Keys;
 use profile::env;
 pub use profile::Profile;
-
-/// Credentials with where they came from and when they expire.
-#[derive(Clone, Debug)]
-pub struct Temporary {
-    pub keys: Keys,
-    pub expires: Option<SystemTime>,
-    /// Where they came from, in words for messages ("AWS_ACCESS_KEY_ID", "profile lab in
-    /// ~/.aws/credentials").
-    pub source: String,
-}
+pub use temporary::Temporary;
 
 /// The chain, resolved at the first signed request and again before temporary
 /// credentials expire.

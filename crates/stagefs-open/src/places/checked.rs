@@ -15,7 +15,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use super::{check_meta, PlaceError};
+use super::errors::PlaceError;
+use super::files::{judged, random_suffix, Distrust};
+use super::private::check_meta;
+use super::users::my_uid;
 
 /// A directory owned by this user, writable by nobody else, held open.
 #[derive(Debug)]
@@ -140,11 +143,11 @@ impl CheckedDir {
 
     /// Opens the file `name` inside (a saved index, to map), if there is one, when it is a
     /// regular file of this user's, writable by nobody else, of at most `cap` bytes.
-    pub fn open_own(&self, name: &str, cap: u64) -> Result<Option<File>, super::Distrust> {
+    pub fn open_own(&self, name: &str, cap: u64) -> Result<Option<File>, Distrust> {
         match self.open_file(name) {
-            Ok(file) => super::judged(file, &[super::my_uid()], cap).map(Some),
+            Ok(file) => judged(file, &[my_uid()], cap).map(Some),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(super::Distrust::Open(e)),
+            Err(e) => Err(Distrust::Open(e)),
         }
     }
 
@@ -207,7 +210,7 @@ impl CheckedDir {
     /// [`CheckedDir::nameless_file`] without `O_TMPFILE`: `O_EXCL` under an unpredictable
     /// name, unlinked at once.
     fn created_and_unlinked(&self) -> std::io::Result<File> {
-        let name = format!(".stagefs-staging.{}", super::random_suffix());
+        let name = format!(".stagefs-staging.{}", random_suffix());
         let c = c_name(&name)?;
         // SAFETY: a NUL-terminated name relative to our descriptor; the result is owned below.
         let fd = check_fd(unsafe {

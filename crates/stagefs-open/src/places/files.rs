@@ -9,7 +9,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
-use super::{my_uid, user_label};
+use super::users::{my_uid, user_label};
 
 /// Opens (creating with mode 0600 if missing) a file in a checked directory for reading and
 /// writing, never through a symlink, and refuses anything but a regular file of ours.

@@ -37,7 +37,9 @@ use std::sync::Arc;
 use stagefs_archive::escape::Shown;
 use stagefs_archive::FileId;
 
-use super::{my_uid, others_can_write, user_label};
+use super::files::Distrust;
+use super::private::others_can_write;
+use super::users::{my_uid, user_label};
 
 /// The archives a mount serves, in the order they win.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -482,13 +484,13 @@ impl OutsideFile {
     /// Opens the file `name` beside this one (a saved index, to map) if it deserves trust:
     /// a regular file there (no link, no FIFO), owned by the user or by this file's owner,
     /// writable by nobody else, at most `cap` bytes. `Ok(None)` when there is none.
-    pub fn open_beside(&self, name: &str, cap: u64) -> Result<Option<File>, super::Distrust> {
+    pub fn open_beside(&self, name: &str, cap: u64) -> Result<Option<File>, Distrust> {
         let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
         let file = match open_at(self.dir.as_raw_fd(), OsStr::new(name), flags) {
             Ok(fd) => File::from(fd),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(super::Distrust::Link),
-            Err(e) => return Err(super::Distrust::Open(e)),
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Err(Distrust::Link),
+            Err(e) => return Err(Distrust::Open(e)),
         };
         super::files::judged(file, &[my_uid(), self.owner()], cap).map(Some)
     }

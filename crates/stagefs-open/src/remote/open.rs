@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use stagefs_remote::{Client, Hooks, Object, RemoteError};
 
+use super::client::{client, parse};
 use super::index::{key_of, RemoteIndexes};
 use crate::open::SavedIndexes as _;
 use crate::open::{Indexing, OpenArchiveError, Opened};
@@ -29,8 +30,8 @@ pub fn open(
     indexing: &Indexing,
     shards: usize,
 ) -> Result<Opened, OpenArchiveError> {
-    let url = super::parse(path)?;
-    let client = super::client()?;
+    let url = parse(path)?;
+    let client = client()?;
     let object = client.stat(&url)?;
     let shown = PathBuf::from(url.shown());
     let (loaded, key) = match received {
@@ -236,8 +237,8 @@ fn from_copy(
 /// descriptor). Returns the copy and its size.
 pub fn fetch_for_broadcast(archive: &Path, stage_dir: Option<&Path>) -> Result<(File, u64), StageError> {
     let failed = |e: OpenArchiveError| StageError::Broadcast(e.to_string());
-    let url = super::parse(archive).map_err(|e| StageError::Broadcast(e.to_string()))?;
-    let client = super::client().map_err(|e| StageError::Broadcast(e.to_string()))?;
+    let url = parse(archive).map_err(|e| StageError::Broadcast(e.to_string()))?;
+    let client = client().map_err(|e| StageError::Broadcast(e.to_string()))?;
     let object = client.stat(&url).map_err(|e| StageError::Broadcast(e.to_string()))?;
     let shown = PathBuf::from(url.shown());
     let size = object.version.size;

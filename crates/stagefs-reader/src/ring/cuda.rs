@@ -1,6 +1,6 @@
 //! CUDA backend: pinned staging slots, device slots, one stream, per-slot events.
 
-use super::{log_event, SlotEvent, SlotLog, UploadTotals};
+use super::record::{log_event, SlotEvent, SlotLog, UploadTotals};
 use crate::error::Result;
 use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
 use cudarc::driver::{result, CudaContext, CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtr, PinnedHostSlice};

@@ -1,6 +1,7 @@
 //! Host backend: "device" buffers are ordinary host memory and a copy thread plays the CUDA stream.
 
-use super::{log_event, AlignedBuf, SlotEvent, SlotLog, UploadTotals};
+use super::aligned::AlignedBuf;
+use super::record::{log_event, SlotEvent, SlotLog, UploadTotals};
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex};

@@ -3,7 +3,7 @@
 use std::time::{Duration, SystemTime};
 
 use super::profile::env;
-use super::Temporary;
+use super::temporary::Temporary;
 use crate::files::FileError;
 use crate::secret::Secret;
 use crate::sigv4::Keys;
