@@ -6,7 +6,6 @@ use std::sync::Arc;
 use quick_cache::sync::Cache;
 
 use crate::bytes::ByteWeight;
-use crate::seekable::{unit_cache, UnitCache};
 
 /// Bytes each cache holds when no budget applies (`stagefs ls`, `stagefs index`, tests).
 pub const DEFAULT_BYTES: u64 = 128 << 20;
@@ -127,6 +126,38 @@ impl Drop for Blocks {
     fn drop(&mut self) {
         self.clear();
     }
+}
+
+/// Decoded bytes as cached: the `Vec` the decoder filled, shared without a copy.
+pub(crate) type Unit = Arc<Vec<u8>>;
+
+/// (file, restart point, piece) -> decoded bytes.
+pub(crate) type UnitCache = Cache<(u64, usize, u64), Unit, UnitWeight>;
+
+/// Weighs a cached unit by its bytes.
+#[derive(Clone)]
+pub(crate) struct UnitWeight;
+
+impl quick_cache::Weighter<(u64, usize, u64), Unit> for UnitWeight {
+    fn weight(&self, _key: &(u64, usize, u64), unit: &Unit) -> u64 {
+        unit.len() as u64 + 64
+    }
+}
+
+/// A cache of `bytes`. One shard: `quick_cache` splits its capacity between shards (4 per
+/// core), and a shard of a 128 MiB cache on 2 cores held 32 MiB, four 8 MiB frames. Half of
+/// it for entries seen once (the default keeps 3 % for them): a unit is read by its
+/// neighbours soon after its first read, and an 8 MiB frame in a 4 MiB cold section was
+/// evicted by the next decode, before them, so every file decoded its frame again.
+pub(crate) fn unit_cache(bytes: u64) -> UnitCache {
+    let options = quick_cache::OptionsBuilder::new()
+        .estimated_items_capacity((bytes / (256 << 10)).max(64) as usize)
+        .weight_capacity(bytes)
+        .hot_allocation(0.5)
+        .shards(1)
+        .build()
+        .expect("valid cache options");
+    Cache::with_options(options, UnitWeight, Default::default(), Default::default())
 }
 
 #[cfg(test)]

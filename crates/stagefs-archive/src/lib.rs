@@ -12,7 +12,7 @@
 //!
 //! ```
 //! use std::io::Write;
-//! use stagefs_archive::{index::ROOT, tar::write, Archive};
+//! use stagefs_archive::{index::ROOT, tar::write, Archive, Caches};
 //!
 //! // A tar with one file, as any tar tool writes it.
 //! let dir = std::env::temp_dir().join(format!("stagefs-archive-doc-{}", std::process::id()));
@@ -24,8 +24,9 @@
 //! tar.write_all(&vec![0u8; write::padding(6)])?;
 //! tar.write_all(&write::end())?;
 //!
-//! // Open it, list the root, read the file.
-//! let archive = Archive::open(&std::fs::File::open(&path)?, &path)?;
+//! // Open it (what is decoded is kept within one memory budget: the open's caches),
+//! // list the root, read the file.
+//! let archive = Archive::open(&std::fs::File::open(&path)?, &path, &Caches::default())?;
 //! let index = &archive.index;
 //! let root = index.inode(ROOT)?;
 //! let names: Vec<&[u8]> = index.children(&root)?.iter().map(|d| index.name(&d)).collect::<Result<_, _>>()?;

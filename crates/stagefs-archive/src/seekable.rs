@@ -36,7 +36,6 @@ pub use points::{max_points, Point, Points};
 use points::{too_many_points, CodecPass};
 pub(crate) use read::Compressed;
 pub use read::Seekable;
-pub(crate) use read::{unit_cache, UnitCache};
 
 use std::io::Read;
 

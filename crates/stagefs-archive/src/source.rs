@@ -7,7 +7,6 @@ use crate::fill::{Fill, StagedCopy};
 use crate::guard::GuardedMap;
 use crate::identity::FileId;
 use crate::page_cache::drop_file_cache;
-use crate::{seekable, within};
 
 /// How a file changed while it was read (see [`Source::check_intact`]): nothing read of it
 /// is trusted.
@@ -47,9 +46,9 @@ pub type Backing = Arc<Source>;
 pub struct Source {
     pub(crate) map: GuardedMap,
     pub(crate) in_place: Option<InPlace>,
-    pub(crate) decoded: Option<seekable::Seekable>,
     pub(crate) ranged: Option<Box<dyn Ranged>>,
-    pub(crate) within: Option<within::Within>,
+    /// Bytes made from another source's (see [`Derived`]).
+    pub(crate) derived: Option<Box<dyn Derived>>,
     /// A copy being filled while it serves (`--stage copy|disk`, see [`crate::fill`]):
     /// `in_place` is then the archive file the copy is made from.
     pub(crate) fill: Option<Fill>,
@@ -68,6 +67,28 @@ pub trait Ranged: Send + Sync + std::fmt::Debug {
     /// All bytes in order, for a scan that has no map (a tar); `None` when the map holds
     /// what indexing reads.
     fn stream(&self) -> Option<Box<dyn std::io::Read + '_>>;
+}
+
+/// Bytes made from another source's: a compressed file's decoding (`seekable::Seekable`),
+/// a range of another source (`within::Within`). They implement it and build their
+/// `Source` (`Source::decoded`, `Source::within`), so that this file names neither.
+pub(crate) trait Derived: Send + Sync + std::fmt::Debug {
+    /// The bytes served.
+    fn len(&self) -> u64;
+    /// `len` bytes at `offset`, or why not.
+    fn read_at(&self, offset: u64, len: usize) -> Result<std::borrow::Cow<'_, [u8]>, ReadError>;
+    /// The source they are made from: they are intact while it is.
+    fn origin(&self) -> &Backing;
+    /// What a scan reads of them mapped (a range's bytes; a decoding has none).
+    fn mapped(&self) -> &[u8] {
+        &[]
+    }
+    /// Lets go of the mapped pages before `offset` (see [`Source::unmap_scanned`]).
+    fn unmap_before(&self, _offset: u64) {}
+    /// Drops or warms the cached pages they come from (see [`Source::source_cache`]).
+    fn source_cache(&self, _what: SourceCache<'_>) {}
+    /// Itself, for the kind's own accessors (`Source::seekable`).
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 /// The archive file as it was when mounted.
@@ -182,15 +203,7 @@ pub enum StageChunkError {
 impl Source {
     /// Bytes only this process holds (memory in tests, a copy fetched whole).
     pub fn private(map: memmap2::Mmap) -> Source {
-        Source {
-            map: GuardedMap::private(map),
-            in_place: None,
-            decoded: None,
-            ranged: None,
-            within: None,
-            fill: None,
-            copy: None,
-        }
+        Source { map: GuardedMap::private(map), in_place: None, ranged: None, derived: None, fill: None, copy: None }
     }
 
     /// A complete private copy held in `file` (a staged memfd) and mapped as `map`: the
@@ -206,7 +219,7 @@ impl Source {
     pub fn shared_copy(file: &std::fs::File) -> std::io::Result<Backing> {
         let map = GuardedMap::file(file)?;
         let copy = Some(file.try_clone()?);
-        Ok(Arc::new(Source { map, in_place: None, decoded: None, ranged: None, within: None, fill: None, copy }))
+        Ok(Arc::new(Source { map, in_place: None, ranged: None, derived: None, fill: None, copy }))
     }
 
     /// The memfd holding a complete copy of the bytes served, which another process of the
@@ -221,10 +234,11 @@ impl Source {
         }
     }
 
-    /// The decoded bytes of a compressed file, served by its restart points.
-    pub fn decoded(seekable: seekable::Seekable) -> std::io::Result<Source> {
+    /// A source with nothing mapped and nothing to serve yet: what a derived source (see
+    /// [`Derived`]) fills in.
+    pub(crate) fn empty() -> std::io::Result<Source> {
         let map = GuardedMap::private(memmap2::MmapOptions::new().len(1).map_anon()?.make_read_only()?);
-        Ok(Source { map, in_place: None, decoded: Some(seekable), ranged: None, within: None, fill: None, copy: None })
+        Ok(Source { map, in_place: None, ranged: None, derived: None, fill: None, copy: None })
     }
 
     /// Bytes read through `ranged`; `map` holds what indexing reads of them.
@@ -232,9 +246,8 @@ impl Source {
         Source {
             map: GuardedMap::private(map),
             in_place: None,
-            decoded: None,
             ranged: Some(ranged),
-            within: None,
+            derived: None,
             fill: None,
             copy: None,
         }
@@ -245,18 +258,12 @@ impl Source {
         self.ranged.as_ref().and_then(|r| r.stream())
     }
 
-    /// The restart points and compressed bytes, when this is a compressed file's decoding.
-    pub fn seekable(&self) -> Option<&seekable::Seekable> {
-        self.decoded.as_ref()
-    }
-
     /// Bytes served: the decoded size of a compressed file, else the file's size.
     pub fn len(&self) -> usize {
-        match (&self.decoded, &self.ranged, &self.within) {
-            (Some(decoded), ..) => decoded.decoded_len() as usize,
-            (None, Some(ranged), _) => ranged.size() as usize,
-            (None, None, Some(within)) => within.len() as usize,
-            (None, None, None) => self.map.len(),
+        match (&self.derived, &self.ranged) {
+            (Some(derived), _) => derived.len() as usize,
+            (None, Some(ranged)) => ranged.size() as usize,
+            (None, None) => self.map.len(),
         }
     }
 
@@ -271,14 +278,14 @@ impl Source {
         let mut map = memmap2::MmapMut::map_anon(bytes.len().max(1)).expect("anonymous map");
         map[..bytes.len()].copy_from_slice(bytes);
         let map = GuardedMap::private(map.make_read_only().expect("read-only map"));
-        Arc::new(Source { map, in_place: None, decoded: None, ranged: None, within: None, fill: None, copy: None })
+        Arc::new(Source { map, in_place: None, ranged: None, derived: None, fill: None, copy: None })
     }
 
     /// `len` bytes at `offset`, or an error if they lie past the end or the archive
     /// file changed underneath.
     pub fn read_at(&self, offset: u64, len: usize) -> Result<std::borrow::Cow<'_, [u8]>, ReadError> {
-        if let Some(decoded) = &self.decoded {
-            return decoded.read_at(offset, len).map(std::borrow::Cow::Owned);
+        if let Some(derived) = &self.derived {
+            return derived.read_at(offset, len);
         }
         if let Some(ranged) = &self.ranged {
             let bytes = ranged
@@ -288,9 +295,6 @@ impl Source {
                 return Err(ReadError { offset, what: format!("{len} bytes run past the end of the archive") });
             }
             return Ok(std::borrow::Cow::Owned(bytes));
-        }
-        if let Some(within) = &self.within {
-            return within.read_at(offset, len);
         }
         let past_end = || ReadError {
             offset,
@@ -316,11 +320,8 @@ impl Source {
     /// was mapped. Every scan of a file from outside ends with this check; the error says
     /// what changed.
     pub fn check_intact(&self) -> Result<(), Changed> {
-        if let Some(decoded) = &self.decoded {
-            return decoded.input().check_intact();
-        }
-        if let Some(within) = &self.within {
-            return within.outer().check_intact();
+        if let Some(derived) = &self.derived {
+            return derived.origin().check_intact();
         }
         if self.map.torn() {
             return Err(Changed(
@@ -336,8 +337,9 @@ impl Source {
     /// Drops or warms this archive file's cached pages (in place only; a staged copy has
     /// no other copy to fall back on, and is in RAM already).
     pub fn source_cache(&self, what: SourceCache<'_>) {
-        if let Some(decoded) = &self.decoded {
-            decoded.input().source_cache(what);
+        if let Some(derived) = &self.derived {
+            derived.source_cache(what);
+            return;
         }
         if let (Some(fill), SourceCache::Drop) = (&self.fill, &what) {
             fill.drop_copy_cache();
@@ -359,8 +361,8 @@ impl Source {
 
     /// [`Source::unmap_scanned`] for the bytes before `offset` (a pass still under way).
     pub(crate) fn unmap_before(&self, offset: u64) {
-        match &self.within {
-            Some(within) => within.unmap_before(offset),
+        match &self.derived {
+            Some(derived) => derived.unmap_before(offset),
             None => self.unmap_range(0, offset),
         }
     }
@@ -384,10 +386,9 @@ impl std::ops::Deref for Source {
     type Target = [u8];
     /// The mapped bytes; none for a decoded compressed file (see [`Source`]).
     fn deref(&self) -> &[u8] {
-        match (&self.decoded, &self.within) {
-            (Some(_), _) => &[],
-            (None, Some(within)) => within.bytes(),
-            (None, None) => &self.map,
+        match &self.derived {
+            Some(derived) => derived.mapped(),
+            None => &self.map,
         }
     }
 }
@@ -421,7 +422,7 @@ fn in_place(
     let _ = map.map().advise(memmap2::Advice::Sequential);
     let fill = fill(id.size)?;
     let in_place = Some(InPlace { file, id });
-    Ok(Arc::new(Source { map, in_place, decoded: None, ranged: None, within: None, fill, copy: None }))
+    Ok(Arc::new(Source { map, in_place, ranged: None, derived: None, fill, copy: None }))
 }
 
 impl Source {

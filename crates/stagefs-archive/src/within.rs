@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 
 use crate::error::ReadError;
-use crate::source::{Backing, Source};
+use crate::source::{Backing, Derived, Source};
 
 /// `len` bytes of `outer` from `start`; reads go through `outer`, so an archive served
 /// in place is still read with `pread` and checked to be unchanged.
@@ -14,23 +14,23 @@ pub(crate) struct Within {
     len: u64,
 }
 
-impl Within {
-    pub(crate) fn len(&self) -> u64 {
+impl Derived for Within {
+    fn len(&self) -> u64 {
         self.len
     }
 
     /// The source the range lies in.
-    pub(crate) fn outer(&self) -> &Backing {
+    fn origin(&self) -> &Backing {
         &self.outer
     }
 
     /// The range's mapped bytes, for a first pass (none when `outer` has no map).
-    pub(crate) fn bytes(&self) -> &[u8] {
+    fn mapped(&self) -> &[u8] {
         let end = self.start + self.len;
         self.outer.get(self.start as usize..end as usize).unwrap_or_default()
     }
 
-    pub(crate) fn read_at(&self, offset: u64, len: usize) -> Result<Cow<'_, [u8]>, ReadError> {
+    fn read_at(&self, offset: u64, len: usize) -> Result<Cow<'_, [u8]>, ReadError> {
         if offset.checked_add(len as u64).is_none_or(|end| end > self.len) {
             return Err(ReadError {
                 offset: self.start.saturating_add(offset),
@@ -41,8 +41,12 @@ impl Within {
     }
 
     /// Lets go of the mapped pages of the range before `offset` (see `Source::unmap_scanned`).
-    pub(crate) fn unmap_before(&self, offset: u64) {
+    fn unmap_before(&self, offset: u64) {
         self.outer.unmap_range(self.start, self.start + offset.min(self.len));
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 
@@ -51,18 +55,9 @@ impl Source {
     /// do not lie inside `outer`.
     pub fn within(outer: &Backing, start: u64, len: u64) -> Option<Backing> {
         start.checked_add(len).filter(|&end| end <= outer.len() as u64)?;
-        let map = memmap2::MmapOptions::new().len(1).map_anon().ok()?.make_read_only().ok()?;
-        let map = crate::guard::GuardedMap::private(map);
-        let within = Within { outer: outer.clone(), start, len };
-        Some(std::sync::Arc::new(Source {
-            map,
-            in_place: None,
-            decoded: None,
-            ranged: None,
-            within: Some(within),
-            fill: None,
-            copy: None,
-        }))
+        let mut source = Source::empty().ok()?;
+        source.derived = Some(Box::new(Within { outer: outer.clone(), start, len }));
+        Some(std::sync::Arc::new(source))
     }
 }
 

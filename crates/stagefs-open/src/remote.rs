@@ -86,7 +86,7 @@ pub fn resolve(spec: &Path, more: &[PathBuf], growing: bool) -> Result<crate::pl
         return Ok(crate::places::ArchiveSet { label, shards: vec![spec.to_owned()], trust: Trust::Named });
     }
     let client = client()?;
-    let mut shards: Vec<PathBuf> = Vec::new();
+    let mut objects: Vec<PathBuf> = Vec::new();
     let mut digest = stagefs_archive::hash::Hasher::default();
     for one in &specs {
         let url = parse(one)?;
@@ -101,15 +101,15 @@ pub fn resolve(spec: &Path, more: &[PathBuf], growing: bool) -> Result<crate::pl
             }
             digest.write(text.as_bytes());
             digest.write(b"\0");
-            if !shards.iter().any(|s| s.as_os_str() == text.as_str()) {
-                shards.push(PathBuf::from(text));
+            if !objects.iter().any(|s| s.as_os_str() == text.as_str()) {
+                objects.push(PathBuf::from(text));
             }
         }
     }
-    if shards.len() == 1 {
+    if objects.len() == 1 {
         return Ok(crate::places::ArchiveSet {
-            label: PathBuf::from(parse(&shards[0])?.shown()),
-            shards,
+            label: PathBuf::from(parse(&objects[0])?.shown()),
+            shards: objects,
             trust: Trust::Named,
         });
     }
@@ -117,9 +117,9 @@ pub fn resolve(spec: &Path, more: &[PathBuf], growing: bool) -> Result<crate::pl
     if !more.is_empty() {
         text += &format!(" + {} more", more.len());
     }
-    let label = format!("{text} ({} shards, set {:016x})", shards.len(), digest.finish());
+    let label = format!("{text} ({} shards, set {:016x})", objects.len(), digest.finish());
     // Objects are judged by the store's own access rules and pinned to their version.
-    Ok(crate::places::ArchiveSet { label: PathBuf::from(label), shards, trust: Trust::Named })
+    Ok(crate::places::ArchiveSet { label: PathBuf::from(label), shards: objects, trust: Trust::Named })
 }
 
 fn url_key(url: &ObjectUrl) -> String {

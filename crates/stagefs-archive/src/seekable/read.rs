@@ -9,18 +9,17 @@
 //! once from its RAM budget and passed in), weighed in bytes, so a set of 1,000
 //! compressed shards takes no more than one.
 
+use std::borrow::Cow;
 use std::io::{Read, Seek, SeekFrom};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use quick_cache::sync::Cache;
-
 use super::points::{Point, Points, SPAN};
 use super::{bzip2, gzip, xz};
-use crate::caches::Caches;
+use crate::caches::{Caches, Unit, UnitCache};
 use crate::codec::Compression;
 use crate::error::ReadError;
-use crate::source::Backing;
+use crate::source::{Backing, Derived, Source, SourceCache};
 
 /// A unit decoding to at most this is decoded whole and cached as one entry.
 pub(crate) const WHOLE_UNIT: u64 = 32 << 20;
@@ -29,38 +28,6 @@ pub const PIECE: u64 = 4 << 20;
 /// Decoders of large units kept where they stopped (each holds a zstd window or an xz
 /// dictionary: up to 128 MiB for `zstd --long=27`, so few).
 const CURSORS: usize = 4;
-
-/// Decoded bytes as cached: the `Vec` the decoder filled, shared without a copy.
-type Unit = Arc<Vec<u8>>;
-
-/// (file, restart point, piece) -> decoded bytes.
-pub(crate) type UnitCache = Cache<(u64, usize, u64), Unit, UnitWeight>;
-
-/// Weighs a cached unit by its bytes.
-#[derive(Clone)]
-pub(crate) struct UnitWeight;
-
-impl quick_cache::Weighter<(u64, usize, u64), Unit> for UnitWeight {
-    fn weight(&self, _key: &(u64, usize, u64), unit: &Unit) -> u64 {
-        unit.len() as u64 + 64
-    }
-}
-
-/// A cache of `bytes`. One shard: `quick_cache` splits its capacity between shards (4 per
-/// core), and a shard of a 128 MiB cache on 2 cores held 32 MiB, four 8 MiB frames. Half of
-/// it for entries seen once (the default keeps 3 % for them): a unit is read by its
-/// neighbours soon after its first read, and an 8 MiB frame in a 4 MiB cold section was
-/// evicted by the next decode, before them, so every file decoded its frame again.
-pub(crate) fn unit_cache(bytes: u64) -> UnitCache {
-    let options = quick_cache::OptionsBuilder::new()
-        .estimated_items_capacity((bytes / (256 << 10)).max(64) as usize)
-        .weight_capacity(bytes)
-        .hot_allocation(0.5)
-        .shards(1)
-        .build()
-        .expect("valid cache options");
-    Cache::with_options(options, UnitWeight, Default::default(), Default::default())
-}
 
 /// Bytes `pos..end` of a source read through [`crate::Source::read_at`] (so a file served
 /// in place is checked to be unchanged), as a stream: the compressed file for the
@@ -148,7 +115,7 @@ impl Seekable {
     /// A file with a cache of its own of `bytes` (tests: other tests' reads do not evict).
     #[cfg(test)]
     pub(super) fn with_own_cache(input: Backing, points: Points, bytes: u64) -> Seekable {
-        Seekable::with_cache(input, points, Arc::new(unit_cache(bytes)))
+        Seekable::with_cache(input, points, Arc::new(crate::caches::unit_cache(bytes)))
     }
 
     fn with_cache(input: Backing, points: Points, cache: Arc<UnitCache>) -> Seekable {
@@ -429,5 +396,42 @@ impl Shared {
             cursors.push(cursor);
         }
         Ok(out)
+    }
+}
+
+impl Derived for Seekable {
+    fn len(&self) -> u64 {
+        self.decoded_len()
+    }
+
+    fn read_at(&self, offset: u64, len: usize) -> Result<Cow<'_, [u8]>, ReadError> {
+        Seekable::read_at(self, offset, len).map(Cow::Owned)
+    }
+
+    /// The compressed bytes.
+    fn origin(&self) -> &Backing {
+        self.input()
+    }
+
+    fn source_cache(&self, what: SourceCache<'_>) {
+        self.input().source_cache(what);
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl Source {
+    /// The decoded bytes of a compressed file, served by its restart points.
+    pub fn decoded(seekable: Seekable) -> std::io::Result<Source> {
+        let mut source = Source::empty()?;
+        source.derived = Some(Box::new(seekable));
+        Ok(source)
+    }
+
+    /// The restart points and compressed bytes, when this is a compressed file's decoding.
+    pub fn seekable(&self) -> Option<&Seekable> {
+        self.derived.as_ref()?.as_any().downcast_ref()
     }
 }
