@@ -169,9 +169,6 @@ pub(super) fn start(
     });
     let capped = log.filter(|l| l.default).and_then(|l| l.file.try_clone().ok());
     housekeeping(record.clone(), fs.clone(), capped, background.clone());
-    if let Some(background) = &background {
-        super::background::spawn(background.clone(), copier, warm);
-    }
     tracing::info!(mountpoint = %mountpoint.shown(), pid = record.pid, "mounted");
     if let Some(mut pipe) = ready.take() {
         stagefs_open::cancel::release_parent();
@@ -185,6 +182,11 @@ pub(super) fn start(
             mountpoint.shown(),
             mountpoint.shown()
         );
+    }
+    // Only once stderr is the log: a copy or warm-up that ends at once would otherwise say
+    // so to the terminal `stagefs mount` had, and never to the log.
+    if let Some(background) = &background {
+        super::background::spawn(background.clone(), copier, warm);
     }
     Ok(Live { session, fs, stage_dir: record.stage_dir, control, background, share })
 }
