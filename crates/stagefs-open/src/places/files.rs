@@ -242,7 +242,7 @@ mod tests {
         ("crates/stagefs-open/src/places/outside.rs", "the mechanism"),
         ("daemon/start.rs", "/dev/fuse and /dev/null"),
         ("crates/stagefs-open/src/stage/budget.rs", "/proc/meminfo and the cgroup's limits"),
-        ("node.rs", "/proc/PID/stat and cmdline"),
+        ("node/slurm.rs", "/proc/PID/stat and cmdline"),
         ("crates/stagefs-open/src/registry.rs", "/proc/PID/stat"),
         ("daemon/memory.rs", "/proc/self/status"),
         ("mountpoint.rs", "/proc/self/mountinfo"),
