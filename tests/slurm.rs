@@ -198,41 +198,50 @@ fn slurm_templates_mount_once_per_node_and_clean_up() {
     let bin_dir = stagefs_bin().parent().unwrap().to_owned();
     let path = format!("{}:{}:{}", bin_dir.display(), fake_bin.display(), std::env::var("PATH").unwrap_or_default());
 
+    // A distinct archive name per job: distinct default mountpoints, so jobs run side by
+    // side. All made before the first job starts: a link moves the file's ctime, and a
+    // mount refuses to serve an archive whose ctime moved (it may have been rewritten).
+    let runs: Vec<(String, &PathBuf, End)> = TEMPLATES
+        .iter()
+        .zip(&templates)
+        .flat_map(|(template, file)| {
+            [End::Normal, End::Scancel, End::TimeLimit]
+                .map(|end| (format!("{template}-{end:?}").to_lowercase(), file, end))
+        })
+        .collect();
+    for (name, ..) in &runs {
+        fs::hard_link(&base, tmp.join(format!("{name}.tar"))).unwrap();
+    }
     let started = Instant::now();
     let mut jobs = Vec::new();
-    for (template, file) in TEMPLATES.iter().zip(&templates) {
-        for end in [End::Normal, End::Scancel, End::TimeLimit] {
-            let name = format!("{template}-{end:?}").to_lowercase();
-            // A distinct archive name per job: distinct default mountpoints, so jobs run side by side.
-            let archive = tmp.join(format!("{name}.tar"));
-            fs::hard_link(&base, &archive).unwrap();
-            let (out, runtime, log) =
-                (tmp.join(format!("out-{name}")), tmp.join(format!("rt-{name}")), tmp.join(format!("{name}.log")));
-            fs::create_dir_all(&out).unwrap();
-            let time = if end == End::TimeLimit { "1" } else { "5" };
-            let sleep = if end == End::Normal { "1" } else { "600" };
-            let mut sbatch = cluster.cmd("sbatch");
-            sbatch
-                .args(["--parsable", "--nodes=1", "--ntasks-per-node=4", "--gpus-per-node=0", "--cpus-per-task=1"])
-                .args(["--time", time, "--output"])
-                .arg(&log)
-                .arg(file)
-                .current_dir(tmp.path())
-                .env("PATH", &path)
-                .env("ARCHIVE", &archive)
-                .env_remove("SCRATCH")
-                .env("GPUS", TASKS.to_string())
-                .env("TRAIN_SCRIPT", tmp.join("reader.py"))
-                .env("STAGEFS_RUNTIME_DIR", &runtime)
-                .env("STAGEFS_BROADCAST_ALWAYS", "1")
-                .env("STAGEFS_TEST_EXPECT", &tree)
-                .env("STAGEFS_TEST_OUT", &out)
-                .env("STAGEFS_TEST_SLEEP", sleep);
-            let submitted = run_cmd(&mut sbatch, Duration::from_secs(30));
-            assert!(submitted.success(), "sbatch {name}:\n{}", submitted.describe());
-            let id = submitted.stdout.trim().split(';').next().unwrap().to_string();
-            jobs.push(Job { name, id, end, archive, out, runtime, log });
-        }
+    for (name, file, end) in runs {
+        let archive = tmp.join(format!("{name}.tar"));
+        let (out, runtime, log) =
+            (tmp.join(format!("out-{name}")), tmp.join(format!("rt-{name}")), tmp.join(format!("{name}.log")));
+        fs::create_dir_all(&out).unwrap();
+        let time = if end == End::TimeLimit { "1" } else { "5" };
+        let sleep = if end == End::Normal { "1" } else { "600" };
+        let mut sbatch = cluster.cmd("sbatch");
+        sbatch
+            .args(["--parsable", "--nodes=1", "--ntasks-per-node=4", "--gpus-per-node=0", "--cpus-per-task=1"])
+            .args(["--time", time, "--output"])
+            .arg(&log)
+            .arg(file)
+            .current_dir(tmp.path())
+            .env("PATH", &path)
+            .env("ARCHIVE", &archive)
+            .env_remove("SCRATCH")
+            .env("GPUS", TASKS.to_string())
+            .env("TRAIN_SCRIPT", tmp.join("reader.py"))
+            .env("STAGEFS_RUNTIME_DIR", &runtime)
+            .env("STAGEFS_BROADCAST_ALWAYS", "1")
+            .env("STAGEFS_TEST_EXPECT", &tree)
+            .env("STAGEFS_TEST_OUT", &out)
+            .env("STAGEFS_TEST_SLEEP", sleep);
+        let submitted = run_cmd(&mut sbatch, Duration::from_secs(30));
+        assert!(submitted.success(), "sbatch {name}:\n{}", submitted.describe());
+        let id = submitted.stdout.trim().split(';').next().unwrap().to_string();
+        jobs.push(Job { name, id, end, archive, out, runtime, log });
     }
 
     // Cancel the scancel jobs once all their tasks have read the archive.
