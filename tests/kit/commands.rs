@@ -151,9 +151,7 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
-    let mut cmd = Command::new(stagefs_bin());
-    cmd.args(args);
-    run_cmd(&mut cmd, CMD_TIMEOUT)
+    StagefsCmd::new(args).run()
 }
 
 /// `stagefs ARGS...` with an environment of its own, run to completion, spawned, or taken

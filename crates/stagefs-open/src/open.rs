@@ -56,6 +56,28 @@ pub struct Opened {
 }
 
 impl Opened {
+    /// An archive whose bytes and index came ready (a set from its saved index, the copy a
+    /// daemon hands over): nothing staged on disk, saved or left to copy by this call;
+    /// `staged_bytes` in RAM, reaching it as `staging`; `identity` as in [`Opened::identity`].
+    pub(crate) fn handed_over(
+        archive: Archive,
+        staged_bytes: u64,
+        staging: Staging,
+        identity: Vec<stagefs_archive::FileId>,
+    ) -> Opened {
+        Opened {
+            archive,
+            staged_bytes,
+            staging,
+            disk: None,
+            saved_index: None,
+            reused_index: true,
+            identity,
+            copier: None,
+            set: None,
+        }
+    }
+
     /// Fills the copy still to fill before anything is served (a shard of a set, an
     /// archive opened in process), as staging did before mounts served while staging.
     pub fn stage_now(&mut self) -> Result<(), OpenArchiveError> {

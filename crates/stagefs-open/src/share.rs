@@ -170,19 +170,7 @@ fn receive_from(mountpoint: &Path, file: &OutsideFile, indexing: &Indexing) -> R
         }
         None => Archive::from_backing(path, backing, &indexing.caches).map_err(|e| e.to_string())?,
     };
-    let identity = vec![file.id()];
-    let opened = Opened {
-        archive,
-        staged_bytes: 0,
-        staging: Staging::Shared,
-        disk: None,
-        saved_index: None,
-        reused_index: true,
-        identity,
-        copier: None,
-        set: None,
-    };
-    Ok(Some(opened))
+    Ok(Some(Opened::handed_over(archive, 0, Staging::Shared, vec![file.id()])))
 }
 
 /// One answer: its bytes and the descriptors that came with it (at most two).

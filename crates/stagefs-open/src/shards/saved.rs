@@ -132,17 +132,7 @@ pub fn open(
     };
     let archive = Archive::new(set.index, Format::Tar, std::sync::Arc::new(reader));
     let identity = files.iter().map(Member::id).collect();
-    let opened = Opened {
-        archive,
-        staged_bytes,
-        staging,
-        disk: None,
-        saved_index: None,
-        reused_index: true,
-        identity,
-        copier: None,
-        set: None,
-    };
+    let opened = Opened::handed_over(archive, staged_bytes, staging, identity);
     Ok(Some((opened, SetStats { shards: files.len(), reused: files.len(), ..SetStats::default() })))
 }
 
