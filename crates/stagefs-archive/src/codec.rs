@@ -236,6 +236,27 @@ mod tests {
         assert_eq!(Compression::detect(b"PK\x05\x06\0\0\0\0"), None);
     }
 
+    /// What a container names maps to one compression, anything else to none; the
+    /// compressions met only inside containers have no file decoder, and a file
+    /// compression is no block compression: each says so instead of decoding.
+    #[test]
+    fn containers_name_compressions_and_each_kind_refuses_the_other_use() {
+        assert_eq!(Compression::of_zip_method(8), Some(Compression::Deflate));
+        assert_eq!(Compression::of_zip_method(14), Some(Compression::Lzma));
+        assert_eq!(Compression::of_zip_method(98), None, "ppmd");
+        assert_eq!(Compression::of_squashfs_id(1), Some(Compression::Zlib));
+        assert_eq!(Compression::of_squashfs_id(3), Some(Compression::Lzo));
+        assert_eq!(Compression::of_squashfs_id(7), None);
+        for inside in [Compression::Deflate, Compression::Zlib, Compression::Lzma, Compression::Lzo] {
+            let refused = inside.decoder(&b"data"[..]).err().expect("no file decoder");
+            assert_eq!(refused.kind(), std::io::ErrorKind::Unsupported, "{inside:?}");
+            assert!(!inside.restarts(), "{inside:?}");
+        }
+        let refused = Compression::Gzip.decompress_vec(b"data", 4096).unwrap_err();
+        assert!(refused.contains("not a block compression"), "{refused}");
+        assert!(Compression::Gzip.restarts() && !Compression::Lz4.restarts());
+    }
+
     /// Every decoder is made in this module (`codec.rs` and `codec/`), so that
     /// [`WINDOW_LIMIT`] holds by construction: no other product file of the workspace
     /// builds one (test modules and test files excepted; encoders are no decoders).
