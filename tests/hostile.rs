@@ -778,7 +778,8 @@ fn tar_xattr_names_that_cannot_be_listed_are_skipped() {
     let member = ustar_header("f", b'0', 0o644, 0, "");
     let tar = pax_then_member(&records, &member, b"");
     exercise::tar(&tar).expect("the archive opens");
-    let (index, _) = stagefs_archive::tar::open(Path::new("x.tar"), exercise::backing(&tar)).unwrap();
+    let (index, _) =
+        stagefs_archive::tar::open(Path::new("x.tar"), exercise::backing(&tar), &Default::default()).unwrap();
     let f = index.lookup(&index.inode(0).unwrap(), b"f").unwrap().unwrap();
     let names: Vec<&[u8]> = index.xattrs(f).unwrap().iter().map(|x| index.xattr(&x).unwrap().0).collect();
     assert_eq!(names, [&b"user.ok"[..]]);

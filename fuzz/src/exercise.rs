@@ -33,7 +33,8 @@ pub fn tar(data: &[u8]) -> Result<(), String> {
         return Err("empty".into());
     }
     let backing = backing(data);
-    let (index, reader) = stagefs_archive::tar::open(Path::new("fuzz.tar"), backing).map_err(|e| e.to_string())?;
+    let (index, reader) =
+        stagefs_archive::tar::open(Path::new("fuzz.tar"), backing, &Default::default()).map_err(|e| e.to_string())?;
     serve(Archive::new(index, Format::Tar, Arc::new(reader)));
     Ok(())
 }

@@ -88,7 +88,7 @@ impl Archive {
         let tail = &backing[backing.len().saturating_sub(zip::TAIL_SEARCH)..];
         let archive = match Format::detect_with_tail(head, tail) {
             Some(Format::Tar) => {
-                let (index, reader) = tar::open(path, backing.clone())?;
+                let (index, reader) = tar::open(path, backing.clone(), caches)?;
                 Archive::new(index, Format::Tar, Arc::new(reader))
             }
             Some(Format::SquashFs) => {

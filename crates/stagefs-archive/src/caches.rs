@@ -1,6 +1,6 @@
-//! One memory budget for decoded bytes, passed in: a [`Caches`] is made once per open from its RAM budget and handed to every archive the open reads (a shard set's shards share one), so that decoded units, zip members and SquashFS blocks are bounded once, however many archives there are.
+//! What one open hands every archive it reads, in place of process globals: one memory budget for decoded bytes (a shard set's shards share it, so that decoded units, zip members and SquashFS blocks are bounded once, however many archives there are), how far its scan got, and the codec choice its tests force.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use quick_cache::sync::Cache;
@@ -14,7 +14,8 @@ pub const DEFAULT_BYTES: u64 = 128 << 20;
 /// heavier than one shard's share is not kept (see [`Blocks::largest_kept`]).
 const BLOCK_SHARDS: usize = 8;
 
-/// The caches of decoded bytes that every archive of one open shares. Cloning shares them.
+/// The caches of decoded bytes that every archive of one open shares, with the open's scan
+/// progress and forced codec choice. Made once per open; cloning shares them.
 #[derive(Clone)]
 pub struct Caches {
     shared: Arc<Shared>,
@@ -28,6 +29,10 @@ struct Shared {
     block_bytes: u64,
     /// Tells one archive's blocks from another's.
     next_archive: AtomicU64,
+    /// How far the tar scan of this open has got, in bytes of the archive.
+    scan_progress: AtomicU64,
+    /// Compressed bytes per chunk of a gzip first pass forced parallel; 0: none forced.
+    gzip_chunk: AtomicUsize,
 }
 
 impl Caches {
@@ -47,8 +52,14 @@ impl Caches {
             .build()
             .expect("every cache option is set");
         let blocks = Cache::with_options(options, ByteWeight, Default::default(), Default::default());
-        let shared =
-            Shared { units: Arc::new(unit_cache(bytes)), blocks, block_bytes: bytes, next_archive: AtomicU64::new(0) };
+        let shared = Shared {
+            units: Arc::new(unit_cache(bytes)),
+            blocks,
+            block_bytes: bytes,
+            next_archive: AtomicU64::new(0),
+            scan_progress: AtomicU64::new(0),
+            gzip_chunk: AtomicUsize::new(0),
+        };
         Caches { shared: Arc::new(shared) }
     }
 
@@ -57,13 +68,42 @@ impl Caches {
         self.shared.units.weight() + self.shared.blocks.weight()
     }
 
+    /// How far the tar scan running under these caches has got, in bytes of the archive
+    /// (compressed bytes for a compressed tar): a progress bar polls it; the scan itself
+    /// draws nothing, as readers know nothing of terminals.
+    pub fn scan_progress(&self) -> u64 {
+        self.shared.scan_progress.load(Ordering::Relaxed)
+    }
+
+    /// Where the scan notes its progress ([`Caches::scan_progress`]).
+    pub(crate) fn progress_counter(&self) -> &AtomicU64 {
+        &self.shared.scan_progress
+    }
+
+    /// Makes every gzip first pass of this open parallel, whatever the cores, in chunks of
+    /// `chunk_bytes` (tests reach the pass's joins on two cores with tiny chunks).
+    #[doc(hidden)]
+    pub fn force_parallel_gzip(&self, chunk_bytes: usize) {
+        self.shared.gzip_chunk.store(chunk_bytes.max(1), Ordering::Relaxed);
+    }
+
+    /// The chunk size a forced parallel gzip pass uses ([`Caches::force_parallel_gzip`]).
+    pub(crate) fn forced_gzip_chunk(&self) -> Option<usize> {
+        Some(self.shared.gzip_chunk.load(Ordering::Relaxed)).filter(|&chunk| chunk != 0)
+    }
+
     /// The decoded-unit cache, shared by every compressed tar of the open.
     pub(crate) fn units(&self) -> Arc<UnitCache> {
         self.shared.units.clone()
     }
 
-    /// A part of the block cache for one more archive.
-    pub(crate) fn blocks(&self) -> Blocks {
+    /// Bytes each cache holds at most.
+    pub fn bytes_each(&self) -> u64 {
+        self.shared.block_bytes
+    }
+
+    /// A part of the block cache for one more archive (or object read in place).
+    pub fn blocks(&self) -> Blocks {
         let archive = self.shared.next_archive.fetch_add(1, Ordering::Relaxed);
         Blocks { shared: self.shared.clone(), archive }
     }
@@ -83,7 +123,8 @@ impl std::fmt::Debug for Caches {
 }
 
 /// One archive's part of the shared block cache: its keys, apart from other archives'.
-pub(crate) struct Blocks {
+/// Dropped, it lets its blocks go.
+pub struct Blocks {
     shared: Arc<Shared>,
     archive: u64,
 }
@@ -96,6 +137,16 @@ impl Blocks {
         decode: impl FnOnce() -> Result<Arc<[u8]>, E>,
     ) -> Result<Arc<[u8]>, E> {
         self.shared.blocks.get_or_insert_with(&(self.archive, key), decode)
+    }
+
+    /// The block at `key`, if the cache still holds it.
+    pub fn get(&self, key: u64) -> Option<Arc<[u8]>> {
+        self.shared.blocks.get(&(self.archive, key))
+    }
+
+    /// Offers the block at `key` to the cache (one too large to keep is let go at once).
+    pub fn insert(&self, key: u64, bytes: Arc<[u8]>) {
+        self.shared.blocks.insert((self.archive, key), bytes);
     }
 
     /// Lets the block at `key` go (the kernel's page cache holds what it served).

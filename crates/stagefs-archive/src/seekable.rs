@@ -30,7 +30,6 @@ pub mod seek_table;
 mod sequential;
 mod xz;
 
-pub use pgzip_tuning::force_parallel_gzip;
 pub(crate) use points::SPAN;
 pub use points::{max_points, Point, Points};
 use points::{too_many_points, CodecPass};
@@ -102,14 +101,25 @@ pub(crate) struct FirstPass<'a> {
 }
 
 impl<'a> FirstPass<'a> {
+    #[cfg(test)]
     pub(crate) fn new(codec: Compression, input: &'a Backing) -> Result<FirstPass<'a>, String> {
+        FirstPass::forcing(codec, input, None)
+    }
+
+    /// The first pass, a gzip one parallel whatever the cores when `gzip_chunk` is forced
+    /// (in chunks of that many compressed bytes; see `Caches::force_parallel_gzip`).
+    pub(crate) fn forcing(
+        codec: Compression,
+        input: &'a Backing,
+        gzip_chunk: Option<usize>,
+    ) -> Result<FirstPass<'a>, String> {
         let pass: Box<dyn CodecPass + 'a> = match codec {
             Compression::Gzip => match bgzf::Pass::new(input) {
                 Some(pass) => Box::new(pass),
                 // Two cores or fewer take the sequential pass: one worker beside the pass
                 // measured 0.82-0.95x of it (benches/gzip_first_mount.sh, doc/gzip.md).
-                None if parallel::threads() > PGZIP_MIN_THREADS || pgzip_tuning::forced() => {
-                    Box::new(pgzip::Pass::new(input)?)
+                None if parallel::threads() > PGZIP_MIN_THREADS || gzip_chunk.is_some() => {
+                    Box::new(pgzip::Pass::new(input, gzip_chunk)?)
                 }
                 None => Box::new(gzip::Pass::new(input)?),
             },

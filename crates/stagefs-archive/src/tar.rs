@@ -51,9 +51,10 @@ pub fn compressed_codec(input: &[u8]) -> Option<Compression> {
     looks_like_tar(&codec.decoded_head(input, BLOCK as u64)?).then_some(codec)
 }
 
-/// Indexes the whole archive.
-pub fn open(path: &Path, backing: Backing) -> Result<(Index, TarReader), OpenError> {
+/// Indexes the whole archive, noting its progress in `caches`.
+pub fn open(path: &Path, backing: Backing, caches: &Caches) -> Result<(Index, TarReader), OpenError> {
     let mut scan = Scan::new(path, &backing);
+    scan.progress = Some(caches.progress_counter());
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     parallel::run(&mut scan, &backing, threads)?;
     tracing::debug!(pax_keywords = scan.pax_keywords, "scanned tar headers");
@@ -86,7 +87,7 @@ pub fn open_compressed(
     codec: Compression,
     caches: &Caches,
 ) -> Result<(Index, TarReader), OpenError> {
-    let (index, sparse_files, extents, points) = scan_compressed(path, &input, codec, None)?;
+    let (index, sparse_files, extents, points) = scan_compressed(path, &input, codec, None, caches)?;
     let decoded = Source::decoded(Seekable::new(input, points, caches))
         .map_err(|source| OpenError::Io { path: path.to_owned(), source })?;
     Ok((index, TarReader { backing: std::sync::Arc::new(decoded), sparse_files, extents }))

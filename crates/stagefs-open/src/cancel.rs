@@ -33,10 +33,6 @@ pub fn arm() -> std::io::Result<()> {
     stagefs_archive::stop::on_phase(|name| {
         let _ = phase(name);
     });
-    // Tests reach the parallel gzip pass's joins on two cores with tiny chunks.
-    if let Some(chunk) = crate::test_hooks::var("STAGEFS_TEST_GZIP_CHUNK").and_then(|n| n.parse().ok()) {
-        stagefs_archive::seekable::force_parallel_gzip(chunk);
-    }
     for signal in [SIGTERM, SIGINT, SIGHUP] {
         // Keep the first signal: a later one must not hide why start-up stopped.
         let flag = RECEIVED.clone();

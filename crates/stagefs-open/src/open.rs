@@ -99,10 +99,9 @@ fn copy_now(copier: stage::Copier) -> Result<(), OpenArchiveError> {
 }
 
 /// Runs the scan `f` of an archive of `len` bytes with a progress bar on a terminal (a
-/// tar of a million members takes seconds), drawn from [`stagefs_archive::SCAN_PROGRESS`].
-fn with_scan_progress<T>(len: u64, f: impl FnOnce() -> T) -> T {
+/// tar of a million members takes seconds), drawn from the scan's progress in `caches`.
+fn with_scan_progress<T>(len: u64, caches: &Caches, f: impl FnOnce() -> T) -> T {
     use std::sync::atomic::{AtomicBool, Ordering};
-    stagefs_archive::SCAN_PROGRESS.store(0, Ordering::Relaxed);
     let bar = crate::report::progress(Some(len), "indexing");
     if bar.is_hidden() {
         return f(); // Not a terminal (or a shard of a set): nothing to draw.
@@ -111,7 +110,7 @@ fn with_scan_progress<T>(len: u64, f: impl FnOnce() -> T) -> T {
     std::thread::scope(|s| {
         let drawer = s.spawn(|| {
             while !done.load(Ordering::Acquire) {
-                bar.set_position(stagefs_archive::SCAN_PROGRESS.load(Ordering::Relaxed));
+                bar.set_position(caches.scan_progress());
                 std::thread::park_timeout(Duration::from_millis(100));
             }
             bar.finish_and_clear();
@@ -253,8 +252,9 @@ pub fn index_loaded(
     }
     let started = Instant::now();
     let scanned = loaded.backing.len() as u64;
-    let scanned =
-        with_scan_progress(scanned, || Archive::from_staged(path, loaded.backing, loaded.codec, &indexing.caches));
+    let scanned = with_scan_progress(scanned, &indexing.caches, || {
+        Archive::from_staged(path, loaded.backing, loaded.codec, &indexing.caches)
+    });
     // A pass or scan stopped by a signal fails as best it can: report the signal.
     crate::cancel::check()?;
     let mut archive = scanned?;

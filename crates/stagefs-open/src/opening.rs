@@ -89,5 +89,10 @@ pub fn open(set: &ArchiveSet, options: OpenOptions) -> Result<Opened, OpenArchiv
 /// (`--max-ram`, else what the node and the job may give): 1/16 of that budget each,
 /// between 64 MiB and 1 GiB (see `stagefs_archive::Caches`).
 pub fn caches_for(max_ram: Option<u64>) -> Caches {
-    Caches::for_budget(RamBudget::measure(max_ram).bytes)
+    let caches = Caches::for_budget(RamBudget::measure(max_ram).bytes);
+    // Tests reach the parallel gzip pass's joins on two cores with tiny chunks.
+    if let Some(chunk) = crate::test_hooks::var("STAGEFS_TEST_GZIP_CHUNK").and_then(|n| n.parse().ok()) {
+        caches.force_parallel_gzip(chunk);
+    }
+    caches
 }

@@ -29,7 +29,7 @@ pub use config::{Config, RetryHook};
 pub use error::RemoteError;
 pub use fetch::{fetch_into, Hooks};
 pub use files::{FileError, Files, ReadFile};
-pub use range::RangeReader;
+pub use range::{BlockCache, RangeReader};
 pub use secret::Secret;
 pub use stream::ObjectStream;
 pub use url::{is_url, ObjectUrl};

@@ -21,13 +21,36 @@ impl quick_cache::Weighter<u64, Arc<[u8]>> for ByWeight {
     }
 }
 
-/// An object read by ranges, pinned to one version. Memory: at most `budget` bytes of
-/// cached blocks, plus the requests in flight (each at most a window, and no more windows
-/// than the client's concurrency: the window is sized so that they too fit the budget).
+/// Where a [`RangeReader`] keeps the blocks it fetched, by block number: a bounded cache of
+/// its own ([`RangeReader::new`]), or its part of one that everything an open reads shares
+/// ([`RangeReader::sharing`]), so that one memory budget bounds them all.
+pub trait BlockCache: Send + Sync {
+    /// The block, if the cache still holds it.
+    fn get(&self, block: u64) -> Option<Arc<[u8]>>;
+    /// Offers the block to the cache (which may let it go at once).
+    fn insert(&self, block: u64, bytes: Arc<[u8]>);
+}
+
+/// A reader's cache of its own.
+struct OwnCache(quick_cache::sync::Cache<u64, Arc<[u8]>, ByWeight>);
+
+impl BlockCache for OwnCache {
+    fn get(&self, block: u64) -> Option<Arc<[u8]>> {
+        self.0.get(&block)
+    }
+
+    fn insert(&self, block: u64, bytes: Arc<[u8]>) {
+        self.0.insert(block, bytes);
+    }
+}
+
+/// An object read by ranges, pinned to one version. Memory: the blocks its cache holds,
+/// plus the requests in flight (each at most a window, and no more windows than the
+/// client's concurrency: the window is sized so that they fit their share).
 pub struct RangeReader {
     client: Client,
     object: Object,
-    cache: quick_cache::sync::Cache<u64, Arc<[u8]>, ByWeight>,
+    cache: Box<dyn BlockCache>,
     /// The largest request of a sequential run.
     max_window: u64,
     /// Where the last read ended, and the window the next one continuing it fetches.
@@ -35,13 +58,20 @@ pub struct RangeReader {
 }
 
 impl RangeReader {
-    /// `budget`: bytes of memory for the cache and the requests in flight (at least 8 MiB).
+    /// A reader with a cache of its own. `budget`: bytes of memory for the cache and the
+    /// requests in flight, half each (at least 8 MiB).
     pub fn new(client: Client, object: Object, budget: u64) -> RangeReader {
         let budget = budget.max(8 << 20);
-        let in_flight = client.config().concurrency.max(1) as u64;
-        let max_window = (budget / 2 / in_flight).clamp(BLOCK, 16 << 20) / BLOCK * BLOCK;
         let blocks = (budget / 2 / BLOCK).max(2) as usize;
         let cache = quick_cache::sync::Cache::with_weighter(blocks, budget / 2, ByWeight);
+        RangeReader::sharing(client, object, Box::new(OwnCache(cache)), budget / 2)
+    }
+
+    /// A reader that keeps its blocks in `cache`, with at most `in_flight` bytes of
+    /// requests in flight.
+    pub fn sharing(client: Client, object: Object, cache: Box<dyn BlockCache>, in_flight: u64) -> RangeReader {
+        let requests = client.config().concurrency.max(1) as u64;
+        let max_window = (in_flight / requests).clamp(BLOCK, 16 << 20) / BLOCK * BLOCK;
         RangeReader { client, object, cache, max_window, run: Mutex::new((u64::MAX, BLOCK)) }
     }
 
@@ -75,7 +105,7 @@ impl RangeReader {
         let mut out = Vec::with_capacity((end - offset) as usize);
         let mut block = offset / BLOCK;
         while block * BLOCK < end {
-            let blocks = match self.cache.get(&block) {
+            let blocks = match self.cache.get(block) {
                 Some(bytes) => vec![bytes],
                 // Fetch from this block to the end of the read, or the window if larger;
                 // used from here (the cache may not keep them: other reads insert too).

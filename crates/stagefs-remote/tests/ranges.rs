@@ -147,3 +147,40 @@ fn tempfile() -> std::fs::File {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_TMPFILE).open(std::env::temp_dir()).unwrap()
 }
+
+/// A cache the caller shares ([`RangeReader::sharing`]): the reader keeps its blocks there
+/// and reads them back without a request, and its read-ahead fits the bytes in flight it
+/// was given (4 MiB for 4 requests: windows of one 1 MiB block).
+#[test]
+fn a_shared_cache_holds_the_blocks_and_requests_fit_in_flight() {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<HashMap<u64, Arc<[u8]>>>>);
+    impl stagefs_remote::BlockCache for Shared {
+        fn get(&self, block: u64) -> Option<Arc<[u8]>> {
+            self.0.lock().unwrap().get(&block).cloned()
+        }
+        fn insert(&self, block: u64, bytes: Arc<[u8]>) {
+            self.0.lock().unwrap().insert(block, bytes);
+        }
+    }
+    let data = object_data(8 << 20);
+    let (port, count) = serve(data.clone());
+    let client = client(4);
+    let url = ObjectUrl::parse(&format!("http://127.0.0.1:{port}/obj"), false).unwrap();
+    let object = client.stat(&url).unwrap();
+    let shared = Shared::default();
+    let reader = RangeReader::sharing(client, object, Box::new(shared.clone()), 4 << 20);
+    let before = count.load(Ordering::SeqCst);
+    for at in (0..data.len()).step_by(128 << 10) {
+        let got = reader.read_at(at as u64, 128 << 10).unwrap();
+        assert!(got[..] == data[at..at + (128 << 10)], "the bytes at {at}, read through a shared cache");
+    }
+    assert_eq!(count.load(Ordering::SeqCst) - before, 8, "8 MiB read ahead in 1 MiB windows: one request a block");
+    let held: Vec<usize> = (0..8).map(|b| shared.0.lock().unwrap().get(&b).map_or(0, |bytes| bytes.len())).collect();
+    assert_eq!(held, vec![1 << 20; 8], "every block is in the shared cache");
+    let again = reader.read_at(3 << 20, 2 << 20).unwrap();
+    assert!(again[..] == data[3 << 20..5 << 20]);
+    assert_eq!(count.load(Ordering::SeqCst) - before, 8, "blocks the shared cache holds take no request");
+}

@@ -95,8 +95,10 @@ pub(super) struct Pass<'a> {
 }
 
 impl<'a> Pass<'a> {
-    pub(super) fn new(input: &'a Backing) -> Result<Pass<'a>, String> {
-        Pass::tuned(input, Tuning::default())
+    /// The pass in chunks of `chunk_bytes` compressed bytes (default: `CHUNK_BYTES`).
+    pub(super) fn new(input: &'a Backing, chunk_bytes: Option<usize>) -> Result<Pass<'a>, String> {
+        let tuning = Tuning::default();
+        Pass::tuned(input, Tuning { chunk_bytes: chunk_bytes.unwrap_or(tuning.chunk_bytes), ..tuning })
     }
 
     pub(super) fn tuned(input: &'a Backing, tuning: Tuning) -> Result<Pass<'a>, String> {

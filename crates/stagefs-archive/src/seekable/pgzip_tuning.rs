@@ -1,7 +1,5 @@
 //! How the parallel gzip pass cuts and limits its work: chunk sizes, when it waits for a worker, and the small chunks tests and the fuzzer force.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use super::parallel;
 
 /// Compressed bytes per chunk.
@@ -10,21 +8,6 @@ pub(super) const CHUNK_BYTES: usize = 4 << 20;
 pub(super) const CHUNK_CAP: usize = 32 << 20;
 /// The most the pass decodes itself at a time, between chunks.
 pub(super) const PIECE: usize = 4 << 20;
-
-/// Compressed bytes per chunk that tests set ([`force_parallel_gzip`]); 0: none set.
-static FORCED_CHUNK: AtomicUsize = AtomicUsize::new(0);
-
-/// Makes every gzip first pass parallel, whatever the cores, in chunks of `chunk_bytes`
-/// (the daemon calls it for its tests' `STAGEFS_TEST_GZIP_CHUNK`).
-#[doc(hidden)]
-pub fn force_parallel_gzip(chunk_bytes: usize) {
-    FORCED_CHUNK.store(chunk_bytes.max(1), Ordering::Relaxed);
-}
-
-/// Whether tests ask for the parallel pass whatever the cores.
-pub(super) fn forced() -> bool {
-    FORCED_CHUNK.load(Ordering::Relaxed) != 0
-}
 
 /// When the pass waits for a worker's chunk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,10 +40,12 @@ pub(super) struct Tuning {
 
 impl Default for Tuning {
     fn default() -> Tuning {
-        let chunk_bytes = match FORCED_CHUNK.load(Ordering::Relaxed) {
-            0 => CHUNK_BYTES,
-            forced => forced,
-        };
-        Tuning { chunk_bytes, cap: CHUNK_CAP, workers: Some(parallel::threads()), wait: Wait::ForFast, piece: PIECE }
+        Tuning {
+            chunk_bytes: CHUNK_BYTES,
+            cap: CHUNK_CAP,
+            workers: Some(parallel::threads()),
+            wait: Wait::ForFast,
+            piece: PIECE,
+        }
     }
 }

@@ -4,6 +4,7 @@ use std::path::Path;
 
 use super::member::Scan;
 use super::reader::{Extent, SparseFile};
+use crate::caches::Caches;
 use crate::codec::Compression;
 use crate::error::OpenError;
 use crate::index::Index;
@@ -11,18 +12,21 @@ use crate::seekable::{FirstPass, Points};
 use crate::source::Backing;
 
 /// The tables of a compressed tar scanned from its decoded stream, and the restart points
-/// its first pass noted (see [`open_compressed`]); `stop`, polled as it goes, ends it.
+/// its first pass noted (see [`open_compressed`]); `stop`, polled as it goes, ends it. Its
+/// progress and codec choice are the open's, in `caches`.
 pub(crate) fn scan_compressed(
     path: &Path,
     input: &Backing,
     codec: Compression,
     stop: Option<&dyn Fn() -> bool>,
+    caches: &Caches,
 ) -> Result<(Index, Vec<SparseFile>, Vec<Extent>, Points), OpenError> {
     let corrupt =
         |offset, message| OpenError::CorruptStream { path: path.to_owned(), kind: codec.name(), offset, message };
-    let mut pass = FirstPass::new(codec, input).map_err(|what| corrupt(0, what))?;
+    let mut pass = FirstPass::forcing(codec, input, caches.forced_gzip_chunk()).map_err(|what| corrupt(0, what))?;
     let (builder, sparse_files, extents) = {
-        let mut decoded = Progress { pass: &mut pass, input, unmapped: 0, failed: None, stop };
+        let progress = caches.progress_counter();
+        let mut decoded = Progress { pass: &mut pass, input, unmapped: 0, failed: None, stop, progress };
         let mut scan = Scan::streaming(path, &mut decoded);
         let scanned = scan.run();
         let Scan { builder, sparse_files, extents, .. } = scan;
@@ -54,13 +58,14 @@ struct Progress<'p, 'a> {
     unmapped: u64,
     failed: Option<(u64, String)>,
     stop: Option<&'p dyn Fn() -> bool>,
+    progress: &'p std::sync::atomic::AtomicU64,
 }
 
 impl std::io::Read for Progress<'_, '_> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let read = self.pass.read(buf);
         let consumed = self.pass.consumed();
-        crate::progress::SCAN_PROGRESS.store(consumed, std::sync::atomic::Ordering::Relaxed);
+        self.progress.store(consumed, std::sync::atomic::Ordering::Relaxed);
         if consumed >= self.unmapped + (16 << 20) {
             self.input.unmap_before(consumed);
             self.unmapped = consumed;

@@ -24,9 +24,9 @@ pub(super) struct Scan<'a> {
     pub(super) last_parent: (Vec<Box<[u8]>>, InodeId),
     /// Members added so far.
     pub(super) members: u64,
-    /// Whether the pass reports how far it got ([`crate::SCAN_PROGRESS`]): a worker of the
-    /// parallel pass does not.
-    pub(super) report_progress: bool,
+    /// Where the pass notes how far it got ([`crate::Caches::scan_progress`]): the pass
+    /// over the whole archive does, a worker of the parallel pass does not.
+    pub(super) progress: Option<&'a std::sync::atomic::AtomicU64>,
     /// Whether a global pax header was read (its keywords change every later member: a
     /// pass that split the archive cannot know them, see `parallel.rs`).
     pub(super) saw_globals: bool,

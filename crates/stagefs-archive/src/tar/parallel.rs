@@ -111,11 +111,7 @@ fn run_pieces(scan: &mut Scan, map: &[u8], threads: usize, piece_len: u64) -> Re
                 }
                 let from = k * piece_len;
                 let piece = match candidate(map, from, from + piece_len) {
-                    Some(start) => {
-                        let mut worker = Scan::new(path, map);
-                        worker.report_progress = false;
-                        read_piece(worker, start, from + piece_len)
-                    }
+                    Some(start) => read_piece(Scan::new(path, map), start, from + piece_len),
                     None => Piece { next: u64::MAX, ..Piece::default() },
                 };
                 read.lock().unwrap_or_else(|e| e.into_inner()).insert(k, piece);

@@ -33,7 +33,7 @@ impl<'a> Scan<'a> {
             last_data: (0, 0),
             last_parent: Default::default(),
             members: 0,
-            report_progress: true,
+            progress: None,
             saw_globals: false,
             builder: IndexBuilder::new(),
             globals: Globals::default(),
@@ -115,8 +115,8 @@ impl Scan<'_> {
                 return Err(self.corrupt(*pos as u64, crate::stop::Stopped.to_string()));
             }
             let at = *pos as u64;
-            if self.report_progress && self.window.limit() != u64::MAX {
-                crate::progress::SCAN_PROGRESS.store(at, std::sync::atomic::Ordering::Relaxed);
+            if let Some(progress) = self.progress.filter(|_| self.window.limit() != u64::MAX) {
+                progress.store(at, std::sync::atomic::Ordering::Relaxed);
             }
             self.window.prepare(at).map_err(|e| self.corrupt(at, format!("cannot decompress: {e}")))?;
             if at >= self.window.limit() {

@@ -56,9 +56,29 @@ fn archive(members: &[(&str, &[u8])]) -> Vec<u8> {
 }
 
 fn open_bytes(bytes: &[u8]) -> Result<(Index, TarReader), OpenError> {
+    open_noting(bytes, &Default::default())
+}
+
+fn open_noting(bytes: &[u8], caches: &crate::Caches) -> Result<(Index, TarReader), OpenError> {
     let mut map = memmap2::MmapMut::map_anon(bytes.len().max(1)).unwrap();
     map[..bytes.len()].copy_from_slice(bytes);
-    open(Path::new("t.tar"), std::sync::Arc::new(crate::source::Source::private(map.make_read_only().unwrap())))
+    open(Path::new("t.tar"), std::sync::Arc::new(crate::source::Source::private(map.make_read_only().unwrap())), caches)
+}
+
+/// A scan notes how far it got in its own open's caches, not in a process global: another
+/// open's caches stay at 0.
+#[test]
+fn a_scan_notes_its_progress_in_its_open_caches() {
+    let members: Vec<(String, Vec<u8>)> = (0..50).map(|i| (format!("f{i}"), vec![b'x'; 100])).collect();
+    let members: Vec<(&str, &[u8])> = members.iter().map(|(n, d)| (n.as_str(), &d[..])).collect();
+    let bytes = archive(&members);
+    let (scanned, other) = (crate::Caches::of_bytes(1 << 20), crate::Caches::of_bytes(1 << 20));
+    let (index, _) = open_noting(&bytes, &scanned).unwrap();
+    assert_eq!(index.inode_count(), 51, "50 members and the root");
+    let last_header = 49 * (512 + 512);
+    assert!(scanned.scan_progress() >= last_header, "progress {} of {}", scanned.scan_progress(), bytes.len());
+    assert!(scanned.scan_progress() <= bytes.len() as u64);
+    assert_eq!(other.scan_progress(), 0, "another open's progress");
 }
 
 #[test]

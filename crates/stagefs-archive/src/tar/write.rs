@@ -348,7 +348,7 @@ mod tests {
         let mut map = map;
         map.copy_from_slice(&bytes);
         let backing = std::sync::Arc::new(crate::source::Source::private(map.make_read_only().unwrap()));
-        super::super::open(std::path::Path::new("t.tar"), backing).unwrap().0
+        super::super::open(std::path::Path::new("t.tar"), backing, &Default::default()).unwrap().0
     }
 
     #[test]

@@ -13,22 +13,26 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 
-use stagefs_remote::{Client, Object, RangeReader};
+use stagefs_remote::{BlockCache, Client, Object, RangeReader};
 
 use super::index::key_of;
 use crate::open::OpenArchiveError;
 use crate::report::human;
 use crate::saved_index::Key;
 use crate::stage::{Compression, Loaded, Staging};
-use stagefs_archive::{Format, OpenError, Ranged, Source};
+use stagefs_archive::{Blocks, Caches, Format, OpenError, Ranged, Source};
 
-/// Memory for the read cache and the reads in flight of one object read in place.
-const CACHE_BUDGET: u64 = 256 << 20;
 /// The most table bytes (zip directory, SquashFS tables) fetched to index in place.
 const MAX_TABLES: u64 = 1 << 30;
 
-/// Opens `object` to be read in place: the bytes to index, and the key of its version.
-pub fn open(client: &Client, object: &Object, shown: &Path) -> Result<(Loaded, Key), OpenArchiveError> {
+/// Opens `object` to be read in place: the bytes to index, and the key of its version. Its
+/// blocks are cached in the open's `caches`, beside every other archive's.
+pub fn open(
+    client: &Client,
+    object: &Object,
+    shown: &Path,
+    caches: &Caches,
+) -> Result<(Loaded, Key), OpenArchiveError> {
     let size = object.version.size;
     let fail = |e| OpenArchiveError::from(e);
     let head = client.get_range(object, 0, 512).map_err(fail)?;
@@ -50,7 +54,7 @@ pub fn open(client: &Client, object: &Object, shown: &Path) -> Result<(Loaded, K
             }
             .into());
         };
-        let reader = RangeReader::new(client.clone(), object.clone(), CACHE_BUDGET);
+        let reader = range_reader(client, object, caches);
         let bytes = ObjectBytes { reader, client: client.clone(), tar: false };
         let backing = Arc::new(Source::ranged(anonymous_byte()?, Box::new(bytes)));
         let loaded = Loaded {
@@ -81,13 +85,33 @@ pub fn open(client: &Client, object: &Object, shown: &Path) -> Result<(Loaded, K
     if tables > 0 {
         tracing::info!("{}: fetched {} of tables to index it in place", shown.shown(), human(tables));
     }
-    let reader = RangeReader::new(client.clone(), object.clone(), CACHE_BUDGET);
+    let reader = range_reader(client, object, caches);
     let bytes = ObjectBytes { reader, client: client.clone(), tar };
     let backing = Arc::new(Source::ranged(map, Box::new(bytes)));
     Ok((
         Loaded { backing, staged_bytes: tables, staging: Staging::InPlace, disk: None, codec: None, copier: None },
         key,
     ))
+}
+
+/// A reader of `object` by ranges whose blocks the open's `caches` hold (one memory budget
+/// for all it reads), with at most as many bytes of reads in flight as one cache holds.
+fn range_reader(client: &Client, object: &Object, caches: &Caches) -> RangeReader {
+    let blocks = Box::new(SharedBlocks(caches.blocks()));
+    RangeReader::sharing(client.clone(), object.clone(), blocks, caches.bytes_each())
+}
+
+/// The object's part of the open's block cache, keyed by block number.
+struct SharedBlocks(Blocks);
+
+impl BlockCache for SharedBlocks {
+    fn get(&self, block: u64) -> Option<Arc<[u8]>> {
+        self.0.get(block)
+    }
+
+    fn insert(&self, block: u64, bytes: Arc<[u8]>) {
+        self.0.insert(block, bytes);
+    }
 }
 
 /// An object read by ranges, as the archive readers see it.

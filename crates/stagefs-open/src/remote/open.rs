@@ -41,7 +41,7 @@ pub fn open(
             let disk = copy.to_disk.then(|| DiskStaged { dir: copy.dir.clone(), bytes: object.version.size });
             (from_copy(&shown, copy.file, disk, mode, max_ram)?, key)
         }
-        None => stage(&client, &object, &shown, mode, (max_ram, stage_dir))?,
+        None => stage(&client, &object, &shown, mode, (max_ram, stage_dir), &indexing.caches)?,
     };
     crate::cancel::check()?;
     let indexes = RemoteIndexes { client: &client, object: &object, key, shown: &shown };
@@ -87,6 +87,7 @@ fn stage(
     shown: &Path,
     mode: StageMode,
     (max_ram, stage_dir): (Option<u64>, Option<&Path>),
+    caches: &stagefs_archive::Caches,
 ) -> Result<(Loaded, Key), OpenArchiveError> {
     let size = object.version.size;
     let (budget, reason) = crate::stage::headroom(max_ram, 0);
@@ -116,7 +117,7 @@ fn stage(
         },
     };
     match target {
-        Target::InPlace => super::in_place::open(client, object, shown),
+        Target::InPlace => super::in_place::open(client, object, shown, caches),
         Target::Ram => {
             let file = crate::stage::ram::memfd(shown, size)?;
             fetch(client, object, shown, &file, "into RAM")?;

@@ -73,7 +73,7 @@ impl Opener {
         cancelled: &dyn Fn() -> bool,
     ) -> Result<Scanned, Refused> {
         let input = Source::within(outer, start, len).ok_or(Refused::Why("it lies outside the archive".into()))?;
-        let scanned = crate::tar::compressed::scan_compressed(path, &input, codec, Some(cancelled));
+        let scanned = crate::tar::compressed::scan_compressed(path, &input, codec, Some(cancelled), &self.caches);
         let (index, sparse_files, extents, points) = scanned.map_err(|e| match cancelled() {
             true => Refused::Stopped,
             false => Refused::Why(format!("it does not decode as a {} tar ({e})", codec.name())),
