@@ -52,7 +52,19 @@ pub struct Opened {
     /// daemon runs it in the background, others with [`Opened::stage_now`].
     pub copier: Option<stage::Copier>,
     /// What opening a shard set did (`None` for one archive).
-    pub set: Option<crate::shards::SetStats>,
+    pub set: Option<SetStats>,
+}
+
+/// What opening a set did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SetStats {
+    pub shards: usize,
+    /// Shards whose saved index was used instead of a scan.
+    pub reused: usize,
+    /// Shards whose index this call saved.
+    pub saved: usize,
+    /// Names served from a later shard although an earlier one has them too.
+    pub conflicts: u64,
 }
 
 impl Opened {

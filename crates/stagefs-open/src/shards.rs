@@ -22,8 +22,9 @@ mod saved;
 use stagefs_archive::escape::Shown;
 use std::path::{Path, PathBuf};
 
+pub use crate::open::SetStats;
 pub use crate::places::ArchiveSet;
-pub use member::{How, Member, SetStats};
+pub use member::{How, Member};
 pub use open::{open_each, open_set, open_shared, report_indexed, warn_conflicts};
 
 use crate::places::{self, Trust};

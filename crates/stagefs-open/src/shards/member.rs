@@ -10,18 +10,6 @@ use crate::places::{self, OutsideFile, Trust};
 use crate::report;
 use crate::stage::{self, StageMode, Staging};
 
-/// What opening a set did.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct SetStats {
-    pub shards: usize,
-    /// Shards whose saved index was used instead of a scan.
-    pub reused: usize,
-    /// Shards whose index this call saved.
-    pub saved: usize,
-    /// Names served from a later shard although an earlier one has them too.
-    pub conflicts: u64,
-}
-
 /// How a set's shards are opened and staged.
 #[derive(Debug, Clone, Copy)]
 pub struct How {

@@ -4,7 +4,8 @@ use stagefs_archive::escape::Shown;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use super::member::{in_parallel, How, Member, SetStats};
+use super::member::{in_parallel, How, Member};
+use crate::open::SetStats;
 use crate::open::{Indexing, OpenArchiveError, Opened};
 use crate::places::Trust;
 use crate::report;

@@ -8,7 +8,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::member::{in_parallel, How, Member, SetStats, Staged};
+use super::member::{in_parallel, How, Member, Staged};
+use crate::open::SetStats;
 use crate::open::{Indexing, OpenArchiveError, Opened};
 use crate::places::OutsideFile;
 use crate::saved_index::{self, Flavor, Saved};
