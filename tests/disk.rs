@@ -1,26 +1,29 @@
-//! Local-disk staging (`--stage disk`).
-//!
-//! - The mount serves the same tree as `tar -x`; `stagefs status` (text and JSON) says
-//!   staged to disk, where and how much; the daemon holds the copy as a deleted file in
-//!   `<stage dir>/stagefs-<uid>`, and that directory stays empty: after `stagefs umount`
-//!   and after SIGKILL the copy is gone (no descriptor holds it).
-//! - Without O_TMPFILE (forced with `STAGEFS_TEST_NO_TMPFILE`) the fallback says so in
-//!   the debug log and leaves no name either.
-//! - No stage directory at all: exit 2 naming `--stage-dir`, SLURM_TMPDIR and TMPDIR.
-//! - A disk without room (a 4 MiB tmpfs mounted for the test): exit 8 before copying.
+//! Local-disk staging (`--stage disk`): the mount serves the tree `tar -x` gives, `stagefs
+//! status` says where and how much, and the daemon holds the copy as a deleted file in
+//! `<stage dir>/stagefs-<uid>`, gone after umount and after SIGKILL; without O_TMPFILE
+//! (`STAGEFS_TEST_NO_TMPFILE`) the fallback leaves no name either. No stage directory at
+//! all: exit 2; a disk without room (a 4 MiB tmpfs): exit 8 before copying.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use serde_json::json;
+
 use crate::compare::{assert_trees_equal, Options};
 use crate::kit::*;
 
-/// `data/` with a few files, one of them 6 MiB, packed into `root/data.tar`.
-fn archive(root: &Path) -> PathBuf {
+/// As root, a temporary directory `name` holding `data.tar` (`data/` with a 6 MiB file and
+/// a small one) and an empty `local` to stage to.
+fn setup(name: &str) -> (TempDir, PathBuf, PathBuf) {
+    require_root();
+    let tmp = TempDir::new(name);
     let scene =
         Scene::new("disk-src").file("data/big.bin", pseudo_random(7, 6 << 20)).file("data/sub/small.txt", "small\n");
-    scene.tar_at(&root.join("data.tar"))
+    let tar = scene.tar_at(&tmp.join("data.tar"));
+    let base = tmp.join("local");
+    fs::create_dir(&base).unwrap();
+    (tmp, tar, base)
 }
 
 /// The staging directory stagefs keeps inside `base`.
@@ -44,31 +47,22 @@ fn entries(dir: &Path) -> Vec<PathBuf> {
 
 #[test]
 fn disk_staging_serves_a_nameless_copy_and_leaves_nothing() {
-    require_root();
-    let tmp = TempDir::new("disk-stage");
-    let tar = archive(tmp.path());
+    let (tmp, tar, base) = setup("disk-stage");
     let expected = tmp.join("expected");
     extract_tar(&tar, &expected);
-    let base = tmp.join("local");
-    fs::create_dir(&base).unwrap();
     let dir = staging_dir(&base);
     let mp = tmp.join("mnt");
-    let stage_dir = base.to_str().unwrap();
+    let args = ["--stage", "disk", "--stage-dir", base.to_str().unwrap()];
 
-    let m = Mounted::with_args(&["--stage", "disk", "--stage-dir", stage_dir], &tar, &mp);
+    let m = Mounted::with_args(&args, &tar, &mp);
     assert_trees_equal(&expected.join("data"), &m.path().join("data"), &Options::default());
     let pid = *m.daemon_pids().first().expect("a daemon");
     assert_eq!(deleted_files_in(pid, &dir).len(), 1, "the daemon holds one nameless copy in {}", dir.display());
     assert!(entries(&dir).is_empty(), "nothing named in {}: {:?}", dir.display(), entries(&dir));
-    let json = stagefs(["status", "--json"]).assert_success().stdout.clone();
-    let line = json.lines().find(|l| l.contains(&*mp.to_string_lossy())).expect("the mount in status --json");
+    let record = status_record(&mp);
     let size = fs::metadata(&tar).unwrap().len();
-    for field in [
-        "\"staging\":\"local disk\"".to_string(),
-        format!("\"disk_bytes\":{size}"),
-        format!("\"stage_dir\":\"{}\"", dir.display()),
-    ] {
-        assert!(line.contains(&field), "status --json must have {field}: {line}");
+    for (field, value) in [("staging", json!("local disk")), ("disk_bytes", json!(size)), ("stage_dir", json!(dir))] {
+        assert!(record[field] == value, "status --json must have {field}: {value}: {record}");
     }
     let text = stagefs(["status"]).assert_success().stdout.clone();
     assert!(text.contains("staged to the local disk") && text.contains(&*dir.to_string_lossy()), "{text}");
@@ -77,7 +71,7 @@ fn disk_staging_serves_a_nameless_copy_and_leaves_nothing() {
     assert!(!dir.exists(), "the emptied {} goes with the mount", dir.display());
 
     // SIGKILL: the kernel frees the nameless copy with the daemon's descriptors.
-    let m = Mounted::with_args(&["--stage", "disk", "--stage-dir", stage_dir], &tar, &mp);
+    let m = Mounted::with_args(&args, &tar, &mp);
     let pid = *m.daemon_pids().first().expect("a daemon");
     let _ = signal(pid, Signal::SIGKILL);
     assert!(wait_until(Duration::from_secs(10), || !Path::new(&format!("/proc/{pid}")).exists()));
@@ -90,13 +84,8 @@ fn disk_staging_serves_a_nameless_copy_and_leaves_nothing() {
 
 #[test]
 fn disk_staging_without_o_tmpfile_unlinks_at_once() {
-    require_root();
-    let tmp = TempDir::new("disk-notmpfile");
-    let tar = archive(tmp.path());
-    let base = tmp.join("local");
-    fs::create_dir(&base).unwrap();
-    let mp = tmp.join("mnt");
-    let log = tmp.join("daemon.log");
+    let (tmp, tar, base) = setup("disk-notmpfile");
+    let (mp, log) = (tmp.join("mnt"), tmp.join("daemon.log"));
     let cmd =
         StagefsCmd::new(osargs!["-vv", "mount", "--stage", "disk", "--stage-dir", base, "--log-file", log, tar, mp]);
     // Staging happens before the daemon detaches: its log is still the command's stderr.
@@ -112,9 +101,7 @@ fn disk_staging_without_o_tmpfile_unlinks_at_once() {
 
 #[test]
 fn disk_staging_needs_a_directory() {
-    require_root();
-    let tmp = TempDir::new("disk-nodir");
-    let tar = archive(tmp.path());
+    let (tmp, tar, _) = setup("disk-nodir");
     let mp = tmp.join("mnt");
     let cmd = StagefsCmd::new(osargs!["mount", "--stage", "disk", tar, mp]).env_remove(&["SLURM_TMPDIR", "TMPDIR"]);
     cmd.run().assert_mount_failed(&mp, 2, &["--stage-dir", "SLURM_TMPDIR", "TMPDIR"]);
@@ -122,13 +109,11 @@ fn disk_staging_needs_a_directory() {
 
 #[test]
 fn disk_staging_without_room_fails_before_copying() {
-    require_root();
-    let tmp = TempDir::new("disk-noroom");
-    let tar = archive(tmp.path());
+    let (tmp, tar, _) = setup("disk-noroom");
     let small = tmp.join("small");
     fs::create_dir(&small).unwrap();
     run_tool("mount", osargs!["-t", "tmpfs", "-o", "size=4m", "tmpfs", small]);
-    let _unmount = crate::kit::UnmountOnDrop(small.clone());
+    let _unmount = UnmountOnDrop(small.clone());
     let mp = tmp.join("mnt");
     let args = osargs!["--stage", "disk", "--stage-dir", small, tar, mp];
     mount_must_fail(&args, 8, "a 4 MiB disk").assert_stderr_has(&["not enough room", "--stage-dir"]);
@@ -138,9 +123,7 @@ fn disk_staging_without_room_fails_before_copying() {
 
 #[test]
 fn auto_stages_to_disk_what_is_remote_and_too_big_for_ram() {
-    require_root();
-    let tmp = TempDir::new("disk-auto");
-    let inner = archive(tmp.path());
+    let (tmp, inner, base) = setup("disk-auto");
     // A FUSE filesystem counts as remote: serve the archive from a stagefs mount of a tar holding it.
     fs::create_dir(tmp.join("outer")).unwrap();
     fs::rename(&inner, tmp.join("outer/inner.tar")).unwrap();
@@ -148,17 +131,11 @@ fn auto_stages_to_disk_what_is_remote_and_too_big_for_ram() {
     pack_tar(&tmp.join("outer"), &outer, &["inner.tar"]);
     let outer_mp = tmp.join("outer-mnt");
     let _outer = Mounted::with_args(&["--stage", "none"], &outer, &outer_mp);
-    let base = tmp.join("local");
-    fs::create_dir(&base).unwrap();
     let mp = tmp.join("mnt");
-    let m = Mounted::with_args(
-        &["--stage", "auto", "--max-ram", "1M", "--stage-dir", base.to_str().unwrap()],
-        &outer_mp.join("inner.tar"),
-        &mp,
-    );
+    let args = ["--stage", "auto", "--max-ram", "1M", "--stage-dir", base.to_str().unwrap()];
+    let m = Mounted::with_args(&args, &outer_mp.join("inner.tar"), &mp);
     assert_eq!(fs::read(mp.join("data/sub/small.txt")).unwrap(), b"small\n");
-    let json = stagefs(["status", "--json"]).assert_success().stdout.clone();
-    let line = json.lines().find(|l| l.contains(&*mp.to_string_lossy())).expect("the mount in status --json");
-    assert!(line.contains("\"staging\":\"local disk\""), "auto must stage to disk: {line}");
+    let record = status_record(&mp);
+    assert!(record["staging"] == "local disk", "auto must stage to disk: {record}");
     m.unmount().assert_success();
 }

@@ -2,6 +2,7 @@
 
 use std::fs;
 use std::os::fd::AsRawFd;
+use std::path::Path;
 use std::time::Duration;
 
 use crate::kit::*;
@@ -21,19 +22,12 @@ fn text(i: usize, len: usize) -> Vec<u8> {
 /// served, that memory must be back with the system, epoch after epoch.
 #[test]
 fn squashfs_fragments_are_released_once_every_file_was_served() {
-    let tmp = TempDir::new("memory");
-    let src = tmp.join("src");
     const FILES: usize = 12_000;
     let sizes: Vec<usize> = pseudo_random(7, FILES * 2).chunks(2).map(|b| 1024 + (b[0] as usize) * 12).collect();
-    for (i, &len) in sizes.iter().enumerate() {
-        let dir = src.join(format!("d{:02}", i % 20));
-        fs::create_dir_all(&dir).unwrap();
-        fs::write(dir.join(format!("f{i:05}.txt")), text(i, len)).unwrap();
-    }
-    let image = tmp.join("small.sqsh");
-    run_tool("mksquashfs", [src.as_os_str(), image.as_os_str(), "-quiet".as_ref(), "-no-progress".as_ref()]);
-    let mp = tmp.join("mnt");
-    let m = Mounted::with_args(&["--stage", "none"], &image, &mp);
+    let name = |i: usize| format!("d{:02}/f{i:05}.txt", i % 20);
+    let scene = Scene::new("memory").files(sizes.iter().enumerate().map(|(i, &len)| (name(i), text(i, len))));
+    let image = scene.squashfs_at(&scene.join("small.sqsh"));
+    let m = scene.mount(&image, &["--stage", "none"]);
     let pid = m.daemon_pids()[0];
     let after_mount = anon_bytes(pid);
 
@@ -44,7 +38,7 @@ fn squashfs_fragments_are_released_once_every_file_was_served() {
         let r = u64::from_le_bytes(noise[i * 8..i * 8 + 8].try_into().unwrap());
         order.swap(i, (r % (i as u64 + 1)) as usize);
     }
-    let path = |i: usize| m.path().join(format!("d{:02}/f{i:05}.txt", i % 20));
+    let path = |i: usize| m.path().join(name(i));
     for &i in &order {
         assert!(read(&path(i)) == text(i, sizes[i]), "wrong bytes in {}", path(i).display());
     }
@@ -70,31 +64,39 @@ fn squashfs_fragments_are_released_once_every_file_was_served() {
     m.unmount().assert_success();
 }
 
-/// The page cache a tree's files hold (`mincore` over each file, mapped).
-pub fn in_page_cache(dir: &std::path::Path) -> i64 {
+/// Pages of `path` in the page cache (`mincore` over it, mapped, never read), and the
+/// file's pages in total.
+pub fn cached_pages(path: &Path) -> (usize, usize) {
+    let file = fs::File::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    let len = file.metadata().unwrap().len() as usize;
+    let pages = len.div_ceil(4096);
+    if pages == 0 {
+        return (0, 0);
+    }
+    // SAFETY: a private read-only map of `len` bytes that is never dereferenced; mincore
+    // only reports which of its pages are resident.
+    unsafe {
+        let map = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0);
+        assert_ne!(map, libc::MAP_FAILED, "mmap {}: {}", path.display(), std::io::Error::last_os_error());
+        let mut vec = vec![0u8; pages];
+        let rc = libc::mincore(map, len, vec.as_mut_ptr());
+        let err = std::io::Error::last_os_error();
+        libc::munmap(map, len);
+        assert_eq!(rc, 0, "mincore {}: {err}", path.display());
+        (vec.iter().filter(|&&v| v & 1 != 0).count(), pages)
+    }
+}
+
+/// The page cache a tree's files hold.
+pub fn in_page_cache(dir: &Path) -> i64 {
     let mut total = 0;
     for entry in fs::read_dir(dir).unwrap().flatten() {
         let path = entry.path();
         let meta = fs::symlink_metadata(&path).unwrap();
         if meta.is_dir() {
             total += in_page_cache(&path);
-            continue;
-        }
-        if !meta.is_file() || meta.len() == 0 {
-            continue;
-        }
-        let file = fs::File::open(&path).unwrap();
-        let len = meta.len() as usize;
-        let page = 4096usize;
-        // SAFETY: a read-only shared map of a file we opened, unmapped below; mincore only
-        // writes the vector, one byte per page.
-        unsafe {
-            let map = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0);
-            assert_ne!(map, libc::MAP_FAILED);
-            let mut resident = vec![0u8; len.div_ceil(page)];
-            assert_eq!(libc::mincore(map, len, resident.as_mut_ptr()), 0);
-            libc::munmap(map, len);
-            total += resident.iter().filter(|&&b| b & 1 == 1).count() as i64 * page as i64;
+        } else if meta.is_file() {
+            total += cached_pages(&path).0 as i64 * 4096;
         }
     }
     total
@@ -123,12 +125,9 @@ pub fn memfd_bytes(pid: i32) -> i64 {
 }
 
 /// The `ram_bytes` (the RAM column) and `staged_bytes` `stagefs status --json` gives `mp`.
-pub fn status_ram(mp: &std::path::Path) -> (i64, i64) {
-    let out = stagefs(["status", "--json"]);
-    out.assert_success();
-    let line = out.stdout.lines().find(|l| l.contains(&*mp.to_string_lossy())).expect("the mount's status line");
-    let value: serde_json::Value = serde_json::from_str(line).unwrap();
-    (value["ram_bytes"].as_i64().unwrap(), value["staged_bytes"].as_i64().unwrap())
+pub fn status_ram(mp: &Path) -> (i64, i64) {
+    let record = status_record(mp);
+    (record["ram_bytes"].as_i64().unwrap(), record["staged_bytes"].as_i64().unwrap())
 }
 
 /// `stagefs status` counts each byte a mount holds once (it showed a 66.8 MiB `--stage

@@ -2,17 +2,15 @@
 //! same bytes whatever the thread count, served by stagefs from its saved index or its
 //! seek table; a seek table that lies is refused with its offset.
 
-use std::ffi::OsStr;
 use std::fs;
 
 use crate::kit::*;
 use crate::pack::{assert_same_tree, hard_tree, pack, write};
 
-/// `pack --compress zstd|gzip` on the hard tree: `zstd -d`/`gzip -d` give back the very tar
-/// `pack` writes uncompressed, GNU tar extracts that to the source, the same bytes come
-/// out for 1 and 64 threads, and the first mount uses the saved restart points; with the
-/// index removed, a mount indexes the zstd file from its seek table. Every byte is
-/// compared with the source (and so with GNU tar's extraction).
+/// `pack --compress zstd|gzip` of the hard tree: the same bytes for 1 and 64 threads;
+/// `zstd -d`/`gzip -d` give back the tar `pack` writes uncompressed, which GNU tar extracts
+/// to the source; the first mount uses the saved restart points, and without the index a
+/// mount indexes the zstd file from its seek table. Every byte is compared with the source.
 #[test]
 fn compressed_packs_are_read_by_every_tool_and_by_stagefs_from_the_start() {
     require_root();
@@ -23,20 +21,19 @@ fn compressed_packs_are_read_by_every_tool_and_by_stagefs_from_the_start() {
         write(&src.join(format!("text/{i:03}.txt")), &text_like(i, 2_000 + (i as usize * 977) % 90_000));
     }
     let plain = tmp.join("plain.tar");
-    pack(&[src.as_os_str(), plain.as_os_str()]).assert_success();
+    pack(&osargs![src, plain]).assert_success();
     for (codec, ext, decompress) in [("zstd", "tar.zst", "zstd -dc"), ("gzip", "tar.gz", "gzip -dc")] {
         let mut outputs = Vec::new();
         for threads in ["1", "64"] {
             let archive = tmp.join(format!("{threads}.{ext}"));
-            let args = [OsStr::new("--compress"), OsStr::new(codec), OsStr::new("--threads"), OsStr::new(threads)];
-            pack(&[&args[..], &[src.as_os_str(), archive.as_os_str()]].concat()).assert_success();
+            pack(&osargs!["--compress", codec, "--threads", threads, src, archive]).assert_success();
             outputs.push(archive);
         }
         assert!(read(&outputs[0]) == read(&outputs[1]), "{codec}: the same bytes for 1 and 64 threads");
         let archive = &outputs[0];
         let tar = tmp.join(format!("{codec}.tar"));
         let script = format!("{decompress} '{}' > '{}'", archive.display(), tar.display());
-        run_tool("sh", ["-c", script.as_str()]).assert_success();
+        run_tool("sh", ["-c", script.as_str()]);
         assert!(read(&tar) == read(&plain), "{codec}: decompresses to the tar pack writes");
         let gnu = tmp.join(format!("gnu-{codec}"));
         extract_tar(&tar, &gnu);

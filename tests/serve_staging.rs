@@ -1,18 +1,15 @@
 //! A staged mount serves while it stages (`--stage copy|disk|ram`): `stagefs mount` returns
-//! once the index is ready, reads are right during the copy (byte for byte against the
-//! archive), the copy follows readers, a change of the archive in the middle is refused and
-//! never mixed into the copy, `stagefs wait --staged` and `status` follow it, and an
-//! unmount mid-staging leaves nothing.
+//! once the index is ready, reads are right during the copy (byte for byte), the copy follows
+//! readers, a change of the archive meanwhile is refused and never mixed into the copy,
+//! `stagefs wait --staged` and `status` follow it, and an unmount mid-staging leaves nothing.
 //!
-//! The copy is slowed down by `STAGEFS_TEST_STAGE_CHUNK_DELAY_MS` (a pause before each 4 MiB
-//! chunk, four chunks in flight; before each file of a warm-up), so that the tests act while
-//! it is under way without racing it. They check that it still was under way where it
-//! matters, and say so when it was not.
+//! `STAGEFS_TEST_STAGE_CHUNK_DELAY_MS` slows the copy (a pause before each 4 MiB chunk, four
+//! in flight; before each file of a warm-up), so that the tests act while it is under way
+//! without racing it; they check it still was where it matters, and say so when it was not.
 
 use std::fs;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use crate::kit::*;
@@ -23,13 +20,15 @@ const CHUNK: u64 = 4 * MIB;
 /// A generous bound for waits on the background work: a hang guard, never a measure.
 const HANG_GUARD: Duration = Duration::from_secs(120);
 
-/// A tar of `count` random files of `len` bytes each (`f00`, `f01`, ...), its files
-/// beside it for comparison.
+/// A tar of `count` random files of `len` bytes each (`f00`, `f01`, ...), its files beside
+/// it, where to mount it, and an empty `local` to stage to.
 struct Data {
     tmp: TempDir,
     tar: PathBuf,
     src: PathBuf,
     names: Vec<String>,
+    mp: PathBuf,
+    local: PathBuf,
 }
 
 fn data(name: &str, count: usize, len: usize, seed: u64) -> Data {
@@ -40,7 +39,19 @@ fn data(name: &str, count: usize, len: usize, seed: u64) -> Data {
     let tmp = scene.tmp;
     // Datasets are old files: their pages are clean.
     fs::File::open(&tar).unwrap().sync_all().unwrap();
-    Data { tmp, tar, src, names }
+    let local = tmp.join("local");
+    fs::create_dir(&local).unwrap();
+    Data { mp: tmp.join("mnt"), local, tmp, tar, src, names }
+}
+
+impl Data {
+    /// Panics unless each of `names` reads through the mount as in the archive (`when`: the moment).
+    fn assert_reads<'a>(&self, names: impl IntoIterator<Item = &'a String>, when: &str) {
+        for name in names {
+            let got = read_member(&self.mp, name).unwrap_or_else(|e| panic!("{name}: errno {e} {when}"));
+            assert!(got == read(&self.src.join(name)), "{name} differs from the archive {when}");
+        }
+    }
 }
 
 /// `stagefs mount ARGS ARCHIVE MP` with the copy slowed down by `delay_ms` per chunk.
@@ -50,11 +61,7 @@ fn mount_slowly(delay_ms: u64, args: &[&str], archive: &Path, mp: &Path) -> Moun
 
 /// This mount's `staging_progress` in `stagefs status --json`: (state, done, total, error).
 fn progress(mp: &Path) -> (String, u64, u64, String) {
-    let out = stagefs(["status", "--json"]);
-    out.assert_success();
-    let line = out.stdout.lines().find(|l| l.contains(&*mp.to_string_lossy())).expect("the mount in status --json");
-    let record: serde_json::Value = serde_json::from_str(line).unwrap();
-    let p = &record["staging_progress"];
+    let p = &status_record(mp)["staging_progress"];
     (
         p["state"].as_str().unwrap_or("none").to_string(),
         p["done_bytes"].as_u64().unwrap_or(0),
@@ -64,9 +71,7 @@ fn progress(mp: &Path) -> (String, u64, u64, String) {
 }
 
 fn field(mp: &Path, name: &str) -> u64 {
-    let out = stagefs(["status", "--json"]);
-    let line = out.stdout.lines().find(|l| l.contains(&*mp.to_string_lossy())).expect("the mount in status --json");
-    serde_json::from_str::<serde_json::Value>(line).unwrap()[name].as_u64().unwrap()
+    status_record(mp)[name].as_u64().unwrap()
 }
 
 fn wait_staged(mp: &Path, extra: &[&str]) -> CmdOutput {
@@ -88,17 +93,16 @@ fn memfd_bytes(pid: i32) -> Vec<u8> {
     fs::read(fd.path()).unwrap()
 }
 
-/// Waits until at least `bytes` are staged (or staging ended); returns what was staged.
-fn staged_at_least(mp: &Path, bytes: u64) -> u64 {
+/// Waits until the mount's `record` in `status --json` says at least `bytes` are staged (or
+/// staging ended); returns what was staged.
+fn staged_at_least(record: impl Fn() -> serde_json::Value, bytes: u64) -> u64 {
     let mut seen = 0;
-    assert!(
-        wait_until(HANG_GUARD, || {
-            let (state, done, ..) = progress(mp);
-            seen = done;
-            done >= bytes || state != "copying"
-        }),
-        "staging never reached {bytes} B"
-    );
+    let reached = wait_until(HANG_GUARD, || {
+        let p = &record()["staging_progress"];
+        seen = p["done_bytes"].as_u64().unwrap_or(0);
+        seen >= bytes || p["state"] != "copying"
+    });
+    assert!(reached, "staging never reached {bytes} B");
     seen
 }
 
@@ -110,55 +114,43 @@ fn staged_at_least(mp: &Path, bytes: u64) -> u64 {
 fn a_copy_serves_while_it_stages_byte_for_byte() {
     let d = data("serve-copy", 24, 4 << 20, 100);
     let size = fs::metadata(&d.tar).unwrap().len();
-    let mp = d.tmp.join("mnt");
     // 25 chunks, four at a time, 1 s each: the copy takes 7 s.
-    let m = mount_slowly(1000, &["--stage", "copy", "--warm", "no"], &d.tar, &mp);
-    let (state, done, total, _) = progress(&mp);
+    let m = mount_slowly(1000, &["--stage", "copy", "--warm", "no"], &d.tar, &d.mp);
+    let (state, done, total, _) = progress(&d.mp);
     assert_eq!((state.as_str(), total), ("copying", size), "the mount returned while it copies");
     assert!(done < size, "nothing left to copy when the mount returned: the test did not test");
     // Readers go through half of the files, the last first: in place, and the copy jumps
     // ahead to them.
-    for name in d.names.iter().rev().step_by(2) {
-        let got = read_member(&mp, name).unwrap_or_else(|e| panic!("{name}: errno {e} during staging"));
-        assert!(got == fs::read(d.src.join(name)).unwrap(), "{name} differs from the archive during staging");
-    }
-    let (state, done, ..) = progress(&mp);
+    d.assert_reads(d.names.iter().rev().step_by(2), "during staging");
+    let (state, done, ..) = progress(&d.mp);
     assert!(state == "copying" && done < size, "staging ended before the reads did: the test did not test");
     // The RAM the copy holds so far is what status counts as staged.
-    assert!(field(&mp, "staged_bytes") < size);
-    let out = wait_staged(&mp, &[]);
-    out.assert_success();
-    let (state, done, total, error) = progress(&mp);
+    assert!(field(&d.mp, "staged_bytes") < size);
+    wait_staged(&d.mp, &[]).assert_success();
+    let (state, done, total, error) = progress(&d.mp);
     assert_eq!((state.as_str(), done, total, error.as_str()), ("done", size, size, ""));
-    assert_eq!(field(&mp, "staged_bytes"), size);
-    let text = stagefs(["status"]).stdout.clone();
+    assert_eq!(field(&d.mp, "staged_bytes"), size);
+    let text = stagefs(["status"]).stdout;
     assert!(text.contains("staging: done"), "{text}");
     // The copy is the archive, byte for byte; the other half is read from it.
     let pid = m.daemon_pids()[0];
     assert!(memfd_bytes(pid) == fs::read(&d.tar).unwrap(), "the staged copy differs from the archive");
-    for name in d.names.iter().step_by(2) {
-        assert!(read_member(&mp, name).unwrap() == fs::read(d.src.join(name)).unwrap(), "{name} from the copy");
-    }
+    d.assert_reads(d.names.iter().step_by(2), "from the copy");
     m.unmount().assert_success();
-    assert_nothing_left(&mp, "after the unmount");
+    assert_nothing_left(&d.mp, "after the unmount");
 }
 
 /// `--stage disk` serves while it copies to the local disk, the same way.
 #[test]
 fn a_copy_to_disk_serves_while_it_stages() {
     let d = data("serve-disk", 12, 3 << 20, 200);
-    let base = d.tmp.join("local");
-    fs::create_dir(&base).unwrap();
-    let mp = d.tmp.join("mnt");
-    let args = ["--stage", "disk", "--warm", "no", "--stage-dir", base.to_str().unwrap()];
-    let m = mount_slowly(700, &args, &d.tar, &mp);
-    assert_eq!(progress(&mp).0, "copying", "the mount returned while it copies");
-    for name in &d.names {
-        assert!(read_member(&mp, name).unwrap() == fs::read(d.src.join(name)).unwrap(), "{name} during staging");
-    }
-    wait_staged(&mp, &[]).assert_success();
-    assert_eq!(progress(&mp).0, "done");
-    let own = base.join(format!("stagefs-{}", crate::kit::euid()));
+    let args = ["--stage", "disk", "--warm", "no", "--stage-dir", d.local.to_str().unwrap()];
+    let m = mount_slowly(700, &args, &d.tar, &d.mp);
+    assert_eq!(progress(&d.mp).0, "copying", "the mount returned while it copies");
+    d.assert_reads(&d.names, "during staging");
+    wait_staged(&d.mp, &[]).assert_success();
+    assert_eq!(progress(&d.mp).0, "done");
+    let own = d.local.join(format!("stagefs-{}", euid()));
     assert_eq!(fs::read_dir(&own).unwrap().count(), 0, "the copy on disk has no name");
     m.unmount().assert_success();
     assert!(!own.exists(), "the staging directory goes with the mount");
@@ -172,26 +164,25 @@ fn a_copy_to_disk_serves_while_it_stages() {
 fn a_source_rewritten_while_it_is_copied_is_refused_never_mixed() {
     let d = data("serve-changed", 16, 4 << 20, 300);
     let old = fs::read(&d.tar).unwrap();
-    let mp = d.tmp.join("mnt");
     let log = d.tmp.join("daemon.log");
     let args = ["--stage", "copy", "--warm", "no", "--log-file", log.to_str().unwrap()];
     // 17 chunks, four at a time, 2 s each.
-    let m = mount_slowly(2000, &args, &d.tar, &mp);
+    let m = mount_slowly(2000, &args, &d.tar, &d.mp);
     // Two chunks at least: the first member (after its header) then lies in the copy.
-    let staged = staged_at_least(&mp, 2 * CHUNK);
+    let staged = staged_at_least(|| status_record(&d.mp), 2 * CHUNK);
     assert!(staged < old.len() as u64, "staged whole before the change: the test did not test");
     // The same tar layout with other bytes, written over the archive in place.
     let other = data("serve-changed-new", 16, 4 << 20, 900);
     let new = fs::read(&other.tar).unwrap();
     assert_eq!(new.len(), old.len());
     fs::OpenOptions::new().write(true).open(&d.tar).unwrap().write_all_at(&new, 0).unwrap();
-    let out = wait_staged(&mp, &[]);
+    let out = wait_staged(&d.mp, &[]);
     out.assert_code(9).assert_stderr_has(&["changed since it was mounted", "rather than mix two versions"]);
-    let (state, done, _, error) = progress(&mp);
+    let (state, done, _, error) = progress(&d.mp);
     assert_eq!(state, "failed");
     assert!(error.contains("changed since it was mounted"), "{error}");
     assert!(done >= staged && done < old.len() as u64, "staged {done} B");
-    let text = stagefs(["status"]).stdout.clone();
+    let text = stagefs(["status"]).stdout;
     assert!(text.contains("staging: FAILED") && text.contains("changed since it was mounted"), "{text}");
     // Never mixed: each chunk of the copy is the old one, or untouched (zeros).
     let pid = m.daemon_pids()[0];
@@ -209,7 +200,7 @@ fn a_source_rewritten_while_it_is_copied_is_refused_never_mixed() {
     // Reads: the old bytes (from the copy) or EIO, never the new bytes.
     let mut served = 0;
     for (name, new_name) in d.names.iter().zip(&other.names) {
-        match read_member(&mp, name) {
+        match read_member(&d.mp, name) {
             Ok(bytes) => {
                 assert!(bytes == fs::read(d.src.join(name)).unwrap(), "{name}: not the old bytes");
                 assert!(bytes != fs::read(other.src.join(new_name)).unwrap());
@@ -230,13 +221,12 @@ fn a_source_rewritten_while_it_is_copied_is_refused_never_mixed() {
 #[test]
 fn wait_staged_returns_at_once_in_place_and_times_out_with_the_progress() {
     let d = data("serve-wait", 6, 3 << 20, 400);
-    let mp = d.tmp.join("mnt");
-    let m = Mounted::with_args(&["--stage", "none"], &d.tar, &mp);
-    wait_staged(&mp, &[]).assert_success();
-    assert_eq!(progress(&mp).0, "none", "a mount in place stages nothing");
+    let m = Mounted::with_args(&["--stage", "none"], &d.tar, &d.mp);
+    wait_staged(&d.mp, &[]).assert_success();
+    assert_eq!(progress(&d.mp).0, "none", "a mount in place stages nothing");
     m.unmount().assert_success();
-    let m = mount_slowly(3000, &["--stage", "copy"], &d.tar, &mp);
-    wait_staged(&mp, &["--timeout", "1s"]).assert_code(6).assert_stderr_has(&["still staging", "copying"]);
+    let m = mount_slowly(3000, &["--stage", "copy"], &d.tar, &d.mp);
+    wait_staged(&d.mp, &["--timeout", "1s"]).assert_code(6).assert_stderr_has(&["still staging", "copying"]);
     m.unmount().assert_success();
 }
 
@@ -245,17 +235,14 @@ fn wait_staged_returns_at_once_in_place_and_times_out_with_the_progress() {
 #[test]
 fn unmounting_mid_staging_leaves_nothing() {
     let d = data("serve-unmount", 10, 4 << 20, 500);
-    let base = d.tmp.join("local");
-    fs::create_dir(&base).unwrap();
-    let own = base.join(format!("stagefs-{}", crate::kit::euid()));
-    for args in [vec!["--stage", "copy"], vec!["--stage", "disk", "--stage-dir", base.to_str().unwrap()]] {
-        let mp = d.tmp.join("mnt");
-        let m = mount_slowly(5000, &args, &d.tar, &mp);
+    let own = d.local.join(format!("stagefs-{}", euid()));
+    for args in [vec!["--stage", "copy"], vec!["--stage", "disk", "--stage-dir", d.local.to_str().unwrap()]] {
+        let m = mount_slowly(5000, &args, &d.tar, &d.mp);
         let pid = m.daemon_pids()[0];
-        assert_eq!(progress(&mp).0, "copying");
+        assert_eq!(progress(&d.mp).0, "copying");
         m.unmount().assert_success();
         assert!(!process_alive(pid), "{args:?}: the daemon exits at the unmount, its copier with it");
-        assert_nothing_left(&mp, &format!("{args:?}: unmounted mid-staging"));
+        assert_nothing_left(&d.mp, &format!("{args:?}: unmounted mid-staging"));
         assert!(!own.exists(), "{args:?}: the staging directory goes with the mount");
     }
 }
@@ -264,21 +251,18 @@ fn unmounting_mid_staging_leaves_nothing() {
 /// (status says so), reads are right meanwhile, and `wait --staged` waits for it.
 #[test]
 fn stage_ram_returns_before_the_warm_up_ends() {
-    let _no_drop_caches_meanwhile = crate::kit::page_cache_guard();
+    let _no_drop_caches_meanwhile = page_cache_guard();
     let d = data("serve-ram", 16, 1 << 20, 600);
-    let mp = d.tmp.join("mnt");
     // 16 files, 1 s each, on up to 8 threads.
-    let m = mount_slowly(1000, &["--stage", "ram"], &d.tar, &mp);
-    let (state, done, total, _) = progress(&mp);
+    let m = mount_slowly(1000, &["--stage", "ram"], &d.tar, &d.mp);
+    let (state, done, total, _) = progress(&d.mp);
     assert_eq!(state, "warming", "the mount returned while it warms");
     assert!(done < total && total == 16 * MIB, "{done} of {total}");
-    for name in &d.names[..4] {
-        assert!(read_member(&mp, name).unwrap() == fs::read(d.src.join(name)).unwrap(), "{name} while warming");
-    }
-    wait_staged(&mp, &[]).assert_success();
-    let (state, done, ..) = progress(&mp);
+    d.assert_reads(&d.names[..4], "while warming");
+    wait_staged(&d.mp, &[]).assert_success();
+    let (state, done, ..) = progress(&d.mp);
     assert_eq!((state.as_str(), done), ("done", 16 * MIB));
-    assert_eq!(field(&mp, "warmed_bytes"), 16 * MIB);
+    assert_eq!(field(&d.mp, "warmed_bytes"), 16 * MIB);
     m.unmount().assert_success();
 }
 
@@ -287,30 +271,20 @@ fn stage_ram_returns_before_the_warm_up_ends() {
 /// right, the rest gives EIO, and staging says it failed.
 #[test]
 fn another_users_archive_truncated_while_staged_leaves_staged_reads_right() {
-    let (alice, eve) = (User::get("sfs-alice"), User::get("sfs-eve"));
-    let tmp = TempDir::new("serve-truncated");
-    crate::kit::chmod(tmp.path(), 0o755);
-    let archive = tmp.join("eves.tar");
+    let users = two_users("serve-truncated");
+    let (alice, eve) = (&users.alice, &users.eve);
+    let archive = users.tmp.join("eves.tar");
     let files: Vec<(String, Vec<u8>)> =
         (0..12).map(|i| (format!("f{i:02}"), pseudo_random(700 + i as u64, 3 << 20))).collect();
     let refs: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
-    tar_of(&eve, &archive, &refs);
-    crate::kit::chmod(&archive, 0o644);
-    let mnt = alice.home.join("mnt-eves");
-    crate::kit::remove_tree(&mnt);
+    tar_of(eve, &archive, &refs);
+    chmod(&archive, 0o644);
+    let mnt = users.mountpoint("mnt-eves");
     let cmd = alice.stagefs_cmd(&[("STAGEFS_TEST_STAGE_CHUNK_DELAY_MS", "2000")], ["mount", "--stage", "copy"]);
     cmd.args(osargs!["--warm", "no", archive, mnt]).run_within(HANG_GUARD).assert_success();
-    let alice_json = || {
-        let out = alice.stagefs(["status", "--json"]);
-        let line = out.stdout.lines().find(|l| l.contains(&*mnt.to_string_lossy())).map(str::to_string);
-        serde_json::from_str::<serde_json::Value>(&line.expect("alice's mount in her status")).unwrap()
-    };
-    let mut staged = 0;
-    assert!(wait_until(HANG_GUARD, || {
-        let p = &alice_json()["staging_progress"];
-        staged = p["done_bytes"].as_u64().unwrap_or(0);
-        staged >= 2 * CHUNK || p["state"] != "copying"
-    }));
+    let alice_json =
+        || status_record_in(&alice.stagefs(["status", "--json"]), &mnt).expect("alice's mount in her status");
+    let staged = staged_at_least(alice_json, 2 * CHUNK);
     let size = fs::metadata(&archive).unwrap().len();
     assert!(staged < size, "staged whole before the truncation: the test did not test");
     eve.sh(&format!("truncate -s 1M {}", archive.display()));
@@ -332,8 +306,7 @@ fn another_users_archive_truncated_while_staged_leaves_staged_reads_right() {
         offset = end.next_multiple_of(512);
     }
     assert!(process_alive(pid), "alice's daemon lives");
-    alice.stagefs(["umount".as_ref(), mnt.as_os_str()]).assert_success();
-    assert_nothing_left(&mnt, "after alice's unmount");
+    users.umount(&mnt);
 }
 
 /// The MD5 of `bytes`, by md5sum (the tests compare what `cat` gave through the mount).
@@ -341,6 +314,5 @@ fn md5(bytes: &[u8]) -> String {
     let tmp = TempDir::new("md5");
     let path = tmp.join("x");
     fs::write(&path, bytes).unwrap();
-    let out = run_cmd(Command::new("md5sum").arg(&path), HANG_GUARD);
-    out.stdout[..32].to_string()
+    run_tool("md5sum", [&path]).stdout[..32].to_string()
 }

@@ -1,23 +1,15 @@
 //! RAM staging, compressed tars and saved indexes.
 //!
-//! - Compressed tars (gzip, pigz, bzip2, xz, zstd, lz4, made by the real
-//!   CLI tools, also as concatenated members/streams/frames) are decompressed
-//!   into a memfd named `stagefs:<file name>`: the mount is compared with
-//!   `tar -x` of the same tar, and the daemon's /proc/PID/maps must show the
-//!   memfd mapping, sized like the decompressed tar.
-//! - `--stage copy` copies a plain tar into a memfd; it must be freed (global
-//!   `Shmem` in /proc/meminfo drops again) and nothing left behind (mount,
-//!   daemon, /dev/shm files) after `stagefs umount`, SIGTERM and SIGKILL.
-//! - The RAM budget (`--max-ram`) and corrupt compressed streams fail cleanly
-//!   with their exit codes (8, 3) and leave nothing mounted.
-//! - `stagefs index` saves an index that later mounts reuse, and one that
-//!   no longer matches the archive (changed content, damaged file) is ignored.
+//! - Compressed tars (gzip, pigz, bzip2, xz, zstd, lz4 by the real CLI tools, also as
+//!   concatenated members/streams/frames) mount like `tar -x` of the tar; one decoded whole
+//!   goes into a memfd `stagefs:<file name>` the daemon maps, sized like the tar.
+//! - `--stage copy` of a plain tar: the memfd is freed (`Shmem` in /proc/meminfo drops) and
+//!   nothing is left (mount, daemon, /dev/shm) after `stagefs umount`, SIGTERM and SIGKILL.
+//! - The RAM budget (`--max-ram`, exit 8) and corrupt streams (exit 3) leave nothing mounted.
+//! - `stagefs index` saves an index later mounts reuse; a stale or damaged one is ignored.
 //!
-//! About the memory checks: a memfd has no name in any filesystem, so the
-//! only system-wide trace of its pages is `Shmem:` in /proc/meminfo (memfd
-//! and tmpfs pages). Other tests run in parallel, so the checks use a 128 MiB
-//! staged archive, accept any change of at least half of it, and the three
-//! tests that measure it run one at a time.
+//! A memfd's pages show system-wide only in `Shmem:` (with tmpfs pages). Other tests run in
+//! parallel: the checks stage 128 MiB, accept a change of half of it, and run one at a time.
 
 use std::collections::BTreeSet;
 use std::ffi::{OsStr, OsString};
@@ -31,50 +23,43 @@ use crate::compare::{assert_trees_equal, count_entries, Options};
 use crate::kit::*;
 
 const MIB: usize = 1 << 20;
-/// The zero-filled file that makes the `--stage ram` archives big enough for
-/// the Shmem checks to stand out from other tests' activity.
+/// The zeros that make the staged archives stand out in Shmem from other tests' activity.
 const PAD_LEN: u64 = 128 << 20;
 
 // ---------------------------------------------------------------------------
 // Trees and archives
 
-/// A small tree under `root/data`: a 3 MiB random file, 1.5 MiB of
-/// compressible text, a nested small file, a symlink, a hard link and an
-/// empty file. `seed` varies the random content.
-fn make_tree(root: &Path, seed: u64) {
-    fs::create_dir_all(root.join("data/nested/deeper")).unwrap();
-    fs::write(root.join("data/big.bin"), pseudo_random(seed, 3 * MIB + 12345)).unwrap();
+/// As root, `data/` under `src` of a new temporary directory: 3 MiB random, 1.5 MiB of text,
+/// a nested small file, a symlink, a hard link and an empty file (`seed` varies the content),
+/// `more` added; packed into `name` there by GNU tar.
+fn tree_tar_with(label: &str, seed: u64, name: &str, more: impl FnOnce(&Path)) -> (TempDir, PathBuf, PathBuf) {
+    require_root();
     let mut text = Vec::new();
     let mut i = 0u64;
     while text.len() < 3 * MIB / 2 {
         text.extend_from_slice(format!("line {i:08} of seed {seed}: compressible text\n").as_bytes());
         i += 1;
     }
-    fs::write(root.join("data/text.txt"), text).unwrap();
-    fs::write(root.join("data/nested/deeper/small.txt"), format!("small {seed}\n")).unwrap();
-    fs::write(root.join("data/empty"), b"").unwrap();
-    std::os::unix::fs::symlink("nested/deeper/small.txt", root.join("data/link")).unwrap();
-    fs::hard_link(root.join("data/text.txt"), root.join("data/text-hardlink.txt")).unwrap();
+    let scene = Scene::new(label)
+        .file("data/big.bin", pseudo_random(seed, 3 * MIB + 12345))
+        .file("data/text.txt", text)
+        .file("data/nested/deeper/small.txt", format!("small {seed}\n"))
+        .file("data/empty", "")
+        .symlink("data/link", "nested/deeper/small.txt");
+    let src = scene.src().to_path_buf();
+    fs::hard_link(src.join("data/text.txt"), src.join("data/text-hardlink.txt")).unwrap();
+    more(&src);
+    let tar = scene.join(name);
+    fs::create_dir_all(tar.parent().unwrap()).unwrap();
+    scene.tar_at(&tar);
+    (scene.tmp, src, tar)
 }
 
-/// `tar --format=gnu -C src -cf archive data`.
-fn pack(src: &Path, archive: &Path) {
-    pack_tar(src, archive, &["data"]);
-}
-
-/// As root, `make_tree(seed)` under `src` of a new temporary directory, packed into `name` there.
 fn tree_tar(label: &str, seed: u64, name: &str) -> (TempDir, PathBuf, PathBuf) {
-    require_root();
-    let tmp = TempDir::new(label);
-    let src = tmp.join("src");
-    make_tree(&src, seed);
-    let tar = tmp.join(name);
-    pack(&src, &tar);
-    (tmp, src, tar)
+    tree_tar_with(label, seed, name, |_| ())
 }
 
-/// Runs `tool ARGS... INPUT` (each tool writes to stdout with `-c`) into
-/// `output`, or appends to it.
+/// `tool ARGS... INPUT` (writing to stdout with `-c`) into `output`, or appended to it.
 fn run_to_file(tool: &str, args: &[&str], input: &Path, output: &Path, append: bool) {
     let out = fs::OpenOptions::new().create(true).write(true).append(append).truncate(!append).open(output).unwrap();
     let mut cmd = Command::new(require_tool(tool));
@@ -94,36 +79,31 @@ fn extension(tool: &str) -> &'static str {
     }
 }
 
-/// How `compress` cuts the tar into separately compressed pieces.
+/// How `compress` cuts the tar into separately compressed pieces: one member/stream/frame;
+/// three pieces cut at unaligned offsets; the first tar header alone (the "data/" directory,
+/// a valid tar prefix on its own), then the rest.
 #[derive(Clone, Copy)]
 enum Split {
-    /// One member/stream/frame.
     Whole,
-    /// Three pieces cut at unaligned byte offsets.
     Thirds,
-    /// Two pieces: the first tar header alone (the "data/" directory), then
-    /// the rest; the first piece is a valid tar prefix on its own.
     AfterFirstHeader,
 }
+use Split::*;
 
-/// Compresses `tar` with `tool ARGS -c`. Split the tar into pieces, each
-/// compressed on its own and concatenated (multi-member gzip, multi-stream
-/// bzip2/xz, multi-frame zstd/lz4), as parallel compressors and
-/// `cat a.gz b.gz` make. Checks that `tool -dc` gives back the tar byte for byte.
+/// `tool ARGS -c` of `tar`, whole or in pieces compressed on their own and concatenated
+/// (multi-member gzip, multi-stream bzip2/xz, multi-frame zstd/lz4, as parallel compressors
+/// and `cat a.gz b.gz` make); `tool -dc` must give back the tar byte for byte.
 fn compress(tool: &str, args: &[&str], tar: &Path, split: Split, scratch: &TempDir) -> PathBuf {
     let out = tar.with_file_name(format!("{}.{}", tar.file_name().unwrap().to_string_lossy(), extension(tool)));
-    let mut c_args = vec!["-c"];
-    c_args.extend_from_slice(args);
-    if let Split::Whole = split {
+    let c_args = [&["-c"][..], args].concat();
+    if let Whole = split {
         run_to_file(tool, &c_args, tar, &out, false);
     } else {
         let bytes = read(tar);
-        let mut cuts: Vec<usize> = match split {
-            Split::Thirds => (1..3).map(|i| bytes.len() * i / 3 + 17 * i).collect(),
-            _ => vec![512],
+        let cuts = match split {
+            Thirds => vec![0, bytes.len() / 3 + 17, bytes.len() * 2 / 3 + 34, bytes.len()],
+            _ => vec![0, 512, bytes.len()],
         };
-        cuts.insert(0, 0);
-        cuts.push(bytes.len());
         let _ = fs::remove_file(&out);
         for (i, w) in cuts.windows(2).enumerate() {
             let piece = scratch.join(format!("piece{i}"));
@@ -137,15 +117,6 @@ fn compress(tool: &str, args: &[&str], tar: &Path, split: Split, scratch: &TempD
     assert!(read(&back) == read(tar), "`{tool} -dc {}` does not give back the tar (test setup)", out.display());
     fs::remove_file(&back).unwrap();
     out
-}
-
-fn round_up(n: u64, to: u64) -> u64 {
-    n.div_ceil(to) * to
-}
-
-fn page_size() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as u64 }
 }
 
 // ---------------------------------------------------------------------------
@@ -169,15 +140,16 @@ fn memfd_mapping(pid: i32, archive_name: &str) -> Option<(String, u64)> {
     Some((line.to_string(), size))
 }
 
-/// Panics unless the daemon maps a memfd named after the archive, of `len`
-/// bytes (rounded up to a page).
+/// Panics unless the daemon maps a memfd named after the archive, of `len` bytes (in pages).
 fn assert_memfd_mapped(pid: i32, archive: &Path, len: u64) {
     let name = archive.file_name().unwrap().to_string_lossy().into_owned();
     let maps = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
     let (line, size) = memfd_mapping(pid, &name).unwrap_or_else(|| {
         panic!("daemon {pid} maps no `/memfd:stagefs:{name} (deleted)`; its /proc/{pid}/maps:\n{maps}")
     });
-    assert_eq!(size, round_up(len, page_size()), "the memfd mapping must hold the {len} staged bytes: {line}");
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) as u64 };
+    assert_eq!(size, len.next_multiple_of(page), "the memfd mapping must hold the {len} staged bytes: {line}");
 }
 
 /// `Shmem:` of /proc/meminfo in bytes: all memfd and tmpfs pages of the system.
@@ -192,9 +164,8 @@ fn dev_shm() -> BTreeSet<(OsString, u64)> {
         .unwrap_or_default()
 }
 
-/// Panics if /dev/shm gained an entry that could be a copy of our archive:
-/// one named like stagefs or holding at least half of `staged` bytes (other
-/// programs on the machine may create small files there meanwhile).
+/// Panics if /dev/shm gained an entry named like stagefs or of half `staged` bytes or more
+/// (other programs may create small files there meanwhile).
 fn assert_nothing_new_in_dev_shm(before: &BTreeSet<(OsString, u64)>, staged: u64, context: &str) {
     let new: Vec<_> = dev_shm()
         .into_iter()
@@ -212,17 +183,13 @@ fn proc_mounts_naming(mp: &Path) -> Vec<String> {
 }
 
 /// The private copy in RAM `stagefs status --json` reports for `mp` ("-" for none, else
-/// its size as status shows sizes; "DEAD" for a mount whose daemon is gone), or None if it
-/// is not listed.
+/// its size as status shows sizes; "DEAD" if its daemon is gone), or None if not listed.
 fn status_staged(mp: &Path) -> Option<String> {
-    let out = stagefs(["status", "--json"]);
-    out.assert_success();
-    let needle = format!("\"mountpoint\":\"{}\"", mp.display());
-    let line = out.stdout.lines().find(|l| l.contains(&needle))?;
-    if line.contains("\"state\":\"dead\"") {
+    let record = status_record_in(&stagefs(["status", "--json"]), mp)?;
+    if record["state"] == "dead" {
         return Some("DEAD".into());
     }
-    let bytes: u64 = line.split("\"staged_bytes\":").nth(1)?.split(',').next()?.parse().ok()?;
+    let bytes = record["staged_bytes"].as_u64()?;
     Some(if bytes == 0 { "-".to_string() } else { stagefs_open::report::human(bytes) })
 }
 
@@ -251,16 +218,14 @@ fn assert_shmem_drops_to(at_most: u64, context: &str) {
 // ---------------------------------------------------------------------------
 // 1. Compressed tars
 
-/// Packs the tree, compresses it with `tool`, mounts the compressed file,
-/// compares with `tar -x` of the tar and with the source files, and checks
-/// the staging memfd and `stagefs status`.
-fn compressed_case(label: &str, tool: &str, args: &[&str], split: Split) {
-    let (tmp, src, tar) = tree_tar(label, 11, "archive.tar");
+/// The tree's tar compressed by `tool`, mounted: compared with `tar -x` of the tar and with
+/// the source files; the staging memfd, `stagefs status`, and nothing left after umount.
+fn compressed_case(tool: &str, args: &[&str], split: Split) {
+    let (tmp, src, tar) = tree_tar(&format!("compressed-{tool}"), 11, "archive.tar");
     let tar_len = fs::metadata(&tar).unwrap().len();
     let compressed = compress(tool, args, &tar, split, &tmp);
     let expected = tmp.join("expected");
-    // GNU tar 1.34 does not detect lz4 by itself: extract the tar that
-    // `compress` proved identical to what the tool decompresses.
+    // GNU tar 1.34 does not detect lz4: extract the tar `compress` proved the tool gives back.
     extract_tar(&tar, &expected);
     assert_eq!(count_entries(&expected), 9, "reference extraction");
 
@@ -270,13 +235,13 @@ fn compressed_case(label: &str, tool: &str, args: &[&str], split: Split) {
     // gzip restarts anywhere, bzip2 at each block, xz and zstd at each of several blocks
     // or frames: those are served by restart points from the compressed file, the others
     // decompressed whole.
-    let several = !matches!(split, Split::Whole);
+    let several = !matches!(split, Whole);
     let restarts = matches!(tool, "gzip" | "pigz" | "bzip2")
         || (tool == "zstd" && several)
         || (tool == "xz" && (several || args.iter().any(|a| a.starts_with("--block-size"))));
     if restarts {
         let name = compressed.file_name().unwrap().to_string_lossy().into_owned();
-        assert!(memfd_mapping(pid, &name).is_none(), "{label}: served compressed, nothing decompressed into a memfd");
+        assert!(memfd_mapping(pid, &name).is_none(), "{tool}: served compressed, nothing decompressed into a memfd");
         assert_status_staged(m.path(), "-");
     } else {
         assert_memfd_mapped(pid, &compressed, tar_len);
@@ -297,149 +262,71 @@ fn compressed_case(label: &str, tool: &str, args: &[&str], split: Split) {
     drop(f);
     let mp = m.path().to_path_buf();
     m.unmount().assert_success();
-    assert_nothing_left(&mp, &format!("{label}: after umount"));
-    assert!(!process_alive(pid), "{label}: daemon {pid} still alive after umount");
+    assert_nothing_left(&mp, &format!("{tool}: after umount"));
+    assert!(!process_alive(pid), "{tool}: daemon {pid} still alive after umount");
 }
 
-#[test]
-fn compressed_gzip() {
-    compressed_case("gz", "gzip", &["-6"], Split::Whole);
-}
-
-#[test]
-fn compressed_gzip_fast_and_best_members() {
+cases! {
+    compressed_gzip => compressed_case("gzip", &["-6"], Whole);
     // Members of different levels in one file (cat fast.gz best.gz).
-    require_root();
-    compressed_case("gz-1", "gzip", &["-1"], Split::Thirds);
-    compressed_case("gz-9", "gzip", &["-9"], Split::Whole);
-}
-
-#[test]
-fn compressed_pigz() {
-    compressed_case("pigz", "pigz", &["-p", "2", "-b", "128"], Split::Whole);
-}
-
-#[test]
-fn compressed_pigz_multi_member() {
-    compressed_case("pigz-multi", "pigz", &["-p", "2"], Split::Thirds);
-}
-
-#[test]
-fn compressed_pigz_independent_blocks() {
-    compressed_case("pigz-i", "pigz", &["-p", "2", "-i", "-b", "64"], Split::Whole);
-}
-
-#[test]
-fn compressed_bzip2() {
-    compressed_case("bz2", "bzip2", &["-9"], Split::Whole);
-}
-
-#[test]
-fn compressed_bzip2_multi_stream() {
-    compressed_case("bz2-multi", "bzip2", &["-1"], Split::Thirds);
-}
-
-#[test]
-fn compressed_xz() {
-    compressed_case("xz", "xz", &["-1"], Split::Whole);
-}
-
-#[test]
-fn compressed_xz_multi_block_threads() {
-    compressed_case("xz-mt", "xz", &["-1", "-T2", "--block-size=1MiB", "--check=sha256"], Split::Whole);
-}
-
-#[test]
-fn compressed_xz_multi_stream_no_check() {
-    compressed_case("xz-multi", "xz", &["-0", "--check=none"], Split::Thirds);
-}
-
-#[test]
-fn compressed_zstd() {
-    compressed_case("zst", "zstd", &["-q", "-3"], Split::Whole);
-}
-
-#[test]
-fn compressed_zstd_multi_frame() {
-    compressed_case("zst-multi", "zstd", &["-q", "-1", "--no-check"], Split::Thirds);
-}
-
-#[test]
-fn compressed_zstd_threads_long() {
-    compressed_case("zst-mt", "zstd", &["-q", "-T2", "-B1048576", "--long=24"], Split::Whole);
-}
-
-#[test]
-fn compressed_lz4() {
-    compressed_case("lz4", "lz4", &["-q"], Split::Whole);
-}
-
-#[test]
-fn compressed_lz4_linked_blocks_checksums_content_size() {
-    compressed_case("lz4-bd", "lz4", &["-q", "-BD", "-BX", "-B4", "--content-size"], Split::Whole);
-}
-
-#[test]
-fn compressed_lz4_multi_frame() {
-    compressed_case("lz4-multi", "lz4", &["-q", "-9"], Split::Thirds);
-}
-
-#[test]
-fn compressed_lz4_second_frame_at_a_member_boundary() {
+    compressed_gzip_fast_and_best_members => {
+        require_root();
+        compressed_case("gzip", &["-1"], Thirds);
+        compressed_case("gzip", &["-9"], Whole);
+    };
+    compressed_pigz => compressed_case("pigz", &["-p", "2", "-b", "128"], Whole);
+    compressed_pigz_multi_member => compressed_case("pigz", &["-p", "2"], Thirds);
+    compressed_pigz_independent_blocks => compressed_case("pigz", &["-p", "2", "-i", "-b", "64"], Whole);
+    compressed_bzip2 => compressed_case("bzip2", &["-9"], Whole);
+    compressed_bzip2_multi_stream => compressed_case("bzip2", &["-1"], Thirds);
+    compressed_xz => compressed_case("xz", &["-1"], Whole);
+    compressed_xz_multi_block_threads =>
+        compressed_case("xz", &["-1", "-T2", "--block-size=1MiB", "--check=sha256"], Whole);
+    compressed_xz_multi_stream_no_check => compressed_case("xz", &["-0", "--check=none"], Thirds);
+    compressed_zstd => compressed_case("zstd", &["-q", "-3"], Whole);
+    compressed_zstd_multi_frame => compressed_case("zstd", &["-q", "-1", "--no-check"], Thirds);
+    compressed_zstd_threads_long => compressed_case("zstd", &["-q", "-T2", "-B1048576", "--long=24"], Whole);
+    compressed_lz4 => compressed_case("lz4", &["-q"], Whole);
+    compressed_lz4_linked_blocks_checksums_content_size =>
+        compressed_case("lz4", &["-q", "-BD", "-BX", "-B4", "--content-size"], Whole);
+    compressed_lz4_multi_frame => compressed_case("lz4", &["-q", "-9"], Thirds);
     // If the first frame ends where a tar header could start, stopping after
     // it would not even fail: the mount would silently lack files.
-    compressed_case("lz4-boundary", "lz4", &["-q"], Split::AfterFirstHeader);
-}
-
-#[test]
-fn compressed_gzip_second_member_at_a_member_boundary() {
-    compressed_case("gz-boundary", "gzip", &["-q"], Split::AfterFirstHeader);
-}
-
-#[test]
-fn compressed_zstd_second_frame_at_a_member_boundary() {
-    compressed_case("zst-boundary", "zstd", &["-q"], Split::AfterFirstHeader);
+    compressed_lz4_second_frame_at_a_member_boundary => compressed_case("lz4", &["-q"], AfterFirstHeader);
+    compressed_gzip_second_member_at_a_member_boundary => compressed_case("gzip", &["-q"], AfterFirstHeader);
+    compressed_zstd_second_frame_at_a_member_boundary => compressed_case("zstd", &["-q"], AfterFirstHeader);
 }
 
 // ---------------------------------------------------------------------------
 // 2. --stage ram on a plain tar
 
-/// A plain tar of the small tree plus a 128 MiB zero file, its reference
-/// extraction, and the tree's source directory.
+/// A plain tar of the tree plus 128 MiB of zeros, its extraction, and /dev/shm before. It
+/// holds the lock that runs the Shmem tests one at a time: one's 128 MiB freed would show
+/// as another's not allocated.
 struct BigTar {
     tmp: TempDir,
     tar: PathBuf,
     len: u64,
     expected: PathBuf,
-}
-
-/// The `--stage ram` tests measure the system's Shmem: run them one at a
-/// time, or one's 128 MiB freed shows up as another's not allocated.
-static SHMEM_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn shmem_lock() -> std::sync::MutexGuard<'static, ()> {
-    SHMEM_TESTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    shm_before: BTreeSet<(OsString, u64)>,
+    _serial: std::sync::MutexGuard<'static, ()>,
 }
 
 fn big_tar(label: &str) -> BigTar {
-    require_root();
-    let tmp = TempDir::new(label);
-    let src = tmp.join("src");
-    make_tree(&src, 21);
-    fs::File::create(src.join("data/pad.bin")).unwrap().set_len(PAD_LEN).unwrap();
-    let tar = tmp.join("big.tar");
-    pack(&src, &tar);
+    static SHMEM_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _serial = SHMEM_TESTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let pad = |src: &Path| fs::File::create(src.join("data/pad.bin")).unwrap().set_len(PAD_LEN).unwrap();
+    let (tmp, src, tar) = tree_tar_with(label, 21, "big.tar", pad);
     fs::remove_dir_all(&src).unwrap();
     let len = fs::metadata(&tar).unwrap().len();
     assert!(len > PAD_LEN, "the tar must store the zeros (no --sparse)");
     let expected = tmp.join("expected");
     extract_tar(&tar, &expected);
-    BigTar { tmp, tar, len, expected }
+    BigTar { tmp, tar, len, expected, shm_before: dev_shm(), _serial }
 }
 
-/// Mounts with `--stage copy` and checks: memfd mapped, Shmem grew, status
-/// shows the staged size, content right. Returns the guard, the daemon pid
-/// and Shmem while mounted.
+/// Mounts with `--stage copy` and checks: memfd mapped, Shmem grew, status shows the staged
+/// size, content right. Returns the guard, the daemon pid and Shmem while mounted.
 fn mount_staged(b: &BigTar, shmem_before: u64) -> (Mounted, i32, u64) {
     let m = Mounted::staged(&["--stage", "copy"], &b.tar, &b.tmp.join("mnt"));
     let pid = daemon_pid(m.path());
@@ -459,33 +346,34 @@ fn mount_staged(b: &BigTar, shmem_before: u64) -> (Mounted, i32, u64) {
     (m, pid, during)
 }
 
+/// After the mount at `mp` went (`how`): not in /proc/mounts, nothing left, not in `stagefs
+/// status`, nothing new in /dev/shm, and Shmem down by half the archive from `during`.
+fn assert_freed(b: &BigTar, mp: &Path, during: u64, how: &str) {
+    assert!(proc_mounts_naming(mp).is_empty(), "{how}: still in /proc/mounts: {:?}", proc_mounts_naming(mp));
+    assert_nothing_left(mp, how);
+    assert_eq!(status_staged(mp), None, "{how}: `stagefs status` still lists the mount");
+    assert_nothing_new_in_dev_shm(&b.shm_before, b.len, how);
+    assert_shmem_drops_to(during - b.len / 2, how);
+}
+
 #[test]
 fn stage_ram_plain_tar_umount_frees_everything() {
-    let _serial = shmem_lock();
     let b = big_tar("stage-ram-umount");
-    let shm_before = dev_shm();
     let (m, pid, during) = mount_staged(&b, shmem_bytes());
     // The same archive served in place shows "-".
     let m2 = Mounted::with_args(&["--stage", "none"], &b.tar, &b.tmp.join("mnt-none"));
     assert_status_staged(m2.path(), "-");
     assert!(memfd_mapping(daemon_pid(m2.path()), "big.tar").is_none(), "--stage none must not stage");
     m2.unmount().assert_success();
-
     let mp = m.path().to_path_buf();
     m.unmount().assert_success();
     assert!(!process_alive(pid), "daemon {pid} still alive after `stagefs umount` returned");
-    assert!(proc_mounts_naming(&mp).is_empty(), "still in /proc/mounts: {:?}", proc_mounts_naming(&mp));
-    assert_nothing_left(&mp, "after umount");
-    assert_eq!(status_staged(&mp), None, "`stagefs status` still lists the unmounted mount");
-    assert_nothing_new_in_dev_shm(&shm_before, b.len, "after umount");
-    assert_shmem_drops_to(during - b.len / 2, "after umount");
+    assert_freed(&b, &mp, during, "after umount");
 }
 
 #[test]
 fn stage_ram_plain_tar_sigterm_unmounts_and_frees() {
-    let _serial = shmem_lock();
     let b = big_tar("stage-ram-sigterm");
-    let shm_before = dev_shm();
     let (m, pid, during) = mount_staged(&b, shmem_bytes());
     let mp = m.path().to_path_buf();
     let sent = Instant::now();
@@ -494,38 +382,29 @@ fn stage_ram_plain_tar_sigterm_unmounts_and_frees() {
     assert!(gone, "5 s after SIGTERM: mounted={} daemon alive={}", is_mounted(&mp), process_alive(pid));
     eprintln!("SIGTERM: mount gone and daemon exited after {:?}", sent.elapsed());
     m.disarm();
-    assert!(proc_mounts_naming(&mp).is_empty(), "still in /proc/mounts: {:?}", proc_mounts_naming(&mp));
-    assert_nothing_left(&mp, "after SIGTERM");
-    assert_eq!(status_staged(&mp), None, "`stagefs status` still lists the mount after SIGTERM");
-    assert_nothing_new_in_dev_shm(&shm_before, b.len, "after SIGTERM");
-    assert_shmem_drops_to(during - b.len / 2, "after SIGTERM");
+    assert_freed(&b, &mp, during, "after SIGTERM");
 }
 
 #[test]
 fn stage_ram_plain_tar_sigkill_frees_memory_and_remount_recovers() {
-    let _serial = shmem_lock();
     let b = big_tar("stage-ram-sigkill");
-    let shm_before = dev_shm();
     let (m, pid, during) = mount_staged(&b, shmem_bytes());
     let mp = m.path().to_path_buf();
     signal(pid, Signal::SIGKILL).unwrap();
     assert!(wait_until(Duration::from_secs(5), || !process_alive(pid)), "daemon {pid} survived SIGKILL");
     // The kernel frees the memfd with the dead process's mapping.
     assert_shmem_drops_to(during - b.len / 2, "after SIGKILL");
-    assert_nothing_new_in_dev_shm(&shm_before, b.len, "after SIGKILL");
+    assert_nothing_new_in_dev_shm(&b.shm_before, b.len, "after SIGKILL");
     // Nobody unmounted: the mount is stale, and status shows it as dead, not as staged.
     assert!(is_mounted(&mp), "a SIGKILLed daemon cannot unmount; the stale mount must still be listed");
     assert_eq!(status_staged(&mp).as_deref(), Some("DEAD"), "`stagefs status` must show the dead mount");
 
-    let shmem_now = shmem_bytes();
-    let (again, pid2, during2) = mount_staged(&b, shmem_now);
+    let (again, pid2, during2) = mount_staged(&b, shmem_bytes());
     m.disarm();
     assert_ne!(pid, pid2);
     assert_eq!(mounts_at(&mp).len(), 1, "the stale mount must be replaced, not stacked: {:?}", mounts_at(&mp));
     again.unmount().assert_success();
-    assert_nothing_left(&mp, "after unmounting the recovered mount");
-    assert!(proc_mounts_naming(&mp).is_empty());
-    assert_shmem_drops_to(during2 - b.len / 2, "after unmounting the recovered mount");
+    assert_freed(&b, &mp, during2, "after unmounting the recovered mount");
 }
 
 #[test]
@@ -546,10 +425,9 @@ fn stage_auto_stages_an_archive_on_a_fuse_filesystem() {
     let inner_m = Mounted::new(&inner_archive, &tmp.join("inner-mnt"));
     // Staged as `--stage ram` does: the files warmed into the page cache, no private copy.
     assert!(memfd_mapping(daemon_pid(inner_m.path()), "inner.tar").is_none(), "auto must not copy the archive");
-    let status = stagefs(["status", "--json"]);
-    let line = status.stdout.lines().find(|l| l.contains(&*inner_m.path().to_string_lossy())).unwrap_or_default();
-    assert!(line.contains("\"staging\":\"ram\"") && line.contains("\"staged_bytes\":0"), "{}", status.stdout);
-    assert!(!line.contains("\"warmed_bytes\":0"), "auto staging must warm the page cache: {line}");
+    let record = status_record(inner_m.path());
+    assert!(record["staging"] == "ram" && record["staged_bytes"] == 0, "{record}");
+    assert!(record["warmed_bytes"] != 0, "auto staging must warm the page cache: {record}");
     assert_trees_equal(&expected, inner_m.path(), &Options::default().root(false));
     // Evicted pages come from the archive again: the inner mount needs the outer one.
     inner_m.unmount().assert_success();
@@ -559,44 +437,37 @@ fn stage_auto_stages_an_archive_on_a_fuse_filesystem() {
 // ---------------------------------------------------------------------------
 // 3. RAM budget
 
-/// Runs `stagefs mount ARGS ARCHIVE MP` (MP does not exist yet) expecting the
-/// RAM budget error; checks exit 8, the message, and that nothing was left.
+/// `stagefs mount ARGS ARCHIVE MP` (MP does not exist yet) must fail on the RAM budget:
+/// exit 8, the message, and nothing left.
 fn expect_no_room(extra: &[&str], archive: &Path, mp: &Path) -> CmdOutput {
     assert!(!mp.exists());
     let out = StagefsCmd::new(["mount"]).args(extra).args([archive, mp]).run();
-    out.assert_mount_failed(
-        mp,
-        8,
-        &["not enough RAM to", &archive.to_string_lossy(), "budget is 1.0 KiB", "--max-ram"],
-    );
+    let needles = ["not enough RAM to", &archive.to_string_lossy(), "budget is 1.0 KiB", "--max-ram"];
+    out.assert_mount_failed(mp, 8, &needles);
     assert!(!mp.exists(), "the mountpoint created by the failed attempt must be removed again");
     assert!(stagefs_pids(archive).is_empty(), "a stagefs process for {} is still running", archive.display());
     out
 }
 
-#[test]
-fn stage_ram_over_budget_fails_with_code_8() {
-    let (tmp, _, tar) = tree_tar("no-room", 41, "a.tar");
+/// `--stage ram` of the tree's tar, `extra` first, with a budget of 1 KiB.
+fn over_budget_case(label: &str, seed: u64, extra: &[&str]) {
+    let (tmp, _, tar) = tree_tar(label, seed, "a.tar");
     let len = fs::metadata(&tar).unwrap().len();
-    let out = expect_no_room(&["--stage", "ram", "--max-ram", "1K"], &tar, &tmp.join("new-mp"));
+    let out = expect_no_room(&[extra, &["--stage", "ram", "--max-ram", "1K"]].concat(), &tar, &tmp.join("new-mp"));
     assert_eq!(len, 4_741_120, "the GNU tar of make_tree");
     out.assert_stderr_has(&["needs 4.5 MiB"]);
 }
 
-#[test]
-fn stage_ram_over_budget_fails_with_code_8_in_foreground() {
-    let (tmp, _, tar) = tree_tar("no-room-fg", 42, "a.tar");
-    let len = fs::metadata(&tar).unwrap().len();
-    let out = expect_no_room(&["-f", "--stage", "ram", "--max-ram", "1K"], &tar, &tmp.join("new-mp"));
-    assert_eq!(len, 4_741_120, "the GNU tar of make_tree");
-    out.assert_stderr_has(&["needs 4.5 MiB"]);
+cases! {
+    stage_ram_over_budget_fails_with_code_8 => over_budget_case("no-room", 41, &[]);
+    stage_ram_over_budget_fails_with_code_8_in_foreground => over_budget_case("no-room-fg", 42, &["-f"]);
 }
 
 #[test]
 fn compressed_over_budget_fails_with_code_8() {
     // `--stage copy` decompresses a tar whole into RAM, also one it could serve compressed.
     let (tmp, _, tar) = tree_tar("no-room-gz", 43, "a.tar");
-    let gz = compress("gzip", &[], &tar, Split::Whole, &tmp);
+    let gz = compress("gzip", &[], &tar, Whole, &tmp);
     let out = expect_no_room(&["--stage", "copy", "--max-ram", "1K"], &gz, &tmp.join("new-mp"));
     // The final size of a stream is unknown until its end: the message gives a lower bound.
     out.assert_stderr_has(&["not enough RAM to decompress", "needs more than"]);
@@ -605,8 +476,8 @@ fn compressed_over_budget_fails_with_code_8() {
 // ---------------------------------------------------------------------------
 // 4. Corrupt compressed streams
 
-/// Expects exit 3 with "<archive>: corrupt <kind> stream at or before
-/// compressed byte N", N within `range`, and nothing left. Returns N.
+/// Expects exit 3 with "<archive>: corrupt <kind> stream at or before compressed byte N",
+/// N within `range`, and nothing left. Returns N.
 fn expect_corrupt_stream(archive: &Path, kind: &str, range: std::ops::RangeInclusive<u64>) -> u64 {
     let mp = archive.with_file_name("mnt");
     let out = mount_must_fail(&[archive, &mp], 3, &format!("a corrupt {kind} stream"));
@@ -621,31 +492,27 @@ fn expect_corrupt_stream(archive: &Path, kind: &str, range: std::ops::RangeInclu
     n
 }
 
-/// A compressed archive of the tree (with 6 MiB more random data, so the
-/// stream spans several 1 MiB reads); returns it and its length.
+/// A compressed archive of the tree (with 6 MiB more random data, so the stream spans
+/// several 1 MiB reads); returns it and its length.
 fn corrupt_source(label: &str, tool: &str, args: &[&str]) -> (TempDir, PathBuf, u64) {
-    require_root();
-    let tmp = TempDir::new(label);
-    let src = tmp.join("src");
-    make_tree(&src, 51);
-    fs::write(src.join("data/more.bin"), pseudo_random(52, 6 * MIB)).unwrap();
-    let tar = tmp.join("c.tar");
-    pack(&src, &tar);
-    let archive = compress(tool, args, &tar, Split::Whole, &tmp);
+    let more = |src: &Path| fs::write(src.join("data/more.bin"), pseudo_random(52, 6 * MIB)).unwrap();
+    let (tmp, _, tar) = tree_tar_with(label, 51, "c.tar", more);
+    let archive = compress(tool, args, &tar, Whole, &tmp);
     fs::remove_file(&tar).unwrap();
     let len = fs::metadata(&archive).unwrap().len();
     (tmp, archive, len)
 }
 
-fn truncate_case(label: &str, tool: &str, kind: &str) {
+/// Cuts off the last 2/5 of the compressed stream (`tool` names its kind in the message).
+fn truncate_case(label: &str, tool: &str) {
     let (_tmp, archive, len) = corrupt_source(label, tool, &[]);
     let keep = len * 3 / 5;
     fs::OpenOptions::new().write(true).open(&archive).unwrap().set_len(keep).unwrap();
-    expect_corrupt_stream(&archive, kind, keep.saturating_sub(2 << 20)..=keep);
+    expect_corrupt_stream(&archive, tool, keep.saturating_sub(2 << 20)..=keep);
 }
 
 /// Overwrites 64 bytes in the middle of the compressed stream.
-fn flip_case(label: &str, tool: &str, args: &[&str], kind: &str) {
+fn flip_case(label: &str, tool: &str, args: &[&str]) {
     let (_tmp, archive, len) = corrupt_source(label, tool, args);
     let at = len / 2;
     let f = fs::OpenOptions::new().write(true).read(true).open(&archive).unwrap();
@@ -656,75 +523,65 @@ fn flip_case(label: &str, tool: &str, args: &[&str], kind: &str) {
     }
     f.write_all_at(&buf, at).unwrap();
     drop(f);
-    expect_corrupt_stream(&archive, kind, at..=len);
+    expect_corrupt_stream(&archive, tool, at..=len);
 }
 
-#[test]
-fn corrupt_truncated_gzip() {
-    truncate_case("trunc-gz", "gzip", "gzip");
-}
-
-#[test]
-fn corrupt_truncated_bzip2() {
-    truncate_case("trunc-bz2", "bzip2", "bzip2");
-}
-
-#[test]
-fn corrupt_truncated_xz() {
-    truncate_case("trunc-xz", "xz", "xz");
-}
-
-#[test]
-fn corrupt_truncated_zstd() {
-    truncate_case("trunc-zst", "zstd", "zstd");
-}
-
-#[test]
-fn corrupt_truncated_lz4() {
-    truncate_case("trunc-lz4", "lz4", "lz4");
-}
-
-#[test]
-fn corrupt_flipped_bytes_zstd() {
-    flip_case("flip-zst", "zstd", &[], "zstd");
-}
-
-#[test]
-fn corrupt_flipped_bytes_gzip() {
-    flip_case("flip-gz", "gzip", &[], "gzip");
-}
-
-#[test]
-fn corrupt_flipped_bytes_lz4() {
+cases! {
+    corrupt_truncated_gzip => truncate_case("trunc-gz", "gzip");
+    corrupt_truncated_bzip2 => truncate_case("trunc-bz2", "bzip2");
+    corrupt_truncated_xz => truncate_case("trunc-xz", "xz");
+    corrupt_truncated_zstd => truncate_case("trunc-zst", "zstd");
+    corrupt_truncated_lz4 => truncate_case("trunc-lz4", "lz4");
+    corrupt_flipped_bytes_zstd => flip_case("flip-zst", "zstd", &[]);
+    corrupt_flipped_bytes_gzip => flip_case("flip-gz", "gzip", &[]);
     // lz4's CLI writes no content checksum unless asked: --content-size
     // and -BX give the decoder something to check.
-    flip_case("flip-lz4", "lz4", &["-BX", "--content-size"], "lz4");
+    corrupt_flipped_bytes_lz4 => flip_case("flip-lz4", "lz4", &["-BX", "--content-size"]);
 }
 
 // ---------------------------------------------------------------------------
 // 5. Saved indexes
 
-/// Two trees whose GNU tars have exactly the same size but a different
-/// layout: the member sizes are swapped and the content differs.
-fn same_size_trees(tmp: &TempDir) -> (PathBuf, PathBuf) {
-    let a = tmp.join("src-a");
-    let b = tmp.join("src-b");
-    for (root, seed, sizes) in [(&a, 61u64, [10_000usize, 150_000, 300]), (&b, 62, [150_000, 300, 10_000])] {
-        fs::create_dir_all(root.join("data/sub")).unwrap();
-        fs::write(root.join("data/one.bin"), pseudo_random(seed, sizes[0])).unwrap();
-        fs::write(root.join("data/sub/two.bin"), pseudo_random(seed + 100, sizes[1])).unwrap();
-        fs::write(root.join("data/three.txt"), vec![b'a' + seed as u8 % 26; sizes[2]]).unwrap();
+/// GNU tars `a` and `b` of the same size but another layout (member sizes swapped) and
+/// other content.
+fn same_size_tars(a: &Path, b: &Path) {
+    for (tar, seed, sizes) in [(a, 61u64, [10_000usize, 150_000, 300]), (b, 62, [150_000, 300, 10_000])] {
+        Scene::new("same-size")
+            .file("data/one.bin", pseudo_random(seed, sizes[0]))
+            .file("data/sub/two.bin", pseudo_random(seed + 100, sizes[1]))
+            .file("data/three.txt", vec![b'a' + seed as u8 % 26; sizes[2]])
+            .tar_at(tar);
     }
-    (a, b)
+}
+
+/// Runs `rewrite`, then gives `archive` its mtime back (`touch -r`, as `rsync --inplace -t` does).
+fn keeping_mtime(archive: &Path, rewrite: impl FnOnce()) {
+    let reference = archive.with_extension("mtime-ref");
+    fs::write(&reference, b"").unwrap();
+    run_tool("touch", osargs!["-r", archive, reference]);
+    rewrite();
+    run_tool("touch", osargs!["-r", reference, archive]);
 }
 
 fn index_path(archive: &Path) -> PathBuf {
     archive.with_file_name(format!("{}.stagefs-index", archive.file_name().unwrap().to_string_lossy()))
 }
 
-fn assert_logged(log: &str, needles: &[&str], context: &str) {
-    for n in needles {
+/// Mounts `archive` at `mp` in the foreground with `env`, checks it serves `expected`,
+/// unmounts; the -v log.
+fn served_log(archive: &Path, mp: &Path, expected: &Path, env: &[(&str, &Path)]) -> String {
+    let fg = Foreground::start(archive, mp, &mp.with_extension("log"), env);
+    assert_trees_equal(expected, mp, &Options::default().root(false));
+    fg.finish()
+}
+
+/// Panics unless the -v log says each of `has` and none of `lacks`.
+fn assert_logged(log: &str, has: &[&str], lacks: &[&str], context: &str) {
+    for n in has {
         assert!(log.contains(n), "{context}: the -v log must contain {n:?}; log:\n{log}");
+    }
+    for n in lacks {
+        assert!(!log.contains(n), "{context}: the -v log must not contain {n:?}; log:\n{log}");
     }
 }
 
@@ -732,35 +589,23 @@ fn assert_logged(log: &str, needles: &[&str], context: &str) {
 fn saved_index_is_reused_and_rejected_when_stale_or_damaged() {
     require_root();
     let tmp = TempDir::new("index-reuse");
-    let (src_a, src_b) = same_size_trees(&tmp);
-    let archive = tmp.join("ds.tar");
-    pack(&src_a, &archive);
+    let (archive, new_tar) = (tmp.join("ds.tar"), tmp.join("new.tar"));
+    same_size_tars(&archive, &new_tar);
     let idx = index_path(&archive);
 
     // stagefs index writes ARCHIVE.stagefs-index.
     let out = stagefs(osargs!["index", archive]);
     out.assert_success();
     assert!(idx.is_file(), "stagefs index must create {}\n{}", idx.display(), out.describe());
-    let expected_a = tmp.join("expected-a");
+    let (mp, expected_a, expected_b) = (tmp.join("mnt"), tmp.join("expected-a"), tmp.join("expected-b"));
     extract_tar(&archive, &expected_a);
-
-    let mp = tmp.join("mnt");
-    let fg = Foreground::start(&archive, &mp, &tmp.join("1.log"), &[]);
-    assert_trees_equal(&expected_a, &mp, &Options::default().root(false));
-    let log = fg.finish();
-    assert_logged(&log, &["using saved index", &idx.to_string_lossy()], "matching index");
-    assert!(!log.contains("ignoring saved index"), "a matching index must not be ignored; log:\n{log}");
+    let log = served_log(&archive, &mp, &expected_a, &[]);
+    assert_logged(&log, &["using saved index", &idx.to_string_lossy()], &["ignoring saved index"], "matching index");
 
     // Same size, same mtime (nanoseconds included), other content and layout.
-    let reference = tmp.join("mtime-ref");
-    fs::write(&reference, b"").unwrap();
-    run_tool("touch", osargs!["-r", archive, reference]);
     let before = fs::metadata(&archive).unwrap();
     let old_bytes = read(&archive);
-    let new_tar = tmp.join("new.tar");
-    pack(&src_b, &new_tar);
-    fs::write(&archive, read(&new_tar)).unwrap(); // rewrite in place, same inode
-    run_tool("touch", osargs!["-r", reference, archive]);
+    keeping_mtime(&archive, || fs::write(&archive, read(&new_tar)).unwrap()); // in place, same inode
     let after = fs::metadata(&archive).unwrap();
     assert_eq!(
         (before.len(), before.mtime(), before.mtime_nsec()),
@@ -768,35 +613,24 @@ fn saved_index_is_reused_and_rejected_when_stale_or_damaged() {
         "test setup: only the content may differ"
     );
     assert!(read(&new_tar) != old_bytes, "test setup: the content must differ");
-    let expected_b = tmp.join("expected-b");
     extract_tar(&archive, &expected_b);
     assert!(read(&expected_b.join("data/one.bin")).len() == 150_000, "test setup: the layout changed");
-
-    let fg = Foreground::start(&archive, &mp, &tmp.join("2.log"), &[]);
-    assert_trees_equal(&expected_b, &mp, &Options::default().root(false));
-    let log = fg.finish();
-    assert_logged(&log, &["ignoring saved index", "changed"], "changed archive");
-    assert!(!log.contains("using saved index"), "a stale index must not be used; log:\n{log}");
+    let log = served_log(&archive, &mp, &expected_b, &[]);
+    assert_logged(&log, &["ignoring saved index", "changed"], &["using saved index"], "changed archive");
 
     // A fresh index for the new content, then damaged: one byte of its header flipped
     // (damage in its body fails what the block holds when read: tests/index.rs).
     stagefs(osargs!["index", archive]).assert_success();
     let mut bytes = read(&idx);
-    let mid = bytes.len() / 2;
     bytes[100] ^= 0x01;
     fs::write(&idx, &bytes).unwrap();
-    let fg = Foreground::start(&archive, &mp, &tmp.join("3.log"), &[]);
-    assert_trees_equal(&expected_b, &mp, &Options::default().root(false));
-    let log = fg.finish();
-    assert_logged(&log, &["ignoring saved index", "damaged"], "damaged index");
-    assert!(!log.contains("using saved index"), "a damaged index must not be used; log:\n{log}");
+    let log = served_log(&archive, &mp, &expected_b, &[]);
+    assert_logged(&log, &["ignoring saved index", "damaged"], &["using saved index"], "damaged index");
 
     // A truncated index file too.
-    fs::write(&idx, &bytes[..mid]).unwrap();
-    let fg = Foreground::start(&archive, &mp, &tmp.join("4.log"), &[]);
-    assert_trees_equal(&expected_b, &mp, &Options::default().root(false));
-    let log = fg.finish();
-    assert_logged(&log, &["ignoring saved index"], "truncated index");
+    fs::write(&idx, &bytes[..bytes.len() / 2]).unwrap();
+    let log = served_log(&archive, &mp, &expected_b, &[]);
+    assert_logged(&log, &["ignoring saved index"], &[], "truncated index");
     assert_nothing_left(&mp, "after the index tests");
 }
 
@@ -825,7 +659,7 @@ def make(path, names):
 make(sys.argv[1], ["x.txt", "y.txt"])
 make(sys.argv[2], ["y.txt", "x.txt"])
 "#;
-    run_tool("python3", osargs!["-c", script, archive, swapped]).assert_success();
+    run_tool("python3", osargs!["-c", script, archive, swapped]);
     let (old, new) = (read(&archive), read(&swapped));
     assert_eq!(old.len(), new.len(), "test setup: same size");
     let size = old.len() as u64;
@@ -843,25 +677,19 @@ make(sys.argv[2], ["y.txt", "x.txt"])
     stagefs(osargs!["index", archive]).assert_success();
     assert!(index_path(&archive).is_file());
 
-    let reference = tmp.join("mtime-ref");
-    fs::write(&reference, b"").unwrap();
-    run_tool("touch", osargs!["-r", archive, reference]).assert_success();
-    let file = fs::OpenOptions::new().write(true).open(&archive).unwrap();
-    let (first, last) = (differ[0], differ[differ.len() - 1] + 1);
-    file.write_all_at(&new[first as usize..last as usize], first).unwrap();
-    drop(file);
-    run_tool("touch", osargs!["-r", reference, archive]).assert_success();
+    let before = fs::metadata(&archive).unwrap();
+    let (first, last) = (differ[0] as usize, differ[differ.len() - 1] as usize + 1);
+    let file = || fs::OpenOptions::new().write(true).open(&archive).unwrap();
+    keeping_mtime(&archive, || file().write_all_at(&new[first..last], first as u64).unwrap());
     assert_eq!(read(&archive), new, "test setup: rewritten in place");
-    assert_eq!(fs::metadata(&archive).unwrap().mtime_nsec(), fs::metadata(&reference).unwrap().mtime_nsec());
+    assert_eq!(fs::metadata(&archive).unwrap().mtime_nsec(), before.mtime_nsec(), "test setup: the mtime restored");
 
     let mp = tmp.join("mnt");
     let fg = Foreground::start(&archive, &mp, &tmp.join("mount.log"), &[]);
     // After the rewrite, x.txt is the member holding Y bytes.
     assert!(read(&mp.join("x.txt")) == b"Y".repeat(1000), "x.txt must be served with its own bytes");
     assert!(read(&mp.join("y.txt")) == b"X".repeat(1000), "y.txt must be served with its own bytes");
-    let log = fg.finish();
-    assert_logged(&log, &["ignoring saved index", "changed"], "rewritten archive");
-    assert!(!log.contains("using saved index"), "a stale index must not be used; log:\n{log}");
+    assert_logged(&fg.finish(), &["ignoring saved index", "changed"], &["using saved index"], "rewritten archive");
 }
 
 #[test]
@@ -869,28 +697,20 @@ fn saved_index_of_a_compressed_tar_is_reused() {
     let (tmp, _, tar) = tree_tar("index-gz", 71, "ds.tar");
     let expected = tmp.join("expected");
     extract_tar(&tar, &expected);
-    let zst = compress("zstd", &["-q"], &tar, Split::Whole, &tmp);
+    let zst = compress("zstd", &["-q"], &tar, Whole, &tmp);
     stagefs(osargs!["index", zst]).assert_success();
     let idx = index_path(&zst);
     assert!(idx.is_file(), "stagefs index must create {}", idx.display());
-    let mp = tmp.join("mnt");
-    let fg = Foreground::start(&zst, &mp, &tmp.join("fg.log"), &[]);
-    assert_trees_equal(&expected, &mp, &Options::default().root(false));
-    let log = fg.finish();
-    assert_logged(&log, &["using saved index", "decompressed (zstd)"], "compressed archive with an index");
+    let log = served_log(&zst, &tmp.join("mnt"), &expected, &[]);
+    assert_logged(&log, &["using saved index", "decompressed (zstd)"], &[], "compressed archive with an index");
 }
 
 #[test]
 fn saved_index_goes_to_xdg_cache_when_the_archive_dir_is_read_only() {
-    require_root();
-    let tmp = TempDir::new("index-xdg");
-    let src = tmp.join("src");
-    make_tree(&src, 81);
+    let (tmp, _, tar) = tree_tar("index-xdg", 81, "archives/ds.tar");
     let dir = tmp.join("archives");
-    fs::create_dir_all(&dir).unwrap();
-    pack(&src, &dir.join("ds.tar"));
     let expected = tmp.join("expected");
-    extract_tar(&dir.join("ds.tar"), &expected);
+    extract_tar(&tar, &expected);
     // Root may write anywhere but on a read-only mount.
     let ro = tmp.join("ro");
     fs::create_dir_all(&ro).unwrap();
@@ -901,7 +721,7 @@ fn saved_index_goes_to_xdg_cache_when_the_archive_dir_is_read_only() {
     let cache = tmp.join("cache");
 
     StagefsCmd::new(osargs!["index", archive]).env("XDG_CACHE_HOME", &cache).run().assert_success();
-    assert!(!index_path(&archive).exists() && !index_path(&dir.join("ds.tar")).exists());
+    assert!(!index_path(&archive).exists() && !index_path(&tar).exists());
     let saved: Vec<PathBuf> =
         fs::read_dir(cache.join("stagefs")).map(|rd| rd.flatten().map(|e| e.path()).collect()).unwrap_or_default();
     assert!(
@@ -909,19 +729,15 @@ fn saved_index_goes_to_xdg_cache_when_the_archive_dir_is_read_only() {
         "expected one <hash>-ds.tar.index in {}/stagefs, found {saved:?}",
         cache.display()
     );
-    let mp = tmp.join("mnt");
-    let fg = Foreground::start(&archive, &mp, &tmp.join("fg.log"), &[("XDG_CACHE_HOME", &cache)]);
-    assert_trees_equal(&expected, &mp, &Options::default().root(false));
-    let log = fg.finish();
-    assert_logged(&log, &["using saved index", &saved[0].to_string_lossy()], "index in the cache directory");
+    let log = served_log(&archive, &tmp.join("mnt"), &expected, &[("XDG_CACHE_HOME", &cache)]);
+    assert_logged(&log, &["using saved index", &saved[0].to_string_lossy()], &[], "index in the cache directory");
 }
 
 // ---------------------------------------------------------------------------
 // 6. The job's cgroup memory limit
 
 /// A memory cgroup (v2 where the machine has it, else v1, as on many SLURM clusters)
-/// limited to `limit` bytes; removed on drop.
-/// A memory cgroup with a limit, removed on drop; commands run inside it.
+/// limited to `limit` bytes, removed on drop; commands run inside it.
 pub(crate) struct MemoryCgroup {
     dir: PathBuf,
 }
@@ -935,11 +751,6 @@ impl MemoryCgroup {
         fs::create_dir(&dir).unwrap_or_else(|e| panic!("cannot create the memory cgroup {}: {e}", dir.display()));
         fs::write(dir.join(file), limit.to_string()).unwrap_or_else(|e| panic!("cannot limit {}: {e}", dir.display()));
         MemoryCgroup { dir }
-    }
-
-    /// `stagefs ARGS...` run inside the cgroup.
-    fn stagefs(&self, args: &[&OsStr]) -> CmdOutput {
-        self.run(&stagefs_bin(), args)
     }
 
     /// `program ARGS...` run inside the cgroup (the shell moves itself in, then execs).
@@ -965,7 +776,8 @@ fn staging_respects_the_cgroup_memory_limit() {
     // 256 MiB, less usage and the margin (512 MiB + 5 %), leaves no room at all.
     let cgroup = MemoryCgroup::new("budget", 256 << 20);
     // Staging beyond the job's cgroup limit is refused before copying, saying which limit applied.
-    cgroup.stagefs(&osargs!["mount", "--stage", "ram", tar, mp]).assert_mount_failed(&mp, 8, &["cgroup memory limit"]);
+    let out = cgroup.run(&stagefs_bin(), &osargs!["mount", "--stage", "ram", tar, mp]);
+    out.assert_mount_failed(&mp, 8, &["cgroup memory limit"]);
     // The same mount outside the cgroup works: the limit, not the archive, refused it.
     let mounted = Mounted::with_args(&["--stage", "ram"], &tar, &mp);
     let file = "data/nested/deeper/small.txt";

@@ -6,33 +6,10 @@
 //! `--max-ram` that leaves no room) show the same check sees cold files as cold.
 
 use std::fs;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use crate::kit::*;
-
-/// Pages of `path` in the page cache, and the file's pages in total.
-fn cached_pages(path: &Path) -> (usize, usize) {
-    let file = fs::File::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-    let len = file.metadata().unwrap().len() as usize;
-    let page = 4096;
-    let pages = len.div_ceil(page);
-    if pages == 0 {
-        return (0, 0);
-    }
-    // SAFETY: a private read-only map of `len` bytes that is never dereferenced; mincore
-    // only reports which of its pages are resident.
-    unsafe {
-        let map = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0);
-        assert_ne!(map, libc::MAP_FAILED, "mmap {}: {}", path.display(), std::io::Error::last_os_error());
-        let mut vec = vec![0u8; pages];
-        let rc = libc::mincore(map, len, vec.as_mut_ptr());
-        let err = std::io::Error::last_os_error();
-        libc::munmap(map, len);
-        assert_eq!(rc, 0, "mincore {}: {err}", path.display());
-        (vec.iter().filter(|&&v| v & 1 != 0).count(), pages)
-    }
-}
+use crate::memory::cached_pages;
 
 /// Regular files under `root`, relative to it.
 fn regular_files(root: &Path, rel: &Path, out: &mut Vec<PathBuf>) {
@@ -48,17 +25,6 @@ fn regular_files(root: &Path, rel: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Files (relative paths) of `mnt` with pages missing from the page cache, as "path: k/n".
-fn cold_files(mnt: &Path, files: &[PathBuf]) -> Vec<String> {
-    files
-        .iter()
-        .filter_map(|rel| {
-            let (cached, pages) = cached_pages(&mnt.join(rel));
-            (cached < pages).then(|| format!("{}: {cached}/{pages} pages cached", rel.display()))
-        })
-        .collect()
-}
-
 /// Checks every non-empty file of the mount is fully cached (or, with `expect_warm`
 /// false, that none is), then that every file reads back as in `expected`.
 fn check_warm(mnt: &Path, expected: &Path, expect_warm: bool) {
@@ -67,7 +33,14 @@ fn check_warm(mnt: &Path, expected: &Path, expect_warm: bool) {
     let nonempty: Vec<PathBuf> =
         files.iter().filter(|f| fs::metadata(expected.join(f)).unwrap().len() > 0).cloned().collect();
     assert!(nonempty.len() >= 3, "{}: too few files to test with", expected.display());
-    let cold = cold_files(mnt, &nonempty);
+    // Files with pages missing from the page cache, as "path: k/n".
+    let cold: Vec<String> = nonempty
+        .iter()
+        .filter_map(|rel| {
+            let (cached, pages) = cached_pages(&mnt.join(rel));
+            (cached < pages).then(|| format!("{}: {cached}/{pages} pages cached", rel.display()))
+        })
+        .collect();
     if expect_warm {
         assert!(cold.is_empty(), "files not in the page cache after mounting:\n{}", cold.join("\n"));
     } else {
@@ -78,80 +51,49 @@ fn check_warm(mnt: &Path, expected: &Path, expect_warm: bool) {
     }
 }
 
-fn tar_case(name: &str, args: &[&str], expect_warm: bool) {
+/// The fixture `name` (a tar, or SquashFS if `.sqfs`) mounted with `args` and staged, with
+/// no `drop_caches` meanwhile: warm, or with `expect_warm` false cold, and right.
+fn case(name: &str, args: &[&str], expect_warm: bool) {
+    let _no_drop_caches_meanwhile = page_cache_guard();
     require_root();
     let tmp = TempDir::new(&format!("warm-{name}"));
     let expected = tmp.join("expected");
-    extract_tar(&fixture(name), &expected);
+    if name.ends_with(".sqfs") {
+        extract_squashfs(&fixture(name), &expected);
+    } else {
+        extract_tar(&fixture(name), &expected);
+    }
     // The warm-up runs once the mount serves: wait for it.
     let m = Mounted::staged(args, &fixture(name), &tmp.join("mnt"));
     check_warm(m.path(), &expected, expect_warm);
 }
 
-fn squashfs_case(name: &str, args: &[&str], expect_warm: bool) {
-    require_root();
-    let tmp = TempDir::new(&format!("warm-{name}"));
-    let expected = tmp.join("expected");
-    extract_squashfs(&fixture(name), &expected);
-    let m = Mounted::staged(args, &fixture(name), &tmp.join("mnt"));
-    check_warm(m.path(), &expected, expect_warm);
-}
-
-#[test]
-fn staged_tar_is_warm_once_staged() {
-    let _no_drop_caches_meanwhile = crate::kit::page_cache_guard();
+cases! {
     // Hard links, long names, several directories.
-    tar_case("gnu.tar", &["--stage", "ram"], true);
-}
-
-#[test]
-fn staged_sparse_tar_is_warm_with_holes_as_zeros() {
-    let _no_drop_caches_meanwhile = crate::kit::page_cache_guard();
-    tar_case("sparse-posix-1.0.tar", &["--stage", "ram"], true);
-}
-
-#[test]
-fn staged_squashfs_with_fragments_is_warm() {
-    let _no_drop_caches_meanwhile = crate::kit::page_cache_guard();
-    squashfs_case("sqfs-zstd.sqfs", &["--stage", "ram"], true);
-}
-
-#[test]
-fn in_place_warms_only_when_asked() {
-    let _no_drop_caches_meanwhile = crate::kit::page_cache_guard();
-    tar_case("posix.tar", &["--stage", "none"], false);
-    tar_case("posix.tar", &["--stage", "none", "--warm", "yes"], true);
-}
-
-#[test]
-fn warm_no_leaves_staged_files_cold() {
-    let _no_drop_caches_meanwhile = crate::kit::page_cache_guard();
-    squashfs_case("sqfs-gzip.sqfs", &["--stage", "ram", "--warm", "no"], false);
+    staged_tar_is_warm_once_staged => case("gnu.tar", &["--stage", "ram"], true);
+    staged_sparse_tar_is_warm_with_holes_as_zeros => case("sparse-posix-1.0.tar", &["--stage", "ram"], true);
+    staged_squashfs_with_fragments_is_warm => case("sqfs-zstd.sqfs", &["--stage", "ram"], true);
+    in_place_warms_only_when_asked => {
+        case("posix.tar", &["--stage", "none"], false);
+        case("posix.tar", &["--stage", "none", "--warm", "yes"], true);
+    };
+    warm_no_leaves_staged_files_cold => case("sqfs-gzip.sqfs", &["--stage", "ram", "--warm", "no"], false);
 }
 
 #[test]
 fn warm_is_skipped_with_a_warning_when_max_ram_leaves_no_room() {
-    let _no_drop_caches_meanwhile = crate::kit::page_cache_guard();
+    let _no_drop_caches_meanwhile = page_cache_guard();
     require_root();
-    let name = "bsdtar-pax.tar";
+    let archive = fixture("bsdtar-pax.tar");
     let tmp = TempDir::new("warm-no-room");
     let expected = tmp.join("expected");
-    extract_tar(&fixture(name), &expected);
+    extract_tar(&archive, &expected);
     // Room for the private copy (--stage copy), not for a second copy in the page cache.
-    let size = fs::metadata(fixture(name)).unwrap().len();
+    let max_ram = format!("{}", fs::metadata(&archive).unwrap().len() + 4096);
     let mnt = tmp.join("mnt");
-    let max_ram = format!("{}", size + 4096);
-    let out = stagefs([
-        "mount",
-        "--stage",
-        "copy",
-        "--max-ram",
-        &max_ram,
-        fixture(name).to_str().unwrap(),
-        mnt.to_str().unwrap(),
-    ]);
-    assert!(out.success(), "the mount must succeed without warming:\n{}", out.describe());
-    let m = Mounted::adopt(&fixture(name), &mnt);
+    let cmd = StagefsCmd::new(osargs!["mount", "--stage", "copy", "--max-ram", max_ram, archive, mnt]);
+    // It must mount without warming.
+    let (m, out) = cmd.mounts(&archive, &mnt);
     m.wait_staged();
     out.assert_stderr_has(&["not warming the page cache"]);
     check_warm(&mnt, &expected, false);
@@ -159,7 +101,7 @@ fn warm_is_skipped_with_a_warning_when_max_ram_leaves_no_room() {
 
 #[test]
 fn staged_tar_with_a_large_directory_is_warm() {
-    let _no_drop_caches_meanwhile = crate::kit::page_cache_guard();
+    let _no_drop_caches_meanwhile = page_cache_guard();
     // More entries than one directory listing buffer holds: every one of them must get
     // an inode in the kernel (READDIRPLUS on every listing call), or stores to the later
     // ones are silently dropped and they stay cold.
@@ -168,20 +110,16 @@ fn staged_tar_with_a_large_directory_is_warm() {
     let expected = tmp.join("expected");
     fs::create_dir_all(expected.join("class")).unwrap();
     for i in 0..3000 {
-        fs::write(
-            expected.join(format!("class/sample-with-a-longish-name-{i:05}.txt")),
-            format!("sample {i}\n").repeat(i % 7 + 1),
-        )
-        .unwrap();
+        let name = format!("class/sample-with-a-longish-name-{i:05}.txt");
+        fs::write(expected.join(name), format!("sample {i}\n").repeat(i % 7 + 1)).unwrap();
     }
     let tar = tmp.join("large-dir.tar");
     pack_tar(&expected, &tar, &["class"]);
     let mnt = tmp.join("mnt");
     let log = tmp.join("daemon.log");
-    let m = Mounted::staged(&["--stage", "ram", "--log-file", log.to_str().unwrap()], &tar, &mnt);
+    let _m = Mounted::staged(&["--stage", "ram", "--log-file", log.to_str().unwrap()], &tar, &mnt);
     // The warm-up runs once the mount serves; it says what it did in one line of the log.
     let log = fs::read_to_string(&log).unwrap();
     assert!(log.contains("warmed the page cache: 3000 files"), "no warm-up summary:\n{log}");
-    let _m = m;
     check_warm(&mnt, &expected, true);
 }

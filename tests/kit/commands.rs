@@ -310,3 +310,9 @@ macro_rules! osargs {
     ($($arg:expr),* $(,)?) => { [$(::std::ffi::OsStr::new(&$arg)),*] };
 }
 pub(crate) use osargs;
+
+/// `#[test] fn NAME() { BODY }` for each `NAME => BODY;` (a comment may precede a case).
+macro_rules! cases {
+    ($($name:ident => $body:expr;)*) => { $( #[test] fn $name() { $body; } )* };
+}
+pub(crate) use cases;

@@ -326,3 +326,17 @@ pub fn remove_tree(dir: &Path) {
         Err(e) => panic!("cannot remove {}: {e}", dir.display()),
     }
 }
+
+/// The record of the mount at `mp` in `out`, the output of a `stagefs status --json`; None
+/// if it lists none.
+pub fn status_record_in(out: &CmdOutput, mp: &Path) -> Option<serde_json::Value> {
+    out.assert_success();
+    let parse = |l: &str| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e} in {l:?}\n{}", out.describe()));
+    out.stdout.lines().map(parse).find(|r: &serde_json::Value| r["mountpoint"] == *mp.to_string_lossy())
+}
+
+/// The record of the mount at `mp` in `stagefs status --json`, which must list it.
+pub fn status_record(mp: &Path) -> serde_json::Value {
+    let out = stagefs(["status", "--json"]);
+    status_record_in(&out, mp).unwrap_or_else(|| panic!("no {} in status --json\n{}", mp.display(), out.describe()))
+}
