@@ -310,3 +310,13 @@ macro_rules! osargs {
     ($($arg:expr),* $(,)?) => { [$(::std::ffi::OsStr::new(&$arg)),*] };
 }
 pub(crate) use osargs;
+
+impl CmdOutput {
+    /// Panics unless stdout contains every needle.
+    pub fn assert_stdout_has(&self, needles: &[&str]) -> &Self {
+        for needle in needles {
+            assert!(self.stdout.contains(needle), "stdout lacks {needle:?}:\n{}", self.describe());
+        }
+        self
+    }
+}
