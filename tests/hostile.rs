@@ -1,21 +1,13 @@
-//! Hostile inputs and resource faults:
-//!
-//! - the fuzz regression corpus (`fuzz/regressions/<target>/`) and the seeds
-//!   (`fuzz/seeds/<target>/`) replayed through the fuzz targets' own code path
-//!   (`fuzz/src/exercise.rs`), so CI replays every input the fuzzers ever broke stagefs
-//!   with, and every crafted archive, without cargo-fuzz;
-//! - hand-crafted archives whose fields claim absurd sizes and counts: each must be
-//!   rejected quickly, with a clear error, without allocating what the field claims
-//!   (checked in a child process limited to 1 GiB of address space);
-//! - crafted archives mounted for real: sparse sizes whose sum wraps, a sparse size
-//!   past the largest file, hardlinks to directories; each mount must return;
-//! - resource faults: a killed daemon, no /dev/fuse, no fusermount3, an archive
-//!   truncated while mounted.
+//! Hostile inputs and resource faults: the fuzz corpus and seeds replayed through the fuzz
+//! targets' own code path (`fuzz/src/exercise.rs`), so CI replays every input that ever broke
+//! stagefs without cargo-fuzz; archives whose fields claim absurd sizes and counts, rejected
+//! quickly without allocating what they claim (in a child limited to 1 GiB of address space);
+//! crafted archives mounted for real, whose mounts must return; a killed daemon, no
+//! /dev/fuse, no fusermount3, an archive truncated while mounted.
 
-use std::ffi::OsStr;
 use std::fs;
 use std::io::{Read, Write};
-use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -36,10 +28,9 @@ fn fuzz_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz")
 }
 
-/// Every file under `fuzz/regressions/<target>/` and `fuzz/seeds/<target>/`, through
-/// that target's code path. A panic here is the bug the fuzzer found (or a crafted
-/// archive's). How long each takes is the fuzzers' business (their own timeouts) and
-/// the suite's hang guard's, not an assertion here.
+/// Every file under `fuzz/regressions/<target>/` and `fuzz/seeds/<target>/`, through that
+/// target's code path: a panic is the bug the fuzzer found (or a crafted archive's). How
+/// long each takes is for the fuzzers' own timeouts and the suite's hang guard.
 #[test]
 fn fuzz_regressions_replay() {
     let scratch = TempDir::new("fuzz-replay");
@@ -62,11 +53,8 @@ fn fuzz_regressions_replay() {
                     "zip" => exercise::zip(&data),
                     other => panic!("fuzz/{corpus}/{other}: no such fuzz target"),
                 };
-                eprintln!(
-                    "replayed {}: {:?}",
-                    input.display(),
-                    outcome.as_ref().map_err(|e| e.chars().take(160).collect::<String>())
-                );
+                let outcome = outcome.map_err(|e| e.chars().take(160).collect::<String>());
+                eprintln!("replayed {}: {outcome:?}", input.display());
                 replayed += 1;
             }
         }
@@ -87,43 +75,37 @@ fn crafted_tars() -> [(&'static str, Vec<u8>); 5] {
     ]
 }
 
+/// Writes `bytes` to the seed `path` under `STAGEFS_WRITE_SEEDS`, then panics unless the
+/// seed is `same` as them: what the test `hostile::TEST` makes.
+fn seed_is_current(path: &Path, bytes: &[u8], test: &str, same: fn(&[u8], &[u8]) -> bool) {
+    if std::env::var_os("STAGEFS_WRITE_SEEDS").is_some() {
+        fs::write(path, bytes).unwrap();
+    }
+    assert!(
+        same(&read(path), bytes),
+        "{} is not what tests/hostile.rs makes; rewrite it with \
+         STAGEFS_WRITE_SEEDS=1 cargo test --test integration hostile::{test}",
+        path.display()
+    );
+}
+
 /// The committed crafted seeds are what the builders here make (the gzip one
-/// decompresses to it: compressed bytes may differ between zlib versions). After
-/// changing a builder: `STAGEFS_WRITE_SEEDS=1 cargo test --test integration
-/// hostile::crafted_seeds_are_current`.
+/// decompresses to it: compressed bytes may differ between zlib versions).
 #[test]
 fn crafted_seeds_are_current() {
-    let write = std::env::var_os("STAGEFS_WRITE_SEEDS").is_some();
-    let wrapping = sparse_sizes_wrapping_tar();
+    const TEST: &str = "crafted_seeds_are_current";
+    for (name, bytes) in crafted_tars() {
+        seed_is_current(&fuzz_dir().join("seeds/tar").join(name), &bytes, TEST, |a, b| a == b);
+    }
     let gz = fuzz_dir().join("seeds/decompress/crafted-sparse-size-wrap.tar.gzip");
-    let mut seeds: Vec<(PathBuf, Vec<u8>)> =
-        crafted_tars().into_iter().map(|(name, bytes)| (fuzz_dir().join("seeds/tar").join(name), bytes)).collect();
-    if write {
-        fs::write(&gz, gzip(&wrapping)).unwrap();
-        for (path, bytes) in &seeds {
-            fs::write(path, bytes).unwrap();
-        }
-    }
-    let mut unzipped = Vec::new();
-    flate2::read::GzDecoder::new(&read(&gz)[..]).read_to_end(&mut unzipped).unwrap();
-    seeds.push((gz, wrapping));
-    for (path, bytes) in seeds {
-        let committed = if path.extension() == Some(OsStr::new("gzip")) { unzipped.clone() } else { read(&path) };
-        assert!(
-            committed == bytes,
-            "{} is not what its builder in tests/hostile.rs makes; rewrite it with \
-             STAGEFS_WRITE_SEEDS=1 cargo test --test integration hostile::crafted_seeds_are_current",
-            path.display()
-        );
-    }
+    seed_is_current(&gz, &gzip(&sparse_sizes_wrapping_tar()), TEST, |a, b| gunzip(a) == gunzip(b));
 }
 
 // ---------------------------------------------------------------------------
 // Absurd sizes and counts
 
-/// Runs the body in a child copy of this test binary whose address space is capped at
-/// 1 GiB, so an allocation sized by an archive field fails there (abort) instead of
-/// taking the machine or the rest of the test suite with it.
+/// Runs `body` in a child copy of this test binary capped at 1 GiB of address space, so an
+/// allocation sized by an archive field fails there (abort), not the machine or the suite.
 fn in_bounded_child(test: &str, body: fn()) {
     const CHILD: &str = "STAGEFS_HOSTILE_CHILD";
     if std::env::var_os(CHILD).is_some() {
@@ -149,18 +131,16 @@ fn in_bounded_child(test: &str, body: fn()) {
     );
 }
 
+fn open(bytes: &[u8], name: &str) -> Result<Archive, OpenError> {
+    Archive::from_backing(Path::new(name), exercise::backing(bytes), &stagefs_archive::Caches::default())
+}
+
 /// Opens `bytes` as an archive; it must fail (cleanly: the 1 GiB child of
 /// `in_bounded_child` catches allocations sized by the claims, its 60 s limit a hang).
 fn open_fails(bytes: &[u8], case: &str) -> OpenError {
-    let result =
-        Archive::from_backing(Path::new("hostile"), exercise::backing(bytes), &stagefs_archive::Caches::default());
-    match result {
-        Ok(_) => panic!("{case}: accepted"),
-        Err(e) => {
-            eprintln!("{case}: {e}");
-            e
-        }
-    }
+    let e = open(bytes, "hostile").err().unwrap_or_else(|| panic!("{case}: accepted"));
+    eprintln!("{case}: {e}");
+    e
 }
 
 fn expect_corrupt(bytes: &[u8], case: &str, needle: &str) {
@@ -200,21 +180,14 @@ fn finish(mut tar: Vec<u8>) -> Vec<u8> {
     tar
 }
 
-/// A pax extended header ('x') holding `records`, then a member, then the end of the archive.
-fn pax_then_member(records: &[u8], member: &[u8], content: &[u8]) -> Vec<u8> {
-    finish(with_pax(records, member, content))
+/// The pax records of `pairs` (keyword, value).
+fn pax(pairs: &[(&str, &str)]) -> Vec<u8> {
+    pairs.iter().flat_map(|(keyword, value)| pax_record(keyword, value)).collect()
 }
 
-/// A pax extended header ('x') holding `records`, then a member (header and content),
-/// padded to a block.
-fn with_pax(records: &[u8], member: &[u8], content: &[u8]) -> Vec<u8> {
-    let mut tar = ustar_header("PaxHeaders/m", b'x', 0o644, records.len() as u64, "").to_vec();
-    tar.extend_from_slice(records);
-    tar.resize(tar.len().div_ceil(512) * 512, 0);
-    tar.extend_from_slice(member);
-    tar.extend_from_slice(content);
-    tar.resize(tar.len().div_ceil(512) * 512, 0);
-    tar
+/// A pax header ('x') of `records`, the member `name` of `content`, the end of the archive.
+fn pax_tar(records: &[u8], name: &str, content: &[u8]) -> Vec<u8> {
+    finish(member_with_pax(records, name, content))
 }
 
 fn hostile_tar_cases() {
@@ -233,62 +206,53 @@ fn hostile_tar_cases() {
 
     // pax record whose length field is huge.
     for length in ["1152921504606846976", "99999999999999999999999"] {
-        let records = format!("{length} path=x\n").into_bytes();
-        let member = ustar_header("f", b'0', 0o644, 0, "");
-        expect_corrupt(
-            &pax_then_member(&records, &member, b""),
-            &format!("pax record length {length}"),
-            "pax record length",
-        );
+        let tar = pax_tar(format!("{length} path=x\n").as_bytes(), "f", b"");
+        expect_corrupt(&tar, &format!("pax record length {length}"), "pax record length");
     }
     // pax size keyword claiming 2^60 bytes of content.
-    let records = pax_record("size", &(1u64 << 60).to_string());
-    let member = ustar_header("f", b'0', 0o644, 0, "");
-    expect_truncated(&pax_then_member(&records, &member, b""), "pax size 2^60", "needs 1152921504606846976 bytes");
+    let tar = pax_tar(&pax(&[("size", &(1u64 << 60).to_string())]), "f", b"");
+    expect_truncated(&tar, "pax size 2^60", "needs 1152921504606846976 bytes");
 
-    // Old GNU sparse member ('S'): the map continues in extension blocks that are not
-    // there (each block holds 21 extents: a billion would need 24 GB of archive).
-    let mut h = ustar_header("sparse", b'S', 0o644, 10, "");
-    h[386..398].copy_from_slice(b"00000000000\0");
-    h[398..410].copy_from_slice(b"00000000012\0");
-    h[482] = 1; // isextended
-    h[483..495].copy_from_slice(b"77777777777\0");
-    reseal(&mut h);
+    // Old GNU sparse member ('S') of one extent (offset 0, length `length`), its map
+    // continued in extension blocks if `extended`.
+    let old_sparse = |length: &[u8; 12], extended: u8| {
+        let mut h = ustar_header("sparse", b'S', 0o644, 10, "");
+        h[386..398].copy_from_slice(b"00000000000\0");
+        h[398..410].copy_from_slice(length);
+        h[482] = extended;
+        h[483..495].copy_from_slice(b"77777777777\0");
+        reseal(&mut h);
+        h
+    };
+    // The extension blocks are not there (each holds 21 extents: a billion would need 24
+    // GB of archive) ...
+    let h = old_sparse(b"00000000012\0", 1);
     expect_truncated(&h, "old GNU sparse without its extension blocks", "sparse extension header");
-    // ... and one whose extents claim far more data than is stored.
-    let mut h = ustar_header("sparse", b'S', 0o644, 10, "");
-    h[386..398].copy_from_slice(b"00000000000\0");
-    h[398..410].copy_from_slice(b"77777777777\0");
-    h[483..495].copy_from_slice(b"77777777777\0");
-    reseal(&mut h);
-    let mut tar = h.to_vec();
-    tar.extend_from_slice(&[1; 10]);
-    expect_corrupt(&finish(tar), "old GNU sparse extent of 8 GiB with 10 bytes stored", "sparse map needs more data");
+    // ... and extents claiming far more data than is stored.
+    let tar = finish([&old_sparse(b"77777777777\0", 0)[..], &[1; 10]].concat());
+    expect_corrupt(&tar, "old GNU sparse extent of 8 GiB with 10 bytes stored", "sparse map needs more data");
 
     // pax 1.0 sparse map claiming a billion extents; with the member's size claiming
     // 2^40 bytes the count was checked against the claim, and 16 GB were reserved.
     for stored in [1u64 << 40, 100] {
-        let mut records = Vec::new();
-        records.extend(pax_record("GNU.sparse.major", "1"));
-        records.extend(pax_record("GNU.sparse.minor", "0"));
-        records.extend(pax_record("GNU.sparse.name", "sparse"));
-        records.extend(pax_record("GNU.sparse.realsize", &(1u64 << 50).to_string()));
-        records.extend(pax_record("size", &stored.to_string()));
-        let member = ustar_header("GNUSparseFile.0/sparse", b'0', 0o644, 100, "");
+        let records = pax(&[
+            ("GNU.sparse.major", "1"),
+            ("GNU.sparse.minor", "0"),
+            ("GNU.sparse.name", "sparse"),
+            ("GNU.sparse.realsize", &(1u64 << 50).to_string()),
+            ("size", &stored.to_string()),
+        ]);
         let mut content = b"1000000000\n0\n1\n".to_vec();
         content.resize(100, b'\n');
         expect_corrupt(
-            &pax_then_member(&records, &member, &content),
+            &pax_tar(&records, "GNUSparseFile.0/sparse", &content),
             &format!("pax 1.0 sparse map of a billion extents, size {stored}"),
             "sparse map claims 1000000000 extents",
         );
     }
     // pax 0.1 sparse map with huge numbers: an extent past the real size.
-    let mut records = Vec::new();
-    records.extend(pax_record("GNU.sparse.size", "100"));
-    records.extend(pax_record("GNU.sparse.map", &format!("0,{}", u64::MAX)));
-    let member = ustar_header("s", b'0', 0o644, 0, "");
-    expect_corrupt(&pax_then_member(&records, &member, b""), "pax 0.1 extent of 2^64-1 bytes", "exceeds the file size");
+    let records = pax(&[("GNU.sparse.size", "100"), ("GNU.sparse.map", &format!("0,{}", u64::MAX))]);
+    expect_corrupt(&pax_tar(&records, "s", b""), "pax 0.1 extent of 2^64-1 bytes", "exceeds the file size");
     // pax 0.1 sparse maps that overlap, run past the declared size or wrap, and a
     // declared size past the largest file: corrupt, naming the member.
     let wraps = format!("{},10", u64::MAX - 4);
@@ -303,15 +267,8 @@ fn hostile_tar_cases() {
             "sparse member 's': declares 9223372036854775808 bytes, more than the largest file",
         ),
     ] {
-        let mut records = Vec::new();
-        records.extend(pax_record("GNU.sparse.size", size));
-        records.extend(pax_record("GNU.sparse.map", map));
-        let member = ustar_header("s", b'0', 0o644, 20, "");
-        expect_corrupt(
-            &pax_then_member(&records, &member, &[7; 20]),
-            &format!("pax 0.1 map {map} of {size} bytes"),
-            needle,
-        );
+        let tar = pax_tar(&pax(&[("GNU.sparse.size", size), ("GNU.sparse.map", map)]), "s", &[7; 20]);
+        expect_corrupt(&tar, &format!("pax 0.1 map {map} of {size} bytes"), needle);
     }
 }
 
@@ -320,94 +277,76 @@ fn hostile_tar_fields_are_rejected_in_bounded_memory() {
     in_bounded_child("hostile::hostile_tar_fields_are_rejected_in_bounded_memory", hostile_tar_cases);
 }
 
-/// A committed SquashFS image with uncompressed metadata, and where things are in it.
-struct Image {
-    bytes: Vec<u8>,
-    inode_table: usize,
-    directory_table: usize,
-}
-
 fn le_u64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
 }
 
-fn image() -> Image {
+/// A committed SquashFS image with uncompressed metadata (its inode and directory tables
+/// start at the offsets in bytes 64..72 and 72..80).
+fn image() -> Vec<u8> {
     let bytes = fs::read(fixture("sqfs-uncompressed.sqfs")).unwrap();
-    let (inode_table, directory_table) = (le_u64(&bytes, 64) as usize, le_u64(&bytes, 72) as usize);
-    for table in [inode_table, directory_table] {
-        assert!(bytes[table + 1] & 0x80 != 0, "the fixture's metadata must be stored uncompressed");
+    for table in [le_u64(&bytes, 64), le_u64(&bytes, 72)] {
+        assert!(bytes[table as usize + 1] & 0x80 != 0, "the fixture's metadata must be stored uncompressed");
     }
-    Image { bytes, inode_table, directory_table }
+    bytes
 }
 
-impl Image {
-    /// Image offset of the root directory's first listing header (basic or extended
-    /// directory inode, listing in the table's first metadata block).
-    fn root_listing(&self) -> usize {
-        let b = &self.bytes;
-        let root = le_u64(b, 32);
-        let inode = self.inode_table + (root >> 16) as usize + 2 + (root & 0xffff) as usize;
-        let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as usize;
-        let u16_at = |at: usize| u16::from_le_bytes(b[at..at + 2].try_into().unwrap()) as usize;
-        let (start, offset) = match u16_at(inode) {
-            1 => (u32_at(inode + 16), u16_at(inode + 26)),
-            8 => (u32_at(inode + 24), u16_at(inode + 34)),
-            other => panic!("root inode type {other}"),
-        };
-        assert_eq!(start, 0, "root listing outside the first directory block");
-        self.directory_table + 2 + offset
-    }
+/// Offset in image `b` of the root directory's first listing header (basic or extended
+/// directory inode, listing in the table's first metadata block).
+fn root_listing(b: &[u8]) -> usize {
+    let (inode_table, directory_table) = (le_u64(b, 64) as usize, le_u64(b, 72) as usize);
+    let root = le_u64(b, 32);
+    let inode = inode_table + (root >> 16) as usize + 2 + (root & 0xffff) as usize;
+    let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as usize;
+    let u16_at = |at: usize| u16::from_le_bytes(b[at..at + 2].try_into().unwrap()) as usize;
+    let (start, offset) = match u16_at(inode) {
+        1 => (u32_at(inode + 16), u16_at(inode + 26)),
+        8 => (u32_at(inode + 24), u16_at(inode + 34)),
+        other => panic!("root inode type {other}"),
+    };
+    assert_eq!(start, 0, "root listing outside the first directory block");
+    directory_table + 2 + offset
 }
 
 fn hostile_squashfs_cases() {
-    // The fixture itself opens.
-    let base = image();
-    Archive::from_backing(Path::new("ok.sqfs"), exercise::backing(&base.bytes), &stagefs_archive::Caches::default())
-        .expect("the fixture opens");
+    open(&image(), "ok.sqfs").expect("the fixture opens");
+    // The fixture with `value` written at `at`.
+    let patched = |at: usize, value: &[u8]| {
+        let mut bytes = image();
+        bytes[at..at + value.len()].copy_from_slice(value);
+        bytes
+    };
 
     // Directory header claiming 2^32 entries (count - 1 = 0xffffffff): wrapped to 0 and
     // was silently taken as an empty run before.
     for (count_minus_one, shown) in [(u32::MAX, "4294967296"), (0x7fff_ffff, "2147483648"), (256, "257")] {
-        let mut img = image();
-        let at = img.root_listing();
-        img.bytes[at..at + 4].copy_from_slice(&count_minus_one.to_le_bytes());
-        expect_corrupt(&img.bytes, &format!("directory header of {shown} entries"), &format!("lists {shown} entries"));
+        let bytes = patched(root_listing(&image()), &count_minus_one.to_le_bytes());
+        expect_corrupt(&bytes, &format!("directory header of {shown} entries"), &format!("lists {shown} entries"));
     }
 
-    // Superblock counts far beyond the image.
-    let mut img = image();
-    img.bytes[16..20].copy_from_slice(&u32::MAX.to_le_bytes()); // fragment count
-    expect_corrupt(&img.bytes, "fragment count 2^32-1", "fragment table");
-    let mut img = image();
-    img.bytes[26..28].copy_from_slice(&u16::MAX.to_le_bytes()); // id count
-    open_fails(&img.bytes, "id count 65535");
-    // The inode count (bytes 4..8) is not used to size anything: an absurd one is
-    // harmless.
-    let mut img = image();
-    img.bytes[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
-    let opened = Archive::from_backing(
-        Path::new("inodes.sqfs"),
-        exercise::backing(&img.bytes),
-        &stagefs_archive::Caches::default(),
-    );
+    // Superblock counts far beyond the image: fragments (bytes 16..20), ids (26..28).
+    expect_corrupt(&patched(16, &u32::MAX.to_le_bytes()), "fragment count 2^32-1", "fragment table");
+    open_fails(&patched(26, &u16::MAX.to_le_bytes()), "id count 65535");
+    // The inode count (bytes 4..8) sizes nothing: an absurd one is harmless.
+    let opened = open(&patched(4, &u32::MAX.to_le_bytes()), "inodes.sqfs");
     assert!(opened.is_ok(), "an absurd inode count must not matter: {:?}", opened.err().map(|e| e.to_string()));
 
     // A lookup-table index naming one metadata block many times: a fragment count of
     // 2^26 (a 1 GiB table) whose 131072 block pointers all name one full 8 KiB block,
     // appended to the image with the index. Read as given, the table filled 1 GiB.
     let mut img = image();
-    let block_at = img.bytes.len() as u64;
-    img.bytes.extend_from_slice(&(0x8000u16 | 8192).to_le_bytes());
-    img.bytes.extend_from_slice(&[0; 8192]);
-    let index_at = img.bytes.len();
+    let block_at = img.len() as u64;
+    img.extend_from_slice(&(0x8000u16 | 8192).to_le_bytes());
+    img.extend_from_slice(&[0; 8192]);
+    let index_at = img.len();
     for _ in 0..(1u64 << 26) * 16 / 8192 {
-        img.bytes.extend_from_slice(&block_at.to_le_bytes());
+        img.extend_from_slice(&block_at.to_le_bytes());
     }
-    let used = img.bytes.len() as u64;
-    img.bytes[40..48].copy_from_slice(&used.to_le_bytes());
-    img.bytes[80..88].copy_from_slice(&(index_at as u64).to_le_bytes());
-    img.bytes[16..20].copy_from_slice(&(1u32 << 26).to_le_bytes());
-    expect_corrupt(&img.bytes, "fragment index repeating one block", "does not follow block");
+    let used = img.len() as u64;
+    img[40..48].copy_from_slice(&used.to_le_bytes());
+    img[80..88].copy_from_slice(&(index_at as u64).to_le_bytes());
+    img[16..20].copy_from_slice(&(1u32 << 26).to_le_bytes());
+    expect_corrupt(&img, "fragment index repeating one block", "does not follow block");
 }
 
 #[test]
@@ -418,34 +357,31 @@ fn hostile_squashfs_fields_are_rejected_in_bounded_memory() {
 // ---------------------------------------------------------------------------
 // Crafted archives, mounted
 
-/// A regular member `name` preceded by a pax header ('x') of `records`, padded to a block.
-fn member_with_pax(records: &[u8], name: &str, content: &[u8]) -> Vec<u8> {
-    with_pax(records, &ustar_header(name, b'0', 0o644, content.len() as u64, ""), content)
-}
-
-/// A plain member, padded to a block.
+/// A member `name` of `content` (linking to `link`), padded to a block.
 fn plain_member(name: &str, typeflag: u8, content: &[u8], link: &str) -> Vec<u8> {
-    let mut tar = ustar_header(name, typeflag, 0o644, content.len() as u64, link).to_vec();
-    tar.extend_from_slice(content);
+    let mut tar = [&ustar_header(name, typeflag, 0o644, content.len() as u64, link)[..], content].concat();
     tar.resize(tar.len().div_ceil(512) * 512, 0);
     tar
 }
 
+/// A regular member `name` preceded by a pax header ('x') of `records`, padded to a block.
+fn member_with_pax(records: &[u8], name: &str, content: &[u8]) -> Vec<u8> {
+    [plain_member("PaxHeaders/m", b'x', records, ""), plain_member(name, b'0', content, "")].concat()
+}
+
 const OK_TEXT: &[u8] = b"an ordinary file beside the crafted ones\n";
+
+/// An ordinary file `ok.txt`, then `members`, then the end of the archive.
+fn beside_ok(members: impl IntoIterator<Item = Vec<u8>>) -> Vec<u8> {
+    finish([plain_member("ok.txt", b'0', OK_TEXT, "")].into_iter().chain(members).flatten().collect())
+}
 
 /// Four pax 0.1 sparse members declaring 2^62 bytes each (all hole), beside an ordinary
 /// file: the warm-up's sum of sizes wrapped to 0, so it set out to push 2^64 bytes of
 /// holes into the page cache and `stagefs mount` never returned (a 231-byte .tar.gz).
 fn sparse_sizes_wrapping_tar() -> Vec<u8> {
-    let mut tar = plain_member("ok.txt", b'0', OK_TEXT, "");
-    for i in 0..4 {
-        tar.extend(member_with_pax(
-            &pax_record("GNU.sparse.size", &(1u64 << 62).to_string()),
-            &format!("huge{i}"),
-            b"",
-        ));
-    }
-    finish(tar)
+    let records = pax(&[("GNU.sparse.size", &(1u64 << 62).to_string())]);
+    beside_ok((0..4).map(|i| member_with_pax(&records, &format!("huge{i}"), b"")))
 }
 
 fn gzip(bytes: &[u8]) -> Vec<u8> {
@@ -454,40 +390,44 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
     encoder.finish().unwrap()
 }
 
-/// `stagefs mount ARCHIVE MP` (default options: a compressed tar is staged, then warmed),
-/// which must return within `CMD_TIMEOUT`. On a hang the daemon is killed, so that no
-/// spinning process outlives the failed test.
-fn mount_must_return(archive: &Path, mp: &Path) -> CmdOutput {
-    mount_must_return_with(&[], archive, mp)
+fn gunzip(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(bytes).read_to_end(&mut out).unwrap();
+    out
 }
 
-fn mount_must_return_with(extra: &[&str], archive: &Path, mp: &Path) -> CmdOutput {
+/// `bytes` written as `name` in a fresh directory, then `stagefs mount EXTRA... ARCHIVE MP`,
+/// which must return within `CMD_TIMEOUT`; on a hang the daemon is killed, so that no
+/// spinning process outlives the failed test. The directory, `MP`, the output and a guard
+/// of whatever was mounted.
+fn mount_crafted(extra: &[&str], name: &str, bytes: &[u8]) -> (TempDir, PathBuf, CmdOutput, Mounted) {
     require_root();
+    let tmp = TempDir::new(name);
+    let (archive, mp) = (tmp.join(name), tmp.join("mnt"));
+    fs::write(&archive, bytes).unwrap();
     let mut cmd = Command::new(stagefs_bin());
-    cmd.arg("mount").args(extra).arg(archive).arg(mp);
+    cmd.arg("mount").args(extra).arg(&archive).arg(&mp);
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_cmd(&mut cmd, CMD_TIMEOUT)));
-    outcome.unwrap_or_else(|panic| {
-        for pid in stagefs_pids(mp) {
+    let out = outcome.unwrap_or_else(|panic| {
+        for pid in stagefs_pids(&mp) {
             let _ = signal(pid, Signal::SIGKILL);
         }
-        let _ = Command::new("umount").arg("-l").arg(mp).status();
+        let _ = Command::new("umount").arg("-l").arg(&mp).status();
         std::panic::resume_unwind(panic)
-    })
+    });
+    let m = Mounted::adopt(&archive, &mp);
+    (tmp, mp, out, m)
 }
 
 /// A sparse member declaring 2^63 bytes, one more than the largest file Linux allows.
 fn sparse_size_too_big_tar() -> Vec<u8> {
-    let mut tar = plain_member("ok.txt", b'0', OK_TEXT, "");
-    tar.extend(member_with_pax(&pax_record("GNU.sparse.size", &(1u64 << 63).to_string()), "too-big", b""));
-    finish(tar)
+    beside_ok([member_with_pax(&pax(&[("GNU.sparse.size", &(1u64 << 63).to_string())]), "too-big", b"")])
 }
 
 /// A pax 0.1 sparse member whose second extent overlaps the first.
 fn sparse_map_overlap_tar() -> Vec<u8> {
-    let records = [pax_record("GNU.sparse.size", "100"), pax_record("GNU.sparse.map", "0,10,5,10")].concat();
-    let mut tar = plain_member("ok.txt", b'0', OK_TEXT, "");
-    tar.extend(member_with_pax(&records, "overlap", &[7; 20]));
-    finish(tar)
+    let records = pax(&[("GNU.sparse.size", "100"), ("GNU.sparse.map", "0,10,5,10")]);
+    beside_ok([member_with_pax(&records, "overlap", &[7; 20])])
 }
 
 /// Hardlinks to directories (`d/loop` -> `d`, `up` -> `./d/`, `d/sub/parent` -> `d`)
@@ -507,12 +447,8 @@ fn hardlinks_to_directories_tar() -> Vec<u8> {
 /// every member cost all the global keywords before (8,000 of each: 19 s to index).
 fn global_pax_keywords_tar(keywords: usize, members: usize) -> Vec<u8> {
     let records: Vec<u8> = (0..keywords).flat_map(|i| pax_record(&format!("comment.{i}"), "x")).collect();
-    let mut tar = ustar_header("pax_global_header", b'g', 0o644, records.len() as u64, "").to_vec();
-    tar.extend_from_slice(&records);
-    tar.resize(tar.len().div_ceil(512) * 512, 0);
-    for i in 0..members {
-        tar.extend(plain_member(&format!("f{i:03}"), b'0', b"", ""));
-    }
+    let mut tar = plain_member("pax_global_header", b'g', &records, "");
+    tar.extend((0..members).flat_map(|i| plain_member(&format!("f{i:03}"), b'0', b"", "")));
     finish(tar)
 }
 
@@ -520,13 +456,9 @@ fn global_pax_keywords_tar(keywords: usize, members: usize) -> Vec<u8> {
 /// cold with a warning (decompressed whole, `--stage copy` warms it otherwise), and serves every file.
 #[test]
 fn sparse_sizes_whose_sum_wraps_do_not_hang_the_mount() {
-    let tmp = TempDir::new("sparse-wrap");
-    let archive = tmp.join("wrap.tar.gz");
-    fs::write(&archive, gzip(&sparse_sizes_wrapping_tar())).unwrap();
-    let mp = tmp.join("mnt");
-    let out = mount_must_return_with(&["--stage", "copy"], &archive, &mp);
+    let tar = gzip(&sparse_sizes_wrapping_tar());
+    let (_tmp, mp, out, m) = mount_crafted(&["--stage", "copy"], "wrap.tar.gz", &tar);
     assert!(out.success(), "{}", out.describe());
-    let m = Mounted::adopt(&archive, &mp);
     out.assert_stderr_has(&["not warming the page cache"]);
     assert_eq!(read(&mp.join("ok.txt")), OK_TEXT);
     for i in 0..4 {
@@ -544,14 +476,17 @@ fn sparse_sizes_whose_sum_wraps_do_not_hang_the_mount() {
 /// the mount refuses the archive as damaged (exit 3), naming the member.
 #[test]
 fn sparse_size_past_the_largest_file_is_refused() {
-    let tmp = TempDir::new("sparse-too-big");
-    let archive = tmp.join("too-big.tar.gz");
-    fs::write(&archive, gzip(&sparse_size_too_big_tar())).unwrap();
-    let mp = tmp.join("mnt");
-    let out = mount_must_return(&archive, &mp);
-    assert_eq!(out.code(), Some(3), "{}", out.describe());
-    out.assert_stderr_has(&["'too-big'"]);
+    let (_tmp, mp, out, _) = mount_crafted(&[], "too-big.tar.gz", &gzip(&sparse_size_too_big_tar()));
+    out.assert_code(3).assert_stderr_has(&["'too-big'"]);
     assert_nothing_left(&mp, "after a refused archive");
+}
+
+/// The names in `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> =
+        fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    names
 }
 
 /// Hardlinks to directories (`d/loop` -> `d`), which GNU tar refuses to extract: the
@@ -559,19 +494,8 @@ fn sparse_size_past_the_largest_file_is_refused() {
 /// skipped with a warning naming the member; the rest is served.
 #[test]
 fn tar_hardlinks_to_directories_are_skipped() {
-    let tmp = TempDir::new("hardlink-dir");
-    let archive = tmp.join("dir-links.tar");
-    fs::write(&archive, hardlinks_to_directories_tar()).unwrap();
-    let mp = tmp.join("mnt");
-    let out = mount_must_return(&archive, &mp);
+    let (_tmp, mp, out, m) = mount_crafted(&[], "dir-links.tar", &hardlinks_to_directories_tar());
     assert!(out.success(), "{}", out.describe());
-    let m = Mounted::adopt(&archive, &mp);
-    let names = |dir: &Path| {
-        let mut names: Vec<String> =
-            fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-        names.sort();
-        names
-    };
     assert_eq!(names(&mp), ["d", "same"]);
     assert_eq!(names(&mp.join("d")), ["file", "sub"]);
     assert!(names(&mp.join("d/sub")).is_empty());
@@ -608,17 +532,14 @@ fn umount_of_a_killed_daemons_mount_cleans_it() {
     assert!(out.success(), "umount of a stale mount must clean it:\n{}", out.describe());
     assert_nothing_left(&mp, "after umount of a stale mount");
     // A second umount: not mounted (exit 6), named.
-    let again = stagefs(osargs!["umount", mp]);
-    assert_eq!(again.code(), Some(6), "{}", again.describe());
-    again.assert_stderr_has(&[&mp.to_string_lossy()]);
+    stagefs(osargs!["umount", mp]).assert_code(6).assert_stderr_has(&[&mp.to_string_lossy()]);
 }
 
-/// Runs `script` (sh) in a private mount namespace, with `STAGEFS` and `ARCHIVE` set.
-///
-/// The namespace holds a copy of every mount that exists when it is made, the FUSE mounts
-/// of tests running meanwhile included, for as long as a process lives in it. A failed
-/// mount leaves a `stagefs reap-failure` there for 10 s (to tell later waiters why), which
-/// would keep another test's daemon from seeing its unmount: the reaper is ended here.
+/// Runs `script` (sh) in a private mount namespace, with `STAGEFS` and `ARCHIVE` set. The
+/// namespace holds a copy of every mount there is (other tests' FUSE mounts included) while
+/// a process lives in it; a failed mount leaves a `stagefs reap-failure` there for 10 s (to
+/// tell later waiters why), which would keep another test's daemon from seeing its
+/// unmount: the reaper is ended here.
 fn in_private_namespace(script: &str, archive: &Path) -> CmdOutput {
     let unshare = require_tool("unshare");
     let mut cmd = Command::new(unshare);
@@ -646,18 +567,11 @@ fn mount_without_dev_fuse_fails_with_code_7() {
     require_root();
     let tmp = TempDir::new("no-dev-fuse");
     let mp = tmp.join("mnt");
-    let cases = [
-        (
-            "no /dev/fuse",
-            "mount -t tmpfs none /dev && mknod -m 666 /dev/null c 1 3 && exec \"$STAGEFS\" mount \"$ARCHIVE\" \"$MP\"",
-        ),
-        (
-            "/dev/null over /dev/fuse",
-            "mount --bind /dev/null /dev/fuse && exec \"$STAGEFS\" mount \"$ARCHIVE\" \"$MP\"",
-        ),
-    ];
-    for (case, script) in cases {
-        let script = format!("MP='{}'; {script}", mp.display());
+    for (case, setup) in [
+        ("no /dev/fuse", "mount -t tmpfs none /dev && mknod -m 666 /dev/null c 1 3"),
+        ("/dev/null over /dev/fuse", "mount --bind /dev/null /dev/fuse"),
+    ] {
+        let script = format!("MP='{}'; {setup} && exec \"$STAGEFS\" mount \"$ARCHIVE\" \"$MP\"", mp.display());
         let out = in_private_namespace(&script, &fixture("gnu.tar"));
         assert_eq!(out.code(), Some(7), "{case}: {}", out.describe());
         out.assert_stderr_has(&["/dev/fuse"]);
@@ -672,21 +586,15 @@ fn mount_as_user_without_fusermount3_fails_with_code_7() {
     require_root();
     require_tool("setpriv");
     let tmp = TempDir::new("no-fusermount");
-    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    chmod(tmp.path(), 0o755);
     let archive = fixture_copy("gnu.tar", tmp.path(), "a.tar");
-    fs::set_permissions(&archive, fs::Permissions::from_mode(0o644)).unwrap();
+    chmod(&archive, 0o644);
     // Everything `nobody` needs lives in directories it may use.
-    let bin = tmp.join("bin");
+    let (bin, home) = (tmp.join("bin"), tmp.join("home"));
     fs::create_dir(&bin).unwrap();
     fs::copy(stagefs_bin(), bin.join("stagefs")).unwrap();
-    let home = tmp.join("home");
     fs::create_dir(&home).unwrap();
-    let chown = |p: &Path| {
-        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
-        assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
-    };
-    chown(&home);
+    std::os::unix::fs::chown(&home, Some(65534), Some(65534)).unwrap();
     let mp = home.join("mnt");
     let script = format!(
         "mknod -m 666 '{dev}' c 10 229 && mount --bind '{dev}' /dev/fuse && \
@@ -699,16 +607,13 @@ fn mount_as_user_without_fusermount3_fails_with_code_7() {
         mp = mp.display(),
     );
     let out = in_private_namespace(&script, &archive);
-    assert_eq!(out.code(), Some(7), "{}", out.describe());
-    out.assert_stderr_has(&["fusermount3"]);
+    out.assert_code(7).assert_stderr_has(&["fusermount3"]);
     assert!(!is_mounted(&mp));
 }
 
-/// A tar of files with known content, for the truncation tests.
-fn truncation_tar(tmp: &TempDir) -> (PathBuf, Vec<(String, Vec<u8>)>) {
-    let scene =
-        Scene::new("truncation-src").files((0..8u64).map(|i| (format!("f{i}.bin"), pseudo_random(100 + i, 200_000))));
-    (scene.tar_at(&tmp.join("t.tar")), scene.members().to_vec())
+/// A scene of files with known content, for the truncation tests.
+fn truncation_scene(name: &str) -> Scene {
+    Scene::new(name).files((0..8u64).map(|i| (format!("f{i}.bin"), pseudo_random(100 + i, 200_000))))
 }
 
 fn truncate_to_half(path: &Path) {
@@ -720,10 +625,9 @@ fn truncate_to_half(path: &Path) {
 /// bytes, never SIGBUS), the daemon lives, and metadata keeps working.
 #[test]
 fn in_place_archive_truncated_while_mounted_reads_eio() {
-    let tmp = TempDir::new("truncate-in-place");
-    let (archive, files) = truncation_tar(&tmp);
-    let mp = tmp.join("mnt");
-    let m = Mounted::with_args(&["--stage", "none"], &archive, &mp);
+    let scene = truncation_scene("truncate-in-place");
+    let (archive, files, mp) = (scene.tar(), scene.members(), scene.join("mnt"));
+    let m = scene.mount(&archive, &["--stage", "none"]);
     let pids = m.daemon_pids();
     // Read one file fully before: it may stay served from the page cache.
     assert_eq!(read(&mp.join(&files[0].0)), files[0].1);
@@ -741,8 +645,7 @@ fn in_place_archive_truncated_while_mounted_reads_eio() {
     assert!(eio >= 3, "reads past the truncation point must fail with EIO (got {eio})");
     // The daemon lives; stat and listings still work.
     assert!(pids.iter().all(|&p| process_alive(p)), "the daemon died");
-    let names: Vec<String> =
-        fs::read_dir(&mp).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let names = names(&mp);
     assert_eq!(names.len(), files.len(), "{names:?}");
     assert_eq!(fs::metadata(mp.join(&files[7].0)).unwrap().len(), 200_000);
     m.unmount().assert_success();
@@ -752,15 +655,12 @@ fn in_place_archive_truncated_while_mounted_reads_eio() {
 /// A copied (`--stage copy`) archive truncated while mounted keeps serving correct bytes.
 #[test]
 fn staged_archive_truncated_while_mounted_keeps_serving() {
-    let tmp = TempDir::new("truncate-staged");
-    let (archive, files) = truncation_tar(&tmp);
-    let mp = tmp.join("mnt");
-    let m = Mounted::with_args(&["--stage", "copy"], &archive, &mp);
+    let scene = truncation_scene("truncate-staged");
+    let (archive, mp) = (scene.tar(), scene.join("mnt"));
+    let m = scene.mount(&archive, &["--stage", "copy"]);
     truncate_to_half(&archive);
     fs::write(&archive, b"overwritten").unwrap();
-    for (name, data) in &files {
-        assert_eq!(&read(&mp.join(name)), data, "{name}");
-    }
+    assert_tree_matches(&mp, &scene);
     m.unmount().assert_success();
     assert_nothing_left(&mp, "after unmounting the staged archive");
 }
@@ -770,13 +670,13 @@ fn staged_archive_truncated_while_mounted_keeps_serving() {
 /// Found by the index_cache fuzz target (fuzz/regressions/index_cache/xattr-name-with-nul).
 #[test]
 fn tar_xattr_names_that_cannot_be_listed_are_skipped() {
-    let mut records = Vec::new();
-    records.extend(pax_record("SCHILY.xattr.user.a\0b", "1"));
-    records.extend(pax_record("SCHILY.xattr.", "2"));
-    records.extend(pax_record("LIBARCHIVE.xattr.user.c%00d", "Mw=="));
-    records.extend(pax_record("SCHILY.xattr.user.ok", "4"));
-    let member = ustar_header("f", b'0', 0o644, 0, "");
-    let tar = pax_then_member(&records, &member, b"");
+    let records = pax(&[
+        ("SCHILY.xattr.user.a\0b", "1"),
+        ("SCHILY.xattr.", "2"),
+        ("LIBARCHIVE.xattr.user.c%00d", "Mw=="),
+        ("SCHILY.xattr.user.ok", "4"),
+    ]);
+    let tar = pax_tar(&records, "f", b"");
     exercise::tar(&tar).expect("the archive opens");
     let (index, _) =
         stagefs_archive::tar::open(Path::new("x.tar"), exercise::backing(&tar), &Default::default()).unwrap();
@@ -787,13 +687,10 @@ fn tar_xattr_names_that_cannot_be_listed_are_skipped() {
 
 /// The `index_cache` seeds: saved indexes (this format version) of fixture tars, as the
 /// fuzz target reads them, and three crafted from them (a directory's entries out of
-/// order, a name holding a NUL, a sparse extent whose end overflows). After a format
-/// change: `STAGEFS_WRITE_SEEDS=1 cargo test --test integration hostile::index_cache_seeds_are_current`.
+/// order, a name holding a NUL, a sparse extent whose end overflows).
 #[test]
 fn index_cache_seeds_are_current() {
     use stagefs_archive::tar::saved_format::fuzz_input;
-    let write = std::env::var_os("STAGEFS_WRITE_SEEDS").is_some();
-    let dir = fuzz_dir().join("seeds/index_cache");
     let input_of = |name: &str| {
         let path = fixture(name);
         let archive =
@@ -827,16 +724,8 @@ fn index_cache_seeds_are_current() {
     overflow[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
     seeds.push(("crafted-extent-overflow.v5".into(), overflow));
     for (name, input) in &seeds {
-        let path = dir.join(name);
-        if write {
-            fs::write(&path, input).unwrap();
-        }
-        assert!(
-            read(&path) == *input,
-            "{} is not what this test makes; rewrite it with \
-             STAGEFS_WRITE_SEEDS=1 cargo test --test integration hostile::index_cache_seeds_are_current",
-            path.display()
-        );
+        let path = fuzz_dir().join("seeds/index_cache").join(name);
+        seed_is_current(&path, input, "index_cache_seeds_are_current", |a, b| a == b);
         let outcome = exercise::index_cache(input);
         assert_eq!(outcome.is_ok(), !name.contains("overflow"), "{name}: {outcome:?}");
     }

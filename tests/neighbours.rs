@@ -5,6 +5,7 @@
 //! right bytes, never another user's bytes, other bytes, a hang or a leftover.
 
 use std::fs;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -26,8 +27,7 @@ fn a_symlink_another_user_planted_is_judged_by_who_made_it() {
     let mnt = s.mountpoint("mnt-links");
     s.eve.sh(&format!("ln -s {} {}", eve_dir.join("evil.tar").display(), shared.join("shard-999.tar").display()));
     let out = s.alice_stagefs(&osargs!["mount", pattern, mnt]);
-    assert_eq!(out.code(), Some(4), "{}", out.describe());
-    out.assert_stderr_has(&["shard-999.tar", "symbolic link", "sfs-eve", "--trust-shards"]);
+    out.assert_code(4).assert_stderr_has(&["shard-999.tar", "symbolic link", "sfs-eve", "--trust-shards"]);
     assert!(!is_mounted(&mnt));
 
     // Alice's own link to a tar of hers elsewhere is one of her shards.
@@ -54,18 +54,17 @@ fn a_symlink_another_user_planted_is_judged_by_who_made_it() {
     tar_of(&s.alice, &project.join("shard-000.tar"), &[("label.txt", b"alice\n")]);
     s.eve.sh(&format!("ln -s {} {}", eve_dir.join("evil.tar").display(), project.join("shard-999.tar").display()));
     let out = s.alice_stagefs(&osargs!["mount", project.join("shard-*.tar"), mnt]);
-    assert_eq!(out.code(), Some(4), "{}", out.describe());
-    out.assert_stderr_has(&["shard-999.tar", "sfs-eve"]);
+    out.assert_code(4).assert_stderr_has(&["shard-999.tar", "sfs-eve"]);
     assert_nothing_left(&mnt, "after the refused project set");
 }
 
 /// Item 2: a tar served in place, rewritten in place with the same size and its mtime
-/// restored (`dd conv=notrunc` then `touch -r`, as `rsync --inplace -t` does), gives EIO
+/// restored (as `dd conv=notrunc` then `touch -r`, or `rsync --inplace -t`, do), gives EIO
 /// once its pages are gone, never the bytes of the new layout; the same for a `.tar.gz`
 /// served from restart points and for a growing set's shard.
 #[test]
 fn an_in_place_rewrite_that_restores_the_mtime_gives_eio() {
-    let _cache = page_cache_guard();
+    let cache = page_cache_guard();
     let s = two_users("neighbours-rewrite");
     let dir = s.dir("data", 0o755, &s.alice);
     let tar = dir.join("data.tar");
@@ -77,28 +76,15 @@ fn an_in_place_rewrite_that_restores_the_mtime_gives_eio() {
         [(&tar, &["--stage", "none"]), (&gz, &["--stage", "none"]), (&tar, &["--growing", "--stage", "none"])];
     for (archive, flags) in cases {
         let mnt = s.mountpoint("mnt-rewrite");
-        let mut args = vec![os("mount")];
-        args.extend(flags.iter().map(|f| os(f)));
-        args.extend([archive.as_os_str(), mnt.as_os_str()]);
-        s.alice_stagefs(&args).assert_success();
+        s.alice.mount(flags, archive, &mnt).assert_success();
         let original = fs::read(archive).unwrap();
-        // The layout shifts by two bytes ("hi" first), size and mtime as before.
+        // The layout shifts by two bytes ("hi" first), written in place, size and mtime as before.
         let shifted = [b"hi".as_slice(), &original[..original.len() - 2]].concat();
-        let reference = dir.join("reference");
-        fs::write(&reference, &original).unwrap();
-        run_tool("touch", osargs!["-r", archive, reference]).assert_success();
-        fs::write(dir.join("shifted"), &shifted).unwrap();
-        run_tool(
-            "dd",
-            [
-                format!("if={}", dir.join("shifted").display()),
-                format!("of={}", archive.display()),
-                "conv=notrunc".into(),
-            ],
-        )
-        .assert_success();
-        run_tool("touch", osargs!["-r", reference, archive]).assert_success();
-        fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+        let mtime = fs::metadata(archive).unwrap().modified().unwrap();
+        let file = fs::OpenOptions::new().write(true).open(archive).unwrap();
+        file.write_all_at(&shifted, 0).unwrap();
+        file.set_modified(mtime).unwrap();
+        drop_caches(&cache);
         let out = s.cat(&mnt.join("data.bin"));
         assert!(!out.success(), "{flags:?}: the rewritten archive was served:\n{}", out.describe());
         out.assert_stderr_has(&["Input/output error"]);
@@ -111,6 +97,7 @@ fn an_in_place_rewrite_that_restores_the_mtime_gives_eio() {
 /// is refused: the mount would keep itself busy for good.
 #[test]
 fn a_shard_on_the_mount_itself_is_refused() {
+    let cache = page_cache_guard();
     let s = two_users("neighbours-self");
     let dir = s.dir("data", 0o755, &s.alice);
     let inner = TempDir::new("neighbours-inner");
@@ -121,9 +108,8 @@ fn a_shard_on_the_mount_itself_is_refused() {
     let mnt = s.mountpoint("mnt-self");
     s.alice_stagefs(&osargs!["mount", "--growing", "--threads", "1", outer, mnt]).assert_success();
     let out = s.alice_stagefs(&osargs!["add", mnt, mnt.join("inner.tar")]);
-    assert_eq!(out.code(), Some(4), "{}", out.describe());
-    out.assert_stderr_has(&["lies on this stagefs mount itself"]);
-    fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    out.assert_code(4).assert_stderr_has(&["lies on this stagefs mount itself"]);
+    drop_caches(&cache);
     assert_eq!(s.alice.sh(&format!("ls {}", mnt.display())).stdout, "inner.tar\n");
     s.umount(&mnt);
 }
@@ -134,7 +120,7 @@ fn a_shard_on_the_mount_itself_is_refused() {
 /// waiting for its change never sees it made behind its back.
 #[test]
 fn a_stuck_read_does_not_freeze_a_growing_mount() {
-    let _cache = page_cache_guard();
+    let cache = page_cache_guard();
     let s = two_users("neighbours-stall");
     let dir = s.dir("data", 0o755, &s.alice);
     let inner = TempDir::new("neighbours-stall-inner");
@@ -154,9 +140,9 @@ fn a_stuck_read_does_not_freeze_a_growing_mount() {
     s.alice_stagefs(&osargs!["mount", "--growing", "--stage", "none", shards[0], "--archive", shards[1], mnt])
         .assert_success();
     let backing_pid = stagefs_pids(&backing)[0];
-    fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(backing_pid), nix::sys::signal::Signal::SIGSTOP).unwrap();
-    let resume = scopeguard(backing_pid);
+    drop_caches(&cache);
+    signal(backing_pid, Signal::SIGSTOP).unwrap();
+    let resume = Resume(backing_pid);
     // A reader stuck on the stalled shard.
     let mut reader = s.alice.command(&[], Path::new("/bin/cat"));
     reader.arg(mnt.join("stalled/big.bin")).stdout(std::process::Stdio::null());
@@ -172,8 +158,7 @@ fn a_stuck_read_does_not_freeze_a_growing_mount() {
     // A shard on the stalled filesystem: opening it hangs, the caller gives up, and the
     // change is dropped when the filesystem comes back.
     let out = s.alice_stagefs(&osargs!["add", "--timeout", "2s", mnt, backing.join("late.tar")]);
-    assert_eq!(out.code(), Some(1), "{}", out.describe());
-    out.assert_stderr_has(&["gave up", "drops the change"]);
+    out.assert_code(1).assert_stderr_has(&["gave up", "drops the change"]);
     drop(resume);
     assert!(wait_timeout(&mut stuck.0, Duration::from_secs(30)).is_some_and(|s| s.success()), "the read finished");
     std::thread::sleep(Duration::from_secs(1));
@@ -189,12 +174,8 @@ struct Resume(i32);
 
 impl Drop for Resume {
     fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0), nix::sys::signal::Signal::SIGCONT);
+        let _ = signal(self.0, Signal::SIGCONT);
     }
-}
-
-fn scopeguard(pid: i32) -> Resume {
-    Resume(pid)
 }
 
 /// Item 6: a path holding newlines, `mountpoint=` and `stage_dir=` lines, ESC and BEL
@@ -251,9 +232,8 @@ fn a_shard_added_half_written_is_read_again_once_complete() {
     fs::write(&shard, &bytes).unwrap();
     let appeared = wait_until(Duration::from_secs(20), || s.cat(&mnt.join("shard/second.bin")).success());
     assert!(appeared, "the completed shard was never read again");
-    let served = s.alice.sh(&format!("cat {} | md5sum", mnt.join("shard/second.bin").display())).stdout;
-    let want = run_tool("md5sum", [s.tmp.join("second.bin").as_os_str()]).stdout;
-    assert_eq!(served.split_whitespace().next(), want.split_whitespace().next(), "the completed file's bytes");
+    // The completed file's bytes.
+    s.alice.sh(&format!("cmp {} {}", mnt.join("shard/second.bin").display(), s.tmp.join("second.bin").display()));
     assert_eq!(s.cat(&mnt.join("shard/first.txt")).stdout, "first\n");
     s.umount(&mnt);
 }
@@ -268,10 +248,7 @@ fn a_slow_control_client_holds_nobody_up() {
     tar_of(&s.alice, &dir.join("b.tar"), &[("b.txt", b"b\n")]);
     let mnt = s.mountpoint("mnt-slow");
     s.alice_stagefs(&osargs!["mount", "--growing", dir.join("a.tar"), mnt]).assert_success();
-    let socket = s
-        .alice
-        .tmp_runtime_dir()
-        .join(format!("{:016x}.control", stagefs_archive::hash::hash(mnt.as_os_str().as_encoded_bytes())));
+    let socket = s.alice.runtime_file(&mnt, "control");
     let trickle = format!(
         "import socket, time\ns = socket.socket(socket.AF_UNIX)\ns.connect({:?})\n\
          for b in b'stagefs-control-2':\n    s.send(bytes([b])); time.sleep(3)\n",
@@ -300,9 +277,7 @@ fn watch_starts_past_another_users_file_and_saved_indexes_are_no_shards() {
     s.eve.sh(&format!("touch {}", shared.join("s-2.tar").display()));
     let mnt = s.mountpoint("mnt-watch-start");
     let pattern = shared.join("s-*");
-    let out = s.alice_stagefs(&osargs!["mount", "--watch=200ms", pattern, mnt]);
-    out.assert_success();
-    out.assert_stderr_has(&["s-2.tar"]);
+    s.alice_stagefs(&osargs!["mount", "--watch=200ms", pattern, mnt]).assert_success().assert_stderr_has(&["s-2.tar"]);
     assert_eq!(s.cat(&mnt.join("one.txt")).stdout, "one\n");
     s.umount(&mnt);
     // Without --watch, the recursive index is no shard either; eve's file still refuses.
@@ -334,7 +309,7 @@ fn shard_names_reach_logs_and_terminals_escaped() {
     assert!(!text.lines().any(|l| l.starts_with("2026-01-01T00:00:00Z ERROR")), "a forged log line:\n{text}");
     assert!(!text.contains('\u{202e}'), "a raw bidi override in the log:\n{text}");
     let out = s.alice_stagefs(&osargs!["remove", mnt, shared.join("x\u{1b}[2J\u{7}.tar")]);
-    assert_eq!(out.code(), Some(2), "{}", out.describe());
+    out.assert_code(2);
     assert!(!out.stderr.contains('\u{1b}') && !out.stderr.contains('\u{7}'), "raw ESC/BEL: {:?}", out.stderr);
     s.umount(&mnt);
     let _ = fs::remove_file(&log);
@@ -358,9 +333,7 @@ fn a_sharded_pack_that_fails_late_leaves_no_shard() {
     let out = s.alice_stagefs(&osargs!["pack", "--shard-size", "1M", data, out_dir.join("train.tar")]);
     assert!(!out.success(), "{}", out.describe());
     out.assert_stderr_has(&["train-000001.tar", "sfs-eve"]);
-    let mut left: Vec<String> =
-        fs::read_dir(&out_dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
-    left.sort();
+    let left: Vec<_> = fs::read_dir(&out_dir).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(left, ["train-000001.tar"], "only eve's file may stay");
     assert_eq!(fs::read_to_string(out_dir.join("train-000001.tar")).unwrap(), "eve\n");
 }
@@ -374,20 +347,9 @@ fn a_shard_refused_for_ram_is_named_by_add() {
     let big: Vec<u8> = (0..3u32 << 20).map(|i| (i % 239) as u8).collect();
     tar_of(&s.alice, &dir.join("shard-001.tar"), &[("big.bin", &big)]);
     let mnt = s.mountpoint("mnt-ram");
-    s.alice_stagefs(&osargs![
-        "mount",
-        "--growing",
-        "--stage",
-        "ram",
-        "--max-ram",
-        "1M",
-        dir.join("shard-000.tar"),
-        mnt
-    ])
-    .assert_success();
+    let flags = ["--growing", "--stage", "ram", "--max-ram", "1M"];
+    s.alice.mount(&flags, &dir.join("shard-000.tar"), &mnt).assert_success();
     let out = s.alice_stagefs(&osargs!["add", mnt, dir.join("shard-001.tar")]);
-    assert_eq!(out.code(), Some(8), "{}", out.describe());
-    out.assert_stderr_has(&["shard-001.tar"]);
-    out.assert_stderr_lacks(&["shard-000.tar"]);
+    out.assert_code(8).assert_stderr_has(&["shard-001.tar"]).assert_stderr_lacks(&["shard-000.tar"]);
     s.umount(&mnt);
 }

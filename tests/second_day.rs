@@ -3,43 +3,28 @@
 //! reach for (`--owner`, `--umask`, `--mode`, `-o`, `--prefix`, `stagefs ls`, `--index-dir`,
 //! `--recursion-depth`), and messages that say what is true and what to do.
 
-use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::kit::*;
 
-/// A tar made by root with `files` (path, bytes, mode), readable by everyone as a file.
-fn root_tar(tmp: &TempDir, name: &str, files: &[(&str, &[u8], u32)]) -> PathBuf {
-    let src = tmp.join(format!("src-{name}"));
-    for (path, bytes, mode) in files {
-        fs::create_dir_all(src.join(path).parent().unwrap()).unwrap();
-        fs::write(src.join(path), bytes).unwrap();
-        fs::set_permissions(src.join(path), fs::Permissions::from_mode(*mode)).unwrap();
+/// `archive`, a tar made by root of `files` (path, bytes, mode), readable by everyone as a file.
+fn root_tar<P: AsRef<str>>(archive: &Path, files: &[(P, &[u8], u32)]) -> PathBuf {
+    let scene = Scene::new("root-tar").files(files.iter().map(|(path, bytes, _)| (path, bytes)));
+    for (path, _, mode) in files {
+        chmod(&scene.src().join(path.as_ref()), *mode);
     }
-    let archive = tmp.join(name);
-    let mut names: Vec<&str> = files.iter().map(|(p, _, _)| p.split('/').next().unwrap()).collect();
-    names.dedup();
-    let mut args: Vec<&OsStr> = vec![os("--owner=0"), os("--group=0"), os("-C"), src.as_os_str(), os("-cf")];
-    args.push(archive.as_os_str());
-    args.extend(names.iter().map(|n| os(n)));
-    run_tool("tar", args).assert_success();
-    fs::set_permissions(&archive, fs::Permissions::from_mode(0o644)).unwrap();
-    archive
+    scene.tar_at(archive);
+    chmod(archive, 0o644);
+    archive.to_path_buf()
 }
 
 fn user_and_tmp(name: &str) -> (User, TempDir) {
     let user = User::get("sfs-dayuser");
     let tmp = TempDir::new(name);
-    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    chmod(tmp.path(), 0o755);
     (user, tmp)
-}
-
-fn fresh(user: &User, name: &str) -> PathBuf {
-    let mnt = user.home.join(name);
-    remove_tree(&mnt);
-    mnt
 }
 
 /// Items 5 and 12: a tar packed by root with 0600 files mounts with a warning that says
@@ -48,32 +33,26 @@ fn fresh(user: &User, name: &str) -> PathBuf {
 #[test]
 fn a_colleagues_0600_tar_is_readable_with_owner_or_mode() {
     let (user, tmp) = user_and_tmp("day-owner");
-    let archive = root_tar(&tmp, "root.tar", &[("data/a.txt", b"secret\n", 0o600), ("data/b.txt", b"open\n", 0o644)]);
-    let mnt = fresh(&user, "mnt-owner");
+    let archive =
+        root_tar(&tmp.join("root.tar"), &[("data/a.txt", b"secret\n", 0o600), ("data/b.txt", b"open\n", 0o644)]);
+    let mnt = user.fresh_mountpoint("mnt-owner");
     let out = user.stagefs(osargs!["mount", archive, mnt]);
     out.assert_success();
     out.assert_stderr_has(&["1 file of", "not readable by you", "--owner me", "stagefs pack --normalize"]);
     assert!(!user.try_sh(&format!("cat {}/data/a.txt", mnt.display())).success());
-    user.stagefs(osargs!["umount", mnt]).assert_success();
+    user.umount(&mnt);
     let uid = user.uid.to_string();
     for flags in [vec!["--owner", "me"], vec!["--mode", "0644"], vec!["-o", &format!("uid={uid},gid={uid}")]] {
-        let mut args: Vec<&OsStr> = vec![os("mount")];
-        args.extend(flags.iter().map(|f| os(f)));
-        args.extend([archive.as_os_str(), mnt.as_os_str()]);
-        let out = user.stagefs(args);
-        out.assert_success();
-        out.assert_stderr_lacks(&["not readable"]);
+        user.mount(&flags, &archive, &mnt).assert_success().assert_stderr_lacks(&["not readable"]);
         assert_eq!(user.sh(&format!("cat {}/data/a.txt", mnt.display())).stdout, "secret\n", "{flags:?}");
-        user.stagefs(osargs!["umount", mnt]).assert_success();
+        user.umount(&mnt);
     }
     user.stagefs(osargs!["mount", "--umask", "077", "--owner", "me", archive, mnt]).assert_success();
     let mode = fs::metadata(mnt.join("data/b.txt")).map(|m| m.permissions().mode() & 0o777);
     assert_eq!(user.sh(&format!("stat -c %a {}/data/b.txt", mnt.display())).stdout.trim(), "600", "{mode:?}");
-    user.stagefs(osargs!["umount", mnt]).assert_success();
+    user.umount(&mnt);
     let out = user.stagefs(osargs!["mount", "-o", "allow_other", archive, mnt]);
-    assert_eq!(out.code(), Some(2), "{}", out.describe());
-    out.assert_stderr_has(&["private by design"]);
-    out.assert_stderr_lacks(&["-- -o"]);
+    out.assert_code(2).assert_stderr_has(&["private by design"]).assert_stderr_lacks(&["-- -o"]);
     assert_nothing_left(&mnt, "after the owner tests");
 }
 
@@ -83,18 +62,16 @@ fn a_colleagues_0600_tar_is_readable_with_owner_or_mode() {
 fn prefix_mounts_one_directory_as_the_root() {
     let (user, tmp) = user_and_tmp("day-prefix");
     let archive = root_tar(
-        &tmp,
-        "imagenet.tar",
+        &tmp.join("imagenet.tar"),
         &[("imagenet/train/n01/a.JPEG", b"a", 0o644), ("imagenet/val/n01/b.JPEG", b"b", 0o644)],
     );
-    let mnt = fresh(&user, "mnt-prefix");
+    let mnt = user.fresh_mountpoint("mnt-prefix");
     user.stagefs(osargs!["mount", "--prefix", "imagenet/train", archive, mnt]).assert_success();
     assert_eq!(user.sh(&format!("ls -a {}", mnt.display())).stdout, ".\n..\nn01\n");
     assert_eq!(user.sh(&format!("cat {}/n01/a.JPEG", mnt.display())).stdout, "a");
-    user.stagefs(osargs!["umount", mnt]).assert_success();
+    user.umount(&mnt);
     let out = user.stagefs(osargs!["mount", "--prefix", "imagenet/test", archive, mnt]);
-    assert_eq!(out.code(), Some(2), "{}", out.describe());
-    out.assert_stderr_has(&["--prefix imagenet/test", "no directory test", "train, val"]);
+    out.assert_code(2).assert_stderr_has(&["--prefix imagenet/test", "no directory test", "train, val"]);
     assert_nothing_left(&mnt, "after the prefix tests");
 }
 
@@ -105,13 +82,14 @@ fn prefix_mounts_one_directory_as_the_root() {
 #[test]
 fn status_says_how_mounts_are_served_and_what_a_growing_set_serves() {
     let (user, tmp) = user_and_tmp("day-status");
-    let archive = root_tar(&tmp, "plain.tar", &[("p/x.txt", b"x\n", 0o644)]);
+    let archive = root_tar(&tmp.join("plain.tar"), &[("p/x.txt", b"x\n", 0o644)]);
     let gz = tmp.join("plain.tar.gz");
     run_tool("sh", osargs!["-c", &format!("gzip -c {} > {}", archive.display(), gz.display())]).assert_success();
-    fs::set_permissions(&gz, fs::Permissions::from_mode(0o644)).unwrap();
-    let shard = |k: usize| root_tar(&tmp, &format!("shard-{k}.tar"), &[(&format!("s{k}/f.txt"), b"f\n", 0o644)]);
+    chmod(&gz, 0o644);
+    let shard = |k: usize| root_tar(&tmp.join(format!("shard-{k}.tar")), &[(&format!("s{k}/f.txt"), b"f\n", 0o644)]);
     let shards = [shard(0), shard(1)];
-    let (m_ram, m_gz, m_grow) = (fresh(&user, "mnt-ram"), fresh(&user, "mnt-gz"), fresh(&user, "mnt-grow"));
+    let (m_ram, m_gz, m_grow) =
+        (user.fresh_mountpoint("mnt-ram"), user.fresh_mountpoint("mnt-gz"), user.fresh_mountpoint("mnt-grow"));
     user.stagefs(osargs!["mount", "--stage", "ram", archive, m_ram]).assert_success();
     user.stagefs(osargs!["mount", "--stage", "none", gz, m_gz]).assert_success();
     user.stagefs(osargs!["mount", "--growing", shards[0], m_grow]).assert_success();
@@ -133,21 +111,17 @@ fn status_says_how_mounts_are_served_and_what_a_growing_set_serves() {
     let gz_line = json.stdout.lines().find(|l| l.contains(&*m_gz.to_string_lossy())).unwrap_or_default();
     assert!(gz_line.contains("\"compressed\":\"gzip\"") && gz_line.contains("\"read_requests\":"), "{gz_line}");
     let out = user.stagefs(osargs!["remove", m_grow, tmp.join("nope.tar")]);
-    assert_eq!(out.code(), Some(2), "{}", out.describe());
-    out.assert_stderr_has(&["it serves 2 shards", "shard-0.tar", "shard-1.tar"]);
+    out.assert_code(2).assert_stderr_has(&["it serves 2 shards", "shard-0.tar", "shard-1.tar"]);
     // umount ARCHIVE: the archive's one mount is unmounted.
     let out = user.stagefs(osargs!["umount", gz]);
-    out.assert_success();
-    out.assert_stderr_has(&["is an archive; unmounting", &m_gz.to_string_lossy()]);
+    out.assert_success().assert_stderr_has(&["is an archive; unmounting", &m_gz.to_string_lossy()]);
     assert!(!is_mounted(&m_gz));
     let out = user.stagefs(osargs!["umount", gz]);
-    assert_eq!(out.code(), Some(6), "{}", out.describe());
-    out.assert_stderr_has(&["is an archive, not a mountpoint, and it is not mounted"]);
+    out.assert_code(6).assert_stderr_has(&["is an archive, not a mountpoint, and it is not mounted"]);
     let out = user.stagefs(osargs!["umount", "/nonexistent/stagefs-mount"]);
-    assert_eq!(out.code(), Some(6), "{}", out.describe());
-    out.assert_stderr_has(&["does not exist"]);
+    out.assert_code(6).assert_stderr_has(&["does not exist"]);
     for mnt in [&m_ram, &m_grow] {
-        user.stagefs(osargs!["umount", mnt]).assert_success();
+        user.umount(mnt);
     }
 }
 
@@ -156,28 +130,20 @@ fn status_says_how_mounts_are_served_and_what_a_growing_set_serves() {
 #[test]
 fn messages_speak_one_way_and_name_stagefs_pack() {
     let (user, tmp) = user_and_tmp("day-messages");
-    let archive = root_tar(&tmp, "a.tar", &[("d/x.txt", b"x\n", 0o644)]);
-    let mnt = fresh(&user, "mnt-lazy");
+    let archive = root_tar(&tmp.join("a.tar"), &[("d/x.txt", b"x\n", 0o644)]);
+    let mnt = user.fresh_mountpoint("mnt-lazy");
     user.stagefs(osargs!["mount", archive, mnt]).assert_success();
-    let mut busy = KillOnDrop(
-        user.command(&[], Path::new("/bin/sh"))
-            .arg("-c")
-            .arg(format!("cd {} && sleep 30", mnt.display()))
-            .spawn()
-            .unwrap(),
-    );
+    let busy = user.spawn_sh(&format!("cd {} && sleep 30", mnt.display()));
     std::thread::sleep(std::time::Duration::from_millis(300));
     let out = user.stagefs(osargs!["umount", "--lazy", mnt]);
     out.assert_success();
     assert!(out.stderr.lines().all(|l| l.starts_with("stagefs: ")), "{}", out.describe());
     out.assert_stderr_lacks(&[" WARN "]);
-    let _ = busy.0.kill();
-    let _ = busy.0.wait();
+    drop(busy);
     let dir = tmp.join("a-directory");
     fs::create_dir(&dir).unwrap();
-    let out = user.stagefs(osargs!["mount", dir, fresh(&user, "mnt-dir")]);
-    assert_eq!(out.code(), Some(3), "{}", out.describe());
-    out.assert_stderr_has(&["is a directory; pack it first (stagefs pack"]);
+    let out = user.stagefs(osargs!["mount", dir, user.fresh_mountpoint("mnt-dir")]);
+    out.assert_code(3).assert_stderr_has(&["is a directory; pack it first (stagefs pack"]);
 }
 
 /// Item 14: `stagefs ls` lists an archive like `tar -tf` (and `-lR`, `--json`), from the
@@ -186,8 +152,7 @@ fn messages_speak_one_way_and_name_stagefs_pack() {
 fn ls_lists_an_archive_without_mounting_it() {
     let (user, tmp) = user_and_tmp("day-ls");
     let archive = root_tar(
-        &tmp,
-        "data.tar",
+        &tmp.join("data.tar"),
         &[("data/train/a.txt", b"aaa", 0o644), ("data/train/b.txt", b"bb", 0o600), ("data/val/c.txt", b"c", 0o644)],
     );
     let tar_list = run_tool("tar", osargs!["-tf", archive]).stdout;
@@ -206,21 +171,13 @@ fn ls_lists_an_archive_without_mounting_it() {
         long.stdout
     );
     let json = user.stagefs(osargs!["ls", "--json", archive, "data/train/a.txt"]);
-    assert!(
-        json.stdout.contains("\"path\":\"data/train/a.txt\"") && json.stdout.contains("\"size\":3"),
-        "{}",
-        json.stdout
-    );
-    let missing = user.stagefs(osargs!["ls", archive, "data/test"]);
-    assert_eq!(missing.code(), Some(2), "{}", missing.describe());
+    json.assert_stdout_has(&["\"path\":\"data/train/a.txt\"", "\"size\":3"]);
+    user.stagefs(osargs!["ls", archive, "data/test"]).assert_code(2);
     // With a saved index, the archive's members are never read again: the index says it all.
     let index_dir = user.home.join("indexes");
     remove_tree(&index_dir);
     let stats = user.stagefs(osargs!["index", "--print-stats", "--index-dir", index_dir, archive]);
-    stats.assert_success();
-    for line in ["files: 3 (6 B", "directories: 3", "saved index: "] {
-        assert!(stats.stdout.contains(line), "{line}: {}", stats.stdout);
-    }
+    stats.assert_success().assert_stdout_has(&["files: 3 (6 B", "directories: 3", "saved index: "]);
     assert!(!tmp.join("data.tar.stagefs-index").exists(), "--index-dir keeps it there only");
     let again = user.stagefs(osargs!["-v", "ls", "-R", "--index-dir", index_dir, archive]);
     assert_eq!(sorted(&again.stdout), sorted(&tar_list));
@@ -235,34 +192,29 @@ fn index_dir_keeps_indexes_and_must_be_your_own() {
     let other = User::get("sfs-eve");
     let ro = tmp.join("readonly");
     fs::create_dir(&ro).unwrap();
-    let files: Vec<(String, Vec<u8>, u32)> =
-        (0..12_000).map(|i| (format!("d/f{i:05}"), vec![b'x'; 10], 0o644)).collect();
-    let refs: Vec<(&str, &[u8], u32)> = files.iter().map(|(p, d, m)| (p.as_str(), d.as_slice(), *m)).collect();
-    let archive = root_tar(&tmp, "big.tar", &refs);
-    fs::rename(&archive, ro.join("big.tar")).unwrap();
-    let archive = ro.join("big.tar");
-    fs::set_permissions(&ro, fs::Permissions::from_mode(0o555)).unwrap();
+    let files: Vec<_> = (0..12_000).map(|i| (format!("d/f{i:05}"), b"xxxxxxxxxx".as_slice(), 0o644)).collect();
+    let archive = root_tar(&ro.join("big.tar"), &files);
+    chmod(&ro, 0o555);
     let mine = user.home.join("idx");
     remove_tree(&mine);
-    let mnt = fresh(&user, "mnt-index-dir");
+    let mnt = user.fresh_mountpoint("mnt-index-dir");
     user.stagefs(osargs!["mount", "--index-dir", mine, archive, mnt]).assert_success();
-    user.stagefs(osargs!["umount", mnt]).assert_success();
+    user.umount(&mnt);
     let kept: Vec<_> = fs::read_dir(&mine).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(kept.len(), 1, "{kept:?}");
     let out = user.stagefs(osargs!["-v", "mount", "--index-dir", mine, archive, mnt]);
-    out.assert_success();
-    out.assert_stderr_has(&["using saved index"]);
-    user.stagefs(osargs!["umount", mnt]).assert_success();
+    out.assert_success().assert_stderr_has(&["using saved index"]);
+    user.umount(&mnt);
     // Another user's directory: refused (the index would be theirs to forge), nothing written.
     let theirs = other.home.join("shared-idx");
     remove_tree(&theirs);
     other.sh(&format!("mkdir -m 0777 {}", theirs.display()));
-    let out = user.stagefs(osargs!["mount", "--index-dir", theirs, archive, mnt]);
-    out.assert_success();
-    out.assert_stderr_has(&["--index-dir must be a directory of yours"]);
+    user.stagefs(osargs!["mount", "--index-dir", theirs, archive, mnt])
+        .assert_success()
+        .assert_stderr_has(&["--index-dir must be a directory of yours"]);
     assert_eq!(fs::read_dir(&theirs).unwrap().count(), 0, "nothing written in another user's directory");
-    user.stagefs(osargs!["umount", mnt]).assert_success();
-    fs::set_permissions(&ro, fs::Permissions::from_mode(0o755)).unwrap();
+    user.umount(&mnt);
+    chmod(&ro, 0o755);
 }
 
 /// Items 1 and 11: `pack --shard-size` makes OUT's missing directories; a `.tar.gz`
@@ -281,23 +233,21 @@ fn pack_makes_out_dirs_and_both_indexes_of_a_tar_gz_stay() {
     let out = user.stagefs(osargs!["pack", "--shard-size", "50M", data, out_dir.join("shards/train.tar")]);
     out.assert_success();
     assert!(out_dir.join("shards/train-000000.tar").exists(), "{}", out.describe());
-    let files: Vec<(String, Vec<u8>, u32)> =
-        (0..12_000).map(|i| (format!("t/f{i:05}"), vec![b'y'; 20], 0o644)).collect();
-    let refs: Vec<(&str, &[u8], u32)> = files.iter().map(|(p, d, m)| (p.as_str(), d.as_slice(), *m)).collect();
-    let tar = root_tar(&tmp, "t.tar", &refs);
+    let files: Vec<_> =
+        (0..12_000).map(|i| (format!("t/f{i:05}"), b"yyyyyyyyyyyyyyyyyyyy".as_slice(), 0o644)).collect();
+    let tar = root_tar(&tmp.join("t.tar"), &files);
     let gz = user.home.join("day-pack-t.tar.gz");
     run_tool("sh", osargs!["-c", &format!("gzip -c {} > {}", tar.display(), gz.display())]).assert_success();
     user.chown(&gz);
-    let mnt = fresh(&user, "mnt-both");
+    let mnt = user.fresh_mountpoint("mnt-both");
     for round in 0..2 {
         for stage in ["copy", "none"] {
             let out = user.stagefs(osargs!["-v", "mount", "--stage", stage, gz, mnt]);
-            out.assert_success();
-            out.assert_stderr_lacks(&["ignoring saved index"]);
+            out.assert_success().assert_stderr_lacks(&["ignoring saved index"]);
             if round == 1 {
                 out.assert_stderr_has(&["using saved index"]);
             }
-            user.stagefs(osargs!["umount", mnt]).assert_success();
+            user.umount(&mnt);
         }
     }
     remove_tree(&data);

@@ -3,92 +3,84 @@
 //! never write through them. Each test has its own victim, so they can run in parallel.
 
 use std::fs;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use crate::kit::*;
 use stagefs_archive::index::{tamper, SectionId};
 
-/// A victim with `~/a.tar` (a.txt, b.txt) and `~/.bashrc`, and the attacker.
+/// A victim with `a.tar` (a.txt, b.txt) in `~` or in a project directory everyone may
+/// write (0777), `~/.bashrc` and the mountpoint `~/mnt`; and the attacker.
 struct Scene {
     victim: User,
     mallory: User,
     archive: PathBuf,
+    mnt: PathBuf,
+    _project: Option<TempDir>,
 }
 
 const A: &[u8] = b"aaaaaaaaaaa";
 const B: &[u8] = b"bbbbbbbbbbbbb";
 const BASHRC: &[u8] = b"# the victim's shell settings\n";
 
-fn scene(victim: &str, archive_dir: Option<&Path>) -> Scene {
+fn scene(victim: &str, in_project: bool) -> Scene {
     let victim = User::get(victim);
     let mallory = User::get("sfs-mallory");
-    let dir = archive_dir.map_or_else(|| victim.home.clone(), Path::to_path_buf);
-    let archive = dir.join("a.tar");
+    let project = in_project.then(|| TempDir::new("shared-project"));
+    if let Some(project) = &project {
+        chmod(project.path(), 0o777);
+    }
+    let archive = project.as_ref().map_or(victim.home.as_path(), |p| p.path()).join("a.tar");
     tar_of(&victim, &archive, &[("a.txt", A), ("b.txt", B)]);
     fs::write(victim.home.join(".bashrc"), BASHRC).unwrap();
     victim.chown(&victim.home.join(".bashrc"));
-    remove_tree(&victim.home.join("mnt")); // left by an earlier failed run
+    let mnt = victim.home.join("mnt");
+    remove_tree(&mnt); // left by an earlier failed run
     remove_tree(&victim.tmp_runtime_dir());
     remove_tree(&PathBuf::from("/dev/shm").join(&victim.name));
-    Scene { victim, mallory, archive }
-}
-
-fn assert_code(out: &CmdOutput, code: i32, needles: &[&str]) {
-    assert_eq!(out.code(), Some(code), "{}", out.describe());
-    for needle in needles {
-        out.assert_stderr_has(&[needle]);
-    }
-}
-
-/// The runtime file name stagefs derives from a mountpoint (what an attacker computes).
-fn runtime_name(mountpoint: &Path, extension: &str) -> String {
-    format!("{:016x}.{extension}", stagefs_archive::hash::hash(mountpoint.as_os_str().as_encoded_bytes()))
+    Scene { victim, mallory, archive, mnt, _project: project }
 }
 
 #[test]
 fn squatted_runtime_dir_is_refused_and_nothing_is_written_through_it() {
-    let s = scene("sfs-victim1", None);
+    let s = scene("sfs-victim1", false);
     let runtime = s.victim.tmp_runtime_dir();
-    let mnt = s.victim.home.join("mnt");
     s.mallory.sh(&format!("mkdir -m 0777 {0} && chmod 0777 {0}", runtime.display()));
     for ext in ["tmp", "mount", "lock", "users"] {
-        let link = runtime.join(runtime_name(&mnt, ext));
+        let link = s.victim.runtime_file(&s.mnt, ext);
         s.mallory.sh(&format!("ln -s {} {}", s.victim.home.join(".bashrc").display(), link.display()));
     }
-    let out = s.victim.stagefs(["mount".as_ref(), s.archive.as_os_str(), mnt.as_os_str()]);
-    assert_code(&out, 4, &[&runtime.display().to_string(), "sfs-mallory", "STAGEFS_RUNTIME_DIR"]);
+    let out = s.victim.stagefs(osargs!["mount", s.archive, s.mnt]);
+    out.assert_code(4).assert_stderr_has(&[&runtime.display().to_string(), "sfs-mallory", "STAGEFS_RUNTIME_DIR"]);
     assert_eq!(fs::read(s.victim.home.join(".bashrc")).unwrap(), BASHRC, "written through a planted symlink");
-    assert!(!is_mounted(&mnt));
-    assert!(!mnt.exists(), "the mountpoint was made although the mount was refused");
-    let status = s.victim.stagefs(["status"]);
-    assert_code(&status, 4, &["sfs-mallory"]);
+    assert!(!is_mounted(&s.mnt));
+    assert!(!s.mnt.exists(), "the mountpoint was made although the mount was refused");
+    s.victim.stagefs(["status"]).assert_code(4).assert_stderr_has(&["sfs-mallory"]);
 
     // Once the squatter's directory is gone, the victim's own is made private and works.
     remove_tree(&runtime);
-    let out = s.victim.stagefs(["mount".as_ref(), s.archive.as_os_str(), mnt.as_os_str()]);
-    out.assert_success();
+    s.victim.stagefs(osargs!["mount", s.archive, s.mnt]).assert_success();
     let meta = fs::symlink_metadata(&runtime).unwrap();
     assert_eq!((meta.uid(), meta.mode() & 0o7777), (s.victim.uid, 0o700));
     // Only the victim may look inside (no allow_other: not even root).
-    assert_eq!(s.victim.sh(&format!("cat {}/a.txt", mnt.display())).stdout.as_bytes(), A);
-    s.victim.stagefs(["umount".as_ref(), mnt.as_os_str()]).assert_success();
-    assert_nothing_left(&mnt, "after umount");
+    assert_eq!(s.victim.sh(&format!("cat {}/a.txt", s.mnt.display())).stdout.as_bytes(), A);
+    s.victim.umount(&s.mnt);
+    assert_nothing_left(&s.mnt, "after umount");
     assert_eq!(fs::read_dir(&runtime).unwrap().count(), 0, "files left in the runtime dir");
 }
 
 #[test]
 fn squatted_dev_shm_dir_is_refused_and_the_default_mountpoint_cannot_be_swapped() {
-    let s = scene("sfs-victim2", None);
+    let s = scene("sfs-victim2", false);
     let shm = PathBuf::from("/dev/shm").join(&s.victim.name);
     s.mallory.sh(&format!("mkdir -m 0777 {0} && chmod 0777 {0}", shm.display()));
-    let out = s.victim.stagefs(["mount".as_ref(), s.archive.as_os_str()]);
-    assert_code(&out, 4, &[&shm.display().to_string(), "sfs-mallory", "another mountpoint"]);
+    let out = s.victim.stagefs(osargs!["mount", s.archive]);
+    out.assert_code(4).assert_stderr_has(&[&shm.display().to_string(), "sfs-mallory", "another mountpoint"]);
     assert!(!shm.join("stagefs").exists(), "stagefs wrote into the squatted directory");
 
     remove_tree(&shm);
-    let out = s.victim.stagefs(["mount".as_ref(), s.archive.as_os_str()]);
-    out.assert_success();
+    s.victim.stagefs(osargs!["mount", s.archive]).assert_success();
     let mnt = shm.join("stagefs/a");
     for dir in [&shm, &shm.join("stagefs")] {
         let meta = fs::symlink_metadata(dir).unwrap();
@@ -99,14 +91,14 @@ fn squatted_dev_shm_dir_is_refused_and_the_default_mountpoint_cannot_be_swapped(
     assert!(!swap.success(), "another user could rename the mount's parent:\n{}", swap.describe());
     assert_eq!(s.victim.sh(&format!("cat {}/b.txt", mnt.display())).stdout.as_bytes(), B);
     assert!(fs::read(mnt.join("b.txt")).is_err(), "another user (root) could read the victim's mount");
-    s.victim.stagefs(["umount".as_ref(), mnt.as_os_str()]).assert_success();
+    s.victim.umount(&mnt);
     assert_nothing_left(&mnt, "after umount");
     assert!(!shm.exists(), "the directories stagefs made for the default mountpoint were left");
 }
 
 /// A saved index of `archive` (made by root's `stagefs index`), as bytes to tamper with.
 fn genuine_index(archive: &Path) -> Vec<u8> {
-    stagefs(["index".as_ref(), archive.as_os_str()]).assert_success();
+    stagefs(osargs!["index", archive]).assert_success();
     let path = index_path(archive);
     let bytes = fs::read(&path).unwrap();
     fs::remove_file(path).unwrap();
@@ -115,6 +107,14 @@ fn genuine_index(archive: &Path) -> Vec<u8> {
 
 fn index_path(archive: &Path) -> PathBuf {
     archive.with_file_name(format!("{}.stagefs-index", archive.file_name().unwrap().to_str().unwrap()))
+}
+
+/// `bytes` as the saved index `index`, of `owner` and `mode`.
+fn plant(index: &Path, bytes: &[u8], owner: &User, mode: u32) {
+    let _ = fs::remove_file(index);
+    fs::write(index, bytes).unwrap();
+    owner.chown(index);
+    chmod(index, mode);
 }
 
 /// The inode records of a saved index: (file offset of each 48-byte record).
@@ -150,10 +150,10 @@ fn bad_nanoseconds(bytes: &[u8]) -> Vec<u8> {
 /// Mounts `archive` as `user`, checks both files read right and every entry stats, and
 /// unmounts; returns the mount's stderr.
 fn mount_and_check(user: &User, archive: &Path, mnt: &Path) -> String {
-    let out = user.stagefs(["mount".as_ref(), archive.as_os_str(), mnt.as_os_str()]);
+    let out = user.stagefs(osargs!["mount", archive, mnt]);
     out.assert_success();
     let read = user.try_sh(&format!("cat {0}/a.txt; echo; cat {0}/b.txt; stat {0}/* >/dev/null", mnt.display()));
-    user.stagefs(["umount".as_ref(), mnt.as_os_str()]).assert_success();
+    user.umount(mnt);
     assert_eq!(read.stdout, format!("{}\n{}", String::from_utf8_lossy(A), String::from_utf8_lossy(B)));
     assert!(read.success(), "{}", read.describe());
     out.stderr
@@ -161,62 +161,46 @@ fn mount_and_check(user: &User, archive: &Path, mnt: &Path) -> String {
 
 #[test]
 fn planted_and_damaged_indexes_are_ignored_never_served() {
-    let project = TempDir::new("shared-project");
-    fs::set_permissions(project.path(), fs::Permissions::from_mode(0o777)).unwrap();
-    let s = scene("sfs-victim3", Some(project.path()));
-    let mnt = s.victim.home.join("mnt");
+    let s = scene("sfs-victim3", true);
     let genuine = genuine_index(&s.archive);
     let index = index_path(&s.archive);
-    let plant = |bytes: &[u8], owner: &User, mode: u32| {
-        let _ = fs::remove_file(&index);
-        fs::write(&index, bytes).unwrap();
-        owner.chown(&index);
-        fs::set_permissions(&index, fs::Permissions::from_mode(mode)).unwrap();
-    };
 
     // Another user's index, data offsets swapped: it would serve a.txt with b.txt's bytes.
-    plant(&swap_offsets(&genuine), &s.mallory, 0o644);
-    let log = mount_and_check(&s.victim, &s.archive, &mnt);
+    plant(&index, &swap_offsets(&genuine), &s.mallory, 0o644);
+    let log = mount_and_check(&s.victim, &s.archive, &s.mnt);
     assert!(log.contains("ignoring saved index") && log.contains("sfs-mallory"), "{log}");
     // The victim's own, but writable by everyone.
-    plant(&swap_offsets(&genuine), &s.victim, 0o666);
-    let log = mount_and_check(&s.victim, &s.archive, &mnt);
+    plant(&index, &swap_offsets(&genuine), &s.victim, 0o666);
+    let log = mount_and_check(&s.victim, &s.archive, &s.mnt);
     assert!(log.contains("may write"), "{log}");
     // The victim's own and private, with nanoseconds past a second (FUSE threads panicked):
     // mapped, and that record refused where it is read (EIO, naming the index); the
     // other member is served and the mount stays up.
-    plant(&bad_nanoseconds(&genuine), &s.victim, 0o644);
-    s.victim.stagefs(["mount".as_ref(), s.archive.as_os_str(), mnt.as_os_str()]).assert_success();
-    let a = s.victim.try_sh(&format!("stat {}/a.txt", mnt.display()));
+    plant(&index, &bad_nanoseconds(&genuine), &s.victim, 0o644);
+    s.victim.stagefs(osargs!["mount", s.archive, s.mnt]).assert_success();
+    let a = s.victim.try_sh(&format!("stat {}/a.txt", s.mnt.display()));
     assert!(!a.success() && a.stderr.contains("Input/output error"), "{}", a.describe());
-    let b = s.victim.sh(&format!("cat {}/b.txt", mnt.display()));
+    let b = s.victim.sh(&format!("cat {}/b.txt", s.mnt.display()));
     assert_eq!(b.stdout.as_bytes(), B);
-    let status = s.victim.stagefs(["status"]);
-    assert!(
-        status.stdout.contains(&index.display().to_string()) && status.stdout.contains("inode 1"),
-        "{}",
-        status.describe()
-    );
-    s.victim.stagefs(["umount".as_ref(), mnt.as_os_str()]).assert_success();
+    s.victim.stagefs(["status"]).assert_stdout_has(&[&index.display().to_string(), "inode 1"]);
+    s.victim.umount(&s.mnt);
     // A FIFO (the mount hung on it) and a symlink to an endless file.
     let _ = fs::remove_file(&index);
     nix::unistd::mkfifo(&index, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
     s.victim.chown(&index);
-    let log = mount_and_check(&s.victim, &s.archive, &mnt);
+    let log = mount_and_check(&s.victim, &s.archive, &s.mnt);
     assert!(log.contains("not a regular file"), "{log}");
     fs::remove_file(&index).unwrap();
     std::os::unix::fs::symlink("/dev/zero", &index).unwrap();
-    mount_and_check(&s.victim, &s.archive, &mnt);
+    mount_and_check(&s.victim, &s.archive, &s.mnt);
     fs::remove_file(&index).unwrap();
-    assert_nothing_left(&mnt, "after the planted indexes");
+    assert_nothing_left(&s.mnt, "after the planted indexes");
 }
 
 #[test]
 fn saving_an_index_writes_nothing_through_planted_links_and_keeps_it_private() {
-    let project = TempDir::new("shared-project");
-    fs::set_permissions(project.path(), fs::Permissions::from_mode(0o777)).unwrap();
-    let s = scene("sfs-victim4", Some(project.path()));
-    fs::set_permissions(&s.archive, fs::Permissions::from_mode(0o600)).unwrap();
+    let s = scene("sfs-victim4", true);
+    chmod(&s.archive, 0o600);
     let precious = s.victim.home.join(".bashrc");
     let index = index_path(&s.archive);
     // The final name, and the temp names the next few hundred processes would have used.
@@ -227,12 +211,13 @@ fn saving_an_index_writes_nothing_through_planted_links_and_keeps_it_private() {
         last_pid + 1,
         last_pid + 400,
         precious.display(),
-        project.path().display()
+        s.archive.parent().unwrap().display()
     );
     s.mallory.sh(&script);
-    let out = s.victim.stagefs(["index".as_ref(), s.archive.as_os_str()]);
-    out.assert_success();
-    assert!(out.stdout.contains(&format!("saved to {}", index.display())), "{}", out.describe());
+    s.victim
+        .stagefs(osargs!["index", s.archive])
+        .assert_success()
+        .assert_stdout_has(&[&format!("saved to {}", index.display())]);
     assert_eq!(fs::read(&precious).unwrap(), BASHRC, "written through a planted symlink");
     let meta = fs::symlink_metadata(&index).unwrap();
     assert!(meta.is_file());
@@ -241,80 +226,64 @@ fn saving_an_index_writes_nothing_through_planted_links_and_keeps_it_private() {
 
 #[test]
 fn an_ordinary_users_mount_lives_and_ends_with_exact_exit_codes() {
-    let s = scene("sfs-victim5", None);
-    let mnt = s.victim.home.join("mnt");
-    let mount = s.victim.stagefs(["mount".as_ref(), s.archive.as_os_str(), mnt.as_os_str()]);
-    mount.assert_success();
-    let read = s.victim.sh(&format!("cat {0}/a.txt {0}/b.txt", mnt.display()));
+    let s = scene("sfs-victim5", false);
+    s.victim.stagefs(osargs!["mount", s.archive, s.mnt]).assert_success();
+    let read = s.victim.sh(&format!("cat {0}/a.txt {0}/b.txt", s.mnt.display()));
     assert_eq!(read.stdout.as_bytes(), [A, B].concat());
     let status = s.victim.stagefs(["status", "--json"]);
     let line =
-        format!("{{\"mountpoint\":\"{}\",\"archive\":\"{}\",\"state\":\"live\"", mnt.display(), s.archive.display());
+        format!("{{\"mountpoint\":\"{}\",\"archive\":\"{}\",\"state\":\"live\"", s.mnt.display(), s.archive.display());
     assert!(status.stdout.starts_with(&line), "{}", status.describe());
 
     // Busy: a process of the victim's works inside the mount.
-    let mut busy = KillOnDrop(
-        s.victim
-            .command(&[], Path::new("/bin/sh"))
-            .arg("-c")
-            .arg(format!("cd {} && exec sleep 60", mnt.display()))
-            .spawn()
-            .unwrap(),
-    );
-    assert!(wait_until(std::time::Duration::from_secs(10), || {
-        fs::read_link(format!("/proc/{}/cwd", busy.id())).is_ok_and(|cwd| cwd == mnt)
+    let busy = s.victim.spawn_sh(&format!("cd {} && exec sleep 60", s.mnt.display()));
+    assert!(wait_until(Duration::from_secs(10), || {
+        fs::read_link(format!("/proc/{}/cwd", busy.id())).is_ok_and(|cwd| cwd == s.mnt)
     }));
-    let out = s.victim.stagefs(["umount".as_ref(), mnt.as_os_str()]);
-    assert_code(&out, 5, &["busy", "--lazy"]);
-    let _ = busy.0.kill();
-    let _ = busy.0.wait();
+    let out = s.victim.stagefs(osargs!["umount", s.mnt]);
+    out.assert_code(5).assert_stderr_has(&["busy", "--lazy"]);
+    drop(busy);
 
     // Someone else's mount, or no stagefs mount at all: exit 6, saying what is there.
-    let out = s.mallory.stagefs(["umount".as_ref(), mnt.as_os_str()]);
-    assert_code(&out, 6, &["not a stagefs mount of yours", "sfs-victim5"]);
+    let out = s.mallory.stagefs(osargs!["umount", s.mnt]);
+    out.assert_code(6).assert_stderr_has(&["not a stagefs mount of yours", "sfs-victim5"]);
     let out = s.victim.stagefs(["umount", "/proc"]);
-    assert_code(&out, 6, &["not a stagefs mount of yours", "proc"]);
+    out.assert_code(6).assert_stderr_has(&["not a stagefs mount of yours", "proc"]);
 
-    s.victim.stagefs(["umount".as_ref(), mnt.as_os_str()]).assert_success();
-    let out = s.victim.stagefs(["umount".as_ref(), mnt.as_os_str()]);
-    assert_code(&out, 6, &["not mounted"]);
-    assert_nothing_left(&mnt, "after umount");
-    assert!(!mnt.exists(), "the mountpoint stagefs made was left");
+    s.victim.umount(&s.mnt);
+    s.victim.stagefs(osargs!["umount", s.mnt]).assert_code(6).assert_stderr_has(&["not mounted"]);
+    assert_nothing_left(&s.mnt, "after umount");
+    assert!(!s.mnt.exists(), "the mountpoint stagefs made was left");
 
     // A killed daemon leaves a dead mount: status shows it and how to clear it.
-    s.victim.stagefs(["mount".as_ref(), s.archive.as_os_str(), mnt.as_os_str()]).assert_success();
-    for pid in stagefs_pids(&mnt) {
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    s.victim.stagefs(osargs!["mount", s.archive, s.mnt]).assert_success();
+    for pid in stagefs_pids(&s.mnt) {
+        signal(pid, Signal::SIGKILL).unwrap();
     }
-    assert!(wait_until(std::time::Duration::from_secs(10), || stagefs_pids(&mnt).is_empty()));
-    let status = s.victim.stagefs(["status"]);
-    assert!(
-        status.stdout.contains("DEAD") && status.stdout.contains(&format!("stagefs umount {}", mnt.display())),
-        "{}",
-        status.describe()
-    );
+    assert!(wait_until(Duration::from_secs(10), || stagefs_pids(&s.mnt).is_empty()));
+    s.victim.stagefs(["status"]).assert_stdout_has(&["DEAD", &format!("stagefs umount {}", s.mnt.display())]);
     let json = s.victim.stagefs(["status", "--json"]);
-    assert_eq!(json.stdout, format!("{{\"mountpoint\":\"{}\",\"state\":\"dead\"}}\n", mnt.display()));
-    s.victim.stagefs(["umount".as_ref(), mnt.as_os_str()]).assert_success();
-    assert_nothing_left(&mnt, "after clearing the dead mount");
+    assert_eq!(json.stdout, format!("{{\"mountpoint\":\"{}\",\"state\":\"dead\"}}\n", s.mnt.display()));
+    s.victim.umount(&s.mnt);
+    assert_nothing_left(&s.mnt, "after clearing the dead mount");
 }
 
 #[test]
 fn overlapping_default_mounts_leave_no_directory_whichever_ends_first() {
-    let s = scene("sfs-victim6", None);
+    let s = scene("sfs-victim6", false);
     let shm = PathBuf::from("/dev/shm").join(&s.victim.name);
     let second = s.victim.home.join("b.tar");
     fs::copy(&s.archive, &second).unwrap();
     s.victim.chown(&second);
     // The first mount makes /dev/shm/$USER/stagefs; the second finds it; the first ends first.
-    let a = s.victim.stagefs(["mount".as_ref(), s.archive.as_os_str()]);
-    let b = s.victim.stagefs(["mount".as_ref(), second.as_os_str()]);
+    let a = s.victim.stagefs(osargs!["mount", s.archive]);
+    let b = s.victim.stagefs(osargs!["mount", second]);
     a.assert_success();
     b.assert_success();
-    s.victim.stagefs(["umount".as_ref(), shm.join("stagefs/a").as_os_str()]).assert_success();
+    s.victim.umount(&shm.join("stagefs/a"));
     assert!(is_mounted(&shm.join("stagefs/b")), "the other mount went away with the first");
-    s.victim.stagefs(["umount".as_ref(), shm.join("stagefs/b").as_os_str()]).assert_success();
-    assert!(wait_until(std::time::Duration::from_secs(5), || !shm.exists()), "left behind: {}", shm.display());
+    s.victim.umount(&shm.join("stagefs/b"));
+    assert!(wait_until(Duration::from_secs(5), || !shm.exists()), "left behind: {}", shm.display());
 }
 
 /// A mount made from a shell with `XDG_RUNTIME_DIR=/run/user/<uid>` seen from one without
@@ -327,30 +296,25 @@ fn a_mount_is_live_from_every_shell_whatever_its_runtime_dir() {
     let run_user = PathBuf::from(format!("/run/user/{}", user.uid));
     fs::create_dir_all(&run_user).unwrap();
     user.chown(&run_user);
-    fs::set_permissions(&run_user, fs::Permissions::from_mode(0o700)).unwrap();
+    chmod(&run_user, 0o700);
     let archive = user.home.join("xdg.tar");
     tar_of(&user, &archive, &[("x.txt", b"xdg bytes\n")]);
-    let mnt = user.home.join("mnt-xdg");
-    remove_tree(&mnt);
+    let mnt = user.fresh_mountpoint("mnt-xdg");
     let xdg = format!("{}", run_user.display());
     user.stagefs_cmd(&[("XDG_RUNTIME_DIR", &xdg)], osargs!["mount", archive, mnt]).run().assert_success();
     assert!(fs::read_dir(run_user.join("stagefs")).unwrap().count() > 0, "the record went to XDG_RUNTIME_DIR");
 
     // Another shell of the same user, without XDG_RUNTIME_DIR.
     let status = user.stagefs(["status"]);
-    status.assert_success();
-    assert!(
-        status.stdout.contains(&*mnt.to_string_lossy()) && !status.stdout.contains("DEAD"),
-        "{}",
-        status.describe()
-    );
+    status.assert_success().assert_stdout_has(&[&mnt.to_string_lossy()]);
+    assert!(!status.stdout.contains("DEAD"), "{}", status.describe());
     assert!(status.stdout.contains("xdg.tar"), "status shows the record's numbers:\n{}", status.describe());
-    user.stagefs(["wait".as_ref(), "--timeout".as_ref(), "10s".as_ref(), mnt.as_os_str()]).assert_success();
-    let again = user.stagefs(["mount".as_ref(), archive.as_os_str(), mnt.as_os_str()]);
-    again.assert_success();
-    again.assert_stderr_has(&["already mounted with this archive"]);
+    user.stagefs(osargs!["wait", "--timeout", "10s", mnt]).assert_success();
+    user.stagefs(osargs!["mount", archive, mnt])
+        .assert_success()
+        .assert_stderr_has(&["already mounted with this archive"]);
     assert_eq!(user.sh(&format!("cat {}/x.txt", mnt.display())).stdout, "xdg bytes\n");
-    user.stagefs(["umount".as_ref(), mnt.as_os_str()]).assert_success();
+    user.umount(&mnt);
     assert!(!is_mounted(&mnt));
     let left: Vec<_> = fs::read_dir(run_user.join("stagefs")).unwrap().flatten().map(|e| e.file_name()).collect();
     assert!(left.is_empty(), "files left in XDG_RUNTIME_DIR/stagefs: {left:?}");
@@ -365,13 +329,10 @@ fn a_mount_is_live_from_every_shell_whatever_its_runtime_dir() {
 /// may write it; the files read right either way.
 #[test]
 fn planted_restart_points_of_a_compressed_tar_are_ignored() {
-    let project = TempDir::new("shared-project");
-    fs::set_permissions(project.path(), fs::Permissions::from_mode(0o777)).unwrap();
-    let s = scene("sfs-victim7", Some(project.path()));
+    let s = scene("sfs-victim7", true);
     let gz = s.archive.with_file_name("a.tar.gz");
-    run_tool("gzip", ["-k".as_ref(), s.archive.as_os_str()]).assert_success();
+    run_tool("gzip", osargs!["-k", s.archive]).assert_success();
     s.victim.chown(&gz);
-    let mnt = s.victim.home.join("mnt");
     let genuine = genuine_index(&gz);
     // The points section: codec (4), decoded size (8), count (8), then each point's output
     // offset (8) and compressed offset (8). Move the first point's compressed offset.
@@ -381,15 +342,12 @@ fn planted_restart_points_of_a_compressed_tar_are_ignored() {
     tamper::reseal(&mut moved);
     let index = index_path(&gz);
     for (owner, mode, needle) in [(&s.mallory, 0o644, "sfs-mallory"), (&s.victim, 0o666, "may write")] {
-        let _ = fs::remove_file(&index);
-        fs::write(&index, &moved).unwrap();
-        owner.chown(&index);
-        fs::set_permissions(&index, fs::Permissions::from_mode(mode)).unwrap();
-        let log = mount_and_check(&s.victim, &gz, &mnt);
+        plant(&index, &moved, owner, mode);
+        let log = mount_and_check(&s.victim, &gz, &s.mnt);
         assert!(log.contains("ignoring saved index") && log.contains(needle), "{log}");
     }
     fs::remove_file(&index).unwrap();
-    assert_nothing_left(&mnt, "after the planted restart points");
+    assert_nothing_left(&s.mnt, "after the planted restart points");
 }
 
 /// A growing set in a shared sticky directory (as /tmp is): a shard another user drops
@@ -398,45 +356,34 @@ fn planted_restart_points_of_a_compressed_tar_are_ignored() {
 #[test]
 fn a_growing_set_takes_no_shard_and_no_order_from_another_user() {
     use std::io::{Read, Write};
-    let s = scene("sfs-victim8", None);
+    let s = scene("sfs-victim8", false);
     let shared = TempDir::new("shared-growing");
-    fs::set_permissions(shared.path(), fs::Permissions::from_mode(0o1777)).unwrap();
+    chmod(shared.path(), 0o1777);
     let mine = shared.join("shard-1.tar");
     fs::copy(&s.archive, &mine).unwrap();
     s.victim.chown(&mine);
     let planted = shared.join("shard-2.tar");
     tar_of(&s.mallory, &planted, &[("evil.txt", b"planted\n")]);
-    let mnt = s.victim.home.join("mnt");
     let pattern = shared.join("shard-*.tar");
     // Started with only the victim's shard (mallory's is made to appear later).
     fs::rename(&planted, shared.join("later")).unwrap();
     let log = s.victim.home.join("growing.log");
     let log_arg = format!("--log-file={}", log.display());
-    s.victim
-        .stagefs([
-            "-v".as_ref(),
-            "mount".as_ref(),
-            "--watch=200ms".as_ref(),
-            log_arg.as_ref(),
-            pattern.as_os_str(),
-            mnt.as_os_str(),
-        ])
-        .assert_success();
+    s.victim.stagefs(osargs!["-v", "mount", "--watch=200ms", log_arg, pattern, s.mnt]).assert_success();
     fs::rename(shared.join("later"), &planted).unwrap();
-    let refused = wait_until(std::time::Duration::from_secs(20), || {
-        fs::read_to_string(&log).unwrap_or_default().contains("not adding")
-    });
+    let refused =
+        wait_until(Duration::from_secs(20), || fs::read_to_string(&log).unwrap_or_default().contains("not adding"));
     let text = fs::read_to_string(&log).unwrap_or_default();
     assert!(refused && text.contains("sfs-mallory"), "--watch must refuse mallory's shard:\n{text}");
-    let listing = s.victim.sh(&format!("ls {}", mnt.display()));
+    let listing = s.victim.sh(&format!("ls {}", s.mnt.display()));
     assert_eq!(listing.stdout, "a.txt\nb.txt\n");
 
-    let out = s.victim.stagefs(["add".as_ref(), mnt.as_os_str(), planted.as_os_str()]);
-    assert_code(&out, 4, &["sfs-mallory", "--trust-shards"]);
+    let out = s.victim.stagefs(osargs!["add", s.mnt, planted]);
+    out.assert_code(4).assert_stderr_has(&["sfs-mallory", "--trust-shards"]);
 
     // Root reaches the socket (mallory cannot even see it); the daemon still refuses: the
     // caller is not the victim.
-    let socket = s.victim.tmp_runtime_dir().join(runtime_name(&mnt, "control"));
+    let socket = s.victim.runtime_file(&s.mnt, "control");
     let mut stream = std::os::unix::net::UnixStream::connect(&socket).unwrap();
     let body = [b"stagefs-control-2\0add\x001\0".as_slice(), planted.as_os_str().as_encoded_bytes()].concat();
     let request = [(body.len() as u64).to_le_bytes().as_slice(), &body].concat();
@@ -446,14 +393,14 @@ fn a_growing_set_takes_no_shard_and_no_order_from_another_user() {
     let mut answer = String::new();
     stream.read_to_string(&mut answer).unwrap();
     assert!(answer.starts_with("04\0") && answer.contains("another user"), "{answer:?}");
-    let out = s.mallory.stagefs(["add".as_ref(), "--trust-shards".as_ref(), mnt.as_os_str(), planted.as_os_str()]);
+    let out = s.mallory.stagefs(osargs!["add", "--trust-shards", s.mnt, planted]);
     assert!(!out.success(), "{}", out.describe());
     let out = s.mallory.try_sh(&format!("ls -l {}", socket.display()));
     assert!(!out.success(), "mallory can see the victim's socket:\n{}", out.describe());
-    assert_eq!(s.victim.sh(&format!("ls {}", mnt.display())).stdout, "a.txt\nb.txt\n", "the tree changed");
+    assert_eq!(s.victim.sh(&format!("ls {}", s.mnt.display())).stdout, "a.txt\nb.txt\n", "the tree changed");
 
-    s.victim.stagefs(["umount".as_ref(), mnt.as_os_str()]).assert_success();
+    s.victim.umount(&s.mnt);
     assert!(!socket.exists(), "the control socket was left");
     let _ = fs::remove_file(&log);
-    assert_nothing_left(&mnt, "after the growing mount");
+    assert_nothing_left(&s.mnt, "after the growing mount");
 }

@@ -77,6 +77,14 @@ impl CmdOutput {
         }
         self
     }
+
+    /// Panics unless stdout contains every needle.
+    pub fn assert_stdout_has(&self, needles: &[&str]) -> &Self {
+        for needle in needles {
+            assert!(self.stdout.contains(needle), "stdout lacks {needle:?}:\n{}", self.describe());
+        }
+        self
+    }
 }
 
 pub fn describe_command(cmd: &Command) -> String {

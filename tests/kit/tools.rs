@@ -18,11 +18,20 @@ pub fn require_root() {
     assert!(Path::new("/dev/fuse").exists(), "/dev/fuse is missing: the integration tests need FUSE");
 }
 
-/// Tests that empty the whole page cache (`drop_caches`) and tests that check what it
+/// Tests that empty the whole page cache ([`drop_caches`]) and tests that check what it
 /// holds take this lock, so that one never empties the cache under the other's check.
-pub fn page_cache_guard() -> std::sync::MutexGuard<'static, ()> {
+pub fn page_cache_guard() -> PageCacheGuard {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    PageCacheGuard(LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
+}
+
+/// The page cache held for one test ([`page_cache_guard`]).
+pub struct PageCacheGuard(std::sync::MutexGuard<'static, ()>);
+
+/// Empties the whole page cache, only under [`page_cache_guard`]: a check of what the
+/// cache holds (`stagefs status`' RAM, the warm-up) never sees it emptied meanwhile.
+pub fn drop_caches(_held: &PageCacheGuard) {
+    std::fs::write("/proc/sys/vm/drop_caches", "3").expect("write /proc/sys/vm/drop_caches");
 }
 
 /// Tests that run SLURM jobs (the one-node templates in `slurm`, the three-node cluster in
