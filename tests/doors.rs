@@ -1,8 +1,7 @@
-//! Every file from outside through one door, every mapped byte surviving a truncation (the
-//! fourth attack round, issue 39), as two real users: `sfs-alice` runs stagefs, `sfs-eve`
-//! is another user of the node. A log name, a list of shards and the directories above a
-//! dataset are judged as shards are; a file truncated while stagefs scans it gives an
-//! error naming it, never a dead process.
+//! Every file from outside through one door, every mapped byte surviving a truncation (issue
+//! 39), as two real users (`sfs-alice` runs stagefs, `sfs-eve` shares the node): log names,
+//! shard lists and a dataset's parent directories are judged as shards are; a file truncated
+//! while scanned gives an error naming it, never a dead process.
 
 use std::fs;
 use std::io::Write;
@@ -28,16 +27,9 @@ fn project_dir(s: &TwoUsers, name: &str, mode: u32) -> PathBuf {
     dir
 }
 
-fn assert_refused(out: &CmdOutput, needles: &[&str]) {
-    assert_eq!(out.code(), Some(4), "{}", out.describe());
-    out.assert_stderr_has(needles);
-}
-
-/// A `--log-file` name that eve planted in a group project directory (3770: sticky and
-/// group-writable, where the kernel's `protected_symlinks` never applies) as a link to
-/// alice's shell start-up file, or as a file of her own, is refused before a byte is
-/// written (exit 4, naming it and eve); the start-up file stays as it was. Alice's own log
-/// there is made 0600 and appended to.
+/// A `--log-file` name eve planted in a group project directory (3770: sticky, group-writable,
+/// where `protected_symlinks` never applies), as a link to alice's shell start-up file or as
+/// her own file, is refused before a byte is written. Alice's own log there is made 0600.
 #[test]
 fn a_log_file_another_user_planted_is_never_written_through() {
     let s = two_users("doors-log");
@@ -51,12 +43,12 @@ fn a_log_file_another_user_planted_is_never_written_through() {
     let mount = || s.alice_stagefs(&osargs!["mount", "-v", "--log-file", log, archive, mnt]);
 
     s.eve.sh(&format!("ln -s {} {}", rc.display(), log.display()));
-    assert_refused(&mount(), &["run.log", "symbolic link", "sfs-eve"]);
+    mount().assert_code(4).assert_stderr_has(&["run.log", "symbolic link", "sfs-eve"]);
     assert!(!is_mounted(&mnt), "mounted with a refused log");
     assert_eq!(read(&rc), b"alias ok=true\n", "the log was written through eve's link");
 
     s.eve.sh(&format!("rm {0} && echo eve > {0} && chmod 666 {0}", log.display()));
-    assert_refused(&mount(), &["run.log", "sfs-eve"]);
+    mount().assert_code(4).assert_stderr_has(&["run.log", "sfs-eve"]);
     assert_eq!(read(&log), b"eve\n");
 
     s.eve.sh(&format!("rm {}", log.display()));
@@ -70,13 +62,11 @@ fn a_log_file_another_user_planted_is_never_written_through() {
     fs::remove_file(&rc).unwrap();
 }
 
-/// Alice's dataset directory `ds` (hers, 0755) below a group directory (2770: any member
-/// may rename what it holds) or below eve's sticky share (1777: its owner may): eve could
-/// move `ds` away and put her own in its place. A shard pattern there is refused (exit 4),
-/// naming the directory that lets her; in the group directory also after the swap. (In
-/// eve's share, once swapped, everything from the share down is eve's: a dataset eve
-/// publishes, which a set may use like any dataset's owner's; alice's own set there was
-/// never served.) Eve's bytes are served only with `--trust-shards`, on purpose.
+/// Alice's dataset directory `ds` below a group directory (2770: any member may rename what it
+/// holds) or eve's sticky share (1777: its owner may), which eve could swap for her own: a
+/// shard pattern there is refused, naming the directory; in the group directory also after
+/// the swap (in eve's share everything is then eve's: a dataset she publishes, usable as
+/// any). Eve's bytes are served only with `--trust-shards`.
 #[test]
 fn a_dataset_directory_another_user_could_rename_away_is_refused() {
     let s = two_users("doors-ancestors");
@@ -93,23 +83,15 @@ fn a_dataset_directory_another_user_could_rename_away_is_refused() {
             tar_of(&s.alice, &ds.join(format!("train-{k}.tar")), &[("label.txt", b"alice\n")]);
         }
         let pattern = ds.join("train-*.tar");
-        let mount = |extra: &[&str]| {
-            let mut args = vec![os("mount")];
-            args.extend(extra.iter().map(|a| os(a)));
-            args.extend([pattern.as_os_str(), mnt.as_os_str()]);
-            s.alice_stagefs(&args)
-        };
-        let needles: Vec<&str> = needles.to_vec();
-        assert_refused(&mount(&[]), &needles);
+        let mount = |extra: &[&str]| s.alice.stagefs_cmd(&[], ["mount"]).args(extra).args([&pattern, &mnt]).run();
+        mount(&[]).assert_code(4).assert_stderr_has(&needles);
         // The swap itself: eve's `ds` where alice's was.
+        let (ds, eve_tar) = (ds.display(), eve_tar.display());
         s.eve.sh(&format!(
-            "mv {ds} {ds}.moved && mkdir {ds} && cp {} {ds}/train-0.tar && cp {} {ds}/train-1.tar",
-            eve_tar.display(),
-            eve_tar.display(),
-            ds = ds.display()
+            "mv {ds} {ds}.moved && mkdir {ds} && cp {eve_tar} {ds}/train-0.tar && cp {eve_tar} {ds}/train-1.tar"
         ));
         if refused_after_swap {
-            assert_refused(&mount(&[]), &needles);
+            mount(&[]).assert_code(4).assert_stderr_has(&needles);
             assert!(!is_mounted(&mnt), "a refused set was mounted");
         }
         mount(&["--trust-shards"]).assert_success();
@@ -118,9 +100,8 @@ fn a_dataset_directory_another_user_could_rename_away_is_refused() {
     }
 }
 
-/// An `@list` of shards is judged as the shards are: eve's link planted in a sticky
-/// directory at the list's name, or a list in a group directory (2770) that eve could
-/// replace, is refused (exit 4) naming it; alice's own list in her own directory mounts.
+/// An `@list` of shards is judged as the shards are: eve's link planted at its name in a
+/// sticky directory, or a list in a group directory (2770) eve could replace, is refused.
 #[test]
 fn a_list_of_shards_another_user_could_have_written_is_refused() {
     let s = two_users("doors-list");
@@ -145,11 +126,11 @@ fn a_list_of_shards_another_user_could_have_written_is_refused() {
     fs::write(&eve_list, format!("{}\n{}/s1.tar\n", evil.display(), data.display())).unwrap();
     s.eve.chown(&eve_list);
     s.eve.sh(&format!("ln -s {} {}", eve_list.display(), sticky.join("shards.txt").display()));
-    assert_refused(&mount(&sticky.join("shards.txt")), &["shards.txt", "sfs-eve", "--trust-shards"]);
+    mount(&sticky.join("shards.txt")).assert_code(4).assert_stderr_has(&["shards.txt", "sfs-eve", "--trust-shards"]);
 
     let group = project_dir(&s, "group", 0o2770);
     s.alice.sh(&format!("printf '{lines}' > {}", group.join("shards.txt").display()));
-    assert_refused(&mount(&group.join("shards.txt")), &["group", "without the sticky bit"]);
+    mount(&group.join("shards.txt")).assert_code(4).assert_stderr_has(&["group", "without the sticky bit"]);
     assert!(!is_mounted(&mnt));
 }
 
@@ -179,11 +160,10 @@ enum Outcome {
     Refused,
 }
 
-/// Runs `cmd` (alice's) 20 times, each time on a fresh copy of `pristine` at `target`
-/// (eve's), truncated by eve's hand (`truncate`, here as root) at a point spread over the
-/// time one untruncated run takes, to a size spread over the file. The process must live
-/// every time: an exit status, never a signal, and a refusal names the file. `after` runs
-/// after each run (to unmount). Returns the outcomes.
+/// Runs `cmd` (alice's) 20 times on a fresh copy of `pristine` at `target` (eve's), truncated
+/// (as by eve) at points spread over one untruncated run's time, to sizes spread over the
+/// file. The process must live every time, and a refusal names the file. `after` runs after
+/// each run (to unmount).
 fn truncated_while_running(
     s: &TwoUsers,
     pristine: &Path,
@@ -197,8 +177,7 @@ fn truncated_while_running(
     };
     fresh();
     let started = Instant::now();
-    let untouched = run_cmd(&mut cmd(), CMD_TIMEOUT);
-    untouched.assert_success();
+    run_cmd(&mut cmd(), CMD_TIMEOUT).assert_success();
     let whole = started.elapsed();
     after();
     let len = fs::metadata(pristine).unwrap().len();
@@ -232,10 +211,9 @@ fn truncated_while_running(
     outcomes
 }
 
-/// `stagefs ls`, `stagefs index` and `stagefs mount` of a tar that its owner (eve)
-/// truncates at 20 points while stagefs scans it: the process lives every time (an exit
-/// code, never SIGBUS), a refusal names the file, and nothing stays mounted. At least one
-/// cut lands inside a scan (the guard's path, not only the checks before it).
+/// `stagefs ls`, `index` and `mount` of a tar eve truncates at 20 points while it is scanned:
+/// never SIGBUS, and nothing stays mounted. At least one cut lands inside a scan (the guard's
+/// path, not only the checks before it).
 #[test]
 fn a_tar_truncated_while_it_is_scanned_never_kills_stagefs() {
     let s = two_users("doors-truncate");
@@ -244,42 +222,31 @@ fn a_tar_truncated_while_it_is_scanned_never_kills_stagefs() {
     many_member_tar(&pristine, 60_000);
     let target = eve_dir.join("data.tar");
     let index_dir = s.alice.home.join("doors-index");
-    let _ = fs::remove_dir_all(&index_dir);
-    s.alice.sh(&format!("mkdir -m 0700 {}", index_dir.display()));
     let mnt = s.mountpoint("mnt-doors-truncate");
+    let unmount = || {
+        if is_mounted(&mnt) {
+            s.alice_stagefs(&osargs!["umount", mnt]).assert_success();
+        }
+    };
     let mut in_scan = 0;
-    let nothing = || {};
     for (what, args) in [
-        ("ls", vec![os("ls"), target.as_os_str()]),
-        ("index", vec![os("index"), os("--index-dir"), index_dir.as_os_str(), target.as_os_str()]),
+        ("ls", osargs!["ls", target].to_vec()),
+        ("index", osargs!["index", "--index-dir", index_dir, target].to_vec()),
+        ("mount", osargs!["mount", "--index-dir", index_dir, target, mnt].to_vec()),
     ] {
-        let outcomes = truncated_while_running(&s, &pristine, &target, || s.alice.stagefs_cmd(&[], &args).0, nothing);
-        eprintln!("{what}: {outcomes:?}");
-        in_scan += outcomes.iter().filter(|o| **o == Outcome::CutInScan).count();
         let _ = fs::remove_dir_all(&index_dir);
         s.alice.sh(&format!("mkdir -m 0700 {}", index_dir.display()));
+        let outcomes = truncated_while_running(&s, &pristine, &target, || s.alice.stagefs_cmd(&[], &args).0, unmount);
+        eprintln!("{what}: {outcomes:?}");
+        in_scan += outcomes.iter().filter(|o| **o == Outcome::CutInScan).count();
     }
-    let outcomes = truncated_while_running(
-        &s,
-        &pristine,
-        &target,
-        || s.alice.stagefs_cmd(&[], osargs!["mount", "--index-dir", index_dir, target, mnt]).0,
-        || {
-            if is_mounted(&mnt) {
-                s.alice_stagefs(&osargs!["umount", mnt]).assert_success();
-            }
-        },
-    );
-    eprintln!("mount: {outcomes:?}");
     assert_nothing_left(&mnt, "after the truncated mounts");
-    in_scan += outcomes.iter().filter(|o| **o == Outcome::CutInScan).count();
     assert!(in_scan > 0, "no truncation landed inside a scan: the test did not reach the guard");
     let _ = fs::remove_dir_all(&index_dir);
 }
 
-/// A growing mount (alice's) indexing a shard that eve truncates mid-scan, added by `stagefs
-/// add` or found by `--watch`: the daemon lives, `add` fails naming the shard or succeeds,
-/// and the mount keeps serving its other shard.
+/// A growing mount indexing a shard eve truncates mid-scan, added by `stagefs add` or found
+/// by `--watch`: the daemon lives and keeps serving its other shard.
 #[test]
 fn a_shard_truncated_while_a_growing_mount_scans_it_leaves_the_mount_serving() {
     let s = two_users("doors-growing");
@@ -292,13 +259,8 @@ fn a_shard_truncated_while_a_growing_mount_scans_it_leaves_the_mount_serving() {
     let big = shared.join("b-001.tar");
     // Out of the set again after each try, added or not (the next try adds it anew).
     let removed = || drop(s.alice_stagefs(&osargs!["remove", mnt, big]));
-    let outcomes = truncated_while_running(
-        &s,
-        &pristine,
-        &big,
-        || s.alice.stagefs_cmd(&[], osargs!["add", "--trust-shards", mnt, big]).0,
-        removed,
-    );
+    let add = || s.alice.stagefs_cmd(&[], osargs!["add", "--trust-shards", mnt, big]).0;
+    let outcomes = truncated_while_running(&s, &pristine, &big, add, removed);
     eprintln!("add: {outcomes:?}");
     assert_eq!(s.cat(&mnt.join("first.txt")).stdout, "first\n", "the growing mount stopped serving");
     s.umount(&mnt);

@@ -1,7 +1,6 @@
-//! Failure modes and the mount lifecycle: corrupt and non-archives, bad
-//! mount points, stale and busy mounts, read-only semantics, daemon
-//! behaviour. Every failing mount must leave nothing mounted and no daemon
-//! running.
+//! Failure modes and the mount lifecycle: corrupt and non-archives, bad mount points, stale
+//! and busy mounts, read-only semantics, daemon behaviour. Every failing mount must leave
+//! nothing mounted and no daemon running.
 
 use std::ffi::{CString, OsStr};
 use std::fs;
@@ -12,97 +11,81 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use nix::errno::Errno;
+
 use crate::kit::*;
 
-// ---------------------------------------------------------------------------
-// Helpers
+// -- Helpers ----------------------------------------------------------------
+
+// Exit codes: a usage error, a damaged, unreadable or missing archive, a mountpoint problem,
+// `stagefs umount` of a mount in use, `stagefs wait` at its timeout.
+const USAGE: i32 = 2;
+const BAD_ARCHIVE: i32 = 3;
+const MOUNTPOINT: i32 = 4;
+const BUSY: i32 = 5;
+const NOT_MOUNTED: i32 = 6;
 
 /// The number after "byte " in a message, if any.
 fn byte_offset(msg: &str) -> Option<u64> {
-    let mut rest = msg;
-    while let Some(i) = rest.find("byte ") {
-        rest = &rest[i + 5..];
-        let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
-        if !digits.is_empty() {
-            return digits.parse().ok();
-        }
-    }
-    None
+    msg.split("byte ")
+        .skip(1)
+        .find_map(|rest| rest.chars().take_while(char::is_ascii_digit).collect::<String>().parse().ok())
 }
 
-/// Exit code of a damaged, unreadable or missing archive.
-const BAD_ARCHIVE: i32 = 3;
-/// Exit code of a mountpoint problem.
-const MOUNTPOINT: i32 = 4;
-/// Exit code of `stagefs umount` on a mount in use.
-const BUSY: i32 = 5;
-
-/// Runs `stagefs mount ARCHIVE MP`, expects exit `code` with a message on stderr naming
-/// the archive, and checks nothing was left behind. Returns the output for further checks.
-fn expect_mount_failure(archive: &Path, mp: &Path, code: i32, what: &str) -> CmdOutput {
-    expect_mount_failure_naming(archive, mp, archive, code, what)
-}
-
-/// Like `expect_mount_failure`, with the path the message must name (the
-/// archive for archive problems, the mount point for mount point problems).
-fn expect_mount_failure_naming(archive: &Path, mp: &Path, named: &Path, code: i32, what: &str) -> CmdOutput {
+/// `stagefs mount ARCHIVE MP` must exit `code`, its error naming `named`, and leave nothing behind.
+fn expect_mount_failure(archive: &Path, mp: &Path, named: &Path, code: i32, what: &str) -> CmdOutput {
     let out = mount_must_fail(&[archive, mp], code, what);
-    assert!(
-        out.stderr.contains(&*named.to_string_lossy()),
-        "{what}: the error must name the path {}\n{}",
-        named.display(),
-        out.describe()
-    );
+    let name = named.to_string_lossy();
+    assert!(out.stderr.contains(&*name), "{what}: the error must name the path {name}\n{}", out.describe());
     assert_nothing_left(mp, what);
     assert!(stagefs_pids(archive).is_empty(), "{what}: a stagefs process for {} is still running", archive.display());
     out
 }
 
-/// Like `expect_mount_failure`, for corrupt archives (exit 3): the message must also
-/// give the byte offset of the problem. Returns the offset.
-fn expect_corrupt(archive: &Path, mp: &Path, what: &str) -> u64 {
-    let out = expect_mount_failure(archive, mp, BAD_ARCHIVE, what);
+/// The archive `archive` must fail to mount (at `NAME.mnt` beside it) with exit 3, naming it.
+fn refused(archive: &Path, what: &str) -> CmdOutput {
+    expect_mount_failure(archive, &archive.with_extension("mnt"), archive, BAD_ARCHIVE, what)
+}
+
+/// [`refused`], for corrupt archives: the message must also say where ("byte N"). The offset.
+fn corrupt(archive: &Path, what: &str) -> u64 {
+    let out = refused(archive, what);
     byte_offset(&out.stderr)
         .unwrap_or_else(|| panic!("{what}: the error must say where: \"byte <offset>\"\n{}", out.describe()))
 }
 
-/// A GNU tar with two members: "big.bin" (100000 random bytes) and
-/// "small.txt". Returns its path and the offset of the second header.
-fn two_member_tar(tmp: &TempDir) -> (PathBuf, u64) {
+/// `bytes` written as `name` in `tmp`.
+fn put(tmp: &TempDir, name: &str, bytes: &[u8]) -> PathBuf {
+    let path = tmp.join(name);
+    fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// A GNU tar of "big.bin" (100000 random bytes) and "small.txt"; the offset of its 2nd header.
+fn two_member_tar() -> (Vec<u8>, u64) {
     let scene = Scene::new("tar-src").file("big.bin", pseudo_random(1, 100_000)).file("small.txt", b"small\n");
-    let archive = scene.tar_at(&tmp.join("two.tar"));
+    let bytes = read(&scene.tar());
     let second = 512 + 100_000u64.div_ceil(512) * 512;
-    let bytes = read(&archive);
     assert_eq!(&bytes[second as usize..second as usize + 9], b"small.txt", "layout of the test tar");
-    (archive, second)
+    (bytes, second)
 }
 
-/// A small SquashFS image of a few files.
-fn small_squashfs(tmp: &TempDir) -> PathBuf {
+/// The bytes of a small SquashFS image of a few files.
+fn small_squashfs() -> Vec<u8> {
     let scene = Scene::new("sq-src").file("dir/a.bin", pseudo_random(3, 300_000)).file("b.txt", b"bee\n");
-    scene.squashfs_at(&tmp.join("small.sqfs"))
+    read(&scene.squashfs())
 }
 
-fn write_with(path: &Path, bytes: &[u8]) -> PathBuf {
-    fs::write(path, bytes).unwrap();
-    path.to_path_buf()
-}
-
-// ---------------------------------------------------------------------------
-// Corrupt and wrong archives
+// -- Corrupt and wrong archives ---------------------------------------------
 
 #[test]
 fn truncated_tar_fails_with_offset() {
     let tmp = TempDir::new("truncated-tar");
-    let (archive, _) = two_member_tar(&tmp);
-    let bytes = read(&archive);
-    // Cut in the middle of big.bin's data.
-    let cut = write_with(&tmp.join("cut.tar"), &bytes[..50_000]);
-    let off = expect_corrupt(&cut, &tmp.join("mnt"), "tar cut in the middle of a member");
+    let (bytes, _) = two_member_tar();
+    // Cut in the middle of big.bin's data, then in the middle of the second header.
+    let off = corrupt(&put(&tmp, "cut.tar", &bytes[..50_000]), "tar cut in the middle of a member");
     assert!(off <= 100_512, "offset {off} is past the end of the damaged member");
-    // Cut in the middle of the second header.
-    let cut2 = write_with(&tmp.join("cut2.tar"), &bytes[..100_864 + 200]);
-    expect_corrupt(&cut2, &tmp.join("mnt2"), "tar cut inside a header");
+    corrupt(&put(&tmp, "cut2.tar", &bytes[..100_864 + 200]), "tar cut inside a header");
 }
 
 #[test]
@@ -111,44 +94,29 @@ fn failed_mount_leaves_no_lock_or_status_behind() {
     // a moment later, then goes by itself: nothing may stay in the runtime directory.
     require_root();
     let tmp = TempDir::new("no-lock-left");
-    let (archive, _) = two_member_tar(&tmp);
-    let cut = write_with(&tmp.join("cut.tar"), &read(&archive)[..50_000]);
-    let runtime = tmp.join("runtime");
+    let (cut, runtime) = (put(&tmp, "cut.tar", &two_member_tar().0[..50_000]), tmp.join("runtime"));
     let mount = || StagefsCmd::new(osargs!["mount", cut, tmp.join("mnt")]).runtime(&runtime).outside_slurm().run();
     mount().assert_code(BAD_ARCHIVE);
-    let left = || -> Vec<_> {
-        fs::read_dir(&runtime).map(|d| d.flatten().map(|e| e.file_name()).collect()).unwrap_or_default()
-    };
     // A retry at once is not told the old failure: it leads and fails by itself.
     mount().assert_code(BAD_ARCHIVE).assert_stderr_lacks(&["mount leader"]);
-    assert!(
-        crate::kit::wait_until(Duration::from_secs(40), || left().is_empty()),
-        "the failed mount left {:?} in {}",
-        left(),
-        runtime.display()
-    );
+    let gone = wait_until(Duration::from_secs(40), || file_names(&runtime).is_empty());
+    assert!(gone, "the failed mount left {:?} in {}", file_names(&runtime), runtime.display());
 }
 
 #[test]
 fn tar_header_checksum_mismatch_fails_with_offset() {
     let tmp = TempDir::new("bad-checksum");
-    let (archive, second) = two_member_tar(&tmp);
-    let mut bytes = read(&archive);
+    let (mut bytes, second) = two_member_tar();
     bytes[second as usize + 3] ^= 0x20; // "small" -> "smAll": the checksum no longer matches
-    let bad = write_with(&tmp.join("bad.tar"), &bytes);
-    let off = expect_corrupt(&bad, &tmp.join("mnt"), "tar header with a wrong checksum");
-    assert!(
-        (second..second + 512).contains(&off),
-        "the error should point at the damaged header (bytes {second}..{}), not byte {off}",
-        second + 512
-    );
+    let off = corrupt(&put(&tmp, "bad.tar", &bytes), "tar header with a wrong checksum");
+    let header = second..second + 512;
+    assert!(header.contains(&off), "the error should point at the damaged header (bytes {header:?}), not byte {off}");
 }
 
 #[test]
 fn corrupt_squashfs_superblock_fails_with_offset() {
     let tmp = TempDir::new("bad-superblock");
-    let image = small_squashfs(&tmp);
-    let good = read(&image);
+    let good = small_squashfs();
     assert_eq!(&good[..4], b"hsqs");
     let len = good.len() as u64;
     // (what, byte offset in the superblock, new little-endian value)
@@ -164,16 +132,10 @@ fn corrupt_squashfs_superblock_fails_with_offset() {
     for (i, (what, at, value)) in cases.iter().enumerate() {
         let mut bytes = good.clone();
         bytes[*at..*at + value.len()].copy_from_slice(value);
-        let bad = write_with(&tmp.join(format!("bad{i}.sqfs")), &bytes);
-        let mp = tmp.join(format!("mnt{i}"));
-        let r = std::panic::catch_unwind(|| expect_corrupt(&bad, &mp, what));
-        if let Err(e) = r {
-            let msg = e
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            failures.push(format!("[{what}] {msg}"));
+        let bad = put(&tmp, &format!("bad{i}.sqfs"), &bytes);
+        if let Err(e) = std::panic::catch_unwind(|| corrupt(&bad, what)) {
+            let msg = e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()));
+            failures.push(format!("[{what}] {}", msg.unwrap_or_default()));
         }
     }
     assert!(failures.is_empty(), "{} corrupt superblock case(s) failed:\n{}", failures.len(), failures.join("\n\n"));
@@ -182,57 +144,44 @@ fn corrupt_squashfs_superblock_fails_with_offset() {
 #[test]
 fn truncated_squashfs_fails_with_offset() {
     let tmp = TempDir::new("truncated-sqfs");
-    let image = small_squashfs(&tmp);
-    let bytes = read(&image);
-    let cut = write_with(&tmp.join("cut.sqfs"), &bytes[..bytes.len() / 2]);
-    expect_corrupt(&cut, &tmp.join("mnt"), "SquashFS image cut in half");
-    let cut = write_with(&tmp.join("cut-sb.sqfs"), &bytes[..60]);
-    expect_mount_failure(&cut, &tmp.join("mnt2"), BAD_ARCHIVE, "SquashFS image cut inside the superblock");
+    let bytes = small_squashfs();
+    corrupt(&put(&tmp, "cut.sqfs", &bytes[..bytes.len() / 2]), "SquashFS image cut in half");
+    refused(&put(&tmp, "cut-sb.sqfs", &bytes[..60]), "SquashFS image cut inside the superblock");
 }
 
 #[test]
 fn random_bytes_are_not_an_archive() {
     let tmp = TempDir::new("random-bytes");
-    let junk = write_with(&tmp.join("junk.bin"), &pseudo_random(99, 64 * 1024));
-    expect_mount_failure(&junk, &tmp.join("mnt"), BAD_ARCHIVE, "random bytes");
-    let empty = write_with(&tmp.join("empty.tar"), b"");
-    expect_mount_failure(&empty, &tmp.join("mnt2"), BAD_ARCHIVE, "empty file");
+    refused(&put(&tmp, "junk.bin", &pseudo_random(99, 64 * 1024)), "random bytes");
+    refused(&put(&tmp, "empty.tar", b""), "empty file");
 }
 
 #[test]
 fn missing_archive_fails() {
     let tmp = TempDir::new("missing-archive");
-    let missing = tmp.join("no-such-archive.tar");
-    let out = expect_mount_failure(&missing, &tmp.join("mnt"), BAD_ARCHIVE, "missing archive");
+    let out = refused(&tmp.join("no-such-archive.tar"), "missing archive");
     let lower = out.stderr.to_lowercase();
-    assert!(
-        lower.contains("no such file") || lower.contains("not found") || lower.contains("does not exist"),
-        "the error should say the archive does not exist\n{}",
-        out.describe()
-    );
+    let says = ["no such file", "not found", "does not exist"].iter().any(|w| lower.contains(w));
+    assert!(says, "the error should say the archive does not exist\n{}", out.describe());
 }
 
-// ---------------------------------------------------------------------------
-// Mount points
+// -- Mount points -----------------------------------------------------------
 
 #[test]
 fn mount_over_non_empty_directory_fails() {
-    let tmp = TempDir::new("non-empty-mp");
-    let mp = tmp.join("mnt");
-    fs::create_dir(&mp).unwrap();
-    fs::write(mp.join("precious"), b"keep me").unwrap();
     // A private copy: the "no daemon left" check looks for processes by archive path,
     // and other tests mount the shared fixture at the same time.
-    let archive = fixture_copy("gnu.tar", tmp.path(), "non-empty.tar");
-    let out = expect_mount_failure_naming(&archive, &mp, &mp, MOUNTPOINT, "non-empty mount point");
+    let (_tmp, archive, mp) = gnu_copy("non-empty-mp");
+    fs::create_dir(&mp).unwrap();
+    fs::write(mp.join("precious"), b"keep me").unwrap();
+    let out = expect_mount_failure(&archive, &mp, &mp, MOUNTPOINT, "non-empty mount point");
     assert!(out.stderr.contains("not empty"), "the error must say \"not empty\"\n{}", out.describe());
     assert_eq!(read(&mp.join("precious")), b"keep me", "the directory's content must be untouched");
 }
 
 #[test]
 fn mount_over_mounted_mountpoint_fails() {
-    let tmp = TempDir::new("already-mounted");
-    let mp = tmp.join("mnt");
+    let (tmp, mp) = tmp_mnt("already-mounted");
     let first = Mounted::new(&fixture("gnu.tar"), &mp);
     // A copy under another path so its daemon is told apart from the first.
     let second = fixture_copy("posix.tar", tmp.path(), "second.tar");
@@ -255,8 +204,8 @@ fn missing_mountpoint_is_created_0700_and_removed_with_the_mount() {
     assert_eq!(read(&m.path().join("a/b/c/d/deep.txt")), b"deep file\n");
     // The mountpoint itself is hidden under the mount; its created parents show the mode.
     for dir in [tmp.join("made"), parent.clone()] {
-        let md = fs::symlink_metadata(&dir).unwrap();
-        assert_eq!(md.mode() & 0o7777, 0o700, "{} was created with mode {:o}", dir.display(), md.mode() & 0o7777);
+        let mode = fs::symlink_metadata(&dir).unwrap().mode() & 0o7777;
+        assert_eq!(mode, 0o700, "{} was created with mode {mode:o}", dir.display());
     }
     m.unmount().assert_success();
     assert!(!is_mounted(&mp));
@@ -272,8 +221,7 @@ fn missing_mountpoint_is_created_0700_and_removed_with_the_mount() {
 
 #[test]
 fn stale_mountpoint_is_cleaned_and_reused() {
-    let tmp = TempDir::new("stale-mp");
-    let mp = tmp.join("mnt");
+    let (_tmp, mp) = tmp_mnt("stale-mp");
     let archive = fixture("gnu.tar");
     let first = Mounted::new(&archive, &mp);
     let pids = first.daemon_pids();
@@ -282,133 +230,93 @@ fn stale_mountpoint_is_cleaned_and_reused() {
         signal(*pid, Signal::SIGKILL).unwrap();
     }
     assert!(wait_until(Duration::from_secs(10), || stagefs_pids(&mp).is_empty()), "daemon did not die");
-    // Stale: still in the mount table, but every request fails with ENOTCONN
-    // (or ECONNABORTED when the request raced the daemon's death; statfs always
-    // reaches the server, stat may be answered from the attribute cache).
+    // Stale: still in the mount table, but every request fails with ENOTCONN (or ECONNABORTED
+    // when it raced the daemon's death; statfs always reaches the server, stat may not).
     assert!(is_mounted(&mp), "the killed daemon's mount must still be in the mount table");
-    // SAFETY: all-zero bytes are a valid value of this plain C struct.
-    let mut sfs: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
-    let r = unsafe { libc::statfs(c(&mp).as_ptr(), &mut sfs) };
-    let err = io::Error::last_os_error();
-    assert!(
-        r != 0 && matches!(err.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED)),
-        "statfs on the stale mount: {r} {err}"
-    );
+    let r = nix::sys::statfs::statfs(&mp);
+    assert!(matches!(r, Err(Errno::ENOTCONN | Errno::ECONNABORTED)), "statfs on the stale mount: {r:?}");
 
     let second = Mounted::new(&archive, &mp);
     first.disarm();
-    assert_eq!(
-        mounts_at(&mp).len(),
-        1,
-        "the stale mount must be removed, not stacked under the new one: {:?}",
-        mounts_at(&mp)
-    );
+    let now = mounts_at(&mp);
+    assert_eq!(now.len(), 1, "the stale mount must be removed, not stacked under the new one: {now:?}");
     assert_eq!(read(&second.path().join("a/b/c/d/deep.txt")), b"deep file\n");
     assert_eq!(read(&second.path().join("hard/two")), b"hardlinked content\n");
     second.unmount().assert_success();
     assert_nothing_left(&mp, "after unmounting the reused mount point");
 }
 
-// ---------------------------------------------------------------------------
-// umount
+// -- umount -----------------------------------------------------------------
 
 #[test]
 fn umount_waits_for_the_daemon_to_exit() {
-    let tmp = TempDir::new("umount-waits");
-    let mp = tmp.join("mnt");
+    let (_tmp, mp) = tmp_mnt("umount-waits");
     let m = Mounted::new(&fixture("gnu.tar"), &mp);
     let pids = m.daemon_pids();
     assert!(!pids.is_empty(), "cannot find the daemon serving {}", mp.display());
     m.unmount().assert_success();
     // No grace period: "umount returned" must mean "daemon gone".
     assert!(!is_mounted(&mp), "still mounted after stagefs umount");
-    let alive: Vec<_> = pids.iter().filter(|p| crate::kit::process_alive(**p)).collect();
+    let alive: Vec<_> = pids.iter().filter(|p| process_alive(**p)).collect();
     assert!(alive.is_empty(), "stagefs umount returned while the daemon (pids {alive:?}) still runs");
 }
 
 #[test]
 fn umount_of_busy_mount_fails_then_lazy_succeeds() {
-    let tmp = TempDir::new("busy");
-    let mp = tmp.join("mnt");
+    let (_tmp, mp) = tmp_mnt("busy");
     let m = Mounted::new(&fixture("gnu.tar"), &mp);
     let pids = m.daemon_pids();
     let sleep = require_tool("sleep");
+    let sleep_in = |dir: &str| {
+        let child = Command::new(&sleep).arg("300").current_dir(mp.join(dir)).stdin(Stdio::null()).spawn();
+        KillOnDrop(child.expect("spawn sleep inside the mount"))
+    };
 
     // Busy through a cwd inside the mount.
-    let child = KillOnDrop(
-        Command::new(&sleep)
-            .arg("300")
-            .current_dir(mp.join("a/b"))
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawn sleep inside the mount"),
-    );
+    let child = sleep_in("a/b");
     stagefs(osargs!["umount", mp]).assert_code(BUSY).assert_stderr_has(&["busy"]);
     assert!(is_mounted(&mp), "a failed umount must leave the mount in place");
     assert_eq!(read(&mp.join("a/b/c/d/deep.txt")), b"deep file\n", "the mount must still serve");
     drop(child);
 
     // Busy through an open file.
-    {
-        let f = fs::File::open(mp.join("text/lorem.txt")).unwrap();
-        stagefs(osargs!["umount", mp]).assert_code(BUSY).assert_stderr_has(&["busy"]);
-        drop(f);
-    }
+    let f = fs::File::open(mp.join("text/lorem.txt")).unwrap();
+    stagefs(osargs!["umount", mp]).assert_code(BUSY).assert_stderr_has(&["busy"]);
+    drop(f);
 
-    // --lazy with a process still inside: succeeds, the mount point is free
-    // at once, the daemon exits once the last user is gone.
-    let child =
-        KillOnDrop(Command::new(&sleep).arg("300").current_dir(mp.join("a")).stdin(Stdio::null()).spawn().unwrap());
+    // --lazy with a process still inside: the mount point is free at once, the daemon exits after.
+    let child = sleep_in("a");
     stagefs(osargs!["umount", "--lazy", mp]).assert_success();
     assert!(!is_mounted(&mp), "after umount --lazy, nothing may be mounted at {}", mp.display());
     m.disarm();
     drop(child);
-    assert!(
-        wait_until(Duration::from_secs(10), || pids.iter().all(|p| !crate::kit::process_alive(*p))),
-        "the daemon must exit once the lazily unmounted file system is no longer used"
-    );
+    let gone = wait_until(Duration::from_secs(10), || pids.iter().all(|p| !process_alive(*p)));
+    assert!(gone, "the daemon must exit once the lazily unmounted file system is no longer used");
 }
 
-// ---------------------------------------------------------------------------
-// Read-only
-
-fn errno_of<T>(r: io::Result<T>) -> Result<i32, String> {
-    match r {
-        Ok(_) => Err("succeeded".to_string()),
-        Err(e) => e.raw_os_error().ok_or_else(|| format!("error without errno: {e}")),
-    }
-}
-
-fn libc_result(r: libc::c_int) -> io::Result<()> {
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-fn c(p: &Path) -> CString {
-    CString::new(p.as_os_str().as_bytes()).unwrap()
-}
+// -- Read-only --------------------------------------------------------------
 
 #[test]
 fn writes_fail_with_erofs() {
+    use nix::fcntl::AT_FDCWD;
+    use nix::sys::stat::{utimensat, Mode, UtimensatFlags::FollowSymlink};
     let tmp = TempDir::new("erofs");
     let m = Mounted::new(&fixture("gnu.tar"), &tmp.join("mnt"));
     let root = m.path();
     let existing = root.join("text/lorem.txt");
     let before = read(&existing);
+    let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).unwrap();
+    let (colored, color) = (c(&root.join("xattr/colored")), c(Path::new("user.color")));
+    let now = nix::sys::time::TimeSpec::UTIME_NOW;
 
-    let attempts: Vec<(&str, io::Result<()>)> = vec![
+    let mut attempts: Vec<(&str, io::Result<()>)> = vec![
         ("create a file", fs::File::create(root.join("new-file")).map(|_| ())),
         ("O_CREAT|O_EXCL", fs::OpenOptions::new().write(true).create_new(true).open(root.join("text/new")).map(|_| ())),
         ("open existing for writing", fs::OpenOptions::new().write(true).open(&existing).map(|_| ())),
         ("open existing for appending", fs::OpenOptions::new().append(true).open(&existing).map(|_| ())),
         ("open existing O_RDWR", fs::OpenOptions::new().read(true).write(true).open(&existing).map(|_| ())),
         ("open with O_TRUNC", fs::OpenOptions::new().write(true).truncate(true).open(&existing).map(|_| ())),
-        // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
-        ("truncate(2)", libc_result(unsafe { libc::truncate(c(&existing).as_ptr(), 0) })),
+        ("truncate(2)", nix::unistd::truncate(&existing, 0).map_err(Into::into)),
         ("mkdir", fs::create_dir(root.join("new-dir"))),
         ("unlink", fs::remove_file(&existing)),
         ("rmdir", fs::remove_dir(root.join("empty-dir"))),
@@ -417,34 +325,20 @@ fn writes_fail_with_erofs() {
         ("hard link", fs::hard_link(&existing, root.join("new-hardlink"))),
         ("chmod", fs::set_permissions(&existing, fs::Permissions::from_mode(0o600))),
         ("chown", std::os::unix::fs::lchown(&existing, Some(1), Some(1))),
-        // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
-        ("mkfifo", libc_result(unsafe { libc::mkfifo(c(&root.join("new-fifo")).as_ptr(), 0o644) })),
-        (
-            "utimensat",
-            // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
-            libc_result(unsafe { libc::utimensat(libc::AT_FDCWD, c(&existing).as_ptr(), std::ptr::null(), 0) }),
-        ),
-        (
-            "setxattr",
-            // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
-            libc_result(unsafe {
-                libc::lsetxattr(c(&existing).as_ptr(), c(Path::new("user.x")).as_ptr(), b"v".as_ptr() as *const _, 1, 0)
-            }),
-        ),
-        (
-            "removexattr",
-            // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
-            libc_result(unsafe {
-                libc::lremovexattr(c(&root.join("xattr/colored")).as_ptr(), c(Path::new("user.color")).as_ptr())
-            }),
-        ),
+        ("mkfifo", nix::unistd::mkfifo(&root.join("new-fifo"), Mode::from_bits_truncate(0o644)).map_err(Into::into)),
+        // Times NULL: the kernel takes two UTIME_NOWs as that.
+        ("utimensat", utimensat(AT_FDCWD, &existing, &now, &now, FollowSymlink).map_err(Into::into)),
+        ("setxattr", set_xattr(&existing, "user.x", b"v")),
     ];
+    // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
+    let removed = unsafe { libc::lremovexattr(colored.as_ptr(), color.as_ptr()) };
+    attempts.push(("removexattr", Errno::result(removed).map(drop).map_err(Into::into)));
     let mut wrong = Vec::new();
     for (what, r) in attempts {
-        match errno_of(r) {
-            Ok(e) if e == libc::EROFS => {}
-            Ok(e) => wrong.push(format!("{what}: errno {e} ({}), expected EROFS", io::Error::from_raw_os_error(e))),
-            Err(s) => wrong.push(format!("{what}: {s}, expected EROFS")),
+        match r {
+            Err(e) if e.raw_os_error() == Some(libc::EROFS) => {}
+            Err(e) => wrong.push(format!("{what}: {e}, expected EROFS")),
+            Ok(()) => wrong.push(format!("{what}: succeeded, expected EROFS")),
         }
     }
     assert!(wrong.is_empty(), "write operations on the mount:\n  {}", wrong.join("\n  "));
@@ -455,46 +349,29 @@ fn writes_fail_with_erofs() {
     assert!(f.is_ok(), "read-only open must work: {f:?}");
 }
 
-// ---------------------------------------------------------------------------
-// Daemon behaviour
+// -- Daemon behaviour -------------------------------------------------------
 
 #[test]
 fn mount_does_not_keep_the_callers_stdout_and_stderr_open() {
-    // `out=$(stagefs mount A M)` in a script must return: the daemon must not
-    // hold the pipes the caller reads.
+    // `out=$(stagefs mount A M)` must return: the daemon must not hold the pipes read.
     require_root();
-    let tmp = TempDir::new("stdio");
-    let mp = tmp.join("mnt");
+    let (_tmp, mp) = tmp_mnt("stdio");
     let archive = fixture("gnu.tar");
-    let mut child = Command::new(stagefs_bin())
-        .arg("mount")
-        .arg(&archive)
-        .arg(&mp)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out_pipe = child.stdout.take().unwrap();
-    let mut err_pipe = child.stderr.take().unwrap();
+    let mut cmd = StagefsCmd::new(osargs!["mount", archive, mp]).0;
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let (mut out_pipe, mut err_pipe) = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
     let status = wait_timeout(&mut child, Duration::from_secs(60));
     let guard = Mounted::adopt(&archive, &mp); // unmount whatever happens next
     let status = status.expect("stagefs mount did not exit within 60 s");
     assert!(status.success(), "stagefs mount failed: {status}");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let mut a = Vec::new();
-        let mut b = Vec::new();
-        let _ = out_pipe.read_to_end(&mut a);
-        let _ = err_pipe.read_to_end(&mut b);
+        let _ = out_pipe.read_to_end(&mut Vec::new());
+        let _ = err_pipe.read_to_end(&mut Vec::new());
         let _ = tx.send(());
     });
     let eof = rx.recv_timeout(Duration::from_secs(5)).is_ok();
-    assert!(
-        eof,
-        "`stagefs mount` exited but its stdout/stderr pipes stay open (the daemon inherited them): \
-         `$(stagefs mount ...)` would hang"
-    );
+    assert!(eof, "`stagefs mount` exited but the daemon holds its stdout/stderr open: `$(stagefs mount ...)` hangs");
     assert!(is_mounted(&mp));
     drop(guard);
     assert_nothing_left(&mp, "after umount");
@@ -502,8 +379,7 @@ fn mount_does_not_keep_the_callers_stdout_and_stderr_open() {
 
 #[test]
 fn foreground_mount_serves_until_umount() {
-    let tmp = TempDir::new("foreground");
-    let mp = tmp.join("mnt");
+    let (tmp, mp) = tmp_mnt("foreground");
     let mut fg = Foreground::start(&fixture("gnu.tar"), &mp, &tmp.join("fg.log"), &[]);
     assert!(fg.child.0.try_wait().unwrap().is_none(), "the foreground process must keep running while mounted");
     assert_eq!(read(&mp.join("a/b/c/d/deep.txt")), b"deep file\n");
@@ -512,19 +388,11 @@ fn foreground_mount_serves_until_umount() {
     assert_nothing_left(&mp, "after foreground umount");
 }
 
-// ---------------------------------------------------------------------------
-// Exit codes of the remaining paths: usage, `run`, `wait`, mountpoints, options
-
-/// Exit code of a command-line usage error.
-const USAGE: i32 = 2;
-/// Exit code of `stagefs wait` at its timeout.
-const NOT_MOUNTED: i32 = 6;
+// -- Exit codes of the remaining paths: usage, `run`, `wait`, mountpoints, options --
 
 #[test]
 fn usage_errors_exit_2() {
-    let tmp = TempDir::new("usage");
-    let archive = fixture_copy("gnu.tar", tmp.path(), "a.tar");
-    let mp = tmp.join("mnt");
+    let (_tmp, archive, mp) = gnu_copy("usage");
     let (a, m) = (archive.to_str().unwrap(), mp.to_str().unwrap());
     let cases: [(&str, Vec<&str>, &str); 7] = [
         ("no command", vec![], "Usage:"),
@@ -543,27 +411,19 @@ fn usage_errors_exit_2() {
 
 #[test]
 fn run_without_a_command_exits_2() {
-    let tmp = TempDir::new("run-usage");
-    let archive = fixture_copy("gnu.tar", tmp.path(), "a.tar");
-    let mp = tmp.join("mnt");
-    for args in [
-        vec!["run", "-m", mp.to_str().unwrap(), archive.to_str().unwrap(), "--"],
-        vec!["run", "-m", mp.to_str().unwrap(), archive.to_str().unwrap()],
-    ] {
-        let out = stagefs(&args);
-        out.assert_code(USAGE).assert_stderr_has(&["<CMD>"]);
+    let (_tmp, archive, mp) = gnu_copy("run-usage");
+    let (a, m) = (archive.to_str().unwrap(), mp.to_str().unwrap());
+    for args in [vec!["run", "-m", m, a, "--"], vec!["run", "-m", m, a]] {
+        stagefs(&args).assert_code(USAGE).assert_stderr_has(&["<CMD>"]);
         assert!(!is_mounted(&mp) && !mp.exists(), "`stagefs {}` must not mount", args.join(" "));
     }
 }
 
-/// `stagefs run` exits with its command's code; one it cannot execute is 127, as in a
-/// shell; either way the mount it made is gone afterwards.
+/// `stagefs run` exits with its command's code, or 127 (as a shell) if it cannot execute it.
 #[test]
 fn run_exits_with_the_commands_code_and_127_when_it_cannot_execute() {
     require_root();
-    let tmp = TempDir::new("run-codes");
-    let archive = fixture_copy("gnu.tar", tmp.path(), "a.tar");
-    let mp = tmp.join("mnt");
+    let (tmp, archive, mp) = gnu_copy("run-codes");
     let run = |command: &[&str]| {
         let cmd = StagefsCmd::new(osargs!["run", "-m", mp, archive, "--"]).args(command);
         cmd.runtime(&tmp.join("runtime")).outside_slurm().run()
@@ -573,28 +433,24 @@ fn run_exits_with_the_commands_code_and_127_when_it_cannot_execute() {
     assert_eq!(out.stdout, "deep file\n", "the command reads the mount\n{}", out.describe());
     assert_nothing_left(&mp, "after `stagefs run` of a command that exits 42");
 
-    let missing = tmp.join("no-such-program");
-    let out = run(&[missing.to_str().unwrap()]);
-    out.assert_code(127).assert_stderr_has(&["cannot run", &missing.to_string_lossy()]);
-    assert_nothing_left(&mp, "after `stagefs run` of a command that cannot run");
-
-    let not_executable = tmp.join("not-executable");
-    fs::write(&not_executable, b"#!/bin/sh\nexit 0\n").unwrap();
-    fs::set_permissions(&not_executable, fs::Permissions::from_mode(0o644)).unwrap();
-    let out = run(&[not_executable.to_str().unwrap()]);
-    out.assert_code(127).assert_stderr_has(&["cannot run", &not_executable.to_string_lossy()]);
-    assert_nothing_left(&mp, "after `stagefs run` of a file that is not executable");
+    let not_executable = put(&tmp, "not-executable", b"#!/bin/sh\nexit 0\n");
+    chmod(&not_executable, 0o644);
+    let programs =
+        [(tmp.join("no-such-program"), "a command that cannot run"), (not_executable, "a file that is not executable")];
+    for (program, what) in programs {
+        let out = run(&[program.to_str().unwrap()]);
+        out.assert_code(127).assert_stderr_has(&["cannot run", &program.to_string_lossy()]);
+        assert_nothing_left(&mp, &format!("after `stagefs run` of {what}"));
+    }
 }
 
-/// `stagefs run` killed with SIGKILL while its command runs (a job's time limit ends so):
-/// its command gets SIGTERM, its daemon unmounts, and its runtime directory is left empty
-/// (the users tally too, which the killed task would have removed at its end).
+/// `stagefs run` SIGKILLed while its command runs (at a job's time limit): its daemon unmounts
+/// and its runtime directory is left empty (the users tally too, which it would have removed).
 #[test]
 fn run_killed_mid_command_leaves_no_runtime_file() {
     require_root();
-    let tmp = TempDir::new("run-killed");
-    let archive = fixture_copy("gnu.tar", tmp.path(), "a.tar");
-    let (mp, runtime) = (tmp.join("mnt"), tmp.join("runtime"));
+    let (tmp, archive, mp) = gnu_copy("run-killed");
+    let runtime = tmp.join("runtime");
     let cmd = StagefsCmd::new(osargs!["run", "-m", mp, archive, "--", "sleep", "600"]);
     let mut run = cmd.runtime(&runtime).outside_slurm().spawn();
     assert!(wait_until(Duration::from_secs(30), || is_mounted(&mp)), "stagefs run never mounted");
@@ -611,23 +467,18 @@ fn run_killed_mid_command_leaves_no_runtime_file() {
 
 #[test]
 fn mountpoint_that_is_a_file_exits_4() {
-    let tmp = TempDir::new("mp-file");
-    let archive = fixture_copy("gnu.tar", tmp.path(), "a.tar");
-    let mp = tmp.join("a-file");
-    fs::write(&mp, b"not a directory").unwrap();
-    let out = expect_mount_failure_naming(&archive, &mp, &mp, MOUNTPOINT, "a mountpoint that is a file");
+    let (tmp, archive, _) = gnu_copy("mp-file");
+    let mp = put(&tmp, "a-file", b"not a directory");
+    let out = expect_mount_failure(&archive, &mp, &mp, MOUNTPOINT, "a mountpoint that is a file");
     out.assert_stderr_has(&["not a directory"]);
     assert_eq!(read(&mp), b"not a directory", "the file must be untouched");
 }
 
-/// A mountpoint something else (a tmpfs) is mounted on: exit 4, naming what is there,
-/// and the tmpfs stays as it was.
+/// A mountpoint a tmpfs is mounted on: exit 4, naming what is there; the tmpfs stays.
 #[test]
 fn mountpoint_mounted_by_another_filesystem_exits_4() {
     require_root();
-    let tmp = TempDir::new("mp-tmpfs");
-    let archive = fixture_copy("gnu.tar", tmp.path(), "a.tar");
-    let mp = tmp.join("mnt");
+    let (_tmp, archive, mp) = gnu_copy("mp-tmpfs");
     fs::create_dir(&mp).unwrap();
     run_tool("mount", osargs!["-t", "tmpfs", "stagefs-test-tmpfs", mp]);
     let _tmpfs = UnmountOnDrop(mp.clone());
@@ -648,16 +499,12 @@ fn wait_times_out_with_6() {
         .assert_stderr_has(&[&mp.to_string_lossy(), "is not a live stagefs mount after waiting"]);
 }
 
-/// `stagefs wait` in the mounter's SLURM job reports the mounter's failure with the
-/// mounter's exit code (3 for a corrupt archive), instead of waiting for its timeout.
+/// `stagefs wait` in the mounter's SLURM job reports its failure with its code, at once.
 #[test]
 fn wait_reports_the_mounters_failure_with_its_code() {
     require_root();
-    let tmp = TempDir::new("wait-failure");
-    let (archive, _) = two_member_tar(&tmp);
-    let cut = write_with(&tmp.join("cut.tar"), &read(&archive)[..50_000]);
-    let mp = tmp.join("mnt");
-    let runtime = tmp.join("runtime");
+    let (tmp, mp) = tmp_mnt("wait-failure");
+    let (cut, runtime) = (put(&tmp, "cut.tar", &two_member_tar().0[..50_000]), tmp.join("runtime"));
     let slurm = |step: &str, args: &[&OsStr]| {
         let cmd = StagefsCmd::new(args).runtime(&runtime).slurm_step("4242", step);
         cmd.env_remove(&["SLURM_STEP_TASKS_PER_NODE"]).run()
@@ -673,37 +520,28 @@ fn wait_reports_the_mounters_failure_with_its_code() {
 /// `--threads N` starts exactly N FUSE request threads, and a mount served by one works.
 #[test]
 fn threads_option_sets_the_fuse_threads() {
-    let tmp = TempDir::new("threads");
-    let archive = fixture_copy("gnu.tar", tmp.path(), "a.tar");
+    let (tmp, archive, _) = gnu_copy("threads");
     for n in [1usize, 3] {
         let m = Mounted::with_args(&["--threads", &n.to_string()], &archive, &tmp.join(format!("mnt{n}")));
         let pids = m.daemon_pids();
         assert_eq!(pids.len(), 1, "one daemon per mount: {pids:?}");
-        let names: Vec<String> = fs::read_dir(format!("/proc/{}/task", pids[0]))
-            .unwrap()
-            .flatten()
-            .filter_map(|t| fs::read_to_string(t.path().join("comm")).ok())
-            .map(|c| c.trim().to_string())
-            .collect();
+        let comm = |t: fs::DirEntry| fs::read_to_string(t.path().join("comm")).ok();
+        let tasks = fs::read_dir(format!("/proc/{}/task", pids[0])).unwrap().flatten();
+        let names: Vec<String> = tasks.filter_map(comm).map(|c| c.trim().to_string()).collect();
         let fuse_threads =
             names.iter().filter(|c| c.strip_prefix("fuser-").is_some_and(|n| n.parse::<u32>().is_ok())).count();
         assert_eq!(fuse_threads, n, "--threads {n}: the daemon's threads are {names:?}");
-        // Several readers at once on the threads there are.
-        let root = m.path().to_path_buf();
-        let readers: Vec<_> = (0..4)
-            .map(|_| {
-                let root = root.clone();
-                std::thread::spawn(move || {
+        // Several readers at once on the threads there are (a reader's failure fails the scope).
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
                     for _ in 0..20 {
-                        assert_eq!(read(&root.join("a/b/c/d/deep.txt")), b"deep file\n");
-                        assert_eq!(read(&root.join("hard/two")), b"hardlinked content\n");
+                        assert_eq!(read(&m.path().join("a/b/c/d/deep.txt")), b"deep file\n");
+                        assert_eq!(read(&m.path().join("hard/two")), b"hardlinked content\n");
                     }
-                })
-            })
-            .collect();
-        for r in readers {
-            r.join().expect("a reader failed");
-        }
+                });
+            }
+        });
         m.unmount().assert_success();
     }
 }
@@ -711,33 +549,24 @@ fn threads_option_sets_the_fuse_threads() {
 /// `--log-file` receives the detached daemon's log, through to its exit.
 #[test]
 fn log_file_receives_the_daemons_log() {
-    let tmp = TempDir::new("log-file");
-    let archive = fixture_copy("gnu.tar", tmp.path(), "a.tar");
+    let (tmp, archive, mp) = gnu_copy("log-file");
     let log = tmp.join("daemon.log");
-    let log_arg = log.to_str().unwrap();
-    let m = Mounted::with_args(&["-v", "--log-file", log_arg], &archive, &tmp.join("mnt"));
+    let m = Mounted::with_args(&["-v", "--log-file", log.to_str().unwrap()], &archive, &mp);
     assert_eq!(read(&m.path().join("a/b/c/d/deep.txt")), b"deep file\n");
     let pid = m.daemon_pids()[0];
     m.unmount().assert_success();
     let text = fs::read_to_string(&log).unwrap_or_else(|e| panic!("no log file {}: {e}", log.display()));
-    assert!(
-        text.contains("unmounted; daemon exiting"),
-        "the daemon's last words are missing from {}:\n{text}",
-        log.display()
-    );
+    let last = "unmounted; daemon exiting";
+    assert!(text.contains(last), "the daemon's last words are missing from {}:\n{text}", log.display());
     assert!(!process_alive(pid));
 }
 
-/// `--idle-timeout`: once nothing reads for that long, the daemon unmounts by itself,
-/// says so in its log, and exits.
+/// `--idle-timeout`: once nothing reads for that long, the daemon unmounts, logs why, exits.
 #[test]
 fn idle_timeout_unmounts_after_quiet() {
-    let tmp = TempDir::new("idle");
-    let archive = fixture_copy("gnu.tar", tmp.path(), "a.tar");
-    let mp = tmp.join("mnt");
+    let (tmp, archive, mp) = gnu_copy("idle");
     let log = tmp.join("daemon.log");
-    // Not `Mounted::with_args`: its "is it mounted now?" check could lose a race with a
-    // 2 s idle timeout on a busy machine.
+    // Not `Mounted::with_args`: its "mounted now?" check could lose a race with 2 s when busy.
     let out = stagefs(osargs!["mount", "-v", "--idle-timeout", "2s", "--log-file", log, archive, mp]);
     let m = Mounted::adopt(&archive, &mp);
     out.assert_code(0);
@@ -751,19 +580,15 @@ fn idle_timeout_unmounts_after_quiet() {
     assert_nothing_left(&mp, "after the idle timeout");
 }
 
-// ---------------------------------------------------------------------------
-// Tar parse errors, in archives that GNU tar and Python's tarfile write
+// -- Tar parse errors, in archives that GNU tar and Python's tarfile write --
 
 /// Mounting must fail with exit 3, the archive's path, `at byte {offset}` and `what`.
-fn expect_tar_error(archive: &Path, tmp: &TempDir, offset: u64, what: &str) {
-    let mp = tmp.join(format!("mnt-{}", archive.file_stem().unwrap().to_string_lossy()));
-    let out = expect_mount_failure(archive, &mp, BAD_ARCHIVE, what);
-    out.assert_stderr_has(&[&format!("byte {offset}"), what]);
+fn expect_tar_error(archive: &Path, offset: u64, what: &str) {
+    refused(archive, what).assert_stderr_has(&[&format!("byte {offset}"), what]);
 }
 
-/// A pax archive of one member "a.txt" written by Python's tarfile, with `member` pax
-/// records on it and `global` ones in a global header.
-fn python_pax_tar(path: &Path, member: &str, global: &str) {
+/// A pax tar `name` in `tmp` (Python's) of "a.txt" with `member` and `global` pax records.
+fn python_pax_tar(tmp: &TempDir, name: &str, member: &str, global: &str) -> PathBuf {
     const SCRIPT: &str = "import io, sys, tarfile
 member, glob = eval(sys.argv[2]), eval(sys.argv[3])
 with tarfile.open(sys.argv[1], 'w', format=tarfile.PAX_FORMAT, pax_headers=glob) as t:
@@ -772,65 +597,58 @@ with tarfile.open(sys.argv[1], 'w', format=tarfile.PAX_FORMAT, pax_headers=glob)
     info.pax_headers = member
     t.addfile(info, io.BytesIO(b'abc'))
 ";
+    let path = tmp.join(name);
     run_tool("python3", osargs!["-c", SCRIPT, path, member, global]);
+    path
 }
 
 #[test]
 fn multi_volume_continuation_is_refused() {
     let tmp = TempDir::new("multi-volume");
-    let src = tmp.join("src");
-    fs::create_dir(&src).unwrap();
-    fs::write(src.join("big.bin"), pseudo_random(5, 30_000)).unwrap();
+    let scene = Scene::new("multi-volume-src").file("big.bin", pseudo_random(5, 30_000));
     let vols: Vec<PathBuf> = (1..=4).map(|i| tmp.join(format!("vol{i}.tar"))).collect();
     // GNU tar splits the member over 10 KiB volumes; the second starts with an 'M' header.
-    let mut args =
-        vec![OsStr::new("--format=gnu"), OsStr::new("-c"), OsStr::new("-M"), OsStr::new("-L"), OsStr::new("10")];
-    for v in &vols {
-        args.extend([OsStr::new("-f"), v.as_os_str()]);
-    }
-    args.extend([OsStr::new("-C"), src.as_os_str(), OsStr::new("big.bin")]);
+    let mut args = osargs!["--format=gnu", "-c", "-M", "-L", "10"].to_vec();
+    args.extend(vols.iter().flat_map(|v| [os("-f"), v.as_os_str()]));
+    let src = scene.src();
+    args.extend(osargs!["-C", src, "big.bin"]);
     run_tool("tar", args);
     assert_eq!(read(&vols[1])[156], b'M', "GNU tar should begin volume 2 with a continuation header");
-    expect_tar_error(&vols[1], &tmp, 0, "multi-volume continuation member at byte 0; join the volumes first");
+    expect_tar_error(&vols[1], 0, "multi-volume continuation member at byte 0; join the volumes first");
 }
 
 #[test]
 fn pax_times_that_are_not_times_are_refused() {
     let tmp = TempDir::new("pax-time");
-    let member = tmp.join("member.tar");
-    python_pax_tar(&member, "{'mtime': 'yesterday'}", "{}");
     // The member's pax header is at 0; the error names the member's own header after it.
-    expect_tar_error(&member, &tmp, 1024, "pax mtime is not a time");
-    let global = tmp.join("global.tar");
-    python_pax_tar(&global, "{}", "{'mtime': 'yesterday'}");
-    expect_tar_error(&global, &tmp, 0, "pax mtime is not a time");
+    let member = python_pax_tar(&tmp, "member.tar", "{'mtime': 'yesterday'}", "{}");
+    expect_tar_error(&member, 1024, "pax mtime is not a time");
+    let global = python_pax_tar(&tmp, "global.tar", "{}", "{'mtime': 'yesterday'}");
+    expect_tar_error(&global, 0, "pax mtime is not a time");
 }
 
 #[test]
 fn libarchive_xattr_that_is_not_base64_is_refused() {
     let tmp = TempDir::new("pax-base64");
-    let tar = tmp.join("xattr.tar");
-    python_pax_tar(&tar, "{'LIBARCHIVE.xattr.user.color': '!!not base64!!'}", "{}");
-    expect_tar_error(&tar, &tmp, 1024, "LIBARCHIVE.xattr value is not base64");
+    let tar = python_pax_tar(&tmp, "xattr.tar", "{'LIBARCHIVE.xattr.user.color': '!!not base64!!'}", "{}");
+    expect_tar_error(&tar, 1024, "LIBARCHIVE.xattr value is not base64");
 }
 
-/// No tool writes a non-numeric header field or a garbled sparse map, so these damage a
-/// GNU tar archive: a header field (checksum recomputed, so only the field is wrong) and
-/// the text of a pax 1.0 sparse map (member data: no checksum covers it).
+/// No tool writes a non-numeric header field or a garbled sparse map, so these damage GNU tar's:
+/// a header field (checksum recomputed) and a pax 1.0 sparse map's text (no checksum on it).
 #[test]
 fn bad_numbers_and_sparse_maps_are_refused() {
     let tmp = TempDir::new("tar-numbers");
-    let (archive, second) = two_member_tar(&tmp);
-    let good = read(&archive);
+    let (good, second) = two_member_tar();
+    let at = second as usize;
     for (field, range) in [("mode", 100..108), ("uid", 108..116), ("gid", 116..124), ("mtime", 136..148)] {
         let mut bytes = good.clone();
-        let at = second as usize;
         bytes[at + range.start..at + range.start + 7].copy_from_slice(b"zz9zz9z");
         bytes[at + 148..at + 156].fill(b' ');
         let sum: u32 = bytes[at..at + 512].iter().map(|&b| b as u32).sum();
         bytes[at + 148..at + 155].copy_from_slice(format!("{sum:06o}\0").as_bytes());
-        let bad = write_with(&tmp.join(format!("bad-{field}.tar")), &bytes);
-        expect_tar_error(&bad, &tmp, second, &format!("header field {field} is not a number"));
+        let bad = put(&tmp, &format!("bad-{field}.tar"), &bytes);
+        expect_tar_error(&bad, second, &format!("header field {field} is not a number"));
     }
 
     let src = tmp.join("sparse-src");
@@ -849,15 +667,12 @@ fn bad_numbers_and_sparse_maps_are_refused() {
         .find(|&i| good[i..].starts_with(b"./GNUSparseFile."))
         .expect("a GNU tar 1.0 sparse member");
     let map = header + 512;
-    assert!(
-        good[map..].starts_with(b"2\n"),
-        "GNU tar's sparse map: {:?}",
-        String::from_utf8_lossy(&good[map..map + 40])
-    );
+    let text = String::from_utf8_lossy(&good[map..map + 40]);
+    assert!(good[map..].starts_with(b"2\n"), "GNU tar's sparse map: {text:?}");
     for (what, at, garbage) in [("count", 0, b'x'), ("offset", 2, b'y')] {
         let mut bytes = good.clone();
         bytes[map + at] = garbage;
-        let bad = write_with(&tmp.join(format!("bad-map-{what}.tar")), &bytes);
-        expect_tar_error(&bad, &tmp, map as u64, &format!("sparse map {what} is not a number"));
+        let bad = put(&tmp, &format!("bad-map-{what}.tar"), &bytes);
+        expect_tar_error(&bad, map as u64, &format!("sparse map {what} is not a number"));
     }
 }

@@ -3,7 +3,6 @@
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::kit::*;
@@ -20,17 +19,9 @@ fn sorted(text: &str) -> Vec<&str> {
 /// lists (once the path of every entry was searched for: 11.5 s at this size).
 #[test]
 fn ls_recursive_lists_what_tar_lists_for_100k_members() {
-    let tmp = TempDir::new("index-ls-100k");
-    let src = tmp.join("src");
-    for d in 0..100 {
-        let dir = src.join(format!("data/d{d:03}"));
-        fs::create_dir_all(&dir).unwrap();
-        for f in 0..1000 {
-            fs::write(dir.join(format!("f{f:04}.txt")), b"x").unwrap();
-        }
-    }
-    let archive = tmp.join("big.tar");
-    pack_tar(&src, &archive, &["data"]);
+    let files = (0..100_000).map(|i| (format!("data/d{:03}/f{:04}.txt", i / 1000, i % 1000), b"x"));
+    let scene = Scene::new("index-ls-100k").files(files);
+    let archive = scene.tar();
     let tar_list = run_tool("tar", osargs!["-tf", archive]).stdout;
     let listed = stagefs(osargs!["ls", "-R", archive]);
     listed.assert_success();
@@ -42,21 +33,10 @@ fn ls_recursive_lists_what_tar_lists_for_100k_members() {
 /// both showed the first name the index held for the inode).
 #[test]
 fn ls_shows_each_hard_link_under_its_own_name() {
-    let tmp = TempDir::new("index-ls-hardlink");
-    let src = tmp.join("src");
-    fs::create_dir_all(src.join("a")).unwrap();
-    fs::create_dir_all(src.join("z")).unwrap();
-    fs::write(src.join("a/first"), b"shared bytes").unwrap();
-    fs::hard_link(src.join("a/first"), src.join("z/second")).unwrap();
-    let archive = tmp.join("links.tar");
-    pack_tar(&src, &archive, &["a", "z"]);
-    let ls = |args: &[&OsStr]| {
-        let mut all = vec![os("ls")];
-        all.extend_from_slice(args);
-        let out = stagefs(&all);
-        out.assert_success();
-        out.stdout
-    };
+    let scene = Scene::new("index-ls-hardlink").file("a/first", b"shared bytes").dir("z");
+    fs::hard_link(scene.src().join("a/first"), scene.src().join("z/second")).unwrap();
+    let archive = scene.tar();
+    let ls = |args: &[&OsStr]| StagefsCmd::new(["ls"]).args(args).run().assert_success().stdout.clone();
     let a = archive.as_os_str();
     assert_eq!(sorted(&ls(&[os("-R"), a])), ["a/", "a/first", "z/", "z/second"]);
     assert_eq!(ls(&[a, os("z")]).trim(), "z/second");
@@ -73,9 +53,8 @@ fn ls_shows_each_hard_link_under_its_own_name() {
 /// What each file of a test tree holds: its content and its `user.k` xattr.
 type Expected = BTreeMap<PathBuf, (Vec<u8>, Vec<u8>)>;
 
-/// A tree of `dirs` × `per_dir` small files, each with a `user.k` xattr, a symlink and a
-/// sparse file, packed by GNU tar as pax with xattrs and sparse maps: every section of a
-/// saved index holds something. Returns the tar and what each file path holds.
+/// A tree of `dirs` × `per_dir` small files with a `user.k` xattr each, a symlink and a sparse
+/// file, as a pax tar: every section of a saved index holds something. And what each file holds.
 fn rich_tar(tmp: &TempDir, dirs: usize, per_dir: usize) -> (PathBuf, Expected) {
     let src = tmp.join("src");
     let mut expected = BTreeMap::new();
@@ -86,7 +65,7 @@ fn rich_tar(tmp: &TempDir, dirs: usize, per_dir: usize) -> (PathBuf, Expected) {
             let (content, value) =
                 (format!("content of {d}/{f}\n").into_bytes(), format!("value {d}/{f}").into_bytes());
             fs::write(src.join(&rel), &content).unwrap();
-            set_xattr(&src.join(&rel), "user.k", &value);
+            set_xattr(&src.join(&rel), "user.k", &value).unwrap_or_else(|e| panic!("setxattr {}: {e}", rel.display()));
             expected.insert(rel, (content, value));
         }
     }
@@ -99,14 +78,6 @@ fn rich_tar(tmp: &TempDir, dirs: usize, per_dir: usize) -> (PathBuf, Expected) {
     args.extend(osargs![src, "-cf", archive, "."]);
     run_tool("tar", args);
     (archive, expected)
-}
-
-fn set_xattr(path: &Path, name: &str, value: &[u8]) {
-    let c = |s: &OsStr| std::ffi::CString::new(s.as_encoded_bytes()).unwrap();
-    let (p, n) = (c(path.as_os_str()), c(OsStr::new(name)));
-    // SAFETY: NUL-terminated strings and a buffer of `value.len()` bytes.
-    let rc = unsafe { libc::setxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
-    assert_eq!(rc, 0, "setxattr {}: {}", path.display(), std::io::Error::last_os_error());
 }
 
 fn get_xattr(path: &Path, name: &str) -> std::io::Result<Vec<u8>> {
@@ -122,8 +93,8 @@ fn get_xattr(path: &Path, name: &str) -> std::io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// Reads every expected file of the mount: content and xattr. Returns how many requests
-/// failed with EIO; panics on any other failure, and on any byte that is not the archive's.
+/// How many reads (content and xattr) of the expected files failed with EIO; panics on any
+/// other failure, and on any byte that is not the archive's.
 fn read_back(mnt: &Path, expected: &Expected) -> usize {
     let mut eio = 0;
     let mut seen = |result: std::io::Result<Vec<u8>>, want: &[u8], what: &Path| match result {
@@ -143,20 +114,17 @@ fn read_back(mnt: &Path, expected: &Expected) -> usize {
     eio
 }
 
-/// A byte flipped in the middle of each section of a saved index. The tree's sections are
-/// read in place, checked block by block: the mount comes up on the index, the requests
-/// that read the damaged block fail with EIO and one log line naming the index file and
-/// what the block holds, everything else is served, no byte is wrong, and the mount stays
-/// up. The sections read whole at open (the summary, the tar's tables) make the mount
-/// ignore the file and scan the archive.
+/// A byte flipped in each section of a saved index. The tree's sections, read in place and
+/// checked block by block, fail only the requests of the damaged block (EIO, logged naming
+/// the file and what the block holds); the mount stays up. The sections read whole at open
+/// (the summary, the tar's tables) make the mount ignore the file and scan the archive.
 #[test]
 fn damage_in_each_section_fails_what_it_holds() {
-    let tmp = TempDir::new("index-damage");
+    let (tmp, mnt) = tmp_mnt("index-damage");
     let (archive, expected) = rich_tar(&tmp, 40, 100);
     stagefs(osargs!["index", archive]).assert_success();
     let index = archive.with_file_name("rich.tar.stagefs-index");
     let pristine = fs::read(&index).unwrap();
-    let mnt = tmp.join("mnt");
     let tree = [
         (SectionId::Inodes, "inodes"),
         (SectionId::Dirents, "directory entries"),
@@ -164,13 +132,17 @@ fn damage_in_each_section_fails_what_it_holds() {
         (SectionId::Xattrs, "extended attributes"),
         (SectionId::XattrOwners, "which inodes have extended attributes"),
     ];
-    for (id, what) in tree {
+    // A byte flipped in the middle of section `id`, and a mount of the archive beside it.
+    let damaged_mount = |id: SectionId| {
         let range = tamper::section(&pristine, id);
-        assert!(range.len() > 8, "{what}: an empty section in the test's index");
         let mut damaged = pristine.clone();
         damaged[range.start + range.len() / 2] ^= 0x20;
         fs::write(&index, &damaged).unwrap();
-        let fg = Foreground::start(&archive, &mnt, &tmp.join(format!("{id:?}.log")), &[]);
+        (range, Foreground::start(&archive, &mnt, &tmp.join(format!("{id:?}.log")), &[]))
+    };
+    for (id, what) in tree {
+        let (range, fg) = damaged_mount(id);
+        assert!(range.len() > 8, "{what}: an empty section in the test's index");
         let eio = read_back(&mnt, &expected);
         assert!(eio > 0, "{what}: the damaged block was never read");
         assert!(is_mounted(&mnt) && !stagefs_pids(&mnt).is_empty(), "{what}: the mount and its daemon stay up");
@@ -180,30 +152,24 @@ fn damage_in_each_section_fails_what_it_holds() {
         assert!(log.contains(&named) && log.contains(&format!("holding {what}")), "{what}: {log}");
     }
     for id in [SectionId::Summary, SectionId::SparseFiles, SectionId::Extents, SectionId::Points, SectionId::Nested] {
-        let range = tamper::section(&pristine, id);
-        let mut damaged = pristine.clone();
-        damaged[range.start + range.len() / 2] ^= 0x20;
-        fs::write(&index, &damaged).unwrap();
-        let fg = Foreground::start(&archive, &mnt, &tmp.join(format!("{id:?}.log")), &[]);
+        let (_, fg) = damaged_mount(id);
         assert_eq!(read_back(&mnt, &expected), 0, "{id:?}: served whole from a scan");
         let log = fg.finish();
         assert!(log.contains("ignoring saved index") && log.contains("damaged"), "{id:?}: {log}");
     }
 }
 
-/// Another user's index beside the victim's archive, even a sound one of that very
-/// archive, is never mapped: the victim's daemon maps no file of hers (its
-/// `/proc/PID/maps` lists none) and scans; the victim's own index, swapped by her for
-/// hers by rename in a directory both may write, is not either.
+/// Another user's index beside the victim's archive, even a sound one, is never mapped (by
+/// `/proc/PID/maps`): neither as it lies, nor renamed over the victim's own.
 #[test]
 fn another_users_index_is_never_mapped() {
     let victim = User::get("sfs-mapvictim");
     let mallory = User::get("sfs-mallory");
     let project = TempDir::new("index-two-users");
-    fs::set_permissions(project.path(), fs::Permissions::from_mode(0o1777)).unwrap();
+    chmod(project.path(), 0o1777);
     let (archive, expected) = rich_tar(&project, 4, 50);
     victim.chown(&archive);
-    fs::set_permissions(&archive, fs::Permissions::from_mode(0o644)).unwrap();
+    chmod(&archive, 0o644);
     let index = archive.with_file_name("rich.tar.stagefs-index");
     // Mallory's copy of a sound index (made by the victim, then taken over).
     victim.stagefs(osargs!["index", archive]).assert_success();
@@ -211,26 +177,25 @@ fn another_users_index_is_never_mapped() {
     let mnt = victim.home.join("mnt-index");
     remove_tree(&mnt);
     let mounted_maps = |user: &User| {
-        let out = user.stagefs(osargs!["mount", archive, mnt]);
-        out.assert_success();
+        let stderr = user.stagefs(osargs!["mount", archive, mnt]).assert_success().stderr.clone();
         let pids = stagefs_pids(&mnt);
         let maps: String = pids.iter().map(|p| fs::read_to_string(format!("/proc/{p}/maps")).unwrap()).collect();
         let read = user.sh(&format!("cat {}/d000/f0000.txt", mnt.display()));
         assert_eq!(read.stdout.as_bytes(), expected[Path::new("d000/f0000.txt")].0.as_slice());
         user.stagefs(osargs!["umount", mnt]).assert_success();
-        (out.stderr, maps)
+        (stderr, maps)
     };
     let (_, maps) = mounted_maps(&victim);
     assert!(maps.contains(&index.display().to_string()), "the victim's own index is mapped:\n{maps}");
     fs::remove_file(&index).unwrap();
     fs::write(&index, &sound).unwrap();
     mallory.chown(&index);
-    fs::set_permissions(&index, fs::Permissions::from_mode(0o644)).unwrap();
+    chmod(&index, 0o644);
     let (log, maps) = mounted_maps(&victim);
     assert!(log.contains("ignoring saved index") && log.contains("sfs-mallory"), "{log}");
     assert!(!maps.contains("stagefs-index"), "another user's index was mapped:\n{maps}");
     // Swapped in by rename where the directory lets her (not sticky).
-    fs::set_permissions(project.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    chmod(project.path(), 0o777);
     fs::remove_file(&index).unwrap();
     victim.stagefs(osargs!["index", archive]).assert_success();
     let hers = project.join("hers.index");
@@ -242,66 +207,52 @@ fn another_users_index_is_never_mapped() {
     assert!(!maps.contains("stagefs-index"), "a swapped index was mapped:\n{maps}");
 }
 
-/// A set of plain tars opens from its own saved index once one is kept: no shard's index
-/// is read (they are deleted first) and nothing is merged; a shard that changed since
-/// (its ctime moves with any write) makes the mount merge again and save anew.
+/// A set of plain tars opens from its own saved index: no shard's index is read (they are
+/// deleted) and nothing merged; a shard changed since (its ctime) makes it merge and save anew.
 #[test]
 fn a_saved_set_opens_without_its_shards_indexes() {
-    let tmp = TempDir::new("index-set");
+    let (tmp, mnt) = tmp_mnt("index-set");
     let dir = tmp.join("shards");
     fs::create_dir_all(&dir).unwrap();
     for k in 0..12 {
-        let src = tmp.join(format!("src{k}"));
-        fs::create_dir_all(src.join(format!("s{k:02}"))).unwrap();
-        for f in 0..1000 {
-            fs::write(src.join(format!("s{k:02}/f{f:04}")), format!("shard {k} file {f}\n")).unwrap();
-        }
-        fs::write(src.join("shared.txt"), format!("from shard {k}\n")).unwrap();
-        pack_tar(&src, &dir.join(format!("train-{k:02}.tar")), &[&format!("s{k:02}"), "shared.txt"]);
+        let files = (0..1000).map(|f| (format!("s{k:02}/f{f:04}"), format!("shard {k} file {f}\n")));
+        let scene = Scene::new("index-set-src").files(files).file("shared.txt", format!("from shard {k}\n"));
+        scene.tar_at(&dir.join(format!("train-{k:02}.tar")));
     }
     let indexes = tmp.join("indexes");
     let glob = dir.join("train-*.tar");
-    let mnt = tmp.join("mnt");
+    // A mount of the set, checked; its log.
     let mount = |name: &str| {
         let log = tmp.join(format!("{name}.log"));
-        Foreground::start_with(&["--index-dir", indexes.to_str().unwrap()], &glob, &mnt, &log, &[])
-    };
-    let check = || {
+        let fg = Foreground::start_with(&["--index-dir", indexes.to_str().unwrap()], &glob, &mnt, &log, &[]);
         assert_eq!(fs::read(mnt.join("shared.txt")).unwrap(), b"from shard 11\n", "the later shard wins");
         assert_eq!(fs::read(mnt.join("s03/f0999")).unwrap(), b"shard 3 file 999\n");
         assert_eq!(fs::read_dir(mnt.join("s07")).unwrap().count(), 1000);
+        fg.finish()
     };
-    let first = mount("first");
-    check();
-    let log = first.finish();
+    let log = mount("first");
     assert!(log.contains("saved the set's index"), "{log}");
     for entry in fs::read_dir(&indexes).unwrap().flatten() {
         if !entry.file_name().to_string_lossy().contains("-set-") {
             fs::remove_file(entry.path()).unwrap(); // the shards' own indexes
         }
     }
-    let second = mount("second");
-    check();
-    let log = second.finish();
+    let log = mount("second");
     assert!(log.contains("using the set's saved index") && !log.contains("merged"), "{log}");
     std::process::Command::new("touch").arg(dir.join("train-05.tar")).status().unwrap();
-    let third = mount("third");
-    check();
-    let log = third.finish();
+    let log = mount("third");
     assert!(log.contains("ignoring the set's saved index") && log.contains("saved the set's index"), "{log}");
 }
 
-/// The saved index mapped by a mount, truncated and then rewritten in place underneath:
-/// requests fail with EIO (the file named), never SIGBUS and never other bytes; the
-/// daemon lives on, and a remount serves everything again from a fresh scan.
+/// The saved index of a mount, truncated or rewritten underneath: requests fail with EIO (the
+/// file named), never SIGBUS or other bytes; a remount serves everything again.
 #[test]
 fn an_index_truncated_or_rewritten_while_mapped_gives_errors() {
-    let tmp = TempDir::new("index-torn");
+    let (tmp, mnt) = tmp_mnt("index-torn");
     let (archive, expected) = rich_tar(&tmp, 20, 100);
     stagefs(osargs!["index", archive]).assert_success();
     let index = archive.with_file_name("rich.tar.stagefs-index");
     let pristine = fs::read(&index).unwrap();
-    let mnt = tmp.join("mnt");
     for (case, change) in [("truncated", 0usize), ("rewritten", 1)] {
         fs::write(&index, &pristine).unwrap();
         let fg = Foreground::start(&archive, &mnt, &tmp.join(format!("{case}.log")), &[]);

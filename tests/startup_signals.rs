@@ -2,9 +2,8 @@
 //! of `stagefs mount`, in each phase before the mount is ready, leave no mount, lock,
 //! status record, staged memory or process.
 
-use std::fs;
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -24,19 +23,9 @@ enum Blow {
     KillDaemon,
 }
 
-/// The daemon forked by `parent`.
-fn child_of(parent: u32) -> Option<i32> {
-    let children = fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).ok()?;
-    children.split_whitespace().next()?.parse().ok()
-}
-
-/// Mounts with every phase held open, strikes when `phase` starts, and checks what is left.
-fn strike(phase: &str, blow: Blow, archive: &Path, tmp: &TempDir) {
-    strike_with(phase, blow, archive, &[], tmp)
-}
-
-/// [`strike`] with more `mount` options.
-fn strike_with(phase: &str, blow: Blow, archive: &Path, options: &[&str], tmp: &TempDir) {
+/// Mounts (with `options`) with every phase held open, strikes when `phase` starts, and
+/// checks what is left.
+fn strike(phase: &str, blow: Blow, archive: &Path, options: &[&str], tmp: &TempDir) {
     let name = archive.file_name().unwrap().to_string_lossy();
     let context = format!("{blow:?} during {phase:?} of {name}");
     let runtime = tmp.join(format!("runtime-{blow:?}-{}", phase.len()));
@@ -51,35 +40,27 @@ fn strike_with(phase: &str, blow: Blow, archive: &Path, options: &[&str], tmp: &
         }
     });
     let wanted = format!("start-up phase: {phase}");
-    let mut log = Vec::new();
-    loop {
-        let line =
-            seen.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| panic!("{context}: no {wanted:?}: {log:?}"));
-        log.push(line.clone());
-        if line.contains(&wanted) {
-            break;
-        }
+    let mut log: Vec<String> = Vec::new();
+    while !log.last().is_some_and(|l| l.contains(&wanted)) {
+        let line = seen.recv_timeout(Duration::from_secs(60));
+        log.push(line.unwrap_or_else(|_| panic!("{context}: no {wanted:?}: {log:?}")));
     }
-    let parent = child.id();
-    let daemon = child_of(parent).unwrap_or_else(|| panic!("{context}: no daemon forked"));
-    match blow {
-        Blow::TermDaemon => signal(daemon, Signal::SIGTERM).unwrap(),
-        Blow::InterruptMount => signal(parent as i32, Signal::SIGINT).unwrap(),
-        Blow::KillMount => signal(parent as i32, Signal::SIGKILL).unwrap(),
-        Blow::KillDaemon => signal(daemon, Signal::SIGKILL).unwrap(),
-    }
+    let parent = child.id() as i32;
+    let daemon = *children_of(parent).first().unwrap_or_else(|| panic!("{context}: no daemon forked"));
+    let killed = "the mount daemon was killed (SIGKILL) before the mount was ready";
+    let (target, sig, expected) = match blow {
+        Blow::TermDaemon => (daemon, Signal::SIGTERM, Some((143, "interrupted by SIGTERM"))),
+        Blow::InterruptMount => (parent, Signal::SIGINT, Some((130, "interrupted by SIGINT"))),
+        Blow::KillMount => (parent, Signal::SIGKILL, None),
+        Blow::KillDaemon => (daemon, Signal::SIGKILL, Some((1, killed))),
+    };
+    signal(target, sig).unwrap();
     let status = wait_timeout(&mut child.0, Duration::from_secs(60)).unwrap_or_else(|| panic!("{context}: hung"));
     // Until stderr closes (or stays silent for 10 s): on a loaded machine the reader
     // thread may not have passed on the last lines yet.
     while let Ok(line) = seen.recv_timeout(Duration::from_secs(10)) {
         log.push(line);
     }
-    let expected = match blow {
-        Blow::TermDaemon => Some((143, "interrupted by SIGTERM")),
-        Blow::InterruptMount => Some((130, "interrupted by SIGINT")),
-        Blow::KillMount => None,
-        Blow::KillDaemon => Some((1, "the mount daemon was killed (SIGKILL) before the mount was ready")),
-    };
     if let Some((code, words)) = expected {
         assert_eq!(status.code(), Some(code), "{context}: {log:#?}");
         assert!(log.iter().any(|l| l.contains(words)), "{context}: no {words:?} in {log:#?}");
@@ -92,95 +73,69 @@ fn strike_with(phase: &str, blow: Blow, archive: &Path, options: &[&str], tmp: &
     assert!(wait_until(Duration::from_secs(10), || !process_alive(daemon)), "{context}: the daemon lives on");
     assert_nothing_left(&mnt, &context);
     assert!(!mnt.exists(), "{context}: the mountpoint stagefs made was left");
-    let left: Vec<_> = fs::read_dir(&runtime).map(|d| d.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
+    let left = file_names(&runtime);
     assert!(left.is_empty(), "{context}: left in the runtime dir: {left:?}");
 }
 
-fn start_up_archive(tmp: &TempDir) -> std::path::PathBuf {
-    let src = tmp.join("src");
-    fs::create_dir(&src).unwrap();
-    for i in 0..20 {
-        fs::write(src.join(format!("f{i}")), pseudo_random(i, 100_000)).unwrap();
+/// A tar of `files` (name, bytes) packed as `.`, as `name` in `tmp`.
+fn tar_of_files(tmp: &TempDir, name: &str, files: impl Iterator<Item = (String, Vec<u8>)>) -> PathBuf {
+    Scene::new("startup-src").files(files).tar_dot_at(&tmp.join(name))
+}
+
+/// Each (phase, blow) of `cases` [`strike`]s a tar of 20 files of 100 KB.
+fn strike_all(name: &str, cases: impl IntoIterator<Item = (&'static str, Blow)>) {
+    require_root();
+    let tmp = TempDir::new(name);
+    let archive = tar_of_files(&tmp, "a.tar", (0..20).map(|i| (format!("f{i}"), pseudo_random(i, 100_000))));
+    for (phase, blow) in cases {
+        strike(phase, blow, &archive, &[], &tmp);
     }
-    let archive = tmp.join("a.tar");
-    run_tool("tar", ["-C".as_ref(), src.as_os_str(), "-cf".as_ref(), archive.as_os_str(), ".".as_ref()]);
-    archive
 }
 
 #[test]
 fn signals_in_every_start_up_phase_leave_nothing_behind() {
-    require_root();
-    let tmp = TempDir::new("startup-signals");
-    let archive = start_up_archive(&tmp);
-    for phase in ["staging and indexing", "mounting", "warming", "ready"] {
-        for blow in [Blow::TermDaemon, Blow::InterruptMount, Blow::KillMount] {
-            strike(phase, blow, &archive, &tmp);
-        }
-    }
+    let phases = ["staging and indexing", "mounting", "warming", "ready"];
+    let blows =
+        phases.into_iter().flat_map(|p| [Blow::TermDaemon, Blow::InterruptMount, Blow::KillMount].map(|b| (p, b)));
     // Before the kernel mount exists, a daemon killed outright leaves nothing either.
-    for phase in ["staging and indexing", "mounting"] {
-        strike(phase, Blow::KillDaemon, &archive, &tmp);
-    }
+    strike_all("startup-signals", blows.chain(phases[..2].iter().map(|p| (*p, Blow::KillDaemon))));
 }
 
 /// A daemon SIGKILLed once its FUSE mount exists (warming, ready): `stagefs mount` says
 /// so with exit 1 and takes down the dead daemon's (stale) mount.
 #[test]
 fn daemon_killed_after_mounting_leaves_nothing_behind() {
-    require_root();
-    let tmp = TempDir::new("startup-kill-daemon");
-    let archive = start_up_archive(&tmp);
-    for phase in ["warming", "ready"] {
-        strike(phase, Blow::KillDaemon, &archive, &tmp);
-    }
+    strike_all("startup-kill-daemon", ["warming", "ready"].map(|p| (p, Blow::KillDaemon)));
 }
 
-/// A signal while a first pass or scan is under way (held there, its workers decoding
-/// ahead) ends it: exit 130 or 143, one message, nothing left. For every codec's pass
-/// (gzip from pigz, BGZF, pzstd frames, bzip2 blocks, xz blocks), whole decompression
-/// (one zstd frame, lz4), a plain tar's header scan and `--recursive`'s inner tars.
+/// A signal while a first pass or scan is under way (held there, its workers decoding ahead)
+/// ends it: exit 130 or 143, one message, nothing left. For each kind of pass below.
 #[test]
 fn a_signal_during_any_first_pass_ends_it() {
     require_root();
     let tmp = TempDir::new("pass-signals");
-    let src = tmp.join("src");
-    fs::create_dir(&src).unwrap();
-    for i in 0..12 {
-        fs::write(src.join(format!("f{i}")), text_like(i, 1 << 20)).unwrap();
-    }
-    let tar = tmp.join("a.tar");
-    run_tool("tar", ["-C".as_ref(), src.as_os_str(), "-cf".as_ref(), tar.as_os_str(), ".".as_ref()]).assert_success();
+    let tar = tar_of_files(&tmp, "a.tar", (0..12).map(|i| (format!("f{i}"), text_like(i, 1 << 20))));
     let compressed = |name: &str, command: &str| {
         let out = tmp.join(name);
-        let script = format!("{command} < '{}' > '{}'", tar.display(), out.display());
-        run_tool("sh", ["-c", script.as_str()]).assert_success();
+        run_tool("sh", ["-c", &format!("{command} < '{}' > '{}'", tar.display(), out.display())]);
         out
     };
-    let cases = [
-        (compressed("a.tar.gz", "pigz -c"), "first pass"),
-        (compressed("bgzf.tar.gz", "bgzip -c"), "first pass"),
-        (compressed("a.tar.zst", "pzstd -q -c -p 2"), "first pass"),
-        (compressed("a.tar.bz2", "lbzip2 -c"), "first pass"),
-        (compressed("a.tar.xz", "xz -T2 --block-size=1MiB -c"), "first pass"),
-        (compressed("one-frame.tar.zst", "zstd -q -c"), "decompressing"),
-        (compressed("a.tar.lz4", "lz4 -q -c"), "decompressing"),
-        (tar.clone(), "scanning headers"),
+    let outer = tar_of_files(&tmp, "outer.tar", (0..3).map(|i| (format!("inner{i}.tar"), read(&tar))));
+    let cases: [(PathBuf, &str, &[&str]); 9] = [
+        (compressed("a.tar.gz", "pigz -c"), "first pass", &[]),
+        (compressed("bgzf.tar.gz", "bgzip -c"), "first pass", &[]),
+        (compressed("a.tar.zst", "pzstd -q -c -p 2"), "first pass", &[]),
+        (compressed("a.tar.bz2", "lbzip2 -c"), "first pass", &[]),
+        (compressed("a.tar.xz", "xz -T2 --block-size=1MiB -c"), "first pass", &[]),
+        (compressed("one-frame.tar.zst", "zstd -q -c"), "decompressing", &[]),
+        (compressed("a.tar.lz4", "lz4 -q -c"), "decompressing", &[]),
+        (tar.clone(), "scanning headers", &[]),
+        // Tars inside a tar, opened by --recursive.
+        (outer, "opening inner tars", &["--recursive"]),
     ];
-    for (archive, phase) in &cases {
+    for (archive, phase, options) in &cases {
         for blow in [Blow::TermDaemon, Blow::InterruptMount] {
-            strike(phase, blow, archive, &tmp);
+            strike(phase, blow, archive, options, &tmp);
         }
-    }
-    // Tars inside a tar, opened by --recursive.
-    let outer_src = tmp.join("outer");
-    fs::create_dir(&outer_src).unwrap();
-    for i in 0..3 {
-        fs::copy(&tar, outer_src.join(format!("inner{i}.tar"))).unwrap();
-    }
-    let outer = tmp.join("outer.tar");
-    run_tool("tar", ["-C".as_ref(), outer_src.as_os_str(), "-cf".as_ref(), outer.as_os_str(), ".".as_ref()])
-        .assert_success();
-    for blow in [Blow::TermDaemon, Blow::InterruptMount] {
-        strike_with("opening inner tars", blow, &outer, &["--recursive"], &tmp);
     }
 }

@@ -4,8 +4,7 @@
 
 use std::ffi::OsStr;
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -14,10 +13,9 @@ use crate::kit::*;
 #[test]
 fn an_empty_archive_is_called_empty() {
     require_root();
-    let tmp = TempDir::new("ux-empty");
+    let (tmp, mp) = tmp_mnt("ux-empty");
     let empty = tmp.join("empty.tar");
     fs::write(&empty, b"").unwrap();
-    let mp = tmp.join("mnt");
     let out = stagefs(osargs!["mount", empty, mp]);
     out.assert_mount_failed(&mp, 3, &["is empty (0 bytes)"]).assert_stderr_lacks(&["first bytes"]);
 }
@@ -32,8 +30,7 @@ fn run_without_a_separator_says_to_put_the_command_after_it() {
 #[test]
 fn counts_out_of_range_are_usage_errors() {
     require_root();
-    let tmp = TempDir::new("ux-ranges");
-    let mp = tmp.join("mnt");
+    let (tmp, mp) = tmp_mnt("ux-ranges");
     let archive = fixture("gnu.tar");
     for threads in ["0", "1000", "100000"] {
         stagefs(osargs!["mount", "--threads", threads, archive, mp]).assert_mount_failed(&mp, 2, &["1..=256"]);
@@ -50,8 +47,7 @@ fn counts_out_of_range_are_usage_errors() {
 
 #[test]
 fn an_idle_timeout_of_zero_means_never() {
-    let tmp = TempDir::new("ux-idle-zero");
-    let mp = tmp.join("mnt");
+    let (_tmp, mp) = tmp_mnt("ux-idle-zero");
     let m = Mounted::with_args(&["--idle-timeout", "0"], &fixture("gnu.tar"), &mp);
     // The watchdog would unmount a zero timeout within its first 10 ms tick.
     std::thread::sleep(Duration::from_millis(500));
@@ -63,49 +59,29 @@ fn an_idle_timeout_of_zero_means_never() {
 #[test]
 fn a_mountpoint_fusermount3_refuses_is_a_mountpoint_problem_not_missing_fuse() {
     let user = User::get("sfs-ux");
-    let tmp = TempDir::new("ux-no-write");
-    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    let archive = fixture_copy("gnu.tar", tmp.path(), "data.tar");
-    fs::set_permissions(&archive, fs::Permissions::from_mode(0o644)).unwrap();
+    let (tmp, archive, _) = gnu_copy("ux-no-write");
+    chmod(tmp.path(), 0o755);
+    chmod(&archive, 0o644);
     // Empty, but root's: fusermount3 refuses it ("no write access to mountpoint").
     let mp = tmp.join("roots");
     fs::create_dir(&mp).unwrap();
-    fs::set_permissions(&mp, fs::Permissions::from_mode(0o755)).unwrap();
+    chmod(&mp, 0o755);
     let out = user.stagefs(osargs!["mount", archive, mp]);
     out.assert_mount_failed(&mp, 4, &[&mp.to_string_lossy()]).assert_stderr_lacks(&["FUSE"]);
-}
-
-/// `stagefs ARGS...` with its runtime directory (locks, records, logs) in `runtime`, so the
-/// test sees exactly the files of its own mounts.
-fn stagefs_in(runtime: &Path, args: &[&OsStr]) -> CmdOutput {
-    StagefsCmd::new(args).runtime(runtime).run()
-}
-
-/// The names of the files in a runtime directory.
-fn runtime_files(runtime: &Path) -> Vec<String> {
-    let Ok(entries) = fs::read_dir(runtime) else { return Vec::new() };
-    let mut names: Vec<String> = entries.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-    names.sort();
-    names
-}
-
-/// A tar of four 200 KB files, written by GNU tar.
-fn four_file_tar(tmp: &TempDir) -> PathBuf {
-    let files = (0..4u64).map(|i| (format!("f{i}.bin"), pseudo_random(40 + i, 200_000)));
-    Scene::new("ux-src").files(files).tar_at(&tmp.join("data.tar"))
 }
 
 #[test]
 fn errors_served_reach_the_log_status_and_umount() {
     require_root();
-    let tmp = TempDir::new("ux-errors");
+    let (tmp, mp) = tmp_mnt("ux-errors");
     let runtime = tmp.join("runtime");
-    let archive = four_file_tar(&tmp);
-    let mp = tmp.join("mnt");
+    // Four 200 KB files, written by GNU tar.
+    let files = (0..4u64).map(|i| (format!("f{i}.bin"), pseudo_random(40 + i, 200_000)));
+    let archive = Scene::new("ux-src").files(files).tar_at(&tmp.join("data.tar"));
     let (guard, _) =
         StagefsCmd::new(osargs!["mount", "--stage", "none", archive, mp]).runtime(&runtime).mounts(&archive, &mp);
-    let logs: Vec<String> = runtime_files(&runtime).into_iter().filter(|f| f.ends_with(".log")).collect();
-    assert_eq!(logs.len(), 1, "the detached daemon logs to a file in the runtime dir: {:?}", runtime_files(&runtime));
+    let logs: Vec<_> = file_names(&runtime).into_iter().filter(|f| f.ends_with(".log")).collect();
+    assert_eq!(logs.len(), 1, "the detached daemon logs to a file in the runtime dir: {:?}", file_names(&runtime));
     let log = runtime.join(&logs[0]);
 
     // Served in place, the archive is checked unchanged on every read: touching it is enough.
@@ -118,28 +94,27 @@ fn errors_served_reach_the_log_status_and_umount() {
     assert!(logged, "the log says why: {:?}", read_text(&log));
     // What changed (the mtime, the size being the same), with no byte offset to blame.
     let text = read_text(&log);
-    assert!(
-        text.contains("same size, but its contents were modified: mtime") && text.contains(" 1000000.000000000 now"),
-        "{text}"
-    );
+    let mtime =
+        text.contains("same size, but its contents were modified: mtime") && text.contains(" 1000000.000000000 now");
+    assert!(mtime, "{text}");
     assert!(!text.contains("corrupt data at archive byte"), "{text}");
     let mut status = String::new();
     let shown = wait_until(Duration::from_secs(10), || {
-        status = stagefs_in(&runtime, &[OsStr::new("status")]).stdout;
+        status = StagefsCmd::new(["status"]).runtime(&runtime).run().stdout;
         status.contains("last error: /f1.bin: ")
     });
     assert!(shown, "status shows the last error:\n{status}");
     assert!(status.contains("ERRORS"), "{status}");
-    let json = stagefs_in(&runtime, &osargs!["status", "--json"]).stdout;
+    let json = StagefsCmd::new(osargs!["status", "--json"]).runtime(&runtime).run().stdout;
     // The kernel may retry a failed read: one or more.
     let ours = json.lines().find(|l| l.contains(&*mp.to_string_lossy())).unwrap_or_default();
     assert!(!ours.contains("\"errors\":0,") && ours.contains("\"last_error\":\"/f1.bin: "), "{json}");
 
-    let out = stagefs_in(&runtime, &osargs!["umount", mp]);
+    let out = StagefsCmd::new(osargs!["umount", mp]).runtime(&runtime).run();
     guard.disarm();
     out.assert_success().assert_stderr_has(&[" failed read", "(EIO) while mounted; the last: /f1.bin: "]);
     assert_nothing_left(&mp, "after the umount");
-    assert!(wait_until(Duration::from_secs(5), || runtime_files(&runtime).is_empty()), "{:?}", runtime_files(&runtime));
+    assert!(wait_until(Duration::from_secs(5), || file_names(&runtime).is_empty()), "{:?}", file_names(&runtime));
 }
 
 fn read_text(path: &Path) -> String {
@@ -168,73 +143,54 @@ fn a_log_file_that_cannot_be_written_is_refused_before_mounting() {
 #[test]
 fn umount_after_kill_9_of_the_daemon_leaves_nothing() {
     require_root();
-    let tmp = TempDir::new("ux-kill-daemon");
+    let (tmp, archive, _) = gnu_copy("ux-kill-daemon");
     let runtime = tmp.join("runtime");
     let mp = tmp.join("made/by/stagefs");
-    let archive = fixture_copy("gnu.tar", tmp.path(), "data.tar");
     let (guard, _) = StagefsCmd::new(osargs!["mount", archive, mp]).runtime(&runtime).mounts(&archive, &mp);
     let pids = stagefs_pids(&mp);
     assert_eq!(pids.len(), 1, "{pids:?}");
     let _ = signal(pids[0], Signal::SIGKILL);
     assert!(wait_until(Duration::from_secs(10), || !process_alive(pids[0])), "the daemon survived SIGKILL");
-    let out = stagefs_in(&runtime, &osargs!["umount", mp]);
+    let out = StagefsCmd::new(osargs!["umount", mp]).runtime(&runtime).run();
     guard.disarm();
     out.assert_success();
     assert!(!is_mounted(&mp));
     assert!(!tmp.join("made").exists(), "the directories stagefs made for the mount stay: {}", mp.display());
-    assert_eq!(runtime_files(&runtime), Vec::<String>::new(), "the killed daemon's files stay");
+    assert_eq!(file_names(&runtime), Vec::<String>::new(), "the killed daemon's files stay");
 }
 
 #[test]
 fn kill_9_of_stagefs_run_takes_its_command_along_and_the_next_election_sweeps() {
     require_root();
-    let tmp = TempDir::new("ux-kill-run");
+    let (tmp, archive, mp) = gnu_copy("ux-kill-run");
     let runtime = tmp.join("runtime");
-    let mp = tmp.join("mnt");
-    let archive = fixture_copy("gnu.tar", tmp.path(), "data.tar");
     let marker = tmp.join("command-started");
     let script = format!("touch {} && exec sleep 300", marker.display());
     let mut run =
         StagefsCmd::new(osargs!["run", "-m", mp, archive, "--", "sh", "-c", script]).runtime(&runtime).spawn();
     assert!(wait_until(Duration::from_secs(30), || marker.exists()), "the command never started");
     // Its children: the mount daemon, and the command.
-    let command: Vec<i32> = children_of(run.id() as i32)
-        .into_iter()
-        .filter(|pid| fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep"))
-        .collect();
+    let is_sleep = |pid: &i32| fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep");
+    let command: Vec<i32> = children_of(run.id() as i32).into_iter().filter(is_sleep).collect();
     assert_eq!(command.len(), 1, "the command is a child of stagefs run: {command:?}");
     let _ = signal(run.id() as i32, Signal::SIGKILL);
     let _ = run.0.wait();
     assert!(wait_until(Duration::from_secs(10), || !process_alive(command[0])), "the command outlived stagefs run");
     // Its daemon unmounts by itself once its owner is gone; the users tally stays.
     assert_nothing_left(&mp, "after kill -9 of stagefs run");
-    assert!(wait_until(Duration::from_secs(10), || runtime_files(&runtime).iter().all(|f| f.ends_with(".users"))));
+    assert!(wait_until(Duration::from_secs(10), || file_names(&runtime).iter().all(|f| f.ends_with(".users"))));
 
     // The next election on the node (any mountpoint) sweeps it.
     let other = tmp.join("other");
     let (guard, _) = StagefsCmd::new(osargs!["mount", archive, other]).runtime(&runtime).mounts(&archive, &other);
-    assert!(!runtime_files(&runtime).iter().any(|f| f.ends_with(".users")), "{:?}", runtime_files(&runtime));
-    stagefs_in(&runtime, &osargs!["umount", other]).assert_success();
+    assert!(!file_names(&runtime).iter().any(|f| f.ends_with(".users")), "{:?}", file_names(&runtime));
+    StagefsCmd::new(osargs!["umount", other]).runtime(&runtime).run().assert_success();
     guard.disarm();
-    assert!(wait_until(Duration::from_secs(5), || runtime_files(&runtime).is_empty()), "{:?}", runtime_files(&runtime));
+    assert!(wait_until(Duration::from_secs(5), || file_names(&runtime).is_empty()), "{:?}", file_names(&runtime));
 }
 
-/// Processes whose parent is `pid`.
-fn children_of(pid: i32) -> Vec<i32> {
-    let mut children = Vec::new();
-    for entry in fs::read_dir("/proc").unwrap().flatten() {
-        let Some(child) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
-        let Ok(stat) = fs::read_to_string(format!("/proc/{child}/stat")) else { continue };
-        let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<i32>().ok());
-        if ppid == Some(pid) && process_alive(child) {
-            children.push(child);
-        }
-    }
-    children
-}
-
-/// The README's first command, small: it says where it writes and how much before writing,
-/// compares a plain directory with both kinds of mount, and its archive is a real tar.
+/// The README's first command, small: it says where it writes and how much, compares a plain
+/// directory with both kinds of mount, and its archive is a real tar.
 #[test]
 fn the_demo_says_what_it_writes_and_compares_three_ways() {
     require_root();
@@ -242,20 +198,12 @@ fn the_demo_says_what_it_writes_and_compares_three_ways() {
     let work = tmp.join("demo");
     let out = stagefs(osargs!["demo", "--files", "60", "--readers", "2", "--dir", work, "--keep"]);
     out.assert_success();
-    let first = out.stdout.lines().next().unwrap_or_default();
-    assert!(
-        first.starts_with("stagefs demo: writing ")
-            && first.contains(&*work.to_string_lossy())
-            && first.contains(" MB"),
-        "where and how much, first: {}",
-        out.describe()
-    );
+    let (first, dir) = (out.stdout.lines().next().unwrap_or_default(), work.to_string_lossy());
+    let told = first.starts_with("stagefs demo: writing ") && first.contains(&*dir) && first.contains(" MB");
+    assert!(told, "where and how much, first: {}", out.describe());
     for row in ["plain directory", "stagefs, in place", "stagefs, staged in RAM"] {
-        let line = out
-            .stdout
-            .lines()
-            .find(|l| l.starts_with(row))
-            .unwrap_or_else(|| panic!("no {row} row: {}", out.describe()));
+        let line = out.stdout.lines().find(|l| l.starts_with(row));
+        let line = line.unwrap_or_else(|| panic!("no {row} row: {}", out.describe()));
         assert_eq!(line.matches("files/s").count(), 2, "two epochs: {line}");
         assert_eq!(line.matches('x').count(), 2, "two ratios: {line}");
     }
@@ -271,11 +219,8 @@ fn the_demo_says_what_it_writes_and_compares_three_ways() {
         assert!((20_000..200_000).contains(&size), "sizes are 20-200 KB: {line}");
         assert!(line.ends_with(".JPEG") && line.contains(" train/n"), "{line}");
     }
-    let mut left: Vec<String> =
-        fs::read_dir(&work).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-    left.sort();
-    assert_eq!(left, ["imagenet-like.tar"], "only the kept archive stays");
-    assert!(!crate::kit::mounts().iter().any(|m| m.mount_point.starts_with(&work)), "a demo mount stayed");
+    assert_eq!(file_names(&work), ["imagenet-like.tar"], "only the kept archive stays");
+    assert!(!mounts().iter().any(|m| m.mount_point.starts_with(&work)), "a demo mount stayed");
 }
 
 /// Ctrl-C while the demo writes its ~0.9 GB: it stops, removes everything it wrote and
@@ -287,14 +232,11 @@ fn an_interrupted_demo_leaves_nothing_behind() {
     let work = tmp.join("demo");
     let mut child = StagefsCmd::new(osargs!["demo", "--files", "20000", "--dir", work]).spawn_to(Stdio::piped());
     let plain = work.join("plain/train");
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
     // Interrupt once it has written some files (the build takes far longer than this).
-    while fs::read_dir(&plain).map_or(0, |d| d.count()) < 5 {
-        assert!(std::time::Instant::now() < deadline, "the demo wrote nothing within a minute");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let wrote = wait_until(Duration::from_secs(60), || file_names(&plain).len() >= 5);
+    assert!(wrote, "the demo wrote nothing within a minute");
     signal(child.id() as i32, Signal::SIGINT).unwrap();
-    let status = crate::kit::wait_timeout(&mut child.0, Duration::from_secs(60)).expect("the demo must stop");
+    let status = wait_timeout(&mut child.0, Duration::from_secs(60)).expect("the demo must stop");
     let mut stderr = String::new();
     std::io::Read::read_to_string(child.0.stderr.as_mut().unwrap(), &mut stderr).unwrap();
     assert_eq!(status.code(), Some(130), "{stderr}");
@@ -302,15 +244,12 @@ fn an_interrupted_demo_leaves_nothing_behind() {
     assert!(!work.exists(), "the interrupted demo left {}", work.display());
 }
 
-/// Inside a SLURM job, a detached mount says that it is not tied to the job and how to
-/// end it with the job (the README's first example would otherwise leak on clusters whose
-/// proctrack lets the daemon escape).
+/// Inside a SLURM job, a detached mount says it is not tied to the job, and how to make it so
+/// (it would leak on clusters whose proctrack lets the daemon escape).
 #[test]
 fn a_detached_mount_inside_a_slurm_job_says_it_outlives_the_job() {
     require_root();
-    let tmp = TempDir::new("ux-slurm-note");
-    let archive = fixture_copy("gnu.tar", tmp.path(), "data.tar");
-    let mp = tmp.join("mnt");
+    let (_tmp, archive, mp) = gnu_copy("ux-slurm-note");
     let (m, out) = StagefsCmd::new(osargs!["mount", archive, mp]).env("SLURM_JOB_ID", "777").mounts(&archive, &mp);
     out.assert_stderr_has(&["not tied to SLURM job 777", "stagefs run"]);
     m.unmount().assert_success();
@@ -324,25 +263,22 @@ fn a_detached_mount_inside_a_slurm_job_says_it_outlives_the_job() {
 #[test]
 fn an_archive_of_zeros_mounts_empty_and_says_so() {
     require_root();
-    let tmp = TempDir::new("ux-zeros");
+    let (tmp, mp) = tmp_mnt("ux-zeros");
     let archive = tmp.join("zeros.tar");
     fs::write(&archive, vec![0u8; 1 << 20]).unwrap();
-    let mp = tmp.join("mnt");
     let (m, out) = StagefsCmd::new(osargs!["mount", archive, mp]).mounts(&archive, &mp);
     out.assert_stderr_has(&["holds no files or directories (1048576 bytes)"]);
     assert_eq!(fs::read_dir(&mp).unwrap().count(), 0);
     m.unmount().assert_success();
 }
 
-/// Template 1's typo: the mount step fails before it can mount (no such ARCHIVE); a
-/// `stagefs wait` of the same job, in another step, fails at once with the mounter's code
-/// and message instead of waiting out its timeout.
+/// Template 1's typo (no such ARCHIVE): a `stagefs wait` in another step of the same job fails
+/// at once with the mounter's code and message instead of waiting out its timeout.
 #[test]
 fn wait_sees_a_mount_that_failed_before_it_began() {
     require_root();
-    let tmp = TempDir::new("ux-wait-failed");
+    let (tmp, mp) = tmp_mnt("ux-wait-failed");
     let runtime = tmp.join("runtime");
-    let mp = tmp.join("mnt");
     let slurm = |step: &str, args: &[&OsStr]| StagefsCmd::new(args).runtime(&runtime).slurm_step("9191", step).run();
     let typo = tmp.join("no-such-archive.tar");
     slurm("0", &osargs!["mount", typo, mp]).assert_code(3);
@@ -350,31 +286,21 @@ fn wait_sees_a_mount_that_failed_before_it_began() {
     slurm("1", &osargs!["wait", "--timeout", "40s", mp]).assert_code(3).assert_stderr_has(&["no-such-archive.tar"]);
 }
 
-/// The same outside SLURM: a `stagefs wait` that starts half a second after the mounter
-/// failed still gets its code and message at once (not exit 6 after its timeout), and the
+/// The same outside SLURM, for a wait that starts half a second after the mounter failed; the
 /// failure's status leaves the runtime directory by itself a little later.
 #[test]
 fn wait_outside_slurm_sees_a_failure_from_just_before_it_began_and_nothing_stays() {
     require_root();
-    let tmp = TempDir::new("ux-wait-failed-plain");
+    let (tmp, mp) = tmp_mnt("ux-wait-failed-plain");
     let runtime = tmp.join("runtime");
-    let mp = tmp.join("mnt");
     let cmd = |args: &[&OsStr]| StagefsCmd::new(args).runtime(&runtime).outside_slurm().run();
     let typo = tmp.join("nonexist.sqsh");
     cmd(&osargs!["mount", "-f", typo, mp]).assert_code(3);
     std::thread::sleep(Duration::from_millis(500));
     // The mounter's code, not a timeout's 6.
     cmd(&osargs!["wait", "--timeout", "40s", mp]).assert_code(3).assert_stderr_has(&["nonexist.sqsh"]);
-    let locks = || {
-        fs::read_dir(&runtime)
-            .map(|d| d.flatten().filter(|e| e.path().extension().is_some_and(|x| x == "lock")).count())
-            .unwrap_or(0)
-    };
-    assert!(
-        wait_until(Duration::from_secs(40), || locks() == 0),
-        "the failure's status stayed in {}",
-        runtime.display()
-    );
+    let gone = wait_until(Duration::from_secs(40), || !file_names(&runtime).iter().any(|f| f.ends_with(".lock")));
+    assert!(gone, "the failure's status stayed in {}", runtime.display());
 }
 
 /// Scanning a big tar draws a progress bar on a terminal (`script` gives the mount a pty),
@@ -382,7 +308,7 @@ fn wait_outside_slurm_sees_a_failure_from_just_before_it_began_and_nothing_stays
 #[test]
 fn scanning_a_big_tar_shows_progress_on_a_terminal() {
     require_root();
-    let tmp = TempDir::new("ux-scan-progress");
+    let (tmp, mp) = tmp_mnt("ux-scan-progress");
     let archive = tmp.join("many.tar");
     let script = r#"
 import sys, tarfile, io
@@ -392,7 +318,6 @@ with tarfile.open(sys.argv[1], "w", format=tarfile.GNU_FORMAT) as t:
         t.addfile(info, io.BytesIO(b""))
 "#;
     run_tool("python3", osargs!["-c", script, archive]);
-    let mp = tmp.join("mnt");
     let line = format!("{} mount {} {}", stagefs_bin().display(), archive.display(), mp.display());
     let out = run_tool("script", osargs!["-qec", &line, "/dev/null"]);
     let m = Mounted::adopt(&archive, &mp);

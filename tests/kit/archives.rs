@@ -208,3 +208,42 @@ pub fn assert_tree_matches(root: &Path, scene: &Scene) {
         assert!(&got == bytes, "{path} under {}: {} bytes, expected {}", root.display(), got.len(), bytes.len());
     }
 }
+
+/// The names of the entries of `dir`, sorted; none if it does not exist.
+pub fn file_names(dir: &Path) -> Vec<String> {
+    let entries = fs::read_dir(dir).into_iter().flatten().flatten();
+    let mut names: Vec<String> = entries.map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    names
+}
+
+/// `lsetxattr(path, name, value)`: sets an extended attribute of `path` (not of a link's target).
+pub fn set_xattr(path: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
+    let c = |s: &OsStr| std::ffi::CString::new(s.as_encoded_bytes()).unwrap();
+    let (p, n) = (c(path.as_os_str()), c(OsStr::new(name)));
+    // SAFETY: NUL-terminated strings and a buffer of `value.len()` bytes.
+    let rc = unsafe { libc::lsetxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    nix::errno::Errno::result(rc).map(drop).map_err(Into::into)
+}
+
+/// The live children of process `pid` (of any of its threads), as its threads list them.
+pub fn children_of(pid: i32) -> Vec<i32> {
+    let tasks = fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten();
+    let lists: String = tasks.filter_map(|t| fs::read_to_string(t.path().join("children")).ok()).collect();
+    lists.split_whitespace().filter_map(|c| c.parse().ok()).filter(|c| super::process_alive(*c)).collect()
+}
+
+/// A fresh `TempDir` named `name` and `mnt` in it, a test's usual mount point.
+pub fn tmp_mnt(name: &str) -> (TempDir, PathBuf) {
+    let tmp = TempDir::new(name);
+    let mnt = tmp.join("mnt");
+    (tmp, mnt)
+}
+
+/// [`tmp_mnt`] with a private copy `a.tar` of the fixture gnu.tar in it (whose daemon is told
+/// apart from those of other tests by its path): the directory, the copy, the mount point.
+pub fn gnu_copy(name: &str) -> (TempDir, PathBuf, PathBuf) {
+    let (tmp, mnt) = tmp_mnt(name);
+    let archive = fixture_copy("gnu.tar", tmp.path(), "a.tar");
+    (tmp, archive, mnt)
+}
