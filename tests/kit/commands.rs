@@ -310,3 +310,14 @@ macro_rules! osargs {
     ($($arg:expr),* $(,)?) => { [$(::std::ffi::OsStr::new(&$arg)),*] };
 }
 pub(crate) use osargs;
+
+/// One `#[test] fn` per line, its name and its body: `cases! { tar_gnu => full_tar("gnu.tar", GNU); }`.
+macro_rules! cases {
+    ($($name:ident => $body:expr;)*) => {$(
+        #[test]
+        fn $name() {
+            $body;
+        }
+    )*};
+}
+pub(crate) use cases;

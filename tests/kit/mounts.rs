@@ -326,3 +326,11 @@ pub fn remove_tree(dir: &Path) {
         Err(e) => panic!("cannot remove {}: {e}", dir.display()),
     }
 }
+
+impl Mounted {
+    /// The daemon's peak resident memory (`VmHWM`), in bytes.
+    pub fn daemon_peak(&self) -> u64 {
+        let pid = self.daemon_pids().first().copied().expect("the mount has a daemon");
+        proc_kb_field(&format!("/proc/{pid}/status"), "VmHWM")
+    }
+}
