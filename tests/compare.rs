@@ -6,11 +6,11 @@
 //! property it checks.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ffi::{CString, OsString};
+use std::ffi::{CString, OsStr, OsString};
 use std::fs::{self, Metadata};
 use std::io;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// What to compare beyond the always-checked properties (set of paths, file
@@ -18,21 +18,18 @@ use std::path::{Path, PathBuf};
 /// hardlink identity).
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// Compare mtime nanoseconds too (formats storing sub-second times:
-    /// pax; for the others both sides must show 0).
+    /// mtime nanoseconds too (pax stores them; for other formats both sides must show 0).
     pub nanos: bool,
-    /// Compare the attributes of the root directory itself (only meaningful
-    /// when the archive has an entry for it: "./" in tar, always in SquashFS).
+    /// The root directory's attributes (only when the archive has an entry for it:
+    /// "./" in tar, always in SquashFS).
     pub root: bool,
-    /// Compare extended attributes.
+    /// Extended attributes.
     pub xattrs: bool,
-    /// Compare st_nlink of directories (2 + number of subdirectories on
-    /// Linux file systems; SquashFS stores the same).
+    /// st_nlink of directories (2 + subdirectories on Linux; SquashFS stores the same).
     pub dir_nlink: bool,
-    /// Directories (relative paths, "" for the root) whose mode, owner and
-    /// mtime are not compared: implicit directories of an archive that has no
-    /// member for them, which the extracting tool creates with its own
-    /// defaults.
+    /// Directories (relative paths, "" for the root) whose mode, owner and mtime are not
+    /// compared: implicit directories of an archive without a member for them, which the
+    /// extracting tool creates with its own defaults.
     pub skip_dir_attrs: BTreeSet<PathBuf>,
 }
 
@@ -42,74 +39,54 @@ impl Default for Options {
     }
 }
 
+/// A builder setter for each `bool` field: `Options::default().root(false)`.
+macro_rules! setters {
+    ($($field:ident),*) => {$(
+        pub fn $field(mut self, on: bool) -> Self {
+            self.$field = on;
+            self
+        }
+    )*};
+}
+
 impl Options {
-    pub fn nanos(mut self, on: bool) -> Self {
-        self.nanos = on;
-        self
-    }
-    pub fn root(mut self, on: bool) -> Self {
-        self.root = on;
-        self
-    }
-    pub fn xattrs(mut self, on: bool) -> Self {
-        self.xattrs = on;
-        self
-    }
-    pub fn dir_nlink(mut self, on: bool) -> Self {
-        self.dir_nlink = on;
-        self
-    }
+    setters!(nanos, root, xattrs, dir_nlink);
+
     pub fn skip_dir_attrs<I: IntoIterator<Item = &'static str>>(mut self, dirs: I) -> Self {
         self.skip_dir_attrs.extend(dirs.into_iter().map(PathBuf::from));
         self
     }
 }
 
-/// One node found by the walk.
-struct Node {
-    meta: Metadata,
-}
-
 /// Walks `root` without following symlinks; keys are paths relative to
 /// `root` ("" is the root itself). Errors are recorded as differences.
-fn walk(root: &Path, errors: &mut Vec<String>, side: &str) -> BTreeMap<PathBuf, Node> {
+fn walk(root: &Path, errors: &mut Vec<String>, side: &str) -> BTreeMap<PathBuf, Metadata> {
     let mut map = BTreeMap::new();
     let mut stack = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {
+        let here = show(&rel);
         let abs = if rel.as_os_str().is_empty() { root.to_path_buf() } else { root.join(&rel) };
         let meta = match fs::symlink_metadata(&abs) {
             Ok(m) => m,
             Err(e) => {
-                errors.push(format!("{}: {side}: lstat failed: {e}", show(&rel)));
+                errors.push(format!("{here}: {side}: lstat failed: {e}"));
                 continue;
             }
         };
-        if meta.file_type().is_dir() {
-            match fs::read_dir(&abs) {
-                Ok(rd) => {
-                    let mut seen = BTreeSet::new();
-                    for entry in rd {
-                        match entry {
-                            Ok(e) => {
-                                let name = e.file_name();
-                                if !seen.insert(name.clone()) {
-                                    errors.push(format!(
-                                        "{}: {side}: readdir lists the name {:?} twice",
-                                        show(&rel),
-                                        name
-                                    ));
-                                    continue;
-                                }
-                                stack.push(rel.join(name));
-                            }
-                            Err(e) => errors.push(format!("{}: {side}: readdir failed: {e}", show(&rel))),
-                        }
+        if meta.is_dir() {
+            let entries = fs::read_dir(&abs).map_err(|e| errors.push(format!("{here}: {side}: opendir failed: {e}")));
+            let mut seen = BTreeSet::new();
+            for entry in entries.into_iter().flatten() {
+                match entry.map(|e| e.file_name()) {
+                    Ok(name) if !seen.insert(name.clone()) => {
+                        errors.push(format!("{here}: {side}: readdir lists the name {name:?} twice"))
                     }
+                    Ok(name) => stack.push(rel.join(name)),
+                    Err(e) => errors.push(format!("{here}: {side}: readdir failed: {e}")),
                 }
-                Err(e) => errors.push(format!("{}: {side}: opendir failed: {e}", show(&rel))),
             }
         }
-        map.insert(rel, Node { meta });
+        map.insert(rel, meta);
     }
     map
 }
@@ -124,23 +101,15 @@ fn show(rel: &Path) -> String {
 }
 
 fn kind(meta: &Metadata) -> &'static str {
-    let t = meta.file_type();
-    if t.is_file() {
-        "regular file"
-    } else if t.is_dir() {
-        "directory"
-    } else if t.is_symlink() {
-        "symlink"
-    } else if t.is_fifo() {
-        "fifo"
-    } else if t.is_socket() {
-        "socket"
-    } else if t.is_char_device() {
-        "char device"
-    } else if t.is_block_device() {
-        "block device"
-    } else {
-        "unknown"
+    match meta.mode() & libc::S_IFMT {
+        libc::S_IFREG => "regular file",
+        libc::S_IFDIR => "directory",
+        libc::S_IFLNK => "symlink",
+        libc::S_IFIFO => "fifo",
+        libc::S_IFSOCK => "socket",
+        libc::S_IFCHR => "char device",
+        libc::S_IFBLK => "block device",
+        _ => "unknown",
     }
 }
 
@@ -148,66 +117,48 @@ fn cstr(p: &Path) -> CString {
     CString::new(p.as_os_str().as_bytes()).expect("path without NUL")
 }
 
+/// A value the kernel copies out (`llistxattr`, `lgetxattr`): `call(buffer, length)` asked
+/// for the size with no buffer, then for the value, again if it grew in between (ERANGE).
+fn sized(mut call: impl FnMut(*mut u8, usize) -> isize) -> io::Result<Vec<u8>> {
+    loop {
+        let n = call(std::ptr::null_mut(), 0);
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut buf = vec![0u8; n as usize];
+        if n == 0 {
+            return Ok(buf);
+        }
+        let m = call(buf.as_mut_ptr(), buf.len());
+        if m >= 0 {
+            buf.truncate(m as usize);
+            return Ok(buf);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ERANGE) {
+            return Err(e);
+        }
+    }
+}
+
 /// Extended attributes of `p` (not following symlinks), name → value.
 /// "Not supported" counts as none.
 pub fn xattrs(p: &Path) -> io::Result<BTreeMap<OsString, Vec<u8>>> {
     let c = cstr(p);
-    let mut out = BTreeMap::new();
-    let names = loop {
-        // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
-        let n = unsafe { libc::llistxattr(c.as_ptr(), std::ptr::null_mut(), 0) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::ENOTSUP) {
-                return Ok(out);
-            }
-            return Err(e);
-        }
-        let mut buf = vec![0u8; n as usize];
-        if n == 0 {
-            break buf;
-        }
-        // SAFETY: NUL-terminated names; the buffer is as long as the length passed.
-        let m = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
-        if m < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::ERANGE) {
-                continue; // grew in between
-            }
-            return Err(e);
-        }
-        buf.truncate(m as usize);
-        break buf;
+    // SAFETY: a NUL-terminated path, and a buffer (or null) of the length passed.
+    let names = match sized(|buf, len| unsafe { libc::llistxattr(c.as_ptr(), buf.cast(), len) }) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => return Ok(BTreeMap::new()),
+        names => names?,
     };
-    for name in names.split(|b| *b == 0).filter(|n| !n.is_empty()) {
-        let cname = CString::new(name).unwrap();
-        let value = loop {
-            // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
-            let n = unsafe { libc::lgetxattr(c.as_ptr(), cname.as_ptr(), std::ptr::null_mut(), 0) };
-            if n < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let mut buf = vec![0u8; n as usize];
-            if n == 0 {
-                break buf;
-            }
-            // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
-            let m = unsafe {
-                libc::lgetxattr(c.as_ptr(), cname.as_ptr(), buf.as_mut_ptr() as *mut libc::c_void, buf.len())
-            };
-            if m < 0 {
-                let e = io::Error::last_os_error();
-                if e.raw_os_error() == Some(libc::ERANGE) {
-                    continue;
-                }
-                return Err(e);
-            }
-            buf.truncate(m as usize);
-            break buf;
-        };
-        out.insert(OsString::from_vec(name.to_vec()), value);
-    }
-    Ok(out)
+    let names = names.split(|b| *b == 0).filter(|n| !n.is_empty()).map(OsStr::from_bytes);
+    names.map(|name| Ok((name.to_os_string(), xattr(p, name)?))).collect()
+}
+
+/// The extended attribute `name` of `p` (not following symlinks).
+pub fn xattr(p: &Path, name: impl AsRef<OsStr>) -> io::Result<Vec<u8>> {
+    let (c, name) = (cstr(p), CString::new(name.as_ref().as_bytes()).unwrap());
+    // SAFETY: a NUL-terminated path and name, and a buffer (or null) of the length passed.
+    sized(|buf, len| unsafe { libc::lgetxattr(c.as_ptr(), name.as_ptr(), buf.cast(), len) })
 }
 
 fn show_bytes(v: &[u8]) -> String {
@@ -217,24 +168,44 @@ fn show_bytes(v: &[u8]) -> String {
     }
 }
 
+fn show_xattrs(m: &BTreeMap<OsString, Vec<u8>>) -> String {
+    m.iter().map(|(k, v)| format!("{}={}", k.to_string_lossy(), show_bytes(v))).collect::<Vec<_>>().join(", ")
+}
+
 /// Where two byte strings first differ, for messages.
 fn content_diff(a: &[u8], b: &[u8]) -> Option<String> {
     if a == b {
         return None;
     }
     let first = a.iter().zip(b.iter()).position(|(x, y)| x != y).unwrap_or(a.len().min(b.len()));
-    let end_a = (first + 16).min(a.len());
-    let end_b = (first + 16).min(b.len());
+    let at = |v: &[u8]| show_bytes(&v[first.min(v.len())..(first + 16).min(v.len())]);
+    let (fa, fb) = (crate::kit::fnv1a(a), crate::kit::fnv1a(b));
     Some(format!(
-        "content differs: lengths {} vs {}, first difference at byte {} (expected {} / actual {}; fnv {:016x} vs {:016x})",
+        "content differs: lengths {} vs {}, first difference at byte {first} (expected {} / actual {}; fnv {fa:016x} vs {fb:016x})",
         a.len(),
         b.len(),
-        first,
-        show_bytes(&a[first.min(a.len())..end_a]),
-        show_bytes(&b[first.min(b.len())..end_b]),
-        crate::kit::fnv1a(a),
-        crate::kit::fnv1a(b)
+        at(a),
+        at(b)
     ))
+}
+
+/// Both sides' results of `op`, or None after a difference naming the side it failed on.
+fn both<T>(diff: &mut impl FnMut(String), op: &str, a: io::Result<T>, b: io::Result<T>) -> Option<(T, T)> {
+    match (a, b) {
+        (Ok(a), Ok(b)) => return Some((a, b)),
+        (Err(e), _) => diff(format!("expected: {op} failed: {e}")),
+        (_, Err(e)) => diff(format!("actual: {op} failed: {e}")),
+    }
+    None
+}
+
+/// Hardlink groups: path -> every path (in the same tree) sharing its inode.
+fn peers(tree: &BTreeMap<PathBuf, Metadata>) -> BTreeMap<PathBuf, BTreeSet<PathBuf>> {
+    let mut by_ino: BTreeMap<(u64, u64), BTreeSet<PathBuf>> = BTreeMap::new();
+    for (rel, m) in tree.iter().filter(|(_, m)| !m.is_dir()) {
+        by_ino.entry((m.dev(), m.ino())).or_default().insert(rel.clone());
+    }
+    by_ino.values().flat_map(|group| group.iter().map(|p| (p.clone(), group.clone()))).collect()
 }
 
 /// Every difference between `expected` and `actual`, one line each.
@@ -242,140 +213,79 @@ pub fn diff_trees(expected: &Path, actual: &Path, opts: &Options) -> Vec<String>
     let mut diffs = Vec::new();
     let left = walk(expected, &mut diffs, "expected");
     let right = walk(actual, &mut diffs, "actual");
-
-    for rel in left.keys() {
-        if !right.contains_key(rel) {
-            diffs.push(format!("{}: missing (expected a {})", show(rel), kind(&left[rel].meta)));
-        }
+    for (rel, m) in left.iter().filter(|(rel, _)| !right.contains_key(*rel)) {
+        diffs.push(format!("{}: missing (expected a {})", show(rel), kind(m)));
     }
-    for rel in right.keys() {
-        if !left.contains_key(rel) {
-            diffs.push(format!("{}: unexpected {} (not in the reference tree)", show(rel), kind(&right[rel].meta)));
-        }
+    for (rel, m) in right.iter().filter(|(rel, _)| !left.contains_key(*rel)) {
+        diffs.push(format!("{}: unexpected {} (not in the reference tree)", show(rel), kind(m)));
     }
+    let (left_peers, right_peers) = (peers(&left), peers(&right));
 
-    // Hardlink groups: path -> every path (in the same tree) sharing its inode.
-    let peers = |tree: &BTreeMap<PathBuf, Node>| -> BTreeMap<PathBuf, BTreeSet<PathBuf>> {
-        let mut by_ino: BTreeMap<(u64, u64), BTreeSet<PathBuf>> = BTreeMap::new();
-        for (rel, n) in tree {
-            if !n.meta.is_dir() {
-                by_ino.entry((n.meta.dev(), n.meta.ino())).or_default().insert(rel.clone());
-            }
-        }
-        let mut out = BTreeMap::new();
-        for group in by_ino.values() {
-            for p in group {
-                out.insert(p.clone(), group.clone());
-            }
-        }
-        out
-    };
-    let left_peers = peers(&left);
-    let right_peers = peers(&right);
-
-    for (rel, l) in &left {
-        let r = match right.get(rel) {
-            Some(r) => r,
-            None => continue,
-        };
-        let (lm, rm) = (&l.meta, &r.meta);
+    for (rel, lm) in &left {
+        let Some(rm) = right.get(rel) else { continue };
         let here = show(rel);
-        let is_root = rel.as_os_str().is_empty();
+        let mut diff = |what: String| diffs.push(format!("{here}: {what}"));
         if kind(lm) != kind(rm) {
-            diffs.push(format!("{here}: type: expected {}, actual {}", kind(lm), kind(rm)));
+            diff(format!("type: expected {}, actual {}", kind(lm), kind(rm)));
             continue;
         }
-        let is_dir = lm.is_dir();
-        let skipped_root = is_root && !opts.root;
-        let skipped_dir = is_dir && opts.skip_dir_attrs.contains(rel);
-        let attrs = !skipped_root && !skipped_dir;
-
+        let (is_root, is_dir) = (rel.as_os_str().is_empty(), lm.is_dir());
+        let attrs = (opts.root || !is_root) && !(is_dir && opts.skip_dir_attrs.contains(rel));
         if attrs {
-            if lm.mode() & 0o7777 != rm.mode() & 0o7777 {
-                diffs.push(format!(
-                    "{here}: mode: expected {:04o}, actual {:04o}",
-                    lm.mode() & 0o7777,
-                    rm.mode() & 0o7777
-                ));
+            let (lmode, rmode) = (lm.mode() & 0o7777, rm.mode() & 0o7777);
+            if lmode != rmode {
+                diff(format!("mode: expected {lmode:04o}, actual {rmode:04o}"));
             }
-            if lm.uid() != rm.uid() || lm.gid() != rm.gid() {
-                diffs.push(format!(
-                    "{here}: owner: expected {}:{}, actual {}:{}",
-                    lm.uid(),
-                    lm.gid(),
-                    rm.uid(),
-                    rm.gid()
-                ));
+            if (lm.uid(), lm.gid()) != (rm.uid(), rm.gid()) {
+                diff(format!("owner: expected {}:{}, actual {}:{}", lm.uid(), lm.gid(), rm.uid(), rm.gid()));
             }
-            if lm.mtime() != rm.mtime() {
-                diffs.push(format!("{here}: mtime: expected {}, actual {}", lm.mtime(), rm.mtime()));
-            } else if opts.nanos && lm.mtime_nsec() != rm.mtime_nsec() {
-                diffs.push(format!(
-                    "{here}: mtime nanoseconds: expected {}.{:09}, actual {}.{:09}",
-                    lm.mtime(),
-                    lm.mtime_nsec(),
-                    rm.mtime(),
-                    rm.mtime_nsec()
-                ));
+            let (lt, rt) = ((lm.mtime(), lm.mtime_nsec()), (rm.mtime(), rm.mtime_nsec()));
+            if lt.0 != rt.0 {
+                diff(format!("mtime: expected {}, actual {}", lt.0, rt.0));
+            } else if opts.nanos && lt.1 != rt.1 {
+                diff(format!("mtime nanoseconds: expected {}.{:09}, actual {}.{:09}", lt.0, lt.1, rt.0, rt.1));
             }
         }
         if !is_dir && lm.size() != rm.size() {
-            diffs.push(format!("{here}: size: expected {}, actual {}", lm.size(), rm.size()));
+            diff(format!("size: expected {}, actual {}", lm.size(), rm.size()));
         }
         if (!is_dir || opts.dir_nlink) && lm.nlink() != rm.nlink() {
-            diffs.push(format!("{here}: st_nlink: expected {}, actual {}", lm.nlink(), rm.nlink()));
+            diff(format!("st_nlink: expected {}, actual {}", lm.nlink(), rm.nlink()));
         }
-        if !is_dir {
+        if !is_dir && left_peers[rel] != right_peers[rel] {
             let (lp, rp) = (&left_peers[rel], &right_peers[rel]);
-            if lp != rp {
-                diffs.push(format!(
-                    "{here}: hardlink identity: in the reference it shares its inode with {:?}, in the mount with {:?}",
-                    lp, rp
-                ));
+            diff(format!(
+                "hardlink identity: in the reference it shares its inode with {lp:?}, in the mount with {rp:?}"
+            ));
+        }
+        // The root's own path, not join("") (which adds a slash).
+        let (l, r) = if is_root {
+            (expected.to_path_buf(), actual.to_path_buf())
+        } else {
+            (expected.join(rel), actual.join(rel))
+        };
+        if lm.is_file() {
+            if let Some((a, b)) = both(&mut diff, "read", fs::read(&l), fs::read(&r)) {
+                if let Some(d) = content_diff(&a, &b) {
+                    diff(d);
+                }
+                if b.len() as u64 != rm.size() {
+                    diff(format!("read {} bytes but st_size is {}", b.len(), rm.size()));
+                }
             }
         }
-        if lm.file_type().is_file() {
-            match (fs::read(expected.join(rel)), fs::read(actual.join(rel))) {
-                (Ok(a), Ok(b)) => {
-                    if let Some(d) = content_diff(&a, &b) {
-                        diffs.push(format!("{here}: {d}"));
-                    }
-                    if b.len() as u64 != rm.size() {
-                        diffs.push(format!("{here}: read {} bytes but st_size is {}", b.len(), rm.size()));
-                    }
-                }
-                (Err(e), _) => diffs.push(format!("{here}: expected: read failed: {e}")),
-                (_, Err(e)) => diffs.push(format!("{here}: actual: read failed: {e}")),
-            }
-        }
-        if lm.file_type().is_symlink() {
-            match (fs::read_link(expected.join(rel)), fs::read_link(actual.join(rel))) {
-                (Ok(a), Ok(b)) => {
-                    if a != b {
-                        diffs.push(format!("{here}: link target: expected {:?}, actual {:?}", a, b));
-                    }
-                }
-                (Err(e), _) => diffs.push(format!("{here}: expected: readlink failed: {e}")),
-                (_, Err(e)) => diffs.push(format!("{here}: actual: readlink failed: {e}")),
+        if lm.is_symlink() {
+            match both(&mut diff, "readlink", fs::read_link(&l), fs::read_link(&r)) {
+                Some((a, b)) if a != b => diff(format!("link target: expected {:?}, actual {:?}", a, b)),
+                _ => {}
             }
         }
         if opts.xattrs && attrs {
-            let la = xattrs(&if is_root { expected.to_path_buf() } else { expected.join(rel) });
-            let ra = xattrs(&if is_root { actual.to_path_buf() } else { actual.join(rel) });
-            match (la, ra) {
-                (Ok(a), Ok(b)) => {
-                    if a != b {
-                        let fmt = |m: &BTreeMap<OsString, Vec<u8>>| {
-                            m.iter()
-                                .map(|(k, v)| format!("{}={}", k.to_string_lossy(), show_bytes(v)))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        };
-                        diffs.push(format!("{here}: xattrs: expected {{{}}}, actual {{{}}}", fmt(&a), fmt(&b)));
-                    }
+            match both(&mut diff, "listxattr/getxattr", xattrs(&l), xattrs(&r)) {
+                Some((a, b)) if a != b => {
+                    diff(format!("xattrs: expected {{{}}}, actual {{{}}}", show_xattrs(&a), show_xattrs(&b)))
                 }
-                (Err(e), _) => diffs.push(format!("{here}: expected: listxattr/getxattr failed: {e}")),
-                (_, Err(e)) => diffs.push(format!("{here}: actual: listxattr/getxattr failed: {e}")),
+                _ => {}
             }
         }
     }
@@ -385,15 +295,8 @@ pub fn diff_trees(expected: &Path, actual: &Path, opts: &Options) -> Vec<String>
 /// Panics, listing every difference, unless the trees match.
 pub fn assert_trees_equal(expected: &Path, actual: &Path, opts: &Options) {
     let diffs = diff_trees(expected, actual, opts);
-    if !diffs.is_empty() {
-        panic!(
-            "{} difference(s) between the reference tree {} and {}:\n  {}",
-            diffs.len(),
-            expected.display(),
-            actual.display(),
-            diffs.join("\n  ")
-        );
-    }
+    let (n, e, a) = (diffs.len(), expected.display(), actual.display());
+    assert!(diffs.is_empty(), "{n} difference(s) between the reference tree {e} and {a}:\n  {}", diffs.join("\n  "));
 }
 
 /// Number of entries below `root` (not counting it), to guard against
@@ -412,7 +315,7 @@ pub fn count_entries(root: &Path) -> usize {
 mod tests {
     use super::*;
     use crate::kit::*;
-    use std::os::unix::fs::{symlink, PermissionsExt};
+    use std::os::unix::fs::symlink;
 
     fn set_mtime(p: &Path, sec: i64, nsec: i64) {
         let c = cstr(p);
@@ -423,11 +326,9 @@ mod tests {
     }
 
     fn set_xattr(p: &Path, name: &str, value: &[u8]) {
-        let c = cstr(p);
-        let n = CString::new(name).unwrap();
-        let r =
-            // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
-            unsafe { libc::lsetxattr(c.as_ptr(), n.as_ptr(), value.as_ptr() as *const libc::c_void, value.len(), 0) };
+        let (c, n) = (cstr(p), CString::new(name).unwrap());
+        // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
+        let r = unsafe { libc::lsetxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
         assert_eq!(r, 0, "lsetxattr {}: {}", p.display(), io::Error::last_os_error());
     }
 
@@ -478,12 +379,8 @@ mod tests {
             set_mtime(&b.join("d/other"), 1_600_000_000, 5);
             set_mtime(&b.join("d"), 1_600_000_000, 5);
         });
-        expect("size", &o, "size", |b| {
-            fs::write(b.join("d/other"), b"other!").unwrap();
-        });
-        expect("mode", &o, "mode", |b| {
-            fs::set_permissions(b.join("d/other"), fs::Permissions::from_mode(0o4755)).unwrap()
-        });
+        expect("size", &o, "size", |b| fs::write(b.join("d/other"), b"other!").unwrap());
+        expect("mode", &o, "mode", |b| chmod(&b.join("d/other"), 0o4755));
         expect("owner", &o, "owner", |b| std::os::unix::fs::lchown(b.join("d/other"), Some(1234), Some(5678)).unwrap());
         expect("mtime", &o, "mtime", |b| set_mtime(&b.join("d/other"), 1_600_000_001, 5));
         expect("mtime ns", &o, "nanoseconds", |b| set_mtime(&b.join("d/other"), 1_600_000_000, 6));
@@ -514,29 +411,22 @@ mod tests {
             set_mtime(&b.join("d"), 1_600_000_000, 5);
         });
         expect("nlink", &o, "st_nlink", |b| fs::hard_link(b.join("d/other"), b.join("d/e/other2")).unwrap());
-        expect("dir nlink", &o, "st_nlink", |b| {
-            fs::create_dir(b.join("d/e/sub")).unwrap();
-        });
+        expect("dir nlink", &o, "st_nlink", |b| fs::create_dir(b.join("d/e/sub")).unwrap());
         assert!(
             !diffs_after(&o.clone().dir_nlink(false), |b| fs::create_dir(b.join("d/e/sub")).unwrap())
                 .iter()
                 .any(|l| l.contains("st_nlink")),
             "dir_nlink(false) must ignore directory link counts"
         );
-        expect("dir mode", &o, "mode", |b| {
-            fs::set_permissions(b.join("d/e"), fs::Permissions::from_mode(0o700)).unwrap()
-        });
-        assert!(diffs_after(&o.clone().skip_dir_attrs(["d/e"]), |b| {
-            fs::set_permissions(b.join("d/e"), fs::Permissions::from_mode(0o700)).unwrap()
-        })
-        .is_empty());
+        expect("dir mode", &o, "mode", |b| chmod(&b.join("d/e"), 0o700));
+        assert!(diffs_after(&o.clone().skip_dir_attrs(["d/e"]), |b| chmod(&b.join("d/e"), 0o700)).is_empty());
     }
 
     #[test]
     fn compare_reports_all_differences_at_once() {
         let d = diffs_after(&Options::default(), |b| {
             fs::remove_file(b.join("d/other")).unwrap();
-            fs::set_permissions(b.join("d/file"), fs::Permissions::from_mode(0o600)).unwrap();
+            chmod(&b.join("d/file"), 0o600);
             set_mtime(&b.join("d/e"), 1, 0);
         });
         assert!(d.len() >= 3, "expected at least 3 differences, got {d:#?}");

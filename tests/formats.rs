@@ -12,10 +12,10 @@
 use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::thread;
 
-use crate::compare::{assert_trees_equal, count_entries, xattrs, Options};
+use crate::compare::{assert_trees_equal, count_entries, xattr, xattrs, Options};
 use crate::kit::*;
 
 // ---------------------------------------------------------------------------
@@ -78,19 +78,14 @@ fn check_reference_full(root: &Path, holds: Holds) {
     assert_eq!(read(&root.join("hard/two")), b"hardlinked content\n");
     assert_eq!((m("owned/by-1234").uid(), m("owned/by-1234").gid()), (1234, 5678));
     assert_eq!((m("owned/dir-1234").uid(), m("owned/dir-1234").gid()), (1234, 5678));
-    assert_eq!(m("modes/suid").mode() & 0o7777, 0o4755);
-    assert_eq!(m("modes/sgid").mode() & 0o7777, 0o2755);
-    assert_eq!(m("modes/sticky-dir").mode() & 0o7777, 0o1777);
-    assert_eq!(m("modes/none").mode() & 0o7777, 0o0000);
-    assert_eq!(m("modes/dir-0700").mode() & 0o7777, 0o0700);
+    for (rel, mode) in [("suid", 0o4755), ("sgid", 0o2755), ("sticky-dir", 0o1777), ("none", 0), ("dir-0700", 0o700)] {
+        assert_eq!(m(&format!("modes/{rel}")).mode() & 0o7777, mode, "modes/{rel}");
+    }
     assert_eq!(m("times/old").mtime(), T_OLD);
     assert_eq!(m("times/future").mtime(), T_FUTURE);
     assert_eq!(m("text").mtime(), T_DEFAULT, "directory mtimes must be restored");
     assert_eq!(m("times/ns").mtime(), T_DEFAULT);
-    match holds.ns {
-        Some(ns) => assert_eq!(m("times/ns").mtime_nsec(), ns as i64, "times/ns nanoseconds"),
-        None => assert_eq!(m("times/ns").mtime_nsec(), 0, "times/ns nanoseconds"),
-    }
+    assert_eq!(m("times/ns").mtime_nsec(), holds.ns.unwrap_or(0) as i64, "times/ns nanoseconds");
     if holds.full {
         assert!(m("fifo").file_type().is_fifo(), "fifo");
         let long = fs::read_link(root.join("links/long")).unwrap();
@@ -133,114 +128,78 @@ fn check_reference_sparse(root: &Path) {
 // ---------------------------------------------------------------------------
 // Drivers
 
-/// Extract with GNU tar, mount with stagefs, compare.
-fn tar_case(name: &str, opts: Options, check: impl FnOnce(&Path)) {
+/// Extract the fixture `name` with `extract` (GNU tar or unsquashfs), check the reference,
+/// mount with stagefs, compare.
+fn case(name: &str, extract: fn(&Path, &Path), opts: Options, check: impl FnOnce(&Path)) {
     require_root();
     let archive = fixture(name);
     let tmp = TempDir::new(name);
     let expected = tmp.join("expected");
-    extract_tar(&archive, &expected);
+    extract(&archive, &expected);
     check(&expected);
     let mnt = Mounted::new(&archive, &tmp.join("mnt"));
     assert_trees_equal(&expected, mnt.path(), &opts);
 }
 
-/// Extract with unsquashfs, mount with stagefs, compare.
-fn squashfs_case(name: &str, opts: Options, check: impl FnOnce(&Path)) {
-    require_root();
-    let image = fixture(name);
-    let tmp = TempDir::new(name);
-    let expected = tmp.join("expected");
-    extract_squashfs(&image, &expected);
-    check(&expected);
-    let mnt = Mounted::new(&image, &tmp.join("mnt"));
-    assert_trees_equal(&expected, mnt.path(), &opts);
-}
-
 /// Tar archives made from a list of top-level names have no member for the
 /// root directory: its attributes are not the archive's to compare.
-fn tar_opts() -> Options {
-    Options::default().root(false)
+fn tar_case(name: &str, check: impl FnOnce(&Path)) {
+    case(name, extract_tar, Options::default().root(false), check);
 }
 
-// ---------------------------------------------------------------------------
-// GNU tar formats
-
-#[test]
-fn tar_gnu() {
-    tar_case("gnu.tar", tar_opts(), |r| check_reference_full(r, GNU));
+fn squashfs_case(name: &str, check: impl FnOnce(&Path)) {
+    case(name, extract_squashfs, Options::default(), check);
 }
 
-#[test]
-fn tar_oldgnu() {
-    tar_case("oldgnu.tar", tar_opts(), |r| check_reference_full(r, GNU));
+/// A tar of the whole fixture tree, holding `holds` of it.
+fn full_tar(name: &str, holds: Holds) {
+    tar_case(name, |r| check_reference_full(r, holds));
 }
 
-#[test]
-fn tar_posix_pax_with_xattrs() {
-    tar_case("posix.tar", tar_opts(), |r| check_reference_full(r, PAX_XATTRS));
+/// A SquashFS image of the whole fixture tree.
+fn sq(name: &str) {
+    squashfs_case(name, |r| check_reference_full(r, SQUASHFS));
 }
 
-#[test]
-fn tar_ustar() {
-    tar_case("ustar.tar", tar_opts(), |r| check_reference_full(r, REDUCED));
-}
-
-#[test]
-fn tar_v7() {
-    tar_case("v7.tar", tar_opts(), |r| check_reference_full(r, REDUCED));
-}
-
-// ---------------------------------------------------------------------------
-// Sparse members
-
-#[test]
-fn tar_sparse_gnu() {
-    tar_case("sparse-gnu.tar", tar_opts(), check_reference_sparse);
-}
-
-#[test]
-fn tar_sparse_oldgnu() {
-    tar_case("sparse-oldgnu.tar", tar_opts(), check_reference_sparse);
-}
-
-#[test]
-fn tar_sparse_pax_0_0() {
-    tar_case("sparse-posix-0.0.tar", tar_opts(), check_reference_sparse);
-}
-
-#[test]
-fn tar_sparse_pax_0_1() {
-    tar_case("sparse-posix-0.1.tar", tar_opts(), check_reference_sparse);
-}
-
-#[test]
-fn tar_sparse_pax_1_0() {
-    tar_case("sparse-posix-1.0.tar", tar_opts(), check_reference_sparse);
-}
-
-// ---------------------------------------------------------------------------
-// Other producers
-
-#[test]
-fn tar_bsdtar_pax_with_xattrs() {
-    tar_case("bsdtar-pax.tar", tar_opts(), |r| check_reference_full(r, PAX_XATTRS));
-}
-
-#[test]
-fn tar_python_gnu() {
-    tar_case("python-gnu.tar", tar_opts(), |r| check_reference_full(r, GNU));
-}
-
-#[test]
-fn tar_python_pax() {
+cases! {
+    // GNU tar formats
+    tar_gnu => full_tar("gnu.tar", GNU);
+    tar_oldgnu => full_tar("oldgnu.tar", GNU);
+    tar_posix_pax_with_xattrs => full_tar("posix.tar", PAX_XATTRS);
+    tar_ustar => full_tar("ustar.tar", REDUCED);
+    tar_v7 => full_tar("v7.tar", REDUCED);
+    // Sparse members
+    tar_sparse_gnu => tar_case("sparse-gnu.tar", check_reference_sparse);
+    tar_sparse_oldgnu => tar_case("sparse-oldgnu.tar", check_reference_sparse);
+    tar_sparse_pax_0_0 => tar_case("sparse-posix-0.0.tar", check_reference_sparse);
+    tar_sparse_pax_0_1 => tar_case("sparse-posix-0.1.tar", check_reference_sparse);
+    tar_sparse_pax_1_0 => tar_case("sparse-posix-1.0.tar", check_reference_sparse);
+    // Other producers
+    tar_bsdtar_pax_with_xattrs => full_tar("bsdtar-pax.tar", PAX_XATTRS);
+    tar_python_gnu => full_tar("python-gnu.tar", GNU);
     // Python writes the mtime as a float ("1623760496.1234567"): tar and
     // stagefs must agree on the same (rounded) nanoseconds.
-    tar_case("python-pax.tar", tar_opts(), |r| {
-        check_reference_full(
-            r,
-            Holds { full: true, xattrs: false, ns: Some(123_456_700), hardlinks: true, empty_xattr: true },
-        )
+    tar_python_pax => full_tar("python-pax.tar", Holds { ns: Some(123_456_700), ..GNU });
+    // SquashFS
+    squashfs_gzip => sq("sqfs-gzip.sqfs");
+    squashfs_xz => sq("sqfs-xz.sqfs");
+    squashfs_lz4 => sq("sqfs-lz4.sqfs");
+    squashfs_zstd => sq("sqfs-zstd.sqfs");
+    squashfs_lzo => sq("sqfs-lzo.sqfs");
+    squashfs_uncompressed => sq("sqfs-uncompressed.sqfs");
+    squashfs_block_4k => sq("sqfs-block4k.sqfs");
+    squashfs_block_1m => sq("sqfs-block1m.sqfs");
+    squashfs_sparse_blocks => squashfs_case("sqfs-sparse.sqfs", check_reference_sparse);
+    // gensquashfs 1.2 --pack-dir does not detect hard links (the image has three separate
+    // inodes, and the mount must show them separate too) and drops the empty-valued xattr.
+    squashfs_gensquashfs => squashfs_case("sqfs-gensquashfs.sqfs", |r| {
+        check_reference_full(r, Holds { hardlinks: false, empty_xattr: false, ..SQUASHFS })
+    });
+    // Made from posix.tar, which has no root member: tar2sqfs gives the root default
+    // attributes, which unsquashfs and stagefs must agree on. It keeps the pax xattrs but
+    // SquashFS stores whole seconds.
+    squashfs_tar2sqfs => squashfs_case("sqfs-tar2sqfs.sqfs", |r| {
+        check_reference_full(r, Holds { ns: None, ..PAX_XATTRS })
     });
 }
 
@@ -251,8 +210,8 @@ fn tar_python_pax() {
 fn tar_implicit_parent_dirs() {
     // Only a/b/c/d has a member (after its own child); the other
     // directories exist only as parents of members.
-    let opts = tar_opts().skip_dir_attrs(["a", "a/b", "a/b/c", "hard", "links", "ünïcödé"]);
-    tar_case("implicit-dirs.tar", opts, |r| {
+    let opts = Options::default().root(false).skip_dir_attrs(["a", "a/b", "a/b/c", "hard", "links", "ünïcödé"]);
+    case("implicit-dirs.tar", extract_tar, opts, |r| {
         assert_eq!(count_entries(r), 13, "implicit-dirs reference tree");
         assert_eq!(read(&r.join("a/b/c/d/deep.txt")), b"deep file\n");
         assert_eq!(meta(r, "a/b/c/d").mtime(), T_DEFAULT);
@@ -264,19 +223,16 @@ fn tar_implicit_parent_dirs() {
     for d in ["a", "a/b", "a/b/c", "hard", "links"] {
         let md = fs::symlink_metadata(mnt.path().join(d)).unwrap();
         assert!(md.is_dir(), "{d} must be a directory");
-        assert_eq!(
-            md.mode() & 0o555,
-            0o555,
-            "implicit directory {d} must be readable and searchable, mode {:o}",
-            md.mode()
-        );
+        let mode = md.mode();
+        assert_eq!(mode & 0o555, 0o555, "implicit directory {d} must be readable and searchable, mode {mode:o}");
     }
 }
 
 #[test]
 fn tar_duplicate_member_later_wins() {
-    tar_case("duplicate.tar", tar_opts(), |r| {
-        assert_eq!(read(&r.join("dup/grow.txt")), b"second version, now much longer than the first\n");
+    let grow = b"second version, now much longer than the first\n";
+    tar_case("duplicate.tar", |r| {
+        assert_eq!(read(&r.join("dup/grow.txt")), grow);
         assert_eq!(read(&r.join("dup/shrink.txt")), b"second\n");
         assert_eq!(read(&r.join("dup/other.txt")), b"unchanged\n");
         assert_eq!(meta(r, "dup/grow.txt").mode() & 0o7777, 0o600);
@@ -285,7 +241,7 @@ fn tar_duplicate_member_later_wins() {
     // Also directly, in case tar and stagefs are wrong the same way.
     let tmp = TempDir::new("duplicate-direct");
     let mnt = Mounted::new(&fixture("duplicate.tar"), &tmp.join("mnt"));
-    assert_eq!(read(&mnt.path().join("dup/grow.txt")), b"second version, now much longer than the first\n");
+    assert_eq!(read(&mnt.path().join("dup/grow.txt")), grow);
     assert_eq!(read(&mnt.path().join("dup/shrink.txt")), b"second\n");
     let names: Vec<_> = fs::read_dir(mnt.path().join("dup")).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(names.len(), 3, "a duplicate member must appear once in readdir: {names:?}");
@@ -293,7 +249,7 @@ fn tar_duplicate_member_later_wins() {
 
 #[test]
 fn tar_concatenated_with_tar_a() {
-    tar_case("concat.tar", tar_opts(), |r| {
+    tar_case("concat.tar", |r| {
         // Both halves present.
         assert_eq!(read(&r.join("a/b/c/d/deep.txt")), b"deep file\n");
         assert_eq!(meta(r, "sizes/medium.bin").len(), 12000);
@@ -304,7 +260,7 @@ fn tar_concatenated_with_tar_a() {
 #[test]
 fn tar_dot_slash_prefixes() {
     // Members are "./", "./a/", ...: the "./" member describes the root.
-    tar_case("dot-prefix.tar", Options::default(), |r| {
+    case("dot-prefix.tar", extract_tar, Options::default(), |r| {
         check_reference_full(r, GNU);
         assert_eq!(meta(r, "").mtime(), T_DEFAULT);
     });
@@ -314,84 +270,12 @@ fn tar_dot_slash_prefixes() {
 fn tar_absolute_names() {
     // GNU tar strips the leading "/" when extracting; stagefs must too.
     // /stagefs-abs itself has no member.
-    tar_case("absolute.tar", tar_opts().skip_dir_attrs(["stagefs-abs"]), |r| {
+    case("absolute.tar", extract_tar, Options::default().root(false).skip_dir_attrs(["stagefs-abs"]), |r| {
         assert_eq!(read(&r.join("stagefs-abs/a/b/c/d/deep.txt")), b"deep file\n");
         assert_eq!(meta(r, "stagefs-abs/hard/one").ino(), meta(r, "stagefs-abs/hard/two").ino());
         assert_eq!(fs::read_dir(r).unwrap().count(), 1);
     });
 }
-
-// ---------------------------------------------------------------------------
-// SquashFS
-
-fn sq(name: &str) {
-    squashfs_case(name, Options::default(), |r| check_reference_full(r, SQUASHFS));
-}
-
-#[test]
-fn squashfs_gzip() {
-    sq("sqfs-gzip.sqfs");
-}
-
-#[test]
-fn squashfs_xz() {
-    sq("sqfs-xz.sqfs");
-}
-
-#[test]
-fn squashfs_lz4() {
-    sq("sqfs-lz4.sqfs");
-}
-
-#[test]
-fn squashfs_zstd() {
-    sq("sqfs-zstd.sqfs");
-}
-
-#[test]
-fn squashfs_lzo() {
-    sq("sqfs-lzo.sqfs");
-}
-
-#[test]
-fn squashfs_uncompressed() {
-    sq("sqfs-uncompressed.sqfs");
-}
-
-#[test]
-fn squashfs_block_4k() {
-    sq("sqfs-block4k.sqfs");
-}
-
-#[test]
-fn squashfs_block_1m() {
-    sq("sqfs-block1m.sqfs");
-}
-
-#[test]
-fn squashfs_sparse_blocks() {
-    squashfs_case("sqfs-sparse.sqfs", Options::default(), check_reference_sparse);
-}
-
-#[test]
-fn squashfs_gensquashfs() {
-    // gensquashfs 1.2 --pack-dir does not detect hard links (the image has
-    // three separate inodes, and the mount must show them separate too) and
-    // drops the empty-valued xattr.
-    squashfs_case("sqfs-gensquashfs.sqfs", Options::default(), |r| {
-        check_reference_full(r, Holds { hardlinks: false, empty_xattr: false, ..SQUASHFS })
-    });
-}
-
-#[test]
-fn squashfs_tar2sqfs() {
-    // Made from posix.tar, which has no root member: tar2sqfs gives the
-    // root default attributes, which unsquashfs and stagefs must agree on.
-    squashfs_case("sqfs-tar2sqfs.sqfs", Options::default(), |r| check_reference_full(r, PAX_XATTRS_SECONDS));
-}
-
-/// tar2sqfs keeps the pax xattrs but SquashFS stores whole seconds.
-const PAX_XATTRS_SECONDS: Holds = Holds { full: true, xattrs: true, ns: None, hardlinks: true, empty_xattr: true };
 
 // ---------------------------------------------------------------------------
 // Archives generated at test time: big, sparse, compressible
@@ -404,14 +288,10 @@ fn big_content() -> Vec<u8> {
     pseudo_random(42, BIG_LEN)
 }
 
+/// Whole records of the same length up to the first at or past 1.5 MiB.
 fn text_content() -> Vec<u8> {
-    let mut v = Vec::new();
-    let mut i = 0u64;
-    while v.len() < 1536 * 1024 {
-        v.extend_from_slice(format!("record {i:08}: compressible text for the block codecs\n").as_bytes());
-        i += 1;
-    }
-    v
+    let record = |i: u64| format!("record {i:08}: compressible text for the block codecs\n").into_bytes();
+    (0..(1536 * 1024u64).div_ceil(record(0).len() as u64)).flat_map(record).collect()
 }
 
 /// Builds the runtime source tree: a 3 MiB random file, an 8 MiB sparse file
@@ -453,8 +333,7 @@ fn check_random_access(mnt: &Path) {
                     }
                 }
             }
-            let want_end = (off as usize + len).min(big.len());
-            let want = &big[off as usize..want_end];
+            let want = &big[off as usize..(off as usize + len).min(big.len())];
             if &buf[..got] != want {
                 errors
                     .push(format!("read_at({off}, {len}): got {got} bytes, expected {}; content differs", want.len()));
@@ -469,57 +348,63 @@ fn check_random_access(mnt: &Path) {
     assert!(errors.is_empty(), "random access into {} failed:\n  {}", path.display(), errors.join("\n  "));
 
     // Concurrent readers of different files and regions.
-    let sparse_path = mnt.join("data/sparse.bin");
-    let text_path = mnt.join("data/text.txt");
-    let handles: Vec<_> = (0..4)
-        .map(|t| {
-            let (p, sp, tp) = (path.clone(), sparse_path.clone(), text_path.clone());
-            thread::spawn(move || -> Result<(), String> {
-                let big = big_content();
-                let text = text_content();
-                let f = fs::File::open(&p).map_err(|e| e.to_string())?;
-                for i in 0..20u64 {
-                    let off = (i * 150_001 + t * 37_003) % (BIG_LEN as u64 - 70_000);
-                    let mut buf = vec![0u8; 65_536 + 3];
-                    f.read_exact_at(&mut buf, off).map_err(|e| format!("big.bin at {off}: {e}"))?;
-                    if buf[..] != big[off as usize..off as usize + buf.len()] {
-                        return Err(format!("thread {t}: big.bin differs at offset {off}"));
-                    }
-                }
-                let s = fs::read(&sp).map_err(|e| e.to_string())?;
-                if s.len() as u64 != SPARSE_LEN || &s[s.len() - 3..] != b"END" {
-                    return Err(format!("thread {t}: sparse.bin wrong (len {})", s.len()));
-                }
-                if fs::read(&tp).map_err(|e| e.to_string())? != text {
-                    return Err(format!("thread {t}: text.txt differs"));
-                }
-                Ok(())
-            })
-        })
-        .collect();
-    let errs: Vec<String> = handles.into_iter().filter_map(|h| h.join().unwrap().err()).collect();
+    let text = text_content();
+    let reader = |t: u64| -> Result<(), String> {
+        let f = fs::File::open(&path).map_err(|e| e.to_string())?;
+        for i in 0..20u64 {
+            let off = (i * 150_001 + t * 37_003) % (BIG_LEN as u64 - 70_000);
+            let mut buf = vec![0u8; 65_536 + 3];
+            f.read_exact_at(&mut buf, off).map_err(|e| format!("big.bin at {off}: {e}"))?;
+            if buf[..] != big[off as usize..off as usize + buf.len()] {
+                return Err(format!("thread {t}: big.bin differs at offset {off}"));
+            }
+        }
+        let s = fs::read(mnt.join("data/sparse.bin")).map_err(|e| e.to_string())?;
+        if s.len() as u64 != SPARSE_LEN || &s[s.len() - 3..] != b"END" {
+            return Err(format!("thread {t}: sparse.bin wrong (len {})", s.len()));
+        }
+        if fs::read(mnt.join("data/text.txt")).map_err(|e| e.to_string())? != text {
+            return Err(format!("thread {t}: text.txt differs"));
+        }
+        Ok(())
+    };
+    let errs: Vec<String> = thread::scope(|s| {
+        let handles: Vec<_> = (0..4).map(|t| s.spawn(move || reader(t))).collect();
+        handles.into_iter().filter_map(|h| h.join().unwrap().err()).collect()
+    });
     assert!(errs.is_empty(), "concurrent reads failed:\n  {}", errs.join("\n  "));
 }
 
-/// Packs the runtime tree with `pack`, then extract/mount/compare, plus the
-/// direct content checks.
-fn runtime_case(label: &str, squashfs: bool, pack: impl FnOnce(&Path, &Path)) {
+/// How `runtime_case` packs the tree: GNU tar or mksquashfs, with these options.
+enum Pack {
+    Tar(&'static [&'static str]),
+    Squashfs(&'static [&'static str]),
+}
+
+/// Packs the runtime tree, then extract/mount/compare, plus the direct content checks;
+/// returns the archive's size.
+fn runtime_case(label: &str, pack: Pack) -> u64 {
     require_root();
     let tmp = TempDir::new(label);
     let src = tmp.join("src");
     make_runtime_tree(&src);
+    let squashfs = matches!(pack, Pack::Squashfs(_));
     let archive = tmp.join(if squashfs { "archive.sqfs" } else { "archive.tar" });
-    pack(&src, &archive);
     let expected = tmp.join("expected");
-    if squashfs {
-        extract_squashfs(&archive, &expected);
-    } else {
-        extract_tar(&archive, &expected);
+    match pack {
+        Pack::Tar(opts) => {
+            run_tool("tar", opts.iter().map(OsStr::new).chain(osargs!["-C", src, "-cf", archive, "data"]));
+            extract_tar(&archive, &expected);
+        }
+        Pack::Squashfs(opts) => {
+            let quiet = ["-noappend", "-quiet", "-no-progress"];
+            run_tool("mksquashfs", osargs![src, archive].into_iter().chain(quiet.iter().chain(opts).map(OsStr::new)));
+            extract_squashfs(&archive, &expected);
+        }
     }
     assert_eq!(read(&expected.join("data/big.bin")), big_content(), "reference extraction of big.bin");
     let mnt = Mounted::new(&archive, &tmp.join("mnt"));
-    let opts = if squashfs { Options::default() } else { Options::default().root(false) };
-    assert_trees_equal(&expected, mnt.path(), &opts);
+    assert_trees_equal(&expected, mnt.path(), &Options::default().root(squashfs));
     // The source tree too (content, sizes, types): catches a bug shared by
     // the extracting tool and stagefs.
     for rel in ["data/big.bin", "data/text.txt", "data/sparse.bin", "data/hole-only.bin", "data/nested/small.txt"] {
@@ -527,79 +412,25 @@ fn runtime_case(label: &str, squashfs: bool, pack: impl FnOnce(&Path, &Path)) {
         assert!(a == b, "{rel}: mount differs from the source file (len {} vs {})", a.len(), b.len());
     }
     check_random_access(mnt.path());
+    fs::metadata(&archive).unwrap().len()
 }
 
-fn tar_args(src: &Path, archive: &Path, extra: &[&str]) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = extra.iter().map(PathBuf::from).collect();
-    v.extend([
-        PathBuf::from("-C"),
-        src.to_path_buf(),
-        PathBuf::from("-cf"),
-        archive.to_path_buf(),
-        PathBuf::from("data"),
-    ]);
-    v
-}
+use Pack::{Squashfs, Tar};
 
-#[test]
-fn runtime_big_gnu_tar() {
-    runtime_case("runtime-gnu", false, |src, a| {
-        run_tool("tar", tar_args(src, a, &["--format=gnu"]));
-    });
-}
-
-#[test]
-fn runtime_big_gnu_tar_sparse() {
-    runtime_case("runtime-gnu-sparse", false, |src, a| {
-        run_tool("tar", tar_args(src, a, &["--format=gnu", "--sparse"]));
-        let len = fs::metadata(a).unwrap().len();
+cases! {
+    runtime_big_gnu_tar => runtime_case("runtime-gnu", Tar(&["--format=gnu"]));
+    runtime_big_gnu_tar_sparse => {
+        let len = runtime_case("runtime-gnu-sparse", Tar(&["--format=gnu", "--sparse"]));
         assert!(len < 6 * MIB, "the sparse archive should not store the holes (size {len})");
-    });
-}
-
-#[test]
-fn runtime_big_pax_tar_sparse() {
-    runtime_case("runtime-pax-sparse", false, |src, a| {
-        run_tool("tar", tar_args(src, a, &["--format=posix", "--sparse"]));
-    });
-}
-
-#[test]
-fn runtime_big_squashfs_gzip() {
-    runtime_case("runtime-sqfs-gzip", true, |src, a| {
-        run_tool("mksquashfs", [src, a, Path::new("-noappend"), Path::new("-quiet"), Path::new("-no-progress")]);
-    });
-}
-
-#[test]
-fn runtime_big_squashfs_zstd_4k() {
-    runtime_case("runtime-sqfs-zstd-4k", true, |src, a| {
-        let args: Vec<&OsStr> = vec![
-            src.as_os_str(),
-            a.as_os_str(),
-            OsStr::new("-noappend"),
-            OsStr::new("-quiet"),
-            OsStr::new("-no-progress"),
-            OsStr::new("-comp"),
-            OsStr::new("zstd"),
-            OsStr::new("-b"),
-            OsStr::new("4K"),
-        ];
-        run_tool("mksquashfs", args);
-    });
+    };
+    runtime_big_pax_tar_sparse => runtime_case("runtime-pax-sparse", Tar(&["--format=posix", "--sparse"]));
+    runtime_big_squashfs_gzip => runtime_case("runtime-sqfs-gzip", Squashfs(&[]));
+    runtime_big_squashfs_zstd_4k => runtime_case("runtime-sqfs-zstd-4k", Squashfs(&["-comp", "zstd", "-b", "4K"]));
 }
 
 /// `lgetxattr(path, name)`'s errno (0 when the attribute exists).
 fn getxattr_errno(path: &Path, name: &str) -> i32 {
-    use std::os::unix::ffi::OsStrExt;
-    let (p, n) = (std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap(), std::ffi::CString::new(name).unwrap());
-    // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
-    let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) };
-    if r < 0 {
-        std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
-    } else {
-        0
-    }
+    xattr(path, name).err().map_or(0, |e| e.raw_os_error().unwrap_or(0))
 }
 
 /// An archive without any extended attribute answers the first xattr request with ENOSYS,
@@ -618,18 +449,9 @@ fn xattr_requests_stop_for_archives_without_xattrs() {
     assert!(xattrs(&m.path().join("a.txt")).unwrap().is_empty());
     drop(m);
 
-    let c = std::ffi::CString::new(src.join("a.txt").as_os_str().as_encoded_bytes()).unwrap();
-    // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
-    let set = unsafe { libc::lsetxattr(c.as_ptr(), c"user.k".as_ptr(), b"v".as_ptr().cast(), 1, 0) };
-    assert_eq!(set, 0, "lsetxattr: {}", std::io::Error::last_os_error());
+    run_tool("setfattr", osargs!["-n", "user.k", "-v", "v", src.join("a.txt")]);
     let with = tmp.join("xattrs.tar");
-    run_tool(
-        "tar",
-        ["--format=posix", "--xattrs", "--xattrs-include=user.*", "-C"]
-            .map(OsStr::new)
-            .into_iter()
-            .chain(osargs![src, "-cf", with, "a.txt"]),
-    );
+    run_tool("tar", osargs!["--format=posix", "--xattrs", "--xattrs-include=user.*", "-C", src, "-cf", with, "a.txt"]);
     let m = Mounted::new(&with, &tmp.join("mnt-xattrs"));
     assert_eq!(getxattr_errno(&m.path().join("a.txt"), "user.k"), 0);
     assert_eq!(getxattr_errno(&m.path().join("a.txt"), "user.x"), libc::ENODATA);

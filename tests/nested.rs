@@ -6,21 +6,16 @@
 
 use std::ffi::OsStr;
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::compare::{assert_trees_equal, Options};
 use crate::kit::*;
-
-/// `tar -cf ARCHIVE -C DIR .` with GNU tar, in `format`.
-fn tar_dir(format: &str, dir: &Path, archive: &Path) {
-    run_tool("tar", osargs![&format!("--format={format}"), "-C", dir, "-cf", archive, "."]);
-}
 
 /// An ImageNet-shaped archive: two class tars (GNU and pax, one with a nested tar of its
 /// own and a 300 KiB file), a file that only ends in `.tar`, a gzip tar, a tar whose
 /// directory name a sibling takes, and a plain file. Returns the archive and the tree it
 /// mounts as with `--recursive` (each inner tar extracted by GNU tar in its place).
-fn imagenet_like(tmp: &TempDir) -> (std::path::PathBuf, std::path::PathBuf) {
+fn imagenet_like(tmp: &TempDir) -> (PathBuf, PathBuf) {
     let class = |name: &str, files: usize| {
         let dir = tmp.join("classes").join(name);
         fs::create_dir_all(dir.join("sub")).unwrap();
@@ -32,28 +27,30 @@ fn imagenet_like(tmp: &TempDir) -> (std::path::PathBuf, std::path::PathBuf) {
     };
     let outer = tmp.join("outer");
     fs::create_dir_all(&outer).unwrap();
-    tar_dir("gnu", &class("n01440764", 20), &outer.join("n01440764.tar"));
+    pack_tar(&class("n01440764", 20), &outer.join("n01440764.tar"), &["."]);
     let second = class("n01443537", 5);
-    tar_dir("gnu", &class("deep", 3), &second.join("deeper.tar"));
-    tar_dir("pax", &second, &outer.join("n01443537.tar"));
+    pack_tar(&class("deep", 3), &second.join("deeper.tar"), &["."]);
+    run_tool("tar", osargs!["--format=pax", "-C", second, "-cf", outer.join("n01443537.tar"), "."]);
     fs::write(outer.join("notes.tar"), b"not an archive, just a name\n").unwrap();
-    tar_dir("gnu", &class("zipped", 2), &outer.join("zipped.tar"));
+    pack_tar(&class("zipped", 2), &outer.join("zipped.tar"), &["."]);
     run_tool("gzip", [outer.join("zipped.tar").as_os_str()]);
-    tar_dir("gnu", &class("clash", 2), &outer.join("clash.tar"));
+    pack_tar(&class("clash", 2), &outer.join("clash.tar"), &["."]);
     fs::create_dir(outer.join("clash")).unwrap();
     fs::write(outer.join("clash/own.txt"), b"the directory's own file\n").unwrap();
     fs::write(outer.join("README"), b"plain\n").unwrap();
-    let archive = tmp.join("train.tar");
-    tar_dir("gnu", &outer, &archive);
+    // Each openable inner tar, the nested one too.
+    let opened = ["n01440764.tar", "n01443537.tar", "zipped.tar.gz", "n01443537/deeper.tar"];
+    nest(&outer, tmp.join("train.tar"), tmp.join("expected"), &opened)
+}
 
-    // The expected tree: the outer archive extracted, each openable inner tar replaced by
-    // its extraction (the nested one too).
-    let expected = tmp.join("expected");
+/// `outer` packed by GNU tar into `archive`, and the tree `--recursive` shows, at `expected`:
+/// the archive extracted, each of `opened` (in order) replaced by its extraction.
+fn nest(outer: &Path, archive: PathBuf, expected: PathBuf, opened: &[&str]) -> (PathBuf, PathBuf) {
+    pack_tar(outer, &archive, &["."]);
     extract_tar(&archive, &expected);
-    for inner in ["n01440764.tar", "n01443537.tar", "zipped.tar.gz"] {
+    for inner in opened {
         open_in_place(&expected, inner);
     }
-    open_in_place(&expected, "n01443537/deeper.tar");
     (archive, expected)
 }
 
@@ -99,10 +96,8 @@ fn the_saved_index_covers_the_nesting_and_is_kept_apart_from_the_flat_one() {
     let mnt = tmp.join("mnt");
     let (m, out) = StagefsCmd::new(osargs!["-v", "mount", "--recursive", archive, mnt]).mounts(&archive, &mnt);
     out.assert_stderr_has(&["using saved index"]);
-    assert_eq!(
-        fs::read(mnt.join("n01443537/deeper/sub/big.bin")).unwrap(),
-        fs::read(expected.join("n01443537/deeper/sub/big.bin")).unwrap()
-    );
+    let big = "n01443537/deeper/sub/big.bin";
+    assert!(read(&mnt.join(big)) == read(&expected.join(big)), "{big} differs");
     m.unmount().assert_success();
     // A flat mount does not take the recursive index.
     let (m, out) = StagefsCmd::new(osargs!["-v", "mount", archive, mnt]).mounts(&archive, &mnt);
@@ -121,7 +116,7 @@ fn tar_compressed(program: &str, dir: &Path, archive: &Path) {
 /// restart points), `.tar.zst` (zstd's single frame, and pzstd), `.tar.xz` (`xz -T0`),
 /// `.tar.bz2` and a `.tgz` holding a plain tar of its own; plus `broken.tar.gz`, a gzip
 /// tar damaged in its middle. Returns the archive and the tree `--recursive` shows.
-fn imagenet21k_like(tmp: &TempDir) -> (std::path::PathBuf, std::path::PathBuf) {
+fn imagenet21k_like(tmp: &TempDir) -> (PathBuf, PathBuf) {
     let outer = tmp.join("outer21k");
     fs::create_dir_all(&outer).unwrap();
     let class = |name: &str, files: usize, big: usize| {
@@ -141,23 +136,15 @@ fn imagenet21k_like(tmp: &TempDir) -> (std::path::PathBuf, std::path::PathBuf) {
     tar_compressed("xz -T0", &class("n00004", 10, 0), &outer.join("n00004.tar.xz"));
     tar_compressed("bzip2", &class("n00005", 10, 300 << 10), &outer.join("n00005.tar.bz2"));
     let holder = class("n00006", 3, 0);
-    tar_dir("gnu", &class("inside", 4, 0), &holder.join("inside.tar"));
+    pack_tar(&class("inside", 4, 0), &holder.join("inside.tar"), &["."]);
     tar_compressed("gzip", &holder, &outer.join("n00006.tgz"));
     tar_compressed("gzip", &class("broken", 5, 2 << 20), &outer.join("broken.tar.gz"));
     let mut damaged = fs::read(outer.join("broken.tar.gz")).unwrap();
     let middle = damaged.len() / 2;
     damaged[middle..middle + 256].fill(0x55);
     fs::write(outer.join("broken.tar.gz"), damaged).unwrap();
-    let archive = tmp.join("winter21.tar");
-    tar_dir("gnu", &outer, &archive);
-    let expected = tmp.join("expected21k");
-    extract_tar(&archive, &expected);
-    for inner in ["n00001.tar.gz", "n00002.tar.zst", "n00003.tar.zst", "n00004.tar.xz", "n00005.tar.bz2", "n00006.tgz"]
-    {
-        open_in_place(&expected, inner);
-    }
-    open_in_place(&expected, "n00006/inside.tar");
-    (archive, expected)
+    let opened = ["n00001.tar.gz", "n00002.tar.zst", "n00003.tar.zst", "n00004.tar.xz", "n00005.tar.bz2", "n00006.tgz"];
+    nest(&outer, tmp.join("winter21.tar"), tmp.join("expected21k"), &[&opened[..], &["n00006/inside.tar"]].concat())
 }
 
 const OPENED_21K: [&str; 7] = ["n00001", "n00002", "n00003", "n00004", "n00005", "n00006", "n00006/inside"];
@@ -178,36 +165,27 @@ fn compressed_inner_tars_mount_as_directories_and_their_index_is_saved() {
     let opts = Options::default().root(false).xattrs(false).dir_nlink(false).skip_dir_attrs(OPENED_21K);
     assert_trees_equal(&expected, &mnt, &opts);
     assert!(mnt.join("broken.tar.gz").is_file(), "the damaged gzip stays a file");
-    assert_eq!(
-        fs::read(mnt.join("n00002/n00002_3.JPEG")).unwrap(),
-        fs::read(expected.join("n00002/n00002_3.JPEG")).unwrap()
-    );
+    let jpeg = "n00002/n00002_3.JPEG";
+    assert!(read(&mnt.join(jpeg)) == read(&expected.join(jpeg)), "{jpeg} differs");
     m.unmount().assert_success();
 
     let out = stagefs(osargs!["index", "--recursive", archive]);
     out.assert_success();
     let verbose_mount = |extra: &[&str]| {
-        let mut args = vec![OsStr::new("-v"), OsStr::new("mount")];
-        args.extend(extra.iter().map(OsStr::new));
-        args.extend([archive.as_os_str(), mnt.as_os_str()]);
-        let out = stagefs(args);
-        (Mounted::adopt(&archive, &mnt), out)
+        StagefsCmd::new(osargs!["-v", "mount"]).args(extra).args([&archive, &mnt]).mounts(&archive, &mnt)
     };
     let (m, out) = verbose_mount(&["--recursive"]);
-    out.assert_success();
     out.assert_stderr_has(&["using saved index"]);
     assert_trees_equal(&expected, &mnt, &opts);
     m.unmount().assert_success();
 
     // One level: the saved index (8 levels) is not used, and the tar inside n00006 stays a file.
     let (m, out) = verbose_mount(&["--recursion-depth", "1"]);
-    out.assert_success();
     out.assert_stderr_has(&["with --recursion-depth 8, this mount asks with --recursion-depth 1"]);
     assert!(mnt.join("n00006/inside.tar").is_file() && mnt.join("n00001/big.bin").is_file());
     m.unmount().assert_success();
     // Depth 0 is no nesting at all.
-    let (m, out) = verbose_mount(&["--recursion-depth", "0"]);
-    out.assert_success();
+    let (m, _) = verbose_mount(&["--recursion-depth", "0"]);
     assert!(mnt.join("n00001.tar.gz").is_file() && !mnt.join("n00001").exists());
     m.unmount().assert_success();
 }
@@ -217,27 +195,23 @@ fn compressed_inner_tars_mount_as_directories_and_their_index_is_saved() {
 /// the 240 MiB a cache per inner tar would keep.
 #[test]
 fn many_compressed_inner_tars_share_one_cache() {
-    let tmp = TempDir::new("nested-many");
-    let class = tmp.join("class");
-    fs::create_dir_all(&class).unwrap();
-    fs::write(class.join("a.bin"), vec![0u8; 3 << 20]).unwrap();
-    let one = tmp.join("one.tar.gz");
-    tar_compressed("gzip", &class, &one);
+    let s = Scene::new("nested-many").file("a.bin", vec![0u8; 3 << 20]);
+    let (tmp, one) = (&s.tmp, s.join("one.tar.gz"));
+    tar_compressed("gzip", s.src(), &one);
     let outer = tmp.join("outer");
     fs::create_dir_all(&outer).unwrap();
     for i in 0..80 {
         fs::copy(&one, outer.join(format!("c{i:03}.tar.gz"))).unwrap();
     }
     let archive = tmp.join("many.tar");
-    tar_dir("gnu", &outer, &archive);
+    pack_tar(&outer, &archive, &["."]);
     let mnt = tmp.join("mnt");
     let m = Mounted::with_args(&["--recursive", "--stage", "none", "--max-ram", "1G"], &archive, &mnt);
     let want = vec![0u8; 3 << 20];
     for i in 0..80 {
-        assert!(fs::read(mnt.join(format!("c{i:03}/a.bin"))).unwrap() == want, "c{i:03}/a.bin");
+        assert!(read(&mnt.join(format!("c{i:03}/a.bin"))) == want, "c{i:03}/a.bin");
     }
-    let pid = m.daemon_pids().first().copied().expect("a daemon");
-    let peak = proc_kb_field(&format!("/proc/{pid}/status"), "VmHWM");
+    let peak = m.daemon_peak();
     m.unmount().assert_success();
     eprintln!("daemon peak: {} MiB", peak >> 20);
     assert!(peak < 200 << 20, "the daemon's peak is {} MiB", peak >> 20);

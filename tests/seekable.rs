@@ -10,40 +10,48 @@ use std::path::{Path, PathBuf};
 use crate::compare::{assert_trees_equal, Options};
 use crate::kit::*;
 
+/// `files` (path, bytes) written under `tmp/name` and packed by GNU tar into `name.tar`;
+/// returns (the tree as `tar -x` extracts it, tar).
+fn tree_tar(tmp: &TempDir, name: &str, files: impl IntoIterator<Item = (String, Vec<u8>)>) -> (PathBuf, PathBuf) {
+    let src = tmp.join(name);
+    for (path, bytes) in files {
+        fs::create_dir_all(src.join(&path).parent().unwrap()).unwrap();
+        fs::write(src.join(path), bytes).unwrap();
+    }
+    let tar = tmp.join(format!("{name}.tar"));
+    pack_tar(&src, &tar, &["."]);
+    let extracted = tmp.join(format!("{name}-extracted"));
+    extract_tar(&tar, &extracted);
+    (extracted, tar)
+}
+
+/// `files` files `d/NNNN.bin` made by `content(i)`, as [`tree_tar`].
+fn numbered_tar(tmp: &TempDir, name: &str, files: u64, content: impl Fn(u64) -> Vec<u8>) -> (PathBuf, PathBuf) {
+    tree_tar(tmp, name, (0..files).map(|i| (format!("d/{i:04}.bin"), content(i))))
+}
+
 /// A tree of 300 small text and binary files and one 24 MiB file (text with random
-/// runs), packed by GNU tar; returns (the tree as `tar -x` extracts it, tar).
+/// runs), as [`tree_tar`].
 fn dataset(tmp: &TempDir) -> (PathBuf, PathBuf) {
-    let src = tmp.join("src");
-    for d in 0..6 {
-        fs::create_dir_all(src.join(format!("class{d}"))).unwrap();
-        for f in 0..50 {
-            let seed = d * 100 + f;
-            let bytes = if f % 3 == 0 {
-                pseudo_random(seed, 3000 + f as usize * 97)
-            } else {
-                text_like(seed, 20_000 + f as usize * 1013)
-            };
-            fs::write(src.join(format!("class{d}/{f:03}.bin")), bytes).unwrap();
-        }
+    let mut files = Vec::new();
+    for (d, f) in (0..6u64).flat_map(|d| (0..50u64).map(move |f| (d, f))) {
+        let (seed, n) = (d * 100 + f, f as usize);
+        let bytes = if f % 3 == 0 { pseudo_random(seed, 3000 + n * 97) } else { text_like(seed, 20_000 + n * 1013) };
+        files.push((format!("class{d}/{f:03}.bin"), bytes));
     }
     let mut big = text_like(7, 24 << 20);
     for (i, run) in big.chunks_mut(1 << 20).enumerate() {
         run[..4096].copy_from_slice(&pseudo_random(i as u64, 4096));
     }
-    fs::write(src.join("big.bin"), big).unwrap();
-    let tar = tmp.join("data.tar");
-    let out = run_tool("tar", ["-cf".as_ref(), tar.as_os_str(), "-C".as_ref(), src.as_os_str(), ".".as_ref()]);
-    out.assert_success();
-    let extracted = tmp.join("extracted");
-    extract_tar(&tar, &extracted);
-    (extracted, tar)
+    files.push(("big.bin".to_string(), big));
+    tree_tar(tmp, "data", files)
 }
 
 /// `tool ARGS` reading the tar on stdin, writing `out`.
 fn compress(tool: &str, args: &[&str], tar: &Path, out: &Path) {
     let script =
         format!("{} {} < '{}' > '{}'", require_tool(tool).display(), args.join(" "), tar.display(), out.display());
-    run_tool("sh", ["-c", script.as_str()]).assert_success();
+    run_tool("sh", ["-c", script.as_str()]);
 }
 
 /// Reads of `len` bytes at offsets around the 4 MiB chunk boundaries of `big.bin`,
@@ -59,6 +67,19 @@ fn assert_reads_anywhere(src: &Path, mnt: &Path) {
         let n = f.read_at(&mut buf, at).unwrap();
         assert!(n > 0 && buf[..n] == want[at as usize..at as usize + n], "big.bin: {n} bytes at {at} differ");
     }
+}
+
+/// `names` read under `mnt` by 4 readers at once, each compared with the same name under `want`.
+fn read_by_four(mnt: &Path, want: &Path, names: &[String]) {
+    std::thread::scope(|s| {
+        for reader in 0..4 {
+            s.spawn(move || {
+                for name in names.iter().skip(reader).step_by(4) {
+                    assert!(read(&mnt.join(name)) == read(&want.join(name)), "{name} differs");
+                }
+            });
+        }
+    });
 }
 
 #[test]
@@ -93,11 +114,6 @@ fn compressed_tars_from_the_real_tools_are_served_from_restart_points() {
     }
 }
 
-/// The daemon's peak resident memory, in bytes.
-fn daemon_peak(pid: i32) -> u64 {
-    proc_kb_field(&format!("/proc/{pid}/status"), "VmHWM")
-}
-
 /// 384 MiB of tar in a 10× smaller .tar.gz, read whole by 4 readers at once: every byte
 /// right, and the daemon's peak memory far below the decompressed size (the chunk
 /// cache is 128 MiB) although `--max-ram` is 64 MiB and nothing was staged.
@@ -111,25 +127,14 @@ fn a_compressed_tar_larger_than_the_ram_budget_reads_in_bounded_memory() {
         fs::write(src.join(format!("part{i:02}.txt")), text_like(100 + i, 8 << 20)).unwrap();
     }
     let tar = tmp.join("big.tar");
-    run_tool("tar", ["-cf".as_ref(), tar.as_os_str(), "-C".as_ref(), src.as_os_str(), ".".as_ref()]).assert_success();
+    pack_tar(&src, &tar, &["."]);
     let gz = tmp.join("big.tar.gz");
     compress("pigz", &["-p", "2", "-1", "-c"], &tar, &gz);
     fs::remove_file(&tar).unwrap();
     let decoded = 48u64 << 23;
     let m = Mounted::with_args(&["--max-ram", "64M"], &gz, &tmp.join("mnt"));
-    let pid = m.daemon_pids()[0];
-    let names: Vec<String> = (0..48).map(|i| format!("part{i:02}.txt")).collect();
-    std::thread::scope(|s| {
-        for reader in 0..4 {
-            let (names, src, mnt) = (&names, &src, m.path());
-            s.spawn(move || {
-                for name in names.iter().skip(reader).step_by(4) {
-                    assert!(read(&mnt.join(name)) == read(&src.join(name)), "{name} differs");
-                }
-            });
-        }
-    });
-    let peak = daemon_peak(pid);
+    read_by_four(m.path(), &src, &(0..48).map(|i| format!("part{i:02}.txt")).collect::<Vec<_>>());
+    let peak = m.daemon_peak();
     eprintln!("daemon peak {} MiB for {} MiB decompressed", peak >> 20, decoded >> 20);
     assert!(peak < decoded / 2, "daemon peak {} MiB: memory follows the archive ({} MiB)", peak >> 20, decoded >> 20);
     m.unmount().assert_success();
@@ -145,7 +150,7 @@ fn restart_points_are_saved_with_the_index() {
     let (src, tar) = dataset(&tmp);
     let gz = tmp.join("data.tar.gz");
     compress("gzip", &["-c"], &tar, &gz);
-    stagefs(["index".as_ref(), gz.as_os_str()]).assert_success();
+    stagefs(osargs!["index", gz]).assert_success();
     let index = tmp.join("data.tar.gz.stagefs-index");
     assert!(index.is_file());
     let mnt = tmp.join("mnt");
@@ -154,14 +159,7 @@ fn restart_points_are_saved_with_the_index() {
     let log = fg.finish();
     assert!(log.contains("using saved index") && !log.contains("indexed archive"), "{log}");
 
-    let copy = stagefs([
-        "-v".as_ref(),
-        "mount".as_ref(),
-        "--stage".as_ref(),
-        "copy".as_ref(),
-        gz.as_os_str(),
-        mnt.as_os_str(),
-    ]);
+    let copy = stagefs(osargs!["-v", "mount", "--stage", "copy", gz, mnt]);
     copy.assert_success();
     let _guard = UnmountOnDrop(mnt.clone());
     // Decoded whole, it has an index of its own: the restart points' stays (issue 35, item 11).
@@ -205,7 +203,7 @@ with tarfile.open(sys.argv[1], "w", format=tarfile.PAX_FORMAT) as t:
     t.addfile(info, io.BytesIO(b"hello"))
 "#;
     let tar = tmp.join("pax.tar");
-    run_tool("python3", ["-c", script, tar.to_str().unwrap()]).assert_success();
+    run_tool("python3", osargs!["-c", script, tar]);
     let gz = tmp.join("pax.tar.gz");
     compress("gzip", &["-c"], &tar, &gz);
     let mnt = tmp.join("mnt");
@@ -224,17 +222,14 @@ with tarfile.open(sys.argv[1], "w", format=tarfile.PAX_FORMAT) as t:
 fn a_large_zstd_frame_reads_front_to_back_and_its_neighbours_read_at_once() {
     require_root();
     let tmp = TempDir::new("seekable-big-frame");
-    let src = tmp.join("src");
-    fs::create_dir_all(src.join("small")).unwrap();
-    fs::write(src.join("big.bin"), text_like(21, 48 << 20)).unwrap();
-    for i in 0..200 {
-        fs::write(src.join(format!("small/{i:03}.txt")), text_like(1000 + i, 10_000 + (i as usize * 331) % 40_000))
-            .unwrap();
-    }
+    let names: Vec<String> = (0..200).map(|i| format!("small/{i:03}.txt")).collect();
+    let mut files: Vec<_> =
+        (0..200).map(|i| (names[i].clone(), text_like(1000 + i as u64, 10_000 + i * 331 % 40_000))).collect();
+    // big.bin made after the directory small/, before the rest of its files.
+    files.insert(1, ("big.bin".to_string(), text_like(21, 48 << 20)));
+    let (extracted, tar) = tree_tar(&tmp, "data", files);
     // Three tars: the small files, the big file, the small files again under another
     // name order; each run of `zstd` makes a frame, concatenated into one tar stream.
-    let tar = tmp.join("data.tar");
-    run_tool("tar", ["-C".as_ref(), src.as_os_str(), "-cf".as_ref(), tar.as_os_str(), ".".as_ref()]).assert_success();
     let bytes = read(&tar);
     let big_at = bytes.windows(7).position(|w| w == b"big.bin").expect("big.bin's header") as u64 / 512 * 512;
     let cuts = [0, big_at as usize, (big_at as usize + 512 + (48 << 20)).min(bytes.len()), bytes.len()];
@@ -243,14 +238,11 @@ fn a_large_zstd_frame_reads_front_to_back_and_its_neighbours_read_at_once() {
         let part = tmp.join("part");
         fs::write(&part, &bytes[w[0]..w[1]]).unwrap();
         let out = tmp.join("part.zst");
-        run_tool("zstd", ["-q".as_ref(), "-f".as_ref(), part.as_os_str(), "-o".as_ref(), out.as_os_str()])
-            .assert_success();
+        run_tool("zstd", osargs!["-q", "-f", part, "-o", out]);
         zst.extend(read(&out));
     }
     let archive = tmp.join("data.tar.zst");
     fs::write(&archive, zst).unwrap();
-    let extracted = tmp.join("extracted");
-    extract_tar(&tar, &extracted);
     let m = Mounted::new(&archive, &tmp.join("mnt"));
     let want = read(&extracted.join("big.bin"));
     let f = fs::File::open(m.path().join("big.bin")).unwrap();
@@ -260,38 +252,13 @@ fn a_large_zstd_frame_reads_front_to_back_and_its_neighbours_read_at_once() {
         assert!(buf[..n] == want[at..at + n], "big.bin differs at {at}");
     }
     drop(f);
-    std::thread::scope(|s| {
-        for reader in 0..4 {
-            let (mnt, extracted) = (m.path(), &extracted);
-            s.spawn(move || {
-                for i in (reader..200).step_by(4) {
-                    let name = format!("small/{i:03}.txt");
-                    assert!(read(&mnt.join(&name)) == read(&extracted.join(&name)), "{name} differs");
-                }
-            });
-        }
-    });
+    read_by_four(m.path(), &extracted, &names);
     m.unmount().assert_success();
 }
 
 /// Chunks of 256 KiB for the parallel gzip pass (a test hook; 4 MiB otherwise), so that
 /// these archives have dozens of chunk ends, and the parallel pass even on one core.
 const SMALL_CHUNKS: &str = "262144";
-
-/// A tree of `files` files made by `content(i)`, packed by GNU tar; returns (the tree
-/// as `tar -x` extracts it, tar).
-fn tree_tar(tmp: &TempDir, name: &str, files: u64, content: impl Fn(u64) -> Vec<u8>) -> (PathBuf, PathBuf) {
-    let src = tmp.join(name);
-    fs::create_dir_all(src.join("d")).unwrap();
-    for i in 0..files {
-        fs::write(src.join(format!("d/{i:04}.bin")), content(i)).unwrap();
-    }
-    let tar = tmp.join(format!("{name}.tar"));
-    run_tool("tar", ["-cf".as_ref(), tar.as_os_str(), "-C".as_ref(), src.as_os_str(), ".".as_ref()]).assert_success();
-    let extracted = tmp.join(format!("{name}-extracted"));
-    extract_tar(&tar, &extracted);
-    (extracted, tar)
-}
 
 /// Bytes that look like deflate block starts at almost every offset once stored
 /// verbatim (`pigz -0`): chains of empty stored blocks (`00 | 00 00 ff ff`, which decode
@@ -334,21 +301,16 @@ fn gzip_tars_decoded_in_parallel_chunks_match_gnu_tar() {
     let tmp = TempDir::new("seekable-pgzip");
     let (data_src, data_tar) = dataset(&tmp);
     let (random_src, random_tar) =
-        tree_tar(&tmp, "random", 60, |i| pseudo_random(i, 50_000 + (i as usize % 7) * 40_000));
-    let (text_src, text_tar) = tree_tar(&tmp, "text", 40, |i| text_like(i, 300_000 + (i as usize % 5) * 100_000));
-    let (crafted_src, crafted_tar) = tree_tar(&tmp, "crafted", 12, |i| lookalikes(i, 1 << 20));
+        numbered_tar(&tmp, "random", 60, |i| pseudo_random(i, 50_000 + (i as usize % 7) * 40_000));
+    let (text_src, text_tar) = numbered_tar(&tmp, "text", 40, |i| text_like(i, 300_000 + (i as usize % 5) * 100_000));
+    let (crafted_src, crafted_tar) = numbered_tar(&tmp, "crafted", 12, |i| lookalikes(i, 1 << 20));
     // The dataset's tar cut into three pieces at odd offsets, with an empty piece between.
     let bytes = fs::read(&data_tar).unwrap();
     let cuts = [0, 1_234_567, 1_234_567, 9_999_999, bytes.len()];
-    let pieces: Vec<PathBuf> = cuts
-        .windows(2)
-        .enumerate()
-        .map(|(i, w)| {
-            let piece = tmp.join(format!("piece{i}"));
-            fs::write(&piece, &bytes[w[0]..w[1]]).unwrap();
-            piece
-        })
-        .collect();
+    let pieces: Vec<PathBuf> = (0..cuts.len() - 1).map(|i| tmp.join(format!("piece{i}"))).collect();
+    for (piece, w) in pieces.iter().zip(cuts.windows(2)) {
+        fs::write(piece, &bytes[w[0]..w[1]]).unwrap();
+    }
     let piece_refs: Vec<&Path> = pieces.iter().map(PathBuf::as_path).collect();
     // (archive, the tree it holds, compressor, its options, what it compresses)
     type Case<'a> = (&'a str, &'a Path, &'a str, &'a [&'a str], Vec<&'a Path>);
@@ -380,8 +342,8 @@ fn gzip_tars_decoded_in_parallel_chunks_match_gnu_tar() {
 fn damaged_gzip_tars_fail_the_parallel_pass_with_the_offset() {
     require_root();
     let tmp = TempDir::new("seekable-pgzip-damaged");
-    let (_, tar) = tree_tar(&tmp, "random", 30, |i| pseudo_random(i, 200_000));
-    let (_, text_tar) = tree_tar(&tmp, "text", 20, |i| text_like(i, 400_000));
+    let (_, tar) = numbered_tar(&tmp, "random", 30, |i| pseudo_random(i, 200_000));
+    let (_, text_tar) = numbered_tar(&tmp, "text", 20, |i| text_like(i, 400_000));
     let stored = tmp.join("stored.tar.gz");
     compress("pigz", &["-0", "-c"], &tar, &stored);
     let text = tmp.join("text.tar.gz");

@@ -9,8 +9,8 @@
 use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{symlink, FileExt, MetadataExt, PermissionsExt};
-use std::path::Path;
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -19,59 +19,66 @@ use crate::kit::*;
 
 const T: i64 = 1_623_760_496;
 
-/// Runs a tool in `dir` with TZ=UTC; panics unless it succeeds.
-fn tool(dir: &Path, program: &str, args: &[&OsStr]) {
+/// Runs a tool in `dir` with TZ=UTC.
+fn tool_output(dir: &Path, program: &str, args: &[&OsStr]) -> CmdOutput {
     let mut cmd = Command::new(require_tool(program));
     cmd.current_dir(dir).env("TZ", "UTC").args(args);
-    run_cmd(&mut cmd, Duration::from_secs(300)).assert_success();
+    run_cmd(&mut cmd, Duration::from_secs(300))
 }
 
-fn os<S: AsRef<OsStr> + ?Sized>(s: &S) -> &OsStr {
-    s.as_ref()
+/// [`tool_output`], which must succeed.
+fn tool(dir: &Path, program: &str, args: &[&OsStr]) -> CmdOutput {
+    let out = tool_output(dir, program, args);
+    out.assert_success();
+    out
 }
 
-/// The tree every producer packs: sizes around block edges, compressible and random
-/// data, nested and empty directories, Unicode names, modes, symlinks (when `links`).
-/// `a/b/text.txt` (6.9 MB) is over a member cache shard's share of 64 MiB: it takes the
-/// path for members kept one at a time.
-fn make_tree(src: &Path, links: bool) {
-    fs::create_dir_all(src.join("a/b/c")).unwrap();
-    fs::create_dir_all(src.join("empty-dir")).unwrap();
-    fs::create_dir_all(src.join("ünïcödé")).unwrap();
-    fs::write(src.join("a/b/c/deep.txt"), b"deep file\n").unwrap();
-    fs::write(src.join("empty-file"), b"").unwrap();
-    for size in [1usize, 4095, 4096, 4097, 200_000] {
-        fs::write(src.join(format!("a/random-{size}")), pseudo_random(size as u64, size)).unwrap();
-    }
+/// The tree every producer packs, in a new scene: sizes around block edges, compressible
+/// and random data, nested and empty directories, Unicode names, modes, symlinks (when
+/// `links`). `a/b/text.txt` (6.9 MB) is over a member cache shard's share of 64 MiB: it
+/// takes the path for members kept one at a time.
+fn tree(name: &str, links: bool) -> Scene {
     let text: Vec<u8> = (0..800_000u32).flat_map(|i| format!("line {i}\n").into_bytes()).collect();
-    fs::write(src.join("a/b/text.txt"), text).unwrap();
-    fs::write(src.join("ünïcödé/日本語 ファイル.txt"), b"unicode name\n").unwrap();
-    fs::write(src.join("run.sh"), b"#!/bin/sh\n").unwrap();
-    fs::set_permissions(src.join("run.sh"), fs::Permissions::from_mode(0o755)).unwrap();
-    fs::write(src.join("private"), b"secret\n").unwrap();
-    fs::set_permissions(src.join("private"), fs::Permissions::from_mode(0o600)).unwrap();
+    let random = [1usize, 4095, 4096, 4097, 200_000].map(|n| (format!("a/random-{n}"), pseudo_random(n as u64, n)));
+    let mut s = Scene::new(name).file("a/b/c/deep.txt", b"deep file\n").dir("empty-dir").file("empty-file", b"");
+    s = s.files(random).file("a/b/text.txt", text).file("ünïcödé/日本語 ファイル.txt", b"unicode name\n");
+    s = s.file("run.sh", b"#!/bin/sh\n").file("private", b"secret\n");
+    chmod(&s.src().join("run.sh"), 0o755);
+    chmod(&s.src().join("private"), 0o600);
     if links {
-        symlink("b/c/deep.txt", src.join("a/link")).unwrap();
-        symlink("does/not/exist", src.join("dangling")).unwrap();
+        s = s.symlink("a/link", "b/c/deep.txt").symlink("dangling", "does/not/exist");
     }
-    Command::new("find").arg(src).args(["-exec", "touch", "-h", "-d", &format!("@{T}"), "{}", "+"]).status().unwrap();
+    run_tool("find", osargs![s.src(), "-exec", "touch", "-h", "-d", format!("@{T}"), "{}", "+"]);
+    s
+}
+
+/// The tree of [`tree`] packed by `program ARGS a.zip .` in its source directory.
+fn packed(name: &str, links: bool, program: &str, args: &[&str]) -> (Scene, PathBuf) {
+    let s = tree(name, links);
+    let archive = s.join("a.zip");
+    tool(s.src(), program, &args.iter().copied().map(os).chain(osargs![archive, "."]).collect::<Vec<_>>());
+    (s, archive)
+}
+
+/// [`packed`], then checked with [`zip_case`].
+fn made_by(name: &str, links: bool, program: &str, args: &[&str]) {
+    let (s, archive) = packed(name, links, program, args);
+    zip_case(&s, &archive, opts(), links);
 }
 
 /// Extracts with Info-ZIP unzip (TZ=UTC), checks the reference holds the tree, mounts
 /// and compares entry by entry.
-fn zip_case(tmp: &TempDir, archive: &Path, opts: Options, links: bool) {
-    let expected = tmp.join("expected");
+fn zip_case(s: &Scene, archive: &Path, opts: Options, links: bool) {
+    let expected = s.join("expected");
     fs::create_dir_all(&expected).unwrap();
-    let mut cmd = Command::new(require_tool("unzip"));
-    cmd.current_dir(&expected).env("TZ", "UTC").args(osargs!["-q", archive]);
-    let out = run_cmd(&mut cmd, Duration::from_secs(300));
+    let out = tool_output(&expected, "unzip", &osargs!["-q", archive]);
     // Exit 1 is a warning: "extra bytes at beginning" of a zip behind a stub.
     assert!(matches!(out.code(), Some(0 | 1)), "unzip failed:\n{}", out.describe());
-    compare_with(tmp, archive, &expected, opts, links);
+    compare_with(s, archive, &expected, opts, links);
 }
 
 /// Checks the reference extraction `expected` holds the tree, mounts and compares.
-fn compare_with(tmp: &TempDir, archive: &Path, expected: &Path, opts: Options, links: bool) {
+fn compare_with(s: &Scene, archive: &Path, expected: &Path, opts: Options, links: bool) {
     assert_eq!(read(&expected.join("a/b/c/deep.txt")), b"deep file\n");
     assert_eq!(read(&expected.join("ünïcödé/日本語 ファイル.txt")), b"unicode name\n");
     assert_eq!(read(&expected.join("a/random-200000")), pseudo_random(200_000, 200_000));
@@ -82,7 +89,7 @@ fn compare_with(tmp: &TempDir, archive: &Path, expected: &Path, opts: Options, l
         Command::new("touch").args(["-h", "-d", &format!("@{T}")]).args(links).status().unwrap();
     }
     assert!(count_entries(expected) >= 15, "unzip extracted too little");
-    let mnt = Mounted::new(archive, &tmp.join("mnt"));
+    let mnt = Mounted::new(archive, &s.join("mnt"));
     assert_trees_equal(expected, mnt.path(), &opts);
 }
 
@@ -91,42 +98,19 @@ fn opts() -> Options {
     Options::default().root(false).nanos(false).xattrs(false)
 }
 
-#[test]
-fn zip_infozip_deflate_with_symlinks() {
-    let tmp = TempDir::new("zip-infozip");
-    make_tree(&tmp.join("src"), true);
-    let archive = tmp.join("a.zip");
-    tool(&tmp.join("src"), "zip", &osargs!["-q", "-r", "-y", archive, "."]);
-    zip_case(&tmp, &archive, opts(), true);
-}
-
-#[test]
-fn zip_infozip_stored() {
-    let tmp = TempDir::new("zip-stored");
-    make_tree(&tmp.join("src"), true);
-    let archive = tmp.join("a.zip");
-    tool(&tmp.join("src"), "zip", &osargs!["-q", "-r", "-y", "-0", archive, "."]);
-    zip_case(&tmp, &archive, opts(), true);
-}
-
-#[test]
-fn zip_infozip_bzip2() {
-    let tmp = TempDir::new("zip-bzip2");
-    make_tree(&tmp.join("src"), true);
-    let archive = tmp.join("a.zip");
-    let args = [os("-q"), os("-r"), os("-y"), os("-Z"), os("bzip2"), archive.as_os_str(), os(".")];
-    tool(&tmp.join("src"), "zip", &args);
-    zip_case(&tmp, &archive, opts(), true);
+cases! {
+    zip_infozip_deflate_with_symlinks => made_by("zip-infozip", true, "zip", &["-q", "-r", "-y"]);
+    zip_infozip_stored => made_by("zip-stored", true, "zip", &["-q", "-r", "-y", "-0"]);
+    zip_infozip_bzip2 => made_by("zip-bzip2", true, "zip", &["-q", "-r", "-y", "-Z", "bzip2"]);
+    // bsdtar stores "./" too; unzip does not restore the root's attributes, so they are not compared.
+    zip_bsdtar => made_by("zip-bsdtar", true, "bsdtar", &["--format", "zip", "-cf"]);
 }
 
 /// A self-extracting stub before the zip and a comment after it: offsets in the central
 /// directory are off by the stub's length, as in `cat unzipsfx a.zip > a.exe`.
 #[test]
 fn zip_with_prefix_and_comment() {
-    let tmp = TempDir::new("zip-sfx");
-    make_tree(&tmp.join("src"), true);
-    let plain = tmp.join("plain.zip");
-    tool(&tmp.join("src"), "zip", &osargs!["-q", "-r", "-y", plain, "."]);
+    let (s, plain) = packed("zip-sfx", true, "zip", &["-q", "-r", "-y"]);
     let mut bytes = b"#!/bin/sh\necho self-extracting stub; exit 0\n".repeat(100);
     bytes.extend_from_slice(&fs::read(&plain).unwrap());
     // The comment goes in the end record: its length field, then its bytes.
@@ -134,47 +118,27 @@ fn zip_with_prefix_and_comment() {
     let comment = b"a comment after the end record";
     bytes[len - 2..].copy_from_slice(&(comment.len() as u16).to_le_bytes());
     bytes.extend_from_slice(comment);
-    let archive = tmp.join("sfx.bin");
+    let archive = s.join("sfx.bin");
     fs::write(&archive, bytes).unwrap();
-    zip_case(&tmp, &archive, opts(), true);
+    zip_case(&s, &archive, opts(), true);
 }
 
 #[test]
 fn zip_7z_deflate_and_lzma() {
-    for (label, method) in [("deflate", "-mm=Deflate"), ("lzma", "-mm=LZMA")] {
-        let tmp = TempDir::new(&format!("zip-7z-{label}"));
-        make_tree(&tmp.join("src"), false);
-        let archive = tmp.join("a.zip");
-        tool(&tmp.join("src"), "7z", &osargs!["a", "-bd", "-tzip", method, archive, "."]);
-        if label == "deflate" {
-            zip_case(&tmp, &archive, opts(), false);
-        } else {
-            // Info-ZIP unzip 6.0 has no LZMA: 7-Zip extracts the reference.
-            let expected = tmp.join("expected");
-            let out = format!("-o{}", expected.display());
-            tool(tmp.path(), "7z", &osargs!["x", "-bd", &out, archive]);
-            compare_with(&tmp, &archive, &expected, opts(), false);
-        }
-    }
-}
-
-#[test]
-/// bsdtar stores "./" too; unzip does not restore the root's attributes, so they are not compared.
-fn zip_bsdtar() {
-    let tmp = TempDir::new("zip-bsdtar");
-    make_tree(&tmp.join("src"), true);
-    let archive = tmp.join("a.zip");
-    tool(&tmp.join("src"), "bsdtar", &osargs!["--format", "zip", "-cf", archive, "."]);
-    zip_case(&tmp, &archive, opts(), true);
+    made_by("zip-7z-deflate", false, "7z", &["a", "-bd", "-tzip", "-mm=Deflate"]);
+    // Info-ZIP unzip 6.0 has no LZMA: 7-Zip extracts the reference.
+    let (s, archive) = packed("zip-7z-lzma", false, "7z", &["a", "-bd", "-tzip", "-mm=LZMA"]);
+    let expected = s.join("expected");
+    tool(s.tmp.path(), "7z", &osargs!["x", "-bd", format!("-o{}", expected.display()), archive]);
+    compare_with(&s, &archive, &expected, opts(), false);
 }
 
 /// Python's zipfile writes no directory entries here (`writestr` of paths only), only
 /// MS-DOS times and no Unix modes: implicit directories, 0644 files, UTC times.
 #[test]
 fn zip_python_stored_and_deflate_without_directories() {
-    let tmp = TempDir::new("zip-python");
-    make_tree(&tmp.join("src"), false);
-    let archive = tmp.join("a.zip");
+    let s = tree("zip-python", false);
+    let archive = s.join("a.zip");
     let script = r#"
 import os, sys, zipfile
 with zipfile.ZipFile(sys.argv[1], "w") as z:
@@ -186,10 +150,10 @@ with zipfile.ZipFile(sys.argv[1], "w") as z:
             with open(p, "rb") as fh:
                 z.writestr(info, fh.read(), compress_type=method)
 "#;
-    tool(&tmp.join("src"), "python3", &osargs!["-c", script, archive]);
+    tool(s.src(), "python3", &osargs!["-c", script, archive]);
     // Implicit directories: unzip makes them with its own attributes.
     let opts = opts().skip_dir_attrs(["a", "a/b", "a/b/c", "ünïcödé"]);
-    zip_case(&tmp, &archive, opts, false);
+    zip_case(&s, &archive, opts, false);
 }
 
 /// zip64: more than 65,535 members (Python switches to zip64 end records) and zip64
@@ -216,7 +180,7 @@ with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED) as z:
     assert_eq!(read(&mnt.path().join("d69/f69999.txt")), b"member 69999\n".repeat(69_999 % 7));
     let dirs: Vec<String> = (0..70).map(|d| format!("d{d:02}")).chain(["forced".into()]).collect();
     let mut opts = opts();
-    opts.skip_dir_attrs.extend(dirs.iter().map(std::path::PathBuf::from));
+    opts.skip_dir_attrs.extend(dirs.iter().map(PathBuf::from));
     assert_trees_equal(&expected, mnt.path(), &opts);
     // The central directory is the index: nothing is saved beside the archive.
     let saved: Vec<_> = fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.file_name()).collect();
@@ -226,12 +190,10 @@ with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED) as z:
 /// The same zip is detected by content whatever its name.
 #[test]
 fn zip_is_detected_by_content_not_name() {
-    let tmp = TempDir::new("zip-name");
-    fs::create_dir_all(tmp.join("src")).unwrap();
-    fs::write(tmp.join("src/f"), b"content\n").unwrap();
-    let archive = tmp.join("data.tar");
-    tool(&tmp.join("src"), "zip", &osargs!["-q", archive, "f"]);
-    let mnt = Mounted::new(&archive, &tmp.join("mnt"));
+    let s = Scene::new("zip-name").file("f", b"content\n");
+    let archive = s.join("data.tar");
+    tool(s.src(), "zip", &osargs!["-q", archive, "f"]);
+    let mnt = Mounted::new(&archive, &s.join("mnt"));
     assert_eq!(read(&mnt.path().join("f")), b"content\n");
 }
 
@@ -286,54 +248,53 @@ impl Craft {
     fn compressed(name: &'static [u8], method: u16, content: &[u8], packed: Vec<u8>) -> Craft {
         Craft { method, stored: packed, ..Craft::stored(name, content) }
     }
+
+    /// This member with `change` made to it.
+    fn with(mut self, change: impl FnOnce(&mut Craft)) -> Craft {
+        change(&mut self);
+        self
+    }
+}
+
+/// `fields` (value, width in bytes) appended little-endian, as Python's `struct.pack("<...")`.
+fn le(out: &mut Vec<u8>, fields: &[(u64, usize)]) {
+    for &(value, width) in fields {
+        out.extend_from_slice(&value.to_le_bytes()[..width]);
+    }
 }
 
 /// A zip of `members`: local headers with data, the central directory, the end record.
 fn craft(members: &[Craft]) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut central = Vec::new();
+    let (mut out, mut central) = (Vec::new(), Vec::new());
     for m in members {
-        let local = out.len() as u32;
-        let head = |out: &mut Vec<u8>, sig: &[u8], method: u16| {
-            out.extend_from_slice(sig);
-            out.extend_from_slice(&20u16.to_le_bytes());
-            out.extend_from_slice(&m.flags.to_le_bytes());
-            out.extend_from_slice(&method.to_le_bytes());
-            out.extend_from_slice(&[0x21, 0x60, 0xcf, 0x52]); // 2021-06-15 12:09:02
-            out.extend_from_slice(&m.crc.to_le_bytes());
-            out.extend_from_slice(&(m.stored.len() as u32).to_le_bytes());
-            out.extend_from_slice(&u32::try_from(m.size).unwrap_or(u32::MAX).to_le_bytes());
-            out.extend_from_slice(&(m.name.len() as u16).to_le_bytes());
+        let local = out.len() as u64;
+        // What both headers hold, from the version needed (2.0) to the name's length; the
+        // MS-DOS time is 2021-06-15 12:09:02.
+        let head = |out: &mut Vec<u8>, method: u16| {
+            let (stored, size) = (m.stored.len() as u64, m.size.min(u32::MAX.into()));
+            le(out, &[(20, 2), (m.flags.into(), 2), (method.into(), 2), (0x52cf_6021, 4), (m.crc.into(), 4)]);
+            le(out, &[(stored, 4), (size, 4), (m.name.len() as u64, 2)]);
         };
-        head(&mut out, b"PK\x03\x04", m.local_method.unwrap_or(m.method));
-        out.extend_from_slice(&(m.extra.len() as u16).to_le_bytes());
-        out.extend_from_slice(m.name);
-        out.extend_from_slice(&m.extra);
-        out.extend_from_slice(&m.stored);
-        central.extend_from_slice(b"PK\x01\x02");
-        central.extend_from_slice(&(0x0300u16 | 20).to_le_bytes());
-        head(&mut central, b"", m.method);
+        out.extend_from_slice(b"PK\x03\x04");
+        head(&mut out, m.local_method.unwrap_or(m.method));
+        le(&mut out, &[(m.extra.len() as u64, 2)]);
+        out.extend([m.name, &m.extra, &m.stored].concat());
         // A declared size over 4 GiB goes into a zip64 extra field of the central record.
         let mut extra = m.extra.clone();
         if m.size >= u64::from(u32::MAX) {
-            extra.extend_from_slice(&[1, 0, 8, 0]);
-            extra.extend_from_slice(&m.size.to_le_bytes());
+            le(&mut extra, &[(1, 2), (8, 2), (m.size, 8)]);
         }
-        central.extend_from_slice(&(extra.len() as u16).to_le_bytes());
-        central.extend_from_slice(&[0; 6]); // comment length, disk, internal attributes
-        central.extend_from_slice(&(m.mode << 16).to_le_bytes());
-        central.extend_from_slice(&local.to_le_bytes());
-        central.extend_from_slice(m.name);
-        central.extend_from_slice(&extra);
+        central.extend_from_slice(b"PK\x01\x02");
+        le(&mut central, &[(0x0300 | 20, 2)]); // made by Unix, version 2.0
+        head(&mut central, m.method);
+        // Extra field length; comment length, disk, internal attributes; st_mode; offset.
+        le(&mut central, &[(extra.len() as u64, 2), (0, 6), (u64::from(m.mode) << 16, 4), (local, 4)]);
+        central.extend([m.name, &extra].concat());
     }
-    let cd_offset = out.len() as u32;
+    let (cd_offset, n) = (out.len() as u64, members.len() as u64);
     out.extend_from_slice(&central);
     out.extend_from_slice(b"PK\x05\x06\0\0\0\0");
-    out.extend_from_slice(&(members.len() as u16).to_le_bytes());
-    out.extend_from_slice(&(members.len() as u16).to_le_bytes());
-    out.extend_from_slice(&(central.len() as u32).to_le_bytes());
-    out.extend_from_slice(&cd_offset.to_le_bytes());
-    out.extend_from_slice(&0u16.to_le_bytes());
+    le(&mut out, &[(n, 2), (n, 2), (central.len() as u64, 4), (cd_offset, 4), (0, 2)]);
     out
 }
 
@@ -359,6 +320,15 @@ fn deflated(content: &[u8]) -> Vec<u8> {
     packed_by("python3", &["-c", script], content)
 }
 
+/// `members` crafted into `tmp/name`, then `stagefs mount --log-file tmp/daemon.log` of it
+/// at `tmp/mnt`, which must succeed: the mount, its output and the log's path.
+fn mount_crafted(tmp: &TempDir, name: &str, members: &[Craft]) -> (Mounted, CmdOutput, PathBuf) {
+    let (archive, mnt, log) = (tmp.join(name), tmp.join("mnt"), tmp.join("daemon.log"));
+    fs::write(&archive, craft(members)).unwrap();
+    let (m, out) = StagefsCmd::new(osargs!["mount", "--log-file", log, archive, mnt]).mounts(&archive, &mnt);
+    (m, out, log)
+}
+
 fn errno_of(path: &Path) -> Option<i32> {
     fs::read(path).err().and_then(|e| e.raw_os_error())
 }
@@ -371,29 +341,20 @@ fn zip_crafted_members_fail_alone() {
     let tmp = TempDir::new("zip-crafted");
     let good = b"good content\n".repeat(1000);
     let zeros = vec![0u8; 50 << 20];
-    let mut bad_crc = Craft::compressed(b"bad-crc", 8, &good, deflated(&good));
-    bad_crc.crc ^= 1;
-    let mut short = Craft::compressed(b"declared-too-small", 8, &good, deflated(&good));
-    short.size -= 1;
-    short.crc = crc32(&good[..good.len() - 1]);
-    let mut mismatch = Craft::stored(b"local-method-differs", &good);
-    mismatch.local_method = Some(8);
-    let mut encrypted = Craft::stored(b"encrypted", &good);
-    encrypted.flags = 1;
-    // Damage in stored data: the bytes no longer match the CRC-32 (as `unzip -t` finds).
-    let mut damaged = Craft::stored(b"stored-damaged", &good);
-    damaged.stored[100] ^= 0x55;
+    let short_crc = crc32(&good[..good.len() - 1]);
     let members = [
         Craft::stored(b"stored", &good),
         Craft::compressed(b"zstd", 93, &good, packed_by("zstd", &["-q", "-c"], &good)),
         Craft::compressed(b"bzip2", 12, &good, packed_by("bzip2", &["-c"], &good)),
-        bad_crc,
-        short,
-        mismatch,
-        encrypted,
+        Craft::compressed(b"bad-crc", 8, &good, deflated(&good)).with(|c| c.crc ^= 1),
+        Craft::compressed(b"declared-too-small", 8, &good, deflated(&good))
+            .with(|c| (c.size, c.crc) = (c.size - 1, short_crc)),
+        Craft::stored(b"local-method-differs", &good).with(|c| c.local_method = Some(8)),
+        Craft::stored(b"encrypted", &good).with(|c| c.flags = 1),
         Craft::compressed(b"deflate64", 9, &good, deflated(&good)),
         Craft::compressed(b"zeros", 93, &zeros, packed_by("zstd", &["-q", "-19", "-c"], &zeros)),
-        damaged,
+        // Damage in stored data: the bytes no longer match the CRC-32 (as `unzip -t` finds).
+        Craft::stored(b"stored-damaged", &good).with(|c| c.stored[100] ^= 0x55),
     ];
     let archive = tmp.join("crafted.zip");
     fs::write(&archive, craft(&members)).unwrap();
@@ -432,42 +393,17 @@ fn zip_broken_structure_fails_the_mount() {
     let good = craft(&[Craft::stored(b"a", b"aaaa"), Craft::stored(b"b", b"bbbb")]);
     let mnt = tmp.join("mnt");
     fs::create_dir_all(&mnt).unwrap();
-    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+    // The end record's central directory offset, and the second central record (after the
+    // first, whose name is 1 byte), whose local header offset is at +42.
+    let cd_at = good.len() - 6;
+    let second = u32::from_le_bytes(good[cd_at..cd_at + 4].try_into().unwrap()) as usize + 46 + 1;
+    let patched = |at: usize, value: u32| [&good[..at], &value.to_le_bytes(), &good[at + 4..]].concat();
+    let cases = [
         ("truncated", good[..good.len() / 2].to_vec(), "no end-of-central-directory record"),
-        (
-            "cd-outside",
-            {
-                let mut z = good.clone();
-                let n = z.len();
-                z[n - 6..n - 2].copy_from_slice(&1_000_000u32.to_le_bytes());
-                z
-            },
-            "expected a central directory record",
-        ),
-        (
-            "member-outside",
-            {
-                let mut z = good.clone();
-                // The second central record's local header offset (record starts after 2 members).
-                let cd = u32::from_le_bytes(z[z.len() - 6..z.len() - 2].try_into().unwrap()) as usize;
-                let second = cd + 46 + 1;
-                z[second + 42..second + 46].copy_from_slice(&900_000u32.to_le_bytes());
-                z
-            },
-            "expected it to end before the central directory",
-        ),
-        (
-            "aliased",
-            {
-                // Both central records name the first local header: two names, one member's bytes.
-                let mut z = good.clone();
-                let cd = u32::from_le_bytes(z[z.len() - 6..z.len() - 2].try_into().unwrap()) as usize;
-                let second = cd + 46 + 1;
-                z[second + 42..second + 46].copy_from_slice(&0u32.to_le_bytes());
-                z
-            },
-            "share archive bytes",
-        ),
+        ("cd-outside", patched(cd_at, 1_000_000), "expected a central directory record"),
+        ("member-outside", patched(second + 42, 900_000), "expected it to end before the central directory"),
+        // Both central records name the first local header: two names, one member's bytes.
+        ("aliased", patched(second + 42, 0), "share archive bytes"),
     ];
     for (label, bytes, needle) in cases {
         let archive = tmp.join(format!("{label}.zip"));
@@ -484,22 +420,19 @@ fn zip_broken_structure_fails_the_mount() {
 #[test]
 fn zip_crafted_names_times_and_duplicates() {
     let tmp = TempDir::new("zip-names");
-    let mut unicode = Craft::stored(b"caf\x82.txt", b"unicode path\n");
     let utf8 = "café.txt".as_bytes();
-    unicode.extra.extend_from_slice(&0x7075u16.to_le_bytes());
-    unicode.extra.extend_from_slice(&(5 + utf8.len() as u16).to_le_bytes());
-    unicode.extra.push(1);
-    unicode.extra.extend_from_slice(&crc32(b"caf\x82.txt").to_le_bytes());
-    unicode.extra.extend_from_slice(utf8);
-    let mut timed = Craft::stored(b"d/timed", b"t\n");
-    timed.extra.extend_from_slice(&[0x55, 0x54, 5, 0, 1]);
-    timed.extra.extend_from_slice(&(T as i32).to_le_bytes());
-    let mut dir = Craft::stored(b"d/", b"");
-    dir.mode = libc::S_IFDIR | 0o700;
-    let mut link = Craft::stored(b"d/link", b"timed");
-    link.mode = libc::S_IFLNK | 0o777;
-    let members =
-        [dir, unicode, timed, Craft::stored(b"d/dup", b"first\n"), link, Craft::stored(b"d/dup", b"second, longer\n")];
+    // The field's id and size, its version (1), the CRC-32 of the stored name, the name.
+    let path_field = [&0x7075u16.to_le_bytes()[..], &(5 + utf8.len() as u16).to_le_bytes(), &[1]].concat();
+    let path_field = [path_field, crc32(b"caf\x82.txt").to_le_bytes().to_vec(), utf8.to_vec()].concat();
+    let time_field = [&[0x55, 0x54, 5, 0, 1][..], &(T as i32).to_le_bytes()].concat();
+    let members = [
+        Craft::stored(b"d/", b"").with(|c| c.mode = libc::S_IFDIR | 0o700),
+        Craft::stored(b"caf\x82.txt", b"unicode path\n").with(|c| c.extra = path_field),
+        Craft::stored(b"d/timed", b"t\n").with(|c| c.extra = time_field),
+        Craft::stored(b"d/dup", b"first\n"),
+        Craft::stored(b"d/link", b"timed").with(|c| c.mode = libc::S_IFLNK | 0o777),
+        Craft::stored(b"d/dup", b"second, longer\n"),
+    ];
     let archive = tmp.join("names.zip");
     fs::write(&archive, craft(&members)).unwrap();
     let expected = tmp.join("expected");
@@ -551,18 +484,10 @@ with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_STORED) as z:
         assert!(buf == expect, "big.bin differs from what was written at byte {at}");
     }
     for name in ["after.txt", "deflated.txt"] {
-        let mut cmd = Command::new(require_tool("unzip"));
-        cmd.args(osargs!["-p", archive, name]);
-        let out = run_cmd(&mut cmd, Duration::from_secs(60));
-        assert!(out.success() && !out.stdout.is_empty(), "unzip -p {name}:\n{}", out.describe());
+        let out = tool(tmp.path(), "unzip", &osargs!["-p", archive, name]);
+        assert!(!out.stdout.is_empty(), "unzip -p {name}:\n{}", out.describe());
         assert_eq!(read(&mnt.path().join(name)), out.stdout.as_bytes(), "{name}");
     }
-}
-
-/// The daemon's peak resident memory, in bytes.
-fn daemon_peak(m: &Mounted) -> u64 {
-    let pid = m.daemon_pids().first().copied().expect("the mount has a daemon");
-    proc_kb_field(&format!("/proc/{pid}/status"), "VmHWM")
 }
 
 /// Memory follows the cache budget, never what a member declares (issue 21, items 1–3):
@@ -573,12 +498,8 @@ fn daemon_peak(m: &Mounted) -> u64 {
 #[test]
 fn zip_declared_sizes_never_drive_memory() {
     let tmp = TempDir::new("zip-budget");
-    let mut random = Vec::new();
-    std::io::Read::read_to_end(
-        &mut std::io::Read::take(fs::File::open("/dev/urandom").unwrap(), 42 << 20),
-        &mut random,
-    )
-    .unwrap();
+    let mut random = vec![0u8; 42 << 20];
+    std::io::Read::read_exact(&mut fs::File::open("/dev/urandom").unwrap(), &mut random).unwrap();
     let mut liar = Craft::compressed(b"liar.bin", 8, &random, deflated(&random));
     let declared = liar.stored.len() as u64 * 999;
     liar.size = declared;
@@ -586,15 +507,9 @@ fn zip_declared_sizes_never_drive_memory() {
     let target = vec![b'a'; 200 << 20];
     let packed = deflated(&target);
     for name in [&b"link-0"[..], b"link-1", b"link-2", b"link-3"] {
-        let mut link = Craft::compressed(name, 8, &target, packed.clone());
-        link.mode = libc::S_IFLNK | 0o777;
-        members.push(link);
+        members.push(Craft::compressed(name, 8, &target, packed.clone()).with(|c| c.mode = libc::S_IFLNK | 0o777));
     }
-    let archive = tmp.join("budget.zip");
-    fs::write(&archive, craft(&members)).unwrap();
-    let log = tmp.join("daemon.log");
-    let mnt = tmp.join("mnt");
-    let (m, out) = StagefsCmd::new(osargs!["mount", "--log-file", log, archive, mnt]).mounts(&archive, &mnt);
+    let (m, out, log) = mount_crafted(&tmp, "budget.zip", &members);
     let skipped = out.stderr.lines().filter(|l| l.contains("skipping symlink member")).count();
     assert_eq!(skipped, 4, "one warning per symlink:\n{}", out.describe());
     assert_eq!(fs::metadata(m.path().join("liar.bin")).unwrap().len(), declared);
@@ -603,7 +518,7 @@ fn zip_declared_sizes_never_drive_memory() {
     assert_eq!(first.err().and_then(|e| e.raw_os_error()), Some(libc::EIO));
     assert_eq!(read(&m.path().join("neighbour.txt")), b"still here\n");
     assert!(fs::symlink_metadata(m.path().join("link-0")).is_err(), "a 200 MiB symlink target was kept");
-    let peak = daemon_peak(&m);
+    let peak = m.daemon_peak();
     eprintln!("daemon peak after the 41.9 GB member and the 200 MiB links: {} MiB", peak >> 20);
     assert!(peak < 256 << 20, "daemon peaked at {peak} bytes");
     m.unmount().assert_success();
@@ -612,11 +527,9 @@ fn zip_declared_sizes_never_drive_memory() {
 
     // Legitimate, highly compressible data reads right.
     let lines = b"the same line of a long, very repetitive log file\n".repeat(1_080_000 / 50);
-    let src = tmp.join("src");
-    fs::create_dir_all(&src).unwrap();
-    fs::write(src.join("log.txt"), &lines).unwrap();
+    let text = Scene::new("zip-budget-text").file("log.txt", &lines);
     let bz = tmp.join("bzip2.zip");
-    tool(&src, "zip", &osargs!["-q", "-Z", "bzip2", bz, "log.txt"]);
+    tool(text.src(), "zip", &osargs!["-q", "-Z", "bzip2", bz, "log.txt"]);
     let zeros_zip = tmp.join("zeros.zip");
     let script = r#"
 import sys, zipfile
@@ -634,7 +547,7 @@ with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED, compresslevel=1) as
     drop(m);
     let m = Mounted::new(&zeros_zip, &tmp.join("mnt-zeros"));
     assert_all_zeros(&m.path().join("zeros.bin"), 1 << 30);
-    let peak = daemon_peak(&m);
+    let peak = m.daemon_peak();
     eprintln!("daemon peak reading 1 GiB of zeros: {} MiB", peak >> 20);
     assert!(peak < 256 << 20, "reading 1 GiB of zeros peaked at {peak} bytes");
 }
@@ -663,36 +576,23 @@ fn assert_all_zeros(path: &Path, len: u64) {
 /// out of order may start one more). Counted from the daemon's debug log, not timed.
 #[test]
 fn zip_parallel_readers_decode_each_member_a_bounded_number_of_times() {
-    let tmp = TempDir::new("zip-parallel");
-    let src = tmp.join("src");
-    fs::create_dir_all(&src).unwrap();
-    let names: Vec<String> = (0..4).map(|i| format!("member-{i}.txt")).collect();
-    let contents: Vec<Vec<u8>> = (0..4u32)
-        .map(|i| {
-            (0..1_600_000u32)
-                .flat_map(|n| format!("{i} line {}\n", n.wrapping_mul(2_654_435_761)).into_bytes())
-                .collect()
-        })
-        .collect();
-    for (name, content) in names.iter().zip(&contents) {
-        fs::write(src.join(name), content).unwrap();
-    }
-    let archive = tmp.join("large.zip");
-    let mut args = vec![os("-q"), archive.as_os_str()];
-    args.extend(names.iter().map(os));
-    tool(&src, "zip", &args);
-    let log = tmp.join("daemon.log");
+    let line = |i: u32, n: u32| format!("{i} line {}\n", n.wrapping_mul(2_654_435_761)).into_bytes();
+    let members =
+        (0..4).map(|i| (format!("member-{i}.txt"), (0..1_600_000).flat_map(|n| line(i, n)).collect::<Vec<_>>()));
+    let s = Scene::new("zip-parallel").files(members);
+    let archive = s.zip();
+    let log = s.join("daemon.log");
     // A 1 GiB budget makes the caches 64 MiB, whose per-member share (4 MiB) these 26 MB
     // members are over: they are streamed, never held whole.
     let args = ["-vv", "--max-ram", "1G", "--log-file", log.to_str().unwrap()];
-    let m = Mounted::with_args(&args, &archive, &tmp.join("mnt"));
-    std::thread::scope(|s| {
-        for (name, content) in names.iter().zip(&contents) {
+    let m = Mounted::with_args(&args, &archive, &s.join("mnt"));
+    std::thread::scope(|t| {
+        for (name, content) in s.members() {
             let path = m.path().join(name);
-            s.spawn(move || assert!(read(&path) == *content, "{name} differs"));
+            t.spawn(move || assert!(read(&path) == *content, "{name} differs"));
         }
     });
-    let peak = daemon_peak(&m);
+    let peak = m.daemon_peak();
     m.unmount().assert_success();
     let text = fs::read_to_string(&log).unwrap();
     let mut per_member = std::collections::BTreeMap::<String, usize>::new();
@@ -720,13 +620,10 @@ fn zip_names_reach_terminals_and_logs_escaped() {
     let mut damaged = Craft::stored(EVIL, b"some bytes\n");
     damaged.stored[0] ^= 1;
     let skipped = Craft::stored(b"../\x1b[2Jescape", b"x");
-    let archive = tmp.join("evil.zip");
-    fs::write(&archive, craft(&[damaged, skipped, Craft::stored(b"fine.txt", b"fine\n")])).unwrap();
-    let (mnt, log) = (tmp.join("mnt"), tmp.join("daemon.log"));
-    let (m, out) = StagefsCmd::new(osargs!["mount", "--log-file", log, archive, mnt]).mounts(&archive, &mnt);
+    let (m, out, log) = mount_crafted(&tmp, "evil.zip", &[damaged, skipped, Craft::stored(b"fine.txt", b"fine\n")]);
     let evil_name = std::ffi::OsStr::from_bytes(EVIL);
     assert_eq!(errno_of(&m.path().join(evil_name)), Some(libc::EIO));
-    let status = stagefs([os("status")]);
+    let status = stagefs(["status"]);
     let umount = m.unmount();
     umount.assert_success();
     let texts = [out.stderr, status.stdout, umount.stdout, umount.stderr, fs::read_to_string(&log).unwrap()];
@@ -821,10 +718,7 @@ with open(sys.argv[1], "wb") as f:
 fn zip_names_with_a_nul_byte_are_left_out() {
     let tmp = TempDir::new("zip-nul");
     let members = [Craft::stored(b"ok.txt", b"the real one\n"), Craft::stored(b"ok.txt\0evil", b"cut short\n")];
-    let archive = tmp.join("nul.zip");
-    fs::write(&archive, craft(&members)).unwrap();
-    let (mnt, log) = (tmp.join("mnt"), tmp.join("daemon.log"));
-    let (m, out) = StagefsCmd::new(osargs!["mount", "--log-file", log, archive, mnt]).mounts(&archive, &mnt);
+    let (m, out, _) = mount_crafted(&tmp, "nul.zip", &members);
     let names: Vec<String> =
         fs::read_dir(m.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     assert_eq!(names, ["ok.txt"], "listed once, by its own name");

@@ -195,6 +195,12 @@ impl Mounted {
         stagefs_pids(&self.mountpoint)
     }
 
+    /// The daemon's peak resident memory (`VmHWM`), in bytes.
+    pub fn daemon_peak(&self) -> u64 {
+        let pid = self.daemon_pids().first().copied().expect("the mount has a daemon");
+        proc_kb_field(&format!("/proc/{pid}/status"), "VmHWM")
+    }
+
     /// Unmounts with `stagefs umount` now and returns its output; the guard
     /// does nothing more on drop.
     pub fn unmount(mut self) -> CmdOutput {
