@@ -17,65 +17,74 @@ use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::kit::{pseudo_random, require_root, require_tool, run_cmd, stagefs_bin, wait_until_every, KillOnDrop};
+use crate::kit::{
+    pseudo_random, require_root, require_tool, run_cmd, stagefs_bin, wait_until, wait_until_every, KillOnDrop,
+};
 
-const POLL: Duration = Duration::from_millis(250);
+pub(crate) const POLL: Duration = Duration::from_millis(250);
 const NODES: usize = 3;
 pub(crate) const TASKS_PER_NODE: usize = 4;
 const ENDED: [&str; 7] = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"];
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn script() -> PathBuf {
-    repo().join(".ci/cluster.sh")
-}
-
-/// The three-node cluster; stopped on drop (also when a test fails) if this test started it.
+/// A SLURM on this machine (the three-node cluster, or slurm.rs's one node), held by one
+/// test at a time (see `slurm_guard`); stopped on drop (also when a test fails) if this
+/// test started it, which must not kill another test's jobs.
 pub(crate) struct Cluster {
     dir: PathBuf,
     conf: PathBuf,
-    started_here: bool,
+    /// How many nodes of namespaces it has (node1...); 0 for slurm.rs's node, this machine.
+    nodes: usize,
+    stop: Option<Command>,
     _serial: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Cluster {
     pub(crate) fn up() -> Cluster {
-        require_root();
-        // One cluster, its nodes' /dev/shm measured: one test at a time (see `slurm_guard`).
-        let serial = crate::kit::slurm_guard();
-        let dir = PathBuf::from("/tmp/stagefs-cluster");
-        let conf = dir.join("slurm.conf");
-        let running = dir.join("env").exists() && idle_nodes(&conf) == NODES && node_pids(&dir).is_some();
-        if !running {
-            let out = run_cmd(Command::new(script()).arg("start").arg(NODES.to_string()), Duration::from_secs(180));
-            assert!(out.success(), "the cluster could not start (this test never skips):\n{}", out.describe());
-        }
+        let running = |c: &Cluster| {
+            let states = run_cmd(c.cmd("sinfo").args(["-h", "-N", "-o", "%t"]), Duration::from_secs(30)).stdout;
+            states.lines().filter(|l| l.trim() == "idle").count() == NODES && node_pids(&c.dir, NODES).is_some()
+        };
+        let cluster = Cluster::start("/tmp/stagefs-cluster", NODES, "cluster.sh", "3", running);
         // Runtime directories an earlier test run left on a reused cluster (by name: rt-JOB).
-        for node in fs::read_dir(dir.join("nodes")).into_iter().flatten().flatten() {
-            for entry in fs::read_dir(node.path().join("tmp")).into_iter().flatten().flatten() {
+        for node in entries(cluster.dir.join("nodes")) {
+            for entry in entries(node.path().join("tmp")) {
                 if entry.file_name().to_string_lossy().starts_with("rt-") {
                     let _ = fs::remove_dir_all(entry.path());
                 }
             }
         }
-        Cluster { dir, conf, started_here: !running, _serial: serial }
+        cluster
     }
 
-    fn cmd(&self, program: &str) -> Command {
-        let mut c = Command::new(program);
+    /// The SLURM of `dir` with `nodes` nodes: started by `.ci/SCRIPT start ARG` (this test
+    /// never skips) unless it wrote its `env` and `running` says it answers, and then
+    /// stopped on drop by `.ci/SCRIPT stop ARG`.
+    pub(crate) fn start(dir: &str, nodes: usize, script: &str, arg: &str, running: fn(&Cluster) -> bool) -> Cluster {
+        require_root();
+        let serial = crate::kit::slurm_guard();
+        let dir = PathBuf::from(dir);
+        let mut cluster = Cluster { conf: dir.join("slurm.conf"), dir, nodes, stop: None, _serial: serial };
+        if !(cluster.dir.join("env").exists() && running(&cluster)) {
+            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(".ci").join(script);
+            let out = run_cmd(Command::new(&script).args(["start", arg]), Duration::from_secs(300));
+            assert!(out.success(), "SLURM could not be started (this test never skips):\n{}", out.describe());
+            let mut stop = Command::new(script);
+            stop.args(["stop", arg]).stdout(Stdio::null());
+            cluster.stop = Some(stop);
+        }
+        cluster
+    }
+
+    /// `program` (which must be installed) for this cluster.
+    pub(crate) fn cmd(&self, program: &str) -> Command {
+        let mut c = Command::new(require_tool(program));
         c.env("SLURM_CONF", &self.conf);
         c
     }
 
-    fn shared(&self) -> PathBuf {
-        self.dir.join("shared")
-    }
-
     /// Host pid of each node's PID 1, by node name.
     fn nodes(&self) -> BTreeMap<String, i32> {
-        node_pids(&self.dir).expect("the cluster's nodes are running")
+        node_pids(&self.dir, self.nodes).expect("the cluster's nodes are running")
     }
 
     /// A node's /tmp (its local disk) as the host sees it.
@@ -92,16 +101,12 @@ impl Cluster {
         run_cmd(&mut c, Duration::from_secs(30))
     }
 
-    fn state(&self, id: &str) -> String {
-        crate::kit::slurm_job_state(&mut self.cmd("scontrol"), id)
-    }
-
     /// Waits for `job` to end; its final state. One that does not end is cancelled, after
     /// what it was doing is gathered for the failure's message.
     pub(crate) fn wait_end(&self, job: &Job, timeout: Duration) -> String {
         let mut state = String::new();
         let ended = wait_until_every(timeout, POLL, || {
-            state = self.state(&job.id);
+            state = crate::kit::slurm_job_state(&mut self.cmd("scontrol"), &job.id);
             ENDED.contains(&state.as_str())
         });
         if !ended {
@@ -129,7 +134,7 @@ impl Cluster {
 
     /// What `archive`'s jobs left on any node: FUSE mounts, files in /dev/shm or on the
     /// local disk (runtime and staging dirs live there), processes naming the archive.
-    fn leftovers(&self, archive: &Path) -> Vec<String> {
+    pub(crate) fn leftovers(&self, archive: &Path) -> Vec<String> {
         let mut found = Vec::new();
         for (node, pid) in self.nodes() {
             let table = fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default();
@@ -165,15 +170,15 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        if self.started_here {
-            let _ = Command::new(script()).arg("stop").stdout(Stdio::null()).status();
+        if let Some(stop) = &mut self.stop {
+            let _ = stop.status();
         }
     }
 }
 
-fn node_pids(dir: &Path) -> Option<BTreeMap<String, i32>> {
+fn node_pids(dir: &Path, count: usize) -> Option<BTreeMap<String, i32>> {
     let mut nodes = BTreeMap::new();
-    for i in 1..=NODES {
+    for i in 1..=count {
         let name = format!("node{i}");
         let pid: i32 = fs::read_to_string(dir.join("run").join(format!("{name}.pid"))).ok()?.trim().parse().ok()?;
         let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
@@ -184,17 +189,16 @@ fn node_pids(dir: &Path) -> Option<BTreeMap<String, i32>> {
     Some(nodes)
 }
 
-fn idle_nodes(conf: &Path) -> usize {
-    let mut cmd = Command::new(require_tool("sinfo"));
-    cmd.args(["-h", "-N", "-o", "%t"]).env("SLURM_CONF", conf);
-    run_cmd(&mut cmd, Duration::from_secs(30)).stdout.lines().filter(|l| l.trim() == "idle").count()
+/// The entries of `dir` that can be read (none if it cannot be).
+pub(crate) fn entries(dir: impl AsRef<Path>) -> impl Iterator<Item = fs::DirEntry> {
+    fs::read_dir(dir).into_iter().flatten().flatten()
 }
 
 /// Files (not directories) under `root`, not following links; the node's view of the
 /// cluster dir (mounted back into its /tmp) is skipped.
 fn files_under(root: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    for entry in fs::read_dir(root).into_iter().flatten().flatten() {
+    for entry in entries(root) {
         let path = entry.path();
         if entry.file_name() == "stagefs-cluster" {
             continue;
@@ -209,7 +213,8 @@ fn files_under(root: &Path) -> Vec<PathBuf> {
 
 /// Reads every file of the source tree through the mount and records the verdict, the
 /// daemons serving the archive on this node (the node's own /proc), the mounts it sees at
-/// the mount point and the bytes in use in the node's /dev/shm, then sleeps (STAGEFS_TEST_SLEEP) holding a file open.
+/// the mount point, the mount point and the bytes in use in the node's /dev/shm, then
+/// sleeps (STAGEFS_TEST_SLEEP) holding a file open.
 const READER: &str = r#"
 import os, sys, time
 root = sys.argv[sys.argv.index('--data-root') + 1]
@@ -240,7 +245,7 @@ shm = (st.f_blocks - st.f_bfree) * st.f_frsize
 verdict = 'ok' if n and not bad else 'bad:' + ';'.join(bad[:3])
 node, task = os.uname().nodename, os.environ.get('SLURM_LOCALID', '?') + '.' + os.environ.get('LOCAL_RANK', '-')
 with open(os.path.join(out, f'{node}.{task}.{os.getpid()}'), 'w') as fh:
-    fh.write(f'{node} {verdict} files={n} daemons={daemons} mounts={mounts} shm={shm}\n')
+    fh.write(f'{node} {verdict} files={n} daemons={daemons} mounts={mounts} root={root} shm={shm}\n')
 held = open(last, 'rb')
 time.sleep(float(os.environ.get('STAGEFS_TEST_SLEEP', '0')))
 sys.exit(0 if verdict == 'ok' else 1)
@@ -302,30 +307,21 @@ struct Watcher {
 impl Watcher {
     fn start(cluster: &Cluster, archives: &[&Path]) -> Watcher {
         let mut cmd = Command::new("/usr/bin/python3");
-        cmd.arg("-c").arg(WATCHER);
-        for (node, pid) in cluster.nodes() {
-            cmd.arg(format!("node={node}:{pid}"));
-        }
-        for a in archives {
-            cmd.arg(format!("file={}", a.display()));
-        }
+        cmd.arg("-c").arg(WATCHER).args(cluster.nodes().iter().map(|(node, pid)| format!("node={node}:{pid}")));
+        cmd.args(archives.iter().map(|a| format!("file={}", a.display())));
         let mut child = cmd.stdout(Stdio::piped()).spawn().expect("start the fanotify watcher");
         let stdout = child.stdout.take().unwrap();
         let lines = std::sync::Arc::new(Mutex::new(Vec::new()));
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let sink = lines.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if line == "READY" {
-                    let _ = ready_tx.send(());
-                } else {
-                    sink.lock().unwrap().push(line);
-                }
+                sink.lock().unwrap().push(line);
             }
         });
-        let child = KillOnDrop(child);
-        assert!(ready_rx.recv_timeout(Duration::from_secs(30)).is_ok(), "the fanotify watcher did not start");
-        Watcher { _child: child, lines }
+        let watcher = Watcher { _child: KillOnDrop(child), lines };
+        let ready = wait_until(Duration::from_secs(30), || watcher.lines.lock().unwrap().iter().any(|l| l == "READY"));
+        assert!(ready, "the fanotify watcher did not start");
+        watcher
     }
 
     /// Bytes of `archive` each node (or `host`, `gone`) read so far, overlaps counted once,
@@ -352,7 +348,7 @@ pub(crate) struct Work {
 
 impl Work {
     pub(crate) fn new(cluster: &Cluster, label: &str) -> Work {
-        let path = cluster.shared().join(format!("{label}-{}", std::process::id()));
+        let path = cluster.dir.join("shared").join(format!("{label}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&path);
         fs::create_dir_all(&path).unwrap();
         Work { path }
@@ -364,17 +360,20 @@ impl Work {
 
     /// A tree of `big` bytes spread over a few files, and its tar `name.tar`.
     pub(crate) fn archive(&self, name: &str, big: usize) -> (PathBuf, PathBuf) {
-        let tree = self.join(&format!("{name}-tree"));
-        for (i, size) in [0usize, 1, 4096, 100_000, big].iter().enumerate() {
-            fs::create_dir_all(tree.join(format!("class{}", i % 2))).unwrap();
-            fs::write(tree.join(format!("class{}/f{i}.bin", i % 2)), pseudo_random(i as u64 + 7, *size)).unwrap();
-        }
-        let tar = self.join(&format!("{name}.tar"));
-        let out =
-            run_cmd(Command::new("tar").arg("-C").arg(&tree).arg("-cf").arg(&tar).arg("."), Duration::from_secs(60));
-        out.assert_success();
-        (tree, tar)
+        tree_and_tar(&self.path, name, big)
     }
+}
+
+/// A tree of `big` bytes spread over a few files in `dir`, and its tar `dir/name.tar`.
+pub(crate) fn tree_and_tar(dir: &Path, name: &str, big: usize) -> (PathBuf, PathBuf) {
+    let tree = dir.join(format!("{name}-tree"));
+    for (i, size) in [0usize, 1, 4096, 100_000, big].iter().enumerate() {
+        fs::create_dir_all(tree.join(format!("class{}", i % 2))).unwrap();
+        fs::write(tree.join(format!("class{}/f{i}.bin", i % 2)), pseudo_random(i as u64 + 7, *size)).unwrap();
+    }
+    let tar = dir.join(format!("{name}.tar"));
+    crate::kit::run_tool("tar", crate::kit::osargs!["-C", tree, "-cf", tar, "."]);
+    (tree, tar)
 }
 
 impl Drop for Work {
@@ -396,11 +395,11 @@ fn sbcast_calls(work: &Work, archive: &Path) -> Vec<String> {
     log.lines().filter(|l| format!("{l} ").contains(&needle)).map(|l| l.split(' ').next().unwrap().to_owned()).collect()
 }
 
-/// One template job on all three nodes and what it reported.
+/// One template job and what it reported.
 pub(crate) struct Job {
-    name: String,
+    pub(crate) name: String,
     pub(crate) id: String,
-    archive: PathBuf,
+    pub(crate) archive: PathBuf,
     out: PathBuf,
     log: PathBuf,
 }
@@ -410,21 +409,25 @@ impl Job {
         crate::kit::task_results(&self.out)
     }
 
-    pub(crate) fn context(&self) -> String {
-        format!(
-            "job {} ({})\nresults: {:#?}\nlog:\n{}",
-            self.id,
-            self.name,
-            self.results(),
-            fs::read_to_string(&self.log).unwrap_or_default()
-        )
+    pub(crate) fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    pub(crate) fn context(&self) -> String {
+        format!("job {} ({})\nresults: {:#?}\nlog:\n{}", self.id, self.name, self.results(), self.log())
+    }
+}
+
+/// The slurm/ template `name`.
+pub(crate) fn template(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("slurm").join(format!("{name}.sbatch"))
 }
 
 /// Submits `template` on three nodes, 4 training processes per node, with `env` added.
 fn submit(cluster: &Cluster, work: &Work, template: &str, name: &str, tree: &Path, env: &[(&str, &str)]) -> Job {
-    let tasks = if template == "5-torchrun" { 1 } else { TASKS_PER_NODE };
-    submit_file(cluster, work, &repo().join("slurm").join(format!("{template}.sbatch")), tasks, name, tree, env)
+    let tasks = format!("--ntasks-per-node={}", if template == "5-torchrun" { 1 } else { TASKS_PER_NODE });
+    let args = ["--nodes=3", "--time=5", &tasks];
+    submit_file(cluster, &work.path, &self::template(template), &args, name, tree, env)
 }
 
 /// Submits a job script of ours (bash, `body` after the shebang) like a template.
@@ -438,63 +441,72 @@ pub(crate) fn submit_script(
 ) -> Job {
     let script = work.join(&format!("{name}.sh"));
     fs::write(&script, format!("#!/bin/bash\n{body}\n")).unwrap();
-    submit_file(cluster, work, &script, TASKS_PER_NODE, name, tree, env)
+    submit_file(cluster, &work.path, &script, &["--nodes=3", "--time=5", "--ntasks-per-node=4"], name, tree, env)
 }
 
-/// Submits `file` on three nodes with `tasks` tasks per node, with the helpers (reader,
-/// fake torchrun, sbcast wrapper) on PATH and `env` added.
-fn submit_file(
+/// Stands in for torchrun: starts `--nproc-per-node` copies of the script with its
+/// arguments, passes SIGTERM on to them as torchrun does, and exits with the worst status.
+const FAKE_TORCHRUN: &str = r#"#!/usr/bin/env python3
+import os, signal, subprocess, sys
+args, n = sys.argv[1:], 1
+while args and args[0].startswith('--'):
+    if args[0].startswith('--nproc-per-node='):
+        n = int(args[0].split('=', 1)[1])
+    args = args[1:]
+procs = [subprocess.Popen([sys.executable] + args, env=dict(os.environ, LOCAL_RANK=str(r))) for r in range(n)]
+signal.signal(signal.SIGTERM, lambda s, f: [p.send_signal(s) for p in procs])
+sys.exit(max(p.wait() for p in procs))
+"#;
+
+/// Submits `file` by `sbatch ARGS` from `dir` (where its output, log and helpers go): no GPUs,
+/// a CPU per task, SCRATCH unset, 4 "GPUs" for the templates to start 4 training processes
+/// on, the helpers (reader, fake torchrun, sbcast wrapper) on PATH, `env` added.
+pub(crate) fn submit_file(
     cluster: &Cluster,
-    work: &Work,
+    dir: &Path,
     file: &Path,
-    tasks: usize,
+    args: &[&str],
     name: &str,
     tree: &Path,
     env: &[(&str, &str)],
 ) -> Job {
-    let archive = work.join(&format!("{name}.tar"));
-    let (out, log) = (work.join(&format!("out-{name}")), work.join(&format!("{name}.log")));
+    let archive = dir.join(format!("{name}.tar"));
+    let (out, log) = (dir.join(format!("out-{name}")), dir.join(format!("{name}.log")));
     fs::create_dir_all(&out).unwrap();
-    fs::write(work.join("reader.py"), READER).unwrap();
-    let fake_bin = work.join("bin");
-    fs::create_dir_all(&fake_bin).unwrap();
-    fs::write(fake_bin.join("torchrun"), crate::slurm::FAKE_TORCHRUN).unwrap();
-    fs::write(
-        fake_bin.join("sbcast"),
-        format!(
-            "{SBCAST_WRAPPER}{}\nexec {} \"$@\"\n",
-            work.join("sbcast.log").display(),
-            require_tool("sbcast").display()
-        ),
-    )
-    .unwrap();
-    for tool in ["torchrun", "sbcast"] {
-        fs::set_permissions(fake_bin.join(tool), fs::Permissions::from_mode(0o755)).unwrap();
+    let fake_bin = dir.join("bin");
+    // The helpers are written once per directory: the jobs submitted before run them.
+    if fs::create_dir(&fake_bin).is_ok() {
+        fs::write(dir.join("reader.py"), READER).unwrap();
+        fs::write(fake_bin.join("torchrun"), FAKE_TORCHRUN).unwrap();
+        let log = dir.join("sbcast.log");
+        let sbcast = format!("{SBCAST_WRAPPER}{}\nexec {} \"$@\"\n", log.display(), require_tool("sbcast").display());
+        fs::write(fake_bin.join("sbcast"), sbcast).unwrap();
+        for tool in ["torchrun", "sbcast"] {
+            fs::set_permissions(fake_bin.join(tool), fs::Permissions::from_mode(0o755)).unwrap();
+        }
     }
     let bin_dir = stagefs_bin().parent().unwrap().to_owned();
     let path = format!("{}:{}:{}", bin_dir.display(), fake_bin.display(), std::env::var("PATH").unwrap_or_default());
     let mut sbatch = cluster.cmd("sbatch");
     sbatch
-        .args(["--parsable", "--nodes=3", "--gpus-per-node=0", "--cpus-per-task=1", "--time=5"])
-        .arg(format!("--ntasks-per-node={tasks}"))
+        .args(["--parsable", "--gpus-per-node=0", "--cpus-per-task=1"])
+        .args(args)
         .arg("--output")
         .arg(&log)
         .arg(file)
-        .current_dir(&work.path)
+        .current_dir(dir)
         .env("PATH", &path)
         .env("ARCHIVE", &archive)
         .env_remove("SCRATCH")
         .env_remove("XDG_RUNTIME_DIR")
         .env("GPUS", TASKS_PER_NODE.to_string())
-        .env("TRAIN_SCRIPT", work.join("reader.py"))
+        .env("TRAIN_SCRIPT", dir.join("reader.py"))
         // Each node's /tmp is its own: one runtime directory per node, as on a real cluster.
         .env("STAGEFS_RUNTIME_DIR", format!("/tmp/rt-{name}"))
         .env("STAGEFS_TEST_EXPECT", tree)
         .env("STAGEFS_TEST_OUT", &out)
-        .env("STAGEFS_TEST_SLEEP", "1");
-    for (k, v) in env {
-        sbatch.env(k, v);
-    }
+        .env("STAGEFS_TEST_SLEEP", "1")
+        .envs(env.iter().copied());
     let submitted = run_cmd(&mut sbatch, Duration::from_secs(30));
     assert!(submitted.success(), "sbatch {name}:\n{}", submitted.describe());
     let id = submitted.stdout.trim().split(';').next().unwrap().to_string();
@@ -515,10 +527,10 @@ enum Source {
 /// A template job: template, job name, how it reads the archive, extra environment.
 type Spec<'a> = (&'a str, &'a str, Source, &'a [(&'a str, &'a str)]);
 
-/// Runs the jobs side by side and checks each: it
-/// completes, every one of the 12 training processes reads the right bytes through its
-/// node's one daemon, the nodes that read the shared archive are the ones `Source` says,
-/// a RAM broadcast holds one copy in each node's /dev/shm, and nothing is left anywhere.
+/// Runs the jobs one at a time and checks each: it completes, every one of the 12 training
+/// processes reads the right bytes through its node's one daemon, the nodes that read the
+/// shared archive are the ones `Source` says, a RAM broadcast holds one copy in each node's
+/// /dev/shm, and nothing is left anywhere.
 fn run_templates(specs: &[Spec]) {
     let cluster = Cluster::up();
     let work = Work::new(&cluster, "templates");
@@ -628,7 +640,7 @@ fn cluster_a_node_with_a_foreign_shm_dir() {
     let state = cluster.wait_end(&job, Duration::from_secs(180));
     let inside = files_under(&foreign);
     let _ = fs::remove_dir_all(&foreign);
-    let log = fs::read_to_string(&job.log).unwrap_or_default();
+    let log = job.log();
     assert_eq!(state, "FAILED", "{}", job.context());
     assert!(inside.is_empty(), "written into the other user's directory: {inside:?}\n{}", job.context());
     assert!(job.results().is_empty(), "no task may train:\n{}", job.context());
@@ -646,16 +658,16 @@ fn cluster_a_node_with_a_foreign_shm_dir() {
             job.context()
         );
     }
-    let left = known_failure_leftovers(cluster.wait_clean(&job.archive));
-    assert!(left.is_empty(), "left behind: {left:#?}\n{}", job.context());
+    assert_clean_but_known(&cluster, &job, &state);
 }
 
-/// Leftovers minus what a failed mount is known to leave in its node's runtime directory
-/// (its lock file, at times its log, and on a node whose leader failed before the
-/// broadcast ended, the broadcast's status file): said on stderr, left for a change to
-/// stagefs to remove.
-fn known_failure_leftovers(left: Vec<String>) -> Vec<String> {
-    let (known, other): (Vec<String>, Vec<String>) = left.into_iter().partition(|l| {
+/// Panics unless nothing of `job` (ended in `state`) is left but what a failed mount is
+/// known to leave in its node's runtime directory (its lock file, at times its log, and on
+/// a node whose leader failed before the broadcast ended, the broadcast's status file):
+/// said on stderr, left for a change to stagefs to remove.
+fn assert_clean_but_known(cluster: &Cluster, job: &Job, state: &str) {
+    let left = cluster.wait_clean(&job.archive);
+    let (known, left): (Vec<String>, Vec<String>) = left.into_iter().partition(|l| {
         let name = l.rsplit('/').next().unwrap_or("");
         l.contains("/tmp/rt-")
             && (name.ends_with(".lock")
@@ -665,7 +677,21 @@ fn known_failure_leftovers(left: Vec<String>) -> Vec<String> {
     if !known.is_empty() {
         eprintln!("cluster: known leftovers of a failed mount (runtime dirs): {known:#?}");
     }
-    other
+    assert!(left.is_empty(), "left behind (state {state}): {left:#?}\n{}", job.context());
+}
+
+/// Panics unless each of the first `tasks` tasks said stagefs's error with sbcast's own
+/// message, which names `request` (REQUEST_FILE_BCAST and the node that failed), in `log`.
+pub(crate) fn assert_sbcast_said(log: &str, tasks: usize, request: &str, context: &str) {
+    for task in 0..tasks {
+        let said = log.lines().any(|l| {
+            // srun -l pads the label: " 8: ".
+            l.trim_start().starts_with(&format!("{task}: stagefs: error:"))
+                && l.contains("sbcast")
+                && l.contains(request)
+        });
+        assert!(said, "task {task} must report sbcast's own message:\n{context}");
+    }
 }
 
 /// The job's tasks run `stagefs run` with these options and the reader, labelled by task.
@@ -686,40 +712,20 @@ fn cluster_broadcast_failing_on_one_node() {
     for node in ["node1", "node2"] {
         fs::create_dir_all(cluster.local_disk(node).join("small")).unwrap();
     }
-    let small = cluster.enter(
-        "node3",
-        0,
-        0,
-        &["sh", "-c", "mkdir -p /tmp/small && mount -t tmpfs -o size=4m small /tmp/small"],
-    );
+    let small = "mkdir -p /tmp/small && mount -t tmpfs -o size=4m small /tmp/small";
+    let small = cluster.enter("node3", 0, 0, &["sh", "-c", small]);
     assert!(small.success(), "{}", small.describe());
     let node3_small = PathBuf::from(format!("/proc/{}/root/tmp/small", cluster.nodes()["node3"]));
-    let job = submit_script(
-        &cluster,
-        &work,
-        "onefails",
-        &tree,
-        &run_line("--broadcast --stage disk --stage-dir /tmp/small"),
-        &[],
-    );
+    let line = run_line("--broadcast --stage disk --stage-dir /tmp/small");
+    let job = submit_script(&cluster, &work, "onefails", &tree, &line, &[]);
     let state = cluster.wait_end(&job, Duration::from_secs(180));
     let in_small = files_under(&node3_small);
     let _ = cluster.enter("node3", 0, 0, &["umount", "/tmp/small"]);
-    let log = fs::read_to_string(&job.log).unwrap_or_default();
     assert_eq!(state, "FAILED", "{}", job.context());
     assert!(job.results().is_empty(), "no task may train:\n{}", job.context());
-    for task in 0..NODES * TASKS_PER_NODE {
-        let said = log.lines().any(|l| {
-            // srun -l pads the label: " 8: ".
-            l.trim_start().starts_with(&format!("{task}: stagefs: error:"))
-                && l.contains("sbcast")
-                && l.contains("REQUEST_FILE_BCAST(node3)")
-        });
-        assert!(said, "task {task} must report sbcast's own message:\n{}", job.context());
-    }
+    assert_sbcast_said(&job.log(), NODES * TASKS_PER_NODE, "REQUEST_FILE_BCAST(node3)", &job.context());
     assert!(in_small.is_empty(), "left in node3's stage dir: {in_small:?}");
-    let left = known_failure_leftovers(cluster.wait_clean(&job.archive));
-    assert!(left.is_empty(), "left behind: {left:#?}\n{}", job.context());
+    assert_clean_but_known(&cluster, &job, &state);
 }
 
 /// Node2's daemon is SIGKILLed while its tasks read: the tasks of node1 and node3 are not
@@ -737,17 +743,14 @@ fn cluster_a_daemon_killed_mid_job() {
         .into_iter()
         .filter(|pid| fs::read_link(format!("/proc/{pid}/ns/uts")).ok().as_ref() == Some(&node2_uts))
         .filter(|pid| {
-            fs::read_dir(format!("/proc/{pid}/fd"))
-                .into_iter()
-                .flatten()
-                .flatten()
+            entries(format!("/proc/{pid}/fd"))
                 .any(|fd| fs::read_link(fd.path()).is_ok_and(|t| t == Path::new("/dev/fuse")))
         })
         .collect();
     assert_eq!(daemons.len(), 1, "want node2's one daemon:\n{}", job.context());
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(daemons[0]), nix::sys::signal::Signal::SIGKILL).unwrap();
+    crate::kit::signal(daemons[0], crate::kit::Signal::SIGKILL).unwrap();
     let state = cluster.wait_end(&job, Duration::from_secs(180));
-    let log = fs::read_to_string(&job.log).unwrap_or_default();
+    let log = job.log();
     for node in ["node1", "node3"] {
         let ok = job.results().iter().filter(|l| l.starts_with(&format!("{node} ok "))).count();
         assert_eq!(ok, TASKS_PER_NODE, "{node}'s tasks must be unaffected (state {state}):\n{}", job.context());
@@ -757,8 +760,7 @@ fn cluster_a_daemon_killed_mid_job() {
         "node1/node3 tasks failed:\n{}",
         job.context()
     );
-    let left = known_failure_leftovers(cluster.wait_clean(&job.archive));
-    assert!(left.is_empty(), "left behind (state {state}): {left:#?}\n{}", job.context());
+    assert_clean_but_known(&cluster, &job, &state);
 }
 
 /// `scancel` while sbcast is still copying a large archive to the nodes: no mount, process,
@@ -775,11 +777,8 @@ fn cluster_scancel_mid_broadcast() {
     let nodes = cluster.nodes();
     let staging = wait_until_every(Duration::from_secs(120), Duration::from_millis(50), || {
         nodes.values().any(|pid| {
-            fs::read_dir(format!("/proc/{pid}/root/dev/shm/root"))
-                .into_iter()
-                .flatten()
-                .flatten()
-                .any(|e| e.file_name().to_string_lossy().starts_with(&inbox) && files_under(&e.path()).len() == 1)
+            let mut inboxes = entries(format!("/proc/{pid}/root/dev/shm/root"));
+            inboxes.any(|e| e.file_name().to_string_lossy().starts_with(&inbox) && files_under(&e.path()).len() == 1)
         })
     });
     assert!(staging, "no node began receiving the broadcast:\n{}", job.context());
@@ -787,7 +786,5 @@ fn cluster_scancel_mid_broadcast() {
     let state = cluster.wait_end(&job, Duration::from_secs(180));
     assert_eq!(state, "CANCELLED", "{}", job.context());
     assert!(job.results().is_empty(), "cancelled while staging, yet a task read:\n{}", job.context());
-    // Each node's leader, stopped while its copy arrived, takes back what arrived.
-    let left = known_failure_leftovers(cluster.wait_clean(&job.archive));
-    assert!(left.is_empty(), "left behind: {left:#?}\n{}", job.context());
+    assert_clean_but_known(&cluster, &job, &state);
 }

@@ -12,38 +12,61 @@ use std::time::Duration;
 
 use crate::compare::{assert_trees_equal, Options};
 use crate::kit::*;
-use crate::shards::{bsdtar, extract_all, gnu_tar, shard_tree, squashfs};
+use crate::shards::{bsdtar, extract_all, gnu_tar, shard_tree, shards_dir, squashfs};
 
+/// `stagefs VERB MNT SHARDS...`.
 fn change(verb: &str, mnt: &Path, shards: &[&Path]) -> CmdOutput {
-    let mut args: Vec<&OsStr> = vec![OsStr::new(verb), mnt.as_os_str()];
-    args.extend(shards.iter().map(|s| s.as_os_str()));
-    stagefs(args)
+    stagefs([OsStr::new(verb), mnt.as_os_str()].into_iter().chain(shards.iter().map(|s| s.as_os_str())))
 }
 
-/// A tar of `files` (path, bytes) made by GNU tar.
-fn tar_of(out: &Path, files: &[(&str, &[u8])]) {
-    Scene::new("growing-src").files(files.iter().copied()).tar_at(out);
+/// `tmp/a.tar` and `tmp/b.tar`, holding `files` (path, bytes) made by GNU tar.
+fn ab<P: AsRef<str>, B: AsRef<[u8]>>(tmp: &TempDir, files: [Vec<(P, B)>; 2]) -> [PathBuf; 2] {
+    let [a, b] = files;
+    [(a, "a.tar"), (b, "b.tar")].map(|(files, name)| Scene::new("growing-src").files(files).tar_at(&tmp.join(name)))
 }
 
-/// Shards 0 and 1 at `paths`, holding `files(k)` (path, bytes) each.
-fn two_shards(paths: [&Path; 2], files: impl Fn(usize) -> Vec<(String, Vec<u8>)>) {
-    for (k, path) in paths.into_iter().enumerate() {
-        Scene::new("growing-src").files(files(k)).tar_at(path);
-    }
+/// The names in a listing, sorted.
+fn names(listing: fs::ReadDir) -> Vec<String> {
+    let mut names: Vec<String> = listing.map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    names
+}
+
+/// Adds and removes `shard` on `mnt` `times` times while `threads` workers run `work(t, stop)`
+/// until `stop` is set after the changes; what they returned.
+fn while_changing<T: Send>(
+    mnt: &Mounted,
+    shard: &Path,
+    times: usize,
+    threads: usize,
+    work: impl Fn(usize, &AtomicBool) -> T + Sync,
+) -> Vec<T> {
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let (work, stop) = (&work, &stop);
+        let workers: Vec<_> = (0..threads).map(|t| scope.spawn(move || work(t, stop))).collect();
+        for _ in 0..times {
+            change("add", mnt.path(), &[shard]).assert_success();
+            change("remove", mnt.path(), &[shard]).assert_success();
+        }
+        stop.store(true, Ordering::Relaxed);
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    })
 }
 
 #[test]
 fn shards_added_and_removed_while_mounted_match_extraction_in_order() {
     require_root();
-    let tmp = TempDir::new("growing-formats");
-    let dir = tmp.join("shards");
-    fs::create_dir_all(&dir).unwrap();
+    let (tmp, dir) = shards_dir("growing-formats");
     let shards = [dir.join("s0-gnu.tar"), dir.join("s1-bsdtar.tar"), dir.join("s2-mksquashfs.sqsh")];
     gnu_tar(&shard_tree(tmp.path(), 0), &shards[0], &[]);
     bsdtar(&shard_tree(tmp.path(), 1), &shards[1]);
     squashfs(&shard_tree(tmp.path(), 2), &shards[2]);
     let mnt = Mounted::with_args(&["--growing"], &shards[0], &tmp.join("mnt"));
-    let opts = Options::default().root(false);
+    let matches = |set: &[PathBuf], name: &str| {
+        extract_all(set, &tmp.join(name));
+        assert_trees_equal(&tmp.join(name), mnt.path(), &Options::default().root(false));
+    };
     // Listed before the change: the kernel holds these names, and must let go of them.
     assert_eq!(read(&mnt.path().join("train/shared.txt")), b"from shard 0\n");
     assert_eq!(fs::read_dir(mnt.path().join("train/cat")).unwrap().count(), 3);
@@ -51,9 +74,7 @@ fn shards_added_and_removed_while_mounted_match_extraction_in_order() {
     let out = change("add", mnt.path(), &[&shards[1], &shards[2]]);
     out.assert_success();
     assert!(out.stdout.contains("added 2 shards; 3 shards"), "{}", out.describe());
-    let expected = tmp.join("expected-012");
-    extract_all(&shards, &expected);
-    assert_trees_equal(&expected, mnt.path(), &opts);
+    matches(&shards, "expected-012");
     // `stagefs status` follows the set (its record is refreshed within a fraction of a second).
     let shown = wait_until(Duration::from_secs(10), || {
         let text = stagefs(["status"]).stdout;
@@ -65,9 +86,7 @@ fn shards_added_and_removed_while_mounted_match_extraction_in_order() {
     let out = change("remove", mnt.path(), &[&shards[1]]);
     out.assert_success();
     assert!(out.stdout.contains("removed 1 shard; 2 shards"), "{}", out.describe());
-    let expected = tmp.join("expected-02");
-    extract_all(&[shards[0].clone(), shards[2].clone()], &expected);
-    assert_trees_equal(&expected, mnt.path(), &opts);
+    matches(&[shards[0].clone(), shards[2].clone()], "expected-02");
     assert!(!mnt.path().join("train/cat/1-0.txt").exists(), "a removed shard's file is gone");
 
     // Adding a shard the set has changes nothing; a relative path names the same shard.
@@ -81,10 +100,8 @@ fn the_kernel_forgets_exactly_the_changed_names_and_open_files_keep_their_bytes(
     require_root();
     let tmp = TempDir::new("growing-cache");
     let big: Vec<u8> = (0..4u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
-    let a = tmp.join("a.tar");
-    let b = tmp.join("b.tar");
-    tar_of(&a, &[("d/big.bin", &big), ("d/same.txt", b"from a\n"), ("d/kept.txt", b"kept\n")]);
-    tar_of(&b, &[("d/same.txt", b"from b\n"), ("d/new.txt", b"new\n")]);
+    let a = vec![("d/big.bin", big.clone()), ("d/same.txt", b"from a\n".to_vec()), ("d/kept.txt", b"kept\n".to_vec())];
+    let [a, b] = ab(&tmp, [a, vec![("d/same.txt", b"from b\n".to_vec()), ("d/new.txt", b"new\n".to_vec())]]);
     let log = tmp.join("daemon.log");
     let log_arg = format!("--log-file={}", log.display());
     let mnt = Mounted::with_args(&["-v", "--growing", &log_arg], &a, &tmp.join("mnt"));
@@ -107,10 +124,7 @@ fn the_kernel_forgets_exactly_the_changed_names_and_open_files_keep_their_bytes(
     assert_eq!(text, "from a\n", "an open file keeps its bytes");
 
     change("remove", mnt.path(), &[&a]).assert_success();
-    let names: Vec<String> = fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
-    let mut names = names;
-    names.sort();
-    assert_eq!(names, ["new.txt", "same.txt"]);
+    assert_eq!(names(fs::read_dir(&d).unwrap()), ["new.txt", "same.txt"]);
     assert!(fs::metadata(d.join("big.bin")).is_err() && fs::metadata(d.join("kept.txt")).is_err());
     // Never read before: every byte comes from the removed shard, through the daemon.
     let mut bytes = Vec::new();
@@ -131,28 +145,17 @@ fn a_directory_listing_never_mixes_two_states() {
     let tmp = TempDir::new("growing-atomic");
     // Long names: one listing takes several READDIR requests.
     let name = |k: usize, i: usize| format!("c/{}-{k}-{i:04}.txt", "x".repeat(120));
-    let files = |k: usize| -> Vec<(String, Vec<u8>)> { (0..700).map(|i| (name(k, i), vec![b'a'; 1])).collect() };
-    let (a, b) = (tmp.join("a.tar"), tmp.join("b.tar"));
-    two_shards([&a, &b], files);
+    let [a, b] = ab(&tmp, [0, 1].map(|k| (0..700).map(|i| (name(k, i), vec![b'a'; 1])).collect::<Vec<_>>()));
     let mnt = Mounted::with_args(&["--growing"], &a, &tmp.join("mnt"));
     let dir = mnt.path().join("c");
-    let stop = AtomicBool::new(false);
-    let counts = std::thread::scope(|scope| {
-        let lister = scope.spawn(|| {
-            let mut counts = std::collections::BTreeMap::<usize, usize>::new();
-            while !stop.load(Ordering::Relaxed) {
-                *counts.entry(fs::read_dir(&dir).unwrap().count()).or_default() += 1;
-            }
-            counts
-        });
-        for _ in 0..6 {
-            change("add", mnt.path(), &[&b]).assert_success();
-            change("remove", mnt.path(), &[&b]).assert_success();
+    let counts = while_changing(&mnt, &b, 6, 1, |_, stop| {
+        let mut counts = std::collections::BTreeMap::<usize, usize>::new();
+        while !stop.load(Ordering::Relaxed) {
+            *counts.entry(fs::read_dir(&dir).unwrap().count()).or_default() += 1;
         }
-        stop.store(true, Ordering::Relaxed);
-        lister.join().unwrap()
+        counts
     });
-    assert!(counts.keys().all(|&n| n == 700 || n == 1400), "listings mixed two states: {counts:?}");
+    assert!(counts[0].keys().all(|&n| n == 700 || n == 1400), "listings mixed two states: {counts:?}");
     mnt.unmount().assert_success();
 }
 
@@ -162,32 +165,33 @@ fn watch_adds_shards_once_complete_and_removes_deleted_ones() {
     let tmp = TempDir::new("growing-watch");
     let cache = tmp.join("cache");
     fs::create_dir_all(&cache).unwrap();
-    let made = tmp.join("made");
-    fs::create_dir_all(&made).unwrap();
     let big: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
-    for k in 1..=3 {
-        let files = [(format!("s{k}/big.bin"), big.clone()), (format!("s{k}/k.txt"), format!("{k}\n").into_bytes())];
-        Scene::new("growing-src").files(files).tar_at(&made.join(format!("{k}.tar")));
-    }
+    let tars: Vec<Vec<u8>> = (1..=3)
+        .map(|k| {
+            let files =
+                [(format!("s{k}/big.bin"), big.clone()), (format!("s{k}/k.txt"), format!("{k}\n").into_bytes())];
+            read(&Scene::new("growing-src").files(files).tar())
+        })
+        .collect();
     let pattern = cache.join("w-*.tar");
     // Nothing matches yet: the mount starts empty and waits.
     let mnt = Mounted::with_args(&["--watch=200ms"], &pattern, &tmp.join("mnt"));
     assert_eq!(fs::read_dir(mnt.path()).unwrap().count(), 0);
     let appears = |rel: &str| wait_until(Duration::from_secs(20), || mnt.path().join(rel).exists());
 
-    fs::copy(made.join("1.tar"), cache.join("w-1.tar")).unwrap();
+    fs::write(cache.join("w-1.tar"), &tars[0]).unwrap();
     assert!(appears("s1/k.txt"), "a complete shard was not added");
     assert_eq!(read(&mnt.path().join("s1/big.bin")), big);
 
     // Half a shard (a writer stopped mid-member) fails to open: skipped, and retried once
     // its file changes. A garbage file beside it does not hold the good shard back.
-    let whole = fs::read(made.join("2.tar")).unwrap();
+    let whole = &tars[1];
     fs::write(cache.join("w-2.tar"), &whole[..whole.len() / 2]).unwrap();
     fs::write(cache.join("w-0-garbage.tar"), vec![0x5a; 4096]).unwrap();
-    fs::copy(made.join("3.tar"), cache.join("w-3.tar")).unwrap();
+    fs::write(cache.join("w-3.tar"), &tars[2]).unwrap();
     assert!(appears("s3/k.txt"), "a good shard was held back by bad ones");
     assert!(!mnt.path().join("s2").exists());
-    fs::write(cache.join("w-2.tar"), &whole).unwrap();
+    fs::write(cache.join("w-2.tar"), whole).unwrap();
     assert!(appears("s2/k.txt"), "a shard completed later was not added");
     assert_eq!(read(&mnt.path().join("s2/big.bin")), big);
 
@@ -200,9 +204,7 @@ fn watch_adds_shards_once_complete_and_removes_deleted_ones() {
 fn changes_that_cannot_be_made_say_what_to_do_and_change_nothing() {
     require_root();
     let tmp = TempDir::new("growing-errors");
-    let (a, b) = (tmp.join("a.tar"), tmp.join("b.tar"));
-    tar_of(&a, &[("a.txt", b"a\n")]);
-    tar_of(&b, &[("b.txt", b"b\n")]);
+    let [a, b] = ab(&tmp, [vec![("a.txt", b"a\n")], vec![("b.txt", b"b\n")]]);
     let garbage = tmp.join("garbage.tar");
     fs::write(&garbage, vec![0x5a; 4096]).unwrap();
 
@@ -218,30 +220,20 @@ fn changes_that_cannot_be_made_say_what_to_do_and_change_nothing() {
     change("add", mnt.path(), &[&garbage]).assert_code(3).assert_stderr_has(&["garbage.tar"]);
     change("add", mnt.path(), &[&tmp.join("missing.tar")]).assert_code(3).assert_stderr_has(&["missing.tar"]);
     change("remove", mnt.path(), &[&b]).assert_code(2).assert_stderr_has(&["is not a shard of this mount"]);
-    let names: Vec<_> = fs::read_dir(mnt.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
-    assert_eq!(names, ["a.txt"], "a refused change changed the tree");
+    assert_eq!(names(fs::read_dir(mnt.path()).unwrap()), ["a.txt"], "a refused change changed the tree");
     // The last shard may go: the tree is then empty.
     change("remove", mnt.path(), &[&a]).assert_success();
     assert_eq!(fs::read_dir(mnt.path()).unwrap().count(), 0);
     mnt.unmount().assert_success();
 
     // --watch follows a pattern; --broadcast sends one archive; a set is not staged to disk.
-    let pattern = tmp.join("w-*.tar");
-    mount_must_fail(
-        &[OsStr::new("--watch"), OsStr::new("--stage=disk"), pattern.as_os_str(), tmp.join("w").as_os_str()],
-        2,
-        "--stage disk",
-    )
-    .assert_stderr_has(&["--stage disk"]);
-    mount_must_fail(&osargs!["--watch", a, tmp.join("w")], 2, "--watch of one archive")
+    let (pattern, w) = (tmp.join("w-*.tar"), tmp.join("w"));
+    mount_must_fail(&osargs!["--watch", "--stage=disk", pattern, w], 2, "--stage disk")
+        .assert_stderr_has(&["--stage disk"]);
+    mount_must_fail(&osargs!["--watch", a, w], 2, "--watch of one archive")
         .assert_stderr_has(&["--watch follows one quoted glob pattern"]);
-    let at: PathBuf = tmp.join("mnt2");
-    mount_must_fail(
-        &[OsStr::new("--growing"), OsStr::new("--broadcast"), a.as_os_str(), at.as_os_str()],
-        2,
-        "--broadcast",
-    )
-    .assert_stderr_has(&["--broadcast"]);
+    mount_must_fail(&osargs!["--growing", "--broadcast", a, tmp.join("mnt2")], 2, "--broadcast")
+        .assert_stderr_has(&["--broadcast"]);
 }
 
 #[test]
@@ -251,44 +243,25 @@ fn reads_during_changes_get_the_right_bytes_or_not_found_never_others() {
     let content = |k: usize, i: usize| -> Vec<u8> {
         (0..65_536u32 + i as u32).map(|j| (j as usize * 31 + k * 7 + i) as u8).collect()
     };
-    let files = |k: usize| -> Vec<(String, Vec<u8>)> {
-        (0..40).map(|i| (format!("d/{k}-{i:02}.bin"), content(k, i))).collect()
-    };
-    let (a, b) = (tmp.join("a.tar"), tmp.join("b.tar"));
-    two_shards([&a, &b], files);
+    let [a, b] = ab(&tmp, [0, 1].map(|k| (0..40).map(|i| (format!("d/{k}-{i:02}.bin"), content(k, i))).collect()));
     let mnt = Mounted::with_args(&["--growing", "--warm=no"], &a, &tmp.join("mnt"));
-    let stop = AtomicBool::new(false);
-    let (root, stop_ref) = (mnt.path(), &stop);
-    let reads = std::thread::scope(|scope| {
-        let readers: Vec<_> = (0..3)
-            .map(|t| {
-                scope.spawn(move || {
-                    let mut served = 0u64;
-                    let mut i = t;
-                    while !stop_ref.load(Ordering::Relaxed) {
-                        let (k, n) = (i % 2, (i / 2) % 40);
-                        i += 7;
-                        match fs::read(root.join(format!("d/{k}-{n:02}.bin"))) {
-                            Ok(bytes) => {
-                                assert!(bytes == content(k, n), "wrong bytes for d/{k}-{n:02}.bin");
-                                served += 1;
-                            }
-                            Err(e) => {
-                                assert!(k == 1 && e.kind() == std::io::ErrorKind::NotFound, "d/{k}-{n:02}.bin: {e}")
-                            }
-                        }
-                    }
-                    served
-                })
-            })
-            .collect();
-        for _ in 0..8 {
-            change("add", mnt.path(), &[&b]).assert_success();
-            change("remove", mnt.path(), &[&b]).assert_success();
+    let served = while_changing(&mnt, &b, 8, 3, |t, stop| {
+        let mut served = 0u64;
+        let mut i = t;
+        while !stop.load(Ordering::Relaxed) {
+            let (k, n) = (i % 2, (i / 2) % 40);
+            i += 7;
+            match fs::read(mnt.path().join(format!("d/{k}-{n:02}.bin"))) {
+                Ok(bytes) => {
+                    assert!(bytes == content(k, n), "wrong bytes for d/{k}-{n:02}.bin");
+                    served += 1;
+                }
+                Err(e) => assert!(k == 1 && e.kind() == std::io::ErrorKind::NotFound, "d/{k}-{n:02}.bin: {e}"),
+            }
         }
-        stop.store(true, Ordering::Relaxed);
-        readers.into_iter().map(|r| r.join().unwrap()).sum::<u64>()
+        served
     });
+    let reads: u64 = served.iter().sum();
     assert!(reads > 0);
     mnt.unmount().assert_success();
 }
@@ -297,20 +270,15 @@ fn reads_during_changes_get_the_right_bytes_or_not_found_never_others() {
 fn a_directory_opened_before_a_change_lists_its_old_state_without_the_kernel_keeping_it() {
     require_root();
     let tmp = TempDir::new("growing-stale-listing");
-    let (a, b) = (tmp.join("a.tar"), tmp.join("b.tar"));
-    tar_of(&a, &[("d/a.txt", b"a\n")]);
-    tar_of(&b, &[("d/b.txt", b"b\n")]);
+    let [a, b] = ab(&tmp, [vec![("d/a.txt", b"a\n")], vec![("d/b.txt", b"b\n")]]);
     let mnt = Mounted::with_args(&["--growing", "--archive", &b.to_string_lossy()], &a, &tmp.join("mnt"));
     let d = mnt.path().join("d");
     // Opened (opendir) before the change, listed (READDIRPLUS) after it.
     let listing = fs::read_dir(&d).unwrap();
     change("remove", mnt.path(), &[&a]).assert_success();
-    let mut names: Vec<String> = listing.map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
-    names.sort();
-    assert_eq!(names, ["a.txt", "b.txt"], "one listing shows one state: the one it was opened in");
+    assert_eq!(names(listing), ["a.txt", "b.txt"], "one listing shows one state: the one it was opened in");
     // The kernel must not keep the old entries it was just given.
     assert!(fs::metadata(d.join("a.txt")).is_err(), "a removed name is served from a stale listing");
-    let now: Vec<_> = fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name()).collect();
-    assert_eq!(now, ["b.txt"]);
+    assert_eq!(names(fs::read_dir(&d).unwrap()), ["b.txt"]);
     mnt.unmount().assert_success();
 }

@@ -7,26 +7,11 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 
 use crate::kit::*;
+use crate::memory::in_page_cache;
 use crate::staging::MemoryCgroup;
 
 const FILES: u64 = 40;
 const FILE_LEN: usize = 1 << 20;
-
-/// Bytes of `path` resident in the page cache, by `mincore` over a map of it.
-fn resident(path: &Path) -> u64 {
-    let file = fs::File::open(path).unwrap();
-    let len = file.metadata().unwrap().len() as usize;
-    let page = 4096usize;
-    // SAFETY: a read-only shared map of a file we keep open; mincore only reports residency.
-    unsafe {
-        let map = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, file.as_raw_fd(), 0);
-        assert_ne!(map, libc::MAP_FAILED);
-        let mut vec = vec![0u8; len.div_ceil(page)];
-        assert_eq!(libc::mincore(map, len, vec.as_mut_ptr()), 0);
-        libc::munmap(map, len);
-        vec.iter().filter(|&&b| b & 1 == 1).count() as u64 * page as u64
-    }
-}
 
 /// Drops the page cache of one file (what `vmtouch -e` does).
 fn evict(path: &Path) {
@@ -40,25 +25,14 @@ fn drop_all_caches() {
     fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
 }
 
-fn assert_same_files(src: &Path, mnt: &Path, context: &str) {
-    for i in 0..FILES {
-        let name = format!("f{i:02}");
-        assert!(read(&mnt.join(&name)) == read(&src.join(&name)), "{context}: {name} differs");
-    }
-}
-
 #[test]
 fn stage_ram_holds_the_files_once_and_every_byte_survives_eviction() {
     require_root();
-    let tmp = TempDir::new("one-copy");
-    let src = tmp.join("src");
-    fs::create_dir(&src).unwrap();
-    for i in 0..FILES {
-        fs::write(src.join(format!("f{i:02}")), pseudo_random(i, FILE_LEN)).unwrap();
-    }
-    let tar = tmp.join("a.tar");
-    let names: Vec<String> = (0..FILES).map(|i| format!("f{i:02}")).collect();
-    pack_tar(&src, &tar, &names.iter().map(String::as_str).collect::<Vec<_>>());
+    let scene = Scene::new("one-copy").files((0..FILES).map(|i| (format!("f{i:02}"), pseudo_random(i, FILE_LEN))));
+    // The archive alone in its directory, whose page cache is measured.
+    let (tmp, src, archive_dir) = (&scene.tmp, scene.src(), scene.join("archive"));
+    fs::create_dir(&archive_dir).unwrap();
+    let tar = scene.tar_at(&archive_dir.join("a.tar"));
     // A just-written archive has dirty pages, which the kernel cannot drop; datasets are old.
     fs::File::open(&tar).unwrap().sync_all().unwrap();
     let log = tmp.join("daemon.log");
@@ -69,7 +43,7 @@ fn stage_ram_holds_the_files_once_and_every_byte_survives_eviction() {
     let pid = stagefs_pids(&mnt)[0];
     let maps = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
     assert!(!maps.contains("memfd:stagefs"), "--stage ram made a private copy:\n{maps}");
-    let left = resident(&tar);
+    let left = in_page_cache(&archive_dir) as u64;
     assert!(left <= (FILES * FILE_LEN as u64) / 10, "{} KiB of the archive stay in the page cache", left >> 10);
     let status = stagefs(["status", "--json"]);
     let line = status.stdout.lines().find(|l| l.contains(&*mnt.to_string_lossy())).unwrap().to_string();
@@ -82,7 +56,7 @@ fn stage_ram_holds_the_files_once_and_every_byte_survives_eviction() {
         read(&mnt.join(format!("f{i:02}")));
     }
     drop_all_caches();
-    assert_same_files(&src, &mnt, "after drop_caches");
+    assert_tree_matches(&mnt, &scene);
 
     // A memory cgroup far smaller than the data forces eviction while a reader checks it.
     drop_all_caches();
@@ -90,7 +64,7 @@ fn stage_ram_holds_the_files_once_and_every_byte_survives_eviction() {
     let sums = cgroup.run(Path::new("/bin/sh"), &osargs!["-c", "cd \"$0\" && sha256sum f*", mnt]);
     sums.assert_success();
     let expected =
-        run_cmd(std::process::Command::new("sh").arg("-c").arg("cd \"$0\" && sha256sum f*").arg(&src), CMD_TIMEOUT);
+        run_cmd(std::process::Command::new("sh").arg("-c").arg("cd \"$0\" && sha256sum f*").arg(src), CMD_TIMEOUT);
     assert_eq!(sums.stdout, expected.stdout, "bytes read under a 8 MiB cgroup limit differ");
     drop(cgroup);
 
@@ -109,22 +83,12 @@ fn stage_ram_holds_the_files_once_and_every_byte_survives_eviction() {
     m.unmount().assert_success();
 }
 
-/// `tmp/src/f` holding `content`, packed by GNU tar into `tmp/a.tar`.
-fn one_file_tar(tmp: &TempDir, content: &[u8]) -> (std::path::PathBuf, std::path::PathBuf) {
-    let src = tmp.join("src");
-    fs::create_dir(&src).unwrap();
-    fs::write(src.join("f"), content).unwrap();
-    let tar = tmp.join("a.tar");
-    pack_tar(&src, &tar, &["f"]);
-    (src, tar)
-}
-
 #[test]
 fn stage_copy_is_immune_to_the_archive_changing() {
     require_root();
-    let tmp = TempDir::new("copy-immune");
-    let (src, tar) = one_file_tar(&tmp, &pseudo_random(7, FILE_LEN));
-    let m = Mounted::staged(&["--stage", "copy"], &tar, &tmp.join("mnt"));
+    let scene = Scene::new("copy-immune").file("f", pseudo_random(7, FILE_LEN));
+    let (src, tar) = (scene.src(), scene.tar());
+    let m = Mounted::staged(&["--stage", "copy"], &tar, &scene.join("mnt"));
     fs::remove_file(&tar).unwrap();
     drop_all_caches();
     assert!(read(&m.path().join("f")) == read(&src.join("f")), "a copied archive must survive its file's removal");
@@ -134,11 +98,10 @@ fn stage_copy_is_immune_to_the_archive_changing() {
 #[test]
 fn mounting_again_says_it_is_mounted_and_how_it_is_staged() {
     require_root();
-    let tmp = TempDir::new("mount-again");
-    let (_, tar) = one_file_tar(&tmp, b"x");
-    let mnt = tmp.join("mnt");
+    let scene = Scene::new("mount-again").file("f", b"x");
+    let (tar, mnt) = (scene.tar(), scene.join("mnt"));
     let m = Mounted::with_args(&["--stage", "none"], &tar, &mnt);
-    let again = stagefs(["mount".as_ref(), "--stage".as_ref(), "ram".as_ref(), tar.as_os_str(), mnt.as_os_str()]);
+    let again = stagefs(osargs!["mount", "--stage", "ram", tar, mnt]);
     again.assert_success();
     assert_eq!(again.stdout.trim(), mnt.to_str().unwrap(), "the mountpoint is printed for scripts");
     for words in ["already mounted with this archive", "served in place, not staged", "stagefs umount"] {

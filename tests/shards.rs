@@ -81,16 +81,18 @@ pub fn extract_all(shards: &[PathBuf], dest: &Path) {
     }
 }
 
-fn pattern(dir: &Path, glob: &str) -> PathBuf {
-    dir.join(glob)
+/// A temporary directory named after `label` and its empty `shards` directory.
+pub fn shards_dir(label: &str) -> (TempDir, PathBuf) {
+    let tmp = TempDir::new(label);
+    let dir = tmp.join("shards");
+    fs::create_dir_all(&dir).unwrap();
+    (tmp, dir)
 }
 
 #[test]
 fn mixed_formats_merge_like_extraction_in_order() {
     require_root();
-    let tmp = TempDir::new("shards-mixed");
-    let dir = tmp.join("shards");
-    fs::create_dir_all(&dir).unwrap();
+    let (tmp, dir) = shards_dir("shards-mixed");
     let shards = [
         dir.join("s0-gnu.tar"),
         dir.join("s1-bsdtar.tar"),
@@ -107,7 +109,7 @@ fn mixed_formats_merge_like_extraction_in_order() {
     extract_all(&shards, &expected);
     assert_eq!(read(&expected.join("train/shared.txt")), b"from shard 4\n");
 
-    let mnt = Mounted::new(&pattern(&dir, "s*"), &tmp.join("mnt"));
+    let mnt = Mounted::new(&dir.join("s*"), &tmp.join("mnt"));
     // The root: tars have no member for it, the SquashFS image does.
     assert_trees_equal(&expected, mnt.path(), &Options::default().root(false));
     assert_eq!(fs::read_dir(mnt.path().join("train")).unwrap().count(), 2 + 5 + 1, "cat, dog, 5 links, shared.txt");
@@ -119,9 +121,7 @@ fn mixed_formats_merge_like_extraction_in_order() {
 #[test]
 fn conflicts_are_served_from_the_later_shard_and_counted() {
     require_root();
-    let tmp = TempDir::new("shards-conflict");
-    let dir = tmp.join("shards");
-    fs::create_dir_all(&dir).unwrap();
+    let (tmp, dir) = shards_dir("shards-conflict");
     let shards: Vec<PathBuf> = (0..3).map(|k| dir.join(format!("part-{k}.tar"))).collect();
     for (k, shard) in shards.iter().enumerate() {
         let src = shard_tree(tmp.path(), k);
@@ -136,10 +136,8 @@ fn conflicts_are_served_from_the_later_shard_and_counted() {
     }
     let expected = tmp.join("expected");
     extract_all(&shards, &expected);
-    let mp = tmp.join("mnt");
-    let out = stagefs(osargs!["mount", pattern(&dir, "part-*.tar"), mp]);
-    out.assert_success();
-    let mnt = Mounted::adopt(&pattern(&dir, "part-*.tar"), &mp);
+    let (glob, mp) = (dir.join("part-*.tar"), tmp.join("mnt"));
+    let (mnt, out) = StagefsCmd::new(osargs!["mount", glob, mp]).mounts(&glob, &mp);
     assert_trees_equal(&expected, mnt.path(), &Options::default().root(false).skip_dir_attrs(["train/both"]));
     assert_eq!(read(&mnt.path().join("train/shared.txt")), b"from shard 2\n");
     // shared.txt twice (shards 1 and 2 over 0), train/both once.
@@ -185,13 +183,11 @@ fn bad_sets_fail_with_exit_3_naming_the_culprit() {
 #[test]
 fn saved_indexes_are_reused_per_shard_on_remount() {
     require_root();
-    let tmp = TempDir::new("shards-saved");
-    let dir = tmp.join("shards");
-    fs::create_dir_all(&dir).unwrap();
+    let (tmp, dir) = shards_dir("shards-saved");
     for k in 0..3 {
         gnu_tar(&shard_tree(tmp.path(), k), &dir.join(format!("{k}.tar")), &[]);
     }
-    let glob = pattern(&dir, "*");
+    let glob = dir.join("*");
     let out = stagefs(osargs!["index", glob]);
     out.assert_success();
     assert!(out.stdout.contains("indexed 3 shards"), "{}", out.describe());
@@ -208,14 +204,11 @@ fn saved_indexes_are_reused_per_shard_on_remount() {
 #[test]
 fn run_mounts_a_pattern_for_its_command() {
     require_root();
-    let tmp = TempDir::new("shards-run");
-    let dir = tmp.join("shards");
-    fs::create_dir_all(&dir).unwrap();
+    let (tmp, dir) = shards_dir("shards-run");
     for k in 0..2 {
         gnu_tar(&shard_tree(tmp.path(), k), &dir.join(format!("{k}.tar")), &[]);
     }
-    let mp = tmp.join("mnt");
-    let glob = pattern(&dir, "*.tar");
+    let (glob, mp) = (dir.join("*.tar"), tmp.join("mnt"));
     let script = "cat \"$STAGEFS_MOUNT/train/shared.txt\" \"$STAGEFS_MOUNT/train/cat/0-0.txt\"";
     let out = stagefs(osargs!["run", glob, "-m", mp, "--", "sh", "-c", script]);
     assert_eq!(out.assert_success().stdout, "from shard 1\nshard 0 cat 0\n");
@@ -228,22 +221,17 @@ fn a_set_holds_one_descriptor_per_shard() {
     // fit; two per shard (the shard's directory held once per shard, or the source's own
     // copy of the shard's descriptor) do not.
     require_root();
-    let tmp = TempDir::new("shards-fds");
-    let dir = tmp.join("shards");
-    fs::create_dir_all(&dir).unwrap();
+    let (tmp, dir) = shards_dir("shards-fds");
     for k in 0..300 {
         let src = tmp.join(format!("src/{k}"));
         fs::create_dir_all(src.join("train")).unwrap();
         fs::write(src.join(format!("train/{k:03}.txt")), format!("shard {k}\n")).unwrap();
         gnu_tar(&src, &dir.join(format!("{k:03}.tar")), &[]);
     }
-    let glob = pattern(&dir, "*.tar");
-    let mp = tmp.join("mnt");
-    let mut cmd = Command::new("prlimit");
-    cmd.args(["--nofile=400:400", "--"]).arg(stagefs_bin()).arg("mount").arg(&glob).arg(&mp);
-    let out = run_cmd(&mut cmd, CMD_TIMEOUT);
-    out.assert_success();
-    let mnt = Mounted::adopt(&glob, &mp);
+    let (glob, mp) = (dir.join("*.tar"), tmp.join("mnt"));
+    let mut cmd = Command::new(require_tool("prlimit"));
+    cmd.args(["--nofile=400:400", "--"]).arg(stagefs_bin()).args(osargs!["mount", glob, mp]);
+    let (mnt, _) = StagefsCmd(cmd).mounts(&glob, &mp);
     assert_eq!(read(&mnt.path().join("train/000.txt")), b"shard 0\n");
     assert_eq!(read(&mnt.path().join("train/299.txt")), b"shard 299\n");
     assert_eq!(fs::read_dir(mnt.path().join("train")).unwrap().count(), 300);

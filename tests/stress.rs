@@ -31,19 +31,22 @@ const PROCESSES: usize = 3;
 const THREADS_PER_PROCESS: usize = 2;
 const CHILD_ENV: &str = "STAGEFS_STRESS_CHILD";
 
+/// The source file `i`, relative to the tree.
+fn name(i: usize) -> String {
+    format!("d{}/f{i:03}.bin", i % 10)
+}
+
 /// Writes the source tree: mostly small files, some up to 3 MiB, every tenth sparse
-/// (random runs of data between holes). Returns the relative paths.
-fn make_tree(root: &Path) -> Vec<String> {
+/// (random runs of data between holes).
+fn make_tree(root: &Path) {
     let mut rng = Rng::new(7);
-    let mut names = Vec::new();
     for i in 0..FILES {
         let size = match rng.below(100) {
             0..=79 => rng.below(64 << 10),
             80..=94 => rng.below(512 << 10),
             _ => rng.below(3 * MIB),
         };
-        let name = format!("d{}/f{i:03}.bin", i % 10);
-        let path = root.join(&name);
+        let path = root.join(name(i));
         fs::create_dir_all(path.parent().unwrap()).unwrap();
         if i % 10 == 3 {
             let size = size.max(256 << 10);
@@ -57,9 +60,7 @@ fn make_tree(root: &Path) -> Vec<String> {
         } else {
             fs::write(&path, pseudo_random(i as u64, size as usize)).unwrap();
         }
-        names.push(name);
     }
-    names
 }
 
 /// What one reader saw.
@@ -87,16 +88,45 @@ fn pread_full(f: &fs::File, buf: &mut [u8], offset: u64) -> std::io::Result<usiz
     Ok(done)
 }
 
-/// Reads random pieces of random files under `mp` until the first error after the
-/// unmount began (`marker` exists), comparing each with the same piece of the source
-/// file under `src` and counting verified reads in `progress`.
-fn reader(seed: u64, mp: &Path, src: &Path, names: &[String], marker: &Path, progress: &AtomicU64) -> Tally {
+/// What the readers of one process share: the mount, the source tree, the marker that
+/// exists once the unmount began, and the count of verified reads.
+struct Load {
+    mp: PathBuf,
+    src: PathBuf,
+    marker: PathBuf,
+    progress: AtomicU64,
+}
+
+impl Load {
+    fn new(mp: impl Into<PathBuf>, src: impl Into<PathBuf>, marker: impl Into<PathBuf>) -> Arc<Load> {
+        Arc::new(Load { mp: mp.into(), src: src.into(), marker: marker.into(), progress: AtomicU64::new(0) })
+    }
+
+    fn reads(&self) -> u64 {
+        self.progress.load(Ordering::Relaxed)
+    }
+
+    /// Starts `threads` readers seeded from `seed`; each sends its tally when done.
+    fn spawn(self: &Arc<Load>, threads: usize, seed: u64) -> mpsc::Receiver<Tally> {
+        let (tx, rx) = mpsc::channel();
+        for t in 0..threads as u64 {
+            let (load, tx) = (self.clone(), tx.clone());
+            thread::spawn(move || tx.send(reader(seed + t, &load)));
+        }
+        rx
+    }
+}
+
+/// Reads random pieces of random files of the mount until the first error after the
+/// unmount began (the marker exists), comparing each with the same piece of the source
+/// file and counting verified reads.
+fn reader(seed: u64, load: &Load) -> Tally {
     let deadline = Instant::now() + HANG_GUARD;
     let mut rng = Rng::new(seed);
     let mut tally = Tally::default();
     let mut buf = vec![0u8; 2 * MIB as usize];
     let mut want = vec![0u8; 2 * MIB as usize];
-    let unmounting = || marker.exists();
+    let unmounting = || load.marker.exists();
     let fail = |tally: &mut Tally, what: String| -> bool {
         let allowed = [libc::EIO, libc::ENOTCONN, libc::ENOENT, libc::ECONNABORTED];
         if unmounting() && allowed.iter().any(|e| what.contains(&format!("(os error {e})"))) {
@@ -111,10 +141,10 @@ fn reader(seed: u64, mp: &Path, src: &Path, names: &[String], marker: &Path, pro
             tally.failures.push(format!("still reading {HANG_GUARD:?} after starting: the unmount never reached it"));
             break;
         }
-        let name = &names[rng.below(names.len() as u64) as usize];
-        let expected = fs::File::open(src.join(name)).unwrap();
+        let name = &name(rng.below(FILES as u64) as usize);
+        let expected = fs::File::open(load.src.join(name)).unwrap();
         let size = expected.metadata().unwrap().len();
-        let file = match fs::File::open(mp.join(name)) {
+        let file = match fs::File::open(load.mp.join(name)) {
             Ok(f) => f,
             Err(e) => {
                 if fail(&mut tally, format!("open {name}: {e}")) {
@@ -147,7 +177,7 @@ fn reader(seed: u64, mp: &Path, src: &Path, names: &[String], marker: &Path, pro
             let n = pread_full(&expected, &mut want[..len], offset).unwrap();
             tally.reads += 1;
             tally.bytes += got as u64;
-            progress.fetch_add(1, Ordering::Relaxed);
+            load.progress.fetch_add(1, Ordering::Relaxed);
             if got != n || buf[..got] != want[..n] {
                 let first = buf[..got.min(n)].iter().zip(&want[..n]).position(|(a, b)| a != b);
                 tally.failures.push(format!(
@@ -169,35 +199,19 @@ fn stress_reader_child() {
     let params = std::env::var(CHILD_ENV).unwrap_or_else(|_| {
         panic!("not a test by itself: stress_tar_lazy_umount_under_load and stress_squashfs_zstd_sigterm_under_load run it with {CHILD_ENV} set")
     });
-    let parts: Vec<&str> = params.split('\n').collect();
-    let (mp, src, marker, ready) =
-        (PathBuf::from(parts[0]), PathBuf::from(parts[1]), PathBuf::from(parts[2]), PathBuf::from(parts[3]));
-    let seed: u64 = parts[4].parse().unwrap();
-    let names: Vec<String> = parts[5..].iter().map(|s| s.to_string()).collect();
-    let progress = Arc::new(AtomicU64::new(0));
-    let handles: Vec<_> = (0..THREADS_PER_PROCESS as u64)
-        .map(|t| {
-            let (mp, src, marker, names, progress) =
-                (mp.clone(), src.clone(), marker.clone(), names.clone(), progress.clone());
-            thread::spawn(move || reader(seed * 100 + t, &mp, &src, &names, &marker, &progress))
-        })
-        .collect();
-    while !handles.iter().all(|h| h.is_finished()) {
-        if progress.load(Ordering::Relaxed) >= READS_BEFORE_UNMOUNT {
-            fs::write(&ready, b"").unwrap();
-            break;
-        }
-        thread::sleep(Duration::from_millis(10));
+    let [mp, src, marker, ready, seed] = params.split('\n').collect::<Vec<_>>()[..] else { panic!("{params:?}") };
+    let load = Load::new(mp, src, marker);
+    let tallies = load.spawn(THREADS_PER_PROCESS, seed.parse::<u64>().unwrap() * 100);
+    // Ready once they made their reads; not if they all stopped before.
+    wait_until(HANG_GUARD, || load.reads() >= READS_BEFORE_UNMOUNT || Arc::strong_count(&load) == 1);
+    if load.reads() >= READS_BEFORE_UNMOUNT {
+        fs::write(ready, b"").unwrap();
     }
-    for h in handles {
-        let t = h.join().unwrap();
-        println!(
-            "STRESS-READER reads={} bytes={} errors_after={} failures={}",
-            t.reads,
-            t.bytes,
-            t.errors_after,
-            t.failures.len()
-        );
+    let tallies: Vec<Tally> = tallies.iter().collect();
+    assert_eq!(tallies.len(), THREADS_PER_PROCESS, "a reader thread of this process panicked");
+    for t in tallies {
+        let (reads, bytes, after, failures) = (t.reads, t.bytes, t.errors_after, t.failures.len());
+        println!("STRESS-READER reads={reads} bytes={bytes} errors_after={after} failures={failures}");
         for f in &t.failures {
             println!("STRESS-FAILURE {f}");
         }
@@ -210,53 +224,26 @@ enum Unmount {
     Sigterm,
 }
 
-fn stress(label: &str, build: impl FnOnce(&Path, &Path), how: Unmount) {
+fn stress(label: &str, how: Unmount, build: impl FnOnce(&Path, &Path) -> CmdOutput) {
     require_root();
     let started = Instant::now();
     let tmp = TempDir::new(label);
-    let src = tmp.join("src");
-    let names = make_tree(&src);
+    let load = Load::new(tmp.join("mnt"), tmp.join("src"), tmp.join("unmounting"));
+    let (mp, marker) = (&load.mp, &load.marker);
+    make_tree(&load.src);
     let archive = tmp.join("archive");
-    build(&src, &archive);
-    let mp = tmp.join("mnt");
-    let marker = tmp.join("unmounting");
-    let m = Mounted::new(&archive, &mp);
+    build(&load.src, &archive);
+    let m = Mounted::new(&archive, mp);
     let pids = m.daemon_pids();
     assert!(!pids.is_empty(), "no daemon for {}", mp.display());
-    eprintln!(
-        "{label}: {} files, archive {} bytes, set up in {:?}",
-        names.len(),
-        fs::metadata(&archive).unwrap().len(),
-        started.elapsed()
-    );
+    let size = fs::metadata(&archive).unwrap().len();
+    eprintln!("{label}: {FILES} files, archive {size} bytes, set up in {:?}", started.elapsed());
 
-    let progress = Arc::new(AtomicU64::new(0));
-    let (tx, rx) = mpsc::channel();
-    for t in 0..THREADS as u64 {
-        let (mp, src, marker, names, tx, progress) =
-            (mp.clone(), src.clone(), marker.clone(), names.clone(), tx.clone(), progress.clone());
-        thread::spawn(move || {
-            let _ = tx.send(reader(t + 1, &mp, &src, &names, &marker, &progress));
-        });
-    }
-    drop(tx);
+    let rx = load.spawn(THREADS, 1);
     let mut children = Vec::new();
-    let mut ready_files = Vec::new();
     for p in 0..PROCESSES {
-        let ready = tmp.join(format!("child{p}.ready"));
-        let params = [
-            mp.to_str().unwrap(),
-            src.to_str().unwrap(),
-            marker.to_str().unwrap(),
-            ready.to_str().unwrap(),
-            &(p + 10).to_string(),
-        ]
-        .into_iter()
-        .map(String::from)
-        .chain(names.iter().cloned())
-        .collect::<Vec<_>>()
-        .join("\n");
-        let out = tmp.join(format!("child{p}.out"));
+        let (ready, out) = (tmp.join(format!("child{p}.ready")), tmp.join(format!("child{p}.out")));
+        let params = [mp, &load.src, marker, &ready].map(|p| p.to_str().unwrap()).join("\n") + &format!("\n{}", p + 10);
         let child = Command::new(std::env::current_exe().unwrap())
             .args(["stress::stress_reader_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
             .env(CHILD_ENV, params)
@@ -265,20 +252,18 @@ fn stress(label: &str, build: impl FnOnce(&Path, &Path), how: Unmount) {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        children.push((KillOnDrop(child), out));
-        ready_files.push(ready);
+        children.push((KillOnDrop(child), out, ready));
     }
 
-    let busy = wait_until(HANG_GUARD, || {
-        progress.load(Ordering::Relaxed) >= READS_BEFORE_UNMOUNT && ready_files.iter().all(|r| r.exists())
-    });
+    let ready = || children.iter().map(|(_, _, ready)| ready.exists()).collect::<Vec<_>>();
+    let busy = wait_until(HANG_GUARD, || load.reads() >= READS_BEFORE_UNMOUNT && ready().iter().all(|&r| r));
     assert!(
         busy,
         "{label}: the readers did not make {READS_BEFORE_UNMOUNT} reads each (threads: {}; processes ready: {:?})",
-        progress.load(Ordering::Relaxed),
-        ready_files.iter().map(|r| r.exists()).collect::<Vec<_>>()
+        load.reads(),
+        ready()
     );
-    fs::write(&marker, b"").unwrap();
+    fs::write(marker, b"").unwrap();
     let unmounter = match how {
         Unmount::Lazy => Some(StagefsCmd::new(osargs!["umount", "--lazy", mp]).spawn()),
         Unmount::Sigterm => {
@@ -291,17 +276,13 @@ fn stress(label: &str, build: impl FnOnce(&Path, &Path), how: Unmount) {
     m.disarm();
 
     // Every wait is bounded: a reader stuck in a request fails the test here.
-    let mut tallies = Vec::new();
     let limit = Instant::now() + HANG_GUARD;
-    for _ in 0..THREADS {
-        let left = limit.saturating_duration_since(Instant::now());
-        tallies
-            .push(rx.recv_timeout(left).unwrap_or_else(|_| panic!("{label}: a reader thread hung after the unmount")));
-    }
+    let left = || limit.saturating_duration_since(Instant::now());
+    let hung = |_| panic!("{label}: a reader thread hung after the unmount");
+    let tallies: Vec<Tally> = (0..THREADS).map(|_| rx.recv_timeout(left()).unwrap_or_else(hung)).collect();
     let mut child_lines = Vec::new();
-    for (mut child, out) in children {
-        let left = limit.saturating_duration_since(Instant::now());
-        let status = wait_timeout(&mut child.0, left)
+    for (mut child, out, _) in children {
+        let status = wait_timeout(&mut child.0, left())
             .unwrap_or_else(|| panic!("{label}: a reader process hung after the unmount"));
         let text = fs::read_to_string(&out).unwrap();
         assert!(status.success(), "{label}: reader process failed ({status}):\n{text}");
@@ -319,15 +300,15 @@ fn stress(label: &str, build: impl FnOnce(&Path, &Path), how: Unmount) {
     let after: u64 = tallies.iter().map(|t| t.errors_after).sum();
     let failures: Vec<&String> = tallies.iter().flat_map(|t| &t.failures).collect();
     let child_failures: Vec<&String> = child_lines.iter().filter(|l| l.starts_with("STRESS-FAILURE")).collect();
+    let child_readers: Vec<&String> = child_lines.iter().filter(|l| l.starts_with("STRESS-READER")).collect();
     eprintln!(
-        "{label}: threads: {reads} reads, {} MiB, {after} errors after the unmount; processes: {:?}; total {:?}",
+        "{label}: threads: {reads} reads, {} MiB, {after} errors after the unmount; processes: {child_readers:?}; total {:?}",
         bytes >> 20,
-        child_lines.iter().filter(|l| l.starts_with("STRESS-READER")).collect::<Vec<_>>(),
         started.elapsed()
     );
     assert!(failures.is_empty() && child_failures.is_empty(), "{label}: {failures:#?}\n{child_failures:#?}");
-    let child_readers = child_lines.iter().filter(|l| l.starts_with("STRESS-READER")).count();
-    assert_eq!(child_readers, PROCESSES * THREADS_PER_PROCESS, "{label}: reader processes reported {child_lines:#?}");
+    let want = PROCESSES * THREADS_PER_PROCESS;
+    assert_eq!(child_readers.len(), want, "{label}: reader processes reported {child_lines:#?}");
     assert!(reads >= READS_BEFORE_UNMOUNT, "{label}: {reads} reads before and during the unmount");
     assert!(
         after > 0 || child_lines.iter().any(|l| !l.contains("errors_after=0")),
@@ -339,27 +320,19 @@ fn stress(label: &str, build: impl FnOnce(&Path, &Path), how: Unmount) {
     );
     let proc_mounts = fs::read_to_string("/proc/mounts").unwrap();
     assert!(!proc_mounts.contains(mp.to_str().unwrap()), "{label}: {} still in /proc/mounts", mp.display());
-    assert_nothing_left(&mp, label);
+    assert_nothing_left(mp, label);
 }
 
 #[test]
 fn stress_tar_lazy_umount_under_load() {
-    stress(
-        "stress-tar",
-        |src, archive| {
-            run_tool("tar", osargs!["--sparse", "--format=posix", "-C", src, "-cf", archive, "."]);
-        },
-        Unmount::Lazy,
-    );
+    stress("stress-tar", Unmount::Lazy, |src, a| {
+        run_tool("tar", osargs!["--sparse", "--format=posix", "-C", src, "-cf", a, "."])
+    });
 }
 
 #[test]
 fn stress_squashfs_zstd_sigterm_under_load() {
-    stress(
-        "stress-sqfs",
-        |src, archive| {
-            run_tool("mksquashfs", osargs![src, archive, "-comp", "zstd", "-noappend", "-quiet", "-no-progress"]);
-        },
-        Unmount::Sigterm,
-    );
+    stress("stress-sqfs", Unmount::Sigterm, |src, a| {
+        run_tool("mksquashfs", osargs![src, a, "-comp", "zstd", "-noappend", "-quiet", "-no-progress"])
+    });
 }
