@@ -21,8 +21,8 @@ fn evict(path: &Path) {
 }
 
 fn drop_all_caches() {
-    let _checks_done = crate::kit::page_cache_guard();
-    fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    let cache = page_cache_guard();
+    drop_caches(&cache);
 }
 
 #[test]
