@@ -7,7 +7,6 @@
 use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -17,9 +16,7 @@ use crate::kit::*;
 
 /// `stagefs pack ARGS...`.
 pub(crate) fn pack<S: AsRef<OsStr>>(args: &[S]) -> CmdOutput {
-    let mut all: Vec<OsString> = vec!["pack".into()];
-    all.extend(args.iter().map(|a| a.as_ref().to_os_string()));
-    stagefs(&all)
+    stagefs([OsStr::new("pack")].into_iter().chain(args.iter().map(AsRef::as_ref)))
 }
 
 pub(crate) fn write(path: &Path, bytes: &[u8]) {
@@ -51,8 +48,8 @@ pub(crate) fn hard_tree(root: &Path) {
     std::os::unix::fs::symlink("/etc/hostname", root.join("links/abs")).unwrap();
     std::os::unix::fs::symlink("nowhere", root.join("links/dangling")).unwrap();
     write(&root.join("big/streamed.bin"), &pseudo_random(99, 17 << 20));
-    fs::set_permissions(root.join("class1"), fs::Permissions::from_mode(0o750)).unwrap();
-    fs::set_permissions(root.join("class2/002.jpg"), fs::Permissions::from_mode(0o600)).unwrap();
+    chmod(&root.join("class1"), 0o750);
+    chmod(&root.join("class2/002.jpg"), 0o600);
 }
 
 /// Compares what a tool extracted (or a mount shows) with the source, mtimes to the second.
@@ -67,15 +64,20 @@ fn quiet_tool(tool: &str, args: &[&OsStr]) -> CmdOutput {
     out
 }
 
+/// As root: a test's directory and its `src` (not made yet).
+fn scene(name: &str) -> (TempDir, PathBuf) {
+    require_root();
+    let tmp = TempDir::new(name);
+    let src = tmp.join("src");
+    (tmp, src)
+}
+
 #[test]
 fn pack_is_read_by_gnu_tar_bsdtar_and_tarfile_and_extracts_to_the_source() {
-    require_root();
-    let tmp = TempDir::new("pack-tools");
-    let src = tmp.join("src");
+    let (tmp, src) = scene("pack-tools");
     hard_tree(&src);
     let archive = tmp.join("out.tar");
-    let out = pack(&[src.as_os_str(), archive.as_os_str()]);
-    out.assert_success().assert_stderr_has(&["packed", "files/s", "1 index saved"]);
+    pack(&osargs![src, archive]).assert_success().assert_stderr_has(&["packed", "files/s", "1 index saved"]);
     let listing = quiet_tool("tar", &osargs!["-tvf", archive]);
     assert!(listing.stdout.contains(&"f".repeat(150)), "{}", listing.stdout);
     assert!(listing.stdout.contains("links/second.txt link to class0/third.txt"), "{}", listing.stdout);
@@ -110,34 +112,24 @@ fn pack_is_read_by_gnu_tar_bsdtar_and_tarfile_and_extracts_to_the_source() {
 
 #[test]
 fn the_same_tree_gives_the_same_bytes_whatever_the_thread_count() {
-    require_root();
-    let tmp = TempDir::new("pack-determinism");
-    let src = tmp.join("src");
+    let (tmp, src) = scene("pack-determinism");
     hard_tree(&src);
-    let mut archives = Vec::new();
-    for threads in ["1", "3", "64", "64"] {
-        let archive = tmp.join(format!("out-{}.tar", archives.len()));
+    let mut first = None;
+    for (i, threads) in ["1", "3", "64", "64"].into_iter().enumerate() {
+        let archive = tmp.join(format!("out-{i}.tar"));
         pack(&osargs!["--threads", threads, src, archive]).assert_success();
-        archives.push(read(&archive));
-    }
-    for (i, bytes) in archives.iter().enumerate().skip(1) {
-        assert!(
-            bytes == &archives[0],
-            "pack {i} differs from pack 0 (sizes {} and {})",
-            bytes.len(),
-            archives[0].len()
-        );
+        let bytes = read(&archive);
+        let first = first.get_or_insert_with(|| bytes.clone());
+        assert!(&bytes == first, "pack {i} differs from pack 0 (sizes {} and {})", bytes.len(), first.len());
     }
 }
 
 #[test]
 fn the_first_mount_of_a_fresh_pack_uses_its_saved_index() {
-    require_root();
-    let tmp = TempDir::new("pack-index");
-    let src = tmp.join("src");
+    let (tmp, src) = scene("pack-index");
     hard_tree(&src);
     let archive = tmp.join("data.tar");
-    pack(&[src.as_os_str(), archive.as_os_str()]).assert_success();
+    pack(&osargs![src, archive]).assert_success();
     let index = tmp.join("data.tar.stagefs-index");
     assert!(index.is_file(), "the index is saved beside the archive");
     let mp = tmp.join("mnt");
@@ -159,9 +151,7 @@ fn samples(root: &Path, count: usize) {
 
 #[test]
 fn shards_keep_samples_whole_carry_their_index_and_mount_as_one_tree() {
-    require_root();
-    let tmp = TempDir::new("pack-shards");
-    let src = tmp.join("src");
+    let (tmp, src) = scene("pack-shards");
     samples(&src, 120);
     let out = tmp.join("shards/train.tar");
     fs::create_dir_all(out.parent().unwrap()).unwrap();
@@ -193,9 +183,7 @@ fn shards_keep_samples_whole_carry_their_index_and_mount_as_one_tree() {
 
 #[test]
 fn exclude_and_files_from_choose_what_is_packed() {
-    require_root();
-    let tmp = TempDir::new("pack-select");
-    let src = tmp.join("src");
+    let (tmp, src) = scene("pack-select");
     for name in ["keep/a.jpg", "keep/b.tmp", "keep/cache/c.jpg", "other/d.jpg", "other/e.jpg", "top.txt"] {
         write(&src.join(name), name.as_bytes());
     }
@@ -204,10 +192,8 @@ fn exclude_and_files_from_choose_what_is_packed() {
         out.stdout.lines().map(String::from).collect()
     };
     let excluded = tmp.join("excluded.tar");
-    let args = ["--exclude", "*.tmp", "--exclude", "cache", "--exclude", "other/e.jpg"];
-    let mut all: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
-    all.extend([src.as_os_str(), excluded.as_os_str()]);
-    pack(&all).assert_success();
+    pack(&osargs!["--exclude", "*.tmp", "--exclude", "cache", "--exclude", "other/e.jpg", src, excluded])
+        .assert_success();
     assert_eq!(list(&excluded), ["./", "keep/", "keep/a.jpg", "other/", "other/d.jpg", "top.txt"]);
 
     let listed = tmp.join("list.txt");
@@ -220,30 +206,29 @@ fn exclude_and_files_from_choose_what_is_packed() {
     let mounted = Mounted::new(&chosen, &mp);
     assert_eq!(read(&mounted.path().join("keep/cache/c.jpg")), b"keep/cache/c.jpg");
 
-    fs::write(&listed, "/etc/passwd\n").unwrap();
-    let out = pack(&osargs!["--files-from", listed, src, chosen]);
-    out.assert_code(2).assert_stderr_has(&["line 1", "absolute path"]);
-    fs::write(&listed, "keep/../../etc/passwd\n").unwrap();
-    let out = pack(&osargs!["--files-from", listed, src, chosen]);
-    out.assert_code(2).assert_stderr_has(&["line 1", "'..'"]);
-    let unreadable = tmp.join("no-such-list.txt");
-    let out = pack(&osargs!["--files-from", unreadable, src, chosen]);
-    out.assert_code(2).assert_stderr_has(&["--files-from", "no-such-list.txt", "cannot read it"]);
-    fs::write(&listed, "keep/missing.jpg\n").unwrap();
-    let out = pack(&osargs!["--files-from", listed, src, chosen]);
-    out.assert_code(1).assert_stderr_has(&["keep/missing.jpg", "No such file"]);
+    // Each list (None: one that cannot be read), the exit code and what stderr says.
+    for (list, code, said) in [
+        (Some("/etc/passwd\n"), 2, &["line 1", "absolute path"][..]),
+        (Some("keep/../../etc/passwd\n"), 2, &["line 1", "'..'"]),
+        (None, 2, &["--files-from", "no-such-list.txt", "cannot read it"]),
+        (Some("keep/missing.jpg\n"), 1, &["keep/missing.jpg", "No such file"]),
+    ] {
+        let from = list.map_or(tmp.join("no-such-list.txt"), |text| {
+            fs::write(&listed, text).unwrap();
+            listed.clone()
+        });
+        pack(&osargs!["--files-from", from, src, chosen]).assert_code(code).assert_stderr_has(said);
+    }
 }
 
 #[test]
 fn fifos_are_kept_and_sockets_skipped_with_a_warning() {
-    require_root();
-    let tmp = TempDir::new("pack-special");
-    let src = tmp.join("src");
+    let (tmp, src) = scene("pack-special");
     write(&src.join("f.txt"), b"x");
     run_tool("mkfifo", [src.join("fifo")]);
     let _socket = std::os::unix::net::UnixListener::bind(src.join("sock")).unwrap();
     let archive = tmp.join("out.tar");
-    let out = pack(&[src.as_os_str(), archive.as_os_str()]);
+    let out = pack(&osargs![src, archive]);
     out.assert_success().assert_stderr_has(&["sock: socket ignored"]);
     let listing = quiet_tool("tar", &osargs!["-tvf", archive]);
     assert!(listing.stdout.lines().any(|l| l.starts_with('p') && l.ends_with(" fifo")), "{}", listing.stdout);
@@ -261,9 +246,7 @@ fn leftovers(dir: &Path, keep: &[&str]) -> Vec<String> {
 
 #[test]
 fn a_file_that_keeps_changing_fails_the_pack_by_name_and_leaves_nothing() {
-    require_root();
-    let tmp = TempDir::new("pack-changing");
-    let src = tmp.join("src");
+    let (tmp, src) = scene("pack-changing");
     write(&src.join("a/steady.txt"), b"steady");
     let growing = src.join("a/growing.log");
     write(&growing, &pseudo_random(5, 40 << 20));
@@ -281,7 +264,7 @@ fn a_file_that_keeps_changing_fails_the_pack_by_name_and_leaves_nothing() {
             }
         })
     };
-    let out = pack(&[src.as_os_str(), out_dir.join("out.tar").as_os_str()]);
+    let out = pack(&osargs![src, out_dir.join("out.tar")]);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     appender.join().unwrap();
     out.assert_code(1).assert_stderr_has(&["growing.log changed while it was read, twice", "torn copy"]);
@@ -290,11 +273,10 @@ fn a_file_that_keeps_changing_fails_the_pack_by_name_and_leaves_nothing() {
 
 #[test]
 fn ctrl_c_or_sigterm_while_packing_leaves_no_partial_archive() {
-    require_root();
-    let tmp = TempDir::new("pack-signals");
-    let src = tmp.join("src");
+    let (tmp, src) = scene("pack-signals");
     samples(&src, 50);
-    for (signal, name, code) in [(libc::SIGINT, "SIGINT", 130), (libc::SIGTERM, "SIGTERM", 143)] {
+    for (sig, code) in [(Signal::SIGINT, 130), (Signal::SIGTERM, 143)] {
+        let name = sig.as_str();
         let out_dir = tmp.join(format!("out-{name}"));
         fs::create_dir_all(&out_dir).unwrap();
         let log = tmp.join(format!("pack-{name}.log"));
@@ -303,8 +285,7 @@ fn ctrl_c_or_sigterm_while_packing_leaves_no_partial_archive() {
         let held = wait_until(Duration::from_secs(30), || fs::read_to_string(&log).unwrap().contains("phase: packing"));
         assert!(held, "the pack reached its first member; log:\n{}", fs::read_to_string(&log).unwrap());
         assert_eq!(leftovers(&out_dir, &[]).len(), 1, "the temp file exists while packing");
-        // SAFETY: kill only sends a signal to a process id.
-        unsafe { libc::kill(child.id() as i32, signal) };
+        signal(child.id() as i32, sig).expect("signal the pack");
         let status = wait_timeout(&mut child.0, Duration::from_secs(30)).expect("pack stops at the signal");
         let log = fs::read_to_string(&log).unwrap();
         assert_eq!(status.code(), Some(code), "{log}");
@@ -316,15 +297,12 @@ fn ctrl_c_or_sigterm_while_packing_leaves_no_partial_archive() {
 /// Shards left by an earlier, larger pack would join a mount of the pattern: pack says so.
 #[test]
 fn stale_shards_of_an_earlier_pack_are_pointed_out() {
-    require_root();
-    let tmp = TempDir::new("pack-stale");
+    let (tmp, _) = scene("pack-stale");
     let (big, small) = (tmp.join("big"), tmp.join("small"));
     samples(&big, 60);
     samples(&small, 4);
     let out = tmp.join("set.tar");
-    let args = |src: &Path| {
-        [OsStr::new("--shard-size"), OsStr::new("200K"), src.as_os_str(), out.as_os_str()].map(OsString::from)
-    };
+    let args = |src: &Path| osargs!["--shard-size", "200K", src, out].map(OsString::from);
     pack(&args(&big)).assert_success();
     assert!(tmp.join("set-000003.tar").is_file());
     let again = pack(&args(&small));
@@ -333,26 +311,23 @@ fn stale_shards_of_an_earlier_pack_are_pointed_out() {
 
 #[test]
 fn missing_or_wrong_paths_are_clear_errors() {
-    require_root();
-    let tmp = TempDir::new("pack-errors");
-    let src = tmp.join("src");
+    let (tmp, src) = scene("pack-errors");
     write(&src.join("f"), b"f");
-    let missing = tmp.join("no-such-dir");
-    let out = pack(&[missing.as_os_str(), tmp.join("x.tar").as_os_str()]);
-    out.assert_code(2).assert_stderr_has(&["cannot pack", "no-such-dir", "No such file"]);
-    let out = pack(&[src.join("f").as_os_str(), tmp.join("x.tar").as_os_str()]);
-    out.assert_code(2).assert_stderr_has(&["is not a directory"]);
-    let out = pack(&[src.as_os_str(), tmp.path().as_os_str()]);
-    out.assert_code(2).assert_stderr_has(&["is a directory; name the archive"]);
     // OUT's missing directories are made; a file where one should be is a clear error.
-    pack(&[src.as_os_str(), tmp.join("no-dir/x.tar").as_os_str()]).assert_success();
+    pack(&osargs![src, tmp.join("no-dir/x.tar")]).assert_success();
     assert!(tmp.join("no-dir/x.tar").exists());
     fs::write(tmp.join("a-file"), b"x").unwrap();
-    let out = pack(&[src.as_os_str(), tmp.join("a-file/x.tar").as_os_str()]);
-    out.assert_code(2).assert_stderr_has(&["cannot make the directory of", "a-file", "not a directory"]);
-    let out = pack(&osargs!["--exclude", "[z-a", src, tmp.join("x.tar")]);
-    out.assert_code(2).assert_stderr_has(&["--exclude", "not a valid pattern"]);
-    assert!(!tmp.join("x.tar").exists());
+    let x = tmp.join("x.tar");
+    for (args, said) in [
+        (&osargs![tmp.join("no-such-dir"), x][..], &["cannot pack", "no-such-dir", "No such file"][..]),
+        (&osargs![src.join("f"), x], &["is not a directory"]),
+        (&osargs![src, tmp.path()], &["is a directory; name the archive"]),
+        (&osargs![src, tmp.join("a-file/x.tar")], &["cannot make the directory of", "a-file", "not a directory"]),
+        (&osargs!["--exclude", "[z-a", src, x], &["--exclude", "not a valid pattern"]),
+    ] {
+        pack(args).assert_code(2).assert_stderr_has(said);
+    }
+    assert!(!x.exists());
     // More threads than the open-files limit allows: capped, with a warning.
     let script = format!(
         "ulimit -n 100 && exec {} pack --threads 500 {} {}",
@@ -364,32 +339,37 @@ fn missing_or_wrong_paths_are_clear_errors() {
     out.assert_success().assert_stderr_has(&["--threads 500", "ulimit -n", "18 readers"]);
 }
 
-/// A directory both test users can reach, holding `mode` subdirectory `name`.
-fn reachable(tmp: &TempDir, name: &str, mode: u32) -> PathBuf {
-    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+/// A directory both test users can reach, holding `mode` subdirectory `name` (given to `owner`).
+fn reachable(tmp: &TempDir, name: &str, mode: u32, owner: Option<&User>) -> PathBuf {
+    chmod(tmp.path(), 0o755);
     let dir = tmp.join(name);
     fs::create_dir_all(&dir).unwrap();
-    fs::set_permissions(&dir, fs::Permissions::from_mode(mode)).unwrap();
+    chmod(&dir, mode);
+    if let Some(user) = owner {
+        user.chown(&dir);
+    }
     dir
+}
+
+/// `bytes` written to `path`, owned by `user`.
+fn write_as(user: &User, path: &Path, bytes: &[u8]) {
+    write(path, bytes);
+    user.chown(path);
 }
 
 #[test]
 fn as_a_user_an_unwritable_destination_or_unreadable_file_is_a_clear_error() {
     let alice = User::get("sfs-alice");
     let tmp = TempDir::new("pack-user-errors");
-    let src = reachable(&tmp, "src", 0o755);
-    write(&src.join("ok.txt"), b"ok");
-    write(&src.join("secret.txt"), b"secret");
-    for p in [&src, &src.join("ok.txt"), &src.join("secret.txt")] {
-        alice.chown(p);
-    }
-    let root_only = reachable(&tmp, "root-only", 0o755);
+    let src = reachable(&tmp, "src", 0o755, Some(&alice));
+    write_as(&alice, &src.join("ok.txt"), b"ok");
+    write_as(&alice, &src.join("secret.txt"), b"secret");
+    let root_only = reachable(&tmp, "root-only", 0o755, None);
     let out = alice.stagefs(osargs!["pack", src, root_only.join("x.tar")]);
     out.assert_code(1).assert_stderr_has(&["cannot create a temporary file in", "root-only", "Permission denied"]);
 
-    fs::set_permissions(src.join("secret.txt"), fs::Permissions::from_mode(0o000)).unwrap();
-    let out_dir = reachable(&tmp, "out", 0o755);
-    alice.chown(&out_dir);
+    chmod(&src.join("secret.txt"), 0o000);
+    let out_dir = reachable(&tmp, "out", 0o755, Some(&alice));
     let out = alice.stagefs(osargs!["pack", src, out_dir.join("x.tar")]);
     out.assert_code(1).assert_stderr_has(&["cannot read", "secret.txt", "Permission denied"]);
     assert_eq!(leftovers(&out_dir, &[]), Vec::<String>::new());
@@ -401,16 +381,11 @@ fn as_a_user_an_unwritable_destination_or_unreadable_file_is_a_clear_error() {
 fn a_symlink_planted_at_out_by_another_user_is_never_followed() {
     let (alice, eve) = (User::get("sfs-alice"), User::get("sfs-eve"));
     let tmp = TempDir::new("pack-hostile");
-    let src = reachable(&tmp, "src", 0o755);
-    write(&src.join("data.txt"), b"dataset");
-    alice.chown(&src);
-    alice.chown(&src.join("data.txt"));
-    let home = reachable(&tmp, "alice-home", 0o700);
-    alice.chown(&home);
-    let victim = home.join("thesis.txt");
-    write(&victim, b"years of work");
-    alice.chown(&victim);
-    let shared = reachable(&tmp, "shared", 0o1777);
+    let src = reachable(&tmp, "src", 0o755, Some(&alice));
+    write_as(&alice, &src.join("data.txt"), b"dataset");
+    let victim = reachable(&tmp, "alice-home", 0o700, Some(&alice)).join("thesis.txt");
+    write_as(&alice, &victim, b"years of work");
+    let shared = reachable(&tmp, "shared", 0o1777, None);
     let out_path = shared.join("data.tar");
     eve.sh(&format!("ln -s {} {}", victim.display(), out_path.display()));
 
@@ -423,16 +398,12 @@ fn a_symlink_planted_at_out_by_another_user_is_never_followed() {
 
 #[test]
 fn normalize_stores_owner_zero_without_names_and_modes_readable_by_all() {
-    require_root();
-    let tmp = TempDir::new("pack-normalize");
-    let src = tmp.join("src");
+    let (tmp, src) = scene("pack-normalize");
     write(&src.join("d/private.txt"), b"p");
     write(&src.join("d/tool.sh"), b"#!/bin/sh\n");
-    fs::set_permissions(src.join("d/private.txt"), fs::Permissions::from_mode(0o600)).unwrap();
-    fs::set_permissions(src.join("d/tool.sh"), fs::Permissions::from_mode(0o700)).unwrap();
-    fs::set_permissions(src.join("d"), fs::Permissions::from_mode(0o700)).unwrap();
-    for p in [src.join("d"), src.join("d/private.txt"), src.join("d/tool.sh")] {
-        std::os::unix::fs::chown(&p, Some(1234), Some(5678)).unwrap();
+    for (path, mode) in [("d/private.txt", 0o600), ("d/tool.sh", 0o700), ("d", 0o700)] {
+        chmod(&src.join(path), mode);
+        std::os::unix::fs::chown(src.join(path), Some(1234), Some(5678)).unwrap();
     }
     let archive = tmp.join("out.tar");
     pack(&osargs!["--normalize", src, archive]).assert_success();
@@ -443,7 +414,7 @@ fn normalize_stores_owner_zero_without_names_and_modes_readable_by_all() {
     assert!(line("d/private.txt").starts_with("-rw-r--r-- 0/0 "), "{listing}");
     assert!(line("d/tool.sh").starts_with("-rwxr-xr-x 0/0 "), "{listing}");
     let plain = tmp.join("plain.tar");
-    pack(&[src.as_os_str(), plain.as_os_str()]).assert_success();
+    pack(&osargs![src, plain]).assert_success();
     let listing = quiet_tool("tar", &osargs!["-tvf", plain]).stdout;
     assert!(
         listing.lines().any(|l| l.starts_with("-rw------- 1234/5678 ") && l.ends_with("d/private.txt")),
@@ -465,9 +436,7 @@ fn sparse_file(path: &Path, size: u64, data: &[(u64, &[u8])]) {
 /// writes them): GNU tar, bsdtar, tarfile and a mount all give back the same bytes.
 #[test]
 fn sparse_files_are_stored_without_their_holes_and_read_back_whole() {
-    require_root();
-    let tmp = TempDir::new("pack-sparse");
-    let src = tmp.join("src");
+    let (tmp, src) = scene("pack-sparse");
     fs::create_dir_all(src.join("d")).unwrap();
     let block = pseudo_random(7, 8192);
     sparse_file(&src.join("d/middle.img"), 300 << 20, &[(100 << 20, &block), (200 << 20, &block)]);
@@ -475,7 +444,7 @@ fn sparse_files_are_stored_without_their_holes_and_read_back_whole() {
     sparse_file(&src.join("d/all-hole.img"), 50 << 20, &[]);
     write(&src.join("d/dense.txt"), b"dense");
     let archive = tmp.join("out.tar");
-    pack(&[src.as_os_str(), archive.as_os_str()]).assert_success();
+    pack(&osargs![src, archive]).assert_success();
     assert!(fs::metadata(&archive).unwrap().len() < 1 << 20, "holes are not stored");
     quiet_tool("tar", &osargs!["-tvf", archive]);
     quiet_tool("bsdtar", &osargs!["-tvf", archive]);
@@ -508,9 +477,7 @@ fn sparse_files_are_stored_without_their_holes_and_read_back_whole() {
 /// ETA; on a pipe only the one-line summary is printed.
 #[test]
 fn a_progress_bar_on_a_terminal_and_a_summary_line_always() {
-    require_root();
-    let tmp = TempDir::new("pack-progress");
-    let src = tmp.join("src");
+    let (tmp, src) = scene("pack-progress");
     samples(&src, 20);
     let archive = tmp.join("out.tar");
     let line = format!("{} pack {} {}", stagefs_bin().display(), src.display(), archive.display());
@@ -518,9 +485,8 @@ fn a_progress_bar_on_a_terminal_and_a_summary_line_always() {
     for needle in ["packing 0/", "files/s", "/s eta", "packed 40 files"] {
         assert!(out.stdout.contains(needle), "{needle:?} not on the terminal:\n{}", out.describe());
     }
-    let out = pack(&[src.as_os_str(), archive.as_os_str()]);
-    out.assert_success();
-    out.assert_stderr_lacks(&["eta"]);
+    let out = pack(&osargs![src, archive]);
+    out.assert_success().assert_stderr_lacks(&["eta"]);
     assert_eq!(out.stderr.lines().count(), 1, "one summary line:\n{}", out.describe());
     out.assert_stderr_has(&["packed 40 files", "MB/s"]);
 }

@@ -14,7 +14,7 @@ fn cluster_an_object_is_fetched_once_per_job_with_broadcast_and_once_per_node_wi
     let cluster = Cluster::up();
     let work = Work::new(&cluster, "remote");
     let (tree, tar) = work.archive("remote", 8 << 20);
-    let nginx = Nginx::start_on("cluster", BRIDGE);
+    let nginx = Nginx::start_on("cluster", BRIDGE, false);
     fs::copy(&tar, nginx.root.join("data.tar")).unwrap();
     let size = fs::metadata(&tar).unwrap().len();
     let url = nginx.url("data.tar");

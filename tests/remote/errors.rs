@@ -1,20 +1,11 @@
 //! Errors that name their cause at once: a host that does not resolve, a certificate no trusted CA signed (and which CA setting won), a refused connection tried a few times only, 404, a wrong URL password told apart from none. nginx's access log counts the tries: a permanent refusal is asked once.
 
 use std::fs;
-use std::net::TcpListener;
 use std::process::Command;
 
-use super::servers::{base_env, Nginx, BASIC_PASSWORD, BASIC_USER};
-use super::{mount_fails, mount_url};
-use crate::kit::{pack_tar, require_root, require_tool, run_cmd, stagefs_bin, TempDir, CMD_TIMEOUT};
-
-/// A one-file tar as `name` in nginx's root.
-fn small_tar(nginx: &Nginx, tmp: &TempDir, name: &str) {
-    let src = tmp.join("src");
-    fs::create_dir_all(&src).unwrap();
-    fs::write(src.join("a.txt"), b"hello\n").unwrap();
-    pack_tar(&src, &nginx.root.join(name), &["."]);
-}
+use super::servers::{free_port, Nginx, BASIC_PASSWORD, BASIC_USER};
+use super::{hello_tar, mount_fails, mount_url, scene};
+use crate::kit::{require_tool, run_cmd, stagefs_bin, CMD_TIMEOUT};
 
 /// Requests nginx logged for `path` with `status`.
 fn requests(nginx: &Nginx, path: &str, status: u16) -> usize {
@@ -23,9 +14,7 @@ fn requests(nginx: &Nginx, path: &str, status: u16) -> usize {
 
 #[test]
 fn a_name_that_does_not_resolve_fails_at_once_naming_the_host() {
-    require_root();
-    let tmp = TempDir::new("remote-dns");
-    let env = base_env(&tmp.join("cache"));
+    let (_tmp, env) = scene("remote-dns");
     // `.invalid` never resolves (RFC 2606).
     let err = mount_fails(&env, &[], "https://nosuch.invalid/a.tar", 1, &["could not resolve nosuch.invalid"]);
     assert!(!err.contains("gave up"), "no retry: {err}");
@@ -37,14 +26,12 @@ fn a_name_that_does_not_resolve_fails_at_once_naming_the_host() {
 
 #[test]
 fn an_untrusted_certificate_fails_at_once_naming_the_ca_setting_that_won() {
-    require_root();
+    let (tmp, env) = scene("remote-tls");
     let nginx = Nginx::start_tls("untrusted");
-    let tmp = TempDir::new("remote-tls");
-    small_tar(&nginx, &tmp, "a.tar");
+    hello_tar(&nginx.root.join("a.tar"));
     let ca = nginx.ca.clone().unwrap();
     let url = nginx.url("a.tar");
     let system = "/etc/ssl/certs/ca-certificates.crt";
-    let env = base_env(&tmp.join("cache"));
     let err = mount_fails(&env, &[], &url, 1, &["certificate not trusted (UnknownIssuer) for host 127.0.0.1", system]);
     assert!(!err.contains("gave up"), "no retry: {err}");
     // AWS_CA_BUNDLE wins over SSL_CERT_FILE, and the message says so.
@@ -69,11 +56,9 @@ fn an_untrusted_certificate_fails_at_once_naming_the_ca_setting_that_won() {
 /// there is no terminal (the log has them).
 #[test]
 fn a_refused_connection_is_tried_a_few_times_only_each_retry_shown_on_a_terminal() {
-    require_root();
-    let tmp = TempDir::new("remote-refused");
-    let env = base_env(&tmp.join("cache"));
+    let (tmp, env) = scene("remote-refused");
     // A port nothing listens on (bound a moment ago, then closed).
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = free_port();
     let url = format!("http://127.0.0.1:{port}/a.tar");
     let refused = format!("connection refused by 127.0.0.1:{port}: nothing listens there");
     let err = mount_fails(&env, &[], &url, 1, &[&refused, "gave up after 4 tries"]);
@@ -95,11 +80,9 @@ fn a_refused_connection_is_tried_a_few_times_only_each_retry_shown_on_a_terminal
 
 #[test]
 fn missing_objects_and_refused_passwords_are_asked_once_with_advice_for_each() {
-    require_root();
+    let (tmp, env) = scene("remote-refusals");
     let nginx = Nginx::start("refusals");
-    let tmp = TempDir::new("remote-refusals");
-    small_tar(&nginx, &tmp, "private/a.tar");
-    let env = base_env(&tmp.join("cache"));
+    hello_tar(&nginx.root.join("private/a.tar"));
     mount_fails(&env, &[], &nginx.url("missing.tar"), 3, &["no such object (HTTP 404)"]);
     assert_eq!(requests(&nginx, "/missing.tar", 404), 1, "{:?}", nginx.access_log());
 
@@ -124,22 +107,20 @@ fn missing_objects_and_refused_passwords_are_asked_once_with_advice_for_each() {
 fn a_ca_bundle_another_user_put_in_place_is_not_trusted() {
     let s = crate::kit::two_users("remote-ca-users");
     let nginx = Nginx::start_tls("ca-users");
-    let tmp = TempDir::new("remote-ca-users");
-    small_tar(&nginx, &tmp, "a.tar");
+    hello_tar(&nginx.root.join("a.tar"));
     let ca = nginx.ca.clone().unwrap();
     let url = nginx.url("a.tar");
     let shared = s.dir("shared", 0o1777, &s.alice);
     let mnt = s.mountpoint("mnt-ca-users");
     let mount = |bundle: &std::path::Path| {
-        let mut cmd = s.alice.command(&[("SSL_CERT_FILE", bundle.to_str().unwrap())], &stagefs_bin());
-        cmd.args(["mount", &url, mnt.to_str().unwrap()]);
-        run_cmd(&mut cmd, CMD_TIMEOUT)
+        s.alice
+            .stagefs_cmd(&[("SSL_CERT_FILE", bundle.to_str().unwrap())], ["mount", &url, mnt.to_str().unwrap()])
+            .run()
     };
     let planted = shared.join("ca.pem");
     fs::copy(&ca, &planted).unwrap();
     s.eve.chown(&planted);
-    let out = mount(&planted);
-    out.assert_code(2).assert_stderr_has(&["ca.pem", "sfs-eve", "refusing it"]);
+    mount(&planted).assert_code(2).assert_stderr_has(&["ca.pem", "sfs-eve", "refusing it"]);
     fs::remove_file(&planted).unwrap();
     let eves = s.tmp.join("eve-ca.pem");
     fs::copy(&ca, &eves).unwrap();

@@ -1,20 +1,19 @@
 //! Faults between stagefs and the server, each made real: connections reset midway (retried, bytes right), the object replaced during the copy (refused, never mixed), a server that stops answering (a timeout, not a hang), a server gone while mounted in place (EIO per read, the mount stays up), Ctrl-C during a fetch.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::proxy::{Fault, Proxy, Silent, Trickle};
-use super::servers::{base_env, Nginx};
-use super::{command_with, contents, mount_fails, mount_url, stagefs_with};
-use crate::kit::{is_mounted, pack_tar, pseudo_random, require_root, wait_timeout, wait_until, KillOnDrop, TempDir};
+use super::proxy::{proxy, silent, trickle, Fault};
+use super::servers::Nginx;
+use super::{command_with, contents, mount_fails, mount_url, scene, stagefs_with};
+use crate::kit::{extract_tar, is_mounted, pack_tar, pseudo_random, wait_timeout, wait_until, StagefsCmd, TempDir};
 use crate::kit::{signal, Signal};
 
 /// A tar of a few large random files (`MiB` MiB in all) in nginx's root as `name`.
-fn big_tar(nginx: &Nginx, tmp: &TempDir, name: &str, mib: usize) -> std::path::PathBuf {
+fn big_tar(nginx: &Nginx, tmp: &TempDir, name: &str, mib: usize) -> PathBuf {
     let src = tmp.join(format!("src-{name}"));
     fs::create_dir_all(&src).unwrap();
     for i in 0..4 {
@@ -28,17 +27,15 @@ fn big_tar(nginx: &Nginx, tmp: &TempDir, name: &str, mib: usize) -> std::path::P
 /// the mount serves exactly the archive's bytes.
 #[test]
 fn connections_reset_midway_are_resumed_and_the_bytes_are_right() {
-    require_root();
+    let (tmp, env) = scene("remote-reset");
     let nginx = Nginx::start("reset");
-    let tmp = TempDir::new("remote-reset");
     let src = big_tar(&nginx, &tmp, "big.tar", 48);
-    let proxy = Proxy::start(nginx.port, Fault::ResetEvery(3));
-    let env = base_env(&tmp.join("cache"));
+    let proxy = proxy(nginx.port, Fault::ResetEvery(3));
     let mnt =
         mount_url(&env, &["--stage", "ram", "--remote-concurrency", "4"], &proxy.url("big.tar"), &tmp.join("mnt"));
     assert_eq!(contents(&src), contents(mnt.path()));
     // 48 MiB in 8 MiB ranges, a third of them broken: retries happened.
-    assert!(proxy.requests.load(Ordering::SeqCst) >= 9, "{} requests", proxy.requests.load(Ordering::SeqCst));
+    assert!(proxy.requests() >= 9, "{} requests", proxy.requests());
     mnt.unmount().assert_success();
 }
 
@@ -46,9 +43,8 @@ fn connections_reset_midway_are_resumed_and_the_bytes_are_right() {
 /// of the copy: the mount fails saying so (exit 3), and nothing is mounted.
 #[test]
 fn an_object_replaced_during_the_copy_is_refused_never_mixed() {
-    require_root();
+    let (tmp, env) = scene("remote-replaced");
     let nginx = Nginx::start("replaced");
-    let tmp = TempDir::new("remote-replaced");
     big_tar(&nginx, &tmp, "big.tar", 32);
     let (object, staged) = (nginx.root.join("big.tar"), tmp.join("new.tar"));
     let mut other = fs::read(&object).unwrap();
@@ -59,15 +55,14 @@ fn an_object_replaced_during_the_copy_is_refused_never_mixed() {
     }
     fs::write(&staged, &other).unwrap();
     let new_tree = tmp.join("new-tree");
-    crate::kit::extract_tar(&staged, &new_tree);
+    extract_tar(&staged, &new_tree);
     let (from, to) = (staged.clone(), object.clone());
     let replace = Arc::new(move || {
         let later = fs::metadata(&to).unwrap().modified().unwrap() + Duration::from_secs(100);
         fs::File::options().write(true).open(&from).unwrap().set_modified(later).unwrap();
         fs::rename(&from, &to).unwrap();
     });
-    let proxy = Proxy::start(nginx.port, Fault::HookBefore(3, replace));
-    let env = base_env(&tmp.join("cache"));
+    let proxy = proxy(nginx.port, Fault::HookBefore(3, replace));
     mount_fails(&env, &["--stage", "ram", "--remote-concurrency", "2"], &proxy.url("big.tar"), 3, &["replaced"]);
     // Mounting again reads the new version, whole.
     let mnt = mount_url(&env, &["--stage", "ram"], &nginx.url("big.tar"), &tmp.join("mnt"));
@@ -79,16 +74,12 @@ fn an_object_replaced_during_the_copy_is_refused_never_mixed() {
 /// ends in a timeout error (exit 1) after the configured tries, never a hang.
 #[test]
 fn a_server_that_stops_answering_ends_in_a_timeout_not_a_hang() {
-    require_root();
-    let tmp = TempDir::new("remote-silent");
-    let env = base_env(&tmp.join("cache"));
-    let silent = Silent::start();
+    let (tmp, env) = scene("remote-silent");
     let opts = ["--remote-timeout", "1s", "--remote-tries", "2"];
-    let url = format!("http://127.0.0.1:{}/x.tar", silent.port);
-    mount_fails(&env, &opts, &url, 1, &["timed out", "gave up after 2 tries"]);
+    mount_fails(&env, &opts, &silent().url("x.tar"), 1, &["timed out", "gave up after 2 tries"]);
     let nginx = Nginx::start("stall");
     big_tar(&nginx, &tmp, "big.tar", 8);
-    let proxy = Proxy::start(nginx.port, Fault::StallAfter(100 << 10));
+    let proxy = proxy(nginx.port, Fault::StallAfter(100 << 10));
     mount_fails(&env, &opts, &proxy.url("big.tar"), 1, &["timed out"]);
 }
 
@@ -98,10 +89,8 @@ fn a_server_that_stops_answering_ends_in_a_timeout_not_a_hang() {
 /// fetch of 1 MiB would have taken 58 hours.
 #[test]
 fn a_server_that_trickles_ends_at_the_request_deadline_not_in_days() {
-    require_root();
-    let tmp = TempDir::new("remote-trickle");
-    let env = base_env(&tmp.join("cache"));
-    let trickle = Trickle::start(1 << 20);
+    let (_tmp, env) = scene("remote-trickle");
+    let trickle = trickle(1 << 20);
     let opts = ["--stage", "ram", "--remote-timeout", "1s", "--remote-deadline", "2s", "--remote-tries", "2"];
     let said = ["took longer than its deadline (2 s, --remote-deadline)", "gave up after 2 tries"];
     let err = mount_fails(&env, &opts, &trickle.url("x.tar"), 1, &said);
@@ -115,11 +104,9 @@ fn a_server_that_trickles_ends_at_the_request_deadline_not_in_days() {
 /// mount stays up and counts the errors; once the server is back, reads work again.
 #[test]
 fn in_place_with_the_server_gone_reads_fail_with_eio_and_the_mount_stays_up() {
-    require_root();
+    let (tmp, env) = scene("remote-gone");
     let mut nginx = Nginx::start("gone");
-    let tmp = TempDir::new("remote-gone");
     let src = big_tar(&nginx, &tmp, "big.tar", 8);
-    let env = base_env(&tmp.join("cache"));
     let mnt = mount_url(&env, &["--stage", "none"], &nginx.url("big.tar"), &tmp.join("mnt"));
     assert_eq!(fs::read(mnt.path().join("part0.bin")).unwrap(), fs::read(src.join("part0.bin")).unwrap());
     nginx.stop();
@@ -130,11 +117,8 @@ fn in_place_with_the_server_gone_reads_fail_with_eio_and_the_mount_stays_up() {
     assert_eq!(fs::read_dir(mnt.path()).unwrap().count(), 4, "the tree is still served");
     let status = stagefs_with(&env, &["status"]);
     assert!(status.stdout.contains(&nginx.url("big.tar")), "{}", status.describe());
-    assert!(
-        status.stdout.contains("last error") && status.stdout.contains("connection refused"),
-        "{}",
-        status.describe()
-    );
+    let error = status.stdout.contains("last error") && status.stdout.contains("connection refused");
+    assert!(error, "{}", status.describe());
     nginx.restart();
     assert_eq!(fs::read(mnt.path().join("part3.bin")).unwrap(), fs::read(src.join("part3.bin")).unwrap());
     mnt.unmount().assert_success();
@@ -144,16 +128,14 @@ fn in_place_with_the_server_gone_reads_fail_with_eio_and_the_mount_stays_up() {
 /// 130) well before any read timeout, with nothing mounted.
 #[test]
 fn ctrl_c_ends_a_fetch_at_once() {
-    require_root();
+    let (tmp, env) = scene("remote-ctrl-c");
     let nginx = Nginx::start("ctrl-c");
-    let tmp = TempDir::new("remote-ctrl-c");
     big_tar(&nginx, &tmp, "big.tar", 16);
-    let proxy = Proxy::start(nginx.port, Fault::StallAfter(256 << 10));
-    let env = base_env(&tmp.join("cache"));
+    let proxy = proxy(nginx.port, Fault::StallAfter(256 << 10));
     let mp = tmp.join("mnt");
-    let mut cmd = command_with(&env, &["mount", "-f", "--stage", "ram", &proxy.url("big.tar"), mp.to_str().unwrap()]);
-    let mut child = KillOnDrop(cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap());
-    assert!(wait_until(Duration::from_secs(30), || proxy.requests.load(Ordering::SeqCst) >= 3), "the fetch began");
+    let cmd = command_with(&env, &["mount", "-f", "--stage", "ram", &proxy.url("big.tar"), mp.to_str().unwrap()]);
+    let mut child = StagefsCmd(cmd).spawn_to(Stdio::piped());
+    assert!(wait_until(Duration::from_secs(30), || proxy.requests() >= 3), "the fetch began");
     std::thread::sleep(Duration::from_millis(300));
     let sent = Instant::now();
     let _ = signal(child.id() as i32, Signal::SIGINT);

@@ -1,89 +1,65 @@
 //! Every format stagefs mounts, served by nginx over http:// and mounted from its URL (staged in RAM, on the local disk, and in place by ranges), compared entry by entry with what GNU tar, unzip and unsquashfs extract.
 
-use std::ffi::OsStr;
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use super::servers::{base_env, Nginx};
-use super::{make_tree, mount_url};
+use super::servers::Nginx;
+use super::{make_tree, mount_fails, mount_url, scene, stagefs_with, Env};
 use crate::compare::{assert_trees_equal, Options};
-use crate::kit::{extract_squashfs, extract_tar, require_root, require_tool, run_cmd, run_tool, TempDir};
+use crate::kit::Mounted;
+use crate::kit::{extract_squashfs, extract_tar, osargs, pack_tar, require_tool, run_cmd, run_cmd_into, run_tool};
 
-/// The archives of one tree, each with how to extract it for reference.
-struct Made {
-    name: &'static str,
-    reference: &'static str,
-}
+/// The archives of one tree in nginx's root, each with the tool that extracts it for reference.
+const ARCHIVES: [(&str, &str); 8] = [
+    ("data.tar", "tar"),
+    ("data.tar.gz", "tar"),
+    ("data.tar.bz2", "tar"),
+    ("data.tar.xz", "tar"),
+    ("data.tar.zst", "tar"),
+    ("data.tar.lz4", "tar"),
+    ("data.zip", "unzip"),
+    ("data.sqsh", "unsquashfs"),
+];
 
-/// Makes `dir/src` and every archive of it in `www`.
-fn make_archives(dir: &Path, www: &Path) -> Vec<Made> {
+/// Makes `dir/src` and every archive of [`ARCHIVES`] of it in `www`.
+fn make_archives(dir: &Path, www: &Path) {
     let src = dir.join("src");
     make_tree(&src);
     let tar = www.join("data.tar");
-    run_tool(
-        "tar",
-        [
-            OsStr::new("--format=gnu"),
-            OsStr::new("-C"),
-            src.as_os_str(),
-            OsStr::new("-cf"),
-            tar.as_os_str(),
-            OsStr::new("."),
-        ],
-    );
+    pack_tar(&src, &tar, &["."]);
     let compress = |tool: &str, args: &[&str], out: &str| {
         let file = fs::File::create(www.join(out)).unwrap();
         let mut cmd = Command::new(require_tool(tool));
         cmd.args(args).arg(&tar);
-        let done = crate::kit::run_cmd_into(&mut cmd, Duration::from_secs(120), Some(file));
-        assert!(done.success(), "{tool} failed:\n{}", done.describe());
+        run_cmd_into(&mut cmd, Duration::from_secs(120), Some(file)).assert_success();
     };
     compress("gzip", &["-c"], "data.tar.gz");
     compress("bzip2", &["-c"], "data.tar.bz2");
     compress("xz", &["-c"], "data.tar.xz");
     compress("zstd", &["-q", "-c"], "data.tar.zst");
     compress("lz4", &["-q", "-c"], "data.tar.lz4");
-    let zip = www.join("data.zip");
     let mut cmd = Command::new(require_tool("zip"));
-    cmd.current_dir(&src).args(["-q", "-r", "-y", "-X"]).arg(&zip).arg(".");
-    let out = run_cmd(&mut cmd, Duration::from_secs(120));
-    assert!(out.success(), "zip failed:\n{}", out.describe());
+    cmd.current_dir(&src).args(["-q", "-r", "-y", "-X"]).arg(www.join("data.zip")).arg(".");
+    run_cmd(&mut cmd, Duration::from_secs(120)).assert_success();
     let sqfs = www.join("data.sqsh");
-    run_tool(
-        "mksquashfs",
-        [
-            src.as_os_str(),
-            sqfs.as_os_str(),
-            OsStr::new("-no-progress"),
-            OsStr::new("-quiet"),
-            OsStr::new("-no-xattrs"),
-            OsStr::new("-comp"),
-            OsStr::new("zstd"),
-        ],
-    );
-    let tars = ["data.tar", "data.tar.gz", "data.tar.bz2", "data.tar.xz", "data.tar.zst", "data.tar.lz4"];
-    let mut made: Vec<Made> = tars.iter().map(|name| Made { name, reference: "tar" }).collect();
-    made.push(Made { name: "data.zip", reference: "unzip" });
-    made.push(Made { name: "data.sqsh", reference: "unsquashfs" });
-    made
+    run_tool("mksquashfs", osargs![src, sqfs, "-no-progress", "-quiet", "-no-xattrs", "-comp", "zstd"]);
 }
 
-/// What the extracting tool makes of `archive` (compressed tars: of the plain tar).
-fn reference(dir: &Path, www: &Path, made: &Made) -> std::path::PathBuf {
-    let expected = dir.join(format!("expected-{}", made.reference));
+/// What the extracting `tool` makes of the archives (compressed tars: of the plain tar).
+fn reference(dir: &Path, www: &Path, tool: &str) -> PathBuf {
+    let expected = dir.join(format!("expected-{tool}"));
     if expected.exists() {
         return expected;
     }
-    match made.reference {
+    match tool {
         "tar" => extract_tar(&www.join("data.tar"), &expected),
         "unzip" => {
             fs::create_dir_all(&expected).unwrap();
             let mut cmd = Command::new(require_tool("unzip"));
             cmd.current_dir(&expected).env("TZ", "UTC").arg("-q").arg(www.join("data.zip"));
-            let out = run_cmd(&mut cmd, Duration::from_secs(120));
-            assert!(out.success(), "unzip failed:\n{}", out.describe());
+            run_cmd(&mut cmd, Duration::from_secs(120)).assert_success();
             // unzip gives symlinks the time of extraction; the archive has the source's.
             Command::new("touch").args(["-h", "-d", "@1700000000"]).arg(expected.join("labels")).status().unwrap();
         }
@@ -92,12 +68,13 @@ fn reference(dir: &Path, www: &Path, made: &Made) -> std::path::PathBuf {
     expected
 }
 
-fn options(made: &Made) -> Options {
-    let opts = Options::default().root(false).xattrs(false);
-    match made.reference {
-        "unzip" => opts.nanos(false),
-        _ => opts,
-    }
+/// `name` from nginx mounted with `opts` at `dir/mnt-NAME`, which must match what `tool`
+/// extracts (to the second for unzip, which keeps no sub-second times).
+fn mount_matching(env: &Env, nginx: &Nginx, dir: &Path, (name, tool): (&str, &str), opts: &[&str]) -> Mounted {
+    let expected = reference(dir, &nginx.root, tool);
+    let mnt = mount_url(env, opts, &nginx.url(name), &dir.join(format!("mnt-{name}")));
+    assert_trees_equal(&expected, mnt.path(), &Options::default().root(false).xattrs(false).nanos(tool != "unzip"));
+    mnt
 }
 
 /// Staged (the default: fetched into RAM), every format matches its extraction, and the
@@ -105,19 +82,13 @@ fn options(made: &Made) -> Options {
 /// plus the one byte of the first request that pins its version).
 #[test]
 fn every_format_over_http_staged_matches_the_extracting_tools_fetched_once() {
-    require_root();
+    let (tmp, env) = scene("remote-formats");
     let nginx = Nginx::start("formats");
-    let tmp = TempDir::new("remote-formats");
-    let made = make_archives(tmp.path(), &nginx.root);
-    let env = base_env(&tmp.join("cache"));
-    for m in &made {
-        let expected = reference(tmp.path(), &nginx.root, m);
-        let mp = tmp.join(format!("mnt-{}", m.name));
-        let mnt = mount_url(&env, &["--stage", "auto"], &nginx.url(m.name), &mp);
-        assert_trees_equal(&expected, mnt.path(), &options(m));
-        mnt.unmount().assert_success();
-        let size = fs::metadata(nginx.root.join(m.name)).unwrap().len();
-        assert_eq!(nginx.bytes_sent(&format!("/{}", m.name)), size + 1, "{}: fetched once", m.name);
+    make_archives(tmp.path(), &nginx.root);
+    for (name, tool) in ARCHIVES {
+        mount_matching(&env, &nginx, tmp.path(), (name, tool), &["--stage", "auto"]).unmount().assert_success();
+        let size = fs::metadata(nginx.root.join(name)).unwrap().len();
+        assert_eq!(nginx.bytes_sent(&format!("/{name}")), size + 1, "{name}: fetched once");
     }
 }
 
@@ -126,33 +97,19 @@ fn every_format_over_http_staged_matches_the_extracting_tools_fetched_once() {
 /// compressed tar staged to the local disk, served compressed from there.
 #[test]
 fn tar_zip_squashfs_in_place_and_a_compressed_tar_on_disk_match() {
-    require_root();
+    let (tmp, env) = scene("remote-in-place");
     let nginx = Nginx::start("in-place");
-    let tmp = TempDir::new("remote-in-place");
-    let made = make_archives(tmp.path(), &nginx.root);
-    let env = base_env(&tmp.join("cache"));
-    for m in made.iter().filter(|m| ["data.tar", "data.zip", "data.sqsh"].contains(&m.name)) {
-        let expected = reference(tmp.path(), &nginx.root, m);
-        let mp = tmp.join(format!("mnt-{}", m.name));
-        let mnt = mount_url(&env, &["--stage", "none"], &nginx.url(m.name), &mp);
-        assert_trees_equal(&expected, mnt.path(), &options(m));
-        mnt.unmount().assert_success();
+    make_archives(tmp.path(), &nginx.root);
+    for archive in ARCHIVES.into_iter().filter(|(name, _)| ["data.tar", "data.zip", "data.sqsh"].contains(name)) {
+        mount_matching(&env, &nginx, tmp.path(), archive, &["--stage", "none"]).unmount().assert_success();
     }
-    let gz = made.iter().find(|m| m.name == "data.tar.gz").unwrap();
-    let expected = reference(tmp.path(), &nginx.root, gz);
     let stage_dir = tmp.join("local-disk");
     fs::create_dir_all(&stage_dir).unwrap();
-    let mnt = mount_url(
-        &env,
-        &["--stage", "disk", "--stage-dir", stage_dir.to_str().unwrap()],
-        &nginx.url(gz.name),
-        &tmp.join("mnt-disk"),
-    );
-    assert_trees_equal(&expected, mnt.path(), &options(gz));
-    let status = super::stagefs_with(&env, &["status"]);
+    let on_disk = ["--stage", "disk", "--stage-dir", stage_dir.to_str().unwrap()];
+    let mnt = mount_matching(&env, &nginx, tmp.path(), ("data.tar.gz", "tar"), &on_disk);
+    let status = stagefs_with(&env, &["status"]);
     assert!(status.stdout.contains("staged to the local disk"), "{}", status.describe());
     mnt.unmount().assert_success();
-    let compressed_in_place =
-        super::mount_fails(&env, &["--stage", "none"], &nginx.url("data.tar.xz"), 3, &["compressed"]);
+    let compressed_in_place = mount_fails(&env, &["--stage", "none"], &nginx.url("data.tar.xz"), 3, &["compressed"]);
     assert!(compressed_in_place.contains("--stage ram or disk"), "{compressed_in_place}");
 }

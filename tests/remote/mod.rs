@@ -16,8 +16,9 @@ use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::kit::{is_mounted, pseudo_random, stagefs, Mounted, TempDir};
-pub use servers::{command_with, stagefs_with};
+use crate::kit::{is_mounted, pseudo_random, require_root, CmdOutput, Mounted, Scene, TempDir};
+use servers::base_env;
+pub use servers::{command_with, stagefs_with, Env};
 
 /// A tree with directories, files of several sizes (some compressible), a symlink and an
 /// executable, all with the same mtime (zip keeps no sub-second times).
@@ -39,14 +40,23 @@ pub fn make_tree(src: &Path) {
     Command::new("find").arg(src).args(["-exec", "touch", "-h", "-d", "@1700000000", "{}", "+"]).status().unwrap();
 }
 
+/// A test's directory (as root) and [`base_env`] with the index cache in it.
+pub fn scene(name: &str) -> (TempDir, Vec<(OsString, OsString)>) {
+    require_root();
+    let tmp = TempDir::new(name);
+    let env = base_env(&tmp.join("cache"));
+    (tmp, env)
+}
+
+/// `stagefs mount EXTRA URL MP` with `env`.
+pub fn mount(env: &Env, extra: &[&str], url: &str, mp: &Path) -> CmdOutput {
+    stagefs_with(env, &[&["mount"], extra, &[url, mp.to_str().unwrap()]].concat())
+}
+
 /// Mounts `url` with `env` and `extra` options at `mp`; panics with stagefs's output if
 /// it fails. The guard unmounts on drop.
-pub fn mount_url(env: &[(OsString, OsString)], extra: &[&str], url: &str, mp: &Path) -> Mounted {
-    let mp_text = mp.to_str().unwrap();
-    let mut args = vec!["mount"];
-    args.extend_from_slice(extra);
-    args.extend([url, mp_text]);
-    let out = stagefs_with(env, &args);
+pub fn mount_url(env: &Env, extra: &[&str], url: &str, mp: &Path) -> Mounted {
+    let out = mount(env, extra, url, mp);
     assert!(out.success(), "stagefs mount {url} failed:\n{}", out.describe());
     assert!(is_mounted(mp), "exit 0 but nothing mounted at {}", mp.display());
     Mounted::adopt(Path::new(url), mp)
@@ -54,21 +64,15 @@ pub fn mount_url(env: &[(OsString, OsString)], extra: &[&str], url: &str, mp: &P
 
 /// A mount that must fail with `code`, its stderr containing each of `needles`; never
 /// leaves a mount behind. Returns stderr.
-pub fn mount_fails(env: &[(OsString, OsString)], extra: &[&str], url: &str, code: i32, needles: &[&str]) -> String {
+pub fn mount_fails(env: &Env, extra: &[&str], url: &str, code: i32, needles: &[&str]) -> String {
     let tmp = TempDir::new("remote-fails");
     let mp = tmp.join("mnt");
-    let mp_text = mp.to_str().unwrap().to_string();
-    let mut args = vec!["mount"];
-    args.extend_from_slice(extra);
-    args.extend([url, mp_text.as_str()]);
-    let out = stagefs_with(env, &args);
-    if out.success() {
-        let _ = stagefs([OsString::from("umount"), mp.clone().into()]);
-        panic!("mounting {url} must fail with exit {code}:\n{}", out.describe());
-    }
-    out.assert_code(code).assert_stderr_has(needles);
-    assert!(!is_mounted(&mp));
-    out.stderr
+    mount(env, extra, url, &mp).assert_mount_failed(&mp, code, needles).stderr.clone()
+}
+
+/// A tar at `archive` of one file, `a.txt` holding "hello\n".
+pub fn hello_tar(archive: &Path) {
+    Scene::new("hello-tar").file("a.txt", "hello\n").tar_dot_at(archive);
 }
 
 /// The files of a tree, relative path and bytes (or link target), sorted: a comparison

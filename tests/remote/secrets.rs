@@ -2,13 +2,12 @@
 
 use std::ffi::OsString;
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::process::Stdio;
 use std::time::Duration;
 
-use super::servers::{base_env, s3_env, Nginx, BASIC_PASSWORD, BASIC_USER, S3, SECRET_KEY};
-use super::{command_with, mount_url, stagefs_with};
-use crate::kit::{is_mounted, pack_tar, require_root, wait_timeout, wait_until, KillOnDrop, TempDir};
+use super::servers::{s3_env, Nginx, BASIC_PASSWORD, BASIC_USER, S3, SECRET_KEY};
+use super::{command_with, hello_tar, mount_url, scene, stagefs_with};
+use crate::kit::{chmod, is_mounted, wait_timeout, wait_until, KillOnDrop};
 
 const TOKEN: &str = "tk9d1f2e7aQx4Lm8Wb";
 const SESSION_TOKEN: &str = "ss4b8c6e0dZp7Rw2Kq";
@@ -32,18 +31,13 @@ fn assert_no_secret(log: &str, secrets: &[&str], what: &str) {
 
 #[test]
 fn secrets_never_reach_the_logs_even_at_trace_level() {
-    require_root();
+    let (tmp, mut env) = scene("remote-secrets");
     let nginx = Nginx::start_tls("secrets");
-    let tmp = TempDir::new("remote-secrets");
-    let src = tmp.join("src");
-    fs::create_dir_all(&src).unwrap();
-    fs::write(src.join("a.txt"), b"hello\n").unwrap();
-    pack_tar(&src, &nginx.root.join("a.tar"), &["."]);
+    hello_tar(&nginx.root.join("a.tar"));
     fs::copy(nginx.root.join("a.tar"), nginx.root.join("private/a.tar")).unwrap();
     let token_file = tmp.join("token");
     fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
-    fs::set_permissions(&token_file, fs::Permissions::from_mode(0o600)).unwrap();
-    let mut env = base_env(&tmp.join("cache"));
+    chmod(&token_file, 0o600);
     env.push(("SSL_CERT_FILE".into(), nginx.ca.clone().unwrap().into()));
     env.push(("RUST_LOG".into(), RUST_LOG.into()));
     let basic = format!("{BASIC_USER}:{BASIC_PASSWORD}");
@@ -98,13 +92,12 @@ fn secrets_never_reach_the_logs_even_at_trace_level() {
 
     // S3: signed requests (Authorization) with a session token, staged and in place.
     let s3 = S3::start("secrets");
-    pack_tar(&src, &s3.bucket("data").join("a.tar"), &["."]);
+    hello_tar(&s3.bucket("data").join("a.tar"));
     let mut env: Vec<(OsString, OsString)> = s3_env(&tmp.join("cache"));
     env.push(("AWS_SESSION_TOKEN".into(), SESSION_TOKEN.into()));
     env.push(("RUST_LOG".into(), RUST_LOG.into()));
     let s3_log = tmp.join("s3.log");
-    let endpoint = s3.endpoint();
-    let opts = ["-vvv", "--endpoint-url", &endpoint, "--log-file", s3_log.to_str().unwrap(), "--stage", "none"];
+    let opts = s3.args(&["-vvv", "--log-file", s3_log.to_str().unwrap(), "--stage", "none"]);
     let mnt = mount_url(&env, &opts, "s3://data/a.tar", &tmp.join("mnt-s3"));
     assert_eq!(fs::read(mnt.path().join("a.txt")).unwrap(), b"hello\n");
     mnt.unmount().assert_success();

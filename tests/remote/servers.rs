@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::kit::{
-    require_tool, run_cmd, run_tool, stagefs_bin, wait_until, CmdOutput, KillOnDrop, TempDir, CMD_TIMEOUT,
+    osargs, require_tool, run_cmd, run_tool, stagefs_bin, wait_until, CmdOutput, KillOnDrop, TempDir, CMD_TIMEOUT,
 };
 
 /// A port free a moment ago (the server binds it right after).
@@ -15,9 +15,14 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-fn wait_for_port(host: &str, port: u16, what: &str, log: &Path) {
+/// Starts the server `what` with `cmd`, its stdout to `stdout`, and waits for it to listen
+/// on `host:port` (else panics with its `log`); killed on drop.
+fn serve(what: &str, cmd: &mut Command, stdout: Stdio, (host, port): (&str, u16), log: &Path) -> KillOnDrop {
+    let child = cmd.stdin(Stdio::null()).stdout(stdout).stderr(Stdio::null()).spawn();
+    let child = KillOnDrop(child.unwrap_or_else(|e| panic!("start {what}: {e}")));
     let up = wait_until(Duration::from_secs(20), || TcpStream::connect((host, port)).is_ok());
     assert!(up, "{what} did not listen on {host}:{port}:\n{}", std::fs::read_to_string(log).unwrap_or_default());
+    child
 }
 
 /// The user and password nginx asks for under `/private/` (HTTP Basic authentication).
@@ -40,21 +45,17 @@ pub struct Nginx {
 
 impl Nginx {
     pub fn start(name: &str) -> Nginx {
-        Nginx::start_on(name, "127.0.0.1")
-    }
-
-    /// On `host`, an address of this machine (the cluster's nodes reach its bridge's).
-    pub fn start_on(name: &str, host: &str) -> Nginx {
-        Nginx::start_with(name, host, false)
+        Nginx::start_on(name, "127.0.0.1", false)
     }
 
     /// HTTPS on 127.0.0.1, with a certificate for `127.0.0.1` and `localhost` signed by a CA
     /// made for this server (`ca`): no system bundle trusts it.
     pub fn start_tls(name: &str) -> Nginx {
-        Nginx::start_with(name, "127.0.0.1", true)
+        Nginx::start_on(name, "127.0.0.1", true)
     }
 
-    fn start_with(name: &str, host: &str, tls: bool) -> Nginx {
+    /// On `host`, an address of this machine (the cluster's nodes reach its bridge's).
+    pub fn start_on(name: &str, host: &str, tls: bool) -> Nginx {
         let dir = TempDir::new(&format!("nginx-{name}"));
         let root = dir.join("www");
         std::fs::create_dir_all(root.join("private")).unwrap();
@@ -92,18 +93,9 @@ http {{
         );
         std::fs::create_dir_all(self.dir.join("tmp")).unwrap();
         std::fs::write(self.dir.join("nginx.conf"), conf).unwrap();
-        let child = Command::new(require_tool("nginx"))
-            .arg("-c")
-            .arg(self.dir.join("nginx.conf"))
-            .arg("-e")
-            .arg(self.dir.join("error.log"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start nginx");
-        self.child = Some(KillOnDrop(child));
-        wait_for_port(&self.host, self.port, "nginx", &self.dir.join("error.log"));
+        let (mut cmd, log) = (Command::new(require_tool("nginx")), self.dir.join("error.log"));
+        cmd.args(osargs!["-c", self.dir.join("nginx.conf"), "-e", log]);
+        self.child = Some(serve("nginx", &mut cmd, Stdio::null(), (&self.host, self.port), &log));
     }
 
     /// Stops it: connections are refused from now on.
@@ -162,8 +154,8 @@ fn make_certificates(dir: &Path) -> PathBuf {
 /// s3s-fs on 127.0.0.1 with one user (access key and secret) and its data directory:
 /// each subdirectory is a bucket.
 pub struct S3 {
-    pub port: u16,
     pub root: PathBuf,
+    endpoint: String,
     _dir: TempDir,
     _child: KillOnDrop,
 }
@@ -178,21 +170,18 @@ impl S3 {
         std::fs::create_dir_all(&root).unwrap();
         let port = free_port();
         let log = dir.join("s3s.log");
-        let child = Command::new(require_tool("s3s-fs"))
-            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--access-key", ACCESS_KEY])
+        let mut cmd = Command::new(require_tool("s3s-fs"));
+        cmd.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--access-key", ACCESS_KEY])
             .args(["--secret-key", SECRET_KEY])
-            .arg(&root)
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start s3s-fs (cargo install s3s-fs --locked --features binary, as .ci/run does)");
-        wait_for_port("127.0.0.1", port, "s3s-fs", &log);
-        S3 { port, root, _dir: dir, _child: KillOnDrop(child) }
+            .arg(&root);
+        let what = "s3s-fs (cargo install s3s-fs --locked --features binary, as .ci/run does)";
+        let child = serve(what, &mut cmd, std::fs::File::create(&log).unwrap().into(), ("127.0.0.1", port), &log);
+        S3 { root, endpoint: format!("http://127.0.0.1:{port}"), _dir: dir, _child: child }
     }
 
-    pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+    /// `more`, then the option that names this server: `--endpoint-url URL`.
+    pub fn args<'a>(&'a self, more: &[&'a str]) -> Vec<&'a str> {
+        more.iter().copied().chain(["--endpoint-url", &self.endpoint]).collect()
     }
 
     /// A bucket (a directory of the server's data).
@@ -202,6 +191,9 @@ impl S3 {
         path
     }
 }
+
+/// Environment variables stagefs runs with: (name, value).
+pub type Env = [(OsString, OsString)];
 
 /// What every remote test runs stagefs with: its own index cache, no instance metadata
 /// (the chain must never reach for 169.254.169.254), no credentials but the ones given.
@@ -224,12 +216,11 @@ pub fn s3_env(cache: &Path) -> Vec<(OsString, OsString)> {
 }
 
 /// `stagefs ARGS` with `env` (and no AWS variables of the test's own environment).
-pub fn stagefs_with(env: &[(OsString, OsString)], args: &[&str]) -> CmdOutput {
-    let mut cmd = command_with(env, args);
-    run_cmd(&mut cmd, CMD_TIMEOUT * 2)
+pub fn stagefs_with(env: &Env, args: &[&str]) -> CmdOutput {
+    run_cmd(&mut command_with(env, args), CMD_TIMEOUT * 2)
 }
 
-pub fn command_with(env: &[(OsString, OsString)], args: &[&str]) -> Command {
+pub fn command_with(env: &Env, args: &[&str]) -> Command {
     let mut cmd = Command::new(stagefs_bin());
     for (k, _) in std::env::vars_os() {
         if k.to_string_lossy().starts_with("AWS_") {

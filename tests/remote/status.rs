@@ -2,9 +2,9 @@
 
 use std::fs;
 
-use super::servers::{base_env, Nginx};
-use super::{make_tree, mount_url};
-use crate::kit::{pack_tar, require_root, TempDir};
+use super::servers::Nginx;
+use super::{make_tree, mount_url, scene};
+use crate::kit::pack_tar;
 use crate::memory::{anon_bytes, in_page_cache, memfd_bytes, status_ram};
 
 /// An object fetched into RAM (`--stage copy` of an `http://` URL): the RAM column is
@@ -12,14 +12,12 @@ use crate::memory::{anon_bytes, in_page_cache, memfd_bytes, status_ram};
 /// page cache of the mounted files), not the copy twice.
 #[test]
 fn status_counts_a_remote_copy_once() {
-    require_root();
+    let (tmp, env) = scene("remote-status");
     let nginx = Nginx::start("status");
-    let tmp = TempDir::new("remote-status");
     let src = tmp.join("src");
     make_tree(&src);
     pack_tar(&src, &nginx.root.join("data.tar"), &["."]);
     let size = fs::metadata(nginx.root.join("data.tar")).unwrap().len() as i64;
-    let env = base_env(&tmp.join("cache"));
     let mnt = mount_url(&env, &["--stage", "copy"], &nginx.url("data.tar"), &tmp.join("mnt"));
     let pid = mnt.daemon_pids()[0];
     let (ram, staged) = status_ram(mnt.path());
