@@ -2,8 +2,6 @@
 //!
 //! Nothing here skips a test: a missing tool is a panic that says what to install.
 
-#![allow(dead_code)]
-
 mod archives;
 mod commands;
 mod mounts;

@@ -22,11 +22,13 @@ pub fn require_root() {
 /// holds take this lock, so that one never empties the cache under the other's check.
 pub fn page_cache_guard() -> PageCacheGuard {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    PageCacheGuard(LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
+    PageCacheGuard { _held: LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) }
 }
 
 /// The page cache held for one test ([`page_cache_guard`]).
-pub struct PageCacheGuard(std::sync::MutexGuard<'static, ()>);
+pub struct PageCacheGuard {
+    _held: std::sync::MutexGuard<'static, ()>,
+}
 
 /// Empties the whole page cache, only under [`page_cache_guard`]: a check of what the
 /// cache holds (`stagefs status`' RAM, the warm-up) never sees it emptied meanwhile.
