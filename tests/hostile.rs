@@ -1,50 +1,38 @@
-//! Hostile inputs and resource faults: the fuzz corpus and seeds replayed through the fuzz
-//! targets' own code path (`fuzz/src/exercise.rs`), so CI replays every input that ever broke
-//! stagefs without cargo-fuzz; archives whose fields claim absurd sizes and counts, rejected
-//! quickly without allocating what they claim (in a child limited to 1 GiB of address space);
-//! crafted archives mounted for real, whose mounts must return; a killed daemon, no
-//! /dev/fuse, no fusermount3, an archive truncated while mounted.
+//! Hostile inputs and resource faults: every fuzz input that ever broke stagefs, replayed
+//! without cargo-fuzz; absurd sizes and counts, rejected without allocating them; crafted
+//! archives mounted for real; a killed daemon, no /dev/fuse or fusermount3, a truncated archive.
 
 use std::fs;
 use std::io::{Read, Write};
 use std::os::unix::fs::{FileExt, MetadataExt};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use stagefs_archive::tar::{pax_record, ustar_header};
-use stagefs_archive::{Archive, OpenError};
+use stagefs_archive::{Archive, OpenError, OpenError::Corrupt, OpenError::Truncated};
 
 use crate::kit::*;
 
 #[path = "../fuzz/src/exercise.rs"]
 mod exercise;
 
-// ---------------------------------------------------------------------------
-// Fuzz regressions
+// --- Fuzz regressions ---
 
-fn fuzz_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz")
-}
+const FUZZ: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz");
 
-/// Every file under `fuzz/regressions/<target>/` and `fuzz/seeds/<target>/`, through that
-/// target's code path: a panic is the bug the fuzzer found (or a crafted archive's). How
-/// long each takes is for the fuzzers' own timeouts and the suite's hang guard.
+/// Every file of `fuzz/{regressions,seeds}/<target>/` through that target's code path: a panic is the bug the fuzzer
+/// (or a crafted archive) found. Timing is for the fuzzers' own timeouts and the suite's hang guard.
 #[test]
 fn fuzz_regressions_replay() {
     let scratch = TempDir::new("fuzz-replay");
     for corpus in ["regressions", "seeds"] {
-        let root = fuzz_dir().join(corpus);
-        let targets = fs::read_dir(&root).unwrap_or_else(|e| panic!("cannot list {}: {e}", root.display()));
+        let root = Path::new(FUZZ).join(corpus);
         let mut replayed = 0;
-        for target in targets.flatten() {
-            let name = target.file_name().to_string_lossy().into_owned();
-            let mut inputs: Vec<PathBuf> = fs::read_dir(target.path()).unwrap().flatten().map(|e| e.path()).collect();
-            inputs.sort();
-            for input in inputs.iter().filter(|p| p.is_file()) {
-                let data = fs::read(input).unwrap();
-                let outcome = match name.as_str() {
+        for target in fs::read_dir(&root).unwrap_or_else(|e| panic!("cannot list {}: {e}", root.display())).flatten() {
+            for input in file_names(&target.path()).iter().map(|n| target.path().join(n)).filter(|p| p.is_file()) {
+                let data = read(&input);
+                let outcome = match &*target.file_name().to_string_lossy() {
                     "tar" => exercise::tar(&data),
                     "squashfs" => exercise::squashfs(&data),
                     "index_cache" => exercise::index_cache(&data),
@@ -81,12 +69,8 @@ fn seed_is_current(path: &Path, bytes: &[u8], test: &str, same: fn(&[u8], &[u8])
     if std::env::var_os("STAGEFS_WRITE_SEEDS").is_some() {
         fs::write(path, bytes).unwrap();
     }
-    assert!(
-        same(&read(path), bytes),
-        "{} is not what tests/hostile.rs makes; rewrite it with \
-         STAGEFS_WRITE_SEEDS=1 cargo test --test integration hostile::{test}",
-        path.display()
-    );
+    let rewrite = format!("rewrite it with STAGEFS_WRITE_SEEDS=1 cargo test --test integration hostile::{test}");
+    assert!(same(&read(path), bytes), "{} is not what tests/hostile.rs makes; {rewrite}", path.display());
 }
 
 /// The committed crafted seeds are what the builders here make (the gzip one
@@ -95,14 +79,13 @@ fn seed_is_current(path: &Path, bytes: &[u8], test: &str, same: fn(&[u8], &[u8])
 fn crafted_seeds_are_current() {
     const TEST: &str = "crafted_seeds_are_current";
     for (name, bytes) in crafted_tars() {
-        seed_is_current(&fuzz_dir().join("seeds/tar").join(name), &bytes, TEST, |a, b| a == b);
+        seed_is_current(&Path::new(FUZZ).join("seeds/tar").join(name), &bytes, TEST, |a, b| a == b);
     }
-    let gz = fuzz_dir().join("seeds/decompress/crafted-sparse-size-wrap.tar.gzip");
+    let gz = Path::new(FUZZ).join("seeds/decompress/crafted-sparse-size-wrap.tar.gzip");
     seed_is_current(&gz, &gzip(&sparse_sizes_wrapping_tar()), TEST, |a, b| gunzip(a) == gunzip(b));
 }
 
-// ---------------------------------------------------------------------------
-// Absurd sizes and counts
+// --- Absurd sizes and counts ---
 
 /// Runs `body` in a child copy of this test binary capped at 1 GiB of address space, so an
 /// allocation sized by an archive field fails there (abort), not the machine or the suite.
@@ -111,24 +94,11 @@ fn in_bounded_child(test: &str, body: fn()) {
     if std::env::var_os(CHILD).is_some() {
         return body();
     }
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    let mut cmd = Command::new(require_tool("prlimit"));
+    cmd.arg(format!("--as={}", 1u64 << 30)).arg(std::env::current_exe().unwrap());
     cmd.args([test, "--exact", "--test-threads=1", "--nocapture"]).env(CHILD, "1");
-    // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
-    unsafe {
-        cmd.pre_exec(|| {
-            let limit = libc::rlimit { rlim_cur: 1 << 30, rlim_max: 1 << 30 };
-            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
     let out = run_cmd(&mut cmd, Duration::from_secs(60));
-    assert!(
-        out.success() && out.stdout.contains("1 passed"),
-        "hostile cases failed in the 1 GiB child:\n{}",
-        out.describe()
-    );
+    assert!(out.success() && out.stdout.contains("1 passed"), "failed in the 1 GiB child:\n{}", out.describe());
 }
 
 fn open(bytes: &[u8], name: &str) -> Result<Archive, OpenError> {
@@ -144,27 +114,23 @@ fn open_fails(bytes: &[u8], case: &str) -> OpenError {
 }
 
 fn expect_corrupt(bytes: &[u8], case: &str, needle: &str) {
-    match open_fails(bytes, case) {
-        OpenError::Corrupt { what, .. } if what.contains(needle) => {}
-        other => panic!("{case}: expected a Corrupt error mentioning {needle:?}, got: {other}"),
-    }
+    let e = open_fails(bytes, case);
+    assert!(matches!(&e, Corrupt { what, .. } if what.contains(needle)), "{case}: no Corrupt with {needle:?}: {e}");
 }
 
 fn expect_truncated(bytes: &[u8], case: &str, needle: &str) {
-    match open_fails(bytes, case) {
-        OpenError::Truncated { what, .. } if what.contains(needle) => {}
-        other => panic!("{case}: expected a Truncated error mentioning {needle:?}, got: {other}"),
-    }
+    let e = open_fails(bytes, case);
+    assert!(matches!(&e, Truncated { what, .. } if what.contains(needle)), "{case}: no Truncated with {needle:?}: {e}");
 }
 
-/// A header with a GNU base-256 size (any u64).
-fn header_with_size(name: &str, typeflag: u8, size: u64) -> Vec<u8> {
+/// A header claiming `size` bytes (GNU base-256: any u64), then a member `f`, then the end of the archive.
+fn claiming(name: &str, typeflag: u8, size: u64) -> Vec<u8> {
     let mut h = ustar_header(name, typeflag, 0o644, 0, "");
     h[124..136].fill(0);
     h[124] = 0x80;
     h[128..136].copy_from_slice(&size.to_be_bytes());
     reseal(&mut h);
-    h.to_vec()
+    finish([&h[..], &ustar_header("f", b'0', 0o644, 0, "")].concat())
 }
 
 /// Recomputes a header's checksum after editing it.
@@ -194,16 +160,11 @@ fn hostile_tar_cases() {
     // GNU 'L' long name claiming 2^60 bytes, and one claiming 2^64-1 (overflowed
     // `data_start + size` before: a panic in debug builds, a bad slice in release).
     for size in [1u64 << 60, u64::MAX] {
-        let mut tar = header_with_size("././@LongLink", b'L', size);
-        tar.extend_from_slice(&ustar_header("f", b'0', 0o644, 0, ""));
-        expect_truncated(&finish(tar), &format!("GNU long name of {size} bytes"), &format!("claims {size} bytes"));
+        let tar = claiming("././@LongLink", b'L', size);
+        expect_truncated(&tar, &format!("GNU long name of {size} bytes"), &format!("claims {size} bytes"));
     }
-    // A GNU volume label ('V') claiming 2^64-1 bytes: skipped without a size check
-    // before, the next header position wrapped around.
-    let mut tar = header_with_size("label", b'V', u64::MAX - 511);
-    tar.extend_from_slice(&ustar_header("f", b'0', 0o644, 0, ""));
-    expect_truncated(&finish(tar), "volume label of 2^64-512 bytes", "claims");
-
+    // A GNU volume label ('V') claiming 2^64-1 bytes: skipped unchecked before, the next header's position wrapped.
+    expect_truncated(&claiming("label", b'V', u64::MAX - 511), "volume label of 2^64-512 bytes", "claims");
     // pax record whose length field is huge.
     for length in ["1152921504606846976", "99999999999999999999999"] {
         let tar = pax_tar(format!("{length} path=x\n").as_bytes(), "f", b"");
@@ -212,9 +173,7 @@ fn hostile_tar_cases() {
     // pax size keyword claiming 2^60 bytes of content.
     let tar = pax_tar(&pax(&[("size", &(1u64 << 60).to_string())]), "f", b"");
     expect_truncated(&tar, "pax size 2^60", "needs 1152921504606846976 bytes");
-
-    // Old GNU sparse member ('S') of one extent (offset 0, length `length`), its map
-    // continued in extension blocks if `extended`.
+    // Old GNU sparse member ('S'), one extent (0, `length`), its map continued in extension blocks if `extended`.
     let old_sparse = |length: &[u8; 12], extended: u8| {
         let mut h = ustar_header("sparse", b'S', 0o644, 10, "");
         h[386..398].copy_from_slice(b"00000000000\0");
@@ -224,14 +183,12 @@ fn hostile_tar_cases() {
         reseal(&mut h);
         h
     };
-    // The extension blocks are not there (each holds 21 extents: a billion would need 24
-    // GB of archive) ...
+    // The extension blocks are not there (each holds 21 extents: a billion would need 24 GB of archive) ...
     let h = old_sparse(b"00000000012\0", 1);
     expect_truncated(&h, "old GNU sparse without its extension blocks", "sparse extension header");
     // ... and extents claiming far more data than is stored.
     let tar = finish([&old_sparse(b"77777777777\0", 0)[..], &[1; 10]].concat());
     expect_corrupt(&tar, "old GNU sparse extent of 8 GiB with 10 bytes stored", "sparse map needs more data");
-
     // pax 1.0 sparse map claiming a billion extents; with the member's size claiming
     // 2^40 bytes the count was checked against the claim, and 16 GB were reserved.
     for stored in [1u64 << 40, 100] {
@@ -244,11 +201,9 @@ fn hostile_tar_cases() {
         ]);
         let mut content = b"1000000000\n0\n1\n".to_vec();
         content.resize(100, b'\n');
-        expect_corrupt(
-            &pax_tar(&records, "GNUSparseFile.0/sparse", &content),
-            &format!("pax 1.0 sparse map of a billion extents, size {stored}"),
-            "sparse map claims 1000000000 extents",
-        );
+        let tar = pax_tar(&records, "GNUSparseFile.0/sparse", &content);
+        let case = format!("pax 1.0 sparse map of a billion extents, size {stored}");
+        expect_corrupt(&tar, &case, "sparse map claims 1000000000 extents");
     }
     // pax 0.1 sparse map with huge numbers: an extent past the real size.
     let records = pax(&[("GNU.sparse.size", "100"), ("GNU.sparse.map", &format!("0,{}", u64::MAX))]);
@@ -281,8 +236,7 @@ fn le_u64(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
 }
 
-/// A committed SquashFS image with uncompressed metadata (its inode and directory tables
-/// start at the offsets in bytes 64..72 and 72..80).
+/// A committed SquashFS image with uncompressed metadata (inode, directory table offsets: bytes 64..72, 72..80).
 fn image() -> Vec<u8> {
     let bytes = fs::read(fixture("sqfs-uncompressed.sqfs")).unwrap();
     for table in [le_u64(&bytes, 64), le_u64(&bytes, 72)] {
@@ -316,32 +270,25 @@ fn hostile_squashfs_cases() {
         bytes[at..at + value.len()].copy_from_slice(value);
         bytes
     };
-
-    // Directory header claiming 2^32 entries (count - 1 = 0xffffffff): wrapped to 0 and
-    // was silently taken as an empty run before.
+    // Directory header claiming 2^32 entries (count - 1 = 0xffffffff): wrapped to 0, silently an empty run before.
     for (count_minus_one, shown) in [(u32::MAX, "4294967296"), (0x7fff_ffff, "2147483648"), (256, "257")] {
         let bytes = patched(root_listing(&image()), &count_minus_one.to_le_bytes());
         expect_corrupt(&bytes, &format!("directory header of {shown} entries"), &format!("lists {shown} entries"));
     }
-
     // Superblock counts far beyond the image: fragments (bytes 16..20), ids (26..28).
     expect_corrupt(&patched(16, &u32::MAX.to_le_bytes()), "fragment count 2^32-1", "fragment table");
     open_fails(&patched(26, &u16::MAX.to_le_bytes()), "id count 65535");
     // The inode count (bytes 4..8) sizes nothing: an absurd one is harmless.
     let opened = open(&patched(4, &u32::MAX.to_le_bytes()), "inodes.sqfs");
     assert!(opened.is_ok(), "an absurd inode count must not matter: {:?}", opened.err().map(|e| e.to_string()));
-
-    // A lookup-table index naming one metadata block many times: a fragment count of
-    // 2^26 (a 1 GiB table) whose 131072 block pointers all name one full 8 KiB block,
-    // appended to the image with the index. Read as given, the table filled 1 GiB.
+    // A lookup-table index naming one metadata block many times: a fragment count of 2^26 (a 1 GiB table) whose
+    // 131072 block pointers, appended with the index, all name one full 8 KiB block. Read as given, it filled 1 GiB.
     let mut img = image();
     let block_at = img.len() as u64;
     img.extend_from_slice(&(0x8000u16 | 8192).to_le_bytes());
     img.extend_from_slice(&[0; 8192]);
     let index_at = img.len();
-    for _ in 0..(1u64 << 26) * 16 / 8192 {
-        img.extend_from_slice(&block_at.to_le_bytes());
-    }
+    img.extend(block_at.to_le_bytes().repeat((1 << 26) * 16 / 8192));
     let used = img.len() as u64;
     img[40..48].copy_from_slice(&used.to_le_bytes());
     img[80..88].copy_from_slice(&(index_at as u64).to_le_bytes());
@@ -354,8 +301,7 @@ fn hostile_squashfs_fields_are_rejected_in_bounded_memory() {
     in_bounded_child("hostile::hostile_squashfs_fields_are_rejected_in_bounded_memory", hostile_squashfs_cases);
 }
 
-// ---------------------------------------------------------------------------
-// Crafted archives, mounted
+// --- Crafted archives, mounted ---
 
 /// A member `name` of `content` (linking to `link`), padded to a block.
 fn plain_member(name: &str, typeflag: u8, content: &[u8], link: &str) -> Vec<u8> {
@@ -376,9 +322,8 @@ fn beside_ok(members: impl IntoIterator<Item = Vec<u8>>) -> Vec<u8> {
     finish([plain_member("ok.txt", b'0', OK_TEXT, "")].into_iter().chain(members).flatten().collect())
 }
 
-/// Four pax 0.1 sparse members declaring 2^62 bytes each (all hole), beside an ordinary
-/// file: the warm-up's sum of sizes wrapped to 0, so it set out to push 2^64 bytes of
-/// holes into the page cache and `stagefs mount` never returned (a 231-byte .tar.gz).
+/// Four pax 0.1 sparse members of 2^62 bytes each (all hole) beside an ordinary file: the warm-up's size sum wrapped
+/// to 0, so it set out to push 2^64 bytes of holes into the page cache; the mount never returned (231-byte .tar.gz).
 fn sparse_sizes_wrapping_tar() -> Vec<u8> {
     let records = pax(&[("GNU.sparse.size", &(1u64 << 62).to_string())]);
     beside_ok((0..4).map(|i| member_with_pax(&records, &format!("huge{i}"), b"")))
@@ -396,22 +341,17 @@ fn gunzip(bytes: &[u8]) -> Vec<u8> {
     out
 }
 
-/// `bytes` written as `name` in a fresh directory, then `stagefs mount EXTRA... ARCHIVE MP`,
-/// which must return within `CMD_TIMEOUT`; on a hang the daemon is killed, so that no
-/// spinning process outlives the failed test. The directory, `MP`, the output and a guard
-/// of whatever was mounted.
+/// `bytes` written as `name` in a fresh directory, then `stagefs mount EXTRA... ARCHIVE MP`, which must return within
+/// `CMD_TIMEOUT`; on a hang the daemon is killed, so that no spinning process outlives the failed test. The
+/// directory, `MP`, the output and a guard of whatever was mounted.
 fn mount_crafted(extra: &[&str], name: &str, bytes: &[u8]) -> (TempDir, PathBuf, CmdOutput, Mounted) {
     require_root();
     let tmp = TempDir::new(name);
     let (archive, mp) = (tmp.join(name), tmp.join("mnt"));
     fs::write(&archive, bytes).unwrap();
-    let mut cmd = Command::new(stagefs_bin());
-    cmd.arg("mount").args(extra).arg(&archive).arg(&mp);
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_cmd(&mut cmd, CMD_TIMEOUT)));
-    let out = outcome.unwrap_or_else(|panic| {
-        for pid in stagefs_pids(&mp) {
-            let _ = signal(pid, Signal::SIGKILL);
-        }
+    let cmd = StagefsCmd::new(["mount"]).args(extra).args([&archive, &mp]);
+    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cmd.run())).unwrap_or_else(|panic| {
+        stagefs_pids(&mp).into_iter().for_each(|pid| _ = signal(pid, Signal::SIGKILL));
         let _ = Command::new("umount").arg("-l").arg(&mp).status();
         std::panic::resume_unwind(panic)
     });
@@ -430,8 +370,7 @@ fn sparse_map_overlap_tar() -> Vec<u8> {
     beside_ok([member_with_pax(&records, "overlap", &[7; 20])])
 }
 
-/// Hardlinks to directories (`d/loop` -> `d`, `up` -> `./d/`, `d/sub/parent` -> `d`)
-/// beside a file and a hardlink to it.
+/// Hardlinks to directories (`d/loop` -> `d`, `up` -> `./d/`, `d/sub/parent` -> `d`) beside a file and its hardlink.
 fn hardlinks_to_directories_tar() -> Vec<u8> {
     let mut tar = plain_member("d/", b'5', b"", "");
     tar.extend(plain_member("d/file", b'0', OK_TEXT, ""));
@@ -456,10 +395,8 @@ fn global_pax_keywords_tar(keywords: usize, members: usize) -> Vec<u8> {
 /// cold with a warning (decompressed whole, `--stage copy` warms it otherwise), and serves every file.
 #[test]
 fn sparse_sizes_whose_sum_wraps_do_not_hang_the_mount() {
-    let tar = gzip(&sparse_sizes_wrapping_tar());
-    let (_tmp, mp, out, m) = mount_crafted(&["--stage", "copy"], "wrap.tar.gz", &tar);
-    assert!(out.success(), "{}", out.describe());
-    out.assert_stderr_has(&["not warming the page cache"]);
+    let (_tmp, mp, out, m) = mount_crafted(&["--stage", "copy"], "wrap.tar.gz", &gzip(&sparse_sizes_wrapping_tar()));
+    out.assert_success().assert_stderr_has(&["not warming the page cache"]);
     assert_eq!(read(&mp.join("ok.txt")), OK_TEXT);
     for i in 0..4 {
         let file = fs::File::open(mp.join(format!("huge{i}"))).unwrap();
@@ -481,24 +418,15 @@ fn sparse_size_past_the_largest_file_is_refused() {
     assert_nothing_left(&mp, "after a refused archive");
 }
 
-/// The names in `dir`, sorted.
-fn names(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> =
-        fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-    names.sort();
-    names
-}
-
-/// Hardlinks to directories (`d/loop` -> `d`), which GNU tar refuses to extract: the
-/// kernel saw a directory inside itself (ELOOP, and a warning in its log). They are
-/// skipped with a warning naming the member; the rest is served.
+/// Hardlinks to directories (`d/loop` -> `d`), which GNU tar refuses to extract: the kernel saw a directory inside
+/// itself (ELOOP, and a warning in its log). They are skipped with a warning naming the member; the rest is served.
 #[test]
 fn tar_hardlinks_to_directories_are_skipped() {
     let (_tmp, mp, out, m) = mount_crafted(&[], "dir-links.tar", &hardlinks_to_directories_tar());
-    assert!(out.success(), "{}", out.describe());
-    assert_eq!(names(&mp), ["d", "same"]);
-    assert_eq!(names(&mp.join("d")), ["file", "sub"]);
-    assert!(names(&mp.join("d/sub")).is_empty());
+    out.assert_success();
+    assert_eq!(file_names(&mp), ["d", "same"]);
+    assert_eq!(file_names(&mp.join("d")), ["file", "sub"]);
+    assert_eq!(fs::read_dir(mp.join("d/sub")).unwrap().count(), 0);
     assert_eq!(read(&mp.join("d/file")), OK_TEXT);
     assert_eq!(read(&mp.join("same")), OK_TEXT);
     assert_eq!(fs::metadata(mp.join("same")).unwrap().nlink(), 2, "a hardlink to a file still works");
@@ -509,22 +437,17 @@ fn tar_hardlinks_to_directories_are_skipped() {
     assert_nothing_left(&mp, "after unmounting the directory hardlinks");
 }
 
-// ---------------------------------------------------------------------------
-// Resource faults
+// --- Resource faults ---
 
-/// `stagefs umount` on a mount whose daemon was SIGKILLed: the stale mount is removed
-/// and the command says so (exit 0), leaving nothing behind. (Mounting again over a
-/// stale mountpoint is tests/errors.rs `stale_mountpoint_is_cleaned_and_reused`.)
+/// `stagefs umount` of a mount whose daemon was SIGKILLed removes the stale mount (exit 0), leaving nothing behind.
+/// (Mounting again over a stale mountpoint is tests/errors.rs `stale_mountpoint_is_cleaned_and_reused`.)
 #[test]
 fn umount_of_a_killed_daemons_mount_cleans_it() {
-    let tmp = TempDir::new("umount-stale");
-    let mp = tmp.join("mnt");
+    let (_tmp, mp) = tmp_mnt("umount-stale");
     let m = Mounted::new(&fixture("gnu.tar"), &mp);
     let pids = m.daemon_pids();
     assert!(!pids.is_empty());
-    for pid in &pids {
-        signal(*pid, Signal::SIGKILL).unwrap();
-    }
+    pids.iter().for_each(|&pid| signal(pid, Signal::SIGKILL).unwrap());
     assert!(wait_until(Duration::from_secs(10), || stagefs_pids(&mp).is_empty()), "daemon did not die");
     assert!(is_mounted(&mp));
     let out = stagefs(osargs!["umount", mp]);
@@ -535,14 +458,12 @@ fn umount_of_a_killed_daemons_mount_cleans_it() {
     stagefs(osargs!["umount", mp]).assert_code(6).assert_stderr_has(&[&mp.to_string_lossy()]);
 }
 
-/// Runs `script` (sh) in a private mount namespace, with `STAGEFS` and `ARCHIVE` set. The
-/// namespace holds a copy of every mount there is (other tests' FUSE mounts included) while
-/// a process lives in it; a failed mount leaves a `stagefs reap-failure` there for 10 s (to
-/// tell later waiters why), which would keep another test's daemon from seeing its
-/// unmount: the reaper is ended here.
+/// Runs `script` (sh) in a private mount namespace, with `STAGEFS` and `ARCHIVE` set. The namespace holds a copy of
+/// every mount there is (other tests' FUSE mounts included) while a process lives in it; a failed mount leaves a
+/// `stagefs reap-failure` there for 10 s (to tell later waiters why), which would keep another test's daemon from
+/// seeing its unmount: the reaper is ended here.
 fn in_private_namespace(script: &str, archive: &Path) -> CmdOutput {
-    let unshare = require_tool("unshare");
-    let mut cmd = Command::new(unshare);
+    let mut cmd = Command::new(require_tool("unshare"));
     cmd.args(["--mount", "--propagation", "private", "sh", "-c", script])
         .env("STAGEFS", stagefs_bin())
         .env("ARCHIVE", archive);
@@ -551,10 +472,9 @@ fn in_private_namespace(script: &str, archive: &Path) -> CmdOutput {
     for entry in fs::read_dir("/proc").unwrap().flatten() {
         let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
         let elsewhere = fs::read_link(entry.path().join("ns/mnt")).is_ok_and(|ns| ns != ours);
-        if elsewhere && cmdline.windows(12).any(|w| w == b"reap-failure") {
-            if let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) {
-                let _ = signal(pid, Signal::SIGKILL);
-            }
+        let reaper = elsewhere && cmdline.windows(12).any(|w| w == b"reap-failure");
+        if let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse().ok()).filter(|_| reaper) {
+            let _ = signal(pid, Signal::SIGKILL);
         }
     }
     out
@@ -565,8 +485,7 @@ fn in_private_namespace(script: &str, archive: &Path) -> CmdOutput {
 #[test]
 fn mount_without_dev_fuse_fails_with_code_7() {
     require_root();
-    let tmp = TempDir::new("no-dev-fuse");
-    let mp = tmp.join("mnt");
+    let (_tmp, mp) = tmp_mnt("no-dev-fuse");
     for (case, setup) in [
         ("no /dev/fuse", "mount -t tmpfs none /dev && mknod -m 666 /dev/null c 1 3"),
         ("/dev/null over /dev/fuse", "mount --bind /dev/null /dev/fuse"),
@@ -585,9 +504,8 @@ fn mount_without_dev_fuse_fails_with_code_7() {
 fn mount_as_user_without_fusermount3_fails_with_code_7() {
     require_root();
     require_tool("setpriv");
-    let tmp = TempDir::new("no-fusermount");
+    let (tmp, archive, _) = gnu_copy("no-fusermount");
     chmod(tmp.path(), 0o755);
-    let archive = fixture_copy("gnu.tar", tmp.path(), "a.tar");
     chmod(&archive, 0o644);
     // Everything `nobody` needs lives in directories it may use.
     let (bin, home) = (tmp.join("bin"), tmp.join("home"));
@@ -596,18 +514,16 @@ fn mount_as_user_without_fusermount3_fails_with_code_7() {
     fs::create_dir(&home).unwrap();
     std::os::unix::fs::chown(&home, Some(65534), Some(65534)).unwrap();
     let mp = home.join("mnt");
-    let script = format!(
-        "mknod -m 666 '{dev}' c 10 229 && mount --bind '{dev}' /dev/fuse && \
-         exec setpriv --reuid=65534 --regid=65534 --clear-groups env -i PATH='{bin}' HOME='{home}' XDG_RUNTIME_DIR='{home}' \
-         '{bin}/stagefs' mount '{archive}' '{mp}'",
-        dev = tmp.join("fuse").display(),
-        bin = bin.display(),
-        home = home.display(),
-        archive = archive.display(),
-        mp = mp.display(),
-    );
-    let out = in_private_namespace(&script, &archive);
-    out.assert_code(7).assert_stderr_has(&["fusermount3"]);
+    let script = {
+        let dev = tmp.join("fuse");
+        let [dev, bin, home, archive, mp] = [&dev, &bin, &home, &archive, &mp].map(|p| p.display());
+        format!(
+            "mknod -m 666 '{dev}' c 10 229 && mount --bind '{dev}' /dev/fuse && \
+             exec setpriv --reuid=65534 --regid=65534 --clear-groups env -i PATH='{bin}' HOME='{home}' \
+             XDG_RUNTIME_DIR='{home}' '{bin}/stagefs' mount '{archive}' '{mp}'"
+        )
+    };
+    in_private_namespace(&script, &archive).assert_code(7).assert_stderr_has(&["fusermount3"]);
     assert!(!is_mounted(&mp));
 }
 
@@ -617,8 +533,7 @@ fn truncation_scene(name: &str) -> Scene {
 }
 
 fn truncate_to_half(path: &Path) {
-    let len = fs::metadata(path).unwrap().len();
-    fs::OpenOptions::new().write(true).open(path).unwrap().set_len(len / 2).unwrap();
+    fs::OpenOptions::new().write(true).open(path).unwrap().set_len(fs::metadata(path).unwrap().len() / 2).unwrap();
 }
 
 /// An in-place archive truncated while mounted: uncached files read EIO (never other
@@ -636,16 +551,14 @@ fn in_place_archive_truncated_while_mounted_reads_eio() {
     for (name, data) in &files[1..] {
         match fs::read(mp.join(name)) {
             Ok(got) => assert_eq!(&got, data, "{name}: wrong bytes after truncation"),
-            Err(e) => {
-                assert_eq!(e.raw_os_error(), Some(libc::EIO), "{name}: {e}");
-                eio += 1;
-            }
+            Err(e) if e.raw_os_error() == Some(libc::EIO) => eio += 1,
+            Err(e) => panic!("{name}: {e} (only EIO may come of the truncation)"),
         }
     }
     assert!(eio >= 3, "reads past the truncation point must fail with EIO (got {eio})");
     // The daemon lives; stat and listings still work.
     assert!(pids.iter().all(|&p| process_alive(p)), "the daemon died");
-    let names = names(&mp);
+    let names = file_names(&mp);
     assert_eq!(names.len(), files.len(), "{names:?}");
     assert_eq!(fs::metadata(mp.join(&files[7].0)).unwrap().len(), 200_000);
     m.unmount().assert_success();
@@ -665,9 +578,9 @@ fn staged_archive_truncated_while_mounted_keeps_serving() {
     assert_nothing_left(&mp, "after unmounting the staged archive");
 }
 
-/// pax xattrs whose names are empty or hold a NUL byte (SCHILY raw, LIBARCHIVE as %00)
-/// cannot be listed by listxattr (NUL-separated): they are skipped, the rest served.
-/// Found by the index_cache fuzz target (fuzz/regressions/index_cache/xattr-name-with-nul).
+/// pax xattrs whose names are empty or hold a NUL (SCHILY raw, LIBARCHIVE as %00) cannot be listed by listxattr
+/// (NUL-separated): skipped, the rest served. Found by the index_cache fuzz target
+/// (fuzz/regressions/index_cache/xattr-name-with-nul).
 #[test]
 fn tar_xattr_names_that_cannot_be_listed_are_skipped() {
     let records = pax(&[
@@ -681,39 +594,30 @@ fn tar_xattr_names_that_cannot_be_listed_are_skipped() {
     let (index, _) =
         stagefs_archive::tar::open(Path::new("x.tar"), exercise::backing(&tar), &Default::default()).unwrap();
     let f = index.lookup(&index.inode(0).unwrap(), b"f").unwrap().unwrap();
-    let names: Vec<&[u8]> = index.xattrs(f).unwrap().iter().map(|x| index.xattr(&x).unwrap().0).collect();
-    assert_eq!(names, [&b"user.ok"[..]]);
+    assert_eq!(index.xattrs(f).unwrap().iter().map(|x| index.xattr(&x).unwrap().0).collect::<Vec<_>>(), [b"user.ok"]);
 }
 
-/// The `index_cache` seeds: saved indexes (this format version) of fixture tars, as the
-/// fuzz target reads them, and three crafted from them (a directory's entries out of
-/// order, a name holding a NUL, a sparse extent whose end overflows).
+/// The `index_cache` seeds: saved indexes (this format version) of fixture tars, as the fuzz target reads them, and
+/// three crafted from them (entries out of order, a name holding a NUL, a sparse extent whose end overflows).
 #[test]
 fn index_cache_seeds_are_current() {
     use stagefs_archive::tar::saved_format::fuzz_input;
     let input_of = |name: &str| {
         let path = fixture(name);
-        let archive =
-            stagefs_archive::Archive::open(&fs::File::open(&path).unwrap(), &path, &stagefs_archive::Caches::default())
-                .unwrap();
+        let archive = Archive::open(&fs::File::open(&path).unwrap(), &path, &Default::default()).unwrap();
         fuzz_input(&archive.index, archive.saved().unwrap())
     };
     // Where section `id` lies in an input: after its table, at its offset.
     let section = |input: &[u8], id: u8| {
         let n = input[0] as usize;
-        let body = (1 + n * 9).next_multiple_of(64);
         let entry = input[1..1 + n * 9].chunks_exact(9).find(|c| c[0] == id).unwrap();
-        body + u32::from_le_bytes(entry[1..5].try_into().unwrap()) as usize
+        (1 + n * 9).next_multiple_of(64) + u32::from_le_bytes(entry[1..5].try_into().unwrap()) as usize
     };
-    let mut seeds: Vec<(String, Vec<u8>)> = Vec::new();
-    for name in ["bsdtar-pax.tar", "gnu.tar", "implicit-dirs.tar", "python-pax.tar", "sparse-posix-1.0.tar"] {
-        seeds.push((format!("{name}.v5"), input_of(name)));
-    }
+    let fixtures = ["bsdtar-pax.tar", "gnu.tar", "implicit-dirs.tar", "python-pax.tar", "sparse-posix-1.0.tar"];
+    let mut seeds: Vec<(String, Vec<u8>)> = fixtures.map(|name| (format!("{name}.v5"), input_of(name))).into();
     let mut unsorted = input_of("gnu.tar");
-    let at = section(&unsorted, 2); // the root's first two entries, swapped
-    let (first, second) = (unsorted[at..at + 16].to_vec(), unsorted[at + 16..at + 32].to_vec());
-    unsorted[at..at + 16].copy_from_slice(&second);
-    unsorted[at + 16..at + 32].copy_from_slice(&first);
+    let at = section(&unsorted, 2); // the root's first two entries (16 bytes each), swapped
+    unsorted[at..at + 32].rotate_left(16);
     seeds.push(("crafted-unsorted-entries.v5".into(), unsorted));
     let mut nul = input_of("gnu.tar");
     let at = section(&nul, 3);
@@ -724,7 +628,7 @@ fn index_cache_seeds_are_current() {
     overflow[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
     seeds.push(("crafted-extent-overflow.v5".into(), overflow));
     for (name, input) in &seeds {
-        let path = fuzz_dir().join("seeds/index_cache").join(name);
+        let path = Path::new(FUZZ).join("seeds/index_cache").join(name);
         seed_is_current(&path, input, "index_cache_seeds_are_current", |a, b| a == b);
         let outcome = exercise::index_cache(input);
         assert_eq!(outcome.is_ok(), !name.contains("overflow"), "{name}: {outcome:?}");

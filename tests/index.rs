@@ -8,13 +8,6 @@ use std::path::{Path, PathBuf};
 use crate::kit::*;
 use stagefs_archive::index::{tamper, SectionId};
 
-/// `text`'s lines, sorted.
-fn sorted(text: &str) -> Vec<&str> {
-    let mut lines: Vec<&str> = text.lines().collect();
-    lines.sort_unstable();
-    lines
-}
-
 /// `stagefs ls -R` of a GNU tar of 100,000 members lists exactly the names `tar -tf`
 /// lists (once the path of every entry was searched for: 11.5 s at this size).
 #[test]
@@ -23,14 +16,12 @@ fn ls_recursive_lists_what_tar_lists_for_100k_members() {
     let scene = Scene::new("index-ls-100k").files(files);
     let archive = scene.tar();
     let tar_list = run_tool("tar", osargs!["-tf", archive]).stdout;
-    let listed = stagefs(osargs!["ls", "-R", archive]);
-    listed.assert_success();
-    assert_eq!(listed.stdout.lines().count(), 100_101, "every member once");
-    assert_eq!(sorted(&listed.stdout), sorted(&tar_list), "as tar -tf lists it");
+    let listed = stagefs(osargs!["ls", "-R", archive]).assert_success().stdout.clone();
+    assert_eq!(listed.lines().count(), 100_101, "every member once");
+    assert_eq!(sorted_lines(&listed), sorted_lines(&tar_list), "as tar -tf lists it");
 }
 
-/// Each name of a hard-linked file shows as itself, in every form of `stagefs ls` (before,
-/// both showed the first name the index held for the inode).
+/// Each hard link's name shows as itself in every form of `stagefs ls` (before, all showed the first name indexed).
 #[test]
 fn ls_shows_each_hard_link_under_its_own_name() {
     let scene = Scene::new("index-ls-hardlink").file("a/first", b"shared bytes").dir("z");
@@ -38,7 +29,7 @@ fn ls_shows_each_hard_link_under_its_own_name() {
     let archive = scene.tar();
     let ls = |args: &[&OsStr]| StagefsCmd::new(["ls"]).args(args).run().assert_success().stdout.clone();
     let a = archive.as_os_str();
-    assert_eq!(sorted(&ls(&[os("-R"), a])), ["a/", "a/first", "z/", "z/second"]);
+    assert_eq!(sorted_lines(&ls(&[os("-R"), a])), ["a/", "a/first", "z/", "z/second"]);
     assert_eq!(ls(&[a, os("z")]).trim(), "z/second");
     assert_eq!(ls(&[a, os("z/second")]).trim(), "z/second");
     assert_eq!(ls(&[a, os("./a/../z//second")]).trim(), "z/second");
@@ -70,13 +61,12 @@ fn rich_tar(tmp: &TempDir, dirs: usize, per_dir: usize) -> (PathBuf, Expected) {
         }
     }
     std::os::unix::fs::symlink("d000/f0000.txt", src.join("link")).unwrap();
-    let sparse = fs::File::create(src.join("sparse.bin")).unwrap();
-    std::os::unix::fs::FileExt::write_at(&sparse, b"end", 10 << 20).unwrap();
+    std::os::unix::fs::FileExt::write_at(&fs::File::create(src.join("sparse.bin")).unwrap(), b"end", 10 << 20).unwrap();
     let archive = tmp.join("rich.tar");
-    let args = ["--format=posix", "--sparse", "--xattrs", "--xattrs-include=user.*", "-C"];
-    let mut args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
-    args.extend(osargs![src, "-cf", archive, "."]);
-    run_tool("tar", args);
+    run_tool(
+        "tar",
+        osargs!["--format=posix", "--sparse", "--xattrs", "--xattrs-include=user.*", "-C", src, "-cf", archive, "."],
+    );
     (archive, expected)
 }
 
@@ -86,15 +76,11 @@ fn get_xattr(path: &Path, name: &str) -> std::io::Result<Vec<u8>> {
     let mut buf = vec![0u8; 256];
     // SAFETY: NUL-terminated strings and a buffer of `buf.len()` bytes.
     let n = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    if n < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    buf.truncate(n as usize);
+    buf.truncate(nix::errno::Errno::result(n)? as usize);
     Ok(buf)
 }
 
-/// How many reads (content and xattr) of the expected files failed with EIO; panics on any
-/// other failure, and on any byte that is not the archive's.
+/// How many reads (content, xattr) of the expected files gave EIO; panics on other errors or bytes not the archive's.
 fn read_back(mnt: &Path, expected: &Expected) -> usize {
     let mut eio = 0;
     let mut seen = |result: std::io::Result<Vec<u8>>, want: &[u8], what: &Path| match result {
@@ -114,10 +100,9 @@ fn read_back(mnt: &Path, expected: &Expected) -> usize {
     eio
 }
 
-/// A byte flipped in each section of a saved index. The tree's sections, read in place and
-/// checked block by block, fail only the requests of the damaged block (EIO, logged naming
-/// the file and what the block holds); the mount stays up. The sections read whole at open
-/// (the summary, the tar's tables) make the mount ignore the file and scan the archive.
+/// A byte flipped in each section of a saved index. The tree's sections, read in place and checked block by block,
+/// fail only the damaged block's requests (EIO, logged naming the file and what the block holds); the mount stays up.
+/// Those read whole at open (the summary, the tar's tables) make the mount ignore the file and scan the archive.
 #[test]
 fn damage_in_each_section_fails_what_it_holds() {
     let (tmp, mnt) = tmp_mnt("index-damage");
@@ -143,8 +128,7 @@ fn damage_in_each_section_fails_what_it_holds() {
     for (id, what) in tree {
         let (range, fg) = damaged_mount(id);
         assert!(range.len() > 8, "{what}: an empty section in the test's index");
-        let eio = read_back(&mnt, &expected);
-        assert!(eio > 0, "{what}: the damaged block was never read");
+        assert!(read_back(&mnt, &expected) > 0, "{what}: the damaged block was never read");
         assert!(is_mounted(&mnt) && !stagefs_pids(&mnt).is_empty(), "{what}: the mount and its daemon stay up");
         let log = fg.finish();
         assert!(log.contains("using saved index"), "{what}: {log}");
@@ -174,8 +158,7 @@ fn another_users_index_is_never_mapped() {
     // Mallory's copy of a sound index (made by the victim, then taken over).
     victim.stagefs(osargs!["index", archive]).assert_success();
     let sound = fs::read(&index).unwrap();
-    let mnt = victim.home.join("mnt-index");
-    remove_tree(&mnt);
+    let mnt = victim.fresh_mountpoint("mnt-index");
     let mounted_maps = |user: &User| {
         let stderr = user.stagefs(osargs!["mount", archive, mnt]).assert_success().stderr.clone();
         let pids = stagefs_pids(&mnt);
@@ -187,10 +170,7 @@ fn another_users_index_is_never_mapped() {
     };
     let (_, maps) = mounted_maps(&victim);
     assert!(maps.contains(&index.display().to_string()), "the victim's own index is mapped:\n{maps}");
-    fs::remove_file(&index).unwrap();
-    fs::write(&index, &sound).unwrap();
-    mallory.chown(&index);
-    chmod(&index, 0o644);
+    plant(&index, &sound, &mallory, 0o644);
     let (log, maps) = mounted_maps(&victim);
     assert!(log.contains("ignoring saved index") && log.contains("sfs-mallory"), "{log}");
     assert!(!maps.contains("stagefs-index"), "another user's index was mapped:\n{maps}");
@@ -199,8 +179,7 @@ fn another_users_index_is_never_mapped() {
     fs::remove_file(&index).unwrap();
     victim.stagefs(osargs!["index", archive]).assert_success();
     let hers = project.join("hers.index");
-    fs::write(&hers, &sound).unwrap();
-    mallory.chown(&hers);
+    plant(&hers, &sound, &mallory, 0o644);
     mallory.sh(&format!("mv -f {} {}", hers.display(), index.display()));
     let (log, maps) = mounted_maps(&victim);
     assert!(log.contains("ignoring saved index") && log.contains("sfs-mallory"), "{log}");
@@ -232,10 +211,8 @@ fn a_saved_set_opens_without_its_shards_indexes() {
     };
     let log = mount("first");
     assert!(log.contains("saved the set's index"), "{log}");
-    for entry in fs::read_dir(&indexes).unwrap().flatten() {
-        if !entry.file_name().to_string_lossy().contains("-set-") {
-            fs::remove_file(entry.path()).unwrap(); // the shards' own indexes
-        }
+    for name in file_names(&indexes).iter().filter(|name| !name.contains("-set-")) {
+        fs::remove_file(indexes.join(name)).unwrap(); // the shards' own indexes
     }
     let log = mount("second");
     assert!(log.contains("using the set's saved index") && !log.contains("merged"), "{log}");
@@ -263,14 +240,11 @@ fn an_index_truncated_or_rewritten_while_mapped_gives_errors() {
             _ => std::os::unix::fs::FileExt::write_all_at(&file, b"rewritten", pristine.len() as u64 / 2).unwrap(),
         }
         drop(file);
-        let eio = read_back(&mnt, &expected);
-        assert!(eio > 0, "{case}: every request was served from an index changed underneath");
+        assert!(read_back(&mnt, &expected) > 0, "{case}: every request was served from an index changed underneath");
         assert!(is_mounted(&mnt) && !stagefs_pids(&mnt).is_empty(), "{case}: the daemon lives on");
         let log = fg.finish();
-        assert!(
-            log.contains("truncated or rewritten while in use") && log.contains(&index.display().to_string()),
-            "{case}: {log}"
-        );
+        let named = index.display().to_string();
+        assert!(log.contains("truncated or rewritten while in use") && log.contains(&named), "{case}: {log}");
     }
     // The damaged file is no index any more (cut short), or another version of one
     // (rewritten): a remount ignores or uses it soundly, and serves every byte.

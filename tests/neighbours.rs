@@ -1,8 +1,6 @@
-//! Hostile neighbours and archives against the surface added last round (growing sets and
-//! their control socket, `--watch`, `--recursive`, compressed tars served in place, sharded
-//! `pack`), as two real users: `sfs-alice` runs stagefs, `sfs-eve` is another user of the
-//! node. One test per attack that was found (issue 32); each ends in a refusal or the
-//! right bytes, never another user's bytes, other bytes, a hang or a leftover.
+//! Hostile neighbours (issue 32, a test per attack found) against growing sets, their control
+//! socket, `--watch`, `--recursive`, compressed tars in place and sharded `pack`, as `sfs-alice`
+//! and `sfs-eve`: each ends in a refusal or the right bytes, never other bytes, a hang or a leftover.
 
 use std::fs;
 use std::os::unix::fs::FileExt;
@@ -11,11 +9,9 @@ use std::time::Duration;
 
 use crate::kit::*;
 
-/// Item 1: eve's symlink in a shared directory, pointing at eve's own tar in eve's own
-/// directory, is judged by who made the link (eve), not by its target ("eve's file in
-/// eve's directory"): refused when mounting a pattern, through `--watch`, and in a group
-/// project directory (mode 3770, where `protected_symlinks` does not apply). Alice's own
-/// link to a tar elsewhere is fine.
+/// Item 1: eve's symlink in a shared directory to her own tar in her own directory is judged by who made the link,
+/// not by its target: refused when mounting a pattern, through `--watch`, and in a group project directory (3770,
+/// where `protected_symlinks` does not apply). Alice's own link to a tar elsewhere is fine.
 #[test]
 fn a_symlink_another_user_planted_is_judged_by_who_made_it() {
     let s = two_users("neighbours-links");
@@ -29,7 +25,6 @@ fn a_symlink_another_user_planted_is_judged_by_who_made_it() {
     let out = s.alice_stagefs(&osargs!["mount", pattern, mnt]);
     out.assert_code(4).assert_stderr_has(&["shard-999.tar", "symbolic link", "sfs-eve", "--trust-shards"]);
     assert!(!is_mounted(&mnt));
-
     // Alice's own link to a tar of hers elsewhere is one of her shards.
     fs::remove_file(shared.join("shard-999.tar")).unwrap();
     let elsewhere = s.dir("alice-elsewhere", 0o755, &s.alice);
@@ -42,7 +37,6 @@ fn a_symlink_another_user_planted_is_judged_by_who_made_it() {
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(s.cat(&mnt.join("label.txt")).stdout, "alice\n", "eve's link was served through --watch");
     s.umount(&mnt);
-
     // A group project directory (setgid and sticky, group-writable): the same.
     run_tool("groupadd", ["-f", "sfs-project"]).assert_success();
     for user in [&s.alice, &s.eve] {
@@ -58,10 +52,9 @@ fn a_symlink_another_user_planted_is_judged_by_who_made_it() {
     assert_nothing_left(&mnt, "after the refused project set");
 }
 
-/// Item 2: a tar served in place, rewritten in place with the same size and its mtime
-/// restored (as `dd conv=notrunc` then `touch -r`, or `rsync --inplace -t`, do), gives EIO
-/// once its pages are gone, never the bytes of the new layout; the same for a `.tar.gz`
-/// served from restart points and for a growing set's shard.
+/// Item 2: a tar served in place, rewritten in place with the same size and its mtime restored (as `dd conv=notrunc`
+/// then `touch -r`, or `rsync --inplace -t`, do), gives EIO once its pages are gone, never the bytes of the new
+/// layout; the same for a `.tar.gz` served from restart points and for a growing set's shard.
 #[test]
 fn an_in_place_rewrite_that_restores_the_mtime_gives_eio() {
     let cache = page_cache_guard();
@@ -79,10 +72,9 @@ fn an_in_place_rewrite_that_restores_the_mtime_gives_eio() {
         s.alice.mount(flags, archive, &mnt).assert_success();
         let original = fs::read(archive).unwrap();
         // The layout shifts by two bytes ("hi" first), written in place, size and mtime as before.
-        let shifted = [b"hi".as_slice(), &original[..original.len() - 2]].concat();
         let mtime = fs::metadata(archive).unwrap().modified().unwrap();
         let file = fs::OpenOptions::new().write(true).open(archive).unwrap();
-        file.write_all_at(&shifted, 0).unwrap();
+        file.write_all_at(&[b"hi".as_slice(), &original[..original.len() - 2]].concat(), 0).unwrap();
         file.set_modified(mtime).unwrap();
         drop_caches(&cache);
         let out = s.cat(&mnt.join("data.bin"));
@@ -93,8 +85,8 @@ fn an_in_place_rewrite_that_restores_the_mtime_gives_eio() {
     }
 }
 
-/// Item 3: a shard that lives on the growing mount itself (`stagefs add MNT MNT/x.tar`)
-/// is refused: the mount would keep itself busy for good.
+/// Item 3: a shard on the growing mount itself (`stagefs add MNT MNT/x.tar`) is refused: the mount would keep itself
+/// busy for good.
 #[test]
 fn a_shard_on_the_mount_itself_is_refused() {
     let cache = page_cache_guard();
@@ -114,10 +106,9 @@ fn a_shard_on_the_mount_itself_is_refused() {
     s.umount(&mnt);
 }
 
-/// Item 4: one read stuck on a stalled shard (its filesystem hangs: here a second stagefs
-/// mount whose daemon is stopped) does not freeze the growing mount: a change goes
-/// through, listings and reads of the other shards answer. And a caller that gives up
-/// waiting for its change never sees it made behind its back.
+/// Item 4: one read stuck on a stalled shard (its filesystem hangs: here a second stagefs mount whose daemon is
+/// stopped) does not freeze the growing mount: a change goes through, listings and reads of the other shards answer.
+/// And a caller that gives up waiting for its change never sees it made behind its back.
 #[test]
 fn a_stuck_read_does_not_freeze_a_growing_mount() {
     let cache = page_cache_guard();
@@ -144,32 +135,27 @@ fn a_stuck_read_does_not_freeze_a_growing_mount() {
     signal(backing_pid, Signal::SIGSTOP).unwrap();
     let resume = Resume(backing_pid);
     // A reader stuck on the stalled shard.
-    let mut reader = s.alice.command(&[], Path::new("/bin/cat"));
-    reader.arg(mnt.join("stalled/big.bin")).stdout(std::process::Stdio::null());
-    let mut stuck = KillOnDrop(reader.spawn().unwrap());
+    let mut stuck = s.alice.spawn_sh(&format!("exec cat {} >/dev/null", mnt.join("stalled/big.bin").display()));
     std::thread::sleep(Duration::from_millis(500));
     assert!(stuck.0.try_wait().unwrap().is_none(), "the read was meant to stall");
     // A change, then listings and reads of the other shards: all answer.
     s.alice_stagefs(&osargs!["add", mnt, dir.join("added.tar")]).assert_success();
     assert_eq!(s.cat(&mnt.join("healthy/ok.txt")).stdout, "ok\n");
     assert_eq!(s.cat(&mnt.join("added/new.txt")).stdout, "new\n");
-    let listing = s.alice.sh(&format!("ls {}", mnt.display())).stdout;
-    assert_eq!(listing, "added\nhealthy\nstalled\n");
-    // A shard on the stalled filesystem: opening it hangs, the caller gives up, and the
-    // change is dropped when the filesystem comes back.
+    let ls = || s.alice.sh(&format!("ls {}", mnt.display())).stdout;
+    assert_eq!(ls(), "added\nhealthy\nstalled\n");
+    // A shard on the stalled filesystem: opening hangs, the caller gives up, the change is dropped once it is back.
     let out = s.alice_stagefs(&osargs!["add", "--timeout", "2s", mnt, backing.join("late.tar")]);
     out.assert_code(1).assert_stderr_has(&["gave up", "drops the change"]);
     drop(resume);
     assert!(wait_timeout(&mut stuck.0, Duration::from_secs(30)).is_some_and(|s| s.success()), "the read finished");
     std::thread::sleep(Duration::from_secs(1));
-    let listing = s.alice.sh(&format!("ls {}", mnt.display())).stdout;
-    assert_eq!(listing, "added\nhealthy\nstalled\n", "the given-up change was made");
+    assert_eq!(ls(), "added\nhealthy\nstalled\n", "the given-up change was made");
     s.umount(&mnt);
     s.umount(&backing);
 }
 
-/// Sends SIGCONT to a stopped daemon when dropped (a failed assertion must not leave it
-/// stopped, with its mount hanging every later test).
+/// SIGCONT for a stopped daemon on drop: a failed assertion must not leave its mount hanging every later test.
 struct Resume(i32);
 
 impl Drop for Resume {
@@ -178,16 +164,12 @@ impl Drop for Resume {
     }
 }
 
-/// Item 6: a path holding newlines, `mountpoint=` and `stage_dir=` lines, ESC and BEL
-/// (eve's directory, reached through her symlink) cannot forge a row of `stagefs status`
-/// nor reach the terminal raw; the JSON says exactly one mount, at its real place.
+/// Item 6: a path holding newlines, `mountpoint=` and `stage_dir=` lines, ESC and BEL (eve's directory, through her
+/// symlink) forges no `stagefs status` row and reaches no terminal raw; the JSON lists one mount, at its real place.
 #[test]
 fn a_path_with_newlines_cannot_forge_a_status_row() {
     let s = two_users("neighbours-status");
-    let odd = s.tmp.join("x\nmountpoint=/fake\nstage_dir=/home/sfs-alice/fake-stage\n\u{1b}[2J\u{7}");
-    fs::create_dir_all(&odd).unwrap();
-    s.eve.chown(&odd);
-    chmod(&odd, 0o755);
+    let odd = s.dir("x\nmountpoint=/fake\nstage_dir=/home/sfs-alice/fake-stage\n\u{1b}[2J\u{7}", 0o755, &s.eve);
     tar_of(&s.eve, &odd.join("data.tar"), &[("a.txt", b"a\n")]);
     let link = s.tmp.join("published");
     std::os::unix::fs::symlink(&odd, &link).unwrap();
@@ -208,9 +190,8 @@ fn a_path_with_newlines_cannot_forge_a_status_row() {
     s.umount(&mnt);
 }
 
-/// Item 7: a shard `--watch` added while half written (its writer paused longer than the
-/// interval at a member boundary) is read again once complete: its later files appear,
-/// its first ones keep their bytes.
+/// Item 7: a shard `--watch` added while half written (its writer paused longer than the interval at a member
+/// boundary) is read again once complete: its later files appear, its first ones keep their bytes.
 #[test]
 fn a_shard_added_half_written_is_read_again_once_complete() {
     let s = two_users("neighbours-halfway");
@@ -225,8 +206,7 @@ fn a_shard_added_half_written_is_read_again_once_complete() {
     fs::write(&shard, &bytes[..1024]).unwrap();
     s.alice.chown(&shard);
     let mnt = s.mountpoint("mnt-halfway");
-    let pattern = dir.join("shard-*.tar");
-    s.alice_stagefs(&osargs!["mount", "--watch=200ms", pattern, mnt]).assert_success();
+    s.alice_stagefs(&osargs!["mount", "--watch=200ms", dir.join("shard-*.tar"), mnt]).assert_success();
     assert_eq!(s.cat(&mnt.join("shard/first.txt")).stdout, "first\n");
     assert!(!s.cat(&mnt.join("shard/second.bin")).success());
     fs::write(&shard, &bytes).unwrap();
@@ -238,8 +218,7 @@ fn a_shard_added_half_written_is_read_again_once_complete() {
     s.umount(&mnt);
 }
 
-/// Item 13: a caller of the control socket that sends a byte every few seconds holds no
-/// one else up: `stagefs add` answers meanwhile.
+/// Item 13: a control socket caller sending a byte every few seconds holds no one up: `stagefs add` answers.
 #[test]
 fn a_slow_control_client_holds_nobody_up() {
     let s = two_users("neighbours-slow");
@@ -248,11 +227,10 @@ fn a_slow_control_client_holds_nobody_up() {
     tar_of(&s.alice, &dir.join("b.tar"), &[("b.txt", b"b\n")]);
     let mnt = s.mountpoint("mnt-slow");
     s.alice_stagefs(&osargs!["mount", "--growing", dir.join("a.tar"), mnt]).assert_success();
-    let socket = s.alice.runtime_file(&mnt, "control");
+    let socket = s.alice.runtime_file(&mnt, "control").display().to_string();
     let trickle = format!(
-        "import socket, time\ns = socket.socket(socket.AF_UNIX)\ns.connect({:?})\n\
-         for b in b'stagefs-control-2':\n    s.send(bytes([b])); time.sleep(3)\n",
-        socket.display().to_string()
+        "import socket, time\ns = socket.socket(socket.AF_UNIX)\ns.connect({socket:?})\n\
+         for b in b'stagefs-control-2':\n    s.send(bytes([b])); time.sleep(3)\n"
     );
     let slow = KillOnDrop(s.alice.command(&[], Path::new("/usr/bin/python3")).args(["-c", &trickle]).spawn().unwrap());
     std::thread::sleep(Duration::from_millis(500));
@@ -264,9 +242,8 @@ fn a_slow_control_client_holds_nobody_up() {
     s.umount(&mnt);
 }
 
-/// Item 14: an empty file eve made that matches the pattern does not stop `mount --watch`
-/// (a running watch ignores it too); item 15: a saved `--recursive` index beside a shard
-/// is no shard.
+/// Item 14: an empty file eve made that matches the pattern does not stop `mount --watch` (a running watch ignores it
+/// too); item 15: a saved `--recursive` index beside a shard is no shard.
 #[test]
 fn watch_starts_past_another_users_file_and_saved_indexes_are_no_shards() {
     let s = two_users("neighbours-watch-start");
@@ -300,8 +277,7 @@ fn shard_names_reach_logs_and_terminals_escaped() {
     let _ = fs::remove_file(&log);
     let log_arg = format!("--log-file={}", log.display());
     s.alice_stagefs(&osargs!["mount", "--watch=200ms", &log_arg, shared.join("s-*.tar"), mnt]).assert_success();
-    let evil = "s-\n2026-01-01T00:00:00Z ERROR forged\u{202e}rat.tar";
-    s.eve.sh(&format!("touch '{}'", shared.join(evil).display()));
+    s.eve.sh(&format!("touch '{}'", shared.join("s-\n2026-01-01T00:00:00Z ERROR forged\u{202e}rat.tar").display()));
     let logged =
         wait_until(Duration::from_secs(20), || fs::read_to_string(&log).unwrap_or_default().contains("forged"));
     let text = fs::read_to_string(&log).unwrap_or_default();
@@ -325,16 +301,13 @@ fn a_sharded_pack_that_fails_late_leaves_no_shard() {
     fs::create_dir(&out_dir).unwrap();
     chmod(&out_dir, 0o1777);
     let data = s.dir("data", 0o755, &s.alice);
-    for i in 0..40 {
-        fs::write(data.join(format!("f{i:03}.bin")), vec![i as u8; 100_000]).unwrap();
-    }
+    (0..40).for_each(|i| fs::write(data.join(format!("f{i:03}.bin")), vec![i as u8; 100_000]).unwrap());
     run_tool("chown", osargs!["-R", &format!("{0}:{0}", s.alice.name), data]).assert_success();
     s.eve.sh(&format!("echo eve > {}", out_dir.join("train-000001.tar").display()));
     let out = s.alice_stagefs(&osargs!["pack", "--shard-size", "1M", data, out_dir.join("train.tar")]);
     assert!(!out.success(), "{}", out.describe());
     out.assert_stderr_has(&["train-000001.tar", "sfs-eve"]);
-    let left: Vec<_> = fs::read_dir(&out_dir).unwrap().map(|e| e.unwrap().file_name()).collect();
-    assert_eq!(left, ["train-000001.tar"], "only eve's file may stay");
+    assert_eq!(file_names(&out_dir), ["train-000001.tar"], "only eve's file may stay");
     assert_eq!(fs::read_to_string(out_dir.join("train-000001.tar")).unwrap(), "eve\n");
 }
 

@@ -1,7 +1,6 @@
-//! A user's second day (issue 35), as an ordinary user: what `status` says about how a mount
-//! is served and what a growing set serves, the options ratarmount and squashfuse users
-//! reach for (`--owner`, `--umask`, `--mode`, `-o`, `--prefix`, `stagefs ls`, `--index-dir`,
-//! `--recursion-depth`), and messages that say what is true and what to do.
+//! A user's second day (issue 35), as an ordinary user: what `status` says about how a mount is served and what a
+//! growing set serves, the options ratarmount and squashfuse users reach for (`--owner`, `--umask`, `--mode`, `-o`,
+//! `--prefix`, `stagefs ls`, `--index-dir`, `--recursion-depth`), and messages that say what is true and what to do.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -15,21 +14,18 @@ fn root_tar<P: AsRef<str>>(archive: &Path, files: &[(P, &[u8], u32)]) -> PathBuf
     for (path, _, mode) in files {
         chmod(&scene.src().join(path.as_ref()), *mode);
     }
-    scene.tar_at(archive);
-    chmod(archive, 0o644);
+    chmod(&scene.tar_at(archive), 0o644);
     archive.to_path_buf()
 }
 
 fn user_and_tmp(name: &str) -> (User, TempDir) {
-    let user = User::get("sfs-dayuser");
     let tmp = TempDir::new(name);
     chmod(tmp.path(), 0o755);
-    (user, tmp)
+    (User::get("sfs-dayuser"), tmp)
 }
 
-/// Items 5 and 12: a tar packed by root with 0600 files mounts with a warning that says
-/// what to do; `--owner me`, `--mode` and `-o uid=` make its files readable; `--umask`
-/// clears bits; `-o allow_other` is refused, saying mounts are private by design.
+/// Items 5 and 12: root's tar of 0600 files mounts with a warning saying what to do; `--owner me`, `--mode` or
+/// `-o uid=` makes them readable; `--umask` clears bits; `-o allow_other` is refused: mounts are private by design.
 #[test]
 fn a_colleagues_0600_tar_is_readable_with_owner_or_mode() {
     let (user, tmp) = user_and_tmp("day-owner");
@@ -41,8 +37,7 @@ fn a_colleagues_0600_tar_is_readable_with_owner_or_mode() {
     out.assert_stderr_has(&["1 file of", "not readable by you", "--owner me", "stagefs pack --normalize"]);
     assert!(!user.try_sh(&format!("cat {}/data/a.txt", mnt.display())).success());
     user.umount(&mnt);
-    let uid = user.uid.to_string();
-    for flags in [vec!["--owner", "me"], vec!["--mode", "0644"], vec!["-o", &format!("uid={uid},gid={uid}")]] {
+    for flags in [vec!["--owner", "me"], vec!["--mode", "0644"], vec!["-o", &format!("uid={0},gid={0}", user.uid)]] {
         user.mount(&flags, &archive, &mnt).assert_success().assert_stderr_lacks(&["not readable"]);
         assert_eq!(user.sh(&format!("cat {}/data/a.txt", mnt.display())).stdout, "secret\n", "{flags:?}");
         user.umount(&mnt);
@@ -75,10 +70,9 @@ fn prefix_mounts_one_directory_as_the_root() {
     assert_nothing_left(&mnt, "after the prefix tests");
 }
 
-/// Items 2, 3, 4 and 6: status says how each mount is served and what it holds in RAM,
-/// counts read requests under that name, lists a growing set's shards (text and JSON);
-/// remove of a wrong name names the shards; umount of the archive finds its mount, of a
-/// missing path says it does not exist.
+/// Items 2, 3, 4 and 6: status says how each mount is served and what it holds in RAM, counts read requests under
+/// that name, lists a growing set's shards (text and JSON); remove of a wrong name names the shards; umount of the
+/// archive finds its mount, of a missing path says it does not exist.
 #[test]
 fn status_says_how_mounts_are_served_and_what_a_growing_set_serves() {
     let (user, tmp) = user_and_tmp("day-status");
@@ -88,21 +82,19 @@ fn status_says_how_mounts_are_served_and_what_a_growing_set_serves() {
     chmod(&gz, 0o644);
     let shard = |k: usize| root_tar(&tmp.join(format!("shard-{k}.tar")), &[(&format!("s{k}/f.txt"), b"f\n", 0o644)]);
     let shards = [shard(0), shard(1)];
-    let (m_ram, m_gz, m_grow) =
-        (user.fresh_mountpoint("mnt-ram"), user.fresh_mountpoint("mnt-gz"), user.fresh_mountpoint("mnt-grow"));
+    let [m_ram, m_gz, m_grow] = ["mnt-ram", "mnt-gz", "mnt-grow"].map(|name| user.fresh_mountpoint(name));
     user.stagefs(osargs!["mount", "--stage", "ram", archive, m_ram]).assert_success();
     user.stagefs(osargs!["mount", "--stage", "none", gz, m_gz]).assert_success();
     user.stagefs(osargs!["mount", "--growing", shards[0], m_grow]).assert_success();
     user.stagefs(osargs!["add", m_grow, shards[1]]).assert_success();
-    let text = user.stagefs([os("status")]);
-    text.assert_success();
-    let row = |mnt: &Path| text.stdout.lines().find(|l| l.starts_with(&*mnt.to_string_lossy())).unwrap_or_default();
-    assert!(text.stdout.starts_with("MOUNTPOINT") && text.stdout.contains("READ REQS"), "{}", text.stdout);
-    assert!(row(&m_ram).contains(" RAM "), "{}", text.stdout);
-    assert!(row(&m_gz).contains("in place, gzip"), "{}", text.stdout);
-    assert!(row(&m_grow).contains("(growing: 2 shards now)"), "{}", text.stdout);
+    let text = user.stagefs(["status"]).assert_success().stdout.clone();
+    let row = |mnt: &Path| text.lines().find(|l| l.starts_with(&*mnt.to_string_lossy())).unwrap_or_default();
+    assert!(text.starts_with("MOUNTPOINT") && text.contains("READ REQS"), "{text}");
+    assert!(row(&m_ram).contains(" RAM "), "{text}");
+    assert!(row(&m_gz).contains("in place, gzip"), "{text}");
+    assert!(row(&m_grow).contains("(growing: 2 shards now)"), "{text}");
     for s in &shards {
-        assert!(text.stdout.contains(&format!("    shard: {}", s.display())), "{}", text.stdout);
+        assert!(text.contains(&format!("    shard: {}", s.display())), "{text}");
     }
     let json = user.stagefs(osargs!["status", "--json"]);
     let line = json.stdout.lines().find(|l| l.contains(&*m_grow.to_string_lossy())).unwrap_or_default();
@@ -118,11 +110,9 @@ fn status_says_how_mounts_are_served_and_what_a_growing_set_serves() {
     assert!(!is_mounted(&m_gz));
     let out = user.stagefs(osargs!["umount", gz]);
     out.assert_code(6).assert_stderr_has(&["is an archive, not a mountpoint, and it is not mounted"]);
-    let out = user.stagefs(osargs!["umount", "/nonexistent/stagefs-mount"]);
-    out.assert_code(6).assert_stderr_has(&["does not exist"]);
-    for mnt in [&m_ram, &m_grow] {
-        user.umount(mnt);
-    }
+    user.stagefs(["umount", "/nonexistent/stagefs-mount"]).assert_code(6).assert_stderr_has(&["does not exist"]);
+    user.umount(&m_ram);
+    user.umount(&m_grow);
 }
 
 /// Items 8 and 10: `umount --lazy` of a busy mount speaks like every other message (no log
@@ -130,15 +120,13 @@ fn status_says_how_mounts_are_served_and_what_a_growing_set_serves() {
 #[test]
 fn messages_speak_one_way_and_name_stagefs_pack() {
     let (user, tmp) = user_and_tmp("day-messages");
-    let archive = root_tar(&tmp.join("a.tar"), &[("d/x.txt", b"x\n", 0o644)]);
     let mnt = user.fresh_mountpoint("mnt-lazy");
-    user.stagefs(osargs!["mount", archive, mnt]).assert_success();
+    user.stagefs(osargs!["mount", root_tar(&tmp.join("a.tar"), &[("d/x.txt", b"x\n", 0o644)]), mnt]).assert_success();
     let busy = user.spawn_sh(&format!("cd {} && sleep 30", mnt.display()));
     std::thread::sleep(std::time::Duration::from_millis(300));
     let out = user.stagefs(osargs!["umount", "--lazy", mnt]);
-    out.assert_success();
+    out.assert_success().assert_stderr_lacks(&[" WARN "]);
     assert!(out.stderr.lines().all(|l| l.starts_with("stagefs: ")), "{}", out.describe());
-    out.assert_stderr_lacks(&[" WARN "]);
     drop(busy);
     let dir = tmp.join("a-directory");
     fs::create_dir(&dir).unwrap();
@@ -156,20 +144,10 @@ fn ls_lists_an_archive_without_mounting_it() {
         &[("data/train/a.txt", b"aaa", 0o644), ("data/train/b.txt", b"bb", 0o600), ("data/val/c.txt", b"c", 0o644)],
     );
     let tar_list = run_tool("tar", osargs!["-tf", archive]).stdout;
-    let sorted = |text: &str| {
-        let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
-        lines.sort();
-        lines
-    };
     let listed = user.stagefs(osargs!["ls", "-R", archive]);
-    listed.assert_success();
-    assert_eq!(sorted(&listed.stdout), sorted(&tar_list), "as tar -tf lists it");
-    let long = user.stagefs(osargs!["ls", "-l", archive, "data/train"]);
-    assert!(
-        long.stdout.lines().any(|l| l.starts_with("-rw------- ") && l.ends_with(" data/train/b.txt")),
-        "{}",
-        long.stdout
-    );
+    assert_eq!(sorted_lines(&listed.assert_success().stdout), sorted_lines(&tar_list), "as tar -tf lists it");
+    let long = user.stagefs(osargs!["ls", "-l", archive, "data/train"]).stdout;
+    assert!(long.lines().any(|l| l.starts_with("-rw------- ") && l.ends_with(" data/train/b.txt")), "{long}");
     let json = user.stagefs(osargs!["ls", "--json", archive, "data/train/a.txt"]);
     json.assert_stdout_has(&["\"path\":\"data/train/a.txt\"", "\"size\":3"]);
     user.stagefs(osargs!["ls", archive, "data/test"]).assert_code(2);
@@ -180,7 +158,7 @@ fn ls_lists_an_archive_without_mounting_it() {
     stats.assert_success().assert_stdout_has(&["files: 3 (6 B", "directories: 3", "saved index: "]);
     assert!(!tmp.join("data.tar.stagefs-index").exists(), "--index-dir keeps it there only");
     let again = user.stagefs(osargs!["-v", "ls", "-R", "--index-dir", index_dir, archive]);
-    assert_eq!(sorted(&again.stdout), sorted(&tar_list));
+    assert_eq!(sorted_lines(&again.stdout), sorted_lines(&tar_list));
     again.assert_stderr_has(&["using saved index"]);
 }
 
@@ -224,10 +202,8 @@ fn pack_makes_out_dirs_and_both_indexes_of_a_tar_gz_stay() {
     let (user, tmp) = user_and_tmp("day-pack");
     let data = user.home.join("day-pack-data");
     remove_tree(&data);
-    user.sh(&format!(
-        "mkdir -p {0}/d && for i in $(seq 1 20); do head -c 1000 /dev/urandom > {0}/d/f$i; done",
-        data.display()
-    ));
+    let d = data.display();
+    user.sh(&format!("mkdir -p {d}/d && for i in $(seq 1 20); do head -c 1000 /dev/urandom > {d}/d/f$i; done"));
     let out_dir = user.home.join("day-pack-out");
     remove_tree(&out_dir);
     let out = user.stagefs(osargs!["pack", "--shard-size", "50M", data, out_dir.join("shards/train.tar")]);
@@ -240,15 +216,13 @@ fn pack_makes_out_dirs_and_both_indexes_of_a_tar_gz_stay() {
     run_tool("sh", osargs!["-c", &format!("gzip -c {} > {}", tar.display(), gz.display())]).assert_success();
     user.chown(&gz);
     let mnt = user.fresh_mountpoint("mnt-both");
-    for round in 0..2 {
-        for stage in ["copy", "none"] {
-            let out = user.stagefs(osargs!["-v", "mount", "--stage", stage, gz, mnt]);
-            out.assert_success().assert_stderr_lacks(&["ignoring saved index"]);
-            if round == 1 {
-                out.assert_stderr_has(&["using saved index"]);
-            }
-            user.umount(&mnt);
+    for (round, stage) in [(0, "copy"), (0, "none"), (1, "copy"), (1, "none")] {
+        let out = user.stagefs(osargs!["-v", "mount", "--stage", stage, gz, mnt]);
+        out.assert_success().assert_stderr_lacks(&["ignoring saved index"]);
+        if round == 1 {
+            out.assert_stderr_has(&["using saved index"]);
         }
+        user.umount(&mnt);
     }
     remove_tree(&data);
     remove_tree(&out_dir);

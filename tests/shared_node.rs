@@ -1,6 +1,5 @@
-//! A shared node is hostile: another real user squats stagefs's directories, plants
-//! symlinks and saved indexes; an ordinary user's stagefs must refuse or ignore them and
-//! never write through them. Each test has its own victim, so they can run in parallel.
+//! A shared node is hostile: another user squats stagefs's directories, plants symlinks and saved indexes; an
+//! ordinary user's stagefs refuses or ignores them, never writing through them. A victim per test, for parallel runs.
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -26,20 +25,18 @@ const BASHRC: &[u8] = b"# the victim's shell settings\n";
 
 fn scene(victim: &str, in_project: bool) -> Scene {
     let victim = User::get(victim);
-    let mallory = User::get("sfs-mallory");
     let project = in_project.then(|| TempDir::new("shared-project"));
     if let Some(project) = &project {
         chmod(project.path(), 0o777);
     }
     let archive = project.as_ref().map_or(victim.home.as_path(), |p| p.path()).join("a.tar");
     tar_of(&victim, &archive, &[("a.txt", A), ("b.txt", B)]);
-    fs::write(victim.home.join(".bashrc"), BASHRC).unwrap();
-    victim.chown(&victim.home.join(".bashrc"));
+    plant(&victim.home.join(".bashrc"), BASHRC, &victim, 0o644);
     let mnt = victim.home.join("mnt");
     remove_tree(&mnt); // left by an earlier failed run
     remove_tree(&victim.tmp_runtime_dir());
     remove_tree(&PathBuf::from("/dev/shm").join(&victim.name));
-    Scene { victim, mallory, archive, mnt, _project: project }
+    Scene { victim, mallory: User::get("sfs-mallory"), archive, mnt, _project: project }
 }
 
 #[test]
@@ -47,17 +44,15 @@ fn squatted_runtime_dir_is_refused_and_nothing_is_written_through_it() {
     let s = scene("sfs-victim1", false);
     let runtime = s.victim.tmp_runtime_dir();
     s.mallory.sh(&format!("mkdir -m 0777 {0} && chmod 0777 {0}", runtime.display()));
-    for ext in ["tmp", "mount", "lock", "users"] {
-        let link = s.victim.runtime_file(&s.mnt, ext);
-        s.mallory.sh(&format!("ln -s {} {}", s.victim.home.join(".bashrc").display(), link.display()));
-    }
+    let bashrc = s.victim.home.join(".bashrc");
+    let links = ["tmp", "mount", "lock", "users"].map(|ext| s.victim.runtime_file(&s.mnt, ext).display().to_string());
+    s.mallory.sh(&format!("set -e; for l in {}; do ln -s {} $l; done", links.join(" "), bashrc.display()));
     let out = s.victim.stagefs(osargs!["mount", s.archive, s.mnt]);
     out.assert_code(4).assert_stderr_has(&[&runtime.display().to_string(), "sfs-mallory", "STAGEFS_RUNTIME_DIR"]);
-    assert_eq!(fs::read(s.victim.home.join(".bashrc")).unwrap(), BASHRC, "written through a planted symlink");
+    assert_eq!(read(&bashrc), BASHRC, "written through a planted symlink");
     assert!(!is_mounted(&s.mnt));
     assert!(!s.mnt.exists(), "the mountpoint was made although the mount was refused");
     s.victim.stagefs(["status"]).assert_code(4).assert_stderr_has(&["sfs-mallory"]);
-
     // Once the squatter's directory is gone, the victim's own is made private and works.
     remove_tree(&runtime);
     s.victim.stagefs(osargs!["mount", s.archive, s.mnt]).assert_success();
@@ -99,9 +94,8 @@ fn squatted_dev_shm_dir_is_refused_and_the_default_mountpoint_cannot_be_swapped(
 /// A saved index of `archive` (made by root's `stagefs index`), as bytes to tamper with.
 fn genuine_index(archive: &Path) -> Vec<u8> {
     stagefs(osargs!["index", archive]).assert_success();
-    let path = index_path(archive);
-    let bytes = fs::read(&path).unwrap();
-    fs::remove_file(path).unwrap();
+    let bytes = read(&index_path(archive));
+    fs::remove_file(index_path(archive)).unwrap();
     bytes
 }
 
@@ -109,27 +103,13 @@ fn index_path(archive: &Path) -> PathBuf {
     archive.with_file_name(format!("{}.stagefs-index", archive.file_name().unwrap().to_str().unwrap()))
 }
 
-/// `bytes` as the saved index `index`, of `owner` and `mode`.
-fn plant(index: &Path, bytes: &[u8], owner: &User, mode: u32) {
-    let _ = fs::remove_file(index);
-    fs::write(index, bytes).unwrap();
-    owner.chown(index);
-    chmod(index, mode);
-}
-
-/// The inode records of a saved index: (file offset of each 48-byte record).
-fn inode_records(bytes: &[u8]) -> Vec<usize> {
-    tamper::section(bytes, SectionId::Inodes).step_by(48).collect()
-}
-
-/// Swaps the data offsets of the tar's first two members (512 and 1536: each member is a
-/// 512-byte header and one block of data) in a saved index (an inode's content locator
-/// is its record's bytes 32..40).
+/// Swaps the data offsets of the tar's first two members (512 and 1536: each member is a 512-byte header and one
+/// block of data) in a saved index (an inode's content locator is its record's bytes 32..40).
 fn swap_offsets(bytes: &[u8]) -> Vec<u8> {
     let mut out = bytes.to_vec();
     let at = |offset: u64| {
-        let found = inode_records(bytes).into_iter().find(|&r| bytes[r + 32..r + 40] == offset.to_le_bytes());
-        found.expect("a member's record") + 32
+        let mut records = tamper::section(bytes, SectionId::Inodes).step_by(48); // at each 48-byte record
+        records.find(|&r| bytes[r + 32..r + 40] == offset.to_le_bytes()).expect("a member's record") + 32
     };
     let (a, b) = (at(512), at(1536));
     out[a..a + 8].copy_from_slice(&1536u64.to_le_bytes());
@@ -141,22 +121,20 @@ fn swap_offsets(bytes: &[u8]) -> Vec<u8> {
 /// Sets the nanoseconds of inode 1 (the first member) to 2·10⁹ (bytes 44..48 of its record).
 fn bad_nanoseconds(bytes: &[u8]) -> Vec<u8> {
     let mut out = bytes.to_vec();
-    let at = inode_records(bytes)[1] + 44;
+    let at = tamper::section(bytes, SectionId::Inodes).step_by(48).nth(1).unwrap() + 44;
     out[at..at + 4].copy_from_slice(&2_000_000_000u32.to_le_bytes());
     tamper::reseal(&mut out);
     out
 }
 
-/// Mounts `archive` as `user`, checks both files read right and every entry stats, and
-/// unmounts; returns the mount's stderr.
+/// Mounts `archive` as `user`, checks both files read right and every entry stats, unmounts; the mount's stderr.
 fn mount_and_check(user: &User, archive: &Path, mnt: &Path) -> String {
-    let out = user.stagefs(osargs!["mount", archive, mnt]);
-    out.assert_success();
+    let stderr = user.stagefs(osargs!["mount", archive, mnt]).assert_success().stderr.clone();
     let read = user.try_sh(&format!("cat {0}/a.txt; echo; cat {0}/b.txt; stat {0}/* >/dev/null", mnt.display()));
     user.umount(mnt);
     assert_eq!(read.stdout, format!("{}\n{}", String::from_utf8_lossy(A), String::from_utf8_lossy(B)));
     assert!(read.success(), "{}", read.describe());
-    out.stderr
+    stderr
 }
 
 #[test]
@@ -164,7 +142,6 @@ fn planted_and_damaged_indexes_are_ignored_never_served() {
     let s = scene("sfs-victim3", true);
     let genuine = genuine_index(&s.archive);
     let index = index_path(&s.archive);
-
     // Another user's index, data offsets swapped: it would serve a.txt with b.txt's bytes.
     plant(&index, &swap_offsets(&genuine), &s.mallory, 0o644);
     let log = mount_and_check(&s.victim, &s.archive, &s.mnt);
@@ -173,15 +150,13 @@ fn planted_and_damaged_indexes_are_ignored_never_served() {
     plant(&index, &swap_offsets(&genuine), &s.victim, 0o666);
     let log = mount_and_check(&s.victim, &s.archive, &s.mnt);
     assert!(log.contains("may write"), "{log}");
-    // The victim's own and private, with nanoseconds past a second (FUSE threads panicked):
-    // mapped, and that record refused where it is read (EIO, naming the index); the
-    // other member is served and the mount stays up.
+    // The victim's own and private, with nanoseconds past a second (FUSE threads panicked): mapped, and that record
+    // refused where it is read (EIO, naming the index); the other member is served and the mount stays up.
     plant(&index, &bad_nanoseconds(&genuine), &s.victim, 0o644);
     s.victim.stagefs(osargs!["mount", s.archive, s.mnt]).assert_success();
     let a = s.victim.try_sh(&format!("stat {}/a.txt", s.mnt.display()));
     assert!(!a.success() && a.stderr.contains("Input/output error"), "{}", a.describe());
-    let b = s.victim.sh(&format!("cat {}/b.txt", s.mnt.display()));
-    assert_eq!(b.stdout.as_bytes(), B);
+    assert_eq!(s.victim.sh(&format!("cat {}/b.txt", s.mnt.display())).stdout.as_bytes(), B);
     s.victim.stagefs(["status"]).assert_stdout_has(&[&index.display().to_string(), "inode 1"]);
     s.victim.umount(&s.mnt);
     // A FIFO (the mount hung on it) and a symlink to an endless file.
@@ -205,19 +180,11 @@ fn saving_an_index_writes_nothing_through_planted_links_and_keeps_it_private() {
     let index = index_path(&s.archive);
     // The final name, and the temp names the next few hundred processes would have used.
     let last_pid: u32 = fs::read_to_string("/proc/sys/kernel/ns_last_pid").unwrap().trim().parse().unwrap();
-    let mut script = format!("ln -s {} {}", precious.display(), index.display());
-    script += &format!(
-        "; for p in $(seq {} {}); do ln -s {} {}/a.tar.tmp$p; done",
-        last_pid + 1,
-        last_pid + 400,
-        precious.display(),
-        s.archive.parent().unwrap().display()
-    );
-    s.mallory.sh(&script);
-    s.victim
-        .stagefs(osargs!["index", s.archive])
-        .assert_success()
-        .assert_stdout_has(&[&format!("saved to {}", index.display())]);
+    let (to, dir, i) = (precious.display(), s.archive.parent().unwrap().display(), index.display());
+    let (first, last) = (last_pid + 1, last_pid + 400);
+    s.mallory.sh(&format!("ln -s {to} {i}; for p in $(seq {first} {last}); do ln -s {to} {dir}/a.tar.tmp$p; done"));
+    let out = s.victim.stagefs(osargs!["index", s.archive]);
+    out.assert_success().assert_stdout_has(&[&format!("saved to {}", index.display())]);
     assert_eq!(fs::read(&precious).unwrap(), BASHRC, "written through a planted symlink");
     let meta = fs::symlink_metadata(&index).unwrap();
     assert!(meta.is_file());
@@ -228,38 +195,29 @@ fn saving_an_index_writes_nothing_through_planted_links_and_keeps_it_private() {
 fn an_ordinary_users_mount_lives_and_ends_with_exact_exit_codes() {
     let s = scene("sfs-victim5", false);
     s.victim.stagefs(osargs!["mount", s.archive, s.mnt]).assert_success();
-    let read = s.victim.sh(&format!("cat {0}/a.txt {0}/b.txt", s.mnt.display()));
-    assert_eq!(read.stdout.as_bytes(), [A, B].concat());
+    assert_eq!(s.victim.sh(&format!("cat {0}/a.txt {0}/b.txt", s.mnt.display())).stdout.as_bytes(), [A, B].concat());
     let status = s.victim.stagefs(["status", "--json"]);
     let line =
         format!("{{\"mountpoint\":\"{}\",\"archive\":\"{}\",\"state\":\"live\"", s.mnt.display(), s.archive.display());
     assert!(status.stdout.starts_with(&line), "{}", status.describe());
-
     // Busy: a process of the victim's works inside the mount.
     let busy = s.victim.spawn_sh(&format!("cd {} && exec sleep 60", s.mnt.display()));
-    assert!(wait_until(Duration::from_secs(10), || {
-        fs::read_link(format!("/proc/{}/cwd", busy.id())).is_ok_and(|cwd| cwd == s.mnt)
-    }));
-    let out = s.victim.stagefs(osargs!["umount", s.mnt]);
-    out.assert_code(5).assert_stderr_has(&["busy", "--lazy"]);
+    let cwd = format!("/proc/{}/cwd", busy.id());
+    assert!(wait_until(Duration::from_secs(10), || fs::read_link(&cwd).is_ok_and(|cwd| cwd == s.mnt)));
+    s.victim.stagefs(osargs!["umount", s.mnt]).assert_code(5).assert_stderr_has(&["busy", "--lazy"]);
     drop(busy);
-
     // Someone else's mount, or no stagefs mount at all: exit 6, saying what is there.
     let out = s.mallory.stagefs(osargs!["umount", s.mnt]);
     out.assert_code(6).assert_stderr_has(&["not a stagefs mount of yours", "sfs-victim5"]);
-    let out = s.victim.stagefs(["umount", "/proc"]);
-    out.assert_code(6).assert_stderr_has(&["not a stagefs mount of yours", "proc"]);
+    s.victim.stagefs(["umount", "/proc"]).assert_code(6).assert_stderr_has(&["not a stagefs mount of yours", "proc"]);
 
     s.victim.umount(&s.mnt);
     s.victim.stagefs(osargs!["umount", s.mnt]).assert_code(6).assert_stderr_has(&["not mounted"]);
     assert_nothing_left(&s.mnt, "after umount");
     assert!(!s.mnt.exists(), "the mountpoint stagefs made was left");
-
     // A killed daemon leaves a dead mount: status shows it and how to clear it.
     s.victim.stagefs(osargs!["mount", s.archive, s.mnt]).assert_success();
-    for pid in stagefs_pids(&s.mnt) {
-        signal(pid, Signal::SIGKILL).unwrap();
-    }
+    stagefs_pids(&s.mnt).into_iter().for_each(|pid| signal(pid, Signal::SIGKILL).unwrap());
     assert!(wait_until(Duration::from_secs(10), || stagefs_pids(&s.mnt).is_empty()));
     s.victim.stagefs(["status"]).assert_stdout_has(&["DEAD", &format!("stagefs umount {}", s.mnt.display())]);
     let json = s.victim.stagefs(["status", "--json"]);
@@ -276,20 +234,17 @@ fn overlapping_default_mounts_leave_no_directory_whichever_ends_first() {
     fs::copy(&s.archive, &second).unwrap();
     s.victim.chown(&second);
     // The first mount makes /dev/shm/$USER/stagefs; the second finds it; the first ends first.
-    let a = s.victim.stagefs(osargs!["mount", s.archive]);
-    let b = s.victim.stagefs(osargs!["mount", second]);
-    a.assert_success();
-    b.assert_success();
+    s.victim.stagefs(osargs!["mount", s.archive]).assert_success();
+    s.victim.stagefs(osargs!["mount", second]).assert_success();
     s.victim.umount(&shm.join("stagefs/a"));
     assert!(is_mounted(&shm.join("stagefs/b")), "the other mount went away with the first");
     s.victim.umount(&shm.join("stagefs/b"));
     assert!(wait_until(Duration::from_secs(5), || !shm.exists()), "left behind: {}", shm.display());
 }
 
-/// A mount made from a shell with `XDG_RUNTIME_DIR=/run/user/<uid>` seen from one without
-/// it (a batch step, an ssh session): `status` lists it live with its numbers, `wait`
-/// returns, mounting again finds it, and `umount` ends it and leaves nothing in either
-/// runtime directory. Its record is found wherever a shell of the user may have put it.
+/// A mount made from a shell with `XDG_RUNTIME_DIR=/run/user/<uid>` seen from one without it (a batch step, an ssh
+/// session): `status` lists it live with its numbers, `wait` returns, mounting again finds it, and `umount` ends it
+/// and leaves nothing in either runtime directory. Its record is found wherever a shell of the user may have put it.
 #[test]
 fn a_mount_is_live_from_every_shell_whatever_its_runtime_dir() {
     let user = User::get("sfs-xdg");
@@ -303,16 +258,14 @@ fn a_mount_is_live_from_every_shell_whatever_its_runtime_dir() {
     let xdg = format!("{}", run_user.display());
     user.stagefs_cmd(&[("XDG_RUNTIME_DIR", &xdg)], osargs!["mount", archive, mnt]).run().assert_success();
     assert!(fs::read_dir(run_user.join("stagefs")).unwrap().count() > 0, "the record went to XDG_RUNTIME_DIR");
-
     // Another shell of the same user, without XDG_RUNTIME_DIR.
     let status = user.stagefs(["status"]);
     status.assert_success().assert_stdout_has(&[&mnt.to_string_lossy()]);
     assert!(!status.stdout.contains("DEAD"), "{}", status.describe());
     assert!(status.stdout.contains("xdg.tar"), "status shows the record's numbers:\n{}", status.describe());
     user.stagefs(osargs!["wait", "--timeout", "10s", mnt]).assert_success();
-    user.stagefs(osargs!["mount", archive, mnt])
-        .assert_success()
-        .assert_stderr_has(&["already mounted with this archive"]);
+    let again = user.stagefs(osargs!["mount", archive, mnt]);
+    again.assert_success().assert_stderr_has(&["already mounted with this archive"]);
     assert_eq!(user.sh(&format!("cat {}/x.txt", mnt.display())).stdout, "xdg bytes\n");
     user.umount(&mnt);
     assert!(!is_mounted(&mnt));
@@ -323,10 +276,9 @@ fn a_mount_is_live_from_every_shell_whatever_its_runtime_dir() {
     remove_tree(&mnt);
 }
 
-/// The restart points saved with the index of a compressed tar are trusted like the
-/// rest of it: another user's index for the victim's `.tar.gz` (points moved, which
-/// would decode from the wrong place) is ignored, as is the victim's own when everyone
-/// may write it; the files read right either way.
+/// The restart points saved with the index of a compressed tar are trusted like the rest of it: another user's index
+/// for the victim's `.tar.gz` (points moved, which would decode from the wrong place) is ignored, as is the victim's
+/// own when everyone may write it; the files read right either way.
 #[test]
 fn planted_restart_points_of_a_compressed_tar_are_ignored() {
     let s = scene("sfs-victim7", true);
@@ -350,12 +302,11 @@ fn planted_restart_points_of_a_compressed_tar_are_ignored() {
     assert_nothing_left(&s.mnt, "after the planted restart points");
 }
 
-/// A growing set in a shared sticky directory (as /tmp is): a shard another user drops
-/// there is neither added by `--watch` nor by `stagefs add`, and nobody but the victim is
-/// answered on the mount's control socket, root included.
+/// A growing set in a shared sticky directory (as /tmp): a shard another user drops there is added neither by
+/// `--watch` nor by `stagefs add`, and only the victim is answered on the mount's control socket, not even root.
 #[test]
 fn a_growing_set_takes_no_shard_and_no_order_from_another_user() {
-    use std::io::{Read, Write};
+    use std::io::Write;
     let s = scene("sfs-victim8", false);
     let shared = TempDir::new("shared-growing");
     chmod(shared.path(), 0o1777);
@@ -375,23 +326,17 @@ fn a_growing_set_takes_no_shard_and_no_order_from_another_user() {
         wait_until(Duration::from_secs(20), || fs::read_to_string(&log).unwrap_or_default().contains("not adding"));
     let text = fs::read_to_string(&log).unwrap_or_default();
     assert!(refused && text.contains("sfs-mallory"), "--watch must refuse mallory's shard:\n{text}");
-    let listing = s.victim.sh(&format!("ls {}", s.mnt.display()));
-    assert_eq!(listing.stdout, "a.txt\nb.txt\n");
+    assert_eq!(s.victim.sh(&format!("ls {}", s.mnt.display())).stdout, "a.txt\nb.txt\n");
 
     let out = s.victim.stagefs(osargs!["add", s.mnt, planted]);
     out.assert_code(4).assert_stderr_has(&["sfs-mallory", "--trust-shards"]);
-
-    // Root reaches the socket (mallory cannot even see it); the daemon still refuses: the
-    // caller is not the victim.
+    // Root reaches the socket (mallory cannot even see it); the daemon still refuses: the caller is not the victim.
     let socket = s.victim.runtime_file(&s.mnt, "control");
     let mut stream = std::os::unix::net::UnixStream::connect(&socket).unwrap();
     let body = [b"stagefs-control-2\0add\x001\0".as_slice(), planted.as_os_str().as_encoded_bytes()].concat();
-    let request = [(body.len() as u64).to_le_bytes().as_slice(), &body].concat();
-    // The daemon answers before it reads a byte from a caller of another uid: the write may
-    // find the connection closed already.
-    let _ = stream.write_all(&request);
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).unwrap();
+    // The daemon answers a caller of another uid before reading a byte: the write may find the connection closed.
+    let _ = stream.write_all(&[(body.len() as u64).to_le_bytes().as_slice(), &body].concat());
+    let answer = std::io::read_to_string(&stream).unwrap();
     assert!(answer.starts_with("04\0") && answer.contains("another user"), "{answer:?}");
     let out = s.mallory.stagefs(osargs!["add", "--trust-shards", s.mnt, planted]);
     assert!(!out.success(), "{}", out.describe());

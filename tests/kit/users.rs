@@ -192,3 +192,18 @@ impl User {
         KillOnDrop(self.command(&[], Path::new("/bin/sh")).arg("-c").arg(script).spawn().unwrap())
     }
 }
+
+/// `bytes` as the file `path` (replacing whatever is there), of `owner` and `mode`: a planted file.
+pub fn plant(path: &Path, bytes: &[u8], owner: &User, mode: u32) {
+    let _ = fs::remove_file(path);
+    fs::write(path, bytes).unwrap();
+    owner.chown(path);
+    chmod(path, mode);
+}
+
+/// `text`'s lines, sorted.
+pub fn sorted_lines(text: &str) -> Vec<&str> {
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.sort_unstable();
+    lines
+}
