@@ -15,22 +15,12 @@ use nix::errno::Errno;
 
 use crate::kit::*;
 
-// -- Helpers ----------------------------------------------------------------
-
-// Exit codes: a usage error, a damaged, unreadable or missing archive, a mountpoint problem,
-// `stagefs umount` of a mount in use, `stagefs wait` at its timeout.
+// Exit codes (BAD_ARCHIVE: damaged, unreadable or missing; NOT_MOUNTED: `stagefs wait` at its timeout).
 const USAGE: i32 = 2;
 const BAD_ARCHIVE: i32 = 3;
 const MOUNTPOINT: i32 = 4;
 const BUSY: i32 = 5;
 const NOT_MOUNTED: i32 = 6;
-
-/// The number after "byte " in a message, if any.
-fn byte_offset(msg: &str) -> Option<u64> {
-    msg.split("byte ")
-        .skip(1)
-        .find_map(|rest| rest.chars().take_while(char::is_ascii_digit).collect::<String>().parse().ok())
-}
 
 /// `stagefs mount ARCHIVE MP` must exit `code`, its error naming `named`, and leave nothing behind.
 fn expect_mount_failure(archive: &Path, mp: &Path, named: &Path, code: i32, what: &str) -> CmdOutput {
@@ -50,15 +40,8 @@ fn refused(archive: &Path, what: &str) -> CmdOutput {
 /// [`refused`], for corrupt archives: the message must also say where ("byte N"). The offset.
 fn corrupt(archive: &Path, what: &str) -> u64 {
     let out = refused(archive, what);
-    byte_offset(&out.stderr)
+    number_after(&out.stderr, "byte ")
         .unwrap_or_else(|| panic!("{what}: the error must say where: \"byte <offset>\"\n{}", out.describe()))
-}
-
-/// `bytes` written as `name` in `tmp`.
-fn put(tmp: &TempDir, name: &str, bytes: &[u8]) -> PathBuf {
-    let path = tmp.join(name);
-    fs::write(&path, bytes).unwrap();
-    path
 }
 
 /// A GNU tar of "big.bin" (100000 random bytes) and "small.txt"; the offset of its 2nd header.
@@ -72,8 +55,7 @@ fn two_member_tar() -> (Vec<u8>, u64) {
 
 /// The bytes of a small SquashFS image of a few files.
 fn small_squashfs() -> Vec<u8> {
-    let scene = Scene::new("sq-src").file("dir/a.bin", pseudo_random(3, 300_000)).file("b.txt", b"bee\n");
-    read(&scene.squashfs())
+    read(&Scene::new("sq-src").file("dir/a.bin", pseudo_random(3, 300_000)).file("b.txt", b"bee\n").squashfs())
 }
 
 // -- Corrupt and wrong archives ---------------------------------------------
@@ -132,8 +114,7 @@ fn corrupt_squashfs_superblock_fails_with_offset() {
     for (i, (what, at, value)) in cases.iter().enumerate() {
         let mut bytes = good.clone();
         bytes[*at..*at + value.len()].copy_from_slice(value);
-        let bad = put(&tmp, &format!("bad{i}.sqfs"), &bytes);
-        if let Err(e) = std::panic::catch_unwind(|| corrupt(&bad, what)) {
+        if let Err(e) = std::panic::catch_unwind(|| corrupt(&put(&tmp, &format!("bad{i}.sqfs"), &bytes), what)) {
             let msg = e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()));
             failures.push(format!("[{what}] {}", msg.unwrap_or_default()));
         }
@@ -174,8 +155,7 @@ fn mount_over_non_empty_directory_fails() {
     let (_tmp, archive, mp) = gnu_copy("non-empty-mp");
     fs::create_dir(&mp).unwrap();
     fs::write(mp.join("precious"), b"keep me").unwrap();
-    let out = expect_mount_failure(&archive, &mp, &mp, MOUNTPOINT, "non-empty mount point");
-    assert!(out.stderr.contains("not empty"), "the error must say \"not empty\"\n{}", out.describe());
+    expect_mount_failure(&archive, &mp, &mp, MOUNTPOINT, "non-empty mount point").assert_stderr_has(&["not empty"]);
     assert_eq!(read(&mp.join("precious")), b"keep me", "the directory's content must be untouched");
 }
 
@@ -226,9 +206,7 @@ fn stale_mountpoint_is_cleaned_and_reused() {
     let first = Mounted::new(&archive, &mp);
     let pids = first.daemon_pids();
     assert!(!pids.is_empty(), "cannot find the daemon serving {}", mp.display());
-    for pid in &pids {
-        signal(*pid, Signal::SIGKILL).unwrap();
-    }
+    pids.iter().for_each(|pid| signal(*pid, Signal::SIGKILL).unwrap());
     assert!(wait_until(Duration::from_secs(10), || stagefs_pids(&mp).is_empty()), "daemon did not die");
     // Stale: still in the mount table, but every request fails with ENOTCONN (or ECONNABORTED
     // when it raced the daemon's death; statfs always reaches the server, stat may not).
@@ -300,13 +278,11 @@ fn umount_of_busy_mount_fails_then_lazy_succeeds() {
 fn writes_fail_with_erofs() {
     use nix::fcntl::AT_FDCWD;
     use nix::sys::stat::{utimensat, Mode, UtimensatFlags::FollowSymlink};
-    let tmp = TempDir::new("erofs");
-    let m = Mounted::new(&fixture("gnu.tar"), &tmp.join("mnt"));
-    let root = m.path();
+    let (_tmp, root) = tmp_mnt("erofs");
+    let _m = Mounted::new(&fixture("gnu.tar"), &root);
     let existing = root.join("text/lorem.txt");
     let before = read(&existing);
-    let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).unwrap();
-    let (colored, color) = (c(&root.join("xattr/colored")), c(Path::new("user.color")));
+    let colored = CString::new(root.join("xattr/colored").as_os_str().as_bytes()).unwrap();
     let now = nix::sys::time::TimeSpec::UTIME_NOW;
 
     let mut attempts: Vec<(&str, io::Result<()>)> = vec![
@@ -331,16 +307,13 @@ fn writes_fail_with_erofs() {
         ("setxattr", set_xattr(&existing, "user.x", b"v")),
     ];
     // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
-    let removed = unsafe { libc::lremovexattr(colored.as_ptr(), color.as_ptr()) };
+    let removed = unsafe { libc::lremovexattr(colored.as_ptr(), c"user.color".as_ptr()) };
     attempts.push(("removexattr", Errno::result(removed).map(drop).map_err(Into::into)));
-    let mut wrong = Vec::new();
-    for (what, r) in attempts {
-        match r {
-            Err(e) if e.raw_os_error() == Some(libc::EROFS) => {}
-            Err(e) => wrong.push(format!("{what}: {e}, expected EROFS")),
-            Ok(()) => wrong.push(format!("{what}: succeeded, expected EROFS")),
-        }
-    }
+    let wrong: Vec<String> = attempts
+        .into_iter()
+        .filter(|(_, r)| r.as_ref().err().and_then(io::Error::raw_os_error) != Some(libc::EROFS))
+        .map(|(what, r)| format!("{what}: {r:?}, expected EROFS"))
+        .collect();
     assert!(wrong.is_empty(), "write operations on the mount:\n  {}", wrong.join("\n  "));
     assert_eq!(read(&existing), before, "content changed");
     assert!(!root.join("new-file").exists() && !root.join("new-dir").exists());
@@ -364,13 +337,8 @@ fn mount_does_not_keep_the_callers_stdout_and_stderr_open() {
     let guard = Mounted::adopt(&archive, &mp); // unmount whatever happens next
     let status = status.expect("stagefs mount did not exit within 60 s");
     assert!(status.success(), "stagefs mount failed: {status}");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = out_pipe.read_to_end(&mut Vec::new());
-        let _ = err_pipe.read_to_end(&mut Vec::new());
-        let _ = tx.send(());
-    });
-    let eof = rx.recv_timeout(Duration::from_secs(5)).is_ok();
+    let reader = std::thread::spawn(move || (out_pipe.read_to_end(&mut vec![]), err_pipe.read_to_end(&mut vec![])));
+    let eof = wait_until(Duration::from_secs(5), || reader.is_finished());
     assert!(eof, "`stagefs mount` exited but the daemon holds its stdout/stderr open: `$(stagefs mount ...)` hangs");
     assert!(is_mounted(&mp));
     drop(guard);
@@ -474,7 +442,6 @@ fn mountpoint_that_is_a_file_exits_4() {
     assert_eq!(read(&mp), b"not a directory", "the file must be untouched");
 }
 
-/// A mountpoint a tmpfs is mounted on: exit 4, naming what is there; the tmpfs stays.
 #[test]
 fn mountpoint_mounted_by_another_filesystem_exits_4() {
     require_root();
@@ -489,7 +456,6 @@ fn mountpoint_mounted_by_another_filesystem_exits_4() {
     assert!(stagefs_pids(&archive).is_empty(), "a stagefs process for {} is still running", archive.display());
 }
 
-/// `stagefs wait` on a mountpoint nobody mounts gives up at its timeout with exit 6.
 #[test]
 fn wait_times_out_with_6() {
     let tmp = TempDir::new("wait-timeout");
@@ -499,7 +465,6 @@ fn wait_times_out_with_6() {
         .assert_stderr_has(&[&mp.to_string_lossy(), "is not a live stagefs mount after waiting"]);
 }
 
-/// `stagefs wait` in the mounter's SLURM job reports its failure with its code, at once.
 #[test]
 fn wait_reports_the_mounters_failure_with_its_code() {
     require_root();
@@ -517,7 +482,6 @@ fn wait_reports_the_mounters_failure_with_its_code() {
     assert_nothing_left(&mp, "after the failed mount and wait");
 }
 
-/// `--threads N` starts exactly N FUSE request threads, and a mount served by one works.
 #[test]
 fn threads_option_sets_the_fuse_threads() {
     let (tmp, archive, _) = gnu_copy("threads");
@@ -528,8 +492,7 @@ fn threads_option_sets_the_fuse_threads() {
         let comm = |t: fs::DirEntry| fs::read_to_string(t.path().join("comm")).ok();
         let tasks = fs::read_dir(format!("/proc/{}/task", pids[0])).unwrap().flatten();
         let names: Vec<String> = tasks.filter_map(comm).map(|c| c.trim().to_string()).collect();
-        let fuse_threads =
-            names.iter().filter(|c| c.strip_prefix("fuser-").is_some_and(|n| n.parse::<u32>().is_ok())).count();
+        let fuse_threads = names.iter().filter(|c| c.starts_with("fuser-") && c[6..].parse::<u32>().is_ok()).count();
         assert_eq!(fuse_threads, n, "--threads {n}: the daemon's threads are {names:?}");
         // Several readers at once on the threads there are (a reader's failure fails the scope).
         std::thread::scope(|scope| {
@@ -546,7 +509,6 @@ fn threads_option_sets_the_fuse_threads() {
     }
 }
 
-/// `--log-file` receives the detached daemon's log, through to its exit.
 #[test]
 fn log_file_receives_the_daemons_log() {
     let (tmp, archive, mp) = gnu_copy("log-file");
@@ -556,12 +518,10 @@ fn log_file_receives_the_daemons_log() {
     let pid = m.daemon_pids()[0];
     m.unmount().assert_success();
     let text = fs::read_to_string(&log).unwrap_or_else(|e| panic!("no log file {}: {e}", log.display()));
-    let last = "unmounted; daemon exiting";
-    assert!(text.contains(last), "the daemon's last words are missing from {}:\n{text}", log.display());
+    assert!(text.contains("unmounted; daemon exiting"), "the daemon's last words are missing from the log:\n{text}");
     assert!(!process_alive(pid));
 }
 
-/// `--idle-timeout`: once nothing reads for that long, the daemon unmounts, logs why, exits.
 #[test]
 fn idle_timeout_unmounts_after_quiet() {
     let (tmp, archive, mp) = gnu_copy("idle");
@@ -604,14 +564,12 @@ with tarfile.open(sys.argv[1], 'w', format=tarfile.PAX_FORMAT, pax_headers=glob)
 
 #[test]
 fn multi_volume_continuation_is_refused() {
-    let tmp = TempDir::new("multi-volume");
-    let scene = Scene::new("multi-volume-src").file("big.bin", pseudo_random(5, 30_000));
-    let vols: Vec<PathBuf> = (1..=4).map(|i| tmp.join(format!("vol{i}.tar"))).collect();
+    let scene = Scene::new("multi-volume").file("big.bin", pseudo_random(5, 30_000));
+    let vols: Vec<PathBuf> = (1..=4).map(|i| scene.join(format!("vol{i}.tar"))).collect();
     // GNU tar splits the member over 10 KiB volumes; the second starts with an 'M' header.
     let mut args = osargs!["--format=gnu", "-c", "-M", "-L", "10"].to_vec();
     args.extend(vols.iter().flat_map(|v| [os("-f"), v.as_os_str()]));
-    let src = scene.src();
-    args.extend(osargs!["-C", src, "big.bin"]);
+    args.extend([os("-C"), scene.src().as_os_str(), os("big.bin")]);
     run_tool("tar", args);
     assert_eq!(read(&vols[1])[156], b'M', "GNU tar should begin volume 2 with a continuation header");
     expect_tar_error(&vols[1], 0, "multi-volume continuation member at byte 0; join the volumes first");
@@ -656,7 +614,6 @@ fn bad_numbers_and_sparse_maps_are_refused() {
     let f = fs::File::create(src.join("sp")).unwrap();
     f.set_len(1 << 20).unwrap();
     std::os::unix::fs::FileExt::write_all_at(&f, b"hello", 500_000).unwrap();
-    drop(f);
     let sparse = tmp.join("sparse.tar");
     run_tool("tar", osargs!["--sparse", "--format=posix", "-C", src, "-cf", sparse, "sp"]);
     let good = read(&sparse);

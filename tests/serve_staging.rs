@@ -1,7 +1,6 @@
-//! A staged mount serves while it stages (`--stage copy|disk|ram`): `stagefs mount` returns
-//! once the index is ready, reads are right during the copy (byte for byte), the copy follows
-//! readers, a change of the archive meanwhile is refused and never mixed into the copy,
-//! `stagefs wait --staged` and `status` follow it, and an unmount mid-staging leaves nothing.
+//! A staged mount (`--stage copy|disk|ram`) serves while it stages: `stagefs mount` returns
+//! once the index is ready, and reads, `status`, `wait --staged`, a change of the archive
+//! meanwhile and an unmount mid-staging are checked while the copy is under way.
 //!
 //! `STAGEFS_TEST_STAGE_CHUNK_DELAY_MS` slows the copy (a pause before each 4 MiB chunk, four
 //! in flight; before each file of a warm-up), so that the tests act while it is under way
@@ -34,14 +33,11 @@ struct Data {
 fn data(name: &str, count: usize, len: usize, seed: u64) -> Data {
     let names: Vec<String> = (0..count).map(|i| format!("f{i:02}")).collect();
     let scene = Scene::new(name).files(names.iter().enumerate().map(|(i, n)| (n, pseudo_random(seed + i as u64, len))));
-    let tar = scene.tar_at(&scene.join("data.tar"));
-    let src = scene.src().to_path_buf();
-    let tmp = scene.tmp;
+    let (tar, src, local) = (scene.tar_at(&scene.join("data.tar")), scene.src().to_path_buf(), scene.join("local"));
     // Datasets are old files: their pages are clean.
     fs::File::open(&tar).unwrap().sync_all().unwrap();
-    let local = tmp.join("local");
     fs::create_dir(&local).unwrap();
-    Data { mp: tmp.join("mnt"), local, tmp, tar, src, names }
+    Data { mp: scene.join("mnt"), local, tar, src, names, tmp: scene.tmp }
 }
 
 impl Data {
@@ -85,12 +81,9 @@ fn read_member(mp: &Path, name: &str) -> Result<Vec<u8>, i32> {
 
 /// The staged copy the daemon `pid` holds (a memfd), read through /proc.
 fn memfd_bytes(pid: i32) -> Vec<u8> {
-    let fd = fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .flatten()
-        .find(|fd| fs::read_link(fd.path()).is_ok_and(|t| t.to_string_lossy().starts_with("/memfd:stagefs:")))
-        .expect("the daemon holds its staged memfd");
-    fs::read(fd.path()).unwrap()
+    let mut fds = fs::read_dir(format!("/proc/{pid}/fd")).unwrap().flatten();
+    let fd = fds.find(|e| fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().starts_with("/memfd:stagefs:")));
+    fs::read(fd.expect("the daemon holds its staged memfd").path()).unwrap()
 }
 
 /// Waits until the mount's `record` in `status --json` says at least `bytes` are staged (or
@@ -106,10 +99,8 @@ fn staged_at_least(record: impl Fn() -> serde_json::Value, bytes: u64) -> u64 {
     seen
 }
 
-/// `--stage copy` of a 96 MiB tar returns at once; members read during the copy are
-/// right byte for byte (from the archive in place where the copy has not reached);
-/// `status` follows the copy, `wait --staged` waits for it, and then the copy holds the
-/// archive exactly, every read served from it.
+/// `--stage copy` of a 96 MiB tar: reads during the copy are right (from the archive where the
+/// copy has not reached); `status` and `wait --staged` follow it; then the copy is the archive.
 #[test]
 fn a_copy_serves_while_it_stages_byte_for_byte() {
     let d = data("serve-copy", 24, 4 << 20, 100);
@@ -119,8 +110,7 @@ fn a_copy_serves_while_it_stages_byte_for_byte() {
     let (state, done, total, _) = progress(&d.mp);
     assert_eq!((state.as_str(), total), ("copying", size), "the mount returned while it copies");
     assert!(done < size, "nothing left to copy when the mount returned: the test did not test");
-    // Readers go through half of the files, the last first: in place, and the copy jumps
-    // ahead to them.
+    // Readers go through half of the files, the last first: in place, and the copy jumps ahead.
     d.assert_reads(d.names.iter().rev().step_by(2), "during staging");
     let (state, done, ..) = progress(&d.mp);
     assert!(state == "copying" && done < size, "staging ended before the reads did: the test did not test");
@@ -130,17 +120,14 @@ fn a_copy_serves_while_it_stages_byte_for_byte() {
     let (state, done, total, error) = progress(&d.mp);
     assert_eq!((state.as_str(), done, total, error.as_str()), ("done", size, size, ""));
     assert_eq!(field(&d.mp, "staged_bytes"), size);
-    let text = stagefs(["status"]).stdout;
-    assert!(text.contains("staging: done"), "{text}");
+    stagefs(["status"]).assert_stdout_has(&["staging: done"]);
     // The copy is the archive, byte for byte; the other half is read from it.
-    let pid = m.daemon_pids()[0];
-    assert!(memfd_bytes(pid) == fs::read(&d.tar).unwrap(), "the staged copy differs from the archive");
+    assert!(memfd_bytes(m.daemon_pids()[0]) == read(&d.tar), "the staged copy differs from the archive");
     d.assert_reads(d.names.iter().step_by(2), "from the copy");
     m.unmount().assert_success();
     assert_nothing_left(&d.mp, "after the unmount");
 }
 
-/// `--stage disk` serves while it copies to the local disk, the same way.
 #[test]
 fn a_copy_to_disk_serves_while_it_stages() {
     let d = data("serve-disk", 12, 3 << 20, 200);
@@ -156,15 +143,12 @@ fn a_copy_to_disk_serves_while_it_stages() {
     assert!(!own.exists(), "the staging directory goes with the mount");
 }
 
-/// The archive rewritten in place (same size, other bytes) while it is copied: staging
-/// stops and says why (`status`, `wait --staged` exit 9); every chunk of the copy is the
-/// old version or was never written (no mix); reads give the old bytes or EIO, never the
-/// new ones, and the daemon serves on.
+/// The archive rewritten in place (same size, other bytes) while it is copied: staging stops and
+/// says why, and neither the copy nor a read ever mixes in the new bytes; the daemon serves on.
 #[test]
 fn a_source_rewritten_while_it_is_copied_is_refused_never_mixed() {
     let d = data("serve-changed", 16, 4 << 20, 300);
-    let old = fs::read(&d.tar).unwrap();
-    let log = d.tmp.join("daemon.log");
+    let (old, log) = (read(&d.tar), d.tmp.join("daemon.log"));
     let args = ["--stage", "copy", "--warm", "no", "--log-file", log.to_str().unwrap()];
     // 17 chunks, four at a time, 2 s each.
     let m = mount_slowly(2000, &args, &d.tar, &d.mp);
@@ -182,21 +166,15 @@ fn a_source_rewritten_while_it_is_copied_is_refused_never_mixed() {
     assert_eq!(state, "failed");
     assert!(error.contains("changed since it was mounted"), "{error}");
     assert!(done >= staged && done < old.len() as u64, "staged {done} B");
-    let text = stagefs(["status"]).stdout;
-    assert!(text.contains("staging: FAILED") && text.contains("changed since it was mounted"), "{text}");
+    stagefs(["status"]).assert_stdout_has(&["staging: FAILED", "changed since it was mounted"]);
     // Never mixed: each chunk of the copy is the old one, or untouched (zeros).
     let pid = m.daemon_pids()[0];
     let copy = memfd_bytes(pid);
-    let (mut kept, mut empty) = (0, 0);
-    for (i, (have, was)) in copy.chunks(CHUNK as usize).zip(old.chunks(CHUNK as usize)).enumerate() {
-        if have == was {
-            kept += 1;
-        } else {
-            assert!(have.iter().all(|&b| b == 0), "chunk {i} of the copy is neither the old bytes nor empty");
-            empty += 1;
-        }
-    }
-    assert!(kept as u64 * CHUNK >= done && empty > 0, "{kept} chunks kept, {empty} never copied");
+    let chunks: Vec<(&[u8], &[u8])> = copy.chunks(CHUNK as usize).zip(old.chunks(CHUNK as usize)).collect();
+    let mixed = chunks.iter().position(|(have, was)| have != was && have.iter().any(|&b| b != 0));
+    assert_eq!(mixed, None, "this chunk of the copy is neither the old bytes nor empty");
+    let kept = chunks.iter().filter(|(have, was)| have == was).count();
+    assert!(kept as u64 * CHUNK >= done && kept < chunks.len(), "{kept} of {} chunks kept", chunks.len());
     // Reads: the old bytes (from the copy) or EIO, never the new bytes.
     let mut served = 0;
     for (name, new_name) in d.names.iter().zip(&other.names) {
@@ -216,8 +194,6 @@ fn a_source_rewritten_while_it_is_copied_is_refused_never_mixed() {
     assert!(log.contains("rather than mix two versions"), "the daemon's log says why staging stopped:\n{log}");
 }
 
-/// `wait --staged` on a mount that stages nothing returns at once; with `--timeout` while
-/// a copy is under way it says how far it is (exit 6).
 #[test]
 fn wait_staged_returns_at_once_in_place_and_times_out_with_the_progress() {
     let d = data("serve-wait", 6, 3 << 20, 400);
@@ -230,8 +206,7 @@ fn wait_staged_returns_at_once_in_place_and_times_out_with_the_progress() {
     m.unmount().assert_success();
 }
 
-/// An unmount in the middle of a copy: the daemon exits without finishing it, and neither
-/// the memfd nor the nameless file on disk, nor any process, mount or directory is left.
+/// Neither the memfd nor the nameless file on disk, nor any process, mount or directory is left.
 #[test]
 fn unmounting_mid_staging_leaves_nothing() {
     let d = data("serve-unmount", 10, 4 << 20, 500);
@@ -247,8 +222,7 @@ fn unmounting_mid_staging_leaves_nothing() {
     }
 }
 
-/// `--stage ram` returns once mounted; the page-cache warm-up goes on in the background
-/// (status says so), reads are right meanwhile, and `wait --staged` waits for it.
+/// The page-cache warm-up goes on in the background: status says so, reads are right meanwhile.
 #[test]
 fn stage_ram_returns_before_the_warm_up_ends() {
     let _no_drop_caches_meanwhile = page_cache_guard();
@@ -266,24 +240,20 @@ fn stage_ram_returns_before_the_warm_up_ends() {
     m.unmount().assert_success();
 }
 
-/// Another user's archive (named by alice, so trusted as named) staged with `--stage copy`,
-/// truncated by its owner while it is copied: alice's daemon lives, what was staged reads
-/// right, the rest gives EIO, and staging says it failed.
+/// Another user's archive (named by alice, so trusted as named) truncated by its owner while it is
+/// copied: alice's daemon lives, what was staged reads right, the rest gives EIO.
 #[test]
 fn another_users_archive_truncated_while_staged_leaves_staged_reads_right() {
     let users = two_users("serve-truncated");
     let (alice, eve) = (&users.alice, &users.eve);
-    let archive = users.tmp.join("eves.tar");
-    let files: Vec<(String, Vec<u8>)> =
-        (0..12).map(|i| (format!("f{i:02}"), pseudo_random(700 + i as u64, 3 << 20))).collect();
-    let refs: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
-    tar_of(eve, &archive, &refs);
+    let (d, archive) = (data("serve-truncated", 12, 3 << 20, 700), users.tmp.join("eves.tar"));
+    fs::copy(&d.tar, &archive).unwrap();
+    eve.chown(&archive);
     chmod(&archive, 0o644);
     let mnt = users.mountpoint("mnt-eves");
     let cmd = alice.stagefs_cmd(&[("STAGEFS_TEST_STAGE_CHUNK_DELAY_MS", "2000")], ["mount", "--stage", "copy"]);
     cmd.args(osargs!["--warm", "no", archive, mnt]).run_within(HANG_GUARD).assert_success();
-    let alice_json =
-        || status_record_in(&alice.stagefs(["status", "--json"]), &mnt).expect("alice's mount in her status");
+    let alice_json = || status_record_in(&alice.stagefs(["status", "--json"]), &mnt).expect("in alice's status");
     let staged = staged_at_least(alice_json, 2 * CHUNK);
     let size = fs::metadata(&archive).unwrap().len();
     assert!(staged < size, "staged whole before the truncation: the test did not test");
@@ -293,26 +263,18 @@ fn another_users_archive_truncated_while_staged_leaves_staged_reads_right() {
     let pid = alice_json()["pid"].as_u64().unwrap() as i32;
     // Members wholly inside what was staged read right (from the copy), others right or EIO.
     let mut offset = 0;
-    for (name, bytes) in &files {
+    for name in &d.names {
         offset += 512; // its header
-        let end = offset + bytes.len() as u64;
+        let end = offset + 3 * MIB;
         let read = alice.try_sh(&format!("cat {}/{name} | md5sum", mnt.display()));
-        let want = md5(bytes);
+        let want = &run_tool("md5sum", [d.src.join(name)]).stdout[..32];
         if end <= staged {
-            assert!(read.stdout.starts_with(&want), "{name} was staged and must read right:\n{}", read.describe());
+            assert!(read.stdout.starts_with(want), "{name} was staged and must read right:\n{}", read.describe());
         } else {
-            assert!(read.stdout.starts_with(&want) || read.stderr.contains("Input/output error"), "{name}: {read:?}");
+            assert!(read.stdout.starts_with(want) || read.stderr.contains("Input/output error"), "{name}: {read:?}");
         }
         offset = end.next_multiple_of(512);
     }
     assert!(process_alive(pid), "alice's daemon lives");
     users.umount(&mnt);
-}
-
-/// The MD5 of `bytes`, by md5sum (the tests compare what `cat` gave through the mount).
-fn md5(bytes: &[u8]) -> String {
-    let tmp = TempDir::new("md5");
-    let path = tmp.join("x");
-    fs::write(&path, bytes).unwrap();
-    run_tool("md5sum", [&path]).stdout[..32].to_string()
 }

@@ -1,12 +1,5 @@
-//! RAM staging, compressed tars and saved indexes.
-//!
-//! - Compressed tars (gzip, pigz, bzip2, xz, zstd, lz4 by the real CLI tools, also as
-//!   concatenated members/streams/frames) mount like `tar -x` of the tar; one decoded whole
-//!   goes into a memfd `stagefs:<file name>` the daemon maps, sized like the tar.
-//! - `--stage copy` of a plain tar: the memfd is freed (`Shmem` in /proc/meminfo drops) and
-//!   nothing is left (mount, daemon, /dev/shm) after `stagefs umount`, SIGTERM and SIGKILL.
-//! - The RAM budget (`--max-ram`, exit 8) and corrupt streams (exit 3) leave nothing mounted.
-//! - `stagefs index` saves an index later mounts reuse; a stale or damaged one is ignored.
+//! RAM staging (a memfd `stagefs:<file name>`), compressed tars by the real CLI tools, the RAM
+//! budget, corrupt streams and saved indexes: whatever ends a mount or refuses it, nothing stays.
 //!
 //! A memfd's pages show system-wide only in `Shmem:` (with tmpfs pages). Other tests run in
 //! parallel: the checks stage 128 MiB, accept a change of half of it, and run one at a time.
@@ -26,20 +19,15 @@ const MIB: usize = 1 << 20;
 /// The zeros that make the staged archives stand out in Shmem from other tests' activity.
 const PAD_LEN: u64 = 128 << 20;
 
-// ---------------------------------------------------------------------------
-// Trees and archives
+// -- Trees and archives -----------------------------------------------------
 
 /// As root, `data/` under `src` of a new temporary directory: 3 MiB random, 1.5 MiB of text,
 /// a nested small file, a symlink, a hard link and an empty file (`seed` varies the content),
 /// `more` added; packed into `name` there by GNU tar.
-fn tree_tar_with(label: &str, seed: u64, name: &str, more: impl FnOnce(&Path)) -> (TempDir, PathBuf, PathBuf) {
+fn tree_tar(label: &str, seed: u64, name: &str, more: impl FnOnce(&Path)) -> (TempDir, PathBuf, PathBuf) {
     require_root();
-    let mut text = Vec::new();
-    let mut i = 0u64;
-    while text.len() < 3 * MIB / 2 {
-        text.extend_from_slice(format!("line {i:08} of seed {seed}: compressible text\n").as_bytes());
-        i += 1;
-    }
+    let lines = (0u64..).map(|i| format!("line {i:08} of seed {seed}: compressible text\n"));
+    let text: String = lines.scan(0, |len, l| (*len < 3 * MIB / 2).then_some(l).inspect(|l| *len += l.len())).collect();
     let scene = Scene::new(label)
         .file("data/big.bin", pseudo_random(seed, 3 * MIB + 12345))
         .file("data/text.txt", text)
@@ -55,34 +43,17 @@ fn tree_tar_with(label: &str, seed: u64, name: &str, more: impl FnOnce(&Path)) -
     (scene.tmp, src, tar)
 }
 
-fn tree_tar(label: &str, seed: u64, name: &str) -> (TempDir, PathBuf, PathBuf) {
-    tree_tar_with(label, seed, name, |_| ())
-}
-
-/// `tool ARGS... INPUT` (writing to stdout with `-c`) into `output`, or appended to it.
-fn run_to_file(tool: &str, args: &[&str], input: &Path, output: &Path, append: bool) {
-    let out = fs::OpenOptions::new().create(true).write(true).append(append).truncate(!append).open(output).unwrap();
+/// `tool ARGS... INPUT` (writing to stdout with `-c`) appended to `output`.
+fn run_to_file(tool: &str, args: &[&str], input: &Path, output: &Path) {
+    let out = fs::OpenOptions::new().create(true).append(true).open(output).unwrap();
     let mut cmd = Command::new(require_tool(tool));
     cmd.args(args).arg(input);
     run_cmd_into(&mut cmd, Duration::from_secs(300), Some(out)).assert_success();
 }
 
-/// The file name extension of each compressor's output.
-fn extension(tool: &str) -> &'static str {
-    match tool {
-        "gzip" | "pigz" => "gz",
-        "bzip2" => "bz2",
-        "xz" => "xz",
-        "zstd" => "zst",
-        "lz4" => "lz4",
-        other => panic!("no extension known for {other}"),
-    }
-}
-
 /// How `compress` cuts the tar into separately compressed pieces: one member/stream/frame;
 /// three pieces cut at unaligned offsets; the first tar header alone (the "data/" directory,
 /// a valid tar prefix on its own), then the rest.
-#[derive(Clone, Copy)]
 enum Split {
     Whole,
     Thirds,
@@ -94,33 +65,35 @@ use Split::*;
 /// (multi-member gzip, multi-stream bzip2/xz, multi-frame zstd/lz4, as parallel compressors
 /// and `cat a.gz b.gz` make); `tool -dc` must give back the tar byte for byte.
 fn compress(tool: &str, args: &[&str], tar: &Path, split: Split, scratch: &TempDir) -> PathBuf {
-    let out = tar.with_file_name(format!("{}.{}", tar.file_name().unwrap().to_string_lossy(), extension(tool)));
-    let c_args = [&["-c"][..], args].concat();
-    if let Whole = split {
-        run_to_file(tool, &c_args, tar, &out, false);
-    } else {
-        let bytes = read(tar);
-        let cuts = match split {
-            Thirds => vec![0, bytes.len() / 3 + 17, bytes.len() * 2 / 3 + 34, bytes.len()],
-            _ => vec![0, 512, bytes.len()],
-        };
-        let _ = fs::remove_file(&out);
-        for (i, w) in cuts.windows(2).enumerate() {
-            let piece = scratch.join(format!("piece{i}"));
-            fs::write(&piece, &bytes[w[0]..w[1]]).unwrap();
-            run_to_file(tool, &c_args, &piece, &out, true);
-            fs::remove_file(&piece).unwrap();
-        }
+    let ext = match tool {
+        "gzip" | "pigz" => "gz",
+        "bzip2" => "bz2",
+        "zstd" => "zst",
+        xz_or_lz4 => xz_or_lz4,
+    };
+    let out = tar.with_file_name(format!("{}.{ext}", tar.file_name().unwrap().to_string_lossy()));
+    let (bytes, c_args) = (read(tar), [&["-c"][..], args].concat());
+    let n = bytes.len();
+    let cuts = match split {
+        Whole => vec![0, n],
+        Thirds => vec![0, n / 3 + 17, n * 2 / 3 + 34, n],
+        AfterFirstHeader => vec![0, 512, n],
+    };
+    let _ = fs::remove_file(&out);
+    for (i, w) in cuts.windows(2).enumerate() {
+        let piece = scratch.join(format!("piece{i}"));
+        fs::write(&piece, &bytes[w[0]..w[1]]).unwrap();
+        run_to_file(tool, &c_args, &piece, &out);
+        fs::remove_file(&piece).unwrap();
     }
     let back = scratch.join("decompressed-by-the-tool.tar");
-    run_to_file(tool, &["-dc"], &out, &back, false);
-    assert!(read(&back) == read(tar), "`{tool} -dc {}` does not give back the tar (test setup)", out.display());
+    run_to_file(tool, &["-dc"], &out, &back);
+    assert!(read(&back) == bytes, "`{tool} -dc {}` does not give back the tar (test setup)", out.display());
     fs::remove_file(&back).unwrap();
     out
 }
 
-// ---------------------------------------------------------------------------
-// Daemon, memory and status inspection
+// -- Daemon, memory and status inspection -----------------------------------
 
 /// The one daemon serving `mp`.
 fn daemon_pid(mp: &Path) -> i32 {
@@ -129,23 +102,20 @@ fn daemon_pid(mp: &Path) -> i32 {
     pids[0]
 }
 
-/// The daemon's mapping of its staging memfd: (line of /proc/PID/maps, size in bytes).
-fn memfd_mapping(pid: i32, archive_name: &str) -> Option<(String, u64)> {
+/// The daemon's mapping of the staging memfd of `archive`: (line of /proc/PID/maps, size in bytes).
+fn memfd_mapping(pid: i32, archive: &Path) -> Option<(String, u64)> {
     let maps = fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    let wanted = format!("/memfd:stagefs:{archive_name} (deleted)");
+    let wanted = format!("/memfd:stagefs:{} (deleted)", archive.file_name()?.to_string_lossy());
     let line = maps.lines().find(|l| l.ends_with(&wanted))?;
-    let range = line.split(' ').next()?;
-    let (a, b) = range.split_once('-')?;
-    let size = u64::from_str_radix(b, 16).ok()? - u64::from_str_radix(a, 16).ok()?;
-    Some((line.to_string(), size))
+    let (a, b) = line.split(' ').next()?.split_once('-')?;
+    Some((line.to_string(), u64::from_str_radix(b, 16).ok()? - u64::from_str_radix(a, 16).ok()?))
 }
 
 /// Panics unless the daemon maps a memfd named after the archive, of `len` bytes (in pages).
 fn assert_memfd_mapped(pid: i32, archive: &Path, len: u64) {
-    let name = archive.file_name().unwrap().to_string_lossy().into_owned();
     let maps = fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
-    let (line, size) = memfd_mapping(pid, &name).unwrap_or_else(|| {
-        panic!("daemon {pid} maps no `/memfd:stagefs:{name} (deleted)`; its /proc/{pid}/maps:\n{maps}")
+    let (line, size) = memfd_mapping(pid, archive).unwrap_or_else(|| {
+        panic!("daemon {pid} maps no memfd `stagefs:` of {}; its /proc/{pid}/maps:\n{maps}", archive.display())
     });
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) as u64 };
@@ -167,100 +137,68 @@ fn dev_shm() -> BTreeSet<(OsString, u64)> {
 /// Panics if /dev/shm gained an entry named like stagefs or of half `staged` bytes or more
 /// (other programs may create small files there meanwhile).
 fn assert_nothing_new_in_dev_shm(before: &BTreeSet<(OsString, u64)>, staged: u64, context: &str) {
-    let new: Vec<_> = dev_shm()
-        .into_iter()
-        .filter(|e| !before.contains(e))
-        .filter(|(name, size)| name.to_string_lossy().contains("stagefs") || *size >= staged / 2)
-        .collect();
+    let ours_or_big = |(n, len): &&(OsString, u64)| n.to_string_lossy().contains("stagefs") || *len >= staged / 2;
+    let new: Vec<_> = dev_shm().difference(before).filter(ours_or_big).cloned().collect();
     assert!(new.is_empty(), "{context}: new files in /dev/shm: {new:?}");
 }
 
-/// /proc/mounts lines naming `mp`.
-fn proc_mounts_naming(mp: &Path) -> Vec<String> {
-    let text = fs::read_to_string("/proc/mounts").unwrap();
-    let mp = mp.to_string_lossy();
-    text.lines().filter(|l| l.split(' ').nth(1) == Some(&*mp)).map(str::to_string).collect()
-}
-
-/// The private copy in RAM `stagefs status --json` reports for `mp` ("-" for none, else
-/// its size as status shows sizes; "DEAD" if its daemon is gone), or None if not listed.
-fn status_staged(mp: &Path) -> Option<String> {
-    let record = status_record_in(&stagefs(["status", "--json"]), mp)?;
-    if record["state"] == "dead" {
-        return Some("DEAD".into());
-    }
-    let bytes = record["staged_bytes"].as_u64()?;
-    Some(if bytes == 0 { "-".to_string() } else { stagefs_open::report::human(bytes) })
-}
-
-fn assert_status_staged(mp: &Path, expected: &str) {
-    let got = status_staged(mp);
-    assert_eq!(
-        got.as_deref(),
-        Some(expected),
-        "`stagefs status` must show STAGED {expected} for {}; it printed:\n{}",
-        mp.display(),
-        stagefs(["status"]).stdout
-    );
+/// Panics unless `stagefs status --json` reports the private copy in RAM `expected` for `mp`: "-" for
+/// none, else its size as status shows sizes; "DEAD" if its daemon is gone; None if not listed.
+fn assert_status_staged(mp: &Path, expected: Option<&str>) {
+    let got = status_record_in(&stagefs(["status", "--json"]), mp).map(|r| match r["staged_bytes"].as_u64() {
+        _ if r["state"] == "dead" => "DEAD".to_string(),
+        Some(0) => "-".to_string(),
+        bytes => bytes.map_or("?".to_string(), stagefs_open::report::human),
+    });
+    let status = stagefs(["status"]).stdout;
+    assert_eq!(got.as_deref(), expected, "{} must show STAGED {expected:?} in:\n{status}", mp.display());
 }
 
 /// Waits up to 10 s for the system's Shmem to drop to `at_most` bytes.
 fn assert_shmem_drops_to(at_most: u64, context: &str) {
     let ok = wait_until(Duration::from_secs(10), || shmem_bytes() <= at_most);
-    assert!(
-        ok,
-        "{context}: Shmem stays at {} MiB, expected at most {} MiB: the staging memfd was not freed",
-        shmem_bytes() >> 20,
-        at_most >> 20
-    );
+    let (now, at_most) = (shmem_bytes() >> 20, at_most >> 20);
+    assert!(ok, "{context}: Shmem stays at {now} MiB, expected at most {at_most} MiB: the staging memfd was not freed");
 }
 
-// ---------------------------------------------------------------------------
-// 1. Compressed tars
+// -- 1. Compressed tars -----------------------------------------------------
 
 /// The tree's tar compressed by `tool`, mounted: compared with `tar -x` of the tar and with
 /// the source files; the staging memfd, `stagefs status`, and nothing left after umount.
 fn compressed_case(tool: &str, args: &[&str], split: Split) {
-    let (tmp, src, tar) = tree_tar(&format!("compressed-{tool}"), 11, "archive.tar");
-    let tar_len = fs::metadata(&tar).unwrap().len();
-    let compressed = compress(tool, args, &tar, split, &tmp);
-    let expected = tmp.join("expected");
+    let (tmp, src, tar) = tree_tar(&format!("compressed-{tool}"), 11, "archive.tar", |_| ());
+    let several = !matches!(split, Whole);
+    let (compressed, expected, mp) = (compress(tool, args, &tar, split, &tmp), tmp.join("expected"), tmp.join("mnt"));
     // GNU tar 1.34 does not detect lz4: extract the tar `compress` proved the tool gives back.
     extract_tar(&tar, &expected);
     assert_eq!(count_entries(&expected), 9, "reference extraction");
-
-    let m = Mounted::new(&compressed, &tmp.join("mnt"));
+    let m = Mounted::new(&compressed, &mp);
     assert_trees_equal(&expected, m.path(), &Options::default().root(false));
     let pid = daemon_pid(m.path());
-    // gzip restarts anywhere, bzip2 at each block, xz and zstd at each of several blocks
-    // or frames: those are served by restart points from the compressed file, the others
-    // decompressed whole.
-    let several = !matches!(split, Whole);
+    // gzip restarts anywhere, bzip2 at each block, xz and zstd at each of several blocks or frames:
+    // those are served from the compressed file by restart points, the others decompressed whole.
     let restarts = matches!(tool, "gzip" | "pigz" | "bzip2")
         || (tool == "zstd" && several)
         || (tool == "xz" && (several || args.iter().any(|a| a.starts_with("--block-size"))));
     if restarts {
-        let name = compressed.file_name().unwrap().to_string_lossy().into_owned();
-        assert!(memfd_mapping(pid, &name).is_none(), "{tool}: served compressed, nothing decompressed into a memfd");
-        assert_status_staged(m.path(), "-");
+        assert!(memfd_mapping(pid, &compressed).is_none(), "{tool}: served compressed, not decompressed into a memfd");
+        assert_status_staged(m.path(), Some("-"));
     } else {
-        assert_memfd_mapped(pid, &compressed, tar_len);
+        assert_memfd_mapped(pid, &compressed, fs::metadata(&tar).unwrap().len());
         // The 4,741,120-byte GNU tar of `make_tree`, as `stagefs status` writes it.
-        assert_status_staged(m.path(), "4.5 MiB");
+        assert_status_staged(m.path(), Some("4.5 MiB"));
     }
     for rel in ["data/big.bin", "data/text.txt", "data/nested/deeper/small.txt"] {
         assert!(read(&src.join(rel)) == read(&m.path().join(rel)), "{rel}: the mount differs from the source file");
     }
     // Random access across the 1 MiB boundaries of the big file.
-    let big = read(&src.join("data/big.bin"));
-    let f = fs::File::open(m.path().join("data/big.bin")).unwrap();
-    for off in [0u64, MIB as u64 - 1, 2 * MIB as u64 + 7, big.len() as u64 - 100] {
+    let (big, f) = (read(&src.join("data/big.bin")), fs::File::open(m.path().join("data/big.bin")).unwrap());
+    for off in [0, MIB - 1, 2 * MIB + 7, big.len() - 100] {
         let mut buf = vec![0u8; 70_000];
-        let n = f.read_at(&mut buf, off).unwrap();
-        assert!(n > 0 && buf[..n] == big[off as usize..off as usize + n], "read_at({off}) returned wrong bytes ({n})");
+        let n = f.read_at(&mut buf, off as u64).unwrap();
+        assert!(n > 0 && buf[..n] == big[off..off + n], "read_at({off}) returned wrong bytes ({n})");
     }
     drop(f);
-    let mp = m.path().to_path_buf();
     m.unmount().assert_success();
     assert_nothing_left(&mp, &format!("{tool}: after umount"));
     assert!(!process_alive(pid), "{tool}: daemon {pid} still alive after umount");
@@ -270,7 +208,6 @@ cases! {
     compressed_gzip => compressed_case("gzip", &["-6"], Whole);
     // Members of different levels in one file (cat fast.gz best.gz).
     compressed_gzip_fast_and_best_members => {
-        require_root();
         compressed_case("gzip", &["-1"], Thirds);
         compressed_case("gzip", &["-9"], Whole);
     };
@@ -290,24 +227,22 @@ cases! {
     compressed_lz4_linked_blocks_checksums_content_size =>
         compressed_case("lz4", &["-q", "-BD", "-BX", "-B4", "--content-size"], Whole);
     compressed_lz4_multi_frame => compressed_case("lz4", &["-q", "-9"], Thirds);
-    // If the first frame ends where a tar header could start, stopping after
-    // it would not even fail: the mount would silently lack files.
+    // Should the first frame end where a tar header could start, stopping there would silently lack files.
     compressed_lz4_second_frame_at_a_member_boundary => compressed_case("lz4", &["-q"], AfterFirstHeader);
     compressed_gzip_second_member_at_a_member_boundary => compressed_case("gzip", &["-q"], AfterFirstHeader);
     compressed_zstd_second_frame_at_a_member_boundary => compressed_case("zstd", &["-q"], AfterFirstHeader);
 }
 
-// ---------------------------------------------------------------------------
-// 2. --stage ram on a plain tar
+// -- 2. --stage ram on a plain tar ------------------------------------------
 
-/// A plain tar of the tree plus 128 MiB of zeros, its extraction, and /dev/shm before. It
-/// holds the lock that runs the Shmem tests one at a time: one's 128 MiB freed would show
-/// as another's not allocated.
+/// A plain tar of the tree plus 128 MiB of zeros, its extraction, /dev/shm before, and the lock
+/// that runs the Shmem tests one at a time (one's 128 MiB freed would show as another's not taken).
 struct BigTar {
     tmp: TempDir,
     tar: PathBuf,
     len: u64,
     expected: PathBuf,
+    mp: PathBuf,
     shm_before: BTreeSet<(OsString, u64)>,
     _serial: std::sync::MutexGuard<'static, ()>,
 }
@@ -316,42 +251,38 @@ fn big_tar(label: &str) -> BigTar {
     static SHMEM_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _serial = SHMEM_TESTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let pad = |src: &Path| fs::File::create(src.join("data/pad.bin")).unwrap().set_len(PAD_LEN).unwrap();
-    let (tmp, src, tar) = tree_tar_with(label, 21, "big.tar", pad);
+    let (tmp, src, tar) = tree_tar(label, 21, "big.tar", pad);
     fs::remove_dir_all(&src).unwrap();
     let len = fs::metadata(&tar).unwrap().len();
     assert!(len > PAD_LEN, "the tar must store the zeros (no --sparse)");
-    let expected = tmp.join("expected");
+    let (expected, mp) = (tmp.join("expected"), tmp.join("mnt"));
     extract_tar(&tar, &expected);
-    BigTar { tmp, tar, len, expected, shm_before: dev_shm(), _serial }
+    BigTar { tmp, tar, len, expected, mp, shm_before: dev_shm(), _serial }
 }
 
 /// Mounts with `--stage copy` and checks: memfd mapped, Shmem grew, status shows the staged
 /// size, content right. Returns the guard, the daemon pid and Shmem while mounted.
 fn mount_staged(b: &BigTar, shmem_before: u64) -> (Mounted, i32, u64) {
-    let m = Mounted::staged(&["--stage", "copy"], &b.tar, &b.tmp.join("mnt"));
+    let m = Mounted::staged(&["--stage", "copy"], &b.tar, &b.mp);
     let pid = daemon_pid(m.path());
     assert_memfd_mapped(pid, &b.tar, b.len);
     let during = shmem_bytes();
-    assert!(
-        during >= shmem_before + b.len / 2,
-        "Shmem grew by {} MiB only while {} MiB are staged (before {} MiB, now {} MiB)",
-        during.saturating_sub(shmem_before) >> 20,
-        b.len >> 20,
-        shmem_before >> 20,
-        during >> 20
-    );
+    let (before, now, staged) = (shmem_before >> 20, during >> 20, b.len >> 20);
+    assert!(during >= shmem_before + b.len / 2, "Shmem grew {before} -> {now} MiB only while {staged} MiB are staged");
     // 4,741,120 bytes of `make_tree` plus the 128 MiB pad and its header.
-    assert_status_staged(m.path(), "132.5 MiB");
+    assert_status_staged(m.path(), Some("132.5 MiB"));
     assert_trees_equal(&b.expected, m.path(), &Options::default().root(false));
     (m, pid, during)
 }
 
-/// After the mount at `mp` went (`how`): not in /proc/mounts, nothing left, not in `stagefs
-/// status`, nothing new in /dev/shm, and Shmem down by half the archive from `during`.
-fn assert_freed(b: &BigTar, mp: &Path, during: u64, how: &str) {
-    assert!(proc_mounts_naming(mp).is_empty(), "{how}: still in /proc/mounts: {:?}", proc_mounts_naming(mp));
-    assert_nothing_left(mp, how);
-    assert_eq!(status_staged(mp), None, "{how}: `stagefs status` still lists the mount");
+/// After the mount went (`how`): not in /proc/mounts, nothing left, not in `stagefs status`,
+/// nothing new in /dev/shm, and Shmem down by half the archive from `during`.
+fn assert_freed(b: &BigTar, during: u64, how: &str) {
+    let proc_mounts = fs::read_to_string("/proc/mounts").unwrap();
+    let listed: Vec<&str> = proc_mounts.lines().filter(|l| l.split(' ').nth(1) == b.mp.to_str()).collect();
+    assert!(listed.is_empty(), "{how}: still in /proc/mounts: {listed:?}");
+    assert_nothing_left(&b.mp, how);
+    assert_status_staged(&b.mp, None);
     assert_nothing_new_in_dev_shm(&b.shm_before, b.len, how);
     assert_shmem_drops_to(during - b.len / 2, how);
 }
@@ -362,69 +293,59 @@ fn stage_ram_plain_tar_umount_frees_everything() {
     let (m, pid, during) = mount_staged(&b, shmem_bytes());
     // The same archive served in place shows "-".
     let m2 = Mounted::with_args(&["--stage", "none"], &b.tar, &b.tmp.join("mnt-none"));
-    assert_status_staged(m2.path(), "-");
-    assert!(memfd_mapping(daemon_pid(m2.path()), "big.tar").is_none(), "--stage none must not stage");
+    assert_status_staged(m2.path(), Some("-"));
+    assert!(memfd_mapping(daemon_pid(m2.path()), &b.tar).is_none(), "--stage none must not stage");
     m2.unmount().assert_success();
-    let mp = m.path().to_path_buf();
     m.unmount().assert_success();
     assert!(!process_alive(pid), "daemon {pid} still alive after `stagefs umount` returned");
-    assert_freed(&b, &mp, during, "after umount");
+    assert_freed(&b, during, "after umount");
 }
 
 #[test]
 fn stage_ram_plain_tar_sigterm_unmounts_and_frees() {
     let b = big_tar("stage-ram-sigterm");
     let (m, pid, during) = mount_staged(&b, shmem_bytes());
-    let mp = m.path().to_path_buf();
-    let sent = Instant::now();
+    let (mp, sent) = (&b.mp, Instant::now());
     signal(pid, Signal::SIGTERM).unwrap();
-    let gone = wait_until(Duration::from_secs(5), || !is_mounted(&mp) && !process_alive(pid));
-    assert!(gone, "5 s after SIGTERM: mounted={} daemon alive={}", is_mounted(&mp), process_alive(pid));
+    let gone = wait_until(Duration::from_secs(5), || !is_mounted(mp) && !process_alive(pid));
+    assert!(gone, "5 s after SIGTERM: mounted={} daemon alive={}", is_mounted(mp), process_alive(pid));
     eprintln!("SIGTERM: mount gone and daemon exited after {:?}", sent.elapsed());
     m.disarm();
-    assert_freed(&b, &mp, during, "after SIGTERM");
+    assert_freed(&b, during, "after SIGTERM");
 }
 
 #[test]
 fn stage_ram_plain_tar_sigkill_frees_memory_and_remount_recovers() {
     let b = big_tar("stage-ram-sigkill");
     let (m, pid, during) = mount_staged(&b, shmem_bytes());
-    let mp = m.path().to_path_buf();
     signal(pid, Signal::SIGKILL).unwrap();
     assert!(wait_until(Duration::from_secs(5), || !process_alive(pid)), "daemon {pid} survived SIGKILL");
     // The kernel frees the memfd with the dead process's mapping.
     assert_shmem_drops_to(during - b.len / 2, "after SIGKILL");
     assert_nothing_new_in_dev_shm(&b.shm_before, b.len, "after SIGKILL");
     // Nobody unmounted: the mount is stale, and status shows it as dead, not as staged.
-    assert!(is_mounted(&mp), "a SIGKILLed daemon cannot unmount; the stale mount must still be listed");
-    assert_eq!(status_staged(&mp).as_deref(), Some("DEAD"), "`stagefs status` must show the dead mount");
+    assert!(is_mounted(&b.mp), "a SIGKILLed daemon cannot unmount; the stale mount must still be listed");
+    assert_status_staged(&b.mp, Some("DEAD"));
 
     let (again, pid2, during2) = mount_staged(&b, shmem_bytes());
     m.disarm();
     assert_ne!(pid, pid2);
-    assert_eq!(mounts_at(&mp).len(), 1, "the stale mount must be replaced, not stacked: {:?}", mounts_at(&mp));
+    assert_eq!(mounts_at(&b.mp).len(), 1, "the stale mount must be replaced, not stacked: {:?}", mounts_at(&b.mp));
     again.unmount().assert_success();
-    assert_freed(&b, &mp, during2, "after unmounting the recovered mount");
+    assert_freed(&b, during2, "after unmounting the recovered mount");
 }
 
 #[test]
 fn stage_auto_stages_an_archive_on_a_fuse_filesystem() {
-    // FUSE counts as remote for --stage auto: an inner tar read from another
-    // stagefs mount is staged into the page cache (warmed, no private copy).
-    let (tmp, _, inner) = tree_tar("stage-auto-fuse", 31, "inner.tar");
-    let outer_src = tmp.join("outer-src");
-    fs::create_dir_all(&outer_src).unwrap();
-    fs::rename(&inner, outer_src.join("inner.tar")).unwrap();
-    let outer = tmp.join("outer.tar");
-    run_tool("tar", osargs!["-C", outer_src, "-cf", outer, "inner.tar"]);
-    let expected = tmp.join("expected");
-    extract_tar(&outer_src.join("inner.tar"), &expected);
-
+    // FUSE counts as remote for --stage auto: an inner tar read from another stagefs mount is
+    // staged as `--stage ram` does: the files warmed into the page cache, no private copy.
+    let (tmp, _, inner) = tree_tar("stage-auto-fuse", 31, "outer-src/inner.tar", |_| ());
+    let (outer, expected) = (tmp.join("outer.tar"), tmp.join("expected"));
+    pack_tar(&tmp.join("outer-src"), &outer, &["inner.tar"]);
+    extract_tar(&inner, &expected);
     let outer_m = Mounted::with_args(&["--stage", "none"], &outer, &tmp.join("outer-mnt"));
-    let inner_archive = outer_m.path().join("inner.tar");
-    let inner_m = Mounted::new(&inner_archive, &tmp.join("inner-mnt"));
-    // Staged as `--stage ram` does: the files warmed into the page cache, no private copy.
-    assert!(memfd_mapping(daemon_pid(inner_m.path()), "inner.tar").is_none(), "auto must not copy the archive");
+    let inner_m = Mounted::new(&outer_m.path().join("inner.tar"), &tmp.join("inner-mnt"));
+    assert!(memfd_mapping(daemon_pid(inner_m.path()), &inner).is_none(), "auto must not copy the archive");
     let record = status_record(inner_m.path());
     assert!(record["staging"] == "ram" && record["staged_bytes"] == 0, "{record}");
     assert!(record["warmed_bytes"] != 0, "auto staging must warm the page cache: {record}");
@@ -434,28 +355,25 @@ fn stage_auto_stages_an_archive_on_a_fuse_filesystem() {
     outer_m.unmount().assert_success();
 }
 
-// ---------------------------------------------------------------------------
-// 3. RAM budget
+// -- 3. RAM budget ----------------------------------------------------------
 
-/// `stagefs mount ARGS ARCHIVE MP` (MP does not exist yet) must fail on the RAM budget:
-/// exit 8, the message, and nothing left.
-fn expect_no_room(extra: &[&str], archive: &Path, mp: &Path) -> CmdOutput {
+/// `stagefs mount EXTRA ARCHIVE MP` (MP new, beside ARCHIVE) must fail on the RAM budget:
+/// exit 8, the message (with `more` in it), and nothing left.
+fn expect_no_room(extra: &[&str], archive: &Path, more: &[&str]) {
+    let mp = archive.with_file_name("new-mp");
     assert!(!mp.exists());
-    let out = StagefsCmd::new(["mount"]).args(extra).args([archive, mp]).run();
+    let out = StagefsCmd::new(["mount"]).args(extra).args([archive, mp.as_path()]).run();
     let needles = ["not enough RAM to", &archive.to_string_lossy(), "budget is 1.0 KiB", "--max-ram"];
-    out.assert_mount_failed(mp, 8, &needles);
+    out.assert_mount_failed(&mp, 8, &needles).assert_stderr_has(more);
     assert!(!mp.exists(), "the mountpoint created by the failed attempt must be removed again");
     assert!(stagefs_pids(archive).is_empty(), "a stagefs process for {} is still running", archive.display());
-    out
 }
 
 /// `--stage ram` of the tree's tar, `extra` first, with a budget of 1 KiB.
 fn over_budget_case(label: &str, seed: u64, extra: &[&str]) {
-    let (tmp, _, tar) = tree_tar(label, seed, "a.tar");
-    let len = fs::metadata(&tar).unwrap().len();
-    let out = expect_no_room(&[extra, &["--stage", "ram", "--max-ram", "1K"]].concat(), &tar, &tmp.join("new-mp"));
-    assert_eq!(len, 4_741_120, "the GNU tar of make_tree");
-    out.assert_stderr_has(&["needs 4.5 MiB"]);
+    let (_tmp, _, tar) = tree_tar(label, seed, "a.tar", |_| ());
+    assert_eq!(fs::metadata(&tar).unwrap().len(), 4_741_120, "the GNU tar of make_tree");
+    expect_no_room(&[extra, &["--stage", "ram", "--max-ram", "1K"]].concat(), &tar, &["needs 4.5 MiB"]);
 }
 
 cases! {
@@ -466,46 +384,41 @@ cases! {
 #[test]
 fn compressed_over_budget_fails_with_code_8() {
     // `--stage copy` decompresses a tar whole into RAM, also one it could serve compressed.
-    let (tmp, _, tar) = tree_tar("no-room-gz", 43, "a.tar");
+    let (tmp, _, tar) = tree_tar("no-room-gz", 43, "a.tar", |_| ());
     let gz = compress("gzip", &[], &tar, Whole, &tmp);
-    let out = expect_no_room(&["--stage", "copy", "--max-ram", "1K"], &gz, &tmp.join("new-mp"));
     // The final size of a stream is unknown until its end: the message gives a lower bound.
-    out.assert_stderr_has(&["not enough RAM to decompress", "needs more than"]);
+    expect_no_room(&["--stage", "copy", "--max-ram", "1K"], &gz, &["not enough RAM to decompress", "needs more than"]);
 }
 
-// ---------------------------------------------------------------------------
-// 4. Corrupt compressed streams
+// -- 4. Corrupt compressed streams ------------------------------------------
 
 /// Expects exit 3 with "<archive>: corrupt <kind> stream at or before compressed byte N",
-/// N within `range`, and nothing left. Returns N.
-fn expect_corrupt_stream(archive: &Path, kind: &str, range: std::ops::RangeInclusive<u64>) -> u64 {
+/// N within `range`, and nothing left.
+fn expect_corrupt_stream(archive: &Path, kind: &str, range: std::ops::RangeInclusive<u64>) {
     let mp = archive.with_file_name("mnt");
     let out = mount_must_fail(&[archive, &mp], 3, &format!("a corrupt {kind} stream"));
     let prefix = format!("{}: corrupt {kind} stream at or before compressed byte ", archive.display());
-    let at = out.stderr.find(&prefix).unwrap_or_else(|| panic!("the message must say {prefix:?}N\n{}", out.describe()));
-    let digits: String = out.stderr[at + prefix.len()..].chars().take_while(char::is_ascii_digit).collect();
-    let n: u64 = digits.parse().unwrap_or_else(|_| panic!("no byte offset after {prefix:?}\n{}", out.describe()));
+    let n = number_after(&out.stderr, &prefix);
+    let n = n.unwrap_or_else(|| panic!("the message must say {prefix:?}N (N a byte offset)\n{}", out.describe()));
     assert!(range.contains(&n), "offset {n} should be in {range:?}\n{}", out.describe());
     assert_nothing_left(&mp, "after a corrupt stream");
     assert!(!mp.exists(), "the mountpoint created by the failed attempt must be removed again");
     eprintln!("{kind}: reported {n} (accepted {range:?}): {}", out.stderr.trim());
-    n
 }
 
 /// A compressed archive of the tree (with 6 MiB more random data, so the stream spans
 /// several 1 MiB reads); returns it and its length.
-fn corrupt_source(label: &str, tool: &str, args: &[&str]) -> (TempDir, PathBuf, u64) {
+fn corrupt_source(label: &str, tool: &str, args: &[&str]) -> (TempDir, u64, PathBuf) {
     let more = |src: &Path| fs::write(src.join("data/more.bin"), pseudo_random(52, 6 * MIB)).unwrap();
-    let (tmp, _, tar) = tree_tar_with(label, 51, "c.tar", more);
+    let (tmp, _, tar) = tree_tar(label, 51, "c.tar", more);
     let archive = compress(tool, args, &tar, Whole, &tmp);
     fs::remove_file(&tar).unwrap();
-    let len = fs::metadata(&archive).unwrap().len();
-    (tmp, archive, len)
+    (tmp, fs::metadata(&archive).unwrap().len(), archive)
 }
 
 /// Cuts off the last 2/5 of the compressed stream (`tool` names its kind in the message).
 fn truncate_case(label: &str, tool: &str) {
-    let (_tmp, archive, len) = corrupt_source(label, tool, &[]);
+    let (_tmp, len, archive) = corrupt_source(label, tool, &[]);
     let keep = len * 3 / 5;
     fs::OpenOptions::new().write(true).open(&archive).unwrap().set_len(keep).unwrap();
     expect_corrupt_stream(&archive, tool, keep.saturating_sub(2 << 20)..=keep);
@@ -513,16 +426,10 @@ fn truncate_case(label: &str, tool: &str) {
 
 /// Overwrites 64 bytes in the middle of the compressed stream.
 fn flip_case(label: &str, tool: &str, args: &[&str]) {
-    let (_tmp, archive, len) = corrupt_source(label, tool, args);
-    let at = len / 2;
-    let f = fs::OpenOptions::new().write(true).read(true).open(&archive).unwrap();
-    let mut buf = [0u8; 64];
-    f.read_exact_at(&mut buf, at).unwrap();
-    for b in &mut buf {
-        *b ^= 0xa5;
-    }
-    f.write_all_at(&buf, at).unwrap();
-    drop(f);
+    let (_tmp, len, archive) = corrupt_source(label, tool, args);
+    let (mut bytes, at) = (read(&archive), len / 2);
+    bytes[at as usize..at as usize + 64].iter_mut().for_each(|b| *b ^= 0xa5);
+    fs::write(&archive, bytes).unwrap();
     expect_corrupt_stream(&archive, tool, at..=len);
 }
 
@@ -534,30 +441,15 @@ cases! {
     corrupt_truncated_lz4 => truncate_case("trunc-lz4", "lz4");
     corrupt_flipped_bytes_zstd => flip_case("flip-zst", "zstd", &[]);
     corrupt_flipped_bytes_gzip => flip_case("flip-gz", "gzip", &[]);
-    // lz4's CLI writes no content checksum unless asked: --content-size
-    // and -BX give the decoder something to check.
+    // lz4's CLI writes no content checksum unless asked: --content-size and -BX give the decoder one.
     corrupt_flipped_bytes_lz4 => flip_case("flip-lz4", "lz4", &["-BX", "--content-size"]);
 }
 
-// ---------------------------------------------------------------------------
-// 5. Saved indexes
-
-/// GNU tars `a` and `b` of the same size but another layout (member sizes swapped) and
-/// other content.
-fn same_size_tars(a: &Path, b: &Path) {
-    for (tar, seed, sizes) in [(a, 61u64, [10_000usize, 150_000, 300]), (b, 62, [150_000, 300, 10_000])] {
-        Scene::new("same-size")
-            .file("data/one.bin", pseudo_random(seed, sizes[0]))
-            .file("data/sub/two.bin", pseudo_random(seed + 100, sizes[1]))
-            .file("data/three.txt", vec![b'a' + seed as u8 % 26; sizes[2]])
-            .tar_at(tar);
-    }
-}
+// -- 5. Saved indexes -------------------------------------------------------
 
 /// Runs `rewrite`, then gives `archive` its mtime back (`touch -r`, as `rsync --inplace -t` does).
 fn keeping_mtime(archive: &Path, rewrite: impl FnOnce()) {
     let reference = archive.with_extension("mtime-ref");
-    fs::write(&reference, b"").unwrap();
     run_tool("touch", osargs!["-r", archive, reference]);
     rewrite();
     run_tool("touch", osargs!["-r", reference, archive]);
@@ -577,12 +469,9 @@ fn served_log(archive: &Path, mp: &Path, expected: &Path, env: &[(&str, &Path)])
 
 /// Panics unless the -v log says each of `has` and none of `lacks`.
 fn assert_logged(log: &str, has: &[&str], lacks: &[&str], context: &str) {
-    for n in has {
-        assert!(log.contains(n), "{context}: the -v log must contain {n:?}; log:\n{log}");
-    }
-    for n in lacks {
-        assert!(!log.contains(n), "{context}: the -v log must not contain {n:?}; log:\n{log}");
-    }
+    let wrong: Vec<_> =
+        has.iter().filter(|n| !log.contains(*n)).chain(lacks.iter().filter(|n| log.contains(*n))).collect();
+    assert!(wrong.is_empty(), "{context}: the -v log must say {has:?}, not {lacks:?}; wrong: {wrong:?}; log:\n{log}");
 }
 
 #[test]
@@ -590,7 +479,14 @@ fn saved_index_is_reused_and_rejected_when_stale_or_damaged() {
     require_root();
     let tmp = TempDir::new("index-reuse");
     let (archive, new_tar) = (tmp.join("ds.tar"), tmp.join("new.tar"));
-    same_size_tars(&archive, &new_tar);
+    // Of the same size, but other content and layout (member sizes swapped).
+    for (tar, seed, sizes) in [(&archive, 61u64, [10_000usize, 150_000, 300]), (&new_tar, 62, [150_000, 300, 10_000])] {
+        Scene::new("same-size")
+            .file("data/one.bin", pseudo_random(seed, sizes[0]))
+            .file("data/sub/two.bin", pseudo_random(seed + 100, sizes[1]))
+            .file("data/three.txt", vec![b'a' + seed as u8 % 26; sizes[2]])
+            .tar_at(tar);
+    }
     let idx = index_path(&archive);
 
     // stagefs index writes ARCHIVE.stagefs-index.
@@ -603,15 +499,10 @@ fn saved_index_is_reused_and_rejected_when_stale_or_damaged() {
     assert_logged(&log, &["using saved index", &idx.to_string_lossy()], &["ignoring saved index"], "matching index");
 
     // Same size, same mtime (nanoseconds included), other content and layout.
-    let before = fs::metadata(&archive).unwrap();
-    let old_bytes = read(&archive);
+    let stamp = || fs::metadata(&archive).map(|m| (m.len(), m.mtime(), m.mtime_nsec())).unwrap();
+    let (before, old_bytes) = (stamp(), read(&archive));
     keeping_mtime(&archive, || fs::write(&archive, read(&new_tar)).unwrap()); // in place, same inode
-    let after = fs::metadata(&archive).unwrap();
-    assert_eq!(
-        (before.len(), before.mtime(), before.mtime_nsec()),
-        (after.len(), after.mtime(), after.mtime_nsec()),
-        "test setup: only the content may differ"
-    );
+    assert_eq!(stamp(), before, "test setup: only the content may differ");
     assert!(read(&new_tar) != old_bytes, "test setup: the content must differ");
     extract_tar(&archive, &expected_b);
     assert!(read(&expected_b.join("data/one.bin")).len() == 150_000, "test setup: the layout changed");
@@ -642,22 +533,16 @@ fn saved_index_is_reused_and_rejected_when_stale_or_damaged() {
 fn saved_index_is_rejected_after_an_in_place_rewrite_that_restores_mtime_and_samples() {
     require_root();
     let tmp = TempDir::new("index-inplace");
-    let archive = tmp.join("ds.tar");
-    let swapped = tmp.join("swapped.tar");
+    let (archive, swapped) = (tmp.join("ds.tar"), tmp.join("swapped.tar"));
     // Two tars that differ only in the two small headers, placed between the key's samples.
     let script = r#"
 import io, sys, tarfile
-def make(path, names):
+for path, (a, b) in [(sys.argv[1], ("x.txt", "y.txt")), (sys.argv[2], ("y.txt", "x.txt"))]:
     with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as t:
-        def add(name, data):
+        for name, data in [("pad-a", bytes(range(256)) * 1100), (a, b"X" * 1000), (b, b"Y" * 1000),
+                           ("pad-b", bytes(range(255, -1, -1)) * 9000)]:
             info = tarfile.TarInfo(name); info.size = len(data); info.mtime = 1_600_000_000
             t.addfile(info, io.BytesIO(data))
-        add("pad-a", bytes(range(256)) * 1100)
-        add(names[0], b"X" * 1000)
-        add(names[1], b"Y" * 1000)
-        add("pad-b", bytes(range(255, -1, -1)) * 9000)
-make(sys.argv[1], ["x.txt", "y.txt"])
-make(sys.argv[2], ["y.txt", "x.txt"])
 "#;
     run_tool("python3", osargs!["-c", script, archive, swapped]);
     let (old, new) = (read(&archive), read(&swapped));
@@ -665,15 +550,10 @@ make(sys.argv[2], ["y.txt", "x.txt"])
     let size = old.len() as u64;
     let differ: Vec<u64> = (0..size).filter(|&i| old[i as usize] != new[i as usize]).collect();
     // The key samples 64 KiB at each end and 4 KiB at size / 17 * i for i in 1..=16.
-    let sampled = |at: u64| {
-        at < 64 << 10
-            || at >= size - (64 << 10)
-            || (1..=16).any(|i| (size / 17 * i..size / 17 * i + 4096).contains(&at))
-    };
-    assert!(
-        !differ.is_empty() && !differ.iter().any(|&at| sampled(at)),
-        "test setup: the change must avoid the samples"
-    );
+    let mut samples = vec![0..64 << 10, size - (64 << 10)..size];
+    samples.extend((1..=16).map(|i| size / 17 * i..size / 17 * i + 4096));
+    let sampled = |at: &u64| samples.iter().any(|s| s.contains(at));
+    assert!(!differ.is_empty() && !differ.iter().any(sampled), "test setup: the change avoids the samples");
     stagefs(osargs!["index", archive]).assert_success();
     assert!(index_path(&archive).is_file());
 
@@ -694,10 +574,9 @@ make(sys.argv[2], ["y.txt", "x.txt"])
 
 #[test]
 fn saved_index_of_a_compressed_tar_is_reused() {
-    let (tmp, _, tar) = tree_tar("index-gz", 71, "ds.tar");
-    let expected = tmp.join("expected");
+    let (tmp, _, tar) = tree_tar("index-gz", 71, "ds.tar", |_| ());
+    let (expected, zst) = (tmp.join("expected"), compress("zstd", &["-q"], &tar, Whole, &tmp));
     extract_tar(&tar, &expected);
-    let zst = compress("zstd", &["-q"], &tar, Whole, &tmp);
     stagefs(osargs!["index", zst]).assert_success();
     let idx = index_path(&zst);
     assert!(idx.is_file(), "stagefs index must create {}", idx.display());
@@ -707,34 +586,26 @@ fn saved_index_of_a_compressed_tar_is_reused() {
 
 #[test]
 fn saved_index_goes_to_xdg_cache_when_the_archive_dir_is_read_only() {
-    let (tmp, _, tar) = tree_tar("index-xdg", 81, "archives/ds.tar");
-    let dir = tmp.join("archives");
-    let expected = tmp.join("expected");
+    let (tmp, _, tar) = tree_tar("index-xdg", 81, "archives/ds.tar", |_| ());
+    let (expected, ro, cache) = (tmp.join("expected"), tmp.join("ro"), tmp.join("cache"));
     extract_tar(&tar, &expected);
     // Root may write anywhere but on a read-only mount.
-    let ro = tmp.join("ro");
     fs::create_dir_all(&ro).unwrap();
-    run_tool("mount", osargs!["--bind", dir, ro]);
+    run_tool("mount", osargs!["--bind", tmp.join("archives"), ro]);
     let _bind = UnmountOnDrop(ro.clone());
     run_tool("mount", osargs!["-o", "remount,bind,ro", ro]);
     let archive = ro.join("ds.tar");
-    let cache = tmp.join("cache");
 
     StagefsCmd::new(osargs!["index", archive]).env("XDG_CACHE_HOME", &cache).run().assert_success();
     assert!(!index_path(&archive).exists() && !index_path(&tar).exists());
-    let saved: Vec<PathBuf> =
-        fs::read_dir(cache.join("stagefs")).map(|rd| rd.flatten().map(|e| e.path()).collect()).unwrap_or_default();
-    assert!(
-        saved.len() == 1 && saved[0].to_string_lossy().ends_with("-ds.tar.index"),
-        "expected one <hash>-ds.tar.index in {}/stagefs, found {saved:?}",
-        cache.display()
-    );
+    let saved = file_names(&cache.join("stagefs"));
+    assert!(saved.len() == 1 && saved[0].ends_with("-ds.tar.index"), "one <hash>-ds.tar.index in the cache: {saved:?}");
+    let index = cache.join("stagefs").join(&saved[0]);
     let log = served_log(&archive, &tmp.join("mnt"), &expected, &[("XDG_CACHE_HOME", &cache)]);
-    assert_logged(&log, &["using saved index", &saved[0].to_string_lossy()], &[], "index in the cache directory");
+    assert_logged(&log, &["using saved index", &index.to_string_lossy()], &[], "index in the cache directory");
 }
 
-// ---------------------------------------------------------------------------
-// 6. The job's cgroup memory limit
+// -- 6. The job's cgroup memory limit ---------------------------------------
 
 /// A memory cgroup (v2 where the machine has it, else v1, as on many SLURM clusters)
 /// limited to `limit` bytes, removed on drop; commands run inside it.
@@ -771,7 +642,7 @@ impl Drop for MemoryCgroup {
 
 #[test]
 fn staging_respects_the_cgroup_memory_limit() {
-    let (tmp, src, tar) = tree_tar("cgroup-budget", 61, "a.tar");
+    let (tmp, src, tar) = tree_tar("cgroup-budget", 61, "a.tar", |_| ());
     let mp = tmp.join("mnt");
     // 256 MiB, less usage and the margin (512 MiB + 5 %), leaves no room at all.
     let cgroup = MemoryCgroup::new("budget", 256 << 20);

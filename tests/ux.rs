@@ -14,8 +14,7 @@ use crate::kit::*;
 fn an_empty_archive_is_called_empty() {
     require_root();
     let (tmp, mp) = tmp_mnt("ux-empty");
-    let empty = tmp.join("empty.tar");
-    fs::write(&empty, b"").unwrap();
+    let empty = put(&tmp, "empty.tar", b"");
     let out = stagefs(osargs!["mount", empty, mp]);
     out.assert_mount_failed(&mp, 3, &["is empty (0 bytes)"]).assert_stderr_lacks(&["first bytes"]);
 }
@@ -31,17 +30,15 @@ fn run_without_a_separator_says_to_put_the_command_after_it() {
 fn counts_out_of_range_are_usage_errors() {
     require_root();
     let (tmp, mp) = tmp_mnt("ux-ranges");
-    let archive = fixture("gnu.tar");
+    let (archive, demo) = (fixture("gnu.tar"), tmp.join("demo"));
     for threads in ["0", "1000", "100000"] {
         stagefs(osargs!["mount", "--threads", threads, archive, mp]).assert_mount_failed(&mp, 2, &["1..=256"]);
     }
     stagefs(osargs!["run", "--threads", "1000", archive, "--", "true"]).assert_code(2);
     for (flag, value) in [("--files", "0"), ("--readers", "0")] {
-        stagefs(osargs!["demo", flag, value, "--dir", tmp.join("demo")])
-            .assert_code(2)
-            .assert_stderr_has(&["at least 1"]);
+        stagefs(osargs!["demo", flag, value, "--dir", demo]).assert_code(2).assert_stderr_has(&["at least 1"]);
     }
-    assert!(!tmp.join("demo").exists(), "a refused demo writes nothing");
+    assert!(!demo.exists(), "a refused demo writes nothing");
     assert_nothing_left(&mp, "refused --threads");
 }
 
@@ -59,11 +56,10 @@ fn an_idle_timeout_of_zero_means_never() {
 #[test]
 fn a_mountpoint_fusermount3_refuses_is_a_mountpoint_problem_not_missing_fuse() {
     let user = User::get("sfs-ux");
-    let (tmp, archive, _) = gnu_copy("ux-no-write");
+    let (tmp, archive, mp) = gnu_copy("ux-no-write");
     chmod(tmp.path(), 0o755);
     chmod(&archive, 0o644);
     // Empty, but root's: fusermount3 refuses it ("no write access to mountpoint").
-    let mp = tmp.join("roots");
     fs::create_dir(&mp).unwrap();
     chmod(&mp, 0o755);
     let out = user.stagefs(osargs!["mount", archive, mp]);
@@ -73,11 +69,9 @@ fn a_mountpoint_fusermount3_refuses_is_a_mountpoint_problem_not_missing_fuse() {
 #[test]
 fn errors_served_reach_the_log_status_and_umount() {
     require_root();
-    let (tmp, mp) = tmp_mnt("ux-errors");
-    let runtime = tmp.join("runtime");
     // Four 200 KB files, written by GNU tar.
-    let files = (0..4u64).map(|i| (format!("f{i}.bin"), pseudo_random(40 + i, 200_000)));
-    let archive = Scene::new("ux-src").files(files).tar_at(&tmp.join("data.tar"));
+    let scene = Scene::new("ux-errors").files((0..4u64).map(|i| (format!("f{i}.bin"), pseudo_random(40 + i, 200_000))));
+    let (archive, mp, runtime) = (scene.tar(), scene.join("mnt"), scene.join("runtime"));
     let (guard, _) =
         StagefsCmd::new(osargs!["mount", "--stage", "none", archive, mp]).runtime(&runtime).mounts(&archive, &mp);
     let logs: Vec<_> = file_names(&runtime).into_iter().filter(|f| f.ends_with(".log")).collect();
@@ -85,8 +79,7 @@ fn errors_served_reach_the_log_status_and_umount() {
     let log = runtime.join(&logs[0]);
 
     // Served in place, the archive is checked unchanged on every read: touching it is enough.
-    let archive_file = fs::File::options().write(true).open(&archive).unwrap();
-    archive_file.set_modified(std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000)).unwrap();
+    run_tool("touch", osargs!["-m", "-d", "@1000000", archive]);
     let err = fs::read(mp.join("f1.bin")).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
 
@@ -125,9 +118,7 @@ fn read_text(path: &Path) -> String {
 fn a_log_file_that_cannot_be_written_is_refused_before_mounting() {
     require_root();
     let tmp = TempDir::new("ux-log-file");
-    let mp = tmp.join("made/mnt");
-    let log = tmp.join("no-such-dir/daemon.log");
-    let archive = fixture("gnu.tar");
+    let (mp, log, archive) = (tmp.join("made/mnt"), tmp.join("no-such-dir/daemon.log"), fixture("gnu.tar"));
     let out = stagefs(osargs!["mount", "--log-file", log, archive, mp]);
     out.assert_mount_failed(&mp, 1, &["cannot write the log file", &log.to_string_lossy()]);
     assert!(!tmp.join("made").exists(), "nothing was made for the mount");
@@ -144,16 +135,14 @@ fn a_log_file_that_cannot_be_written_is_refused_before_mounting() {
 fn umount_after_kill_9_of_the_daemon_leaves_nothing() {
     require_root();
     let (tmp, archive, _) = gnu_copy("ux-kill-daemon");
-    let runtime = tmp.join("runtime");
-    let mp = tmp.join("made/by/stagefs");
+    let (runtime, mp) = (tmp.join("runtime"), tmp.join("made/by/stagefs"));
     let (guard, _) = StagefsCmd::new(osargs!["mount", archive, mp]).runtime(&runtime).mounts(&archive, &mp);
     let pids = stagefs_pids(&mp);
     assert_eq!(pids.len(), 1, "{pids:?}");
     let _ = signal(pids[0], Signal::SIGKILL);
     assert!(wait_until(Duration::from_secs(10), || !process_alive(pids[0])), "the daemon survived SIGKILL");
-    let out = StagefsCmd::new(osargs!["umount", mp]).runtime(&runtime).run();
     guard.disarm();
-    out.assert_success();
+    StagefsCmd::new(osargs!["umount", mp]).runtime(&runtime).run().assert_success();
     assert!(!is_mounted(&mp));
     assert!(!tmp.join("made").exists(), "the directories stagefs made for the mount stay: {}", mp.display());
     assert_eq!(file_names(&runtime), Vec::<String>::new(), "the killed daemon's files stay");
@@ -163,8 +152,7 @@ fn umount_after_kill_9_of_the_daemon_leaves_nothing() {
 fn kill_9_of_stagefs_run_takes_its_command_along_and_the_next_election_sweeps() {
     require_root();
     let (tmp, archive, mp) = gnu_copy("ux-kill-run");
-    let runtime = tmp.join("runtime");
-    let marker = tmp.join("command-started");
+    let (runtime, marker) = (tmp.join("runtime"), tmp.join("command-started"));
     let script = format!("touch {} && exec sleep 300", marker.display());
     let mut run =
         StagefsCmd::new(osargs!["run", "-m", mp, archive, "--", "sh", "-c", script]).runtime(&runtime).spawn();
@@ -231,14 +219,12 @@ fn an_interrupted_demo_leaves_nothing_behind() {
     let tmp = TempDir::new("ux-demo-int");
     let work = tmp.join("demo");
     let mut child = StagefsCmd::new(osargs!["demo", "--files", "20000", "--dir", work]).spawn_to(Stdio::piped());
-    let plain = work.join("plain/train");
     // Interrupt once it has written some files (the build takes far longer than this).
-    let wrote = wait_until(Duration::from_secs(60), || file_names(&plain).len() >= 5);
+    let wrote = wait_until(Duration::from_secs(60), || file_names(&work.join("plain/train")).len() >= 5);
     assert!(wrote, "the demo wrote nothing within a minute");
     signal(child.id() as i32, Signal::SIGINT).unwrap();
     let status = wait_timeout(&mut child.0, Duration::from_secs(60)).expect("the demo must stop");
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(child.0.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    let stderr = std::io::read_to_string(child.0.stderr.as_mut().unwrap()).unwrap();
     assert_eq!(status.code(), Some(130), "{stderr}");
     assert!(stderr.contains("interrupted by SIGINT"), "{stderr}");
     assert!(!work.exists(), "the interrupted demo left {}", work.display());
@@ -264,8 +250,7 @@ fn a_detached_mount_inside_a_slurm_job_says_it_outlives_the_job() {
 fn an_archive_of_zeros_mounts_empty_and_says_so() {
     require_root();
     let (tmp, mp) = tmp_mnt("ux-zeros");
-    let archive = tmp.join("zeros.tar");
-    fs::write(&archive, vec![0u8; 1 << 20]).unwrap();
+    let archive = put(&tmp, "zeros.tar", &[0; 1 << 20]);
     let (m, out) = StagefsCmd::new(osargs!["mount", archive, mp]).mounts(&archive, &mp);
     out.assert_stderr_has(&["holds no files or directories (1048576 bytes)"]);
     assert_eq!(fs::read_dir(&mp).unwrap().count(), 0);
@@ -278,9 +263,8 @@ fn an_archive_of_zeros_mounts_empty_and_says_so() {
 fn wait_sees_a_mount_that_failed_before_it_began() {
     require_root();
     let (tmp, mp) = tmp_mnt("ux-wait-failed");
-    let runtime = tmp.join("runtime");
+    let (runtime, typo) = (tmp.join("runtime"), tmp.join("no-such-archive.tar"));
     let slurm = |step: &str, args: &[&OsStr]| StagefsCmd::new(args).runtime(&runtime).slurm_step("9191", step).run();
-    let typo = tmp.join("no-such-archive.tar");
     slurm("0", &osargs!["mount", typo, mp]).assert_code(3);
     // Exit 3, the mounter's code: a wait that timed out would exit 6 after 40 s.
     slurm("1", &osargs!["wait", "--timeout", "40s", mp]).assert_code(3).assert_stderr_has(&["no-such-archive.tar"]);
@@ -292,9 +276,8 @@ fn wait_sees_a_mount_that_failed_before_it_began() {
 fn wait_outside_slurm_sees_a_failure_from_just_before_it_began_and_nothing_stays() {
     require_root();
     let (tmp, mp) = tmp_mnt("ux-wait-failed-plain");
-    let runtime = tmp.join("runtime");
+    let (runtime, typo) = (tmp.join("runtime"), tmp.join("nonexist.sqsh"));
     let cmd = |args: &[&OsStr]| StagefsCmd::new(args).runtime(&runtime).outside_slurm().run();
-    let typo = tmp.join("nonexist.sqsh");
     cmd(&osargs!["mount", "-f", typo, mp]).assert_code(3);
     std::thread::sleep(Duration::from_millis(500));
     // The mounter's code, not a timeout's 6.

@@ -247,3 +247,16 @@ pub fn gnu_copy(name: &str) -> (TempDir, PathBuf, PathBuf) {
     let archive = fixture_copy("gnu.tar", tmp.path(), "a.tar");
     (tmp, archive, mnt)
 }
+
+/// `bytes` written as `name` in `tmp`: its path.
+pub fn put(tmp: &TempDir, name: &str, bytes: &[u8]) -> PathBuf {
+    let path = tmp.join(name);
+    fs::write(&path, bytes).map(|()| path).unwrap()
+}
+
+/// The number right after `prefix` in `text`, at the first `prefix` a number follows; None if none does.
+pub fn number_after(text: &str, prefix: &str) -> Option<u64> {
+    text.split(prefix)
+        .skip(1)
+        .find_map(|rest| rest.chars().take_while(char::is_ascii_digit).collect::<String>().parse().ok())
+}
