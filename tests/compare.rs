@@ -1,9 +1,5 @@
-//! Entry-by-entry comparison of two directory trees: a reference (an archive
-//! extracted by the real tool) and a stagefs mount of the same archive.
-//!
-//! Every difference is collected, and one panic lists them all with their
-//! paths. The tests at the bottom prove the comparison can fail for each
-//! property it checks.
+//! Entry-by-entry comparison of a reference tree (the archive extracted by the real tool) with a stagefs mount of it:
+//! one panic lists every difference; the tests at the bottom prove it can fail for each property it checks.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{CString, OsStr, OsString};
@@ -13,23 +9,20 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-/// What to compare beyond the always-checked properties (set of paths, file
-/// type, permission bits, size, mtime seconds, owner, content, link target,
-/// hardlink identity).
+/// What to compare beyond the always-checked properties (set of paths, file type, permission bits, size,
+/// mtime seconds, owner, content, link target, hardlink identity).
 #[derive(Debug, Clone)]
 pub struct Options {
     /// mtime nanoseconds too (pax stores them; for other formats both sides must show 0).
     pub nanos: bool,
-    /// The root directory's attributes (only when the archive has an entry for it:
-    /// "./" in tar, always in SquashFS).
+    /// The root directory's attributes (only when the archive has an entry for it: "./" in tar, always in SquashFS).
     pub root: bool,
     /// Extended attributes.
     pub xattrs: bool,
     /// st_nlink of directories (2 + subdirectories on Linux; SquashFS stores the same).
     pub dir_nlink: bool,
-    /// Directories (relative paths, "" for the root) whose mode, owner and mtime are not
-    /// compared: implicit directories of an archive without a member for them, which the
-    /// extracting tool creates with its own defaults.
+    /// Directories (relative paths, "" for the root) whose mode, owner and mtime are not compared: implicit
+    /// directories of an archive without a member for them, which the extracting tool creates with its own defaults.
     pub skip_dir_attrs: BTreeSet<PathBuf>,
 }
 
@@ -52,26 +45,22 @@ macro_rules! setters {
 impl Options {
     setters!(nanos, root, xattrs, dir_nlink);
 
-    pub fn skip_dir_attrs<I: IntoIterator<Item = &'static str>>(mut self, dirs: I) -> Self {
-        self.skip_dir_attrs.extend(dirs.into_iter().map(PathBuf::from));
+    pub fn skip_dir_attrs(mut self, dirs: impl IntoIterator<Item = impl Into<PathBuf>>) -> Self {
+        self.skip_dir_attrs.extend(dirs.into_iter().map(Into::into));
         self
     }
 }
 
-/// Walks `root` without following symlinks; keys are paths relative to
-/// `root` ("" is the root itself). Errors are recorded as differences.
+/// Walks `root` without following symlinks, by path relative to it ("" the root); errors become differences.
 fn walk(root: &Path, errors: &mut Vec<String>, side: &str) -> BTreeMap<PathBuf, Metadata> {
-    let mut map = BTreeMap::new();
-    let mut stack = vec![PathBuf::new()];
+    let (mut map, mut stack) = (BTreeMap::new(), vec![PathBuf::new()]);
     while let Some(rel) = stack.pop() {
         let here = show(&rel);
         let abs = if rel.as_os_str().is_empty() { root.to_path_buf() } else { root.join(&rel) };
-        let meta = match fs::symlink_metadata(&abs) {
-            Ok(m) => m,
-            Err(e) => {
-                errors.push(format!("{here}: {side}: lstat failed: {e}"));
-                continue;
-            }
+        let Ok(meta) =
+            fs::symlink_metadata(&abs).map_err(|e| errors.push(format!("{here}: {side}: lstat failed: {e}")))
+        else {
+            continue;
         };
         if meta.is_dir() {
             let entries = fs::read_dir(&abs).map_err(|e| errors.push(format!("{here}: {side}: opendir failed: {e}")));
@@ -96,7 +85,7 @@ fn show(rel: &Path) -> String {
     if rel.as_os_str().is_empty() {
         "<root>".to_string()
     } else {
-        format!("{:?}", rel)
+        format!("{rel:?}")
     }
 }
 
@@ -121,17 +110,13 @@ fn cstr(p: &Path) -> CString {
 /// for the size with no buffer, then for the value, again if it grew in between (ERANGE).
 fn sized(mut call: impl FnMut(*mut u8, usize) -> isize) -> io::Result<Vec<u8>> {
     loop {
-        let n = call(std::ptr::null_mut(), 0);
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mut buf = vec![0u8; n as usize];
+        let n = usize::try_from(call(std::ptr::null_mut(), 0)).map_err(|_| io::Error::last_os_error())?;
+        let mut buf = vec![0u8; n];
         if n == 0 {
             return Ok(buf);
         }
-        let m = call(buf.as_mut_ptr(), buf.len());
-        if m >= 0 {
-            buf.truncate(m as usize);
+        if let Ok(m) = usize::try_from(call(buf.as_mut_ptr(), buf.len())) {
+            buf.truncate(m);
             return Ok(buf);
         }
         let e = io::Error::last_os_error();
@@ -141,8 +126,7 @@ fn sized(mut call: impl FnMut(*mut u8, usize) -> isize) -> io::Result<Vec<u8>> {
     }
 }
 
-/// Extended attributes of `p` (not following symlinks), name → value.
-/// "Not supported" counts as none.
+/// Extended attributes of `p` (not following symlinks), name → value. "Not supported" counts as none.
 pub fn xattrs(p: &Path) -> io::Result<BTreeMap<OsString, Vec<u8>>> {
     let c = cstr(p);
     // SAFETY: a NUL-terminated path, and a buffer (or null) of the length passed.
@@ -179,13 +163,9 @@ fn content_diff(a: &[u8], b: &[u8]) -> Option<String> {
     }
     let first = a.iter().zip(b.iter()).position(|(x, y)| x != y).unwrap_or(a.len().min(b.len()));
     let at = |v: &[u8]| show_bytes(&v[first.min(v.len())..(first + 16).min(v.len())]);
-    let (fa, fb) = (crate::kit::fnv1a(a), crate::kit::fnv1a(b));
+    let (la, lb, xa, xb, fa, fb) = (a.len(), b.len(), at(a), at(b), crate::kit::fnv1a(a), crate::kit::fnv1a(b));
     Some(format!(
-        "content differs: lengths {} vs {}, first difference at byte {first} (expected {} / actual {}; fnv {fa:016x} vs {fb:016x})",
-        a.len(),
-        b.len(),
-        at(a),
-        at(b)
+        "content differs: lengths {la} vs {lb}, first difference at byte {first} (expected {xa} / actual {xb}; fnv {fa:016x} vs {fb:016x})"
     ))
 }
 
@@ -254,39 +234,25 @@ pub fn diff_trees(expected: &Path, actual: &Path, opts: &Options) -> Vec<String>
         }
         if !is_dir && left_peers[rel] != right_peers[rel] {
             let (lp, rp) = (&left_peers[rel], &right_peers[rel]);
-            diff(format!(
-                "hardlink identity: in the reference it shares its inode with {lp:?}, in the mount with {rp:?}"
-            ));
+            diff(format!("hardlink identity: shares its inode with {lp:?} in the reference, {rp:?} in the mount"));
         }
         // The root's own path, not join("") (which adds a slash).
-        let (l, r) = if is_root {
-            (expected.to_path_buf(), actual.to_path_buf())
-        } else {
-            (expected.join(rel), actual.join(rel))
-        };
-        if lm.is_file() {
-            if let Some((a, b)) = both(&mut diff, "read", fs::read(&l), fs::read(&r)) {
-                if let Some(d) = content_diff(&a, &b) {
-                    diff(d);
-                }
-                if b.len() as u64 != rm.size() {
-                    diff(format!("read {} bytes but st_size is {}", b.len(), rm.size()));
-                }
+        let at = |tree: &Path| if is_root { tree.to_path_buf() } else { tree.join(rel) };
+        let (l, r) = (at(expected), at(actual));
+        let contents = lm.is_file().then(|| both(&mut diff, "read", fs::read(&l), fs::read(&r)));
+        if let Some((a, b)) = contents.flatten() {
+            content_diff(&a, &b).into_iter().for_each(&mut diff);
+            if b.len() as u64 != rm.size() {
+                diff(format!("read {} bytes but st_size is {}", b.len(), rm.size()));
             }
         }
-        if lm.is_symlink() {
-            match both(&mut diff, "readlink", fs::read_link(&l), fs::read_link(&r)) {
-                Some((a, b)) if a != b => diff(format!("link target: expected {:?}, actual {:?}", a, b)),
-                _ => {}
-            }
+        let links = lm.is_symlink().then(|| both(&mut diff, "readlink", fs::read_link(&l), fs::read_link(&r)));
+        if let Some((a, b)) = links.flatten().filter(|(a, b)| a != b) {
+            diff(format!("link target: expected {a:?}, actual {b:?}"));
         }
-        if opts.xattrs && attrs {
-            match both(&mut diff, "listxattr/getxattr", xattrs(&l), xattrs(&r)) {
-                Some((a, b)) if a != b => {
-                    diff(format!("xattrs: expected {{{}}}, actual {{{}}}", show_xattrs(&a), show_xattrs(&b)))
-                }
-                _ => {}
-            }
+        let xa = (opts.xattrs && attrs).then(|| both(&mut diff, "listxattr/getxattr", xattrs(&l), xattrs(&r)));
+        if let Some((a, b)) = xa.flatten().filter(|(a, b)| a != b) {
+            diff(format!("xattrs: expected {{{}}}, actual {{{}}}", show_xattrs(&a), show_xattrs(&b)));
         }
     }
     diffs
@@ -299,8 +265,7 @@ pub fn assert_trees_equal(expected: &Path, actual: &Path, opts: &Options) {
     assert!(diffs.is_empty(), "{n} difference(s) between the reference tree {e} and {a}:\n  {}", diffs.join("\n  "));
 }
 
-/// Number of entries below `root` (not counting it), to guard against
-/// vacuous comparisons of two empty trees.
+/// Number of entries below `root` (not counting it), to guard against vacuous comparisons of two empty trees.
 pub fn count_entries(root: &Path) -> usize {
     let mut errors = Vec::new();
     let n = walk(root, &mut errors, "tree").len();
@@ -308,7 +273,6 @@ pub fn count_entries(root: &Path) -> usize {
     n - 1
 }
 
-// ---------------------------------------------------------------------------
 // The comparison itself must be able to fail.
 
 #[cfg(test)]
@@ -317,39 +281,28 @@ mod tests {
     use crate::kit::*;
     use std::os::unix::fs::symlink;
 
+    /// The mtime (and atime) of `p`, not of a link's target.
     fn set_mtime(p: &Path, sec: i64, nsec: i64) {
-        let c = cstr(p);
-        let ts = [libc::timespec { tv_sec: sec, tv_nsec: nsec }, libc::timespec { tv_sec: sec, tv_nsec: nsec }];
-        // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
-        let r = unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) };
-        assert_eq!(r, 0, "utimensat {}: {}", p.display(), io::Error::last_os_error());
-    }
-
-    fn set_xattr(p: &Path, name: &str, value: &[u8]) {
-        let (c, n) = (cstr(p), CString::new(name).unwrap());
-        // SAFETY: NUL-terminated paths and names, and pointers to live values of the lengths passed.
-        let r = unsafe { libc::lsetxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
-        assert_eq!(r, 0, "lsetxattr {}: {}", p.display(), io::Error::last_os_error());
+        run_tool("touch", osargs!["-h", "-d", format!("@{sec}.{nsec:09}"), p]);
     }
 
     /// A small tree with one of everything the comparison looks at.
-    fn make(root: &Path) {
+    fn make(root: PathBuf) -> PathBuf {
         fs::create_dir_all(root.join("d/e")).unwrap();
         fs::write(root.join("d/file"), b"hello world").unwrap();
         fs::write(root.join("d/other"), b"other").unwrap();
         fs::hard_link(root.join("d/file"), root.join("d/link")).unwrap();
         symlink("file", root.join("d/sym")).unwrap();
-        set_xattr(&root.join("d/file"), "user.k", b"v");
+        set_xattr(&root.join("d/file"), "user.k", b"v").unwrap();
         for p in ["d/file", "d/other", "d/sym", "d/e", "d", ""] {
             set_mtime(&root.join(p), 1_600_000_000, 5);
         }
+        root
     }
 
     fn pair() -> (TempDir, PathBuf, PathBuf) {
         let t = TempDir::new("compare-selftest");
-        let (a, b) = (t.join("a"), t.join("b"));
-        make(&a);
-        make(&b);
+        let (a, b) = (make(t.join("a")), make(t.join("b")));
         (t, a, b)
     }
 
@@ -363,10 +316,7 @@ mod tests {
 
     fn expect(what: &str, opts: &Options, needle: &str, change: impl FnOnce(&Path)) {
         let d = diffs_after(opts, change);
-        assert!(
-            d.iter().any(|l| l.contains(needle)),
-            "{what}: expected a difference mentioning {needle:?}, got {d:#?}"
-        );
+        assert!(d.iter().any(|l| l.contains(needle)), "{what}: no difference mentions {needle:?}: {d:#?}");
     }
 
     #[test]
@@ -384,10 +334,8 @@ mod tests {
         expect("owner", &o, "owner", |b| std::os::unix::fs::lchown(b.join("d/other"), Some(1234), Some(5678)).unwrap());
         expect("mtime", &o, "mtime", |b| set_mtime(&b.join("d/other"), 1_600_000_001, 5));
         expect("mtime ns", &o, "nanoseconds", |b| set_mtime(&b.join("d/other"), 1_600_000_000, 6));
-        assert!(
-            diffs_after(&o.clone().nanos(false), |b| set_mtime(&b.join("d/other"), 1_600_000_000, 6)).is_empty(),
-            "nanos(false) must ignore nanoseconds"
-        );
+        let d = diffs_after(&o.clone().nanos(false), |b| set_mtime(&b.join("d/other"), 1_600_000_000, 6));
+        assert!(d.is_empty(), "nanos(false) must ignore nanoseconds: {d:#?}");
         expect("root mtime", &o, "<root>", |b| set_mtime(b, 1_600_000_001, 5));
         assert!(diffs_after(&o.clone().root(false), |b| set_mtime(b, 1_600_000_001, 5)).is_empty());
         expect("symlink target", &o, "link target", |b| {
@@ -400,24 +348,21 @@ mod tests {
             fs::remove_file(b.join("d/sym")).unwrap();
             fs::write(b.join("d/sym"), b"file").unwrap();
         });
-        expect("xattr value", &o, "xattrs", |b| set_xattr(&b.join("d/file"), "user.k", b"w"));
-        expect("xattr extra", &o, "xattrs", |b| set_xattr(&b.join("d/other"), "user.new", b""));
-        assert!(diffs_after(&o.clone().xattrs(false), |b| set_xattr(&b.join("d/other"), "user.new", b"")).is_empty());
+        expect("xattr value", &o, "xattrs", |b| set_xattr(&b.join("d/file"), "user.k", b"w").unwrap());
+        expect("xattr extra", &o, "xattrs", |b| set_xattr(&b.join("d/other"), "user.new", b"").unwrap());
+        assert!(diffs_after(&o.clone().xattrs(false), |b| set_xattr(&b.join("d/other"), "user.new", b"").unwrap())
+            .is_empty());
         expect("hardlink broken", &o, "hardlink identity", |b| {
             fs::remove_file(b.join("d/link")).unwrap();
             fs::copy(b.join("d/file"), b.join("d/link")).unwrap();
-            set_xattr(&b.join("d/link"), "user.k", b"v");
+            set_xattr(&b.join("d/link"), "user.k", b"v").unwrap();
             set_mtime(&b.join("d/link"), 1_600_000_000, 5);
             set_mtime(&b.join("d"), 1_600_000_000, 5);
         });
         expect("nlink", &o, "st_nlink", |b| fs::hard_link(b.join("d/other"), b.join("d/e/other2")).unwrap());
         expect("dir nlink", &o, "st_nlink", |b| fs::create_dir(b.join("d/e/sub")).unwrap());
-        assert!(
-            !diffs_after(&o.clone().dir_nlink(false), |b| fs::create_dir(b.join("d/e/sub")).unwrap())
-                .iter()
-                .any(|l| l.contains("st_nlink")),
-            "dir_nlink(false) must ignore directory link counts"
-        );
+        let d = diffs_after(&o.clone().dir_nlink(false), |b| fs::create_dir(b.join("d/e/sub")).unwrap());
+        assert!(!d.iter().any(|l| l.contains("st_nlink")), "dir_nlink(false) must ignore directory link counts");
         expect("dir mode", &o, "mode", |b| chmod(&b.join("d/e"), 0o700));
         assert!(diffs_after(&o.clone().skip_dir_attrs(["d/e"]), |b| chmod(&b.join("d/e"), 0o700)).is_empty());
     }

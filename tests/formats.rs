@@ -1,13 +1,8 @@
-//! Every archive format and producing tool: extract the archive with the
-//! real tool (GNU tar, unsquashfs), mount it with stagefs, compare the two
-//! trees entry by entry. One test per format/tool, so a failure names it.
-//!
-//! The committed fixtures come from tests/fixtures/make-fixtures.sh; the
-//! big and sparse archives are generated at test time (`runtime_*`).
-//!
-//! Before comparing, each reference extraction is checked against what the
-//! fixture script put in (`check_reference_*`), so a broken fixture or
-//! extraction cannot make two empty trees "match".
+//! Every archive format and producing tool: the archive extracted by the real tool (GNU tar,
+//! unsquashfs) and mounted, the trees compared; one test per format/tool, so a failure names
+//! it. Fixtures come from tests/fixtures/make-fixtures.sh, big and sparse archives are made at
+//! test time (`runtime_*`). Each reference extraction is first checked against what the fixture
+//! script put in (`check_reference_*`), so two empty trees cannot "match".
 
 use std::ffi::OsStr;
 use std::fs;
@@ -18,7 +13,6 @@ use std::thread;
 use crate::compare::{assert_trees_equal, count_entries, xattr, xattrs, Options};
 use crate::kit::*;
 
-// ---------------------------------------------------------------------------
 // What the fixture trees contain (see make-fixtures.sh)
 
 const T_DEFAULT: i64 = 1_623_760_496;
@@ -98,8 +92,7 @@ fn check_reference_full(root: &Path, holds: Holds) {
     if holds.xattrs {
         assert_eq!(xa.get(OsStr::new("user.color")).map(|v| &v[..]), Some(&b"blue"[..]), "{xa:?}");
         assert_eq!(xa.get(OsStr::new("user.binary")).map(|v| &v[..]), Some(&b"\x00\xff\x0a\x00"[..]), "{xa:?}");
-        let empty = xa.get(OsStr::new("user.empty")).map(|v| &v[..]);
-        assert_eq!(empty, if holds.empty_xattr { Some(&b""[..]) } else { None }, "{xa:?}");
+        assert_eq!(xa.get(OsStr::new("user.empty")).map(|v| &v[..]), holds.empty_xattr.then_some(&b""[..]), "{xa:?}");
         let xd = xattrs(&root.join("xattr/dir")).unwrap();
         assert_eq!(xd.get(OsStr::new("user.on-a-dir")).map(|v| &v[..]), Some(&b"yes"[..]), "{xd:?}");
     } else {
@@ -125,15 +118,12 @@ fn check_reference_sparse(root: &Path) {
     assert_eq!(read(&root.join("plain.txt")), b"not sparse\n");
 }
 
-// ---------------------------------------------------------------------------
 // Drivers
 
-/// Extract the fixture `name` with `extract` (GNU tar or unsquashfs), check the reference,
-/// mount with stagefs, compare.
+/// Extracts the fixture `name` with `extract` (GNU tar or unsquashfs), checks the reference, mounts, compares.
 fn case(name: &str, extract: fn(&Path, &Path), opts: Options, check: impl FnOnce(&Path)) {
     require_root();
-    let archive = fixture(name);
-    let tmp = TempDir::new(name);
+    let (archive, tmp) = (fixture(name), TempDir::new(name));
     let expected = tmp.join("expected");
     extract(&archive, &expected);
     check(&expected);
@@ -141,8 +131,7 @@ fn case(name: &str, extract: fn(&Path, &Path), opts: Options, check: impl FnOnce
     assert_trees_equal(&expected, mnt.path(), &opts);
 }
 
-/// Tar archives made from a list of top-level names have no member for the
-/// root directory: its attributes are not the archive's to compare.
+/// Tars made from a list of top-level names have no member for the root: its attributes are not theirs to compare.
 fn tar_case(name: &str, check: impl FnOnce(&Path)) {
     case(name, extract_tar, Options::default().root(false), check);
 }
@@ -177,8 +166,7 @@ cases! {
     // Other producers
     tar_bsdtar_pax_with_xattrs => full_tar("bsdtar-pax.tar", PAX_XATTRS);
     tar_python_gnu => full_tar("python-gnu.tar", GNU);
-    // Python writes the mtime as a float ("1623760496.1234567"): tar and
-    // stagefs must agree on the same (rounded) nanoseconds.
+    // Python writes the mtime as a float ("1623760496.1234567"): tar and stagefs round it alike.
     tar_python_pax => full_tar("python-pax.tar", Holds { ns: Some(123_456_700), ..GNU });
     // SquashFS
     squashfs_gzip => sq("sqfs-gzip.sqfs");
@@ -195,21 +183,18 @@ cases! {
     squashfs_gensquashfs => squashfs_case("sqfs-gensquashfs.sqfs", |r| {
         check_reference_full(r, Holds { hardlinks: false, empty_xattr: false, ..SQUASHFS })
     });
-    // Made from posix.tar, which has no root member: tar2sqfs gives the root default
-    // attributes, which unsquashfs and stagefs must agree on. It keeps the pax xattrs but
-    // SquashFS stores whole seconds.
+    // Made from posix.tar (no root member): tar2sqfs gives the root default attributes, which
+    // unsquashfs and stagefs must agree on; it keeps the pax xattrs, SquashFS whole seconds.
     squashfs_tar2sqfs => squashfs_case("sqfs-tar2sqfs.sqfs", |r| {
         check_reference_full(r, Holds { ns: None, ..PAX_XATTRS })
     });
 }
 
-// ---------------------------------------------------------------------------
 // Odd layouts
 
 #[test]
 fn tar_implicit_parent_dirs() {
-    // Only a/b/c/d has a member (after its own child); the other
-    // directories exist only as parents of members.
+    // Only a/b/c/d has a member (after its own child); the other directories are only parents.
     let opts = Options::default().root(false).skip_dir_attrs(["a", "a/b", "a/b/c", "hard", "links", "ünïcödé"]);
     case("implicit-dirs.tar", extract_tar, opts, |r| {
         assert_eq!(count_entries(r), 13, "implicit-dirs reference tree");
@@ -268,8 +253,7 @@ fn tar_dot_slash_prefixes() {
 
 #[test]
 fn tar_absolute_names() {
-    // GNU tar strips the leading "/" when extracting; stagefs must too.
-    // /stagefs-abs itself has no member.
+    // GNU tar strips the leading "/" when extracting; stagefs must too. /stagefs-abs has no member.
     case("absolute.tar", extract_tar, Options::default().root(false).skip_dir_attrs(["stagefs-abs"]), |r| {
         assert_eq!(read(&r.join("stagefs-abs/a/b/c/d/deep.txt")), b"deep file\n");
         assert_eq!(meta(r, "stagefs-abs/hard/one").ino(), meta(r, "stagefs-abs/hard/two").ino());
@@ -277,7 +261,6 @@ fn tar_absolute_names() {
     });
 }
 
-// ---------------------------------------------------------------------------
 // Archives generated at test time: big, sparse, compressible
 
 const BIG_LEN: usize = 3 * 1024 * 1024 + 17;
@@ -294,9 +277,8 @@ fn text_content() -> Vec<u8> {
     (0..(1536 * 1024u64).div_ceil(record(0).len() as u64)).flat_map(record).collect()
 }
 
-/// Builds the runtime source tree: a 3 MiB random file, an 8 MiB sparse file
-/// with data in the middle and at the end, a 1 MiB hole-only file, 1.5 MiB of
-/// compressible text, a few small files.
+/// Builds the runtime source tree: a 3 MiB random file, an 8 MiB sparse file with data in the middle and at
+/// the end, a 1 MiB hole-only file, 1.5 MiB of compressible text, a few small files.
 fn make_runtime_tree(root: &Path) {
     fs::create_dir_all(root.join("data/nested")).unwrap();
     fs::write(root.join("data/big.bin"), big_content()).unwrap();
@@ -306,12 +288,10 @@ fn make_runtime_tree(root: &Path) {
     f.set_len(SPARSE_LEN).unwrap();
     f.write_all_at(&pseudo_random(7, 5000), SPARSE_DATA_AT).unwrap();
     f.write_all_at(b"END", SPARSE_LEN - 3).unwrap();
-    drop(f);
     fs::File::create(root.join("data/hole-only.bin")).unwrap().set_len(MIB).unwrap();
 }
 
-/// Reads at awkward offsets and lengths (block boundaries ±1, across the
-/// end) and compares with the generated bytes, also from several threads.
+/// Reads at awkward offsets and lengths (block boundaries ±1, across the end), also from several threads, compared.
 fn check_random_access(mnt: &Path) {
     let big = big_content();
     let path = mnt.join("data/big.bin");
@@ -321,92 +301,67 @@ fn check_random_access(mnt: &Path) {
     offsets.extend([MIB - 1, MIB, MIB + 1, 2 * MIB + 12345, BIG_LEN as u64 - 4097, BIG_LEN as u64 - 1]);
     for &off in &offsets {
         for len in [1usize, 100, 4096, 4097, 131072, 300_000] {
-            let mut buf = vec![0u8; len];
-            let mut got = 0;
-            while got < len {
-                match f.read_at(&mut buf[got..], off + got as u64) {
-                    Ok(0) => break,
-                    Ok(n) => got += n,
-                    Err(e) => {
-                        errors.push(format!("read_at({off}, {len}): {e}"));
-                        break;
-                    }
-                }
+            let (mut buf, mut got) = (vec![0u8; len], 0);
+            // Until the buffer is full (a read into nothing gives 0), the end, or an error.
+            let mut pread = |got: usize| f.read_at(&mut buf[got..], off + got as u64);
+            while let Ok(n @ 1..) = pread(got).map_err(|e| errors.push(format!("read_at({off}, {len}): {e}"))) {
+                got += n;
             }
             let want = &big[off as usize..(off as usize + len).min(big.len())];
             if &buf[..got] != want {
-                errors
-                    .push(format!("read_at({off}, {len}): got {got} bytes, expected {}; content differs", want.len()));
+                errors.push(format!("read_at({off}, {len}): {got} bytes, expected {}; content differs", want.len()));
             }
         }
     }
-    let mut past = [0u8; 10];
-    match f.read_at(&mut past, BIG_LEN as u64 + 10) {
-        Ok(0) => {}
-        other => errors.push(format!("read past EOF: expected Ok(0), got {other:?}")),
+    let past = f.read_at(&mut [0u8; 10], BIG_LEN as u64 + 10);
+    if !matches!(past, Ok(0)) {
+        errors.push(format!("read past EOF: expected Ok(0), got {past:?}"));
     }
     assert!(errors.is_empty(), "random access into {} failed:\n  {}", path.display(), errors.join("\n  "));
 
     // Concurrent readers of different files and regions.
     let text = text_content();
-    let reader = |t: u64| -> Result<(), String> {
-        let f = fs::File::open(&path).map_err(|e| e.to_string())?;
+    let reader = |t: u64| {
+        let f = fs::File::open(&path).unwrap();
         for i in 0..20u64 {
             let off = (i * 150_001 + t * 37_003) % (BIG_LEN as u64 - 70_000);
             let mut buf = vec![0u8; 65_536 + 3];
-            f.read_exact_at(&mut buf, off).map_err(|e| format!("big.bin at {off}: {e}"))?;
-            if buf[..] != big[off as usize..off as usize + buf.len()] {
-                return Err(format!("thread {t}: big.bin differs at offset {off}"));
-            }
+            f.read_exact_at(&mut buf, off).unwrap_or_else(|e| panic!("thread {t}: big.bin at {off}: {e}"));
+            assert!(buf[..] == big[off as usize..off as usize + buf.len()], "thread {t}: big.bin differs at {off}");
         }
-        let s = fs::read(mnt.join("data/sparse.bin")).map_err(|e| e.to_string())?;
-        if s.len() as u64 != SPARSE_LEN || &s[s.len() - 3..] != b"END" {
-            return Err(format!("thread {t}: sparse.bin wrong (len {})", s.len()));
-        }
-        if fs::read(mnt.join("data/text.txt")).map_err(|e| e.to_string())? != text {
-            return Err(format!("thread {t}: text.txt differs"));
-        }
-        Ok(())
+        let s = read(&mnt.join("data/sparse.bin"));
+        assert!(s.len() as u64 == SPARSE_LEN && s.ends_with(b"END"), "thread {t}: sparse.bin wrong (len {})", s.len());
+        assert!(read(&mnt.join("data/text.txt")) == text, "thread {t}: text.txt differs");
     };
-    let errs: Vec<String> = thread::scope(|s| {
-        let handles: Vec<_> = (0..4).map(|t| s.spawn(move || reader(t))).collect();
-        handles.into_iter().filter_map(|h| h.join().unwrap().err()).collect()
+    thread::scope(|s| {
+        for t in 0..4 {
+            s.spawn(move || reader(t));
+        }
     });
-    assert!(errs.is_empty(), "concurrent reads failed:\n  {}", errs.join("\n  "));
 }
 
-/// How `runtime_case` packs the tree: GNU tar or mksquashfs, with these options.
-enum Pack {
-    Tar(&'static [&'static str]),
-    Squashfs(&'static [&'static str]),
-}
-
-/// Packs the runtime tree, then extract/mount/compare, plus the direct content checks;
-/// returns the archive's size.
-fn runtime_case(label: &str, pack: Pack) -> u64 {
+/// Packs the runtime tree with `packer` ("tar", GNU tar, or "mksquashfs") and `opts`, then
+/// extract/mount/compare, plus the direct content checks; returns the archive's size.
+fn runtime_case(label: &str, packer: &str, opts: &[&str]) -> u64 {
     require_root();
     let tmp = TempDir::new(label);
-    let src = tmp.join("src");
+    let (src, expected) = (tmp.join("src"), tmp.join("expected"));
     make_runtime_tree(&src);
-    let squashfs = matches!(pack, Pack::Squashfs(_));
+    let squashfs = packer == "mksquashfs";
     let archive = tmp.join(if squashfs { "archive.sqfs" } else { "archive.tar" });
-    let expected = tmp.join("expected");
-    match pack {
-        Pack::Tar(opts) => {
-            run_tool("tar", opts.iter().map(OsStr::new).chain(osargs!["-C", src, "-cf", archive, "data"]));
-            extract_tar(&archive, &expected);
-        }
-        Pack::Squashfs(opts) => {
-            let quiet = ["-noappend", "-quiet", "-no-progress"];
-            run_tool("mksquashfs", osargs![src, archive].into_iter().chain(quiet.iter().chain(opts).map(OsStr::new)));
-            extract_squashfs(&archive, &expected);
-        }
+    let opts = opts.iter().map(OsStr::new);
+    if squashfs {
+        let quiet = ["-noappend", "-quiet", "-no-progress"].map(OsStr::new);
+        run_tool(packer, osargs![src, archive].into_iter().chain(quiet).chain(opts));
+        extract_squashfs(&archive, &expected);
+    } else {
+        run_tool(packer, opts.chain(osargs!["-C", src, "-cf", archive, "data"]));
+        extract_tar(&archive, &expected);
     }
     assert_eq!(read(&expected.join("data/big.bin")), big_content(), "reference extraction of big.bin");
     let mnt = Mounted::new(&archive, &tmp.join("mnt"));
     assert_trees_equal(&expected, mnt.path(), &Options::default().root(squashfs));
-    // The source tree too (content, sizes, types): catches a bug shared by
-    // the extracting tool and stagefs.
+    // The source tree too (content, sizes, types): catches a bug shared by the extracting tool and stagefs.
     for rel in ["data/big.bin", "data/text.txt", "data/sparse.bin", "data/hole-only.bin", "data/nested/small.txt"] {
         let (a, b) = (read(&src.join(rel)), read(&mnt.path().join(rel)));
         assert!(a == b, "{rel}: mount differs from the source file (len {} vs {})", a.len(), b.len());
@@ -415,17 +370,15 @@ fn runtime_case(label: &str, pack: Pack) -> u64 {
     fs::metadata(&archive).unwrap().len()
 }
 
-use Pack::{Squashfs, Tar};
-
 cases! {
-    runtime_big_gnu_tar => runtime_case("runtime-gnu", Tar(&["--format=gnu"]));
+    runtime_big_gnu_tar => runtime_case("runtime-gnu", "tar", &["--format=gnu"]);
     runtime_big_gnu_tar_sparse => {
-        let len = runtime_case("runtime-gnu-sparse", Tar(&["--format=gnu", "--sparse"]));
+        let len = runtime_case("runtime-gnu-sparse", "tar", &["--format=gnu", "--sparse"]);
         assert!(len < 6 * MIB, "the sparse archive should not store the holes (size {len})");
     };
-    runtime_big_pax_tar_sparse => runtime_case("runtime-pax-sparse", Tar(&["--format=posix", "--sparse"]));
-    runtime_big_squashfs_gzip => runtime_case("runtime-sqfs-gzip", Squashfs(&[]));
-    runtime_big_squashfs_zstd_4k => runtime_case("runtime-sqfs-zstd-4k", Squashfs(&["-comp", "zstd", "-b", "4K"]));
+    runtime_big_pax_tar_sparse => runtime_case("runtime-pax-sparse", "tar", &["--format=posix", "--sparse"]);
+    runtime_big_squashfs_gzip => runtime_case("runtime-sqfs-gzip", "mksquashfs", &[]);
+    runtime_big_squashfs_zstd_4k => runtime_case("runtime-sqfs-zstd-4k", "mksquashfs", &["-comp", "zstd", "-b", "4K"]);
 }
 
 /// `lgetxattr(path, name)`'s errno (0 when the attribute exists).
@@ -433,15 +386,13 @@ fn getxattr_errno(path: &Path, name: &str) -> i32 {
     xattr(path, name).err().map_or(0, |e| e.raw_os_error().unwrap_or(0))
 }
 
-/// An archive without any extended attribute answers the first xattr request with ENOSYS,
-/// so the kernel stops asking: callers get EOPNOTSUPP and `ls -l` costs no getxattr round
-/// trips per file. An archive with xattrs answers ENODATA for a name a file lacks.
+/// An archive without any extended attribute answers the first xattr request with ENOSYS, so the kernel stops asking:
+/// callers get EOPNOTSUPP, `ls -l` costs no getxattr round trips. One with xattrs answers ENODATA for a missing name.
 #[test]
 fn xattr_requests_stop_for_archives_without_xattrs() {
     let scene = Scene::new("xattr-enosys").file("a.txt", b"a\n");
     let (tmp, src) = (&scene.tmp, scene.src());
-    let plain = scene.tar_at(&tmp.join("plain.tar"));
-    let m = Mounted::new(&plain, &tmp.join("mnt-plain"));
+    let m = Mounted::new(&scene.tar(), &tmp.join("mnt-plain"));
     for _ in 0..2 {
         assert_eq!(getxattr_errno(&m.path().join("a.txt"), "user.x"), libc::EOPNOTSUPP);
         assert_eq!(getxattr_errno(m.path(), "security.selinux"), libc::EOPNOTSUPP);

@@ -1,7 +1,6 @@
-//! Compressed tars served in place from restart points (issue 24, section 2): gzip from
-//! gzip, pigz and bgzip, zstd from pzstd, bzip2 from bzip2 and pbzip2, xz from `xz -T`, each compared with
-//! the tree it was made from; reads anywhere, memory bounded by the chunk cache and not
-//! by the archive, restart points saved with the index so a remount decodes nothing.
+//! Compressed tars served in place from restart points (issue 24, section 2), from gzip, pigz,
+//! bgzip, pzstd, bzip2, pbzip2 and `xz -T`, each compared with its tree: reads anywhere, memory
+//! bounded by the chunk cache, not the archive; restart points saved with the index.
 
 use std::fs;
 use std::os::unix::fs::FileExt;
@@ -10,17 +9,15 @@ use std::path::{Path, PathBuf};
 use crate::compare::{assert_trees_equal, Options};
 use crate::kit::*;
 
-/// `files` (path, bytes) written under `tmp/name` and packed by GNU tar into `name.tar`;
-/// returns (the tree as `tar -x` extracts it, tar).
+/// `files` (path, bytes) written under `tmp/name` and packed by GNU tar: (what `tar -x` extracts, `name.tar`).
 fn tree_tar(tmp: &TempDir, name: &str, files: impl IntoIterator<Item = (String, Vec<u8>)>) -> (PathBuf, PathBuf) {
-    let src = tmp.join(name);
+    let (src, tar, extracted) =
+        (tmp.join(name), tmp.join(format!("{name}.tar")), tmp.join(format!("{name}-extracted")));
     for (path, bytes) in files {
         fs::create_dir_all(src.join(&path).parent().unwrap()).unwrap();
         fs::write(src.join(path), bytes).unwrap();
     }
-    let tar = tmp.join(format!("{name}.tar"));
     pack_tar(&src, &tar, &["."]);
-    let extracted = tmp.join(format!("{name}-extracted"));
     extract_tar(&tar, &extracted);
     (extracted, tar)
 }
@@ -30,8 +27,7 @@ fn numbered_tar(tmp: &TempDir, name: &str, files: u64, content: impl Fn(u64) -> 
     tree_tar(tmp, name, (0..files).map(|i| (format!("d/{i:04}.bin"), content(i))))
 }
 
-/// A tree of 300 small text and binary files and one 24 MiB file (text with random
-/// runs), as [`tree_tar`].
+/// A tree of 300 small text and binary files and one 24 MiB file (text with random runs), as [`tree_tar`].
 fn dataset(tmp: &TempDir) -> (PathBuf, PathBuf) {
     let mut files = Vec::new();
     for (d, f) in (0..6u64).flat_map(|d| (0..50u64).map(move |f| (d, f))) {
@@ -47,15 +43,15 @@ fn dataset(tmp: &TempDir) -> (PathBuf, PathBuf) {
     tree_tar(tmp, "data", files)
 }
 
-/// `tool ARGS` reading the tar on stdin, writing `out`.
-fn compress(tool: &str, args: &[&str], tar: &Path, out: &Path) {
+/// `tool ARGS` reading the tar on stdin, writing `out`: what it wrote.
+fn compress(tool: &str, args: &[&str], tar: &Path, out: &Path) -> Vec<u8> {
     let script =
         format!("{} {} < '{}' > '{}'", require_tool(tool).display(), args.join(" "), tar.display(), out.display());
     run_tool("sh", ["-c", script.as_str()]);
+    read(out)
 }
 
-/// Reads of `len` bytes at offsets around the 4 MiB chunk boundaries of `big.bin`,
-/// compared with the source.
+/// Reads of `len` bytes at offsets around the 4 MiB chunk boundaries of `big.bin`, compared with the source.
 fn assert_reads_anywhere(src: &Path, mnt: &Path) {
     let want = read(&src.join("big.bin"));
     let f = fs::File::open(mnt.join("big.bin")).unwrap();
@@ -97,26 +93,22 @@ fn compressed_tars_from_the_real_tools_are_served_from_restart_points() {
         ("pbzip2.tar.bz2", "pbzip2", &["-p2", "-c"]),
         ("xz.tar.xz", "xz", &["-T2", "--block-size=4MiB", "-c"]),
     ];
+    let mnt = tmp.join("mnt");
     for (name, tool, args) in cases {
         let archive = tmp.join(name);
         compress(tool, args, &tar, &archive);
-        let mnt = tmp.join("mnt");
         let fg = Foreground::start(&archive, &mnt, &tmp.join("mount.log"), &[]);
         assert_trees_equal(&src, &mnt, &Options::default().root(false));
         assert_reads_anywhere(&src, &mnt);
         let status = stagefs(["status"]);
         let log = fg.finish();
-        assert!(
-            log.contains("indexed") && !log.contains("decompressed ("),
-            "{name}: scanned compressed, not decompressed whole:\n{log}"
-        );
-        assert!(status.stdout.contains(name), "{}", status.describe());
+        assert!(log.contains("indexed") && !log.contains("decompressed ("), "{name}: not scanned compressed:\n{log}");
+        status.assert_stdout_has(&[name]);
     }
 }
 
-/// 384 MiB of tar in a 10× smaller .tar.gz, read whole by 4 readers at once: every byte
-/// right, and the daemon's peak memory far below the decompressed size (the chunk
-/// cache is 128 MiB) although `--max-ram` is 64 MiB and nothing was staged.
+/// 384 MiB of tar in a 10× smaller .tar.gz, read whole by 4 readers at once: every byte right, and the daemon's peak
+/// memory far below the decompressed size (the chunk cache is 128 MiB) although `--max-ram` is 64 MiB, nothing staged.
 #[test]
 fn a_compressed_tar_larger_than_the_ram_budget_reads_in_bounded_memory() {
     require_root();
@@ -126,9 +118,8 @@ fn a_compressed_tar_larger_than_the_ram_budget_reads_in_bounded_memory() {
     for i in 0..48u64 {
         fs::write(src.join(format!("part{i:02}.txt")), text_like(100 + i, 8 << 20)).unwrap();
     }
-    let tar = tmp.join("big.tar");
+    let (tar, gz) = (tmp.join("big.tar"), tmp.join("big.tar.gz"));
     pack_tar(&src, &tar, &["."]);
-    let gz = tmp.join("big.tar.gz");
     compress("pigz", &["-p", "2", "-1", "-c"], &tar, &gz);
     fs::remove_file(&tar).unwrap();
     let decoded = 48u64 << 23;
@@ -140,9 +131,8 @@ fn a_compressed_tar_larger_than_the_ram_budget_reads_in_bounded_memory() {
     m.unmount().assert_success();
 }
 
-/// `stagefs index` saves the restart points: the next mount uses them and decodes only
-/// what is read. A `--stage copy` mount (decompressed whole) cannot use that index and
-/// says so; a flat index does not serve the compressed mount either.
+/// `stagefs index` saves the restart points: the next mount uses them and decodes only what is read. A `--stage copy`
+/// mount (decompressed whole) has an index of its own and leaves the restart points' alone.
 #[test]
 fn restart_points_are_saved_with_the_index() {
     require_root();
@@ -160,10 +150,9 @@ fn restart_points_are_saved_with_the_index() {
     assert!(log.contains("using saved index") && !log.contains("indexed archive"), "{log}");
 
     let copy = stagefs(osargs!["-v", "mount", "--stage", "copy", gz, mnt]);
-    copy.assert_success();
     let _guard = UnmountOnDrop(mnt.clone());
     // Decoded whole, it has an index of its own: the restart points' stays (issue 35, item 11).
-    copy.assert_stderr_lacks(&["ignoring saved index"]);
+    copy.assert_success().assert_stderr_lacks(&["ignoring saved index"]);
     assert!(index.is_file(), "the restart points' index stays");
     assert!(read(&mnt.join("big.bin")) == read(&src.join("big.bin")));
 }
@@ -202,22 +191,18 @@ with tarfile.open(sys.argv[1], "w", format=tarfile.PAX_FORMAT) as t:
     info.size = 5
     t.addfile(info, io.BytesIO(b"hello"))
 "#;
-    let tar = tmp.join("pax.tar");
+    let (tar, gz, mnt) = (tmp.join("pax.tar"), tmp.join("pax.tar.gz"), tmp.join("mnt"));
     run_tool("python3", osargs!["-c", script, tar]);
-    let gz = tmp.join("pax.tar.gz");
     compress("gzip", &["-c"], &tar, &gz);
-    let mnt = tmp.join("mnt");
-    let out = mount_must_fail(&[gz.as_os_str(), mnt.as_os_str()], 3, "an extension header past the look-ahead");
-    out.assert_stderr_has(&["--stage copy"]);
+    mount_must_fail(&osargs![gz, mnt], 3, "a header past the look-ahead").assert_stderr_has(&["--stage copy"]);
     let m = Mounted::with_args(&["--stage", "copy"], &gz, &mnt);
     assert_eq!(read(&m.path().join("big-xattr.txt")), b"hello");
     m.unmount().assert_success();
 }
 
-/// A `.tar.zst` of `zstd` runs concatenated, one of them a 48 MiB frame (past the 32 MiB
-/// a read decodes whole): the large file inside it read front to back in 128 KiB reads
-/// (kept decoders, not one decode per piece from the frame's start), then the small
-/// files around it by 4 readers at once; every byte compared with GNU tar's extraction.
+/// A `.tar.zst` of `zstd` runs concatenated, one of them a 48 MiB frame (past the 32 MiB a read decodes whole): the
+/// large file inside it read front to back in 128 KiB reads (kept decoders, not one decode per piece from the frame's
+/// start), then the small files around it by 4 readers at once; every byte compared with GNU tar's extraction.
 #[test]
 fn a_large_zstd_frame_reads_front_to_back_and_its_neighbours_read_at_once() {
     require_root();
@@ -260,10 +245,9 @@ fn a_large_zstd_frame_reads_front_to_back_and_its_neighbours_read_at_once() {
 /// these archives have dozens of chunk ends, and the parallel pass even on one core.
 const SMALL_CHUNKS: &str = "262144";
 
-/// Bytes that look like deflate block starts at almost every offset once stored
-/// verbatim (`pigz -0`): chains of empty stored blocks (`00 | 00 00 ff ff`, which decode
-/// without error and can run into the true chain) and copies of a dynamic-Huffman
-/// block with a valid header, flushed with a sync marker.
+/// Bytes that look like deflate block starts at almost every offset once stored verbatim (`pigz -0`): chains
+/// of empty stored blocks (`00 | 00 00 ff ff`, which decode without error and can run into the true chain)
+/// and copies of a dynamic-Huffman block with a valid header, flushed with a sync marker.
 fn lookalikes(seed: u64, len: usize) -> Vec<u8> {
     let mut compress = flate2::Compress::new(flate2::Compression::best(), false);
     let mut dynamic = Vec::with_capacity(8192);
@@ -283,18 +267,13 @@ fn lookalikes(seed: u64, len: usize) -> Vec<u8> {
 
 /// `tool ARGS` over `input`, written to `out` (several inputs: their outputs concatenated).
 fn compress_parts(tool: &str, args: &[&str], inputs: &[&Path], out: &Path) {
-    let mut all = Vec::new();
-    for input in inputs {
-        let part = out.with_extension("part");
-        compress(tool, args, input, &part);
-        all.extend(fs::read(&part).unwrap());
-    }
+    let all: Vec<u8> =
+        inputs.iter().flat_map(|input| compress(tool, args, input, &out.with_extension("part"))).collect();
     fs::write(out, all).unwrap();
 }
 
-/// gzip tars from the real tools and crafted ones, each mounted with `--stage none`: the
-/// parallel first pass (in small chunks) indexes them, and every file matches what GNU
-/// tar extracts.
+/// gzip tars from the real tools and crafted ones, each mounted with `--stage none`: the parallel first pass
+/// (in small chunks) indexes them, and every file matches what GNU tar extracts.
 #[test]
 fn gzip_tars_decoded_in_parallel_chunks_match_gnu_tar() {
     require_root();
@@ -308,27 +287,24 @@ fn gzip_tars_decoded_in_parallel_chunks_match_gnu_tar() {
     let bytes = fs::read(&data_tar).unwrap();
     let cuts = [0, 1_234_567, 1_234_567, 9_999_999, bytes.len()];
     let pieces: Vec<PathBuf> = (0..cuts.len() - 1).map(|i| tmp.join(format!("piece{i}"))).collect();
-    for (piece, w) in pieces.iter().zip(cuts.windows(2)) {
-        fs::write(piece, &bytes[w[0]..w[1]]).unwrap();
-    }
+    pieces.iter().zip(cuts.windows(2)).for_each(|(piece, w)| fs::write(piece, &bytes[w[0]..w[1]]).unwrap());
     let piece_refs: Vec<&Path> = pieces.iter().map(PathBuf::as_path).collect();
     // (archive, the tree it holds, compressor, its options, what it compresses)
-    type Case<'a> = (&'a str, &'a Path, &'a str, &'a [&'a str], Vec<&'a Path>);
+    type Case<'a> = (&'a str, &'a Path, &'a str, &'a [&'a str], &'a [&'a Path]);
     let cases: [Case; 8] = [
-        ("gzip-1.tar.gz", &data_src, "gzip", &["-1", "-c"], vec![&data_tar]),
-        ("gzip-9.tar.gz", &data_src, "gzip", &["-9", "-c"], vec![&data_tar]),
-        ("pigz.tar.gz", &data_src, "pigz", &["-p", "2", "-c"], vec![&data_tar]),
-        ("members.tar.gz", &data_src, "gzip", &["-c"], piece_refs),
-        ("random.tar.gz", &random_src, "pigz", &["-p", "2", "-c"], vec![&random_tar]),
-        ("text.tar.gz", &text_src, "gzip", &["-6", "-c"], vec![&text_tar]),
-        ("crafted-stored.tar.gz", &crafted_src, "pigz", &["-0", "-c"], vec![&crafted_tar]),
-        ("crafted.tar.gz", &crafted_src, "gzip", &["-1", "-c"], vec![&crafted_tar]),
+        ("gzip-1.tar.gz", &data_src, "gzip", &["-1", "-c"], &[&data_tar]),
+        ("gzip-9.tar.gz", &data_src, "gzip", &["-9", "-c"], &[&data_tar]),
+        ("pigz.tar.gz", &data_src, "pigz", &["-p", "2", "-c"], &[&data_tar]),
+        ("members.tar.gz", &data_src, "gzip", &["-c"], &piece_refs),
+        ("random.tar.gz", &random_src, "pigz", &["-p", "2", "-c"], &[&random_tar]),
+        ("text.tar.gz", &text_src, "gzip", &["-6", "-c"], &[&text_tar]),
+        ("crafted-stored.tar.gz", &crafted_src, "pigz", &["-0", "-c"], &[&crafted_tar]),
+        ("crafted.tar.gz", &crafted_src, "gzip", &["-1", "-c"], &[&crafted_tar]),
     ];
+    let (mnt, env) = (tmp.join("mnt"), [("STAGEFS_TEST_GZIP_CHUNK", Path::new(SMALL_CHUNKS))]);
     for (name, src, tool, args, inputs) in cases {
         let archive = tmp.join(name);
-        compress_parts(tool, args, &inputs, &archive);
-        let mnt = tmp.join("mnt");
-        let env = [("STAGEFS_TEST_GZIP_CHUNK", Path::new(SMALL_CHUNKS))];
+        compress_parts(tool, args, inputs, &archive);
         let fg = Foreground::start_with(&["--stage", "none"], &archive, &mnt, &tmp.join("mount.log"), &env);
         assert_trees_equal(src, &mnt, &Options::default().root(false));
         let log = fg.finish();
@@ -336,30 +312,23 @@ fn gzip_tars_decoded_in_parallel_chunks_match_gnu_tar() {
     }
 }
 
-/// Truncated and damaged gzip tars: the mount fails with exit 3, naming the compressed
-/// byte, whichever chunk the damage falls in.
+/// Truncated and damaged gzip tars fail the mount with exit 3, naming the compressed byte, whichever chunk it is in.
 #[test]
 fn damaged_gzip_tars_fail_the_parallel_pass_with_the_offset() {
     require_root();
     let tmp = TempDir::new("seekable-pgzip-damaged");
     let (_, tar) = numbered_tar(&tmp, "random", 30, |i| pseudo_random(i, 200_000));
     let (_, text_tar) = numbered_tar(&tmp, "text", 20, |i| text_like(i, 400_000));
-    let stored = tmp.join("stored.tar.gz");
-    compress("pigz", &["-0", "-c"], &tar, &stored);
-    let text = tmp.join("text.tar.gz");
-    compress("gzip", &["-c"], &text_tar, &text);
-    let (stored, text) = (fs::read(&stored).unwrap(), fs::read(&text).unwrap());
-    let mut garbled = text.clone();
-    let middle = garbled.len() / 2;
-    garbled[middle..middle + 64].fill(0xff);
+    let stored = compress("pigz", &["-0", "-c"], &tar, &tmp.join("stored.tar.gz"));
+    let text = compress("gzip", &["-c"], &text_tar, &tmp.join("text.tar.gz"));
+    let middle = text.len() / 2;
+    let garbled = [&text[..middle], &[0xff; 64], &text[middle + 64..]].concat();
     // Stored blocks hold the tar verbatim: a flipped byte there is found by the CRC-32.
     let mut flipped = stored.clone();
     flipped[stored.len() * 3 / 4] ^= 0x10;
     // Junk or zeros between members: refused, never served as the members before them.
-    let after = tmp.join("after.gz");
     fs::write(tmp.join("after"), b"more").unwrap();
-    compress("gzip", &["-c"], &tmp.join("after"), &after);
-    let after = fs::read(&after).unwrap();
+    let after = compress("gzip", &["-c"], &tmp.join("after"), &tmp.join("after.gz"));
     let junk = [&text[..], b"junk", &after].concat();
     let zeros = [&text[..], &[0u8; 4096], &after].concat();
     let cases = [
@@ -369,11 +338,11 @@ fn damaged_gzip_tars_fail_the_parallel_pass_with_the_offset() {
         ("junk-between", junk, "another gzip member starts at byte"),
         ("zeros-between", zeros, "another gzip member starts at byte"),
     ];
+    let mnt = tmp.join("mnt");
+    fs::create_dir_all(&mnt).unwrap();
     for (name, bytes, says) in cases {
         let archive = tmp.join(format!("{name}.tar.gz"));
         fs::write(&archive, bytes).unwrap();
-        let mnt = tmp.join("mnt");
-        fs::create_dir_all(&mnt).unwrap();
         let cmd = StagefsCmd::new(osargs!["mount", "--stage", "none", archive, mnt]);
         let out = cmd.env("STAGEFS_TEST_GZIP_CHUNK", SMALL_CHUNKS).run();
         out.assert_mount_failed(&mnt, 3, &["corrupt gzip stream at or before compressed byte", says]);

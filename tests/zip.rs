@@ -1,17 +1,14 @@
-//! Zip archives from real tools (Info-ZIP zip, 7-Zip, bsdtar, Python's zipfile),
-//! extracted by Info-ZIP `unzip`, mounted by stagefs, compared entry by entry; then
-//! damaged and hostile zips, which must fail the mount (exit 3) or fail their file's
-//! reads (EIO, EACCES) with one log line each.
-//!
-//! Every tool runs with TZ=UTC: MS-DOS times have no zone, unzip reads them in the
-//! local one, stagefs in UTC (doc/design.md).
+//! Zip archives from real tools (Info-ZIP zip, 7-Zip, bsdtar, Python's zipfile) extracted by
+//! Info-ZIP `unzip`, mounted, compared entry by entry; then damaged and hostile zips, which must
+//! fail the mount (exit 3) or their file's reads (EIO, EACCES) with one log line each. Tools run
+//! with TZ=UTC: MS-DOS times have no zone; unzip reads them in the local one, stagefs in UTC.
 
 use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use crate::compare::{assert_trees_equal, count_entries, Options};
@@ -20,23 +17,15 @@ use crate::kit::*;
 const T: i64 = 1_623_760_496;
 
 /// Runs a tool in `dir` with TZ=UTC.
-fn tool_output(dir: &Path, program: &str, args: &[&OsStr]) -> CmdOutput {
+fn tool(dir: &Path, program: &str, args: &[&OsStr]) -> CmdOutput {
     let mut cmd = Command::new(require_tool(program));
     cmd.current_dir(dir).env("TZ", "UTC").args(args);
     run_cmd(&mut cmd, Duration::from_secs(300))
 }
 
-/// [`tool_output`], which must succeed.
-fn tool(dir: &Path, program: &str, args: &[&OsStr]) -> CmdOutput {
-    let out = tool_output(dir, program, args);
-    out.assert_success();
-    out
-}
-
-/// The tree every producer packs, in a new scene: sizes around block edges, compressible
-/// and random data, nested and empty directories, Unicode names, modes, symlinks (when
-/// `links`). `a/b/text.txt` (6.9 MB) is over a member cache shard's share of 64 MiB: it
-/// takes the path for members kept one at a time.
+/// The tree every producer packs, in a new scene: sizes around block edges, compressible and random data,
+/// nested and empty directories, Unicode names, modes, symlinks (when `links`). `a/b/text.txt` (6.9 MB) is
+/// over a member cache shard's share of 64 MiB: it takes the path for members kept one at a time.
 fn tree(name: &str, links: bool) -> Scene {
     let text: Vec<u8> = (0..800_000u32).flat_map(|i| format!("line {i}\n").into_bytes()).collect();
     let random = [1usize, 4095, 4096, 4097, 200_000].map(|n| (format!("a/random-{n}"), pseudo_random(n as u64, n)));
@@ -56,7 +45,8 @@ fn tree(name: &str, links: bool) -> Scene {
 fn packed(name: &str, links: bool, program: &str, args: &[&str]) -> (Scene, PathBuf) {
     let s = tree(name, links);
     let archive = s.join("a.zip");
-    tool(s.src(), program, &args.iter().copied().map(os).chain(osargs![archive, "."]).collect::<Vec<_>>());
+    let args: Vec<_> = args.iter().copied().map(os).chain(osargs![archive, "."]).collect();
+    tool(s.src(), program, &args).assert_success();
     (s, archive)
 }
 
@@ -66,12 +56,11 @@ fn made_by(name: &str, links: bool, program: &str, args: &[&str]) {
     zip_case(&s, &archive, opts(), links);
 }
 
-/// Extracts with Info-ZIP unzip (TZ=UTC), checks the reference holds the tree, mounts
-/// and compares entry by entry.
+/// Extracts with Info-ZIP unzip (TZ=UTC), checks the reference holds the tree, mounts and compares entry by entry.
 fn zip_case(s: &Scene, archive: &Path, opts: Options, links: bool) {
     let expected = s.join("expected");
     fs::create_dir_all(&expected).unwrap();
-    let out = tool_output(&expected, "unzip", &osargs!["-q", archive]);
+    let out = tool(&expected, "unzip", &osargs!["-q", archive]);
     // Exit 1 is a warning: "extra bytes at beginning" of a zip behind a stub.
     assert!(matches!(out.code(), Some(0 | 1)), "unzip failed:\n{}", out.describe());
     compare_with(s, archive, &expected, opts, links);
@@ -85,8 +74,7 @@ fn compare_with(s: &Scene, archive: &Path, expected: &Path, opts: Options, links
     if links {
         assert_eq!(fs::read_link(expected.join("a/link")).unwrap(), Path::new("b/c/deep.txt"));
         // unzip leaves symlinks with the time of extraction; the archive has the source's.
-        let links = [expected.join("a/link"), expected.join("dangling")];
-        Command::new("touch").args(["-h", "-d", &format!("@{T}")]).args(links).status().unwrap();
+        run_tool("touch", osargs!["-h", "-d", format!("@{T}"), expected.join("a/link"), expected.join("dangling")]);
     }
     assert!(count_entries(expected) >= 15, "unzip extracted too little");
     let mnt = Mounted::new(archive, &s.join("mnt"));
@@ -106,13 +94,11 @@ cases! {
     zip_bsdtar => made_by("zip-bsdtar", true, "bsdtar", &["--format", "zip", "-cf"]);
 }
 
-/// A self-extracting stub before the zip and a comment after it: offsets in the central
-/// directory are off by the stub's length, as in `cat unzipsfx a.zip > a.exe`.
+/// A self-extracting stub before the zip (`cat unzipsfx a.zip > a.exe`), a comment after: offsets are off by the stub.
 #[test]
 fn zip_with_prefix_and_comment() {
     let (s, plain) = packed("zip-sfx", true, "zip", &["-q", "-r", "-y"]);
-    let mut bytes = b"#!/bin/sh\necho self-extracting stub; exit 0\n".repeat(100);
-    bytes.extend_from_slice(&fs::read(&plain).unwrap());
+    let mut bytes = [b"#!/bin/sh\necho self-extracting stub; exit 0\n".repeat(100), read(&plain)].concat();
     // The comment goes in the end record: its length field, then its bytes.
     let len = bytes.len();
     let comment = b"a comment after the end record";
@@ -129,7 +115,7 @@ fn zip_7z_deflate_and_lzma() {
     // Info-ZIP unzip 6.0 has no LZMA: 7-Zip extracts the reference.
     let (s, archive) = packed("zip-7z-lzma", false, "7z", &["a", "-bd", "-tzip", "-mm=LZMA"]);
     let expected = s.join("expected");
-    tool(s.tmp.path(), "7z", &osargs!["x", "-bd", format!("-o{}", expected.display()), archive]);
+    tool(s.tmp.path(), "7z", &osargs!["x", "-bd", format!("-o{}", expected.display()), archive]).assert_success();
     compare_with(&s, &archive, &expected, opts(), false);
 }
 
@@ -150,14 +136,12 @@ with zipfile.ZipFile(sys.argv[1], "w") as z:
             with open(p, "rb") as fh:
                 z.writestr(info, fh.read(), compress_type=method)
 "#;
-    tool(s.src(), "python3", &osargs!["-c", script, archive]);
+    tool(s.src(), "python3", &osargs!["-c", script, archive]).assert_success();
     // Implicit directories: unzip makes them with its own attributes.
-    let opts = opts().skip_dir_attrs(["a", "a/b", "a/b/c", "ünïcödé"]);
-    zip_case(&s, &archive, opts, false);
+    zip_case(&s, &archive, opts().skip_dir_attrs(["a", "a/b", "a/b/c", "ünïcödé"]), false);
 }
 
-/// zip64: more than 65,535 members (Python switches to zip64 end records) and zip64
-/// extra fields on every member (`force_zip64`), with a data descriptor.
+/// zip64: over 65,535 members (Python's zip64 end records), `force_zip64` extra fields on a member, a data descriptor.
 #[test]
 fn zip_python_zip64_70000_members() {
     let tmp = TempDir::new("zip-zip64");
@@ -171,16 +155,14 @@ with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED) as z:
     with z.open("forced/zip64.bin", "w", force_zip64=True) as f:
         f.write(b"x" * 100000 + b"end")
 "#;
-    tool(tmp.path(), "python3", &osargs!["-c", script, archive]);
+    tool(tmp.path(), "python3", &osargs!["-c", script, archive]).assert_success();
     let expected = tmp.join("expected");
     fs::create_dir_all(&expected).unwrap();
-    tool(&expected, "unzip", &osargs!["-q", archive]);
+    tool(&expected, "unzip", &osargs!["-q", archive]).assert_success();
     assert_eq!(count_entries(&expected), 70_000 + 70 + 1 + 1);
     let mnt = Mounted::new(&archive, &tmp.join("mnt"));
     assert_eq!(read(&mnt.path().join("d69/f69999.txt")), b"member 69999\n".repeat(69_999 % 7));
-    let dirs: Vec<String> = (0..70).map(|d| format!("d{d:02}")).chain(["forced".into()]).collect();
-    let mut opts = opts();
-    opts.skip_dir_attrs.extend(dirs.iter().map(PathBuf::from));
+    let opts = opts().skip_dir_attrs((0..70).map(|d| format!("d{d:02}")).chain(["forced".into()]));
     assert_trees_equal(&expected, mnt.path(), &opts);
     // The central directory is the index: nothing is saved beside the archive.
     let saved: Vec<_> = fs::read_dir(tmp.path()).unwrap().flatten().map(|e| e.file_name()).collect();
@@ -192,57 +174,39 @@ with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED) as z:
 fn zip_is_detected_by_content_not_name() {
     let s = Scene::new("zip-name").file("f", b"content\n");
     let archive = s.join("data.tar");
-    tool(s.src(), "zip", &osargs!["-q", archive, "f"]);
+    tool(s.src(), "zip", &osargs!["-q", archive, "f"]).assert_success();
     let mnt = Mounted::new(&archive, &s.join("mnt"));
     assert_eq!(read(&mnt.path().join("f")), b"content\n");
 }
 
-// ---------------------------------------------------------------------------
 // Crafted zips: a writer that can lie
 
 /// CRC-32 (IEEE), bit by bit: the tests must not trust stagefs's own.
 fn crc32(data: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &b in data {
-        crc ^= u32::from(b);
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 { (crc >> 1) ^ 0xedb8_8320 } else { crc >> 1 };
-        }
-    }
-    !crc
+    let bit = |crc: u32, _| if crc & 1 != 0 { (crc >> 1) ^ 0xedb8_8320 } else { crc >> 1 };
+    !data.iter().fold(!0u32, |crc, &b| (0..8).fold(crc ^ u32::from(b), bit))
 }
 
-/// One member as the crafted writer stores it.
+/// One member as the crafted writer stores it: `stored` the bytes in the archive (already
+/// compressed), `size` and `crc` as declared, `local_method` the local header's (to make it
+/// disagree), `extra` in both headers, `mode` in the external attributes (made on Unix).
+#[derive(Default)]
 struct Craft {
     name: &'static [u8],
     method: u16,
     flags: u16,
-    /// The bytes stored in the archive (already compressed).
     stored: Vec<u8>,
-    /// Declared uncompressed size and CRC-32.
     size: u64,
     crc: u32,
-    /// Method written in the local header (to make it disagree).
     local_method: Option<u16>,
-    /// Extra fields (in both headers).
     extra: Vec<u8>,
-    /// `st_mode` in the external attributes (made on Unix).
     mode: u32,
 }
 
 impl Craft {
     fn stored(name: &'static [u8], content: &[u8]) -> Craft {
-        Craft {
-            name,
-            method: 0,
-            flags: 0,
-            stored: content.to_vec(),
-            size: content.len() as u64,
-            crc: crc32(content),
-            local_method: None,
-            extra: Vec::new(),
-            mode: libc::S_IFREG | 0o644,
-        }
+        let (size, crc) = (content.len() as u64, crc32(content));
+        Craft { name, stored: content.to_vec(), size, crc, mode: libc::S_IFREG | 0o644, ..Default::default() }
     }
 
     fn compressed(name: &'static [u8], method: u16, content: &[u8], packed: Vec<u8>) -> Craft {
@@ -300,14 +264,9 @@ fn craft(members: &[Craft]) -> Vec<u8> {
 
 /// `content` compressed by a command-line tool reading stdin.
 fn packed_by(program: &str, args: &[&str], content: &[u8]) -> Vec<u8> {
-    use std::io::Write;
-    let mut child = Command::new(require_tool(program))
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(content).unwrap();
+    let mut cmd = Command::new(require_tool(program));
+    let mut child = cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), content).unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{program} {args:?} failed");
     out.stdout
@@ -320,8 +279,7 @@ fn deflated(content: &[u8]) -> Vec<u8> {
     packed_by("python3", &["-c", script], content)
 }
 
-/// `members` crafted into `tmp/name`, then `stagefs mount --log-file tmp/daemon.log` of it
-/// at `tmp/mnt`, which must succeed: the mount, its output and the log's path.
+/// `members` crafted into `tmp/name`, mounted at `tmp/mnt` logging to `tmp/daemon.log`: the mount, its output, the log.
 fn mount_crafted(tmp: &TempDir, name: &str, members: &[Craft]) -> (Mounted, CmdOutput, PathBuf) {
     let (archive, mnt, log) = (tmp.join(name), tmp.join("mnt"), tmp.join("daemon.log"));
     fs::write(&archive, craft(members)).unwrap();
@@ -333,22 +291,20 @@ fn errno_of(path: &Path) -> Option<i32> {
     fs::read(path).err().and_then(|e| e.raw_os_error())
 }
 
-/// zstd (method 93), which none of the installed zip writers makes, served right, also at
-/// 10,000:1; and every damage a member can have (stored bytes that fail their CRC-32
-/// included) failing that member's reads only, logged once each.
+/// zstd (method 93), which none of the installed zip writers makes, served right, also at 10,000:1; and every damage a
+/// member can have (stored bytes that fail their CRC-32 included) failing that member's reads only, logged once each.
 #[test]
 fn zip_crafted_members_fail_alone() {
     let tmp = TempDir::new("zip-crafted");
     let good = b"good content\n".repeat(1000);
     let zeros = vec![0u8; 50 << 20];
-    let short_crc = crc32(&good[..good.len() - 1]);
     let members = [
         Craft::stored(b"stored", &good),
         Craft::compressed(b"zstd", 93, &good, packed_by("zstd", &["-q", "-c"], &good)),
         Craft::compressed(b"bzip2", 12, &good, packed_by("bzip2", &["-c"], &good)),
         Craft::compressed(b"bad-crc", 8, &good, deflated(&good)).with(|c| c.crc ^= 1),
         Craft::compressed(b"declared-too-small", 8, &good, deflated(&good))
-            .with(|c| (c.size, c.crc) = (c.size - 1, short_crc)),
+            .with(|c| (c.size, c.crc) = (c.size - 1, crc32(&good[..good.len() - 1]))),
         Craft::stored(b"local-method-differs", &good).with(|c| c.local_method = Some(8)),
         Craft::stored(b"encrypted", &good).with(|c| c.flags = 1),
         Craft::compressed(b"deflate64", 9, &good, deflated(&good)),
@@ -356,10 +312,7 @@ fn zip_crafted_members_fail_alone() {
         // Damage in stored data: the bytes no longer match the CRC-32 (as `unzip -t` finds).
         Craft::stored(b"stored-damaged", &good).with(|c| c.stored[100] ^= 0x55),
     ];
-    let archive = tmp.join("crafted.zip");
-    fs::write(&archive, craft(&members)).unwrap();
-    let log = tmp.join("daemon.log");
-    let m = Mounted::with_args(&["--log-file", log.to_str().unwrap()], &archive, &tmp.join("mnt"));
+    let (m, _, log) = mount_crafted(&tmp, "crafted.zip", &members);
     let p = |name: &str| m.path().join(name);
     for name in ["stored", "zstd", "bzip2"] {
         assert_eq!(read(&p(name)), good, "{name}");
@@ -408,15 +361,13 @@ fn zip_broken_structure_fails_the_mount() {
     for (label, bytes, needle) in cases {
         let archive = tmp.join(format!("{label}.zip"));
         fs::write(&archive, bytes).unwrap();
-        let out = mount_must_fail(&[archive.as_os_str(), mnt.as_os_str()], 3, label);
-        out.assert_stderr_has(&[needle, "byte"]);
+        mount_must_fail(&osargs![archive, mnt], 3, label).assert_stderr_has(&[needle, "byte"]);
     }
 }
 
-/// Names and times from extra fields, directories and duplicates, as unzip treats them:
-/// Info-ZIP's Unicode path field (0x7075) names a member whose stored name is CP437
-/// bytes; the extended timestamp (0x5455) beats the MS-DOS time; an explicit directory
-/// entry sets the directory's mode and time; a later member of the same name wins.
+/// Names and times from extra fields, directories and duplicates, as unzip treats them: Info-ZIP's Unicode path field
+/// (0x7075) names a member whose stored name is CP437 bytes; the extended timestamp (0x5455) beats the MS-DOS time;
+/// an explicit directory entry sets the directory's mode and time; a later member of the same name wins.
 #[test]
 fn zip_crafted_names_times_and_duplicates() {
     let tmp = TempDir::new("zip-names");
@@ -438,7 +389,7 @@ fn zip_crafted_names_times_and_duplicates() {
     let expected = tmp.join("expected");
     fs::create_dir_all(&expected).unwrap();
     // -o: overwrite the duplicate without asking, as the later entry wins.
-    tool(&expected, "unzip", &osargs!["-q", "-o", archive]);
+    tool(&expected, "unzip", &osargs!["-q", "-o", archive]).assert_success();
     assert_eq!(read(&expected.join("café.txt")), b"unicode path\n");
     assert_eq!(read(&expected.join("d/dup")), b"second, longer\n");
     let mnt = Mounted::new(&archive, &tmp.join("mnt"));
@@ -446,14 +397,13 @@ fn zip_crafted_names_times_and_duplicates() {
     assert_eq!(fs::read_link(mnt.path().join("d/link")).unwrap(), Path::new("timed"));
     // unzip gives symlinks the time of extraction; stagefs the archive's.
     let link_time = format!("@{}", fs::symlink_metadata(mnt.path().join("d/link")).unwrap().mtime());
-    Command::new("touch").args(["-h", "-d", &link_time]).arg(expected.join("d/link")).status().unwrap();
+    run_tool("touch", osargs!["-h", "-d", link_time, expected.join("d/link")]);
     assert_trees_equal(&expected, mnt.path(), &opts());
 }
 
-/// A zip over 4 GiB (Python's `force_zip64`): a stored member of 4 GiB + 4097 bytes, then
-/// members whose local headers lie past 4 GiB (zip64 offsets). The big member is compared
-/// with the bytes written at its start, across the 4 GiB line and at its end; the others
-/// with what `unzip -p` extracts.
+/// A zip over 4 GiB (Python's `force_zip64`): a stored member of 4 GiB + 4097 bytes, then members whose local
+/// headers lie past 4 GiB (zip64 offsets). The big member is compared with the bytes written at its start,
+/// across the 4 GiB line and at its end; the others with what `unzip -p` extracts.
 #[test]
 fn zip_python_zip64_over_4_gib() {
     let tmp = TempDir::new("zip-4gib");
@@ -471,7 +421,7 @@ with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_STORED) as z:
     z.writestr("deflated.txt", "x" * 1000, compress_type=zipfile.ZIP_DEFLATED)
 "#;
     let block_file = tmp.join("block");
-    tool(tmp.path(), "python3", &osargs!["-c", script, archive, block_file]);
+    tool(tmp.path(), "python3", &osargs!["-c", script, archive, block_file]).assert_success();
     let block = read(&block_file);
     let mnt = Mounted::new(&archive, &tmp.join("mnt"));
     let big = fs::File::open(mnt.path().join("big.bin")).unwrap();
@@ -485,24 +435,22 @@ with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_STORED) as z:
     }
     for name in ["after.txt", "deflated.txt"] {
         let out = tool(tmp.path(), "unzip", &osargs!["-p", archive, name]);
-        assert!(!out.stdout.is_empty(), "unzip -p {name}:\n{}", out.describe());
+        assert!(out.success() && !out.stdout.is_empty(), "unzip -p {name}:\n{}", out.describe());
         assert_eq!(read(&mnt.path().join(name)), out.stdout.as_bytes(), "{name}");
     }
 }
 
-/// Memory follows the cache budget, never what a member declares (issue 21, items 1–3):
-/// a member declaring 999× its 42 MiB of data (41.9 GB, zip64) gets EIO and leaves the
-/// mount and its neighbours up; symlinks declaring 200 MiB targets are skipped with one
-/// warning each; 1 GiB of zeros (over 1000:1) and 4500:1 text from Info-ZIP's bzip2 read
-/// right; the daemon's peak stays far below any of those sizes.
+/// Memory follows the cache budget, never what a member declares (issue 21, items 1–3): a member declaring
+/// 999× its 42 MiB of data (41.9 GB, zip64) gets EIO and leaves the mount and its neighbours up; symlinks
+/// declaring 200 MiB targets are skipped with one warning each; 1 GiB of zeros (over 1000:1) and 4500:1 text
+/// from Info-ZIP's bzip2 read right; the daemon's peak stays far below any of those sizes.
 #[test]
 fn zip_declared_sizes_never_drive_memory() {
     let tmp = TempDir::new("zip-budget");
-    let mut random = vec![0u8; 42 << 20];
-    std::io::Read::read_exact(&mut fs::File::open("/dev/urandom").unwrap(), &mut random).unwrap();
-    let mut liar = Craft::compressed(b"liar.bin", 8, &random, deflated(&random));
-    let declared = liar.stored.len() as u64 * 999;
-    liar.size = declared;
+    let random = pseudo_random(42, 42 << 20);
+    let liar =
+        Craft::compressed(b"liar.bin", 8, &random, deflated(&random)).with(|c| c.size = c.stored.len() as u64 * 999);
+    let declared = liar.size;
     let mut members = vec![liar, Craft::stored(b"neighbour.txt", b"still here\n")];
     let target = vec![b'a'; 200 << 20];
     let packed = deflated(&target);
@@ -529,7 +477,7 @@ fn zip_declared_sizes_never_drive_memory() {
     let lines = b"the same line of a long, very repetitive log file\n".repeat(1_080_000 / 50);
     let text = Scene::new("zip-budget-text").file("log.txt", &lines);
     let bz = tmp.join("bzip2.zip");
-    tool(text.src(), "zip", &osargs!["-q", "-Z", "bzip2", bz, "log.txt"]);
+    tool(text.src(), "zip", &osargs!["-q", "-Z", "bzip2", bz, "log.txt"]).assert_success();
     let zeros_zip = tmp.join("zeros.zip");
     let script = r#"
 import sys, zipfile
@@ -539,7 +487,7 @@ with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED, compresslevel=1) as
         for _ in range(1024):
             f.write(block)
 "#;
-    tool(tmp.path(), "python3", &osargs!["-c", script, zeros_zip]);
+    tool(tmp.path(), "python3", &osargs!["-c", script, zeros_zip]).assert_success();
     let m = Mounted::new(&bz, &tmp.join("mnt-bz"));
     let ratio = lines.len() as u64 / fs::metadata(&bz).unwrap().len();
     assert!(ratio > 1000, "Info-ZIP packed at only {ratio}:1");
@@ -555,25 +503,17 @@ with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED, compresslevel=1) as
 /// Reads `path` in 1 MiB pieces and checks it is `len` zero bytes.
 fn assert_all_zeros(path: &Path, len: u64) {
     use std::io::Read;
-    let mut f = fs::File::open(path).unwrap();
-    let mut buf = vec![0u8; 1 << 20];
-    let zeros = vec![0u8; 1 << 20];
-    let mut total = 0u64;
-    loop {
-        let n = f.read(&mut buf).unwrap_or_else(|e| panic!("read {} at {total}: {e}", path.display()));
-        if n == 0 {
-            break;
-        }
-        assert!(buf[..n] == zeros[..n], "non-zero byte near {total} of {}", path.display());
+    let (mut f, mut buf, mut total) = (fs::File::open(path).unwrap(), vec![0u8; 1 << 20], 0u64);
+    while let n @ 1.. = f.read(&mut buf).unwrap_or_else(|e| panic!("read {} at {total}: {e}", path.display())) {
+        assert!(buf[..n].iter().all(|&b| b == 0), "non-zero byte near {total} of {}", path.display());
         total += n as u64;
     }
     assert_eq!(total, len, "{} is {total} bytes", path.display());
 }
 
-/// N readers on N large deflate members (over the cache's per-member share) decode each
-/// member a bounded number of times, not once per kernel read (issue 21, item 4): one
-/// pass checks the CRC-32, one forward-moving decoder serves it (a read the kernel sends
-/// out of order may start one more). Counted from the daemon's debug log, not timed.
+/// N readers on N large deflate members (over the cache's per-member share) decode each member a bounded number of
+/// times, not once per kernel read (issue 21, item 4): one pass checks the CRC-32, one forward-moving decoder serves
+/// it (a read the kernel sends out of order may start one more). Counted from the daemon's debug log, not timed.
 #[test]
 fn zip_parallel_readers_decode_each_member_a_bounded_number_of_times() {
     let line = |i: u32, n: u32| format!("{i} line {}\n", n.wrapping_mul(2_654_435_761)).into_bytes();
@@ -609,10 +549,9 @@ fn zip_parallel_readers_decode_each_member_a_bounded_number_of_times() {
     assert!(peak < 200 << 20, "daemon peaked at {peak} bytes");
 }
 
-/// Everything an archive says reaches terminals and logs escaped (issue 21, case 10): a
-/// member name with an OSC sequence and a newline, read as EIO, shows up escaped in the
-/// mount-time warning, `stagefs status`, the `umount` summary and the daemon's log, never
-/// raw (no ESC byte, no forged line).
+/// Everything an archive says reaches terminals and logs escaped (issue 21, case 10): a member name with an
+/// OSC sequence and a newline, read as EIO, shows up escaped in the mount-time warning, `stagefs status`, the
+/// `umount` summary and the daemon's log, never raw (no ESC byte, no forged line).
 #[test]
 fn zip_names_reach_terminals_and_logs_escaped() {
     let tmp = TempDir::new("zip-escape");
@@ -636,20 +575,18 @@ fn zip_names_reach_terminals_and_logs_escaped() {
     assert!(texts[4].contains("u{1b}]0;pwned") && texts[4].contains("nWARN forged.txt"), "log: {:?}", texts[4]);
 }
 
-/// A zip records no owner. Python's `zipfile.writestr` stores mode 0600: members shown
-/// as root's made every file of such an archive unreadable (EACCES) for the ordinary
-/// user who mounted it. They are the mounting user's, as unzip makes them.
+/// A zip records no owner, and Python's `zipfile.writestr` stores mode 0600: members shown as root's were unreadable
+/// (EACCES) for the ordinary user who mounted the archive. They are hers, as unzip makes them.
 #[test]
 fn zip_members_belong_to_the_user_who_mounts_it() {
-    let alice = crate::kit::User::get("sfs-alice");
+    let alice = User::get("sfs-alice");
     let archive = alice.home.join("writestr.zip");
     let script = format!(
         "import zipfile\nwith zipfile.ZipFile('{}', 'w') as z:\n    for i in range(50): z.writestr(f'd/f{{i}}.txt', f'file {{i}}\\n')\n",
         archive.display()
     );
     alice.sh(&format!("python3 -c \"{}\"", script.replace('"', "\\\"")));
-    let mnt = alice.home.join("mnt-writestr");
-    crate::kit::remove_tree(&mnt);
+    let mnt = alice.fresh_mountpoint("mnt-writestr");
     alice.stagefs(osargs!["mount", archive, mnt]).assert_success();
     let read = alice.try_sh(&format!("cat {}/d/f7.txt && stat -c '%a %U' {}/d/f7.txt", mnt.display(), mnt.display()));
     alice.stagefs(osargs!["umount", mnt]).assert_success();
@@ -658,10 +595,9 @@ fn zip_members_belong_to_the_user_who_mounts_it() {
     assert_eq!(read.stdout, "file 7\n600 sfs-alice\n");
 }
 
-/// A stored member of 4 GiB + 46 bytes whose headers carry its size modulo 2^32 (46), as
-/// writers without zip64 do (issue 24): stagefs serves all of it, checked by its CRC-32,
-/// where unzip 6.0 extracts 46 bytes and reports a bad CRC. The 4 GiB in the middle are
-/// a hole, so the archive costs no disk.
+/// A stored member of 4 GiB + 46 bytes whose headers carry its size modulo 2^32 (46), as writers without
+/// zip64 do (issue 24): stagefs serves all of it, checked by its CRC-32, where unzip 6.0 extracts 46 bytes
+/// and reports a bad CRC. The 4 GiB in the middle are a hole, so the archive costs no disk.
 #[test]
 fn zip_stored_member_with_sizes_4_gib_short_reads_whole() {
     let tmp = TempDir::new("zip-wrapped");
@@ -695,12 +631,11 @@ with open(sys.argv[1], "wb") as f:
     f.write(struct.pack("<IIQI", 0x07064b50, 0, end64, 1))
     f.write(struct.pack("<IHHHHIIH", 0x06054b50, 0, 0, 2, 2, len(c), 0xffffffff, 0))
 "#;
-    tool(tmp.path(), "python3", &osargs!["-c", script, archive]);
+    tool(tmp.path(), "python3", &osargs!["-c", script, archive]).assert_success();
     let mnt = Mounted::new(&archive, &tmp.join("mnt"));
     assert_eq!(read(&mnt.path().join("small.txt")), b"before the big member\n");
     let big = fs::File::open(mnt.path().join("big.bin")).unwrap();
-    let size = (1u64 << 32) + 46;
-    assert_eq!(big.metadata().unwrap().len(), size);
+    assert_eq!(big.metadata().unwrap().len(), (1u64 << 32) + 46);
     let at = |offset: u64, len: usize| {
         let mut buf = vec![0u8; len];
         big.read_exact_at(&mut buf, offset).unwrap();
@@ -711,17 +646,14 @@ with open(sys.argv[1], "wb") as f:
     assert!(at((1 << 32) - 4096, 4096).iter().all(|&b| b == 0));
 }
 
-/// A member name holding a NUL byte (no file can have it: the kernel's names end there)
-/// is left out with a warning, instead of being listed cut short (`ok.txt` twice) and
-/// failing to open; the member whose name it would shadow reads right.
+/// A member name holding a NUL byte (no file can have it: the kernel's names end there) is left out with a warning,
+/// not listed cut short (`ok.txt` twice) and failing to open; the member whose name it would shadow reads right.
 #[test]
 fn zip_names_with_a_nul_byte_are_left_out() {
     let tmp = TempDir::new("zip-nul");
     let members = [Craft::stored(b"ok.txt", b"the real one\n"), Craft::stored(b"ok.txt\0evil", b"cut short\n")];
     let (m, out, _) = mount_crafted(&tmp, "nul.zip", &members);
-    let names: Vec<String> =
-        fs::read_dir(m.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
-    assert_eq!(names, ["ok.txt"], "listed once, by its own name");
+    assert_eq!(file_names(m.path()), ["ok.txt"], "listed once, by its own name");
     assert_eq!(read(&m.path().join("ok.txt")), b"the real one\n");
     out.assert_stderr_has(&["NUL byte", "ok.txt\\u{0}evil"]);
     m.unmount().assert_success();
