@@ -1,8 +1,7 @@
-//! `stagefs pack`: the archive it writes is read by GNU tar, bsdtar and Python's tarfile
-//! without a warning and extracts to the source tree; it is the same bytes whatever the
-//! thread count; its saved index serves the first mount; shards keep samples whole; and
-//! every failure (a file changing, Ctrl-C, an unwritable or hostile destination) leaves
-//! no partial archive behind and says what and where.
+//! `stagefs pack`: GNU tar, bsdtar and Python's tarfile read its archive without a warning and extract the source
+//! tree; it is the same bytes whatever the thread count; its saved index serves the first mount; shards keep samples
+//! whole; and every failure (a file changing, Ctrl-C, an unwritable or hostile destination) leaves no partial
+//! archive behind and says what and where.
 
 use std::ffi::{OsStr, OsString};
 use std::fs;
@@ -24,18 +23,15 @@ pub(crate) fn write(path: &Path, bytes: &[u8]) {
     fs::write(path, bytes).unwrap();
 }
 
-/// A tree with what tar formats make hard: long names (a 150-byte name, a 350-byte path),
-/// names that are not UTF-8 (short and long), empty files and directories, hard links
-/// across directories, symlinks (relative, absolute, dangling), a file large enough to be
-/// streamed in chunks, and some ordinary files.
+/// A tree with what tar formats make hard: long names (a 150-byte name, a 350-byte path), names that are not UTF-8
+/// (short and long), empty files and directories, hard links across directories, symlinks (relative, absolute,
+/// dangling), a file large enough to be streamed in chunks, and some ordinary files.
 pub(crate) fn hard_tree(root: &Path) {
     let mut rng = Rng::new(27);
     for i in 0..40 {
-        let len = (rng.below(50_000)) as usize;
-        write(&root.join(format!("class{}/{i:03}.jpg", i % 4)), &pseudo_random(i as u64, len));
+        write(&root.join(format!("class{}/{i:03}.jpg", i % 4)), &pseudo_random(i as u64, rng.below(50_000) as usize));
     }
-    let long_dir = root.join("d".repeat(200));
-    write(&long_dir.join("f".repeat(150)), b"long path\n");
+    write(&root.join("d".repeat(200)).join("f".repeat(150)), b"long path\n");
     write(&root.join(OsStr::from_bytes(b"caf\xe9.txt")), b"latin-1 name\n");
     let long_binary = [b"\xff".repeat(120), b".bin".to_vec()].concat();
     write(&root.join("bin").join(OsStr::from_bytes(&long_binary)), b"binary long name\n");
@@ -79,8 +75,7 @@ fn pack_is_read_by_gnu_tar_bsdtar_and_tarfile_and_extracts_to_the_source() {
     let archive = tmp.join("out.tar");
     pack(&osargs![src, archive]).assert_success().assert_stderr_has(&["packed", "files/s", "1 index saved"]);
     let listing = quiet_tool("tar", &osargs!["-tvf", archive]);
-    assert!(listing.stdout.contains(&"f".repeat(150)), "{}", listing.stdout);
-    assert!(listing.stdout.contains("links/second.txt link to class0/third.txt"), "{}", listing.stdout);
+    listing.assert_stdout_has(&[&"f".repeat(150), "links/second.txt link to class0/third.txt"]);
     quiet_tool("bsdtar", &osargs!["-tvf", archive]);
 
     let gnu = tmp.join("gnu");
@@ -165,10 +160,9 @@ fn shards_keep_samples_whole_carry_their_index_and_mount_as_one_tree() {
         assert!(fs::metadata(shard).unwrap().len() <= 600 << 10, "shard {n} is about the size asked");
         let listing = quiet_tool("tar", &osargs!["-tf", shard]);
         for name in listing.stdout.lines().filter(|l| l.ends_with(".jpg") || l.ends_with(".cls")) {
-            let stem = name.rsplit_once('.').unwrap().0.to_string();
-            let previous = seen.insert(name.to_string(), n);
-            assert!(previous.is_none(), "{name} is in two shards");
-            let other = if name.ends_with(".jpg") { format!("{stem}.cls") } else { format!("{stem}.jpg") };
+            assert!(seen.insert(name.to_string(), n).is_none(), "{name} is in two shards");
+            let (stem, ext) = name.rsplit_once('.').unwrap();
+            let other = format!("{stem}.{}", if ext == "jpg" { "cls" } else { "jpg" });
             assert!(listing.stdout.lines().any(|l| l == other), "{name} and {other} are in one shard (shard {n})");
         }
     }
@@ -176,9 +170,8 @@ fn shards_keep_samples_whole_carry_their_index_and_mount_as_one_tree() {
     let pattern = tmp.join("shards/train-*.tar");
     let mp = tmp.join("mnt");
     let (_mounted, out) = StagefsCmd::new(osargs!["mount", pattern, mp]).mounts(&pattern, &mp);
-    let from_saved = format!("({} of {} from saved indexes)", shards.len(), shards.len());
-    out.assert_stderr_has(&[&from_saved]);
-    assert_trees_equal(&src, &mp, &Options::default().nanos(false).xattrs(false));
+    out.assert_stderr_has(&[&format!("({n} of {n} from saved indexes)", n = shards.len())]);
+    assert_same_tree(&src, &mp);
 }
 
 #[test]
@@ -187,9 +180,8 @@ fn exclude_and_files_from_choose_what_is_packed() {
     for name in ["keep/a.jpg", "keep/b.tmp", "keep/cache/c.jpg", "other/d.jpg", "other/e.jpg", "top.txt"] {
         write(&src.join(name), name.as_bytes());
     }
-    let list = |archive: &Path| -> Vec<String> {
-        let out = quiet_tool("tar", &osargs!["-tf", archive]);
-        out.stdout.lines().map(String::from).collect()
+    let list = |archive: &Path| {
+        quiet_tool("tar", &osargs!["-tf", archive]).stdout.lines().map(String::from).collect::<Vec<_>>()
     };
     let excluded = tmp.join("excluded.tar");
     pack(&osargs!["--exclude", "*.tmp", "--exclude", "cache", "--exclude", "other/e.jpg", src, excluded])
@@ -202,10 +194,8 @@ fn exclude_and_files_from_choose_what_is_packed() {
     pack(&osargs!["--files-from", listed, src, chosen]).assert_success();
     assert_eq!(list(&chosen), ["./", "keep/cache/c.jpg", "other/", "other/d.jpg", "other/e.jpg", "top.txt"]);
     // The directories a listed file implies are served by a mount all the same.
-    let mp = tmp.join("mnt");
-    let mounted = Mounted::new(&chosen, &mp);
+    let mounted = Mounted::new(&chosen, &tmp.join("mnt"));
     assert_eq!(read(&mounted.path().join("keep/cache/c.jpg")), b"keep/cache/c.jpg");
-
     // Each list (None: one that cannot be read), the exit code and what stderr says.
     for (list, code, said) in [
         (Some("/etc/passwd\n"), 2, &["line 1", "absolute path"][..]),
@@ -228,8 +218,7 @@ fn fifos_are_kept_and_sockets_skipped_with_a_warning() {
     run_tool("mkfifo", [src.join("fifo")]);
     let _socket = std::os::unix::net::UnixListener::bind(src.join("sock")).unwrap();
     let archive = tmp.join("out.tar");
-    let out = pack(&osargs![src, archive]);
-    out.assert_success().assert_stderr_has(&["sock: socket ignored"]);
+    pack(&osargs![src, archive]).assert_success().assert_stderr_has(&["sock: socket ignored"]);
     let listing = quiet_tool("tar", &osargs!["-tvf", archive]);
     assert!(listing.stdout.lines().any(|l| l.starts_with('p') && l.ends_with(" fifo")), "{}", listing.stdout);
     assert!(!listing.stdout.contains("sock"), "{}", listing.stdout);
@@ -237,11 +226,8 @@ fn fifos_are_kept_and_sockets_skipped_with_a_warning() {
 
 /// Files in `dir` other than `keep`: a failed pack must leave nothing, temp files included.
 fn leftovers(dir: &Path, keep: &[&str]) -> Vec<String> {
-    fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| !keep.contains(&n.as_str()))
-        .collect()
+    let names = fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned());
+    names.filter(|n| !keep.contains(&n.as_str())).collect()
 }
 
 #[test]
@@ -252,21 +238,20 @@ fn a_file_that_keeps_changing_fails_the_pack_by_name_and_leaves_nothing() {
     write(&growing, &pseudo_random(5, 40 << 20));
     let out_dir = tmp.join("out");
     fs::create_dir_all(&out_dir).unwrap();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let appender = {
-        let (stop, growing) = (stop.clone(), growing.clone());
-        std::thread::spawn(move || {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let out = std::thread::scope(|scope| {
+        scope.spawn(|| {
             use std::io::Write;
             let mut file = fs::OpenOptions::new().append(true).open(&growing).unwrap();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 file.write_all(b"another line\n").unwrap();
                 std::thread::sleep(Duration::from_micros(200));
             }
-        })
-    };
-    let out = pack(&osargs![src, out_dir.join("out.tar")]);
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    appender.join().unwrap();
+        });
+        let out = pack(&osargs![src, out_dir.join("out.tar")]);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        out
+    });
     out.assert_code(1).assert_stderr_has(&["growing.log changed while it was read, twice", "torn copy"]);
     assert_eq!(leftovers(&out_dir, &[]), Vec::<String>::new());
 }
@@ -329,26 +314,9 @@ fn missing_or_wrong_paths_are_clear_errors() {
     }
     assert!(!x.exists());
     // More threads than the open-files limit allows: capped, with a warning.
-    let script = format!(
-        "ulimit -n 100 && exec {} pack --threads 500 {} {}",
-        stagefs_bin().display(),
-        src.display(),
-        tmp.join("x.tar").display()
-    );
-    let out = run_cmd(Command::new("sh").args(["-c", &script]), CMD_TIMEOUT);
-    out.assert_success().assert_stderr_has(&["--threads 500", "ulimit -n", "18 readers"]);
-}
-
-/// A directory both test users can reach, holding `mode` subdirectory `name` (given to `owner`).
-fn reachable(tmp: &TempDir, name: &str, mode: u32, owner: Option<&User>) -> PathBuf {
-    chmod(tmp.path(), 0o755);
-    let dir = tmp.join(name);
-    fs::create_dir_all(&dir).unwrap();
-    chmod(&dir, mode);
-    if let Some(user) = owner {
-        user.chown(&dir);
-    }
-    dir
+    let script = "ulimit -n 100 && exec \"$0\" pack --threads 500 \"$1\" \"$2\"";
+    let out = run_tool("sh", osargs!["-c", script, stagefs_bin(), src, x]);
+    out.assert_stderr_has(&["--threads 500", "ulimit -n", "18 readers"]);
 }
 
 /// `bytes` written to `path`, owned by `user`.
@@ -359,17 +327,15 @@ fn write_as(user: &User, path: &Path, bytes: &[u8]) {
 
 #[test]
 fn as_a_user_an_unwritable_destination_or_unreadable_file_is_a_clear_error() {
-    let alice = User::get("sfs-alice");
-    let tmp = TempDir::new("pack-user-errors");
-    let src = reachable(&tmp, "src", 0o755, Some(&alice));
-    write_as(&alice, &src.join("ok.txt"), b"ok");
-    write_as(&alice, &src.join("secret.txt"), b"secret");
-    let root_only = reachable(&tmp, "root-only", 0o755, None);
-    let out = alice.stagefs(osargs!["pack", src, root_only.join("x.tar")]);
+    let (t, root) = (two_users("pack-user-errors"), User::get("root"));
+    let (alice, src) = (&t.alice, t.dir("src", 0o755, &t.alice));
+    write_as(alice, &src.join("ok.txt"), b"ok");
+    write_as(alice, &src.join("secret.txt"), b"secret");
+    let out = alice.stagefs(osargs!["pack", src, t.dir("root-only", 0o755, &root).join("x.tar")]);
     out.assert_code(1).assert_stderr_has(&["cannot create a temporary file in", "root-only", "Permission denied"]);
 
     chmod(&src.join("secret.txt"), 0o000);
-    let out_dir = reachable(&tmp, "out", 0o755, Some(&alice));
+    let out_dir = t.dir("out", 0o755, alice);
     let out = alice.stagefs(osargs!["pack", src, out_dir.join("x.tar")]);
     out.assert_code(1).assert_stderr_has(&["cannot read", "secret.txt", "Permission denied"]);
     assert_eq!(leftovers(&out_dir, &[]), Vec::<String>::new());
@@ -379,15 +345,14 @@ fn as_a_user_an_unwritable_destination_or_unreadable_file_is_a_clear_error() {
 /// to go. pack never writes through it, and says why it cannot replace it.
 #[test]
 fn a_symlink_planted_at_out_by_another_user_is_never_followed() {
-    let (alice, eve) = (User::get("sfs-alice"), User::get("sfs-eve"));
-    let tmp = TempDir::new("pack-hostile");
-    let src = reachable(&tmp, "src", 0o755, Some(&alice));
-    write_as(&alice, &src.join("data.txt"), b"dataset");
-    let victim = reachable(&tmp, "alice-home", 0o700, Some(&alice)).join("thesis.txt");
-    write_as(&alice, &victim, b"years of work");
-    let shared = reachable(&tmp, "shared", 0o1777, None);
+    let (t, root) = (two_users("pack-hostile"), User::get("root"));
+    let (alice, src) = (&t.alice, t.dir("src", 0o755, &t.alice));
+    write_as(alice, &src.join("data.txt"), b"dataset");
+    let victim = t.dir("alice-home", 0o700, alice).join("thesis.txt");
+    write_as(alice, &victim, b"years of work");
+    let shared = t.dir("shared", 0o1777, &root);
     let out_path = shared.join("data.tar");
-    eve.sh(&format!("ln -s {} {}", victim.display(), out_path.display()));
+    t.eve.sh(&format!("ln -s {} {}", victim.display(), out_path.display()));
 
     let out = alice.stagefs(osargs!["pack", src, out_path]);
     out.assert_code(1).assert_stderr_has(&["data.tar", "cannot rename", "another user"]);
@@ -405,21 +370,17 @@ fn normalize_stores_owner_zero_without_names_and_modes_readable_by_all() {
         chmod(&src.join(path), mode);
         std::os::unix::fs::chown(src.join(path), Some(1234), Some(5678)).unwrap();
     }
-    let archive = tmp.join("out.tar");
-    pack(&osargs!["--normalize", src, archive]).assert_success();
-    let listing = quiet_tool("tar", &osargs!["-tvf", archive]).stdout;
-    let line =
-        |name: &str| listing.lines().find(|l| l.ends_with(name)).unwrap_or_else(|| panic!("{listing}")).to_string();
-    assert!(line(" d/").starts_with("drwxr-xr-x 0/0 "), "{listing}");
-    assert!(line("d/private.txt").starts_with("-rw-r--r-- 0/0 "), "{listing}");
-    assert!(line("d/tool.sh").starts_with("-rwxr-xr-x 0/0 "), "{listing}");
-    let plain = tmp.join("plain.tar");
+    let (normalized, plain) = (tmp.join("out.tar"), tmp.join("plain.tar"));
+    pack(&osargs!["--normalize", src, normalized]).assert_success();
     pack(&osargs![src, plain]).assert_success();
-    let listing = quiet_tool("tar", &osargs!["-tvf", plain]).stdout;
-    assert!(
-        listing.lines().any(|l| l.starts_with("-rw------- 1234/5678 ") && l.ends_with("d/private.txt")),
-        "{listing}"
-    );
+    let listed = |archive: &Path, start: &str, name: &str| {
+        let listing = quiet_tool("tar", &osargs!["-tvf", archive]).stdout;
+        assert!(listing.lines().any(|l| l.starts_with(start) && l.ends_with(name)), "no {start}{name}:\n{listing}");
+    };
+    listed(&normalized, "drwxr-xr-x 0/0 ", " d/");
+    listed(&normalized, "-rw-r--r-- 0/0 ", "d/private.txt");
+    listed(&normalized, "-rwxr-xr-x 0/0 ", "d/tool.sh");
+    listed(&plain, "-rw------- 1234/5678 ", "d/private.txt");
 }
 
 /// A file of `size` bytes with `data` written at each offset, holes elsewhere.
@@ -448,27 +409,23 @@ fn sparse_files_are_stored_without_their_holes_and_read_back_whole() {
     assert!(fs::metadata(&archive).unwrap().len() < 1 << 20, "holes are not stored");
     quiet_tool("tar", &osargs!["-tvf", archive]);
     quiet_tool("bsdtar", &osargs!["-tvf", archive]);
-    let names = ["d/middle.img", "d/ends-with-data.img", "d/all-hole.img", "d/dense.txt"];
-    let same = |root: &Path, how: &str| {
-        for name in names {
-            let out = run_cmd(Command::new("cmp").arg(src.join(name)).arg(root.join(name)), CMD_TIMEOUT);
+    let same = |dir: &str, how: &str| {
+        for name in ["d/middle.img", "d/ends-with-data.img", "d/all-hole.img", "d/dense.txt"] {
+            let out = run_cmd(Command::new("cmp").arg(src.join(name)).arg(tmp.join(dir).join(name)), CMD_TIMEOUT);
             assert!(out.success(), "{how}: {name} differs\n{}", out.describe());
         }
     };
-    let gnu = tmp.join("gnu");
-    extract_tar(&archive, &gnu);
-    same(&gnu, "GNU tar");
-    let bsd = tmp.join("bsd");
-    fs::create_dir_all(&bsd).unwrap();
-    quiet_tool("bsdtar", &osargs!["-xf", archive, "-C", bsd]);
-    same(&bsd, "bsdtar");
-    let py = tmp.join("py");
+    extract_tar(&archive, &tmp.join("gnu"));
+    same("gnu", "GNU tar");
+    fs::create_dir_all(tmp.join("bsd")).unwrap();
+    quiet_tool("bsdtar", &osargs!["-xf", archive, "-C", tmp.join("bsd")]);
+    same("bsd", "bsdtar");
     let script =
         "import sys, tarfile\nwith tarfile.open(sys.argv[1]) as t:\n    t.extractall(sys.argv[2], filter='tar')\n";
-    quiet_tool("python3", &osargs!["-c", script, archive, py]);
-    same(&py, "tarfile");
+    quiet_tool("python3", &osargs!["-c", script, archive, tmp.join("py")]);
+    same("py", "tarfile");
     let fg = Foreground::start(&archive, &tmp.join("mnt"), &tmp.join("mount.log"), &[]);
-    same(&tmp.join("mnt"), "stagefs mount");
+    same("mnt", "stagefs mount");
     let log = fg.finish();
     assert!(log.contains("using saved index"), "{log}");
 }
@@ -481,12 +438,9 @@ fn a_progress_bar_on_a_terminal_and_a_summary_line_always() {
     samples(&src, 20);
     let archive = tmp.join("out.tar");
     let line = format!("{} pack {} {}", stagefs_bin().display(), src.display(), archive.display());
-    let out = run_tool("script", osargs!["-qec", &line, "/dev/null"]);
-    for needle in ["packing 0/", "files/s", "/s eta", "packed 40 files"] {
-        assert!(out.stdout.contains(needle), "{needle:?} not on the terminal:\n{}", out.describe());
-    }
+    let terminal = run_tool("script", osargs!["-qec", &line, "/dev/null"]);
+    terminal.assert_stdout_has(&["packing 0/", "files/s", "/s eta", "packed 40 files"]);
     let out = pack(&osargs![src, archive]);
-    out.assert_success().assert_stderr_lacks(&["eta"]);
+    out.assert_success().assert_stderr_lacks(&["eta"]).assert_stderr_has(&["packed 40 files", "MB/s"]);
     assert_eq!(out.stderr.lines().count(), 1, "one summary line:\n{}", out.describe());
-    out.assert_stderr_has(&["packed 40 files", "MB/s"]);
 }

@@ -1,10 +1,8 @@
-//! Stress: a few hundred files of random sizes (some sparse) in a tar and a SquashFS-zstd
-//! image, read at random offsets and lengths by many threads and several child processes
-//! at once, every byte compared with the source tree; then the mount goes away (lazy
-//! `stagefs umount` for the tar, SIGTERM to the daemon for SquashFS) while the readers are
-//! still reading. No read may ever return a wrong byte; after the unmount, reads may
-//! fail (EIO, ENOTCONN, ENOENT, ECONNABORTED) but never hang; the daemon must exit and
-//! the mount leave the mount table.
+//! Stress: a few hundred files of random sizes (some sparse) in a tar and a SquashFS-zstd image, read at random
+//! offsets by many threads and child processes, every byte compared with the source; then the mount goes away
+//! (lazy `stagefs umount` for the tar, SIGTERM to the daemon for SquashFS) under the readers. No read may return a
+//! wrong byte; after the unmount reads may fail (EIO, ENOTCONN, ENOENT, ECONNABORTED) but never hang; the daemon
+//! must exit and the mount leave the mount table.
 
 use std::fs;
 use std::os::unix::fs::FileExt;
@@ -19,9 +17,8 @@ use crate::kit::*;
 
 const FILES: usize = 300;
 const MIB: u64 = 1 << 20;
-/// The mount goes away once the reader threads of this process have made this many
-/// verified reads together, and each reader process as many again: an amount of work,
-/// not a time, so a slow machine runs longer instead of testing less.
+/// The mount goes away once the reader threads of this process have made this many verified reads together, and each
+/// reader process as many again: an amount of work, not a time, so a slow machine runs longer instead of testing less.
 const READS_BEFORE_UNMOUNT: u64 = 20_000;
 /// Hang guard only: a reader still reading successfully this long after it started was
 /// never reached by the unmount; the parent waits as long for the readers' progress.
@@ -36,8 +33,7 @@ fn name(i: usize) -> String {
     format!("d{}/f{i:03}.bin", i % 10)
 }
 
-/// Writes the source tree: mostly small files, some up to 3 MiB, every tenth sparse
-/// (random runs of data between holes).
+/// The source tree: mostly small files, some up to 3 MiB, every tenth sparse (random runs of data between holes).
 fn make_tree(root: &Path) {
     let mut rng = Rng::new(7);
     for i in 0..FILES {
@@ -88,8 +84,7 @@ fn pread_full(f: &fs::File, buf: &mut [u8], offset: u64) -> std::io::Result<usiz
     Ok(done)
 }
 
-/// What the readers of one process share: the mount, the source tree, the marker that
-/// exists once the unmount began, and the count of verified reads.
+/// What the readers of one process share: the mount, the source, the marker of the unmount, the verified reads.
 struct Load {
     mp: PathBuf,
     src: PathBuf,
@@ -117,19 +112,16 @@ impl Load {
     }
 }
 
-/// Reads random pieces of random files of the mount until the first error after the
-/// unmount began (the marker exists), comparing each with the same piece of the source
-/// file and counting verified reads.
+/// Reads random pieces of random files of the mount until the first error after the unmount began (the marker exists),
+/// comparing each with the same piece of the source file and counting verified reads.
 fn reader(seed: u64, load: &Load) -> Tally {
     let deadline = Instant::now() + HANG_GUARD;
     let mut rng = Rng::new(seed);
     let mut tally = Tally::default();
-    let mut buf = vec![0u8; 2 * MIB as usize];
-    let mut want = vec![0u8; 2 * MIB as usize];
-    let unmounting = || load.marker.exists();
+    let (mut buf, mut want) = (vec![0u8; 2 * MIB as usize], vec![0u8; 2 * MIB as usize]);
     let fail = |tally: &mut Tally, what: String| -> bool {
         let allowed = [libc::EIO, libc::ENOTCONN, libc::ENOENT, libc::ECONNABORTED];
-        if unmounting() && allowed.iter().any(|e| what.contains(&format!("(os error {e})"))) {
+        if load.marker.exists() && allowed.iter().any(|e| what.contains(&format!("(os error {e})"))) {
             tally.errors_after += 1;
             return true; // this reader is done
         }
@@ -146,12 +138,8 @@ fn reader(seed: u64, load: &Load) -> Tally {
         let size = expected.metadata().unwrap().len();
         let file = match fs::File::open(load.mp.join(name)) {
             Ok(f) => f,
-            Err(e) => {
-                if fail(&mut tally, format!("open {name}: {e}")) {
-                    break;
-                }
-                continue;
-            }
+            Err(e) if fail(&mut tally, format!("open {name}: {e}")) => break,
+            Err(_) => continue,
         };
         // Several reads per open, so that open files span the unmount.
         for _ in 0..rng.below(8) + 1 {
@@ -167,12 +155,8 @@ fn reader(seed: u64, load: &Load) -> Tally {
             };
             let got = match pread_full(&file, &mut buf[..len], offset) {
                 Ok(n) => n,
-                Err(e) => {
-                    if fail(&mut tally, format!("pread {name} {len}@{offset}: {e}")) {
-                        break 'files;
-                    }
-                    continue 'files;
-                }
+                Err(e) if fail(&mut tally, format!("pread {name} {len}@{offset}: {e}")) => break 'files,
+                Err(_) => continue 'files,
             };
             let n = pread_full(&expected, &mut want[..len], offset).unwrap();
             tally.reads += 1;
@@ -189,10 +173,9 @@ fn reader(seed: u64, load: &Load) -> Tally {
     tally
 }
 
-/// The child-process side, run by `stress` as `--ignored --exact stress::stress_reader_child`
-/// with its parameters in the environment: runs `THREADS_PER_PROCESS` readers, creates
-/// the ready file once they made `READS_BEFORE_UNMOUNT` verified reads, and reports one
-/// line per reader on stdout. Not a test by itself: run alone, it fails.
+/// The child-process side, run by `stress` as `--ignored --exact stress::stress_reader_child` with its parameters in
+/// the environment: runs `THREADS_PER_PROCESS` readers, creates the ready file once they made `READS_BEFORE_UNMOUNT`
+/// verified reads, and reports one line per reader on stdout. Not a test by itself: run alone, it fails.
 #[test]
 #[ignore = "a reader process of the stress tests, which run it; it fails when run by itself"]
 fn stress_reader_child() {
@@ -218,7 +201,6 @@ fn stress_reader_child() {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Unmount {
     Lazy,
     Sigterm,
@@ -267,14 +249,11 @@ fn stress(label: &str, how: Unmount, build: impl FnOnce(&Path, &Path) -> CmdOutp
     let unmounter = match how {
         Unmount::Lazy => Some(StagefsCmd::new(osargs!["umount", "--lazy", mp]).spawn()),
         Unmount::Sigterm => {
-            for pid in &pids {
-                signal(*pid, Signal::SIGTERM).unwrap();
-            }
+            pids.iter().for_each(|&pid| signal(pid, Signal::SIGTERM).unwrap());
             None
         }
     };
     m.disarm();
-
     // Every wait is bounded: a reader stuck in a request fails the test here.
     let limit = Instant::now() + HANG_GUARD;
     let left = || limit.saturating_duration_since(Instant::now());
@@ -307,8 +286,7 @@ fn stress(label: &str, how: Unmount, build: impl FnOnce(&Path, &Path) -> CmdOutp
         started.elapsed()
     );
     assert!(failures.is_empty() && child_failures.is_empty(), "{label}: {failures:#?}\n{child_failures:#?}");
-    let want = PROCESSES * THREADS_PER_PROCESS;
-    assert_eq!(child_readers.len(), want, "{label}: reader processes reported {child_lines:#?}");
+    assert_eq!(child_readers.len(), PROCESSES * THREADS_PER_PROCESS, "{label}: reader processes said {child_lines:#?}");
     assert!(reads >= READS_BEFORE_UNMOUNT, "{label}: {reads} reads before and during the unmount");
     assert!(
         after > 0 || child_lines.iter().any(|l| !l.contains("errors_after=0")),
