@@ -81,13 +81,14 @@ impl Caches {
     }
 
     /// Makes every gzip first pass of this open parallel, whatever the cores, in chunks of
-    /// `chunk_bytes` (tests reach the pass's joins on two cores with tiny chunks).
-    #[doc(hidden)]
+    /// `chunk_bytes` (tests reach the pass's joins on two cores with tiny chunks). A test
+    /// hook: only with the `test-support` feature.
+    #[cfg(any(test, feature = "test-support"))]
     pub fn force_parallel_gzip(&self, chunk_bytes: usize) {
         self.shared.gzip_chunk.store(chunk_bytes.max(1), Ordering::Relaxed);
     }
 
-    /// The chunk size a forced parallel gzip pass uses ([`Caches::force_parallel_gzip`]).
+    /// The chunk size a forced parallel gzip pass uses (see `Caches::force_parallel_gzip`).
     pub(crate) fn forced_gzip_chunk(&self) -> Option<usize> {
         Some(self.shared.gzip_chunk.load(Ordering::Relaxed)).filter(|&chunk| chunk != 0)
     }

@@ -91,6 +91,7 @@ pub fn open(set: &ArchiveSet, options: OpenOptions) -> Result<Opened, OpenArchiv
 pub fn caches_for(max_ram: Option<u64>) -> Caches {
     let caches = Caches::for_budget(RamBudget::measure(max_ram).bytes);
     // Tests reach the parallel gzip pass's joins on two cores with tiny chunks.
+    #[cfg(feature = "test-hooks")]
     if let Some(chunk) = crate::test_hooks::var("STAGEFS_TEST_GZIP_CHUNK").and_then(|n| n.parse().ok()) {
         caches.force_parallel_gzip(chunk);
     }
