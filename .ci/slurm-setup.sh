@@ -117,7 +117,7 @@ start() {
     # waits here and then finds it running (apt-get would refuse a second install anyway).
     mkdir -p "$dir"
     exec 9>"$dir/setup.lock"
-    flock 9
+    flock -w 300 9 || die "another start holds $dir/setup.lock for over 5 minutes (a daemon that inherited it? fuser -v $dir/setup.lock)"
     if [[ -s $dir/env ]] && SLURM_CONF=$dir/slurm.conf node_up; then
         log "already running ($dir)"; return 0
     fi
@@ -128,12 +128,14 @@ start() {
     rm -rf "${dir:?}/state" "${dir:?}/spool"
     write_config
     export SLURM_CONF=$dir/slurm.conf
+    # The daemons must not inherit the lock (fd 9): one that held it would block every later
+    # start, for as long as the cluster runs.
     munged --key-file="$dir/munge.key" --socket="$dir/munge/munge.socket" \
-        --pid-file="$dir/run/munged.pid" --log-file="$dir/log/munged.log" --seed-file="$dir/munge/seed"
+        --pid-file="$dir/run/munged.pid" --log-file="$dir/log/munged.log" --seed-file="$dir/munge/seed" 9>&-
     wait_for 10 "munge round trip" bash -c "munge -S '$dir/munge/munge.socket' -n | unmunge -S '$dir/munge/munge.socket'"
-    slurmctld -f "$SLURM_CONF"
+    slurmctld -f "$SLURM_CONF" 9>&-
     wait_for 30 "slurmctld answering" bash -c "scontrol ping | grep -q UP"
-    slurmd -f "$SLURM_CONF" -N "$node"
+    slurmd -f "$SLURM_CONF" -N "$node" 9>&-
     for _ in $(seq 300); do
         node_idle && break
         case $(sinfo -h -n "$node" -o %t 2>/dev/null) in
