@@ -12,36 +12,14 @@ const BLOCK: u64 = 1 << 20;
 /// reader for long; the next read tries again.
 const READ_TRIES: u32 = 3;
 
-#[derive(Clone)]
-struct ByWeight;
-
-impl quick_cache::Weighter<u64, Arc<[u8]>> for ByWeight {
-    fn weight(&self, _block: &u64, bytes: &Arc<[u8]>) -> u64 {
-        bytes.len() as u64 + 64
-    }
-}
-
-/// Where a [`RangeReader`] keeps the blocks it fetched, by block number: a bounded cache of
-/// its own ([`RangeReader::new`]), or its part of one that everything an open reads shares
-/// ([`RangeReader::sharing`]), so that one memory budget bounds them all.
+/// Where a [`RangeReader`] keeps the blocks it fetched, by block number: in stagefs, its part
+/// of the one block cache that everything an open reads shares, so that one memory budget
+/// bounds them all.
 pub trait BlockCache: Send + Sync {
     /// The block, if the cache still holds it.
     fn get(&self, block: u64) -> Option<Arc<[u8]>>;
     /// Offers the block to the cache (which may let it go at once).
     fn insert(&self, block: u64, bytes: Arc<[u8]>);
-}
-
-/// A reader's cache of its own.
-struct OwnCache(quick_cache::sync::Cache<u64, Arc<[u8]>, ByWeight>);
-
-impl BlockCache for OwnCache {
-    fn get(&self, block: u64) -> Option<Arc<[u8]>> {
-        self.0.get(&block)
-    }
-
-    fn insert(&self, block: u64, bytes: Arc<[u8]>) {
-        self.0.insert(block, bytes);
-    }
 }
 
 /// An object read by ranges, pinned to one version. Memory: the blocks its cache holds,
@@ -58,18 +36,9 @@ pub struct RangeReader {
 }
 
 impl RangeReader {
-    /// A reader with a cache of its own. `budget`: bytes of memory for the cache and the
-    /// requests in flight, half each (at least 8 MiB).
-    pub fn new(client: Client, object: Object, budget: u64) -> RangeReader {
-        let budget = budget.max(8 << 20);
-        let blocks = (budget / 2 / BLOCK).max(2) as usize;
-        let cache = quick_cache::sync::Cache::with_weighter(blocks, budget / 2, ByWeight);
-        RangeReader::sharing(client, object, Box::new(OwnCache(cache)), budget / 2)
-    }
-
     /// A reader that keeps its blocks in `cache`, with at most `in_flight` bytes of
     /// requests in flight.
-    pub fn sharing(client: Client, object: Object, cache: Box<dyn BlockCache>, in_flight: u64) -> RangeReader {
+    pub fn new(client: Client, object: Object, cache: Box<dyn BlockCache>, in_flight: u64) -> RangeReader {
         let requests = client.config().concurrency.max(1) as u64;
         let max_window = (in_flight / requests).clamp(BLOCK, 16 << 20) / BLOCK * BLOCK;
         RangeReader { client, object, cache, max_window, run: Mutex::new((u64::MAX, BLOCK)) }

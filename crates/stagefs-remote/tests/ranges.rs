@@ -107,8 +107,8 @@ fn range_reads_read_ahead_sequentially_and_stay_right_with_a_small_cache() {
     let client = client(4);
     let url = ObjectUrl::parse(&format!("http://127.0.0.1:{port}/obj"), false).unwrap();
     let object = client.stat(&url).unwrap();
-    // 64 MiB: windows up to 8 MiB for 4 requests in flight (half the budget).
-    let reader = RangeReader::new(client.clone(), object.clone(), 64 << 20);
+    // 32 MiB in flight: windows up to 8 MiB for 4 requests.
+    let reader = RangeReader::new(client.clone(), object.clone(), Bounded::of(32 << 20), 32 << 20);
     let before = count.load(Ordering::SeqCst);
     let mut at = 0;
     while at < data.len() {
@@ -119,8 +119,8 @@ fn range_reads_read_ahead_sequentially_and_stay_right_with_a_small_cache() {
     let sequential = count.load(Ordering::SeqCst) - before;
     // 192 reads of 128 KiB: far fewer requests, each larger than one 1 MiB block.
     assert!(sequential < 12, "{sequential} requests for 24 MiB read sequentially");
-    // 8 MiB: a cache of 4 MiB for 24 MiB read at random by 4 threads.
-    let reader = Arc::new(RangeReader::new(client, object, 8 << 20));
+    // A cache of 4 MiB for 24 MiB read at random by 4 threads.
+    let reader = Arc::new(RangeReader::new(client, object, Bounded::of(4 << 20), 4 << 20));
     let threads: Vec<_> = (0..4u64)
         .map(|t| {
             let (reader, data) = (reader.clone(), data.clone());
@@ -142,13 +142,41 @@ fn range_reads_read_ahead_sequentially_and_stay_right_with_a_small_cache() {
     }
 }
 
+/// A cache of at most `bytes` of blocks (stagefs hands a reader its part of the open's).
+struct Bounded(quick_cache::sync::Cache<u64, Arc<[u8]>, ByBytes>);
+
+#[derive(Clone)]
+struct ByBytes;
+
+impl quick_cache::Weighter<u64, Arc<[u8]>> for ByBytes {
+    fn weight(&self, _block: &u64, bytes: &Arc<[u8]>) -> u64 {
+        bytes.len() as u64
+    }
+}
+
+impl Bounded {
+    fn of(bytes: u64) -> Box<Bounded> {
+        Box::new(Bounded(quick_cache::sync::Cache::with_weighter((bytes >> 20) as usize, bytes, ByBytes)))
+    }
+}
+
+impl stagefs_remote::BlockCache for Bounded {
+    fn get(&self, block: u64) -> Option<Arc<[u8]>> {
+        self.0.get(&block)
+    }
+
+    fn insert(&self, block: u64, bytes: Arc<[u8]>) {
+        self.0.insert(block, bytes);
+    }
+}
+
 /// A nameless file for the fetch (O_TMPFILE in the system's temp directory).
 fn tempfile() -> std::fs::File {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new().read(true).write(true).custom_flags(libc::O_TMPFILE).open(std::env::temp_dir()).unwrap()
 }
 
-/// A cache the caller shares ([`RangeReader::sharing`]): the reader keeps its blocks there
+/// A cache the caller shares: the reader keeps its blocks there
 /// and reads them back without a request, and its read-ahead fits the bytes in flight it
 /// was given (4 MiB for 4 requests: windows of one 1 MiB block).
 #[test]
@@ -171,7 +199,7 @@ fn a_shared_cache_holds_the_blocks_and_requests_fit_in_flight() {
     let url = ObjectUrl::parse(&format!("http://127.0.0.1:{port}/obj"), false).unwrap();
     let object = client.stat(&url).unwrap();
     let shared = Shared::default();
-    let reader = RangeReader::sharing(client, object, Box::new(shared.clone()), 4 << 20);
+    let reader = RangeReader::new(client, object, Box::new(shared.clone()), 4 << 20);
     let before = count.load(Ordering::SeqCst);
     for at in (0..data.len()).step_by(128 << 10) {
         let got = reader.read_at(at as u64, 128 << 10).unwrap();

@@ -98,7 +98,7 @@ pub fn open(
 /// for all it reads), with at most as many bytes of reads in flight as one cache holds.
 fn range_reader(client: &Client, object: &Object, caches: &Caches) -> RangeReader {
     let blocks = Box::new(SharedBlocks(caches.blocks()));
-    RangeReader::sharing(client.clone(), object.clone(), blocks, caches.bytes_each())
+    RangeReader::new(client.clone(), object.clone(), blocks, caches.bytes_each())
 }
 
 /// The object's part of the open's block cache, keyed by block number.
