@@ -226,13 +226,6 @@ pub fn set_xattr(path: &Path, name: &str, value: &[u8]) -> std::io::Result<()> {
     nix::errno::Errno::result(rc).map(drop).map_err(Into::into)
 }
 
-/// The live children of process `pid` (of any of its threads), as its threads list them.
-pub fn children_of(pid: i32) -> Vec<i32> {
-    let tasks = fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten();
-    let lists: String = tasks.filter_map(|t| fs::read_to_string(t.path().join("children")).ok()).collect();
-    lists.split_whitespace().filter_map(|c| c.parse().ok()).filter(|c| super::process_alive(*c)).collect()
-}
-
 /// A fresh `TempDir` named `name` and `mnt` in it, a test's usual mount point.
 pub fn tmp_mnt(name: &str) -> (TempDir, PathBuf) {
     let tmp = TempDir::new(name);

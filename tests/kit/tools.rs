@@ -57,6 +57,13 @@ pub fn process_alive(pid: i32) -> bool {
     }
 }
 
+/// The live children of process `pid` (of any of its threads), as its threads list them.
+pub fn children_of(pid: i32) -> Vec<i32> {
+    let tasks = fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten();
+    let lists: String = tasks.filter_map(|t| fs::read_to_string(t.path().join("children")).ok()).collect();
+    lists.split_whitespace().filter_map(|c| c.parse().ok()).filter(|c| process_alive(*c)).collect()
+}
+
 /// Live `stagefs` processes (other than this test binary) with `needle`
 /// among their arguments: the daemon serving a mount point, found by the
 /// mount point or archive path it was started with.

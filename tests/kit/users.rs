@@ -100,6 +100,36 @@ impl User {
     pub fn tmp_runtime_dir(&self) -> PathBuf {
         PathBuf::from(format!("/tmp/stagefs-{}", self.uid))
     }
+
+    /// `~/NAME` as a mountpoint, rid of whatever an earlier run left there.
+    pub fn fresh_mountpoint(&self, name: &str) -> PathBuf {
+        let mnt = self.home.join(name);
+        remove_tree(&mnt);
+        mnt
+    }
+
+    /// `stagefs mount EXTRA... ARCHIVE MNT` as this user.
+    pub fn mount<S: AsRef<OsStr>>(&self, extra: &[S], archive: &Path, mnt: &Path) -> CmdOutput {
+        let args = extra.iter().map(AsRef::as_ref).chain([archive.as_os_str(), mnt.as_os_str()]);
+        self.stagefs([OsStr::new("mount")].into_iter().chain(args))
+    }
+
+    /// `stagefs umount MNT` as this user, which must succeed.
+    pub fn umount(&self, mnt: &Path) {
+        self.stagefs([OsStr::new("umount"), mnt.as_os_str()]).assert_success();
+    }
+
+    /// The file stagefs derives from `mountpoint` in this user's runtime directory when
+    /// XDG_RUNTIME_DIR is unset (`HASH.EXTENSION`, as another user can compute it).
+    pub fn runtime_file(&self, mountpoint: &Path, extension: &str) -> PathBuf {
+        let hash = stagefs_archive::hash::hash(mountpoint.as_os_str().as_encoded_bytes());
+        self.tmp_runtime_dir().join(format!("{hash:016x}.{extension}"))
+    }
+
+    /// A shell command started as this user, killed on drop.
+    pub fn spawn_sh(&self, script: &str) -> KillOnDrop {
+        KillOnDrop(self.command(&[], Path::new("/bin/sh")).arg("-c").arg(script).spawn().unwrap())
+    }
 }
 
 pub fn chmod(path: &Path, mode: u32) {
@@ -137,9 +167,7 @@ impl TwoUsers {
     }
 
     pub fn mountpoint(&self, name: &str) -> PathBuf {
-        let mnt = self.alice.home.join(name);
-        remove_tree(&mnt);
-        mnt
+        self.alice.fresh_mountpoint(name)
     }
 
     pub fn alice_stagefs(&self, args: &[&OsStr]) -> CmdOutput {
@@ -151,7 +179,7 @@ impl TwoUsers {
     }
 
     pub fn umount(&self, mnt: &Path) {
-        self.alice_stagefs(&["umount".as_ref(), mnt.as_os_str()]).assert_success();
+        self.alice.umount(mnt);
         assert_nothing_left(mnt, "after the test's mount");
     }
 }
@@ -159,38 +187,6 @@ impl TwoUsers {
 /// This process's effective uid.
 pub fn euid() -> u32 {
     nix::unistd::geteuid().as_raw()
-}
-
-impl User {
-    /// `~/NAME` as a mountpoint, rid of whatever an earlier run left there.
-    pub fn fresh_mountpoint(&self, name: &str) -> PathBuf {
-        let mnt = self.home.join(name);
-        remove_tree(&mnt);
-        mnt
-    }
-
-    /// `stagefs mount EXTRA... ARCHIVE MNT` as this user.
-    pub fn mount<S: AsRef<OsStr>>(&self, extra: &[S], archive: &Path, mnt: &Path) -> CmdOutput {
-        let args = extra.iter().map(AsRef::as_ref).chain([archive.as_os_str(), mnt.as_os_str()]);
-        self.stagefs([OsStr::new("mount")].into_iter().chain(args))
-    }
-
-    /// `stagefs umount MNT` as this user, which must succeed.
-    pub fn umount(&self, mnt: &Path) {
-        self.stagefs([OsStr::new("umount"), mnt.as_os_str()]).assert_success();
-    }
-
-    /// The file stagefs derives from `mountpoint` in this user's runtime directory when
-    /// XDG_RUNTIME_DIR is unset (`HASH.EXTENSION`, as another user can compute it).
-    pub fn runtime_file(&self, mountpoint: &Path, extension: &str) -> PathBuf {
-        let hash = stagefs_archive::hash::hash(mountpoint.as_os_str().as_encoded_bytes());
-        self.tmp_runtime_dir().join(format!("{hash:016x}.{extension}"))
-    }
-
-    /// A shell command started as this user, killed on drop.
-    pub fn spawn_sh(&self, script: &str) -> KillOnDrop {
-        KillOnDrop(self.command(&[], Path::new("/bin/sh")).arg("-c").arg(script).spawn().unwrap())
-    }
 }
 
 /// `bytes` as the file `path` (replacing whatever is there), of `owner` and `mode`: a planted file.
